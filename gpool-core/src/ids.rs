@@ -1,0 +1,36 @@
+//! Identifiers and the timestamp type shared by every part of gpool.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A job's id: assigned by gpoold in submit order, never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId(pub u64);
+
+/// Fences one launch of a job: every attempt gets a fresh, cluster-wide epoch,
+/// and an event carrying another epoch than the job's current one is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Epoch(pub u64);
+
+/// Milliseconds since the Unix epoch. gpool-core never reads a clock: callers
+/// pass `now` in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Timestamp(pub i64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Timestamp {
+    pub fn millis_since(self, earlier: Timestamp) -> i64 {
+        self.0 - earlier.0
+    }
+}

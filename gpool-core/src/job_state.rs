@@ -1,0 +1,232 @@
+//! The job state machine: one enum, one transition function.
+//!
+//! `Job::apply` is the only code that writes a job's state. An event for an
+//! attempt the job no longer runs (another epoch) is an `IllegalTransition`,
+//! which is how stale reports from fenced attempts are refused.
+
+use crate::ids::{Epoch, Timestamp};
+use crate::model::{Job, NodePlacement};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    Pending,
+    Running {
+        epoch: Epoch,
+        placement: Vec<NodePlacement>,
+        started_at: Timestamp,
+    },
+    Completed {
+        started_at: Timestamp,
+        ended_at: Timestamp,
+    },
+    Failed {
+        started_at: Option<Timestamp>,
+        ended_at: Timestamp,
+        exit_code: Option<i32>,
+        reason: String,
+    },
+    Cancelled {
+        started_at: Option<Timestamp>,
+        ended_at: Timestamp,
+        by: String,
+    },
+}
+
+/// How an attempt's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobEvent {
+    Start {
+        epoch: Epoch,
+        placement: Vec<NodePlacement>,
+        now: Timestamp,
+    },
+    Exited {
+        epoch: Epoch,
+        status: ExitStatus,
+        now: Timestamp,
+    },
+    FailedToStart {
+        epoch: Epoch,
+        reason: String,
+        now: Timestamp,
+    },
+    /// The attempt's node went away; the job goes back to the queue unless
+    /// it asked not to be requeued.
+    Lost {
+        epoch: Epoch,
+        requeue: bool,
+        now: Timestamp,
+    },
+    Cancel {
+        by: String,
+        now: Timestamp,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a {state} job cannot take the event {event}")]
+pub struct IllegalTransition {
+    pub state: &'static str,
+    pub event: &'static str,
+}
+
+impl JobState {
+    /// Lowercase name, as the CLI and its JSON print it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running { .. } => "running",
+            JobState::Completed { .. } => "completed",
+            JobState::Failed { .. } => "failed",
+            JobState::Cancelled { .. } => "cancelled",
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self,
+            JobState::Completed { .. } | JobState::Failed { .. } | JobState::Cancelled { .. }
+        )
+    }
+
+    pub fn started_at(&self) -> Option<Timestamp> {
+        match self {
+            JobState::Pending => None,
+            JobState::Running { started_at, .. } | JobState::Completed { started_at, .. } => {
+                Some(*started_at)
+            }
+            JobState::Failed { started_at, .. } | JobState::Cancelled { started_at, .. } => {
+                *started_at
+            }
+        }
+    }
+
+    pub fn ended_at(&self) -> Option<Timestamp> {
+        match self {
+            JobState::Pending | JobState::Running { .. } => None,
+            JobState::Completed { ended_at, .. }
+            | JobState::Failed { ended_at, .. }
+            | JobState::Cancelled { ended_at, .. } => Some(*ended_at),
+        }
+    }
+
+    /// The transition function: the next state, or why there is none.
+    pub fn apply(&self, event: &JobEvent) -> Result<JobState, IllegalTransition> {
+        let illegal = || IllegalTransition {
+            state: self.name(),
+            event: event.name(),
+        };
+        match (self, event) {
+            (JobState::Pending, JobEvent::Start { epoch, placement, now }) => Ok(JobState::Running {
+                epoch: *epoch,
+                placement: placement.clone(),
+                started_at: *now,
+            }),
+            (JobState::Running { epoch, started_at, .. }, event) if event.epoch() == Some(*epoch) => {
+                running_ended(*started_at, event).ok_or_else(illegal)
+            }
+            (JobState::Pending, JobEvent::Cancel { by, now }) => Ok(JobState::Cancelled {
+                started_at: None,
+                ended_at: *now,
+                by: by.clone(),
+            }),
+            (JobState::Running { started_at, .. }, JobEvent::Cancel { by, now }) => {
+                Ok(JobState::Cancelled {
+                    started_at: Some(*started_at),
+                    ended_at: *now,
+                    by: by.clone(),
+                })
+            }
+            _ => Err(illegal()),
+        }
+    }
+}
+
+/// The state after an event of the running attempt itself.
+fn running_ended(started_at: Timestamp, event: &JobEvent) -> Option<JobState> {
+    let next = match event {
+        JobEvent::Exited { status: ExitStatus::Code(0), now, .. } => JobState::Completed {
+            started_at,
+            ended_at: *now,
+        },
+        JobEvent::Exited { status: ExitStatus::Code(code), now, .. } => JobState::Failed {
+            started_at: Some(started_at),
+            ended_at: *now,
+            exit_code: Some(*code),
+            reason: format!("exited with code {code}"),
+        },
+        JobEvent::Exited { status: ExitStatus::Signal(signal), now, .. } => JobState::Failed {
+            started_at: Some(started_at),
+            ended_at: *now,
+            exit_code: Some(128 + signal),
+            reason: format!("killed by signal {signal}"),
+        },
+        JobEvent::FailedToStart { reason, now, .. } => JobState::Failed {
+            started_at: Some(started_at),
+            ended_at: *now,
+            exit_code: None,
+            reason: format!("failed to start: {reason}"),
+        },
+        JobEvent::Lost { requeue: true, .. } => JobState::Pending,
+        JobEvent::Lost { requeue: false, now, .. } => JobState::Failed {
+            started_at: Some(started_at),
+            ended_at: *now,
+            exit_code: None,
+            reason: "its node was lost and the job asked not to be requeued".to_string(),
+        },
+        JobEvent::Start { .. } | JobEvent::Cancel { .. } => return None,
+    };
+    Some(next)
+}
+
+impl JobEvent {
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobEvent::Start { .. } => "start",
+            JobEvent::Exited { .. } => "exited",
+            JobEvent::FailedToStart { .. } => "failed-to-start",
+            JobEvent::Lost { .. } => "lost",
+            JobEvent::Cancel { .. } => "cancel",
+        }
+    }
+
+    /// The attempt an event reports on; `None` for events from users and the
+    /// scheduler.
+    pub fn epoch(&self) -> Option<Epoch> {
+        match self {
+            JobEvent::Exited { epoch, .. }
+            | JobEvent::FailedToStart { epoch, .. }
+            | JobEvent::Lost { epoch, .. } => Some(*epoch),
+            JobEvent::Start { .. } | JobEvent::Cancel { .. } => None,
+        }
+    }
+}
+
+impl Job {
+    /// The only writer of `Job::state`.
+    pub fn apply(&mut self, event: &JobEvent) -> Result<(), IllegalTransition> {
+        let next = self.state.apply(event)?;
+        if matches!(event, JobEvent::Start { .. }) {
+            self.n_attempts += 1;
+        }
+        self.state = next;
+        Ok(())
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests;

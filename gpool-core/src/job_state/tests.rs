@@ -1,0 +1,117 @@
+//! Transition table tests for the job state machine.
+
+use super::*;
+use crate::ids::JobId;
+use crate::testing::job_builder;
+
+fn placement() -> Vec<NodePlacement> {
+    vec![NodePlacement {
+        node: "n1".into(),
+        gpu_indices: vec![0, 1],
+    }]
+}
+
+fn start(epoch: u64, now: i64) -> JobEvent {
+    JobEvent::Start {
+        epoch: Epoch(epoch),
+        placement: placement(),
+        now: Timestamp(now),
+    }
+}
+
+fn exited(epoch: u64, status: ExitStatus) -> JobEvent {
+    JobEvent::Exited {
+        epoch: Epoch(epoch),
+        status,
+        now: Timestamp(50),
+    }
+}
+
+#[test]
+fn run_to_completion_counts_the_attempt() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(7, 10)).unwrap();
+    assert_eq!(job.n_attempts, 1);
+    job.apply(&exited(7, ExitStatus::Code(0))).unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Completed {
+            started_at: Timestamp(10),
+            ended_at: Timestamp(50)
+        }
+    );
+}
+
+#[test]
+fn non_zero_exit_and_signal_fail_with_codes() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(1, 10)).unwrap();
+    job.apply(&exited(1, ExitStatus::Code(3))).unwrap();
+    assert!(matches!(job.state, JobState::Failed { exit_code: Some(3), .. }));
+
+    let mut job = job_builder(JobId(2)).build();
+    job.apply(&start(2, 10)).unwrap();
+    job.apply(&exited(2, ExitStatus::Signal(9))).unwrap();
+    assert!(matches!(job.state, JobState::Failed { exit_code: Some(137), .. }));
+}
+
+#[test]
+fn stale_epoch_is_refused_and_leaves_the_state_alone() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(5, 10)).unwrap();
+    let before = job.state.clone();
+    let err = job.apply(&exited(4, ExitStatus::Code(0))).unwrap_err();
+    assert_eq!(err.to_string(), "a running job cannot take the event exited");
+    assert_eq!(job.state, before);
+}
+
+#[test]
+fn lost_attempt_requeues_or_fails() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(1, 10)).unwrap();
+    let lost = |requeue| JobEvent::Lost {
+        epoch: Epoch(1),
+        requeue,
+        now: Timestamp(20),
+    };
+    job.apply(&lost(true)).unwrap();
+    assert_eq!(job.state, JobState::Pending);
+    job.apply(&start(2, 30)).unwrap();
+    assert_eq!(job.n_attempts, 2);
+    assert!(job.apply(&lost(true)).is_err(), "epoch 1 is stale now");
+    job.apply(&JobEvent::Lost {
+        epoch: Epoch(2),
+        requeue: false,
+        now: Timestamp(40),
+    })
+    .unwrap();
+    assert!(matches!(job.state, JobState::Failed { exit_code: None, .. }));
+}
+
+#[test]
+fn cancel_ends_pending_and_running_jobs_but_not_finished_ones() {
+    let cancel = JobEvent::Cancel {
+        by: "alice".into(),
+        now: Timestamp(9),
+    };
+    let mut pending = job_builder(JobId(1)).build();
+    pending.apply(&cancel).unwrap();
+    assert_eq!(pending.state.name(), "cancelled");
+    assert!(pending.apply(&cancel).is_err());
+
+    let mut running = job_builder(JobId(2)).build();
+    running.apply(&start(1, 5)).unwrap();
+    running.apply(&cancel).unwrap();
+    assert_eq!(running.state.started_at(), Some(Timestamp(5)));
+    assert_eq!(running.state.ended_at(), Some(Timestamp(9)));
+}
+
+#[test]
+fn finished_jobs_take_no_events() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(1, 10)).unwrap();
+    job.apply(&exited(1, ExitStatus::Code(0))).unwrap();
+    for event in [start(2, 60), exited(1, ExitStatus::Code(1))] {
+        assert!(job.apply(&event).is_err());
+    }
+}

@@ -1,0 +1,16 @@
+//! gpool-core: the domain model and every scheduling decision, as pure functions.
+//!
+//! Nothing in this crate does I/O, spawns, sleeps or reads a clock: time comes
+//! in as an argument, results come out as data.
+
+pub mod feasibility;
+pub mod ids;
+pub mod job_state;
+pub mod model;
+pub mod sched;
+pub mod spec;
+pub mod testing;
+
+pub use ids::{Epoch, JobId, Timestamp};
+pub use job_state::{IllegalTransition, JobEvent, JobState};
+pub use model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState, PoolDef};

@@ -1,0 +1,170 @@
+//! The domain model: jobs and their specs, nodes and their GPUs, pools.
+
+use crate::ids::{JobId, Timestamp};
+use crate::job_state::JobState;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A GPU model as the scheduler matches it: a lowercase name such as `h100`,
+/// `a100-40gb`, `l4` or a MIG profile like `h100-1g.10gb`. Matching is exact
+/// (after lowercasing), so a MIG slice never stands in for a whole GPU.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct GpuModel(String);
+
+impl GpuModel {
+    pub fn new(name: &str) -> GpuModel {
+        GpuModel(name.trim().to_ascii_lowercase())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for GpuModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One GPU of a node, as the node's agent discovered it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// Node-local index (what `CUDA_VISIBLE_DEVICES` names).
+    pub index: u32,
+    pub uuid: String,
+    pub model: GpuModel,
+    pub memory_mib: u64,
+    pub pci_bus_id: String,
+}
+
+/// A node as the controller knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub gpus: Vec<Gpu>,
+    pub labels: BTreeMap<String, String>,
+    /// Set by `gpool drain`: no new work is placed here.
+    pub drain_reason: Option<String>,
+    /// False once heartbeats stopped for longer than the node timeout.
+    pub alive: bool,
+}
+
+/// A node's state as operators see it, derived from drain, liveness and load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    Up,
+    Draining,
+    Drained,
+    Down,
+}
+
+impl Node {
+    /// `n_busy_gpus` is how many of its GPUs running attempts hold.
+    pub fn state(&self, n_busy_gpus: usize) -> NodeState {
+        match (self.alive, &self.drain_reason) {
+            (false, _) => NodeState::Down,
+            (true, Some(_)) if n_busy_gpus > 0 => NodeState::Draining,
+            (true, Some(_)) => NodeState::Drained,
+            (true, None) => NodeState::Up,
+        }
+    }
+
+    /// New work may be placed here.
+    pub fn schedulable(&self) -> bool {
+        self.alive && self.drain_reason.is_none()
+    }
+}
+
+/// A pool (partition): the nodes whose labels carry every `selector` pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolDef {
+    pub name: String,
+    pub selector: BTreeMap<String, String>,
+}
+
+impl PoolDef {
+    pub fn selects(&self, node_labels: &BTreeMap<String, String>) -> bool {
+        self.selector
+            .iter()
+            .all(|(key, value)| node_labels.get(key) == Some(value))
+    }
+}
+
+/// What a user asked for: validated by `JobSpec::validate` before it is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub name: String,
+    pub command: Vec<String>,
+    /// GPUs on each node.
+    pub gpus_per_node: u32,
+    /// Nodes of a gang (all or nothing); 1 for a single-node job.
+    pub nodes: u32,
+    /// Acceptable GPU models; empty means any.
+    pub gpu_types: Vec<GpuModel>,
+    pub team: String,
+    pub project: String,
+    pub workload_type: String,
+    /// Seconds; `None` means no limit of its own.
+    pub time_limit_secs: Option<u64>,
+    pub env: Vec<(String, String)>,
+    pub workdir: String,
+    pub priority: i32,
+    pub pool: String,
+}
+
+impl JobSpec {
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.gpus_per_node) * u64::from(self.nodes)
+    }
+}
+
+/// A job and its whole lifecycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub user: String,
+    pub submitted_at: Timestamp,
+    pub state: JobState,
+    /// Launches so far (the current one included).
+    pub n_attempts: u32,
+}
+
+/// The GPUs one node gives to one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePlacement {
+    pub node: String,
+    pub gpu_indices: Vec<u32>,
+}
+
+impl fmt::Display for NodePlacement {
+    /// `n1[0-3]`, `n2[0,2,5]`: ranges where indices are consecutive.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.node)?;
+        let mut first = true;
+        let mut idx = 0;
+        while idx < self.gpu_indices.len() {
+            let start = self.gpu_indices[idx];
+            let mut end_idx = idx;
+            while end_idx + 1 < self.gpu_indices.len()
+                && self.gpu_indices[end_idx + 1] == self.gpu_indices[end_idx] + 1
+            {
+                end_idx += 1;
+            }
+            let end = self.gpu_indices[end_idx];
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if end > start {
+                write!(f, "{start}-{end}")?;
+            } else {
+                write!(f, "{start}")?;
+            }
+            idx = end_idx + 1;
+        }
+        f.write_str("]")
+    }
+}

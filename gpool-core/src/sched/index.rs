@@ -1,0 +1,244 @@
+//! Free GPUs indexed by pool, model and free count, so that finding the
+//! best-fitting node for a job costs a few set lookups, not a node scan.
+
+use super::{Availability, NodeView, PendingJob, Reject};
+use crate::model::{GpuModel, NodePlacement};
+use crate::sched::Policy;
+use std::collections::{BTreeSet, HashMap};
+
+/// The GPUs of one model on one schedulable node.
+struct Group {
+    node_idx: usize,
+    /// Free GPU indices, ascending.
+    free: Vec<u32>,
+    /// Pools (by position in the policy) the node belongs to.
+    pool_idxs: Vec<usize>,
+    model_idx: usize,
+}
+
+/// Groups of one model in one pool, bucketed by how many GPUs they have free.
+#[derive(Default)]
+struct ModelBuckets {
+    by_free: Vec<BTreeSet<usize>>,
+    total_free: u64,
+}
+
+#[derive(Default)]
+struct PoolIndex {
+    n_nodes: usize,
+    n_down: usize,
+    n_draining: usize,
+    /// By model index; `None` where the pool has no schedulable GPU of it.
+    models: Vec<Option<ModelBuckets>>,
+}
+
+pub(super) struct FreeIndex<'v> {
+    nodes: &'v [NodeView],
+    models: Vec<GpuModel>,
+    model_idx_by_name: HashMap<GpuModel, usize>,
+    groups: Vec<Group>,
+    pools: Vec<PoolIndex>,
+}
+
+impl<'v> FreeIndex<'v> {
+    pub(super) fn build(nodes: &'v [NodeView], policy: &Policy) -> FreeIndex<'v> {
+        let mut models: Vec<GpuModel> = nodes
+            .iter()
+            .flat_map(|node| node.gpus.iter().map(|gpu| gpu.model.clone()))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        models.shrink_to_fit();
+        let model_idx_by_name = models.iter().cloned().enumerate().map(|(i, m)| (m, i)).collect();
+        let mut index = FreeIndex {
+            nodes,
+            models,
+            model_idx_by_name,
+            groups: Vec::new(),
+            pools: policy.pools.iter().map(|_| PoolIndex::default()).collect(),
+        };
+        for (node_idx, node) in nodes.iter().enumerate() {
+            index.add_node(node_idx, node, policy);
+        }
+        index
+    }
+
+    fn add_node(&mut self, node_idx: usize, node: &NodeView, policy: &Policy) {
+        let pool_idxs: Vec<usize> = (0..policy.pools.len())
+            .filter(|pool_idx| policy.pools[*pool_idx].selects(&node.labels))
+            .collect();
+        for pool_idx in &pool_idxs {
+            let pool = &mut self.pools[*pool_idx];
+            pool.n_nodes += 1;
+            match node.availability {
+                Availability::Up => {}
+                Availability::Draining => pool.n_draining += 1,
+                Availability::Down => pool.n_down += 1,
+            }
+        }
+        if node.availability != Availability::Up || pool_idxs.is_empty() {
+            return;
+        }
+        let mut free_by_model: Vec<Vec<u32>> = vec![Vec::new(); self.models.len()];
+        for gpu in &node.gpus {
+            let model_idx = self.model_idx_by_name[&gpu.model];
+            if !gpu.busy {
+                free_by_model[model_idx].push(gpu.index);
+            }
+        }
+        for (model_idx, mut free) in free_by_model.into_iter().enumerate() {
+            let has_model = node.gpus.iter().any(|gpu| self.model_idx_by_name[&gpu.model] == model_idx);
+            if !has_model {
+                continue;
+            }
+            free.sort_unstable();
+            let group_idx = self.groups.len();
+            for pool_idx in &pool_idxs {
+                let models = &mut self.pools[*pool_idx].models;
+                models.resize_with(self.models.len(), || None);
+                let buckets = models[model_idx].get_or_insert_with(ModelBuckets::default);
+                buckets.insert(group_idx, free.len());
+                buckets.total_free += free.len() as u64;
+            }
+            self.groups.push(Group {
+                node_idx,
+                free,
+                pool_idxs: pool_idxs.clone(),
+                model_idx,
+            });
+        }
+    }
+
+    /// Places `job` and takes its GPUs out of the index, or says why not.
+    pub(super) fn place(&mut self, job: &PendingJob, policy: &Policy) -> Result<Vec<NodePlacement>, Vec<Reject>> {
+        let pool_name = policy.pool(&job.pool).map(|pool| pool.name.clone());
+        let Some(pool_idx) = pool_name.and_then(|name| policy.pools.iter().position(|p| p.name == name)) else {
+            return Err(vec![Reject::UnknownPool { pool: job.pool.clone() }]);
+        };
+        let pool_label = &policy.pools[pool_idx].name;
+        let allowed = self.allowed_models(job, pool_idx, pool_label)?;
+        let mut best: Option<(u64, Vec<usize>)> = None;
+        for model_idx in &allowed {
+            let Some(found) = self.fitting_groups(pool_idx, *model_idx, job) else { continue };
+            let cost: u64 = found.iter().map(|g| self.groups[*g].free.len() as u64).sum();
+            if best.as_ref().is_none_or(|(best_cost, _)| cost < *best_cost) {
+                best = Some((cost, found));
+            }
+        }
+        match best {
+            Some((_, group_idxs)) => Ok(group_idxs.into_iter().map(|g| self.take(g, job.gpus_per_node)).collect()),
+            None => Err(self.resource_rejects(job, pool_idx, pool_label, &allowed)),
+        }
+    }
+
+    /// The models the job accepts that the pool has on schedulable nodes.
+    fn allowed_models(&self, job: &PendingJob, pool_idx: usize, pool_label: &str) -> Result<Vec<usize>, Vec<Reject>> {
+        let pool = &self.pools[pool_idx];
+        let pool_name = pool_label.to_string();
+        if pool.n_nodes == 0 {
+            return Err(vec![Reject::NoNodes { pool: pool_name }]);
+        }
+        let present: Vec<usize> = (0..pool.models.len()).filter(|m| pool.models[*m].is_some()).collect();
+        if present.is_empty() && pool.n_down + pool.n_draining > 0 {
+            return Err(vec![Reject::NodesUnavailable {
+                pool: pool_name,
+                n_down: pool.n_down,
+                n_draining: pool.n_draining,
+            }]);
+        }
+        if job.gpu_types.is_empty() && !present.is_empty() {
+            return Ok(present);
+        }
+        let allowed: Vec<usize> = job
+            .gpu_types
+            .iter()
+            .filter_map(|model| self.model_idx_by_name.get(model).copied())
+            .filter(|model_idx| present.contains(model_idx))
+            .collect();
+        if allowed.is_empty() {
+            let mut rejects = vec![Reject::NoGpuModel {
+                pool: pool_name,
+                wanted: job.gpu_types.clone(),
+                available: present.iter().map(|m| self.models[*m].clone()).collect(),
+            }];
+            rejects.extend(self.unavailable_note(pool_idx, pool_label));
+            return Err(rejects);
+        }
+        Ok(allowed)
+    }
+
+    /// The best-fitting `job.nodes` groups of one model, or `None`.
+    fn fitting_groups(&self, pool_idx: usize, model_idx: usize, job: &PendingJob) -> Option<Vec<usize>> {
+        let buckets = self.pools[pool_idx].models[model_idx].as_ref()?;
+        let wanted = job.gpus_per_node as usize;
+        let n_nodes = job.nodes as usize;
+        let mut found = Vec::with_capacity(n_nodes);
+        for bucket in buckets.by_free.iter().skip(wanted) {
+            for group_idx in bucket {
+                found.push(*group_idx);
+                if found.len() == n_nodes {
+                    return Some(found);
+                }
+            }
+        }
+        None
+    }
+
+    fn take(&mut self, group_idx: usize, n_gpus: u32) -> NodePlacement {
+        let group = &mut self.groups[group_idx];
+        let old_free = group.free.len();
+        let taken: Vec<u32> = group.free.drain(..n_gpus as usize).collect();
+        let new_free = group.free.len();
+        for pool_idx in &group.pool_idxs {
+            if let Some(buckets) = self.pools[*pool_idx].models[group.model_idx].as_mut() {
+                buckets.by_free[old_free].remove(&group_idx);
+                buckets.insert(group_idx, new_free);
+                buckets.total_free -= taken.len() as u64;
+            }
+        }
+        NodePlacement {
+            node: self.nodes[group.node_idx].name.clone(),
+            gpu_indices: taken,
+        }
+    }
+
+    fn resource_rejects(&self, job: &PendingJob, pool_idx: usize, pool_label: &str, allowed: &[usize]) -> Vec<Reject> {
+        let pool = &self.pools[pool_idx];
+        let wanted = job.gpus_per_node as usize;
+        let (mut total_free, mut max_free, mut n_with_enough) = (0u64, 0usize, 0usize);
+        for buckets in allowed.iter().filter_map(|m| pool.models[*m].as_ref()) {
+            total_free += buckets.total_free;
+            if let Some(highest) = buckets.by_free.iter().rposition(|bucket| !bucket.is_empty()) {
+                max_free = max_free.max(highest);
+            }
+            n_with_enough += buckets.by_free.iter().skip(wanted).map(BTreeSet::len).sum::<usize>();
+        }
+        let mut rejects = vec![Reject::Resources {
+            gpus_per_node: job.gpus_per_node,
+            nodes: job.nodes,
+            total_free,
+            max_free_on_one_node: max_free as u32,
+            n_nodes_with_enough: n_with_enough,
+        }];
+        rejects.extend(self.unavailable_note(pool_idx, pool_label));
+        rejects
+    }
+
+    fn unavailable_note(&self, pool_idx: usize, pool_label: &str) -> Option<Reject> {
+        let pool = &self.pools[pool_idx];
+        (pool.n_down + pool.n_draining > 0).then(|| Reject::SomeNodesUnavailable {
+            pool: pool_label.to_string(),
+            n_down: pool.n_down,
+            n_draining: pool.n_draining,
+        })
+    }
+}
+
+impl ModelBuckets {
+    fn insert(&mut self, group_idx: usize, n_free: usize) {
+        if self.by_free.len() <= n_free {
+            self.by_free.resize_with(n_free + 1, BTreeSet::new);
+        }
+        self.by_free[n_free].insert(group_idx);
+    }
+}

@@ -1,0 +1,199 @@
+//! Scheduler tests: fixtures in, plan snapshots out, plus safety properties.
+
+use super::*;
+use crate::testing::cluster_view;
+use expect_test::{expect, Expect};
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+fn check(nodes: &str, jobs: &str, expected: Expect) {
+    let plan = schedule(&cluster_view(nodes, jobs), &Policy::default(), Timestamp(0));
+    expected.assert_eq(&plan.to_string());
+}
+
+#[test]
+fn best_fit_keeps_whole_nodes_free() {
+    check(
+        "n1 8xh100\nn2 8xh100 used=0-5",
+        "j1 gpus=2\nj2 gpus=8",
+        expect![[r#"
+            start j1 n2[6-7]
+            start j2 n1[0-7]
+        "#]],
+    );
+}
+
+#[test]
+fn priority_then_submit_order() {
+    check(
+        "n1 4xh100",
+        "j1 gpus=4\nj2 gpus=4 prio=10\nj3 gpus=4",
+        expect![[r#"
+            start j2 n1[0-3]
+            pending j1: wants 4 GPUs on one node; 0 free in total but at most 0 on one node
+            pending j3: wants 4 GPUs on one node; 0 free in total but at most 0 on one node
+        "#]],
+    );
+}
+
+#[test]
+fn gang_is_all_or_nothing() {
+    check(
+        "n1 8xh100\nn2 8xh100 used=0-4\nn3 8xh100",
+        "j1 gpus=8 nodes=3\nj2 gpus=4 nodes=2",
+        expect![[r#"
+            start j2 n1[0-3] n3[0-3]
+            pending j1: wants 8 GPUs on each of 3 nodes; 2 nodes have that many free (19 free in total)
+        "#]],
+    );
+}
+
+#[test]
+fn gang_stays_on_one_model() {
+    check(
+        "n1 8xh100\nn2 8xa100\nn3 8xa100",
+        "j1 gpus=8 nodes=2",
+        expect![[r#"
+            start j1 n2[0-7] n3[0-7]
+        "#]],
+    );
+}
+
+#[test]
+fn gpu_model_list_and_missing_models() {
+    check(
+        "n1 4xl4\nn2 8xa100-80gb",
+        "j1 gpus=2 type=h100,l4\nj2 type=h100\nj3 gpus=8",
+        expect![[r#"
+            start j1 n1[0-1]
+            start j3 n2[0-7]
+            pending j2: no GPU of model h100 on an available node of pool "default" (it has: a100-80gb, l4)
+        "#]],
+    );
+}
+
+#[test]
+fn fragmentation_is_named() {
+    check(
+        "n1 8xh100 used=0-4\nn2 8xh100 used=0-4\nn3 8xh100 used=0-4\nn4 8xh100 used=0-4",
+        "j1 gpus=4",
+        expect![[r#"
+            pending j1: wants 4 GPUs on one node; 12 free in total but at most 3 on one node
+        "#]],
+    );
+}
+
+#[test]
+fn no_nodes_and_unavailable_nodes() {
+    check(
+        "",
+        "j1 gpus=1",
+        expect![[r#"
+            pending j1: no nodes: pool "default" has no known node yet
+        "#]],
+    );
+    check(
+        "n1 8xh100 drain\nn2 8xh100 down",
+        "j1 gpus=1",
+        expect![[r#"
+            pending j1: no node of pool "default" takes new work (1 down, 1 draining or drained)
+        "#]],
+    );
+    check(
+        "n1 8xh100 used=0-7\nn2 8xh100 drain",
+        "j1 gpus=1",
+        expect![[r#"
+            pending j1: wants 1 GPU on one node; 0 free in total but at most 0 on one node; pool "default" has 0 down and 1 draining or drained
+        "#]],
+    );
+}
+
+#[test]
+fn pools_select_nodes_by_label() {
+    let policy = Policy {
+        pools: vec![
+            PoolDef { name: "default".into(), selector: BTreeMap::new() },
+            PoolDef { name: "infer".into(), selector: [("tier".to_string(), "infer".to_string())].into() },
+        ],
+        default_pool: "default".into(),
+    };
+    let view = cluster_view("n1 8xh100\nn2 4xl4 tier=infer", "j1 gpus=1 pool=infer\nj2 gpus=1 pool=nope");
+    let plan = schedule(&view, &policy, Timestamp(0));
+    expect![[r#"
+        start j1 n2[0]
+        pending j2: unknown pool "nope"
+    "#]]
+    .assert_eq(&plan.to_string());
+}
+
+// ---- properties ------------------------------------------------------------
+
+fn arb_view() -> impl Strategy<Value = ClusterView> {
+    let node = (1u32..=8, 0usize..3, proptest::collection::vec(any::<bool>(), 8), 0u8..10);
+    let job = (1u32..=9, 1u32..=3, -2i32..=2, 0usize..4);
+    (proptest::collection::vec(node, 0..8), proptest::collection::vec(job, 0..30)).prop_map(|(nodes, jobs)| {
+        let models = ["h100", "a100", "l4"];
+        let nodes_text: Vec<String> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (n_gpus, model_idx, busy, avail))| {
+                let used: Vec<String> = (0..*n_gpus).filter(|g| busy[*g as usize]).map(|g| g.to_string()).collect();
+                let mut line = format!("n{i} {n_gpus}x{}", models[*model_idx]);
+                if !used.is_empty() {
+                    line += &format!(" used={}", used.join(","));
+                }
+                line += match avail { 0 => " drain", 1 => " down", _ => "" };
+                line
+            })
+            .collect();
+        let jobs_text: Vec<String> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, (gpus, n_nodes, prio, model_idx))| {
+                let mut line = format!("j{} gpus={gpus} nodes={n_nodes} prio={prio}", i + 1);
+                if *model_idx < 3 {
+                    line += &format!(" type={}", models[*model_idx]);
+                }
+                line
+            })
+            .collect();
+        cluster_view(&nodes_text.join("\n"), &jobs_text.join("\n"))
+    })
+}
+
+proptest! {
+    #[test]
+    fn plans_are_safe_and_deterministic(view in arb_view()) {
+        let policy = Policy::default();
+        let plan = schedule(&view, &policy, Timestamp(0));
+        prop_assert_eq!(&plan, &schedule(&view, &policy, Timestamp(0)));
+
+        let jobs: BTreeMap<JobId, &PendingJob> = view.pending.iter().map(|j| (j.id, j)).collect();
+        let nodes: BTreeMap<&str, &NodeView> = view.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let mut held: HashSet<(String, u32)> = HashSet::new();
+        for start in &plan.starts {
+            let job = jobs[&start.job];
+            // Whole gang, distinct nodes, exact GPU count, one acceptable model.
+            prop_assert_eq!(start.placement.len(), job.nodes as usize);
+            let distinct: HashSet<&str> = start.placement.iter().map(|p| p.node.as_str()).collect();
+            prop_assert_eq!(distinct.len(), start.placement.len());
+            let mut models = HashSet::new();
+            for part in &start.placement {
+                let node = nodes[part.node.as_str()];
+                prop_assert_eq!(node.availability, Availability::Up);
+                prop_assert_eq!(part.gpu_indices.len(), job.gpus_per_node as usize);
+                for gpu_idx in &part.gpu_indices {
+                    let gpu = &node.gpus[*gpu_idx as usize];
+                    prop_assert!(!gpu.busy, "GPU already busy");
+                    prop_assert!(held.insert((part.node.clone(), *gpu_idx)), "GPU given twice");
+                    models.insert(gpu.model.clone());
+                }
+            }
+            prop_assert_eq!(models.len(), 1);
+            prop_assert!(job.gpu_types.is_empty() || job.gpu_types.iter().any(|m| models.contains(m)));
+        }
+        // Every other job is pending with a reason.
+        prop_assert_eq!(plan.starts.len() + plan.pending.len(), view.pending.len());
+        prop_assert!(plan.pending.iter().all(|(_, reasons)| !reasons.is_empty()));
+    }
+}

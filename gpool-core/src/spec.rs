@@ -1,0 +1,361 @@
+//! Job specs as users write them (CLI flags, `[[job]]` tables in TOML files)
+//! and their validation. Every rejection names the field and the reason.
+
+use crate::model::{GpuModel, JobSpec};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Most GPUs per node and nodes per gang a spec may ask for.
+pub const MAX_GPUS_PER_NODE: u32 = 1024;
+pub const MAX_NODES: u32 = 1024;
+const MAX_NAME_LEN: usize = 128;
+const MAX_IDENT_LEN: usize = 64;
+
+/// A rejected spec: the field and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct SpecError {
+    pub field: String,
+    pub reason: String,
+}
+
+fn spec_error(field: &str, reason: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// A job file that could not be used: which file, which line, what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct JobFileError {
+    pub file: String,
+    /// 1-based; `None` when the problem is the whole file.
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for JobFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.file, line, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+/// A command as a list of arguments, or one string run by `/bin/sh -c`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum CommandInput {
+    Argv(Vec<String>),
+    Shell(String),
+}
+
+/// One or several strings (`gpu_type = "h100"` or `["h100", "a100"]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A job as written by a user, before defaults and validation. The TOML
+/// `[[job]]` table has exactly these fields; CLI flags fill the same struct.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpecInput {
+    pub name: Option<String>,
+    pub command: Option<CommandInput>,
+    pub gpus: Option<i64>,
+    pub nodes: Option<i64>,
+    pub gpu_type: Option<OneOrMany>,
+    pub team: Option<String>,
+    pub project: Option<String>,
+    pub workload_type: Option<String>,
+    /// `30`, `90s`, `2h`, `1h30m`, `2:00:00`, `1-12:00:00`.
+    pub time: Option<String>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub workdir: Option<String>,
+    pub priority: Option<i32>,
+    pub pool: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobFile {
+    job: Vec<toml::Spanned<JobSpecInput>>,
+}
+
+impl JobSpecInput {
+    /// Fills defaults and validates. An empty team or pool is left for the
+    /// controller to resolve (the user's default team, the default pool).
+    pub fn into_spec(self) -> Result<JobSpec, SpecError> {
+        let command = match self.command {
+            Some(CommandInput::Argv(argv)) => argv,
+            Some(CommandInput::Shell(line)) => vec!["/bin/sh".into(), "-c".into(), line],
+            None => Vec::new(),
+        };
+        let name = match self.name {
+            Some(name) => name,
+            None => default_name(&command),
+        };
+        let time_limit_secs = match self.time.as_deref() {
+            Some(text) => Some(parse_duration(text).map_err(|reason| spec_error("time", reason))?),
+            None => None,
+        };
+        let spec = JobSpec {
+            name,
+            command,
+            gpus_per_node: count_field("gpus", self.gpus.unwrap_or(1), MAX_GPUS_PER_NODE)?,
+            nodes: count_field("nodes", self.nodes.unwrap_or(1), MAX_NODES)?,
+            gpu_types: match self.gpu_type {
+                None => Vec::new(),
+                Some(OneOrMany::One(one)) => split_list(&one),
+                Some(OneOrMany::Many(many)) => many.iter().map(|m| GpuModel::new(m)).collect(),
+            },
+            team: self.team.unwrap_or_default(),
+            project: self.project.unwrap_or_default(),
+            workload_type: self.workload_type.unwrap_or_default(),
+            time_limit_secs,
+            env: self.env.unwrap_or_default().into_iter().collect(),
+            workdir: self.workdir.unwrap_or_default(),
+            priority: self.priority.unwrap_or(0),
+            pool: self.pool.unwrap_or_default(),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// `h100,a100-80gb` into models; empty items are dropped (and then refused
+/// by validation if nothing is left).
+fn split_list(text: &str) -> Vec<GpuModel> {
+    text.split(',')
+        .map(GpuModel::new)
+        .filter(|model| !model.as_str().is_empty())
+        .collect()
+}
+
+fn default_name(command: &[String]) -> String {
+    let program = match command {
+        [shell, flag, line] if shell == "/bin/sh" && flag == "-c" => {
+            line.split_whitespace().next().unwrap_or("job")
+        }
+        [first, ..] => first.as_str(),
+        [] => "job",
+    };
+    let base = program.rsplit('/').next().unwrap_or(program);
+    base.chars().take(MAX_NAME_LEN).collect()
+}
+
+fn count_field(field: &str, value: i64, max: u32) -> Result<u32, SpecError> {
+    if value < 1 {
+        return Err(spec_error(field, format!("must be at least 1, got {value}")));
+    }
+    u32::try_from(value)
+        .ok()
+        .filter(|count| *count <= max)
+        .ok_or_else(|| spec_error(field, format!("must be at most {max}, got {value}")))
+}
+
+impl JobSpec {
+    /// Checks a spec from any source (the controller validates every spec
+    /// it receives, whatever the client checked).
+    pub fn validate(&self) -> Result<(), SpecError> {
+        validate_command(&self.command)?;
+        validate_name(&self.name)?;
+        if !(1..=MAX_GPUS_PER_NODE).contains(&self.gpus_per_node) {
+            return Err(spec_error(
+                "gpus",
+                format!("must be 1 to {MAX_GPUS_PER_NODE}, got {}", self.gpus_per_node),
+            ));
+        }
+        if !(1..=MAX_NODES).contains(&self.nodes) {
+            return Err(spec_error("nodes", format!("must be 1 to {MAX_NODES}, got {}", self.nodes)));
+        }
+        for model in &self.gpu_types {
+            validate_ident("gpu_type", model.as_str())?;
+        }
+        for (field, value) in [
+            ("team", &self.team),
+            ("project", &self.project),
+            ("workload_type", &self.workload_type),
+            ("pool", &self.pool),
+        ] {
+            if !value.is_empty() {
+                validate_ident(field, value)?;
+            }
+        }
+        if self.time_limit_secs == Some(0) {
+            return Err(spec_error("time", "must be more than zero"));
+        }
+        for (name, value) in &self.env {
+            validate_env(name, value)?;
+        }
+        validate_workdir(&self.workdir)
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), SpecError> {
+    if name.is_empty() {
+        return Err(spec_error("name", "must not be empty"));
+    }
+    if name.chars().count() > MAX_NAME_LEN {
+        return Err(spec_error("name", format!("longer than {MAX_NAME_LEN} characters")));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(spec_error("name", "contains a control character"));
+    }
+    Ok(())
+}
+
+fn validate_command(command: &[String]) -> Result<(), SpecError> {
+    match command.first() {
+        None => Err(spec_error("command", "is missing: give the program to run")),
+        Some(program) if program.is_empty() => Err(spec_error("command", "the program is an empty string")),
+        Some(_) if command.iter().any(|arg| arg.contains('\0')) => {
+            Err(spec_error("command", "an argument contains a NUL byte"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn validate_ident(field: &str, value: &str) -> Result<(), SpecError> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if value.is_empty() || value.len() > MAX_IDENT_LEN {
+        return Err(spec_error(field, format!("must be 1 to {MAX_IDENT_LEN} characters")));
+    }
+    match value.chars().find(|c| !allowed(*c)) {
+        Some(bad) => Err(spec_error(
+            field,
+            format!("{value:?} contains {bad:?}; use letters, digits, '.', '_' and '-'"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn validate_env(name: &str, value: &str) -> Result<(), SpecError> {
+    let field = format!("env.{name}");
+    let mut chars = name.chars();
+    let starts_well = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !starts_well || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(spec_error(&field, "a variable name is letters, digits and '_', not starting with a digit"));
+    }
+    if name.starts_with("GPOOL_") || name == "CUDA_VISIBLE_DEVICES" || name == "CUDA_DEVICE_ORDER" {
+        return Err(spec_error(&field, "is set by gpool for each attempt"));
+    }
+    if value.contains('\0') {
+        return Err(spec_error(&field, "the value contains a NUL byte"));
+    }
+    Ok(())
+}
+
+fn validate_workdir(workdir: &str) -> Result<(), SpecError> {
+    if workdir.is_empty() {
+        return Ok(());
+    }
+    if !workdir.starts_with('/') {
+        return Err(spec_error("workdir", format!("{workdir:?} is not an absolute path")));
+    }
+    if workdir.contains('\0') {
+        return Err(spec_error("workdir", "contains a NUL byte"));
+    }
+    Ok(())
+}
+
+/// `K=V` as given to `--env`.
+pub fn parse_env_assignment(text: &str) -> Result<(String, String), SpecError> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
+        _ => Err(spec_error("env", format!("{text:?} is not of the form NAME=VALUE"))),
+    }
+}
+
+/// A time limit in seconds. Accepts Slurm's forms (`MM`, `MM:SS`,
+/// `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) and suffixed ones (`90s`,
+/// `30m`, `2h`, `1d`, `1h30m`).
+pub fn parse_duration(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("is empty; give a duration such as 30m, 2h or 1-12:00:00".into());
+    }
+    if text.starts_with('-') {
+        return Err(format!("{text:?} is negative"));
+    }
+    let seconds = if text.chars().all(|c| c.is_ascii_digit() || c == ':' || c == '-') {
+        parse_slurm_duration(text)
+    } else {
+        humantime::parse_duration(text).ok().map(|d| d.as_secs())
+    };
+    match seconds {
+        Some(0) => Err(format!("{text:?} is zero; a time limit must be more than zero")),
+        Some(seconds) => Ok(seconds),
+        None => Err(format!(
+            "{text:?} is not a duration; use forms like 30 (minutes), 90s, 2h, 1h30m, 2:00:00 or 1-12:00:00"
+        )),
+    }
+}
+
+fn parse_slurm_duration(text: &str) -> Option<u64> {
+    let (days, rest) = match text.split_once('-') {
+        Some((days, rest)) => (Some(days.parse::<u64>().ok()?), rest),
+        None => (None, text),
+    };
+    let parts: Vec<u64> = rest
+        .split(':')
+        .map(|part| part.parse::<u64>().ok())
+        .collect::<Option<_>>()?;
+    let (hours, minutes, seconds) = match (days.is_some(), parts.as_slice()) {
+        (false, [m]) => (0, *m, 0),
+        (false, [m, s]) => (0, *m, *s),
+        (false, [h, m, s]) => (*h, *m, *s),
+        (true, [h]) => (*h, 0, 0),
+        (true, [h, m]) => (*h, *m, 0),
+        (true, [h, m, s]) => (*h, *m, *s),
+        _ => return None,
+    };
+    let total = days.unwrap_or(0).checked_mul(86_400)?;
+    total
+        .checked_add(hours.checked_mul(3_600)?)?
+        .checked_add(minutes.checked_mul(60)?)?
+        .checked_add(seconds)
+}
+
+/// Parses a job file's text (`[[job]]` tables). `file` is only used to name
+/// the file in errors. Each job is validated; the first bad one is reported
+/// with its line.
+pub fn parse_job_file(file: &str, text: &str) -> Result<Vec<JobSpec>, JobFileError> {
+    let file_error = |line, message| JobFileError {
+        file: file.to_string(),
+        line,
+        message,
+    };
+    let parsed: JobFile = toml::from_str(text).map_err(|err| {
+        let line = err.span().map(|span| line_of(text, span.start));
+        file_error(line, err.message().to_string())
+    })?;
+    if parsed.job.is_empty() {
+        return Err(file_error(None, "has no [[job]] table".into()));
+    }
+    parsed
+        .job
+        .into_iter()
+        .enumerate()
+        .map(|(job_idx, spanned)| {
+            let line = line_of(text, spanned.span().start);
+            spanned.into_inner().into_spec().map_err(|err| {
+                file_error(Some(line), format!("job {}: {err}", job_idx + 1))
+            })
+        })
+        .collect()
+}
+
+fn line_of(text: &str, byte_offset: usize) -> usize {
+    let end = byte_offset.min(text.len());
+    text.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! Tests for spec parsing and validation: every refusal names its field.
+
+use super::*;
+
+fn input(command: &[&str]) -> JobSpecInput {
+    JobSpecInput {
+        command: Some(CommandInput::Argv(command.iter().map(|s| s.to_string()).collect())),
+        ..JobSpecInput::default()
+    }
+}
+
+#[test]
+fn defaults_fill_a_minimal_spec() {
+    let spec = input(&["/usr/bin/python3", "train.py"]).into_spec().unwrap();
+    assert_eq!(spec.name, "python3");
+    assert_eq!((spec.gpus_per_node, spec.nodes), (1, 1));
+    assert_eq!(spec.time_limit_secs, None);
+    assert!(spec.team.is_empty() && spec.pool.is_empty());
+}
+
+#[test]
+fn counts_out_of_range_name_the_field() {
+    let mut zero_gpus = input(&["true"]);
+    zero_gpus.gpus = Some(0);
+    assert_eq!(zero_gpus.into_spec().unwrap_err().to_string(), "gpus: must be at least 1, got 0");
+    let mut negative_nodes = input(&["true"]);
+    negative_nodes.nodes = Some(-2);
+    assert_eq!(negative_nodes.into_spec().unwrap_err().field, "nodes");
+    let mut huge = input(&["true"]);
+    huge.gpus = Some(5000);
+    assert_eq!(huge.into_spec().unwrap_err().to_string(), "gpus: must be at most 1024, got 5000");
+}
+
+#[test]
+fn durations_in_slurm_and_suffixed_forms() {
+    for (text, secs) in [
+        ("30", 1800),
+        ("1:30", 90),
+        ("2:00:00", 7200),
+        ("1-12", 129_600),
+        ("1-00:30", 88_200),
+        ("1-00:00:01", 86_401),
+        ("90s", 90),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1d", 86_400),
+    ] {
+        assert_eq!(parse_duration(text), Ok(secs), "{text}");
+    }
+}
+
+#[test]
+fn bad_durations_say_why() {
+    assert_eq!(parse_duration("-5m").unwrap_err(), "\"-5m\" is negative");
+    assert!(parse_duration("0").unwrap_err().contains("zero"));
+    assert!(parse_duration("soon").unwrap_err().contains("not a duration"));
+    assert!(parse_duration("1:2:3:4").unwrap_err().contains("not a duration"));
+    let mut spec = input(&["true"]);
+    spec.time = Some("forever".into());
+    assert_eq!(spec.into_spec().unwrap_err().field, "time");
+}
+
+#[test]
+fn reserved_and_malformed_env_names_are_refused() {
+    for name in ["GPOOL_JOB_ID", "CUDA_VISIBLE_DEVICES", "1BAD", "A-B", ""] {
+        let mut spec = input(&["true"]);
+        spec.env = Some([(name.to_string(), "x".to_string())].into());
+        let err = spec.into_spec().unwrap_err();
+        assert_eq!(err.field, format!("env.{name}"), "{name}");
+    }
+    assert_eq!(parse_env_assignment("A=b=c").unwrap(), ("A".into(), "b=c".into()));
+    assert!(parse_env_assignment("novalue").unwrap_err().to_string().starts_with("env:"));
+}
+
+#[test]
+fn idents_workdir_and_command_are_checked() {
+    let mut spec = input(&["true"]);
+    spec.team = Some("ml team".into());
+    assert!(spec.into_spec().unwrap_err().to_string().starts_with("team: \"ml team\" contains ' '"));
+    let mut spec = input(&["true"]);
+    spec.workdir = Some("relative/dir".into());
+    assert_eq!(spec.into_spec().unwrap_err().field, "workdir");
+    assert_eq!(JobSpecInput::default().into_spec().unwrap_err().field, "command");
+    assert_eq!(input(&[""]).into_spec().unwrap_err().field, "command");
+}
+
+#[test]
+fn gpu_type_lists_are_lowercased_and_split() {
+    let mut spec = input(&["true"]);
+    spec.gpu_type = Some(OneOrMany::One("H100,a100-80gb".into()));
+    let models = spec.into_spec().unwrap().gpu_types;
+    assert_eq!(models, vec![GpuModel::new("h100"), GpuModel::new("a100-80gb")]);
+}
+
+#[test]
+fn job_file_with_several_jobs() {
+    let text = r#"
+[[job]]
+name = "prep"
+command = "echo hello && sleep 1"
+time = "10m"
+
+[[job]]
+command = ["python", "train.py"]
+gpus = 8
+nodes = 2
+gpu_type = ["h100"]
+env = { EPOCHS = "3" }
+"#;
+    let specs = parse_job_file("jobs.toml", text).unwrap();
+    assert_eq!(specs.len(), 2);
+    assert_eq!(specs[0].command, ["/bin/sh", "-c", "echo hello && sleep 1"]);
+    assert_eq!(specs[0].time_limit_secs, Some(600));
+    assert_eq!(specs[1].name, "python");
+    assert_eq!(specs[1].env, vec![("EPOCHS".to_string(), "3".to_string())]);
+}
+
+#[test]
+fn job_file_errors_name_file_line_and_field() {
+    let syntax = "[[job]]\ncommand = [\"true\"]\ngpus = = 2\n";
+    let err = parse_job_file("jobs.toml", syntax).unwrap_err();
+    assert_eq!((err.file.as_str(), err.line), ("jobs.toml", Some(3)), "{err}");
+
+    let unknown = "[[job]]\ncommand = [\"true\"]\n\n[[job]]\ncommand = [\"true\"]\ngpuz = 2\n";
+    let err = parse_job_file("jobs.toml", unknown).unwrap_err();
+    assert!(err.to_string().contains("unknown field `gpuz`"), "{err}");
+    assert_eq!(err.line, Some(6), "{err}");
+
+    let invalid = "[[job]]\ncommand = [\"true\"]\n\n[[job]]\ncommand = [\"true\"]\ngpus = 0\n";
+    let err = parse_job_file("jobs.toml", invalid).unwrap_err();
+    assert_eq!(err.to_string(), "jobs.toml:4: job 2: gpus: must be at least 1, got 0");
+
+    let empty = parse_job_file("jobs.toml", "").unwrap_err();
+    assert!(empty.to_string().contains("jobs.toml"), "{empty}");
+}

@@ -1,0 +1,168 @@
+//! Builders and a tiny text fixture format for tests and benchmarks.
+//!
+//! Nodes, one per line: `n1 8xh100 2xl4 used=0-3 switch=a drain down`
+//! (`NxMODEL` adds N GPUs with the next indices; `used=` lists busy GPU
+//! indices; `drain`/`down` set the node's availability; `k=v` is a label).
+//! Jobs, one per line: `j1 gpus=8 nodes=2 type=h100,a100 prio=5 pool=p`.
+//! Malformed fixtures panic with the offending token: they are test code.
+
+use crate::ids::{JobId, Timestamp};
+use crate::job_state::JobState;
+use crate::model::{Gpu, GpuModel, Job, JobSpec, Node};
+use crate::sched::{Availability, ClusterView, GpuView, NodeView, PendingJob};
+use std::collections::BTreeMap;
+
+/// Parses node and job fixtures into a view.
+pub fn cluster_view(nodes: &str, jobs: &str) -> ClusterView {
+    ClusterView {
+        nodes: nodes.lines().filter(|l| !l.trim().is_empty()).map(parse_node_view).collect(),
+        pending: jobs.lines().filter(|l| !l.trim().is_empty()).map(parse_pending_job).collect(),
+    }
+}
+
+fn parse_node_view(line: &str) -> NodeView {
+    let mut tokens = line.split_whitespace();
+    let name = tokens.next().expect("node line has a name").to_string();
+    let mut node = NodeView {
+        name,
+        labels: BTreeMap::new(),
+        availability: Availability::Up,
+        gpus: Vec::new(),
+    };
+    for token in tokens {
+        if let Some((count, model)) = token.split_once('x').filter(|(c, _)| c.parse::<u32>().is_ok()) {
+            for _ in 0..count.parse::<u32>().unwrap_or(0) {
+                let index = node.gpus.len() as u32;
+                node.gpus.push(GpuView {
+                    index,
+                    model: GpuModel::new(model),
+                    busy: false,
+                });
+            }
+        } else if let Some(list) = token.strip_prefix("used=") {
+            for index in parse_index_list(list) {
+                node.gpus[index as usize].busy = true;
+            }
+        } else if token == "drain" {
+            node.availability = Availability::Draining;
+        } else if token == "down" {
+            node.availability = Availability::Down;
+        } else if let Some((key, value)) = token.split_once('=') {
+            node.labels.insert(key.into(), value.into());
+        } else {
+            panic!("node fixture: cannot read {token:?} in {line:?}");
+        }
+    }
+    node
+}
+
+/// `0-3,5` into `[0, 1, 2, 3, 5]`.
+pub fn parse_index_list(list: &str) -> Vec<u32> {
+    let mut indices = Vec::new();
+    for part in list.split(',') {
+        let (start, end) = part.split_once('-').unwrap_or((part, part));
+        let (start, end): (u32, u32) = (
+            start.parse().expect("index list number"),
+            end.parse().expect("index list number"),
+        );
+        indices.extend(start..=end);
+    }
+    indices
+}
+
+fn parse_pending_job(line: &str) -> PendingJob {
+    let mut tokens = line.split_whitespace();
+    let id = tokens.next().and_then(|t| t.strip_prefix('j')).and_then(|t| t.parse().ok());
+    let mut job = PendingJob {
+        id: JobId(id.expect("job line starts with jN")),
+        priority: 0,
+        gpus_per_node: 1,
+        nodes: 1,
+        gpu_types: Vec::new(),
+        pool: String::new(),
+    };
+    for token in tokens {
+        let (key, value) = token.split_once('=').expect("job fixture token is key=value");
+        match key {
+            "gpus" => job.gpus_per_node = value.parse().expect("gpus"),
+            "nodes" => job.nodes = value.parse().expect("nodes"),
+            "prio" => job.priority = value.parse().expect("prio"),
+            "type" => job.gpu_types = value.split(',').map(GpuModel::new).collect(),
+            "pool" => job.pool = value.into(),
+            other => panic!("job fixture: unknown key {other:?} in {line:?}"),
+        }
+    }
+    job
+}
+
+/// A node with `n_gpus` GPUs of `model`, alive and undrained.
+pub fn node(name: &str, n_gpus: u32, model: &str) -> Node {
+    Node {
+        name: name.into(),
+        gpus: (0..n_gpus)
+            .map(|index| Gpu {
+                index,
+                uuid: format!("GPU-{name}-{index}"),
+                model: GpuModel::new(model),
+                memory_mib: 81_920,
+                pci_bus_id: format!("00000000:{:02x}:00.0", index + 1),
+            })
+            .collect(),
+        labels: BTreeMap::new(),
+        drain_reason: None,
+        alive: true,
+    }
+}
+
+pub struct JobBuilder {
+    job: Job,
+}
+
+/// A pending one-GPU `true` job, to be adjusted with the builder's methods.
+pub fn job_builder(id: JobId) -> JobBuilder {
+    JobBuilder {
+        job: Job {
+            id,
+            spec: JobSpec {
+                name: "job".into(),
+                command: vec!["true".into()],
+                gpus_per_node: 1,
+                nodes: 1,
+                gpu_types: Vec::new(),
+                team: "default".into(),
+                project: String::new(),
+                workload_type: String::new(),
+                time_limit_secs: None,
+                env: Vec::new(),
+                workdir: String::new(),
+                priority: 0,
+                pool: String::new(),
+            },
+            user: "alice".into(),
+            submitted_at: Timestamp(0),
+            state: JobState::Pending,
+            n_attempts: 0,
+        },
+    }
+}
+
+impl JobBuilder {
+    pub fn gpus(mut self, gpus_per_node: u32) -> JobBuilder {
+        self.job.spec.gpus_per_node = gpus_per_node;
+        self
+    }
+
+    pub fn nodes(mut self, nodes: u32) -> JobBuilder {
+        self.job.spec.nodes = nodes;
+        self
+    }
+
+    pub fn gpu_types(mut self, models: &[&str]) -> JobBuilder {
+        self.job.spec.gpu_types = models.iter().map(|m| GpuModel::new(m)).collect();
+        self
+    }
+
+    pub fn build(self) -> Job {
+        self.job
+    }
+}
