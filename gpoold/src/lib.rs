@@ -1,1 +1,103 @@
-//! placeholder
+//! gpoold: the gpool controller. `run` takes a config and a shutdown future;
+//! `main` only parses flags.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod sched_loop;
+pub mod state;
+
+use anyhow::Context;
+use config::Config;
+use gpool_proto::pb::pool_server::PoolServer;
+use gpool_core::Timestamp;
+use state::{StateHandle, State};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use tokio::sync::{broadcast, mpsc, Notify};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
+
+/// The file in the state dir that holds the bound `host:port`.
+pub const ADDR_FILE: &str = "gpoold.addr";
+
+/// Wall-clock now, the one clock gpoold hands to gpool-core.
+pub fn wall_clock() -> Timestamp {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp(since_epoch.as_millis() as i64)
+}
+
+/// Runs the controller until `shutdown` resolves or a fatal error occurs.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.state_dir)
+        .with_context(|| format!("state dir {}: cannot create", config.state_dir.display()))?;
+    let (store, loaded) = state::store::Store::open(&config.state_dir)
+        .with_context(|| format!("state dir {}", config.state_dir.display()))?;
+    let n_jobs = loaded.jobs.len();
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listen: cannot bind {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
+    if config.dev {
+        let pointer = gpool_proto::dev_address_file();
+        if let Err(err) = write_addr_file(&pointer, &addr.to_string()) {
+            tracing::warn!("cannot record the dev address in {}: {err:#}", pointer.display());
+        }
+    }
+
+    let (commands, inbox) = mpsc::channel(65_536);
+    let handle = StateHandle {
+        shared: Arc::new(RwLock::new(State::new(loaded, config.policy.clone(), config.admins.clone()))),
+        commands,
+        job_changes: broadcast::channel(1024).0,
+        sched_wakeup: Arc::new(Notify::new()),
+    };
+    let (flush_sender, flush_receiver) = std::sync::mpsc::channel();
+    let db = store.db();
+    let flusher = tokio::task::spawn_blocking(move || state::run_flusher(db, flush_receiver));
+    let state_task = tokio::spawn(state::run_state_task(handle.clone(), store, inbox, flush_sender, wall_clock));
+    let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock));
+    handle.sched_wakeup.notify_one();
+
+    tracing::info!("gpoold listening on {addr} with {n_jobs} jobs from {}", config.state_dir.display());
+    let pool = PoolServer::new(api::pool::PoolService { state: handle.clone() })
+        .max_decoding_message_size(64 * 1024 * 1024)
+        .max_encoding_message_size(1024 * 1024 * 1024);
+    let pool = InterceptedService::new(pool, api::authenticate(config.dev));
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let served = tonic::transport::Server::builder()
+        .add_service(pool)
+        .serve_with_incoming_shutdown(incoming, shutdown);
+    // A flusher failure is fatal: memory would run ahead of disk.
+    let outcome = tokio::select! {
+        served = served => served.context("gRPC server"),
+        flushed = flusher => match flushed {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(anyhow::Error::new(err).context("state store")),
+            Err(err) => Err(anyhow::Error::new(err).context("flusher thread")),
+        },
+    };
+    sched_task.abort();
+    drop(handle);
+    let _ = state_task.await;
+    let _ = sched_task.await;
+    if config.dev {
+        let _ = std::fs::remove_file(gpool_proto::dev_address_file());
+    }
+    outcome
+}
+
+/// Writes `addr` atomically (temp file, then rename), so readers never see
+/// half a line.
+fn write_addr_file(path: &Path, addr: &str) -> anyhow::Result<()> {
+    let dir = path.parent().context("address file has no parent dir")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let temp = path.with_extension("tmp");
+    std::fs::write(&temp, format!("{addr}\n")).with_context(|| format!("{}: cannot write", temp.display()))?;
+    std::fs::rename(&temp, path).with_context(|| format!("{}: cannot write", path.display()))?;
+    Ok(())
+}

@@ -1,1 +1,25 @@
-//! placeholder
+//! gpool-proto: the gpool.v1 wire contract (generated code) and its
+//! conversions to gpool-core types, which live in `convert` and nowhere else.
+
+#[allow(clippy::all, clippy::pedantic)]
+#[rustfmt::skip]
+pub mod pb {
+    include!("gen/gpool.v1.rs");
+}
+
+pub mod convert;
+
+/// gRPC metadata key that carries the caller's user name.
+pub const USER_METADATA_KEY: &str = "x-gpool-user";
+
+/// Where a running dev controller (`gpoold --dev`) records its address, so
+/// that `gpool` finds it without `--server`: `$XDG_RUNTIME_DIR/gpool/dev.addr`,
+/// else `<tmp>/gpool-<uid>/dev.addr`.
+pub fn dev_address_file() -> std::path::PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => std::path::Path::new(&dir).join("gpool").join("dev.addr"),
+        _ => std::env::temp_dir()
+            .join(format!("gpool-{}", nix::unistd::getuid()))
+            .join("dev.addr"),
+    }
+}

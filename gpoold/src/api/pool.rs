@@ -1,0 +1,171 @@
+//! The Pool service: what the CLI calls.
+
+use super::caller;
+use crate::state::{Command, StateHandle};
+use gpool_core::JobId;
+use gpool_proto::convert::{job_to_wire, node_to_wire, spec_from_wire, state_to_wire};
+use gpool_proto::pb;
+use gpool_proto::pb::pool_server::Pool;
+use std::pin::Pin;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+pub struct PoolService {
+    pub state: StateHandle,
+}
+
+type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
+
+impl PoolService {
+    fn job(&self, id: JobId) -> Result<pb::Job, Status> {
+        let state = self.state.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let job = state.jobs.get(&id).ok_or(crate::error::Error::UnknownJob(id))?;
+        Ok(job_to_wire(job, reasons(&state, id)))
+    }
+}
+
+fn reasons(state: &crate::state::State, id: JobId) -> Vec<String> {
+    match state.jobs.get(&id) {
+        Some(job) if !job.state.is_finished() && job.state.started_at().is_none() => state
+            .pending_reasons
+            .get(&id)
+            .map(|rejects| rejects.iter().map(ToString::to_string).collect())
+            .unwrap_or_else(|| vec!["waiting for the next scheduling cycle".to_string()]),
+        _ => Vec::new(),
+    }
+}
+
+#[tonic::async_trait]
+impl Pool for PoolService {
+    async fn submit_jobs(&self, request: Request<pb::SubmitJobsRequest>) -> Result<Response<pb::SubmitJobsResponse>, Status> {
+        let user = caller(&request)?;
+        let specs = request.into_inner().specs.into_iter().map(spec_from_wire).collect();
+        let ids = self.state.call(|reply| Command::Submit { user, specs, reply }).await?;
+        Ok(Response::new(pb::SubmitJobsResponse { ids: ids.into_iter().map(|id| id.0).collect() }))
+    }
+
+    async fn cancel_jobs(&self, request: Request<pb::CancelJobsRequest>) -> Result<Response<pb::CancelJobsResponse>, Status> {
+        let user = caller(&request)?;
+        let ids = request.into_inner().ids.into_iter().map(JobId).collect();
+        let outcomes = self.state.call(|reply| Command::Cancel { user, ids, reply }).await?;
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| pb::CancelOutcome { id: o.id.0, state: state_to_wire(&o.state).into(), cancelled: o.cancelled })
+            .collect();
+        Ok(Response::new(pb::CancelJobsResponse { outcomes }))
+    }
+
+    async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        caller(&request)?;
+        Ok(Response::new(self.job(JobId(request.get_ref().id))?))
+    }
+
+    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        caller(&request)?;
+        let filter = request.into_inner();
+        let wanted_states: Vec<pb::JobState> = filter.states().collect();
+        let state = self.state.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let jobs = state
+            .jobs
+            .values()
+            .filter(|job| {
+                let wire_state = state_to_wire(&job.state);
+                let state_ok = if wanted_states.is_empty() {
+                    filter.all || !job.state.is_finished()
+                } else {
+                    wanted_states.contains(&wire_state)
+                };
+                state_ok
+                    && (filter.team.is_empty() || job.spec.team == filter.team)
+                    && (filter.user.is_empty() || job.user == filter.user)
+            })
+            .map(|job| job_to_wire(job, reasons(&state, job.id)))
+            .collect();
+        Ok(Response::new(pb::ListJobsResponse { jobs }))
+    }
+
+    type WatchJobStream = JobStream;
+
+    async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<JobStream>, Status> {
+        caller(&request)?;
+        let id = JobId(request.get_ref().id);
+        let mut changes = self.state.job_changes.subscribe();
+        let first = self.job(id)?;
+        let service = PoolService { state: self.state.clone() };
+        let stream = async_stream(first, move |sender| async move {
+            loop {
+                let change = tokio::select! {
+                    () = sender.closed() => return,
+                    change = changes.recv() => change,
+                };
+                match change {
+                    Ok(changed) if changed != id => continue,
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+                let job = service.job(id);
+                let finished = job.as_ref().map_or(true, |job| is_finished(job));
+                if sender.send(job).await.is_err() || finished {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn list_nodes(&self, request: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+        caller(&request)?;
+        let state = self.state.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let holders = state.gpu_holders();
+        let nodes = state
+            .nodes
+            .values()
+            .map(|node| node_to_wire(node, |gpu_idx| holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0)))
+            .collect();
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+
+    async fn drain_node(&self, request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let user = caller(&request)?;
+        let pb::DrainNodeRequest { name, reason } = request.into_inner();
+        if reason.trim().is_empty() {
+            return Err(crate::error::Error::InvalidRequest { field: "reason", reason: "say why the node is drained".into() }.into());
+        }
+        let node = self.state.call(|reply| Command::Drain { user, node: name, reason, reply }).await?;
+        Ok(Response::new(self.node_to_wire(&node)))
+    }
+
+    async fn resume_node(&self, request: Request<pb::ResumeNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let user = caller(&request)?;
+        let name = request.into_inner().name;
+        let node = self.state.call(|reply| Command::Resume { user, node: name, reply }).await?;
+        Ok(Response::new(self.node_to_wire(&node)))
+    }
+}
+
+impl PoolService {
+    fn node_to_wire(&self, node: &gpool_core::model::Node) -> pb::Node {
+        let state = self.state.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let holders = state.gpu_holders();
+        node_to_wire(node, |gpu_idx| holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0))
+    }
+}
+
+fn is_finished(job: &pb::Job) -> bool {
+    matches!(job.state(), pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled)
+}
+
+/// A stream that yields `first`, then whatever `produce` sends, until it returns.
+fn async_stream<F, Fut>(first: pb::Job, produce: F) -> JobStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::Job, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(16);
+    let done = is_finished(&first);
+    let _ = sender.try_send(Ok(first));
+    if !done {
+        tokio::spawn(produce(sender));
+    }
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))
+}

@@ -1,0 +1,131 @@
+//! gpoold.toml, and the settings of a run (from the file or from `--dev`).
+
+use gpool_core::model::PoolDef;
+use gpool_core::sched::Policy;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Everything a run of gpoold needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub state_dir: PathBuf,
+    /// Dev mode: loopback only, no TLS, the caller's user name is trusted.
+    pub dev: bool,
+    pub policy: Policy,
+    /// Users who may cancel anyone's job and drain or resume nodes.
+    pub admins: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {reason}")]
+    Read { file: String, reason: String },
+    #[error("{file}:{line}: {message}")]
+    Invalid { file: String, line: usize, message: String },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    listen: toml::Spanned<String>,
+    state_dir: PathBuf,
+    #[serde(default)]
+    default_pool: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    admins: Vec<String>,
+    #[serde(default)]
+    pool: Vec<PoolFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolFile {
+    name: String,
+    #[serde(default)]
+    selector: BTreeMap<String, String>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
+            file: file.clone(),
+            reason: err.to_string(),
+        })?;
+        Config::parse(&file, &text)
+    }
+
+    /// Parses gpoold.toml text; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+        let invalid = |offset: usize, message: String| ConfigError::Invalid {
+            file: file.to_string(),
+            line: line_of(text, offset),
+            message,
+        };
+        let parsed: ConfigFile = toml::from_str(text)
+            .map_err(|err| invalid(err.span().map_or(0, |s| s.start), err.message().to_string()))?;
+        let listen = parsed.listen.get_ref().parse::<SocketAddr>().map_err(|err| {
+            invalid(parsed.listen.span().start, format!("listen: {:?} is not host:port: {err}", parsed.listen.get_ref()))
+        })?;
+        let mut policy = Policy::default();
+        if !parsed.pool.is_empty() {
+            policy.pools = parsed
+                .pool
+                .into_iter()
+                .map(|pool| PoolDef {
+                    name: pool.name,
+                    selector: pool.selector,
+                })
+                .collect();
+            policy.default_pool = policy.pools[0].name.clone();
+        }
+        if let Some(default_pool) = parsed.default_pool {
+            if policy.pools.iter().all(|p| &p.name != default_pool.get_ref()) {
+                return Err(invalid(
+                    default_pool.span().start,
+                    format!("default_pool: no [[pool]] is named {:?}", default_pool.get_ref()),
+                ));
+            }
+            policy.default_pool = default_pool.into_inner();
+        }
+        Ok(Config {
+            listen,
+            state_dir: parsed.state_dir,
+            dev: false,
+            policy,
+            admins: parsed.admins,
+        })
+    }
+}
+
+fn line_of(text: &str, byte_offset: usize) -> usize {
+    let end = byte_offset.min(text.len());
+    text.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_example_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+        let path = dir.join("gpoold.toml");
+        let config = Config::load(&path).unwrap_or_else(|err| panic!("{err}"));
+        assert!(config.policy.pool("").is_some());
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let err = Config::parse("g.toml", "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\nlisen = 3\n").unwrap_err();
+        assert_eq!(err.to_string().split(',').next().unwrap(), "g.toml:3: unknown field `lisen`");
+        let err = Config::parse("g.toml", "state_dir = \"/x\"\nlisten = \"nowhere\"\n").unwrap_err();
+        assert!(err.to_string().starts_with("g.toml:2: listen: \"nowhere\" is not host:port"), "{err}");
+        let err = Config::parse("g.toml", "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\ndefault_pool = \"big\"\n")
+            .unwrap_err();
+        assert_eq!(err.to_string(), "g.toml:3: default_pool: no [[pool]] is named \"big\"");
+    }
+}

@@ -1,0 +1,53 @@
+//! gpoold's errors, and their one mapping onto gRPC statuses.
+
+use gpool_core::feasibility::Infeasible;
+use gpool_core::spec::SpecError;
+use gpool_core::JobId;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("job {0} not found")]
+    UnknownJob(JobId),
+    #[error("node {0:?} not found (known nodes come from registered agents)")]
+    UnknownNode(String),
+    #[error("job {index}: {source}")]
+    InvalidSpec { index: usize, source: SpecError },
+    #[error("job {index}: {source}")]
+    Infeasible { index: usize, source: Infeasible },
+    #[error("{field}: {reason}")]
+    InvalidRequest { field: &'static str, reason: String },
+    #[error("user {user:?} may not cancel job {job} of user {owner:?}")]
+    NotOwner { user: String, job: JobId, owner: String },
+    #[error("missing or invalid caller identity: {0}")]
+    Unauthenticated(String),
+    #[error("the state store failed: {0}")]
+    Storage(String),
+    #[error("record {key} in tree {tree:?} cannot be read: {reason}")]
+    CorruptRecord { tree: &'static str, key: String, reason: String },
+    #[error("state dir has schema version {found}; this gpoold reads up to version {supported}")]
+    SchemaTooNew { found: u32, supported: u32 },
+    #[error("gpoold is shutting down")]
+    ShuttingDown,
+}
+
+impl From<sled::Error> for Error {
+    fn from(err: sled::Error) -> Error {
+        Error::Storage(err.to_string())
+    }
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Status {
+        let code = match &err {
+            Error::UnknownJob(_) | Error::UnknownNode(_) => Code::NotFound,
+            Error::InvalidSpec { .. } | Error::InvalidRequest { .. } => Code::InvalidArgument,
+            Error::Infeasible { .. } => Code::FailedPrecondition,
+            Error::NotOwner { .. } => Code::PermissionDenied,
+            Error::Unauthenticated(_) => Code::Unauthenticated,
+            Error::ShuttingDown => Code::Unavailable,
+            Error::Storage(_) | Error::CorruptRecord { .. } | Error::SchemaTooNew { .. } => Code::Internal,
+        };
+        Status::new(code, err.to_string())
+    }
+}

@@ -1,0 +1,89 @@
+//! `gpoold`: parses flags and runs the controller until SIGINT or SIGTERM.
+
+use clap::Parser;
+use gpoold::config::Config;
+use gpool_core::sched::Policy;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "gpoold", version, about = "The gpool controller")]
+struct Args {
+    /// gpoold.toml (see config/gpoold.toml).
+    #[arg(long, conflicts_with = "dev", required_unless_present = "dev")]
+    config: Option<PathBuf>,
+    /// Dev mode: loopback only, no TLS, a temporary state dir unless given.
+    #[arg(long)]
+    dev: bool,
+    /// State dir in dev mode.
+    #[arg(long, requires = "dev")]
+    state_dir: Option<PathBuf>,
+    /// Address to listen on in dev mode (port 0 picks a free port).
+    #[arg(long, requires = "dev", default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GPOOL_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("gpoold: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let mut temp_state_dir = None;
+    let config = match (args.config, args.dev) {
+        (Some(path), _) => Config::load(&path)?,
+        (None, _) => {
+            if !args.listen.ip().is_loopback() {
+                anyhow::bail!("--listen: dev mode listens on loopback only, not {}", args.listen);
+            }
+            let state_dir = match args.state_dir {
+                Some(dir) => dir,
+                None => {
+                    let dir = tempfile::Builder::new().prefix("gpool-dev-").tempdir()?;
+                    let path = dir.path().to_path_buf();
+                    temp_state_dir = Some(dir);
+                    path
+                }
+            };
+            eprintln!(
+                "gpoold: DEV MODE: no TLS, callers' user names are trusted, loopback only; state in {}{}",
+                state_dir.display(),
+                if temp_state_dir.is_some() { " (temporary, removed at exit)" } else { "" }
+            );
+            Config {
+                listen: args.listen,
+                state_dir,
+                dev: true,
+                policy: Policy::default(),
+                admins: vec!["*".into()],
+            }
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let outcome = runtime.block_on(gpoold::run(config, shutdown_signal()));
+    drop(temp_state_dir);
+    outcome
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

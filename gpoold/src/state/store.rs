@@ -1,0 +1,156 @@
+//! The sled database: trees, record encoding, schema version, loading.
+//!
+//! Keys are big-endian so iteration follows id order. Values are a one-byte
+//! record version followed by the record as JSON. Only the state task writes.
+
+use crate::error::Error;
+use gpool_core::model::{Job, Node};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::path::Path;
+
+/// Schema of the whole database; a change migrates in `open`.
+pub const SCHEMA_VERSION: u32 = 1;
+const RECORD_VERSION: u8 = 1;
+const META_SCHEMA: &[u8] = b"schema_version";
+const META_NEXT_JOB_ID: &[u8] = b"next_job_id";
+
+pub struct Store {
+    db: sled::Db,
+    jobs: sled::Tree,
+    nodes: sled::Tree,
+    meta: sled::Tree,
+}
+
+/// What `Store::open` found on disk.
+pub struct Loaded {
+    pub jobs: Vec<Job>,
+    pub nodes: Vec<Node>,
+    pub next_job_id: u64,
+}
+
+impl Store {
+    pub fn open(dir: &Path) -> Result<(Store, Loaded), Error> {
+        let db = sled::Config::new()
+            .path(dir.join("db"))
+            .cache_capacity(8 * 1024 * 1024)
+            .open()?;
+        let store = Store {
+            jobs: db.open_tree("jobs")?,
+            nodes: db.open_tree("nodes")?,
+            meta: db.open_tree("meta")?,
+            db,
+        };
+        // Trees later issues fill; opened now so the layout is fixed from v1.
+        for tree in ["attempts", "usage", "events"] {
+            store.db.open_tree(tree)?;
+        }
+        store.check_schema()?;
+        let loaded = store.load()?;
+        Ok((store, loaded))
+    }
+
+    fn check_schema(&self) -> Result<(), Error> {
+        match self.meta.get(META_SCHEMA)? {
+            None => {
+                self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
+                self.db.flush()?;
+                Ok(())
+            }
+            Some(raw) => {
+                let found = u32::from_be_bytes(raw.as_ref().try_into().map_err(|_| Error::CorruptRecord {
+                    tree: "meta",
+                    key: "schema_version".into(),
+                    reason: format!("{} bytes, expected 4", raw.len()),
+                })?);
+                if found > SCHEMA_VERSION {
+                    return Err(Error::SchemaTooNew {
+                        found,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn load(&self) -> Result<Loaded, Error> {
+        let jobs: Vec<Job> = self
+            .jobs
+            .iter()
+            .map(|entry| {
+                let (key, value) = entry?;
+                decode("jobs", &key, &value)
+            })
+            .collect::<Result<_, Error>>()?;
+        let nodes: Vec<Node> = self
+            .nodes
+            .iter()
+            .map(|entry| {
+                let (key, value) = entry?;
+                decode("nodes", &key, &value)
+            })
+            .collect::<Result<_, Error>>()?;
+        let stored_next = match self.meta.get(META_NEXT_JOB_ID)? {
+            Some(raw) => u64::from_be_bytes(raw.as_ref().try_into().map_err(|_| Error::CorruptRecord {
+                tree: "meta",
+                key: "next_job_id".into(),
+                reason: format!("{} bytes, expected 8", raw.len()),
+            })?),
+            None => 1,
+        };
+        let after_last = jobs.last().map_or(1, |job| job.id.0 + 1);
+        Ok(Loaded {
+            jobs,
+            nodes,
+            next_job_id: stored_next.max(after_last),
+        })
+    }
+
+    pub fn put_job(&self, job: &Job) -> Result<(), Error> {
+        self.jobs.insert(job.id.0.to_be_bytes(), encode(job))?;
+        Ok(())
+    }
+
+    pub fn put_node(&self, node: &Node) -> Result<(), Error> {
+        self.nodes.insert(node.name.as_bytes(), encode(node))?;
+        Ok(())
+    }
+
+    pub fn put_next_job_id(&self, next_job_id: u64) -> Result<(), Error> {
+        self.meta.insert(META_NEXT_JOB_ID, &next_job_id.to_be_bytes())?;
+        Ok(())
+    }
+
+    /// A handle for the flusher thread.
+    pub fn db(&self) -> sled::Db {
+        self.db.clone()
+    }
+}
+
+fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    let mut bytes = vec![RECORD_VERSION];
+    // Serializing plain structs of strings and numbers to a Vec cannot fail.
+    serde_json::to_writer(&mut bytes, record).expect("records serialize to JSON");
+    bytes
+}
+
+fn decode<T: DeserializeOwned>(tree: &'static str, key: &[u8], value: &[u8]) -> Result<T, Error> {
+    let corrupt = |reason: String| Error::CorruptRecord {
+        tree,
+        key: key_text(key),
+        reason,
+    };
+    match value.split_first() {
+        Some((&RECORD_VERSION, json)) => serde_json::from_slice(json).map_err(|err| corrupt(err.to_string())),
+        Some((version, _)) => Err(corrupt(format!("unknown record version {version}"))),
+        None => Err(corrupt("empty record".into())),
+    }
+}
+
+fn key_text(key: &[u8]) -> String {
+    match <[u8; 8]>::try_from(key) {
+        Ok(id) => u64::from_be_bytes(id).to_string(),
+        Err(_) => String::from_utf8_lossy(key).into_owned(),
+    }
+}

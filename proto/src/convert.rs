@@ -1,0 +1,184 @@
+//! The only place where wire types (`pb`) and gpool-core types meet.
+
+use crate::pb;
+use gpool_core::job_state::JobState;
+use gpool_core::model::{GpuModel, Job, JobSpec, Node, NodePlacement, NodeState};
+
+pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        name: spec.name.clone(),
+        command: spec.command.clone(),
+        gpus: spec.gpus_per_node,
+        nodes: spec.nodes,
+        gpu_types: spec.gpu_types.iter().map(|m| m.as_str().to_string()).collect(),
+        team: spec.team.clone(),
+        project: spec.project.clone(),
+        workload_type: spec.workload_type.clone(),
+        time_limit: spec.time_limit_secs.map(|seconds| pb::Duration { seconds }),
+        env: spec
+            .env
+            .iter()
+            .map(|(name, value)| pb::EnvVar {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        workdir: spec.workdir.clone(),
+        priority: spec.priority,
+        pool: spec.pool.clone(),
+    }
+}
+
+/// Not validated here: the receiver calls `JobSpec::validate`.
+pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
+    JobSpec {
+        name: spec.name,
+        command: spec.command,
+        gpus_per_node: spec.gpus,
+        nodes: spec.nodes,
+        gpu_types: spec.gpu_types.iter().map(|m| GpuModel::new(m)).collect(),
+        team: spec.team,
+        project: spec.project,
+        workload_type: spec.workload_type,
+        time_limit_secs: spec.time_limit.map(|d| d.seconds),
+        env: spec.env.into_iter().map(|var| (var.name, var.value)).collect(),
+        workdir: spec.workdir,
+        priority: spec.priority,
+        pool: spec.pool,
+    }
+}
+
+pub fn state_to_wire(state: &JobState) -> pb::JobState {
+    match state {
+        JobState::Pending => pb::JobState::Pending,
+        JobState::Running { .. } => pb::JobState::Running,
+        JobState::Completed { .. } => pb::JobState::Completed,
+        JobState::Failed { .. } => pb::JobState::Failed,
+        JobState::Cancelled { .. } => pb::JobState::Cancelled,
+    }
+}
+
+/// The lowercase name the CLI prints and its JSON carries.
+pub fn state_name(state: pb::JobState) -> &'static str {
+    match state {
+        pb::JobState::Unspecified => "unknown",
+        pb::JobState::Pending => "pending",
+        pb::JobState::Running => "running",
+        pb::JobState::Completed => "completed",
+        pb::JobState::Failed => "failed",
+        pb::JobState::Cancelled => "cancelled",
+    }
+}
+
+/// Parses a state name as users type it (`--state running`).
+pub fn state_from_name(name: &str) -> Option<pb::JobState> {
+    [
+        pb::JobState::Pending,
+        pb::JobState::Running,
+        pb::JobState::Completed,
+        pb::JobState::Failed,
+        pb::JobState::Cancelled,
+    ]
+    .into_iter()
+    .find(|state| state_name(*state) == name.to_ascii_lowercase())
+}
+
+fn placement_to_wire(placement: &[NodePlacement]) -> Vec<pb::Placement> {
+    placement
+        .iter()
+        .map(|part| pb::Placement {
+            node: part.node.clone(),
+            gpu_indices: part.gpu_indices.clone(),
+        })
+        .collect()
+}
+
+/// `pending_reasons` come from the latest scheduling cycle, not the job.
+pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
+    let (exit_code, end_reason, epoch, placement, cancelled_by) = match &job.state {
+        JobState::Pending => (None, String::new(), 0, Vec::new(), String::new()),
+        JobState::Running { epoch, placement, .. } => {
+            (None, String::new(), epoch.0, placement_to_wire(placement), String::new())
+        }
+        JobState::Completed { .. } => (Some(0), String::new(), 0, Vec::new(), String::new()),
+        JobState::Failed { exit_code, reason, .. } => (*exit_code, reason.clone(), 0, Vec::new(), String::new()),
+        JobState::Cancelled { by, .. } => (None, format!("cancelled by {by}"), 0, Vec::new(), by.clone()),
+    };
+    pb::Job {
+        id: job.id.0,
+        spec: Some(spec_to_wire(&job.spec)),
+        user: job.user.clone(),
+        state: state_to_wire(&job.state).into(),
+        submitted_at_ms: job.submitted_at.0,
+        started_at_ms: job.state.started_at().map(|t| t.0),
+        ended_at_ms: job.state.ended_at().map(|t| t.0),
+        exit_code,
+        end_reason,
+        pending_reasons,
+        attempt: job.n_attempts,
+        epoch,
+        placement,
+        cancelled_by,
+    }
+}
+
+/// `holder(gpu_index)` gives the job holding a GPU of this node, if any.
+pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Node {
+    let gpus: Vec<pb::Gpu> = node
+        .gpus
+        .iter()
+        .map(|gpu| pb::Gpu {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+            model: gpu.model.as_str().to_string(),
+            memory_mib: gpu.memory_mib,
+            pci_bus_id: gpu.pci_bus_id.clone(),
+            job_id: holder(gpu.index).unwrap_or(0),
+        })
+        .collect();
+    let n_busy = gpus.iter().filter(|gpu| gpu.job_id != 0).count();
+    let state = match node.state(n_busy) {
+        NodeState::Up => pb::NodeState::Up,
+        NodeState::Draining => pb::NodeState::Draining,
+        NodeState::Drained => pb::NodeState::Drained,
+        NodeState::Down => pb::NodeState::Down,
+    };
+    pb::Node {
+        name: node.name.clone(),
+        state: state.into(),
+        gpus,
+        labels: node
+            .labels
+            .iter()
+            .map(|(key, value)| pb::Label {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        drain_reason: node.drain_reason.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpool_core::testing::job_builder;
+    use gpool_core::JobId;
+
+    #[test]
+    fn spec_round_trips_through_the_wire() {
+        let mut spec = job_builder(JobId(1)).gpus(4).nodes(2).gpu_types(&["h100"]).build().spec;
+        spec.time_limit_secs = Some(3600);
+        spec.env = vec![("A".into(), "1".into())];
+        assert_eq!(spec_from_wire(spec_to_wire(&spec)), spec);
+    }
+
+    #[test]
+    fn state_names_parse_back() {
+        for name in ["pending", "running", "completed", "failed", "cancelled", "RUNNING"] {
+            let state = state_from_name(name).expect(name);
+            assert_eq!(state_name(state), name.to_ascii_lowercase());
+        }
+        assert_eq!(state_from_name("done"), None);
+    }
+}

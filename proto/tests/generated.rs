@@ -1,0 +1,31 @@
+//! The committed generated code must match what the .proto file generates.
+//! Run with `GPOOL_BLESS=1` to rewrite `src/gen/` after changing the .proto.
+
+use std::path::Path;
+
+#[test]
+fn generated_code_is_up_to_date() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out_dir = tempfile::tempdir().expect("temp dir");
+    let protoc = protoc_bin_vendored::protoc_bin_path().expect("vendored protoc for this platform");
+    // tonic-prost-build finds protoc through this variable.
+    std::env::set_var("PROTOC", protoc);
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .emit_rerun_if_changed(false)
+        .out_dir(out_dir.path())
+        .compile_protos(&[crate_dir.join("gpool/v1/gpool.proto")], &[crate_dir.to_path_buf()])
+        .expect("protoc compiles gpool.proto");
+    let fresh = std::fs::read_to_string(out_dir.path().join("gpool.v1.rs")).expect("generated file");
+    let committed_path = crate_dir.join("src/gen/gpool.v1.rs");
+    if std::env::var_os("GPOOL_BLESS").is_some() {
+        std::fs::write(&committed_path, &fresh).expect("write generated code");
+        return;
+    }
+    let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
+    assert!(
+        committed == fresh,
+        "src/gen/gpool.v1.rs is stale: run `GPOOL_BLESS=1 cargo test -p gpool-proto --test generated`"
+    );
+}
