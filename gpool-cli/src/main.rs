@@ -1,1 +1,135 @@
-fn main(){}
+//! `gpool`: submit, inspect and cancel jobs; drain and resume nodes.
+//!
+//! Exit codes: 0 success; 1 the request failed; 2 bad usage or input;
+//! 69 the controller could not be reached. `submit --wait` exits with the
+//! job's own exit code (128+N when a signal N killed it), 125 when the job
+//! was cancelled and 126 when it failed without an exit code of its own.
+
+mod client;
+mod cmd;
+mod output;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "gpool", version, about = "Submit and manage jobs on a gpool GPU cluster")]
+pub struct Cli {
+    /// Controller address (HOST:PORT); defaults to a running dev controller.
+    #[arg(long, global = true, env = "GPOOL_SERVER")]
+    server: Option<String>,
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Submit a job (or every [[job]] of a file with -f) and print its id.
+    Submit(cmd::submit::SubmitArgs),
+    /// List jobs (pending and running unless --all or --state).
+    Jobs(cmd::jobs::JobsArgs),
+    /// Show everything about one job, including why it is pending.
+    Show {
+        /// Job id.
+        id: u64,
+    },
+    /// Cancel jobs.
+    Cancel {
+        /// Job ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// List nodes and their GPUs.
+    Nodes,
+    /// Stop placing new jobs on a node.
+    Drain {
+        node: String,
+        /// Why (shown in `gpool nodes`).
+        #[arg(long, required = true)]
+        reason: String,
+    },
+    /// Let a drained node take jobs again.
+    Resume { node: String },
+}
+
+/// Everything that ends a `gpool` run early, mapped to an exit code once.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("cannot reach gpoold at {addr}: {reason}")]
+    Unreachable { addr: String, reason: String },
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl CliError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Refused(_) => 1,
+            CliError::Usage(_) => 2,
+            CliError::Unreachable { .. } => 69,
+        }
+    }
+
+    /// A gRPC error from the controller at `addr`.
+    pub fn from_status(addr: &str, status: tonic::Status) -> CliError {
+        match status.code() {
+            tonic::Code::Unavailable | tonic::Code::Unknown if status.message().contains("transport") => {
+                CliError::Unreachable {
+                    addr: addr.to_string(),
+                    reason: status.message().to_string(),
+                }
+            }
+            tonic::Code::Unavailable => CliError::Unreachable {
+                addr: addr.to_string(),
+                reason: status.message().to_string(),
+            },
+            tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
+                CliError::Usage(format!("refused: {}", status.message()))
+            }
+            _ => CliError::Refused(status.message().to_string()),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("gpool: cannot start: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            eprintln!("gpool: {err}");
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
+
+/// Runs one command; `Ok` carries the exit code (non-zero only for `--wait`).
+async fn run(cli: Cli) -> Result<u8, CliError> {
+    let ctx = cmd::Ctx { server: cli.server, output: cli.output };
+    match cli.command {
+        Command::Submit(args) => cmd::submit::run(&ctx, args).await,
+        Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
+        Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
+        Command::Cancel { ids } => cmd::cancel::run(&ctx, ids).await.map(|()| 0),
+        Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
+        Command::Drain { node, reason } => cmd::nodes::drain(&ctx, node, Some(reason)).await.map(|()| 0),
+        Command::Resume { node } => cmd::nodes::drain(&ctx, node, None).await.map(|()| 0),
+    }
+}

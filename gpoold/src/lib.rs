@@ -13,7 +13,7 @@ use gpool_proto::pb::pool_server::PoolServer;
 use gpool_core::Timestamp;
 use state::{StateHandle, State};
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 use tokio::sync::{broadcast, mpsc, Notify};
 use tonic::service::interceptor::InterceptedService;

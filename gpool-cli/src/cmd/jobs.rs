@@ -1,0 +1,113 @@
+//! `gpool jobs`, `gpool show`, and following a job until it ends.
+
+use super::{Connection, Ctx};
+use crate::cmd::submit::{EXIT_CANCELLED, EXIT_FAILED_TO_START};
+use crate::output;
+use crate::CliError;
+use gpool_proto::convert::{state_from_name, state_name};
+use gpool_proto::pb;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct JobsArgs {
+    /// Only jobs in these states (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',')]
+    state: Vec<String>,
+    #[arg(long)]
+    team: Option<String>,
+    #[arg(long)]
+    user: Option<String>,
+    /// Include finished jobs.
+    #[arg(long)]
+    all: bool,
+}
+
+pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
+    let states = args
+        .state
+        .iter()
+        .map(|name| {
+            state_from_name(name).map(i32::from).ok_or_else(|| {
+                CliError::Usage(format!(
+                    "--state: unknown state {name:?} (pending, running, completed, failed, cancelled)"
+                ))
+            })
+        })
+        .collect::<Result<Vec<i32>, _>>()?;
+    let mut conn = ctx.connect().await?;
+    let request = pb::ListJobsRequest {
+        states,
+        team: args.team.unwrap_or_default(),
+        user: args.user.unwrap_or_default(),
+        all: args.all,
+    };
+    let jobs = conn.client.list_jobs(request).await.map_err(|s| conn.refused(s))?.into_inner().jobs;
+    if ctx.json() {
+        output::print_jobs_json(&jobs);
+    } else {
+        output::print_jobs_table(&jobs);
+    }
+    Ok(())
+}
+
+pub async fn show(ctx: &Ctx, id: u64) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let job = conn.client.get_job(pb::GetJobRequest { id }).await.map_err(|s| conn.refused(s))?.into_inner();
+    if ctx.json() {
+        output::print_json(&output::job_json(&job));
+    } else {
+        output::print_job_details(&job);
+    }
+    Ok(())
+}
+
+/// Follows job `id` until it ends; returns the exit code `--wait` exits with.
+pub async fn wait_for(conn: &mut Connection, id: u64) -> Result<u8, CliError> {
+    let spinner = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(ProgressStyle::with_template("{spinner} job {prefix}: {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+        bar.set_prefix(id.to_string());
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    });
+    let mut stream = conn
+        .client
+        .watch_job(pb::WatchJobRequest { id })
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner();
+    let mut last = None;
+    while let Some(job) = stream.message().await.map_err(|s| conn.refused(s))? {
+        if let Some(bar) = &spinner {
+            bar.set_message(describe(&job));
+        }
+        last = Some(job);
+    }
+    if let Some(bar) = spinner {
+        bar.finish_and_clear();
+    }
+    let job = last.ok_or_else(|| CliError::Refused(format!("job {id}: the controller ended the watch without news")))?;
+    let code = match job.state() {
+        pb::JobState::Completed => 0,
+        pb::JobState::Cancelled => EXIT_CANCELLED,
+        pb::JobState::Failed => job.exit_code.map_or(EXIT_FAILED_TO_START, |code| code.clamp(0, 255) as u8),
+        other => return Err(CliError::Refused(format!("job {id}: watch ended while {}", state_name(other)))),
+    };
+    if code != 0 {
+        eprintln!("gpool: job {id} {}", describe(&job));
+    }
+    Ok(code)
+}
+
+fn describe(job: &pb::Job) -> String {
+    match job.state() {
+        pb::JobState::Pending => match job.pending_reasons.first() {
+            Some(reason) => format!("pending: {reason}"),
+            None => "pending".into(),
+        },
+        pb::JobState::Failed | pb::JobState::Cancelled => format!("{}: {}", state_name(job.state()), job.end_reason),
+        other => state_name(other).to_string(),
+    }
+}

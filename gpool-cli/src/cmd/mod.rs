@@ -1,0 +1,38 @@
+//! One module per subcommand; `Ctx` carries what every one of them needs.
+
+pub mod cancel;
+pub mod jobs;
+pub mod nodes;
+pub mod submit;
+
+use crate::client::{self, Client};
+use crate::{CliError, Output};
+
+pub struct Ctx {
+    pub server: Option<String>,
+    pub output: Output,
+}
+
+/// A connected client and the address it reached.
+pub struct Connection {
+    pub client: Client,
+    pub addr: String,
+}
+
+impl Connection {
+    pub fn refused(&self, status: tonic::Status) -> CliError {
+        CliError::from_status(&self.addr, status)
+    }
+}
+
+impl Ctx {
+    pub async fn connect(&self) -> Result<Connection, CliError> {
+        let addr = client::resolve_address(self.server.clone())?;
+        let client = client::connect(&addr).await?;
+        Ok(Connection { client, addr })
+    }
+
+    pub fn json(&self) -> bool {
+        self.output == Output::Json
+    }
+}

@@ -1,0 +1,40 @@
+//! `gpool nodes`, `gpool drain`, `gpool resume`.
+
+use super::Ctx;
+use crate::output;
+use crate::CliError;
+use gpool_proto::pb;
+
+pub async fn list(ctx: &Ctx) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let nodes = conn
+        .client
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner()
+        .nodes;
+    if ctx.json() {
+        output::print_json(&serde_json::Value::Array(nodes.iter().map(output::node_json).collect()));
+    } else {
+        output::print_nodes_table(&nodes);
+    }
+    Ok(())
+}
+
+/// Drains `name` when `reason` is given, resumes it otherwise.
+pub async fn drain(ctx: &Ctx, name: String, reason: Option<String>) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let node = match reason {
+        Some(reason) => conn.client.drain_node(pb::DrainNodeRequest { name, reason }).await,
+        None => conn.client.resume_node(pb::ResumeNodeRequest { name }).await,
+    }
+    .map_err(|s| conn.refused(s))?
+    .into_inner();
+    if ctx.json() {
+        output::print_json(&output::node_json(&node));
+    } else {
+        println!("{} {}", node.name, output::node_state(&node));
+    }
+    Ok(())
+}

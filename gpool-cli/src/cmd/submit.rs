@@ -1,0 +1,136 @@
+//! `gpool submit`: one job from flags, or every `[[job]]` of a file.
+
+use super::Ctx;
+use crate::output;
+use crate::CliError;
+use gpool_core::spec::{parse_env_assignment, parse_job_file, CommandInput, JobSpecInput, OneOrMany};
+use gpool_core::JobSpec;
+use gpool_proto::convert::spec_to_wire;
+use gpool_proto::pb;
+use std::path::PathBuf;
+
+/// Exit code of `--wait` when the job was cancelled.
+pub const EXIT_CANCELLED: u8 = 125;
+/// Exit code of `--wait` when the job failed without an exit code (never
+/// started, node lost).
+pub const EXIT_FAILED_TO_START: u8 = 126;
+
+#[derive(clap::Args)]
+pub struct SubmitArgs {
+    /// GPUs per node.
+    #[arg(long, allow_negative_numbers = true)]
+    gpus: Option<i64>,
+    /// Nodes (a gang: all start together or none does).
+    #[arg(long, allow_negative_numbers = true)]
+    nodes: Option<i64>,
+    /// Acceptable GPU models, comma-separated (h100,a100-80gb).
+    #[arg(long)]
+    gpu_type: Option<String>,
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long)]
+    team: Option<String>,
+    #[arg(long)]
+    project: Option<String>,
+    #[arg(long)]
+    workload_type: Option<String>,
+    /// Time limit: 30 (minutes), 90s, 2h, 1h30m, 2:00:00, 1-12:00:00.
+    #[arg(long, allow_hyphen_values = true)]
+    time: Option<String>,
+    /// Environment variable for the job (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    env: Vec<String>,
+    /// Working directory (default: the current directory).
+    #[arg(long)]
+    workdir: Option<String>,
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i32>,
+    /// Pool (partition); the default pool when absent.
+    #[arg(long)]
+    pool: Option<String>,
+    /// Submit every [[job]] of this TOML file in one request.
+    #[arg(short = 'f', long = "file", conflicts_with = "command")]
+    file: Option<PathBuf>,
+    /// Follow the job until it ends and exit with its exit code.
+    #[arg(long)]
+    wait: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
+    let wait = args.wait;
+    let specs = specs_from_args(args)?;
+    let mut conn = ctx.connect().await?;
+    let request = pb::SubmitJobsRequest { specs: specs.iter().map(spec_to_wire).collect() };
+    let ids = conn.client.submit_jobs(request).await.map_err(|s| conn.refused(s))?.into_inner().ids;
+    if ctx.json() {
+        output::print_json(&serde_json::json!({ "ids": ids }));
+    } else {
+        for id in &ids {
+            println!("{id}");
+        }
+    }
+    if !wait {
+        return Ok(0);
+    }
+    let mut worst = 0;
+    for id in ids {
+        let code = super::jobs::wait_for(&mut conn, id).await?;
+        if worst == 0 {
+            worst = code;
+        }
+    }
+    Ok(worst)
+}
+
+fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
+    let cwd = std::env::current_dir()
+        .map_err(|err| CliError::Usage(format!("workdir: cannot read the current directory: {err}")))?
+        .display()
+        .to_string();
+    let mut specs = match &args.file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|err| CliError::Usage(format!("{}: cannot read: {err}", path.display())))?;
+            parse_job_file(&path.display().to_string(), &text).map_err(|err| CliError::Usage(err.to_string()))?
+        }
+        None => vec![input_from_flags(args)?.into_spec().map_err(|err| CliError::Usage(err.to_string()))?],
+    };
+    for spec in &mut specs {
+        if spec.workdir.is_empty() {
+            spec.workdir = cwd.clone();
+        }
+    }
+    Ok(specs)
+}
+
+fn input_from_flags(args: SubmitArgs) -> Result<JobSpecInput, CliError> {
+    if args.command.is_empty() {
+        return Err(CliError::Usage(
+            "command: give the command after `--` (gpool submit --gpus 1 -- python train.py) or a job file with -f".into(),
+        ));
+    }
+    let env = args
+        .env
+        .iter()
+        .map(|text| parse_env_assignment(text))
+        .collect::<Result<_, _>>()
+        .map_err(|err| CliError::Usage(err.to_string()))?;
+    Ok(JobSpecInput {
+        name: args.name,
+        command: Some(CommandInput::Argv(args.command)),
+        gpus: args.gpus,
+        nodes: args.nodes,
+        gpu_type: args.gpu_type.map(OneOrMany::One),
+        team: args.team,
+        project: args.project,
+        workload_type: args.workload_type,
+        time: args.time,
+        env: Some(env),
+        workdir: args.workdir,
+        priority: args.priority,
+        pool: args.pool,
+    })
+}

@@ -1,0 +1,277 @@
+//! Human tables and the stable JSON schema of `--output json`.
+//!
+//! JSON job object: id, name, state, user, team, project, workload_type,
+//! pool, gpus (per node), gpus_total, nodes, gpu_types, priority,
+//! time_limit_secs, command, workdir, submitted_at, started_at, ended_at
+//! (RFC 3339 UTC or null), exit_code (or null), end_reason, reasons (why
+//! pending), attempt, placement ([{node, gpus}]).
+//! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
+//! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
+
+use gpool_proto::convert::state_name;
+use gpool_proto::pb;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, UNIX_EPOCH};
+
+#[derive(Serialize)]
+pub struct JobJson<'a> {
+    id: u64,
+    name: &'a str,
+    state: &'static str,
+    user: &'a str,
+    team: &'a str,
+    project: &'a str,
+    workload_type: &'a str,
+    pool: &'a str,
+    gpus: u32,
+    gpus_total: u64,
+    nodes: u32,
+    gpu_types: &'a [String],
+    priority: i32,
+    time_limit_secs: Option<u64>,
+    command: &'a [String],
+    workdir: &'a str,
+    submitted_at: String,
+    started_at: Option<String>,
+    ended_at: Option<String>,
+    exit_code: Option<i32>,
+    end_reason: &'a str,
+    reasons: &'a [String],
+    attempt: u32,
+    placement: Vec<PlacementJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct PlacementJson<'a> {
+    node: &'a str,
+    gpus: &'a [u32],
+}
+
+static EMPTY_SPEC: std::sync::OnceLock<pb::JobSpec> = std::sync::OnceLock::new();
+
+fn spec(job: &pb::Job) -> &pb::JobSpec {
+    job.spec.as_ref().unwrap_or_else(|| EMPTY_SPEC.get_or_init(pb::JobSpec::default))
+}
+
+pub fn job_json(job: &pb::Job) -> JobJson<'_> {
+    let spec = spec(job);
+    JobJson {
+        id: job.id,
+        name: &spec.name,
+        state: state_name(job.state()),
+        user: &job.user,
+        team: &spec.team,
+        project: &spec.project,
+        workload_type: &spec.workload_type,
+        pool: &spec.pool,
+        gpus: spec.gpus,
+        gpus_total: u64::from(spec.gpus) * u64::from(spec.nodes),
+        nodes: spec.nodes,
+        gpu_types: &spec.gpu_types,
+        priority: spec.priority,
+        time_limit_secs: spec.time_limit.map(|d| d.seconds),
+        command: &spec.command,
+        workdir: &spec.workdir,
+        submitted_at: rfc3339(job.submitted_at_ms),
+        started_at: job.started_at_ms.map(rfc3339),
+        ended_at: job.ended_at_ms.map(rfc3339),
+        exit_code: job.exit_code,
+        end_reason: &job.end_reason,
+        reasons: &job.pending_reasons,
+        attempt: job.attempt,
+        placement: job
+            .placement
+            .iter()
+            .map(|p| PlacementJson { node: &p.node, gpus: &p.gpu_indices })
+            .collect(),
+    }
+}
+
+fn rfc3339(unix_ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+pub fn print_json<T: Serialize>(value: &T) {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    // A closed stdout (a pipe into `head`) is not an error worth reporting.
+    let _ = serde_json::to_writer(&mut out, value);
+    let _ = writeln!(out);
+    let _ = out.flush();
+}
+
+pub fn print_jobs_json(jobs: &[pb::Job]) {
+    let objects: Vec<JobJson<'_>> = jobs.iter().map(job_json).collect();
+    print_json(&objects);
+}
+
+/// Prints rows as left-aligned columns.
+fn print_table(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (col_idx, cell) in row.iter().enumerate() {
+            widths[col_idx] = widths[col_idx].max(cell.chars().count());
+        }
+    }
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let header_row: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header_row).chain(rows.iter()) {
+        let mut line = String::new();
+        for (col_idx, cell) in row.iter().enumerate() {
+            if col_idx + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}  ", width = widths[col_idx]));
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    let _ = out.flush();
+}
+
+pub fn print_jobs_table(jobs: &[pb::Job]) {
+    let rows = jobs
+        .iter()
+        .map(|job| {
+            let spec = spec(job);
+            let detail = match job.state() {
+                pb::JobState::Pending => job.pending_reasons.first().cloned().unwrap_or_default(),
+                pb::JobState::Running => placement_text(job),
+                _ => job.end_reason.clone(),
+            };
+            vec![
+                job.id.to_string(),
+                spec.name.clone(),
+                job.user.clone(),
+                spec.team.clone(),
+                state_name(job.state()).to_string(),
+                spec.gpus.to_string(),
+                spec.nodes.to_string(),
+                rfc3339(job.submitted_at_ms),
+                detail,
+            ]
+        })
+        .collect();
+    print_table(&["ID", "NAME", "USER", "TEAM", "STATE", "GPUS", "NODES", "SUBMITTED", "REASON/NODES"], rows);
+}
+
+fn placement_text(job: &pb::Job) -> String {
+    let parts: Vec<String> = job
+        .placement
+        .iter()
+        .map(|p| {
+            let gpus: Vec<String> = p.gpu_indices.iter().map(u32::to_string).collect();
+            format!("{}[{}]", p.node, gpus.join(","))
+        })
+        .collect();
+    parts.join(" ")
+}
+
+pub fn print_job_details(job: &pb::Job) {
+    let spec = spec(job);
+    let or_dash = |text: &str| if text.is_empty() { "-".to_string() } else { text.to_string() };
+    let mut lines = vec![
+        ("id", job.id.to_string()),
+        ("name", spec.name.clone()),
+        ("state", state_name(job.state()).to_string()),
+        ("user", job.user.clone()),
+        ("team", spec.team.clone()),
+        ("project", or_dash(&spec.project)),
+        ("workload type", or_dash(&spec.workload_type)),
+        ("pool", or_dash(&spec.pool)),
+        ("gpus", format!("{} per node x {} node(s)", spec.gpus, spec.nodes)),
+        ("gpu types", if spec.gpu_types.is_empty() { "any".into() } else { spec.gpu_types.join(",") }),
+        ("priority", spec.priority.to_string()),
+        ("time limit", spec.time_limit.map_or("none".into(), |d| humantime::format_duration(Duration::from_secs(d.seconds)).to_string())),
+        ("command", spec.command.join(" ")),
+        ("workdir", or_dash(&spec.workdir)),
+        ("submitted", rfc3339(job.submitted_at_ms)),
+        ("started", job.started_at_ms.map_or("-".into(), rfc3339)),
+        ("ended", job.ended_at_ms.map_or("-".into(), rfc3339)),
+        ("attempts", job.attempt.to_string()),
+    ];
+    if !job.placement.is_empty() {
+        lines.push(("placement", placement_text(job)));
+    }
+    if let Some(code) = job.exit_code {
+        lines.push(("exit code", code.to_string()));
+    }
+    if !job.end_reason.is_empty() {
+        lines.push(("end reason", job.end_reason.clone()));
+    }
+    for reason in &job.pending_reasons {
+        lines.push(("why pending", reason.clone()));
+    }
+    for var in &spec.env {
+        lines.push(("env", format!("{}={}", var.name, var.value)));
+    }
+    for (key, value) in lines {
+        println!("{:<16}{value}", format!("{key}:"));
+    }
+}
+
+pub fn node_state(node: &pb::Node) -> &'static str {
+    let n_busy = node.gpus.iter().filter(|gpu| gpu.job_id != 0).count();
+    match node.state() {
+        pb::NodeState::Up if n_busy == 0 => "idle",
+        pb::NodeState::Up if n_busy == node.gpus.len() => "allocated",
+        pb::NodeState::Up => "mixed",
+        pb::NodeState::Draining => "draining",
+        pb::NodeState::Drained => "drained",
+        pb::NodeState::Down => "down",
+        pb::NodeState::Unspecified => "unknown",
+    }
+}
+
+fn gpu_models(node: &pb::Node) -> String {
+    let models: std::collections::BTreeSet<&str> = node.gpus.iter().map(|gpu| gpu.model.as_str()).collect();
+    models.into_iter().collect::<Vec<_>>().join(",")
+}
+
+pub fn node_json(node: &pb::Node) -> serde_json::Value {
+    let labels: BTreeMap<&str, &str> = node.labels.iter().map(|l| (l.key.as_str(), l.value.as_str())).collect();
+    let gpus: Vec<serde_json::Value> = node
+        .gpus
+        .iter()
+        .map(|gpu| {
+            serde_json::json!({
+                "index": gpu.index, "model": gpu.model, "memory_mib": gpu.memory_mib,
+                "uuid": gpu.uuid, "job_id": (gpu.job_id != 0).then_some(gpu.job_id),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "name": node.name,
+        "state": node_state(node),
+        "gpus_total": node.gpus.len(),
+        "gpus_free": node.gpus.iter().filter(|gpu| gpu.job_id == 0).count(),
+        "gpu_model": gpu_models(node),
+        "labels": labels,
+        "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
+        "gpus": gpus,
+    })
+}
+
+pub fn print_nodes_table(nodes: &[pb::Node]) {
+    let rows = nodes
+        .iter()
+        .map(|node| {
+            let labels: Vec<String> = node.labels.iter().map(|l| format!("{}={}", l.key, l.value)).collect();
+            let n_free = node.gpus.iter().filter(|gpu| gpu.job_id == 0).count();
+            vec![
+                node.name.clone(),
+                node_state(node).to_string(),
+                node.gpus.len().to_string(),
+                n_free.to_string(),
+                gpu_models(node),
+                labels.join(","),
+                node.drain_reason.clone(),
+            ]
+        })
+        .collect();
+    print_table(&["NAME", "STATE", "GPUS", "FREE", "MODEL", "LABELS", "REASON"], rows);
+}
