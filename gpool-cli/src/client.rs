@@ -39,8 +39,15 @@ pub fn current_user() -> Result<String, CliError> {
 }
 
 pub async fn connect(addr: &str) -> Result<Client, CliError> {
-    let unreachable = |reason: String| CliError::Unreachable { addr: addr.to_string(), reason };
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let unreachable = |reason: String| CliError::Unreachable {
+        addr: addr.to_string(),
+        reason,
+    };
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
     let endpoint = Endpoint::from_shared(uri).map_err(|err| unreachable(format!("not an address: {err}")))?;
     let channel = endpoint
         .tcp_nodelay(true)

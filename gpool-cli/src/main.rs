@@ -34,7 +34,7 @@ pub enum Output {
 #[derive(Subcommand)]
 enum Command {
     /// Submit a job (or every [[job]] of a file with -f) and print its id.
-    Submit(cmd::submit::SubmitArgs),
+    Submit(Box<cmd::submit::SubmitArgs>),
     /// List jobs (pending and running unless --all or --state).
     Jobs(cmd::jobs::JobsArgs),
     /// Show everything about one job, including why it is pending.
@@ -122,9 +122,12 @@ fn main() -> ExitCode {
 
 /// Runs one command; `Ok` carries the exit code (non-zero only for `--wait`).
 async fn run(cli: Cli) -> Result<u8, CliError> {
-    let ctx = cmd::Ctx { server: cli.server, output: cli.output };
+    let ctx = cmd::Ctx {
+        server: cli.server,
+        output: cli.output,
+    };
     match cli.command {
-        Command::Submit(args) => cmd::submit::run(&ctx, args).await,
+        Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
         Command::Cancel { ids } => cmd::cancel::run(&ctx, ids).await.map(|()| 0),

@@ -52,7 +52,9 @@ struct PlacementJson<'a> {
 static EMPTY_SPEC: std::sync::OnceLock<pb::JobSpec> = std::sync::OnceLock::new();
 
 fn spec(job: &pb::Job) -> &pb::JobSpec {
-    job.spec.as_ref().unwrap_or_else(|| EMPTY_SPEC.get_or_init(pb::JobSpec::default))
+    job.spec
+        .as_ref()
+        .unwrap_or_else(|| EMPTY_SPEC.get_or_init(pb::JobSpec::default))
 }
 
 pub fn job_json(job: &pb::Job) -> JobJson<'_> {
@@ -84,7 +86,10 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         placement: job
             .placement
             .iter()
-            .map(|p| PlacementJson { node: &p.node, gpus: &p.gpu_indices })
+            .map(|p| PlacementJson {
+                node: &p.node,
+                gpus: &p.gpu_indices,
+            })
             .collect(),
     }
 }
@@ -156,7 +161,20 @@ pub fn print_jobs_table(jobs: &[pb::Job]) {
             ]
         })
         .collect();
-    print_table(&["ID", "NAME", "USER", "TEAM", "STATE", "GPUS", "NODES", "SUBMITTED", "REASON/NODES"], rows);
+    print_table(
+        &[
+            "ID",
+            "NAME",
+            "USER",
+            "TEAM",
+            "STATE",
+            "GPUS",
+            "NODES",
+            "SUBMITTED",
+            "REASON/NODES",
+        ],
+        rows,
+    );
 }
 
 fn placement_text(job: &pb::Job) -> String {
@@ -173,7 +191,13 @@ fn placement_text(job: &pb::Job) -> String {
 
 pub fn print_job_details(job: &pb::Job) {
     let spec = spec(job);
-    let or_dash = |text: &str| if text.is_empty() { "-".to_string() } else { text.to_string() };
+    let or_dash = |text: &str| {
+        if text.is_empty() {
+            "-".to_string()
+        } else {
+            text.to_string()
+        }
+    };
     let mut lines = vec![
         ("id", job.id.to_string()),
         ("name", spec.name.clone()),
@@ -184,9 +208,21 @@ pub fn print_job_details(job: &pb::Job) {
         ("workload type", or_dash(&spec.workload_type)),
         ("pool", or_dash(&spec.pool)),
         ("gpus", format!("{} per node x {} node(s)", spec.gpus, spec.nodes)),
-        ("gpu types", if spec.gpu_types.is_empty() { "any".into() } else { spec.gpu_types.join(",") }),
+        (
+            "gpu types",
+            if spec.gpu_types.is_empty() {
+                "any".into()
+            } else {
+                spec.gpu_types.join(",")
+            },
+        ),
         ("priority", spec.priority.to_string()),
-        ("time limit", spec.time_limit.map_or("none".into(), |d| humantime::format_duration(Duration::from_secs(d.seconds)).to_string())),
+        (
+            "time limit",
+            spec.time_limit.map_or("none".into(), |d| {
+                humantime::format_duration(Duration::from_secs(d.seconds)).to_string()
+            }),
+        ),
         ("command", spec.command.join(" ")),
         ("workdir", or_dash(&spec.workdir)),
         ("submitted", rfc3339(job.submitted_at_ms)),

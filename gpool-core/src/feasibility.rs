@@ -18,13 +18,17 @@ pub enum Infeasible {
         wanted: String,
         available: String,
     },
-    #[error("gpus: no node of pool {pool:?} has {gpus_per_node} GPUs of an acceptable model; the largest fit is {largest}")]
+    #[error(
+        "gpus: no node of pool {pool:?} has {gpus_per_node} GPUs of an acceptable model; the largest fit is {largest}"
+    )]
     TooManyGpus {
         pool: String,
         gpus_per_node: u32,
         largest: String,
     },
-    #[error("nodes: pool {pool:?} cannot give {gpus_per_node} GPUs on each of {nodes} nodes; the largest fit is {largest}")]
+    #[error(
+        "nodes: pool {pool:?} cannot give {gpus_per_node} GPUs on each of {nodes} nodes; the largest fit is {largest}"
+    )]
     TooManyNodes {
         pool: String,
         gpus_per_node: u32,
@@ -108,7 +112,11 @@ fn no_such_model(spec: &JobSpec, pool_name: &str, nodes: &[Node], pool: &crate::
     let wanted: Vec<&str> = spec.gpu_types.iter().map(GpuModel::as_str).collect();
     Infeasible::NoSuchModel {
         pool: pool_name.to_string(),
-        wanted: if wanted.is_empty() { "any".into() } else { wanted.join(" or ") },
+        wanted: if wanted.is_empty() {
+            "any".into()
+        } else {
+            wanted.join(" or ")
+        },
         available: if available.is_empty() {
             "none".into()
         } else {

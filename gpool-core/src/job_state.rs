@@ -100,12 +100,8 @@ impl JobState {
     pub fn started_at(&self) -> Option<Timestamp> {
         match self {
             JobState::Pending => None,
-            JobState::Running { started_at, .. } | JobState::Completed { started_at, .. } => {
-                Some(*started_at)
-            }
-            JobState::Failed { started_at, .. } | JobState::Cancelled { started_at, .. } => {
-                *started_at
-            }
+            JobState::Running { started_at, .. } | JobState::Completed { started_at, .. } => Some(*started_at),
+            JobState::Failed { started_at, .. } | JobState::Cancelled { started_at, .. } => *started_at,
         }
     }
 
@@ -138,13 +134,11 @@ impl JobState {
                 ended_at: *now,
                 by: by.clone(),
             }),
-            (JobState::Running { started_at, .. }, JobEvent::Cancel { by, now }) => {
-                Ok(JobState::Cancelled {
-                    started_at: Some(*started_at),
-                    ended_at: *now,
-                    by: by.clone(),
-                })
-            }
+            (JobState::Running { started_at, .. }, JobEvent::Cancel { by, now }) => Ok(JobState::Cancelled {
+                started_at: Some(*started_at),
+                ended_at: *now,
+                by: by.clone(),
+            }),
             _ => Err(illegal()),
         }
     }
@@ -153,17 +147,29 @@ impl JobState {
 /// The state after an event of the running attempt itself.
 fn running_ended(started_at: Timestamp, event: &JobEvent) -> Option<JobState> {
     let next = match event {
-        JobEvent::Exited { status: ExitStatus::Code(0), now, .. } => JobState::Completed {
+        JobEvent::Exited {
+            status: ExitStatus::Code(0),
+            now,
+            ..
+        } => JobState::Completed {
             started_at,
             ended_at: *now,
         },
-        JobEvent::Exited { status: ExitStatus::Code(code), now, .. } => JobState::Failed {
+        JobEvent::Exited {
+            status: ExitStatus::Code(code),
+            now,
+            ..
+        } => JobState::Failed {
             started_at: Some(started_at),
             ended_at: *now,
             exit_code: Some(*code),
             reason: format!("exited with code {code}"),
         },
-        JobEvent::Exited { status: ExitStatus::Signal(signal), now, .. } => JobState::Failed {
+        JobEvent::Exited {
+            status: ExitStatus::Signal(signal),
+            now,
+            ..
+        } => JobState::Failed {
             started_at: Some(started_at),
             ended_at: *now,
             exit_code: Some(128 + signal),
@@ -176,7 +182,9 @@ fn running_ended(started_at: Timestamp, event: &JobEvent) -> Option<JobState> {
             reason: format!("failed to start: {reason}"),
         },
         JobEvent::Lost { requeue: true, .. } => JobState::Pending,
-        JobEvent::Lost { requeue: false, now, .. } => JobState::Failed {
+        JobEvent::Lost {
+            requeue: false, now, ..
+        } => JobState::Failed {
             started_at: Some(started_at),
             ended_at: *now,
             exit_code: None,
@@ -202,9 +210,9 @@ impl JobEvent {
     /// scheduler.
     pub fn epoch(&self) -> Option<Epoch> {
         match self {
-            JobEvent::Exited { epoch, .. }
-            | JobEvent::FailedToStart { epoch, .. }
-            | JobEvent::Lost { epoch, .. } => Some(*epoch),
+            JobEvent::Exited { epoch, .. } | JobEvent::FailedToStart { epoch, .. } | JobEvent::Lost { epoch, .. } => {
+                Some(*epoch)
+            }
             JobEvent::Start { .. } | JobEvent::Cancel { .. } => None,
         }
     }

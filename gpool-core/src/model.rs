@@ -148,8 +148,7 @@ impl fmt::Display for NodePlacement {
         while idx < self.gpu_indices.len() {
             let start = self.gpu_indices[idx];
             let mut end_idx = idx;
-            while end_idx + 1 < self.gpu_indices.len()
-                && self.gpu_indices[end_idx + 1] == self.gpu_indices[end_idx] + 1
+            while end_idx + 1 < self.gpu_indices.len() && self.gpu_indices[end_idx + 1] == self.gpu_indices[end_idx] + 1
             {
                 end_idx += 1;
             }

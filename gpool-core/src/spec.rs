@@ -140,9 +140,7 @@ fn split_list(text: &str) -> Vec<GpuModel> {
 
 fn default_name(command: &[String]) -> String {
     let program = match command {
-        [shell, flag, line] if shell == "/bin/sh" && flag == "-c" => {
-            line.split_whitespace().next().unwrap_or("job")
-        }
+        [shell, flag, line] if shell == "/bin/sh" && flag == "-c" => line.split_whitespace().next().unwrap_or("job"),
         [first, ..] => first.as_str(),
         [] => "job",
     };
@@ -173,7 +171,10 @@ impl JobSpec {
             ));
         }
         if !(1..=MAX_NODES).contains(&self.nodes) {
-            return Err(spec_error("nodes", format!("must be 1 to {MAX_NODES}, got {}", self.nodes)));
+            return Err(spec_error(
+                "nodes",
+                format!("must be 1 to {MAX_NODES}, got {}", self.nodes),
+            ));
         }
         for model in &self.gpu_types {
             validate_ident("gpu_type", model.as_str())?;
@@ -241,7 +242,10 @@ fn validate_env(name: &str, value: &str) -> Result<(), SpecError> {
     let mut chars = name.chars();
     let starts_well = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     if !starts_well || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(spec_error(&field, "a variable name is letters, digits and '_', not starting with a digit"));
+        return Err(spec_error(
+            &field,
+            "a variable name is letters, digits and '_', not starting with a digit",
+        ));
     }
     if name.starts_with("GPOOL_") || name == "CUDA_VISIBLE_DEVICES" || name == "CUDA_DEVICE_ORDER" {
         return Err(spec_error(&field, "is set by gpool for each attempt"));
@@ -345,9 +349,10 @@ pub fn parse_job_file(file: &str, text: &str) -> Result<Vec<JobSpec>, JobFileErr
         .enumerate()
         .map(|(job_idx, spanned)| {
             let line = line_of(text, spanned.span().start);
-            spanned.into_inner().into_spec().map_err(|err| {
-                file_error(Some(line), format!("job {}: {err}", job_idx + 1))
-            })
+            spanned
+                .into_inner()
+                .into_spec()
+                .map_err(|err| file_error(Some(line), format!("job {}: {err}", job_idx + 1)))
         })
         .collect()
 }

@@ -15,8 +15,16 @@ use std::collections::BTreeMap;
 /// Parses node and job fixtures into a view.
 pub fn cluster_view(nodes: &str, jobs: &str) -> ClusterView {
     ClusterView {
-        nodes: nodes.lines().filter(|l| !l.trim().is_empty()).map(parse_node_view).collect(),
-        pending: jobs.lines().filter(|l| !l.trim().is_empty()).map(parse_pending_job).collect(),
+        nodes: nodes
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(parse_node_view)
+            .collect(),
+        pending: jobs
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(parse_pending_job)
+            .collect(),
     }
 }
 
@@ -72,7 +80,10 @@ pub fn parse_index_list(list: &str) -> Vec<u32> {
 
 fn parse_pending_job(line: &str) -> PendingJob {
     let mut tokens = line.split_whitespace();
-    let id = tokens.next().and_then(|t| t.strip_prefix('j')).and_then(|t| t.parse().ok());
+    let id = tokens
+        .next()
+        .and_then(|t| t.strip_prefix('j'))
+        .and_then(|t| t.parse().ok());
     let mut job = PendingJob {
         id: JobId(id.expect("job line starts with jN")),
         priority: 0,

@@ -68,7 +68,10 @@ impl Config {
         let parsed: ConfigFile = toml::from_str(text)
             .map_err(|err| invalid(err.span().map_or(0, |s| s.start), err.message().to_string()))?;
         let listen = parsed.listen.get_ref().parse::<SocketAddr>().map_err(|err| {
-            invalid(parsed.listen.span().start, format!("listen: {:?} is not host:port: {err}", parsed.listen.get_ref()))
+            invalid(
+                parsed.listen.span().start,
+                format!("listen: {:?} is not host:port: {err}", parsed.listen.get_ref()),
+            )
         })?;
         let mut policy = Policy::default();
         if !parsed.pool.is_empty() {
@@ -121,11 +124,21 @@ mod tests {
     #[test]
     fn errors_name_file_line_and_field() {
         let err = Config::parse("g.toml", "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\nlisen = 3\n").unwrap_err();
-        assert_eq!(err.to_string().split(',').next().unwrap(), "g.toml:3: unknown field `lisen`");
+        assert_eq!(
+            err.to_string().split(',').next().unwrap(),
+            "g.toml:3: unknown field `lisen`"
+        );
         let err = Config::parse("g.toml", "state_dir = \"/x\"\nlisten = \"nowhere\"\n").unwrap_err();
-        assert!(err.to_string().starts_with("g.toml:2: listen: \"nowhere\" is not host:port"), "{err}");
-        let err = Config::parse("g.toml", "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\ndefault_pool = \"big\"\n")
-            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("g.toml:2: listen: \"nowhere\" is not host:port"),
+            "{err}"
+        );
+        let err = Config::parse(
+            "g.toml",
+            "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\ndefault_pool = \"big\"\n",
+        )
+        .unwrap_err();
         assert_eq!(err.to_string(), "g.toml:3: default_pool: no [[pool]] is named \"big\"");
     }
 }

@@ -24,7 +24,11 @@ pub enum Error {
     #[error("the state store failed: {0}")]
     Storage(String),
     #[error("record {key} in tree {tree:?} cannot be read: {reason}")]
-    CorruptRecord { tree: &'static str, key: String, reason: String },
+    CorruptRecord {
+        tree: &'static str,
+        key: String,
+        reason: String,
+    },
     #[error("state dir has schema version {found}; this gpoold reads up to version {supported}")]
     SchemaTooNew { found: u32, supported: u32 },
     #[error("gpoold is shutting down")]

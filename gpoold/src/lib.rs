@@ -9,9 +9,9 @@ pub mod state;
 
 use anyhow::Context;
 use config::Config;
-use gpool_proto::pb::pool_server::PoolServer;
 use gpool_core::Timestamp;
-use state::{StateHandle, State};
+use gpool_proto::pb::pool_server::PoolServer;
+use state::{State, StateHandle};
 use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -51,7 +51,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
 
     let (commands, inbox) = mpsc::channel(65_536);
     let handle = StateHandle {
-        shared: Arc::new(RwLock::new(State::new(loaded, config.policy.clone(), config.admins.clone()))),
+        shared: Arc::new(RwLock::new(State::new(
+            loaded,
+            config.policy.clone(),
+            config.admins.clone(),
+        ))),
         commands,
         job_changes: broadcast::channel(1024).0,
         sched_wakeup: Arc::new(Notify::new()),
@@ -59,11 +63,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let (flush_sender, flush_receiver) = std::sync::mpsc::channel();
     let db = store.db();
     let flusher = tokio::task::spawn_blocking(move || state::run_flusher(db, flush_receiver));
-    let state_task = tokio::spawn(state::run_state_task(handle.clone(), store, inbox, flush_sender, wall_clock));
+    let notifiers = state::Notifiers {
+        job_changes: handle.job_changes.clone(),
+        sched_wakeup: handle.sched_wakeup.clone(),
+    };
+    let state_task = tokio::spawn(state::run_state_task(
+        handle.shared.clone(),
+        notifiers,
+        store,
+        inbox,
+        flush_sender,
+        wall_clock,
+    ));
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock));
     handle.sched_wakeup.notify_one();
 
-    tracing::info!("gpoold listening on {addr} with {n_jobs} jobs from {}", config.state_dir.display());
+    tracing::info!(
+        "gpoold listening on {addr} with {n_jobs} jobs from {}",
+        config.state_dir.display()
+    );
     let pool = PoolServer::new(api::pool::PoolService { state: handle.clone() })
         .max_decoding_message_size(64 * 1024 * 1024)
         .max_encoding_message_size(1024 * 1024 * 1024);
@@ -81,10 +99,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             Err(err) => Err(anyhow::Error::new(err).context("flusher thread")),
         },
     };
+    // The scheduler's handle goes with it; then the state task drains what
+    // was sent and ends, and with it the flusher.
     sched_task.abort();
+    let _ = sched_task.await;
     drop(handle);
     let _ = state_task.await;
-    let _ = sched_task.await;
     if config.dev {
         let _ = std::fs::remove_file(gpool_proto::dev_address_file());
     }

@@ -1,8 +1,8 @@
 //! `gpoold`: parses flags and runs the controller until SIGINT or SIGTERM.
 
 use clap::Parser;
-use gpoold::config::Config;
 use gpool_core::sched::Policy;
+use gpoold::config::Config;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,9 +26,7 @@ struct Args {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GPOOL_LOG").unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPOOL_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     match run(Args::parse()) {
@@ -60,7 +58,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             eprintln!(
                 "gpoold: DEV MODE: no TLS, callers' user names are trusted, loopback only; state in {}{}",
                 state_dir.display(),
-                if temp_state_dir.is_some() { " (temporary, removed at exit)" } else { "" }
+                if temp_state_dir.is_some() {
+                    " (temporary, removed at exit)"
+                } else {
+                    ""
+                }
             );
             Config {
                 listen: args.listen,
@@ -71,7 +73,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let outcome = runtime.block_on(gpoold::run(config, shutdown_signal()));
     drop(temp_state_dir);
     outcome

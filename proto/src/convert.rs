@@ -97,9 +97,13 @@ fn placement_to_wire(placement: &[NodePlacement]) -> Vec<pb::Placement> {
 pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
     let (exit_code, end_reason, epoch, placement, cancelled_by) = match &job.state {
         JobState::Pending => (None, String::new(), 0, Vec::new(), String::new()),
-        JobState::Running { epoch, placement, .. } => {
-            (None, String::new(), epoch.0, placement_to_wire(placement), String::new())
-        }
+        JobState::Running { epoch, placement, .. } => (
+            None,
+            String::new(),
+            epoch.0,
+            placement_to_wire(placement),
+            String::new(),
+        ),
         JobState::Completed { .. } => (Some(0), String::new(), 0, Vec::new(), String::new()),
         JobState::Failed { exit_code, reason, .. } => (*exit_code, reason.clone(), 0, Vec::new(), String::new()),
         JobState::Cancelled { by, .. } => (None, format!("cancelled by {by}"), 0, Vec::new(), by.clone()),

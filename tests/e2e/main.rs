@@ -1,1 +1,8 @@
+//! End-to-end tests: the real gpoold and gpool binaries on loopback ports in
+//! temp dirs. Build the binaries first: `cargo build --workspace --bins`.
 
+mod harness;
+
+mod bad_input;
+mod durability;
+mod jobs;

@@ -43,7 +43,13 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         user: args.user.unwrap_or_default(),
         all: args.all,
     };
-    let jobs = conn.client.list_jobs(request).await.map_err(|s| conn.refused(s))?.into_inner().jobs;
+    let jobs = conn
+        .client
+        .list_jobs(request)
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner()
+        .jobs;
     if ctx.json() {
         output::print_jobs_json(&jobs);
     } else {
@@ -54,7 +60,12 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
 
 pub async fn show(ctx: &Ctx, id: u64) -> Result<(), CliError> {
     let mut conn = ctx.connect().await?;
-    let job = conn.client.get_job(pb::GetJobRequest { id }).await.map_err(|s| conn.refused(s))?.into_inner();
+    let job = conn
+        .client
+        .get_job(pb::GetJobRequest { id })
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner();
     if ctx.json() {
         output::print_json(&output::job_json(&job));
     } else {
@@ -67,7 +78,10 @@ pub async fn show(ctx: &Ctx, id: u64) -> Result<(), CliError> {
 pub async fn wait_for(conn: &mut Connection, id: u64) -> Result<u8, CliError> {
     let spinner = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new_spinner();
-        bar.set_style(ProgressStyle::with_template("{spinner} job {prefix}: {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} job {prefix}: {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
         bar.set_prefix(id.to_string());
         bar.enable_steady_tick(Duration::from_millis(120));
         bar
@@ -88,12 +102,20 @@ pub async fn wait_for(conn: &mut Connection, id: u64) -> Result<u8, CliError> {
     if let Some(bar) = spinner {
         bar.finish_and_clear();
     }
-    let job = last.ok_or_else(|| CliError::Refused(format!("job {id}: the controller ended the watch without news")))?;
+    let job =
+        last.ok_or_else(|| CliError::Refused(format!("job {id}: the controller ended the watch without news")))?;
     let code = match job.state() {
         pb::JobState::Completed => 0,
         pb::JobState::Cancelled => EXIT_CANCELLED,
-        pb::JobState::Failed => job.exit_code.map_or(EXIT_FAILED_TO_START, |code| code.clamp(0, 255) as u8),
-        other => return Err(CliError::Refused(format!("job {id}: watch ended while {}", state_name(other)))),
+        pb::JobState::Failed => job
+            .exit_code
+            .map_or(EXIT_FAILED_TO_START, |code| code.clamp(0, 255) as u8),
+        other => {
+            return Err(CliError::Refused(format!(
+                "job {id}: watch ended while {}",
+                state_name(other)
+            )))
+        }
     };
     if code != 0 {
         eprintln!("gpool: job {id} {}", describe(&job));

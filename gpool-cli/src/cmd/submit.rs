@@ -63,8 +63,16 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     let wait = args.wait;
     let specs = specs_from_args(args)?;
     let mut conn = ctx.connect().await?;
-    let request = pb::SubmitJobsRequest { specs: specs.iter().map(spec_to_wire).collect() };
-    let ids = conn.client.submit_jobs(request).await.map_err(|s| conn.refused(s))?.into_inner().ids;
+    let request = pb::SubmitJobsRequest {
+        specs: specs.iter().map(spec_to_wire).collect(),
+    };
+    let ids = conn
+        .client
+        .submit_jobs(request)
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner()
+        .ids;
     if ctx.json() {
         output::print_json(&serde_json::json!({ "ids": ids }));
     } else {
@@ -96,7 +104,9 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
                 .map_err(|err| CliError::Usage(format!("{}: cannot read: {err}", path.display())))?;
             parse_job_file(&path.display().to_string(), &text).map_err(|err| CliError::Usage(err.to_string()))?
         }
-        None => vec![input_from_flags(args)?.into_spec().map_err(|err| CliError::Usage(err.to_string()))?],
+        None => vec![input_from_flags(args)?
+            .into_spec()
+            .map_err(|err| CliError::Usage(err.to_string()))?],
     };
     for spec in &mut specs {
         if spec.workdir.is_empty() {
@@ -109,7 +119,8 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
 fn input_from_flags(args: SubmitArgs) -> Result<JobSpecInput, CliError> {
     if args.command.is_empty() {
         return Err(CliError::Usage(
-            "command: give the command after `--` (gpool submit --gpus 1 -- python train.py) or a job file with -f".into(),
+            "command: give the command after `--` (gpool submit --gpus 1 -- python train.py) or a job file with -f"
+                .into(),
         ));
     }
     let env = args

@@ -5,7 +5,12 @@ use crate::testing::{job_builder, node};
 use crate::JobId;
 
 fn spec(gpus: u32, nodes: u32, types: &[&str]) -> JobSpec {
-    job_builder(JobId(1)).gpus(gpus).nodes(nodes).gpu_types(types).build().spec
+    job_builder(JobId(1))
+        .gpus(gpus)
+        .nodes(nodes)
+        .gpu_types(types)
+        .build()
+        .spec
 }
 
 #[test]
@@ -44,7 +49,10 @@ fn drained_and_down_nodes_still_count() {
     let mut drained = node("n1", 8, "h100");
     drained.drain_reason = Some("maintenance".into());
     drained.alive = false;
-    assert_eq!(check_feasible(&spec(8, 1, &["h100"]), &Policy::default(), &[drained]), Ok(()));
+    assert_eq!(
+        check_feasible(&spec(8, 1, &["h100"]), &Policy::default(), &[drained]),
+        Ok(())
+    );
 }
 
 #[test]

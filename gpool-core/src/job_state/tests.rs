@@ -52,7 +52,13 @@ fn non_zero_exit_and_signal_fail_with_codes() {
     let mut job = job_builder(JobId(2)).build();
     job.apply(&start(2, 10)).unwrap();
     job.apply(&exited(2, ExitStatus::Signal(9))).unwrap();
-    assert!(matches!(job.state, JobState::Failed { exit_code: Some(137), .. }));
+    assert!(matches!(
+        job.state,
+        JobState::Failed {
+            exit_code: Some(137),
+            ..
+        }
+    ));
 }
 
 #[test]

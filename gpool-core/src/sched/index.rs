@@ -87,7 +87,10 @@ impl<'v> FreeIndex<'v> {
             }
         }
         for (model_idx, mut free) in free_by_model.into_iter().enumerate() {
-            let has_model = node.gpus.iter().any(|gpu| self.model_idx_by_name[&gpu.model] == model_idx);
+            let has_model = node
+                .gpus
+                .iter()
+                .any(|gpu| self.model_idx_by_name[&gpu.model] == model_idx);
             if !has_model {
                 continue;
             }
@@ -119,14 +122,19 @@ impl<'v> FreeIndex<'v> {
         let allowed = self.allowed_models(job, pool_idx, pool_label)?;
         let mut best: Option<(u64, Vec<usize>)> = None;
         for model_idx in &allowed {
-            let Some(found) = self.fitting_groups(pool_idx, *model_idx, job) else { continue };
+            let Some(found) = self.fitting_groups(pool_idx, *model_idx, job) else {
+                continue;
+            };
             let cost: u64 = found.iter().map(|g| self.groups[*g].free.len() as u64).sum();
             if best.as_ref().is_none_or(|(best_cost, _)| cost < *best_cost) {
                 best = Some((cost, found));
             }
         }
         match best {
-            Some((_, group_idxs)) => Ok(group_idxs.into_iter().map(|g| self.take(g, job.gpus_per_node)).collect()),
+            Some((_, group_idxs)) => Ok(group_idxs
+                .into_iter()
+                .map(|g| self.take(g, job.gpus_per_node))
+                .collect()),
             None => Err(self.resource_rejects(job, pool_idx, pool_label, &allowed)),
         }
     }

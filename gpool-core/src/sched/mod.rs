@@ -84,7 +84,11 @@ impl Default for Policy {
 impl Policy {
     /// The pool a job named (empty: the default pool).
     pub fn pool(&self, name: &str) -> Option<&PoolDef> {
-        let name = if name.is_empty() { self.default_pool.as_str() } else { name };
+        let name = if name.is_empty() {
+            self.default_pool.as_str()
+        } else {
+            name
+        };
         self.pools.iter().find(|pool| pool.name == name)
     }
 }
@@ -127,10 +131,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, _now: Timestamp) -> Plan {
     let mut plan = Plan::default();
     for job in order {
         match index.place(job, policy) {
-            Ok(placement) => plan.starts.push(Start {
-                job: job.id,
-                placement,
-            }),
+            Ok(placement) => plan.starts.push(Start { job: job.id, placement }),
             Err(reasons) => plan.pending.push((job.id, reasons)),
         }
     }

@@ -23,15 +23,31 @@ pub struct Start {
 /// Why a job did not start, with what was wanted and what there was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reject {
-    UnknownPool { pool: String },
+    UnknownPool {
+        pool: String,
+    },
     /// The pool has no known node at all (no agent registered yet).
-    NoNodes { pool: String },
+    NoNodes {
+        pool: String,
+    },
     /// Nodes exist but none takes new work.
-    NodesUnavailable { pool: String, n_down: usize, n_draining: usize },
+    NodesUnavailable {
+        pool: String,
+        n_down: usize,
+        n_draining: usize,
+    },
     /// Reported beside another reason: some nodes of the pool are out.
-    SomeNodesUnavailable { pool: String, n_down: usize, n_draining: usize },
+    SomeNodesUnavailable {
+        pool: String,
+        n_down: usize,
+        n_draining: usize,
+    },
     /// No schedulable node of the pool has a GPU of an acceptable model.
-    NoGpuModel { pool: String, wanted: Vec<GpuModel>, available: Vec<GpuModel> },
+    NoGpuModel {
+        pool: String,
+        wanted: Vec<GpuModel>,
+        available: Vec<GpuModel>,
+    },
     /// The models exist but not enough of them are free right now.
     Resources {
         gpus_per_node: u32,
@@ -73,27 +89,59 @@ impl fmt::Display for Reject {
         match self {
             Reject::UnknownPool { pool } => write!(f, "unknown pool {pool:?}"),
             Reject::NoNodes { pool } => write!(f, "no nodes: pool {pool:?} has no known node yet"),
-            Reject::NodesUnavailable { pool, n_down, n_draining } => write!(
+            Reject::NodesUnavailable {
+                pool,
+                n_down,
+                n_draining,
+            } => write!(
                 f,
                 "no node of pool {pool:?} takes new work ({n_down} down, {n_draining} draining or drained)"
             ),
-            Reject::SomeNodesUnavailable { pool, n_down, n_draining } => write!(
+            Reject::SomeNodesUnavailable {
+                pool,
+                n_down,
+                n_draining,
+            } => write!(
                 f,
                 "pool {pool:?} has {n_down} down and {n_draining} draining or drained"
             ),
-            Reject::NoGpuModel { pool, wanted, available } => write!(
+            Reject::NoGpuModel {
+                pool,
+                wanted,
+                available,
+            } => write!(
                 f,
                 "no GPU of model {} on an available node of pool {pool:?} (it has: {})",
-                if wanted.is_empty() { "any".to_string() } else { models(wanted) },
-                if available.is_empty() { "none".to_string() } else { models(available) }
+                if wanted.is_empty() {
+                    "any".to_string()
+                } else {
+                    models(wanted)
+                },
+                if available.is_empty() {
+                    "none".to_string()
+                } else {
+                    models(available)
+                }
             ),
-            Reject::Resources { gpus_per_node, nodes: 1, total_free, max_free_on_one_node, .. } => write!(
+            Reject::Resources {
+                gpus_per_node,
+                nodes: 1,
+                total_free,
+                max_free_on_one_node,
+                ..
+            } => write!(
                 f,
                 "wants {} on one node; {} free in total but at most {max_free_on_one_node} on one node",
                 plural(u64::from(*gpus_per_node), "GPU", "GPUs"),
                 *total_free
             ),
-            Reject::Resources { gpus_per_node, nodes, total_free, n_nodes_with_enough, .. } => write!(
+            Reject::Resources {
+                gpus_per_node,
+                nodes,
+                total_free,
+                n_nodes_with_enough,
+                ..
+            } => write!(
                 f,
                 "wants {} on each of {nodes} nodes; {} that many free ({} free in total)",
                 plural(u64::from(*gpus_per_node), "GPU", "GPUs"),

@@ -112,12 +112,21 @@ fn no_nodes_and_unavailable_nodes() {
 fn pools_select_nodes_by_label() {
     let policy = Policy {
         pools: vec![
-            PoolDef { name: "default".into(), selector: BTreeMap::new() },
-            PoolDef { name: "infer".into(), selector: [("tier".to_string(), "infer".to_string())].into() },
+            PoolDef {
+                name: "default".into(),
+                selector: BTreeMap::new(),
+            },
+            PoolDef {
+                name: "infer".into(),
+                selector: [("tier".to_string(), "infer".to_string())].into(),
+            },
         ],
         default_pool: "default".into(),
     };
-    let view = cluster_view("n1 8xh100\nn2 4xl4 tier=infer", "j1 gpus=1 pool=infer\nj2 gpus=1 pool=nope");
+    let view = cluster_view(
+        "n1 8xh100\nn2 4xl4 tier=infer",
+        "j1 gpus=1 pool=infer\nj2 gpus=1 pool=nope",
+    );
     let plan = schedule(&view, &policy, Timestamp(0));
     expect![[r#"
         start j1 n2[0]
@@ -129,36 +138,52 @@ fn pools_select_nodes_by_label() {
 // ---- properties ------------------------------------------------------------
 
 fn arb_view() -> impl Strategy<Value = ClusterView> {
-    let node = (1u32..=8, 0usize..3, proptest::collection::vec(any::<bool>(), 8), 0u8..10);
+    let node = (
+        1u32..=8,
+        0usize..3,
+        proptest::collection::vec(any::<bool>(), 8),
+        0u8..10,
+    );
     let job = (1u32..=9, 1u32..=3, -2i32..=2, 0usize..4);
-    (proptest::collection::vec(node, 0..8), proptest::collection::vec(job, 0..30)).prop_map(|(nodes, jobs)| {
-        let models = ["h100", "a100", "l4"];
-        let nodes_text: Vec<String> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, (n_gpus, model_idx, busy, avail))| {
-                let used: Vec<String> = (0..*n_gpus).filter(|g| busy[*g as usize]).map(|g| g.to_string()).collect();
-                let mut line = format!("n{i} {n_gpus}x{}", models[*model_idx]);
-                if !used.is_empty() {
-                    line += &format!(" used={}", used.join(","));
-                }
-                line += match avail { 0 => " drain", 1 => " down", _ => "" };
-                line
-            })
-            .collect();
-        let jobs_text: Vec<String> = jobs
-            .iter()
-            .enumerate()
-            .map(|(i, (gpus, n_nodes, prio, model_idx))| {
-                let mut line = format!("j{} gpus={gpus} nodes={n_nodes} prio={prio}", i + 1);
-                if *model_idx < 3 {
-                    line += &format!(" type={}", models[*model_idx]);
-                }
-                line
-            })
-            .collect();
-        cluster_view(&nodes_text.join("\n"), &jobs_text.join("\n"))
-    })
+    (
+        proptest::collection::vec(node, 0..8),
+        proptest::collection::vec(job, 0..30),
+    )
+        .prop_map(|(nodes, jobs)| {
+            let models = ["h100", "a100", "l4"];
+            let nodes_text: Vec<String> = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, (n_gpus, model_idx, busy, avail))| {
+                    let used: Vec<String> = (0..*n_gpus)
+                        .filter(|g| busy[*g as usize])
+                        .map(|g| g.to_string())
+                        .collect();
+                    let mut line = format!("n{i} {n_gpus}x{}", models[*model_idx]);
+                    if !used.is_empty() {
+                        line += &format!(" used={}", used.join(","));
+                    }
+                    line += match avail {
+                        0 => " drain",
+                        1 => " down",
+                        _ => "",
+                    };
+                    line
+                })
+                .collect();
+            let jobs_text: Vec<String> = jobs
+                .iter()
+                .enumerate()
+                .map(|(i, (gpus, n_nodes, prio, model_idx))| {
+                    let mut line = format!("j{} gpus={gpus} nodes={n_nodes} prio={prio}", i + 1);
+                    if *model_idx < 3 {
+                        line += &format!(" type={}", models[*model_idx]);
+                    }
+                    line
+                })
+                .collect();
+            cluster_view(&nodes_text.join("\n"), &jobs_text.join("\n"))
+        })
 }
 
 proptest! {

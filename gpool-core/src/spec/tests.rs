@@ -22,13 +22,19 @@ fn defaults_fill_a_minimal_spec() {
 fn counts_out_of_range_name_the_field() {
     let mut zero_gpus = input(&["true"]);
     zero_gpus.gpus = Some(0);
-    assert_eq!(zero_gpus.into_spec().unwrap_err().to_string(), "gpus: must be at least 1, got 0");
+    assert_eq!(
+        zero_gpus.into_spec().unwrap_err().to_string(),
+        "gpus: must be at least 1, got 0"
+    );
     let mut negative_nodes = input(&["true"]);
     negative_nodes.nodes = Some(-2);
     assert_eq!(negative_nodes.into_spec().unwrap_err().field, "nodes");
     let mut huge = input(&["true"]);
     huge.gpus = Some(5000);
-    assert_eq!(huge.into_spec().unwrap_err().to_string(), "gpus: must be at most 1024, got 5000");
+    assert_eq!(
+        huge.into_spec().unwrap_err().to_string(),
+        "gpus: must be at most 1024, got 5000"
+    );
 }
 
 #[test]
@@ -69,14 +75,21 @@ fn reserved_and_malformed_env_names_are_refused() {
         assert_eq!(err.field, format!("env.{name}"), "{name}");
     }
     assert_eq!(parse_env_assignment("A=b=c").unwrap(), ("A".into(), "b=c".into()));
-    assert!(parse_env_assignment("novalue").unwrap_err().to_string().starts_with("env:"));
+    assert!(parse_env_assignment("novalue")
+        .unwrap_err()
+        .to_string()
+        .starts_with("env:"));
 }
 
 #[test]
 fn idents_workdir_and_command_are_checked() {
     let mut spec = input(&["true"]);
     spec.team = Some("ml team".into());
-    assert!(spec.into_spec().unwrap_err().to_string().starts_with("team: \"ml team\" contains ' '"));
+    assert!(spec
+        .into_spec()
+        .unwrap_err()
+        .to_string()
+        .starts_with("team: \"ml team\" contains ' '"));
     let mut spec = input(&["true"]);
     spec.workdir = Some("relative/dir".into());
     assert_eq!(spec.into_spec().unwrap_err().field, "workdir");
@@ -132,4 +145,12 @@ fn job_file_errors_name_file_line_and_field() {
 
     let empty = parse_job_file("jobs.toml", "").unwrap_err();
     assert!(empty.to_string().contains("jobs.toml"), "{empty}");
+}
+
+#[test]
+fn example_job_file_parses() {
+    let text = include_str!("../../../config/jobs.example.toml");
+    let specs = parse_job_file("config/jobs.example.toml", text).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(specs.len(), 2);
+    assert_eq!(specs[1].total_gpus(), 16);
 }

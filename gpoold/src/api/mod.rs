@@ -19,7 +19,10 @@ pub fn authenticate(dev: bool) -> impl Fn(Request<()>) -> Result<Request<()>, St
     move |mut request: Request<()>| {
         let from_loopback = request.remote_addr().is_some_and(|addr| addr.ip().is_loopback());
         if !dev && !from_loopback {
-            return Err(Error::Unauthenticated("remote callers need TLS authentication, which is not configured".into()).into());
+            return Err(Error::Unauthenticated(
+                "remote callers need TLS authentication, which is not configured".into(),
+            )
+            .into());
         }
         let user = request
             .metadata()
@@ -30,7 +33,9 @@ pub fn authenticate(dev: bool) -> impl Fn(Request<()>) -> Result<Request<()>, St
             .to_string();
         let valid = !user.is_empty()
             && user.len() <= 64
-            && user.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            && user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
         if !valid {
             return Err(Error::Unauthenticated(format!("{user:?} is not a user name")).into());
         }

@@ -18,7 +18,11 @@ type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
 
 impl PoolService {
     fn job(&self, id: JobId) -> Result<pb::Job, Status> {
-        let state = self.state.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = self
+            .state
+            .shared
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let job = state.jobs.get(&id).ok_or(crate::error::Error::UnknownJob(id))?;
         Ok(job_to_wire(job, reasons(&state, id)))
     }
@@ -37,20 +41,32 @@ fn reasons(state: &crate::state::State, id: JobId) -> Vec<String> {
 
 #[tonic::async_trait]
 impl Pool for PoolService {
-    async fn submit_jobs(&self, request: Request<pb::SubmitJobsRequest>) -> Result<Response<pb::SubmitJobsResponse>, Status> {
+    async fn submit_jobs(
+        &self,
+        request: Request<pb::SubmitJobsRequest>,
+    ) -> Result<Response<pb::SubmitJobsResponse>, Status> {
         let user = caller(&request)?;
         let specs = request.into_inner().specs.into_iter().map(spec_from_wire).collect();
         let ids = self.state.call(|reply| Command::Submit { user, specs, reply }).await?;
-        Ok(Response::new(pb::SubmitJobsResponse { ids: ids.into_iter().map(|id| id.0).collect() }))
+        Ok(Response::new(pb::SubmitJobsResponse {
+            ids: ids.into_iter().map(|id| id.0).collect(),
+        }))
     }
 
-    async fn cancel_jobs(&self, request: Request<pb::CancelJobsRequest>) -> Result<Response<pb::CancelJobsResponse>, Status> {
+    async fn cancel_jobs(
+        &self,
+        request: Request<pb::CancelJobsRequest>,
+    ) -> Result<Response<pb::CancelJobsResponse>, Status> {
         let user = caller(&request)?;
         let ids = request.into_inner().ids.into_iter().map(JobId).collect();
         let outcomes = self.state.call(|reply| Command::Cancel { user, ids, reply }).await?;
         let outcomes = outcomes
             .into_iter()
-            .map(|o| pb::CancelOutcome { id: o.id.0, state: state_to_wire(&o.state).into(), cancelled: o.cancelled })
+            .map(|o| pb::CancelOutcome {
+                id: o.id.0,
+                state: state_to_wire(&o.state).into(),
+                cancelled: o.cancelled,
+            })
             .collect();
         Ok(Response::new(pb::CancelJobsResponse { outcomes }))
     }
@@ -64,7 +80,11 @@ impl Pool for PoolService {
         caller(&request)?;
         let filter = request.into_inner();
         let wanted_states: Vec<pb::JobState> = filter.states().collect();
-        let state = self.state.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = self
+            .state
+            .shared
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let jobs = state
             .jobs
             .values()
@@ -91,7 +111,9 @@ impl Pool for PoolService {
         let id = JobId(request.get_ref().id);
         let mut changes = self.state.job_changes.subscribe();
         let first = self.job(id)?;
-        let service = PoolService { state: self.state.clone() };
+        let service = PoolService {
+            state: self.state.clone(),
+        };
         let stream = async_stream(first, move |sender| async move {
             loop {
                 let change = tokio::select! {
@@ -104,7 +126,7 @@ impl Pool for PoolService {
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }
                 let job = service.job(id);
-                let finished = job.as_ref().map_or(true, |job| is_finished(job));
+                let finished = job.as_ref().map_or(true, is_finished);
                 if sender.send(job).await.is_err() || finished {
                     return;
                 }
@@ -113,14 +135,25 @@ impl Pool for PoolService {
         Ok(Response::new(stream))
     }
 
-    async fn list_nodes(&self, request: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+    async fn list_nodes(
+        &self,
+        request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
         caller(&request)?;
-        let state = self.state.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = self
+            .state
+            .shared
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let holders = state.gpu_holders();
         let nodes = state
             .nodes
             .values()
-            .map(|node| node_to_wire(node, |gpu_idx| holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0)))
+            .map(|node| {
+                node_to_wire(node, |gpu_idx| {
+                    holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0)
+                })
+            })
             .collect();
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
@@ -129,30 +162,58 @@ impl Pool for PoolService {
         let user = caller(&request)?;
         let pb::DrainNodeRequest { name, reason } = request.into_inner();
         if reason.trim().is_empty() {
-            return Err(crate::error::Error::InvalidRequest { field: "reason", reason: "say why the node is drained".into() }.into());
+            return Err(crate::error::Error::InvalidRequest {
+                field: "reason",
+                reason: "say why the node is drained".into(),
+            }
+            .into());
         }
-        let node = self.state.call(|reply| Command::Drain { user, node: name, reason, reply }).await?;
+        let node = self
+            .state
+            .call(|reply| Command::Drain {
+                user,
+                node: name,
+                reason,
+                reply,
+            })
+            .await?;
         Ok(Response::new(self.node_to_wire(&node)))
     }
 
     async fn resume_node(&self, request: Request<pb::ResumeNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let user = caller(&request)?;
         let name = request.into_inner().name;
-        let node = self.state.call(|reply| Command::Resume { user, node: name, reply }).await?;
+        let node = self
+            .state
+            .call(|reply| Command::Resume {
+                user,
+                node: name,
+                reply,
+            })
+            .await?;
         Ok(Response::new(self.node_to_wire(&node)))
     }
 }
 
 impl PoolService {
     fn node_to_wire(&self, node: &gpool_core::model::Node) -> pb::Node {
-        let state = self.state.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = self
+            .state
+            .shared
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let holders = state.gpu_holders();
-        node_to_wire(node, |gpu_idx| holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0))
+        node_to_wire(node, |gpu_idx| {
+            holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0)
+        })
     }
 }
 
 fn is_finished(job: &pb::Job) -> bool {
-    matches!(job.state(), pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled)
+    matches!(
+        job.state(),
+        pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled
+    )
 }
 
 /// A stream that yields `first`, then whatever `produce` sends, until it returns.

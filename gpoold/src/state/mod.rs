@@ -38,10 +38,27 @@ type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
 /// The closed set of changes.
 pub enum Command {
-    Submit { user: String, specs: Vec<JobSpec>, reply: Reply<Vec<JobId>> },
-    Cancel { user: String, ids: Vec<JobId>, reply: Reply<Vec<CancelOutcome>> },
-    Drain { user: String, node: String, reason: String, reply: Reply<Node> },
-    Resume { user: String, node: String, reply: Reply<Node> },
+    Submit {
+        user: String,
+        specs: Vec<JobSpec>,
+        reply: Reply<Vec<JobId>>,
+    },
+    Cancel {
+        user: String,
+        ids: Vec<JobId>,
+        reply: Reply<Vec<CancelOutcome>>,
+    },
+    Drain {
+        user: String,
+        node: String,
+        reason: String,
+        reply: Reply<Node>,
+    },
+    Resume {
+        user: String,
+        node: String,
+        reply: Reply<Node>,
+    },
     /// The scheduling loop's latest plan.
     Planned(Plan),
 }
@@ -83,7 +100,10 @@ impl State {
 
     fn submit(&mut self, user: String, specs: Vec<JobSpec>, now: Timestamp) -> Result<(Vec<JobId>, Vec<Write>), Error> {
         if specs.is_empty() {
-            return Err(Error::InvalidRequest { field: "specs", reason: "no job in the request".into() });
+            return Err(Error::InvalidRequest {
+                field: "specs",
+                reason: "no job in the request".into(),
+            });
         }
         let nodes: Vec<Node> = self.nodes.values().cloned().collect();
         let mut checked = Vec::with_capacity(specs.len());
@@ -101,7 +121,14 @@ impl State {
         for spec in checked {
             let id = JobId(self.next_job_id);
             self.next_job_id += 1;
-            let job = Job { id, spec, user: user.clone(), submitted_at: now, state: JobState::Pending, n_attempts: 0 };
+            let job = Job {
+                id,
+                spec,
+                user: user.clone(),
+                submitted_at: now,
+                state: JobState::Pending,
+                n_attempts: 0,
+            };
             self.jobs.insert(id, job);
             ids.push(id);
             writes.push(Write::Job(id));
@@ -112,12 +139,19 @@ impl State {
 
     fn cancel(&mut self, user: &str, ids: &[JobId], now: Timestamp) -> Result<(Vec<CancelOutcome>, Vec<Write>), Error> {
         if ids.is_empty() {
-            return Err(Error::InvalidRequest { field: "ids", reason: "no job id given".into() });
+            return Err(Error::InvalidRequest {
+                field: "ids",
+                reason: "no job id given".into(),
+            });
         }
         for id in ids {
             let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
             if job.user != user && !self.is_admin(user) {
-                return Err(Error::NotOwner { user: user.into(), job: *id, owner: job.user.clone() });
+                return Err(Error::NotOwner {
+                    user: user.into(),
+                    job: *id,
+                    owner: job.user.clone(),
+                });
             }
         }
         let mut outcomes = Vec::with_capacity(ids.len());
@@ -126,11 +160,21 @@ impl State {
             let job = self.jobs.get_mut(id).ok_or(Error::UnknownJob(*id))?;
             let cancelled = !job.state.is_finished();
             if cancelled {
-                job.apply(&JobEvent::Cancel { by: user.to_string(), now })
-                    .map_err(|err| Error::InvalidRequest { field: "ids", reason: format!("job {id}: {err}") })?;
+                job.apply(&JobEvent::Cancel {
+                    by: user.to_string(),
+                    now,
+                })
+                .map_err(|err| Error::InvalidRequest {
+                    field: "ids",
+                    reason: format!("job {id}: {err}"),
+                })?;
                 writes.push(Write::Job(*id));
             }
-            outcomes.push(CancelOutcome { id: *id, state: job.state.clone(), cancelled });
+            outcomes.push(CancelOutcome {
+                id: *id,
+                state: job.state.clone(),
+                cancelled,
+            });
         }
         Ok((outcomes, writes))
     }
@@ -142,7 +186,10 @@ impl State {
                 reason: format!("{user:?} is not an admin; only admins drain and resume nodes"),
             });
         }
-        let node = self.nodes.get_mut(name).ok_or_else(|| Error::UnknownNode(name.to_string()))?;
+        let node = self
+            .nodes
+            .get_mut(name)
+            .ok_or_else(|| Error::UnknownNode(name.to_string()))?;
         node.drain_reason = reason;
         Ok((node.clone(), vec![Write::Node(name.to_string())]))
     }
@@ -220,10 +267,18 @@ impl StateHandle {
 /// Most commands applied between two flushes.
 const MAX_BATCH: usize = 4096;
 
+/// What the state task tells others about; it holds no sender of its own
+/// inbox, so it ends once every `StateHandle` is gone.
+pub struct Notifiers {
+    pub job_changes: broadcast::Sender<JobId>,
+    pub sched_wakeup: Arc<Notify>,
+}
+
 /// The state task: applies commands in batches, writes them to sled, and
 /// hands replies to the flusher. Returns when every sender is gone.
 pub async fn run_state_task(
-    handle: StateHandle,
+    shared: SharedState,
+    notifiers: Notifiers,
     store: Store,
     mut inbox: mpsc::Receiver<Command>,
     flusher: std::sync::mpsc::Sender<Vec<PendingReply>>,
@@ -235,7 +290,7 @@ pub async fn run_state_task(
         let mut replies: Vec<PendingReply> = Vec::with_capacity(batch.len());
         let mut writes = Vec::new();
         let mut changed = Vec::new();
-        let mut state = handle.shared.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = shared.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         for command in batch.drain(..) {
             apply_command(&mut state, command, now, &mut writes, &mut replies, &mut changed);
         }
@@ -249,10 +304,10 @@ pub async fn run_state_task(
             return;
         }
         for id in changed {
-            let _ = handle.job_changes.send(id);
+            let _ = notifiers.job_changes.send(id);
         }
         if !writes.is_empty() {
-            handle.sched_wakeup.notify_one();
+            notifiers.sched_wakeup.notify_one();
         }
         if !replies.is_empty() && flusher.send(replies).is_err() {
             return;
@@ -284,8 +339,15 @@ fn apply_command(
             }
             Err(err) => drop(reply.send(Err(err))),
         },
-        Command::Drain { user, node, reason, reply } => node_reply(state.set_drain(&user, &node, Some(reason)), reply, writes, replies),
-        Command::Resume { user, node, reply } => node_reply(state.set_drain(&user, &node, None), reply, writes, replies),
+        Command::Drain {
+            user,
+            node,
+            reason,
+            reply,
+        } => node_reply(state.set_drain(&user, &node, Some(reason)), reply, writes, replies),
+        Command::Resume { user, node, reply } => {
+            node_reply(state.set_drain(&user, &node, None), reply, writes, replies)
+        }
         Command::Planned(plan) => {
             // Starting jobs needs agents to launch them: `plan.starts` is acted
             // on once agents register nodes. Until then only reasons are kept.
@@ -340,7 +402,9 @@ pub fn run_flusher(db: sled::Db, batches: std::sync::mpsc::Receiver<Vec<PendingR
             Ok(_) => replies.into_iter().for_each(|reply| reply(Ok(()))),
             Err(err) => {
                 let message = err.to_string();
-                replies.into_iter().for_each(|reply| reply(Err(Error::Storage(message.clone()))));
+                replies
+                    .into_iter()
+                    .for_each(|reply| reply(Err(Error::Storage(message.clone()))));
                 return Err(Error::Storage(message));
             }
         }

@@ -1,0 +1,160 @@
+//! Every bad input gets a clear error naming what is wrong, and a non-zero
+//! exit; never a panic.
+
+use crate::harness::cluster::{gpool_command, Cluster, Run};
+use crate::harness::process::binary;
+
+fn assert_refused(run: &Run, code: i32, needle: &str) {
+    assert_eq!(run.code, code, "stdout: {}\nstderr: {}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains(needle),
+        "expected {needle:?} in stderr:\n{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+}
+
+#[test]
+fn bad_flags_name_the_field() {
+    let cluster = Cluster::start();
+    assert_refused(
+        &cluster.gpool(&["submit", "--gpus", "0", "--", "true"]),
+        2,
+        "gpus: must be at least 1, got 0",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--gpus", "-3", "--", "true"]),
+        2,
+        "gpus: must be at least 1, got -3",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--time", "-5", "--", "true"]),
+        2,
+        "time: \"-5\" is negative",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--time", "soon", "--", "true"]),
+        2,
+        "time: \"soon\" is not a duration",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--env", "NOVALUE", "--", "true"]),
+        2,
+        "env: \"NOVALUE\" is not of the form NAME=VALUE",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--gpus", "1"]),
+        2,
+        "command: give the command after `--`",
+    );
+    assert_refused(
+        &cluster.gpool(&["jobs", "--output", "yaml"]),
+        2,
+        "invalid value 'yaml' for '--output <OUTPUT>'",
+    );
+    assert_refused(
+        &cluster.gpool(&["jobs", "--state", "done"]),
+        2,
+        "--state: unknown state \"done\"",
+    );
+    assert_refused(&cluster.gpool(&["show", "abc"]), 2, "invalid value 'abc'");
+    // Nothing of the above reached the queue.
+    let all = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+    assert_eq!(all, serde_json::json!([]));
+}
+
+#[test]
+fn bad_job_files_name_file_line_and_field() {
+    let cluster = Cluster::start();
+    let dir = cluster.dir.path();
+    let syntax = dir.join("syntax.toml");
+    std::fs::write(&syntax, "[[job]]\ncommand = [\"true\"]\ngpus = = 2\n").unwrap();
+    assert_refused(
+        &cluster.gpool(&["submit", "-f", syntax.to_str().unwrap()]),
+        2,
+        &format!("{}:3:", syntax.display()),
+    );
+
+    let unknown = dir.join("unknown.toml");
+    std::fs::write(&unknown, "[[job]]\ncommand = [\"true\"]\ngpuz = 2\n").unwrap();
+    let run = cluster.gpool(&["submit", "-f", unknown.to_str().unwrap()]);
+    assert_refused(&run, 2, "unknown field `gpuz`");
+    assert!(
+        run.stderr.contains(&format!("{}:3:", unknown.display())),
+        "{}",
+        run.stderr
+    );
+
+    let invalid = dir.join("invalid.toml");
+    std::fs::write(
+        &invalid,
+        "[[job]]\ncommand = [\"true\"]\n[[job]]\ncommand = [\"true\"]\nnodes = 0\n",
+    )
+    .unwrap();
+    assert_refused(
+        &cluster.gpool(&["submit", "-f", invalid.to_str().unwrap()]),
+        2,
+        "invalid.toml:3: job 2: nodes: must be at least 1, got 0",
+    );
+
+    let missing = dir.join("missing.toml");
+    assert_refused(
+        &cluster.gpool(&["submit", "-f", missing.to_str().unwrap()]),
+        2,
+        "missing.toml: cannot read",
+    );
+    let all = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+    assert_eq!(all, serde_json::json!([]), "a bad file submits nothing");
+}
+
+#[test]
+fn unknown_job_ids_are_named() {
+    let cluster = Cluster::start();
+    assert_refused(&cluster.gpool(&["show", "4242"]), 1, "job 4242 not found");
+    let id = cluster.submit(&["--", "true"]);
+    let run = cluster.gpool(&["cancel", &id.to_string(), "4243"]);
+    assert_refused(&run, 1, "job 4243 not found");
+    assert_eq!(cluster.job(id)["state"], "pending", "a refused cancel cancels nothing");
+}
+
+#[test]
+fn unreachable_controller_names_the_address() {
+    // A port that was just free: bind, read it, close.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let output = gpool_command(&["jobs"])
+        .env("GPOOL_SERVER", &addr)
+        .output()
+        .expect("run gpool");
+    let run = Run::from(output);
+    assert_refused(&run, 69, &format!("cannot reach gpoold at {addr}"));
+    let run = Run::from(
+        gpool_command(&["--server", "not an address", "jobs"])
+            .output()
+            .expect("run gpool"),
+    );
+    assert_refused(&run, 69, "cannot reach gpoold at not an address");
+}
+
+#[test]
+fn bad_controller_config_names_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpoold.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\nstate_dir = \"/tmp/x\"\nlisen = 3\n").unwrap();
+    let output = std::process::Command::new(binary("gpoold"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let run = Run::from(output);
+    assert_refused(&run, 1, &format!("{}:3: unknown field `lisen`", config.display()));
+    let output = std::process::Command::new(binary("gpoold"))
+        .args(["--dev", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_refused(&Run::from(output), 1, "--listen: dev mode listens on loopback only");
+}

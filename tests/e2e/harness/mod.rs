@@ -1,0 +1,4 @@
+//! Starting the real binaries in temp dirs on loopback ports.
+
+pub mod cluster;
+pub mod process;

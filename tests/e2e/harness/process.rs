@@ -1,0 +1,100 @@
+//! One child process of a test: its log file, and SIGTERM-then-SIGKILL on drop.
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A built binary of this workspace (target/<profile>/<name>). Missing
+/// binaries fail the test loudly.
+pub fn binary(name: &str) -> PathBuf {
+    let test_exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/e2e-<hash> -> target/<profile>/<name>
+    let profile_dir = test_exe.parent().and_then(Path::parent).expect("target profile dir");
+    let path = profile_dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (cargo build --workspace --bins)",
+        path.display()
+    );
+    path
+}
+
+pub struct Process {
+    pub name: String,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Process {
+    pub fn spawn(name: &str, mut command: Command, log: PathBuf) -> Process {
+        let log_file = std::fs::File::create(&log).expect("create log file");
+        command
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("clone log handle"))
+            .stderr(log_file);
+        let child = command
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start {name}: {err}"));
+        Process {
+            name: name.into(),
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// `kill -9` and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after a grace period; returns whether it exited
+    /// by itself within the grace.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    pub fn log_tail(&self, n_lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n_lines)..].join("\n")
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Polls `ready` until it returns `Some`, or fails loudly with `what`.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut ready: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,155 @@
+//! Submitting, listing, showing and cancelling jobs through the CLI.
+
+use crate::harness::cluster::{gpool_command, Cluster};
+use std::process::Stdio;
+use std::time::Duration;
+
+#[test]
+fn submit_list_show_cancel() {
+    let cluster = Cluster::start();
+    let first = cluster.submit(&[
+        "--gpus", "2", "--name", "train", "--team", "ml", "--time", "2h", "--env", "EPOCHS=3", "--", "python3",
+        "train.py",
+    ]);
+    let second = cluster.submit(&["--gpus", "1", "--team", "infra", "--", "true"]);
+    assert_eq!(second, first + 1);
+
+    let jobs = cluster.gpool(&["jobs", "--output", "json"]).json();
+    let jobs = jobs.as_array().expect("array");
+    assert_eq!(jobs.len(), 2);
+    let job = &jobs[0];
+    assert_eq!(job["id"], first);
+    assert_eq!(job["name"], "train");
+    assert_eq!(job["state"], "pending");
+    assert_eq!(job["team"], "ml");
+    assert_eq!(job["gpus"], 2);
+    assert_eq!(job["nodes"], 1);
+    assert_eq!(job["time_limit_secs"], 7200);
+    assert_eq!(job["exit_code"], serde_json::Value::Null);
+    assert!(job["user"].as_str().is_some_and(|u| !u.is_empty()));
+    assert!(job["submitted_at"].as_str().is_some_and(|t| t.ends_with('Z')));
+    assert_eq!(jobs[1]["team"], "infra");
+
+    // Filters.
+    let ml = cluster.gpool(&["jobs", "--team", "ml", "--output", "json"]).json();
+    assert_eq!(ml.as_array().map(Vec::len), Some(1));
+
+    // Pending with the reason the scheduler gives.
+    let shown = crate::harness::process::wait_until("a pending reason", Duration::from_secs(10), || {
+        let job = cluster.job(first);
+        (job["reasons"][0] != serde_json::Value::Null).then_some(job)
+    });
+    assert!(
+        shown["reasons"][0].as_str().unwrap_or_default().starts_with("no nodes"),
+        "{shown}"
+    );
+    let text = cluster.gpool(&["show", &first.to_string()]);
+    assert!(text.ok().contains("why pending:    no nodes"), "{}", text.stdout);
+    assert!(text.stdout.contains("env:            EPOCHS=3"), "{}", text.stdout);
+
+    // Cancel: the first time ends it, the second says it had ended.
+    let cancelled = cluster
+        .gpool(&["cancel", &first.to_string(), "--output", "json"])
+        .json();
+    assert_eq!(cancelled["outcomes"][0]["cancelled"], true);
+    let again = cluster.gpool(&["cancel", &first.to_string()]);
+    assert!(again.ok().contains("had already ended (cancelled)"), "{}", again.stdout);
+    assert_eq!(cluster.job(first)["state"], "cancelled");
+
+    let queue = cluster.gpool(&["jobs", "--output", "json"]).json();
+    assert_eq!(queue.as_array().map(Vec::len), Some(1), "finished jobs leave the queue");
+    let all = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+    assert_eq!(all.as_array().map(Vec::len), Some(2));
+    let only_cancelled = cluster
+        .gpool(&["jobs", "--state", "cancelled", "--output", "json"])
+        .json();
+    assert_eq!(only_cancelled[0]["id"], first);
+}
+
+#[test]
+fn batch_file_is_one_request() {
+    let cluster = Cluster::start();
+    let file = cluster.dir.path().join("jobs.toml");
+    std::fs::write(
+        &file,
+        "[[job]]\nname = \"a\"\ncommand = \"echo a\"\n\n[[job]]\nname = \"b\"\ncommand = [\"echo\", \"b\"]\ngpus = 4\nnodes = 2\n\n[[job]]\nname = \"c\"\ncommand = [\"true\"]\ngpu_type = [\"h100\", \"a100\"]\n",
+    )
+    .unwrap();
+    let run = cluster.gpool(&["submit", "-f", file.to_str().unwrap(), "--output", "json"]);
+    let ids: Vec<u64> = run.json()["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_u64())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(ids, vec![ids[0], ids[0] + 1, ids[0] + 2]);
+    let b = cluster.job(ids[1]);
+    assert_eq!(
+        (b["name"].as_str(), b["gpus"].as_u64(), b["nodes"].as_u64()),
+        (Some("b"), Some(4), Some(2))
+    );
+    assert_eq!(cluster.job(ids[2])["gpu_types"], serde_json::json!(["h100", "a100"]));
+    // Plain output: one id a line, for shell scripts.
+    let plain = cluster.gpool(&["submit", "-f", file.to_str().unwrap()]);
+    assert_eq!(plain.ok().lines().count(), 3);
+}
+
+#[test]
+fn wait_exits_with_the_cancelled_code() {
+    let cluster = Cluster::start();
+    let waiter = gpool_command(&["submit", "--wait", "--", "sleep", "1000"])
+        .env("GPOOL_SERVER", &cluster.addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gpool submit --wait");
+    let id = crate::harness::process::wait_until("the waiting job", Duration::from_secs(10), || {
+        let jobs = cluster.gpool(&["jobs", "--output", "json"]).json();
+        jobs[0]["id"].as_u64()
+    });
+    cluster.gpool(&["cancel", &id.to_string()]).ok();
+    let output = waiter.wait_with_output().expect("gpool submit --wait ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(125), "stderr: {stderr}");
+    assert!(stderr.contains(&format!("job {id} cancelled")), "{stderr}");
+}
+
+#[test]
+fn cli_finds_a_running_dev_controller() {
+    let cluster = Cluster::start();
+    let id = cluster.submit(&["--", "true"]);
+    let found = gpool_command(&["show", &id.to_string(), "--output", "json"])
+        .env("XDG_RUNTIME_DIR", cluster.runtime_dir())
+        .output()
+        .expect("run gpool");
+    assert_eq!(
+        found.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&found.stderr)
+    );
+
+    let elsewhere = cluster.dir.path().join("no-runtime");
+    let lost = gpool_command(&["jobs"])
+        .env("XDG_RUNTIME_DIR", &elsewhere)
+        .output()
+        .expect("run gpool");
+    let stderr = String::from_utf8_lossy(&lost.stderr);
+    assert_eq!(lost.status.code(), Some(2));
+    assert!(
+        stderr.contains("give --server HOST:PORT or set GPOOL_SERVER"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&elsewhere.display().to_string()), "{stderr}");
+}
+
+#[test]
+fn drain_of_an_unknown_node_names_it() {
+    let cluster = Cluster::start();
+    let run = cluster.gpool(&["drain", "gpu-17", "--reason", "bad fan"]);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("node \"gpu-17\" not found"), "{}", run.stderr);
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    assert_eq!(nodes, serde_json::json!([]));
+}
