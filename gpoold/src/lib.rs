@@ -19,6 +19,9 @@ use tokio::sync::{broadcast, mpsc, Notify};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 
+/// How long open connections may delay a shutdown.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The file in the state dir that holds the bound `host:port`.
 pub const ADDR_FILE: &str = "gpoold.addr";
 
@@ -63,9 +66,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let (flush_sender, flush_receiver) = std::sync::mpsc::channel();
     let db = store.db();
     let flusher = tokio::task::spawn_blocking(move || state::run_flusher(db, flush_receiver));
+    let (stop_state_task, stop) = tokio::sync::watch::channel(false);
     let notifiers = state::Notifiers {
         job_changes: handle.job_changes.clone(),
         sched_wakeup: handle.sched_wakeup.clone(),
+        stop,
     };
     let state_task = tokio::spawn(state::run_state_task(
         handle.shared.clone(),
@@ -87,23 +92,39 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .max_encoding_message_size(1024 * 1024 * 1024);
     let pool = InterceptedService::new(pool, api::authenticate(config.dev));
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // On shutdown the server stops accepting and lets open requests finish;
+    // clients that keep connections open get SHUTDOWN_GRACE, no more.
+    let (stopping_sender, mut stopping) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopping_sender.send(true);
+    };
     let served = tonic::transport::Server::builder()
         .add_service(pool)
         .serve_with_incoming_shutdown(incoming, shutdown);
+    let grace_over = async move {
+        let _ = stopping.wait_for(|stopping| *stopping).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
     // A flusher failure is fatal: memory would run ahead of disk.
     let outcome = tokio::select! {
         served = served => served.context("gRPC server"),
+        () = grace_over => {
+            tracing::warn!("clients kept connections open for {SHUTDOWN_GRACE:?} after shutdown; closing them");
+            Ok(())
+        }
         flushed = flusher => match flushed {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(anyhow::Error::new(err).context("state store")),
             Err(err) => Err(anyhow::Error::new(err).context("flusher thread")),
         },
     };
-    // The scheduler's handle goes with it; then the state task drains what
-    // was sent and ends, and with it the flusher.
+    // The state task finishes what was queued and ends, and with it the
+    // flusher (runtime shutdown waits for that blocking thread).
     sched_task.abort();
     let _ = sched_task.await;
     drop(handle);
+    let _ = stop_state_task.send(true);
     let _ = state_task.await;
     if config.dev {
         let _ = std::fs::remove_file(gpool_proto::dev_address_file());

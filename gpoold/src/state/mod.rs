@@ -267,11 +267,13 @@ impl StateHandle {
 /// Most commands applied between two flushes.
 const MAX_BATCH: usize = 4096;
 
-/// What the state task tells others about; it holds no sender of its own
-/// inbox, so it ends once every `StateHandle` is gone.
+/// How the state task talks to the rest besides replies. It holds no sender
+/// of its own inbox: it ends once every `StateHandle` is gone, or once `stop`
+/// turns true (then it refuses new commands and finishes the queued ones).
 pub struct Notifiers {
     pub job_changes: broadcast::Sender<JobId>,
     pub sched_wakeup: Arc<Notify>,
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The state task: applies commands in batches, writes them to sled, and
@@ -284,8 +286,21 @@ pub async fn run_state_task(
     flusher: std::sync::mpsc::Sender<Vec<PendingReply>>,
     clock: fn() -> Timestamp,
 ) {
+    let mut notifiers = notifiers;
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while inbox.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    let mut closed = false;
+    loop {
+        let n_received = tokio::select! {
+            n_received = inbox.recv_many(&mut batch, MAX_BATCH) => n_received,
+            _ = notifiers.stop.wait_for(|stop| *stop), if !closed => {
+                inbox.close();
+                closed = true;
+                continue;
+            }
+        };
+        if n_received == 0 {
+            return;
+        }
         let now = clock();
         let mut replies: Vec<PendingReply> = Vec::with_capacity(batch.len());
         let mut writes = Vec::new();

@@ -1,0 +1,335 @@
+//! gpool-bench: starts release gpoold binaries in temp dirs and prints plain
+//! figures (with the load average) for submit rates, API throughput, listing,
+//! memory, restart and scheduling. Run through `bench/run.sh`.
+
+use anyhow::{bail, Context};
+use gpool_core::sched::{schedule, Policy};
+use gpool_core::testing::cluster_view;
+use gpool_core::Timestamp;
+use gpool_proto::pb;
+use gpool_proto::pb::pool_client::PoolClient;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let wants = |phase: &str| args.is_empty() || args.iter().any(|a| a == phase);
+    println!(
+        "gpool benchmarks on {} CPUs",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    if wants("submit-seq") {
+        submit_sequential(500)?;
+    }
+    if wants("submit-par") {
+        submit_parallel(8, 1000)?;
+    }
+    if wants("api") {
+        api_throughput(32, 1, 20_000)?;
+        api_throughput(32, 100, 2_000)?;
+    }
+    if wants("list") {
+        list_memory_restart(10_000)?;
+    }
+    if wants("schedule") {
+        schedule_cycles();
+    }
+    Ok(())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn report(what: &str, figure: String) {
+    println!("{what:<58} {figure:<28} load {}", load_average());
+}
+
+fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.parent().context("bench binary dir")?.join(name);
+    if !path.exists() {
+        bail!("{} is missing: run bench/run.sh", path.display());
+    }
+    Ok(path)
+}
+
+/// A release gpoold in dev mode on its own state dir.
+struct Controller {
+    child: Child,
+    addr: String,
+    state_dir: PathBuf,
+}
+
+impl Controller {
+    fn start(state_dir: &Path) -> anyhow::Result<Controller> {
+        let addr_file = state_dir.join("gpoold.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let child = Command::new(binary("gpoold")?)
+            .args(["--dev", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state_dir)
+            .env("GPOOL_LOG", "warn")
+            .env("XDG_RUNTIME_DIR", state_dir.join("run"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(addr) = std::fs::read_to_string(&addr_file) {
+                if std::net::TcpStream::connect(addr.trim()).is_ok() {
+                    return Ok(Controller {
+                        child,
+                        addr: addr.trim().to_string(),
+                        state_dir: state_dir.into(),
+                    });
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("gpoold did not start within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn gpool(addr: &str, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    let output = Command::new(binary("gpool")?)
+        .args(args)
+        .env("GPOOL_SERVER", addr)
+        .output()?;
+    if !output.status.success() {
+        bail!("gpool {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(output)
+}
+
+fn submit_sequential(n_jobs: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start(dir.path())?;
+    let started = Instant::now();
+    for _ in 0..n_jobs {
+        gpool(&controller.addr, &["submit", "--", "true"])?;
+    }
+    let rate = n_jobs as f64 / started.elapsed().as_secs_f64();
+    report(
+        &format!("gpool submit, one process per job, sequential ({n_jobs})"),
+        format!("{rate:.0} jobs/s"),
+    );
+    controller.stop();
+    Ok(())
+}
+
+fn submit_parallel(n_workers: usize, n_jobs: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start(dir.path())?;
+    let started = Instant::now();
+    let workers: Vec<_> = (0..n_workers)
+        .map(|_| {
+            let addr = controller.addr.clone();
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                for _ in 0..n_jobs / n_workers {
+                    gpool(&addr, &["submit", "--", "true"])?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().map_err(|_| anyhow::anyhow!("submitter panicked"))??;
+    }
+    let rate = n_jobs as f64 / started.elapsed().as_secs_f64();
+    report(
+        &format!("gpool submit, one process per job, {n_workers} parallel ({n_jobs})"),
+        format!("{rate:.0} jobs/s"),
+    );
+    controller.stop();
+    Ok(())
+}
+
+async fn client(addr: &str) -> anyhow::Result<PoolClient<Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    Ok(PoolClient::new(channel).max_decoding_message_size(1 << 30))
+}
+
+fn with_user<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        gpool_proto::USER_METADATA_KEY,
+        tonic::metadata::MetadataValue::from_static("bench"),
+    );
+    request
+}
+
+fn one_spec() -> pb::JobSpec {
+    pb::JobSpec {
+        name: "bench".into(),
+        command: vec!["true".into()],
+        gpus: 1,
+        nodes: 1,
+        ..Default::default()
+    }
+}
+
+fn api_throughput(n_clients: usize, jobs_per_request: usize, n_requests: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start(dir.path())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let elapsed = runtime.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..n_clients {
+            clients.push(client(&controller.addr).await?);
+        }
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for mut client in clients {
+            let n_mine = n_requests / n_clients;
+            tasks.spawn(async move {
+                for _ in 0..n_mine {
+                    let specs = vec![one_spec(); jobs_per_request];
+                    let reply = client.submit_jobs(with_user(pb::SubmitJobsRequest { specs })).await?;
+                    anyhow::ensure!(reply.get_ref().ids.len() == jobs_per_request, "short reply");
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        anyhow::Ok(started.elapsed())
+    })?;
+    let n_jobs = (n_requests / n_clients) * n_clients * jobs_per_request;
+    let rate = n_jobs as f64 / elapsed.as_secs_f64();
+    report(
+        &format!("API, {n_clients} clients, {jobs_per_request} job(s)/request ({n_jobs} jobs)"),
+        format!("{rate:.0} durable jobs/s"),
+    );
+    controller.stop();
+    Ok(())
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn list_memory_restart(n_jobs: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start(dir.path())?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let mut client = client(&controller.addr).await?;
+        for _ in 0..n_jobs / 1000 {
+            client
+                .submit_jobs(with_user(pb::SubmitJobsRequest {
+                    specs: vec![one_spec(); 1000],
+                }))
+                .await?;
+        }
+        anyhow::Ok(())
+    })?;
+    std::thread::sleep(Duration::from_millis(300));
+    let samples: Vec<Duration> = (0..11)
+        .map(|_| {
+            let started = Instant::now();
+            gpool(&controller.addr, &["jobs", "--output", "json"]).map(|out| (started.elapsed(), out.stdout.len()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .map(|(elapsed, _)| elapsed)
+        .collect();
+    report(
+        &format!("gpool jobs --output json, {n_jobs} queued (median of 11)"),
+        format!("{:.1} ms", median(samples).as_secs_f64() * 1e3),
+    );
+    report(
+        &format!("gpoold resident memory, {n_jobs} queued"),
+        format!("{:.1} MiB", controller.rss_kib() as f64 / 1024.0),
+    );
+    let state_dir = controller.state_dir.clone();
+    controller.stop();
+    let mut restarts = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let controller = Controller::start(&state_dir)?;
+        runtime.block_on(async {
+            let mut client = client(&controller.addr).await?;
+            client
+                .get_job(with_user(pb::GetJobRequest { id: n_jobs as u64 }))
+                .await?;
+            anyhow::Ok(())
+        })?;
+        restarts.push(started.elapsed());
+        controller.stop();
+    }
+    report(
+        &format!("gpoold restart on {n_jobs} jobs to first answer (median of 5)"),
+        format!("{:.1} ms", median(restarts).as_secs_f64() * 1e3),
+    );
+    Ok(())
+}
+
+/// `schedule` on 1,000 nodes x 8 GPUs with 10,000 pending jobs of mixed
+/// shapes: once with every GPU free, once with the pool full.
+fn schedule_cycles() {
+    let models = ["h100", "a100-80gb", "l4"];
+    for busy in [false, true] {
+        let nodes: Vec<String> = (0..1000)
+            .map(|i| format!("n{i} 8x{}{}", models[i % 3], if busy { " used=0-7" } else { "" }))
+            .collect();
+        let jobs: Vec<String> = (0..10_000)
+            .map(|i| {
+                let shape = match i % 10 {
+                    0 => "gpus=8 nodes=2".to_string(),
+                    1 | 2 => "gpus=8".to_string(),
+                    3 | 4 => "gpus=4".to_string(),
+                    5 => format!("gpus=2 type={}", models[i % 3]),
+                    _ => "gpus=1".to_string(),
+                };
+                format!("j{} {shape} prio={}", i + 1, i % 4)
+            })
+            .collect();
+        let view = cluster_view(&nodes.join("\n"), &jobs.join("\n"));
+        let policy = Policy::default();
+        let mut n_starts = 0;
+        let samples: Vec<Duration> = (0..21)
+            .map(|_| {
+                let started = Instant::now();
+                let plan = schedule(&view, &policy, Timestamp(0));
+                let elapsed = started.elapsed();
+                n_starts = plan.starts.len();
+                elapsed
+            })
+            .collect();
+        report(
+            &format!(
+                "schedule, 1,000 nodes x 8 GPUs, 10,000 pending, {} ({n_starts} start)",
+                if busy { "pool full" } else { "pool empty" }
+            ),
+            format!("{:.2} ms (median of 21)", median(samples).as_secs_f64() * 1e3),
+        );
+    }
+}
