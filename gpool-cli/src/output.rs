@@ -108,9 +108,32 @@ pub fn print_json<T: Serialize>(value: &T) {
     let _ = out.flush();
 }
 
-pub fn print_jobs_json(jobs: &[pb::Job]) {
-    let objects: Vec<JobJson<'_>> = jobs.iter().map(job_json).collect();
-    print_json(&objects);
+/// Prints a JSON array one element at a time.
+pub struct JsonArrayPrinter {
+    out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+    n_items: usize,
+}
+
+impl JsonArrayPrinter {
+    pub fn new() -> JsonArrayPrinter {
+        let mut out = std::io::BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
+        let _ = out.write_all(b"[");
+        JsonArrayPrinter { out, n_items: 0 }
+    }
+
+    pub fn push<T: Serialize>(&mut self, item: &T) {
+        if self.n_items > 0 {
+            let _ = self.out.write_all(b",");
+        }
+        // A closed stdout (a pipe into `head`) is not an error worth reporting.
+        let _ = serde_json::to_writer(&mut self.out, item);
+        self.n_items += 1;
+    }
+
+    pub fn finish(mut self) {
+        let _ = self.out.write_all(b"]\n");
+        let _ = self.out.flush();
+    }
 }
 
 /// Prints rows as left-aligned columns.

@@ -3,26 +3,53 @@
 //! and sends the Plan to the state task.
 
 use crate::state::{Command, StateHandle};
-use gpool_core::sched::schedule;
-use gpool_core::Timestamp;
-use std::time::Duration;
+use gpool_core::sched::{schedule, Plan, Reject};
+use gpool_core::{JobId, Timestamp};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A cycle also runs this often when nothing happened (time-based policy).
 const PERIOD: Duration = Duration::from_secs(5);
 /// Changes arriving within this window share one cycle.
 const DEBOUNCE: Duration = Duration::from_millis(2);
+/// After a cycle that took `t`, the next waits at least `t * IDLE_FACTOR`,
+/// so that scheduling never takes more than a fifth of a core under a
+/// flood of submissions.
+const IDLE_FACTOR: u32 = 4;
 
 pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
     loop {
         let _ = tokio::time::timeout(PERIOD, handle.sched_wakeup.notified()).await;
         tokio::time::sleep(DEBOUNCE).await;
+        let started = Instant::now();
         let (view, policy) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
             (state.cluster_view(), state.policy.clone())
         };
-        let plan = tokio::task::block_in_place(|| schedule(&view, &policy, clock()));
-        if handle.commands.send(Command::Planned(plan)).await.is_err() {
+        let reasons = tokio::task::block_in_place(|| reasons_in_words(schedule(&view, &policy, clock())));
+        if handle.commands.send(Command::Planned { reasons }).await.is_err() {
             return;
         }
+        tokio::time::sleep(started.elapsed() * IDLE_FACTOR).await;
     }
+}
+
+/// The plan's reasons as text, each distinct list rendered once and shared.
+fn reasons_in_words(plan: Plan) -> HashMap<JobId, Arc<[String]>> {
+    let mut rendered: HashMap<Vec<Reject>, Arc<[String]>> = HashMap::new();
+    plan.pending
+        .into_iter()
+        .map(|(job_id, rejects)| {
+            let words = match rendered.get(&rejects) {
+                Some(words) => words.clone(),
+                None => {
+                    let words: Arc<[String]> = rejects.iter().map(ToString::to_string).collect();
+                    rendered.insert(rejects, words.clone());
+                    words
+                }
+            };
+            (job_id, words)
+        })
+        .collect()
 }

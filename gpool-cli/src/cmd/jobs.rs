@@ -43,16 +43,24 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         user: args.user.unwrap_or_default(),
         all: args.all,
     };
-    let jobs = conn
+    let mut chunks = conn
         .client
         .list_jobs(request)
         .await
         .map_err(|s| conn.refused(s))?
-        .into_inner()
-        .jobs;
+        .into_inner();
     if ctx.json() {
-        output::print_jobs_json(&jobs);
+        // Printed as the chunks arrive: the array never sits whole in memory.
+        let mut printer = output::JsonArrayPrinter::new();
+        while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+            chunk.jobs.iter().for_each(|job| printer.push(&output::job_json(job)));
+        }
+        printer.finish();
     } else {
+        let mut jobs = Vec::new();
+        while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+            jobs.extend(chunk.jobs);
+        }
         output::print_jobs_table(&jobs);
     }
     Ok(())

@@ -21,7 +21,7 @@ pub struct Start {
 }
 
 /// Why a job did not start, with what was wanted and what there was.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reject {
     UnknownPool {
         pool: String,

@@ -1,7 +1,7 @@
 //! The Pool service: what the CLI calls.
 
 use super::caller;
-use crate::state::{Command, StateHandle};
+use crate::state::{Command, SharedState, StateHandle};
 use gpool_core::JobId;
 use gpool_proto::convert::{job_to_wire, node_to_wire, spec_from_wire, state_to_wire};
 use gpool_proto::pb;
@@ -15,6 +15,39 @@ pub struct PoolService {
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
+type JobListStream = Pin<Box<dyn Stream<Item = Result<pb::ListJobsResponse, Status>> + Send>>;
+
+/// Jobs per ListJobs message, and most jobs looked at under one read lock.
+const LIST_CHUNK: usize = 512;
+const LIST_SCAN: usize = 8 * LIST_CHUNK;
+
+/// The next chunk of jobs matching `filter` from `*next_id` on; advances
+/// `*next_id` and says whether jobs remain to be looked at.
+fn list_chunk(shared: &SharedState, filter: &pb::ListJobsRequest, next_id: &mut JobId) -> (Vec<pb::Job>, bool) {
+    let wanted_states: Vec<pb::JobState> = filter.states().collect();
+    let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut chunk = Vec::with_capacity(LIST_CHUNK);
+    let mut n_scanned = 0;
+    for job in state.jobs.range(*next_id..).map(|(_, job)| job) {
+        *next_id = JobId(job.id.0 + 1);
+        n_scanned += 1;
+        let state_ok = if wanted_states.is_empty() {
+            filter.all || !job.state.is_finished()
+        } else {
+            wanted_states.contains(&state_to_wire(&job.state))
+        };
+        if state_ok
+            && (filter.team.is_empty() || job.spec.team == filter.team)
+            && (filter.user.is_empty() || job.user == filter.user)
+        {
+            chunk.push(job_to_wire(job, reasons(&state, job.id)));
+        }
+        if chunk.len() == LIST_CHUNK || n_scanned == LIST_SCAN {
+            return (chunk, true);
+        }
+    }
+    (chunk, false)
+}
 
 impl PoolService {
     fn job(&self, id: JobId) -> Result<pb::Job, Status> {
@@ -33,7 +66,7 @@ fn reasons(state: &crate::state::State, id: JobId) -> Vec<String> {
         Some(job) if !job.state.is_finished() && job.state.started_at().is_none() => state
             .pending_reasons
             .get(&id)
-            .map(|rejects| rejects.iter().map(ToString::to_string).collect())
+            .map(|words| words.to_vec())
             .unwrap_or_else(|| vec!["waiting for the next scheduling cycle".to_string()]),
         _ => Vec::new(),
     }
@@ -76,32 +109,30 @@ impl Pool for PoolService {
         Ok(Response::new(self.job(JobId(request.get_ref().id))?))
     }
 
-    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+    type ListJobsStream = JobListStream;
+
+    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<JobListStream>, Status> {
         caller(&request)?;
         let filter = request.into_inner();
-        let wanted_states: Vec<pb::JobState> = filter.states().collect();
-        let state = self
-            .state
-            .shared
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let jobs = state
-            .jobs
-            .values()
-            .filter(|job| {
-                let wire_state = state_to_wire(&job.state);
-                let state_ok = if wanted_states.is_empty() {
-                    filter.all || !job.state.is_finished()
-                } else {
-                    wanted_states.contains(&wire_state)
-                };
-                state_ok
-                    && (filter.team.is_empty() || job.spec.team == filter.team)
-                    && (filter.user.is_empty() || job.user == filter.user)
-            })
-            .map(|job| job_to_wire(job, reasons(&state, job.id)))
-            .collect();
-        Ok(Response::new(pb::ListJobsResponse { jobs }))
+        let shared = self.state.shared.clone();
+        let (sender, receiver) = tokio::sync::mpsc::channel(2);
+        // Chunks are built under short read locks, so a long listing neither
+        // blocks the state task nor builds one huge message.
+        tokio::spawn(async move {
+            let mut next_id = JobId(0);
+            loop {
+                let (chunk, more) = list_chunk(&shared, &filter, &mut next_id);
+                if !chunk.is_empty() && sender.send(Ok(pb::ListJobsResponse { jobs: chunk })).await.is_err() {
+                    return;
+                }
+                if !more {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
+            receiver,
+        ))))
     }
 
     type WatchJobStream = JobStream;

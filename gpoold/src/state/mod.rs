@@ -11,7 +11,7 @@ use crate::error::Error;
 use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
-use gpool_core::sched::{ClusterView, NodeView, PendingJob, Plan, Policy, Reject};
+use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy};
 use gpool_core::{JobId, Timestamp};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -26,8 +26,9 @@ pub struct State {
     pub jobs: BTreeMap<JobId, Job>,
     pub nodes: BTreeMap<String, Node>,
     next_job_id: u64,
-    /// From the latest scheduling cycle; not durable.
-    pub pending_reasons: HashMap<JobId, Vec<Reject>>,
+    /// Why each pending job waits, in words, from the latest scheduling
+    /// cycle (shared between jobs with the same reasons); not durable.
+    pub pending_reasons: HashMap<JobId, Arc<[String]>>,
     pub policy: Policy,
     admins: Vec<String>,
 }
@@ -59,8 +60,8 @@ pub enum Command {
         node: String,
         reply: Reply<Node>,
     },
-    /// The scheduling loop's latest plan.
-    Planned(Plan),
+    /// The scheduling loop's latest reasons for pending jobs.
+    Planned { reasons: HashMap<JobId, Arc<[String]>> },
 }
 
 #[derive(Debug, Clone)]
@@ -363,11 +364,7 @@ fn apply_command(
         Command::Resume { user, node, reply } => {
             node_reply(state.set_drain(&user, &node, None), reply, writes, replies)
         }
-        Command::Planned(plan) => {
-            // Starting jobs needs agents to launch them: `plan.starts` is acted
-            // on once agents register nodes. Until then only reasons are kept.
-            state.pending_reasons = plan.pending.into_iter().collect();
-        }
+        Command::Planned { reasons } => state.pending_reasons = reasons,
     }
 }
 

@@ -33,7 +33,8 @@ impl Store {
     pub fn open(dir: &Path) -> Result<(Store, Loaded), Error> {
         let db = sled::Config::new()
             .path(dir.join("db"))
-            .cache_capacity(8 * 1024 * 1024)
+            // Reads are served from memory; sled's cache only helps loading.
+            .cache_capacity(1024 * 1024)
             .open()?;
         let store = Store {
             jobs: db.open_tree("jobs")?,

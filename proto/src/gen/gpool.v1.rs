@@ -448,11 +448,12 @@ pub mod pool_client {
             req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "GetJob"));
             self.inner.unary(req, path, codec).await
         }
+        /// Streams the matching jobs in id order, in chunks.
         pub async fn list_jobs(
             &mut self,
             request: impl tonic::IntoRequest<super::ListJobsRequest>,
         ) -> std::result::Result<
-            tonic::Response<super::ListJobsResponse>,
+            tonic::Response<tonic::codec::Streaming<super::ListJobsResponse>>,
             tonic::Status,
         > {
             self.inner
@@ -467,7 +468,7 @@ pub mod pool_client {
             let path = http::uri::PathAndQuery::from_static("/gpool.v1.Pool/ListJobs");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "ListJobs"));
-            self.inner.unary(req, path, codec).await
+            self.inner.server_streaming(req, path, codec).await
         }
         /// Streams the job's current state, then every change until it ends.
         pub async fn watch_job(
@@ -583,13 +584,17 @@ pub mod pool_server {
             &self,
             request: tonic::Request<super::GetJobRequest>,
         ) -> std::result::Result<tonic::Response<super::Job>, tonic::Status>;
+        /// Server streaming response type for the ListJobs method.
+        type ListJobsStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::ListJobsResponse, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// Streams the matching jobs in id order, in chunks.
         async fn list_jobs(
             &self,
             request: tonic::Request<super::ListJobsRequest>,
-        ) -> std::result::Result<
-            tonic::Response<super::ListJobsResponse>,
-            tonic::Status,
-        >;
+        ) -> std::result::Result<tonic::Response<Self::ListJobsStream>, tonic::Status>;
         /// Server streaming response type for the WatchJob method.
         type WatchJobStream: tonic::codegen::tokio_stream::Stream<
                 Item = std::result::Result<super::Job, tonic::Status>,
@@ -825,11 +830,14 @@ pub mod pool_server {
                 "/gpool.v1.Pool/ListJobs" => {
                     #[allow(non_camel_case_types)]
                     struct ListJobsSvc<T: Pool>(pub Arc<T>);
-                    impl<T: Pool> tonic::server::UnaryService<super::ListJobsRequest>
+                    impl<
+                        T: Pool,
+                    > tonic::server::ServerStreamingService<super::ListJobsRequest>
                     for ListJobsSvc<T> {
                         type Response = super::ListJobsResponse;
+                        type ResponseStream = T::ListJobsStream;
                         type Future = BoxFuture<
-                            tonic::Response<Self::Response>,
+                            tonic::Response<Self::ResponseStream>,
                             tonic::Status,
                         >;
                         fn call(
@@ -860,7 +868,7 @@ pub mod pool_server {
                                 max_decoding_message_size,
                                 max_encoding_message_size,
                             );
-                        let res = grpc.unary(method, req).await;
+                        let res = grpc.server_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)
