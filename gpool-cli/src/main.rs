@@ -9,11 +9,6 @@ mod client;
 mod cmd;
 mod output;
 
-/// mimalloc: a short-lived process decoding and printing 10,000 jobs spends
-/// a third less time in the allocator and page faults than with glibc's.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
 

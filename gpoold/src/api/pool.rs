@@ -18,7 +18,7 @@ type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
 type JobListStream = Pin<Box<dyn Stream<Item = Result<pb::ListJobsResponse, Status>> + Send>>;
 
 /// Jobs per ListJobs message, and most jobs looked at under one read lock.
-const LIST_CHUNK: usize = 512;
+const LIST_CHUNK: usize = 128;
 const LIST_SCAN: usize = 8 * LIST_CHUNK;
 
 /// The next chunk of jobs matching `filter` from `*next_id` on; advances
