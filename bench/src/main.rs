@@ -46,7 +46,7 @@ fn load_average() -> String {
 }
 
 fn report(what: &str, figure: String) {
-    println!("{what:<58} {figure:<28} load {}", load_average());
+    println!("{what:<72} {figure:<26} load {}", load_average());
 }
 
 fn binary(name: &str) -> anyhow::Result<PathBuf> {
@@ -283,6 +283,10 @@ fn list_memory_restart(n_jobs: usize) -> anyhow::Result<()> {
             anyhow::Ok(())
         })?;
         restarts.push(started.elapsed());
+        if restarts.len() == 5 {
+            let rss_mib = controller.rss_kib() as f64 / 1024.0;
+            report(&format!("gpoold resident memory, {n_jobs} queued, after a restart"), format!("{rss_mib:.1} MiB"));
+        }
         controller.stop();
     }
     report(
