@@ -285,7 +285,10 @@ fn list_memory_restart(n_jobs: usize) -> anyhow::Result<()> {
         restarts.push(started.elapsed());
         if restarts.len() == 5 {
             let rss_mib = controller.rss_kib() as f64 / 1024.0;
-            report(&format!("gpoold resident memory, {n_jobs} queued, after a restart"), format!("{rss_mib:.1} MiB"));
+            report(
+                &format!("gpoold resident memory, {n_jobs} queued, after a restart"),
+                format!("{rss_mib:.1} MiB"),
+            );
         }
         controller.stop();
     }

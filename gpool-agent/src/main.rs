@@ -1,9 +1,49 @@
-//! `gpool-agent`: the node agent. GPU discovery and job launching arrive in
-//! the next release; until then it says so and exits non-zero.
+//! `gpool-agent --config agent.toml`: the node agent.
 
+use clap::Parser;
+use gpool_agent::config::AgentConfig;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+#[derive(Parser)]
+#[command(name = "gpool-agent", version, about = "The gpool node agent")]
+struct Args {
+    /// agent.toml (see config/agent.toml).
+    #[arg(long)]
+    config: PathBuf,
+}
+
 fn main() -> ExitCode {
-    eprintln!("gpool-agent: not yet: node agents arrive with job launching; gpoold --dev runs without them");
-    ExitCode::from(69)
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPOOL_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let outcome = AgentConfig::load(&args.config)
+        .map_err(anyhow::Error::from)
+        .and_then(|config| {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            runtime.block_on(gpool_agent::run(config, shutdown_signal()))
+        });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("gpool-agent: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
 }

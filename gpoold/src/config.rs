@@ -6,6 +6,10 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long an agent may be silent before its node is down.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything a run of gpoold needs to know.
 #[derive(Debug, Clone)]
@@ -17,6 +21,8 @@ pub struct Config {
     pub policy: Policy,
     /// Users who may cancel anyone's job and drain or resume nodes.
     pub admins: Vec<String>,
+    /// A node whose agent is silent this long is down.
+    pub node_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +42,8 @@ struct ConfigFile {
     default_pool: Option<toml::Spanned<String>>,
     #[serde(default)]
     admins: Vec<String>,
+    #[serde(default)]
+    node_timeout: Option<toml::Spanned<String>>,
     #[serde(default)]
     pool: Vec<PoolFile>,
 }
@@ -94,12 +102,25 @@ impl Config {
             }
             policy.default_pool = default_pool.into_inner();
         }
+        let node_timeout = match parsed.node_timeout {
+            None => DEFAULT_NODE_TIMEOUT,
+            Some(text) => humantime::parse_duration(text.get_ref())
+                .ok()
+                .filter(|timeout| !timeout.is_zero())
+                .ok_or_else(|| {
+                    invalid(
+                        text.span().start,
+                        format!("node_timeout: {:?} is not a duration such as 30s", text.get_ref()),
+                    )
+                })?,
+        };
         Ok(Config {
             listen,
             state_dir: parsed.state_dir,
             dev: false,
             policy,
             admins: parsed.admins,
+            node_timeout,
         })
     }
 }

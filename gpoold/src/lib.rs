@@ -10,6 +10,7 @@ pub mod state;
 use anyhow::Context;
 use config::Config;
 use gpool_core::Timestamp;
+use gpool_proto::pb::agent_link_server::AgentLinkServer;
 use gpool_proto::pb::pool_server::PoolServer;
 use state::{State, StateHandle};
 use std::future::Future;
@@ -54,11 +55,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
 
     let (commands, inbox) = mpsc::channel(65_536);
     let handle = StateHandle {
-        shared: Arc::new(RwLock::new(State::new(
-            loaded,
-            config.policy.clone(),
-            config.admins.clone(),
-        ))),
+        shared: Arc::new(RwLock::new(State::new(loaded, &config, wall_clock()))),
         commands,
         job_changes: broadcast::channel(1024).0,
         sched_wakeup: Arc::new(Notify::new()),
@@ -81,6 +78,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         wall_clock,
     ));
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock));
+    let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
     handle.sched_wakeup.notify_one();
 
     tracing::info!(
@@ -91,6 +89,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .max_decoding_message_size(64 * 1024 * 1024)
         .max_encoding_message_size(1024 * 1024 * 1024);
     let pool = InterceptedService::new(pool, api::authenticate(config.dev));
+    let agent_link = AgentLinkServer::new(api::agent_link::AgentLinkService {
+        state: handle.clone(),
+        next_conn_id: std::sync::atomic::AtomicU64::new(1),
+    });
+    let agent_link = InterceptedService::new(agent_link, api::authenticate_agent(config.dev));
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     // On shutdown the server stops accepting and lets open requests finish;
     // clients that keep connections open get SHUTDOWN_GRACE, no more.
@@ -101,6 +104,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     };
     let served = tonic::transport::Server::builder()
         .add_service(pool)
+        .add_service(agent_link)
         .serve_with_incoming_shutdown(incoming, shutdown);
     let grace_over = async move {
         let _ = stopping.wait_for(|stopping| *stopping).await;
@@ -122,7 +126,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     // The state task finishes what was queued and ends, and with it the
     // flusher (runtime shutdown waits for that blocking thread).
     sched_task.abort();
+    liveness_task.abort();
     let _ = sched_task.await;
+    let _ = liveness_task.await;
     drop(handle);
     let _ = stop_state_task.send(true);
     let _ = state_task.await;
@@ -130,6 +136,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         let _ = std::fs::remove_file(gpool_proto::dev_address_file());
     }
     outcome
+}
+
+/// Asks the state task to look for silent nodes a few times per timeout.
+async fn liveness_ticker(handle: StateHandle, node_timeout: std::time::Duration) {
+    let mut ticks = tokio::time::interval((node_timeout / 4).max(std::time::Duration::from_millis(100)));
+    loop {
+        ticks.tick().await;
+        if handle.commands.send(state::Command::Tick).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Writes `addr` atomically (temp file, then rename), so readers never see

@@ -22,6 +22,9 @@ struct Args {
     /// Address to listen on in dev mode (port 0 picks a free port).
     #[arg(long, requires = "dev", default_value = "127.0.0.1:0")]
     listen: SocketAddr,
+    /// Dev mode: how long an agent may be silent before its node is down.
+    #[arg(long, requires = "dev", default_value = "30s", value_parser = humantime::parse_duration)]
+    node_timeout: std::time::Duration,
 }
 
 fn main() -> ExitCode {
@@ -70,6 +73,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 dev: true,
                 policy: Policy::default(),
                 admins: vec!["*".into()],
+                node_timeout: args.node_timeout,
             }
         }
     };

@@ -27,7 +27,12 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
             (state.cluster_view(), state.policy.clone())
         };
-        let reasons = tokio::task::block_in_place(|| reasons_in_words(schedule(&view, &policy, clock())));
+        let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, clock()));
+        let starts = std::mem::take(&mut plan.starts);
+        let reasons = reasons_in_words(plan);
+        if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
+            return;
+        }
         if handle.commands.send(Command::Planned { reasons }).await.is_err() {
             return;
         }

@@ -1,5 +1,6 @@
 //! The gRPC services and the one interceptor that establishes who calls.
 
+pub mod agent_link;
 pub mod pool;
 
 use crate::error::Error;
@@ -41,6 +42,22 @@ pub fn authenticate(dev: bool) -> impl Fn(Request<()>) -> Result<Request<()>, St
         }
         request.extensions_mut().insert(Identity { user });
         Ok(request)
+    }
+}
+
+/// Admits agents: in dev mode any, otherwise loopback peers only, until
+/// agents present client certificates.
+pub fn authenticate_agent(dev: bool) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |request: Request<()>| {
+        let from_loopback = request.remote_addr().is_some_and(|addr| addr.ip().is_loopback());
+        if dev || from_loopback {
+            Ok(request)
+        } else {
+            Err(
+                Error::Unauthenticated("remote agents need TLS client certificates, which are not configured".into())
+                    .into(),
+            )
+        }
     }
 }
 

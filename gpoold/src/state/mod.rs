@@ -5,14 +5,18 @@
 //! the flusher thread, which answers them once one `flush` covers them (group
 //! commit). Readers share the in-memory state through a read lock.
 
+mod agents;
 pub mod store;
+
+pub use agents::kill_message;
 
 use crate::error::Error;
 use gpool_core::feasibility::check_feasible;
-use gpool_core::job_state::{JobEvent, JobState};
+use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
-use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy};
-use gpool_core::{JobId, Timestamp};
+use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Start};
+use gpool_core::{Epoch, JobId, Timestamp};
+use gpool_proto::pb;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use store::Store;
@@ -31,6 +35,24 @@ pub struct State {
     pub pending_reasons: HashMap<JobId, Arc<[String]>>,
     pub policy: Policy,
     admins: Vec<String>,
+    /// The epoch the next attempt gets.
+    next_epoch: u64,
+    /// Connected agents by node name; not durable.
+    links: HashMap<String, AgentConn>,
+    /// When each node's agent was last heard from; not durable.
+    last_seen: HashMap<String, Timestamp>,
+    /// Ranks of running gangs that already exited 0; not durable.
+    gang_exits: HashMap<JobId, u32>,
+    node_timeout_ms: i64,
+}
+
+/// One agent's open link: where to send it Launch and Kill.
+#[derive(Debug, Clone)]
+pub struct AgentConn {
+    pub id: u64,
+    pub outbox: mpsc::UnboundedSender<pb::ControllerMessage>,
+    /// The agent's IP as this controller sees it (MASTER_ADDR of gangs).
+    pub ip: String,
 }
 
 pub type SharedState = Arc<RwLock<State>>;
@@ -61,7 +83,50 @@ pub enum Command {
         reply: Reply<Node>,
     },
     /// The scheduling loop's latest reasons for pending jobs.
-    Planned { reasons: HashMap<JobId, Arc<[String]>> },
+    Planned {
+        reasons: HashMap<JobId, Arc<[String]>>,
+    },
+    /// The scheduling loop's starts, re-checked against the state.
+    Start {
+        starts: Vec<Start>,
+    },
+    /// An agent (re)connected; `running` lists the attempts it runs.
+    AgentRegister {
+        node: Node,
+        running: Vec<(JobId, Epoch)>,
+        conn: AgentConn,
+        reply: Reply<()>,
+    },
+    AgentHeartbeat {
+        node: String,
+        conn_id: u64,
+    },
+    AgentJobEvent {
+        node: String,
+        conn_id: u64,
+        event: AgentEvent,
+    },
+    AgentGone {
+        node: String,
+        conn_id: u64,
+    },
+    /// Marks nodes whose agents went silent as down.
+    Tick,
+}
+
+/// What an agent reports about one attempt.
+#[derive(Debug, Clone)]
+pub struct AgentEvent {
+    pub job: JobId,
+    pub epoch: Epoch,
+    pub outcome: AttemptOutcome,
+}
+
+#[derive(Debug, Clone)]
+pub enum AttemptOutcome {
+    Started,
+    Exited(ExitStatus),
+    FailedToStart(String),
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +141,17 @@ enum Write {
     Job(JobId),
     Node(String),
     NextJobId,
+    NextEpoch,
+}
+
+/// Everything one batch of commands produced.
+#[derive(Default)]
+struct Batch {
+    writes: Vec<Write>,
+    replies: Vec<PendingReply>,
+    changed: Vec<JobId>,
+    /// Launch and Kill messages, sent once the batch is durable.
+    messages: Vec<(String, pb::ControllerMessage)>,
 }
 
 /// An answer waiting for the flush that makes its change durable.
@@ -88,14 +164,22 @@ fn deferred<T: Send + 'static>(reply: Reply<T>, value: T) -> PendingReply {
 }
 
 impl State {
-    pub fn new(loaded: store::Loaded, policy: Policy, admins: Vec<String>) -> State {
+    pub fn new(loaded: store::Loaded, config: &crate::config::Config, now: Timestamp) -> State {
+        let nodes: BTreeMap<String, Node> = loaded.nodes.into_iter().map(|node| (node.name.clone(), node)).collect();
+        // Known nodes get a full timeout from this start to reconnect.
+        let last_seen = nodes.keys().map(|name| (name.clone(), now)).collect();
         State {
             jobs: loaded.jobs.into_iter().map(|job| (job.id, job)).collect(),
-            nodes: loaded.nodes.into_iter().map(|node| (node.name.clone(), node)).collect(),
+            nodes,
             next_job_id: loaded.next_job_id,
             pending_reasons: HashMap::new(),
-            policy,
-            admins,
+            policy: config.policy.clone(),
+            admins: config.admins.clone(),
+            next_epoch: loaded.next_epoch,
+            links: HashMap::new(),
+            last_seen,
+            gang_exits: HashMap::new(),
+            node_timeout_ms: config.node_timeout.as_millis() as i64,
         }
     }
 
@@ -138,7 +222,13 @@ impl State {
         Ok((ids, writes))
     }
 
-    fn cancel(&mut self, user: &str, ids: &[JobId], now: Timestamp) -> Result<(Vec<CancelOutcome>, Vec<Write>), Error> {
+    fn cancel(
+        &mut self,
+        user: &str,
+        ids: &[JobId],
+        now: Timestamp,
+        out: &mut Batch,
+    ) -> Result<Vec<CancelOutcome>, Error> {
         if ids.is_empty() {
             return Err(Error::InvalidRequest {
                 field: "ids",
@@ -156,11 +246,14 @@ impl State {
             }
         }
         let mut outcomes = Vec::with_capacity(ids.len());
-        let mut writes = Vec::new();
         for id in ids {
             let job = self.jobs.get_mut(id).ok_or(Error::UnknownJob(*id))?;
             let cancelled = !job.state.is_finished();
             if cancelled {
+                let running = match &job.state {
+                    JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
+                    _ => None,
+                };
                 job.apply(&JobEvent::Cancel {
                     by: user.to_string(),
                     now,
@@ -169,7 +262,14 @@ impl State {
                     field: "ids",
                     reason: format!("job {id}: {err}"),
                 })?;
-                writes.push(Write::Job(*id));
+                out.writes.push(Write::Job(*id));
+                out.changed.push(*id);
+                if let Some((epoch, placement)) = running {
+                    self.gang_exits.remove(id);
+                    for part in placement {
+                        out.messages.push((part.node, kill_message(*id, epoch)));
+                    }
+                }
             }
             outcomes.push(CancelOutcome {
                 id: *id,
@@ -177,7 +277,7 @@ impl State {
                 cancelled,
             });
         }
-        Ok((outcomes, writes))
+        Ok(outcomes)
     }
 
     fn set_drain(&mut self, user: &str, name: &str, reason: Option<String>) -> Result<(Node, Vec<Write>), Error> {
@@ -225,7 +325,14 @@ impl State {
         let nodes = self
             .nodes
             .values()
-            .map(|node| NodeView::from_node(node, busy.get(node.name.as_str()).map_or(&[], Vec::as_slice)))
+            .map(|node| {
+                let mut view = NodeView::from_node(node, busy.get(node.name.as_str()).map_or(&[], Vec::as_slice));
+                // Nothing can be launched where no agent is linked right now.
+                if !self.is_linked(&node.name) {
+                    view.availability = gpool_core::sched::Availability::Down;
+                }
+                view
+            })
             .collect();
         ClusterView { nodes, pending }
     }
@@ -303,56 +410,47 @@ pub async fn run_state_task(
             return;
         }
         let now = clock();
-        let mut replies: Vec<PendingReply> = Vec::with_capacity(batch.len());
-        let mut writes = Vec::new();
-        let mut changed = Vec::new();
+        let mut out = Batch::default();
         let mut state = shared.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         for command in batch.drain(..) {
-            apply_command(&mut state, command, now, &mut writes, &mut replies, &mut changed);
+            apply_command(&mut state, command, now, &mut out);
         }
-        let written = write_all(&store, &state, &writes);
+        let written = write_all(&store, &state, &out.writes);
+        if !out.messages.is_empty() {
+            out.replies
+                .push(state.deliver_after_flush(std::mem::take(&mut out.messages)));
+        }
         drop(state);
         if let Err(err) = written {
-            for reply in replies {
+            for reply in out.replies {
                 reply(Err(Error::Storage(err.to_string())));
             }
             tracing::error!("writing to the state store failed, stopping: {err}");
             return;
         }
-        for id in changed {
+        for id in out.changed {
             let _ = notifiers.job_changes.send(id);
         }
-        if !writes.is_empty() {
+        if !out.writes.is_empty() {
             notifiers.sched_wakeup.notify_one();
         }
-        if !replies.is_empty() && flusher.send(replies).is_err() {
+        if !out.replies.is_empty() && flusher.send(out.replies).is_err() {
             return;
         }
     }
 }
 
-fn apply_command(
-    state: &mut State,
-    command: Command,
-    now: Timestamp,
-    writes: &mut Vec<Write>,
-    replies: &mut Vec<PendingReply>,
-    changed: &mut Vec<JobId>,
-) {
+fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut Batch) {
     match command {
         Command::Submit { user, specs, reply } => match state.submit(user, specs, now) {
-            Ok((ids, new_writes)) => {
-                writes.extend(new_writes);
-                replies.push(deferred(reply, ids));
+            Ok((ids, writes)) => {
+                out.writes.extend(writes);
+                out.replies.push(deferred(reply, ids));
             }
             Err(err) => drop(reply.send(Err(err))),
         },
-        Command::Cancel { user, ids, reply } => match state.cancel(&user, &ids, now) {
-            Ok((outcomes, new_writes)) => {
-                changed.extend(outcomes.iter().filter(|o| o.cancelled).map(|o| o.id));
-                writes.extend(new_writes);
-                replies.push(deferred(reply, outcomes));
-            }
+        Command::Cancel { user, ids, reply } => match state.cancel(&user, &ids, now, out) {
+            Ok(outcomes) => out.replies.push(deferred(reply, outcomes)),
             Err(err) => drop(reply.send(Err(err))),
         },
         Command::Drain {
@@ -360,24 +458,31 @@ fn apply_command(
             node,
             reason,
             reply,
-        } => node_reply(state.set_drain(&user, &node, Some(reason)), reply, writes, replies),
-        Command::Resume { user, node, reply } => {
-            node_reply(state.set_drain(&user, &node, None), reply, writes, replies)
-        }
+        } => node_reply(state.set_drain(&user, &node, Some(reason)), reply, out),
+        Command::Resume { user, node, reply } => node_reply(state.set_drain(&user, &node, None), reply, out),
         Command::Planned { reasons } => state.pending_reasons = reasons,
+        Command::Start { starts } => state.start(starts, now, out),
+        Command::AgentRegister {
+            node,
+            running,
+            conn,
+            reply,
+        } => {
+            state.register_agent(node, running, conn, now, out);
+            out.replies.push(deferred(reply, ()));
+        }
+        Command::AgentHeartbeat { node, conn_id } => state.heartbeat(&node, conn_id, now),
+        Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),
+        Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id),
+        Command::Tick => state.mark_silent_nodes_down(now, out),
     }
 }
 
-fn node_reply(
-    result: Result<(Node, Vec<Write>), Error>,
-    reply: Reply<Node>,
-    writes: &mut Vec<Write>,
-    replies: &mut Vec<PendingReply>,
-) {
+fn node_reply(result: Result<(Node, Vec<Write>), Error>, reply: Reply<Node>, out: &mut Batch) {
     match result {
-        Ok((node, new_writes)) => {
-            writes.extend(new_writes);
-            replies.push(deferred(reply, node));
+        Ok((node, writes)) => {
+            out.writes.extend(writes);
+            out.replies.push(deferred(reply, node));
         }
         Err(err) => drop(reply.send(Err(err))),
     }
@@ -397,6 +502,7 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
                 }
             }
             Write::NextJobId => store.put_next_job_id(state.next_job_id)?,
+            Write::NextEpoch => store.put_next_epoch(state.next_epoch)?,
         }
     }
     Ok(())

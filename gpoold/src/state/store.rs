@@ -14,6 +14,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 const RECORD_VERSION: u8 = 1;
 const META_SCHEMA: &[u8] = b"schema_version";
 const META_NEXT_JOB_ID: &[u8] = b"next_job_id";
+const META_NEXT_EPOCH: &[u8] = b"next_epoch";
 
 pub struct Store {
     db: sled::Db,
@@ -27,6 +28,7 @@ pub struct Loaded {
     pub jobs: Vec<Job>,
     pub nodes: Vec<Node>,
     pub next_job_id: u64,
+    pub next_epoch: u64,
 }
 
 impl Store {
@@ -92,20 +94,29 @@ impl Store {
                 decode("nodes", &key, &value)
             })
             .collect::<Result<_, Error>>()?;
-        let stored_next = match self.meta.get(META_NEXT_JOB_ID)? {
-            Some(raw) => u64::from_be_bytes(raw.as_ref().try_into().map_err(|_| Error::CorruptRecord {
-                tree: "meta",
-                key: "next_job_id".into(),
-                reason: format!("{} bytes, expected 8", raw.len()),
-            })?),
-            None => 1,
-        };
         let after_last = jobs.last().map_or(1, |job| job.id.0 + 1);
+        let next_job_id = self.meta_counter(META_NEXT_JOB_ID, "next_job_id")?.max(after_last);
+        let next_epoch = self.meta_counter(META_NEXT_EPOCH, "next_epoch")?;
         Ok(Loaded {
             jobs,
             nodes,
-            next_job_id: stored_next.max(after_last),
+            next_job_id,
+            next_epoch,
         })
+    }
+
+    /// A u64 counter in `meta`; 1 when absent.
+    fn meta_counter(&self, key: &[u8], name: &str) -> Result<u64, Error> {
+        match self.meta.get(key)? {
+            Some(raw) => Ok(u64::from_be_bytes(raw.as_ref().try_into().map_err(|_| {
+                Error::CorruptRecord {
+                    tree: "meta",
+                    key: name.into(),
+                    reason: format!("{} bytes, expected 8", raw.len()),
+                }
+            })?)),
+            None => Ok(1),
+        }
     }
 
     pub fn put_job(&self, job: &Job) -> Result<(), Error> {
@@ -120,6 +131,11 @@ impl Store {
 
     pub fn put_next_job_id(&self, next_job_id: u64) -> Result<(), Error> {
         self.meta.insert(META_NEXT_JOB_ID, &next_job_id.to_be_bytes())?;
+        Ok(())
+    }
+
+    pub fn put_next_epoch(&self, next_epoch: u64) -> Result<(), Error> {
+        self.meta.insert(META_NEXT_EPOCH, &next_epoch.to_be_bytes())?;
         Ok(())
     }
 

@@ -221,6 +221,151 @@ pub struct ResumeNodeRequest {
     pub name: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct AgentMessage {
+    #[prost(oneof = "agent_message::Msg", tags = "1, 2, 3")]
+    pub msg: ::core::option::Option<agent_message::Msg>,
+}
+/// Nested message and enum types in `AgentMessage`.
+pub mod agent_message {
+    #[allow(clippy::all)]
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Msg {
+        #[prost(message, tag = "1")]
+        Register(super::Register),
+        #[prost(message, tag = "2")]
+        Heartbeat(super::Heartbeat),
+        #[prost(message, tag = "3")]
+        JobEvent(super::JobEvent),
+    }
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RunningAttempt {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Register {
+    #[prost(string, tag = "1")]
+    pub node: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "2")]
+    pub gpus: ::prost::alloc::vec::Vec<Gpu>,
+    #[prost(message, repeated, tag = "3")]
+    pub labels: ::prost::alloc::vec::Vec<Label>,
+    #[prost(message, repeated, tag = "4")]
+    pub running: ::prost::alloc::vec::Vec<RunningAttempt>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GpuSample {
+    #[prost(uint32, tag = "1")]
+    pub index: u32,
+    #[prost(uint32, tag = "2")]
+    pub utilization_pct: u32,
+    #[prost(uint64, tag = "3")]
+    pub memory_used_mib: u64,
+    #[prost(uint32, tag = "4")]
+    pub temperature_c: u32,
+    #[prost(uint32, tag = "5")]
+    pub power_w: u32,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Heartbeat {
+    #[prost(message, repeated, tag = "1")]
+    pub samples: ::prost::alloc::vec::Vec<GpuSample>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct JobEvent {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    #[prost(oneof = "job_event::Outcome", tags = "3, 4, 5, 6")]
+    pub outcome: ::core::option::Option<job_event::Outcome>,
+}
+/// Nested message and enum types in `JobEvent`.
+pub mod job_event {
+    #[allow(clippy::all)]
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Outcome {
+        #[prost(bool, tag = "3")]
+        Started(bool),
+        /// The process exited with this code.
+        #[prost(int32, tag = "4")]
+        ExitCode(i32),
+        /// A signal killed the process.
+        #[prost(int32, tag = "5")]
+        Signal(i32),
+        /// It could not be started; why.
+        #[prost(string, tag = "6")]
+        FailedToStart(::prost::alloc::string::String),
+    }
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ControllerMessage {
+    #[prost(oneof = "controller_message::Msg", tags = "1, 2")]
+    pub msg: ::core::option::Option<controller_message::Msg>,
+}
+/// Nested message and enum types in `ControllerMessage`.
+pub mod controller_message {
+    #[allow(clippy::all)]
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Msg {
+        #[prost(message, tag = "1")]
+        Launch(super::Launch),
+        #[prost(message, tag = "2")]
+        Kill(super::Kill),
+    }
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Launch {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    /// 1 for the first attempt.
+    #[prost(uint32, tag = "3")]
+    pub attempt: u32,
+    #[prost(string, repeated, tag = "4")]
+    pub command: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(message, repeated, tag = "5")]
+    pub env: ::prost::alloc::vec::Vec<EnvVar>,
+    #[prost(string, tag = "6")]
+    pub workdir: ::prost::alloc::string::String,
+    /// Node-local GPU indices.
+    #[prost(uint32, repeated, tag = "7")]
+    pub gpu_indices: ::prost::alloc::vec::Vec<u32>,
+    #[prost(message, optional, tag = "8")]
+    pub time_limit: ::core::option::Option<Duration>,
+    #[prost(uint32, tag = "9")]
+    pub num_nodes: u32,
+    #[prost(uint32, tag = "10")]
+    pub node_rank: u32,
+    #[prost(string, tag = "11")]
+    pub master_addr: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "12")]
+    pub master_port: u32,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Kill {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    /// SIGTERM first; SIGKILL after this many seconds.
+    #[prost(uint32, tag = "3")]
+    pub grace_seconds: u32,
+}
+#[allow(clippy::all)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum JobState {
@@ -309,17 +454,6 @@ pub mod pool_client {
     #[derive(Debug, Clone)]
     pub struct PoolClient<T> {
         inner: tonic::client::Grpc<T>,
-    }
-    impl PoolClient<tonic::transport::Channel> {
-        /// Attempt to create a new client by connecting to a given endpoint.
-        pub async fn connect<D>(dst: D) -> Result<Self, tonic::transport::Error>
-        where
-            D: TryInto<tonic::transport::Endpoint>,
-            D::Error: Into<StdError>,
-        {
-            let conn = tonic::transport::Endpoint::new(dst)?.connect().await?;
-            Ok(Self::new(conn))
-        }
     }
     impl<T> PoolClient<T>
     where
@@ -1085,6 +1219,308 @@ pub mod pool_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "gpool.v1.Pool";
     impl<T> tonic::server::NamedService for PoolServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+pub mod agent_link_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// The link between a node's agent and gpoold: one bidirectional stream the
+    /// agent opens. The agent sends Register first (with every attempt it still
+    /// runs, so each connect reconciles), then Heartbeats and JobEvents; the
+    /// controller sends Launch and Kill.
+    #[derive(Debug, Clone)]
+    pub struct AgentLinkClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> AgentLinkClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> AgentLinkClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            AgentLinkClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        pub async fn connect(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<Message = super::AgentMessage>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::ControllerMessage>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/gpool.v1.AgentLink/Connect",
+            );
+            let mut req = request.into_streaming_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("gpool.v1.AgentLink", "Connect"));
+            self.inner.streaming(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod agent_link_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with AgentLinkServer.
+    #[async_trait]
+    pub trait AgentLink: std::marker::Send + std::marker::Sync + 'static {
+        /// Server streaming response type for the Connect method.
+        type ConnectStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::ControllerMessage, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        async fn connect(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::AgentMessage>>,
+        ) -> std::result::Result<tonic::Response<Self::ConnectStream>, tonic::Status>;
+    }
+    /// The link between a node's agent and gpoold: one bidirectional stream the
+    /// agent opens. The agent sends Register first (with every attempt it still
+    /// runs, so each connect reconciles), then Heartbeats and JobEvents; the
+    /// controller sends Launch and Kill.
+    #[derive(Debug)]
+    pub struct AgentLinkServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> AgentLinkServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for AgentLinkServer<T>
+    where
+        T: AgentLink,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/gpool.v1.AgentLink/Connect" => {
+                    #[allow(non_camel_case_types)]
+                    struct ConnectSvc<T: AgentLink>(pub Arc<T>);
+                    impl<
+                        T: AgentLink,
+                    > tonic::server::StreamingService<super::AgentMessage>
+                    for ConnectSvc<T> {
+                        type Response = super::ControllerMessage;
+                        type ResponseStream = T::ConnectStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                tonic::Streaming<super::AgentMessage>,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as AgentLink>::connect(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ConnectSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for AgentLinkServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "gpool.v1.AgentLink";
+    impl<T> tonic::server::NamedService for AgentLinkServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }

@@ -1,0 +1,143 @@
+//! agent.toml: where the controller is, what this node is called and carries.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// gpoold's address, `host:port`.
+    pub controller: String,
+    pub node_name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Job output, checkpoints and the agent's own state.
+    pub spool_dir: PathBuf,
+    pub heartbeat_interval: Duration,
+    pub simulated_gpus: Vec<SimulatedGpu>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimulatedGpu {
+    pub model: String,
+    pub memory_mib: u64,
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentFile {
+    controller: String,
+    node_name: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    spool_dir: PathBuf,
+    heartbeat_interval: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    simulated_gpu: Vec<SimulatedGpu>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {reason}")]
+    Read { file: String, reason: String },
+    #[error("{file}:{line}: {message}")]
+    Invalid { file: String, line: usize, message: String },
+}
+
+impl AgentConfig {
+    pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
+            file: file.clone(),
+            reason: err.to_string(),
+        })?;
+        AgentConfig::parse(&file, &text)
+    }
+
+    /// Parses agent.toml text; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<AgentConfig, ConfigError> {
+        let invalid = |offset: usize, message: String| ConfigError::Invalid {
+            file: file.to_string(),
+            line: text.as_bytes()[..offset.min(text.len())]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                + 1,
+            message,
+        };
+        let parsed: AgentFile = toml::from_str(text)
+            .map_err(|err| invalid(err.span().map_or(0, |s| s.start), err.message().to_string()))?;
+        let heartbeat_interval = match parsed.heartbeat_interval {
+            None => Duration::from_secs(2),
+            Some(spanned) => humantime::parse_duration(spanned.get_ref())
+                .ok()
+                .filter(|interval| !interval.is_zero())
+                .ok_or_else(|| {
+                    invalid(
+                        spanned.span().start,
+                        format!(
+                            "heartbeat_interval: {:?} is not a duration such as 2s",
+                            spanned.get_ref()
+                        ),
+                    )
+                })?,
+        };
+        for gpu in &parsed.simulated_gpu {
+            if gpu.count == 0 || gpu.model.trim().is_empty() {
+                return Err(invalid(
+                    0,
+                    format!(
+                        "simulated_gpu: model {:?} needs a name and a count of at least 1",
+                        gpu.model
+                    ),
+                ));
+            }
+        }
+        let node_name = match parsed.node_name {
+            Some(name) if !name.trim().is_empty() => name,
+            _ => nix::unistd::gethostname()
+                .ok()
+                .and_then(|name| name.into_string().ok())
+                .unwrap_or_else(|| "localhost".into()),
+        };
+        Ok(AgentConfig {
+            controller: parsed.controller,
+            node_name,
+            labels: parsed.labels,
+            spool_dir: parsed.spool_dir,
+            heartbeat_interval,
+            simulated_gpus: parsed.simulated_gpu,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.toml");
+        let config = AgentConfig::load(&path).unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(config.simulated_gpus.iter().map(|g| g.count).sum::<u32>(), 8);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let text = "controller = \"127.0.0.1:1\"\nspool_dir = \"/x\"\nheartbeat_interval = \"often\"\n";
+        let err = AgentConfig::parse("a.toml", text).unwrap_err();
+        assert!(
+            err.to_string().starts_with("a.toml:3: heartbeat_interval: \"often\""),
+            "{err}"
+        );
+        let err = AgentConfig::parse("a.toml", "controller = \"x\"\nspool_dir = \"/x\"\ngpus = 3\n").unwrap_err();
+        assert!(err.to_string().starts_with("a.toml:3: unknown field `gpus`"), "{err}");
+    }
+}

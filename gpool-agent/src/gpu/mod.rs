@@ -1,0 +1,117 @@
+//! GPU discovery: NVML where the driver is there, else the simulated GPUs of
+//! agent.toml. Both produce the same `Gpu` values.
+
+pub mod nvml;
+pub mod simulated;
+
+use crate::config::AgentConfig;
+use gpool_core::model::{Gpu, GpuModel};
+
+/// What NVML reported for one device, before it becomes a `Gpu`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawDevice {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_bytes: u64,
+    pub pci_bus_id: String,
+}
+
+/// Where the node's GPUs came from, for the agent's start-up message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Simulated,
+    Nvml,
+    None,
+}
+
+/// The node's GPUs: simulated ones when agent.toml declares any (tests and
+/// dev machines), else NVML's, else none.
+pub fn discover(config: &AgentConfig) -> (Vec<Gpu>, Source) {
+    if !config.simulated_gpus.is_empty() {
+        return (
+            simulated::gpus(&config.node_name, &config.simulated_gpus),
+            Source::Simulated,
+        );
+    }
+    match nvml::devices() {
+        Ok(devices) => (devices.iter().map(gpu_from_raw).collect(), Source::Nvml),
+        Err(err) => {
+            tracing::warn!("no NVML ({err}) and no [[simulated_gpu]] in the config: this node offers no GPU");
+            (Vec::new(), Source::None)
+        }
+    }
+}
+
+/// `NVIDIA H100 80GB HBM3` -> `h100`; `NVIDIA A100-SXM4-40GB` -> `a100-40gb`;
+/// `NVIDIA L4` -> `l4`; a MIG device `NVIDIA H100 80GB HBM3 MIG 1g.10gb` ->
+/// `h100-1g.10gb`. Pure, so tested on recorded names.
+pub fn model_from_name(name: &str) -> GpuModel {
+    let lower = name.to_ascii_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| c.is_whitespace() || c == '-')
+        .filter(|w| !w.is_empty() && *w != "nvidia" && *w != "tesla")
+        .collect();
+    let Some(family) = words.first() else {
+        return GpuModel::new("unknown");
+    };
+    if let Some(mig_idx) = words.iter().position(|w| *w == "mig") {
+        if let Some(profile) = words.get(mig_idx + 1) {
+            return GpuModel::new(&format!("{family}-{profile}"));
+        }
+    }
+    // The A100 comes in two memory sizes that jobs must tell apart.
+    if *family == "a100" {
+        if let Some(size) = words
+            .iter()
+            .find(|w| w.ends_with("gb") && w[..w.len() - 2].parse::<u32>().is_ok())
+        {
+            return GpuModel::new(&format!("a100-{size}"));
+        }
+    }
+    GpuModel::new(family)
+}
+
+pub fn gpu_from_raw(raw: &RawDevice) -> Gpu {
+    Gpu {
+        index: raw.index,
+        uuid: raw.uuid.clone(),
+        model: model_from_name(&raw.name),
+        memory_mib: raw.memory_bytes / (1024 * 1024),
+        pci_bus_id: raw.pci_bus_id.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_from_nvml() {
+        for (name, model) in [
+            ("NVIDIA H100 80GB HBM3", "h100"),
+            ("NVIDIA H200", "h200"),
+            ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+            ("NVIDIA A100 80GB PCIe", "a100-80gb"),
+            ("NVIDIA L4", "l4"),
+            ("Tesla V100-SXM2-16GB", "v100"),
+            ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "h100-1g.10gb"),
+            ("", "unknown"),
+        ] {
+            assert_eq!(model_from_name(name).as_str(), model, "{name}");
+        }
+    }
+
+    #[test]
+    fn raw_devices_become_gpus() {
+        let raw = RawDevice {
+            index: 3,
+            uuid: "GPU-abc".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_bytes: 85_520_809_984,
+            pci_bus_id: "00000000:19:00.0".into(),
+        };
+        let gpu = gpu_from_raw(&raw);
+        assert_eq!((gpu.index, gpu.memory_mib, gpu.model.as_str()), (3, 81_559, "h100"));
+    }
+}

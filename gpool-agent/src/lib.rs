@@ -1,0 +1,30 @@
+//! gpool-agent: discovers the node's GPUs, keeps the link to gpoold, and runs
+//! the attempts gpoold launches here.
+
+pub mod config;
+pub mod gpu;
+pub mod launch;
+pub mod link;
+
+use config::AgentConfig;
+use std::future::Future;
+
+/// Runs the agent until `shutdown` resolves. Running attempts are left
+/// alone when the agent stops (they keep running; a restarted agent reports
+/// what it finds).
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.spool_dir)
+        .map_err(|err| anyhow::anyhow!("spool_dir {}: cannot create: {err}", config.spool_dir.display()))?;
+    let (gpus, source) = gpu::discover(&config);
+    tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
+    let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
+    let attempts = launch::Attempts::new(config.node_name.clone(), config.spool_dir.clone(), events);
+    let info = link::NodeInfo {
+        name: config.node_name.clone(),
+        gpus,
+        labels: config.labels.clone(),
+        heartbeat_interval: config.heartbeat_interval,
+    };
+    link::run(config.controller.clone(), info, attempts, event_receiver, shutdown).await;
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! The agent's end of AgentLink: connect, register, heartbeat, forward job
+//! events, obey Launch and Kill; reconnect with backoff when the link drops.
+
+use crate::launch::Attempts;
+use gpool_core::model::Gpu;
+use gpool_proto::pb;
+use gpool_proto::pb::agent_link_client::AgentLinkClient;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What the agent tells the controller about itself at each connect.
+pub struct NodeInfo {
+    pub name: String,
+    pub gpus: Vec<Gpu>,
+    pub labels: BTreeMap<String, String>,
+    pub heartbeat_interval: Duration,
+}
+
+/// Keeps the link up until `shutdown` resolves. Job events that could not
+/// be sent wait in `events` for the next connection.
+pub async fn run(
+    controller: String,
+    info: NodeInfo,
+    attempts: Arc<Attempts>,
+    mut events: mpsc::UnboundedReceiver<pb::JobEvent>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let outcome = tokio::select! {
+            () = &mut shutdown => return,
+            outcome = serve_once(&controller, &info, &attempts, &mut events) => outcome,
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::warn!("gpoold at {controller} closed the link; reconnecting");
+                backoff = MIN_BACKOFF;
+            }
+            Err(err) => tracing::warn!("link to gpoold at {controller}: {err}; retrying in {backoff:?}"),
+        }
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+fn register(info: &NodeInfo, attempts: &Attempts) -> pb::AgentMessage {
+    let register = pb::Register {
+        node: info.name.clone(),
+        gpus: info
+            .gpus
+            .iter()
+            .map(|gpu| pb::Gpu {
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+                model: gpu.model.as_str().to_string(),
+                memory_mib: gpu.memory_mib,
+                pci_bus_id: gpu.pci_bus_id.clone(),
+                job_id: 0,
+            })
+            .collect(),
+        labels: info
+            .labels
+            .iter()
+            .map(|(key, value)| pb::Label {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        running: attempts.running(),
+    };
+    pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Register(register)),
+    }
+}
+
+async fn serve_once(
+    controller: &str,
+    info: &NodeInfo,
+    attempts: &Arc<Attempts>,
+    events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
+) -> Result<(), String> {
+    let uri = if controller.contains("://") {
+        controller.to_string()
+    } else {
+        format!("http://{controller}")
+    };
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|err| format!("controller address {controller:?}: {err}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|err| format!("cannot connect: {err}"))?;
+    let (outbound, outbound_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
+    outbound
+        .send(register(info, attempts))
+        .await
+        .map_err(|_| "link closed")?;
+    let mut inbound = AgentLinkClient::new(channel)
+        .connect(tokio_stream::wrappers::ReceiverStream::new(outbound_receiver))
+        .await
+        .map_err(|status| format!("register refused: {}", status.message()))?
+        .into_inner();
+    tracing::info!(
+        "registered with gpoold at {controller} as {} with {} GPUs",
+        info.name,
+        info.gpus.len()
+    );
+    let mut heartbeat = tokio::time::interval(info.heartbeat_interval);
+    loop {
+        tokio::select! {
+            message = inbound.message() => match message.map_err(|status| status.message().to_string())? {
+                Some(message) => obey(message, attempts),
+                None => return Ok(()),
+            },
+            Some(event) = events.recv() => {
+                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobEvent(event)) };
+                outbound.send(message).await.map_err(|_| "link closed while sending a job event")?;
+            }
+            _ = heartbeat.tick() => {
+                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { samples: Vec::new() })) };
+                outbound.send(message).await.map_err(|_| "link closed while sending a heartbeat")?;
+            }
+        }
+    }
+}
+
+fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>) {
+    match message.msg {
+        Some(pb::controller_message::Msg::Launch(launch)) => attempts.launch(launch),
+        Some(pb::controller_message::Msg::Kill(kill)) => attempts.kill(
+            kill.job_id,
+            kill.epoch,
+            Duration::from_secs(u64::from(kill.grace_seconds)),
+        ),
+        None => tracing::warn!("empty message from gpoold ignored"),
+    }
+}

@@ -1,0 +1,165 @@
+//! The AgentLink service: one bidirectional stream per agent.
+
+use crate::error::Error;
+use crate::state::{AgentConn, AgentEvent, AttemptOutcome, Command, StateHandle};
+use gpool_core::job_state::ExitStatus;
+use gpool_core::model::{Gpu, GpuModel, Node};
+use gpool_core::{Epoch, JobId};
+use gpool_proto::pb;
+use gpool_proto::pb::agent_link_server::AgentLink;
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+pub struct AgentLinkService {
+    pub state: StateHandle,
+    pub next_conn_id: AtomicU64,
+}
+
+type ControllerStream = Pin<Box<dyn Stream<Item = Result<pb::ControllerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentLink for AgentLinkService {
+    type ConnectStream = ControllerStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<ControllerStream>, Status> {
+        let ip = request
+            .remote_addr()
+            .map_or_else(|| "127.0.0.1".to_string(), |addr| addr.ip().to_string());
+        let mut inbound = request.into_inner();
+        let register = match inbound.message().await? {
+            Some(pb::AgentMessage {
+                msg: Some(pb::agent_message::Msg::Register(register)),
+            }) => register,
+            _ => return Err(invalid("the first message of a link must be Register")),
+        };
+        let (node, running) = node_from_register(register)?;
+        let node_name = node.name.clone();
+        let (outbox, outbox_receiver) = tokio::sync::mpsc::unbounded_channel();
+        let conn_id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
+        let conn = AgentConn {
+            id: conn_id,
+            outbox,
+            ip,
+        };
+        self.state
+            .call(|reply| Command::AgentRegister {
+                node,
+                running,
+                conn,
+                reply,
+            })
+            .await?;
+        tracing::info!(node = %node_name, "agent registered");
+        let state = self.state.clone();
+        // Ends when the agent closes its stream or the link breaks.
+        tokio::spawn(async move {
+            while let Ok(Some(message)) = inbound.message().await {
+                let command = match message.msg {
+                    Some(pb::agent_message::Msg::Heartbeat(_)) => Command::AgentHeartbeat {
+                        node: node_name.clone(),
+                        conn_id,
+                    },
+                    Some(pb::agent_message::Msg::JobEvent(event)) => match event_from_wire(event) {
+                        Some(event) => Command::AgentJobEvent {
+                            node: node_name.clone(),
+                            conn_id,
+                            event,
+                        },
+                        None => continue,
+                    },
+                    Some(pb::agent_message::Msg::Register(_)) | None => continue,
+                };
+                if state.commands.send(command).await.is_err() {
+                    return;
+                }
+            }
+            tracing::info!(node = %node_name, "agent link closed");
+            let _ = state
+                .commands
+                .send(Command::AgentGone {
+                    node: node_name,
+                    conn_id,
+                })
+                .await;
+        });
+        let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(outbox_receiver);
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(outbound, Ok))))
+    }
+}
+
+fn invalid(reason: &str) -> Status {
+    Error::InvalidRequest {
+        field: "register",
+        reason: reason.to_string(),
+    }
+    .into()
+}
+
+/// Checks what an agent says about its node before the state sees it.
+fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch)>), Status> {
+    let name_ok = !register.node.is_empty()
+        && register.node.len() <= 253
+        && register
+            .node
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !name_ok {
+        return Err(invalid(&format!("node name {:?} is not a host name", register.node)));
+    }
+    let mut seen = HashSet::new();
+    for gpu in &register.gpus {
+        if gpu.index > 4096 || !seen.insert(gpu.index) {
+            return Err(invalid(&format!(
+                "node {}: GPU index {} is repeated or out of range",
+                register.node, gpu.index
+            )));
+        }
+    }
+    let node = Node {
+        name: register.node,
+        gpus: register
+            .gpus
+            .into_iter()
+            .map(|gpu| Gpu {
+                index: gpu.index,
+                uuid: gpu.uuid,
+                model: GpuModel::new(&gpu.model),
+                memory_mib: gpu.memory_mib,
+                pci_bus_id: gpu.pci_bus_id,
+            })
+            .collect(),
+        labels: register
+            .labels
+            .into_iter()
+            .map(|label| (label.key, label.value))
+            .collect(),
+        drain_reason: None,
+        alive: true,
+    };
+    let running = register
+        .running
+        .iter()
+        .map(|a| (JobId(a.job_id), Epoch(a.epoch)))
+        .collect();
+    Ok((node, running))
+}
+
+fn event_from_wire(event: pb::JobEvent) -> Option<AgentEvent> {
+    let outcome = match event.outcome? {
+        pb::job_event::Outcome::Started(_) => AttemptOutcome::Started,
+        pb::job_event::Outcome::ExitCode(code) => AttemptOutcome::Exited(ExitStatus::Code(code)),
+        pb::job_event::Outcome::Signal(signal) => AttemptOutcome::Exited(ExitStatus::Signal(signal.clamp(0, 127))),
+        pb::job_event::Outcome::FailedToStart(reason) => AttemptOutcome::FailedToStart(reason),
+    };
+    Some(AgentEvent {
+        job: JobId(event.job_id),
+        epoch: Epoch(event.epoch),
+        outcome,
+    })
+}

@@ -1,0 +1,327 @@
+//! The state task's side of agents: registration and reconciliation, starts
+//! and their Launch messages, attempt events, and nodes that go silent.
+
+use super::{AgentConn, AgentEvent, AttemptOutcome, Batch, PendingReply, State, Write};
+use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
+use gpool_core::model::{Node, NodePlacement};
+use gpool_core::sched::Start;
+use gpool_core::{Epoch, JobId, Timestamp};
+use gpool_proto::pb;
+use std::collections::{HashMap, HashSet};
+
+/// Seconds between SIGTERM and SIGKILL when gpoold ends an attempt.
+const KILL_GRACE_SECS: u32 = 10;
+
+pub fn kill_message(job: JobId, epoch: Epoch) -> pb::ControllerMessage {
+    pb::ControllerMessage {
+        msg: Some(pb::controller_message::Msg::Kill(pb::Kill {
+            job_id: job.0,
+            epoch: epoch.0,
+            grace_seconds: KILL_GRACE_SECS,
+        })),
+    }
+}
+
+impl State {
+    /// Applies the scheduler's starts that still fit the state as it is now
+    /// (the view they came from may be stale), and queues their Launches.
+    pub(super) fn start(&mut self, starts: Vec<Start>, now: Timestamp, out: &mut Batch) {
+        let mut busy: HashSet<(String, u32)> = self
+            .gpu_holders()
+            .into_keys()
+            .map(|(node, gpu)| (node.to_string(), gpu))
+            .collect();
+        for start in starts {
+            if !self.still_fits(&start, &busy) {
+                continue;
+            }
+            let epoch = Epoch(self.next_epoch);
+            let Some(job) = self.jobs.get_mut(&start.job) else {
+                continue;
+            };
+            let event = JobEvent::Start {
+                epoch,
+                placement: start.placement.clone(),
+                now,
+            };
+            if job.apply(&event).is_err() {
+                continue;
+            }
+            self.next_epoch += 1;
+            for part in &start.placement {
+                busy.extend(part.gpu_indices.iter().map(|gpu| (part.node.clone(), *gpu)));
+            }
+            out.writes.extend([Write::Job(start.job), Write::NextEpoch]);
+            out.changed.push(start.job);
+            let launches = self.launch_messages(start.job, epoch, &start.placement);
+            out.messages.extend(launches);
+        }
+    }
+
+    fn still_fits(&self, start: &Start, busy: &HashSet<(String, u32)>) -> bool {
+        let pending = self
+            .jobs
+            .get(&start.job)
+            .is_some_and(|job| job.state == JobState::Pending);
+        pending
+            && start.placement.iter().all(|part| {
+                let node_ok = self.nodes.get(&part.node).is_some_and(Node::schedulable);
+                node_ok
+                    && self.links.contains_key(&part.node)
+                    && part
+                        .gpu_indices
+                        .iter()
+                        .all(|gpu| !busy.contains(&(part.node.clone(), *gpu)))
+            })
+    }
+
+    fn launch_messages(
+        &self,
+        job_id: JobId,
+        epoch: Epoch,
+        placement: &[NodePlacement],
+    ) -> Vec<(String, pb::ControllerMessage)> {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return Vec::new();
+        };
+        let master_addr = placement
+            .first()
+            .and_then(|rank0| self.links.get(&rank0.node))
+            .map_or_else(String::new, |conn| conn.ip.clone());
+        placement
+            .iter()
+            .enumerate()
+            .map(|(rank, part)| {
+                let launch = pb::Launch {
+                    job_id: job_id.0,
+                    epoch: epoch.0,
+                    attempt: job.n_attempts,
+                    command: job.spec.command.clone(),
+                    env: job
+                        .spec
+                        .env
+                        .iter()
+                        .map(|(name, value)| pb::EnvVar {
+                            name: name.clone(),
+                            value: value.clone(),
+                        })
+                        .collect(),
+                    workdir: job.spec.workdir.clone(),
+                    gpu_indices: part.gpu_indices.clone(),
+                    time_limit: job.spec.time_limit_secs.map(|seconds| pb::Duration { seconds }),
+                    num_nodes: placement.len() as u32,
+                    node_rank: rank as u32,
+                    master_addr: master_addr.clone(),
+                    // A port per job, below the ephemeral range.
+                    master_port: 20_000 + (job_id.0 % 10_000) as u32,
+                };
+                let message = pb::ControllerMessage {
+                    msg: Some(pb::controller_message::Msg::Launch(launch)),
+                };
+                (part.node.clone(), message)
+            })
+            .collect()
+    }
+
+    /// An agent (re)connected: record its node, then reconcile. Attempts it
+    /// runs that are not wanted are killed; attempts this controller thinks
+    /// run there but the agent does not have are lost and requeued.
+    pub(super) fn register_agent(
+        &mut self,
+        mut node: Node,
+        running: Vec<(JobId, Epoch)>,
+        conn: AgentConn,
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
+        let name = node.name.clone();
+        if let Some(known) = self.nodes.get(&name) {
+            node.drain_reason = known.drain_reason.clone();
+        }
+        node.alive = true;
+        self.nodes.insert(name.clone(), node);
+        out.writes.push(Write::Node(name.clone()));
+        self.links.insert(name.clone(), conn);
+        self.last_seen.insert(name.clone(), now);
+
+        let reported: HashSet<(JobId, Epoch)> = running.iter().copied().collect();
+        for (job_id, epoch) in running {
+            if self.attempt_on(job_id, &name) != Some(epoch) {
+                tracing::info!(job = %job_id, %epoch, node = %name, "agent runs an attempt that is not wanted; killing it");
+                out.messages.push((name.clone(), kill_message(job_id, epoch)));
+            }
+        }
+        let vanished: Vec<(JobId, Epoch)> = self
+            .jobs
+            .values()
+            .filter_map(|job| match &job.state {
+                JobState::Running { epoch, placement, .. } if placement.iter().any(|p| p.node == name) => {
+                    Some((job.id, *epoch))
+                }
+                _ => None,
+            })
+            .filter(|attempt| !reported.contains(attempt))
+            .collect();
+        for (job_id, epoch) in vanished {
+            tracing::warn!(job = %job_id, node = %name, "attempt is gone from its node; requeueing");
+            self.lose_attempt(job_id, epoch, now, out);
+        }
+    }
+
+    /// The epoch of `job`'s running attempt if it has a part on `node`.
+    fn attempt_on(&self, job: JobId, node: &str) -> Option<Epoch> {
+        match &self.jobs.get(&job)?.state {
+            JobState::Running { epoch, placement, .. } if placement.iter().any(|p| p.node == node) => Some(*epoch),
+            _ => None,
+        }
+    }
+
+    /// Ends a running attempt whose node was lost: the job goes back to the
+    /// queue and the attempt's other ranks are killed.
+    fn lose_attempt(&mut self, job_id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) {
+        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        let placement = match &job.state {
+            JobState::Running { placement, .. } => placement.clone(),
+            _ => return,
+        };
+        if job
+            .apply(&JobEvent::Lost {
+                epoch,
+                requeue: true,
+                now,
+            })
+            .is_ok()
+        {
+            self.gang_exits.remove(&job_id);
+            out.writes.push(Write::Job(job_id));
+            out.changed.push(job_id);
+            for part in placement {
+                out.messages.push((part.node, kill_message(job_id, epoch)));
+            }
+        }
+    }
+
+    pub(super) fn heartbeat(&mut self, node: &str, conn_id: u64, now: Timestamp) {
+        if self.links.get(node).is_some_and(|conn| conn.id == conn_id) {
+            self.last_seen.insert(node.to_string(), now);
+        }
+    }
+
+    pub(super) fn agent_gone(&mut self, node: &str, conn_id: u64) {
+        if self.links.get(node).is_some_and(|conn| conn.id == conn_id) {
+            self.links.remove(node);
+        }
+    }
+
+    /// An attempt's report. Reports from attempts that are not the job's
+    /// current one are refused (and a stale attempt that started is killed).
+    pub(super) fn agent_event(&mut self, node: &str, conn_id: u64, event: AgentEvent, now: Timestamp, out: &mut Batch) {
+        self.heartbeat(node, conn_id, now);
+        let current = self.attempt_on(event.job, node);
+        if current != Some(event.epoch) {
+            if matches!(event.outcome, AttemptOutcome::Started) {
+                out.messages
+                    .push((node.to_string(), kill_message(event.job, event.epoch)));
+            }
+            tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored");
+            return;
+        }
+        let Some(job) = self.jobs.get_mut(&event.job) else {
+            return;
+        };
+        let n_nodes = job.spec.nodes;
+        let job_event = match event.outcome {
+            AttemptOutcome::Started => return,
+            AttemptOutcome::Exited(ExitStatus::Code(0)) => {
+                let n_done = self.gang_exits.entry(event.job).or_default();
+                *n_done += 1;
+                if *n_done < n_nodes {
+                    return;
+                }
+                JobEvent::Exited {
+                    epoch: event.epoch,
+                    status: ExitStatus::Code(0),
+                    now,
+                }
+            }
+            AttemptOutcome::Exited(status) => JobEvent::Exited {
+                epoch: event.epoch,
+                status,
+                now,
+            },
+            AttemptOutcome::FailedToStart(reason) => JobEvent::FailedToStart {
+                epoch: event.epoch,
+                reason: format!("on {node}: {reason}"),
+                now,
+            },
+        };
+        let placement = match &job.state {
+            JobState::Running { placement, .. } => placement.clone(),
+            _ => Vec::new(),
+        };
+        if job.apply(&job_event).is_ok() {
+            self.gang_exits.remove(&event.job);
+            out.writes.push(Write::Job(event.job));
+            out.changed.push(event.job);
+            // One rank failing ends the whole gang.
+            for part in placement.into_iter().filter(|part| part.node != node) {
+                out.messages.push((part.node, kill_message(event.job, event.epoch)));
+            }
+        }
+    }
+
+    /// Nodes not heard from for the node timeout become down; their attempts
+    /// are lost and their jobs requeued.
+    pub(super) fn mark_silent_nodes_down(&mut self, now: Timestamp, out: &mut Batch) {
+        let silent: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|node| node.alive)
+            .filter(|node| {
+                let last = self.last_seen.get(&node.name).copied().unwrap_or(Timestamp(0));
+                now.millis_since(last) > self.node_timeout_ms
+            })
+            .map(|node| node.name.clone())
+            .collect();
+        for name in silent {
+            tracing::warn!(node = %name, "no heartbeat for {} ms: node is down", self.node_timeout_ms);
+            if let Some(node) = self.nodes.get_mut(&name) {
+                node.alive = false;
+            }
+            self.links.remove(&name);
+            out.writes.push(Write::Node(name.clone()));
+            let lost: Vec<(JobId, Epoch)> = self
+                .jobs
+                .values()
+                .filter_map(|job| self.attempt_on(job.id, &name).map(|epoch| (job.id, epoch)))
+                .collect();
+            for (job_id, epoch) in lost {
+                self.lose_attempt(job_id, epoch, now, out);
+            }
+        }
+    }
+
+    /// A reply for the flusher that hands Launch and Kill messages to the
+    /// agents' links once their batch is durable.
+    pub(super) fn deliver_after_flush(&self, messages: Vec<(String, pb::ControllerMessage)>) -> PendingReply {
+        let outboxes: HashMap<String, tokio::sync::mpsc::UnboundedSender<pb::ControllerMessage>> = messages
+            .iter()
+            .filter_map(|(node, _)| self.links.get(node).map(|conn| (node.clone(), conn.outbox.clone())))
+            .collect();
+        Box::new(move |flushed| {
+            if flushed.is_err() {
+                return;
+            }
+            for (node, message) in messages {
+                if let Some(outbox) = outboxes.get(&node) {
+                    let _ = outbox.send(message);
+                }
+            }
+        })
+    }
+
+    /// Whether `node` has a connected agent.
+    pub fn is_linked(&self, node: &str) -> bool {
+        self.links.contains_key(node)
+    }
+}
