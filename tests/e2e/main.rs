@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod agents;
 mod bad_input;
 mod durability;
 mod jobs;

@@ -12,6 +12,9 @@ pub struct Cluster {
     pub controller: Option<Process>,
     pub addr: String,
     n_starts: usize,
+    /// gpoold's `--node-timeout`.
+    node_timeout: String,
+    pub agents: Vec<Process>,
 }
 
 /// The result of one `gpool` run.
@@ -51,6 +54,11 @@ impl From<Output> for Run {
 impl Cluster {
     /// A dev controller on a free loopback port with its own state dir.
     pub fn start() -> Cluster {
+        Cluster::with_node_timeout("30s")
+    }
+
+    /// A dev controller that marks silent nodes down after `node_timeout`.
+    pub fn with_node_timeout(node_timeout: &str) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("gpool-e2e-")
             .tempdir()
@@ -60,9 +68,52 @@ impl Cluster {
             controller: None,
             addr: String::new(),
             n_starts: 0,
+            node_timeout: node_timeout.to_string(),
+            agents: Vec::new(),
         };
         cluster.start_controller();
         cluster
+    }
+
+    /// Starts a gpool-agent process with `n_gpus` simulated H100s and waits
+    /// until gpoold lists its node. Returns its index in `agents`.
+    pub fn start_agent(&mut self, node: &str, n_gpus: u32) -> usize {
+        let spool = self.spool_dir(node);
+        let config = self.dir.path().join(format!("agent-{node}.toml"));
+        let text = format!(
+            "controller = \"{}\"\nnode_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = {n_gpus}\n",
+            self.addr,
+            spool.display()
+        );
+        std::fs::write(&config, text).expect("write agent config");
+        let mut command = Command::new(binary("gpool-agent"));
+        command.arg("--config").arg(&config);
+        let log = self.dir.path().join(format!("agent-{node}-{}.log", self.agents.len()));
+        self.agents
+            .push(Process::spawn(&format!("gpool-agent {node}"), command, log));
+        self.wait_for_node(node, "idle");
+        self.agents.len() - 1
+    }
+
+    pub fn spool_dir(&self, node: &str) -> PathBuf {
+        self.dir.path().join(format!("spool-{node}"))
+    }
+
+    /// Waits until `gpool nodes` shows `node` in `state`.
+    pub fn wait_for_node(&self, node: &str, state: &str) {
+        wait_until(&format!("node {node} to be {state}"), Duration::from_secs(30), || {
+            let nodes = self.gpool(&["nodes", "--output", "json"]).json();
+            let found = nodes.as_array()?.iter().find(|n| n["name"] == node)?.clone();
+            (found["state"] == state).then_some(())
+        });
+    }
+
+    /// Waits until job `id` is in `state` and returns it.
+    pub fn wait_for_state(&self, id: u64, state: &str) -> Value {
+        wait_until(&format!("job {id} to be {state}"), Duration::from_secs(60), || {
+            let job = self.job(id);
+            (job["state"] == state).then_some(job)
+        })
     }
 
     pub fn state_dir(&self) -> PathBuf {
@@ -79,9 +130,22 @@ impl Cluster {
         let addr_file = self.state_dir().join("gpoold.addr");
         let _ = std::fs::remove_file(&addr_file);
         self.n_starts += 1;
+        // A restart listens where the agents already dial.
+        let listen = if self.addr.is_empty() {
+            "127.0.0.1:0".to_string()
+        } else {
+            self.addr.clone()
+        };
         let mut command = Command::new(binary("gpoold"));
         command
-            .args(["--dev", "--listen", "127.0.0.1:0", "--state-dir"])
+            .args([
+                "--dev",
+                "--listen",
+                &listen,
+                "--node-timeout",
+                &self.node_timeout,
+                "--state-dir",
+            ])
             .arg(self.state_dir())
             .env("XDG_RUNTIME_DIR", self.runtime_dir());
         let log = self.dir.path().join(format!("gpoold-{}.log", self.n_starts));
@@ -137,14 +201,22 @@ pub fn gpool_command(args: &[&str]) -> Command {
 impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            if let Some(controller) = &self.controller {
+            for process in self.controller.iter().chain(self.agents.iter()) {
                 eprintln!(
                     "---- {} log ({}) ----\n{}",
-                    controller.name,
-                    controller.log.display(),
-                    controller.log_tail(40)
+                    process.name,
+                    process.log.display(),
+                    process.log_tail(40)
                 );
             }
+        }
+        // Agents first, so they do not spin reconnecting; then the controller;
+        // the temp dir goes last.
+        for agent in &mut self.agents {
+            agent.stop();
+        }
+        if let Some(controller) = &mut self.controller {
+            controller.stop();
         }
     }
 }

@@ -1,0 +1,179 @@
+//! Agents run the jobs: real gpool-agent processes with simulated GPUs.
+
+use crate::harness::cluster::Cluster;
+use crate::harness::process::wait_until;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// A shell line that records its GPUs, then waits for `release` to appear.
+const HOLD: &str = "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $GPOOL_NODE > gpus-$GPOOL_JOB_ID; while [ ! -e release ]; do sleep 0.05; done";
+
+fn read(cluster: &Cluster, name: &str) -> String {
+    std::fs::read_to_string(cluster.dir.path().join(name)).unwrap_or_default()
+}
+
+#[test]
+fn wait_returns_the_job_exit_code_and_output_lands_in_the_spool() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 2);
+    let run = cluster.gpool(&[
+        "submit",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo hello from $GPOOL_NODE; exit 7",
+    ]);
+    assert_eq!(run.code, 7, "stderr: {}", run.stderr);
+    let id: u64 = run.stdout.trim().parse().expect("job id on stdout");
+    let job = cluster.job(id);
+    assert_eq!(
+        (job["state"].as_str(), job["exit_code"].as_i64()),
+        (Some("failed"), Some(7))
+    );
+    let output = cluster.spool_dir("node-a").join(format!("jobs/{id}/attempt-1.out"));
+    assert_eq!(
+        std::fs::read_to_string(output).unwrap_or_default(),
+        "hello from node-a\n"
+    );
+
+    let ok = cluster.gpool(&["submit", "--wait", "--", "true"]);
+    assert_eq!(ok.code, 0, "stderr: {}", ok.stderr);
+}
+
+#[test]
+fn concurrent_jobs_on_one_node_get_disjoint_gpus() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 4);
+    let ids: Vec<u64> = (0..2)
+        .map(|_| cluster.submit(&["--gpus", "2", "--", "sh", "-c", HOLD]))
+        .collect();
+    let mut seen = BTreeSet::new();
+    for id in &ids {
+        cluster.wait_for_state(*id, "running");
+        let line = wait_until("the job's GPU file", Duration::from_secs(20), || {
+            Some(read(&cluster, &format!("gpus-{id}"))).filter(|text| !text.is_empty())
+        });
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&fields[1..], ["PCI_BUS_ID", "node-a"], "{line}");
+        let gpus: Vec<&str> = fields[0].split(',').collect();
+        assert_eq!(gpus.len(), 2, "{line}");
+        for gpu in gpus {
+            assert!(seen.insert(gpu.to_string()), "GPU {gpu} given to two jobs");
+        }
+    }
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    assert_eq!(
+        (nodes[0]["state"].as_str(), nodes[0]["gpus_free"].as_u64()),
+        (Some("allocated"), Some(0))
+    );
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    for id in ids {
+        cluster.wait_for_state(id, "completed");
+    }
+}
+
+#[test]
+fn gang_starts_on_both_nodes_or_neither() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 2);
+    cluster.start_agent("node-b", 2);
+    // One node busy: the gang must wait whole.
+    let blocker = cluster.submit(&["--gpus", "1", "--", "sh", "-c", HOLD]);
+    cluster.wait_for_state(blocker, "running");
+    let script = "echo $GPOOL_NODE_RANK $GPOOL_NUM_NODES $MASTER_ADDR $MASTER_PORT $GPOOL_NODE > rank-$GPOOL_NODE_RANK";
+    let gang = cluster.submit(&["--gpus", "2", "--nodes", "2", "--", "sh", "-c", script]);
+    let pending = wait_until("the gang's pending reason", Duration::from_secs(10), || {
+        let job = cluster.job(gang);
+        job["reasons"][0]
+            .as_str()
+            .filter(|r| r.starts_with("wants 2 GPUs on each of 2 nodes"))
+            .map(String::from)
+    });
+    assert!(pending.contains("1 node has that many free"), "{pending}");
+    assert_eq!(cluster.job(gang)["state"], "pending");
+    assert!(
+        read(&cluster, "rank-0").is_empty() && read(&cluster, "rank-1").is_empty(),
+        "no rank may start alone"
+    );
+
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    cluster.wait_for_state(gang, "completed");
+    let rank0: Vec<String> = read(&cluster, "rank-0").split_whitespace().map(String::from).collect();
+    let rank1: Vec<String> = read(&cluster, "rank-1").split_whitespace().map(String::from).collect();
+    assert_eq!(rank0[..2], ["0", "2"]);
+    assert_eq!(rank1[..2], ["1", "2"]);
+    assert_eq!(rank0[2..4], rank1[2..4], "both ranks dial the same master");
+    assert_eq!(rank0[2], "127.0.0.1");
+    assert_ne!(rank0[4], rank1[4], "ranks run on different nodes");
+}
+
+#[test]
+fn cancel_kills_the_whole_process_tree() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    let id = cluster.submit(&["--", "sh", "-c", "sleep 300 & echo $! > child-pid; wait"]);
+    cluster.wait_for_state(id, "running");
+    let child: i32 = wait_until("the child's pid", Duration::from_secs(20), || {
+        read(&cluster, "child-pid").trim().parse().ok()
+    });
+    cluster.gpool(&["cancel", &id.to_string()]).ok();
+    wait_until("the job's child to be gone", Duration::from_secs(20), || {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), None)
+            .is_err()
+            .then_some(())
+    });
+    assert_eq!(cluster.job(id)["state"], "cancelled");
+}
+
+#[test]
+fn time_limit_ends_a_job() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    let run = cluster.gpool(&["submit", "--wait", "--time", "1s", "--", "sleep", "300"]);
+    assert_eq!(run.code, 143, "SIGTERM at the limit; stderr: {}", run.stderr);
+    let id: u64 = run.stdout.trim().parse().expect("job id");
+    assert_eq!(cluster.job(id)["end_reason"], "killed by signal 15");
+}
+
+#[test]
+fn drained_node_takes_no_new_jobs() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    cluster.start_agent("node-b", 1);
+    cluster.gpool(&["drain", "node-a", "--reason", "fan failure"]).ok();
+    cluster.wait_for_node("node-a", "drained");
+    let first = cluster.submit(&["--", "sh", "-c", HOLD]);
+    let second = cluster.submit(&["--", "sh", "-c", HOLD]);
+    cluster.wait_for_state(first, "running");
+    assert_eq!(cluster.job(first)["placement"][0]["node"], "node-b");
+    let reason = wait_until("the second job's reason", Duration::from_secs(10), || {
+        cluster.job(second)["reasons"][0].as_str().map(String::from)
+    });
+    assert_eq!(cluster.job(second)["state"], "pending", "{reason}");
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    assert_eq!(nodes[0]["drain_reason"], "fan failure");
+
+    cluster.gpool(&["resume", "node-a"]).ok();
+    let job = cluster.wait_for_state(second, "running");
+    assert_eq!(job["placement"][0]["node"], "node-a");
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    cluster.wait_for_state(second, "completed");
+}
+
+#[test]
+fn running_jobs_survive_a_controller_kill_9() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 2);
+    let id = cluster.submit(&["--", "sh", "-c", "while [ ! -e release ]; do sleep 0.05; done; exit 4"]);
+    cluster.wait_for_state(id, "running");
+    cluster.controller().kill9();
+    cluster.start_controller();
+    // The agent reconnects and reports the attempt: it is kept, not killed.
+    cluster.wait_for_node("node-a", "mixed");
+    assert_eq!(cluster.job(id)["state"], "running");
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    let job = cluster.wait_for_state(id, "failed");
+    assert_eq!(job["exit_code"], 4);
+    assert_eq!(job["attempt"], 1, "never relaunched");
+}
