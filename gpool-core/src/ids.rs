@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A job's id: assigned by gpoold in submit order, never reused.
+/// A job's id: assigned by gpoold in submit order; an acknowledged id is
+/// never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct JobId(pub u64);
 

@@ -81,6 +81,25 @@ impl Config {
                 format!("listen: {:?} is not host:port: {err}", parsed.listen.get_ref()),
             )
         })?;
+        let mut seen = std::collections::HashSet::new();
+        for pool in &parsed.pool {
+            let name_ok = !pool.name.is_empty()
+                && pool.name.len() <= 64
+                && pool
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            if !name_ok || !seen.insert(pool.name.clone()) {
+                let offset = text.find(&format!("\"{}\"", pool.name)).unwrap_or(0);
+                return Err(invalid(
+                    offset,
+                    format!(
+                        "pool.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
+                        pool.name
+                    ),
+                ));
+            }
+        }
         let mut policy = Policy::default();
         if !parsed.pool.is_empty() {
             policy.pools = parsed

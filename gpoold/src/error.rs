@@ -19,6 +19,8 @@ pub enum Error {
     InvalidRequest { field: &'static str, reason: String },
     #[error("user {user:?} may not cancel job {job} of user {owner:?}")]
     NotOwner { user: String, job: JobId, owner: String },
+    #[error("user {0:?} is not an admin; only admins drain and resume nodes")]
+    NotAdmin(String),
     #[error("missing or invalid caller identity: {0}")]
     Unauthenticated(String),
     #[error("the state store failed: {0}")]
@@ -47,7 +49,7 @@ impl From<Error> for Status {
             Error::UnknownJob(_) | Error::UnknownNode(_) => Code::NotFound,
             Error::InvalidSpec { .. } | Error::InvalidRequest { .. } => Code::InvalidArgument,
             Error::Infeasible { .. } => Code::FailedPrecondition,
-            Error::NotOwner { .. } => Code::PermissionDenied,
+            Error::NotOwner { .. } | Error::NotAdmin(_) => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::ShuttingDown => Code::Unavailable,
             Error::Storage(_) | Error::CorruptRecord { .. } | Error::SchemaTooNew { .. } => Code::Internal,

@@ -69,7 +69,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         sched_wakeup: handle.sched_wakeup.clone(),
         stop,
     };
-    let state_task = tokio::spawn(state::run_state_task(
+    let mut state_task = tokio::spawn(state::run_state_task(
         handle.shared.clone(),
         notifiers,
         store,
@@ -110,15 +110,24 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         let _ = stopping.wait_for(|stopping| *stopping).await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
-    // A flusher failure is fatal: memory would run ahead of disk.
+    // A store or flusher failure is fatal: memory would run ahead of disk.
+    let mut state_task_ended = false;
     let outcome = tokio::select! {
+        ended = &mut state_task => {
+            state_task_ended = true;
+            match ended {
+                Ok(Ok(())) => Err(anyhow::anyhow!("the state task stopped")),
+                Ok(Err(err)) => Err(anyhow::Error::new(err).context("state store")),
+                Err(err) => Err(anyhow::Error::new(err).context("state task")),
+            }
+        }
         served = served => served.context("gRPC server"),
         () = grace_over => {
             tracing::warn!("clients kept connections open for {SHUTDOWN_GRACE:?} after shutdown; closing them");
             Ok(())
         }
         flushed = flusher => match flushed {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => Err(anyhow::anyhow!("the flusher stopped")),
             Ok(Err(err)) => Err(anyhow::Error::new(err).context("state store")),
             Err(err) => Err(anyhow::Error::new(err).context("flusher thread")),
         },
@@ -131,9 +140,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let _ = liveness_task.await;
     drop(handle);
     let _ = stop_state_task.send(true);
-    let _ = state_task.await;
+    if !state_task_ended {
+        if let Ok(Err(err)) = state_task.await {
+            tracing::error!("state task: {err}");
+        }
+    }
     if config.dev {
-        let _ = std::fs::remove_file(gpool_proto::dev_address_file());
+        // Another dev controller may have written it since.
+        let pointer = gpool_proto::dev_address_file();
+        if std::fs::read_to_string(&pointer).is_ok_and(|text| text.trim() == addr.to_string()) {
+            let _ = std::fs::remove_file(pointer);
+        }
     }
     outcome
 }

@@ -2,7 +2,7 @@
 //! exit; never a panic.
 
 use crate::harness::cluster::{gpool_command, Cluster, Run};
-use crate::harness::process::binary;
+use crate::harness::process::{binary, output_within};
 
 fn assert_refused(run: &Run, code: i32, needle: &str) {
     assert_eq!(run.code, code, "stdout: {}\nstderr: {}", run.stdout, run.stderr);
@@ -58,6 +58,13 @@ fn bad_flags_name_the_field() {
         "--state: unknown state \"done\"",
     );
     assert_refused(&cluster.gpool(&["show", "abc"]), 2, "invalid value 'abc'");
+    let file = cluster.dir.path().join("one.toml");
+    std::fs::write(&file, "[[job]]\ncommand = [\"true\"]\n").unwrap();
+    assert_refused(
+        &cluster.gpool(&["submit", "-f", file.to_str().unwrap(), "--gpus", "4"]),
+        2,
+        "'--file <FILE>' cannot be used with '--gpus <GPUS>'",
+    );
     // Nothing of the above reached the queue.
     let all = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
     assert_eq!(all, serde_json::json!([]));
@@ -119,13 +126,13 @@ fn unknown_job_ids_are_named() {
 
 #[test]
 fn unreachable_controller_names_the_address() {
-    // A port that was just free: bind, read it, close.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    // A port that was just free on 127.0.0.2, where no test server listens.
+    let port = std::net::TcpListener::bind("127.0.0.2:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.2:{port}");
     let output = gpool_command(&["jobs"])
         .env("GPOOL_SERVER", &addr)
         .output()
@@ -152,9 +159,16 @@ fn bad_controller_config_names_file_and_line() {
         .unwrap();
     let run = Run::from(output);
     assert_refused(&run, 1, &format!("{}:3: unknown field `lisen`", config.display()));
-    let output = std::process::Command::new(binary("gpoold"))
+    let child = std::process::Command::new(binary("gpoold"))
         .args(["--dev", "--listen", "0.0.0.0:0"])
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let output = output_within(
+        child,
+        "gpoold --dev --listen 0.0.0.0:0",
+        std::time::Duration::from_secs(20),
+    );
     assert_refused(&Run::from(output), 1, "--listen: dev mode listens on loopback only");
 }

@@ -109,7 +109,7 @@ fn wait_exits_with_the_cancelled_code() {
         jobs[0]["id"].as_u64()
     });
     cluster.gpool(&["cancel", &id.to_string()]).ok();
-    let output = waiter.wait_with_output().expect("gpool submit --wait ends");
+    let output = crate::harness::process::output_within(waiter, "gpool submit --wait", Duration::from_secs(30));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(125), "stderr: {stderr}");
     assert!(stderr.contains(&format!("job {id} cancelled")), "{stderr}");

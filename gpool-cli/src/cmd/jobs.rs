@@ -115,9 +115,7 @@ pub async fn wait_for(conn: &mut Connection, id: u64) -> Result<u8, CliError> {
     let code = match job.state() {
         pb::JobState::Completed => 0,
         pb::JobState::Cancelled => EXIT_CANCELLED,
-        pb::JobState::Failed => job
-            .exit_code
-            .map_or(EXIT_FAILED_TO_START, |code| code.clamp(0, 255) as u8),
+        pb::JobState::Failed => job.exit_code.map_or(EXIT_FAILED_TO_START, failed_exit_code),
         other => {
             return Err(CliError::Refused(format!(
                 "job {id}: watch ended while {}",
@@ -129,6 +127,14 @@ pub async fn wait_for(conn: &mut Connection, id: u64) -> Result<u8, CliError> {
         eprintln!("gpool: job {id} {}", describe(&job));
     }
     Ok(code)
+}
+
+/// A failed job's code as a process exit code: its low byte, never 0.
+fn failed_exit_code(code: i32) -> u8 {
+    match (code & 0xff) as u8 {
+        0 => 1,
+        low => low,
+    }
 }
 
 fn describe(job: &pb::Job) -> String {

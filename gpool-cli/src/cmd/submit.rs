@@ -49,7 +49,14 @@ pub struct SubmitArgs {
     #[arg(long)]
     pool: Option<String>,
     /// Submit every [[job]] of this TOML file in one request.
-    #[arg(short = 'f', long = "file", conflicts_with = "command")]
+    #[arg(
+        short = 'f',
+        long = "file",
+        conflicts_with_all = [
+            "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
+            "time", "env", "workdir", "priority", "pool",
+        ]
+    )]
     file: Option<PathBuf>,
     /// Follow the job until it ends and exit with its exit code.
     #[arg(long)]

@@ -219,7 +219,8 @@ impl<'v> FreeIndex<'v> {
             if let Some(highest) = buckets.by_free.iter().rposition(|bucket| !bucket.is_empty()) {
                 max_free = max_free.max(highest);
             }
-            n_with_enough += buckets.by_free.iter().skip(wanted).map(BTreeSet::len).sum::<usize>();
+            // A gang stays on one model: count the nodes of the best one.
+            n_with_enough = n_with_enough.max(buckets.by_free.iter().skip(wanted).map(BTreeSet::len).sum::<usize>());
         }
         let mut rejects = vec![Reject::Resources {
             gpus_per_node: job.gpus_per_node,

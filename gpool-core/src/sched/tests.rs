@@ -222,3 +222,14 @@ proptest! {
         prop_assert!(plan.pending.iter().all(|(_, reasons)| !reasons.is_empty()));
     }
 }
+
+#[test]
+fn gang_reason_counts_nodes_of_one_model() {
+    check(
+        "n1 8xh100\nn2 8xh100\nn3 8xa100",
+        "j1 gpus=8 nodes=3",
+        expect![[r#"
+            pending j1: wants 8 GPUs on each of 3 nodes; 2 nodes have that many free (24 free in total)
+        "#]],
+    );
+}

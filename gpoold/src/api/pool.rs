@@ -1,6 +1,7 @@
 //! The Pool service: what the CLI calls.
 
 use super::caller;
+use crate::error::Error;
 use crate::state::{Command, SharedState, StateHandle};
 use gpool_core::JobId;
 use gpool_proto::convert::{job_to_wire, node_to_wire, spec_from_wire, state_to_wire};
@@ -56,7 +57,7 @@ impl PoolService {
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let job = state.jobs.get(&id).ok_or(crate::error::Error::UnknownJob(id))?;
+        let job = state.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
         Ok(job_to_wire(job, reasons(&state, id)))
     }
 }
@@ -114,6 +115,13 @@ impl Pool for PoolService {
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<JobListStream>, Status> {
         caller(&request)?;
         let filter = request.into_inner();
+        if let Some(bad) = filter.states.iter().find(|raw| pb::JobState::try_from(**raw).is_err()) {
+            return Err(Error::InvalidRequest {
+                field: "states",
+                reason: format!("{bad} is not a job state"),
+            }
+            .into());
+        }
         let shared = self.state.shared.clone();
         let (sender, receiver) = tokio::sync::mpsc::channel(2);
         // Chunks are built under short read locks, so a long listing neither
@@ -193,7 +201,7 @@ impl Pool for PoolService {
         let user = caller(&request)?;
         let pb::DrainNodeRequest { name, reason } = request.into_inner();
         if reason.trim().is_empty() {
-            return Err(crate::error::Error::InvalidRequest {
+            return Err(Error::InvalidRequest {
                 field: "reason",
                 reason: "say why the node is drained".into(),
             }

@@ -282,10 +282,7 @@ impl State {
 
     fn set_drain(&mut self, user: &str, name: &str, reason: Option<String>) -> Result<(Node, Vec<Write>), Error> {
         if !self.is_admin(user) {
-            return Err(Error::InvalidRequest {
-                field: "user",
-                reason: format!("{user:?} is not an admin; only admins drain and resume nodes"),
-            });
+            return Err(Error::NotAdmin(user.to_string()));
         }
         let node = self
             .nodes
@@ -393,7 +390,7 @@ pub async fn run_state_task(
     mut inbox: mpsc::Receiver<Command>,
     flusher: std::sync::mpsc::Sender<Vec<PendingReply>>,
     clock: fn() -> Timestamp,
-) {
+) -> Result<(), Error> {
     let mut notifiers = notifiers;
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut closed = false;
@@ -407,7 +404,7 @@ pub async fn run_state_task(
             }
         };
         if n_received == 0 {
-            return;
+            return Ok(());
         }
         let now = clock();
         let mut out = Batch::default();
@@ -425,17 +422,23 @@ pub async fn run_state_task(
             for reply in out.replies {
                 reply(Err(Error::Storage(err.to_string())));
             }
-            tracing::error!("writing to the state store failed, stopping: {err}");
-            return;
+            return Err(err);
         }
-        for id in out.changed {
-            let _ = notifiers.job_changes.send(id);
+        if !out.changed.is_empty() {
+            // Watchers hear of a change only once it is durable.
+            let job_changes = notifiers.job_changes.clone();
+            let changed = std::mem::take(&mut out.changed);
+            out.replies.push(Box::new(move |flushed: Result<(), Error>| {
+                if flushed.is_ok() {
+                    changed.into_iter().for_each(|id| drop(job_changes.send(id)));
+                }
+            }));
         }
         if !out.writes.is_empty() {
             notifiers.sched_wakeup.notify_one();
         }
         if !out.replies.is_empty() && flusher.send(out.replies).is_err() {
-            return;
+            return Err(Error::Storage("the flusher stopped".into()));
         }
     }
 }

@@ -37,6 +37,9 @@ impl Store {
             .path(dir.join("db"))
             // Reads are served from memory; sled's cache only helps loading.
             .cache_capacity(1024 * 1024)
+            // Only the flusher makes writes durable, so an acknowledgement
+            // never leans on a background flush.
+            .flush_every_ms(None)
             .open()?;
         let store = Store {
             jobs: db.open_tree("jobs")?,

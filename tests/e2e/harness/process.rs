@@ -98,3 +98,20 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut ready: impl FnMut() -> O
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Waits for a spawned child (with piped output) to exit, killing it and
+/// failing loudly if it takes longer than `timeout`.
+pub fn output_within(mut child: std::process::Child, what: &str, timeout: Duration) -> std::process::Output {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().expect("collect output"),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what} did not exit within {timeout:?}");
+            }
+        }
+    }
+}
