@@ -75,6 +75,7 @@ impl Attempts {
         match self.spawn(&launch) {
             Ok(child) => {
                 let pgid = child.id().map_or(0, |pid| pid as i32);
+                tracing::info!(job = job_id, epoch, pid = pgid, "attempt {} started", launch.attempt);
                 self.running
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -143,6 +144,7 @@ impl Attempts {
         // The leader is gone; anything left in its group goes with it.
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
         self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&job_id);
+        tracing::info!(job = job_id, epoch, "attempt ended: {status:?}");
         let outcome = match status {
             Ok(status) => match (status.code(), status.signal()) {
                 (Some(code), _) => pb::job_event::Outcome::ExitCode(code),

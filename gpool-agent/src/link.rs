@@ -32,10 +32,12 @@ pub async fn run(
 ) {
     tokio::pin!(shutdown);
     let mut backoff = MIN_BACKOFF;
+    // Events not yet delivered: they ride on the next Register.
+    let mut undelivered = Vec::new();
     loop {
         let outcome = tokio::select! {
             () = &mut shutdown => return,
-            outcome = serve_once(&controller, &info, &attempts, &mut events) => outcome,
+            outcome = serve_once(&controller, &info, &attempts, &mut events, &mut undelivered) => outcome,
         };
         match outcome {
             Ok(()) => {
@@ -52,7 +54,7 @@ pub async fn run(
     }
 }
 
-fn register(info: &NodeInfo, attempts: &Attempts) -> pb::AgentMessage {
+fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> pb::AgentMessage {
     let register = pb::Register {
         node: info.name.clone(),
         gpus: info
@@ -76,6 +78,7 @@ fn register(info: &NodeInfo, attempts: &Attempts) -> pb::AgentMessage {
             })
             .collect(),
         running: attempts.running(),
+        ended,
     };
     pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Register(register)),
@@ -87,6 +90,7 @@ async fn serve_once(
     info: &NodeInfo,
     attempts: &Arc<Attempts>,
     events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
+    undelivered: &mut Vec<pb::JobEvent>,
 ) -> Result<(), String> {
     let uri = if controller.contains("://") {
         controller.to_string()
@@ -100,15 +104,18 @@ async fn serve_once(
         .await
         .map_err(|err| format!("cannot connect: {err}"))?;
     let (outbound, outbound_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
-    outbound
-        .send(register(info, attempts))
-        .await
-        .map_err(|_| "link closed")?;
+    // Ended attempts are read before the running ones, so none falls between.
+    while let Ok(event) = events.try_recv() {
+        undelivered.push(event);
+    }
+    let message = register(info, attempts, undelivered.clone());
+    outbound.send(message).await.map_err(|_| "link closed")?;
     let mut inbound = AgentLinkClient::new(channel)
         .connect(tokio_stream::wrappers::ReceiverStream::new(outbound_receiver))
         .await
         .map_err(|status| format!("register refused: {}", status.message()))?
         .into_inner();
+    undelivered.clear();
     tracing::info!(
         "registered with gpoold at {controller} as {} with {} GPUs",
         info.name,
@@ -122,8 +129,11 @@ async fn serve_once(
                 None => return Ok(()),
             },
             Some(event) = events.recv() => {
-                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobEvent(event)) };
-                outbound.send(message).await.map_err(|_| "link closed while sending a job event")?;
+                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobEvent(event.clone())) };
+                if outbound.send(message).await.is_err() {
+                    undelivered.push(event);
+                    return Err("link closed while sending a job event".into());
+                }
             }
             _ = heartbeat.tick() => {
                 let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { samples: Vec::new() })) };

@@ -23,6 +23,17 @@ pub struct Config {
     pub admins: Vec<String>,
     /// A node whose agent is silent this long is down.
     pub node_timeout: Duration,
+    /// Dev mode: agents to run inside gpoold, linked over loopback.
+    pub dev_agents: Option<DevAgents>,
+}
+
+/// The in-process agents of `gpoold --dev`.
+#[derive(Debug, Clone)]
+pub struct DevAgents {
+    pub n_nodes: u32,
+    pub gpus_per_node: u32,
+    pub gpu_model: String,
+    pub gpu_memory_mib: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +151,7 @@ impl Config {
             policy,
             admins: parsed.admins,
             node_timeout,
+            dev_agents: None,
         })
     }
 }

@@ -95,19 +95,35 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     });
     let agent_link = InterceptedService::new(agent_link, api::authenticate_agent(config.dev));
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let mut dev_agent_tasks = tokio::task::JoinSet::new();
     // On shutdown the server stops accepting and lets open requests finish;
     // clients that keep connections open get SHUTDOWN_GRACE, no more.
-    let (stopping_sender, mut stopping) = tokio::sync::watch::channel(false);
+    let (stopping_sender, stopping) = tokio::sync::watch::channel(false);
+    let stopping_sender_for_agents = stopping_sender.clone();
     let shutdown = async move {
         shutdown.await;
         let _ = stopping_sender.send(true);
     };
+    if let Some(dev_agents) = &config.dev_agents {
+        for agent_config in dev_agent_configs(dev_agents, &config.state_dir, &addr.to_string()) {
+            let mut stopping = stopping.clone();
+            let shutdown = async move {
+                let _ = stopping.wait_for(|stopping| *stopping).await;
+            };
+            dev_agent_tasks.spawn(async move {
+                if let Err(err) = gpool_agent::run(agent_config, shutdown).await {
+                    tracing::error!("dev agent: {err:#}");
+                }
+            });
+        }
+    }
     let served = tonic::transport::Server::builder()
         .add_service(pool)
         .add_service(agent_link)
         .serve_with_incoming_shutdown(incoming, shutdown);
+    let mut stopping_for_grace = stopping.clone();
     let grace_over = async move {
-        let _ = stopping.wait_for(|stopping| *stopping).await;
+        let _ = stopping_for_grace.wait_for(|stopping| *stopping).await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     // A store or flusher failure is fatal: memory would run ahead of disk.
@@ -134,6 +150,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     };
     // The state task finishes what was queued and ends, and with it the
     // flusher (runtime shutdown waits for that blocking thread).
+    let _ = stopping_sender_for_agents.send(true);
+    while dev_agent_tasks.join_next().await.is_some() {}
     sched_task.abort();
     liveness_task.abort();
     let _ = sched_task.await;
@@ -153,6 +171,39 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         }
     }
     outcome
+}
+
+/// The configs of `gpoold --dev`'s in-process agents: simulated GPUs, or one
+/// agent with the machine's real GPUs where NVML finds some.
+fn dev_agent_configs(
+    dev: &config::DevAgents,
+    state_dir: &Path,
+    controller: &str,
+) -> Vec<gpool_agent::config::AgentConfig> {
+    let real_gpus = gpool_agent::gpu::nvml::devices().is_ok_and(|devices| !devices.is_empty());
+    let n_nodes = if real_gpus { 1 } else { dev.n_nodes };
+    (1..=n_nodes)
+        .map(|node_idx| {
+            let node_name = format!("dev-{node_idx}");
+            let simulated_gpus = if real_gpus {
+                Vec::new()
+            } else {
+                vec![gpool_agent::config::SimulatedGpu {
+                    model: dev.gpu_model.clone(),
+                    memory_mib: dev.gpu_memory_mib,
+                    count: dev.gpus_per_node,
+                }]
+            };
+            gpool_agent::config::AgentConfig {
+                controller: controller.to_string(),
+                spool_dir: state_dir.join("spool").join(&node_name),
+                node_name,
+                labels: Default::default(),
+                heartbeat_interval: std::time::Duration::from_secs(1),
+                simulated_gpus,
+            }
+        })
+        .collect()
 }
 
 /// Asks the state task to look for silent nodes a few times per timeout.

@@ -22,6 +22,16 @@ struct Args {
     /// Address to listen on in dev mode (port 0 picks a free port).
     #[arg(long, requires = "dev", default_value = "127.0.0.1:0")]
     listen: SocketAddr,
+    /// Dev mode: in-process agents (0 for none). With NVIDIA GPUs present,
+    /// one agent offers the real GPUs instead.
+    #[arg(long, requires = "dev", default_value_t = 2)]
+    dev_nodes: u32,
+    /// Dev mode: simulated GPUs per in-process agent.
+    #[arg(long, requires = "dev", default_value_t = 8)]
+    dev_gpus_per_node: u32,
+    /// Dev mode: model of the simulated GPUs.
+    #[arg(long, requires = "dev", default_value = "h100")]
+    dev_gpu_model: String,
     /// Dev mode: how long an agent may be silent before its node is down.
     #[arg(long, requires = "dev", default_value = "30s", value_parser = humantime::parse_duration)]
     node_timeout: std::time::Duration,
@@ -74,6 +84,12 @@ fn run(args: Args) -> anyhow::Result<()> {
                 policy: Policy::default(),
                 admins: vec!["*".into()],
                 node_timeout: args.node_timeout,
+                dev_agents: (args.dev_nodes > 0).then(|| gpoold::config::DevAgents {
+                    n_nodes: args.dev_nodes,
+                    gpus_per_node: args.dev_gpus_per_node,
+                    gpu_model: args.dev_gpu_model,
+                    gpu_memory_mib: 81_559,
+                }),
             }
         }
     };

@@ -165,15 +165,34 @@ fn drained_node_takes_no_new_jobs() {
 fn running_jobs_survive_a_controller_kill_9() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 2);
-    let id = cluster.submit(&["--", "sh", "-c", "while [ ! -e release ]; do sleep 0.05; done; exit 4"]);
-    cluster.wait_for_state(id, "running");
+    let job = |name: &str, code: u32| {
+        let script = format!("touch started-{name}; while [ ! -e release-{name} ]; do sleep 0.05; done; exit {code}");
+        cluster.submit(&["--", "sh", "-c", &script])
+    };
+    let (ends_while_away, keeps_running) = (job("a", 4), job("b", 0));
+    // Running on the node, not only recorded as running by gpoold.
+    wait_until("both jobs to start", Duration::from_secs(20), || {
+        let dir = cluster.dir.path();
+        (dir.join("started-a").exists() && dir.join("started-b").exists()).then_some(())
+    });
+    let agent_log = cluster.agents[0].log.clone();
     cluster.controller().kill9();
+    std::fs::write(cluster.dir.path().join("release-a"), "").unwrap();
+    wait_until("job a to end while gpoold is down", Duration::from_secs(20), || {
+        std::fs::read_to_string(&agent_log)
+            .ok()?
+            .contains("attempt ended")
+            .then_some(())
+    });
     cluster.start_controller();
-    // The agent reconnects and reports the attempt: it is kept, not killed.
-    cluster.wait_for_node("node-a", "mixed");
-    assert_eq!(cluster.job(id)["state"], "running");
-    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
-    let job = cluster.wait_for_state(id, "failed");
-    assert_eq!(job["exit_code"], 4);
-    assert_eq!(job["attempt"], 1, "never relaunched");
+    // Its exit code arrives with the agent's Register; the other job is kept.
+    let ended = cluster.wait_for_state(ends_while_away, "failed");
+    assert_eq!(
+        (ended["exit_code"].as_i64(), ended["attempt"].as_u64()),
+        (Some(4), Some(1))
+    );
+    assert_eq!(cluster.job(keeps_running)["state"], "running");
+    std::fs::write(cluster.dir.path().join("release-b"), "").unwrap();
+    let finished = cluster.wait_for_state(keeps_running, "completed");
+    assert_eq!(finished["attempt"], 1, "never relaunched");
 }

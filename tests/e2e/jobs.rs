@@ -153,3 +153,25 @@ fn drain_of_an_unknown_node_names_it() {
     let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
     assert_eq!(nodes, serde_json::json!([]));
 }
+
+#[test]
+fn dev_mode_runs_jobs_on_in_process_agents() {
+    let cluster = Cluster::dev_default();
+    for node in ["dev-1", "dev-2"] {
+        cluster.wait_for_node(node, "idle");
+    }
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    assert_eq!(nodes[0]["gpus_total"], 8);
+    assert_eq!(nodes[0]["gpu_model"], "h100");
+    let run = cluster.gpool(&[
+        "submit",
+        "--gpus",
+        "2",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "test -n \"$CUDA_VISIBLE_DEVICES\"",
+    ]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+}

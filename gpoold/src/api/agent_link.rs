@@ -38,6 +38,7 @@ impl AgentLink for AgentLinkService {
             }) => register,
             _ => return Err(invalid("the first message of a link must be Register")),
         };
+        let ended: Vec<AgentEvent> = register.ended.iter().cloned().filter_map(event_from_wire).collect();
         let (node, running) = node_from_register(register)?;
         let node_name = node.name.clone();
         let (outbox, outbox_receiver) = tokio::sync::mpsc::unbounded_channel();
@@ -51,6 +52,7 @@ impl AgentLink for AgentLinkService {
             .call(|reply| Command::AgentRegister {
                 node,
                 running,
+                ended,
                 conn,
                 reply,
             })

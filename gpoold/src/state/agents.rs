@@ -123,13 +123,15 @@ impl State {
             .collect()
     }
 
-    /// An agent (re)connected: record its node, then reconcile. Attempts it
-    /// runs that are not wanted are killed; attempts this controller thinks
-    /// run there but the agent does not have are lost and requeued.
+    /// An agent (re)connected: record its node, apply what ended while it was
+    /// away, then reconcile. Attempts it runs that are not wanted are killed;
+    /// attempts this controller thinks run there but the agent neither runs
+    /// nor reported ended are lost and requeued.
     pub(super) fn register_agent(
         &mut self,
         mut node: Node,
         running: Vec<(JobId, Epoch)>,
+        ended: Vec<AgentEvent>,
         conn: AgentConn,
         now: Timestamp,
         out: &mut Batch,
@@ -141,8 +143,13 @@ impl State {
         node.alive = true;
         self.nodes.insert(name.clone(), node);
         out.writes.push(Write::Node(name.clone()));
+        let conn_id = conn.id;
         self.links.insert(name.clone(), conn);
         self.last_seen.insert(name.clone(), now);
+        // What ended while the link was down counts before reconciling.
+        for event in ended {
+            self.agent_event(&name, conn_id, event, now, out);
+        }
 
         let reported: HashSet<(JobId, Epoch)> = running.iter().copied().collect();
         for (job_id, epoch) in running {

@@ -94,6 +94,8 @@ pub enum Command {
     AgentRegister {
         node: Node,
         running: Vec<(JobId, Epoch)>,
+        /// Attempts that ended while the link was down.
+        ended: Vec<AgentEvent>,
         conn: AgentConn,
         reply: Reply<()>,
     },
@@ -468,10 +470,11 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         Command::AgentRegister {
             node,
             running,
+            ended,
             conn,
             reply,
         } => {
-            state.register_agent(node, running, conn, now, out);
+            state.register_agent(node, running, ended, conn, now, out);
             out.replies.push(deferred(reply, ()));
         }
         Command::AgentHeartbeat { node, conn_id } => state.heartbeat(&node, conn_id, now),

@@ -258,6 +258,9 @@ pub struct Register {
     pub labels: ::prost::alloc::vec::Vec<Label>,
     #[prost(message, repeated, tag = "4")]
     pub running: ::prost::alloc::vec::Vec<RunningAttempt>,
+    /// Attempts that ended while the link was down, oldest first.
+    #[prost(message, repeated, tag = "5")]
+    pub ended: ::prost::alloc::vec::Vec<JobEvent>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]

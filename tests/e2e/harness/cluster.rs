@@ -14,6 +14,9 @@ pub struct Cluster {
     n_starts: usize,
     /// gpoold's `--node-timeout`.
     node_timeout: String,
+    /// gpoold's in-process agents (`--dev-nodes`); tests start real agent
+    /// processes instead.
+    dev_nodes: u32,
     pub agents: Vec<Process>,
 }
 
@@ -59,6 +62,15 @@ impl Cluster {
 
     /// A dev controller that marks silent nodes down after `node_timeout`.
     pub fn with_node_timeout(node_timeout: &str) -> Cluster {
+        Cluster::new(node_timeout, 0)
+    }
+
+    /// The plain `gpoold --dev` a person runs: in-process agents included.
+    pub fn dev_default() -> Cluster {
+        Cluster::new("30s", 2)
+    }
+
+    fn new(node_timeout: &str, dev_nodes: u32) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("gpool-e2e-")
             .tempdir()
@@ -69,6 +81,7 @@ impl Cluster {
             addr: String::new(),
             n_starts: 0,
             node_timeout: node_timeout.to_string(),
+            dev_nodes,
             agents: Vec::new(),
         };
         cluster.start_controller();
@@ -138,14 +151,8 @@ impl Cluster {
         };
         let mut command = Command::new(binary("gpoold"));
         command
-            .args([
-                "--dev",
-                "--listen",
-                &listen,
-                "--node-timeout",
-                &self.node_timeout,
-                "--state-dir",
-            ])
+            .args(["--dev", "--dev-nodes", &self.dev_nodes.to_string(), "--listen", &listen])
+            .args(["--node-timeout", &self.node_timeout, "--state-dir"])
             .arg(self.state_dir())
             .env("XDG_RUNTIME_DIR", self.runtime_dir());
         let log = self.dir.path().join(format!("gpoold-{}.log", self.n_starts));
