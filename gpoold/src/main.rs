@@ -84,7 +84,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 policy: Policy::default(),
                 admins: vec!["*".into()],
                 node_timeout: args.node_timeout,
-                dev_agents: (args.dev_nodes > 0).then(|| gpoold::config::DevAgents {
+                dev_agents: (args.dev_nodes > 0).then_some(gpoold::config::DevAgents {
                     n_nodes: args.dev_nodes,
                     gpus_per_node: args.dev_gpus_per_node,
                     gpu_model: args.dev_gpu_model,
