@@ -7,3 +7,4 @@ mod agents;
 mod bad_input;
 mod durability;
 mod jobs;
+mod systemd;
