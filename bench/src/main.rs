@@ -36,6 +36,9 @@ fn main() -> anyhow::Result<()> {
     if wants("schedule") {
         schedule_cycles();
     }
+    if wants("agents") {
+        with_agents(4, 8)?;
+    }
     Ok(())
 }
 
@@ -70,7 +73,7 @@ impl Controller {
         let addr_file = state_dir.join("gpoold.addr");
         let _ = std::fs::remove_file(&addr_file);
         let child = Command::new(binary("gpoold")?)
-            .args(["--dev", "--listen", "127.0.0.1:0", "--state-dir"])
+            .args(["--dev", "--dev-nodes", "0", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state_dir)
             .env("GPOOL_LOG", "warn")
             .env("XDG_RUNTIME_DIR", state_dir.join("run"))
@@ -339,4 +342,147 @@ fn schedule_cycles() {
             format!("{:.2} ms (median of 21)", median(samples).as_secs_f64() * 1e3),
         );
     }
+}
+
+/// Starts `n_agents` gpool-agent processes with `n_gpus` simulated GPUs each.
+fn start_agents(controller: &Controller, n_agents: usize, n_gpus: u32) -> anyhow::Result<Vec<Child>> {
+    let mut agents = Vec::new();
+    for agent_idx in 0..n_agents {
+        let config = controller.state_dir.join(format!("agent-{agent_idx}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "controller = \"{}\"\nnode_name = \"bench-{agent_idx}\"\nspool_dir = \"{}\"\n\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = {n_gpus}\n",
+                controller.addr,
+                controller.state_dir.join(format!("spool-{agent_idx}")).display()
+            ),
+        )?;
+        agents.push(
+            Command::new(binary("gpool-agent")?)
+                .arg("--config")
+                .arg(&config)
+                .env("GPOOL_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count_lines(&gpool(&controller.addr, &["nodes"])?.stdout) < n_agents + 1 {
+        if Instant::now() > deadline {
+            bail!("agents did not register within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(agents)
+}
+
+fn count_lines(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|b| **b == b'\n').count()
+}
+
+fn stop_agents(agents: Vec<Child>) {
+    for mut agent in agents {
+        let _ = Command::new("kill").arg("-TERM").arg(agent.id().to_string()).status();
+        let _ = agent.wait();
+    }
+}
+
+/// Waits until no job is pending or running; returns when that happened.
+fn wait_all_finished(addr: &str, deadline: Duration) -> anyhow::Result<Instant> {
+    let started = Instant::now();
+    loop {
+        let output = gpool(addr, &["jobs", "--state", "pending,running", "--output", "json"])?;
+        if output.stdout.starts_with(b"[]") {
+            return Ok(Instant::now());
+        }
+        if started.elapsed() > deadline {
+            bail!("jobs still unfinished after {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start(dir.path())?;
+    let agents = start_agents(&controller, n_agents, n_gpus)?;
+    let shape = format!("{n_agents} agents x {n_gpus} GPUs");
+
+    // Submit-to-start: from just before `gpool submit` is spawned to the
+    // clock reading the job itself prints first thing (`date +%s%N`).
+    let mut latencies = Vec::new();
+    for sample_idx in 0..50 {
+        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        let output = gpool(&controller.addr, &["submit", "--", "date", "+%s%N"])?;
+        let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let started_ns: u128 = loop {
+            let printed = (0..n_agents).find_map(|agent_idx| {
+                let out = controller
+                    .state_dir
+                    .join(format!("spool-{agent_idx}/jobs/{id}/attempt-1.out"));
+                std::fs::read_to_string(out)
+                    .ok()
+                    .and_then(|text| text.trim().parse().ok())
+            });
+            if let Some(ns) = printed {
+                break ns;
+            }
+            if Instant::now() > deadline {
+                bail!("job {sample_idx} did not start within 10 s");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        latencies.push(Duration::from_nanos(
+            (started_ns.saturating_sub(before.as_nanos())) as u64,
+        ));
+    }
+    latencies.sort();
+    report(
+        &format!("submit-to-start latency, idle pool, {shape} (50 jobs)"),
+        format!(
+            "median {:.1} ms, p90 {:.1} ms",
+            latencies[latencies.len() / 2].as_secs_f64() * 1e3,
+            latencies[latencies.len() * 9 / 10].as_secs_f64() * 1e3
+        ),
+    );
+
+    let n_jobs = 2000;
+    let started = Instant::now();
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = controller.addr.clone();
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                for _ in 0..n_jobs / 8 {
+                    gpool(&addr, &["submit", "--", "true"])?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().map_err(|_| anyhow::anyhow!("submitter panicked"))??;
+    }
+    let finished = wait_all_finished(&controller.addr, Duration::from_secs(300))?;
+    let rate = n_jobs as f64 / finished.duration_since(started).as_secs_f64();
+    report(
+        &format!("{n_jobs} one-GPU `true` jobs end to end, one gpool submit each (8 parallel), {shape}"),
+        format!("{rate:.0} jobs/s"),
+    );
+
+    let batch = dir.path().join("batch.toml");
+    std::fs::write(&batch, "[[job]]\ncommand = [\"true\"]\n".repeat(n_jobs))?;
+    let started = Instant::now();
+    gpool(&controller.addr, &["submit", "-f", &batch.display().to_string()])?;
+    let finished = wait_all_finished(&controller.addr, Duration::from_secs(300))?;
+    let rate = n_jobs as f64 / finished.duration_since(started).as_secs_f64();
+    report(
+        &format!("{n_jobs} one-GPU `true` jobs end to end, one batch file, {shape}"),
+        format!("{rate:.0} jobs/s"),
+    );
+
+    stop_agents(agents);
+    controller.stop();
+    Ok(())
 }

@@ -1,6 +1,7 @@
-//! The scheduling loop: on every change that can free or need GPUs (debounced)
-//! and on a timer, runs `gpool_core::sched::schedule` on a view of the state
-//! and sends the Plan to the state task.
+//! The scheduling loop: on every change that can free or need GPUs and on a
+//! timer, runs `gpool_core::sched::schedule` on a view of the state and sends
+//! the Plan to the state task. Changes that arrive while a cycle runs, or
+//! during the pause after it, share the next cycle.
 
 use crate::state::{Command, StateHandle};
 use gpool_core::sched::{schedule, Plan, Reject};
@@ -11,8 +12,6 @@ use std::time::{Duration, Instant};
 
 /// A cycle also runs this often when nothing happened (time-based policy).
 const PERIOD: Duration = Duration::from_secs(5);
-/// Changes arriving within this window share one cycle.
-const DEBOUNCE: Duration = Duration::from_millis(2);
 /// After a cycle that took `t`, the next waits at least `t * IDLE_FACTOR`,
 /// so that scheduling never takes more than a fifth of a core under a
 /// flood of submissions.
@@ -21,7 +20,6 @@ const IDLE_FACTOR: u32 = 4;
 pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
     loop {
         let _ = tokio::time::timeout(PERIOD, handle.sched_wakeup.notified()).await;
-        tokio::time::sleep(DEBOUNCE).await;
         let started = Instant::now();
         let (view, policy) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -30,13 +28,14 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
         let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, clock()));
         let starts = std::mem::take(&mut plan.starts);
         let reasons = reasons_in_words(plan);
+        let compute = started.elapsed();
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
             return;
         }
         if handle.commands.send(Command::Planned { reasons }).await.is_err() {
             return;
         }
-        tokio::time::sleep(started.elapsed() * IDLE_FACTOR).await;
+        tokio::time::sleep(compute * IDLE_FACTOR).await;
     }
 }
 

@@ -5,8 +5,9 @@ use crate::harness::process::wait_until;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-/// A shell line that records its GPUs, then waits for `release` to appear.
-const HOLD: &str = "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $GPOOL_NODE > gpus-$GPOOL_JOB_ID; while [ ! -e release ]; do sleep 0.05; done";
+/// A shell line that records its GPUs, then waits for `release` to appear
+/// (for a minute at most, so a failed test leaves no process behind).
+const HOLD: &str = "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $GPOOL_NODE > gpus-$GPOOL_JOB_ID; i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done";
 
 fn read(cluster: &Cluster, name: &str) -> String {
     std::fs::read_to_string(cluster.dir.path().join(name)).unwrap_or_default()
@@ -166,7 +167,9 @@ fn running_jobs_survive_a_controller_kill_9() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 2);
     let job = |name: &str, code: u32| {
-        let script = format!("touch started-{name}; while [ ! -e release-{name} ]; do sleep 0.05; done; exit {code}");
+        let script = format!(
+            "touch started-{name}; i=0; while [ ! -e release-{name} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; exit {code}"
+        );
         cluster.submit(&["--", "sh", "-c", &script])
     };
     let (ends_while_away, keeps_running) = (job("a", 4), job("b", 0));

@@ -14,7 +14,10 @@ fn units_verify() {
     let mut paths = Vec::new();
     for unit in ["gpoold.service", "gpool-agent.service"] {
         let text = std::fs::read_to_string(units_dir.join(unit)).expect("unit file");
-        assert!(text.contains("ExecStart=/usr/local/bin/"), "{unit} starts the installed binary");
+        assert!(
+            text.contains("ExecStart=/usr/local/bin/"),
+            "{unit} starts the installed binary"
+        );
         if unit == "gpool-agent.service" {
             assert!(text.contains("KillMode=process"), "agent restarts must not kill jobs");
         }
@@ -31,5 +34,8 @@ fn units_verify() {
         .expect("systemd-analyze (Debian package systemd) is installed");
     let output = output_within(child, "systemd-analyze verify", Duration::from_secs(60));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success() && !stderr.contains(".service:"), "systemd-analyze verify:\n{stderr}");
+    assert!(
+        output.status.success() && !stderr.contains(".service:"),
+        "systemd-analyze verify:\n{stderr}"
+    );
 }
