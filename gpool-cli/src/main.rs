@@ -56,6 +56,9 @@ enum Command {
         /// Why (shown in `gpool nodes`).
         #[arg(long, required = true)]
         reason: String,
+        /// Requeue the node's running jobs now instead of letting them finish.
+        #[arg(long)]
+        now: bool,
     },
     /// Let a drained node take jobs again.
     Resume { node: String },
@@ -132,7 +135,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
         Command::Cancel { ids } => cmd::cancel::run(&ctx, ids).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
-        Command::Drain { node, reason } => cmd::nodes::drain(&ctx, node, Some(reason)).await.map(|()| 0),
+        Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
         Command::Resume { node } => cmd::nodes::drain(&ctx, node, None).await.map(|()| 0),
     }
 }

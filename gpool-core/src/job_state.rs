@@ -188,7 +188,7 @@ fn running_ended(started_at: Timestamp, event: &JobEvent) -> Option<JobState> {
             started_at: Some(started_at),
             ended_at: *now,
             exit_code: None,
-            reason: "its node was lost and the job asked not to be requeued".to_string(),
+            reason: "its node was lost or drained at once, and the job asked not to be requeued".to_string(),
         },
         JobEvent::Start { .. } | JobEvent::Cancel { .. } => return None,
     };

@@ -112,6 +112,14 @@ pub struct JobSpec {
     pub workdir: String,
     pub priority: i32,
     pub pool: String,
+    /// Whether a lost attempt (its node went down or was drained at once)
+    /// puts the job back in the queue; otherwise the job fails.
+    #[serde(default = "yes")]
+    pub requeue: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl JobSpec {

@@ -80,6 +80,8 @@ pub struct JobSpecInput {
     pub workdir: Option<String>,
     pub priority: Option<i32>,
     pub pool: Option<String>,
+    /// `false`: fail instead of requeueing when the node is lost.
+    pub requeue: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -123,6 +125,7 @@ impl JobSpecInput {
             workdir: self.workdir.unwrap_or_default(),
             priority: self.priority.unwrap_or(0),
             pool: self.pool.unwrap_or_default(),
+            requeue: self.requeue.unwrap_or(true),
         };
         spec.validate()?;
         Ok(spec)

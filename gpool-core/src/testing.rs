@@ -148,6 +148,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 workdir: String::new(),
                 priority: 0,
                 pool: String::new(),
+                requeue: true,
             },
             user: "alice".into(),
             submitted_at: Timestamp(0),

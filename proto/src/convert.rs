@@ -26,6 +26,7 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         workdir: spec.workdir.clone(),
         priority: spec.priority,
         pool: spec.pool.clone(),
+        no_requeue: !spec.requeue,
     }
 }
 
@@ -45,6 +46,7 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         workdir: spec.workdir,
         priority: spec.priority,
         pool: spec.pool,
+        requeue: !spec.no_requeue,
     }
 }
 

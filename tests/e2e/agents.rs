@@ -199,3 +199,107 @@ fn running_jobs_survive_a_controller_kill_9() {
     let finished = cluster.wait_for_state(keeps_running, "completed");
     assert_eq!(finished["attempt"], 1, "never relaunched");
 }
+
+/// A frozen node: its agent and its job stopped with SIGSTOP.
+fn freeze(agent: nix::unistd::Pid, job: nix::unistd::Pid, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(agent, signal).expect("signal the agent");
+    // The job leads its own process group.
+    nix::sys::signal::killpg(job, signal).expect("signal the job's group");
+}
+
+#[test]
+fn silent_node_goes_down_and_its_job_never_runs_twice() {
+    use nix::sys::signal::Signal;
+    let mut cluster = Cluster::with_node_timeout("2s");
+    let agent_a = cluster.start_agent("node-a", 1);
+    cluster.start_agent("node-b", 1);
+    cluster
+        .gpool(&["drain", "node-b", "--reason", "keep the first attempt on node-a"])
+        .ok();
+    let script = "echo start $GPOOL_ATTEMPT $GPOOL_NODE $$ >> marker; i=0; \
+        while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo end $GPOOL_ATTEMPT >> marker";
+    let id = cluster.submit(&["--", "sh", "-c", script]);
+    let first_pid: i32 = wait_until("attempt 1 to start", Duration::from_secs(20), || {
+        read(&cluster, "marker").split_whitespace().nth(3)?.parse().ok()
+    });
+    cluster.gpool(&["resume", "node-b"]).ok();
+
+    let (agent_pid, job_pid) = (cluster.agents[agent_a].pid(), nix::unistd::Pid::from_raw(first_pid));
+    freeze(agent_pid, job_pid, Signal::SIGSTOP);
+    cluster.wait_for_node("node-a", "down");
+    let job = cluster.wait_for_state(id, "running");
+    assert_eq!(
+        (job["attempt"].as_u64(), job["placement"][0]["node"].as_str()),
+        (Some(2), Some("node-b"))
+    );
+    wait_until("attempt 2 to start", Duration::from_secs(20), || {
+        read(&cluster, "marker").contains("start 2 node-b").then_some(())
+    });
+
+    // The node comes back: its stale attempt is told to die.
+    freeze(agent_pid, job_pid, Signal::SIGCONT);
+    wait_until("the stale attempt to be killed", Duration::from_secs(30), || {
+        nix::sys::signal::kill(job_pid, None).is_err().then_some(())
+    });
+    cluster.wait_for_node("node-a", "idle");
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    let done = cluster.wait_for_state(id, "completed");
+    assert_eq!(done["attempt"], 2);
+    let lines: Vec<String> = read(&cluster, "marker")
+        .lines()
+        .map(|line| line.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        lines,
+        ["start 1 node-a", "start 2 node-b", "end 2"],
+        "attempt 1 must never run on"
+    );
+}
+
+#[test]
+fn drain_now_requeues_and_no_requeue_jobs_fail() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 2);
+    cluster.start_agent("node-b", 2);
+    cluster
+        .gpool(&["drain", "node-b", "--reason", "first place both jobs on node-a"])
+        .ok();
+    let hold = "touch started-$GPOOL_JOB_ID-$GPOOL_ATTEMPT; i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done";
+    let requeued = cluster.submit(&["--", "sh", "-c", hold]);
+    let failing = cluster.submit(&["--no-requeue", "--", "sh", "-c", hold]);
+    for id in [requeued, failing] {
+        wait_until("the job to start", Duration::from_secs(20), || {
+            cluster
+                .dir
+                .path()
+                .join(format!("started-{id}-1"))
+                .exists()
+                .then_some(())
+        });
+    }
+    cluster.gpool(&["resume", "node-b"]).ok();
+    cluster
+        .gpool(&["drain", "node-a", "--reason", "replace a GPU", "--now"])
+        .ok();
+    let moved = cluster.wait_for_state(requeued, "running");
+    let moved = if moved["attempt"] == 2 {
+        moved
+    } else {
+        wait_until("the requeued job's second attempt", Duration::from_secs(20), || {
+            let job = cluster.job(requeued);
+            (job["attempt"] == 2 && job["state"] == "running").then_some(job)
+        })
+    };
+    assert_eq!(moved["placement"][0]["node"], "node-b");
+    let failed = cluster.wait_for_state(failing, "failed");
+    assert!(
+        failed["end_reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not to be requeued"),
+        "{failed}"
+    );
+    cluster.wait_for_node("node-a", "drained");
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    cluster.wait_for_state(requeued, "completed");
+}

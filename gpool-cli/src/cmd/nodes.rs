@@ -22,11 +22,12 @@ pub async fn list(ctx: &Ctx) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Drains `name` when `reason` is given, resumes it otherwise.
-pub async fn drain(ctx: &Ctx, name: String, reason: Option<String>) -> Result<(), CliError> {
+/// Drains `name` when a reason is given (with its running jobs requeued at
+/// once if asked), resumes it otherwise.
+pub async fn drain(ctx: &Ctx, name: String, drain: Option<(String, bool)>) -> Result<(), CliError> {
     let mut conn = ctx.connect().await?;
-    let node = match reason {
-        Some(reason) => conn.client.drain_node(pb::DrainNodeRequest { name, reason }).await,
+    let node = match drain {
+        Some((reason, now)) => conn.client.drain_node(pb::DrainNodeRequest { name, reason, now }).await,
         None => conn.client.resume_node(pb::ResumeNodeRequest { name }).await,
     }
     .map_err(|s| conn.refused(s))?

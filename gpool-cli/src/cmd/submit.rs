@@ -48,13 +48,16 @@ pub struct SubmitArgs {
     /// Pool (partition); the default pool when absent.
     #[arg(long)]
     pool: Option<String>,
+    /// Fail instead of requeueing when the job's node is lost.
+    #[arg(long)]
+    no_requeue: bool,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
         long = "file",
         conflicts_with_all = [
             "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
-            "time", "env", "workdir", "priority", "pool",
+            "time", "env", "workdir", "priority", "pool", "no_requeue",
         ]
     )]
     file: Option<PathBuf>,
@@ -150,5 +153,6 @@ fn input_from_flags(args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         workdir: args.workdir,
         priority: args.priority,
         pool: args.pool,
+        requeue: Some(!args.no_requeue),
     })
 }

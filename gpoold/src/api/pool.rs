@@ -199,7 +199,7 @@ impl Pool for PoolService {
 
     async fn drain_node(&self, request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let user = caller(&request)?;
-        let pb::DrainNodeRequest { name, reason } = request.into_inner();
+        let pb::DrainNodeRequest { name, reason, now } = request.into_inner();
         if reason.trim().is_empty() {
             return Err(Error::InvalidRequest {
                 field: "reason",
@@ -213,6 +213,7 @@ impl Pool for PoolService {
                 user,
                 node: name,
                 reason,
+                at_once: now,
                 reply,
             })
             .await?;

@@ -183,9 +183,10 @@ impl State {
         }
     }
 
-    /// Ends a running attempt whose node was lost: the job goes back to the
-    /// queue and the attempt's other ranks are killed.
-    fn lose_attempt(&mut self, job_id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) {
+    /// Ends a running attempt whose node was lost or drained at once: the job
+    /// goes back to the queue (or fails, if it asked not to be requeued) and
+    /// all the attempt's ranks are killed.
+    pub(super) fn lose_attempt(&mut self, job_id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) {
         let Some(job) = self.jobs.get_mut(&job_id) else { return };
         let placement = match &job.state {
             JobState::Running { placement, .. } => placement.clone(),
@@ -194,7 +195,7 @@ impl State {
         if job
             .apply(&JobEvent::Lost {
                 epoch,
-                requeue: true,
+                requeue: job.spec.requeue,
                 now,
             })
             .is_ok()
@@ -205,6 +206,19 @@ impl State {
             for part in placement {
                 out.messages.push((part.node, kill_message(job_id, epoch)));
             }
+        }
+    }
+
+    /// Ends every attempt with a part on `node` (its node is down, or drained
+    /// at once) and requeues their jobs.
+    pub(super) fn requeue_jobs_on(&mut self, node: &str, now: Timestamp, out: &mut Batch) {
+        let attempts: Vec<(JobId, Epoch)> = self
+            .jobs
+            .values()
+            .filter_map(|job| self.attempt_on(job.id, node).map(|epoch| (job.id, epoch)))
+            .collect();
+        for (job_id, epoch) in attempts {
+            self.lose_attempt(job_id, epoch, now, out);
         }
     }
 
@@ -297,14 +311,7 @@ impl State {
             }
             self.links.remove(&name);
             out.writes.push(Write::Node(name.clone()));
-            let lost: Vec<(JobId, Epoch)> = self
-                .jobs
-                .values()
-                .filter_map(|job| self.attempt_on(job.id, &name).map(|epoch| (job.id, epoch)))
-                .collect();
-            for (job_id, epoch) in lost {
-                self.lose_attempt(job_id, epoch, now, out);
-            }
+            self.requeue_jobs_on(&name, now, out);
         }
     }
 

@@ -75,6 +75,8 @@ pub enum Command {
         user: String,
         node: String,
         reason: String,
+        /// Requeue its running jobs now instead of letting them finish.
+        at_once: bool,
         reply: Reply<Node>,
     },
     Resume {
@@ -462,8 +464,15 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             user,
             node,
             reason,
+            at_once,
             reply,
-        } => node_reply(state.set_drain(&user, &node, Some(reason)), reply, out),
+        } => {
+            let drained = state.set_drain(&user, &node, Some(reason));
+            if at_once && drained.is_ok() {
+                state.requeue_jobs_on(&node, now, out);
+            }
+            node_reply(drained, reply, out)
+        }
         Command::Resume { user, node, reply } => node_reply(state.set_drain(&user, &node, None), reply, out),
         Command::Planned { reasons } => state.pending_reasons = reasons,
         Command::Start { starts } => state.start(starts, now, out),

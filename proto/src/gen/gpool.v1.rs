@@ -46,6 +46,9 @@ pub struct JobSpec {
     pub priority: i32,
     #[prost(string, tag = "13")]
     pub pool: ::prost::alloc::string::String,
+    /// Fail instead of requeueing when the job's node is lost.
+    #[prost(bool, tag = "14")]
+    pub no_requeue: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -213,6 +216,9 @@ pub struct DrainNodeRequest {
     pub name: ::prost::alloc::string::String,
     #[prost(string, tag = "2")]
     pub reason: ::prost::alloc::string::String,
+    /// Requeue the node's running jobs now instead of letting them finish.
+    #[prost(bool, tag = "3")]
+    pub now: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

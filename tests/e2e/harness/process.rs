@@ -44,6 +44,10 @@ impl Process {
         }
     }
 
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().map_or(0, |child| child.id() as i32))
+    }
+
     /// `kill -9` and reap.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
