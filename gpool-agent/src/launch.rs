@@ -1,12 +1,15 @@
-//! Running job attempts as processes: each in its own session and process
-//! group, confined to its GPUs by `CUDA_VISIBLE_DEVICES`, output to files in
-//! the spool dir, time limit enforced, killed as a whole group.
+//! Running job attempts: each through a supervisor process (`supervise.rs`)
+//! that leads its own session, confined to its GPUs by
+//! `CUDA_VISIBLE_DEVICES`, output to files in the spool dir, time limit
+//! enforced, killed as a whole group. The running attempts are kept in
+//! `<spool>/attempts.json`, so a restarted agent re-adopts them.
 
+use crate::supervise::{Ended, SUPERVISE_ARG};
 use gpool_proto::pb;
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use std::collections::HashMap;
-use std::os::unix::process::ExitStatusExt;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -16,44 +19,96 @@ use tokio::task::JoinSet;
 
 /// Grace between SIGTERM and SIGKILL when a time limit runs out.
 const TIME_LIMIT_GRACE: Duration = Duration::from_secs(10);
+/// How often a re-adopted attempt (not our child) is checked.
+const ADOPTED_POLL: Duration = Duration::from_millis(100);
+const STATE_FILE: &str = "attempts.json";
 
 /// The attempts this node runs, and the events they produce.
 pub struct Attempts {
     node: String,
     spool_dir: PathBuf,
-    running: Mutex<HashMap<u64, RunningAttempt>>,
+    /// This agent's own binary, which doubles as the supervisor.
+    supervisor: PathBuf,
+    running: Mutex<BTreeMap<u64, RunningAttempt>>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
     tasks: Mutex<JoinSet<()>>,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// One running attempt, as `attempts.json` keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct RunningAttempt {
+    job_id: u64,
     epoch: u64,
-    /// The process group (= session) leader's pid.
+    /// The supervisor's pid, which is also the session and group id.
     pgid: i32,
+    exit_file: PathBuf,
+    /// Unix milliseconds when the time limit runs out.
+    deadline_ms: Option<i64>,
 }
 
 impl Attempts {
-    pub fn new(node: String, spool_dir: PathBuf, events: mpsc::UnboundedSender<pb::JobEvent>) -> Arc<Attempts> {
-        Arc::new(Attempts {
+    pub fn new(
+        node: String,
+        spool_dir: PathBuf,
+        events: mpsc::UnboundedSender<pb::JobEvent>,
+    ) -> std::io::Result<Arc<Attempts>> {
+        Ok(Arc::new(Attempts {
             node,
             spool_dir,
-            running: Mutex::new(HashMap::new()),
+            supervisor: std::env::current_exe()?,
+            running: Mutex::new(BTreeMap::new()),
             events,
             tasks: Mutex::new(JoinSet::new()),
-        })
+        }))
     }
 
     /// What Register reports.
     pub fn running(&self) -> Vec<pb::RunningAttempt> {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         running
-            .iter()
-            .map(|(job_id, attempt)| pb::RunningAttempt {
-                job_id: *job_id,
-                epoch: attempt.epoch,
+            .values()
+            .map(|a| pb::RunningAttempt {
+                job_id: a.job_id,
+                epoch: a.epoch,
             })
             .collect()
+    }
+
+    /// Takes over the attempts a previous agent left in `attempts.json`:
+    /// those still running are watched again, those that ended are reported.
+    pub fn recover(self: &Arc<Self>) {
+        let path = self.spool_dir.join(STATE_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let recorded: Vec<RunningAttempt> = match serde_json::from_str(&text) {
+            Ok(recorded) => recorded,
+            Err(err) => {
+                tracing::error!(
+                    "{}: cannot read ({err}); its attempts are not re-adopted",
+                    path.display()
+                );
+                return;
+            }
+        };
+        for attempt in recorded {
+            if let Some(ended) = Ended::read(&attempt.exit_file) {
+                tracing::info!(
+                    job = attempt.job_id,
+                    "attempt ended while the agent was away: {ended:?}"
+                );
+                self.send(attempt.job_id, attempt.epoch, outcome(ended));
+            } else if supervisor_alive(attempt.pgid) {
+                tracing::info!(job = attempt.job_id, pid = attempt.pgid, "re-adopting running attempt");
+                self.insert(attempt.clone());
+                let attempts = self.clone();
+                self.spawn_task(async move { attempts.watch_adopted(attempt).await });
+            } else {
+                tracing::warn!(job = attempt.job_id, "attempt vanished without an exit record");
+                self.send(attempt.job_id, attempt.epoch, outcome(Ended::Signal(9)));
+            }
+        }
+        self.save();
     }
 
     pub fn launch(self: &Arc<Self>, launch: pb::Launch) {
@@ -62,29 +117,33 @@ impl Attempts {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&launch.job_id)
-            .copied();
-        if let Some(attempt) = already {
+            .map(|a| a.epoch);
+        if let Some(epoch) = already {
             tracing::warn!(
                 job = launch.job_id,
-                epoch = attempt.epoch,
+                epoch,
                 "launch for a job already running here; ignored"
             );
             return;
         }
         let (job_id, epoch) = (launch.job_id, launch.epoch);
         match self.spawn(&launch) {
-            Ok(child) => {
+            Ok((child, exit_file)) => {
                 let pgid = child.id().map_or(0, |pid| pid as i32);
                 tracing::info!(job = job_id, epoch, pid = pgid, "attempt {} started", launch.attempt);
-                self.running
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(job_id, RunningAttempt { epoch, pgid });
+                let deadline_ms = launch.time_limit.map(|limit| now_ms() + limit.seconds as i64 * 1000);
+                let attempt = RunningAttempt {
+                    job_id,
+                    epoch,
+                    pgid,
+                    exit_file,
+                    deadline_ms,
+                };
+                self.insert(attempt.clone());
+                self.save();
                 self.send(job_id, epoch, pb::job_event::Outcome::Started(true));
                 let attempts = self.clone();
-                let time_limit = launch.time_limit.map(|d| Duration::from_secs(d.seconds));
-                let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-                tasks.spawn(async move { attempts.supervise(job_id, epoch, pgid, child, time_limit).await });
+                self.spawn_task(async move { attempts.watch_child(attempt, child).await });
             }
             Err(reason) => self.send(job_id, epoch, pb::job_event::Outcome::FailedToStart(reason)),
         }
@@ -97,63 +156,109 @@ impl Attempts {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&job_id)
-            .copied();
+            .cloned();
         let Some(attempt) = attempt.filter(|a| a.epoch == epoch) else {
             return;
         };
         tracing::info!(job = job_id, epoch, "killing attempt");
         let attempts = self.clone();
-        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-        tasks.spawn(async move { attempts.terminate(job_id, attempt, grace).await });
+        self.spawn_task(async move { attempts.terminate(&attempt, grace).await });
     }
 
-    async fn terminate(&self, job_id: u64, attempt: RunningAttempt, grace: Duration) {
-        let _ = killpg(Pid::from_raw(attempt.pgid), Signal::SIGTERM);
+    fn spawn_task(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).spawn(task);
+    }
+
+    fn insert(&self, attempt: RunningAttempt) {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(attempt.job_id, attempt);
+    }
+
+    /// Writes `attempts.json` (atomically: temp file, then rename).
+    fn save(&self) {
+        let records: Vec<RunningAttempt> = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let path = self.spool_dir.join(STATE_FILE);
+        let temp = path.with_extension("json.tmp");
+        let written = serde_json::to_vec(&records)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&temp, bytes))
+            .and_then(|()| std::fs::rename(&temp, &path));
+        if let Err(err) = written {
+            tracing::error!("{}: cannot write: {err}", path.display());
+        }
+    }
+
+    async fn terminate(&self, attempt: &RunningAttempt, grace: Duration) {
+        signal_group(attempt.pgid, Signal::SIGTERM);
         tokio::time::sleep(grace).await;
         let still = self
             .running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&job_id)
+            .get(&attempt.job_id)
             .map(|a| a.epoch);
         if still == Some(attempt.epoch) {
-            let _ = killpg(Pid::from_raw(attempt.pgid), Signal::SIGKILL);
+            signal_group(attempt.pgid, Signal::SIGKILL);
         }
     }
 
-    async fn supervise(
-        &self,
-        job_id: u64,
-        epoch: u64,
-        pgid: i32,
-        mut child: tokio::process::Child,
-        time_limit: Option<Duration>,
-    ) {
-        let status = match time_limit {
+    /// Waits for a supervisor this agent started.
+    async fn watch_child(&self, attempt: RunningAttempt, mut child: tokio::process::Child) {
+        let limit = attempt
+            .deadline_ms
+            .map(|deadline| Duration::from_millis((deadline - now_ms()).max(0) as u64));
+        let waited = match limit {
             None => child.wait().await,
             Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
-                Ok(status) => status,
+                Ok(waited) => waited,
                 Err(_) => {
-                    tracing::info!(job = job_id, "time limit of {limit:?} reached");
-                    self.terminate(job_id, RunningAttempt { epoch, pgid }, TIME_LIMIT_GRACE)
-                        .await;
+                    tracing::info!(job = attempt.job_id, "time limit reached");
+                    self.terminate(&attempt, TIME_LIMIT_GRACE).await;
                     child.wait().await
                 }
             },
         };
-        // The leader is gone; anything left in its group goes with it.
-        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&job_id);
-        tracing::info!(job = job_id, epoch, "attempt ended: {status:?}");
-        let outcome = match status {
-            Ok(status) => match (status.code(), status.signal()) {
-                (Some(code), _) => pb::job_event::Outcome::ExitCode(code),
-                (None, Some(signal)) => pb::job_event::Outcome::Signal(signal),
-                (None, None) => pb::job_event::Outcome::FailedToStart("no exit status".into()),
-            },
-            Err(err) => pb::job_event::Outcome::FailedToStart(format!("waiting for the process: {err}")),
-        };
-        self.send(job_id, epoch, outcome);
+        if let Err(err) = waited {
+            tracing::warn!(job = attempt.job_id, "waiting for the supervisor: {err}");
+        }
+        self.finish(&attempt);
+    }
+
+    /// Watches a supervisor a previous agent started (not our child).
+    async fn watch_adopted(&self, attempt: RunningAttempt) {
+        let mut terminating = false;
+        while supervisor_alive(attempt.pgid) {
+            if !terminating && attempt.deadline_ms.is_some_and(|deadline| now_ms() > deadline) {
+                terminating = true;
+                self.terminate(&attempt, TIME_LIMIT_GRACE).await;
+                continue;
+            }
+            tokio::time::sleep(ADOPTED_POLL).await;
+        }
+        self.finish(&attempt);
+    }
+
+    /// The supervisor is gone: record and report how the attempt ended.
+    fn finish(&self, attempt: &RunningAttempt) {
+        // Anything left in the group goes with it.
+        signal_group(attempt.pgid, Signal::SIGKILL);
+        // No exit record means the supervisor itself was killed (SIGKILL).
+        let ended = Ended::read(&attempt.exit_file).unwrap_or(Ended::Signal(9));
+        tracing::info!(job = attempt.job_id, epoch = attempt.epoch, "attempt ended: {ended:?}");
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&attempt.job_id);
+        self.save();
+        self.send(attempt.job_id, attempt.epoch, outcome(ended));
     }
 
     fn send(&self, job_id: u64, epoch: u64, outcome: pb::job_event::Outcome) {
@@ -164,8 +269,10 @@ impl Attempts {
         });
     }
 
-    fn spawn(&self, launch: &pb::Launch) -> Result<tokio::process::Child, String> {
-        let program = launch.command.first().ok_or("the command is empty")?;
+    fn spawn(&self, launch: &pb::Launch) -> Result<(tokio::process::Child, PathBuf), String> {
+        if launch.command.first().is_none_or(String::is_empty) {
+            return Err("the command is empty".into());
+        }
         let job_dir = self.spool_dir.join("jobs").join(launch.job_id.to_string());
         let checkpoint_dir = self.spool_dir.join("checkpoints").join(launch.job_id.to_string());
         for dir in [&job_dir, &checkpoint_dir] {
@@ -175,9 +282,13 @@ impl Attempts {
             let path = job_dir.join(format!("attempt-{}.{suffix}", launch.attempt));
             std::fs::File::create(&path).map_err(|err| format!("{}: {err}", path.display()))
         };
-        let mut command = tokio::process::Command::new(program);
+        let exit_file = job_dir.join(format!("attempt-{}.exit", launch.attempt));
+        let _ = std::fs::remove_file(&exit_file);
+        let mut command = tokio::process::Command::new(&self.supervisor);
         command
-            .args(&launch.command[1..])
+            .arg(SUPERVISE_ARG)
+            .arg(&exit_file)
+            .args(&launch.command)
             .envs(launch.env.iter().map(|var| (&var.name, &var.value)))
             .envs(attempt_env(launch, &self.node, &checkpoint_dir))
             .stdin(Stdio::null())
@@ -193,14 +304,46 @@ impl Attempts {
             }
             command.current_dir(&launch.workdir);
         }
-        // SAFETY: setsid is async-signal-safe and touches no memory of the
-        // parent; it makes the attempt a session and process-group leader so
-        // that a kill reaches every process it started.
-        unsafe {
-            command.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
-        }
-        command.spawn().map_err(|err| format!("cannot run {program:?}: {err}"))
+        let child = command
+            .spawn()
+            .map_err(|err| format!("cannot start the supervisor: {err}"))?;
+        Ok((child, exit_file))
     }
+}
+
+fn outcome(ended: Ended) -> pb::job_event::Outcome {
+    match ended {
+        Ended::Code(code) => pb::job_event::Outcome::ExitCode(code),
+        Ended::Signal(signal) => pb::job_event::Outcome::Signal(signal),
+        Ended::FailedToStart(reason) => pb::job_event::Outcome::FailedToStart(reason),
+    }
+}
+
+/// The group, and the leader itself in case it has not called setsid yet.
+fn signal_group(pgid: i32, signal: Signal) {
+    if pgid > 0 {
+        let _ = killpg(Pid::from_raw(pgid), signal);
+        let _ = kill(Pid::from_raw(pgid), signal);
+    }
+}
+
+/// Whether `pid` is still one of our supervisors (and not a reused pid).
+fn supervisor_alive(pid: i32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let is_supervisor = cmdline.split(|b| *b == 0).any(|arg| arg == SUPERVISE_ARG.as_bytes());
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(true);
+    is_supervisor && !zombie
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The `GPOOL_*`, CUDA and torch.distributed variables of one attempt.

@@ -5,6 +5,7 @@ pub mod config;
 pub mod gpu;
 pub mod launch;
 pub mod link;
+pub mod supervise;
 
 use config::AgentConfig;
 use std::future::Future;
@@ -18,7 +19,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let (gpus, source) = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
-    let attempts = launch::Attempts::new(config.node_name.clone(), config.spool_dir.clone(), events);
+    let attempts = launch::Attempts::new(config.node_name.clone(), config.spool_dir.clone(), events)
+        .map_err(|err| anyhow::anyhow!("cannot find the agent's own binary (the attempt supervisor): {err}"))?;
+    attempts.recover();
     let info = link::NodeInfo {
         name: config.node_name.clone(),
         gpus,

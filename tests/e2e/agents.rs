@@ -203,8 +203,9 @@ fn running_jobs_survive_a_controller_kill_9() {
 /// A frozen node: its agent and its job stopped with SIGSTOP.
 fn freeze(agent: nix::unistd::Pid, job: nix::unistd::Pid, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(agent, signal).expect("signal the agent");
-    // The job leads its own process group.
-    nix::sys::signal::killpg(job, signal).expect("signal the job's group");
+    // The job runs in its supervisor's process group.
+    let group = nix::unistd::getpgid(Some(job)).expect("the job's process group");
+    nix::sys::signal::killpg(group, signal).expect("signal the job's group");
 }
 
 #[test]
@@ -302,4 +303,38 @@ fn drain_now_requeues_and_no_requeue_jobs_fail() {
     cluster.wait_for_node("node-a", "drained");
     std::fs::write(cluster.dir.path().join("release"), "").unwrap();
     cluster.wait_for_state(requeued, "completed");
+}
+
+#[test]
+fn restarted_agent_readopts_its_running_job() {
+    let mut cluster = Cluster::start();
+    let agent = cluster.start_agent("node-a", 2);
+    let job = |name: &str, code: u32| {
+        let script = format!(
+            "touch started-{name}; i=0; while [ ! -e release-{name} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; exit {code}"
+        );
+        cluster.submit(&["--", "sh", "-c", &script])
+    };
+    let (keeps_running, ends_while_away) = (job("a", 5), job("b", 6));
+    wait_until("both jobs to start", Duration::from_secs(20), || {
+        let dir = cluster.dir.path();
+        (dir.join("started-a").exists() && dir.join("started-b").exists()).then_some(())
+    });
+    cluster.agents[agent].kill9();
+    std::fs::write(cluster.dir.path().join("release-b"), "").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    cluster.start_agent("node-a", 2);
+    let ended = cluster.wait_for_state(ends_while_away, "failed");
+    assert_eq!(
+        (ended["exit_code"].as_i64(), ended["attempt"].as_u64()),
+        (Some(6), Some(1))
+    );
+    assert_eq!(cluster.job(keeps_running)["state"], "running");
+    std::fs::write(cluster.dir.path().join("release-a"), "").unwrap();
+    let finished = cluster.wait_for_state(keeps_running, "failed");
+    assert_eq!(
+        (finished["exit_code"].as_i64(), finished["attempt"].as_u64()),
+        (Some(5), Some(1)),
+        "re-adopted, not rerun"
+    );
 }

@@ -104,7 +104,11 @@ impl Cluster {
         let log = self.dir.path().join(format!("agent-{node}-{}.log", self.agents.len()));
         self.agents
             .push(Process::spawn(&format!("gpool-agent {node}"), command, log));
-        self.wait_for_node(node, "idle");
+        wait_until(&format!("node {node} to register"), Duration::from_secs(30), || {
+            let nodes = self.gpool(&["nodes", "--output", "json"]).json();
+            let found = nodes.as_array()?.iter().find(|n| n["name"] == node)?.clone();
+            (found["state"] != "down").then_some(())
+        });
         self.agents.len() - 1
     }
 

@@ -1,0 +1,108 @@
+//! The per-attempt supervisor: `gpool-agent __supervise EXIT_FILE CMD...`.
+//!
+//! The agent starts each attempt through this small process. It makes itself
+//! the leader of a new session (so a kill of the group reaches everything the
+//! job starts), runs the command as its child, and writes how the command
+//! ended to EXIT_FILE. Because it, not the agent, is the command's parent, an
+//! agent that restarts finds the attempt again and still learns its exit.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+/// The first argument that selects this mode.
+pub const SUPERVISE_ARG: &str = "__supervise";
+
+/// How an attempt ended, as the exit file records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    Code(i32),
+    Signal(i32),
+    FailedToStart(String),
+}
+
+impl Ended {
+    pub fn to_line(&self) -> String {
+        match self {
+            Ended::Code(code) => format!("code {code}"),
+            Ended::Signal(signal) => format!("signal {signal}"),
+            Ended::FailedToStart(reason) => format!("failed {reason}"),
+        }
+    }
+
+    pub fn parse(line: &str) -> Option<Ended> {
+        let (kind, rest) = line.trim().split_once(' ')?;
+        match kind {
+            "code" => rest.parse().ok().map(Ended::Code),
+            "signal" => rest.parse().ok().map(Ended::Signal),
+            "failed" => Some(Ended::FailedToStart(rest.to_string())),
+            _ => None,
+        }
+    }
+
+    /// The exit file of a finished supervisor, if it wrote one.
+    pub fn read(exit_file: &Path) -> Option<Ended> {
+        Ended::parse(&std::fs::read_to_string(exit_file).ok()?)
+    }
+}
+
+extern "C" fn ignore(_: nix::libc::c_int) {}
+
+/// Runs the supervisor; `args` are the arguments after `__supervise`.
+pub fn main(args: &[String]) -> ExitCode {
+    let [exit_file, program, rest @ ..] = args else {
+        eprintln!("gpool-agent {SUPERVISE_ARG}: usage: {SUPERVISE_ARG} EXIT_FILE PROGRAM [ARGS...]");
+        return ExitCode::from(2);
+    };
+    let _ = nix::unistd::setsid();
+    // Outlive the SIGTERM sent to the whole group so the exit is recorded.
+    // A handler (unlike SIG_IGN) is reset by exec, so the job gets defaults.
+    let handler = nix::sys::signal::SigAction::new(
+        nix::sys::signal::SigHandler::Handler(ignore),
+        nix::sys::signal::SaFlags::SA_RESTART,
+        nix::sys::signal::SigSet::empty(),
+    );
+    for signal in [
+        nix::sys::signal::SIGTERM,
+        nix::sys::signal::SIGINT,
+        nix::sys::signal::SIGHUP,
+    ] {
+        // SAFETY: the handler does nothing, so it is async-signal-safe.
+        let _ = unsafe { nix::sys::signal::sigaction(signal, &handler) };
+    }
+    let ended = match Command::new(program).args(rest).status() {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => Ended::Code(code),
+            (None, Some(signal)) => Ended::Signal(signal),
+            (None, None) => Ended::FailedToStart("no exit status".into()),
+        },
+        Err(err) => Ended::FailedToStart(format!("cannot run {program:?}: {err}")),
+    };
+    let temp = format!("{exit_file}.tmp");
+    let written = std::fs::write(&temp, ended.to_line()).and_then(|()| std::fs::rename(&temp, exit_file));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("gpool-agent {SUPERVISE_ARG}: {exit_file}: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_lines_round_trip() {
+        for ended in [
+            Ended::Code(0),
+            Ended::Code(-3),
+            Ended::Signal(9),
+            Ended::FailedToStart("no such file".into()),
+        ] {
+            assert_eq!(Ended::parse(&ended.to_line()), Some(ended));
+        }
+        assert_eq!(Ended::parse("garbage"), None);
+    }
+}
