@@ -165,6 +165,74 @@ impl Attempts {
         self.spawn_task(async move { attempts.terminate(&attempt, grace).await });
     }
 
+    /// Sends the output file of an attempt back over the link as LogData,
+    /// following it while the attempt runs if asked.
+    pub fn stream_log(self: &Arc<Self>, request: pb::ReadLog, outbound: mpsc::Sender<pb::AgentMessage>) {
+        let suffix = if request.stderr { "err" } else { "out" };
+        let path = self
+            .spool_dir
+            .join(format!("jobs/{}/attempt-{}.{suffix}", request.job_id, request.attempt));
+        let attempts = self.clone();
+        self.spawn_task(async move { attempts.send_log(request, path, outbound).await });
+    }
+
+    async fn send_log(&self, request: pb::ReadLog, path: PathBuf, outbound: mpsc::Sender<pb::AgentMessage>) {
+        use tokio::io::AsyncReadExt;
+        let message = |data: Vec<u8>, eof: bool, error: String| pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::LogData(pb::LogData {
+                request_id: request.request_id,
+                data,
+                eof,
+                error,
+            })),
+        };
+        let mut file = match tokio::fs::File::open(&path).await {
+            Ok(file) => file,
+            Err(err) => {
+                let error = format!("{} on {}: {err}", path.display(), self.node);
+                let _ = outbound.send(message(Vec::new(), true, error)).await;
+                return;
+            }
+        };
+        let mut buffer = vec![0u8; 64 * 1024];
+        // After the attempt ends, one more pass picks up its last bytes.
+        let mut last_pass = false;
+        loop {
+            let n_read = match file.read(&mut buffer).await {
+                Ok(n_read) => n_read,
+                Err(err) => {
+                    let _ = outbound
+                        .send(message(Vec::new(), true, format!("{}: {err}", path.display())))
+                        .await;
+                    return;
+                }
+            };
+            if n_read > 0 {
+                if outbound
+                    .send(message(buffer[..n_read].to_vec(), false, String::new()))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
+            let running = self
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&request.job_id);
+            if request.follow && running {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            } else if request.follow && !last_pass {
+                last_pass = true;
+            } else {
+                let _ = outbound.send(message(Vec::new(), true, String::new())).await;
+                return;
+            }
+        }
+    }
+
     fn spawn_task(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).spawn(task);
     }

@@ -125,7 +125,7 @@ async fn serve_once(
     loop {
         tokio::select! {
             message = inbound.message() => match message.map_err(|status| status.message().to_string())? {
-                Some(message) => obey(message, attempts),
+                Some(message) => obey(message, attempts, &outbound),
                 None => return Ok(()),
             },
             Some(event) = events.recv() => {
@@ -143,7 +143,7 @@ async fn serve_once(
     }
 }
 
-fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>) {
+fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>, outbound: &mpsc::Sender<pb::AgentMessage>) {
     match message.msg {
         Some(pb::controller_message::Msg::Launch(launch)) => attempts.launch(launch),
         Some(pb::controller_message::Msg::Kill(kill)) => attempts.kill(
@@ -151,6 +151,7 @@ fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>) {
             kill.epoch,
             Duration::from_secs(u64::from(kill.grace_seconds)),
         ),
+        Some(pb::controller_message::Msg::ReadLog(request)) => attempts.stream_log(request, outbound.clone()),
         None => tracing::warn!("empty message from gpoold ignored"),
     }
 }

@@ -42,6 +42,17 @@ enum Command {
         /// Job id.
         id: u64,
     },
+    /// Print a job's output (rank 0's for a gang; its latest attempt).
+    Logs {
+        /// Job id.
+        id: u64,
+        /// Keep printing what the job writes until it ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Its stderr instead of its stdout.
+        #[arg(long)]
+        stderr: bool,
+    },
     /// Cancel jobs.
     Cancel {
         /// Job ids.
@@ -134,6 +145,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
         Command::Cancel { ids } => cmd::cancel::run(&ctx, ids).await.map(|()| 0),
+        Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
         Command::Resume { node } => cmd::nodes::drain(&ctx, node, None).await.map(|()| 0),

@@ -222,8 +222,9 @@ impl Job {
     /// The only writer of `Job::state`.
     pub fn apply(&mut self, event: &JobEvent) -> Result<(), IllegalTransition> {
         let next = self.state.apply(event)?;
-        if matches!(event, JobEvent::Start { .. }) {
+        if let JobEvent::Start { placement, .. } = event {
             self.n_attempts += 1;
+            self.last_nodes = placement.iter().map(|part| part.node.clone()).collect();
         }
         self.state = next;
         Ok(())

@@ -138,6 +138,9 @@ pub struct Job {
     pub state: JobState,
     /// Launches so far (the current one included).
     pub n_attempts: u32,
+    /// Nodes of the latest attempt, rank 0 first (where its output is).
+    #[serde(default)]
+    pub last_nodes: Vec<String>,
 }
 
 /// The GPUs one node gives to one attempt.

@@ -154,6 +154,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             submitted_at: Timestamp(0),
             state: JobState::Pending,
             n_attempts: 0,
+            last_nodes: Vec::new(),
         },
     }
 }

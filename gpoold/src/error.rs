@@ -21,6 +21,10 @@ pub enum Error {
     NotOwner { user: String, job: JobId, owner: String },
     #[error("user {0:?} is not an admin; only admins drain and resume nodes")]
     NotAdmin(String),
+    #[error("node {0:?} has no connected agent right now")]
+    NodeNotLinked(String),
+    #[error("job {0} has not started, so it has no output yet")]
+    NotStarted(JobId),
     #[error("missing or invalid caller identity: {0}")]
     Unauthenticated(String),
     #[error("the state store failed: {0}")]
@@ -52,6 +56,7 @@ impl From<Error> for Status {
             Error::NotOwner { .. } | Error::NotAdmin(_) => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::ShuttingDown => Code::Unavailable,
+            Error::NodeNotLinked(_) | Error::NotStarted(_) => Code::FailedPrecondition,
             Error::Storage(_) | Error::CorruptRecord { .. } | Error::SchemaTooNew { .. } => Code::Internal,
         };
         Status::new(code, err.to_string())

@@ -85,13 +85,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         "gpoold listening on {addr} with {n_jobs} jobs from {}",
         config.state_dir.display()
     );
-    let pool = PoolServer::new(api::pool::PoolService { state: handle.clone() })
-        .max_decoding_message_size(64 * 1024 * 1024)
-        .max_encoding_message_size(1024 * 1024 * 1024);
+    let logs = api::LogRelay::default();
+    let pool = PoolServer::new(api::pool::PoolService {
+        state: handle.clone(),
+        logs: logs.clone(),
+    })
+    .max_decoding_message_size(64 * 1024 * 1024)
+    .max_encoding_message_size(1024 * 1024 * 1024);
     let pool = InterceptedService::new(pool, api::authenticate(config.dev));
     let agent_link = AgentLinkServer::new(api::agent_link::AgentLinkService {
         state: handle.clone(),
         next_conn_id: std::sync::atomic::AtomicU64::new(1),
+        logs,
     });
     let agent_link = InterceptedService::new(agent_link, api::authenticate_agent(config.dev));
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -338,3 +338,33 @@ fn restarted_agent_readopts_its_running_job() {
         "re-adopted, not rerun"
     );
 }
+
+#[test]
+fn logs_stream_a_jobs_output() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    let run = cluster.gpool(&["submit", "--wait", "--", "sh", "-c", "echo out-line; echo err-line >&2"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = run.stdout.trim().to_string();
+    assert_eq!(cluster.gpool(&["logs", &id]).ok(), "out-line\n");
+    assert_eq!(cluster.gpool(&["logs", &id, "--stderr"]).ok(), "err-line\n");
+
+    // --follow prints what comes while the job runs and ends with it.
+    let script = "echo first; while [ ! -e release ]; do sleep 0.05; done; echo last";
+    let running = cluster.submit(&["--", "sh", "-c", script]).to_string();
+    cluster.wait_for_state(running.parse().unwrap(), "running");
+    let follower = crate::harness::cluster::gpool_command(&["logs", "--follow", &running])
+        .env("GPOOL_SERVER", &cluster.addr)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gpool logs --follow");
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    let output = crate::harness::process::output_within(follower, "gpool logs --follow", Duration::from_secs(30));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "first\nlast\n");
+
+    let pending = cluster.gpool(&["logs", "999"]);
+    assert_eq!(pending.code, 1);
+    assert!(pending.stderr.contains("job 999 not found"), "{}", pending.stderr);
+}

@@ -2,6 +2,7 @@
 
 pub mod cancel;
 pub mod jobs;
+pub mod logs;
 pub mod nodes;
 pub mod submit;
 

@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status, Streaming};
 pub struct AgentLinkService {
     pub state: StateHandle,
     pub next_conn_id: AtomicU64,
+    pub logs: super::LogRelay,
 }
 
 type ControllerStream = Pin<Box<dyn Stream<Item = Result<pb::ControllerMessage, Status>> + Send>>;
@@ -59,6 +60,7 @@ impl AgentLink for AgentLinkService {
             .await?;
         tracing::info!(node = %node_name, "agent registered");
         let state = self.state.clone();
+        let logs = self.logs.clone();
         // Ends when the agent closes its stream or the link breaks.
         tokio::spawn(async move {
             while let Ok(Some(message)) = inbound.message().await {
@@ -75,6 +77,10 @@ impl AgentLink for AgentLinkService {
                         },
                         None => continue,
                     },
+                    Some(pb::agent_message::Msg::LogData(data)) => {
+                        logs.deliver(data).await;
+                        continue;
+                    }
                     Some(pb::agent_message::Msg::Register(_)) | None => continue,
                 };
                 if state.commands.send(command).await.is_err() {

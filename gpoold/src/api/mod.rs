@@ -3,6 +3,62 @@
 pub mod agent_link;
 pub mod pool;
 
+use gpool_proto::pb;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// Routes LogData from agents to the `JobLogs` streams that asked for it.
+#[derive(Clone, Default)]
+pub struct LogRelay {
+    next_request_id: Arc<AtomicU64>,
+    streams: Arc<Mutex<HashMap<u64, mpsc::Sender<Result<pb::LogChunk, Status>>>>>,
+}
+
+impl LogRelay {
+    /// A new request id and the receiving end of its stream.
+    pub fn open(&self) -> (u64, mpsc::Receiver<Result<pb::LogChunk, Status>>) {
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (sender, receiver) = mpsc::channel(16);
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(request_id, sender);
+        (request_id, receiver)
+    }
+
+    /// Passes one LogData on; ends the stream at eof, an error, or when the
+    /// client went away.
+    pub async fn deliver(&self, data: pb::LogData) {
+        let sender = self
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&data.request_id)
+            .cloned();
+        let Some(sender) = sender else { return };
+        let mut done = data.eof;
+        if !data.data.is_empty() && sender.send(Ok(pb::LogChunk { data: data.data })).await.is_err() {
+            done = true;
+        }
+        if !data.error.is_empty() {
+            let _ = sender.send(Err(Status::failed_precondition(data.error))).await;
+            done = true;
+        }
+        if done {
+            self.close(data.request_id);
+        }
+    }
+
+    pub fn close(&self, request_id: u64) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&request_id);
+    }
+}
+
 use crate::error::Error;
 use gpool_proto::USER_METADATA_KEY;
 use tonic::{Request, Status};

@@ -13,9 +13,11 @@ use tonic::{Request, Response, Status};
 
 pub struct PoolService {
     pub state: StateHandle,
+    pub logs: super::LogRelay,
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
+type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 type JobListStream = Pin<Box<dyn Stream<Item = Result<pb::ListJobsResponse, Status>> + Send>>;
 
 /// Jobs per ListJobs message, and most jobs looked at under one read lock.
@@ -143,6 +145,32 @@ impl Pool for PoolService {
         ))))
     }
 
+    type JobLogsStream = LogStream;
+
+    async fn job_logs(&self, request: Request<pb::JobLogsRequest>) -> Result<Response<LogStream>, Status> {
+        caller(&request)?;
+        let pb::JobLogsRequest { id, stderr, follow } = request.into_inner();
+        let (node, attempt) = self.log_source(JobId(id))?;
+        let (request_id, receiver) = self.logs.open();
+        let read_log = pb::ReadLog {
+            request_id,
+            job_id: id,
+            attempt,
+            stderr,
+            follow,
+        };
+        let message = pb::ControllerMessage {
+            msg: Some(pb::controller_message::Msg::ReadLog(read_log)),
+        };
+        if let Err(err) = self.state.call(|reply| Command::ToAgent { node, message, reply }).await {
+            self.logs.close(request_id);
+            return Err(err.into());
+        }
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
+            receiver,
+        ))))
+    }
+
     type WatchJobStream = JobStream;
 
     async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<JobStream>, Status> {
@@ -152,6 +180,7 @@ impl Pool for PoolService {
         let first = self.job(id)?;
         let service = PoolService {
             state: self.state.clone(),
+            logs: self.logs.clone(),
         };
         let stream = async_stream(first, move |sender| async move {
             loop {
@@ -236,6 +265,20 @@ impl Pool for PoolService {
 }
 
 impl PoolService {
+    /// Where a job's output is: rank 0's node and the latest attempt.
+    fn log_source(&self, id: JobId) -> Result<(String, u32), Status> {
+        let state = self
+            .state
+            .shared
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let job = state.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
+        match job.last_nodes.first() {
+            Some(node) if job.n_attempts > 0 => Ok((node.clone(), job.n_attempts)),
+            _ => Err(Error::NotStarted(id).into()),
+        }
+    }
+
     fn node_to_wire(&self, node: &gpool_core::model::Node) -> pb::Node {
         let state = self
             .state

@@ -334,6 +334,17 @@ impl State {
         })
     }
 
+    /// Sends a message that changes no state to `node`'s agent at once.
+    pub(super) fn send_now(&self, node: &str, message: pb::ControllerMessage) -> Result<(), crate::error::Error> {
+        let conn = self
+            .links
+            .get(node)
+            .ok_or_else(|| crate::error::Error::NodeNotLinked(node.to_string()))?;
+        conn.outbox
+            .send(message)
+            .map_err(|_| crate::error::Error::NodeNotLinked(node.to_string()))
+    }
+
     /// Whether `node` has a connected agent.
     pub fn is_linked(&self, node: &str) -> bool {
         self.links.contains_key(node)

@@ -116,6 +116,12 @@ pub enum Command {
     },
     /// Marks nodes whose agents went silent as down.
     Tick,
+    /// Sends `message` to `node`'s agent now (nothing to make durable).
+    ToAgent {
+        node: String,
+        message: pb::ControllerMessage,
+        reply: Reply<()>,
+    },
 }
 
 /// What an agent reports about one attempt.
@@ -217,6 +223,7 @@ impl State {
                 submitted_at: now,
                 state: JobState::Pending,
                 n_attempts: 0,
+                last_nodes: Vec::new(),
             };
             self.jobs.insert(id, job);
             ids.push(id);
@@ -490,6 +497,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),
         Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id),
         Command::Tick => state.mark_silent_nodes_down(now, out),
+        Command::ToAgent { node, message, reply } => drop(reply.send(state.send_now(&node, message))),
     }
 }
 
