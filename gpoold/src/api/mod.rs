@@ -9,11 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
+/// The sending end of one `JobLogs` stream.
+type LogSender = mpsc::Sender<Result<pb::LogChunk, Status>>;
+
 /// Routes LogData from agents to the `JobLogs` streams that asked for it.
 #[derive(Clone, Default)]
 pub struct LogRelay {
     next_request_id: Arc<AtomicU64>,
-    streams: Arc<Mutex<HashMap<u64, mpsc::Sender<Result<pb::LogChunk, Status>>>>>,
+    streams: Arc<Mutex<HashMap<u64, LogSender>>>,
 }
 
 impl LogRelay {
