@@ -4,7 +4,7 @@
 //! enforced, killed as a whole group. The running attempts are kept in
 //! `<spool>/attempts.json`, so a restarted agent re-adopts them.
 
-use crate::supervise::{Ended, SUPERVISE_ARG};
+use crate::supervise::{Ended, SUPERVISOR_BIN};
 use gpool_proto::pb;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -27,7 +27,7 @@ const STATE_FILE: &str = "attempts.json";
 pub struct Attempts {
     node: String,
     spool_dir: PathBuf,
-    /// This agent's own binary, which doubles as the supervisor.
+    /// `gpool-supervise`, next to this process's binary.
     supervisor: PathBuf,
     running: Mutex<BTreeMap<u64, RunningAttempt>>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
@@ -47,15 +47,25 @@ struct RunningAttempt {
 }
 
 impl Attempts {
+    /// Fails when `gpool-supervise` is not installed next to this binary.
     pub fn new(
         node: String,
         spool_dir: PathBuf,
         events: mpsc::UnboundedSender<pb::JobEvent>,
-    ) -> std::io::Result<Arc<Attempts>> {
+    ) -> Result<Arc<Attempts>, String> {
+        let exe = std::env::current_exe().map_err(|err| format!("cannot find this program's path: {err}"))?;
+        let supervisor = exe.with_file_name(SUPERVISOR_BIN);
+        if !supervisor.is_file() {
+            return Err(format!(
+                "{} is missing: install it next to {}",
+                supervisor.display(),
+                exe.display()
+            ));
+        }
         Ok(Arc::new(Attempts {
             node,
             spool_dir,
-            supervisor: std::env::current_exe()?,
+            supervisor,
             running: Mutex::new(BTreeMap::new()),
             events,
             tasks: Mutex::new(JoinSet::new()),
@@ -354,7 +364,6 @@ impl Attempts {
         let _ = std::fs::remove_file(&exit_file);
         let mut command = tokio::process::Command::new(&self.supervisor);
         command
-            .arg(SUPERVISE_ARG)
             .arg(&exit_file)
             .args(&launch.command)
             .envs(launch.env.iter().map(|var| (&var.name, &var.value)))
@@ -400,7 +409,8 @@ fn supervisor_alive(pid: i32) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
-    let is_supervisor = cmdline.split(|b| *b == 0).any(|arg| arg == SUPERVISE_ARG.as_bytes());
+    let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+    let is_supervisor = program.ends_with(SUPERVISOR_BIN.as_bytes());
     let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))

@@ -20,7 +20,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
     let attempts = launch::Attempts::new(config.node_name.clone(), config.spool_dir.clone(), events)
-        .map_err(|err| anyhow::anyhow!("cannot find the agent's own binary (the attempt supervisor): {err}"))?;
+        .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;
     attempts.recover();
     let info = link::NodeInfo {
         name: config.node_name.clone(),

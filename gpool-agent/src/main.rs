@@ -14,10 +14,6 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let raw_args: Vec<String> = std::env::args().collect();
-    if raw_args.get(1).map(String::as_str) == Some(gpool_agent::supervise::SUPERVISE_ARG) {
-        return gpool_agent::supervise::main(&raw_args[2..]);
-    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPOOL_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

@@ -1,4 +1,4 @@
-//! The per-attempt supervisor: `gpool-agent __supervise EXIT_FILE CMD...`.
+//! The per-attempt supervisor: `gpool-supervise EXIT_FILE CMD...`.
 //!
 //! The agent starts each attempt through this small process. It makes itself
 //! the leader of a new session (so a kill of the group reaches everything the
@@ -10,8 +10,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-/// The first argument that selects this mode.
-pub const SUPERVISE_ARG: &str = "__supervise";
+/// The supervisor's binary, installed next to gpool-agent (and gpoold).
+pub const SUPERVISOR_BIN: &str = "gpool-supervise";
 
 /// How an attempt ended, as the exit file records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,10 +48,10 @@ impl Ended {
 
 extern "C" fn ignore(_: nix::libc::c_int) {}
 
-/// Runs the supervisor; `args` are the arguments after `__supervise`.
+/// Runs the supervisor; `args` are its arguments.
 pub fn main(args: &[String]) -> ExitCode {
     let [exit_file, program, rest @ ..] = args else {
-        eprintln!("gpool-agent {SUPERVISE_ARG}: usage: {SUPERVISE_ARG} EXIT_FILE PROGRAM [ARGS...]");
+        eprintln!("usage: {SUPERVISOR_BIN} EXIT_FILE PROGRAM [ARGS...]");
         return ExitCode::from(2);
     };
     let _ = nix::unistd::setsid();
@@ -83,7 +83,7 @@ pub fn main(args: &[String]) -> ExitCode {
     match written {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("gpool-agent {SUPERVISE_ARG}: {exit_file}: {err}");
+            eprintln!("{SUPERVISOR_BIN}: {exit_file}: {err}");
             ExitCode::FAILURE
         }
     }
