@@ -116,6 +116,26 @@ impl Controller {
     }
 }
 
+impl Drop for Controller {
+    /// A phase that fails leaves no gpoold behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Agent processes, stopped when dropped.
+struct Agents(Vec<Child>);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for agent in &mut self.0 {
+            let _ = Command::new("kill").arg("-TERM").arg(agent.id().to_string()).status();
+            let _ = agent.wait();
+        }
+    }
+}
+
 fn gpool(addr: &str, args: &[&str]) -> anyhow::Result<std::process::Output> {
     let output = Command::new(binary("gpool")?)
         .args(args)
@@ -345,8 +365,8 @@ fn schedule_cycles() {
 }
 
 /// Starts `n_agents` gpool-agent processes with `n_gpus` simulated GPUs each.
-fn start_agents(controller: &Controller, n_agents: usize, n_gpus: u32) -> anyhow::Result<Vec<Child>> {
-    let mut agents = Vec::new();
+fn start_agents(controller: &Controller, n_agents: usize, n_gpus: u32) -> anyhow::Result<Agents> {
+    let mut agents = Agents(Vec::new());
     for agent_idx in 0..n_agents {
         let config = controller.state_dir.join(format!("agent-{agent_idx}.toml"));
         std::fs::write(
@@ -357,7 +377,7 @@ fn start_agents(controller: &Controller, n_agents: usize, n_gpus: u32) -> anyhow
                 controller.state_dir.join(format!("spool-{agent_idx}")).display()
             ),
         )?;
-        agents.push(
+        agents.0.push(
             Command::new(binary("gpool-agent")?)
                 .arg("--config")
                 .arg(&config)
@@ -379,13 +399,6 @@ fn start_agents(controller: &Controller, n_agents: usize, n_gpus: u32) -> anyhow
 
 fn count_lines(bytes: &[u8]) -> usize {
     bytes.iter().filter(|b| **b == b'\n').count()
-}
-
-fn stop_agents(agents: Vec<Child>) {
-    for mut agent in agents {
-        let _ = Command::new("kill").arg("-TERM").arg(agent.id().to_string()).status();
-        let _ = agent.wait();
-    }
 }
 
 /// Waits until no job is pending or running; returns when that happened.
@@ -482,7 +495,7 @@ fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
         format!("{rate:.0} jobs/s"),
     );
 
-    stop_agents(agents);
+    drop(agents);
     controller.stop();
     Ok(())
 }
