@@ -1,5 +1,7 @@
 //! agent.toml: where the controller is, what this node is called and carries.
 
+use gpool_core::toml_text;
+pub use gpool_core::toml_text::ConfigError;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,14 +45,6 @@ struct AgentFile {
     simulated_gpu: Vec<SimulatedGpu>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{file}: cannot read: {reason}")]
-    Read { file: String, reason: String },
-    #[error("{file}:{line}: {message}")]
-    Invalid { file: String, line: usize, message: String },
-}
-
 impl AgentConfig {
     pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
         let file = path.display().to_string();
@@ -63,17 +57,8 @@ impl AgentConfig {
 
     /// Parses agent.toml text; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<AgentConfig, ConfigError> {
-        let invalid = |offset: usize, message: String| ConfigError::Invalid {
-            file: file.to_string(),
-            line: text.as_bytes()[..offset.min(text.len())]
-                .iter()
-                .filter(|b| **b == b'\n')
-                .count()
-                + 1,
-            message,
-        };
-        let parsed: AgentFile = toml::from_str(text)
-            .map_err(|err| invalid(err.span().map_or(0, |s| s.start), err.message().to_string()))?;
+        let invalid = |offset: usize, message: String| toml_text::invalid(file, text, offset, message);
+        let parsed: AgentFile = toml_text::parse(file, text)?;
         let heartbeat_interval = match parsed.heartbeat_interval {
             None => Duration::from_secs(2),
             Some(spanned) => humantime::parse_duration(spanned.get_ref())

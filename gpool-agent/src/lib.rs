@@ -31,3 +31,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     link::run(config.controller.clone(), info, attempts, event_receiver, shutdown).await;
     Ok(())
 }
+
+/// Resolves on SIGTERM or SIGINT: the shutdown future of the binaries.
+pub async fn terminate_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

@@ -60,14 +60,7 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
         gpus: info
             .gpus
             .iter()
-            .map(|gpu| pb::Gpu {
-                index: gpu.index,
-                uuid: gpu.uuid.clone(),
-                model: gpu.model.as_str().to_string(),
-                memory_mib: gpu.memory_mib,
-                pci_bus_id: gpu.pci_bus_id.clone(),
-                job_id: 0,
-            })
+            .map(|gpu| gpool_proto::convert::gpu_to_wire(gpu, 0))
             .collect(),
         labels: info
             .labels

@@ -26,7 +26,7 @@ fn main() -> ExitCode {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            runtime.block_on(gpool_agent::run(config, shutdown_signal()))
+            runtime.block_on(gpool_agent::run(config, gpool_agent::terminate_signal()))
         });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -34,16 +34,5 @@ fn main() -> ExitCode {
             eprintln!("gpool-agent: {err:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
     }
 }

@@ -10,6 +10,7 @@ pub mod model;
 pub mod sched;
 pub mod spec;
 pub mod testing;
+pub mod toml_text;
 
 pub use ids::{Epoch, JobId, Timestamp};
 pub use job_state::{IllegalTransition, JobEvent, JobState};

@@ -2,6 +2,7 @@
 //! and their validation. Every rejection names the field and the reason.
 
 use crate::model::{GpuModel, JobSpec};
+use crate::toml_text::line_of;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -358,11 +359,6 @@ pub fn parse_job_file(file: &str, text: &str) -> Result<Vec<JobSpec>, JobFileErr
                 .map_err(|err| file_error(Some(line), format!("job {}: {err}", job_idx + 1)))
         })
         .collect()
-}
-
-fn line_of(text: &str, byte_offset: usize) -> usize {
-    let end = byte_offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
 }
 
 #[cfg(test)]

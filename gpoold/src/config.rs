@@ -2,6 +2,8 @@
 
 use gpool_core::model::PoolDef;
 use gpool_core::sched::Policy;
+use gpool_core::toml_text;
+pub use gpool_core::toml_text::ConfigError;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -34,14 +36,6 @@ pub struct DevAgents {
     pub gpus_per_node: u32,
     pub gpu_model: String,
     pub gpu_memory_mib: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{file}: cannot read: {reason}")]
-    Read { file: String, reason: String },
-    #[error("{file}:{line}: {message}")]
-    Invalid { file: String, line: usize, message: String },
 }
 
 #[derive(Deserialize)]
@@ -79,13 +73,8 @@ impl Config {
 
     /// Parses gpoold.toml text; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-        let invalid = |offset: usize, message: String| ConfigError::Invalid {
-            file: file.to_string(),
-            line: line_of(text, offset),
-            message,
-        };
-        let parsed: ConfigFile = toml::from_str(text)
-            .map_err(|err| invalid(err.span().map_or(0, |s| s.start), err.message().to_string()))?;
+        let invalid = |offset: usize, message: String| toml_text::invalid(file, text, offset, message);
+        let parsed: ConfigFile = toml_text::parse(file, text)?;
         let listen = parsed.listen.get_ref().parse::<SocketAddr>().map_err(|err| {
             invalid(
                 parsed.listen.span().start,
@@ -154,11 +143,6 @@ impl Config {
             dev_agents: None,
         })
     }
-}
-
-fn line_of(text: &str, byte_offset: usize) -> usize {
-    let end = byte_offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
 }
 
 #[cfg(test)]

@@ -97,18 +97,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let outcome = runtime.block_on(gpoold::run(config, shutdown_signal()));
+    let outcome = runtime.block_on(gpoold::run(config, gpool_agent::terminate_signal()));
     drop(temp_state_dir);
     outcome
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
 }

@@ -2,7 +2,7 @@
 
 use crate::pb;
 use gpool_core::job_state::JobState;
-use gpool_core::model::{GpuModel, Job, JobSpec, Node, NodePlacement, NodeState};
+use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState};
 
 pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
     pb::JobSpec {
@@ -15,18 +15,32 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         project: spec.project.clone(),
         workload_type: spec.workload_type.clone(),
         time_limit: spec.time_limit_secs.map(|seconds| pb::Duration { seconds }),
-        env: spec
-            .env
-            .iter()
-            .map(|(name, value)| pb::EnvVar {
-                name: name.clone(),
-                value: value.clone(),
-            })
-            .collect(),
+        env: env_to_wire(&spec.env),
         workdir: spec.workdir.clone(),
         priority: spec.priority,
         pool: spec.pool.clone(),
         no_requeue: !spec.requeue,
+    }
+}
+
+pub fn env_to_wire(env: &[(String, String)]) -> Vec<pb::EnvVar> {
+    env.iter()
+        .map(|(name, value)| pb::EnvVar {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect()
+}
+
+/// `job_id`: the job holding the GPU, 0 when free.
+pub fn gpu_to_wire(gpu: &Gpu, job_id: u64) -> pb::Gpu {
+    pb::Gpu {
+        index: gpu.index,
+        uuid: gpu.uuid.clone(),
+        model: gpu.model.as_str().to_string(),
+        memory_mib: gpu.memory_mib,
+        pci_bus_id: gpu.pci_bus_id.clone(),
+        job_id,
     }
 }
 
@@ -133,14 +147,7 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
     let gpus: Vec<pb::Gpu> = node
         .gpus
         .iter()
-        .map(|gpu| pb::Gpu {
-            index: gpu.index,
-            uuid: gpu.uuid.clone(),
-            model: gpu.model.as_str().to_string(),
-            memory_mib: gpu.memory_mib,
-            pci_bus_id: gpu.pci_bus_id.clone(),
-            job_id: holder(gpu.index).unwrap_or(0),
-        })
+        .map(|gpu| gpu_to_wire(gpu, holder(gpu.index).unwrap_or(0)))
         .collect();
     let n_busy = gpus.iter().filter(|gpu| gpu.job_id != 0).count();
     let state = match node.state(n_busy) {

@@ -97,15 +97,7 @@ impl State {
                     epoch: epoch.0,
                     attempt: job.n_attempts,
                     command: job.spec.command.clone(),
-                    env: job
-                        .spec
-                        .env
-                        .iter()
-                        .map(|(name, value)| pb::EnvVar {
-                            name: name.clone(),
-                            value: value.clone(),
-                        })
-                        .collect(),
+                    env: gpool_proto::convert::env_to_wire(&job.spec.env),
                     workdir: job.spec.workdir.clone(),
                     gpu_indices: part.gpu_indices.clone(),
                     time_limit: job.spec.time_limit_secs.map(|seconds| pb::Duration { seconds }),
