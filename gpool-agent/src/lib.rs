@@ -24,6 +24,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     attempts.recover();
     let info = link::NodeInfo {
         name: config.node_name.clone(),
+        sampler: gpu::Sampler::new(&gpus, source),
         gpus,
         labels: config.labels.clone(),
         heartbeat_interval: config.heartbeat_interval,

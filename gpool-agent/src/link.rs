@@ -19,6 +19,7 @@ pub struct NodeInfo {
     pub gpus: Vec<Gpu>,
     pub labels: BTreeMap<String, String>,
     pub heartbeat_interval: Duration,
+    pub sampler: crate::gpu::Sampler,
 }
 
 /// Keeps the link up until `shutdown` resolves. Job events that could not
@@ -129,7 +130,7 @@ async fn serve_once(
                 }
             }
             _ = heartbeat.tick() => {
-                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { samples: Vec::new() })) };
+                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { samples: info.sampler.samples() })) };
                 outbound.send(message).await.map_err(|_| "link closed while sending a heartbeat")?;
             }
         }

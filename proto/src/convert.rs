@@ -41,6 +41,7 @@ pub fn gpu_to_wire(gpu: &Gpu, job_id: u64) -> pb::Gpu {
         memory_mib: gpu.memory_mib,
         pci_bus_id: gpu.pci_bus_id.clone(),
         job_id,
+        sample: None,
     }
 }
 

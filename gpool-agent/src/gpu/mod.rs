@@ -43,6 +43,41 @@ pub fn discover(config: &AgentConfig) -> (Vec<Gpu>, Source) {
     }
 }
 
+/// Reads per-GPU samples for heartbeats: from NVML for real GPUs, fixed
+/// idle values for simulated ones.
+pub enum Sampler {
+    Nvml(nvml_wrapper::Nvml),
+    Simulated(Vec<u32>),
+}
+
+impl Sampler {
+    pub fn new(gpus: &[Gpu], source: Source) -> Sampler {
+        match source {
+            Source::Nvml => match nvml_wrapper::Nvml::init() {
+                Ok(nvml) => Sampler::Nvml(nvml),
+                Err(_) => Sampler::Simulated(Vec::new()),
+            },
+            Source::Simulated | Source::None => Sampler::Simulated(gpus.iter().map(|gpu| gpu.index).collect()),
+        }
+    }
+
+    pub fn samples(&self) -> Vec<gpool_proto::pb::GpuSample> {
+        match self {
+            Sampler::Nvml(nvml) => nvml::samples(nvml),
+            Sampler::Simulated(indices) => indices
+                .iter()
+                .map(|index| gpool_proto::pb::GpuSample {
+                    index: *index,
+                    utilization_pct: 0,
+                    memory_used_mib: 0,
+                    temperature_c: 35,
+                    power_w: 70,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// `NVIDIA H100 80GB HBM3` -> `h100`; `NVIDIA A100-SXM4-40GB` -> `a100-40gb`;
 /// `NVIDIA L4` -> `l4`; a MIG device `NVIDIA H100 80GB HBM3 MIG 1g.10gb` ->
 /// `h100-1g.10gb`. Pure, so tested on recorded names.

@@ -1,6 +1,8 @@
 //! The only code that talks to NVML: reads devices into raw structs.
 
 use super::RawDevice;
+use gpool_proto::pb;
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::Nvml;
 
 /// Every device NVML sees, or why NVML is not usable here.
@@ -19,4 +21,22 @@ pub fn devices() -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlError> {
         });
     }
     Ok(devices)
+}
+
+/// One heartbeat's readings of every device; a device that cannot be read
+/// is left out (and so shows no sample).
+pub fn samples(nvml: &Nvml) -> Vec<pb::GpuSample> {
+    let n_devices = nvml.device_count().unwrap_or(0);
+    (0..n_devices)
+        .filter_map(|index| {
+            let device = nvml.device_by_index(index).ok()?;
+            Some(pb::GpuSample {
+                index,
+                utilization_pct: device.utilization_rates().map_or(0, |u| u.gpu),
+                memory_used_mib: device.memory_info().map_or(0, |m| m.used / (1024 * 1024)),
+                temperature_c: device.temperature(TemperatureSensor::Gpu).unwrap_or(0),
+                power_w: device.power_usage().map_or(0, |milliwatts| milliwatts / 1000),
+            })
+        })
+        .collect()
 }

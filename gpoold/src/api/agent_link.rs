@@ -65,9 +65,10 @@ impl AgentLink for AgentLinkService {
         tokio::spawn(async move {
             while let Ok(Some(message)) = inbound.message().await {
                 let command = match message.msg {
-                    Some(pb::agent_message::Msg::Heartbeat(_)) => Command::AgentHeartbeat {
+                    Some(pb::agent_message::Msg::Heartbeat(heartbeat)) => Command::AgentHeartbeat {
                         node: node_name.clone(),
                         conn_id,
+                        samples: heartbeat.samples,
                     },
                     Some(pb::agent_message::Msg::JobEvent(event)) => match event_from_wire(event) {
                         Some(event) => Command::AgentJobEvent {

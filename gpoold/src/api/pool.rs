@@ -2,7 +2,8 @@
 
 use super::caller;
 use crate::error::Error;
-use crate::state::{Command, SharedState, StateHandle};
+use crate::state::{Command, SharedState, State, StateHandle};
+use gpool_core::model::Node;
 use gpool_core::JobId;
 use gpool_proto::convert::{job_to_wire, node_to_wire, spec_from_wire, state_to_wire};
 use gpool_proto::pb;
@@ -213,16 +214,7 @@ impl Pool for PoolService {
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let holders = state.gpu_holders();
-        let nodes = state
-            .nodes
-            .values()
-            .map(|node| {
-                node_to_wire(node, |gpu_idx| {
-                    holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0)
-                })
-            })
-            .collect();
+        let nodes = nodes_to_wire(&state, state.nodes.values());
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
 
@@ -279,17 +271,32 @@ impl PoolService {
         }
     }
 
-    fn node_to_wire(&self, node: &gpool_core::model::Node) -> pb::Node {
+    fn node_to_wire(&self, node: &Node) -> pb::Node {
         let state = self
             .state
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let holders = state.gpu_holders();
-        node_to_wire(node, |gpu_idx| {
-            holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0)
-        })
+        nodes_to_wire(&state, std::iter::once(node)).remove(0)
     }
+}
+
+/// Nodes as the API shows them: which job holds each GPU, and its latest
+/// heartbeat sample.
+fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a Node>) -> Vec<pb::Node> {
+    let holders = state.gpu_holders();
+    nodes
+        .map(|node| {
+            let mut wire = node_to_wire(node, |gpu_idx| {
+                holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0)
+            });
+            let samples = state.gpu_samples.get(&node.name).map_or(&[][..], Vec::as_slice);
+            for gpu in &mut wire.gpus {
+                gpu.sample = samples.iter().find(|sample| sample.index == gpu.index).copied();
+            }
+            wire
+        })
+        .collect()
 }
 
 fn is_finished(job: &pb::Job) -> bool {

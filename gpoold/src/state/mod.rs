@@ -41,6 +41,8 @@ pub struct State {
     links: HashMap<String, AgentConn>,
     /// When each node's agent was last heard from; not durable.
     last_seen: HashMap<String, Timestamp>,
+    /// Each node's latest per-GPU heartbeat samples; not durable.
+    pub gpu_samples: HashMap<String, Vec<pb::GpuSample>>,
     /// Ranks of running gangs that already exited 0; not durable.
     gang_exits: HashMap<JobId, u32>,
     node_timeout_ms: i64,
@@ -104,6 +106,7 @@ pub enum Command {
     AgentHeartbeat {
         node: String,
         conn_id: u64,
+        samples: Vec<pb::GpuSample>,
     },
     AgentJobEvent {
         node: String,
@@ -188,6 +191,7 @@ impl State {
             next_epoch: loaded.next_epoch,
             links: HashMap::new(),
             last_seen,
+            gpu_samples: HashMap::new(),
             gang_exits: HashMap::new(),
             node_timeout_ms: config.node_timeout.as_millis() as i64,
         }
@@ -493,7 +497,10 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             state.register_agent(node, running, ended, conn, now, out);
             out.replies.push(deferred(reply, ()));
         }
-        Command::AgentHeartbeat { node, conn_id } => state.heartbeat(&node, conn_id, now),
+        Command::AgentHeartbeat { node, conn_id, samples } => {
+            state.heartbeat(&node, conn_id, now);
+            state.gpu_samples.insert(node, samples);
+        }
         Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),
         Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id),
         Command::Tick => state.mark_silent_nodes_down(now, out),

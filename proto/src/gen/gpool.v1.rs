@@ -194,6 +194,9 @@ pub struct Gpu {
     /// Job holding it, 0 when free.
     #[prost(uint64, tag = "6")]
     pub job_id: u64,
+    /// The latest heartbeat sample, when there is one.
+    #[prost(message, optional, tag = "7")]
+    pub sample: ::core::option::Option<GpuSample>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
