@@ -68,6 +68,16 @@ fn concurrent_jobs_on_one_node_get_disjoint_gpus() {
         (nodes[0]["state"].as_str(), nodes[0]["gpus_free"].as_u64()),
         (Some("allocated"), Some(0))
     );
+    // Heartbeats carry per-GPU samples (fixed idle values when simulated).
+    let sampled = wait_until("a heartbeat sample", Duration::from_secs(10), || {
+        let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+        let gpu = nodes[0]["gpus"][0].clone();
+        gpu["temperature_c"].as_u64().map(|_| gpu)
+    });
+    assert_eq!(
+        (sampled["temperature_c"].as_u64(), sampled["power_w"].as_u64()),
+        (Some(35), Some(70))
+    );
     std::fs::write(cluster.dir.path().join("release"), "").unwrap();
     for id in ids {
         cluster.wait_for_state(id, "completed");

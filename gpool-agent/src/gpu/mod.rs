@@ -46,7 +46,7 @@ pub fn discover(config: &AgentConfig) -> (Vec<Gpu>, Source) {
 /// Reads per-GPU samples for heartbeats: from NVML for real GPUs, fixed
 /// idle values for simulated ones.
 pub enum Sampler {
-    Nvml(nvml_wrapper::Nvml),
+    Nvml(Box<nvml_wrapper::Nvml>),
     Simulated(Vec<u32>),
 }
 
@@ -54,7 +54,7 @@ impl Sampler {
     pub fn new(gpus: &[Gpu], source: Source) -> Sampler {
         match source {
             Source::Nvml => match nvml_wrapper::Nvml::init() {
-                Ok(nvml) => Sampler::Nvml(nvml),
+                Ok(nvml) => Sampler::Nvml(Box::new(nvml)),
                 Err(_) => Sampler::Simulated(Vec::new()),
             },
             Source::Simulated | Source::None => Sampler::Simulated(gpus.iter().map(|gpu| gpu.index).collect()),
