@@ -168,6 +168,13 @@ fn arb_view() -> impl Strategy<Value = ClusterView> {
                         1 => " down",
                         _ => "",
                     };
+                    // Some nodes carry a second model, some are in pool x.
+                    if *avail >= 7 {
+                        line += " 2xl4";
+                    }
+                    if i % 2 == 1 {
+                        line += " tier=x";
+                    }
                     line
                 })
                 .collect();
@@ -176,6 +183,9 @@ fn arb_view() -> impl Strategy<Value = ClusterView> {
                 .enumerate()
                 .map(|(i, (gpus, n_nodes, prio, model_idx))| {
                     let mut line = format!("j{} gpus={gpus} nodes={n_nodes} prio={prio}", i + 1);
+                    if *prio == 2 {
+                        line += " pool=x";
+                    }
                     if *model_idx < 3 {
                         line += &format!(" type={}", models[*model_idx]);
                     }
@@ -189,7 +199,13 @@ fn arb_view() -> impl Strategy<Value = ClusterView> {
 proptest! {
     #[test]
     fn plans_are_safe_and_deterministic(view in arb_view()) {
-        let policy = Policy::default();
+        let policy = Policy {
+            pools: vec![
+                PoolDef { name: "default".into(), selector: BTreeMap::new() },
+                PoolDef { name: "x".into(), selector: [("tier".to_string(), "x".to_string())].into() },
+            ],
+            default_pool: "default".into(),
+        };
         let plan = schedule(&view, &policy, Timestamp(0));
         prop_assert_eq!(&plan, &schedule(&view, &policy, Timestamp(0)));
 
@@ -206,6 +222,9 @@ proptest! {
             for part in &start.placement {
                 let node = nodes[part.node.as_str()];
                 prop_assert_eq!(node.availability, Availability::Up);
+                if job.pool == "x" {
+                    prop_assert_eq!(node.labels.get("tier").map(String::as_str), Some("x"));
+                }
                 prop_assert_eq!(part.gpu_indices.len(), job.gpus_per_node as usize);
                 for gpu_idx in &part.gpu_indices {
                     let gpu = &node.gpus[*gpu_idx as usize];
