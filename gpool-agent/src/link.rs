@@ -63,14 +63,7 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
             .iter()
             .map(|gpu| gpool_proto::convert::gpu_to_wire(gpu, 0))
             .collect(),
-        labels: info
-            .labels
-            .iter()
-            .map(|(key, value)| pb::Label {
-                key: key.clone(),
-                value: value.clone(),
-            })
-            .collect(),
+        labels: gpool_proto::convert::labels_to_wire(&info.labels),
         running: attempts.running(),
         ended,
     };

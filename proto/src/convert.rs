@@ -3,6 +3,7 @@
 use crate::pb;
 use gpool_core::job_state::JobState;
 use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState};
+use std::collections::BTreeMap;
 
 pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
     pb::JobSpec {
@@ -43,6 +44,32 @@ pub fn gpu_to_wire(gpu: &Gpu, job_id: u64) -> pb::Gpu {
         job_id,
         sample: None,
     }
+}
+
+/// What an agent reported; its node name and indices are checked by the
+/// receiver.
+pub fn gpu_from_wire(gpu: pb::Gpu) -> Gpu {
+    Gpu {
+        index: gpu.index,
+        uuid: gpu.uuid,
+        model: GpuModel::new(&gpu.model),
+        memory_mib: gpu.memory_mib,
+        pci_bus_id: gpu.pci_bus_id,
+    }
+}
+
+pub fn labels_to_wire(labels: &BTreeMap<String, String>) -> Vec<pb::Label> {
+    labels
+        .iter()
+        .map(|(key, value)| pb::Label {
+            key: key.clone(),
+            value: value.clone(),
+        })
+        .collect()
+}
+
+pub fn labels_from_wire(labels: Vec<pb::Label>) -> BTreeMap<String, String> {
+    labels.into_iter().map(|label| (label.key, label.value)).collect()
 }
 
 /// Not validated here: the receiver calls `JobSpec::validate`.
@@ -161,14 +188,7 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
         name: node.name.clone(),
         state: state.into(),
         gpus,
-        labels: node
-            .labels
-            .iter()
-            .map(|(key, value)| pb::Label {
-                key: key.clone(),
-                value: value.clone(),
-            })
-            .collect(),
+        labels: labels_to_wire(&node.labels),
         drain_reason: node.drain_reason.clone().unwrap_or_default(),
     }
 }

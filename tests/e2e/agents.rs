@@ -5,9 +5,40 @@ use crate::harness::process::wait_until;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-/// A shell line that records its GPUs, then waits for `release` to appear
-/// (for a minute at most, so a failed test leaves no process behind).
-const HOLD: &str = "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $GPOOL_NODE > gpus-$GPOOL_JOB_ID; i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done";
+/// A shell fragment that waits for `file` to appear: a minute at most, so a
+/// failed test leaves no process behind.
+fn wait_for_file(file: &str) -> String {
+    format!("i=0; while [ ! -e {file} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done")
+}
+
+/// A shell line that records its GPUs, then waits for `release`.
+fn hold() -> String {
+    format!(
+        "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $GPOOL_NODE > gpus-$GPOOL_JOB_ID; {}",
+        wait_for_file("release")
+    )
+}
+
+/// Submits a job that touches `started-NAME`, waits for `release-NAME`,
+/// then exits with `code`.
+fn submit_held(cluster: &Cluster, name: &str, code: u32) -> u64 {
+    let script = format!(
+        "touch started-{name}; {}; exit {code}",
+        wait_for_file(&format!("release-{name}"))
+    );
+    cluster.submit(&["--", "sh", "-c", &script])
+}
+
+/// Waits until every named held job runs on its node (not only recorded as
+/// running by gpoold).
+fn wait_started(cluster: &Cluster, names: &[&str]) {
+    wait_until("the held jobs to start", Duration::from_secs(20), || {
+        names
+            .iter()
+            .all(|name| cluster.dir.path().join(format!("started-{name}")).exists())
+            .then_some(())
+    });
+}
 
 fn read(cluster: &Cluster, name: &str) -> String {
     std::fs::read_to_string(cluster.dir.path().join(name)).unwrap_or_default()
@@ -47,7 +78,7 @@ fn concurrent_jobs_on_one_node_get_disjoint_gpus() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 4);
     let ids: Vec<u64> = (0..2)
-        .map(|_| cluster.submit(&["--gpus", "2", "--", "sh", "-c", HOLD]))
+        .map(|_| cluster.submit(&["--gpus", "2", "--", "sh", "-c", &hold()]))
         .collect();
     let mut seen = BTreeSet::new();
     for id in &ids {
@@ -90,7 +121,7 @@ fn gang_starts_on_both_nodes_or_neither() {
     cluster.start_agent("node-a", 2);
     cluster.start_agent("node-b", 2);
     // One node busy: the gang must wait whole.
-    let blocker = cluster.submit(&["--gpus", "1", "--", "sh", "-c", HOLD]);
+    let blocker = cluster.submit(&["--gpus", "1", "--", "sh", "-c", &hold()]);
     cluster.wait_for_state(blocker, "running");
     let script = "echo $GPOOL_NODE_RANK $GPOOL_NUM_NODES $MASTER_ADDR $MASTER_PORT $GPOOL_NODE > rank-$GPOOL_NODE_RANK";
     let gang = cluster.submit(&["--gpus", "2", "--nodes", "2", "--", "sh", "-c", script]);
@@ -154,8 +185,8 @@ fn drained_node_takes_no_new_jobs() {
     cluster.start_agent("node-b", 1);
     cluster.gpool(&["drain", "node-a", "--reason", "fan failure"]).ok();
     cluster.wait_for_node("node-a", "drained");
-    let first = cluster.submit(&["--", "sh", "-c", HOLD]);
-    let second = cluster.submit(&["--", "sh", "-c", HOLD]);
+    let first = cluster.submit(&["--", "sh", "-c", &hold()]);
+    let second = cluster.submit(&["--", "sh", "-c", &hold()]);
     cluster.wait_for_state(first, "running");
     assert_eq!(cluster.job(first)["placement"][0]["node"], "node-b");
     let reason = wait_until("the second job's reason", Duration::from_secs(10), || {
@@ -176,18 +207,8 @@ fn drained_node_takes_no_new_jobs() {
 fn running_jobs_survive_a_controller_kill_9() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 2);
-    let job = |name: &str, code: u32| {
-        let script = format!(
-            "touch started-{name}; i=0; while [ ! -e release-{name} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; exit {code}"
-        );
-        cluster.submit(&["--", "sh", "-c", &script])
-    };
-    let (ends_while_away, keeps_running) = (job("a", 4), job("b", 0));
-    // Running on the node, not only recorded as running by gpoold.
-    wait_until("both jobs to start", Duration::from_secs(20), || {
-        let dir = cluster.dir.path();
-        (dir.join("started-a").exists() && dir.join("started-b").exists()).then_some(())
-    });
+    let (ends_while_away, keeps_running) = (submit_held(&cluster, "a", 4), submit_held(&cluster, "b", 0));
+    wait_started(&cluster, &["a", "b"]);
     let agent_log = cluster.agents[0].log.clone();
     cluster.controller().kill9();
     std::fs::write(cluster.dir.path().join("release-a"), "").unwrap();
@@ -227,9 +248,11 @@ fn silent_node_goes_down_and_its_job_never_runs_twice() {
     cluster
         .gpool(&["drain", "node-b", "--reason", "keep the first attempt on node-a"])
         .ok();
-    let script = "echo start $GPOOL_ATTEMPT $GPOOL_NODE $$ >> marker; i=0; \
-        while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo end $GPOOL_ATTEMPT >> marker";
-    let id = cluster.submit(&["--", "sh", "-c", script]);
+    let script = format!(
+        "echo start $GPOOL_ATTEMPT $GPOOL_NODE $$ >> marker; {}; echo end $GPOOL_ATTEMPT >> marker",
+        wait_for_file("release")
+    );
+    let id = cluster.submit(&["--", "sh", "-c", &script]);
     let first_pid: i32 = wait_until("attempt 1 to start", Duration::from_secs(20), || {
         read(&cluster, "marker").split_whitespace().nth(3)?.parse().ok()
     });
@@ -275,9 +298,12 @@ fn drain_now_requeues_and_no_requeue_jobs_fail() {
     cluster
         .gpool(&["drain", "node-b", "--reason", "first place both jobs on node-a"])
         .ok();
-    let hold = "touch started-$GPOOL_JOB_ID-$GPOOL_ATTEMPT; i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done";
-    let requeued = cluster.submit(&["--", "sh", "-c", hold]);
-    let failing = cluster.submit(&["--no-requeue", "--", "sh", "-c", hold]);
+    let hold = format!(
+        "touch started-$GPOOL_JOB_ID-$GPOOL_ATTEMPT; {}",
+        wait_for_file("release")
+    );
+    let requeued = cluster.submit(&["--", "sh", "-c", &hold]);
+    let failing = cluster.submit(&["--no-requeue", "--", "sh", "-c", &hold]);
     for id in [requeued, failing] {
         wait_until("the job to start", Duration::from_secs(20), || {
             cluster
@@ -319,17 +345,8 @@ fn drain_now_requeues_and_no_requeue_jobs_fail() {
 fn restarted_agent_readopts_its_running_job() {
     let mut cluster = Cluster::start();
     let agent = cluster.start_agent("node-a", 2);
-    let job = |name: &str, code: u32| {
-        let script = format!(
-            "touch started-{name}; i=0; while [ ! -e release-{name} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; exit {code}"
-        );
-        cluster.submit(&["--", "sh", "-c", &script])
-    };
-    let (keeps_running, ends_while_away) = (job("a", 5), job("b", 6));
-    wait_until("both jobs to start", Duration::from_secs(20), || {
-        let dir = cluster.dir.path();
-        (dir.join("started-a").exists() && dir.join("started-b").exists()).then_some(())
-    });
+    let (keeps_running, ends_while_away) = (submit_held(&cluster, "a", 5), submit_held(&cluster, "b", 6));
+    wait_started(&cluster, &["a", "b"]);
     cluster.agents[agent].kill9();
     std::fs::write(cluster.dir.path().join("release-b"), "").unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -360,8 +377,8 @@ fn logs_stream_a_jobs_output() {
     assert_eq!(cluster.gpool(&["logs", &id, "--stderr"]).ok(), "err-line\n");
 
     // --follow prints what comes while the job runs and ends with it.
-    let script = "echo first; while [ ! -e release ]; do sleep 0.05; done; echo last";
-    let running = cluster.submit(&["--", "sh", "-c", script]).to_string();
+    let script = format!("echo first; {}; echo last", wait_for_file("release"));
+    let running = cluster.submit(&["--", "sh", "-c", &script]).to_string();
     cluster.wait_for_state(running.parse().unwrap(), "running");
     let follower = crate::harness::cluster::gpool_command(&["logs", "--follow", &running])
         .env("GPOOL_SERVER", &cluster.addr)

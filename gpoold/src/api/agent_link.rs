@@ -3,8 +3,9 @@
 use crate::error::Error;
 use crate::state::{AgentConn, AgentEvent, AttemptOutcome, Command, StateHandle};
 use gpool_core::job_state::ExitStatus;
-use gpool_core::model::{Gpu, GpuModel, Node};
+use gpool_core::model::Node;
 use gpool_core::{Epoch, JobId};
+use gpool_proto::convert::{gpu_from_wire, labels_from_wire};
 use gpool_proto::pb;
 use gpool_proto::pb::agent_link_server::AgentLink;
 use std::collections::HashSet;
@@ -132,22 +133,8 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
     }
     let node = Node {
         name: register.node,
-        gpus: register
-            .gpus
-            .into_iter()
-            .map(|gpu| Gpu {
-                index: gpu.index,
-                uuid: gpu.uuid,
-                model: GpuModel::new(&gpu.model),
-                memory_mib: gpu.memory_mib,
-                pci_bus_id: gpu.pci_bus_id,
-            })
-            .collect(),
-        labels: register
-            .labels
-            .into_iter()
-            .map(|label| (label.key, label.value))
-            .collect(),
+        gpus: register.gpus.into_iter().map(gpu_from_wire).collect(),
+        labels: labels_from_wire(register.labels),
         drain_reason: None,
         alive: true,
     };
