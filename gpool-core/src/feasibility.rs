@@ -79,10 +79,13 @@ pub fn check_feasible(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result
     if acceptable.iter().any(|(_, counts)| fits(counts) >= spec.nodes as usize) {
         return Ok(());
     }
-    let (model, counts) = acceptable
+    // `acceptable` is not empty here, so both maxima exist.
+    let Some((model, counts)) = acceptable
         .iter()
         .max_by_key(|(model, counts)| (counts[0], std::cmp::Reverse(*model)))
-        .expect("acceptable is not empty");
+    else {
+        return Ok(());
+    };
     if counts[0] < spec.gpus_per_node {
         return Err(Infeasible::TooManyGpus {
             pool: pool.name.clone(),
@@ -90,11 +93,13 @@ pub fn check_feasible(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result
             largest: format!("{} {model} GPUs on one node", counts[0]),
         });
     }
-    let (model, n_nodes) = acceptable
+    let Some((model, n_nodes)) = acceptable
         .iter()
         .map(|(model, counts)| (model, fits(counts)))
         .max_by_key(|(model, n)| (*n, std::cmp::Reverse(**model)))
-        .expect("acceptable is not empty");
+    else {
+        return Ok(());
+    };
     Err(Infeasible::TooManyNodes {
         pool: pool.name.clone(),
         gpus_per_node: spec.gpus_per_node,
