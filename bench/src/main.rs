@@ -432,9 +432,7 @@ fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let started_ns: u128 = loop {
             let printed = (0..n_agents).find_map(|agent_idx| {
-                let out = controller
-                    .state_dir
-                    .join(format!("spool-{agent_idx}/jobs/{id}/attempt-1.out"));
+                let out = controller.state_dir.join(format!("spool-{agent_idx}/jobs/{id}.1.out"));
                 std::fs::read_to_string(out)
                     .ok()
                     .and_then(|text| text.trim().parse().ok())

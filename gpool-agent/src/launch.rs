@@ -1,15 +1,16 @@
 //! Running job attempts: each through a supervisor process (`supervise.rs`)
 //! that leads its own session, confined to its GPUs by
 //! `CUDA_VISIBLE_DEVICES`, output to files in the spool dir, time limit
-//! enforced, killed as a whole group. The running attempts are kept in
-//! `<spool>/attempts.json`, so a restarted agent re-adopts them.
+//! enforced, killed as a whole group. The running attempts are kept in the
+//! journal (`journal.rs`), so a restarted agent re-adopts them. An attempt's
+//! files are `<spool>/jobs/<job>.<attempt>.{out,err,exit}`, its checkpoint
+//! directory `<spool>/checkpoints/<job>/`.
 
+use crate::journal::{AttemptRecord as RunningAttempt, Journal};
 use crate::supervise::{Ended, SUPERVISOR_BIN};
 use gpool_proto::pb;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -21,7 +22,6 @@ use tokio::task::JoinSet;
 const TIME_LIMIT_GRACE: Duration = Duration::from_secs(10);
 /// How often a re-adopted attempt (not our child) is checked.
 const ADOPTED_POLL: Duration = Duration::from_millis(100);
-const STATE_FILE: &str = "attempts.json";
 
 /// The attempts this node runs, and the events they produce.
 pub struct Attempts {
@@ -29,25 +29,14 @@ pub struct Attempts {
     spool_dir: PathBuf,
     /// `gpool-supervise`, next to this process's binary.
     supervisor: PathBuf,
-    running: Mutex<BTreeMap<u64, RunningAttempt>>,
+    journal: Mutex<Journal>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
     tasks: Mutex<JoinSet<()>>,
 }
 
-/// One running attempt, as `attempts.json` keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct RunningAttempt {
-    job_id: u64,
-    epoch: u64,
-    /// The supervisor's pid, which is also the session and group id.
-    pgid: i32,
-    exit_file: PathBuf,
-    /// Unix milliseconds when the time limit runs out.
-    deadline_ms: Option<i64>,
-}
-
 impl Attempts {
-    /// Fails when `gpool-supervise` is not installed next to this binary.
+    /// Fails when `gpool-supervise` is not installed next to this binary or
+    /// the journal cannot be read.
     pub fn new(
         node: String,
         spool_dir: PathBuf,
@@ -62,11 +51,12 @@ impl Attempts {
                 exe.display()
             ));
         }
+        let journal = Journal::open(&spool_dir)?;
         Ok(Arc::new(Attempts {
             node,
             spool_dir,
             supervisor,
-            running: Mutex::new(BTreeMap::new()),
+            journal: Mutex::new(journal),
             events,
             tasks: Mutex::new(JoinSet::new()),
         }))
@@ -74,8 +64,8 @@ impl Attempts {
 
     /// What Register reports.
     pub fn running(&self) -> Vec<pb::RunningAttempt> {
-        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        running
+        self.journal()
+            .live()
             .values()
             .map(|a| pb::RunningAttempt {
                 job_id: a.job_id,
@@ -84,51 +74,41 @@ impl Attempts {
             .collect()
     }
 
-    /// Takes over the attempts a previous agent left in `attempts.json`:
-    /// those still running are watched again, those that ended are reported.
+    /// Takes over the attempts a previous agent left in the journal: those
+    /// still running are watched again, those that ended are reported.
     pub fn recover(self: &Arc<Self>) {
-        let path = self.spool_dir.join(STATE_FILE);
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            return;
-        };
-        let recorded: Vec<RunningAttempt> = match serde_json::from_str(&text) {
-            Ok(recorded) => recorded,
-            Err(err) => {
-                tracing::error!(
-                    "{}: cannot read ({err}); its attempts are not re-adopted",
-                    path.display()
-                );
-                return;
-            }
-        };
+        let recorded: Vec<RunningAttempt> = self.journal().live().values().cloned().collect();
         for attempt in recorded {
             if let Some(ended) = Ended::read(&attempt.exit_file) {
                 tracing::info!(
                     job = attempt.job_id,
                     "attempt ended while the agent was away: {ended:?}"
                 );
+                self.journal().ended(attempt.job_id, attempt.epoch);
                 self.send(attempt.job_id, attempt.epoch, outcome(ended));
             } else if supervisor_alive(attempt.pgid) {
                 tracing::info!(job = attempt.job_id, pid = attempt.pgid, "re-adopting running attempt");
-                self.insert(attempt.clone());
                 let attempts = self.clone();
                 self.spawn_task(async move { attempts.watch_adopted(attempt).await });
             } else {
                 tracing::warn!(job = attempt.job_id, "attempt vanished without an exit record");
+                self.journal().ended(attempt.job_id, attempt.epoch);
                 self.send(attempt.job_id, attempt.epoch, outcome(Ended::Signal(9)));
             }
         }
-        self.save();
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The epoch of the attempt of `job_id` running here, if any.
+    fn running_epoch(&self, job_id: u64) -> Option<u64> {
+        self.journal().live().get(&job_id).map(|a| a.epoch)
     }
 
     pub fn launch(self: &Arc<Self>, launch: pb::Launch) {
-        let already = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&launch.job_id)
-            .map(|a| a.epoch);
-        if let Some(epoch) = already {
+        if let Some(epoch) = self.running_epoch(launch.job_id) {
             tracing::warn!(
                 job = launch.job_id,
                 epoch,
@@ -149,8 +129,7 @@ impl Attempts {
                     exit_file,
                     deadline_ms,
                 };
-                self.insert(attempt.clone());
-                self.save();
+                self.journal().started(attempt.clone());
                 self.send(job_id, epoch, pb::job_event::Outcome::Started(true));
                 let attempts = self.clone();
                 self.spawn_task(async move { attempts.watch_child(attempt, child).await });
@@ -161,12 +140,7 @@ impl Attempts {
 
     /// SIGTERM to the attempt's whole process group, SIGKILL after `grace`.
     pub fn kill(self: &Arc<Self>, job_id: u64, epoch: u64, grace: Duration) {
-        let attempt = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&job_id)
-            .cloned();
+        let attempt = self.journal().live().get(&job_id).cloned();
         let Some(attempt) = attempt.filter(|a| a.epoch == epoch) else {
             return;
         };
@@ -179,9 +153,7 @@ impl Attempts {
     /// following it while the attempt runs if asked.
     pub fn stream_log(self: &Arc<Self>, request: pb::ReadLog, outbound: mpsc::Sender<pb::AgentMessage>) {
         let suffix = if request.stderr { "err" } else { "out" };
-        let path = self
-            .spool_dir
-            .join(format!("jobs/{}/attempt-{}.{suffix}", request.job_id, request.attempt));
+        let path = attempt_file(&self.spool_dir, request.job_id, request.attempt, suffix);
         let attempts = self.clone();
         self.spawn_task(async move { attempts.send_log(request, path, outbound).await });
     }
@@ -227,11 +199,7 @@ impl Attempts {
                 }
                 continue;
             }
-            let running = self
-                .running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains_key(&request.job_id);
+            let running = self.running_epoch(request.job_id).is_some();
             if request.follow && running {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             } else if request.follow && !last_pass {
@@ -247,43 +215,10 @@ impl Attempts {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).spawn(task);
     }
 
-    fn insert(&self, attempt: RunningAttempt) {
-        self.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(attempt.job_id, attempt);
-    }
-
-    /// Writes `attempts.json` (atomically: temp file, then rename).
-    fn save(&self) {
-        let records: Vec<RunningAttempt> = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        let path = self.spool_dir.join(STATE_FILE);
-        let temp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec(&records)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&temp, bytes))
-            .and_then(|()| std::fs::rename(&temp, &path));
-        if let Err(err) = written {
-            tracing::error!("{}: cannot write: {err}", path.display());
-        }
-    }
-
     async fn terminate(&self, attempt: &RunningAttempt, grace: Duration) {
         signal_group(attempt.pgid, Signal::SIGTERM);
         tokio::time::sleep(grace).await;
-        let still = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&attempt.job_id)
-            .map(|a| a.epoch);
-        if still == Some(attempt.epoch) {
+        if self.running_epoch(attempt.job_id) == Some(attempt.epoch) {
             signal_group(attempt.pgid, Signal::SIGKILL);
         }
     }
@@ -331,11 +266,7 @@ impl Attempts {
         // No exit record means the supervisor itself was killed (SIGKILL).
         let ended = Ended::read(&attempt.exit_file).unwrap_or(Ended::Signal(9));
         tracing::info!(job = attempt.job_id, epoch = attempt.epoch, "attempt ended: {ended:?}");
-        self.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&attempt.job_id);
-        self.save();
+        self.journal().ended(attempt.job_id, attempt.epoch);
         self.send(attempt.job_id, attempt.epoch, outcome(ended));
     }
 
@@ -351,16 +282,23 @@ impl Attempts {
         if launch.command.first().is_none_or(String::is_empty) {
             return Err("the command is empty".into());
         }
-        let job_dir = self.spool_dir.join("jobs").join(launch.job_id.to_string());
+        // Each new file or directory costs a filesystem its inode work, so
+        // an attempt makes only these: its checkpoint directory (the first
+        // time), its two output files and, when it ends, its exit file.
         let checkpoint_dir = self.spool_dir.join("checkpoints").join(launch.job_id.to_string());
-        for dir in [&job_dir, &checkpoint_dir] {
-            std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
-        }
+        create_dir(&checkpoint_dir)?;
         let output = |suffix: &str| -> Result<std::fs::File, String> {
-            let path = job_dir.join(format!("attempt-{}.{suffix}", launch.attempt));
-            std::fs::File::create(&path).map_err(|err| format!("{}: {err}", path.display()))
+            let path = attempt_file(&self.spool_dir, launch.job_id, launch.attempt, suffix);
+            match std::fs::File::create(&path) {
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                    create_dir(&self.spool_dir.join("jobs"))?;
+                    std::fs::File::create(&path)
+                }
+                created => created,
+            }
+            .map_err(|err| format!("{}: {err}", path.display()))
         };
-        let exit_file = job_dir.join(format!("attempt-{}.exit", launch.attempt));
+        let exit_file = attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "exit");
         let _ = std::fs::remove_file(&exit_file);
         let mut command = tokio::process::Command::new(&self.supervisor);
         command
@@ -386,6 +324,19 @@ impl Attempts {
             .map_err(|err| format!("cannot start the supervisor: {err}"))?;
         Ok((child, exit_file))
     }
+}
+
+/// `<spool>/jobs/<job>.<attempt>.<suffix>`: an attempt's out, err or exit file.
+pub fn attempt_file(spool_dir: &Path, job_id: u64, attempt: u32, suffix: &str) -> PathBuf {
+    spool_dir.join("jobs").join(format!("{job_id}.{attempt}.{suffix}"))
+}
+
+/// A directory that may already exist; only a missing one costs a mkdir.
+fn create_dir(dir: &Path) -> Result<(), String> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))
 }
 
 fn outcome(ended: Ended) -> pb::job_event::Outcome {

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod gpu;
+pub mod journal;
 pub mod launch;
 pub mod link;
 pub mod supervise;

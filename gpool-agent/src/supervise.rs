@@ -40,9 +40,11 @@ impl Ended {
         }
     }
 
-    /// The exit file of a finished supervisor, if it wrote one.
+    /// The exit file of a finished supervisor, if it wrote one. Only a
+    /// line with its newline counts: a half-written "code 12" is not code 1.
     pub fn read(exit_file: &Path) -> Option<Ended> {
-        Ended::parse(&std::fs::read_to_string(exit_file).ok()?)
+        let text = std::fs::read_to_string(exit_file).ok()?;
+        Ended::parse(text.strip_suffix('\n')?)
     }
 }
 
@@ -78,9 +80,10 @@ pub fn main(args: &[String]) -> ExitCode {
         },
         Err(err) => Ended::FailedToStart(format!("cannot run {program:?}: {err}")),
     };
-    let temp = format!("{exit_file}.tmp");
-    let written = std::fs::write(&temp, ended.to_line()).and_then(|()| std::fs::rename(&temp, exit_file));
-    match written {
+    // One short write: a reader that catches it half written (only the
+    // agent's recovery can, while this process still runs) finds no valid
+    // line and looks again once this process is gone.
+    match std::fs::write(exit_file, format!("{}\n", ended.to_line())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("{SUPERVISOR_BIN}: {exit_file}: {err}");

@@ -63,7 +63,7 @@ fn wait_returns_the_job_exit_code_and_output_lands_in_the_spool() {
         (job["state"].as_str(), job["exit_code"].as_i64()),
         (Some("failed"), Some(7))
     );
-    let output = cluster.spool_dir("node-a").join(format!("jobs/{id}/attempt-1.out"));
+    let output = cluster.spool_dir("node-a").join(format!("jobs/{id}.1.out"));
     assert_eq!(
         std::fs::read_to_string(output).unwrap_or_default(),
         "hello from node-a\n"
