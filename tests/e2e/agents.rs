@@ -74,6 +74,32 @@ fn wait_returns_the_job_exit_code_and_output_lands_in_the_spool() {
 }
 
 #[test]
+fn waiting_on_a_batch_returns_when_all_ended_with_the_first_failure() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 2);
+    let file = cluster.dir.path().join("batch.toml");
+    let jobs = [
+        "sleep 0.3",
+        "exit 5",
+        "true",
+        "sleep 0.6; exit 9",
+        "sleep 0.2",
+    ];
+    let text: String = jobs.iter().map(|job| format!("[[job]]\ncommand = {job:?}\n")).collect();
+    std::fs::write(&file, text).unwrap();
+    let run = cluster.gpool(&["submit", "-f", file.to_str().unwrap(), "--wait"]);
+    assert_eq!(run.code, 5, "stderr: {}", run.stderr);
+    let ids: Vec<u64> = run.stdout.lines().map(|line| line.parse().unwrap()).collect();
+    assert_eq!(ids.len(), jobs.len(), "stdout: {}", run.stdout);
+    let states: Vec<String> = ids
+        .iter()
+        .map(|id| cluster.job(*id)["state"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(states, ["completed", "failed", "completed", "failed", "completed"]);
+    assert!(run.stderr.contains(&format!("job {} failed", ids[3])), "stderr: {}", run.stderr);
+}
+
+#[test]
 fn concurrent_jobs_on_one_node_get_disjoint_gpus() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 4);

@@ -82,51 +82,84 @@ pub async fn show(ctx: &Ctx, id: u64) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Follows job `id` until it ends; returns the exit code `--wait` exits with.
-pub async fn wait_for(conn: &mut Connection, id: u64) -> Result<u8, CliError> {
-    let spinner = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new_spinner();
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} job {prefix}: {msg} ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
-        bar.set_prefix(id.to_string());
+/// Follows the jobs until all have ended; returns the exit code `--wait`
+/// exits with: that of the first job (in `ids` order) that did not
+/// complete, else 0. On a terminal, one job shows a spinner with its state,
+/// several a bar of how many have ended.
+pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError> {
+    let progress = std::io::stderr().is_terminal().then(|| {
+        let (bar, template) = match ids {
+            [id] => (
+                ProgressBar::new_spinner().with_prefix(format!("job {id}")),
+                "{spinner} {prefix}: {msg} ({elapsed})",
+            ),
+            _ => (
+                ProgressBar::new(ids.len() as u64),
+                "{spinner} {bar:30} {pos}/{len} jobs ended, {msg} ({elapsed})",
+            ),
+        };
+        bar.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner()));
         bar.enable_steady_tick(Duration::from_millis(120));
         bar
     });
     let mut stream = conn
         .client
-        .watch_job(pb::WatchJobRequest { id })
+        .watch_jobs(pb::WatchJobsRequest { ids: ids.to_vec() })
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
-    let mut last = None;
+    let mut last: std::collections::BTreeMap<u64, pb::Job> = std::collections::BTreeMap::new();
+    let mut n_ended = 0;
+    let mut n_not_completed = 0;
     while let Some(job) = stream.message().await.map_err(|s| conn.refused(s))? {
-        if let Some(bar) = &spinner {
-            bar.set_message(describe(&job));
+        if ended(&job) {
+            n_ended += 1;
+            n_not_completed += u64::from(job.state() != pb::JobState::Completed);
         }
-        last = Some(job);
+        if let Some(bar) = &progress {
+            if ids.len() == 1 {
+                bar.set_message(describe(&job));
+            } else {
+                bar.set_position(n_ended);
+                bar.set_message(format!("{n_not_completed} not completed"));
+            }
+        }
+        last.insert(job.id, job);
     }
-    if let Some(bar) = spinner {
+    if let Some(bar) = progress {
         bar.finish_and_clear();
     }
-    let job =
-        last.ok_or_else(|| CliError::Refused(format!("job {id}: the controller ended the watch without news")))?;
-    let code = match job.state() {
-        pb::JobState::Completed => 0,
-        pb::JobState::Cancelled => EXIT_CANCELLED,
-        pb::JobState::Failed => job.exit_code.map_or(EXIT_FAILED_TO_START, failed_exit_code),
-        other => {
-            return Err(CliError::Refused(format!(
-                "job {id}: watch ended while {}",
-                state_name(other)
-            )))
+    let mut first_code = 0;
+    for id in ids {
+        let job = last
+            .get(id)
+            .ok_or_else(|| CliError::Refused(format!("job {id}: the controller ended the watch without news")))?;
+        let code = match job.state() {
+            pb::JobState::Completed => 0,
+            pb::JobState::Cancelled => EXIT_CANCELLED,
+            pb::JobState::Failed => job.exit_code.map_or(EXIT_FAILED_TO_START, failed_exit_code),
+            other => {
+                return Err(CliError::Refused(format!(
+                    "job {id}: watch ended while {}",
+                    state_name(other)
+                )))
+            }
+        };
+        if code != 0 {
+            eprintln!("gpool: job {id} {}", describe(job));
+            if first_code == 0 {
+                first_code = code;
+            }
         }
-    };
-    if code != 0 {
-        eprintln!("gpool: job {id} {}", describe(&job));
     }
-    Ok(code)
+    Ok(first_code)
+}
+
+fn ended(job: &pb::Job) -> bool {
+    matches!(
+        job.state(),
+        pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled
+    )
 }
 
 /// A failed job's code as a process exit code: its low byte, never 0.

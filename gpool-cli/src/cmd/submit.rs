@@ -61,7 +61,8 @@ pub struct SubmitArgs {
         ]
     )]
     file: Option<PathBuf>,
-    /// Follow the job until it ends and exit with its exit code.
+    /// Follow the jobs until they end and exit with the job's exit code (of
+    /// several jobs, that of the first one that did not complete).
     #[arg(long)]
     wait: bool,
     /// The command and its arguments, after `--`.
@@ -93,14 +94,7 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     if !wait {
         return Ok(0);
     }
-    let mut worst = 0;
-    for id in ids {
-        let code = super::jobs::wait_for(&mut conn, id).await?;
-        if worst == 0 {
-            worst = code;
-        }
-    }
-    Ok(worst)
+    super::jobs::wait_for(&mut conn, &ids).await
 }
 
 fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {

@@ -172,36 +172,55 @@ impl Pool for PoolService {
         ))))
     }
 
-    type WatchJobStream = JobStream;
+    type WatchJobsStream = JobStream;
 
-    async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<JobStream>, Status> {
+    async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<JobStream>, Status> {
         caller(&request)?;
-        let id = JobId(request.get_ref().id);
+        // Subscribed before the first read, so no change falls between.
         let mut changes = self.state.job_changes.subscribe();
-        let first = self.job(id)?;
+        let mut unfinished = std::collections::BTreeSet::new();
+        let mut first = Vec::with_capacity(request.get_ref().ids.len());
+        for &id in &request.get_ref().ids {
+            let job = self.job(JobId(id))?;
+            if !is_finished(&job) {
+                unfinished.insert(JobId(id));
+            }
+            first.push(job);
+        }
+        let (sender, receiver) = tokio::sync::mpsc::channel(LIST_CHUNK);
         let service = PoolService {
             state: self.state.clone(),
             logs: self.logs.clone(),
         };
-        let stream = async_stream(first, move |sender| async move {
-            loop {
-                let change = tokio::select! {
-                    () = sender.closed() => return,
-                    change = changes.recv() => change,
-                };
-                match change {
-                    Ok(changed) if changed != id => continue,
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-                let job = service.job(id);
-                let finished = job.as_ref().map_or(true, is_finished);
-                if sender.send(job).await.is_err() || finished {
+        tokio::spawn(async move {
+            for job in first {
+                if sender.send(Ok(job)).await.is_err() {
                     return;
                 }
             }
+            while !unfinished.is_empty() {
+                let changed: Vec<JobId> = tokio::select! {
+                    () = sender.closed() => return,
+                    change = changes.recv() => match change {
+                        Ok(id) if unfinished.contains(&id) => vec![id],
+                        Ok(_) => continue,
+                        // Missed changes: send each unfinished job again.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => unfinished.iter().copied().collect(),
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    },
+                };
+                for id in changed {
+                    let job = service.job(id);
+                    if job.as_ref().map_or(true, is_finished) {
+                        unfinished.remove(&id);
+                    }
+                    if sender.send(job).await.is_err() {
+                        return;
+                    }
+                }
+            }
         });
-        Ok(Response::new(stream))
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
     }
 
     async fn list_nodes(
@@ -304,19 +323,4 @@ fn is_finished(job: &pb::Job) -> bool {
         job.state(),
         pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled
     )
-}
-
-/// A stream that yields `first`, then whatever `produce` sends, until it returns.
-fn async_stream<F, Fut>(first: pb::Job, produce: F) -> JobStream
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::Job, Status>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (sender, receiver) = tokio::sync::mpsc::channel(16);
-    let done = is_finished(&first);
-    let _ = sender.try_send(Ok(first));
-    if !done {
-        tokio::spawn(produce(sender));
-    }
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))
 }

@@ -173,10 +173,10 @@ pub struct ListJobsResponse {
     pub jobs: ::prost::alloc::vec::Vec<Job>,
 }
 #[allow(clippy::all)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct WatchJobRequest {
-    #[prost(uint64, tag = "1")]
-    pub id: u64,
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WatchJobsRequest {
+    #[prost(uint64, repeated, tag = "1")]
+    pub ids: ::prost::alloc::vec::Vec<u64>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -668,10 +668,11 @@ pub mod pool_client {
             req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "ListJobs"));
             self.inner.server_streaming(req, path, codec).await
         }
-        /// Streams the job's current state, then every change until it ends.
-        pub async fn watch_job(
+        /// Streams the current state of each job, then every change of any of
+        /// them, and ends when all have ended.
+        pub async fn watch_jobs(
             &mut self,
-            request: impl tonic::IntoRequest<super::WatchJobRequest>,
+            request: impl tonic::IntoRequest<super::WatchJobsRequest>,
         ) -> std::result::Result<
             tonic::Response<tonic::codec::Streaming<super::Job>>,
             tonic::Status,
@@ -685,9 +686,9 @@ pub mod pool_client {
                     )
                 })?;
             let codec = tonic_prost::ProstCodec::default();
-            let path = http::uri::PathAndQuery::from_static("/gpool.v1.Pool/WatchJob");
+            let path = http::uri::PathAndQuery::from_static("/gpool.v1.Pool/WatchJobs");
             let mut req = request.into_request();
-            req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "WatchJob"));
+            req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "WatchJobs"));
             self.inner.server_streaming(req, path, codec).await
         }
         pub async fn list_nodes(
@@ -815,17 +816,18 @@ pub mod pool_server {
             &self,
             request: tonic::Request<super::ListJobsRequest>,
         ) -> std::result::Result<tonic::Response<Self::ListJobsStream>, tonic::Status>;
-        /// Server streaming response type for the WatchJob method.
-        type WatchJobStream: tonic::codegen::tokio_stream::Stream<
+        /// Server streaming response type for the WatchJobs method.
+        type WatchJobsStream: tonic::codegen::tokio_stream::Stream<
                 Item = std::result::Result<super::Job, tonic::Status>,
             >
             + std::marker::Send
             + 'static;
-        /// Streams the job's current state, then every change until it ends.
-        async fn watch_job(
+        /// Streams the current state of each job, then every change of any of
+        /// them, and ends when all have ended.
+        async fn watch_jobs(
             &self,
-            request: tonic::Request<super::WatchJobRequest>,
-        ) -> std::result::Result<tonic::Response<Self::WatchJobStream>, tonic::Status>;
+            request: tonic::Request<super::WatchJobsRequest>,
+        ) -> std::result::Result<tonic::Response<Self::WatchJobsStream>, tonic::Status>;
         async fn list_nodes(
             &self,
             request: tonic::Request<super::ListNodesRequest>,
@@ -1104,26 +1106,26 @@ pub mod pool_server {
                     };
                     Box::pin(fut)
                 }
-                "/gpool.v1.Pool/WatchJob" => {
+                "/gpool.v1.Pool/WatchJobs" => {
                     #[allow(non_camel_case_types)]
-                    struct WatchJobSvc<T: Pool>(pub Arc<T>);
+                    struct WatchJobsSvc<T: Pool>(pub Arc<T>);
                     impl<
                         T: Pool,
-                    > tonic::server::ServerStreamingService<super::WatchJobRequest>
-                    for WatchJobSvc<T> {
+                    > tonic::server::ServerStreamingService<super::WatchJobsRequest>
+                    for WatchJobsSvc<T> {
                         type Response = super::Job;
-                        type ResponseStream = T::WatchJobStream;
+                        type ResponseStream = T::WatchJobsStream;
                         type Future = BoxFuture<
                             tonic::Response<Self::ResponseStream>,
                             tonic::Status,
                         >;
                         fn call(
                             &mut self,
-                            request: tonic::Request<super::WatchJobRequest>,
+                            request: tonic::Request<super::WatchJobsRequest>,
                         ) -> Self::Future {
                             let inner = Arc::clone(&self.0);
                             let fut = async move {
-                                <T as Pool>::watch_job(&inner, request).await
+                                <T as Pool>::watch_jobs(&inner, request).await
                             };
                             Box::pin(fut)
                         }
@@ -1134,7 +1136,7 @@ pub mod pool_server {
                     let max_encoding_message_size = self.max_encoding_message_size;
                     let inner = self.inner.clone();
                     let fut = async move {
-                        let method = WatchJobSvc(inner);
+                        let method = WatchJobsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
