@@ -466,7 +466,7 @@ fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
             let addr = controller.addr.clone();
             std::thread::spawn(move || -> anyhow::Result<()> {
                 for _ in 0..n_jobs / 8 {
-                    gpool(&addr, &["submit", "--", "true"])?;
+                    gpool(&addr, &["submit", "--discard-output", "--", "true"])?;
                 }
                 Ok(())
             })
@@ -483,10 +483,16 @@ fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
     );
 
     let batch = dir.path().join("batch.toml");
-    std::fs::write(&batch, "[[job]]\ncommand = [\"true\"]\n".repeat(n_jobs))?;
+    std::fs::write(
+        &batch,
+        "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(n_jobs),
+    )?;
     // As a CI script would: submit the file and wait for every job to end.
     let started = Instant::now();
-    let run = gpool(&controller.addr, &["submit", "-f", &batch.display().to_string(), "--wait"])?;
+    let run = gpool(
+        &controller.addr,
+        &["submit", "-f", &batch.display().to_string(), "--wait"],
+    )?;
     let rate = n_jobs as f64 / started.elapsed().as_secs_f64();
     if count_lines(&run.stdout) != n_jobs {
         bail!("submit -f --wait printed {} ids", count_lines(&run.stdout));

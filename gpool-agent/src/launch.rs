@@ -3,16 +3,16 @@
 //! `CUDA_VISIBLE_DEVICES`, output to files in the spool dir, time limit
 //! enforced, killed as a whole group. The running attempts are kept in the
 //! journal (`journal.rs`), so a restarted agent re-adopts them. An attempt's
-//! files are `<spool>/jobs/<job>.<attempt>.{out,err,exit}`, its checkpoint
-//! directory `<spool>/checkpoints/<job>/`.
+//! output goes to `<spool>/jobs/<job>.<attempt>.{out,err}`, its exit record
+//! to a reused slot `<spool>/exits/<n>`, its checkpoints to
+//! `<spool>/checkpoints/<job>/`.
 
 use crate::journal::{AttemptRecord as RunningAttempt, Journal};
-use crate::supervise::{Ended, SUPERVISOR_BIN};
+use crate::supervise::{Ended, LaunchRequest, RunAs, Spawner, SUPERVISOR_BIN};
 use gpool_proto::pb;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -20,15 +20,17 @@ use tokio::task::JoinSet;
 
 /// Grace between SIGTERM and SIGKILL when a time limit runs out.
 const TIME_LIMIT_GRACE: Duration = Duration::from_secs(10);
-/// How often a re-adopted attempt (not our child) is checked.
-const ADOPTED_POLL: Duration = Duration::from_millis(100);
 
 /// The attempts this node runs, and the events they produce.
 pub struct Attempts {
     node: String,
     spool_dir: PathBuf,
-    /// `gpool-supervise`, next to this process's binary.
-    supervisor: PathBuf,
+    /// `gpool-supervise`, started from next to this process's binary.
+    spawner: Mutex<Spawner>,
+    /// Jobs run as their submitter only when the agent runs as root.
+    as_root: bool,
+    /// Users looked up lately, and when.
+    users: Mutex<std::collections::HashMap<String, (std::time::Instant, Option<RunAs>)>>,
     journal: Mutex<Journal>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
     tasks: Mutex<JoinSet<()>>,
@@ -52,10 +54,15 @@ impl Attempts {
             ));
         }
         let journal = Journal::open(&spool_dir)?;
+        for dir in ["jobs", "exits", "checkpoints"] {
+            create_dir(&spool_dir.join(dir))?;
+        }
         Ok(Arc::new(Attempts {
+            as_root: nix::unistd::geteuid().is_root(),
+            users: Mutex::new(std::collections::HashMap::new()),
             node,
             spool_dir,
-            supervisor,
+            spawner: Mutex::new(Spawner::new(supervisor)),
             journal: Mutex::new(journal),
             events,
             tasks: Mutex::new(JoinSet::new()),
@@ -79,7 +86,7 @@ impl Attempts {
     pub fn recover(self: &Arc<Self>) {
         let recorded: Vec<RunningAttempt> = self.journal().live().values().cloned().collect();
         for attempt in recorded {
-            if let Some(ended) = Ended::read(&attempt.exit_file) {
+            if let Some(ended) = Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch) {
                 tracing::info!(
                     job = attempt.job_id,
                     "attempt ended while the agent was away: {ended:?}"
@@ -89,7 +96,7 @@ impl Attempts {
             } else if supervisor_alive(attempt.pgid) {
                 tracing::info!(job = attempt.job_id, pid = attempt.pgid, "re-adopting running attempt");
                 let attempts = self.clone();
-                self.spawn_task(async move { attempts.watch_adopted(attempt).await });
+                self.spawn_task(async move { attempts.watch(attempt).await });
             } else {
                 tracing::warn!(job = attempt.job_id, "attempt vanished without an exit record");
                 self.journal().ended(attempt.job_id, attempt.epoch);
@@ -118,8 +125,7 @@ impl Attempts {
         }
         let (job_id, epoch) = (launch.job_id, launch.epoch);
         match self.spawn(&launch) {
-            Ok((child, exit_file)) => {
-                let pgid = child.id().map_or(0, |pid| pid as i32);
+            Ok((pgid, exit_file)) => {
                 tracing::info!(job = job_id, epoch, pid = pgid, "attempt {} started", launch.attempt);
                 let deadline_ms = launch.time_limit.map(|limit| now_ms() + limit.seconds as i64 * 1000);
                 let attempt = RunningAttempt {
@@ -132,7 +138,7 @@ impl Attempts {
                 self.journal().started(attempt.clone());
                 self.send(job_id, epoch, pb::job_event::Outcome::Started(true));
                 let attempts = self.clone();
-                self.spawn_task(async move { attempts.watch_child(attempt, child).await });
+                self.spawn_task(async move { attempts.watch(attempt).await });
             }
             Err(reason) => self.send(job_id, epoch, pb::job_event::Outcome::FailedToStart(reason)),
         }
@@ -147,6 +153,27 @@ impl Attempts {
         tracing::info!(job = job_id, epoch, "killing attempt");
         let attempts = self.clone();
         self.spawn_task(async move { attempts.terminate(&attempt, grace).await });
+    }
+
+    /// Sends `signal` to the attempt's whole process group (the supervisor
+    /// outlives it; the job gets it).
+    pub fn signal(&self, job_id: u64, epoch: u64, signal: i32) {
+        let Some(pgid) = self
+            .journal()
+            .live()
+            .get(&job_id)
+            .filter(|a| a.epoch == epoch)
+            .map(|a| a.pgid)
+        else {
+            return;
+        };
+        match Signal::try_from(signal) {
+            Ok(signal) => {
+                tracing::info!(job = job_id, epoch, "sending {signal}");
+                signal_group(pgid, signal);
+            }
+            Err(_) => tracing::warn!(job = job_id, "signal {signal} is not a signal here; not sent"),
+        }
     }
 
     /// Sends the output file of an attempt back over the link as LogData,
@@ -223,38 +250,30 @@ impl Attempts {
         }
     }
 
-    /// Waits for a supervisor this agent started.
-    async fn watch_child(&self, attempt: RunningAttempt, mut child: tokio::process::Child) {
+    /// Waits for the attempt's supervisor to end (ours or one a previous
+    /// agent started), enforcing the time limit.
+    async fn watch(&self, attempt: RunningAttempt) {
+        let exited = match ProcessExit::open(attempt.pgid) {
+            Ok(exited) => exited,
+            Err(err) => {
+                tracing::error!(job = attempt.job_id, "cannot watch pid {}: {err}", attempt.pgid);
+                return self.finish(&attempt);
+            }
+        };
         let limit = attempt
             .deadline_ms
             .map(|deadline| Duration::from_millis((deadline - now_ms()).max(0) as u64));
-        let waited = match limit {
-            None => child.wait().await,
-            Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
-                Ok(waited) => waited,
-                Err(_) => {
-                    tracing::info!(job = attempt.job_id, "time limit reached");
-                    self.terminate(&attempt, TIME_LIMIT_GRACE).await;
-                    child.wait().await
-                }
-            },
-        };
-        if let Err(err) = waited {
-            tracing::warn!(job = attempt.job_id, "waiting for the supervisor: {err}");
-        }
-        self.finish(&attempt);
-    }
-
-    /// Watches a supervisor a previous agent started (not our child).
-    async fn watch_adopted(&self, attempt: RunningAttempt) {
-        let mut terminating = false;
-        while supervisor_alive(attempt.pgid) {
-            if !terminating && attempt.deadline_ms.is_some_and(|deadline| now_ms() > deadline) {
-                terminating = true;
-                self.terminate(&attempt, TIME_LIMIT_GRACE).await;
-                continue;
+        let in_time = match limit {
+            None => {
+                exited.wait().await;
+                true
             }
-            tokio::time::sleep(ADOPTED_POLL).await;
+            Some(limit) => tokio::time::timeout(limit, exited.wait()).await.is_ok(),
+        };
+        if !in_time {
+            tracing::info!(job = attempt.job_id, "time limit reached");
+            self.terminate(&attempt, TIME_LIMIT_GRACE).await;
+            exited.wait().await;
         }
         self.finish(&attempt);
     }
@@ -264,7 +283,7 @@ impl Attempts {
         // Anything left in the group goes with it.
         signal_group(attempt.pgid, Signal::SIGKILL);
         // No exit record means the supervisor itself was killed (SIGKILL).
-        let ended = Ended::read(&attempt.exit_file).unwrap_or(Ended::Signal(9));
+        let ended = Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch).unwrap_or(Ended::Signal(9));
         tracing::info!(job = attempt.job_id, epoch = attempt.epoch, "attempt ended: {ended:?}");
         self.journal().ended(attempt.job_id, attempt.epoch);
         self.send(attempt.job_id, attempt.epoch, outcome(ended));
@@ -278,51 +297,49 @@ impl Attempts {
         });
     }
 
-    fn spawn(&self, launch: &pb::Launch) -> Result<(tokio::process::Child, PathBuf), String> {
+    /// Starts the attempt's supervisor; returns its pid and exit file.
+    fn spawn(&self, launch: &pb::Launch) -> Result<(i32, PathBuf), String> {
         if launch.command.first().is_none_or(String::is_empty) {
             return Err("the command is empty".into());
         }
-        // Each new file or directory costs a filesystem its inode work, so
-        // an attempt makes only these: its checkpoint directory (the first
-        // time), its two output files and, when it ends, its exit file.
         let checkpoint_dir = self.spool_dir.join("checkpoints").join(launch.job_id.to_string());
-        create_dir(&checkpoint_dir)?;
-        let output = |suffix: &str| -> Result<std::fs::File, String> {
-            let path = attempt_file(&self.spool_dir, launch.job_id, launch.attempt, suffix);
-            match std::fs::File::create(&path) {
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                    create_dir(&self.spool_dir.join("jobs"))?;
-                    std::fs::File::create(&path)
-                }
-                created => created,
-            }
-            .map_err(|err| format!("{}: {err}", path.display()))
-        };
-        let exit_file = attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "exit");
-        let _ = std::fs::remove_file(&exit_file);
-        let mut command = tokio::process::Command::new(&self.supervisor);
-        command
-            .arg(&exit_file)
-            .args(&launch.command)
-            .envs(launch.env.iter().map(|var| (&var.name, &var.value)))
-            .envs(attempt_env(launch, &self.node, &checkpoint_dir))
-            .stdin(Stdio::null())
-            .stdout(output("out")?)
-            .stderr(output("err")?)
-            .kill_on_drop(false);
-        if !launch.workdir.is_empty() {
-            if !Path::new(&launch.workdir).is_dir() {
-                return Err(format!(
-                    "workdir {} does not exist on node {}",
-                    launch.workdir, self.node
-                ));
-            }
-            command.current_dir(&launch.workdir);
+        let workdir = (!launch.workdir.is_empty()).then(|| PathBuf::from(&launch.workdir));
+        if let Some(workdir) = workdir.as_ref().filter(|dir| !dir.is_dir()) {
+            return Err(format!(
+                "workdir {} does not exist on node {}",
+                workdir.display(),
+                self.node
+            ));
         }
-        let child = command
-            .spawn()
-            .map_err(|err| format!("cannot start the supervisor: {err}"))?;
-        Ok((child, exit_file))
+        let exit_file = self.free_exit_slot();
+        let request = LaunchRequest {
+            exit_file: exit_file.clone(),
+            job_id: launch.job_id,
+            epoch: launch.epoch,
+            program: launch.command[0].clone(),
+            args: launch.command[1..].to_vec(),
+            env: launch
+                .env
+                .iter()
+                .map(|var| (var.name.clone(), var.value.clone()))
+                .chain(attempt_env(launch, &self.node, &checkpoint_dir))
+                .collect(),
+            workdir,
+            // The supervisor creates these (each new file or directory costs
+            // the filesystem inode work, which the spawner need not wait for).
+            stdout: (!launch.discard_output)
+                .then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "out")),
+            stderr: (!launch.discard_output)
+                .then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "err")),
+            checkpoint_dir,
+            run_as: self.run_as(&launch.user)?,
+        };
+        let pid = self
+            .spawner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .launch(&request)?;
+        Ok((pid, exit_file))
     }
 }
 
@@ -337,6 +354,37 @@ fn create_dir(dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))
+}
+
+impl Attempts {
+    /// Whom a job of `user` runs as: that user when the agent runs as root
+    /// (looked up at most once a minute), else the agent's own user.
+    fn run_as(&self, user: &str) -> Result<Option<RunAs>, String> {
+        const FRESH: Duration = Duration::from_secs(60);
+        if !self.as_root || user.is_empty() {
+            return Ok(None);
+        }
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((looked_up, run_as)) = users.get(user) {
+            if looked_up.elapsed() < FRESH {
+                return Ok(run_as.clone());
+            }
+        }
+        let run_as = RunAs::lookup(user).map_err(|err| format!("{err} (node {})", self.node))?;
+        users.insert(user.to_string(), (std::time::Instant::now(), run_as.clone()));
+        Ok(run_as)
+    }
+
+    /// The lowest-numbered exit slot no running attempt holds.
+    fn free_exit_slot(&self) -> PathBuf {
+        let exits = self.spool_dir.join("exits");
+        let journal = self.journal();
+        let held: std::collections::BTreeSet<&Path> = journal.live().values().map(|a| a.exit_file.as_path()).collect();
+        (0..)
+            .map(|slot| exits.join(slot.to_string()))
+            .find(|path| !held.contains(path.as_path()))
+            .unwrap_or_default()
+    }
 }
 
 fn outcome(ended: Ended) -> pb::job_event::Outcome {
@@ -355,18 +403,57 @@ fn signal_group(pgid: i32, signal: Signal) {
     }
 }
 
-/// Whether `pid` is still one of our supervisors (and not a reused pid).
+/// Whether `pid` is still one of our supervisors (and not a reused pid):
+/// a live session leader running the supervisor's program.
 fn supervisor_alive(pid: i32) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
     let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-    let is_supervisor = program.ends_with(SUPERVISOR_BIN.as_bytes());
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
-        .unwrap_or(true);
-    is_supervisor && !zombie
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // After "(comm) ": state, ppid, pgrp, session.
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map_or(vec![], |(_, rest)| rest.split(' ').collect());
+    let leader = fields.get(3).is_some_and(|session| *session == pid.to_string());
+    program.ends_with(SUPERVISOR_BIN.as_bytes()) && leader && fields.first() != Some(&"Z")
+}
+
+/// Readiness of a process's exit, through a pidfd (which works for any
+/// process, our child or not).
+struct ProcessExit(Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>);
+
+impl ProcessExit {
+    fn open(pid: i32) -> std::io::Result<ProcessExit> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
+        let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            let err = std::io::Error::last_os_error();
+            // Already gone (and reaped).
+            return match err.raw_os_error() {
+                Some(nix::libc::ESRCH) => Ok(ProcessExit(None)),
+                _ => Err(err),
+            };
+        }
+        // SAFETY: the fd was just opened and nothing else owns it; the
+        // AsyncFd owns it from here on and never replaces it.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+        let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+        Ok(ProcessExit(Some(registered?)))
+    }
+
+    /// Resolves once the process has exited.
+    async fn wait(&self) {
+        if let Some(fd) = &self.0 {
+            // A pidfd stays readable once its process has exited.
+            if let Err(err) = fd.readable().await {
+                tracing::error!("waiting on a pidfd: {err}");
+            }
+        }
+    }
 }
 
 fn now_ms() -> i64 {
@@ -400,4 +487,30 @@ pub fn attempt_env(launch: &pb::Launch, node: &str, checkpoint_dir: &Path) -> Ve
         ]);
     }
     env
+}
+
+#[cfg(test)]
+mod pidfd_tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn waits_for_a_process_to_exit() {
+        // A process that is not our child, as supervisors are not.
+        let mut parent = std::process::Command::new("sh")
+            .args(["-c", "sleep 0.3 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(parent.stdout.take().unwrap()), &mut line).unwrap();
+        let started = std::time::Instant::now();
+        let exited = ProcessExit::open(line.trim().parse().unwrap()).unwrap();
+        exited.wait().await;
+        assert!(
+            started.elapsed() > Duration::from_millis(200),
+            "{:?}",
+            started.elapsed()
+        );
+        let _ = parent.wait();
+    }
 }

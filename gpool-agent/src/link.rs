@@ -1,5 +1,5 @@
 //! The agent's end of AgentLink: connect, register, heartbeat, forward job
-//! events, obey Launch and Kill; reconnect with backoff when the link drops.
+//! events, obey Launch, Signal and Kill; reconnect with backoff when the link drops.
 
 use crate::launch::Attempts;
 use gpool_core::model::Gpu;
@@ -139,6 +139,9 @@ fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>, outbound: &mps
             Duration::from_secs(u64::from(kill.grace_seconds)),
         ),
         Some(pb::controller_message::Msg::ReadLog(request)) => attempts.stream_log(request, outbound.clone()),
+        Some(pb::controller_message::Msg::Signal(signal)) => {
+            attempts.signal(signal.job_id, signal.epoch, signal.signal)
+        }
         None => tracing::warn!("empty message from gpoold ignored"),
     }
 }

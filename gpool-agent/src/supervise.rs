@@ -1,15 +1,24 @@
-//! The per-attempt supervisor: `gpool-supervise EXIT_FILE CMD...`.
+//! Attempt supervisors and the spawner that forks them.
 //!
-//! The agent starts each attempt through this small process. It makes itself
-//! the leader of a new session (so a kill of the group reaches everything the
-//! job starts), runs the command as its child, and writes how the command
-//! ended to EXIT_FILE. Because it, not the agent, is the command's parent, an
-//! agent that restarts finds the attempt again and still learns its exit.
+//! The agent starts one `gpool-supervise` process, the spawner: a small,
+//! single-threaded process that reads launch requests (one JSON line each)
+//! on its stdin and answers each with the pid of a new supervisor on its
+//! stdout. A supervisor is a fork of the spawner (no exec of its own, so an
+//! attempt costs one exec: the job's). It makes itself the leader of a new
+//! session (so a kill of the group reaches everything the job starts), runs
+//! the command as its child, and writes how the command ended to its exit
+//! file as one line tagged with the job and epoch. Exit files are slots the
+//! agent reuses (overwriting a file costs less than creating one); the tag
+//! tells a record from what an earlier attempt left there. Because the
+//! supervisor, not the agent, is the command's parent, an agent that
+//! restarts finds the attempt again and still learns its exit; supervisors
+//! outlive the spawner and the agent alike.
 
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
-use std::process::{Command, ExitCode};
-
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
 /// The supervisor's binary, installed next to gpool-agent (and gpoold).
 pub const SUPERVISOR_BIN: &str = "gpool-supervise";
 
@@ -40,54 +49,285 @@ impl Ended {
         }
     }
 
-    /// The exit file of a finished supervisor, if it wrote one. Only a
-    /// line with its newline counts: a half-written "code 12" is not code 1.
-    pub fn read(exit_file: &Path) -> Option<Ended> {
+    /// The record of attempt `epoch` of `job_id` in `exit_file`, if its
+    /// supervisor wrote one. Only a line with its newline counts: a
+    /// half-written "code 12" is not code 1.
+    pub fn read(exit_file: &Path, job_id: u64, epoch: u64) -> Option<Ended> {
         let text = std::fs::read_to_string(exit_file).ok()?;
-        Ended::parse(text.strip_suffix('\n')?)
+        let record = text.strip_suffix('\n')?.strip_prefix(&format!("{job_id} {epoch} "))?;
+        Ended::parse(record)
     }
+}
+
+/// What the agent asks the spawner to run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchRequest {
+    pub exit_file: PathBuf,
+    pub job_id: u64,
+    pub epoch: u64,
+    pub program: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workdir: Option<PathBuf>,
+    /// Created (truncated) by the supervisor; `None` is /dev/null.
+    pub stdout: Option<PathBuf>,
+    pub stderr: Option<PathBuf>,
+    /// Created by the supervisor if missing.
+    pub checkpoint_dir: PathBuf,
+    /// Run the job as this user; `None` runs it as the spawner's user.
+    pub run_as: Option<RunAs>,
+}
+
+/// A user to run a job as, looked up by the agent (so a supervisor makes
+/// no user-database lookups of its own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunAs {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub home: PathBuf,
+}
+
+impl RunAs {
+    /// The user `name` of this node's user database; `None` when `name` is
+    /// the user this process already runs as.
+    pub fn lookup(name: &str) -> Result<Option<RunAs>, String> {
+        let user = nix::unistd::User::from_name(name)
+            .map_err(|err| format!("cannot look up user {name:?}: {err}"))?
+            .ok_or_else(|| format!("user {name:?} does not exist on this node"))?;
+        if user.uid == nix::unistd::geteuid() {
+            return Ok(None);
+        }
+        let c_name = std::ffi::CString::new(name).map_err(|err| format!("user name {name:?}: {err}"))?;
+        let groups = nix::unistd::getgrouplist(&c_name, user.gid)
+            .map_err(|err| format!("cannot list the groups of {name:?}: {err}"))?;
+        Ok(Some(RunAs {
+            name: user.name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            groups: groups.iter().map(|g| g.as_raw()).collect(),
+            home: user.dir,
+        }))
+    }
+}
+
+/// The spawner's answer: the supervisor's pid (also its session and group
+/// id), or why there is none.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LaunchReply {
+    Started(i32),
+    Refused(String),
 }
 
 extern "C" fn ignore(_: nix::libc::c_int) {}
 
-/// Runs the supervisor; `args` are its arguments.
-pub fn main(args: &[String]) -> ExitCode {
-    let [exit_file, program, rest @ ..] = args else {
-        eprintln!("usage: {SUPERVISOR_BIN} EXIT_FILE PROGRAM [ARGS...]");
-        return ExitCode::from(2);
-    };
-    let _ = nix::unistd::setsid();
-    // Outlive the SIGTERM sent to the whole group so the exit is recorded.
-    // A handler (unlike SIG_IGN) is reset by exec, so the job gets defaults.
-    let handler = nix::sys::signal::SigAction::new(
-        nix::sys::signal::SigHandler::Handler(ignore),
-        nix::sys::signal::SaFlags::SA_RESTART,
-        nix::sys::signal::SigSet::empty(),
-    );
-    for signal in [
-        nix::sys::signal::SIGTERM,
-        nix::sys::signal::SIGINT,
-        nix::sys::signal::SIGHUP,
-    ] {
-        // SAFETY: the handler does nothing, so it is async-signal-safe.
-        let _ = unsafe { nix::sys::signal::sigaction(signal, &handler) };
+/// The spawner: serves launch requests until its stdin closes.
+pub fn main() -> ExitCode {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, SIGCHLD};
+    // Supervisors are reaped by the kernel; none stays a zombie.
+    let auto_reap = SigAction::new(SigHandler::SigIgn, SaFlags::SA_NOCLDWAIT, SigSet::empty());
+    // SAFETY: setting SIG_IGN installs no handler code.
+    let _ = unsafe { sigaction(SIGCHLD, &auto_reap) };
+    let stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    for line in stdin.lines() {
+        let Ok(line) = line else { break };
+        let reply = match serde_json::from_str::<LaunchRequest>(&line) {
+            // SAFETY: the spawner is single-threaded, so the child may do
+            // anything the parent could; it never returns from `supervise`.
+            Ok(request) => match unsafe { nix::unistd::fork() } {
+                Ok(nix::unistd::ForkResult::Child) => supervise(&request),
+                Ok(nix::unistd::ForkResult::Parent { child }) => LaunchReply::Started(child.as_raw()),
+                Err(err) => LaunchReply::Refused(format!("cannot fork a supervisor: {err}")),
+            },
+            Err(err) => LaunchReply::Refused(format!("bad launch request: {err}")),
+        };
+        let mut text = serde_json::to_vec(&reply).unwrap_or_default();
+        text.push(b'\n');
+        if stdout.write_all(&text).and_then(|()| stdout.flush()).is_err() {
+            break;
+        }
     }
-    let ended = match Command::new(program).args(rest).status() {
-        Ok(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => Ended::Code(code),
-            (None, Some(signal)) => Ended::Signal(signal),
-            (None, None) => Ended::FailedToStart("no exit status".into()),
+    ExitCode::SUCCESS
+}
+
+/// Signals a supervisor outlives (so it can record the job's end) while
+/// they reach the job: everything the controller or a user may send to the
+/// group. Faults, SIGKILL, SIGSTOP and SIGCHLD keep their defaults.
+const OUTLIVED: [nix::sys::signal::Signal; 9] = {
+    use nix::sys::signal::Signal::*;
+    [
+        SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE, SIGXCPU,
+    ]
+};
+
+/// The supervisor, in the forked child: sets the attempt up, runs the job,
+/// records how it ended, exits. Whatever the spawner did on the way here
+/// (opening files, creating directories) it does not wait for.
+fn supervise(request: &LaunchRequest) -> ! {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let _ = nix::unistd::setsid();
+    // The spawner's pipes are the agent's; a supervisor lives on without them.
+    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+    }
+    // Our own job must be waited for, not reaped by the kernel.
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // A handler (unlike SIG_IGN) is reset by exec, so the job gets defaults.
+    let outlive = SigAction::new(SigHandler::Handler(ignore), SaFlags::SA_RESTART, SigSet::empty());
+    // SAFETY: SIG_DFL runs no code; `ignore` does nothing, so it is
+    // async-signal-safe.
+    unsafe {
+        let _ = sigaction(Signal::SIGCHLD, &default);
+        for signal in OUTLIVED {
+            let _ = sigaction(signal, &outlive);
+        }
+    }
+    let ended = match prepare(request) {
+        Ok(mut command) => match command.status() {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => Ended::Code(code),
+                (None, Some(signal)) => Ended::Signal(signal),
+                (None, None) => Ended::FailedToStart("no exit status".into()),
+            },
+            Err(err) => Ended::FailedToStart(format!("cannot run {:?}: {err}", request.program)),
         },
-        Err(err) => Ended::FailedToStart(format!("cannot run {program:?}: {err}")),
+        Err(reason) => Ended::FailedToStart(reason),
     };
     // One short write: a reader that catches it half written (only the
     // agent's recovery can, while this process still runs) finds no valid
     // line and looks again once this process is gone.
-    match std::fs::write(exit_file, format!("{}\n", ended.to_line())) {
-        Ok(()) => ExitCode::SUCCESS,
+    let record = format!("{} {} {}\n", request.job_id, request.epoch, ended.to_line());
+    let code = match std::fs::write(&request.exit_file, record) {
+        Ok(()) => 0,
         Err(err) => {
-            eprintln!("{SUPERVISOR_BIN}: {exit_file}: {err}");
-            ExitCode::FAILURE
+            eprintln!("{SUPERVISOR_BIN}: {}: {err}", request.exit_file.display());
+            1
+        }
+    };
+    // SAFETY: ends this process at once, as a forked child should (no
+    // atexit handlers or buffers of the spawner to run twice).
+    unsafe { nix::libc::_exit(code) }
+}
+
+/// The job's command: its user, output files and checkpoint directory.
+fn prepare(request: &LaunchRequest) -> Result<Command, String> {
+    use nix::unistd::{Gid, Uid};
+    use std::os::unix::process::CommandExt;
+    let owned_by_user = |path: &Path| -> Result<(), String> {
+        match &request.run_as {
+            Some(user) => nix::unistd::chown(path, Some(Uid::from_raw(user.uid)), Some(Gid::from_raw(user.gid)))
+                .map_err(|err| format!("{}: cannot give it to {}: {err}", path.display(), user.name)),
+            None => Ok(()),
+        }
+    };
+    if !request.checkpoint_dir.is_dir() {
+        std::fs::create_dir_all(&request.checkpoint_dir)
+            .map_err(|err| format!("{}: {err}", request.checkpoint_dir.display()))?;
+        owned_by_user(&request.checkpoint_dir)?;
+    }
+    let output = |path: &Option<PathBuf>| -> Result<Stdio, String> {
+        let Some(path) = path else { return Ok(Stdio::null()) };
+        let file = std::fs::File::create(path).map_err(|err| format!("{}: {err}", path.display()))?;
+        owned_by_user(path)?;
+        Ok(Stdio::from(file))
+    };
+    let mut command = Command::new(&request.program);
+    command
+        .args(&request.args)
+        .envs(request.env.iter().map(|(name, value)| (name, value)))
+        .stdin(Stdio::null())
+        .stdout(output(&request.stdout)?)
+        .stderr(output(&request.stderr)?);
+    if let Some(workdir) = &request.workdir {
+        command.current_dir(workdir);
+    }
+    if let Some(user) = &request.run_as {
+        command
+            .env("USER", &user.name)
+            .env("LOGNAME", &user.name)
+            .env("HOME", &user.home);
+        let groups: Vec<Gid> = user.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+        let (uid, gid) = (Uid::from_raw(user.uid), Gid::from_raw(user.gid));
+        // SAFETY: runs in the forked child before exec; it makes only the
+        // three system calls, with values computed before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                nix::unistd::setgroups(&groups)?;
+                nix::unistd::setgid(gid)?;
+                nix::unistd::setuid(uid)?;
+                Ok(())
+            });
+        }
+    }
+    Ok(command)
+}
+
+/// The agent's end of the spawner: one process, restarted if it dies.
+pub struct Spawner {
+    program: PathBuf,
+    running: Option<(std::process::Child, std::io::BufReader<std::process::ChildStdout>)>,
+}
+
+impl Spawner {
+    pub fn new(program: PathBuf) -> Spawner {
+        Spawner { program, running: None }
+    }
+
+    /// Starts a supervisor for `request`; returns its pid.
+    pub fn launch(&mut self, request: &LaunchRequest) -> Result<i32, String> {
+        let mut line = serde_json::to_vec(request).map_err(|err| err.to_string())?;
+        line.push(b'\n');
+        // A spawner that died is started again, once per launch.
+        let mut last_err = String::new();
+        for _ in 0..2 {
+            match self.ask(&line) {
+                Ok(LaunchReply::Started(pid)) => return Ok(pid),
+                Ok(LaunchReply::Refused(reason)) => return Err(reason),
+                Err(err) => {
+                    last_err = err;
+                    if let Some((mut child, _)) = self.running.take() {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                }
+            }
+        }
+        Err(format!("{}: {last_err}", self.program.display()))
+    }
+
+    fn ask(&mut self, line: &[u8]) -> Result<LaunchReply, String> {
+        if self.running.is_none() {
+            let mut child = Command::new(&self.program)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|err| format!("cannot start: {err}"))?;
+            let stdout = child.stdout.take().ok_or("no stdout")?;
+            self.running = Some((child, std::io::BufReader::new(stdout)));
+        }
+        let (child, replies) = self.running.as_mut().ok_or("not running")?;
+        let stdin = child.stdin.as_mut().ok_or("no stdin")?;
+        stdin.write_all(line).map_err(|err| format!("cannot send: {err}"))?;
+        let mut reply = String::new();
+        match replies.read_line(&mut reply) {
+            Ok(0) => Err("it exited".into()),
+            Ok(_) => serde_json::from_str(&reply).map_err(|err| format!("bad reply {reply:?}: {err}")),
+            Err(err) => Err(format!("cannot read its reply: {err}")),
+        }
+    }
+}
+
+impl Drop for Spawner {
+    /// Closing its stdin ends the spawner; supervisors live on.
+    fn drop(&mut self) {
+        if let Some((mut child, _)) = self.running.take() {
+            drop(child.stdin.take());
+            let _ = child.wait();
         }
     }
 }
@@ -107,5 +347,17 @@ mod tests {
             assert_eq!(Ended::parse(&ended.to_line()), Some(ended));
         }
         assert_eq!(Ended::parse("garbage"), None);
+    }
+
+    #[test]
+    fn only_a_whole_record_of_the_same_attempt_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = dir.path().join("0");
+        std::fs::write(&slot, "12 3 code 17\n").unwrap();
+        assert_eq!(Ended::read(&slot, 12, 3), Some(Ended::Code(17)));
+        assert_eq!(Ended::read(&slot, 12, 4), None, "an earlier attempt's record");
+        assert_eq!(Ended::read(&slot, 1, 3), None, "another job's record");
+        std::fs::write(&slot, "12 3 code 1").unwrap();
+        assert_eq!(Ended::read(&slot, 12, 3), None, "half written");
     }
 }

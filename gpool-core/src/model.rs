@@ -116,6 +116,9 @@ pub struct JobSpec {
     /// puts the job back in the queue; otherwise the job fails.
     #[serde(default = "yes")]
     pub requeue: bool,
+    /// stdout and stderr go to /dev/null instead of the spool.
+    #[serde(default)]
+    pub discard_output: bool,
 }
 
 fn yes() -> bool {

@@ -83,6 +83,8 @@ pub struct JobSpecInput {
     pub pool: Option<String>,
     /// `false`: fail instead of requeueing when the node is lost.
     pub requeue: Option<bool>,
+    /// Send stdout and stderr to /dev/null instead of the spool.
+    pub discard_output: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -127,6 +129,7 @@ impl JobSpecInput {
             priority: self.priority.unwrap_or(0),
             pool: self.pool.unwrap_or_default(),
             requeue: self.requeue.unwrap_or(true),
+            discard_output: self.discard_output.unwrap_or(false),
         };
         spec.validate()?;
         Ok(spec)

@@ -149,6 +149,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 priority: 0,
                 pool: String::new(),
                 requeue: true,
+                discard_output: false,
             },
             user: "alice".into(),
             submitted_at: Timestamp(0),

@@ -21,6 +21,7 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         priority: spec.priority,
         pool: spec.pool.clone(),
         no_requeue: !spec.requeue,
+        discard_output: spec.discard_output,
     }
 }
 
@@ -89,6 +90,7 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         priority: spec.priority,
         pool: spec.pool,
         requeue: !spec.no_requeue,
+        discard_output: spec.discard_output,
     }
 }
 

@@ -78,13 +78,7 @@ fn waiting_on_a_batch_returns_when_all_ended_with_the_first_failure() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 2);
     let file = cluster.dir.path().join("batch.toml");
-    let jobs = [
-        "sleep 0.3",
-        "exit 5",
-        "true",
-        "sleep 0.6; exit 9",
-        "sleep 0.2",
-    ];
+    let jobs = ["sleep 0.3", "exit 5", "true", "sleep 0.6; exit 9", "sleep 0.2"];
     let text: String = jobs.iter().map(|job| format!("[[job]]\ncommand = {job:?}\n")).collect();
     std::fs::write(&file, text).unwrap();
     let run = cluster.gpool(&["submit", "-f", file.to_str().unwrap(), "--wait"]);
@@ -96,7 +90,11 @@ fn waiting_on_a_batch_returns_when_all_ended_with_the_first_failure() {
         .map(|id| cluster.job(*id)["state"].as_str().unwrap_or_default().to_string())
         .collect();
     assert_eq!(states, ["completed", "failed", "completed", "failed", "completed"]);
-    assert!(run.stderr.contains(&format!("job {} failed", ids[3])), "stderr: {}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("job {} failed", ids[3])),
+        "stderr: {}",
+        run.stderr
+    );
 }
 
 #[test]
@@ -420,4 +418,69 @@ fn logs_stream_a_jobs_output() {
     let pending = cluster.gpool(&["logs", "999"]);
     assert_eq!(pending.code, 1);
     assert!(pending.stderr.contains("job 999 not found"), "{}", pending.stderr);
+}
+
+#[test]
+fn discarded_output_leaves_no_files_and_logs_says_why() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    let run = cluster.gpool(&[
+        "submit",
+        "--discard-output",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo gone; echo gone >&2",
+    ]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    let id = run.stdout.trim();
+    let jobs_dir = cluster.spool_dir("node-a").join("jobs");
+    for suffix in ["out", "err"] {
+        assert!(
+            !jobs_dir.join(format!("{id}.1.{suffix}")).exists(),
+            "{suffix} file written"
+        );
+    }
+    let logs = cluster.gpool(&["logs", id]);
+    assert_eq!(logs.code, 2, "stdout: {}", logs.stdout);
+    assert!(logs.stderr.contains("--discard-output"), "stderr: {}", logs.stderr);
+}
+
+/// An agent running as root runs each job as the user who submitted it,
+/// with that user's groups, owning its output and checkpoint directory.
+#[test]
+fn jobs_run_as_their_submitter_when_the_agent_is_root() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the agent must run as root to switch users");
+        return;
+    }
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    // The submitter needs a gpool it can run, and the job a path to its
+    // checkpoint directory.
+    std::fs::set_permissions(cluster.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cli = cluster.dir.path().join("gpool");
+    std::fs::copy(crate::harness::process::binary("gpool"), &cli).unwrap();
+    let output = std::process::Command::new(&cli)
+        .args(["submit", "--wait", "--workdir", "/", "--"])
+        .args(["sh", "-c", "id -u > \"$GPOOL_CHECKPOINT_DIR/uid\"; echo $USER"])
+        .current_dir("/")
+        .env("GPOOL_SERVER", &cluster.addr)
+        .uid(nobody.uid.as_raw())
+        .gid(nobody.gid.as_raw())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
+    let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let spool = cluster.spool_dir("node-a");
+    let uid = std::fs::read_to_string(spool.join(format!("checkpoints/{id}/uid"))).unwrap();
+    assert_eq!(uid.trim(), nobody.uid.to_string());
+    let out = spool.join(format!("jobs/{id}.1.out"));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "nobody\n");
+    assert_eq!(std::fs::metadata(&out).unwrap().uid(), nobody.uid.as_raw());
 }

@@ -1,8 +1,7 @@
-//! `gpool-supervise EXIT_FILE PROGRAM [ARGS...]`: the per-attempt supervisor
-//! the agent starts each job through (see `gpool_agent::supervise`). A small
-//! binary of its own, so that starting it costs little.
+//! `gpool-supervise`: the spawner the agent starts once, which forks a
+//! supervisor for each attempt (see `gpool_agent::supervise`). A small
+//! binary of its own, so that it stays small and single-threaded.
 
 fn main() -> std::process::ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    gpool_agent::supervise::main(&args)
+    gpool_agent::supervise::main()
 }

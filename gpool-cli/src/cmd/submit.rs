@@ -51,6 +51,9 @@ pub struct SubmitArgs {
     /// Fail instead of requeueing when the job's node is lost.
     #[arg(long)]
     no_requeue: bool,
+    /// Send the job's stdout and stderr to /dev/null (no `gpool logs`).
+    #[arg(long)]
+    discard_output: bool,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
@@ -58,6 +61,7 @@ pub struct SubmitArgs {
         conflicts_with_all = [
             "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
+            "discard_output",
         ]
     )]
     file: Option<PathBuf>,
@@ -148,5 +152,6 @@ fn input_from_flags(args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         priority: args.priority,
         pool: args.pool,
         requeue: Some(!args.no_requeue),
+        discard_output: Some(args.discard_output),
     })
 }

@@ -220,7 +220,9 @@ impl Pool for PoolService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
+            receiver,
+        ))))
     }
 
     async fn list_nodes(
@@ -284,6 +286,9 @@ impl PoolService {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let job = state.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
+        if job.spec.discard_output {
+            return Err(Error::OutputDiscarded(id).into());
+        }
         match job.last_nodes.first() {
             Some(node) if job.n_attempts > 0 => Ok((node.clone(), job.n_attempts)),
             _ => Err(Error::NotStarted(id).into()),

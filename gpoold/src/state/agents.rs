@@ -106,6 +106,8 @@ impl State {
                     master_addr: master_addr.clone(),
                     // A port per job, below the ephemeral range.
                     master_port: 20_000 + (job_id.0 % 10_000) as u32,
+                    discard_output: job.spec.discard_output,
+                    user: job.user.clone(),
                 };
                 let message = pb::ControllerMessage {
                     msg: Some(pb::controller_message::Msg::Launch(launch)),

@@ -66,6 +66,9 @@ pub struct JobSpec {
     /// Fail instead of requeueing when the job's node is lost.
     #[prost(bool, tag = "14")]
     pub no_requeue: bool,
+    /// Send the job's stdout and stderr to /dev/null instead of the spool.
+    #[prost(bool, tag = "15")]
+    pub discard_output: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -356,7 +359,7 @@ pub mod job_event {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ControllerMessage {
-    #[prost(oneof = "controller_message::Msg", tags = "1, 2, 3")]
+    #[prost(oneof = "controller_message::Msg", tags = "1, 2, 3, 4")]
     pub msg: ::core::option::Option<controller_message::Msg>,
 }
 /// Nested message and enum types in `ControllerMessage`.
@@ -370,7 +373,21 @@ pub mod controller_message {
         Kill(super::Kill),
         #[prost(message, tag = "3")]
         ReadLog(super::ReadLog),
+        #[prost(message, tag = "4")]
+        Signal(super::Signal),
     }
+}
+/// Send a signal to an attempt's whole process group.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Signal {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    /// The signal's number (e.g. 10 for SIGUSR1 on Linux).
+    #[prost(int32, tag = "3")]
+    pub signal: i32,
 }
 /// Send the output of `job_id`'s attempt `attempt` back as LogData.
 #[allow(clippy::all)]
@@ -417,6 +434,11 @@ pub struct Launch {
     pub master_addr: ::prost::alloc::string::String,
     #[prost(uint32, tag = "12")]
     pub master_port: u32,
+    #[prost(bool, tag = "13")]
+    pub discard_output: bool,
+    /// The submitter: an agent running as root runs the job as this user.
+    #[prost(string, tag = "14")]
+    pub user: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
