@@ -58,6 +58,10 @@ enum Command {
         /// Job ids.
         #[arg(required = true)]
         ids: Vec<u64>,
+        /// Only send this signal (USR1, SIGUSR1 or 10) to the running jobs'
+        /// processes; do not cancel them.
+        #[arg(long, short = 's', value_name = "SIGNAL", value_parser = cmd::cancel::parse_signal)]
+        signal: Option<i32>,
     },
     /// List nodes and their GPUs.
     Nodes,
@@ -144,7 +148,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
-        Command::Cancel { ids } => cmd::cancel::run(&ctx, ids).await.map(|()| 0),
+        Command::Cancel { ids, signal } => cmd::cancel::run(&ctx, ids, signal).await.map(|()| 0),
         Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),

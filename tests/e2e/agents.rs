@@ -484,3 +484,27 @@ fn jobs_run_as_their_submitter_when_the_agent_is_root() {
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "nobody\n");
     assert_eq!(std::fs::metadata(&out).unwrap().uid(), nobody.uid.as_raw());
 }
+
+#[test]
+fn cancel_signal_reaches_the_job_without_cancelling_it() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    let script = "trap 'echo $GPOOL_JOB_ID > got-usr1; exit 0' USR1; touch started-trap; \
+                  i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; exit 3";
+    let id = cluster.submit(&["--", "sh", "-c", script]);
+    wait_started(&cluster, &["trap"]);
+    let bad = cluster.gpool(&["cancel", "--signal", "USR9", &id.to_string()]);
+    assert_eq!(bad.code, 2, "stdout: {}", bad.stdout);
+    assert!(
+        bad.stderr.contains("\"USR9\" is not a signal name"),
+        "stderr: {}",
+        bad.stderr
+    );
+    let run = cluster.gpool(&["cancel", "--signal", "usr1", &id.to_string()]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    assert_eq!(run.stdout.trim(), format!("signalled job {id}"));
+    cluster.wait_for_state(id, "completed");
+    assert_eq!(read(&cluster, "got-usr1").trim(), id.to_string());
+    let again = cluster.gpool(&["cancel", "--signal", "USR1", &id.to_string()]);
+    assert_eq!(again.stdout.trim(), format!("job {id} is not running (completed)"));
+}

@@ -95,14 +95,32 @@ impl Pool for PoolService {
         request: Request<pb::CancelJobsRequest>,
     ) -> Result<Response<pb::CancelJobsResponse>, Status> {
         let user = caller(&request)?;
-        let ids = request.into_inner().ids.into_iter().map(JobId).collect();
-        let outcomes = self.state.call(|reply| Command::Cancel { user, ids, reply }).await?;
+        let request = request.into_inner();
+        if request.signal < 0 || request.signal > 64 {
+            return Err(Error::InvalidRequest {
+                field: "signal",
+                reason: format!("{} is not a signal number", request.signal),
+            }
+            .into());
+        }
+        let ids = request.ids.into_iter().map(JobId).collect();
+        let signal = (request.signal != 0).then_some(request.signal);
+        let outcomes = self
+            .state
+            .call(|reply| Command::Cancel {
+                user,
+                ids,
+                signal,
+                reply,
+            })
+            .await?;
         let outcomes = outcomes
             .into_iter()
             .map(|o| pb::CancelOutcome {
                 id: o.id.0,
                 state: state_to_wire(&o.state).into(),
                 cancelled: o.cancelled,
+                signalled: o.signalled,
             })
             .collect();
         Ok(Response::new(pb::CancelJobsResponse { outcomes }))

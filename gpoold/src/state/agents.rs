@@ -22,6 +22,16 @@ pub fn kill_message(job: JobId, epoch: Epoch) -> pb::ControllerMessage {
     }
 }
 
+pub fn signal_message(job: JobId, epoch: Epoch, signal: i32) -> pb::ControllerMessage {
+    pb::ControllerMessage {
+        msg: Some(pb::controller_message::Msg::Signal(pb::Signal {
+            job_id: job.0,
+            epoch: epoch.0,
+            signal,
+        })),
+    }
+}
+
 impl State {
     /// Applies the scheduler's starts that still fit the state as it is now
     /// (the view they came from may be stale), and queues their Launches.

@@ -8,7 +8,7 @@
 mod agents;
 pub mod store;
 
-pub use agents::kill_message;
+pub use agents::{kill_message, signal_message};
 
 use crate::error::Error;
 use gpool_core::feasibility::check_feasible;
@@ -68,9 +68,11 @@ pub enum Command {
         specs: Vec<JobSpec>,
         reply: Reply<Vec<JobId>>,
     },
+    /// Cancel jobs, or with `signal` only signal their running processes.
     Cancel {
         user: String,
         ids: Vec<JobId>,
+        signal: Option<i32>,
         reply: Reply<Vec<CancelOutcome>>,
     },
     Drain {
@@ -147,6 +149,7 @@ pub struct CancelOutcome {
     pub id: JobId,
     pub state: JobState,
     pub cancelled: bool,
+    pub signalled: bool,
 }
 
 /// Records a command touched, to be written before its reply goes out.
@@ -241,6 +244,7 @@ impl State {
         &mut self,
         user: &str,
         ids: &[JobId],
+        signal: Option<i32>,
         now: Timestamp,
         out: &mut Batch,
     ) -> Result<Vec<CancelOutcome>, Error> {
@@ -261,6 +265,28 @@ impl State {
             }
         }
         let mut outcomes = Vec::with_capacity(ids.len());
+        if let Some(signal) = signal {
+            for id in ids {
+                let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
+                let signalled = match &job.state {
+                    JobState::Running { epoch, placement, .. } => {
+                        for part in placement {
+                            out.messages
+                                .push((part.node.clone(), signal_message(*id, *epoch, signal)));
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                outcomes.push(CancelOutcome {
+                    id: *id,
+                    state: job.state.clone(),
+                    cancelled: false,
+                    signalled,
+                });
+            }
+            return Ok(outcomes);
+        }
         for id in ids {
             let job = self.jobs.get_mut(id).ok_or(Error::UnknownJob(*id))?;
             let cancelled = !job.state.is_finished();
@@ -290,6 +316,7 @@ impl State {
                 id: *id,
                 state: job.state.clone(),
                 cancelled,
+                signalled: false,
             });
         }
         Ok(outcomes)
@@ -467,7 +494,12 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             }
             Err(err) => drop(reply.send(Err(err))),
         },
-        Command::Cancel { user, ids, reply } => match state.cancel(&user, &ids, now, out) {
+        Command::Cancel {
+            user,
+            ids,
+            signal,
+            reply,
+        } => match state.cancel(&user, &ids, signal, now, out) {
             Ok(outcomes) => out.replies.push(deferred(reply, outcomes)),
             Err(err) => drop(reply.send(Err(err))),
         },

@@ -130,6 +130,10 @@ pub struct SubmitJobsResponse {
 pub struct CancelJobsRequest {
     #[prost(uint64, repeated, tag = "1")]
     pub ids: ::prost::alloc::vec::Vec<u64>,
+    /// Not 0: send this signal to the running jobs' processes instead of
+    /// cancelling them (as `scancel --signal`).
+    #[prost(int32, tag = "2")]
+    pub signal: i32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -142,6 +146,9 @@ pub struct CancelOutcome {
     /// True if this request ended it; false if it had already ended.
     #[prost(bool, tag = "3")]
     pub cancelled: bool,
+    /// True if the signal was sent to its running processes.
+    #[prost(bool, tag = "4")]
+    pub signalled: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
