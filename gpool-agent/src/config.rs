@@ -2,6 +2,7 @@
 
 use gpool_core::toml_text;
 pub use gpool_core::toml_text::ConfigError;
+use gpool_core::topology::{group_links, Link, Topology};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,19 @@ pub struct AgentConfig {
     pub spool_dir: PathBuf,
     pub heartbeat_interval: Duration,
     pub simulated_gpus: Vec<SimulatedGpu>,
+    /// How the simulated GPUs are connected (empty: all `system`).
+    pub simulated_topology: Topology,
+}
+
+/// `[simulated_topology]`: groups of simulated GPUs (by index) joined by
+/// NVLink, or sharing a PCIe switch. Other pairs are `system`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimulatedTopology {
+    #[serde(default)]
+    nvlink: Vec<Vec<u32>>,
+    #[serde(default)]
+    pcie_switch: Vec<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -43,6 +57,7 @@ struct AgentFile {
     heartbeat_interval: Option<toml::Spanned<String>>,
     #[serde(default)]
     simulated_gpu: Vec<SimulatedGpu>,
+    simulated_topology: Option<toml::Spanned<SimulatedTopology>>,
 }
 
 impl AgentConfig {
@@ -85,6 +100,26 @@ impl AgentConfig {
                 ));
             }
         }
+        let n_simulated: u32 = parsed.simulated_gpu.iter().map(|gpu| gpu.count).sum();
+        let simulated_topology = match parsed.simulated_topology {
+            None => Topology::default(),
+            Some(spanned) => {
+                let declared = spanned.get_ref();
+                for (field, groups) in [("nvlink", &declared.nvlink), ("pcie_switch", &declared.pcie_switch)] {
+                    if let Some(bad) = groups.iter().flatten().find(|index| **index >= n_simulated) {
+                        return Err(invalid(
+                            spanned.span().start,
+                            format!(
+                                "simulated_topology.{field}: GPU {bad} is not one of the {n_simulated} simulated GPUs (indices from 0)"
+                            ),
+                        ));
+                    }
+                }
+                let mut links = group_links(&declared.nvlink, Link::Nvlink);
+                links.extend(group_links(&declared.pcie_switch, Link::PcieSwitch));
+                Topology::new(links)
+            }
+        };
         let node_name = match parsed.node_name {
             Some(name) if !name.trim().is_empty() => name,
             _ => nix::unistd::gethostname()
@@ -99,6 +134,7 @@ impl AgentConfig {
             spool_dir: parsed.spool_dir,
             heartbeat_interval,
             simulated_gpus: parsed.simulated_gpu,
+            simulated_topology,
         })
     }
 }
@@ -124,5 +160,12 @@ mod tests {
         );
         let err = AgentConfig::parse("a.toml", "controller = \"x\"\nspool_dir = \"/x\"\ngpus = 3\n").unwrap_err();
         assert!(err.to_string().starts_with("a.toml:3: unknown field `gpus`"), "{err}");
+        let text = "controller = \"x\"\nspool_dir = \"/x\"\n[[simulated_gpu]]\nmodel = \"l4\"\nmemory_mib = 1\ncount = 2\n\n[simulated_topology]\nnvlink = [[0, 2]]\n";
+        let err = AgentConfig::parse("a.toml", text).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("a.toml:8: simulated_topology.nvlink: GPU 2 is not one of the 2 simulated GPUs"),
+            "{err}"
+        );
     }
 }

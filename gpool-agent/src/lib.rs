@@ -17,7 +17,7 @@ use std::future::Future;
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.spool_dir)
         .map_err(|err| anyhow::anyhow!("spool_dir {}: cannot create: {err}", config.spool_dir.display()))?;
-    let (gpus, source) = gpu::discover(&config);
+    let (gpus, topology, source) = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
     let attempts = launch::Attempts::new(config.node_name.clone(), config.spool_dir.clone(), events)
@@ -28,6 +28,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         sampler: gpu::Sampler::new(&gpus, source),
         gpus,
         labels: config.labels.clone(),
+        topology,
         heartbeat_interval: config.heartbeat_interval,
     };
     link::run(config.controller.clone(), info, attempts, event_receiver, shutdown).await;

@@ -18,6 +18,7 @@ pub struct NodeInfo {
     pub name: String,
     pub gpus: Vec<Gpu>,
     pub labels: BTreeMap<String, String>,
+    pub topology: gpool_core::topology::Topology,
     pub heartbeat_interval: Duration,
     pub sampler: crate::gpu::Sampler,
 }
@@ -64,6 +65,7 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
             .map(|gpu| gpool_proto::convert::gpu_to_wire(gpu, 0))
             .collect(),
         labels: gpool_proto::convert::labels_to_wire(&info.labels),
+        links: gpool_proto::convert::topology_to_wire(&info.topology),
         running: attempts.running(),
         ended,
     };

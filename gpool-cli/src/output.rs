@@ -316,6 +316,9 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "labels": labels,
         "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
         "gpus": gpus,
+        "links": node.links.iter().map(|l| serde_json::json!({
+            "a": l.a, "b": l.b, "link": gpool_proto::convert::link_name(l.link()),
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -11,6 +11,7 @@ pub mod sched;
 pub mod spec;
 pub mod testing;
 pub mod toml_text;
+pub mod topology;
 
 pub use ids::{Epoch, JobId, Timestamp};
 pub use job_state::{IllegalTransition, JobEvent, JobState};

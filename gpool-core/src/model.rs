@@ -49,6 +49,9 @@ pub struct Node {
     pub drain_reason: Option<String>,
     /// False once heartbeats stopped for longer than the node timeout.
     pub alive: bool,
+    /// How its GPUs are connected, as its agent reported.
+    #[serde(default)]
+    pub topology: crate::topology::Topology,
 }
 
 /// A node's state as operators see it, derived from drain, liveness and load.

@@ -2,7 +2,8 @@
 //!
 //! Nodes, one per line: `n1 8xh100 2xl4 used=0-3 switch=a drain down`
 //! (`NxMODEL` adds N GPUs with the next indices; `used=` lists busy GPU
-//! indices; `drain`/`down` set the node's availability; `k=v` is a label).
+//! indices; `nvlink=0-3/4-7` joins each group's GPUs by NVLink;
+//! `drain`/`down` set the node's availability; `k=v` is a label).
 //! Jobs, one per line: `j1 gpus=8 nodes=2 type=h100,a100 prio=5 pool=p`.
 //! Malformed fixtures panic with the offending token: they are test code.
 
@@ -10,6 +11,7 @@ use crate::ids::{JobId, Timestamp};
 use crate::job_state::JobState;
 use crate::model::{Gpu, GpuModel, Job, JobSpec, Node};
 use crate::sched::{Availability, ClusterView, GpuView, NodeView, PendingJob};
+use crate::topology::{group_links, Link, Topology};
 use std::collections::BTreeMap;
 
 /// Parses node and job fixtures into a view.
@@ -36,6 +38,7 @@ fn parse_node_view(line: &str) -> NodeView {
         labels: BTreeMap::new(),
         availability: Availability::Up,
         gpus: Vec::new(),
+        topology: Default::default(),
     };
     for token in tokens {
         if let Some((count, model)) = token.split_once('x').filter(|(c, _)| c.parse::<u32>().is_ok()) {
@@ -51,6 +54,9 @@ fn parse_node_view(line: &str) -> NodeView {
             for index in parse_index_list(list) {
                 node.gpus[index as usize].busy = true;
             }
+        } else if let Some(groups) = token.strip_prefix("nvlink=") {
+            let groups: Vec<Vec<u32>> = groups.split('/').map(parse_index_list).collect();
+            node.topology = Topology::new(group_links(&groups, Link::Nvlink));
         } else if token == "drain" {
             node.availability = Availability::Draining;
         } else if token == "down" {
@@ -122,6 +128,7 @@ pub fn node(name: &str, n_gpus: u32, model: &str) -> Node {
         labels: BTreeMap::new(),
         drain_reason: None,
         alive: true,
+        topology: Default::default(),
     }
 }
 

@@ -206,6 +206,12 @@ fn dev_agent_configs(
                 labels: Default::default(),
                 heartbeat_interval: std::time::Duration::from_secs(1),
                 simulated_gpus,
+                // As in an SXM server: every GPU joined to all others
+                // through NVSwitch.
+                simulated_topology: gpool_core::topology::Topology::new(gpool_core::topology::group_links(
+                    &[(0..dev.gpus_per_node).collect()],
+                    gpool_core::topology::Link::Nvlink,
+                )),
             }
         })
         .collect()

@@ -3,6 +3,7 @@
 use crate::pb;
 use gpool_core::job_state::JobState;
 use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState};
+use gpool_core::topology::{GpuLink, Link, Topology};
 use std::collections::BTreeMap;
 
 pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
@@ -192,6 +193,52 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
         gpus,
         labels: labels_to_wire(&node.labels),
         drain_reason: node.drain_reason.clone().unwrap_or_default(),
+        links: topology_to_wire(&node.topology),
+    }
+}
+
+pub fn topology_to_wire(topology: &Topology) -> Vec<pb::GpuLink> {
+    topology
+        .links()
+        .iter()
+        .map(|l| pb::GpuLink {
+            a: l.a,
+            b: l.b,
+            link: match l.link {
+                Link::Nvlink => pb::Link::Nvlink,
+                Link::PcieSwitch => pb::Link::PcieSwitch,
+                Link::HostBridge => pb::Link::HostBridge,
+                Link::Numa => pb::Link::Numa,
+                Link::System => pb::Link::System,
+            }
+            .into(),
+        })
+        .collect()
+}
+
+/// Unknown or unset link kinds read as `System` (nothing better is known).
+pub fn topology_from_wire(links: &[pb::GpuLink]) -> Topology {
+    Topology::new(links.iter().map(|l| GpuLink {
+        a: l.a,
+        b: l.b,
+        link: match l.link() {
+            pb::Link::Nvlink => Link::Nvlink,
+            pb::Link::PcieSwitch => Link::PcieSwitch,
+            pb::Link::HostBridge => Link::HostBridge,
+            pb::Link::Numa => Link::Numa,
+            pb::Link::System | pb::Link::Unspecified => Link::System,
+        },
+    }))
+}
+
+/// A link kind's name in JSON and tables.
+pub fn link_name(link: pb::Link) -> &'static str {
+    match link {
+        pb::Link::Nvlink => Link::Nvlink.name(),
+        pb::Link::PcieSwitch => Link::PcieSwitch.name(),
+        pb::Link::HostBridge => Link::HostBridge.name(),
+        pb::Link::Numa => Link::Numa.name(),
+        pb::Link::System | pb::Link::Unspecified => Link::System.name(),
     }
 }
 

@@ -508,3 +508,36 @@ fn cancel_signal_reaches_the_job_without_cancelling_it() {
     let again = cluster.gpool(&["cancel", "--signal", "USR1", &id.to_string()]);
     assert_eq!(again.stdout.trim(), format!("job {id} is not running (completed)"));
 }
+
+#[test]
+fn jobs_get_gpus_joined_by_nvlink() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent_with("node-a", 4, "\n[simulated_topology]\nnvlink = [[0, 1], [2, 3]]\n");
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let links: Vec<String> = nodes[0]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| format!("{}-{} {}", l["a"], l["b"], l["link"].as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(links, ["0-1 nvlink", "2-3 nvlink"]);
+    let held = submit_held(&cluster, "one", 0);
+    wait_started(&cluster, &["one"]);
+    // GPUs 1, 2 and 3 are free: the pair joined by NVLink is 2 and 3.
+    let run = cluster.gpool(&[
+        "submit",
+        "--gpus",
+        "2",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES",
+    ]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    let id = run.stdout.trim();
+    let out = cluster.spool_dir("node-a").join(format!("jobs/{id}.1.out"));
+    assert_eq!(std::fs::read_to_string(out).unwrap_or_default(), "2,3\n");
+    std::fs::write(cluster.dir.path().join("release-one"), "").unwrap();
+    cluster.wait_for_state(held, "completed");
+}

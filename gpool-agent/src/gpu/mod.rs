@@ -6,6 +6,7 @@ pub mod simulated;
 
 use crate::config::AgentConfig;
 use gpool_core::model::{Gpu, GpuModel};
+use gpool_core::topology::Topology;
 
 /// What NVML reported for one device, before it becomes a `Gpu`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,20 +26,27 @@ pub enum Source {
     None,
 }
 
-/// The node's GPUs: simulated ones when agent.toml declares any (tests and
-/// dev machines), else NVML's, else none.
-pub fn discover(config: &AgentConfig) -> (Vec<Gpu>, Source) {
+/// The node's GPUs and how they are connected: simulated ones when
+/// agent.toml declares any (tests and dev machines), else NVML's, else none.
+pub fn discover(config: &AgentConfig) -> (Vec<Gpu>, Topology, Source) {
     if !config.simulated_gpus.is_empty() {
         return (
             simulated::gpus(&config.node_name, &config.simulated_gpus),
+            config.simulated_topology.clone(),
             Source::Simulated,
         );
     }
     match nvml::devices() {
-        Ok(devices) => (devices.iter().map(gpu_from_raw).collect(), Source::Nvml),
+        Ok(devices) => {
+            let topology = nvml::topology(&devices).unwrap_or_else(|err| {
+                tracing::warn!("cannot read the GPU topology from NVML ({err}); placing without it");
+                Topology::default()
+            });
+            (devices.iter().map(gpu_from_raw).collect(), topology, Source::Nvml)
+        }
         Err(err) => {
             tracing::warn!("no NVML ({err}) and no [[simulated_gpu]] in the config: this node offers no GPU");
-            (Vec::new(), Source::None)
+            (Vec::new(), Topology::default(), Source::None)
         }
     }
 }

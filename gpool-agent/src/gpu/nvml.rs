@@ -1,8 +1,10 @@
 //! The only code that talks to NVML: reads devices into raw structs.
 
 use super::RawDevice;
+use gpool_core::topology::{GpuLink, Link, Topology};
 use gpool_proto::pb;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::Nvml;
 
 /// Every device NVML sees, or why NVML is not usable here.
@@ -21,6 +23,71 @@ pub fn devices() -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlError> {
         });
     }
     Ok(devices)
+}
+
+/// The links between every pair of devices: NVLink where an active link of
+/// one reaches the other's PCI bus id, else the PCIe path NVML reports. A
+/// pair NVML cannot place is left out (and counts as `system`).
+pub fn topology(devices: &[RawDevice]) -> Result<Topology, nvml_wrapper::error::NvmlError> {
+    let nvml = Nvml::init()?;
+    let mut nvlink_peers: Vec<Vec<String>> = Vec::with_capacity(devices.len());
+    for raw in devices {
+        let device = nvml.device_by_index(raw.index)?;
+        let peers = (0..NVLINK_MAX_LINKS)
+            .filter_map(|link| {
+                let link = device.link_wrapper_for(link);
+                // A GPU without NVLink answers NotSupported: no peers.
+                link.is_active().ok().filter(|active| *active)?;
+                link.remote_pci_info().ok().map(|pci| pci.bus_id)
+            })
+            .collect();
+        nvlink_peers.push(peers);
+    }
+    let mut links = Vec::new();
+    for (i, a) in devices.iter().enumerate() {
+        for (j, b) in devices.iter().enumerate().skip(i + 1) {
+            let by_nvlink = nvlink_peers[i].iter().any(|peer| same_bus(peer, &b.pci_bus_id))
+                || nvlink_peers[j].iter().any(|peer| same_bus(peer, &a.pci_bus_id));
+            let link = if by_nvlink {
+                Some(Link::Nvlink)
+            } else {
+                let (device_a, device_b) = (nvml.device_by_index(a.index)?, nvml.device_by_index(b.index)?);
+                match nvml.topology_common_ancestor(&device_a, &device_b) {
+                    Ok(TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple) => {
+                        Some(Link::PcieSwitch)
+                    }
+                    Ok(TopologyLevel::HostBridge) => Some(Link::HostBridge),
+                    Ok(TopologyLevel::Node) => Some(Link::Numa),
+                    Ok(TopologyLevel::System) => Some(Link::System),
+                    Err(_) => None,
+                }
+            };
+            if let Some(link) = link {
+                links.push(GpuLink {
+                    a: a.index,
+                    b: b.index,
+                    link,
+                });
+            }
+        }
+    }
+    Ok(Topology::new(links))
+}
+
+/// NVML_NVLINK_MAX_LINKS of nvml.h: links per device NVML may report.
+const NVLINK_MAX_LINKS: u32 = 18;
+
+/// Whether two PCI bus ids name the same device: NVML writes the domain
+/// with 4 or 8 digits depending on the call, so it is left out.
+pub fn same_bus(x: &str, y: &str) -> bool {
+    fn bus_device(id: &str) -> String {
+        let lower = id.trim().to_ascii_lowercase();
+        match lower.split_once(':') {
+            Some((_, rest)) if rest.contains(':') => rest.to_string(),
+            _ => lower,
+        }
+    }
+    bus_device(x) == bus_device(y)
 }
 
 /// One heartbeat's readings of every device; a device that cannot be read

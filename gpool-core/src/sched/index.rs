@@ -195,7 +195,8 @@ impl<'v> FreeIndex<'v> {
     fn take(&mut self, group_idx: usize, n_gpus: u32) -> NodePlacement {
         let group = &mut self.groups[group_idx];
         let old_free = group.free.len();
-        let taken: Vec<u32> = group.free.drain(..n_gpus as usize).collect();
+        let taken = self.nodes[group.node_idx].topology.choose(&group.free, n_gpus as usize);
+        group.free.retain(|gpu| !taken.contains(gpu));
         let new_free = group.free.len();
         for pool_idx in &group.pool_idxs {
             if let Some(buckets) = self.pools[*pool_idx].models[group.model_idx].as_mut() {

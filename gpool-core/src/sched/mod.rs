@@ -3,7 +3,8 @@
 //! Pending jobs go in priority order, then submit order (job id). Each job
 //! gets the best-fitting GPUs there are: the node group (GPUs of one model on
 //! one node) with the fewest free GPUs that still fit, so large holes stay
-//! open for large jobs. A gang (`nodes > 1`) gets `gpus_per_node` GPUs on
+//! open for large jobs; within the node, the best-connected GPUs (NVLink
+//! before PCIe, `Topology::choose`). A gang (`nodes > 1`) gets `gpus_per_node` GPUs on
 //! each of `nodes` distinct nodes of one model, or nothing. A job that does
 //! not fit is skipped and the next one is tried (greedy; reservations for
 //! blocked jobs come with backfill).
@@ -15,6 +16,7 @@ pub use plan::{Plan, Reject, Start};
 
 use crate::ids::{JobId, Timestamp};
 use crate::model::{GpuModel, Node, PoolDef};
+use crate::topology::Topology;
 use index::FreeIndex;
 use std::collections::BTreeMap;
 
@@ -38,6 +40,7 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     pub availability: Availability,
     pub gpus: Vec<GpuView>,
+    pub topology: Topology,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +120,7 @@ impl NodeView {
                     busy: busy.contains(&gpu.index),
                 })
                 .collect(),
+            topology: node.topology.clone(),
         }
     }
 }

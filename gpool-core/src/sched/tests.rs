@@ -24,6 +24,21 @@ fn best_fit_keeps_whole_nodes_free() {
 }
 
 #[test]
+fn gpus_within_a_node_are_the_best_connected() {
+    // Islands 0-3 and 4-7; 1 and 2 are taken from the first, 4 from the
+    // second, so a 3-GPU job fits only in the second island, a 2-GPU job
+    // in what is left of the first.
+    check(
+        "n1 8xh100 nvlink=0-3/4-7 used=1,2,4",
+        "j1 gpus=3\nj2 gpus=2",
+        expect![[r#"
+            start j1 n1[5-7]
+            start j2 n1[0,3]
+        "#]],
+    );
+}
+
+#[test]
 fn priority_then_submit_order() {
     check(
         "n1 4xh100",
@@ -174,6 +189,10 @@ fn arb_view() -> impl Strategy<Value = ClusterView> {
                     }
                     if i % 2 == 1 {
                         line += " tier=x";
+                    }
+                    // Some nodes have NVLink pairs, which steer GPU choice.
+                    if *n_gpus >= 4 && i % 3 == 0 {
+                        line += " nvlink=0,3/1-2";
                     }
                     line
                 })

@@ -5,7 +5,7 @@ use crate::state::{AgentConn, AgentEvent, AttemptOutcome, Command, StateHandle};
 use gpool_core::job_state::ExitStatus;
 use gpool_core::model::Node;
 use gpool_core::{Epoch, JobId};
-use gpool_proto::convert::{gpu_from_wire, labels_from_wire};
+use gpool_proto::convert::{gpu_from_wire, labels_from_wire, topology_from_wire};
 use gpool_proto::pb;
 use gpool_proto::pb::agent_link_server::AgentLink;
 use std::collections::HashSet;
@@ -131,12 +131,23 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
             )));
         }
     }
+    if let Some(link) = register
+        .links
+        .iter()
+        .find(|l| !seen.contains(&l.a) || !seen.contains(&l.b))
+    {
+        return Err(invalid(&format!(
+            "node {}: topology links GPU {} and GPU {}, which it does not report",
+            register.node, link.a, link.b
+        )));
+    }
     let node = Node {
         name: register.node,
         gpus: register.gpus.into_iter().map(gpu_from_wire).collect(),
         labels: labels_from_wire(register.labels),
         drain_reason: None,
         alive: true,
+        topology: topology_from_wire(&register.links),
     };
     let running = register
         .running

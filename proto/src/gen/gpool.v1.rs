@@ -229,6 +229,20 @@ pub struct Node {
     pub labels: ::prost::alloc::vec::Vec<Label>,
     #[prost(string, tag = "5")]
     pub drain_reason: ::prost::alloc::string::String,
+    /// How its GPUs are connected; a pair not listed is LINK_SYSTEM.
+    #[prost(message, repeated, tag = "6")]
+    pub links: ::prost::alloc::vec::Vec<GpuLink>,
+}
+/// The path between GPUs `a` and `b` of one node (node-local indices).
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GpuLink {
+    #[prost(uint32, tag = "1")]
+    pub a: u32,
+    #[prost(uint32, tag = "2")]
+    pub b: u32,
+    #[prost(enumeration = "Link", tag = "3")]
+    pub link: i32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -314,6 +328,8 @@ pub struct Register {
     /// Attempts that ended while the link was down, oldest first.
     #[prost(message, repeated, tag = "5")]
     pub ended: ::prost::alloc::vec::Vec<JobEvent>,
+    #[prost(message, repeated, tag = "6")]
+    pub links: ::prost::alloc::vec::Vec<GpuLink>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -529,6 +545,46 @@ impl NodeState {
             "NODE_STATE_DRAINING" => Some(Self::Draining),
             "NODE_STATE_DRAINED" => Some(Self::Drained),
             "NODE_STATE_DOWN" => Some(Self::Down),
+            _ => None,
+        }
+    }
+}
+/// Best first, as `nvidia-smi topo -m` names them: NV#, PIX/PXB, PHB, NODE, SYS.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum Link {
+    Unspecified = 0,
+    Nvlink = 1,
+    PcieSwitch = 2,
+    HostBridge = 3,
+    Numa = 4,
+    System = 5,
+}
+impl Link {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "LINK_UNSPECIFIED",
+            Self::Nvlink => "LINK_NVLINK",
+            Self::PcieSwitch => "LINK_PCIE_SWITCH",
+            Self::HostBridge => "LINK_HOST_BRIDGE",
+            Self::Numa => "LINK_NUMA",
+            Self::System => "LINK_SYSTEM",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "LINK_UNSPECIFIED" => Some(Self::Unspecified),
+            "LINK_NVLINK" => Some(Self::Nvlink),
+            "LINK_PCIE_SWITCH" => Some(Self::PcieSwitch),
+            "LINK_HOST_BRIDGE" => Some(Self::HostBridge),
+            "LINK_NUMA" => Some(Self::Numa),
+            "LINK_SYSTEM" => Some(Self::System),
             _ => None,
         }
     }

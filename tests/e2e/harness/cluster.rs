@@ -91,10 +91,16 @@ impl Cluster {
     /// Starts a gpool-agent process with `n_gpus` simulated H100s and waits
     /// until gpoold lists its node. Returns its index in `agents`.
     pub fn start_agent(&mut self, node: &str, n_gpus: u32) -> usize {
+        self.start_agent_with(node, n_gpus, "")
+    }
+
+    /// Starts an agent whose agent.toml ends with `extra` (e.g. a
+    /// `[simulated_topology]` table).
+    pub fn start_agent_with(&mut self, node: &str, n_gpus: u32, extra: &str) -> usize {
         let spool = self.spool_dir(node);
         let config = self.dir.path().join(format!("agent-{node}.toml"));
         let text = format!(
-            "controller = \"{}\"\nnode_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = {n_gpus}\n",
+            "controller = \"{}\"\nnode_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = {n_gpus}\n{extra}",
             self.addr,
             spool.display()
         );
