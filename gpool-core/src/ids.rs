@@ -15,7 +15,7 @@ pub struct Epoch(pub u64);
 
 /// Milliseconds since the Unix epoch. gpool-core never reads a clock: callers
 /// pass `now` in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Timestamp(pub i64);
 
 impl fmt::Display for JobId {

@@ -7,6 +7,7 @@ pub mod feasibility;
 pub mod ids;
 pub mod job_state;
 pub mod model;
+pub mod policy;
 pub mod sched;
 pub mod spec;
 pub mod testing;

@@ -1,0 +1,435 @@
+//! Teams, QoS classes and the multi-factor priority: the sharing rules of
+//! DESIGN §3, as data and pure functions.
+
+use crate::ids::Timestamp;
+use jiff::tz::TimeZone;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A team sharing the pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Team {
+    pub name: String,
+    /// Fair-share weight.
+    pub shares: u32,
+    /// GPUs the team can always get back, by preemption if need be.
+    pub guaranteed_gpus: u32,
+    /// Guaranteed GPU-hours per period; `None` means no budget limit.
+    pub gpu_hours: Option<f64>,
+    /// At most this many GPUs at once, guaranteed and burst together.
+    pub max_gpus: Option<u32>,
+    /// Users whose jobs go to this team when they name none.
+    pub members: Vec<String>,
+}
+
+impl Team {
+    /// The team of jobs that name none and whose user is in no team.
+    pub fn default_team() -> Team {
+        Team {
+            name: "default".into(),
+            shares: 1,
+            guaranteed_gpus: 0,
+            gpu_hours: None,
+            max_gpus: None,
+            members: Vec::new(),
+        }
+    }
+}
+
+/// A QoS class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Qos {
+    pub name: String,
+    /// Its weight in the priority (higher runs first).
+    pub priority: u32,
+    /// Longest time limit; also the limit of jobs that give none.
+    pub max_time_secs: Option<u64>,
+    /// May preempt running jobs of classes with a lower `priority`.
+    pub preempt_lower: bool,
+    /// Jobs younger than this are never preempted.
+    pub min_runtime_secs: u64,
+    /// Between the checkpoint signal and the kill of a preempted attempt.
+    pub grace_secs: u64,
+}
+
+impl Qos {
+    pub fn normal() -> Qos {
+        Qos {
+            name: "normal".into(),
+            priority: 0,
+            max_time_secs: None,
+            preempt_lower: false,
+            min_runtime_secs: 0,
+            grace_secs: 60,
+        }
+    }
+}
+
+/// Weights of the priority factors, each factor being in [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Weights {
+    pub qos: f64,
+    pub fair_share: f64,
+    pub age: f64,
+    pub size: f64,
+    /// Age at which the age factor reaches 1.
+    pub max_age_secs: u64,
+}
+
+impl Default for Weights {
+    fn default() -> Weights {
+        Weights {
+            qos: 1000.0,
+            fair_share: 1000.0,
+            age: 100.0,
+            size: 10.0,
+            max_age_secs: 7 * 24 * 3600,
+        }
+    }
+}
+
+/// A job's priority and the factors it is made of, as `gpool show` prints
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Priority {
+    pub total: f64,
+    pub qos: f64,
+    pub fair_share: f64,
+    pub age: f64,
+    pub size: f64,
+    /// The job's own `--priority`, added as is.
+    pub nice: f64,
+}
+
+/// Usage decays by half every `half_life_secs` (Slurm's
+/// PriorityDecayHalfLife).
+pub fn decay(usage: f64, elapsed_secs: f64, half_life_secs: f64) -> f64 {
+    if half_life_secs <= 0.0 || elapsed_secs <= 0.0 {
+        return usage;
+    }
+    usage * (-elapsed_secs / half_life_secs).exp2()
+}
+
+/// Slurm's classic fair-share factor 2^(-U/S): U the team's share of all
+/// (decayed) usage, S its share of all shares. 1 for an unused team, 0.5 at
+/// exactly its share, toward 0 the further it is over.
+pub fn fair_share_factor(team_usage: f64, total_usage: f64, team_shares: u32, total_shares: u32) -> f64 {
+    if team_shares == 0 || total_shares == 0 {
+        return 0.0;
+    }
+    let norm_usage = if total_usage > 0.0 {
+        team_usage / total_usage
+    } else {
+        0.0
+    };
+    let norm_shares = f64::from(team_shares) / f64::from(total_shares);
+    (-norm_usage / norm_shares).exp2()
+}
+
+/// Inputs of one job's priority.
+pub struct PriorityInputs {
+    pub qos_priority: u32,
+    pub max_qos_priority: u32,
+    pub fair_share: f64,
+    pub submitted_at: Timestamp,
+    pub now: Timestamp,
+    pub gpus: u64,
+    pub max_gpus: u64,
+    pub nice: i32,
+}
+
+pub fn priority(weights: &Weights, inputs: &PriorityInputs) -> Priority {
+    let ratio = |part: f64, whole: f64| {
+        if whole > 0.0 {
+            (part / whole).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    };
+    let age_secs = inputs.now.0.saturating_sub(inputs.submitted_at.0) as f64 / 1000.0;
+    let qos = weights.qos * ratio(f64::from(inputs.qos_priority), f64::from(inputs.max_qos_priority));
+    let fair_share = weights.fair_share * inputs.fair_share.clamp(0.0, 1.0);
+    let age = weights.age * ratio(age_secs, weights.max_age_secs as f64);
+    let size = weights.size * ratio(inputs.gpus as f64, inputs.max_gpus as f64);
+    let nice = f64::from(inputs.nice);
+    Priority {
+        total: qos + fair_share + age + size + nice,
+        qos,
+        fair_share,
+        age,
+        size,
+        nice,
+    }
+}
+
+/// Budget periods, aligned to calendar boundaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Period {
+    Day,
+    Week,
+    Month,
+}
+
+impl Period {
+    /// The start of the period holding `now`, in time zone `tz`: midnight,
+    /// Monday midnight, or the first of the month (the first valid instant
+    /// of that day where a DST change skips midnight).
+    pub fn start(self, now: Timestamp, tz: &TimeZone) -> Timestamp {
+        let Ok(instant) = jiff::Timestamp::from_millisecond(now.0) else {
+            return now;
+        };
+        let date = instant.to_zoned(tz.clone()).date();
+        let first_day = match self {
+            Period::Day => Ok(date),
+            Period::Week => date.checked_sub(jiff::Span::new().days(i64::from(date.weekday().to_monday_zero_offset()))),
+            Period::Month => Ok(date.first_of_month()),
+        };
+        first_day
+            .and_then(|day| day.to_zoned(tz.clone()))
+            .map_or(now, |start| Timestamp(start.timestamp().as_millisecond()))
+    }
+}
+
+/// A team's metered GPU time: decayed usage for fair share, and this
+/// period's guaranteed and burst GPU-seconds for budgets and reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ledger {
+    /// Decayed GPU-seconds, as of `decayed_at`.
+    pub decayed: f64,
+    pub decayed_at: Timestamp,
+    /// Start of the period the two counters below belong to.
+    pub period_start: Timestamp,
+    pub guaranteed_gpu_secs: f64,
+    pub burst_gpu_secs: f64,
+}
+
+impl Ledger {
+    /// Charges `gpus` GPUs from `from` to `to` (an attempt's run, or the part
+    /// of it since it was last charged).
+    pub fn charge(&mut self, gpus: u64, from: Timestamp, to: Timestamp, burst: bool, sharing: &Sharing) {
+        let period_start = sharing.period.start(to, &sharing.time_zone);
+        if period_start != self.period_start {
+            self.period_start = period_start;
+            self.guaranteed_gpu_secs = 0.0;
+            self.burst_gpu_secs = 0.0;
+        }
+        let this_period = (to.0 - from.0.max(period_start.0)).max(0) as f64 / 1000.0 * gpus as f64;
+        if burst {
+            self.burst_gpu_secs += this_period;
+        } else {
+            self.guaranteed_gpu_secs += this_period;
+        }
+        let all = (to.0 - from.0).max(0) as f64 / 1000.0 * gpus as f64;
+        self.decayed = self.decayed_as_of(to, sharing.half_life_secs) + all;
+        self.decayed_at = to;
+    }
+
+    pub fn decayed_as_of(&self, now: Timestamp, half_life_secs: f64) -> f64 {
+        decay(
+            self.decayed,
+            (now.0 - self.decayed_at.0) as f64 / 1000.0,
+            half_life_secs,
+        )
+    }
+
+    /// This period's guaranteed GPU-seconds as of `now` (0 once a new
+    /// period began).
+    pub fn guaranteed_in_period(&self, now: Timestamp, sharing: &Sharing) -> f64 {
+        if sharing.period.start(now, &sharing.time_zone) == self.period_start {
+            self.guaranteed_gpu_secs
+        } else {
+            0.0
+        }
+    }
+
+    pub fn burst_in_period(&self, now: Timestamp, sharing: &Sharing) -> f64 {
+        if sharing.period.start(now, &sharing.time_zone) == self.period_start {
+            self.burst_gpu_secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The sharing rules: teams, QoS classes, weights, budgets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sharing {
+    pub teams: Vec<Team>,
+    pub qos: Vec<Qos>,
+    pub default_qos: String,
+    pub weights: Weights,
+    pub half_life_secs: f64,
+    pub period: Period,
+    /// Periods begin at midnight here.
+    pub time_zone: TimeZone,
+    /// At most this many GPU-hours of work lost to preemption per hour.
+    pub waste_cap_gpu_hours_per_hour: f64,
+    /// The longest grace a job may ask for.
+    pub max_grace_secs: u64,
+}
+
+impl Default for Sharing {
+    fn default() -> Sharing {
+        Sharing {
+            teams: vec![Team::default_team()],
+            qos: vec![Qos::normal()],
+            default_qos: "normal".into(),
+            weights: Weights::default(),
+            half_life_secs: 7.0 * 24.0 * 3600.0,
+            period: Period::Week,
+            time_zone: TimeZone::UTC,
+            waste_cap_gpu_hours_per_hour: f64::INFINITY,
+            max_grace_secs: 3600,
+        }
+    }
+}
+
+impl Sharing {
+    /// The team called `name`; unknown names share the default team's
+    /// terms (no guarantee, one share) under their own name.
+    pub fn team(&self, name: &str) -> Team {
+        match self.teams.iter().find(|team| team.name == name) {
+            Some(team) => team.clone(),
+            None => Team {
+                name: name.to_string(),
+                ..Team::default_team()
+            },
+        }
+    }
+
+    /// The team of a job that names none: the first team listing `user`.
+    pub fn team_of_user(&self, user: &str) -> Option<&str> {
+        self.teams
+            .iter()
+            .find(|team| team.members.iter().any(|member| member == user))
+            .map(|team| team.name.as_str())
+    }
+
+    pub fn qos(&self, name: &str) -> Option<&Qos> {
+        let name = if name.is_empty() { &self.default_qos } else { name };
+        self.qos.iter().find(|qos| qos.name == name)
+    }
+
+    pub fn max_qos_priority(&self) -> u32 {
+        self.qos.iter().map(|qos| qos.priority).max().unwrap_or(0)
+    }
+
+    /// Fair-share factors of every team in `usage` (and every configured
+    /// team), as of `now`.
+    pub fn fair_shares(&self, usage: &BTreeMap<String, Ledger>, now: Timestamp) -> BTreeMap<String, f64> {
+        let mut names: Vec<&str> = self.teams.iter().map(|t| t.name.as_str()).collect();
+        names.extend(usage.keys().map(String::as_str));
+        names.sort_unstable();
+        names.dedup();
+        let decayed: Vec<f64> = names
+            .iter()
+            .map(|name| {
+                usage
+                    .get(*name)
+                    .map_or(0.0, |l| l.decayed_as_of(now, self.half_life_secs))
+            })
+            .collect();
+        let total_usage: f64 = decayed.iter().sum();
+        let total_shares: u32 = names.iter().map(|name| self.team(name).shares).sum();
+        names
+            .iter()
+            .zip(decayed)
+            .map(|(name, used)| {
+                let factor = fair_share_factor(used, total_usage, self.team(name).shares, total_shares);
+                (name.to_string(), factor)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HOUR_MS: i64 = 3_600_000;
+
+    #[test]
+    fn factor_is_one_unused_half_at_share_less_over() {
+        assert_eq!(fair_share_factor(0.0, 100.0, 1, 2), 1.0);
+        assert!((fair_share_factor(50.0, 100.0, 1, 2) - 0.5).abs() < 1e-12);
+        assert!(fair_share_factor(100.0, 100.0, 1, 2) < 0.5);
+    }
+
+    fn sharing(period: Period, half_life_secs: f64) -> Sharing {
+        Sharing {
+            period,
+            half_life_secs,
+            ..Sharing::default()
+        }
+    }
+
+    #[test]
+    fn usage_halves_every_half_life() {
+        assert!((decay(8.0, 3.0, 1.0) - 1.0).abs() < 1e-12);
+        let mut ledger = Ledger::default();
+        ledger.charge(
+            2,
+            Timestamp(0),
+            Timestamp(HOUR_MS),
+            false,
+            &sharing(Period::Week, 3600.0),
+        );
+        assert_eq!(ledger.decayed, 7200.0);
+        assert!((ledger.decayed_as_of(Timestamp(2 * HOUR_MS), 3600.0) - 3600.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn periods_align_to_the_calendar() {
+        let utc = TimeZone::UTC;
+        // 2026-11-22T13:00:00Z, a Sunday.
+        let now = Timestamp(1_795_352_400_000);
+        assert_eq!(Period::Day.start(now, &utc), Timestamp(1_795_305_600_000)); // 2026-11-22
+        assert_eq!(Period::Week.start(now, &utc), Timestamp(1_794_787_200_000)); // Mon 2026-11-16
+        assert_eq!(Period::Month.start(now, &utc), Timestamp(1_793_491_200_000)); // 2026-11-01
+                                                                                  // At UTC+9 the week began nine hours earlier; at 11:00 UTC+14 that
+                                                                                  // instant is already Monday the 23rd, a new week.
+        let plus9 = TimeZone::fixed(jiff::tz::offset(9));
+        assert_eq!(
+            Period::Week.start(now, &plus9),
+            Timestamp(1_794_787_200_000 - 9 * HOUR_MS)
+        );
+        let plus14 = TimeZone::fixed(jiff::tz::offset(14));
+        assert_eq!(
+            Period::Week.start(now, &plus14),
+            Timestamp(1_795_392_000_000 - 14 * HOUR_MS)
+        );
+    }
+
+    #[test]
+    fn a_new_period_starts_the_budget_over() {
+        let daily = sharing(Period::Day, 1e9);
+        let mut ledger = Ledger::default();
+        let day = 86_400_000;
+        ledger.charge(1, Timestamp(day - HOUR_MS), Timestamp(day + HOUR_MS), false, &daily);
+        // Only the hour inside the new day counts toward its budget.
+        assert_eq!(ledger.guaranteed_in_period(Timestamp(day + HOUR_MS), &daily), 3600.0);
+        assert_eq!(ledger.guaranteed_in_period(Timestamp(2 * day), &daily), 0.0);
+    }
+
+    proptest! {
+        #[test]
+        fn period_starts_are_at_or_before_now(now in 0i64..4_000_000_000_000) {
+            for period in [Period::Day, Period::Week, Period::Month] {
+                let start = period.start(Timestamp(now), &TimeZone::UTC);
+                prop_assert!(start.0 <= now && now - start.0 < 31 * 86_400_000);
+                prop_assert_eq!(period.start(start, &TimeZone::UTC), start);
+            }
+        }
+
+        /// More usage never raises a team's factor; factors stay in (0, 1].
+        #[test]
+        fn factor_falls_with_usage(used in 0.0f64..1e6, more in 0.0f64..1e6, other in 0.0f64..1e6, shares in 1u32..10) {
+            let low = fair_share_factor(used, used + other, shares, shares + 5);
+            let high = fair_share_factor(used + more, used + more + other, shares, shares + 5);
+            prop_assert!(high <= low + 1e-12);
+            prop_assert!(low > 0.0 && low <= 1.0);
+        }
+    }
+}
