@@ -16,6 +16,16 @@ pub enum JobState {
         epoch: Epoch,
         placement: Vec<NodePlacement>,
         started_at: Timestamp,
+        /// Started beyond its team's guarantee: preemptible.
+        #[serde(default)]
+        burst: bool,
+        /// The job reported a finished checkpoint at this time.
+        #[serde(default)]
+        last_checkpoint_at: Option<Timestamp>,
+        /// Told to checkpoint and end at this time: however the attempt
+        /// ends now, the job goes back to the queue.
+        #[serde(default)]
+        preempted_at: Option<Timestamp>,
     },
     Completed {
         started_at: Timestamp,
@@ -46,6 +56,18 @@ pub enum JobEvent {
     Start {
         epoch: Epoch,
         placement: Vec<NodePlacement>,
+        burst: bool,
+        now: Timestamp,
+    },
+    /// The scheduler reclaims the attempt's GPUs: it gets its checkpoint
+    /// signal and grace, and the job is requeued when it ends.
+    Preempt {
+        epoch: Epoch,
+        now: Timestamp,
+    },
+    /// The attempt reported a finished checkpoint.
+    Checkpointed {
+        epoch: Epoch,
         now: Timestamp,
     },
     Exited {
@@ -105,6 +127,24 @@ impl JobState {
         }
     }
 
+    /// GPU-seconds a running attempt did since its last checkpoint (or its
+    /// start): what ending it now would throw away.
+    pub fn work_since_checkpoint(&self, now: Timestamp) -> f64 {
+        match self {
+            JobState::Running {
+                placement,
+                started_at,
+                last_checkpoint_at,
+                ..
+            } => {
+                let since = last_checkpoint_at.unwrap_or(*started_at).max(*started_at);
+                let gpus: usize = placement.iter().map(|p| p.gpu_indices.len()).sum();
+                (now.0 - since.0).max(0) as f64 / 1000.0 * gpus as f64
+            }
+            _ => 0.0,
+        }
+    }
+
     pub fn ended_at(&self) -> Option<Timestamp> {
         match self {
             JobState::Pending | JobState::Running { .. } => None,
@@ -121,13 +161,24 @@ impl JobState {
             event: event.name(),
         };
         match (self, event) {
-            (JobState::Pending, JobEvent::Start { epoch, placement, now }) => Ok(JobState::Running {
+            (
+                JobState::Pending,
+                JobEvent::Start {
+                    epoch,
+                    placement,
+                    burst,
+                    now,
+                },
+            ) => Ok(JobState::Running {
                 epoch: *epoch,
                 placement: placement.clone(),
                 started_at: *now,
+                burst: *burst,
+                last_checkpoint_at: None,
+                preempted_at: None,
             }),
-            (JobState::Running { epoch, started_at, .. }, event) if event.epoch() == Some(*epoch) => {
-                running_ended(*started_at, event).ok_or_else(illegal)
+            (running @ JobState::Running { epoch, .. }, event) if event.epoch() == Some(*epoch) => {
+                running_changed(running, event).ok_or_else(illegal)
             }
             (JobState::Pending, JobEvent::Cancel { by, now }) => Ok(JobState::Cancelled {
                 started_at: None,
@@ -145,8 +196,35 @@ impl JobState {
 }
 
 /// The state after an event of the running attempt itself.
-fn running_ended(started_at: Timestamp, event: &JobEvent) -> Option<JobState> {
+fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
+    let JobState::Running {
+        started_at,
+        preempted_at,
+        ..
+    } = running
+    else {
+        return None;
+    };
+    let started_at = *started_at;
     let next = match event {
+        JobEvent::Preempt { now, .. } if preempted_at.is_none() => {
+            let mut next = running.clone();
+            if let JobState::Running { preempted_at, .. } = &mut next {
+                *preempted_at = Some(*now);
+            }
+            next
+        }
+        JobEvent::Checkpointed { now, .. } => {
+            let mut next = running.clone();
+            if let JobState::Running { last_checkpoint_at, .. } = &mut next {
+                *last_checkpoint_at = Some(*now);
+            }
+            next
+        }
+        // A preempted attempt, however it ends, sends the job back.
+        JobEvent::Exited { .. } | JobEvent::FailedToStart { .. } | JobEvent::Lost { .. } if preempted_at.is_some() => {
+            JobState::Pending
+        }
         JobEvent::Exited {
             status: ExitStatus::Code(0),
             now,
@@ -190,7 +268,7 @@ fn running_ended(started_at: Timestamp, event: &JobEvent) -> Option<JobState> {
             exit_code: None,
             reason: "its node was lost or drained at once, and the job asked not to be requeued".to_string(),
         },
-        JobEvent::Start { .. } | JobEvent::Cancel { .. } => return None,
+        JobEvent::Start { .. } | JobEvent::Cancel { .. } | JobEvent::Preempt { .. } => return None,
     };
     Some(next)
 }
@@ -203,6 +281,8 @@ impl JobEvent {
             JobEvent::FailedToStart { .. } => "failed-to-start",
             JobEvent::Lost { .. } => "lost",
             JobEvent::Cancel { .. } => "cancel",
+            JobEvent::Preempt { .. } => "preempt",
+            JobEvent::Checkpointed { .. } => "checkpointed",
         }
     }
 
@@ -210,9 +290,11 @@ impl JobEvent {
     /// scheduler.
     pub fn epoch(&self) -> Option<Epoch> {
         match self {
-            JobEvent::Exited { epoch, .. } | JobEvent::FailedToStart { epoch, .. } | JobEvent::Lost { epoch, .. } => {
-                Some(*epoch)
-            }
+            JobEvent::Exited { epoch, .. }
+            | JobEvent::FailedToStart { epoch, .. }
+            | JobEvent::Lost { epoch, .. }
+            | JobEvent::Preempt { epoch, .. }
+            | JobEvent::Checkpointed { epoch, .. } => Some(*epoch),
             JobEvent::Start { .. } | JobEvent::Cancel { .. } => None,
         }
     }
@@ -222,9 +304,16 @@ impl Job {
     /// The only writer of `Job::state`.
     pub fn apply(&mut self, event: &JobEvent) -> Result<(), IllegalTransition> {
         let next = self.state.apply(event)?;
-        if let JobEvent::Start { placement, .. } = event {
-            self.n_attempts += 1;
-            self.last_nodes = placement.iter().map(|part| part.node.clone()).collect();
+        match event {
+            JobEvent::Start { placement, .. } => {
+                self.n_attempts += 1;
+                self.last_nodes = placement.iter().map(|part| part.node.clone()).collect();
+            }
+            JobEvent::Preempt { now, .. } => {
+                self.n_preemptions += 1;
+                self.lost_gpu_secs += self.state.work_since_checkpoint(*now).round() as u64;
+            }
+            _ => {}
         }
         self.state = next;
         Ok(())

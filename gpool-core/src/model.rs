@@ -122,6 +122,15 @@ pub struct JobSpec {
     /// stdout and stderr go to /dev/null instead of the spool.
     #[serde(default)]
     pub discard_output: bool,
+    /// QoS class; empty means the default class.
+    #[serde(default)]
+    pub qos: String,
+    /// Sent when the job is preempted (default SIGUSR1).
+    #[serde(default)]
+    pub checkpoint_signal: Option<i32>,
+    /// Between the checkpoint signal and the kill; default: the QoS's.
+    #[serde(default)]
+    pub grace_secs: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -147,6 +156,11 @@ pub struct Job {
     /// Nodes of the latest attempt, rank 0 first (where its output is).
     #[serde(default)]
     pub last_nodes: Vec<String>,
+    /// Times it was preempted, and the GPU-seconds of work that lost.
+    #[serde(default)]
+    pub n_preemptions: u32,
+    #[serde(default)]
+    pub lost_gpu_secs: u64,
 }
 
 /// The GPUs one node gives to one attempt.

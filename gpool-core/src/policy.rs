@@ -15,7 +15,7 @@ pub struct Team {
     /// GPUs the team can always get back, by preemption if need be.
     pub guaranteed_gpus: u32,
     /// Guaranteed GPU-hours per period; `None` means no budget limit.
-    pub gpu_hours: Option<f64>,
+    pub gpu_hours: Option<u64>,
     /// At most this many GPUs at once, guaranteed and burst together.
     pub max_gpus: Option<u32>,
     /// Users whose jobs go to this team when they name none.
@@ -23,10 +23,10 @@ pub struct Team {
 }
 
 impl Team {
-    /// The team of jobs that name none and whose user is in no team.
-    pub fn default_team() -> Team {
+    /// The terms of a team no `[[team]]` names: one share, no guarantee.
+    pub fn unlisted(name: &str) -> Team {
         Team {
-            name: "default".into(),
+            name: name.to_string(),
             shares: 1,
             guaranteed_gpus: 0,
             gpu_hours: None,
@@ -82,7 +82,8 @@ impl Default for Weights {
             qos: 1000.0,
             fair_share: 1000.0,
             age: 100.0,
-            size: 10.0,
+            // As Slurm's PriorityWeightJobSize: off unless configured.
+            size: 0.0,
             max_age_secs: 7 * 24 * 3600,
         }
     }
@@ -272,7 +273,7 @@ pub struct Sharing {
 impl Default for Sharing {
     fn default() -> Sharing {
         Sharing {
-            teams: vec![Team::default_team()],
+            teams: Vec::new(),
             qos: vec![Qos::normal()],
             default_qos: "normal".into(),
             weights: Weights::default(),
@@ -286,15 +287,17 @@ impl Default for Sharing {
 }
 
 impl Sharing {
-    /// The team called `name`; unknown names share the default team's
-    /// terms (no guarantee, one share) under their own name.
+    /// The team called `name`. A team no `[[team]]` names has one share
+    /// and no guarantee; where no team is configured at all, every job runs
+    /// guaranteed (nothing is burst work, nothing is preempted).
     pub fn team(&self, name: &str) -> Team {
         match self.teams.iter().find(|team| team.name == name) {
             Some(team) => team.clone(),
-            None => Team {
-                name: name.to_string(),
-                ..Team::default_team()
+            None if self.teams.is_empty() => Team {
+                guaranteed_gpus: u32::MAX,
+                ..Team::unlisted(name)
             },
+            None => Team::unlisted(name),
         }
     }
 

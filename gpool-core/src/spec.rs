@@ -85,6 +85,11 @@ pub struct JobSpecInput {
     pub requeue: Option<bool>,
     /// Send stdout and stderr to /dev/null instead of the spool.
     pub discard_output: Option<bool>,
+    pub qos: Option<String>,
+    /// `USR1`, `SIGUSR1` or a number: sent when the job is preempted.
+    pub checkpoint_signal: Option<String>,
+    /// Between the checkpoint signal and the kill (a duration).
+    pub grace: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +135,15 @@ impl JobSpecInput {
             pool: self.pool.unwrap_or_default(),
             requeue: self.requeue.unwrap_or(true),
             discard_output: self.discard_output.unwrap_or(false),
+            qos: self.qos.unwrap_or_default(),
+            checkpoint_signal: match self.checkpoint_signal.as_deref() {
+                Some(text) => Some(parse_signal(text).map_err(|reason| spec_error("checkpoint_signal", reason))?),
+                None => None,
+            },
+            grace_secs: match self.grace.as_deref() {
+                Some(text) => Some(parse_duration(text).map_err(|reason| spec_error("grace", reason))?),
+                None => None,
+            },
         };
         spec.validate()?;
         Ok(spec)
@@ -287,6 +301,42 @@ pub fn parse_env_assignment(text: &str) -> Result<(String, String), SpecError> {
 /// A time limit in seconds. Accepts Slurm's forms (`MM`, `MM:SS`,
 /// `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) and suffixed ones (`90s`,
 /// `30m`, `2h`, `1d`, `1h30m`).
+/// A signal by Linux number, or by name with or without `SIG` (any case),
+/// of the signals a job may be asked to checkpoint on.
+pub fn parse_signal(text: &str) -> Result<i32, String> {
+    const NAMES: [(&str, i32); 10] = [
+        ("HUP", 1),
+        ("INT", 2),
+        ("QUIT", 3),
+        ("USR1", 10),
+        ("USR2", 12),
+        ("ALRM", 14),
+        ("TERM", 15),
+        ("CONT", 18),
+        ("URG", 23),
+        ("WINCH", 28),
+    ];
+    let trimmed = text.trim();
+    if let Ok(number) = trimmed.parse::<i32>() {
+        return if (1..=64).contains(&number) && number != 9 && number != 19 {
+            Ok(number)
+        } else {
+            Err(format!("{number} is not a signal a job can catch"))
+        };
+    }
+    let upper = trimmed.to_ascii_uppercase();
+    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+    NAMES
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|(_, number)| *number)
+        .ok_or_else(|| {
+            format!(
+                "{text:?} is not a signal name (USR1, USR2, TERM, INT, HUP, QUIT, ALRM, CONT, URG, WINCH) or number"
+            )
+        })
+}
+
 pub fn parse_duration(text: &str) -> Result<u64, String> {
     let text = text.trim();
     if text.is_empty() {

@@ -4,15 +4,87 @@
 //! (`NxMODEL` adds N GPUs with the next indices; `used=` lists busy GPU
 //! indices; `nvlink=0-3/4-7` joins each group's GPUs by NVLink;
 //! `drain`/`down` set the node's availability; `k=v` is a label).
-//! Jobs, one per line: `j1 gpus=8 nodes=2 type=h100,a100 prio=5 pool=p`.
+//! Jobs, one per line: `j1 gpus=8 nodes=2 type=h100,a100 prio=5 pool=p
+//! team=a qos=high at=SECS` (`at`: submitted, in seconds).
+//! Running jobs, one per line: `r7 team=a qos=low burst on=n1:0-3+n2:0,2
+//! start=SECS ckpt=SECS preempting`; their GPUs are marked busy.
 //! Malformed fixtures panic with the offending token: they are test code.
 
 use crate::ids::{JobId, Timestamp};
 use crate::job_state::JobState;
+use crate::model::NodePlacement;
 use crate::model::{Gpu, GpuModel, Job, JobSpec, Node};
-use crate::sched::{Availability, ClusterView, GpuView, NodeView, PendingJob};
+use crate::sched::{Availability, ClusterView, GpuView, NodeView, PendingJob, RunningJob};
 use crate::topology::{group_links, Link, Topology};
 use std::collections::BTreeMap;
+
+/// Parses node, running-job and pending-job fixtures into a view with an
+/// unlimited waste budget and no past usage.
+pub fn cluster_view_with(nodes: &str, running: &str, jobs: &str) -> ClusterView {
+    let mut view = cluster_view(nodes, jobs);
+    view.running = running
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(parse_running_job)
+        .collect();
+    for job in &view.running {
+        for part in &job.placement {
+            let node = view
+                .nodes
+                .iter_mut()
+                .find(|n| n.name == part.node)
+                .unwrap_or_else(|| panic!("running fixture: no node {}", part.node));
+            for gpu in &part.gpu_indices {
+                node.gpus[*gpu as usize].busy = true;
+            }
+        }
+    }
+    view
+}
+
+fn parse_running_job(line: &str) -> RunningJob {
+    let mut tokens = line.split_whitespace();
+    let id = tokens
+        .next()
+        .and_then(|t| t.strip_prefix('r'))
+        .and_then(|t| t.parse().ok());
+    let mut job = RunningJob {
+        id: JobId(id.expect("running line starts with rN")),
+        team: "default".into(),
+        qos: String::new(),
+        burst: false,
+        placement: Vec::new(),
+        started_at: Timestamp(0),
+        last_checkpoint_at: None,
+        preempting: false,
+    };
+    for token in tokens {
+        match token.split_once('=') {
+            None if token == "burst" => job.burst = true,
+            None if token == "preempting" => job.preempting = true,
+            Some(("team", value)) => job.team = value.into(),
+            Some(("qos", value)) => job.qos = value.into(),
+            Some(("start", value)) => job.started_at = Timestamp(value.parse::<i64>().expect("start") * 1000),
+            Some(("ckpt", value)) => {
+                job.last_checkpoint_at = Some(Timestamp(value.parse::<i64>().expect("ckpt") * 1000))
+            }
+            Some(("on", value)) => {
+                job.placement = value
+                    .split('+')
+                    .map(|part| {
+                        let (node, gpus) = part.split_once(':').expect("on=NODE:GPUS");
+                        NodePlacement {
+                            node: node.into(),
+                            gpu_indices: parse_index_list(gpus),
+                        }
+                    })
+                    .collect()
+            }
+            _ => panic!("running fixture: cannot read {token:?} in {line:?}"),
+        }
+    }
+    job
+}
 
 /// Parses node and job fixtures into a view.
 pub fn cluster_view(nodes: &str, jobs: &str) -> ClusterView {
@@ -27,6 +99,9 @@ pub fn cluster_view(nodes: &str, jobs: &str) -> ClusterView {
             .filter(|l| !l.trim().is_empty())
             .map(parse_pending_job)
             .collect(),
+        running: Vec::new(),
+        usage: BTreeMap::new(),
+        waste_budget_gpu_secs: f64::INFINITY,
     }
 }
 
@@ -97,6 +172,9 @@ fn parse_pending_job(line: &str) -> PendingJob {
         nodes: 1,
         gpu_types: Vec::new(),
         pool: String::new(),
+        team: "default".into(),
+        qos: String::new(),
+        submitted_at: Timestamp(0),
     };
     for token in tokens {
         let (key, value) = token.split_once('=').expect("job fixture token is key=value");
@@ -106,6 +184,9 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "prio" => job.priority = value.parse().expect("prio"),
             "type" => job.gpu_types = value.split(',').map(GpuModel::new).collect(),
             "pool" => job.pool = value.into(),
+            "team" => job.team = value.into(),
+            "qos" => job.qos = value.into(),
+            "at" => job.submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
             other => panic!("job fixture: unknown key {other:?} in {line:?}"),
         }
     }
@@ -157,12 +238,17 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 pool: String::new(),
                 requeue: true,
                 discard_output: false,
+                qos: String::new(),
+                checkpoint_signal: None,
+                grace_secs: None,
             },
             user: "alice".into(),
             submitted_at: Timestamp(0),
             state: JobState::Pending,
             n_attempts: 0,
             last_nodes: Vec::new(),
+            n_preemptions: 0,
+            lost_gpu_secs: 0,
         },
     }
 }

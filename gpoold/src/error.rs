@@ -25,6 +25,8 @@ pub enum Error {
     NodeNotLinked(String),
     #[error("job {0} has not started, so it has no output yet")]
     NotStarted(JobId),
+    #[error("job {0} is not running")]
+    NotRunning(JobId),
     #[error("job {0} was submitted with --discard-output: it has no output to show")]
     OutputDiscarded(JobId),
     #[error("missing or invalid caller identity: {0}")]
@@ -58,7 +60,9 @@ impl From<Error> for Status {
             Error::NotOwner { .. } | Error::NotAdmin(_) => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::ShuttingDown => Code::Unavailable,
-            Error::NodeNotLinked(_) | Error::NotStarted(_) | Error::OutputDiscarded(_) => Code::FailedPrecondition,
+            Error::NodeNotLinked(_) | Error::NotStarted(_) | Error::OutputDiscarded(_) | Error::NotRunning(_) => {
+                Code::FailedPrecondition
+            }
             Error::Storage(_) | Error::CorruptRecord { .. } | Error::SchemaTooNew { .. } => Code::Internal,
         };
         Status::new(code, err.to_string())

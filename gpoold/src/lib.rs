@@ -217,9 +217,11 @@ fn dev_agent_configs(
         .collect()
 }
 
-/// Asks the state task to look for silent nodes a few times per timeout.
+/// Asks the state task to look for silent nodes a few times per timeout
+/// (and at least every second, for preemption grace periods).
 async fn liveness_ticker(handle: StateHandle, node_timeout: std::time::Duration) {
-    let mut ticks = tokio::time::interval((node_timeout / 4).max(std::time::Duration::from_millis(100)));
+    let period = (node_timeout / 4).clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(1));
+    let mut ticks = tokio::time::interval(period);
     loop {
         ticks.tick().await;
         if handle.commands.send(state::Command::Tick).await.is_err() {

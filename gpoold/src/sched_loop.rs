@@ -21,15 +21,20 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
     loop {
         let _ = tokio::time::timeout(PERIOD, handle.sched_wakeup.notified()).await;
         let started = Instant::now();
+        let now = clock();
         let (view, policy) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-            (state.cluster_view(), state.policy.clone())
+            (state.cluster_view(now), state.policy.clone())
         };
-        let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, clock()));
+        let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
         let starts = std::mem::take(&mut plan.starts);
+        let preemptions = std::mem::take(&mut plan.preemptions);
         let reasons = reasons_in_words(plan);
         let compute = started.elapsed();
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
+            return;
+        }
+        if !preemptions.is_empty() && handle.commands.send(Command::Preempt { preemptions }).await.is_err() {
             return;
         }
         if handle.commands.send(Command::Planned { reasons }).await.is_err() {

@@ -23,6 +23,9 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         pool: spec.pool.clone(),
         no_requeue: !spec.requeue,
         discard_output: spec.discard_output,
+        qos: spec.qos.clone(),
+        checkpoint_signal: spec.checkpoint_signal.unwrap_or(0),
+        grace: spec.grace_secs.map(|seconds| pb::Duration { seconds }),
     }
 }
 
@@ -92,6 +95,9 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         pool: spec.pool,
         requeue: !spec.no_requeue,
         discard_output: spec.discard_output,
+        qos: spec.qos,
+        checkpoint_signal: (spec.checkpoint_signal != 0).then_some(spec.checkpoint_signal),
+        grace_secs: spec.grace.map(|d| d.seconds),
     }
 }
 
@@ -142,6 +148,15 @@ fn placement_to_wire(placement: &[NodePlacement]) -> Vec<pb::Placement> {
 
 /// `pending_reasons` come from the latest scheduling cycle, not the job.
 pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
+    let (burst, preempted_at_ms, last_checkpoint_at_ms) = match &job.state {
+        JobState::Running {
+            burst,
+            preempted_at,
+            last_checkpoint_at,
+            ..
+        } => (*burst, preempted_at.map(|t| t.0), last_checkpoint_at.map(|t| t.0)),
+        _ => (false, None, None),
+    };
     let (exit_code, end_reason, epoch, placement, cancelled_by) = match &job.state {
         JobState::Pending => (None, String::new(), 0, Vec::new(), String::new()),
         JobState::Running { epoch, placement, .. } => (
@@ -170,6 +185,11 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         epoch,
         placement,
         cancelled_by,
+        burst,
+        n_preemptions: job.n_preemptions,
+        lost_gpu_secs: job.lost_gpu_secs,
+        preempted_at_ms,
+        last_checkpoint_at_ms,
     }
 }
 

@@ -54,6 +54,15 @@ pub struct SubmitArgs {
     /// Send the job's stdout and stderr to /dev/null (no `gpool logs`).
     #[arg(long)]
     discard_output: bool,
+    /// QoS class (the default class when absent).
+    #[arg(long)]
+    qos: Option<String>,
+    /// Signal sent when the job is preempted, to checkpoint (default USR1).
+    #[arg(long, value_name = "SIGNAL")]
+    checkpoint_signal: Option<String>,
+    /// Time between the checkpoint signal and the kill (default: the QoS's).
+    #[arg(long, value_name = "DURATION")]
+    grace: Option<String>,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
@@ -61,7 +70,7 @@ pub struct SubmitArgs {
         conflicts_with_all = [
             "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
-            "discard_output",
+            "discard_output", "qos", "checkpoint_signal", "grace",
         ]
     )]
     file: Option<PathBuf>,
@@ -153,5 +162,8 @@ fn input_from_flags(args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         pool: args.pool,
         requeue: Some(!args.no_requeue),
         discard_output: Some(args.discard_output),
+        qos: args.qos,
+        checkpoint_signal: args.checkpoint_signal,
+        grace: args.grace,
     })
 }

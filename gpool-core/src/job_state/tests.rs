@@ -15,6 +15,7 @@ fn start(epoch: u64, now: i64) -> JobEvent {
     JobEvent::Start {
         epoch: Epoch(epoch),
         placement: placement(),
+        burst: true,
         now: Timestamp(now),
     }
 }
@@ -120,4 +121,60 @@ fn finished_jobs_take_no_events() {
     for event in [start(2, 60), exited(1, ExitStatus::Code(1))] {
         assert!(job.apply(&event).is_err());
     }
+}
+
+#[test]
+fn a_preempted_attempt_requeues_however_it_ends_and_counts_lost_work() {
+    for end in [
+        exited(3, ExitStatus::Code(0)),
+        exited(3, ExitStatus::Code(1)),
+        exited(3, ExitStatus::Signal(15)),
+        JobEvent::FailedToStart {
+            epoch: Epoch(3),
+            reason: "x".into(),
+            now: Timestamp(50),
+        },
+    ] {
+        let mut job = job_builder(JobId(1)).build();
+        job.apply(&start(3, 10_000)).unwrap();
+        job.apply(&JobEvent::Checkpointed {
+            epoch: Epoch(3),
+            now: Timestamp(14_000),
+        })
+        .unwrap();
+        job.apply(&JobEvent::Preempt {
+            epoch: Epoch(3),
+            now: Timestamp(20_000),
+        })
+        .unwrap();
+        // Two GPUs, six seconds since the checkpoint.
+        assert_eq!((job.n_preemptions, job.lost_gpu_secs), (1, 12));
+        assert!(matches!(
+            job.state,
+            JobState::Running {
+                preempted_at: Some(Timestamp(20_000)),
+                burst: true,
+                ..
+            }
+        ));
+        // A second preemption of the same attempt is refused.
+        assert!(job
+            .apply(&JobEvent::Preempt {
+                epoch: Epoch(3),
+                now: Timestamp(21_000)
+            })
+            .is_err());
+        job.apply(&end).unwrap();
+        assert_eq!(job.state, JobState::Pending, "after {end:?}");
+    }
+    // Without a preemption, a checkpoint changes nothing else.
+    let mut job = job_builder(JobId(2)).build();
+    job.apply(&start(4, 10)).unwrap();
+    job.apply(&JobEvent::Checkpointed {
+        epoch: Epoch(4),
+        now: Timestamp(20),
+    })
+    .unwrap();
+    job.apply(&exited(4, ExitStatus::Code(0))).unwrap();
+    assert!(matches!(job.state, JobState::Completed { .. }));
 }

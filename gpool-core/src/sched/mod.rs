@@ -1,6 +1,10 @@
 //! `schedule(&ClusterView, &Policy, now) -> Plan`: the whole placement decision.
 //!
-//! Pending jobs go in priority order, then submit order (job id). Each job
+//! Pending jobs that their team's guarantee covers go first, then the rest
+//! (burst work); within each, by multi-factor priority (QoS, fair share,
+//! age, size, the job's own `--priority`), then submit order. A guaranteed
+//! job that does not fit reclaims GPUs from burst work by preemption
+//! (`preempt.rs`), as does a job whose QoS may preempt lower classes. Each job
 //! gets the best-fitting GPUs there are: the node group (GPUs of one model on
 //! one node) with the fewest free GPUs that still fit, so large holes stay
 //! open for large jobs; within the node, the best-connected GPUs (NVLink
@@ -11,20 +15,56 @@
 
 mod index;
 mod plan;
+mod preempt;
 
-pub use plan::{Plan, Reject, Start};
+pub use plan::{Plan, Preemption, Reject, Start};
 
 use crate::ids::{JobId, Timestamp};
-use crate::model::{GpuModel, Node, PoolDef};
+use crate::model::{GpuModel, Node, NodePlacement, PoolDef};
+use crate::policy::{Ledger, PriorityInputs, Sharing};
 use crate::topology::Topology;
 use index::FreeIndex;
 use std::collections::BTreeMap;
 
-/// What the scheduler sees: nodes with their free GPUs, and the queue.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What the scheduler sees: nodes with their free GPUs, the queue, the
+/// running jobs, and the teams' metered usage.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     pub pending: Vec<PendingJob>,
+    pub running: Vec<RunningJob>,
+    /// Per team; attempts still running are not in it.
+    pub usage: BTreeMap<String, Ledger>,
+    /// GPU-seconds of work preemption may still throw away this hour.
+    pub waste_budget_gpu_secs: f64,
+}
+
+/// A running job, as preemption and the teams' counts need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningJob {
+    pub id: JobId,
+    pub team: String,
+    pub qos: String,
+    /// Started beyond its team's guarantee: preemptible.
+    pub burst: bool,
+    pub placement: Vec<NodePlacement>,
+    pub started_at: Timestamp,
+    pub last_checkpoint_at: Option<Timestamp>,
+    /// Already told to checkpoint and end.
+    pub preempting: bool,
+}
+
+impl RunningJob {
+    pub fn gpus(&self) -> u64 {
+        self.placement.iter().map(|p| p.gpu_indices.len() as u64).sum()
+    }
+
+    /// GPU-seconds a preemption now would throw away: since the last
+    /// checkpoint, else since the start.
+    pub fn lost_gpu_secs(&self, now: Timestamp) -> f64 {
+        let since = self.last_checkpoint_at.unwrap_or(self.started_at).max(self.started_at);
+        (now.0 - since.0).max(0) as f64 / 1000.0 * self.gpus() as f64
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,13 +102,24 @@ pub struct PendingJob {
     pub gpu_types: Vec<GpuModel>,
     /// Empty means the policy's default pool.
     pub pool: String,
+    pub team: String,
+    /// Empty means the default QoS.
+    pub qos: String,
+    pub submitted_at: Timestamp,
 }
 
-/// The operator's rules. Teams, QoS and fair share extend this.
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl PendingJob {
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.gpus_per_node) * u64::from(self.nodes)
+    }
+}
+
+/// The operator's rules: pools, and how teams share them.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     pub pools: Vec<PoolDef>,
     pub default_pool: String,
+    pub sharing: Sharing,
 }
 
 impl Default for Policy {
@@ -80,6 +131,7 @@ impl Default for Policy {
                 selector: BTreeMap::new(),
             }],
             default_pool: "default".into(),
+            sharing: Sharing::default(),
         }
     }
 }
@@ -125,22 +177,148 @@ impl NodeView {
     }
 }
 
-/// Decides which pending jobs start now and where. `now` is unused until
-/// time-based policy (ages, reservations) arrives, and is taken so that every
-/// caller already passes the one clock reading the decision may use.
-pub fn schedule(view: &ClusterView, policy: &Policy, _now: Timestamp) -> Plan {
-    let mut index = FreeIndex::build(&view.nodes, policy);
-    let mut order: Vec<&PendingJob> = view.pending.iter().collect();
-    order.sort_by_key(|job| (std::cmp::Reverse(job.priority), job.id));
+/// GPUs a team holds now, counting this cycle's starts and reclaims.
+#[derive(Debug, Clone, Copy, Default)]
+struct TeamUse {
+    in_use: u64,
+    guaranteed_in_use: u64,
+    /// Guaranteed GPU-seconds this period, running attempts included.
+    guaranteed_secs: f64,
+}
+
+/// Decides which pending jobs start now and where, and which running jobs
+/// to preempt for them. The same inputs give the same plan.
+pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
+    let sharing = &policy.sharing;
+    let period_start = sharing.period.start(now, &sharing.time_zone);
+    let mut usage_now = view.usage.clone();
+    let mut teams: BTreeMap<&str, TeamUse> = BTreeMap::new();
+    for job in &view.running {
+        usage_now
+            .entry(job.team.clone())
+            .or_default()
+            .charge(job.gpus(), job.started_at, now, job.burst, sharing);
+        let team = teams.entry(job.team.as_str()).or_default();
+        team.in_use += job.gpus();
+        if !job.burst {
+            team.guaranteed_in_use += job.gpus();
+            let from = job.started_at.max(period_start);
+            team.guaranteed_secs += (now.0 - from.0).max(0) as f64 / 1000.0 * job.gpus() as f64;
+        }
+    }
+    for (name, ledger) in &view.usage {
+        teams.entry(name.as_str()).or_default().guaranteed_secs += ledger.guaranteed_in_period(now, sharing);
+    }
+    let fair = sharing.fair_shares(&usage_now, now);
+
     let mut plan = Plan::default();
-    for job in order {
+    let max_qos = sharing.max_qos_priority();
+    let max_gpus = view.pending.iter().map(PendingJob::total_gpus).max().unwrap_or(0);
+    let mut order: Vec<(bool, f64, &PendingJob)> = view
+        .pending
+        .iter()
+        .map(|job| {
+            let inputs = PriorityInputs {
+                qos_priority: sharing.qos(&job.qos).map_or(0, |qos| qos.priority),
+                max_qos_priority: max_qos,
+                fair_share: fair.get(&job.team).copied().unwrap_or(1.0),
+                submitted_at: job.submitted_at,
+                now,
+                gpus: job.total_gpus(),
+                max_gpus,
+                nice: job.priority,
+            };
+            let priority = crate::policy::priority(&sharing.weights, &inputs);
+            plan.priorities.insert(job.id, priority);
+            let team = sharing.team(&job.team);
+            let used = teams.get(job.team.as_str()).copied().unwrap_or_default();
+            let covered = guaranteed(&team, &used, job.total_gpus());
+            (covered, priority.total, job)
+        })
+        .collect();
+    order.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.id.cmp(&b.2.id)));
+
+    let mut index = FreeIndex::build(&view.nodes, policy);
+    let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now);
+    for (_, _, job) in order {
+        let team = sharing.team(&job.team);
+        let used = teams.entry(job.team.as_str()).or_default();
+        let gpus = job.total_gpus();
+        if let Some(max_gpus) = team.max_gpus {
+            if used.in_use + gpus > u64::from(max_gpus) {
+                plan.pending.push((
+                    job.id,
+                    vec![Reject::TeamCap {
+                        team: team.name.clone(),
+                        max_gpus,
+                        in_use: used.in_use,
+                    }],
+                ));
+                continue;
+            }
+        }
+        let covered = guaranteed(&team, used, gpus);
         match index.place(job, policy) {
-            Ok(placement) => plan.starts.push(Start { job: job.id, placement }),
-            Err(reasons) => plan.pending.push((job.id, reasons)),
+            Ok(placement) => {
+                reclaim.taken(&placement);
+                used.in_use += gpus;
+                if covered {
+                    used.guaranteed_in_use += gpus;
+                }
+                plan.starts.push(Start {
+                    job: job.id,
+                    placement,
+                    burst: !covered,
+                });
+            }
+            Err(mut reasons) => {
+                let qos = sharing.qos(&job.qos);
+                let preempts_lower = qos.is_some_and(|qos| qos.preempt_lower);
+                if covered || preempts_lower {
+                    if let Some(victims) = reclaim.plan(job, covered, &mut plan.preemptions) {
+                        used.in_use += gpus;
+                        if covered {
+                            used.guaranteed_in_use += gpus;
+                        }
+                        reasons = vec![Reject::Reclaiming { n_jobs: victims }];
+                    }
+                }
+                if !covered {
+                    reasons.push(burst_reason(&team, used, gpus));
+                }
+                plan.pending.push((job.id, reasons));
+            }
         }
     }
     plan
 }
 
+/// Whether `gpus` more GPUs of `team` would still run guaranteed: within
+/// its guaranteed GPUs and under its GPU-hour budget.
+fn guaranteed(team: &crate::policy::Team, used: &TeamUse, gpus: u64) -> bool {
+    let under_budget = team
+        .gpu_hours
+        .is_none_or(|hours| used.guaranteed_secs < hours as f64 * 3600.0);
+    under_budget && used.guaranteed_in_use + gpus <= u64::from(team.guaranteed_gpus)
+}
+
+fn burst_reason(team: &crate::policy::Team, used: &TeamUse, gpus: u64) -> Reject {
+    match team.gpu_hours {
+        Some(hours) if used.guaranteed_secs >= hours as f64 * 3600.0 => Reject::OverBudget {
+            team: team.name.clone(),
+            gpu_hours: hours,
+        },
+        _ => Reject::BeyondGuarantee {
+            team: team.name.clone(),
+            guaranteed_gpus: team.guaranteed_gpus,
+            in_use: used.guaranteed_in_use,
+            wanted: gpus,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod sharing_tests;

@@ -2,15 +2,21 @@
 
 use crate::ids::JobId;
 use crate::model::{GpuModel, NodePlacement};
+use crate::policy::Priority;
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// What one scheduling cycle decided. Pure data: gpoold turns it into
 /// commands, the simulator into events, tests into snapshots.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
     pub starts: Vec<Start>,
     /// Every pending job that does not start, with at least one reason.
     pub pending: Vec<(JobId, Vec<Reject>)>,
+    /// Running jobs to checkpoint and end, so that waiting jobs can start.
+    pub preemptions: Vec<Preemption>,
+    /// Every pending job's priority and its factors.
+    pub priorities: BTreeMap<JobId, Priority>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +24,17 @@ pub struct Start {
     pub job: JobId,
     /// One entry per node, in rank order (rank 0 first).
     pub placement: Vec<NodePlacement>,
+    /// Beyond its team's guarantee: may be preempted.
+    pub burst: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preemption {
+    pub victim: JobId,
+    /// The waiting job its GPUs go to.
+    pub for_job: JobId,
+    /// GPU-seconds since its last checkpoint (else its start).
+    pub lost_gpu_secs: f64,
 }
 
 /// Why a job did not start, with what was wanted and what there was.
@@ -48,6 +65,29 @@ pub enum Reject {
         wanted: Vec<GpuModel>,
         available: Vec<GpuModel>,
     },
+    /// The team is at its `max_gpus`.
+    TeamCap {
+        team: String,
+        max_gpus: u32,
+        in_use: u64,
+    },
+    /// Running jobs are being preempted to make room for this one.
+    Reclaiming {
+        n_jobs: usize,
+    },
+    /// Beside another reason: the job can run only as burst work, because
+    /// its team used its GPU-hours for the period...
+    OverBudget {
+        team: String,
+        gpu_hours: u64,
+    },
+    /// ...or runs all the GPUs it is guaranteed.
+    BeyondGuarantee {
+        team: String,
+        guaranteed_gpus: u32,
+        in_use: u64,
+        wanted: u64,
+    },
     /// The models exist but not enough of them are free right now.
     Resources {
         gpus_per_node: u32,
@@ -65,7 +105,17 @@ impl fmt::Display for Plan {
             for node in &start.placement {
                 write!(f, " {node}")?;
             }
+            if start.burst {
+                f.write_str(" (burst)")?;
+            }
             writeln!(f)?;
+        }
+        for preemption in &self.preemptions {
+            writeln!(
+                f,
+                "preempt j{} for j{} (loses {:.0} GPU-seconds)",
+                preemption.victim, preemption.for_job, preemption.lost_gpu_secs
+            )?;
         }
         for (job, reasons) in &self.pending {
             let words: Vec<String> = reasons.iter().map(Reject::to_string).collect();
@@ -122,6 +172,30 @@ impl fmt::Display for Reject {
                 } else {
                     models(available)
                 }
+            ),
+            Reject::TeamCap {
+                team,
+                max_gpus,
+                in_use,
+            } => write!(f, "team {team} is at its cap: {in_use} of at most {max_gpus} GPUs in use"),
+            Reject::Reclaiming { n_jobs } => write!(
+                f,
+                "preempting {} to make room for it",
+                plural(*n_jobs as u64, "running job", "running jobs")
+            ),
+            Reject::OverBudget { team, gpu_hours } => write!(
+                f,
+                "team {team} used its {gpu_hours} guaranteed GPU-hours this period, so it runs only as burst work on idle GPUs"
+            ),
+            Reject::BeyondGuarantee {
+                team,
+                guaranteed_gpus,
+                in_use,
+                wanted,
+            } => write!(
+                f,
+                "team {team} runs {in_use} of its {guaranteed_gpus} guaranteed GPUs; {} more run only as burst work on idle GPUs",
+                plural(*wanted, "GPU", "GPUs")
             ),
             Reject::Resources {
                 gpus_per_node,

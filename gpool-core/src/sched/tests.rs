@@ -137,6 +137,7 @@ fn pools_select_nodes_by_label() {
             },
         ],
         default_pool: "default".into(),
+        sharing: Default::default(),
     };
     let view = cluster_view(
         "n1 8xh100\nn2 4xl4 tier=infer",
@@ -224,6 +225,7 @@ proptest! {
                 PoolDef { name: "x".into(), selector: [("tier".to_string(), "x".to_string())].into() },
             ],
             default_pool: "default".into(),
+            sharing: Default::default(),
         };
         let plan = schedule(&view, &policy, Timestamp(0));
         prop_assert_eq!(&plan, &schedule(&view, &policy, Timestamp(0)));

@@ -46,23 +46,20 @@ impl State {
                 continue;
             }
             let epoch = Epoch(self.next_epoch);
-            let Some(job) = self.jobs.get_mut(&start.job) else {
-                continue;
-            };
             let event = JobEvent::Start {
                 epoch,
                 placement: start.placement.clone(),
+                burst: start.burst,
                 now,
             };
-            if job.apply(&event).is_err() {
+            if !self.apply_event(start.job, &event, now, out) {
                 continue;
             }
             self.next_epoch += 1;
             for part in &start.placement {
                 busy.extend(part.gpu_indices.iter().map(|gpu| (part.node.clone(), *gpu)));
             }
-            out.writes.extend([Write::Job(start.job), Write::NextEpoch]);
-            out.changed.push(start.job);
+            out.writes.push(Write::NextEpoch);
             let launches = self.launch_messages(start.job, epoch, &start.placement);
             out.messages.extend(launches);
         }
@@ -191,22 +188,18 @@ impl State {
     /// goes back to the queue (or fails, if it asked not to be requeued) and
     /// all the attempt's ranks are killed.
     pub(super) fn lose_attempt(&mut self, job_id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) {
-        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        let Some(job) = self.jobs.get(&job_id) else { return };
         let placement = match &job.state {
             JobState::Running { placement, .. } => placement.clone(),
             _ => return,
         };
-        if job
-            .apply(&JobEvent::Lost {
-                epoch,
-                requeue: job.spec.requeue,
-                now,
-            })
-            .is_ok()
-        {
+        let event = JobEvent::Lost {
+            epoch,
+            requeue: job.spec.requeue,
+            now,
+        };
+        if self.apply_event(job_id, &event, now, out) {
             self.gang_exits.remove(&job_id);
-            out.writes.push(Write::Job(job_id));
-            out.changed.push(job_id);
             for part in placement {
                 out.messages.push((part.node, kill_message(job_id, epoch)));
             }
@@ -251,13 +244,21 @@ impl State {
             tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored");
             return;
         }
-        let Some(job) = self.jobs.get_mut(&event.job) else {
+        let Some(job) = self.jobs.get(&event.job) else {
             return;
         };
         let n_nodes = job.spec.nodes;
+        // A preempted attempt ends at its first rank's exit.
+        let preempted = matches!(
+            job.state,
+            JobState::Running {
+                preempted_at: Some(_),
+                ..
+            }
+        );
         let job_event = match event.outcome {
             AttemptOutcome::Started => return,
-            AttemptOutcome::Exited(ExitStatus::Code(0)) => {
+            AttemptOutcome::Exited(ExitStatus::Code(0)) if !preempted => {
                 let n_done = self.gang_exits.entry(event.job).or_default();
                 *n_done += 1;
                 if *n_done < n_nodes {
@@ -284,10 +285,8 @@ impl State {
             JobState::Running { placement, .. } => placement.clone(),
             _ => Vec::new(),
         };
-        if job.apply(&job_event).is_ok() {
+        if self.apply_event(event.job, &job_event, now, out) {
             self.gang_exits.remove(&event.job);
-            out.writes.push(Write::Job(event.job));
-            out.changed.push(event.job);
             // One rank failing ends the whole gang.
             for part in placement.into_iter().filter(|part| part.node != node) {
                 out.messages.push((part.node, kill_message(event.job, event.epoch)));

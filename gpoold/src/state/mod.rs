@@ -6,18 +6,21 @@
 //! commit). Readers share the in-memory state through a read lock.
 
 mod agents;
+mod sharing;
 pub mod store;
 
 pub use agents::{kill_message, signal_message};
+pub use sharing::CheckpointOutcome;
 
 use crate::error::Error;
 use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
-use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Start};
+use gpool_core::policy::Ledger;
+use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Preemption, Start};
 use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use store::Store;
 use tokio::sync::{broadcast, mpsc, oneshot, Notify};
@@ -46,6 +49,12 @@ pub struct State {
     /// Ranks of running gangs that already exited 0; not durable.
     gang_exits: HashMap<JobId, u32>,
     node_timeout_ms: i64,
+    /// Each team's metered GPU time (attempts that ended).
+    pub usage: BTreeMap<String, Ledger>,
+    /// Preempted attempts and when their grace ends; rebuilt on start.
+    preempt_deadlines: BTreeMap<JobId, (Epoch, Timestamp)>,
+    /// GPU-seconds lost to preemptions in the last hour; not durable.
+    recent_waste: VecDeque<(Timestamp, f64)>,
 }
 
 /// One agent's open link: where to send it Launch and Kill.
@@ -96,6 +105,17 @@ pub enum Command {
     Start {
         starts: Vec<Start>,
     },
+    /// The scheduling loop's preemptions.
+    Preempt {
+        preemptions: Vec<Preemption>,
+    },
+    /// A job reports a finished checkpoint of its attempt `attempt`.
+    Checkpoint {
+        user: String,
+        job: JobId,
+        attempt: u32,
+        reply: Reply<CheckpointOutcome>,
+    },
     /// An agent (re)connected; `running` lists the attempts it runs.
     AgentRegister {
         node: Node,
@@ -119,7 +139,8 @@ pub enum Command {
         node: String,
         conn_id: u64,
     },
-    /// Marks nodes whose agents went silent as down.
+    /// Marks nodes whose agents went silent as down, and kills preempted
+    /// attempts whose grace ran out.
     Tick,
     /// Sends `message` to `node`'s agent now (nothing to make durable).
     ToAgent {
@@ -158,6 +179,7 @@ enum Write {
     Node(String),
     NextJobId,
     NextEpoch,
+    Usage(String),
 }
 
 /// Everything one batch of commands produced.
@@ -184,7 +206,7 @@ impl State {
         let nodes: BTreeMap<String, Node> = loaded.nodes.into_iter().map(|node| (node.name.clone(), node)).collect();
         // Known nodes get a full timeout from this start to reconnect.
         let last_seen = nodes.keys().map(|name| (name.clone(), now)).collect();
-        State {
+        let mut state = State {
             jobs: loaded.jobs.into_iter().map(|job| (job.id, job)).collect(),
             nodes,
             next_job_id: loaded.next_job_id,
@@ -197,7 +219,12 @@ impl State {
             gpu_samples: HashMap::new(),
             gang_exits: HashMap::new(),
             node_timeout_ms: config.node_timeout.as_millis() as i64,
-        }
+            usage: loaded.usage,
+            preempt_deadlines: BTreeMap::new(),
+            recent_waste: VecDeque::new(),
+        };
+        state.restore_preempt_deadlines();
+        state
     }
 
     fn submit(&mut self, user: String, specs: Vec<JobSpec>, now: Timestamp) -> Result<(Vec<JobId>, Vec<Write>), Error> {
@@ -211,8 +238,46 @@ impl State {
         let mut checked = Vec::with_capacity(specs.len());
         for (spec_idx, mut spec) in specs.into_iter().enumerate() {
             let index = spec_idx + 1;
+            let sharing = &self.policy.sharing;
             if spec.team.is_empty() {
-                spec.team = DEFAULT_TEAM.to_string();
+                spec.team = sharing.team_of_user(&user).unwrap_or(DEFAULT_TEAM).to_string();
+            }
+            let qos = sharing.qos(&spec.qos).ok_or_else(|| Error::InvalidRequest {
+                field: "qos",
+                reason: format!(
+                    "job {index}: no QoS class {:?} (there are: {})",
+                    spec.qos,
+                    sharing
+                        .qos
+                        .iter()
+                        .map(|q| q.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+            if let Some(max_time) = qos.max_time_secs {
+                match spec.time_limit_secs {
+                    None => spec.time_limit_secs = Some(max_time),
+                    Some(time) if time > max_time => {
+                        return Err(Error::InvalidRequest {
+                            field: "time",
+                            reason: format!(
+                                "job {index}: {time} s is longer than QoS {}'s max_time of {max_time} s",
+                                qos.name
+                            ),
+                        })
+                    }
+                    Some(_) => {}
+                }
+            }
+            if let Some(grace) = spec.grace_secs.filter(|grace| *grace > sharing.max_grace_secs) {
+                return Err(Error::InvalidRequest {
+                    field: "grace",
+                    reason: format!(
+                        "job {index}: {grace} s is longer than the longest grace, {} s",
+                        sharing.max_grace_secs
+                    ),
+                });
             }
             spec.validate().map_err(|source| Error::InvalidSpec { index, source })?;
             check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, source })?;
@@ -231,6 +296,8 @@ impl State {
                 state: JobState::Pending,
                 n_attempts: 0,
                 last_nodes: Vec::new(),
+                n_preemptions: 0,
+                lost_gpu_secs: 0,
             };
             self.jobs.insert(id, job);
             ids.push(id);
@@ -288,23 +355,19 @@ impl State {
             return Ok(outcomes);
         }
         for id in ids {
-            let job = self.jobs.get_mut(id).ok_or(Error::UnknownJob(*id))?;
+            let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
             let cancelled = !job.state.is_finished();
             if cancelled {
                 let running = match &job.state {
                     JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
                     _ => None,
                 };
-                job.apply(&JobEvent::Cancel {
+                let event = JobEvent::Cancel {
                     by: user.to_string(),
                     now,
-                })
-                .map_err(|err| Error::InvalidRequest {
-                    field: "ids",
-                    reason: format!("job {id}: {err}"),
-                })?;
-                out.writes.push(Write::Job(*id));
-                out.changed.push(*id);
+                };
+                // Pending and running jobs always take a cancel.
+                self.apply_event(*id, &event, now, out);
                 if let Some((epoch, placement)) = running {
                     self.gang_exits.remove(id);
                     for part in placement {
@@ -312,6 +375,7 @@ impl State {
                     }
                 }
             }
+            let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
             outcomes.push(CancelOutcome {
                 id: *id,
                 state: job.state.clone(),
@@ -339,8 +403,9 @@ impl State {
         self.admins.iter().any(|admin| admin == user || admin == "*")
     }
 
-    /// The scheduler's input: nodes with busy GPUs marked, and the queue.
-    pub fn cluster_view(&self) -> ClusterView {
+    /// The scheduler's input: nodes with busy GPUs marked, the queue, the
+    /// running jobs, the teams' usage and the hour's waste budget.
+    pub fn cluster_view(&self, now: Timestamp) -> ClusterView {
         let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
         let mut pending = Vec::new();
         for job in self.jobs.values() {
@@ -352,6 +417,9 @@ impl State {
                     nodes: job.spec.nodes,
                     gpu_types: job.spec.gpu_types.clone(),
                     pool: job.spec.pool.clone(),
+                    team: job.spec.team.clone(),
+                    qos: job.spec.qos.clone(),
+                    submitted_at: job.submitted_at,
                 }),
                 JobState::Running { placement, .. } => {
                     for part in placement {
@@ -373,7 +441,13 @@ impl State {
                 view
             })
             .collect();
-        ClusterView { nodes, pending }
+        ClusterView {
+            nodes,
+            pending,
+            running: self.running_jobs(),
+            usage: self.usage.clone(),
+            waste_budget_gpu_secs: self.waste_budget(now),
+        }
     }
 
     /// Which job holds each busy GPU, by (node, GPU index).
@@ -519,6 +593,16 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         Command::Resume { user, node, reply } => node_reply(state.set_drain(&user, &node, None), reply, out),
         Command::Planned { reasons } => state.pending_reasons = reasons,
         Command::Start { starts } => state.start(starts, now, out),
+        Command::Preempt { preemptions } => state.preempt(preemptions, now, out),
+        Command::Checkpoint {
+            user,
+            job,
+            attempt,
+            reply,
+        } => match state.checkpoint(&user, job, attempt, now, out) {
+            Ok(outcome) => out.replies.push(deferred(reply, outcome)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
         Command::AgentRegister {
             node,
             running,
@@ -535,7 +619,10 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         }
         Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),
         Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id),
-        Command::Tick => state.mark_silent_nodes_down(now, out),
+        Command::Tick => {
+            state.mark_silent_nodes_down(now, out);
+            state.enforce_preemption_grace(now, out);
+        }
         Command::ToAgent { node, message, reply } => drop(reply.send(state.send_now(&node, message))),
     }
 }
@@ -565,6 +652,11 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
             }
             Write::NextJobId => store.put_next_job_id(state.next_job_id)?,
             Write::NextEpoch => store.put_next_epoch(state.next_epoch)?,
+            Write::Usage(team) => {
+                if let Some(ledger) = state.usage.get(team) {
+                    store.put_usage(team, ledger)?;
+                }
+            }
         }
     }
     Ok(())

@@ -5,8 +5,10 @@
 
 use crate::error::Error;
 use gpool_core::model::{Job, Node};
+use gpool_core::policy::Ledger;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Schema of the whole database; a change migrates in `open`.
@@ -21,6 +23,8 @@ pub struct Store {
     jobs: sled::Tree,
     nodes: sled::Tree,
     meta: sled::Tree,
+    /// Each team's usage ledger, by team name.
+    usage: sled::Tree,
 }
 
 /// What `Store::open` found on disk.
@@ -29,6 +33,7 @@ pub struct Loaded {
     pub nodes: Vec<Node>,
     pub next_job_id: u64,
     pub next_epoch: u64,
+    pub usage: BTreeMap<String, Ledger>,
 }
 
 impl Store {
@@ -45,10 +50,11 @@ impl Store {
             jobs: db.open_tree("jobs")?,
             nodes: db.open_tree("nodes")?,
             meta: db.open_tree("meta")?,
+            usage: db.open_tree("usage")?,
             db,
         };
         // Trees later issues fill; opened now so the layout is fixed from v1.
-        for tree in ["attempts", "usage", "events"] {
+        for tree in ["attempts", "events"] {
             store.db.open_tree(tree)?;
         }
         store.check_schema()?;
@@ -100,11 +106,23 @@ impl Store {
         let after_last = jobs.last().map_or(1, |job| job.id.0 + 1);
         let next_job_id = self.meta_counter(META_NEXT_JOB_ID, "next_job_id")?.max(after_last);
         let next_epoch = self.meta_counter(META_NEXT_EPOCH, "next_epoch")?;
+        let usage = self
+            .usage
+            .iter()
+            .map(|entry| {
+                let (key, value) = entry?;
+                Ok((
+                    String::from_utf8_lossy(&key).into_owned(),
+                    decode("usage", &key, &value)?,
+                ))
+            })
+            .collect::<Result<_, Error>>()?;
         Ok(Loaded {
             jobs,
             nodes,
             next_job_id,
             next_epoch,
+            usage,
         })
     }
 
@@ -129,6 +147,11 @@ impl Store {
 
     pub fn put_node(&self, node: &Node) -> Result<(), Error> {
         self.nodes.insert(node.name.as_bytes(), encode(node))?;
+        Ok(())
+    }
+
+    pub fn put_usage(&self, team: &str, ledger: &Ledger) -> Result<(), Error> {
+        self.usage.insert(team.as_bytes(), encode(ledger))?;
         Ok(())
     }
 

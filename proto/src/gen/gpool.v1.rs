@@ -69,6 +69,15 @@ pub struct JobSpec {
     /// Send the job's stdout and stderr to /dev/null instead of the spool.
     #[prost(bool, tag = "15")]
     pub discard_output: bool,
+    /// QoS class; empty for the default class.
+    #[prost(string, tag = "16")]
+    pub qos: ::prost::alloc::string::String,
+    /// Sent to a preempted attempt before it is killed; 0 for SIGUSR1.
+    #[prost(int32, tag = "17")]
+    pub checkpoint_signal: i32,
+    /// Between the checkpoint signal and the kill; absent for the QoS's.
+    #[prost(message, optional, tag = "18")]
+    pub grace: ::core::option::Option<Duration>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -112,6 +121,19 @@ pub struct Job {
     pub placement: ::prost::alloc::vec::Vec<Placement>,
     #[prost(string, tag = "14")]
     pub cancelled_by: ::prost::alloc::string::String,
+    /// The running attempt started beyond its team's guarantee (preemptible).
+    #[prost(bool, tag = "15")]
+    pub burst: bool,
+    #[prost(uint32, tag = "16")]
+    pub n_preemptions: u32,
+    /// GPU-seconds of work its preemptions threw away.
+    #[prost(uint64, tag = "17")]
+    pub lost_gpu_secs: u64,
+    /// Set while its attempt is being preempted (Unix milliseconds).
+    #[prost(int64, optional, tag = "18")]
+    pub preempted_at_ms: ::core::option::Option<i64>,
+    #[prost(int64, optional, tag = "19")]
+    pub last_checkpoint_at_ms: ::core::option::Option<i64>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]

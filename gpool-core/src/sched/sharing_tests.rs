@@ -1,0 +1,376 @@
+//! Teams sharing the pool: guarantees, burst work, preemption, budgets,
+//! and fair share over time.
+
+use super::*;
+use crate::policy::{Qos, Team};
+use crate::testing::cluster_view_with;
+use expect_test::{expect, Expect};
+use proptest::prelude::*;
+
+const NOW: Timestamp = Timestamp(10_000_000);
+
+/// Teams a and b, four guaranteed GPUs each; QoS `normal` (the default),
+/// `long` (never preempted in its first 20 minutes), `high` (preempts lower
+/// classes).
+fn policy() -> Policy {
+    let team = |name: &str, guaranteed_gpus: u32| Team {
+        guaranteed_gpus,
+        ..Team::unlisted(name)
+    };
+    let mut policy = Policy::default();
+    policy.sharing.teams = vec![team("a", 4), team("b", 4), team("c", 0)];
+    policy.sharing.qos = vec![
+        Qos::normal(),
+        Qos {
+            name: "long".into(),
+            min_runtime_secs: 1200,
+            ..Qos::normal()
+        },
+        Qos {
+            name: "high".into(),
+            priority: 10,
+            preempt_lower: true,
+            ..Qos::normal()
+        },
+    ];
+    policy
+}
+
+fn check(policy: &Policy, nodes: &str, running: &str, jobs: &str, expected: Expect) {
+    let plan = schedule(&cluster_view_with(nodes, running, jobs), policy, NOW);
+    expected.assert_eq(&plan.to_string());
+}
+
+#[test]
+fn a_guaranteed_job_reclaims_from_burst_work() {
+    // Team a fills the node with burst work; b's guaranteed job takes back
+    // what it needs, from the jobs that lose least.
+    check(
+        &policy(),
+        "n1 8xh100",
+        "r1 team=a on=n1:0-3\nr2 team=a burst on=n1:4-5 start=9000 ckpt=9900\nr3 team=a burst on=n1:6-7 start=9000",
+        "j4 team=b gpus=2",
+        expect![[r#"
+            preempt j2 for j4 (loses 200 GPU-seconds)
+            pending j4: preempting 1 running job to make room for it
+        "#]],
+    );
+}
+
+#[test]
+fn no_preemption_when_the_job_still_could_not_start() {
+    // Freeing every burst GPU still leaves no node with 4 free.
+    check(
+        &policy(),
+        "n1 4xh100\nn2 4xh100",
+        "r1 team=a on=n1:0-1\nr2 team=c burst on=n1:2-3\nr3 team=a on=n2:0-1\nr4 team=c burst on=n2:2-3",
+        "j5 team=b gpus=4",
+        expect![[r#"
+            pending j5: wants 4 GPUs on one node; 0 free in total but at most 0 on one node
+        "#]],
+    );
+}
+
+#[test]
+fn guaranteed_work_is_never_preempted_and_gangs_reclaim_whole() {
+    // Only r2 and r3 are burst; the 2-node gang needs both nodes' burst GPUs.
+    check(
+        &policy(),
+        "n1 4xh100\nn2 4xh100",
+        "r1 team=a on=n1:0-1\nr2 team=c burst on=n1:2-3\nr3 team=c burst on=n2:0-3",
+        "j4 team=b gpus=2 nodes=2",
+        expect![[r#"
+            preempt j2 for j4 (loses 20000 GPU-seconds)
+            preempt j3 for j4 (loses 40000 GPU-seconds)
+            pending j4: preempting 2 running jobs to make room for it
+        "#]],
+    );
+}
+
+#[test]
+fn victims_come_from_the_team_furthest_over_its_share() {
+    let mut policy = policy();
+    let mut view = cluster_view_with(
+        "n1 4xh100",
+        "r1 team=a burst on=n1:0-1 start=9900\nr2 team=c burst on=n1:2-3 start=9990",
+        "j3 team=b gpus=2",
+    );
+    // Team c used far more than a: its job goes, though it lost less.
+    view.usage.insert(
+        "c".into(),
+        Ledger {
+            decayed: 1e6,
+            decayed_at: NOW,
+            ..Ledger::default()
+        },
+    );
+    policy.sharing.half_life_secs = 1e9;
+    let plan = schedule(&view, &policy, NOW);
+    expect![[r#"
+        preempt j2 for j3 (loses 20 GPU-seconds)
+        pending j3: preempting 1 running job to make room for it
+    "#]]
+    .assert_eq(&plan.to_string());
+}
+
+#[test]
+fn young_jobs_of_a_min_runtime_class_are_spared() {
+    check(
+        &policy(),
+        "n1 4xh100",
+        "r1 team=a burst qos=long on=n1:0-1 start=9500\nr2 team=a burst qos=long on=n1:2-3 start=8000",
+        "j3 team=b gpus=2",
+        expect![[r#"
+            preempt j2 for j3 (loses 4000 GPU-seconds)
+            pending j3: preempting 1 running job to make room for it
+        "#]],
+    );
+    check(
+        &policy(),
+        "n1 4xh100",
+        "r1 team=a burst qos=long on=n1:0-3 start=9500",
+        "j3 team=b gpus=2",
+        expect![[r#"
+            pending j3: wants 2 GPUs on one node; 0 free in total but at most 0 on one node
+        "#]],
+    );
+}
+
+#[test]
+fn the_waste_cap_holds() {
+    let mut view = cluster_view_with("n1 4xh100", "r1 team=a burst on=n1:0-3 start=9000", "j2 team=b gpus=2");
+    view.waste_budget_gpu_secs = 3999.0;
+    let plan = schedule(&view, &policy(), NOW);
+    assert!(plan.preemptions.is_empty(), "{plan}");
+    view.waste_budget_gpu_secs = 4000.0;
+    let plan = schedule(&view, &policy(), NOW);
+    assert_eq!(plan.preemptions.len(), 1, "{plan}");
+}
+
+#[test]
+fn jobs_already_being_preempted_are_counted_on_not_preempted_again() {
+    check(
+        &policy(),
+        "n1 4xh100",
+        "r1 team=a burst preempting on=n1:0-1\nr2 team=a burst on=n1:2-3",
+        "j3 team=b gpus=2\nj4 team=b gpus=2",
+        expect![[r#"
+            preempt j2 for j4 (loses 20000 GPU-seconds)
+            pending j3: preempting 1 running job to make room for it
+            pending j4: preempting 1 running job to make room for it
+        "#]],
+    );
+}
+
+#[test]
+fn a_team_beyond_its_guarantee_or_budget_runs_burst_only() {
+    let mut policy = policy();
+    policy.sharing.teams[1].gpu_hours = Some(1);
+    let mut view = cluster_view_with("n1 8xh100", "r1 team=a on=n1:0-3", "j2 team=a gpus=2\nj3 team=b gpus=1");
+    // b used 2 GPU-hours of guaranteed time this week already.
+    let mut ledger = Ledger::default();
+    ledger.charge(2, Timestamp(NOW.0 - 3_600_000), NOW, false, &policy.sharing);
+    view.usage.insert("b".into(), ledger);
+    let plan = schedule(&view, &policy, NOW);
+    expect![[r#"
+        start j3 n1[4] (burst)
+        start j2 n1[5-6] (burst)
+    "#]]
+    .assert_eq(&plan.to_string());
+    // With no room, the reasons say why they are burst work.
+    let view = cluster_view_with("n1 4xh100", "r1 team=a on=n1:0-3", "j2 team=a gpus=2\nj3 team=b gpus=1");
+    let mut budget = policy.clone();
+    budget.sharing.teams[1].gpu_hours = Some(0);
+    expect![[r#"
+        pending j3: wants 1 GPU on one node; 0 free in total but at most 0 on one node; team b used its 0 guaranteed GPU-hours this period, so it runs only as burst work on idle GPUs
+        pending j2: wants 2 GPUs on one node; 0 free in total but at most 0 on one node; team a runs 4 of its 4 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+    "#]]
+    .assert_eq(&schedule(&view, &budget, NOW).to_string());
+}
+
+#[test]
+fn higher_qos_preempts_lower_and_guaranteed_goes_first() {
+    // j3 (high) may preempt normal work even within its team's guarantee.
+    check(
+        &policy(),
+        "n1 2xh100",
+        "r1 team=a on=n1:0-1",
+        "j2 team=c gpus=1\nj3 team=c qos=high gpus=2",
+        expect![[r#"
+            preempt j1 for j3 (loses 20000 GPU-seconds)
+            pending j3: preempting 1 running job to make room for it; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+            pending j2: wants 1 GPU on one node; 0 free in total but at most 0 on one node; team c runs 0 of its 0 guaranteed GPUs; 1 GPU more run only as burst work on idle GPUs
+        "#]],
+    );
+    // A guaranteed job goes before burst work of higher priority.
+    check(
+        &policy(),
+        "n1 2xh100",
+        "",
+        "j1 team=c gpus=2 prio=100\nj2 team=a gpus=2",
+        expect![[r#"
+            start j2 n1[0-1]
+            pending j1: wants 2 GPUs on one node; 0 free in total but at most 0 on one node; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+        "#]],
+    );
+}
+
+/// Two teams with equal shares and endless demand for one-hour, one-GPU
+/// jobs on 8 GPUs, simulated over a week: each gets half the GPU-hours.
+#[test]
+fn equal_shares_get_equal_gpu_hours_over_a_week() {
+    let mut policy = Policy::default();
+    policy.sharing.teams = vec![Team::unlisted("a"), Team::unlisted("b")];
+    policy.sharing.half_life_secs = 86_400.0;
+    let hour = 3_600_000;
+    let nodes = vec![NodeView::from_node(&crate::testing::node("n1", 8, "h100"), &[])];
+    let mut usage: BTreeMap<String, Ledger> = BTreeMap::new();
+    let mut running: Vec<RunningJob> = Vec::new();
+    let mut next_id = 1;
+    let mut hours = BTreeMap::from([("a".to_string(), 0u64), ("b".to_string(), 0u64)]);
+    for step in 0..(7 * 24) {
+        let now = Timestamp(step * hour);
+        // Jobs end after an hour; their GPU-hours go to the ledgers.
+        for job in running.drain(..) {
+            usage
+                .entry(job.team.clone())
+                .or_default()
+                .charge(1, job.started_at, now, job.burst, &policy.sharing);
+            *hours.get_mut(&job.team).unwrap() += 1;
+        }
+        // Endless demand: 8 queued jobs per team at all times.
+        let pending: Vec<PendingJob> = ["a", "b"]
+            .iter()
+            .flat_map(|team| (0..8).map(move |i| (team, i)))
+            .map(|(team, i)| PendingJob {
+                id: JobId(next_id + i as u64 + if *team == "a" { 0 } else { 8 }),
+                priority: 0,
+                gpus_per_node: 1,
+                nodes: 1,
+                gpu_types: Vec::new(),
+                pool: String::new(),
+                team: team.to_string(),
+                qos: String::new(),
+                submitted_at: now,
+            })
+            .collect();
+        next_id += 16;
+        let view = ClusterView {
+            nodes: nodes.clone(),
+            pending: pending.clone(),
+            running: Vec::new(),
+            usage: usage.clone(),
+            waste_budget_gpu_secs: f64::INFINITY,
+        };
+        let plan = schedule(&view, &policy, now);
+        assert_eq!(plan.starts.len(), 8, "the pool never idles");
+        for start in plan.starts {
+            let team = pending
+                .iter()
+                .find(|j| j.id == start.job)
+                .map(|j| j.team.clone())
+                .unwrap_or_default();
+            running.push(RunningJob {
+                id: start.job,
+                team,
+                qos: String::new(),
+                burst: start.burst,
+                placement: start.placement,
+                started_at: now,
+                last_checkpoint_at: None,
+                preempting: false,
+            });
+        }
+    }
+    let total = (hours["a"] + hours["b"]) as f64;
+    let share_a = hours["a"] as f64 / total;
+    assert!(
+        (share_a - 0.5).abs() <= 0.05 * 0.5,
+        "a got {share_a:.3} of {total} GPU-hours"
+    );
+}
+
+fn arb_sharing_view() -> impl Strategy<Value = ClusterView> {
+    // Nodes of 4 GPUs; running jobs of teams a/b/c, burst or not, some
+    // preempting, some young; pending jobs of all teams and QoS classes.
+    let running = proptest::collection::vec((0usize..3, any::<bool>(), 0u8..8, 1u32..=4, 0i64..10_000), 0..10);
+    let pending = proptest::collection::vec((0usize..3, 0usize..3, 1u32..=4, 1u32..=2), 0..8);
+    (1usize..5, running, pending).prop_map(|(n_nodes, running, pending)| {
+        let teams = ["a", "b", "c"];
+        let qos = ["normal", "long", "high"];
+        let nodes: Vec<String> = (0..n_nodes).map(|i| format!("n{i} 4xh100")).collect();
+        let mut free: Vec<Vec<u32>> = vec![(0..4).collect(); n_nodes];
+        let mut running_lines = Vec::new();
+        for (i, (team, burst, flags, gpus, start)) in running.iter().enumerate() {
+            let node = i % n_nodes;
+            if free[node].len() < *gpus as usize {
+                continue;
+            }
+            let taken: Vec<String> = free[node].drain(..*gpus as usize).map(|g| g.to_string()).collect();
+            let mut line = format!(
+                "r{} team={} on=n{node}:{} start={start}",
+                100 + i,
+                teams[*team],
+                taken.join(",")
+            );
+            if *burst {
+                line += " burst";
+            }
+            if flags % 4 == 0 {
+                line += " preempting";
+            }
+            if flags % 3 == 0 {
+                line += " qos=long";
+            }
+            running_lines.push(line);
+        }
+        let jobs: Vec<String> = pending
+            .iter()
+            .enumerate()
+            .map(|(i, (team, q, gpus, n))| {
+                format!("j{} team={} qos={} gpus={gpus} nodes={n}", i + 1, teams[*team], qos[*q])
+            })
+            .collect();
+        cluster_view_with(&nodes.join("\n"), &running_lines.join("\n"), &jobs.join("\n"))
+    })
+}
+
+proptest! {
+    /// Every preemption is allowed (burst victim of a guaranteed job, or a
+    /// lower class under a preempting one; old enough; not already ending),
+    /// and once the victims (and the jobs being preempted) are gone, the job
+    /// it was for starts.
+    #[test]
+    fn preemptions_are_allowed_and_let_their_job_start(view in arb_sharing_view()) {
+        let policy = policy();
+        let plan = schedule(&view, &policy, NOW);
+        prop_assert_eq!(&plan, &schedule(&view, &policy, NOW));
+        let running: BTreeMap<JobId, &RunningJob> = view.running.iter().map(|r| (r.id, r)).collect();
+        let mut for_jobs: BTreeMap<JobId, Vec<JobId>> = BTreeMap::new();
+        for preemption in &plan.preemptions {
+            let victim = running[&preemption.victim];
+            prop_assert!(!victim.preempting);
+            let job = view.pending.iter().find(|j| j.id == preemption.for_job).unwrap();
+            let victim_qos = policy.sharing.qos(&victim.qos).unwrap();
+            let job_qos = policy.sharing.qos(&job.qos).unwrap();
+            prop_assert!(victim.burst || (job_qos.preempt_lower && victim_qos.priority < job_qos.priority));
+            prop_assert!(NOW.0 - victim.started_at.0 >= victim_qos.min_runtime_secs as i64 * 1000);
+            for_jobs.entry(preemption.for_job).or_default().push(preemption.victim);
+        }
+        prop_assert!(plan.starts.iter().all(|s| !for_jobs.contains_key(&s.job)));
+        for (job_id, victims) in for_jobs {
+            // Free the victims and every job already ending; the job alone fits.
+            let mut freed = view.clone();
+            freed.running.retain(|r| !victims.contains(&r.id) && !r.preempting);
+            for node in &mut freed.nodes {
+                for gpu in &mut node.gpus {
+                    gpu.busy = freed.running.iter().any(|r| r.placement.iter().any(|p| p.node == node.name && p.gpu_indices.contains(&gpu.index)));
+                }
+            }
+            freed.pending.retain(|j| j.id == job_id);
+            let alone = Policy { pools: policy.pools.clone(), ..Policy::default() };
+            let replan = schedule(&freed, &alone, NOW);
+            prop_assert!(replan.starts.iter().any(|s| s.job == job_id), "j{} does not start once its victims are gone:\n{}", job_id, replan);
+        }
+    }
+}

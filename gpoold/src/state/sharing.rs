@@ -1,0 +1,231 @@
+//! Teams sharing the pool, on the controller's side: charging attempts to
+//! their team's ledger, carrying out the scheduler's preemptions (checkpoint
+//! signal, grace, kill), checkpoint reports, and the hour's waste budget.
+
+use super::agents::{kill_message, signal_message};
+use super::{Batch, State, Write};
+use crate::error::Error;
+use gpool_core::job_state::{JobEvent, JobState};
+use gpool_core::sched::{Preemption, RunningJob};
+use gpool_core::{Epoch, JobId, Timestamp};
+
+/// SIGUSR1 on Linux: the checkpoint signal of jobs that name none.
+pub const DEFAULT_CHECKPOINT_SIGNAL: i32 = 10;
+const HOUR_MS: i64 = 3_600_000;
+
+/// What `gpool checkpoint` learns back.
+#[derive(Debug, Clone)]
+pub struct CheckpointOutcome {
+    /// The attempt is being preempted: it is ended now.
+    pub preempted: bool,
+}
+
+impl State {
+    /// Applies `event` to job `id` and, when that ends its running attempt,
+    /// charges the attempt's GPU time to its team. Returns whether the event
+    /// applied.
+    pub(super) fn apply_event(&mut self, id: JobId, event: &JobEvent, now: Timestamp, out: &mut Batch) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return false;
+        };
+        let before = job.state.clone();
+        if job.apply(event).is_err() {
+            return false;
+        }
+        out.writes.push(Write::Job(id));
+        out.changed.push(id);
+        if let JobState::Running {
+            epoch,
+            placement,
+            started_at,
+            burst,
+            ..
+        } = before
+        {
+            let same_attempt = matches!(&job.state, JobState::Running { epoch: now_epoch, .. } if *now_epoch == epoch);
+            if !same_attempt {
+                let gpus: u64 = placement.iter().map(|p| p.gpu_indices.len() as u64).sum();
+                let team = job.spec.team.clone();
+                self.preempt_deadlines.remove(&id);
+                self.usage
+                    .entry(team.clone())
+                    .or_default()
+                    .charge(gpus, started_at, now, burst, &self.policy.sharing);
+                out.writes.push(Write::Usage(team));
+            }
+        }
+        true
+    }
+
+    /// Running jobs as the scheduler sees them.
+    pub(super) fn running_jobs(&self) -> Vec<RunningJob> {
+        self.jobs
+            .values()
+            .filter_map(|job| match &job.state {
+                JobState::Running {
+                    placement,
+                    started_at,
+                    burst,
+                    last_checkpoint_at,
+                    preempted_at,
+                    ..
+                } => Some(RunningJob {
+                    id: job.id,
+                    team: job.spec.team.clone(),
+                    qos: job.spec.qos.clone(),
+                    burst: *burst,
+                    placement: placement.clone(),
+                    started_at: *started_at,
+                    last_checkpoint_at: *last_checkpoint_at,
+                    preempting: preempted_at.is_some(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// GPU-seconds preemption may still throw away in the hour up to `now`.
+    pub fn waste_budget(&self, now: Timestamp) -> f64 {
+        let cap = self.policy.sharing.waste_cap_gpu_hours_per_hour * 3600.0;
+        let lost: f64 = self
+            .recent_waste
+            .iter()
+            .filter(|(at, _)| now.0 - at.0 <= HOUR_MS)
+            .map(|(_, lost)| lost)
+            .sum();
+        cap - lost
+    }
+
+    /// The scheduler's preemptions that still hold: each victim gets its
+    /// checkpoint signal now and is killed when its grace runs out.
+    pub(super) fn preempt(&mut self, preemptions: Vec<Preemption>, now: Timestamp, out: &mut Batch) {
+        for preemption in preemptions {
+            let Some(job) = self.jobs.get(&preemption.victim) else {
+                continue;
+            };
+            let JobState::Running { epoch, placement, .. } = &job.state else {
+                continue;
+            };
+            let (epoch, placement) = (*epoch, placement.clone());
+            let signal = job.spec.checkpoint_signal.unwrap_or(DEFAULT_CHECKPOINT_SIGNAL);
+            let grace_secs = self.grace_secs(preemption.victim);
+            let lost = job.state.work_since_checkpoint(now);
+            if !self.apply_event(preemption.victim, &JobEvent::Preempt { epoch, now }, now, out) {
+                continue;
+            }
+            tracing::info!(
+                job = %preemption.victim,
+                for_job = %preemption.for_job,
+                "preempting: signal {signal}, {grace_secs} s to checkpoint, {lost:.0} GPU-seconds at stake"
+            );
+            while self.recent_waste.front().is_some_and(|(at, _)| now.0 - at.0 > HOUR_MS) {
+                self.recent_waste.pop_front();
+            }
+            self.recent_waste.push_back((now, lost));
+            self.preempt_deadlines
+                .insert(preemption.victim, (epoch, Timestamp(now.0 + grace_secs as i64 * 1000)));
+            for part in placement {
+                out.messages
+                    .push((part.node, signal_message(preemption.victim, epoch, signal)));
+            }
+        }
+    }
+
+    /// The grace a preempted job gets: its own (within the maximum), else
+    /// its QoS's.
+    pub(super) fn grace_secs(&self, id: JobId) -> u64 {
+        let sharing = &self.policy.sharing;
+        let Some(job) = self.jobs.get(&id) else {
+            return 0;
+        };
+        let qos_grace = sharing.qos(&job.spec.qos).map_or(60, |qos| qos.grace_secs);
+        job.spec.grace_secs.unwrap_or(qos_grace).min(sharing.max_grace_secs)
+    }
+
+    /// Kills preempted attempts whose grace ran out.
+    pub(super) fn enforce_preemption_grace(&mut self, now: Timestamp, out: &mut Batch) {
+        let due: Vec<(JobId, Epoch)> = self
+            .preempt_deadlines
+            .iter()
+            .filter(|(_, (_, deadline))| *deadline <= now)
+            .map(|(id, (epoch, _))| (*id, *epoch))
+            .collect();
+        for (id, epoch) in due {
+            self.preempt_deadlines.remove(&id);
+            tracing::info!(job = %id, "grace over: ending the preempted attempt");
+            self.kill_attempt(id, epoch, out);
+        }
+    }
+
+    fn kill_attempt(&self, id: JobId, epoch: Epoch, out: &mut Batch) {
+        if let Some(JobState::Running { placement, .. }) = self.jobs.get(&id).map(|job| &job.state) {
+            for part in placement {
+                out.messages.push((part.node.clone(), kill_message(id, epoch)));
+            }
+        }
+    }
+
+    /// Deadlines of preemptions under way when gpoold (re)started.
+    pub(super) fn restore_preempt_deadlines(&mut self) {
+        let under_way: Vec<(JobId, Epoch, Timestamp)> = self
+            .jobs
+            .values()
+            .filter_map(|job| match &job.state {
+                JobState::Running {
+                    epoch,
+                    preempted_at: Some(at),
+                    ..
+                } => Some((job.id, *epoch, *at)),
+                _ => None,
+            })
+            .collect();
+        for (id, epoch, at) in under_way {
+            let deadline = Timestamp(at.0 + self.grace_secs(id) as i64 * 1000);
+            self.preempt_deadlines.insert(id, (epoch, deadline));
+        }
+    }
+
+    /// `gpool checkpoint`: attempt `attempt` of job `id` finished a
+    /// checkpoint. A preempted attempt is ended at once.
+    pub(super) fn checkpoint(
+        &mut self,
+        user: &str,
+        id: JobId,
+        attempt: u32,
+        now: Timestamp,
+        out: &mut Batch,
+    ) -> Result<CheckpointOutcome, Error> {
+        let job = self.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
+        if job.user != user && !self.is_admin(user) {
+            return Err(Error::NotOwner {
+                user: user.into(),
+                job: id,
+                owner: job.user.clone(),
+            });
+        }
+        let JobState::Running { epoch, .. } = &job.state else {
+            return Err(Error::NotRunning(id));
+        };
+        if attempt != job.n_attempts {
+            return Err(Error::InvalidRequest {
+                field: "attempt",
+                reason: format!("job {id} runs attempt {}, not {attempt}", job.n_attempts),
+            });
+        }
+        let epoch = *epoch;
+        self.apply_event(id, &JobEvent::Checkpointed { epoch, now }, now, out);
+        let preempted = matches!(
+            self.jobs.get(&id).map(|job| &job.state),
+            Some(JobState::Running {
+                preempted_at: Some(_),
+                ..
+            })
+        );
+        if preempted {
+            self.preempt_deadlines.remove(&id);
+            tracing::info!(job = %id, "checkpoint done: ending the preempted attempt now");
+            self.kill_attempt(id, epoch, out);
+        }
+        Ok(CheckpointOutcome { preempted })
+    }
+}
