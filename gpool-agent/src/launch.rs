@@ -29,6 +29,9 @@ pub struct Attempts {
     spawner: Mutex<Spawner>,
     /// Jobs run as their submitter only when the agent runs as root.
     as_root: bool,
+    /// gpoold's address, which jobs get as `GPOOL_SERVER` (for `gpool
+    /// checkpoint` and any other `gpool` command they run).
+    controller: String,
     /// Users looked up lately, and when.
     users: Mutex<std::collections::HashMap<String, (std::time::Instant, Option<RunAs>)>>,
     journal: Mutex<Journal>,
@@ -41,6 +44,7 @@ impl Attempts {
     /// the journal cannot be read.
     pub fn new(
         node: String,
+        controller: String,
         spool_dir: PathBuf,
         events: mpsc::UnboundedSender<pb::JobEvent>,
     ) -> Result<Arc<Attempts>, String> {
@@ -59,6 +63,7 @@ impl Attempts {
         }
         Ok(Arc::new(Attempts {
             as_root: nix::unistd::geteuid().is_root(),
+            controller,
             users: Mutex::new(std::collections::HashMap::new()),
             node,
             spool_dir,
@@ -323,6 +328,7 @@ impl Attempts {
                 .iter()
                 .map(|var| (var.name.clone(), var.value.clone()))
                 .chain(attempt_env(launch, &self.node, &checkpoint_dir))
+                .chain([("GPOOL_SERVER".to_string(), self.controller.clone())])
                 .collect(),
             workdir,
             // The supervisor creates these (each new file or directory costs

@@ -20,8 +20,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let (gpus, topology, source) = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
-    let attempts = launch::Attempts::new(config.node_name.clone(), config.spool_dir.clone(), events)
-        .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;
+    let attempts = launch::Attempts::new(
+        config.node_name.clone(),
+        config.controller.clone(),
+        config.spool_dir.clone(),
+        events,
+    )
+    .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;
     attempts.recover();
     let info = link::NodeInfo {
         name: config.node_name.clone(),

@@ -77,6 +77,16 @@ enum Command {
     },
     /// Let a drained node take jobs again.
     Resume { node: String },
+    /// Inside a job: report a finished checkpoint (a preempted job then
+    /// ends at once, and the scheduler counts less lost work).
+    Checkpoint {
+        /// Default: $GPOOL_JOB_ID.
+        #[arg(long)]
+        job: Option<u64>,
+        /// Default: $GPOOL_ATTEMPT.
+        #[arg(long)]
+        attempt: Option<u64>,
+    },
 }
 
 /// Everything that ends a `gpool` run early, mapped to an exit code once.
@@ -152,6 +162,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
+        Command::Checkpoint { job, attempt } => cmd::checkpoint::run(&ctx, job, attempt).await.map(|()| 0),
         Command::Resume { node } => cmd::nodes::drain(&ctx, node, None).await.map(|()| 0),
     }
 }

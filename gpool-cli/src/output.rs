@@ -4,7 +4,9 @@
 //! pool, gpus (per node), gpus_total, nodes, gpu_types, priority,
 //! time_limit_secs, command, workdir, submitted_at, started_at, ended_at
 //! (RFC 3339 UTC or null), exit_code (or null), end_reason, reasons (why
-//! pending), attempt, placement ([{node, gpus}]).
+//! pending), attempt, placement ([{node, gpus}]), qos, burst (the running
+//! attempt may be preempted), n_preemptions, lost_gpu_secs, preempted_at
+//! and last_checkpoint_at (RFC 3339 or null).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -41,6 +43,12 @@ pub struct JobJson<'a> {
     reasons: &'a [String],
     attempt: u32,
     placement: Vec<PlacementJson<'a>>,
+    qos: &'a str,
+    burst: bool,
+    n_preemptions: u32,
+    lost_gpu_secs: u64,
+    preempted_at: Option<String>,
+    last_checkpoint_at: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -91,6 +99,12 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
                 gpus: &p.gpu_indices,
             })
             .collect(),
+        qos: &spec.qos,
+        burst: job.burst,
+        n_preemptions: job.n_preemptions,
+        lost_gpu_secs: job.lost_gpu_secs,
+        preempted_at: job.preempted_at_ms.map(rfc3339),
+        last_checkpoint_at: job.last_checkpoint_at_ms.map(rfc3339),
     }
 }
 

@@ -1,7 +1,9 @@
 //! gpoold.toml, and the settings of a run (from the file or from `--dev`).
 
 use gpool_core::model::PoolDef;
+use gpool_core::policy::{Period, Qos, Sharing, Team, Weights};
 use gpool_core::sched::Policy;
+use gpool_core::spec::parse_duration;
 use gpool_core::toml_text;
 pub use gpool_core::toml_text::ConfigError;
 use serde::Deserialize;
@@ -51,6 +53,66 @@ struct ConfigFile {
     node_timeout: Option<toml::Spanned<String>>,
     #[serde(default)]
     pool: Vec<PoolFile>,
+    #[serde(default)]
+    sharing: Option<toml::Spanned<SharingFile>>,
+    #[serde(default)]
+    team: Vec<toml::Spanned<TeamFile>>,
+    #[serde(default)]
+    qos: Vec<toml::Spanned<QosFile>>,
+}
+
+/// `[sharing]`: how teams share the pool.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SharingFile {
+    period: Option<String>,
+    time_zone: Option<String>,
+    half_life: Option<String>,
+    waste_cap_gpu_hours_per_hour: Option<f64>,
+    max_grace: Option<String>,
+    default_qos: Option<String>,
+    weights: Option<WeightsFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightsFile {
+    qos: Option<f64>,
+    fair_share: Option<f64>,
+    age: Option<f64>,
+    size: Option<f64>,
+    max_age: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TeamFile {
+    name: String,
+    #[serde(default = "one_share")]
+    shares: u32,
+    #[serde(default)]
+    guaranteed_gpus: u32,
+    gpu_hours: Option<u64>,
+    max_gpus: Option<u32>,
+    #[serde(default)]
+    members: Vec<String>,
+}
+
+fn one_share() -> u32 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QosFile {
+    name: String,
+    #[serde(default)]
+    priority: u32,
+    max_time: Option<String>,
+    #[serde(default)]
+    preempt_lower: bool,
+    min_runtime: Option<String>,
+    grace: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -133,6 +195,7 @@ impl Config {
                     )
                 })?,
         };
+        policy.sharing = sharing_from_file(parsed.sharing, parsed.team, parsed.qos, &invalid)?;
         Ok(Config {
             listen,
             state_dir: parsed.state_dir,
@@ -145,6 +208,160 @@ impl Config {
     }
 }
 
+/// The `[sharing]`, `[[team]]` and `[[qos]]` tables as the scheduler's
+/// `Sharing`; `invalid(offset, message)` makes an error at a line.
+fn sharing_from_file(
+    file: Option<toml::Spanned<SharingFile>>,
+    teams: Vec<toml::Spanned<TeamFile>>,
+    qos: Vec<toml::Spanned<QosFile>>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Sharing, ConfigError> {
+    let mut sharing = Sharing::default();
+    let name_ok = |name: &str| {
+        !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
+    let duration = |offset: usize, field: &str, text: &Option<String>| -> Result<Option<u64>, ConfigError> {
+        match text {
+            None => Ok(None),
+            Some(text) => parse_duration(text)
+                .map(Some)
+                .map_err(|reason| invalid(offset, format!("{field}: {reason}"))),
+        }
+    };
+    if let Some(spanned) = file {
+        let at = spanned.span().start;
+        let file = spanned.into_inner();
+        if let Some(period) = &file.period {
+            sharing.period = match period.as_str() {
+                "day" => Period::Day,
+                "week" => Period::Week,
+                "month" => Period::Month,
+                other => {
+                    return Err(invalid(
+                        at,
+                        format!("sharing.period: {other:?} is not day, week or month"),
+                    ))
+                }
+            };
+        }
+        if let Some(zone) = &file.time_zone {
+            sharing.time_zone = jiff::tz::TimeZone::get(zone)
+                .map_err(|err| invalid(at, format!("sharing.time_zone: {zone:?}: {err}")))?;
+        }
+        if let Some(half_life) = duration(at, "sharing.half_life", &file.half_life)? {
+            sharing.half_life_secs = half_life as f64;
+        }
+        if let Some(cap) = file.waste_cap_gpu_hours_per_hour {
+            if cap.is_nan() || cap < 0.0 {
+                return Err(invalid(
+                    at,
+                    format!("sharing.waste_cap_gpu_hours_per_hour: {cap} is not zero or more"),
+                ));
+            }
+            sharing.waste_cap_gpu_hours_per_hour = cap;
+        }
+        if let Some(max_grace) = duration(at, "sharing.max_grace", &file.max_grace)? {
+            sharing.max_grace_secs = max_grace;
+        }
+        if let Some(default_qos) = file.default_qos {
+            sharing.default_qos = default_qos;
+        }
+        if let Some(weights) = file.weights {
+            let weight = |field: &str, value: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+                match value {
+                    Some(value) if value.is_nan() || value < 0.0 => Err(invalid(
+                        at,
+                        format!("sharing.weights.{field}: {value} is not zero or more"),
+                    )),
+                    Some(value) => Ok(value),
+                    None => Ok(default),
+                }
+            };
+            let defaults = sharing.weights;
+            sharing.weights = Weights {
+                qos: weight("qos", weights.qos, defaults.qos)?,
+                fair_share: weight("fair_share", weights.fair_share, defaults.fair_share)?,
+                age: weight("age", weights.age, defaults.age)?,
+                size: weight("size", weights.size, defaults.size)?,
+                max_age_secs: duration(at, "sharing.weights.max_age", &weights.max_age)?
+                    .unwrap_or(defaults.max_age_secs),
+            };
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for spanned in teams {
+        let at = spanned.span().start;
+        let team = spanned.into_inner();
+        if !name_ok(&team.name) || !seen.insert(team.name.clone()) {
+            return Err(invalid(
+                at,
+                format!(
+                    "team.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
+                    team.name
+                ),
+            ));
+        }
+        if team.shares == 0 {
+            return Err(invalid(
+                at,
+                format!("team.shares: team {} needs at least 1 share", team.name),
+            ));
+        }
+        if let Some(max_gpus) = team.max_gpus.filter(|max| *max < team.guaranteed_gpus) {
+            return Err(invalid(
+                at,
+                format!(
+                    "team.max_gpus: team {} caps at {max_gpus} GPUs, below its {} guaranteed",
+                    team.name, team.guaranteed_gpus
+                ),
+            ));
+        }
+        sharing.teams.push(Team {
+            name: team.name,
+            shares: team.shares,
+            guaranteed_gpus: team.guaranteed_gpus,
+            gpu_hours: team.gpu_hours,
+            max_gpus: team.max_gpus,
+            members: team.members,
+        });
+    }
+    if !qos.is_empty() {
+        sharing.qos.clear();
+    }
+    for spanned in qos {
+        let at = spanned.span().start;
+        let class = spanned.into_inner();
+        if !name_ok(&class.name) || sharing.qos.iter().any(|q| q.name == class.name) {
+            return Err(invalid(
+                at,
+                format!(
+                    "qos.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
+                    class.name
+                ),
+            ));
+        }
+        sharing.qos.push(Qos {
+            priority: class.priority,
+            max_time_secs: duration(at, "qos.max_time", &class.max_time)?,
+            preempt_lower: class.preempt_lower,
+            min_runtime_secs: duration(at, "qos.min_runtime", &class.min_runtime)?.unwrap_or(0),
+            grace_secs: duration(at, "qos.grace", &class.grace)?.unwrap_or(60),
+            name: class.name,
+        });
+    }
+    if sharing.qos(&sharing.default_qos).is_none() {
+        return Err(invalid(
+            0,
+            format!("sharing.default_qos: no [[qos]] is named {:?}", sharing.default_qos),
+        ));
+    }
+    Ok(sharing)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +372,49 @@ mod tests {
         let path = dir.join("gpoold.toml");
         let config = Config::load(&path).unwrap_or_else(|err| panic!("{err}"));
         assert!(config.policy.pool("").is_some());
+        let sharing = &config.policy.sharing;
+        assert_eq!(sharing.team("vision").guaranteed_gpus, 8);
+        assert_eq!(sharing.team_of_user("carol"), Some("nlp"));
+        assert!(sharing.qos("high").is_some_and(|q| q.preempt_lower));
+        assert_eq!(sharing.qos("").map(|q| q.name.as_str()), Some("normal"));
+    }
+
+    #[test]
+    fn sharing_errors_name_the_line_and_field() {
+        let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n";
+        let cases = [
+            (
+                "[sharing]\nperiod = \"year\"\n",
+                "g.toml:3: sharing.period: \"year\" is not day, week or month",
+            ),
+            (
+                "[sharing]\ntime_zone = \"Mars/Olympus\"\n",
+                "g.toml:3: sharing.time_zone: \"Mars/Olympus\"",
+            ),
+            (
+                "\n[[team]]\nname = \"a\"\nshares = 0\n",
+                "g.toml:4: team.shares: team a needs at least 1 share",
+            ),
+            (
+                "[[team]]\nname = \"a\"\nguaranteed_gpus = 8\nmax_gpus = 4\n",
+                "g.toml:3: team.max_gpus: team a caps at 4 GPUs, below its 8 guaranteed",
+            ),
+            (
+                "[[qos]]\nname = \"x\"\nmax_time = \"soon\"\n",
+                "g.toml:3: qos.max_time: \"soon\" is not a duration",
+            ),
+            (
+                "[sharing]\ndefault_qos = \"gold\"\n",
+                "g.toml:1: sharing.default_qos: no [[qos]] is named \"gold\"",
+            ),
+            ("[[team]]\nname = \"a\"\ngpus = 3\n", "g.toml:5: unknown field `gpus`"),
+        ];
+        for (extra, expected) in cases {
+            let err = Config::parse("g.toml", &format!("{base}{extra}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(expected), "{extra:?} gave {err:?}");
+        }
     }
 
     #[test]

@@ -7,4 +7,5 @@ mod agents;
 mod bad_input;
 mod durability;
 mod jobs;
+mod sharing;
 mod systemd;

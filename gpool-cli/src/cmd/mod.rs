@@ -1,6 +1,7 @@
 //! One module per subcommand; `Ctx` carries what every one of them needs.
 
 pub mod cancel;
+pub mod checkpoint;
 pub mod jobs;
 pub mod logs;
 pub mod nodes;

@@ -190,6 +190,26 @@ impl Pool for PoolService {
         ))))
     }
 
+    async fn report_checkpoint(
+        &self,
+        request: Request<pb::ReportCheckpointRequest>,
+    ) -> Result<Response<pb::ReportCheckpointResponse>, Status> {
+        let user = caller(&request)?;
+        let pb::ReportCheckpointRequest { job_id, attempt } = request.into_inner();
+        let outcome = self
+            .state
+            .call(|reply| Command::Checkpoint {
+                user,
+                job: JobId(job_id),
+                attempt,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::ReportCheckpointResponse {
+            preempted: outcome.preempted,
+        }))
+    }
+
     type WatchJobsStream = JobStream;
 
     async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<JobStream>, Status> {

@@ -17,6 +17,8 @@ pub struct Cluster {
     /// gpoold's in-process agents (`--dev-nodes`); tests start real agent
     /// processes instead.
     dev_nodes: u32,
+    /// Not in dev mode: gpoold runs with a gpoold.toml that ends with this.
+    config: Option<String>,
     pub agents: Vec<Process>,
 }
 
@@ -70,7 +72,17 @@ impl Cluster {
         Cluster::new("30s", 2)
     }
 
+    /// A controller run from a gpoold.toml (not dev mode) whose policy ends
+    /// with `extra` (teams, QoS...), listening on a free loopback port.
+    pub fn with_config(extra: &str) -> Cluster {
+        Cluster::create("30s", 0, Some(extra.to_string()))
+    }
+
     fn new(node_timeout: &str, dev_nodes: u32) -> Cluster {
+        Cluster::create(node_timeout, dev_nodes, None)
+    }
+
+    fn create(node_timeout: &str, dev_nodes: u32, config: Option<String>) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("gpool-e2e-")
             .tempdir()
@@ -82,6 +94,7 @@ impl Cluster {
             n_starts: 0,
             node_timeout: node_timeout.to_string(),
             dev_nodes,
+            config,
             agents: Vec::new(),
         };
         cluster.start_controller();
@@ -160,11 +173,29 @@ impl Cluster {
             self.addr.clone()
         };
         let mut command = Command::new(binary("gpoold"));
-        command
-            .args(["--dev", "--dev-nodes", &self.dev_nodes.to_string(), "--listen", &listen])
-            .args(["--node-timeout", &self.node_timeout, "--state-dir"])
-            .arg(self.state_dir())
-            .env("XDG_RUNTIME_DIR", self.runtime_dir());
+        match &self.config {
+            None => {
+                command
+                    .args(["--dev", "--dev-nodes", &self.dev_nodes.to_string(), "--listen", &listen])
+                    .args(["--node-timeout", &self.node_timeout, "--state-dir"])
+                    .arg(self.state_dir());
+            }
+            Some(extra) => {
+                let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+                    .ok()
+                    .flatten()
+                    .map_or_else(|| "root".to_string(), |user| user.name);
+                let file = self.dir.path().join("gpoold.toml");
+                let text = format!(
+                    "listen = \"{listen}\"\nstate_dir = \"{}\"\nnode_timeout = \"{}\"\nadmins = [\"{user}\"]\n\n{extra}",
+                    self.state_dir().display(),
+                    self.node_timeout
+                );
+                std::fs::write(&file, text).expect("write gpoold.toml");
+                command.arg("--config").arg(file);
+            }
+        }
+        command.env("XDG_RUNTIME_DIR", self.runtime_dir());
         let log = self.dir.path().join(format!("gpoold-{}.log", self.n_starts));
         let process = Process::spawn("gpoold", command, log);
         self.controller = Some(process);
