@@ -77,6 +77,15 @@ enum Command {
     },
     /// Let a drained node take jobs again.
     Resume { node: String },
+    /// Why a job waits (or runs as burst work), what would make it start
+    /// sooner, and its priority.
+    Why { id: u64 },
+    /// Each team's GPU-hours this period, budget left, GPUs in use and
+    /// fair-share factor.
+    Usage {
+        #[arg(long)]
+        team: Option<String>,
+    },
     /// Inside a job: report a finished checkpoint (a preempted job then
     /// ends at once, and the scheduler counts less lost work).
     Checkpoint {
@@ -162,6 +171,8 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
+        Command::Why { id } => cmd::sharing::why(&ctx, id).await.map(|()| 0),
+        Command::Usage { team } => cmd::sharing::usage(&ctx, team).await.map(|()| 0),
         Command::Checkpoint { job, attempt } => cmd::checkpoint::run(&ctx, job, attempt).await.map(|()| 0),
         Command::Resume { node } => cmd::nodes::drain(&ctx, node, None).await.map(|()| 0),
     }

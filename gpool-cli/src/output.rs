@@ -108,7 +108,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
     }
 }
 
-fn rfc3339(unix_ms: i64) -> String {
+pub fn rfc3339(unix_ms: i64) -> String {
     let at = UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
     humantime::format_rfc3339_seconds(at).to_string()
 }
@@ -276,8 +276,31 @@ pub fn print_job_details(job: &pb::Job) {
     if !job.end_reason.is_empty() {
         lines.push(("end reason", job.end_reason.clone()));
     }
+    lines.push(("qos", or_dash(&spec.qos)));
+    if job.state() == pb::JobState::Running {
+        let class = if job.burst { "burst (preemptible)" } else { "guaranteed" };
+        lines.push(("runs as", class.to_string()));
+    }
+    if let Some(at) = job.preempted_at_ms {
+        lines.push(("preempted at", rfc3339(at)));
+    }
+    if let Some(at) = job.last_checkpoint_at_ms {
+        lines.push(("checkpointed", rfc3339(at)));
+    }
+    if job.n_preemptions > 0 {
+        lines.push((
+            "preemptions",
+            format!("{} ({} GPU-seconds of work lost)", job.n_preemptions, job.lost_gpu_secs),
+        ));
+    }
+    if let Some(priority) = &job.priority {
+        lines.push(("sched priority", priority_text(priority)));
+    }
     for reason in &job.pending_reasons {
         lines.push(("why pending", reason.clone()));
+    }
+    for hint in &job.hints {
+        lines.push(("to start sooner", hint.clone()));
     }
     for var in &spec.env {
         lines.push(("env", format!("{}={}", var.name, var.value)));
@@ -285,6 +308,21 @@ pub fn print_job_details(job: &pb::Job) {
     for (key, value) in lines {
         println!("{:<16}{value}", format!("{key}:"));
     }
+}
+
+/// `1520.3 = qos 1000 + fair share 500 + age 20.3 + size 0 + own 0`.
+pub fn priority_text(p: &pb::PriorityFactors) -> String {
+    format!(
+        "{:.1} = qos {:.1} + fair share {:.1} + age {:.1} + size {:.1} + own {:.0}",
+        p.total, p.qos, p.fair_share, p.age, p.size, p.nice
+    )
+}
+
+pub fn priority_json(p: &pb::PriorityFactors) -> serde_json::Value {
+    serde_json::json!({
+        "total": p.total, "qos": p.qos, "fair_share": p.fair_share,
+        "age": p.age, "size": p.size, "own": p.nice,
+    })
 }
 
 pub fn node_state(node: &pb::Node) -> &'static str {

@@ -346,6 +346,82 @@ impl Sharing {
     }
 }
 
+/// One team's standing, as `gpool usage` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TeamUsage {
+    pub team: String,
+    pub shares: u32,
+    pub guaranteed_gpus: u32,
+    /// GPU-hours of guaranteed and burst work this period, running
+    /// attempts included.
+    pub guaranteed_gpu_hours: f64,
+    pub burst_gpu_hours: f64,
+    pub gpu_hours_budget: Option<u64>,
+    pub budget_left_gpu_hours: Option<f64>,
+    pub gpus_in_use: u64,
+    pub guaranteed_gpus_in_use: u64,
+    pub fair_share: f64,
+    pub period_start: Timestamp,
+}
+
+/// A running attempt as usage reports count it.
+pub struct RunningUse<'a> {
+    pub team: &'a str,
+    pub gpus: u64,
+    pub started_at: Timestamp,
+    pub burst: bool,
+}
+
+/// Every configured team and every team with usage or running work, as of
+/// `now`: ended attempts from the ledgers, running ones up to `now`.
+pub fn usage_report(
+    sharing: &Sharing,
+    usage: &BTreeMap<String, Ledger>,
+    running: &[RunningUse],
+    now: Timestamp,
+) -> Vec<TeamUsage> {
+    let mut ledgers = usage.clone();
+    for team in &sharing.teams {
+        ledgers.entry(team.name.clone()).or_default();
+    }
+    let mut in_use: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for job in running {
+        ledgers
+            .entry(job.team.to_string())
+            .or_default()
+            .charge(job.gpus, job.started_at, now, job.burst, sharing);
+        let counts = in_use.entry(job.team).or_default();
+        counts.0 += job.gpus;
+        if !job.burst {
+            counts.1 += job.gpus;
+        }
+    }
+    let fair = sharing.fair_shares(&ledgers, now);
+    ledgers
+        .iter()
+        .map(|(name, ledger)| {
+            let team = sharing.team(name);
+            let guaranteed_gpu_hours = ledger.guaranteed_in_period(now, sharing) / 3600.0;
+            let (gpus_in_use, guaranteed_gpus_in_use) = in_use.get(name.as_str()).copied().unwrap_or_default();
+            TeamUsage {
+                team: name.clone(),
+                shares: team.shares,
+                guaranteed_gpus: team.guaranteed_gpus,
+                guaranteed_gpu_hours,
+                burst_gpu_hours: ledger.burst_in_period(now, sharing) / 3600.0,
+                gpu_hours_budget: team.gpu_hours,
+                budget_left_gpu_hours: team
+                    .gpu_hours
+                    .map(|hours| (hours as f64 - guaranteed_gpu_hours).max(0.0)),
+                gpus_in_use,
+                guaranteed_gpus_in_use,
+                fair_share: fair.get(name).copied().unwrap_or(1.0),
+                period_start: sharing.period.start(now, &sharing.time_zone),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,6 +479,59 @@ mod tests {
             Period::Week.start(now, &plus14),
             Timestamp(1_795_392_000_000 - 14 * HOUR_MS)
         );
+    }
+
+    #[test]
+    fn usage_reports_count_running_work_and_budgets() {
+        let mut sharing = sharing(Period::Day, 1e9);
+        sharing.teams = vec![
+            Team {
+                gpu_hours: Some(10),
+                guaranteed_gpus: 4,
+                ..Team::unlisted("a")
+            },
+            Team::unlisted("b"),
+        ];
+        let now = Timestamp(86_400_000 + 3 * HOUR_MS);
+        let mut usage = BTreeMap::new();
+        let mut ledger = Ledger::default();
+        // Two GPU-hours yesterday and one today, ended.
+        ledger.charge(
+            1,
+            Timestamp(86_400_000 - 2 * HOUR_MS),
+            Timestamp(86_400_000 + HOUR_MS),
+            false,
+            &sharing,
+        );
+        usage.insert("a".to_string(), ledger);
+        let running = [
+            RunningUse {
+                team: "a",
+                gpus: 2,
+                started_at: Timestamp(now.0 - HOUR_MS),
+                burst: false,
+            },
+            RunningUse {
+                team: "a",
+                gpus: 1,
+                started_at: Timestamp(now.0 - HOUR_MS),
+                burst: true,
+            },
+        ];
+        let report = usage_report(&sharing, &usage, &running, now);
+        let a = &report[0];
+        assert_eq!(
+            (a.team.as_str(), a.guaranteed_gpu_hours, a.burst_gpu_hours),
+            ("a", 3.0, 1.0)
+        );
+        assert_eq!(
+            (a.budget_left_gpu_hours, a.gpus_in_use, a.guaranteed_gpus_in_use),
+            (Some(7.0), 3, 2)
+        );
+        assert_eq!(a.period_start, Timestamp(86_400_000));
+        let b = &report[1];
+        assert_eq!((b.team.as_str(), b.gpus_in_use, b.fair_share), ("b", 0, 1.0));
+        assert!(a.fair_share < 0.5);
     }
 
     #[test]

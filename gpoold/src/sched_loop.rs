@@ -29,7 +29,8 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
         let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
-        let reasons = reasons_in_words(plan);
+        let priorities = std::mem::take(&mut plan.priorities).into_iter().collect();
+        let (reasons, hints) = reasons_in_words(plan);
         let compute = started.elapsed();
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
             return;
@@ -37,28 +38,39 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
         if !preemptions.is_empty() && handle.commands.send(Command::Preempt { preemptions }).await.is_err() {
             return;
         }
-        if handle.commands.send(Command::Planned { reasons }).await.is_err() {
+        let planned = Command::Planned {
+            reasons,
+            hints,
+            priorities,
+        };
+        if handle.commands.send(planned).await.is_err() {
             return;
         }
         tokio::time::sleep(compute * IDLE_FACTOR).await;
     }
 }
 
-/// The plan's reasons as text, each distinct list rendered once and shared.
-fn reasons_in_words(plan: Plan) -> HashMap<JobId, Arc<[String]>> {
-    let mut rendered: HashMap<Vec<Reject>, Arc<[String]>> = HashMap::new();
-    plan.pending
-        .into_iter()
-        .map(|(job_id, rejects)| {
-            let words = match rendered.get(&rejects) {
-                Some(words) => words.clone(),
-                None => {
-                    let words: Arc<[String]> = rejects.iter().map(ToString::to_string).collect();
-                    rendered.insert(rejects, words.clone());
-                    words
-                }
-            };
-            (job_id, words)
-        })
-        .collect()
+type Words = HashMap<JobId, Arc<[String]>>;
+/// A reason list rendered once: its reasons and its hints.
+type Rendered = (Arc<[String]>, Arc<[String]>);
+
+/// The plan's reasons and hints as text, each distinct list rendered once
+/// and shared.
+fn reasons_in_words(plan: Plan) -> (Words, Words) {
+    let mut rendered: HashMap<Vec<Reject>, Rendered> = HashMap::new();
+    let mut reasons = HashMap::with_capacity(plan.pending.len());
+    let mut hints = HashMap::with_capacity(plan.pending.len());
+    for (job_id, rejects) in plan.pending {
+        let (words, hint_words) = rendered
+            .entry(rejects)
+            .or_insert_with_key(|rejects| {
+                let words: Arc<[String]> = rejects.iter().map(ToString::to_string).collect();
+                let hint_words: Arc<[String]> = rejects.iter().filter_map(Reject::hint).collect();
+                (words, hint_words)
+            })
+            .clone();
+        reasons.insert(job_id, words);
+        hints.insert(job_id, hint_words);
+    }
+    (reasons, hints)
 }

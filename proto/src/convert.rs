@@ -190,6 +190,8 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         lost_gpu_secs: job.lost_gpu_secs,
         preempted_at_ms,
         last_checkpoint_at_ms,
+        hints: Vec::new(),
+        priority: None,
     }
 }
 

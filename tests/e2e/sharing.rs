@@ -37,7 +37,7 @@ fn a_guaranteed_job_reclaims_gpus_from_burst_work_that_checkpoints_and_resumes()
         "if [ \"$GPOOL_RESTART_COUNT\" = 1 ]; then \
            {{ cat \"$GPOOL_CHECKPOINT_DIR/state\"; echo restart $GPOOL_RESTART_COUNT; }} > resumed-$GPOOL_JOB_ID; exit 0; \
          fi; \
-         trap 'echo step-42 > \"$GPOOL_CHECKPOINT_DIR/state\"; {gpool} checkpoint > checkpointed-$GPOOL_JOB_ID 2>&1; sleep 30' USR1; \
+         trap 'echo step-42 > \"$GPOOL_CHECKPOINT_DIR/state\"; {gpool} checkpoint; sleep 30' USR1; \
          touch started-$GPOOL_JOB_ID; {}",
         wait_for_file("release-a")
     );
@@ -74,13 +74,63 @@ fn a_guaranteed_job_reclaims_gpus_from_burst_work_that_checkpoints_and_resumes()
     assert_eq!(victims.len(), 1, "exactly one of team a's jobs is preempted");
     let victim = victims[0];
     let survivor = if victim == a1 { a2 } else { a1 };
-    let checkpointed = std::fs::read_to_string(cluster.dir.path().join(format!("checkpointed-{victim}"))).unwrap();
-    assert!(
-        checkpointed.contains("being preempted"),
-        "gpool checkpoint said: {checkpointed}"
-    );
     assert_eq!(cluster.job(victim)["state"], "pending", "requeued, waiting for a GPU");
     assert_eq!(cluster.job(survivor)["state"], "running");
+
+    // `gpool why` says why the victim waits and what would help.
+    let why = wait_until("the victim's reasons", Duration::from_secs(20), || {
+        let why = cluster.gpool(&["why", &victim.to_string(), "--output", "json"]).json();
+        let reasons: Vec<String> = why["reasons"]
+            .as_array()?
+            .iter()
+            .filter_map(|r| r.as_str().map(String::from))
+            .collect();
+        reasons.iter().any(|r| r.contains("guaranteed")).then_some(why)
+    });
+    assert_eq!(why["state"], "pending");
+    let reasons = why["reasons"].to_string();
+    assert!(
+        reasons.contains("wants 1 GPU on one node; 0 free in total"),
+        "{reasons}"
+    );
+    assert!(reasons.contains("team a runs 0 of its 0 guaranteed GPUs"), "{reasons}");
+    assert!(
+        why["hints"].to_string().contains("wait for running jobs to end"),
+        "{}",
+        why["hints"]
+    );
+    assert!(why["priority"]["total"].as_f64().is_some(), "{why}");
+
+    // `gpool usage`: b runs guaranteed, a as burst work.
+    let usage = cluster.gpool(&["usage", "--output", "json"]).json();
+    let team = |name: &str| {
+        usage
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["team"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        (
+            team("b")["gpus_in_use"].as_u64(),
+            team("b")["guaranteed_gpus_in_use"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        (
+            team("a")["gpus_in_use"].as_u64(),
+            team("a")["guaranteed_gpus_in_use"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    assert!(team("a")["burst_gpu_hours"].as_f64().unwrap() > 0.0, "{usage}");
+    assert_eq!(team("a")["guaranteed_gpu_hours"].as_f64(), Some(0.0));
+    let bad = cluster.gpool(&["usage", "--team", "zzz"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("no team \"zzz\""), "{}", bad.stderr);
 
     // Once b is done, the victim resumes from its checkpoint.
     std::fs::write(cluster.dir.path().join("release-b"), "").unwrap();

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod jobs;
 pub mod logs;
 pub mod nodes;
+pub mod sharing;
 pub mod submit;
 
 use crate::client::{self, Client};

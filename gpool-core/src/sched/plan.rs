@@ -134,6 +134,62 @@ fn plural(count: u64, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
 }
 
+impl Reject {
+    /// What would make the job start sooner, where something would.
+    pub fn hint(&self) -> Option<String> {
+        let hint = match self {
+            Reject::UnknownPool { .. } => "submit it to a pool that exists".to_string(),
+            Reject::NoNodes { pool } => format!("start a gpool-agent on a node of pool {pool:?}"),
+            Reject::NodesUnavailable { .. } => {
+                "resume drained nodes (gpool resume NODE) or bring down nodes back".to_string()
+            }
+            Reject::SomeNodesUnavailable { .. } => return None,
+            Reject::NoGpuModel { available, .. } if !available.is_empty() => {
+                format!("accept another GPU model: {}", models(available))
+            }
+            Reject::NoGpuModel { .. } => "add nodes with GPUs to the pool".to_string(),
+            Reject::TeamCap { team, .. } => format!("wait for team {team}'s running jobs to end"),
+            Reject::Reclaiming { .. } => {
+                "nothing: it starts once the preempted jobs have checkpointed or their grace ran out".to_string()
+            }
+            Reject::OverBudget { .. } => {
+                "wait for idle GPUs, or for the budget to start over with the next period".to_string()
+            }
+            Reject::BeyondGuarantee {
+                guaranteed_gpus,
+                in_use,
+                ..
+            } => {
+                let left = u64::from(*guaranteed_gpus).saturating_sub(*in_use);
+                if left > 0 {
+                    format!(
+                        "ask for at most {} to run guaranteed (the team's unused guarantee)",
+                        plural(left, "GPU", "GPUs")
+                    )
+                } else {
+                    "wait for the team's guaranteed jobs to end, or for idle GPUs".to_string()
+                }
+            }
+            Reject::Resources {
+                nodes: 1,
+                max_free_on_one_node,
+                ..
+            } if *max_free_on_one_node > 0 => format!(
+                "ask for at most {} to start now, or wait for running jobs to end",
+                plural(u64::from(*max_free_on_one_node), "GPU", "GPUs")
+            ),
+            Reject::Resources { nodes: 1, .. } => "wait for running jobs to end".to_string(),
+            Reject::Resources {
+                n_nodes_with_enough, ..
+            } => format!(
+                "use at most {} (that many have the GPUs free now), or wait for running jobs to end",
+                plural(*n_nodes_with_enough as u64, "node", "nodes")
+            ),
+        };
+        Some(hint)
+    }
+}
+
 impl fmt::Display for Reject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

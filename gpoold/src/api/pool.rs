@@ -44,7 +44,7 @@ fn list_chunk(shared: &SharedState, filter: &pb::ListJobsRequest, next_id: &mut 
             && (filter.team.is_empty() || job.spec.team == filter.team)
             && (filter.user.is_empty() || job.user == filter.user)
         {
-            chunk.push(job_to_wire(job, reasons(&state, job.id)));
+            chunk.push(job_wire(&state, job));
         }
         if chunk.len() == LIST_CHUNK || n_scanned == LIST_SCAN {
             return (chunk, true);
@@ -61,19 +61,36 @@ impl PoolService {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let job = state.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
-        Ok(job_to_wire(job, reasons(&state, id)))
+        Ok(job_wire(&state, job))
     }
 }
 
-fn reasons(state: &crate::state::State, id: JobId) -> Vec<String> {
-    match state.jobs.get(&id) {
-        Some(job) if !job.state.is_finished() && job.state.started_at().is_none() => state
-            .pending_reasons
-            .get(&id)
-            .map(|words| words.to_vec())
-            .unwrap_or_else(|| vec!["waiting for the next scheduling cycle".to_string()]),
-        _ => Vec::new(),
+/// A job as the API shows it: a pending one with the reasons, hints and
+/// priority of the latest scheduling cycle.
+fn job_wire(state: &State, job: &gpool_core::Job) -> pb::Job {
+    if job.state != gpool_core::JobState::Pending {
+        return job_to_wire(job, Vec::new());
     }
+    let reasons = state
+        .pending_reasons
+        .get(&job.id)
+        .map(|words| words.to_vec())
+        .unwrap_or_else(|| vec!["waiting for the next scheduling cycle".to_string()]);
+    let mut wire = job_to_wire(job, reasons);
+    wire.hints = state
+        .pending_hints
+        .get(&job.id)
+        .map(|words| words.to_vec())
+        .unwrap_or_default();
+    wire.priority = state.priorities.get(&job.id).map(|p| pb::PriorityFactors {
+        total: p.total,
+        qos: p.qos,
+        fair_share: p.fair_share,
+        age: p.age,
+        size: p.size,
+        nice: p.nice,
+    });
+    wire
 }
 
 #[tonic::async_trait]
@@ -208,6 +225,53 @@ impl Pool for PoolService {
         Ok(Response::new(pb::ReportCheckpointResponse {
             preempted: outcome.preempted,
         }))
+    }
+
+    async fn get_usage(&self, request: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
+        caller(&request)?;
+        let wanted = request.into_inner().team;
+        let now = crate::wall_clock();
+        let state = self
+            .state
+            .shared
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let running = state.running_jobs();
+        let running_use: Vec<gpool_core::policy::RunningUse> = running
+            .iter()
+            .map(|job| gpool_core::policy::RunningUse {
+                team: &job.team,
+                gpus: job.gpus(),
+                started_at: job.started_at,
+                burst: job.burst,
+            })
+            .collect();
+        let report = gpool_core::policy::usage_report(&state.policy.sharing, &state.usage, &running_use, now);
+        if !wanted.is_empty() && report.iter().all(|team| team.team != wanted) {
+            return Err(Error::InvalidRequest {
+                field: "team",
+                reason: format!("no team {wanted:?} is configured or has used the pool"),
+            }
+            .into());
+        }
+        let teams = report
+            .into_iter()
+            .filter(|team| wanted.is_empty() || team.team == wanted)
+            .map(|team| pb::TeamUsage {
+                team: team.team,
+                shares: team.shares,
+                guaranteed_gpus: team.guaranteed_gpus,
+                guaranteed_gpu_hours: team.guaranteed_gpu_hours,
+                burst_gpu_hours: team.burst_gpu_hours,
+                gpu_hours_budget: team.gpu_hours_budget,
+                budget_left_gpu_hours: team.budget_left_gpu_hours,
+                gpus_in_use: team.gpus_in_use,
+                guaranteed_gpus_in_use: team.guaranteed_gpus_in_use,
+                fair_share: team.fair_share,
+                period_start_ms: team.period_start.0,
+            })
+            .collect();
+        Ok(Response::new(pb::GetUsageResponse { teams }))
     }
 
     type WatchJobsStream = JobStream;

@@ -16,7 +16,7 @@ use crate::error::Error;
 use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
-use gpool_core::policy::Ledger;
+use gpool_core::policy::{Ledger, Priority};
 use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Preemption, Start};
 use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
@@ -36,6 +36,10 @@ pub struct State {
     /// Why each pending job waits, in words, from the latest scheduling
     /// cycle (shared between jobs with the same reasons); not durable.
     pub pending_reasons: HashMap<JobId, Arc<[String]>>,
+    /// What would make each pending job start sooner, and its priority,
+    /// from the same cycle; not durable.
+    pub pending_hints: HashMap<JobId, Arc<[String]>>,
+    pub priorities: HashMap<JobId, Priority>,
     pub policy: Policy,
     admins: Vec<String>,
     /// The epoch the next attempt gets.
@@ -97,9 +101,12 @@ pub enum Command {
         node: String,
         reply: Reply<Node>,
     },
-    /// The scheduling loop's latest reasons for pending jobs.
+    /// The scheduling loop's latest reasons, hints and priorities for
+    /// pending jobs.
     Planned {
         reasons: HashMap<JobId, Arc<[String]>>,
+        hints: HashMap<JobId, Arc<[String]>>,
+        priorities: HashMap<JobId, Priority>,
     },
     /// The scheduling loop's starts, re-checked against the state.
     Start {
@@ -211,6 +218,8 @@ impl State {
             nodes,
             next_job_id: loaded.next_job_id,
             pending_reasons: HashMap::new(),
+            pending_hints: HashMap::new(),
+            priorities: HashMap::new(),
             policy: config.policy.clone(),
             admins: config.admins.clone(),
             next_epoch: loaded.next_epoch,
@@ -591,7 +600,15 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             node_reply(drained, reply, out)
         }
         Command::Resume { user, node, reply } => node_reply(state.set_drain(&user, &node, None), reply, out),
-        Command::Planned { reasons } => state.pending_reasons = reasons,
+        Command::Planned {
+            reasons,
+            hints,
+            priorities,
+        } => {
+            state.pending_reasons = reasons;
+            state.pending_hints = hints;
+            state.priorities = priorities;
+        }
         Command::Start { starts } => state.start(starts, now, out),
         Command::Preempt { preemptions } => state.preempt(preemptions, now, out),
         Command::Checkpoint {

@@ -58,7 +58,7 @@ impl State {
     }
 
     /// Running jobs as the scheduler sees them.
-    pub(super) fn running_jobs(&self) -> Vec<RunningJob> {
+    pub fn running_jobs(&self) -> Vec<RunningJob> {
         self.jobs
             .values()
             .filter_map(|job| match &job.state {

@@ -1,0 +1,109 @@
+//! `gpool why ID` and `gpool usage [--team T]`.
+
+use super::Ctx;
+use crate::output;
+use crate::CliError;
+use gpool_proto::convert::state_name;
+use gpool_proto::pb;
+
+/// Why a job is where it is: for a pending job the scheduler's reasons,
+/// what would make it start sooner, and its priority's factors.
+pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let job = conn
+        .client
+        .get_job(pb::GetJobRequest { id })
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner();
+    let state = state_name(job.state());
+    if ctx.json() {
+        output::print_json(&serde_json::json!({
+            "id": job.id,
+            "state": state,
+            "reasons": job.pending_reasons,
+            "hints": job.hints,
+            "priority": job.priority.as_ref().map(output::priority_json),
+            "burst": job.burst,
+            "end_reason": job.end_reason,
+        }));
+        return Ok(());
+    }
+    match job.state() {
+        pb::JobState::Pending => {
+            println!("job {id} is pending");
+            for reason in &job.pending_reasons {
+                println!("  because {reason}");
+            }
+            for hint in &job.hints {
+                println!("  to start sooner: {hint}");
+            }
+            if let Some(priority) = &job.priority {
+                println!("  priority {}", output::priority_text(priority));
+            }
+        }
+        pb::JobState::Running => {
+            let class = if job.burst {
+                "as burst work (it may be preempted)"
+            } else {
+                "guaranteed"
+            };
+            println!("job {id} is running {class}");
+        }
+        _ if job.end_reason.is_empty() => println!("job {id} is {state}"),
+        _ => println!("job {id} is {state}: {}", job.end_reason),
+    }
+    Ok(())
+}
+
+pub async fn usage(ctx: &Ctx, team: Option<String>) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let teams = conn
+        .client
+        .get_usage(pb::GetUsageRequest {
+            team: team.unwrap_or_default(),
+        })
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner()
+        .teams;
+    if ctx.json() {
+        let rows: Vec<serde_json::Value> = teams
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "team": t.team, "shares": t.shares, "guaranteed_gpus": t.guaranteed_gpus,
+                    "guaranteed_gpu_hours": t.guaranteed_gpu_hours, "burst_gpu_hours": t.burst_gpu_hours,
+                    "gpu_hours_budget": t.gpu_hours_budget, "budget_left_gpu_hours": t.budget_left_gpu_hours,
+                    "gpus_in_use": t.gpus_in_use, "guaranteed_gpus_in_use": t.guaranteed_gpus_in_use,
+                    "fair_share": t.fair_share, "period_start": output::rfc3339(t.period_start_ms),
+                })
+            })
+            .collect();
+        output::print_json(&serde_json::Value::Array(rows));
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:>6} {:>10} {:>10} {:>12} {:>9} {:>10} {:>10}",
+        "TEAM", "SHARES", "GUAR.GPUS", "GPUS NOW", "GUAR.GPU-H", "BURST-H", "BUDGET LEFT", "FAIRSHARE"
+    );
+    for t in &teams {
+        println!(
+            "{:<16} {:>6} {:>10} {:>10} {:>12.1} {:>9.1} {:>10} {:>10.3}",
+            t.team,
+            t.shares,
+            if t.guaranteed_gpus == u32::MAX {
+                "all".to_string()
+            } else {
+                t.guaranteed_gpus.to_string()
+            },
+            t.gpus_in_use,
+            t.guaranteed_gpu_hours,
+            t.burst_gpu_hours,
+            t.budget_left_gpu_hours
+                .map_or("-".to_string(), |left| format!("{left:.1}")),
+            t.fair_share
+        );
+    }
+    Ok(())
+}
