@@ -36,6 +36,11 @@ fn main() -> anyhow::Result<()> {
     if wants("schedule") {
         schedule_cycles();
     }
+    if wants("sharing") {
+        for (n_nodes, n_pending) in [(1_000, 10_000), (1_000, 100_000), (10_000, 10_000), (10_000, 100_000)] {
+            sharing_cycle(n_nodes, n_pending);
+        }
+    }
     if wants("agents") {
         with_agents(4, 8)?;
     }
@@ -362,6 +367,127 @@ fn schedule_cycles() {
             format!("{:.2} ms (median of 21)", median(samples).as_secs_f64() * 1e3),
         );
     }
+}
+
+/// A full scheduling cycle with 50 teams: priorities (fair share from
+/// decayed usage), guaranteed-first ordering, and preemption planning. The
+/// pool is 90% busy, half of it with burst work; teams' guarantees add up to
+/// half the pool; pending jobs of every shape and QoS class.
+fn sharing_cycle(n_nodes: usize, n_pending: usize) {
+    use gpool_core::model::{GpuModel, NodePlacement};
+    use gpool_core::policy::{Ledger, Qos, Team};
+    use gpool_core::sched::{Availability, ClusterView, GpuView, NodeView, PendingJob, RunningJob};
+    use gpool_core::JobId;
+    let n_teams = 50;
+    let now = Timestamp(1_000_000_000);
+    let mut policy = Policy::default();
+    policy.sharing.teams = (0..n_teams)
+        .map(|t| Team {
+            shares: 1 + t % 4,
+            guaranteed_gpus: (n_nodes * 8 / 2 / n_teams as usize) as u32,
+            gpu_hours: (t % 5 == 0).then_some(10_000),
+            ..Team::unlisted(&format!("team-{t}"))
+        })
+        .collect();
+    policy.sharing.qos = vec![
+        Qos::normal(),
+        Qos {
+            name: "high".into(),
+            priority: 100,
+            preempt_lower: true,
+            ..Qos::normal()
+        },
+        Qos {
+            name: "low".into(),
+            min_runtime_secs: 600,
+            ..Qos::normal()
+        },
+    ];
+    let models = ["h100", "a100-80gb", "l4"];
+    let nodes: Vec<NodeView> = (0..n_nodes)
+        .map(|i| NodeView {
+            name: format!("n{i}"),
+            labels: Default::default(),
+            availability: Availability::Up,
+            gpus: (0..8)
+                .map(|g| GpuView {
+                    index: g,
+                    model: GpuModel::new(models[i % 3]),
+                    busy: i % 10 != 0,
+                })
+                .collect(),
+            topology: Default::default(),
+        })
+        .collect();
+    // Every node but each tenth runs two 4-GPU jobs, odd ones burst work.
+    let running: Vec<RunningJob> = (0..n_nodes)
+        .filter(|i| i % 10 != 0)
+        .flat_map(|i| {
+            (0..2).map(move |half| RunningJob {
+                id: JobId((10_000_000 + i * 2 + half) as u64),
+                team: format!("team-{}", (i * 2 + half) % n_teams as usize),
+                qos: if half == 0 { "normal".into() } else { "low".into() },
+                burst: half == 1,
+                placement: vec![NodePlacement {
+                    node: format!("n{i}"),
+                    gpu_indices: (half as u32 * 4..half as u32 * 4 + 4).collect(),
+                }],
+                started_at: Timestamp(now.0 - 3_600_000 - (i as i64 % 7) * 60_000),
+                last_checkpoint_at: (i % 3 == 0).then_some(Timestamp(now.0 - 300_000)),
+                preempting: false,
+            })
+        })
+        .collect();
+    let pending: Vec<PendingJob> = (0..n_pending)
+        .map(|i| PendingJob {
+            id: JobId(i as u64 + 1),
+            priority: 0,
+            gpus_per_node: [1, 2, 4, 8][i % 4],
+            nodes: if i % 20 == 0 { 2 } else { 1 },
+            gpu_types: if i % 7 == 0 {
+                vec![GpuModel::new(models[i % 3])]
+            } else {
+                Vec::new()
+            },
+            pool: String::new(),
+            team: format!("team-{}", i % n_teams as usize),
+            qos: ["normal", "high", "low"][i % 3].into(),
+            submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
+        })
+        .collect();
+    let usage = (0..n_teams)
+        .map(|t| {
+            let ledger = Ledger {
+                decayed: f64::from(t) * 36_000.0,
+                decayed_at: now,
+                ..Ledger::default()
+            };
+            (format!("team-{t}"), ledger)
+        })
+        .collect();
+    let view = ClusterView {
+        nodes,
+        pending,
+        running,
+        usage,
+        waste_budget_gpu_secs: 1e9,
+    };
+    let (mut n_starts, mut n_preempted) = (0, 0);
+    let samples: Vec<Duration> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            let plan = schedule(&view, &policy, now);
+            let elapsed = started.elapsed();
+            (n_starts, n_preempted) = (plan.starts.len(), plan.preemptions.len());
+            elapsed
+        })
+        .collect();
+    report(
+        &format!(
+            "full cycle, 50 teams, {n_nodes} nodes x 8 GPUs, {n_pending} pending ({n_starts} start, {n_preempted} preempted)"
+        ),
+        format!("{:.1} ms (median of 5)", median(samples).as_secs_f64() * 1e3),
+    );
 }
 
 /// Starts `n_agents` gpool-agent processes with `n_gpus` simulated GPUs each.

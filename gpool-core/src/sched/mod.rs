@@ -24,7 +24,7 @@ use crate::model::{GpuModel, Node, NodePlacement, PoolDef};
 use crate::policy::{Ledger, PriorityInputs, Sharing};
 use crate::topology::Topology;
 use index::FreeIndex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// What the scheduler sees: nodes with their free GPUs, the queue, the
 /// running jobs, and the teams' metered usage.
@@ -211,6 +211,13 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     }
     let fair = sharing.fair_shares(&usage_now, now);
 
+    // Each team's terms, looked up once per distinct name.
+    let mut terms: HashMap<&str, crate::policy::Team> = HashMap::new();
+    for job in &view.pending {
+        terms
+            .entry(job.team.as_str())
+            .or_insert_with(|| sharing.team(&job.team));
+    }
     let mut plan = Plan::default();
     let max_qos = sharing.max_qos_priority();
     let max_gpus = view.pending.iter().map(PendingJob::total_gpus).max().unwrap_or(0);
@@ -230,9 +237,9 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             };
             let priority = crate::policy::priority(&sharing.weights, &inputs);
             plan.priorities.insert(job.id, priority);
-            let team = sharing.team(&job.team);
+            let team = &terms[job.team.as_str()];
             let used = teams.get(job.team.as_str()).copied().unwrap_or_default();
-            let covered = guaranteed(&team, &used, job.total_gpus());
+            let covered = guaranteed(team, &used, job.total_gpus());
             (covered, priority.total, job)
         })
         .collect();
@@ -241,7 +248,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     let mut index = FreeIndex::build(&view.nodes, policy);
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now);
     for (_, _, job) in order {
-        let team = sharing.team(&job.team);
+        let team = &terms[job.team.as_str()];
         let used = teams.entry(job.team.as_str()).or_default();
         let gpus = job.total_gpus();
         if let Some(max_gpus) = team.max_gpus {
@@ -257,7 +264,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 continue;
             }
         }
-        let covered = guaranteed(&team, used, gpus);
+        let covered = guaranteed(team, used, gpus);
         match index.place(job, policy) {
             Ok(placement) => {
                 reclaim.taken(&placement);
@@ -284,7 +291,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                     }
                 }
                 if !covered {
-                    reasons.push(burst_reason(&team, used, gpus));
+                    reasons.push(burst_reason(team, used, gpus));
                 }
                 plan.pending.push((job.id, reasons));
             }

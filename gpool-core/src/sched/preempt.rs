@@ -16,10 +16,14 @@ use crate::ids::{JobId, Timestamp};
 use crate::model::NodePlacement;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// Victims weighed for one job, at most: the least costly come first.
+const MAX_CANDIDATES: usize = 256;
+/// Jobs that may try preemption in one cycle; the rest try next cycle.
+const MAX_RECLAIMS_PER_CYCLE: usize = 64;
+
 pub(super) struct Reclaimer<'v> {
     view: &'v ClusterView,
     policy: &'v Policy,
-    fair: &'v BTreeMap<String, f64>,
     now: Timestamp,
     /// The nodes with this cycle's starts marked busy.
     nodes: Vec<NodeView>,
@@ -27,6 +31,13 @@ pub(super) struct Reclaimer<'v> {
     /// Running jobs whose GPUs a waiting job already counts on.
     claimed: HashSet<JobId>,
     waste_budget: f64,
+    /// Nodes with a free GPU now (the only ones, beside victims' nodes, a
+    /// reclaiming job may use).
+    with_free: HashSet<usize>,
+    n_reclaims: usize,
+    /// Running jobs in the order victims are taken: furthest over its fair
+    /// share (lowest factor) first, then least lost work, then id.
+    by_cost: Vec<&'v RunningJob>,
 }
 
 impl<'v> Reclaimer<'v> {
@@ -39,7 +50,6 @@ impl<'v> Reclaimer<'v> {
         Reclaimer {
             view,
             policy,
-            fair,
             now,
             nodes: view.nodes.clone(),
             node_idx: view
@@ -50,21 +60,38 @@ impl<'v> Reclaimer<'v> {
                 .collect(),
             claimed: HashSet::new(),
             waste_budget: view.waste_budget_gpu_secs,
+            with_free: view
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, node)| node.gpus.iter().any(|gpu| !gpu.busy))
+                .map(|(idx, _)| idx)
+                .collect(),
+            n_reclaims: 0,
+            by_cost: {
+                let mut keyed: Vec<(f64, f64, &RunningJob)> = view
+                    .running
+                    .iter()
+                    .map(|r| (fair.get(&r.team).copied().unwrap_or(1.0), r.lost_gpu_secs(now), r))
+                    .collect();
+                keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.id.cmp(&b.2.id)));
+                keyed.into_iter().map(|(_, _, r)| r).collect()
+            },
         }
     }
 
     /// Records a start of this cycle.
     pub(super) fn taken(&mut self, placement: &[NodePlacement]) {
-        self.set_busy(placement, true);
-    }
-
-    fn set_busy(&mut self, placement: &[NodePlacement], busy: bool) {
         for part in placement {
             if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                for gpu in &mut self.nodes[*node_idx].gpus {
+                let node = &mut self.nodes[*node_idx];
+                for gpu in &mut node.gpus {
                     if part.gpu_indices.contains(&gpu.index) {
-                        gpu.busy = busy;
+                        gpu.busy = true;
                     }
+                }
+                if node.gpus.iter().all(|gpu| gpu.busy) {
+                    self.with_free.remove(node_idx);
                 }
             }
         }
@@ -79,6 +106,10 @@ impl<'v> Reclaimer<'v> {
         guaranteed: bool,
         preemptions: &mut Vec<Preemption>,
     ) -> Option<usize> {
+        if self.n_reclaims == MAX_RECLAIMS_PER_CYCLE {
+            return None;
+        }
+        self.n_reclaims += 1;
         let sharing = &self.policy.sharing;
         let ending: Vec<&'v RunningJob> = self
             .view
@@ -92,10 +123,10 @@ impl<'v> Reclaimer<'v> {
         }
         let job_qos = sharing.qos(&job.qos).map_or(0, |qos| qos.priority);
         let preempts_lower = sharing.qos(&job.qos).is_some_and(|qos| qos.preempt_lower);
-        let mut candidates: Vec<&'v RunningJob> = self
-            .view
-            .running
+        let candidates: Vec<&'v RunningJob> = self
+            .by_cost
             .iter()
+            .copied()
             .filter(|r| !r.preempting && !self.claimed.contains(&r.id))
             .filter(|r| {
                 let victim_qos = sharing.qos(&r.qos);
@@ -104,19 +135,36 @@ impl<'v> Reclaimer<'v> {
                     victim_qos.map_or(0, |qos| qos.min_runtime_secs) as i64 * 1000 <= self.now.0 - r.started_at.0;
                 old_enough && ((guaranteed && r.burst) || (preempts_lower && lower))
             })
+            .take(MAX_CANDIDATES)
             .collect();
-        // Furthest over its fair share (lowest factor) first, then least lost.
-        candidates.sort_by(|a, b| {
-            let factor = |r: &RunningJob| self.fair.get(&r.team).copied().unwrap_or(1.0);
-            factor(a)
-                .total_cmp(&factor(b))
-                .then(a.lost_gpu_secs(self.now).total_cmp(&b.lost_gpu_secs(self.now)))
-                .then(a.id.cmp(&b.id))
-        });
+        // Add victims until the job fits. Only nodes a new victim frees GPUs
+        // on can change the answer, so the full placement check runs only
+        // when one of them now has room (and, for a gang, enough nodes do).
+        let pool = self.policy.pool(&job.pool);
+        let mut freed_on = self.freed_on(&ending);
+        let mut with_room: HashSet<usize> = self
+            .with_free
+            .iter()
+            .chain(freed_on.keys())
+            .copied()
+            .filter(|node_idx| self.has_room(job, pool, *node_idx, &freed_on))
+            .collect();
         let mut chosen: Vec<&'v RunningJob> = Vec::new();
         let mut fitted = None;
         for candidate in candidates {
             chosen.push(candidate);
+            let mut changed = false;
+            for part in &candidate.placement {
+                if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
+                    freed_on.entry(*node_idx).or_default().extend(&part.gpu_indices);
+                    if self.has_room(job, pool, *node_idx, &freed_on) {
+                        changed |= with_room.insert(*node_idx) || job.nodes == 1;
+                    }
+                }
+            }
+            if !changed || with_room.len() < job.nodes as usize {
+                continue;
+            }
             let freed: Vec<&RunningJob> = ending.iter().chain(&chosen).copied().collect();
             if let Some(used) = self.fits(job, &freed) {
                 fitted = Some(used);
@@ -164,24 +212,95 @@ impl<'v> Reclaimer<'v> {
         Some(used.len())
     }
 
+    /// The GPUs `freed` jobs hold, by node.
+    fn freed_on(&self, freed: &[&RunningJob]) -> HashMap<usize, Vec<u32>> {
+        let mut freed_on: HashMap<usize, Vec<u32>> = HashMap::new();
+        for running in freed {
+            for part in &running.placement {
+                if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
+                    freed_on.entry(*node_idx).or_default().extend(&part.gpu_indices);
+                }
+            }
+        }
+        freed_on
+    }
+
+    /// Whether node `node_idx` of the job's pool would have `gpus_per_node`
+    /// free GPUs of one acceptable model once `freed_on` are freed.
+    fn has_room(
+        &self,
+        job: &PendingJob,
+        pool: Option<&crate::model::PoolDef>,
+        node_idx: usize,
+        freed_on: &HashMap<usize, Vec<u32>>,
+    ) -> bool {
+        let node = &self.nodes[node_idx];
+        if !pool.is_some_and(|pool| pool.selects(&node.labels)) {
+            return false;
+        }
+        let extra = freed_on.get(&node_idx).map_or(&[][..], Vec::as_slice);
+        let mut by_model: Vec<(&crate::model::GpuModel, usize)> = Vec::new();
+        for gpu in &node.gpus {
+            let acceptable = job.gpu_types.is_empty() || job.gpu_types.contains(&gpu.model);
+            if acceptable && (!gpu.busy || extra.contains(&gpu.index)) {
+                match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
+                    Some((_, n)) => *n += 1,
+                    None => by_model.push((&gpu.model, 1)),
+                }
+            }
+        }
+        by_model.iter().any(|(_, n)| *n >= job.gpus_per_node as usize)
+    }
+
     /// Whether `job` fits once `freed` end; if so, the freed jobs whose GPUs
     /// its placement uses.
     fn fits(&self, job: &PendingJob, freed: &[&'v RunningJob]) -> Option<Vec<&'v RunningJob>> {
         if freed.is_empty() {
             return None;
         }
-        let mut nodes = self.nodes.clone();
-        for running in freed {
-            for part in &running.placement {
-                if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                    for gpu in &mut nodes[*node_idx].gpus {
-                        if part.gpu_indices.contains(&gpu.index) {
+        let pool = self.policy.pool(&job.pool);
+        let freed_on = self.freed_on(freed);
+        // The job did not fit before, so a node with freed GPUs must have
+        // room now.
+        if !freed_on
+            .keys()
+            .any(|node_idx| self.has_room(job, pool, *node_idx, &freed_on))
+        {
+            return None;
+        }
+        // A single-node job can only be on a node with freed GPUs; a gang
+        // may use nodes with free GPUs too.
+        let mut candidates: Vec<usize> = if job.nodes == 1 {
+            freed_on.keys().copied().collect()
+        } else {
+            self.with_free
+                .iter()
+                .chain(freed_on.keys())
+                .copied()
+                .collect::<HashSet<usize>>()
+                .into_iter()
+                .collect()
+        };
+        candidates.retain(|node_idx| self.has_room(job, pool, *node_idx, &freed_on));
+        if candidates.len() < job.nodes as usize {
+            return None;
+        }
+        // Then the real placement, on the nodes that could take part.
+        candidates.sort_unstable();
+        let nodes: Vec<NodeView> = candidates
+            .iter()
+            .map(|node_idx| {
+                let mut node = self.nodes[*node_idx].clone();
+                if let Some(extra) = freed_on.get(node_idx) {
+                    for gpu in &mut node.gpus {
+                        if extra.contains(&gpu.index) {
                             gpu.busy = false;
                         }
                     }
                 }
-            }
-        }
+                node
+            })
+            .collect();
         let placement = FreeIndex::build(&nodes, self.policy).place(job, self.policy).ok()?;
         let used = freed
             .iter()
