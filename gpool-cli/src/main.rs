@@ -77,6 +77,9 @@ enum Command {
     },
     /// Let a drained node take jobs again.
     Resume { node: String },
+    /// Sysadmin commands.
+    #[command(subcommand)]
+    Admin(AdminCommand),
     /// Why a job waits (or runs as burst work), what would make it start
     /// sooner, and its priority.
     Why { id: u64 },
@@ -96,6 +99,13 @@ enum Command {
         #[arg(long)]
         attempt: Option<u64>,
     },
+}
+
+#[derive(clap::Subcommand)]
+enum AdminCommand {
+    /// Make gpoold re-read gpoold.toml (pools, teams, QoS, admins); a bad
+    /// file is refused with its line and field, and the old policy stays.
+    Reload,
 }
 
 /// Everything that ends a `gpool` run early, mapped to an exit code once.
@@ -171,6 +181,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
+        Command::Admin(AdminCommand::Reload) => cmd::nodes::reload(&ctx).await.map(|()| 0),
         Command::Why { id } => cmd::sharing::why(&ctx, id).await.map(|()| 0),
         Command::Usage { team } => cmd::sharing::usage(&ctx, team).await.map(|()| 0),
         Command::Checkpoint { job, attempt } => cmd::checkpoint::run(&ctx, job, attempt).await.map(|()| 0),

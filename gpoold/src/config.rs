@@ -29,6 +29,8 @@ pub struct Config {
     pub node_timeout: Duration,
     /// Dev mode: agents to run inside gpoold, linked over loopback.
     pub dev_agents: Option<DevAgents>,
+    /// The file it came from, which `gpool admin reload` and SIGHUP re-read.
+    pub path: Option<PathBuf>,
 }
 
 /// The in-process agents of `gpoold --dev`.
@@ -130,7 +132,9 @@ impl Config {
             file: file.clone(),
             reason: err.to_string(),
         })?;
-        Config::parse(&file, &text)
+        let mut config = Config::parse(&file, &text)?;
+        config.path = Some(path.to_path_buf());
+        Ok(config)
     }
 
     /// Parses gpoold.toml text; `file` names it in errors.
@@ -204,6 +208,7 @@ impl Config {
             admins: parsed.admins,
             node_timeout,
             dev_agents: None,
+            path: None,
         })
     }
 }

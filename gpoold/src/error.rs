@@ -19,7 +19,7 @@ pub enum Error {
     InvalidRequest { field: &'static str, reason: String },
     #[error("user {user:?} may not cancel job {job} of user {owner:?}")]
     NotOwner { user: String, job: JobId, owner: String },
-    #[error("user {0:?} is not an admin; only admins drain and resume nodes")]
+    #[error("user {0:?} is not an admin; only admins drain and resume nodes and reload the policy")]
     NotAdmin(String),
     #[error("node {0:?} has no connected agent right now")]
     NodeNotLinked(String),

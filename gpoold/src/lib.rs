@@ -86,9 +86,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         config.state_dir.display()
     );
     let logs = api::LogRelay::default();
+    let reload_task = config
+        .path
+        .clone()
+        .map(|path| tokio::spawn(reload_on_sighup(handle.clone(), path)));
     let pool = PoolServer::new(api::pool::PoolService {
         state: handle.clone(),
         logs: logs.clone(),
+        config_path: config.path.clone(),
     })
     .max_decoding_message_size(64 * 1024 * 1024)
     .max_encoding_message_size(1024 * 1024 * 1024);
@@ -161,6 +166,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     liveness_task.abort();
     let _ = sched_task.await;
     let _ = liveness_task.await;
+    if let Some(reload_task) = reload_task {
+        reload_task.abort();
+        let _ = reload_task.await;
+    }
     drop(handle);
     let _ = stop_state_task.send(true);
     if !state_task_ended {
@@ -215,6 +224,35 @@ fn dev_agent_configs(
             }
         })
         .collect()
+}
+
+/// Re-reads gpoold.toml on every SIGHUP; a bad file is logged with its
+/// line and field, and the old policy stays.
+async fn reload_on_sighup(handle: StateHandle, path: std::path::PathBuf) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; reload the policy with `gpool admin reload`");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        let config = match config::Config::load(&path) {
+            Ok(config) => config,
+            Err(err) => {
+                tracing::error!("SIGHUP: policy not reloaded, the old one stays: {err}");
+                continue;
+            }
+        };
+        let reloaded = handle
+            .call(|reply| state::Command::Reload {
+                user: None,
+                config: Box::new(config),
+                reply,
+            })
+            .await;
+        if let Err(err) = reloaded {
+            tracing::error!("SIGHUP: policy not reloaded: {err}");
+        }
+    }
 }
 
 /// Asks the state task to look for silent nodes a few times per timeout

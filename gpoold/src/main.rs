@@ -90,6 +90,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                     gpu_model: args.dev_gpu_model,
                     gpu_memory_mib: 81_559,
                 }),
+                path: None,
             }
         }
     };

@@ -144,3 +144,46 @@ fn a_guaranteed_job_reclaims_gpus_from_burst_work_that_checkpoints_and_resumes()
     std::fs::write(cluster.dir.path().join("release-a"), "").unwrap();
     cluster.wait_for_state(survivor, "completed");
 }
+
+#[test]
+fn the_policy_reloads_on_request_and_on_sighup_and_a_bad_file_changes_nothing() {
+    let mut cluster = Cluster::with_config(POLICY);
+    let file = cluster.dir.path().join("gpoold.toml");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let teams = |cluster: &Cluster| -> Vec<String> {
+        let usage = cluster.gpool(&["usage", "--output", "json"]).json();
+        usage
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["team"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(teams(&cluster), ["a", "b"]);
+
+    // A bad file is refused with its line and field; the old policy stays.
+    std::fs::write(&file, format!("{original}\n[[team]]\nname = \"c\"\nshares = 0\n")).unwrap();
+    let n_lines = original.lines().count();
+    let bad = cluster.gpool(&["admin", "reload"]);
+    assert_eq!(bad.code, 2, "stdout: {}", bad.stdout);
+    let expected = format!(
+        "{}:{}: team.shares: team c needs at least 1 share",
+        file.display(),
+        n_lines + 2
+    );
+    assert!(bad.stderr.contains(&expected), "{} does not say {expected}", bad.stderr);
+    assert_eq!(teams(&cluster), ["a", "b"]);
+
+    std::fs::write(&file, format!("{original}\n[[team]]\nname = \"c\"\n")).unwrap();
+    let good = cluster.gpool(&["admin", "reload"]);
+    assert_eq!(good.code, 0, "stderr: {}", good.stderr);
+    assert_eq!(good.stdout.trim(), "policy reloaded: 1 pools, 3 teams, 1 QoS classes");
+    assert_eq!(teams(&cluster), ["a", "b", "c"]);
+
+    std::fs::write(&file, format!("{original}\n[[team]]\nname = \"d\"\n")).unwrap();
+    let pid = cluster.controller().pid();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    wait_until("SIGHUP to reload the policy", Duration::from_secs(10), || {
+        (teams(&cluster) == ["a", "b", "d"]).then_some(())
+    });
+}

@@ -39,3 +39,21 @@ pub async fn drain(ctx: &Ctx, name: String, drain: Option<(String, bool)>) -> Re
     }
     Ok(())
 }
+
+/// `gpool admin reload`: gpoold re-reads gpoold.toml (admins only).
+pub async fn reload(ctx: &Ctx) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let summary = conn
+        .client
+        .reload_policy(pb::ReloadPolicyRequest {})
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner()
+        .summary;
+    if ctx.json() {
+        crate::output::print_json(&serde_json::json!({ "reloaded": summary }));
+    } else {
+        println!("policy reloaded: {summary}");
+    }
+    Ok(())
+}

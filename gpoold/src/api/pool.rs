@@ -15,6 +15,8 @@ use tonic::{Request, Response, Status};
 pub struct PoolService {
     pub state: StateHandle,
     pub logs: super::LogRelay,
+    /// gpoold.toml, re-read by ReloadPolicy; `None` in dev mode.
+    pub config_path: Option<std::path::PathBuf>,
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
@@ -274,6 +276,28 @@ impl Pool for PoolService {
         Ok(Response::new(pb::GetUsageResponse { teams }))
     }
 
+    async fn reload_policy(
+        &self,
+        request: Request<pb::ReloadPolicyRequest>,
+    ) -> Result<Response<pb::ReloadPolicyResponse>, Status> {
+        let user = caller(&request)?;
+        let Some(path) = self.config_path.clone() else {
+            return Err(Status::failed_precondition(
+                "gpoold runs without a config file (dev mode): there is no policy to reload",
+            ));
+        };
+        let config = crate::config::Config::load(&path).map_err(|err| Status::invalid_argument(err.to_string()))?;
+        let summary = self
+            .state
+            .call(|reply| Command::Reload {
+                user: Some(user),
+                config: Box::new(config),
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::ReloadPolicyResponse { summary }))
+    }
+
     type WatchJobsStream = JobStream;
 
     async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<JobStream>, Status> {
@@ -293,6 +317,7 @@ impl Pool for PoolService {
         let service = PoolService {
             state: self.state.clone(),
             logs: self.logs.clone(),
+            config_path: None,
         };
         tokio::spawn(async move {
             for job in first {

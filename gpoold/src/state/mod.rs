@@ -116,6 +116,13 @@ pub enum Command {
     Preempt {
         preemptions: Vec<Preemption>,
     },
+    /// A re-read gpoold.toml: its policy and admins replace the old ones.
+    /// `user` must be an admin unless the reload came from SIGHUP.
+    Reload {
+        user: Option<String>,
+        config: Box<crate::config::Config>,
+        reply: Reply<String>,
+    },
     /// A job reports a finished checkpoint of its attempt `attempt`.
     Checkpoint {
         user: String,
@@ -407,6 +414,26 @@ impl State {
         Ok((node.clone(), vec![Write::Node(name.to_string())]))
     }
 
+    /// Takes the policy and admins of a re-read config (listen address and
+    /// state dir need a restart and are left alone).
+    fn reload(&mut self, user: Option<&str>, config: crate::config::Config) -> Result<String, Error> {
+        if let Some(user) = user.filter(|user| !self.is_admin(user)) {
+            return Err(Error::NotAdmin(user.to_string()));
+        }
+        let sharing = &config.policy.sharing;
+        let summary = format!(
+            "{} pools, {} teams, {} QoS classes",
+            config.policy.pools.len(),
+            sharing.teams.len(),
+            sharing.qos.len()
+        );
+        tracing::info!("policy reloaded: {summary}");
+        self.policy = config.policy;
+        self.admins = config.admins;
+        self.restore_preempt_deadlines();
+        Ok(summary)
+    }
+
     /// Dev mode makes every caller an admin (there is one user).
     fn is_admin(&self, user: &str) -> bool {
         self.admins.iter().any(|admin| admin == user || admin == "*")
@@ -611,6 +638,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         }
         Command::Start { starts } => state.start(starts, now, out),
         Command::Preempt { preemptions } => state.preempt(preemptions, now, out),
+        Command::Reload { user, config, reply } => drop(reply.send(state.reload(user.as_deref(), *config))),
         Command::Checkpoint {
             user,
             job,
