@@ -435,6 +435,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
                 started_at: Timestamp(now.0 - 3_600_000 - (i as i64 % 7) * 60_000),
                 last_checkpoint_at: (i % 3 == 0).then_some(Timestamp(now.0 - 300_000)),
                 preempting: false,
+                ends_at: Some(Timestamp(now.0 + (i as i64 % 24) * 3_600_000)),
             })
         })
         .collect();
@@ -453,6 +454,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             team: format!("team-{}", i % n_teams as usize),
             qos: ["normal", "high", "low"][i % 3].into(),
             submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
+            time_limit_secs: Some(600 * (1 + i as u64 % 12)),
         })
         .collect();
     let usage = (0..n_teams)

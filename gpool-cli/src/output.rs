@@ -6,7 +6,8 @@
 //! (RFC 3339 UTC or null), exit_code (or null), end_reason, reasons (why
 //! pending), attempt, placement ([{node, gpus}]), qos, burst (the running
 //! attempt may be preempted), n_preemptions, lost_gpu_secs, preempted_at
-//! and last_checkpoint_at (RFC 3339 or null).
+//! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
+//! holding the backfill reservation; else null).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -49,6 +50,7 @@ pub struct JobJson<'a> {
     lost_gpu_secs: u64,
     preempted_at: Option<String>,
     last_checkpoint_at: Option<String>,
+    estimated_start: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -105,6 +107,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         lost_gpu_secs: job.lost_gpu_secs,
         preempted_at: job.preempted_at_ms.map(rfc3339),
         last_checkpoint_at: job.last_checkpoint_at_ms.map(rfc3339),
+        estimated_start: job.estimated_start_ms.map(rfc3339),
     }
 }
 
@@ -295,6 +298,9 @@ pub fn print_job_details(job: &pb::Job) {
     }
     if let Some(priority) = &job.priority {
         lines.push(("sched priority", priority_text(priority)));
+    }
+    if let Some(at) = job.estimated_start_ms {
+        lines.push(("expected start", rfc3339(at)));
     }
     for reason in &job.pending_reasons {
         lines.push(("why pending", reason.clone()));

@@ -50,6 +50,10 @@ pub struct Qos {
     pub min_runtime_secs: u64,
     /// Between the checkpoint signal and the kill of a preempted attempt.
     pub grace_secs: u64,
+    /// GPUs kept free for this class and above: lower classes, and burst
+    /// work, never take them.
+    #[serde(default)]
+    pub reserve_gpus: u32,
 }
 
 impl Qos {
@@ -61,6 +65,7 @@ impl Qos {
             preempt_lower: false,
             min_runtime_secs: 0,
             grace_secs: 60,
+            reserve_gpus: 0,
         }
     }
 }

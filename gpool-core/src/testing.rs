@@ -5,9 +5,9 @@
 //! indices; `nvlink=0-3/4-7` joins each group's GPUs by NVLink;
 //! `drain`/`down` set the node's availability; `k=v` is a label).
 //! Jobs, one per line: `j1 gpus=8 nodes=2 type=h100,a100 prio=5 pool=p
-//! team=a qos=high at=SECS` (`at`: submitted, in seconds).
+//! team=a qos=high at=SECS time=SECS` (`at`: submitted; `time`: limit).
 //! Running jobs, one per line: `r7 team=a qos=low burst on=n1:0-3+n2:0,2
-//! start=SECS ckpt=SECS preempting`; their GPUs are marked busy.
+//! start=SECS ckpt=SECS ends=SECS preempting`; their GPUs are marked busy.
 //! Malformed fixtures panic with the offending token: they are test code.
 
 use crate::ids::{JobId, Timestamp};
@@ -57,6 +57,7 @@ fn parse_running_job(line: &str) -> RunningJob {
         started_at: Timestamp(0),
         last_checkpoint_at: None,
         preempting: false,
+        ends_at: None,
     };
     for token in tokens {
         match token.split_once('=') {
@@ -65,6 +66,7 @@ fn parse_running_job(line: &str) -> RunningJob {
             Some(("team", value)) => job.team = value.into(),
             Some(("qos", value)) => job.qos = value.into(),
             Some(("start", value)) => job.started_at = Timestamp(value.parse::<i64>().expect("start") * 1000),
+            Some(("ends", value)) => job.ends_at = Some(Timestamp(value.parse::<i64>().expect("ends") * 1000)),
             Some(("ckpt", value)) => {
                 job.last_checkpoint_at = Some(Timestamp(value.parse::<i64>().expect("ckpt") * 1000))
             }
@@ -175,6 +177,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
         team: "default".into(),
         qos: String::new(),
         submitted_at: Timestamp(0),
+        time_limit_secs: None,
     };
     for token in tokens {
         let (key, value) = token.split_once('=').expect("job fixture token is key=value");
@@ -186,6 +189,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "pool" => job.pool = value.into(),
             "team" => job.team = value.into(),
             "qos" => job.qos = value.into(),
+            "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
             "at" => job.submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
             other => panic!("job fixture: unknown key {other:?} in {line:?}"),
         }

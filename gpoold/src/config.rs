@@ -115,6 +115,8 @@ struct QosFile {
     preempt_lower: bool,
     min_runtime: Option<String>,
     grace: Option<String>,
+    #[serde(default)]
+    reserve_gpus: u32,
 }
 
 #[derive(Deserialize)]
@@ -355,6 +357,7 @@ fn sharing_from_file(
             preempt_lower: class.preempt_lower,
             min_runtime_secs: duration(at, "qos.min_runtime", &class.min_runtime)?.unwrap_or(0),
             grace_secs: duration(at, "qos.grace", &class.grace)?.unwrap_or(60),
+            reserve_gpus: class.reserve_gpus,
             name: class.name,
         });
     }

@@ -192,6 +192,7 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         last_checkpoint_at_ms,
         hints: Vec::new(),
         priority: None,
+        estimated_start_ms: None,
     }
 }
 

@@ -187,3 +187,53 @@ fn the_policy_reloads_on_request_and_on_sighup_and_a_bad_file_changes_nothing() 
         (teams(&cluster) == ["a", "b", "d"]).then_some(())
     });
 }
+
+#[test]
+fn backfill_lets_a_short_job_run_ahead_and_why_gives_the_reserved_start() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 3);
+    let hold = |name: &str| format!("touch started-{name}; {}", wait_for_file(&format!("release-{name}")));
+    let a = cluster.submit(&["--gpus", "2", "--time", "1h", "--", "sh", "-c", &hold("a")]);
+    wait_until("a to start", Duration::from_secs(20), || {
+        cluster.dir.path().join("started-a").exists().then_some(())
+    });
+    // b needs all 3 GPUs: it gets the reservation, from a's time limit on.
+    let b = cluster.submit(&["--gpus", "3", "--", "true"]);
+    // c has no time limit: it would hold b up, so it waits.
+    let c = cluster.submit(&["--", "sh", "-c", &hold("c")]);
+    let why_c = wait_until("c to wait for b", Duration::from_secs(20), || {
+        let why = cluster.gpool(&["why", &c.to_string(), "--output", "json"]).json();
+        let first = why["reasons"][0].as_str().unwrap_or_default().to_string();
+        first.starts_with("it would delay job").then_some(why)
+    });
+    assert!(
+        why_c["reasons"][0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("it would delay job {b}, which has GPUs reserved from 59 min")),
+        "{why_c}"
+    );
+    // d ends (by its limit) before a does: it runs now, on the free GPU.
+    let d = cluster.submit(&["--time", "30m", "--", "sh", "-c", &hold("d")]);
+    wait_until("d to start ahead", Duration::from_secs(20), || {
+        cluster.dir.path().join("started-d").exists().then_some(())
+    });
+    let why_b = wait_until("b's reservation", Duration::from_secs(20), || {
+        let why = cluster.gpool(&["why", &b.to_string(), "--output", "json"]).json();
+        why["estimated_start"].is_string().then_some(why)
+    });
+    let started_a = cluster.job(a)["started_at"].as_str().unwrap().to_string();
+    let expected = humantime::parse_rfc3339(&started_a).unwrap() + Duration::from_secs(3600);
+    let estimated = humantime::parse_rfc3339(why_b["estimated_start"].as_str().unwrap()).unwrap();
+    let off = estimated.duration_since(expected).unwrap_or_else(|e| e.duration());
+    assert!(
+        off <= Duration::from_secs(2),
+        "b expected at {estimated:?}, a ends at {expected:?}"
+    );
+    for name in ["a", "d", "c"] {
+        std::fs::write(cluster.dir.path().join(format!("release-{name}")), "").unwrap();
+    }
+    for id in [a, b, c, d] {
+        cluster.wait_for_state(id, "completed");
+    }
+}

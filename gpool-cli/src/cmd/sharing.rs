@@ -24,6 +24,7 @@ pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
             "reasons": job.pending_reasons,
             "hints": job.hints,
             "priority": job.priority.as_ref().map(output::priority_json),
+            "estimated_start": job.estimated_start_ms.map(output::rfc3339),
             "burst": job.burst,
             "end_reason": job.end_reason,
         }));
@@ -40,6 +41,13 @@ pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
             }
             if let Some(priority) = &job.priority {
                 println!("  priority {}", output::priority_text(priority));
+            }
+            match job.estimated_start_ms {
+                Some(at) => println!(
+                    "  expected to start at {} (GPUs reserved for it) if running jobs end by their time limits",
+                    output::rfc3339(at)
+                ),
+                None => println!("  no start time is estimated (only the first blocked job holds a reservation)"),
             }
         }
         pb::JobState::Running => {

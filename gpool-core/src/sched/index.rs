@@ -34,6 +34,9 @@ struct PoolIndex {
 
 pub(super) struct FreeIndex<'v> {
     nodes: &'v [NodeView],
+    /// Groups of each node, by node position.
+    groups_of_node: HashMap<usize, Vec<usize>>,
+    node_idx_by_name: HashMap<&'v str, usize>,
     models: Vec<GpuModel>,
     model_idx_by_name: HashMap<GpuModel, usize>,
     groups: Vec<Group>,
@@ -52,6 +55,8 @@ impl<'v> FreeIndex<'v> {
         let model_idx_by_name = models.iter().cloned().enumerate().map(|(i, m)| (m, i)).collect();
         let mut index = FreeIndex {
             nodes,
+            groups_of_node: HashMap::new(),
+            node_idx_by_name: nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect(),
             models,
             model_idx_by_name,
             groups: Vec::new(),
@@ -103,6 +108,7 @@ impl<'v> FreeIndex<'v> {
                 buckets.insert(group_idx, free.len());
                 buckets.total_free += free.len() as u64;
             }
+            self.groups_of_node.entry(node_idx).or_default().push(group_idx);
             self.groups.push(Group {
                 node_idx,
                 free,
@@ -114,6 +120,54 @@ impl<'v> FreeIndex<'v> {
 
     /// Places `job` and takes its GPUs out of the index, or says why not.
     pub(super) fn place(&mut self, job: &PendingJob, policy: &Policy) -> Result<Vec<NodePlacement>, Vec<Reject>> {
+        let groups = self.find(job, policy)?;
+        Ok(groups.into_iter().map(|g| self.take(g, job.gpus_per_node)).collect())
+    }
+
+    /// Whether `job` would fit now, taking nothing.
+    pub(super) fn fits(&self, job: &PendingJob, policy: &Policy) -> bool {
+        self.find(job, policy).is_ok()
+    }
+
+    /// Free GPUs of the pool `job` runs in, of any model.
+    pub(super) fn pool_free(&self, job: &PendingJob, policy: &Policy) -> u64 {
+        let pool_name = policy.pool(&job.pool).map(|pool| pool.name.as_str());
+        policy
+            .pools
+            .iter()
+            .position(|p| Some(p.name.as_str()) == pool_name)
+            .map_or(0, |pool_idx| {
+                self.pools[pool_idx].models.iter().flatten().map(|b| b.total_free).sum()
+            })
+    }
+
+    /// Takes GPUs placed elsewhere (from another index) out of this one.
+    pub(super) fn remove(&mut self, placement: &[NodePlacement]) {
+        for part in placement {
+            let Some(node_idx) = self.node_idx_by_name.get(part.node.as_str()) else {
+                continue;
+            };
+            for group_idx in self.groups_of_node.get(node_idx).cloned().unwrap_or_default() {
+                let group = &mut self.groups[group_idx];
+                let old_free = group.free.len();
+                group.free.retain(|gpu| !part.gpu_indices.contains(gpu));
+                let new_free = group.free.len();
+                if new_free == old_free {
+                    continue;
+                }
+                for pool_idx in &group.pool_idxs {
+                    if let Some(buckets) = self.pools[*pool_idx].models[group.model_idx].as_mut() {
+                        buckets.by_free[old_free].remove(&group_idx);
+                        buckets.insert(group_idx, new_free);
+                        buckets.total_free -= (old_free - new_free) as u64;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The groups `job` would be placed on, or why it does not fit.
+    fn find(&self, job: &PendingJob, policy: &Policy) -> Result<Vec<usize>, Vec<Reject>> {
         let pool_name = policy.pool(&job.pool).map(|pool| pool.name.clone());
         let Some(pool_idx) = pool_name.and_then(|name| policy.pools.iter().position(|p| p.name == name)) else {
             return Err(vec![Reject::UnknownPool { pool: job.pool.clone() }]);
@@ -131,10 +185,7 @@ impl<'v> FreeIndex<'v> {
             }
         }
         match best {
-            Some((_, group_idxs)) => Ok(group_idxs
-                .into_iter()
-                .map(|g| self.take(g, job.gpus_per_node))
-                .collect()),
+            Some((_, group_idxs)) => Ok(group_idxs),
             None => Err(self.resource_rejects(job, pool_idx, pool_label, &allowed)),
         }
     }

@@ -13,6 +13,7 @@
 //! not fit is skipped and the next one is tried (greedy; reservations for
 //! blocked jobs come with backfill).
 
+pub(super) mod backfill;
 mod index;
 mod plan;
 mod preempt;
@@ -52,6 +53,8 @@ pub struct RunningJob {
     pub last_checkpoint_at: Option<Timestamp>,
     /// Already told to checkpoint and end.
     pub preempting: bool,
+    /// When its time limit runs out; `None` if it has none.
+    pub ends_at: Option<Timestamp>,
 }
 
 impl RunningJob {
@@ -106,6 +109,8 @@ pub struct PendingJob {
     /// Empty means the default QoS.
     pub qos: String,
     pub submitted_at: Timestamp,
+    /// `None`: no limit (then it never runs ahead of a reservation).
+    pub time_limit_secs: Option<u64>,
 }
 
 impl PendingJob {
@@ -247,6 +252,20 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
 
     let mut index = FreeIndex::build(&view.nodes, policy);
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now);
+    // Backfill: the first job that cannot start (nor reclaim GPUs) gets a
+    // reservation, from when running jobs' time limits free enough GPUs;
+    // later jobs start ahead only if they end by then or stay off its GPUs
+    // (`masked`: the free GPUs minus the reserved ones).
+    let mut reservation: Option<backfill::Reservation> = None;
+    let masked_nodes: std::cell::OnceCell<Vec<NodeView>> = std::cell::OnceCell::new();
+    let mut masked: Option<FreeIndex> = None;
+    let mut ends: Vec<(Option<Timestamp>, Vec<NodePlacement>)> = Vec::new();
+    // GPUs kept free for QoS classes (and above); burst work never takes them.
+    let reserves: Vec<(u32, u64)> = sharing
+        .qos
+        .iter()
+        .map(|qos| (qos.priority, u64::from(qos.reserve_gpus)))
+        .collect();
     for (_, _, job) in order {
         let team = &terms[job.team.as_str()];
         let used = teams.entry(job.team.as_str()).or_default();
@@ -265,9 +284,30 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             }
         }
         let covered = guaranteed(team, used, gpus);
-        match index.place(job, policy) {
+        let qos_priority = sharing.qos(&job.qos).map_or(0, |qos| qos.priority);
+        let kept: u64 = reserves
+            .iter()
+            .filter(|(priority, _)| *priority > qos_priority || !covered)
+            .map(|(_, n)| n)
+            .sum();
+        if kept > 0 && index.pool_free(job, policy) < gpus + kept && index.fits(job, policy) {
+            plan.pending.push((job.id, vec![Reject::Reserved { gpus: kept }]));
+            continue;
+        }
+        let ends_at = job.time_limit_secs.map(|secs| Timestamp(now.0 + secs as i64 * 1000));
+        let goes_around = match &reservation {
+            Some(reserved) => ends_at.is_none_or(|end| end > reserved.at),
+            None => false,
+        };
+        let placed = match masked.as_mut() {
+            Some(masked) if goes_around => masked.place(job, policy).inspect(|placement| index.remove(placement)),
+            Some(masked) => index.place(job, policy).inspect(|placement| masked.remove(placement)),
+            None => index.place(job, policy),
+        };
+        match placed {
             Ok(placement) => {
                 reclaim.taken(&placement);
+                ends.push((ends_at, placement.clone()));
                 used.in_use += gpus;
                 if covered {
                     used.guaranteed_in_use += gpus;
@@ -290,6 +330,48 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                         reasons = vec![Reject::Reclaiming { n_jobs: victims }];
                     }
                 }
+                let reclaiming = matches!(reasons.first(), Some(Reject::Reclaiming { .. }));
+                if let Some(reserved) = reservation.as_ref().filter(|_| goes_around && !reclaiming) {
+                    if index.fits(job, policy) {
+                        reasons = vec![Reject::BehindReservation {
+                            job: reserved.job,
+                            in_secs: (reserved.at.0 - now.0).max(0) as u64 / 1000,
+                        }];
+                    }
+                }
+                let blocked = matches!(reasons.first(), Some(Reject::Resources { .. }));
+                if reservation.is_none() && blocked {
+                    let releases: Vec<backfill::Release> = view
+                        .running
+                        .iter()
+                        .map(|r| backfill::Release {
+                            ends_at: r.ends_at,
+                            placement: &r.placement,
+                        })
+                        .chain(ends.iter().map(|(ends_at, placement)| backfill::Release {
+                            ends_at: *ends_at,
+                            placement,
+                        }))
+                        .collect();
+                    if let Some((at, placement)) = backfill::earliest_start(job, reclaim.nodes(), releases, policy) {
+                        plan.estimated_starts.insert(job.id, at);
+                        let mut held = reclaim.nodes().to_vec();
+                        for node in &mut held {
+                            for gpu in &mut node.gpus {
+                                let reserved = placement
+                                    .iter()
+                                    .any(|p| p.node == node.name && p.gpu_indices.contains(&gpu.index));
+                                gpu.busy |= reserved;
+                            }
+                        }
+                        masked = Some(FreeIndex::build(masked_nodes.get_or_init(|| held), policy));
+                        reservation = Some(backfill::Reservation {
+                            job: job.id,
+                            at,
+                            placement,
+                        });
+                    }
+                }
                 if !covered {
                     reasons.push(burst_reason(team, used, gpus));
                 }
@@ -297,6 +379,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             }
         }
     }
+    plan.reservation = reservation.map(|r| (r.job, r.at, r.placement));
     plan
 }
 

@@ -17,6 +17,10 @@ pub struct Plan {
     pub preemptions: Vec<Preemption>,
     /// Every pending job's priority and its factors.
     pub priorities: BTreeMap<JobId, Priority>,
+    /// When the job holding the backfill reservation is expected to start.
+    pub estimated_starts: BTreeMap<JobId, crate::ids::Timestamp>,
+    /// The backfill reservation: the job, from when, on which GPUs.
+    pub reservation: Option<(JobId, crate::ids::Timestamp, Vec<NodePlacement>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +74,15 @@ pub enum Reject {
         team: String,
         max_gpus: u32,
         in_use: u64,
+    },
+    /// Starting it now would delay the job that holds the reservation.
+    BehindReservation {
+        job: JobId,
+        in_secs: u64,
+    },
+    /// Starting it would dip into GPUs QoS classes keep free.
+    Reserved {
+        gpus: u64,
     },
     /// Running jobs are being preempted to make room for this one.
     Reclaiming {
@@ -130,6 +143,15 @@ fn models(list: &[GpuModel]) -> String {
     names.join(", ")
 }
 
+/// `45 s`, `12 min`, `3 h 5 min`.
+fn humanize_secs(secs: u64) -> String {
+    match secs {
+        0..60 => format!("{secs} s"),
+        60..3600 => format!("{} min", secs / 60),
+        _ => format!("{} h {} min", secs / 3600, secs % 3600 / 60),
+    }
+}
+
 fn plural(count: u64, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
 }
@@ -149,6 +171,10 @@ impl Reject {
             }
             Reject::NoGpuModel { .. } => "add nodes with GPUs to the pool".to_string(),
             Reject::TeamCap { team, .. } => format!("wait for team {team}'s running jobs to end"),
+            Reject::BehindReservation { .. } => {
+                "give it a --time short enough to end before the reservation".to_string()
+            }
+            Reject::Reserved { .. } => "use a higher QoS class, or wait for busier GPUs to free up".to_string(),
             Reject::Reclaiming { .. } => {
                 "nothing: it starts once the preempted jobs have checkpointed or their grace ran out".to_string()
             }
@@ -234,6 +260,16 @@ impl fmt::Display for Reject {
                 max_gpus,
                 in_use,
             } => write!(f, "team {team} is at its cap: {in_use} of at most {max_gpus} GPUs in use"),
+            Reject::BehindReservation { job, in_secs } => write!(
+                f,
+                "it would delay job {job}, which has GPUs reserved from {} from now",
+                humanize_secs(*in_secs)
+            ),
+            Reject::Reserved { gpus } => write!(
+                f,
+                "the free GPUs are the {} kept for higher QoS classes (or for guaranteed work)",
+                plural(*gpus, "GPU", "GPUs")
+            ),
             Reject::Reclaiming { n_jobs } => write!(
                 f,
                 "preempting {} to make room for it",

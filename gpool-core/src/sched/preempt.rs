@@ -80,6 +80,11 @@ impl<'v> Reclaimer<'v> {
         }
     }
 
+    /// The nodes with this cycle's starts marked busy.
+    pub(super) fn nodes(&self) -> &[NodeView] {
+        &self.nodes
+    }
+
     /// Records a start of this cycle.
     pub(super) fn taken(&mut self, placement: &[NodePlacement]) {
         for part in placement {
@@ -225,8 +230,6 @@ impl<'v> Reclaimer<'v> {
         freed_on
     }
 
-    /// Whether node `node_idx` of the job's pool would have `gpus_per_node`
-    /// free GPUs of one acceptable model once `freed_on` are freed.
     fn has_room(
         &self,
         job: &PendingJob,
@@ -234,22 +237,8 @@ impl<'v> Reclaimer<'v> {
         node_idx: usize,
         freed_on: &HashMap<usize, Vec<u32>>,
     ) -> bool {
-        let node = &self.nodes[node_idx];
-        if !pool.is_some_and(|pool| pool.selects(&node.labels)) {
-            return false;
-        }
         let extra = freed_on.get(&node_idx).map_or(&[][..], Vec::as_slice);
-        let mut by_model: Vec<(&crate::model::GpuModel, usize)> = Vec::new();
-        for gpu in &node.gpus {
-            let acceptable = job.gpu_types.is_empty() || job.gpu_types.contains(&gpu.model);
-            if acceptable && (!gpu.busy || extra.contains(&gpu.index)) {
-                match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
-                    Some((_, n)) => *n += 1,
-                    None => by_model.push((&gpu.model, 1)),
-                }
-            }
-        }
-        by_model.iter().any(|(_, n)| *n >= job.gpus_per_node as usize)
+        room_on(job, pool, &self.nodes[node_idx], extra)
     }
 
     /// Whether `job` fits once `freed` end; if so, the freed jobs whose GPUs
@@ -323,4 +312,23 @@ impl<'v> Reclaimer<'v> {
             self.claimed.insert(running.id);
         }
     }
+}
+
+/// Whether `node`, of the job's pool, would have `gpus_per_node` free GPUs
+/// of one acceptable model once its GPUs `extra` are freed too.
+pub(super) fn room_on(job: &PendingJob, pool: Option<&crate::model::PoolDef>, node: &NodeView, extra: &[u32]) -> bool {
+    if node.availability != super::Availability::Up || !pool.is_some_and(|pool| pool.selects(&node.labels)) {
+        return false;
+    }
+    let mut by_model: Vec<(&crate::model::GpuModel, usize)> = Vec::new();
+    for gpu in &node.gpus {
+        let acceptable = job.gpu_types.is_empty() || job.gpu_types.contains(&gpu.model);
+        if acceptable && (!gpu.busy || extra.contains(&gpu.index)) {
+            match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
+                Some((_, n)) => *n += 1,
+                None => by_model.push((&gpu.model, 1)),
+            }
+        }
+    }
+    by_model.iter().any(|(_, n)| *n >= job.gpus_per_node as usize)
 }

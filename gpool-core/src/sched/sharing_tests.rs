@@ -252,6 +252,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 team: team.to_string(),
                 qos: String::new(),
                 submitted_at: now,
+                time_limit_secs: None,
             })
             .collect();
         next_id += 16;
@@ -279,6 +280,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 started_at: now,
                 last_checkpoint_at: None,
                 preempting: false,
+                ends_at: None,
             });
         }
     }
@@ -371,6 +373,145 @@ proptest! {
             let alone = Policy { pools: policy.pools.clone(), ..Policy::default() };
             let replan = schedule(&freed, &alone, NOW);
             prop_assert!(replan.starts.iter().any(|s| s.job == job_id), "j{} does not start once its victims are gone:\n{}", job_id, replan);
+        }
+    }
+}
+
+#[test]
+fn backfill_runs_short_jobs_ahead_but_never_on_reserved_gpus_past_the_reservation() {
+    // r1 frees n1 in 1,000 s: j2 (8 GPUs) is reserved n1 from then. j3
+    // would still run then, so it waits; j4 ends before, so it runs now.
+    let plan = schedule(
+        &cluster_view_with(
+            "n1 8xh100",
+            "r1 on=n1:0-5 ends=11000",
+            "j2 gpus=8\nj3 gpus=2 time=5000\nj4 gpus=2 time=500",
+        ),
+        &Policy::default(),
+        NOW,
+    );
+    expect![[r#"
+        start j4 n1[6-7]
+        pending j2: wants 8 GPUs on one node; 2 free in total but at most 2 on one node
+        pending j3: it would delay job 2, which has GPUs reserved from 16 min from now
+    "#]]
+    .assert_eq(&plan.to_string());
+    assert_eq!(plan.estimated_starts.get(&JobId(2)), Some(&Timestamp(11_000_000)));
+}
+
+#[test]
+fn backfill_uses_gpus_the_reservation_does_not_need() {
+    check(
+        &Policy::default(),
+        "n1 8xh100\nn2 4xh100",
+        "r1 on=n1:0-7 ends=11000\nr2 on=n2:0-1 ends=20000",
+        "j3 gpus=8\nj4 gpus=2",
+        expect![[r#"
+            start j4 n2[2-3]
+            pending j3: wants 8 GPUs on one node; 2 free in total but at most 2 on one node
+        "#]],
+    );
+}
+
+#[test]
+fn reserves_hold_gpus_for_higher_classes_and_from_burst_work() {
+    let mut policy = policy();
+    policy.sharing.qos[2].reserve_gpus = 2;
+    // 4 free: a normal 3-GPU job would leave 1 of the 2 kept for `high`.
+    check(
+        &policy,
+        "n1 4xh100",
+        "",
+        "j1 team=a gpus=3\nj2 team=a gpus=2",
+        expect![[r#"
+            start j2 n1[0-1]
+            pending j1: the free GPUs are the 2 GPUs kept for higher QoS classes (or for guaranteed work)
+        "#]],
+    );
+    check(
+        &policy,
+        "n1 4xh100",
+        "",
+        "j1 team=a qos=high gpus=3",
+        expect![[r#"
+            start j1 n1[0-2]
+        "#]],
+    );
+    // Burst work of the top class still leaves its reserve alone.
+    check(
+        &policy,
+        "n1 4xh100",
+        "",
+        "j1 team=c qos=high gpus=3",
+        expect![[r#"
+            pending j1: the free GPUs are the 2 GPUs kept for higher QoS classes (or for guaranteed work)
+        "#]],
+    );
+}
+
+fn arb_backfill_view() -> impl Strategy<Value = ClusterView> {
+    let running = proptest::collection::vec((1u32..=8, 1i64..4000), 0..8);
+    let pending = proptest::collection::vec((1u32..=8, 1u32..=2, proptest::option::of(1u64..5000)), 1..10);
+    (1usize..4, running, pending).prop_map(|(n_nodes, running, pending)| {
+        let nodes: Vec<String> = (0..n_nodes).map(|i| format!("n{i} 8xh100")).collect();
+        let mut free: Vec<Vec<u32>> = vec![(0..8).collect(); n_nodes];
+        let mut lines = Vec::new();
+        for (i, (gpus, ends_in)) in running.iter().enumerate() {
+            let node = i % n_nodes;
+            if free[node].len() < *gpus as usize {
+                continue;
+            }
+            let taken: Vec<String> = free[node].drain(..*gpus as usize).map(|g| g.to_string()).collect();
+            lines.push(format!(
+                "r{} on=n{node}:{} ends={}",
+                100 + i,
+                taken.join(","),
+                NOW.0 / 1000 + ends_in
+            ));
+        }
+        let jobs: Vec<String> = pending
+            .iter()
+            .enumerate()
+            .map(|(i, (gpus, n, time))| {
+                let mut line = format!("j{} gpus={gpus} nodes={n}", i + 1);
+                if let Some(time) = time {
+                    line += &format!(" time={time}");
+                }
+                line
+            })
+            .collect();
+        cluster_view_with(&nodes.join("\n"), &lines.join("\n"), &jobs.join("\n"))
+    })
+}
+
+proptest! {
+    /// Backfill never delays the reserved job: its GPUs are free now or
+    /// held by jobs (running or started now) that end by the reservation,
+    /// and nothing that runs past it starts on them.
+    #[test]
+    fn backfill_never_delays_the_reserved_job(view in arb_backfill_view()) {
+        let plan = schedule(&view, &Policy::default(), NOW);
+        let Some((reserved, at, gpus)) = plan.reservation.clone() else {
+            return Ok(());
+        };
+        prop_assert_eq!(plan.estimated_starts.get(&reserved), Some(&at));
+        let on_reserved = |placement: &[NodePlacement]| {
+            placement.iter().any(|p| {
+                gpus.iter()
+                    .any(|r| r.node == p.node && r.gpu_indices.iter().any(|g| p.gpu_indices.contains(g)))
+            })
+        };
+        for start in &plan.starts {
+            let job = view.pending.iter().find(|j| j.id == start.job).unwrap();
+            let ends = job.time_limit_secs.map(|s| NOW.0 + s as i64 * 1000);
+            if ends.is_none_or(|end| end > at.0) {
+                prop_assert!(!on_reserved(&start.placement), "j{} runs past the reservation of j{} on its GPUs:\n{}", start.job, reserved, plan);
+            }
+        }
+        for running in &view.running {
+            if on_reserved(&running.placement) {
+                prop_assert!(running.ends_at.is_some_and(|end| end <= at));
+            }
         }
     }
 }

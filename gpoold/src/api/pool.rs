@@ -92,6 +92,7 @@ fn job_wire(state: &State, job: &gpool_core::Job) -> pb::Job {
         size: p.size,
         nice: p.nice,
     });
+    wire.estimated_start_ms = state.estimated_starts.get(&job.id).map(|at| at.0);
     wire
 }
 

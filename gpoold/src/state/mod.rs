@@ -40,6 +40,7 @@ pub struct State {
     /// from the same cycle; not durable.
     pub pending_hints: HashMap<JobId, Arc<[String]>>,
     pub priorities: HashMap<JobId, Priority>,
+    pub estimated_starts: HashMap<JobId, Timestamp>,
     pub policy: Policy,
     admins: Vec<String>,
     /// The epoch the next attempt gets.
@@ -107,6 +108,7 @@ pub enum Command {
         reasons: HashMap<JobId, Arc<[String]>>,
         hints: HashMap<JobId, Arc<[String]>>,
         priorities: HashMap<JobId, Priority>,
+        estimated_starts: HashMap<JobId, Timestamp>,
     },
     /// The scheduling loop's starts, re-checked against the state.
     Start {
@@ -227,6 +229,7 @@ impl State {
             pending_reasons: HashMap::new(),
             pending_hints: HashMap::new(),
             priorities: HashMap::new(),
+            estimated_starts: HashMap::new(),
             policy: config.policy.clone(),
             admins: config.admins.clone(),
             next_epoch: loaded.next_epoch,
@@ -456,6 +459,7 @@ impl State {
                     team: job.spec.team.clone(),
                     qos: job.spec.qos.clone(),
                     submitted_at: job.submitted_at,
+                    time_limit_secs: job.spec.time_limit_secs,
                 }),
                 JobState::Running { placement, .. } => {
                     for part in placement {
@@ -631,10 +635,12 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             reasons,
             hints,
             priorities,
+            estimated_starts,
         } => {
             state.pending_reasons = reasons;
             state.pending_hints = hints;
             state.priorities = priorities;
+            state.estimated_starts = estimated_starts;
         }
         Command::Start { starts } => state.start(starts, now, out),
         Command::Preempt { preemptions } => state.preempt(preemptions, now, out),

@@ -78,6 +78,10 @@ impl State {
                     started_at: *started_at,
                     last_checkpoint_at: *last_checkpoint_at,
                     preempting: preempted_at.is_some(),
+                    ends_at: job
+                        .spec
+                        .time_limit_secs
+                        .map(|limit| Timestamp(started_at.0 + limit as i64 * 1000)),
                 }),
                 _ => None,
             })

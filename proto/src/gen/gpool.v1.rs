@@ -205,6 +205,10 @@ pub struct Job {
     pub hints: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     #[prost(message, optional, tag = "21")]
     pub priority: ::core::option::Option<PriorityFactors>,
+    /// For the job holding the backfill reservation: when it should start
+    /// (Unix milliseconds), if running jobs end by their time limits.
+    #[prost(int64, optional, tag = "22")]
+    pub estimated_start_ms: ::core::option::Option<i64>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]
