@@ -257,6 +257,8 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     // later jobs start ahead only if they end by then or stay off its GPUs
     // (`masked`: the free GPUs minus the reserved ones).
     let mut reservation: Option<backfill::Reservation> = None;
+    // One job per cycle is tried for a reservation (EASY backfill).
+    let mut reservation_tried = false;
     let masked_nodes: std::cell::OnceCell<Vec<NodeView>> = std::cell::OnceCell::new();
     let mut masked: Option<FreeIndex> = None;
     let mut ends: Vec<(Option<Timestamp>, Vec<NodePlacement>)> = Vec::new();
@@ -340,7 +342,8 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                     }
                 }
                 let blocked = matches!(reasons.first(), Some(Reject::Resources { .. }));
-                if reservation.is_none() && blocked {
+                if !reservation_tried && blocked {
+                    reservation_tried = true;
                     let releases: Vec<backfill::Release> = view
                         .running
                         .iter()
