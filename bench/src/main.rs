@@ -425,6 +425,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
         .flat_map(|i| {
             (0..2).map(move |half| RunningJob {
                 id: JobId((10_000_000 + i * 2 + half) as u64),
+                epoch: gpool_core::Epoch(1),
                 team: format!("team-{}", (i * 2 + half) % n_teams as usize),
                 qos: if half == 0 { "normal".into() } else { "low".into() },
                 burst: half == 1,

@@ -50,6 +50,7 @@ fn parse_running_job(line: &str) -> RunningJob {
         .and_then(|t| t.parse().ok());
     let mut job = RunningJob {
         id: JobId(id.expect("running line starts with rN")),
+        epoch: crate::ids::Epoch(1),
         team: "default".into(),
         qos: String::new(),
         burst: false,

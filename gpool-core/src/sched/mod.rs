@@ -44,6 +44,9 @@ pub struct ClusterView {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunningJob {
     pub id: JobId,
+    /// The running attempt's epoch (a preemption names it, so a later
+    /// attempt is never the one preempted).
+    pub epoch: crate::ids::Epoch,
     pub team: String,
     pub qos: String,
     /// Started beyond its team's guarantee: preemptible.

@@ -35,6 +35,7 @@ pub struct Start {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Preemption {
     pub victim: JobId,
+    pub epoch: crate::ids::Epoch,
     /// The waiting job its GPUs go to.
     pub for_job: JobId,
     /// GPU-seconds since its last checkpoint (else its start).

@@ -210,6 +210,7 @@ impl<'v> Reclaimer<'v> {
         self.waste_budget -= lost;
         preemptions.extend(victims.iter().map(|r| Preemption {
             victim: r.id,
+            epoch: r.epoch,
             for_job: job.id,
             lost_gpu_secs: r.lost_gpu_secs(self.now),
         }));

@@ -273,6 +273,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 .unwrap_or_default();
             running.push(RunningJob {
                 id: start.job,
+                epoch: crate::ids::Epoch(1),
                 team,
                 qos: String::new(),
                 burst: start.burst,

@@ -63,14 +63,15 @@ impl State {
             .values()
             .filter_map(|job| match &job.state {
                 JobState::Running {
+                    epoch,
                     placement,
                     started_at,
                     burst,
                     last_checkpoint_at,
                     preempted_at,
-                    ..
                 } => Some(RunningJob {
                     id: job.id,
+                    epoch: *epoch,
                     team: job.spec.team.clone(),
                     qos: job.spec.qos.clone(),
                     burst: *burst,
@@ -107,9 +108,13 @@ impl State {
             let Some(job) = self.jobs.get(&preemption.victim) else {
                 continue;
             };
+            // The attempt the plan saw, or none: a later one is not preempted.
             let JobState::Running { epoch, placement, .. } = &job.state else {
                 continue;
             };
+            if *epoch != preemption.epoch {
+                continue;
+            }
             let (epoch, placement) = (*epoch, placement.clone());
             let signal = job.spec.checkpoint_signal.unwrap_or(DEFAULT_CHECKPOINT_SIGNAL);
             let grace_secs = self.grace_secs(preemption.victim);
