@@ -35,6 +35,8 @@ pub struct Attempts {
     /// Users looked up lately, and when.
     users: Mutex<std::collections::HashMap<String, (std::time::Instant, Option<RunAs>)>>,
     journal: Mutex<Journal>,
+    /// Launches waiting for a stale attempt of the same job to end.
+    queued: Mutex<std::collections::HashMap<u64, pb::Launch>>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
     tasks: Mutex<JoinSet<()>>,
 }
@@ -69,6 +71,7 @@ impl Attempts {
             spool_dir,
             spawner: Mutex::new(Spawner::new(supervisor)),
             journal: Mutex::new(journal),
+            queued: Mutex::new(std::collections::HashMap::new()),
             events,
             tasks: Mutex::new(JoinSet::new()),
         }))
@@ -120,13 +123,33 @@ impl Attempts {
     }
 
     pub fn launch(self: &Arc<Self>, launch: pb::Launch) {
-        if let Some(epoch) = self.running_epoch(launch.job_id) {
-            tracing::warn!(
-                job = launch.job_id,
-                epoch,
-                "launch for a job already running here; ignored"
-            );
-            return;
+        match self.running_epoch(launch.job_id) {
+            Some(epoch) if epoch == launch.epoch => {
+                tracing::warn!(
+                    job = launch.job_id,
+                    epoch,
+                    "launch of an attempt already running here; ignored"
+                );
+                return;
+            }
+            // gpoold moved on to a new attempt while an old one still runs
+            // here (it was fenced off while this node was away): the old one
+            // is ended, and the new one starts when it has.
+            Some(old_epoch) => {
+                tracing::warn!(
+                    job = launch.job_id,
+                    old_epoch,
+                    epoch = launch.epoch,
+                    "new attempt waits for the stale one to end"
+                );
+                self.kill(launch.job_id, old_epoch, TIME_LIMIT_GRACE);
+                self.queued
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(launch.job_id, launch);
+                return;
+            }
+            None => {}
         }
         let (job_id, epoch) = (launch.job_id, launch.epoch);
         match self.spawn(&launch) {
@@ -257,12 +280,17 @@ impl Attempts {
 
     /// Waits for the attempt's supervisor to end (ours or one a previous
     /// agent started), enforcing the time limit.
-    async fn watch(&self, attempt: RunningAttempt) {
+    async fn watch(self: &Arc<Self>, attempt: RunningAttempt) {
         let exited = match ProcessExit::open(attempt.pgid) {
             Ok(exited) => exited,
             Err(err) => {
-                tracing::error!(job = attempt.job_id, "cannot watch pid {}: {err}", attempt.pgid);
-                return self.finish(&attempt);
+                // No pidfd (e.g. out of file descriptors): poll instead.
+                tracing::warn!(
+                    job = attempt.job_id,
+                    "cannot open a pidfd for {}: {err}; polling",
+                    attempt.pgid
+                );
+                ProcessExit::Polled(attempt.pgid)
             }
         };
         let limit = attempt
@@ -283,8 +311,9 @@ impl Attempts {
         self.finish(&attempt);
     }
 
-    /// The supervisor is gone: record and report how the attempt ended.
-    fn finish(&self, attempt: &RunningAttempt) {
+    /// The supervisor is gone: record and report how the attempt ended,
+    /// then start an attempt that waited for this one.
+    fn finish(self: &Arc<Self>, attempt: &RunningAttempt) {
         // Anything left in the group goes with it.
         signal_group(attempt.pgid, Signal::SIGKILL);
         // No exit record means the supervisor itself was killed (SIGKILL).
@@ -292,6 +321,14 @@ impl Attempts {
         tracing::info!(job = attempt.job_id, epoch = attempt.epoch, "attempt ended: {ended:?}");
         self.journal().ended(attempt.job_id, attempt.epoch);
         self.send(attempt.job_id, attempt.epoch, outcome(ended));
+        let queued = self
+            .queued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&attempt.job_id);
+        if let Some(launch) = queued {
+            self.launch(launch);
+        }
     }
 
     fn send(&self, job_id: u64, epoch: u64, outcome: pb::job_event::Outcome) {
@@ -309,7 +346,10 @@ impl Attempts {
         }
         let checkpoint_dir = self.spool_dir.join("checkpoints").join(launch.job_id.to_string());
         let workdir = (!launch.workdir.is_empty()).then(|| PathBuf::from(&launch.workdir));
-        if let Some(workdir) = workdir.as_ref().filter(|dir| !dir.is_dir()) {
+        let run_as = self.run_as(&launch.user)?;
+        // Checked here only for jobs that run as this agent's user; another
+        // user's job enters its workdir with its own rights (supervisor).
+        if let Some(workdir) = workdir.as_ref().filter(|dir| run_as.is_none() && !dir.is_dir()) {
             return Err(format!(
                 "workdir {} does not exist on node {}",
                 workdir.display(),
@@ -338,7 +378,7 @@ impl Attempts {
             stderr: (!launch.discard_output)
                 .then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "err")),
             checkpoint_dir,
-            run_as: self.run_as(&launch.user)?,
+            run_as,
         };
         let pid = self
             .spawner
@@ -427,9 +467,13 @@ fn supervisor_alive(pid: i32) -> bool {
     program.ends_with(SUPERVISOR_BIN.as_bytes()) && leader && fields.first() != Some(&"Z")
 }
 
-/// Readiness of a process's exit, through a pidfd (which works for any
-/// process, our child or not).
-struct ProcessExit(Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>);
+/// A process's exit: through a pidfd (which works for any process, our
+/// child or not), or by polling /proc where no pidfd could be had.
+enum ProcessExit {
+    Gone,
+    Pidfd(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>),
+    Polled(i32),
+}
 
 impl ProcessExit {
     fn open(pid: i32) -> std::io::Result<ProcessExit> {
@@ -440,7 +484,7 @@ impl ProcessExit {
             let err = std::io::Error::last_os_error();
             // Already gone (and reaped).
             return match err.raw_os_error() {
-                Some(nix::libc::ESRCH) => Ok(ProcessExit(None)),
+                Some(nix::libc::ESRCH) => Ok(ProcessExit::Gone),
                 _ => Err(err),
             };
         }
@@ -448,18 +492,34 @@ impl ProcessExit {
         // AsyncFd owns it from here on and never replaces it.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
         let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
-        Ok(ProcessExit(Some(registered?)))
+        Ok(ProcessExit::Pidfd(registered?))
     }
 
     /// Resolves once the process has exited.
     async fn wait(&self) {
-        if let Some(fd) = &self.0 {
+        match self {
+            ProcessExit::Gone => {}
             // A pidfd stays readable once its process has exited.
-            if let Err(err) = fd.readable().await {
-                tracing::error!("waiting on a pidfd: {err}");
+            ProcessExit::Pidfd(fd) => {
+                if let Err(err) = fd.readable().await {
+                    tracing::error!("waiting on a pidfd: {err}");
+                }
+            }
+            ProcessExit::Polled(pid) => {
+                while process_alive(*pid) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
             }
         }
     }
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 fn now_ms() -> i64 {

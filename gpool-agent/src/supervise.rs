@@ -194,7 +194,15 @@ fn supervise(request: &LaunchRequest) -> ! {
                 (None, Some(signal)) => Ended::Signal(signal),
                 (None, None) => Ended::FailedToStart("no exit status".into()),
             },
-            Err(err) => Ended::FailedToStart(format!("cannot run {:?}: {err}", request.program)),
+            Err(err) => Ended::FailedToStart(match (&request.run_as, &request.workdir) {
+                (Some(user), Some(workdir)) => format!(
+                    "cannot run {:?} as {} in {}: {err}",
+                    request.program,
+                    user.name,
+                    workdir.display()
+                ),
+                _ => format!("cannot run {:?}: {err}", request.program),
+            }),
         },
         Err(reason) => Ended::FailedToStart(reason),
     };
@@ -243,7 +251,7 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
         .stdin(Stdio::null())
         .stdout(output(&request.stdout)?)
         .stderr(output(&request.stderr)?);
-    if let Some(workdir) = &request.workdir {
+    if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
         command.current_dir(workdir);
     }
     if let Some(user) = &request.run_as {
@@ -253,13 +261,19 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
             .env("HOME", &user.home);
         let groups: Vec<Gid> = user.groups.iter().map(|g| Gid::from_raw(*g)).collect();
         let (uid, gid) = (Uid::from_raw(user.uid), Gid::from_raw(user.gid));
-        // SAFETY: runs in the forked child before exec; it makes only the
-        // three system calls, with values computed before the fork.
+        let workdir = request.workdir.clone();
+        // SAFETY: runs in the forked child of this single-threaded process
+        // before exec. The working directory is entered as the user, so
+        // that the user's own access rights (root-squashed NFS homes, 0700
+        // directories) decide.
         unsafe {
             command.pre_exec(move || {
                 nix::unistd::setgroups(&groups)?;
                 nix::unistd::setgid(gid)?;
                 nix::unistd::setuid(uid)?;
+                if let Some(workdir) = &workdir {
+                    nix::unistd::chdir(workdir.as_path())?;
+                }
                 Ok(())
             });
         }

@@ -11,6 +11,8 @@ use std::fmt;
 pub const MAX_GPUS_PER_NODE: u32 = 1024;
 pub const MAX_NODES: u32 = 1024;
 const MAX_NAME_LEN: usize = 128;
+/// A year: longer limits are surely typos, and keep time arithmetic safe.
+pub const MAX_TIME_LIMIT_SECS: u64 = 365 * 24 * 3600;
 const MAX_IDENT_LEN: usize = 64;
 
 /// A rejected spec: the field and why.
@@ -213,6 +215,18 @@ impl JobSpec {
         if self.time_limit_secs == Some(0) {
             return Err(spec_error("time", "must be more than zero"));
         }
+        if let Some(limit) = self.time_limit_secs.filter(|limit| *limit > MAX_TIME_LIMIT_SECS) {
+            return Err(spec_error(
+                "time",
+                format!("{limit} s is more than the longest time limit, 365 days"),
+            ));
+        }
+        if let Some(grace) = self.grace_secs.filter(|grace| *grace > MAX_TIME_LIMIT_SECS) {
+            return Err(spec_error("grace", format!("{grace} s is more than 365 days")));
+        }
+        if let Some(signal) = self.checkpoint_signal {
+            parse_signal(&signal.to_string()).map_err(|reason| spec_error("checkpoint_signal", reason))?;
+        }
         for (name, value) in &self.env {
             validate_env(name, value)?;
         }
@@ -302,7 +316,8 @@ pub fn parse_env_assignment(text: &str) -> Result<(String, String), SpecError> {
 /// `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) and suffixed ones (`90s`,
 /// `30m`, `2h`, `1d`, `1h30m`).
 /// A signal by Linux number, or by name with or without `SIG` (any case),
-/// of the signals a job may be asked to checkpoint on.
+/// of the signals gpool sends to jobs (for checkpoints and `cancel
+/// --signal`): those the attempt's supervisor outlives.
 pub fn parse_signal(text: &str) -> Result<i32, String> {
     const NAMES: [(&str, i32); 10] = [
         ("HUP", 1),
@@ -318,10 +333,12 @@ pub fn parse_signal(text: &str) -> Result<i32, String> {
     ];
     let trimmed = text.trim();
     if let Ok(number) = trimmed.parse::<i32>() {
-        return if (1..=64).contains(&number) && number != 9 && number != 19 {
+        return if NAMES.iter().any(|(_, known)| *known == number) {
             Ok(number)
         } else {
-            Err(format!("{number} is not a signal a job can catch"))
+            Err(format!(
+                "{number} is not one of the signals gpool sends (HUP 1, INT 2, QUIT 3, USR1 10, USR2 12, ALRM 14, TERM 15, CONT 18, URG 23, WINCH 28)"
+            ))
         };
     }
     let upper = trimmed.to_ascii_uppercase();

@@ -6,22 +6,10 @@ use crate::CliError;
 use gpool_proto::convert::state_name;
 use gpool_proto::pb;
 
-/// A signal by name (`USR1`, `SIGUSR1`, any case) or number.
+/// A signal by name (`USR1`, `SIGUSR1`, any case) or number, of those
+/// gpool sends to jobs.
 pub fn parse_signal(text: &str) -> Result<i32, String> {
-    if let Ok(number) = text.parse::<i32>() {
-        return nix::sys::signal::Signal::try_from(number)
-            .map(|signal| signal as i32)
-            .map_err(|_| format!("{number} is not a signal number"));
-    }
-    let upper = text.to_ascii_uppercase();
-    let name = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
-    };
-    name.parse::<nix::sys::signal::Signal>()
-        .map(|signal| signal as i32)
-        .map_err(|_| format!("{text:?} is not a signal name (e.g. USR1, TERM, 10)"))
+    gpool_core::spec::parse_signal(text)
 }
 
 pub async fn run(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>) -> Result<(), CliError> {

@@ -295,8 +295,26 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             .filter(|(priority, _)| *priority > qos_priority || !covered)
             .map(|(_, n)| n)
             .sum();
-        if kept > 0 && index.pool_free(job, policy) < gpus + kept && index.fits(job, policy) {
-            plan.pending.push((job.id, vec![Reject::Reserved { gpus: kept }]));
+        let keep = (kept > 0).then(|| preempt::Keep {
+            pool_free_now: index.pool_free(job, policy),
+            kept,
+        });
+        let may_preempt = covered || sharing.qos(&job.qos).is_some_and(|qos| qos.preempt_lower);
+        if keep.is_some_and(|keep| keep.pool_free_now < gpus + keep.kept) && index.fits(job, policy) {
+            // It fits only by taking GPUs kept for others: it may reclaim
+            // burst GPUs instead, if it may preempt.
+            let mut reasons = vec![Reject::Reserved { gpus: kept }];
+            if may_preempt {
+                if let Some((n_jobs, placement)) = reclaim.plan(job, covered, keep, &mut plan.preemptions) {
+                    hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
+                    used.in_use += gpus;
+                    if covered {
+                        used.guaranteed_in_use += gpus;
+                    }
+                    reasons = vec![Reject::Reclaiming { n_jobs }];
+                }
+            }
+            plan.pending.push((job.id, reasons));
             continue;
         }
         let ends_at = job.time_limit_secs.map(|secs| Timestamp(now.0 + secs as i64 * 1000));
@@ -324,15 +342,14 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 });
             }
             Err(mut reasons) => {
-                let qos = sharing.qos(&job.qos);
-                let preempts_lower = qos.is_some_and(|qos| qos.preempt_lower);
-                if covered || preempts_lower {
-                    if let Some(victims) = reclaim.plan(job, covered, &mut plan.preemptions) {
+                if may_preempt {
+                    if let Some((n_jobs, placement)) = reclaim.plan(job, covered, keep, &mut plan.preemptions) {
+                        hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
                         used.in_use += gpus;
                         if covered {
                             used.guaranteed_in_use += gpus;
                         }
-                        reasons = vec![Reject::Reclaiming { n_jobs: victims }];
+                        reasons = vec![Reject::Reclaiming { n_jobs }];
                     }
                 }
                 let reclaiming = matches!(reasons.first(), Some(Reject::Reclaiming { .. }));
@@ -387,6 +404,21 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     }
     plan.reservation = reservation.map(|r| (r.job, r.at, r.placement));
     plan
+}
+
+/// Holds the free GPUs of a reclaiming job's placement for it, so that no
+/// later job of this cycle takes them.
+fn hold(
+    placement: &[NodePlacement],
+    index: &mut FreeIndex,
+    masked: Option<&mut FreeIndex>,
+    reclaim: &mut preempt::Reclaimer,
+) {
+    index.remove(placement);
+    if let Some(masked) = masked {
+        masked.remove(placement);
+    }
+    reclaim.taken(placement);
 }
 
 /// Whether `gpus` more GPUs of `team` would still run guaranteed: within

@@ -21,6 +21,15 @@ const MAX_CANDIDATES: usize = 256;
 /// Jobs that may try preemption in one cycle; the rest try next cycle.
 const MAX_RECLAIMS_PER_CYCLE: usize = 64;
 
+/// Beside fitting, the free GPUs a job must leave in its pool (QoS
+/// reserves it may not take): with `pool_free_now` free, reclaim until
+/// `pool_free_now + freed >= gpus + kept`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Keep {
+    pub pool_free_now: u64,
+    pub kept: u64,
+}
+
 pub(super) struct Reclaimer<'v> {
     view: &'v ClusterView,
     policy: &'v Policy,
@@ -103,14 +112,16 @@ impl<'v> Reclaimer<'v> {
     }
 
     /// Finds the running jobs whose end lets `job` start, adds the new
-    /// victims to `preemptions`, and returns how many jobs it waits for;
-    /// `None` if no allowed set of victims makes it fit.
+    /// victims to `preemptions`, and returns how many jobs it waits for and
+    /// the placement it will get (whose free GPUs the caller must hold for
+    /// it); `None` if no allowed set of victims makes it fit.
     pub(super) fn plan(
         &mut self,
         job: &PendingJob,
         guaranteed: bool,
+        keep: Option<Keep>,
         preemptions: &mut Vec<Preemption>,
-    ) -> Option<usize> {
+    ) -> Option<(usize, Vec<NodePlacement>)> {
         if self.n_reclaims == MAX_RECLAIMS_PER_CYCLE {
             return None;
         }
@@ -122,9 +133,9 @@ impl<'v> Reclaimer<'v> {
             .iter()
             .filter(|r| r.preempting && !self.claimed.contains(&r.id))
             .collect();
-        if let Some(used) = self.fits(job, &ending) {
+        if let Some((used, placement)) = self.fits(job, &ending, keep) {
             self.claim(&used);
-            return Some(used.len());
+            return Some((used.len(), placement));
         }
         let job_qos = sharing.qos(&job.qos).map_or(0, |qos| qos.priority);
         let preempts_lower = sharing.qos(&job.qos).is_some_and(|qos| qos.preempt_lower);
@@ -167,11 +178,13 @@ impl<'v> Reclaimer<'v> {
                     }
                 }
             }
-            if !changed || with_room.len() < job.nodes as usize {
+            // With GPUs to keep free, any victim in the pool may be the one
+            // that was missing.
+            if (!changed && keep.is_none()) || with_room.len() < job.nodes as usize {
                 continue;
             }
             let freed: Vec<&RunningJob> = ending.iter().chain(&chosen).copied().collect();
-            if let Some(used) = self.fits(job, &freed) {
+            if let Some(used) = self.fits(job, &freed, keep) {
                 fitted = Some(used);
                 break;
             }
@@ -184,6 +197,7 @@ impl<'v> Reclaimer<'v> {
                 .lost_gpu_secs(self.now)
                 .total_cmp(&chosen[*a].lost_gpu_secs(self.now))
         });
+        let keep_free = keep;
         let mut keep = vec![true; chosen.len()];
         for drop_idx in by_cost {
             keep[drop_idx] = false;
@@ -192,11 +206,12 @@ impl<'v> Reclaimer<'v> {
                 .copied()
                 .chain(chosen.iter().zip(&keep).filter(|(_, k)| **k).map(|(r, _)| *r))
                 .collect();
-            match self.fits(job, &freed) {
+            match self.fits(job, &freed, keep_free) {
                 Some(fewer) => used = fewer,
                 None => keep[drop_idx] = true,
             }
         }
+        let (used, placement) = used;
         let victims: Vec<&RunningJob> = chosen
             .iter()
             .zip(&keep)
@@ -215,7 +230,7 @@ impl<'v> Reclaimer<'v> {
             lost_gpu_secs: r.lost_gpu_secs(self.now),
         }));
         self.claim(&used);
-        Some(used.len())
+        Some((used.len(), placement))
     }
 
     /// The GPUs `freed` jobs hold, by node.
@@ -244,7 +259,12 @@ impl<'v> Reclaimer<'v> {
 
     /// Whether `job` fits once `freed` end; if so, the freed jobs whose GPUs
     /// its placement uses.
-    fn fits(&self, job: &PendingJob, freed: &[&'v RunningJob]) -> Option<Vec<&'v RunningJob>> {
+    fn fits(
+        &self,
+        job: &PendingJob,
+        freed: &[&'v RunningJob],
+        keep: Option<Keep>,
+    ) -> Option<(Vec<&'v RunningJob>, Vec<NodePlacement>)> {
         if freed.is_empty() {
             return None;
         }
@@ -292,6 +312,23 @@ impl<'v> Reclaimer<'v> {
             })
             .collect();
         let placement = FreeIndex::build(&nodes, self.policy).place(job, self.policy).ok()?;
+        if let Some(keep) = keep.filter(|keep| keep.kept > 0) {
+            // Every freed GPU of the pool counts toward what stays free.
+            let in_pool: u64 = freed
+                .iter()
+                .flat_map(|running| &running.placement)
+                .filter(|part| {
+                    self.node_idx
+                        .get(part.node.as_str())
+                        .is_some_and(|idx| pool.is_some_and(|pool| pool.selects(&self.nodes[*idx].labels)))
+                })
+                .map(|part| part.gpu_indices.len() as u64)
+                .sum();
+            if keep.pool_free_now + in_pool < job.total_gpus() + keep.kept {
+                return None;
+            }
+            return Some((freed.to_vec(), placement));
+        }
         let used = freed
             .iter()
             .filter(|running| {
@@ -303,7 +340,7 @@ impl<'v> Reclaimer<'v> {
             })
             .copied()
             .collect();
-        Some(used)
+        Some((used, placement))
     }
 
     /// The jobs' GPUs are spoken for: nobody else counts on them, and no

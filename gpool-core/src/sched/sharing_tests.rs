@@ -516,3 +516,36 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn free_gpus_a_reclaiming_job_counts_on_are_held_for_it() {
+    // j3 needs 0-1 (free) and 2-3 (r1's); j4, later, may not take 0-1.
+    check(
+        &policy(),
+        "n1 8xh100",
+        "r1 team=c burst on=n1:2-3\nr2 team=a on=n1:4-7",
+        "j3 team=b gpus=4\nj4 team=c gpus=2",
+        expect![[r#"
+            preempt j1 for j3 (loses 20000 GPU-seconds)
+            pending j3: preempting 1 running job to make room for it
+            pending j4: wants 2 GPUs on one node; 0 free in total but at most 0 on one node; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+        "#]],
+    );
+}
+
+#[test]
+fn guaranteed_work_reclaims_burst_gpus_rather_than_take_a_reserve() {
+    let mut policy = policy();
+    policy.sharing.qos[2].reserve_gpus = 2;
+    // 2 free, both kept for `high`: a's guaranteed job frees r1's instead.
+    check(
+        &policy,
+        "n1 4xh100",
+        "r1 team=c burst on=n1:2-3",
+        "j2 team=a gpus=2",
+        expect![[r#"
+            preempt j1 for j2 (loses 20000 GPU-seconds)
+            pending j2: preempting 1 running job to make room for it
+        "#]],
+    );
+}

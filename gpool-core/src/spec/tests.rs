@@ -154,3 +154,28 @@ fn example_job_file_parses() {
     assert_eq!(specs.len(), 2);
     assert_eq!(specs[1].total_gpus(), 16);
 }
+
+#[test]
+fn time_limits_grace_and_checkpoint_signals_are_bounded() {
+    let mut long = input(&["true"]);
+    long.time = Some("400d".into());
+    assert_eq!(
+        long.into_spec().unwrap_err().to_string(),
+        "time: 34560000 s is more than the longest time limit, 365 days"
+    );
+    let mut signal = input(&["true"]);
+    signal.checkpoint_signal = Some("PROF".into());
+    assert!(signal
+        .into_spec()
+        .unwrap_err()
+        .to_string()
+        .starts_with("checkpoint_signal: \"PROF\" is not a signal name"));
+    let mut number = input(&["true"]);
+    number.checkpoint_signal = Some("27".into());
+    assert_eq!(number.into_spec().unwrap_err().field, "checkpoint_signal");
+    let mut ok = input(&["true"]);
+    ok.checkpoint_signal = Some("sigusr2".into());
+    ok.grace = Some("2m".into());
+    let spec = ok.into_spec().unwrap();
+    assert_eq!((spec.checkpoint_signal, spec.grace_secs), (Some(12), Some(120)));
+}

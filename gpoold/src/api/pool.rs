@@ -116,12 +116,11 @@ impl Pool for PoolService {
     ) -> Result<Response<pb::CancelJobsResponse>, Status> {
         let user = caller(&request)?;
         let request = request.into_inner();
-        if request.signal < 0 || request.signal > 64 {
-            return Err(Error::InvalidRequest {
+        if request.signal != 0 {
+            gpool_core::spec::parse_signal(&request.signal.to_string()).map_err(|reason| Error::InvalidRequest {
                 field: "signal",
-                reason: format!("{} is not a signal number", request.signal),
-            }
-            .into());
+                reason,
+            })?;
         }
         let ids = request.ids.into_iter().map(JobId).collect();
         let signal = (request.signal != 0).then_some(request.signal);

@@ -12,6 +12,9 @@ use gpool_core::{Epoch, JobId, Timestamp};
 /// SIGUSR1 on Linux: the checkpoint signal of jobs that name none.
 pub const DEFAULT_CHECKPOINT_SIGNAL: i32 = 10;
 const HOUR_MS: i64 = 3_600_000;
+/// A preempted attempt past its grace is told to end again this often,
+/// until it does (its agent may have been away when the first kill went).
+const KILL_RESEND_MS: i64 = 15_000;
 
 /// What `gpool checkpoint` learns back.
 #[derive(Debug, Clone)]
@@ -151,7 +154,9 @@ impl State {
         job.spec.grace_secs.unwrap_or(qos_grace).min(sharing.max_grace_secs)
     }
 
-    /// Kills preempted attempts whose grace ran out.
+    /// Kills preempted attempts whose grace ran out, and again every
+    /// `KILL_RESEND_MS` until the attempt has ended (its end removes the
+    /// deadline).
     pub(super) fn enforce_preemption_grace(&mut self, now: Timestamp, out: &mut Batch) {
         let due: Vec<(JobId, Epoch)> = self
             .preempt_deadlines
@@ -160,7 +165,8 @@ impl State {
             .map(|(id, (epoch, _))| (*id, *epoch))
             .collect();
         for (id, epoch) in due {
-            self.preempt_deadlines.remove(&id);
+            self.preempt_deadlines
+                .insert(id, (epoch, Timestamp(now.0 + KILL_RESEND_MS)));
             tracing::info!(job = %id, "grace over: ending the preempted attempt");
             self.kill_attempt(id, epoch, out);
         }
@@ -231,7 +237,8 @@ impl State {
             })
         );
         if preempted {
-            self.preempt_deadlines.remove(&id);
+            self.preempt_deadlines
+                .insert(id, (epoch, Timestamp(now.0 + KILL_RESEND_MS)));
             tracing::info!(job = %id, "checkpoint done: ending the preempted attempt now");
             self.kill_attempt(id, epoch, out);
         }
