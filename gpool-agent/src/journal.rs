@@ -1,9 +1,11 @@
 //! `<spool>/attempts.log`: the agent's record of the attempts it runs, so a
-//! restarted agent re-adopts them. One JSON line per change (an attempt
-//! started, an attempt ended), appended to a file kept open: starting a job
-//! costs a write, not a new file. Opening the journal folds it into the set
-//! of live attempts and rewrites it with only those; so does growing past
-//! a few times the live set.
+//! restarted agent re-adopts them, and of how attempts ended until gpoold
+//! surely has it (a Register that carried it succeeded, or it was sent on a
+//! live link long enough ago). One JSON line per change (started, ended,
+//! reported), appended to a file kept open: starting a job costs a write,
+//! not a new file. Opening the journal folds it into what is still live or
+//! unreported and rewrites it with only those; so does growing past a few
+//! times that.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -13,6 +15,9 @@ use std::path::{Path, PathBuf};
 const FILE: &str = "attempts.log";
 /// Rewrite once the journal holds this many lines more than live attempts.
 const COMPACT_SLACK: usize = 4096;
+/// An end sent on a live link counts as delivered after this long (a link
+/// that broke meanwhile re-registers, and Register carries it again).
+const REPORTED_AFTER_MS: i64 = 10 * 60 * 1000;
 
 /// One running attempt, as the journal keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,11 +31,33 @@ pub struct AttemptRecord {
     pub deadline_ms: Option<i64>,
 }
 
+/// An attempt that ended, until gpoold surely knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndedRecord {
+    pub job_id: u64,
+    pub epoch: u64,
+    /// The exit record's line (`code 0`, `signal 9`, `failed ...`).
+    pub outcome: String,
+    /// Unix milliseconds.
+    pub at_ms: i64,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Line {
     Started(AttemptRecord),
-    Ended { job_id: u64, epoch: u64 },
+    Ended {
+        job_id: u64,
+        epoch: u64,
+        #[serde(default)]
+        outcome: Option<String>,
+        #[serde(default)]
+        at_ms: i64,
+    },
+    Reported {
+        job_id: u64,
+        epoch: u64,
+    },
 }
 
 /// The open journal and the live attempts it describes.
@@ -38,6 +65,7 @@ pub struct Journal {
     path: PathBuf,
     file: std::fs::File,
     live: BTreeMap<u64, AttemptRecord>,
+    ended: BTreeMap<u64, EndedRecord>,
     lines: usize,
 }
 
@@ -46,17 +74,18 @@ impl Journal {
     /// compacted, and returns it with the attempts it still lists.
     pub fn open(spool_dir: &Path) -> Result<Journal, String> {
         let path = spool_dir.join(FILE);
-        let live = match std::fs::read_to_string(&path) {
+        let (live, ended) = match std::fs::read_to_string(&path) {
             Ok(text) => fold(&path, &text),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => (BTreeMap::new(), BTreeMap::new()),
             Err(err) => return Err(format!("{}: cannot read: {err}", path.display())),
         };
-        let file = rewrite(&path, &live)?;
+        let file = rewrite(&path, &live, &ended)?;
         Ok(Journal {
             path,
             file,
-            lines: live.len(),
+            lines: live.len() + ended.len(),
             live,
+            ended,
         })
     }
 
@@ -69,19 +98,59 @@ impl Journal {
         self.live.insert(record.job_id, record);
     }
 
-    pub fn ended(&mut self, job_id: u64, epoch: u64) {
+    /// Ends of attempts gpoold may not have yet.
+    pub fn unreported(&self) -> Vec<EndedRecord> {
+        self.ended.values().cloned().collect()
+    }
+
+    /// Attempt `epoch` of `job_id` ended with `outcome` at `now_ms`. Ends
+    /// sent long enough ago on a live link are forgotten on the way.
+    pub fn ended(&mut self, job_id: u64, epoch: u64, outcome: &str, now_ms: i64) {
         if self.live.get(&job_id).is_some_and(|r| r.epoch == epoch) {
             self.live.remove(&job_id);
-            self.append(&Line::Ended { job_id, epoch });
+        }
+        let record = EndedRecord {
+            job_id,
+            epoch,
+            outcome: outcome.to_string(),
+            at_ms: now_ms,
+        };
+        self.append(&Line::Ended {
+            job_id,
+            epoch,
+            outcome: Some(record.outcome.clone()),
+            at_ms: now_ms,
+        });
+        self.ended.insert(job_id, record);
+        let old: Vec<(u64, u64)> = self
+            .ended
+            .values()
+            .filter(|r| now_ms - r.at_ms > REPORTED_AFTER_MS)
+            .map(|r| (r.job_id, r.epoch))
+            .collect();
+        self.reported(&old);
+    }
+
+    /// gpoold has these ends (a Register that carried them succeeded).
+    pub fn reported(&mut self, ends: &[(u64, u64)]) {
+        for (job_id, epoch) in ends {
+            if self.ended.get(job_id).is_some_and(|r| r.epoch == *epoch) {
+                self.ended.remove(job_id);
+                self.append(&Line::Reported {
+                    job_id: *job_id,
+                    epoch: *epoch,
+                });
+            }
         }
     }
 
     fn append(&mut self, line: &Line) {
-        if self.lines > self.live.len() + COMPACT_SLACK {
-            match rewrite(&self.path, &self.live) {
+        let kept = self.live.len() + self.ended.len();
+        if self.lines > kept + COMPACT_SLACK {
+            match rewrite(&self.path, &self.live, &self.ended) {
                 Ok(file) => {
                     self.file = file;
-                    self.lines = self.live.len();
+                    self.lines = kept;
                 }
                 Err(err) => tracing::error!("{err}"),
             }
@@ -96,33 +165,69 @@ impl Journal {
     }
 }
 
-/// The attempts still live after every line; a line that cannot be read
-/// (a torn last write) is skipped with a warning.
-fn fold(path: &Path, text: &str) -> BTreeMap<u64, AttemptRecord> {
+type Folded = (BTreeMap<u64, AttemptRecord>, BTreeMap<u64, EndedRecord>);
+
+/// The attempts still live, and the ends not yet reported, after every
+/// line; a line that cannot be read (a torn last write) is skipped with a
+/// warning.
+fn fold(path: &Path, text: &str) -> Folded {
     let mut live = BTreeMap::new();
+    let mut ended = BTreeMap::new();
     for (number, line) in text.lines().enumerate() {
         match serde_json::from_str::<Line>(line) {
             Ok(Line::Started(record)) => {
                 live.insert(record.job_id, record);
             }
-            Ok(Line::Ended { job_id, epoch }) => {
+            Ok(Line::Ended {
+                job_id,
+                epoch,
+                outcome,
+                at_ms,
+            }) => {
                 if live.get(&job_id).is_some_and(|r: &AttemptRecord| r.epoch == epoch) {
                     live.remove(&job_id);
+                }
+                if let Some(outcome) = outcome {
+                    let record = EndedRecord {
+                        job_id,
+                        epoch,
+                        outcome,
+                        at_ms,
+                    };
+                    ended.insert(job_id, record);
+                }
+            }
+            Ok(Line::Reported { job_id, epoch }) => {
+                if ended.get(&job_id).is_some_and(|r: &EndedRecord| r.epoch == epoch) {
+                    ended.remove(&job_id);
                 }
             }
             Err(err) => tracing::warn!("{}:{}: skipped: {err}", path.display(), number + 1),
         }
     }
-    live
+    (live, ended)
 }
 
 /// Writes the live attempts to a new file that replaces the journal
 /// (temp file, then rename) and returns it open for appending.
-fn rewrite(path: &Path, live: &BTreeMap<u64, AttemptRecord>) -> Result<std::fs::File, String> {
+fn rewrite(
+    path: &Path,
+    live: &BTreeMap<u64, AttemptRecord>,
+    ended: &BTreeMap<u64, EndedRecord>,
+) -> Result<std::fs::File, String> {
     let temp = path.with_extension("log.tmp");
     let mut text = Vec::new();
-    for record in live.values() {
-        text.extend(serde_json::to_vec(&Line::Started(record.clone())).unwrap_or_default());
+    let lines = ended
+        .values()
+        .map(|r| Line::Ended {
+            job_id: r.job_id,
+            epoch: r.epoch,
+            outcome: Some(r.outcome.clone()),
+            at_ms: r.at_ms,
+        })
+        .chain(live.values().map(|record| Line::Started(record.clone())));
+    for line in lines {
+        text.extend(serde_json::to_vec(&line).unwrap_or_default());
         text.push(b'\n');
     }
     std::fs::write(&temp, text)
@@ -154,13 +259,24 @@ mod tests {
         let mut journal = Journal::open(dir.path()).unwrap();
         journal.started(record(1, 1));
         journal.started(record(2, 5));
-        journal.ended(1, 1);
-        journal.ended(2, 4); // a stale epoch ends nothing
+        journal.ended(1, 1, "code 0", 1000);
+        journal.ended(2, 4, "code 1", 1000); // a stale epoch ends no live attempt
+        journal.reported(&[(2, 4)]);
         drop(journal);
-        let journal = Journal::open(dir.path()).unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
         assert_eq!(journal.live().values().cloned().collect::<Vec<_>>(), vec![record(2, 5)]);
+        // The end of job 1 is kept until a Register carries it.
+        let unreported: Vec<(u64, u64, String)> = journal
+            .unreported()
+            .into_iter()
+            .map(|r| (r.job_id, r.epoch, r.outcome))
+            .collect();
+        assert_eq!(unreported, vec![(1, 1, "code 0".to_string())]);
         let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
-        assert_eq!(text.lines().count(), 1, "reopening compacts: {text}");
+        assert_eq!(text.lines().count(), 2, "reopening compacts: {text}");
+        journal.reported(&[(1, 1)]);
+        drop(journal);
+        assert!(Journal::open(dir.path()).unwrap().unreported().is_empty());
     }
 
     #[test]
@@ -183,13 +299,26 @@ mod tests {
         let mut journal = Journal::open(dir.path()).unwrap();
         for job_id in 0..(COMPACT_SLACK as u64) {
             journal.started(record(job_id, 1));
-            journal.ended(job_id, 1);
+            journal.ended(job_id, 1, "code 0", 0);
+            journal.reported(&[(job_id, 1)]);
         }
         journal.started(record(u64::MAX, 1));
         let lines = std::fs::read_to_string(dir.path().join(FILE)).unwrap().lines().count();
-        // 2 x COMPACT_SLACK + 1 lines were appended in all.
-        assert!(lines <= COMPACT_SLACK + 2, "{lines} lines after compaction");
+        // 3 x COMPACT_SLACK + 1 lines were appended in all.
+        assert!(lines <= COMPACT_SLACK + 3, "{lines} lines after compaction");
         drop(journal);
         assert_eq!(Journal::open(dir.path()).unwrap().live().len(), 1);
+    }
+
+    #[test]
+    fn ends_sent_long_ago_on_a_live_link_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        journal.started(record(1, 1));
+        journal.ended(1, 1, "code 0", 0);
+        journal.started(record(2, 1));
+        journal.ended(2, 1, "signal 9", REPORTED_AFTER_MS + 1);
+        let left: Vec<u64> = journal.unreported().iter().map(|r| r.job_id).collect();
+        assert_eq!(left, vec![2]);
     }
 }

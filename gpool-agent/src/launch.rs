@@ -99,18 +99,46 @@ impl Attempts {
                     job = attempt.job_id,
                     "attempt ended while the agent was away: {ended:?}"
                 );
-                self.journal().ended(attempt.job_id, attempt.epoch);
-                self.send(attempt.job_id, attempt.epoch, outcome(ended));
+                self.ended(&attempt, ended);
             } else if supervisor_alive(attempt.pgid) {
                 tracing::info!(job = attempt.job_id, pid = attempt.pgid, "re-adopting running attempt");
                 let attempts = self.clone();
                 self.spawn_task(async move { attempts.watch(attempt).await });
             } else {
                 tracing::warn!(job = attempt.job_id, "attempt vanished without an exit record");
-                self.journal().ended(attempt.job_id, attempt.epoch);
-                self.send(attempt.job_id, attempt.epoch, outcome(Ended::Signal(9)));
+                self.ended(&attempt, Ended::Signal(9));
             }
         }
+    }
+
+    /// Journals how an attempt ended (kept until gpoold surely has it) and
+    /// sends it.
+    fn ended(&self, attempt: &RunningAttempt, ended: Ended) {
+        self.journal()
+            .ended(attempt.job_id, attempt.epoch, &ended.to_line(), now_ms());
+        self.send(attempt.job_id, attempt.epoch, outcome(ended));
+    }
+
+    /// Ends gpoold may not have yet: every Register carries them.
+    pub fn unreported(&self) -> Vec<pb::JobEvent> {
+        self.journal()
+            .unreported()
+            .into_iter()
+            .filter_map(|record| {
+                let ended = Ended::parse(&record.outcome)?;
+                Some(pb::JobEvent {
+                    job_id: record.job_id,
+                    epoch: record.epoch,
+                    outcome: Some(outcome(ended)),
+                })
+            })
+            .collect()
+    }
+
+    /// A Register that carried these ends succeeded.
+    pub fn reported(&self, events: &[pb::JobEvent]) {
+        let ends: Vec<(u64, u64)> = events.iter().map(|e| (e.job_id, e.epoch)).collect();
+        self.journal().reported(&ends);
     }
 
     fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
@@ -319,8 +347,7 @@ impl Attempts {
         // No exit record means the supervisor itself was killed (SIGKILL).
         let ended = Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch).unwrap_or(Ended::Signal(9));
         tracing::info!(job = attempt.job_id, epoch = attempt.epoch, "attempt ended: {ended:?}");
-        self.journal().ended(attempt.job_id, attempt.epoch);
-        self.send(attempt.job_id, attempt.epoch, outcome(ended));
+        self.ended(attempt, ended);
         let queued = self
             .queued
             .lock()

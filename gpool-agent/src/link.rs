@@ -97,13 +97,19 @@ async fn serve_once(
     while let Ok(event) = events.try_recv() {
         undelivered.push(event);
     }
-    let message = register(info, attempts, undelivered.clone());
+    // Ends the journal keeps until a Register carries them, and events
+    // that could not be sent (failed starts are not journaled).
+    let mut ended = attempts.unreported();
+    ended.extend(undelivered.iter().cloned());
+    let message = register(info, attempts, ended.clone());
     outbound.send(message).await.map_err(|_| "link closed")?;
     let mut inbound = AgentLinkClient::new(channel)
         .connect(tokio_stream::wrappers::ReceiverStream::new(outbound_receiver))
         .await
         .map_err(|status| format!("register refused: {}", status.message()))?
         .into_inner();
+    // gpoold answers only once the Register, ends included, is durable.
+    attempts.reported(&ended);
     undelivered.clear();
     tracing::info!(
         "registered with gpoold at {controller} as {} with {} GPUs",
