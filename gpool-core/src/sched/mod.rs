@@ -271,6 +271,10 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
         .iter()
         .map(|qos| (qos.priority, u64::from(qos.reserve_gpus)))
         .collect();
+    // Free GPUs only shrink within a cycle, so a job shape that found no
+    // room fails again: later jobs of that shape reuse its reasons (a queue
+    // of thousands of alike jobs costs one placement attempt).
+    let mut failed: HashMap<ShapeKey, Vec<Reject>> = HashMap::new();
     for (_, _, job) in order {
         let team = &terms[job.team.as_str()];
         let used = teams.entry(job.team.as_str()).or_default();
@@ -322,6 +326,21 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             Some(reserved) => ends_at.is_none_or(|end| end > reserved.at),
             None => false,
         };
+        let shape = ShapeKey {
+            pool: &job.pool,
+            gpu_types: &job.gpu_types,
+            gpus_per_node: job.gpus_per_node,
+            nodes: job.nodes,
+            team: &job.team,
+            covered,
+            goes_around,
+        };
+        if !may_preempt {
+            if let Some(reasons) = failed.get(&shape) {
+                plan.pending.push((job.id, reasons.clone()));
+                continue;
+            }
+        }
         let placed = match masked.as_mut() {
             Some(masked) if goes_around => masked.place(job, policy).inspect(|placement| index.remove(placement)),
             Some(masked) => index.place(job, policy).inspect(|placement| masked.remove(placement)),
@@ -398,12 +417,27 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 if !covered {
                     reasons.push(burst_reason(team, used, gpus));
                 }
+                if !may_preempt {
+                    failed.insert(shape, reasons.clone());
+                }
                 plan.pending.push((job.id, reasons));
             }
         }
     }
     plan.reservation = reservation.map(|r| (r.job, r.at, r.placement));
     plan
+}
+
+/// What decides whether a job fits and why not, within one cycle.
+#[derive(PartialEq, Eq, Hash)]
+struct ShapeKey<'a> {
+    pool: &'a str,
+    gpu_types: &'a [GpuModel],
+    gpus_per_node: u32,
+    nodes: u32,
+    team: &'a str,
+    covered: bool,
+    goes_around: bool,
 }
 
 /// Holds the free GPUs of a reclaiming job's placement for it, so that no
