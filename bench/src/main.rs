@@ -428,6 +428,8 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
                 epoch: gpool_core::Epoch(1),
                 team: format!("team-{}", (i * 2 + half) % n_teams as usize),
                 qos: if half == 0 { "normal".into() } else { "low".into() },
+                pool: String::new(),
+                gpu_types: Vec::new(),
                 burst: half == 1,
                 placement: vec![NodePlacement {
                     node: format!("n{i}"),

@@ -14,6 +14,11 @@ pub struct Team {
     pub shares: u32,
     /// GPUs the team can always get back, by preemption if need be.
     pub guaranteed_gpus: u32,
+    /// More guaranteed GPUs in one pool, or of one GPU model (by name): a
+    /// job of that pool, or that accepts only that model, runs under its
+    /// entry first.
+    #[serde(default)]
+    pub guaranteed_in: BTreeMap<String, u32>,
     /// Guaranteed GPU-hours per period; `None` means no budget limit.
     pub gpu_hours: Option<u64>,
     /// At most this many GPUs at once, guaranteed and burst together.
@@ -29,6 +34,7 @@ impl Team {
             name: name.to_string(),
             shares: 1,
             guaranteed_gpus: 0,
+            guaranteed_in: BTreeMap::new(),
             gpu_hours: None,
             max_gpus: None,
             members: Vec::new(),

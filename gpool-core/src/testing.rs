@@ -53,6 +53,8 @@ fn parse_running_job(line: &str) -> RunningJob {
         epoch: crate::ids::Epoch(1),
         team: "default".into(),
         qos: String::new(),
+        pool: String::new(),
+        gpu_types: Vec::new(),
         burst: false,
         placement: Vec::new(),
         started_at: Timestamp(0),
@@ -66,6 +68,8 @@ fn parse_running_job(line: &str) -> RunningJob {
             None if token == "preempting" => job.preempting = true,
             Some(("team", value)) => job.team = value.into(),
             Some(("qos", value)) => job.qos = value.into(),
+            Some(("pool", value)) => job.pool = value.into(),
+            Some(("type", value)) => job.gpu_types = value.split(',').map(GpuModel::new).collect(),
             Some(("start", value)) => job.started_at = Timestamp(value.parse::<i64>().expect("start") * 1000),
             Some(("ends", value)) => job.ends_at = Some(Timestamp(value.parse::<i64>().expect("ends") * 1000)),
             Some(("ckpt", value)) => {

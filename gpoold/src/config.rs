@@ -1,5 +1,6 @@
 //! gpoold.toml, and the settings of a run (from the file or from `--dev`).
 
+use gpool_core::model::GpuModel;
 use gpool_core::model::PoolDef;
 use gpool_core::policy::{Period, Qos, Sharing, Team, Weights};
 use gpool_core::sched::Policy;
@@ -94,6 +95,9 @@ struct TeamFile {
     shares: u32,
     #[serde(default)]
     guaranteed_gpus: u32,
+    /// Pool or GPU model name -> more guaranteed GPUs there.
+    #[serde(default)]
+    guaranteed_in: BTreeMap<String, u32>,
     gpu_hours: Option<u64>,
     max_gpus: Option<u32>,
     #[serde(default)]
@@ -201,7 +205,8 @@ impl Config {
                     )
                 })?,
         };
-        policy.sharing = sharing_from_file(parsed.sharing, parsed.team, parsed.qos, &invalid)?;
+        let pools: Vec<String> = policy.pools.iter().map(|pool| pool.name.clone()).collect();
+        policy.sharing = sharing_from_file(parsed.sharing, parsed.team, parsed.qos, &pools, &invalid)?;
         Ok(Config {
             listen,
             state_dir: parsed.state_dir,
@@ -221,6 +226,7 @@ fn sharing_from_file(
     file: Option<toml::Spanned<SharingFile>>,
     teams: Vec<toml::Spanned<TeamFile>>,
     qos: Vec<toml::Spanned<QosFile>>,
+    policy_pools: &[String],
     invalid: &dyn Fn(usize, String) -> ConfigError,
 ) -> Result<Sharing, ConfigError> {
     let mut sharing = Sharing::default();
@@ -331,6 +337,22 @@ fn sharing_from_file(
             name: team.name,
             shares: team.shares,
             guaranteed_gpus: team.guaranteed_gpus,
+            guaranteed_in: team
+                .guaranteed_in
+                .into_iter()
+                .map(|(key, gpus)| {
+                    // A pool name as written; anything else is a GPU model.
+                    let pool = policy_pools.contains(&key);
+                    (
+                        if pool {
+                            key
+                        } else {
+                            GpuModel::new(&key).as_str().to_string()
+                        },
+                        gpus,
+                    )
+                })
+                .collect(),
             gpu_hours: team.gpu_hours,
             max_gpus: team.max_gpus,
             members: team.members,
@@ -382,6 +404,9 @@ mod tests {
         assert!(config.policy.pool("").is_some());
         let sharing = &config.policy.sharing;
         assert_eq!(sharing.team("vision").guaranteed_gpus, 8);
+        let vision = sharing.team("vision");
+        assert_eq!(vision.guaranteed_in.get("inference"), Some(&2));
+        assert_eq!(vision.guaranteed_in.get("a100-80gb"), Some(&4));
         assert_eq!(sharing.team_of_user("carol"), Some("nlp"));
         assert!(sharing.qos("high").is_some_and(|q| q.preempt_lower));
         assert_eq!(sharing.qos("").map(|q| q.name.as_str()), Some("normal"));

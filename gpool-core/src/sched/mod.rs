@@ -49,6 +49,10 @@ pub struct RunningJob {
     pub epoch: crate::ids::Epoch,
     pub team: String,
     pub qos: String,
+    /// Its pool (empty: the default pool) and acceptable GPU models, which
+    /// decide which of its team's guarantees it counts against.
+    pub pool: String,
+    pub gpu_types: Vec<GpuModel>,
     /// Started beyond its team's guarantee: preemptible.
     pub burst: bool,
     pub placement: Vec<NodePlacement>,
@@ -186,12 +190,32 @@ impl NodeView {
 }
 
 /// GPUs a team holds now, counting this cycle's starts and reclaims.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct TeamUse {
     in_use: u64,
+    /// Guaranteed GPUs under the team's general guarantee...
     guaranteed_in_use: u64,
+    /// ...and under each `guaranteed_in` entry (a pool or a GPU model).
+    guaranteed_in: BTreeMap<String, u64>,
     /// Guaranteed GPU-seconds this period, running attempts included.
     guaranteed_secs: f64,
+}
+
+/// Which guarantee covers a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cover {
+    /// The team's `guaranteed_in` entry for the job's pool or its one GPU model.
+    Entry(String),
+    General,
+}
+
+impl TeamUse {
+    fn add(&mut self, cover: &Cover, gpus: u64) {
+        match cover {
+            Cover::Entry(key) => *self.guaranteed_in.entry(key.clone()).or_default() += gpus,
+            Cover::General => self.guaranteed_in_use += gpus,
+        }
+    }
 }
 
 /// Decides which pending jobs start now and where, and which running jobs
@@ -199,19 +223,35 @@ struct TeamUse {
 pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     let sharing = &policy.sharing;
     let period_start = sharing.period.start(now, &sharing.time_zone);
+    // Each team's terms, looked up once per distinct name.
+    let mut terms: HashMap<&str, crate::policy::Team> = HashMap::new();
+    for team in view
+        .pending
+        .iter()
+        .map(|j| &j.team)
+        .chain(view.running.iter().map(|r| &r.team))
+    {
+        terms.entry(team.as_str()).or_insert_with(|| sharing.team(team));
+    }
     let mut usage_now = view.usage.clone();
     let mut teams: BTreeMap<&str, TeamUse> = BTreeMap::new();
-    for job in &view.running {
+    // Running guaranteed work counts against the guarantees in start order.
+    let mut running: Vec<&RunningJob> = view.running.iter().collect();
+    running.sort_by_key(|r| (r.started_at, r.id));
+    for job in running {
         usage_now
             .entry(job.team.clone())
             .or_default()
             .charge(job.gpus(), job.started_at, now, job.burst, sharing);
-        let team = teams.entry(job.team.as_str()).or_default();
-        team.in_use += job.gpus();
+        let used = teams.entry(job.team.as_str()).or_default();
+        used.in_use += job.gpus();
         if !job.burst {
-            team.guaranteed_in_use += job.gpus();
+            let pool = policy.pool(&job.pool).map_or("", |pool| pool.name.as_str());
+            let cover = coverage(&terms[job.team.as_str()], used, job.gpus(), pool, &job.gpu_types, true)
+                .unwrap_or(Cover::General);
+            used.add(&cover, job.gpus());
             let from = job.started_at.max(period_start);
-            team.guaranteed_secs += (now.0 - from.0).max(0) as f64 / 1000.0 * job.gpus() as f64;
+            used.guaranteed_secs += (now.0 - from.0).max(0) as f64 / 1000.0 * job.gpus() as f64;
         }
     }
     for (name, ledger) in &view.usage {
@@ -219,13 +259,6 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     }
     let fair = sharing.fair_shares(&usage_now, now);
 
-    // Each team's terms, looked up once per distinct name.
-    let mut terms: HashMap<&str, crate::policy::Team> = HashMap::new();
-    for job in &view.pending {
-        terms
-            .entry(job.team.as_str())
-            .or_insert_with(|| sharing.team(&job.team));
-    }
     let mut plan = Plan::default();
     let max_qos = sharing.max_qos_priority();
     let max_gpus = view.pending.iter().map(PendingJob::total_gpus).max().unwrap_or(0);
@@ -246,8 +279,8 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             let priority = crate::policy::priority(&sharing.weights, &inputs);
             plan.priorities.insert(job.id, priority);
             let team = &terms[job.team.as_str()];
-            let used = teams.get(job.team.as_str()).copied().unwrap_or_default();
-            let covered = guaranteed(team, &used, job.total_gpus());
+            let used = teams.get(job.team.as_str()).cloned().unwrap_or_default();
+            let covered = job_coverage(team, &used, job, policy).is_some();
             (covered, priority.total, job)
         })
         .collect();
@@ -292,7 +325,8 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 continue;
             }
         }
-        let covered = guaranteed(team, used, gpus);
+        let cover = job_coverage(team, used, job, policy);
+        let covered = cover.is_some();
         let qos_priority = sharing.qos(&job.qos).map_or(0, |qos| qos.priority);
         let kept: u64 = reserves
             .iter()
@@ -312,8 +346,8 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 if let Some((n_jobs, placement)) = reclaim.plan(job, covered, keep, &mut plan.preemptions) {
                     hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
                     used.in_use += gpus;
-                    if covered {
-                        used.guaranteed_in_use += gpus;
+                    if let Some(cover) = &cover {
+                        used.add(cover, gpus);
                     }
                     reasons = vec![Reject::Reclaiming { n_jobs }];
                 }
@@ -351,8 +385,8 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 reclaim.taken(&placement);
                 ends.push((ends_at, placement.clone()));
                 used.in_use += gpus;
-                if covered {
-                    used.guaranteed_in_use += gpus;
+                if let Some(cover) = &cover {
+                    used.add(cover, gpus);
                 }
                 plan.starts.push(Start {
                     job: job.id,
@@ -365,8 +399,8 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                     if let Some((n_jobs, placement)) = reclaim.plan(job, covered, keep, &mut plan.preemptions) {
                         hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
                         used.in_use += gpus;
-                        if covered {
-                            used.guaranteed_in_use += gpus;
+                        if let Some(cover) = &cover {
+                            used.add(cover, gpus);
                         }
                         reasons = vec![Reject::Reclaiming { n_jobs }];
                     }
@@ -455,13 +489,43 @@ fn hold(
     reclaim.taken(placement);
 }
 
-/// Whether `gpus` more GPUs of `team` would still run guaranteed: within
-/// its guaranteed GPUs and under its GPU-hour budget.
-fn guaranteed(team: &crate::policy::Team, used: &TeamUse, gpus: u64) -> bool {
+/// The guarantee `job` would run under, if any (see `coverage`).
+fn job_coverage(team: &crate::policy::Team, used: &TeamUse, job: &PendingJob, policy: &Policy) -> Option<Cover> {
+    let pool = policy.pool(&job.pool).map_or("", |pool| pool.name.as_str());
+    coverage(team, used, job.total_gpus(), pool, &job.gpu_types, false)
+}
+
+/// Which guarantee `gpus` more GPUs of `team` in `pool`, of `gpu_types`,
+/// run under: the `guaranteed_in` entry of the pool (else of the job's one
+/// GPU model) while it has room, else the general `guaranteed_gpus`; `None`
+/// means burst work (no room, or the GPU-hour budget is spent, unless
+/// `running`: work already started keeps its place).
+fn coverage(
+    team: &crate::policy::Team,
+    used: &TeamUse,
+    gpus: u64,
+    pool: &str,
+    gpu_types: &[GpuModel],
+    running: bool,
+) -> Option<Cover> {
     let under_budget = team
         .gpu_hours
         .is_none_or(|hours| used.guaranteed_secs < hours as f64 * 3600.0);
-    under_budget && used.guaranteed_in_use + gpus <= u64::from(team.guaranteed_gpus)
+    if !under_budget && !running {
+        return None;
+    }
+    let entry = match gpu_types {
+        [model] if !team.guaranteed_in.contains_key(pool) => Some(model.as_str()),
+        _ => Some(pool),
+    }
+    .filter(|key| team.guaranteed_in.contains_key(*key));
+    if let Some(key) = entry {
+        let in_use = used.guaranteed_in.get(key).copied().unwrap_or(0);
+        if in_use + gpus <= u64::from(team.guaranteed_in[key]) {
+            return Some(Cover::Entry(key.to_string()));
+        }
+    }
+    (used.guaranteed_in_use + gpus <= u64::from(team.guaranteed_gpus)).then_some(Cover::General)
 }
 
 fn burst_reason(team: &crate::policy::Team, used: &TeamUse, gpus: u64) -> Reject {

@@ -276,6 +276,8 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 epoch: crate::ids::Epoch(1),
                 team,
                 qos: String::new(),
+                pool: String::new(),
+                gpu_types: Vec::new(),
                 burst: start.burst,
                 placement: start.placement,
                 started_at: now,
@@ -546,6 +548,39 @@ fn guaranteed_work_reclaims_burst_gpus_rather_than_take_a_reserve() {
         expect![[r#"
             preempt j1 for j2 (loses 20000 GPU-seconds)
             pending j2: preempting 1 running job to make room for it
+        "#]],
+    );
+}
+
+#[test]
+fn guarantees_per_pool_and_per_gpu_model() {
+    let mut policy = policy();
+    policy.pools.push(crate::model::PoolDef {
+        name: "infer".into(),
+        selector: [("tier".to_string(), "infer".to_string())].into(),
+    });
+    policy.sharing.teams[2].guaranteed_in = [("infer".to_string(), 2), ("a100".to_string(), 2)].into();
+    // Team c has no general guarantee: 2 GPUs in pool infer, 2 A100s.
+    check(
+        &policy,
+        "n1 4xh100 tier=infer\nn2 4xa100\nn3 4xh100",
+        "",
+        "j1 team=c pool=infer gpus=2\nj2 team=c pool=infer gpus=1\nj3 team=c type=a100 gpus=2\nj4 team=c type=h100 gpus=1",
+        expect![[r#"
+            start j1 n1[0-1]
+            start j2 n1[2] (burst)
+            start j3 n2[0-1]
+            start j4 n1[3] (burst)
+        "#]],
+    );
+    // Running guaranteed work in the pool counts against its entry.
+    check(
+        &policy,
+        "n1 4xh100 tier=infer",
+        "r9 team=c pool=infer on=n1:0-1",
+        "j1 team=c pool=infer gpus=1",
+        expect![[r#"
+            start j1 n1[2] (burst)
         "#]],
     );
 }

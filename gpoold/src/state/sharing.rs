@@ -77,6 +77,8 @@ impl State {
                     epoch: *epoch,
                     team: job.spec.team.clone(),
                     qos: job.spec.qos.clone(),
+                    pool: job.spec.pool.clone(),
+                    gpu_types: job.spec.gpu_types.clone(),
                     burst: *burst,
                     placement: placement.clone(),
                     started_at: *started_at,
