@@ -66,14 +66,19 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub async fn show(ctx: &Ctx, id: u64) -> Result<(), CliError> {
+/// One job, as the controller shows it now.
+pub async fn fetch(ctx: &Ctx, id: u64) -> Result<pb::Job, CliError> {
     let mut conn = ctx.connect().await?;
-    let job = conn
+    Ok(conn
         .client
         .get_job(pb::GetJobRequest { id })
         .await
         .map_err(|s| conn.refused(s))?
-        .into_inner();
+        .into_inner())
+}
+
+pub async fn show(ctx: &Ctx, id: u64) -> Result<(), CliError> {
+    let job = fetch(ctx, id).await?;
     if ctx.json() {
         output::print_json(&output::job_json(&job));
     } else {

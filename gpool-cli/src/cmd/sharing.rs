@@ -9,13 +9,7 @@ use gpool_proto::pb;
 /// Why a job is where it is: for a pending job the scheduler's reasons,
 /// what would make it start sooner, and its priority's factors.
 pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
-    let mut conn = ctx.connect().await?;
-    let job = conn
-        .client
-        .get_job(pb::GetJobRequest { id })
-        .await
-        .map_err(|s| conn.refused(s))?
-        .into_inner();
+    let job = super::jobs::fetch(ctx, id).await?;
     let state = state_name(job.state());
     if ctx.json() {
         output::print_json(&serde_json::json!({

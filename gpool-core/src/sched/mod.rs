@@ -338,23 +338,9 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             kept,
         });
         let may_preempt = covered || sharing.qos(&job.qos).is_some_and(|qos| qos.preempt_lower);
-        if keep.is_some_and(|keep| keep.pool_free_now < gpus + keep.kept) && index.fits(job, policy) {
-            // It fits only by taking GPUs kept for others: it may reclaim
-            // burst GPUs instead, if it may preempt.
-            let mut reasons = vec![Reject::Reserved { gpus: kept }];
-            if may_preempt {
-                if let Some((n_jobs, placement)) = reclaim.plan(job, covered, keep, &mut plan.preemptions) {
-                    hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
-                    used.in_use += gpus;
-                    if let Some(cover) = &cover {
-                        used.add(cover, gpus);
-                    }
-                    reasons = vec![Reject::Reclaiming { n_jobs }];
-                }
-            }
-            plan.pending.push((job.id, reasons));
-            continue;
-        }
+        // It fits only by taking GPUs kept for others: it may reclaim burst
+        // GPUs instead, if it may preempt, and holds no reservation.
+        let into_reserve = keep.is_some_and(|keep| keep.pool_free_now < gpus + keep.kept) && index.fits(job, policy);
         let ends_at = job.time_limit_secs.map(|secs| Timestamp(now.0 + secs as i64 * 1000));
         let goes_around = match &reservation {
             Some(reserved) => ends_at.is_none_or(|end| end > reserved.at),
@@ -369,13 +355,14 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             covered,
             goes_around,
         };
-        if !may_preempt {
+        if !may_preempt && !into_reserve {
             if let Some(reasons) = failed.get(&shape) {
                 plan.pending.push((job.id, reasons.clone()));
                 continue;
             }
         }
         let placed = match masked.as_mut() {
+            _ if into_reserve => Err(vec![Reject::Reserved { gpus: kept }]),
             Some(masked) if goes_around => masked.place(job, policy).inspect(|placement| index.remove(placement)),
             Some(masked) => index.place(job, policy).inspect(|placement| masked.remove(placement)),
             None => index.place(job, policy),
@@ -404,6 +391,10 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                         }
                         reasons = vec![Reject::Reclaiming { n_jobs }];
                     }
+                }
+                if into_reserve {
+                    plan.pending.push((job.id, reasons));
+                    continue;
                 }
                 let reclaiming = matches!(reasons.first(), Some(Reject::Reclaiming { .. }));
                 if let Some(reserved) = reservation.as_ref().filter(|_| goes_around && !reclaiming) {
