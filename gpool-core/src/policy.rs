@@ -2,6 +2,7 @@
 //! DESIGN §3, as data and pure functions.
 
 use crate::ids::Timestamp;
+use crate::spec::{spec_error, SpecError};
 use jiff::tz::TimeZone;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -325,6 +326,42 @@ impl Sharing {
         self.qos.iter().find(|qos| qos.name == name)
     }
 
+    /// Applies the sharing rules to a submitted spec: a job naming no team
+    /// goes to its user's team (else `default_team`); its QoS class must
+    /// exist; a job without a time limit gets its class's `max_time`, and
+    /// none may ask for more; no grace beyond `max_grace_secs`.
+    pub fn admit(&self, spec: &mut crate::model::JobSpec, user: &str, default_team: &str) -> Result<(), SpecError> {
+        if spec.team.is_empty() {
+            spec.team = self.team_of_user(user).unwrap_or(default_team).to_string();
+        }
+        let qos = self.qos(&spec.qos).ok_or_else(|| {
+            let known: Vec<&str> = self.qos.iter().map(|q| q.name.as_str()).collect();
+            spec_error(
+                "qos",
+                format!("no QoS class {:?} (there are: {})", spec.qos, known.join(", ")),
+            )
+        })?;
+        if let Some(max_time) = qos.max_time_secs {
+            match spec.time_limit_secs {
+                None => spec.time_limit_secs = Some(max_time),
+                Some(time) if time > max_time => {
+                    return Err(spec_error(
+                        "time",
+                        format!("{time} s is longer than QoS {}'s max_time of {max_time} s", qos.name),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(grace) = spec.grace_secs.filter(|grace| *grace > self.max_grace_secs) {
+            return Err(spec_error(
+                "grace",
+                format!("{grace} s is longer than the longest grace, {} s", self.max_grace_secs),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn max_qos_priority(&self) -> u32 {
         self.qos.iter().map(|qos| qos.priority).max().unwrap_or(0)
     }
@@ -543,6 +580,39 @@ mod tests {
         let b = &report[1];
         assert_eq!((b.team.as_str(), b.gpus_in_use, b.fair_share), ("b", 0, 1.0));
         assert!(a.fair_share < 0.5);
+    }
+
+    #[test]
+    fn admission_fills_team_and_time_and_refuses_what_the_class_forbids() {
+        let mut sharing = Sharing {
+            teams: vec![Team {
+                members: vec!["alice".into()],
+                ..Team::unlisted("vision")
+            }],
+            ..Sharing::default()
+        };
+        sharing.qos[0].max_time_secs = Some(3600);
+        let mut spec = crate::testing::job_builder(crate::ids::JobId(1)).build().spec;
+        spec.team.clear();
+        sharing.admit(&mut spec, "alice", "default").unwrap();
+        assert_eq!((spec.team.as_str(), spec.time_limit_secs), ("vision", Some(3600)));
+        spec.team.clear();
+        sharing.admit(&mut spec, "bob", "default").unwrap();
+        assert_eq!(spec.team, "default");
+        spec.time_limit_secs = Some(7200);
+        assert_eq!(
+            sharing.admit(&mut spec, "bob", "default").unwrap_err().to_string(),
+            "time: 7200 s is longer than QoS normal's max_time of 3600 s"
+        );
+        spec.time_limit_secs = None;
+        spec.qos = "gold".into();
+        assert_eq!(
+            sharing.admit(&mut spec, "bob", "default").unwrap_err().to_string(),
+            "qos: no QoS class \"gold\" (there are: normal)"
+        );
+        spec.qos.clear();
+        spec.grace_secs = Some(7200);
+        assert_eq!(sharing.admit(&mut spec, "bob", "default").unwrap_err().field, "grace");
     }
 
     #[test]

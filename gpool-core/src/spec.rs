@@ -23,7 +23,7 @@ pub struct SpecError {
     pub reason: String,
 }
 
-fn spec_error(field: &str, reason: impl Into<String>) -> SpecError {
+pub(crate) fn spec_error(field: &str, reason: impl Into<String>) -> SpecError {
     SpecError {
         field: field.to_string(),
         reason: reason.into(),

@@ -257,47 +257,10 @@ impl State {
         let mut checked = Vec::with_capacity(specs.len());
         for (spec_idx, mut spec) in specs.into_iter().enumerate() {
             let index = spec_idx + 1;
-            let sharing = &self.policy.sharing;
-            if spec.team.is_empty() {
-                spec.team = sharing.team_of_user(&user).unwrap_or(DEFAULT_TEAM).to_string();
-            }
-            let qos = sharing.qos(&spec.qos).ok_or_else(|| Error::InvalidRequest {
-                field: "qos",
-                reason: format!(
-                    "job {index}: no QoS class {:?} (there are: {})",
-                    spec.qos,
-                    sharing
-                        .qos
-                        .iter()
-                        .map(|q| q.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            })?;
-            if let Some(max_time) = qos.max_time_secs {
-                match spec.time_limit_secs {
-                    None => spec.time_limit_secs = Some(max_time),
-                    Some(time) if time > max_time => {
-                        return Err(Error::InvalidRequest {
-                            field: "time",
-                            reason: format!(
-                                "job {index}: {time} s is longer than QoS {}'s max_time of {max_time} s",
-                                qos.name
-                            ),
-                        })
-                    }
-                    Some(_) => {}
-                }
-            }
-            if let Some(grace) = spec.grace_secs.filter(|grace| *grace > sharing.max_grace_secs) {
-                return Err(Error::InvalidRequest {
-                    field: "grace",
-                    reason: format!(
-                        "job {index}: {grace} s is longer than the longest grace, {} s",
-                        sharing.max_grace_secs
-                    ),
-                });
-            }
+            self.policy
+                .sharing
+                .admit(&mut spec, &user, DEFAULT_TEAM)
+                .map_err(|source| Error::InvalidSpec { index, source })?;
             spec.validate().map_err(|source| Error::InvalidSpec { index, source })?;
             check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, source })?;
             checked.push(spec);
