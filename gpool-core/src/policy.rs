@@ -362,6 +362,15 @@ impl Sharing {
         Ok(())
     }
 
+    /// Between a preempted attempt's checkpoint signal and its kill: the
+    /// job's own grace, else its class's, never more than `max_grace_secs`.
+    pub fn grace_secs(&self, spec: &crate::model::JobSpec) -> u64 {
+        let class_grace = self
+            .qos(&spec.qos)
+            .map_or(Qos::normal().grace_secs, |qos| qos.grace_secs);
+        spec.grace_secs.unwrap_or(class_grace).min(self.max_grace_secs)
+    }
+
     pub fn max_qos_priority(&self) -> u32 {
         self.qos.iter().map(|qos| qos.priority).max().unwrap_or(0)
     }

@@ -148,12 +148,9 @@ impl State {
     /// The grace a preempted job gets: its own (within the maximum), else
     /// its QoS's.
     pub(super) fn grace_secs(&self, id: JobId) -> u64 {
-        let sharing = &self.policy.sharing;
-        let Some(job) = self.jobs.get(&id) else {
-            return 0;
-        };
-        let qos_grace = sharing.qos(&job.spec.qos).map_or(60, |qos| qos.grace_secs);
-        job.spec.grace_secs.unwrap_or(qos_grace).min(sharing.max_grace_secs)
+        self.jobs
+            .get(&id)
+            .map_or(0, |job| self.policy.sharing.grace_secs(&job.spec))
     }
 
     /// Kills preempted attempts whose grace ran out, and again every
