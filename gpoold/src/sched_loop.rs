@@ -30,7 +30,12 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
         let priorities = std::mem::take(&mut plan.priorities).into_iter().collect();
-        let estimated_starts = std::mem::take(&mut plan.estimated_starts).into_iter().collect();
+        let estimated_starts = plan
+            .reservation
+            .take()
+            .map(|(job, at, _)| (job, at))
+            .into_iter()
+            .collect();
         let (reasons, hints) = reasons_in_words(plan);
         let compute = started.elapsed();
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {

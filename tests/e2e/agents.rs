@@ -1,15 +1,9 @@
 //! Agents run the jobs: real gpool-agent processes with simulated GPUs.
 
 use crate::harness::cluster::Cluster;
-use crate::harness::process::wait_until;
+use crate::harness::process::{wait_for_file, wait_until};
 use std::collections::BTreeSet;
 use std::time::Duration;
-
-/// A shell fragment that waits for `file` to appear: a minute at most, so a
-/// failed test leaves no process behind.
-fn wait_for_file(file: &str) -> String {
-    format!("i=0; while [ ! -e {file} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done")
-}
 
 /// A shell line that records its GPUs, then waits for `release`.
 fn hold() -> String {

@@ -2,7 +2,7 @@
 //! with a checkpoint, requeue and resume.
 
 use crate::harness::cluster::Cluster;
-use crate::harness::process::{binary, wait_until};
+use crate::harness::process::{binary, wait_for_file, wait_until};
 use std::time::{Duration, Instant};
 
 const POLICY: &str = r#"
@@ -20,11 +20,6 @@ guaranteed_gpus = 2
 name = "normal"
 grace = "30s"
 "#;
-
-/// A shell fragment that waits for `file` (a minute at most).
-fn wait_for_file(file: &str) -> String {
-    format!("i=0; while [ ! -e {file} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done")
-}
 
 #[test]
 fn a_guaranteed_job_reclaims_gpus_from_burst_work_that_checkpoints_and_resumes() {

@@ -421,7 +421,6 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                         }))
                         .collect();
                     if let Some((at, placement)) = backfill::earliest_start(job, reclaim.nodes(), releases, policy) {
-                        plan.estimated_starts.insert(job.id, at);
                         let mut held = reclaim.nodes().to_vec();
                         for node in &mut held {
                             for gpu in &mut node.gpus {

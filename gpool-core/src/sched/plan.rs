@@ -17,9 +17,8 @@ pub struct Plan {
     pub preemptions: Vec<Preemption>,
     /// Every pending job's priority and its factors.
     pub priorities: BTreeMap<JobId, Priority>,
-    /// When the job holding the backfill reservation is expected to start.
-    pub estimated_starts: BTreeMap<JobId, crate::ids::Timestamp>,
-    /// The backfill reservation: the job, from when, on which GPUs.
+    /// The backfill reservation: the job, from when (its estimated start),
+    /// on which GPUs.
     pub reservation: Option<(JobId, crate::ids::Timestamp, Vec<NodePlacement>)>,
 }
 

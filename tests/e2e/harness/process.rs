@@ -119,3 +119,9 @@ pub fn output_within(mut child: std::process::Child, what: &str, timeout: Durati
         }
     }
 }
+
+/// A shell fragment for test jobs that waits for `file` to appear: a minute
+/// at most, so a failed test leaves no process behind.
+pub fn wait_for_file(file: &str) -> String {
+    format!("i=0; while [ ! -e {file} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done")
+}
