@@ -35,3 +35,13 @@ impl Timestamp {
         self.0 - earlier.0
     }
 }
+
+impl fmt::Display for Timestamp {
+    /// RFC 3339 in UTC, to the second.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match jiff::Timestamp::from_second(self.0.div_euclid(1000)) {
+            Ok(at) => write!(f, "{at}"),
+            Err(_) => write!(f, "{} ms after 1970", self.0),
+        }
+    }
+}

@@ -3,6 +3,7 @@
 //! Nothing in this crate does I/O, spawns, sleeps or reads a clock: time comes
 //! in as an argument, results come out as data.
 
+pub mod auth;
 pub mod feasibility;
 pub mod ids;
 pub mod job_state;

@@ -1,6 +1,7 @@
 //! Teams, QoS classes and the multi-factor priority: the sharing rules of
 //! DESIGN §3, as data and pure functions.
 
+use crate::auth::{authorize, Action, Caller, Denied};
 use crate::ids::Timestamp;
 use crate::spec::{spec_error, SpecError};
 use jiff::tz::TimeZone;
@@ -24,8 +25,12 @@ pub struct Team {
     pub gpu_hours: Option<u64>,
     /// At most this many GPUs at once, guaranteed and burst together.
     pub max_gpus: Option<u32>,
-    /// Users whose jobs go to this team when they name none.
+    /// Users whose jobs go to this team when they name none, and the only
+    /// ones who may submit to it (empty: open to all).
     pub members: Vec<String>,
+    /// Users who manage the team's jobs (cancel, signal, read) as its leads.
+    #[serde(default)]
+    pub leads: Vec<String>,
 }
 
 impl Team {
@@ -39,6 +44,7 @@ impl Team {
             gpu_hours: None,
             max_gpus: None,
             members: Vec::new(),
+            leads: Vec::new(),
         }
     }
 }
@@ -265,6 +271,16 @@ impl Ledger {
     }
 }
 
+/// Why a submitted spec is not admitted: something in it is wrong, or
+/// the caller may not submit it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}")]
+    Spec(SpecError),
+    #[error("{0}")]
+    Denied(Denied),
+}
+
 /// The sharing rules: teams, QoS classes, weights, budgets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sharing {
@@ -280,6 +296,8 @@ pub struct Sharing {
     pub waste_cap_gpu_hours_per_hour: f64,
     /// The longest grace a job may ask for.
     pub max_grace_secs: u64,
+    /// The highest `--priority` a user who is not an admin may give.
+    pub max_user_priority: i32,
 }
 
 impl Default for Sharing {
@@ -294,6 +312,7 @@ impl Default for Sharing {
             time_zone: TimeZone::UTC,
             waste_cap_gpu_hours_per_hour: f64::INFINITY,
             max_grace_secs: 3600,
+            max_user_priority: 100,
         }
     }
 }
@@ -327,37 +346,64 @@ impl Sharing {
     }
 
     /// Applies the sharing rules to a submitted spec: a job naming no team
-    /// goes to its user's team (else `default_team`); its QoS class must
-    /// exist; a job without a time limit gets its class's `max_time`, and
-    /// none may ask for more; no grace beyond `max_grace_secs`.
-    pub fn admit(&self, spec: &mut crate::model::JobSpec, user: &str, default_team: &str) -> Result<(), SpecError> {
+    /// goes to its user's team (else `default_team`); a named team must be
+    /// configured (where any is) and let the caller in; the priority must be
+    /// within `max_user_priority` unless the caller is an admin; its QoS
+    /// class must exist; a job without a time limit gets its class's
+    /// `max_time`, and none may ask for more; no grace beyond
+    /// `max_grace_secs`.
+    pub fn admit(&self, spec: &mut crate::model::JobSpec, caller: &Caller, default_team: &str) -> Result<(), Refusal> {
         if spec.team.is_empty() {
-            spec.team = self.team_of_user(user).unwrap_or(default_team).to_string();
+            spec.team = self.team_of_user(&caller.user).unwrap_or(default_team).to_string();
         }
+        let configured = self.teams.iter().find(|team| team.name == spec.team);
+        if configured.is_none() && !self.teams.is_empty() && spec.team != default_team {
+            let known: Vec<&str> = self.teams.iter().map(|t| t.name.as_str()).collect();
+            return Err(Refusal::Spec(spec_error(
+                "team",
+                format!("no team {:?} (there are: {})", spec.team, known.join(", ")),
+            )));
+        }
+        let led_by_config = configured.map_or(&[][..], |team| team.leads.as_slice());
+        let caller = Caller {
+            led_teams: if led_by_config.contains(&caller.user) {
+                vec![spec.team.clone()]
+            } else {
+                caller.led_teams.clone()
+            },
+            ..caller.clone()
+        };
+        let submit = Action::Submit {
+            team: &spec.team,
+            members: configured.map_or(&[][..], |team| team.members.as_slice()),
+            priority: spec.priority,
+            max_user_priority: self.max_user_priority,
+        };
+        authorize(&caller, &submit).map_err(Refusal::Denied)?;
         let qos = self.qos(&spec.qos).ok_or_else(|| {
             let known: Vec<&str> = self.qos.iter().map(|q| q.name.as_str()).collect();
-            spec_error(
+            Refusal::Spec(spec_error(
                 "qos",
                 format!("no QoS class {:?} (there are: {})", spec.qos, known.join(", ")),
-            )
+            ))
         })?;
         if let Some(max_time) = qos.max_time_secs {
             match spec.time_limit_secs {
                 None => spec.time_limit_secs = Some(max_time),
                 Some(time) if time > max_time => {
-                    return Err(spec_error(
+                    return Err(Refusal::Spec(spec_error(
                         "time",
                         format!("{time} s is longer than QoS {}'s max_time of {max_time} s", qos.name),
-                    ))
+                    )))
                 }
                 Some(_) => {}
             }
         }
         if let Some(grace) = spec.grace_secs.filter(|grace| *grace > self.max_grace_secs) {
-            return Err(spec_error(
+            return Err(Refusal::Spec(spec_error(
                 "grace",
                 format!("{grace} s is longer than the longest grace, {} s", self.max_grace_secs),
-            ));
+            )));
         }
         Ok(())
     }
@@ -603,25 +649,65 @@ mod tests {
         sharing.qos[0].max_time_secs = Some(3600);
         let mut spec = crate::testing::job_builder(crate::ids::JobId(1)).build().spec;
         spec.team.clear();
-        sharing.admit(&mut spec, "alice", "default").unwrap();
+        sharing.admit(&mut spec, &Caller::user("alice"), "default").unwrap();
         assert_eq!((spec.team.as_str(), spec.time_limit_secs), ("vision", Some(3600)));
         spec.team.clear();
-        sharing.admit(&mut spec, "bob", "default").unwrap();
+        sharing.admit(&mut spec, &Caller::user("bob"), "default").unwrap();
         assert_eq!(spec.team, "default");
         spec.time_limit_secs = Some(7200);
         assert_eq!(
-            sharing.admit(&mut spec, "bob", "default").unwrap_err().to_string(),
+            sharing
+                .admit(&mut spec, &Caller::user("bob"), "default")
+                .unwrap_err()
+                .to_string(),
             "time: 7200 s is longer than QoS normal's max_time of 3600 s"
         );
         spec.time_limit_secs = None;
         spec.qos = "gold".into();
         assert_eq!(
-            sharing.admit(&mut spec, "bob", "default").unwrap_err().to_string(),
+            sharing
+                .admit(&mut spec, &Caller::user("bob"), "default")
+                .unwrap_err()
+                .to_string(),
             "qos: no QoS class \"gold\" (there are: normal)"
         );
         spec.qos.clear();
+        spec.team = "visoin".into();
+        assert_eq!(
+            sharing
+                .admit(&mut spec, &Caller::user("alice"), "default")
+                .unwrap_err()
+                .to_string(),
+            "team: no team \"visoin\" (there are: vision)"
+        );
+        spec.team = "vision".into();
+        assert!(matches!(
+            sharing.admit(&mut spec, &Caller::user("bob"), "default"),
+            Err(Refusal::Denied(_))
+        ));
+        sharing.teams[0].leads = vec!["carol".into()];
+        sharing.admit(&mut spec, &Caller::user("carol"), "default").unwrap();
+        spec.priority = 1_000_000;
+        assert_eq!(
+            sharing.admit(&mut spec, &Caller::user("alice"), "default").unwrap_err().to_string(),
+            "user alice may not submit to team vision at priority 1000000: priority is above max_user_priority (100); only admins go beyond it"
+        );
+        let root = Caller {
+            admin: true,
+            ..Caller::user("root")
+        };
+        sharing.admit(&mut spec, &root, "default").unwrap();
+        spec.priority = 0;
         spec.grace_secs = Some(7200);
-        assert_eq!(sharing.admit(&mut spec, "bob", "default").unwrap_err().field, "grace");
+        assert_eq!(
+            sharing
+                .admit(&mut spec, &Caller::user("alice"), "default")
+                .unwrap_err()
+                .to_string()
+                .split(':')
+                .next(),
+            Some("grace")
+        );
     }
 
     #[test]

@@ -1,0 +1,174 @@
+//! Who may do what: authorisation as one pure function of the caller and
+//! the action (with the object it touches), and the credentials gpoold
+//! hands out (user tokens and per-attempt job tokens) as pure parsing,
+//! hashing and checking.
+//!
+//! Rules: users see their own jobs in full and others' only as queue
+//! entries; they cancel, signal and checkpoint only their own; team leads
+//! manage their team's jobs; admins may do everything. A user submits only
+//! to a team that lists them among its members (a team with no members is
+//! open to all), with a priority no higher than the configured bound.
+
+use crate::JobId;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// What a credential allows beyond a plain user's rights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Lead,
+    Admin,
+}
+
+impl Role {
+    pub fn parse(text: &str) -> Result<Role, String> {
+        match text {
+            "user" => Ok(Role::User),
+            "lead" => Ok(Role::Lead),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!("{other:?} is not a role (user, lead or admin)")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Lead => "lead",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    pub admin: bool,
+    /// Teams whose jobs this caller manages as their lead.
+    pub led_teams: Vec<String>,
+}
+
+impl Caller {
+    pub fn user(name: &str) -> Caller {
+        Caller {
+            user: name.to_string(),
+            admin: false,
+            led_teams: Vec::new(),
+        }
+    }
+}
+
+/// A job as authorisation sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRef<'a> {
+    pub id: JobId,
+    pub owner: &'a str,
+    pub team: &'a str,
+}
+
+/// What may be asked for, with the object it touches.
+#[derive(Debug, Clone, Copy)]
+pub enum Action<'a> {
+    /// A job's command, environment, workdir and output.
+    ReadJob(JobRef<'a>),
+    CancelJob(JobRef<'a>),
+    SignalJob(JobRef<'a>),
+    CheckpointJob(JobRef<'a>),
+    /// Submitting to `team` (whose `members` are given; empty is open to
+    /// all) at `priority`, where users may go up to `max_user_priority`
+    /// (lower is always allowed: it only makes their own job wait).
+    Submit {
+        team: &'a str,
+        members: &'a [String],
+        priority: i32,
+        max_user_priority: i32,
+    },
+    DrainNode(&'a str),
+    ResumeNode(&'a str),
+    RemoveNode(&'a str),
+    ReloadPolicy,
+    ManageTokens,
+}
+
+impl fmt::Display for Action<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let job = |f: &mut fmt::Formatter<'_>, verb: &str, job: &JobRef| {
+            write!(f, "{verb} job {} of user {} (team {})", job.id, job.owner, job.team)
+        };
+        match self {
+            Action::ReadJob(j) => job(f, "read the details of", j),
+            Action::CancelJob(j) => job(f, "cancel", j),
+            Action::SignalJob(j) => job(f, "signal", j),
+            Action::CheckpointJob(j) => job(f, "report a checkpoint of", j),
+            Action::Submit { team, priority, .. } => write!(f, "submit to team {team} at priority {priority}"),
+            Action::DrainNode(node) => write!(f, "drain node {node}"),
+            Action::ResumeNode(node) => write!(f, "resume node {node}"),
+            Action::RemoveNode(node) => write!(f, "remove node {node}"),
+            Action::ReloadPolicy => write!(f, "reload the policy"),
+            Action::ManageTokens => write!(f, "manage access tokens"),
+        }
+    }
+}
+
+/// A refusal: who asked, for what, and why not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("user {user} may not {action}: {reason}")]
+pub struct Denied {
+    pub user: String,
+    pub action: String,
+    pub reason: String,
+}
+
+/// Allows `action` to `caller`, or says why not.
+pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
+    if caller.admin {
+        return Ok(());
+    }
+    let refused = |reason: String| {
+        Err(Denied {
+            user: caller.user.clone(),
+            action: action.to_string(),
+            reason,
+        })
+    };
+    match action {
+        Action::ReadJob(job) | Action::CancelJob(job) | Action::SignalJob(job) | Action::CheckpointJob(job) => {
+            if job.owner == caller.user || caller.led_teams.iter().any(|team| team == job.team) {
+                Ok(())
+            } else {
+                refused(format!("only its owner, a lead of team {} or an admin may", job.team))
+            }
+        }
+        Action::Submit {
+            team,
+            members,
+            priority,
+            max_user_priority,
+        } => {
+            let member = members.is_empty()
+                || members.iter().any(|m| m == &caller.user)
+                || caller.led_teams.iter().any(|led| led == team);
+            if !member {
+                refused(format!("team {team} has members {} only", members.join(", ")))
+            } else if priority > max_user_priority {
+                refused(format!(
+                    "priority is above max_user_priority ({max_user_priority}); only admins go beyond it"
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        Action::DrainNode(_)
+        | Action::ResumeNode(_)
+        | Action::RemoveNode(_)
+        | Action::ReloadPolicy
+        | Action::ManageTokens => refused("only admins may".to_string()),
+    }
+}
+
+pub mod token;
+
+#[cfg(test)]
+mod tests;

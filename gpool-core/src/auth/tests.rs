@@ -1,0 +1,235 @@
+//! Authorisation and token tests: the rules as examples, and properties
+//! that no malformed or altered credential is ever accepted.
+
+use super::token::*;
+use super::*;
+use crate::{Epoch, JobId, Timestamp};
+use proptest::prelude::*;
+
+const KEY: Key = [7; 32];
+
+fn job<'a>(owner: &'a str, team: &'a str) -> JobRef<'a> {
+    JobRef {
+        id: JobId(7),
+        owner,
+        team,
+    }
+}
+
+fn lead(user: &str, team: &str) -> Caller {
+    Caller {
+        led_teams: vec![team.to_string()],
+        ..Caller::user(user)
+    }
+}
+
+fn admin(user: &str) -> Caller {
+    Caller {
+        admin: true,
+        ..Caller::user(user)
+    }
+}
+
+#[test]
+fn users_manage_their_own_jobs_leads_their_teams_and_admins_all() {
+    let a_job = job("alice", "nlp");
+    for action in [
+        Action::ReadJob(a_job),
+        Action::CancelJob(a_job),
+        Action::SignalJob(a_job),
+        Action::CheckpointJob(a_job),
+    ] {
+        assert!(authorize(&Caller::user("alice"), &action).is_ok());
+        assert!(authorize(&lead("carol", "nlp"), &action).is_ok());
+        assert!(authorize(&admin("root"), &action).is_ok());
+        assert!(authorize(&lead("carol", "vision"), &action).is_err());
+        assert!(authorize(&Caller::user("bob"), &action).is_err());
+    }
+    let err = authorize(&Caller::user("bob"), &Action::CancelJob(a_job)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "user bob may not cancel job 7 of user alice (team nlp): only its owner, a lead of team nlp or an admin may"
+    );
+}
+
+#[test]
+fn only_admins_run_the_pool() {
+    for action in [
+        Action::DrainNode("n1"),
+        Action::ResumeNode("n1"),
+        Action::RemoveNode("n1"),
+        Action::ReloadPolicy,
+        Action::ManageTokens,
+    ] {
+        assert!(authorize(&admin("root"), &action).is_ok());
+        let err = authorize(&lead("carol", "nlp"), &action).unwrap_err();
+        assert_eq!(err.reason, "only admins may");
+    }
+    let err = authorize(&Caller::user("bob"), &Action::DrainNode("n1")).unwrap_err();
+    assert_eq!(err.to_string(), "user bob may not drain node n1: only admins may");
+}
+
+#[test]
+fn submit_needs_membership_and_a_bounded_priority() {
+    let members = ["alice".to_string()];
+    let submit = |team, members: &'static [String], priority| Action::Submit {
+        team,
+        members,
+        priority,
+        max_user_priority: 100,
+    };
+    let members: &'static [String] = Box::leak(Box::new(members));
+    assert!(authorize(&Caller::user("alice"), &submit("nlp", members, 100)).is_ok());
+    assert!(authorize(&Caller::user("alice"), &submit("nlp", members, -5)).is_ok());
+    assert!(authorize(&Caller::user("bob"), &submit("open", &[], 0)).is_ok());
+    assert!(authorize(&lead("carol", "nlp"), &submit("nlp", members, 0)).is_ok());
+    let err = authorize(&Caller::user("bob"), &submit("nlp", members, 0)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "user bob may not submit to team nlp at priority 0: team nlp has members alice only"
+    );
+    let err = authorize(&Caller::user("alice"), &submit("nlp", members, 1_000_000)).unwrap_err();
+    assert_eq!(
+        err.reason,
+        "priority is above max_user_priority (100); only admins go beyond it"
+    );
+    assert!(authorize(&admin("root"), &submit("nlp", members, 1_000_000)).is_ok());
+}
+
+fn record(secret: &[u8; SECRET_LEN], role: Role) -> TokenRecord {
+    TokenRecord {
+        id: 42,
+        user: "alice".into(),
+        role,
+        teams: vec!["nlp".into()],
+        created_by: "root".into(),
+        created_at: Timestamp(0),
+        expires_at: Some(Timestamp(1_000)),
+        revoked_at: None,
+        hash: secret_hash(&KEY, 42, secret),
+    }
+}
+
+#[test]
+fn a_user_token_round_trips_and_is_checked_against_its_record() {
+    let secret = [9u8; SECRET_LEN];
+    let text = user_token_text(42, &secret);
+    assert_eq!(parse(&text), Ok(Credential::User { id: 42, secret }));
+    assert!(!record(&secret, Role::User).hash.contains(&hex(&secret)));
+    let caller = check_user_token(&KEY, &record(&secret, Role::Lead), &secret, Timestamp(999)).unwrap();
+    assert_eq!(caller.led_teams, ["nlp"]);
+    assert!(!caller.admin);
+    let caller = check_user_token(&KEY, &record(&secret, Role::User), &secret, Timestamp(999)).unwrap();
+    assert!(caller.led_teams.is_empty(), "a user token leads nothing");
+    assert_eq!(
+        check_user_token(&KEY, &record(&secret, Role::User), &secret, Timestamp(1_000)),
+        Err(TokenError::Expired {
+            id: 42,
+            at: Timestamp(1_000)
+        })
+    );
+    let mut revoked = record(&secret, Role::Admin);
+    revoked.revoked_at = Some(Timestamp(5));
+    assert_eq!(
+        check_user_token(&KEY, &revoked, &secret, Timestamp(6)),
+        Err(TokenError::Revoked(42))
+    );
+    assert_eq!(
+        check_user_token(&[8; 32], &record(&secret, Role::User), &secret, Timestamp(6)),
+        Err(TokenError::Wrong(42)),
+        "another controller key gives another hash"
+    );
+}
+
+#[test]
+fn a_job_token_acts_as_its_owner_only_while_its_attempt_runs() {
+    let text = job_token_text(&KEY, JobId(3), Epoch(11));
+    let Ok(Credential::Job { job, epoch, mac }) = parse(&text) else {
+        panic!("{text} does not parse")
+    };
+    let caller = check_job_token(&KEY, job, epoch, &mac, Some(Epoch(11)), "alice").unwrap();
+    assert_eq!(caller, Caller::user("alice"));
+    assert_eq!(
+        check_job_token(&KEY, job, epoch, &mac, Some(Epoch(12)), "alice"),
+        Err(TokenError::JobNotRunning { job: JobId(3) })
+    );
+    assert!(check_job_token(&KEY, JobId(4), epoch, &mac, Some(Epoch(11)), "alice").is_err());
+}
+
+#[test]
+fn malformed_tokens_name_what_is_wrong() {
+    for text in [
+        "",
+        "hunter2",
+        "gpool_",
+        "gpool_x_00",
+        "gpool_1_zz",
+        "gpoolj_1_2",
+        "gpool_-1_0000000000000000000000000000000000000000000000000000000000000000",
+        "gpool_99999999999999999999999_0000000000000000000000000000000000000000000000000000000000000000",
+    ] {
+        assert!(matches!(parse(text), Err(TokenError::Malformed(_))), "{text:?}");
+    }
+}
+
+proptest! {
+    #[test]
+    fn parsing_any_text_never_panics(text in "\\PC{0,200}") {
+        let _ = parse(&text);
+    }
+
+    #[test]
+    fn no_altered_user_token_is_accepted(
+        secret in proptest::array::uniform32(any::<u8>()),
+        position in 0usize..70,
+        replacement in "[0-9a-z_]",
+    ) {
+        let rec = record(&secret, Role::User);
+        let text = user_token_text(42, &secret);
+        let mut altered: Vec<char> = text.chars().collect();
+        let position = position % altered.len();
+        let new_char = replacement.chars().next().unwrap();
+        prop_assume!(altered[position] != new_char);
+        altered[position] = new_char;
+        let altered: String = altered.into_iter().collect();
+        let accepted = match parse(&altered) {
+            Ok(Credential::User { id, secret }) if id == 42 => check_user_token(&KEY, &rec, &secret, Timestamp(0)).is_ok(),
+            _ => false,
+        };
+        prop_assert!(!accepted, "{altered} was accepted");
+    }
+
+    #[test]
+    fn no_altered_job_token_is_accepted(job in 0u64..1000, epoch in 0u64..1000, position in 0usize..90, replacement in "[0-9a-f_]") {
+        let text = job_token_text(&KEY, JobId(job), Epoch(epoch));
+        let mut altered: Vec<char> = text.chars().collect();
+        let position = position % altered.len();
+        let new_char = replacement.chars().next().unwrap();
+        prop_assume!(altered[position] != new_char);
+        altered[position] = new_char;
+        let altered: String = altered.into_iter().collect();
+        // An altered text may still name the same job and epoch (a leading
+        // zero); then it is the same credential. Any other must fail.
+        if let Ok(Credential::Job { job: parsed_job, epoch: parsed_epoch, mac }) = parse(&altered) {
+            let accepted = check_job_token(&KEY, parsed_job, parsed_epoch, &mac, Some(parsed_epoch), "alice").is_ok();
+            prop_assert!(!accepted || (parsed_job, parsed_epoch) == (JobId(job), Epoch(epoch)), "{altered} was accepted");
+        }
+    }
+
+    #[test]
+    fn nobody_but_an_admin_runs_the_pool(user in "[a-z]{1,8}", teams in proptest::collection::vec("[a-z]{1,4}", 0..3)) {
+        let caller = Caller { user, admin: false, led_teams: teams };
+        for action in [Action::DrainNode("n"), Action::ResumeNode("n"), Action::RemoveNode("n"), Action::ReloadPolicy, Action::ManageTokens] {
+            prop_assert!(authorize(&caller, &action).is_err());
+        }
+    }
+
+    #[test]
+    fn a_user_reaches_another_users_job_only_as_its_teams_lead(
+        user in "[a-z]{1,3}", owner in "[a-z]{1,3}", team in "[a-z]{1,2}", led in proptest::collection::vec("[a-z]{1,2}", 0..3),
+    ) {
+        let caller = Caller { user: user.clone(), admin: false, led_teams: led.clone() };
+        let allowed = authorize(&caller, &Action::CancelJob(JobRef { id: JobId(1), owner: &owner, team: &team })).is_ok();
+        prop_assert_eq!(allowed, user == owner || led.contains(&team));
+    }
+}
