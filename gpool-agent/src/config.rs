@@ -20,6 +20,28 @@ pub struct AgentConfig {
     pub simulated_gpus: Vec<SimulatedGpu>,
     /// How the simulated GPUs are connected (empty: all `system`).
     pub simulated_topology: Topology,
+    /// The cluster CA that gpoold's certificate must chain to; with it the
+    /// link uses TLS.
+    pub ca: Option<PathBuf>,
+    /// This node's client certificate and key (`gpool admin cert issue
+    /// --node NAME`).
+    pub cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl AgentConfig {
+    /// Reads the CA and the node's certificate and key for the link.
+    pub fn client_tls(&self) -> anyhow::Result<gpool_proto::dial::ClientTls> {
+        let read = |field: &str, path: &Path| {
+            std::fs::read_to_string(path).map_err(|err| anyhow::anyhow!("{field} {}: {err}", path.display()))
+        };
+        Ok(gpool_proto::dial::ClientTls {
+            ca_pem: self.ca.as_deref().map(|ca| read("ca", ca)).transpose()?,
+            identity_pem: match &self.cert {
+                Some((cert, key)) => Some((read("cert", cert)?, read("key", key)?)),
+                None => None,
+            },
+        })
+    }
 }
 
 /// `[simulated_topology]`: groups of simulated GPUs (by index) joined by
@@ -58,6 +80,9 @@ struct AgentFile {
     #[serde(default)]
     simulated_gpu: Vec<SimulatedGpu>,
     simulated_topology: Option<toml::Spanned<SimulatedTopology>>,
+    ca: Option<PathBuf>,
+    cert: Option<toml::Spanned<PathBuf>>,
+    key: Option<toml::Spanned<PathBuf>>,
 }
 
 impl AgentConfig {
@@ -127,7 +152,25 @@ impl AgentConfig {
                 .and_then(|name| name.into_string().ok())
                 .unwrap_or_else(|| "localhost".into()),
         };
+        let cert = match (parsed.cert, parsed.key) {
+            (Some(cert), Some(key)) => Some((cert.into_inner(), key.into_inner())),
+            (None, None) => None,
+            (Some(spanned), None) | (None, Some(spanned)) => {
+                return Err(invalid(
+                    spanned.span().start,
+                    "cert, key: give both the node's certificate and its key, or neither".into(),
+                ))
+            }
+        };
+        if cert.is_some() && parsed.ca.is_none() {
+            return Err(invalid(
+                0,
+                "ca: a client certificate needs the cluster CA to check gpoold's".into(),
+            ));
+        }
         Ok(AgentConfig {
+            ca: parsed.ca,
+            cert,
             controller: parsed.controller,
             node_name,
             labels: parsed.labels,

@@ -29,9 +29,10 @@ pub struct Attempts {
     spawner: Mutex<Spawner>,
     /// Jobs run as their submitter only when the agent runs as root.
     as_root: bool,
-    /// gpoold's address, which jobs get as `GPOOL_SERVER` (for `gpool
-    /// checkpoint` and any other `gpool` command they run).
-    controller: String,
+    /// What jobs need to call gpoold (`gpool checkpoint` and any other
+    /// `gpool` command): `GPOOL_SERVER`, and `GPOOL_CA` where TLS is used.
+    /// Their `GPOOL_TOKEN` comes with each Launch.
+    controller_env: Vec<(String, String)>,
     /// Users looked up lately, and when.
     users: Mutex<std::collections::HashMap<String, (std::time::Instant, Option<RunAs>)>>,
     journal: Mutex<Journal>,
@@ -46,7 +47,7 @@ impl Attempts {
     /// the journal cannot be read.
     pub fn new(
         node: String,
-        controller: String,
+        controller_env: Vec<(String, String)>,
         spool_dir: PathBuf,
         events: mpsc::UnboundedSender<pb::JobEvent>,
     ) -> Result<Arc<Attempts>, String> {
@@ -65,7 +66,7 @@ impl Attempts {
         }
         Ok(Arc::new(Attempts {
             as_root: nix::unistd::geteuid().is_root(),
-            controller,
+            controller_env,
             users: Mutex::new(std::collections::HashMap::new()),
             node,
             spool_dir,
@@ -395,7 +396,7 @@ impl Attempts {
                 .iter()
                 .map(|var| (var.name.clone(), var.value.clone()))
                 .chain(attempt_env(launch, &self.node, &checkpoint_dir))
-                .chain([("GPOOL_SERVER".to_string(), self.controller.clone())])
+                .chain(self.controller_env.iter().cloned())
                 .collect(),
             workdir,
             // The supervisor creates these (each new file or directory costs

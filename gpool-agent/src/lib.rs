@@ -20,9 +20,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let (gpus, topology, source) = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
+    let tls = config.client_tls()?;
+    let mut controller_env = vec![("GPOOL_SERVER".to_string(), config.controller.clone())];
+    if let Some(ca) = &config.ca {
+        controller_env.push(("GPOOL_CA".to_string(), ca.display().to_string()));
+    }
     let attempts = launch::Attempts::new(
         config.node_name.clone(),
-        config.controller.clone(),
+        controller_env,
         config.spool_dir.clone(),
         events,
     )
@@ -36,7 +41,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         topology,
         heartbeat_interval: config.heartbeat_interval,
     };
-    link::run(config.controller.clone(), info, attempts, event_receiver, shutdown).await;
+    let controller = gpool_proto::dial::Address::parse(&config.controller)
+        .map_err(|reason| anyhow::anyhow!("controller: {reason}"))?;
+    link::run(controller, tls, info, attempts, event_receiver, shutdown).await;
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 use crate::launch::Attempts;
 use gpool_core::model::Gpu;
+use gpool_proto::dial::{Address, ClientTls};
 use gpool_proto::pb;
 use gpool_proto::pb::agent_link_client::AgentLinkClient;
 use std::collections::BTreeMap;
@@ -26,7 +27,8 @@ pub struct NodeInfo {
 /// Keeps the link up until `shutdown` resolves. Job events that could not
 /// be sent wait in `events` for the next connection.
 pub async fn run(
-    controller: String,
+    controller: Address,
+    tls: ClientTls,
     info: NodeInfo,
     attempts: Arc<Attempts>,
     mut events: mpsc::UnboundedReceiver<pb::JobEvent>,
@@ -39,14 +41,14 @@ pub async fn run(
     loop {
         let outcome = tokio::select! {
             () = &mut shutdown => return,
-            outcome = serve_once(&controller, &info, &attempts, &mut events, &mut undelivered) => outcome,
+            outcome = serve_once(&controller, &tls, &info, &attempts, &mut events, &mut undelivered) => outcome,
         };
         match outcome {
             Ok(()) => {
-                tracing::warn!("gpoold at {controller} closed the link; reconnecting");
+                tracing::warn!("gpoold at {controller:?} closed the link; reconnecting");
                 backoff = MIN_BACKOFF;
             }
-            Err(err) => tracing::warn!("link to gpoold at {controller}: {err}; retrying in {backoff:?}"),
+            Err(err) => tracing::warn!("link to gpoold at {controller:?}: {err}; retrying in {backoff:?}"),
         }
         tokio::select! {
             () = &mut shutdown => return,
@@ -75,21 +77,14 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
 }
 
 async fn serve_once(
-    controller: &str,
+    controller: &Address,
+    tls: &ClientTls,
     info: &NodeInfo,
     attempts: &Arc<Attempts>,
     events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
     undelivered: &mut Vec<pb::JobEvent>,
 ) -> Result<(), String> {
-    let uri = if controller.contains("://") {
-        controller.to_string()
-    } else {
-        format!("http://{controller}")
-    };
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .map_err(|err| format!("controller address {controller:?}: {err}"))?
-        .tcp_nodelay(true)
-        .connect()
+    let channel = gpool_proto::dial::connect(controller, tls)
         .await
         .map_err(|err| format!("cannot connect: {err}"))?;
     let (outbound, outbound_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
@@ -112,7 +107,7 @@ async fn serve_once(
     attempts.reported(&ended);
     undelivered.clear();
     tracing::info!(
-        "registered with gpoold at {controller} as {} with {} GPUs",
+        "registered with gpoold at {controller:?} as {} with {} GPUs",
         info.name,
         info.gpus.len()
     );

@@ -1,29 +1,46 @@
 //! Finding gpoold, connecting to it, and saying who calls.
+//!
+//! The address comes from `--server` / `GPOOL_SERVER`, else a running dev
+//! controller's address file, else the controller host's local socket. Over
+//! TCP the caller is a token (`GPOOL_TOKEN`, else `~/.config/gpool/token`)
+//! and TLS trusts the cluster CA (`GPOOL_CA`, else `~/.config/gpool/ca.pem`);
+//! on the local socket gpoold knows the caller by their Unix credentials.
 
 use crate::CliError;
+use gpool_proto::dial::{self, Address, ClientTls};
 use gpool_proto::pb::pool_client::PoolClient;
 use gpool_proto::USER_METADATA_KEY;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 pub type Interceptor = Box<dyn FnMut(Request<()>) -> Result<Request<()>, Status> + Send>;
 pub type Client = PoolClient<InterceptedService<Channel, Interceptor>>;
 
-/// `--server` / `GPOOL_SERVER`, else the address a dev controller recorded.
+/// The local socket of a controller installed with the example config.
+const DEFAULT_SOCKET: &str = "/var/lib/gpool/gpoold.sock";
+
+/// `--server` / `GPOOL_SERVER`, else the address a dev controller recorded,
+/// else the local socket where it exists.
 pub fn resolve_address(flag: Option<String>) -> Result<String, CliError> {
     if let Some(addr) = flag.filter(|a| !a.trim().is_empty()) {
         return Ok(addr.trim().to_string());
     }
     let pointer = gpool_proto::dev_address_file();
     match std::fs::read_to_string(&pointer) {
-        Ok(text) if !text.trim().is_empty() => Ok(text.trim().to_string()),
-        _ => Err(CliError::Usage(format!(
-            "no controller address: give --server HOST:PORT or set GPOOL_SERVER (no dev controller recorded one in {})",
-            pointer.display()
-        ))),
+        Ok(text) if !text.trim().is_empty() => return Ok(text.trim().to_string()),
+        _ => {}
     }
+    if std::path::Path::new(DEFAULT_SOCKET).exists() {
+        return Ok(format!("unix:{DEFAULT_SOCKET}"));
+    }
+    Err(CliError::Usage(format!(
+        "no controller address: give --server HOST:PORT or set GPOOL_SERVER (also https://HOST:PORT or unix:PATH); no dev controller recorded one in {}, and there is no {DEFAULT_SOCKET}",
+        pointer.display()
+    )))
 }
 
 /// The Unix user name of this process.
@@ -43,39 +60,81 @@ pub async fn connect(addr: &str) -> Result<Client, CliError> {
         addr: addr.to_string(),
         reason,
     };
-    let uri = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
+    let address = Address::parse(addr).map_err(|reason| CliError::Usage(format!("--server: {reason}")))?;
+    let tcp = matches!(address, Address::Tcp { .. });
+    let tls = ClientTls {
+        ca_pem: if tcp { read_ca()? } else { None },
+        identity_pem: None,
     };
-    let endpoint = Endpoint::from_shared(uri).map_err(|err| unreachable(format!("not an address: {err}")))?;
-    let channel = endpoint
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .map_err(|err| unreachable(error_chain(&err)))?;
+    let channel = dial::connect(&address, &tls).await.map_err(unreachable)?;
+    let token = if tcp { read_token()? } else { None };
+    let bearer: Option<MetadataValue<_>> = token
+        .map(|token| {
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|_| CliError::Usage("the token has characters that cannot be sent".into()))
+        })
+        .transpose()?;
+    // Dev mode trusts this name; a configured gpoold ignores it.
     let user = current_user()?;
     let user_value: MetadataValue<_> = user
         .parse()
         .map_err(|_| CliError::Usage(format!("user name {user:?} cannot be sent")))?;
     let interceptor: Interceptor = Box::new(move |mut request: Request<()>| {
         request.metadata_mut().insert(USER_METADATA_KEY, user_value.clone());
+        if let Some(bearer) = &bearer {
+            request.metadata_mut().insert("authorization", bearer.clone());
+        }
         Ok(request)
     });
     Ok(PoolClient::with_interceptor(channel, interceptor).max_decoding_message_size(1024 * 1024 * 1024))
 }
 
-/// "transport error: tcp connect error: Connection refused" in one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
+fn config_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|home| !home.is_empty())
+        .map(|home| PathBuf::from(home).join(".config").join("gpool"))
+}
+
+/// `GPOOL_CA`, else `~/.config/gpool/ca.pem` if it exists.
+fn read_ca() -> Result<Option<String>, CliError> {
+    let path = match std::env::var_os("GPOOL_CA").filter(|path| !path.is_empty()) {
+        Some(path) => PathBuf::from(path),
+        None => match config_dir().map(|dir| dir.join("ca.pem")).filter(|path| path.exists()) {
+            Some(path) => path,
+            None => return Ok(None),
+        },
+    };
+    std::fs::read_to_string(&path)
+        .map(Some)
+        .map_err(|err| CliError::Usage(format!("CA certificate {}: {err}", path.display())))
+}
+
+/// `GPOOL_TOKEN`, else `~/.config/gpool/token`, which must be readable by
+/// its owner only.
+fn read_token() -> Result<Option<String>, CliError> {
+    if let Some(token) = std::env::var("GPOOL_TOKEN")
+        .ok()
+        .filter(|token| !token.trim().is_empty())
+    {
+        return Ok(Some(token.trim().to_string()));
     }
-    text
+    let Some(path) = config_dir().map(|dir| dir.join("token")).filter(|path| path.exists()) else {
+        return Ok(None);
+    };
+    let mode = std::fs::metadata(&path)
+        .map_err(|err| CliError::Usage(format!("token file {}: {err}", path.display())))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(CliError::Usage(format!(
+            "token file {}: mode {:o} lets others read it; run chmod 600 {}",
+            path.display(),
+            mode & 0o777,
+            path.display()
+        )));
+    }
+    std::fs::read_to_string(&path)
+        .map(|text| Some(text.trim().to_string()))
+        .map_err(|err| CliError::Usage(format!("token file {}: {err}", path.display())))
 }

@@ -89,6 +89,8 @@ enum Command {
         #[arg(long)]
         team: Option<String>,
     },
+    /// Who gpoold takes you to be, and how it knows.
+    Whoami,
     /// Inside a job: report a finished checkpoint (a preempted job then
     /// ends at once, and the scheduler counts less lost work).
     Checkpoint {
@@ -103,9 +105,89 @@ enum Command {
 
 #[derive(clap::Subcommand)]
 enum AdminCommand {
-    /// Make gpoold re-read gpoold.toml (pools, teams, QoS, admins); a bad
-    /// file is refused with its line and field, and the old policy stays.
+    /// Make gpoold re-read gpoold.toml (pools, teams, QoS, admins) and the
+    /// certificate revocation list; a bad file is refused with its line and
+    /// field, and the old policy stays.
     Reload,
+    /// The cluster CA (on the controller host; no gpoold needed).
+    #[command(subcommand)]
+    Ca(CaCommand),
+    /// Certificates for agents and for gpoold, signed by the cluster CA.
+    #[command(subcommand)]
+    Cert(CertCommand),
+    /// User tokens (admins; gpoold keeps only their hashes).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(clap::Subcommand)]
+enum CaCommand {
+    /// Create the cluster CA in <state-dir>/ca (ca.pem, and ca.key mode 0600).
+    Init {
+        #[arg(long, default_value_os_t = cmd::pki::default_state_dir())]
+        state_dir: std::path::PathBuf,
+        /// How long the CA is valid.
+        #[arg(long, default_value = "10y", value_parser = parse_validity)]
+        expires: u64,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum CertCommand {
+    /// Write NAME.pem and NAME.key (0600) into --out: an agent's client
+    /// certificate (--node) or gpoold's server certificate (--controller).
+    Issue {
+        /// The node name the agent registers as.
+        #[arg(long, conflicts_with = "controller", required_unless_present = "controller")]
+        node: Option<String>,
+        /// Host names and IP addresses clients dial gpoold by.
+        #[arg(long, num_args = 1..)]
+        controller: Vec<String>,
+        #[arg(long, default_value = ".")]
+        out: std::path::PathBuf,
+        #[arg(long, default_value_os_t = cmd::pki::default_state_dir())]
+        state_dir: std::path::PathBuf,
+        /// How long the certificate is valid.
+        #[arg(long, default_value = "1y", value_parser = parse_validity)]
+        expires: u64,
+    },
+    /// Revoke a certificate by serial, or every one issued to --node.
+    Revoke {
+        serial: Option<String>,
+        #[arg(long, conflicts_with = "serial")]
+        node: Option<String>,
+        #[arg(long, default_value_os_t = cmd::pki::default_state_dir())]
+        state_dir: std::path::PathBuf,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum TokenCommand {
+    /// Issue a token; it is printed once, on stdout.
+    Create {
+        #[arg(long)]
+        user: String,
+        /// user, lead (manages --team's jobs) or admin.
+        #[arg(long, default_value = "user")]
+        role: String,
+        /// Teams a lead token leads.
+        #[arg(long = "team")]
+        teams: Vec<String>,
+        /// How long it is valid (e.g. 90d); never expires if absent.
+        #[arg(long, value_parser = parse_validity)]
+        expires: Option<u64>,
+    },
+    List,
+    Revoke {
+        id: u64,
+    },
+}
+
+/// `90d`, `12h`, `1y`, `30s`: seconds.
+fn parse_validity(text: &str) -> Result<u64, String> {
+    humantime::parse_duration(text)
+        .map(|duration| duration.as_secs())
+        .map_err(|err| format!("{text:?} is not a duration such as 90d: {err}"))
 }
 
 /// Everything that ends a `gpool` run early, mapped to an exit code once.
@@ -182,6 +264,40 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
         Command::Admin(AdminCommand::Reload) => cmd::nodes::reload(&ctx).await.map(|()| 0),
+        Command::Admin(AdminCommand::Ca(CaCommand::Init { state_dir, expires })) => {
+            cmd::pki::ca_init(&state_dir, expires, ctx.json()).map(|()| 0)
+        }
+        Command::Admin(AdminCommand::Cert(CertCommand::Issue {
+            node,
+            controller,
+            out,
+            state_dir,
+            expires,
+        })) => {
+            let subject = match node {
+                Some(node) => cmd::pki::Subject::Node(node),
+                None => cmd::pki::Subject::Controller(controller),
+            };
+            cmd::pki::cert_issue(&state_dir, subject, &out, expires, ctx.json()).map(|()| 0)
+        }
+        Command::Admin(AdminCommand::Cert(CertCommand::Revoke {
+            serial,
+            node,
+            state_dir,
+        })) => cmd::pki::cert_revoke(&state_dir, serial, node, ctx.json()).map(|()| 0),
+        Command::Admin(AdminCommand::Token(TokenCommand::Create {
+            user,
+            role,
+            teams,
+            expires,
+        })) => cmd::access::token_create(&ctx, user, role, teams, expires)
+            .await
+            .map(|()| 0),
+        Command::Admin(AdminCommand::Token(TokenCommand::List)) => cmd::access::token_list(&ctx).await.map(|()| 0),
+        Command::Admin(AdminCommand::Token(TokenCommand::Revoke { id })) => {
+            cmd::access::token_revoke(&ctx, id).await.map(|()| 0)
+        }
+        Command::Whoami => cmd::access::whoami(&ctx).await.map(|()| 0),
         Command::Why { id } => cmd::sharing::why(&ctx, id).await.map(|()| 0),
         Command::Usage { team } => cmd::sharing::usage(&ctx, team).await.map(|()| 0),
         Command::Checkpoint { job, attempt } => cmd::checkpoint::run(&ctx, job, attempt).await.map(|()| 0),

@@ -7,7 +7,8 @@
 //! pending), attempt, placement ([{node, gpus}]), qos, burst (the running
 //! attempt may be preempted), n_preemptions, lost_gpu_secs, preempted_at
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
-//! holding the backfill reservation; else null).
+//! holding the backfill reservation; else null), redacted (another user's
+//! job: command and workdir are empty).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -51,6 +52,8 @@ pub struct JobJson<'a> {
     preempted_at: Option<String>,
     last_checkpoint_at: Option<String>,
     estimated_start: Option<String>,
+    /// Another user's job: command, environment and workdir are hidden.
+    redacted: bool,
 }
 
 #[derive(Serialize)]
@@ -108,6 +111,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         preempted_at: job.preempted_at_ms.map(rfc3339),
         last_checkpoint_at: job.last_checkpoint_at_ms.map(rfc3339),
         estimated_start: job.estimated_start_ms.map(rfc3339),
+        redacted: job.redacted,
     }
 }
 
@@ -263,7 +267,14 @@ pub fn print_job_details(job: &pb::Job) {
                 humantime::format_duration(Duration::from_secs(d.seconds)).to_string()
             }),
         ),
-        ("command", spec.command.join(" ")),
+        (
+            "command",
+            if job.redacted {
+                "(hidden: another user's job)".to_string()
+            } else {
+                spec.command.join(" ")
+            },
+        ),
         ("workdir", or_dash(&spec.workdir)),
         ("submitted", rfc3339(job.submitted_at_ms)),
         ("started", job.started_at_ms.map_or("-".into(), rfc3339)),

@@ -121,6 +121,16 @@ pub struct Denied {
     pub reason: String,
 }
 
+/// Whether `name` can be a user name: 1 to 64 letters, digits, '.', '_'
+/// and '-'.
+pub fn is_user_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 /// Allows `action` to `caller`, or says why not.
 pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
     if caller.admin {

@@ -163,6 +163,17 @@ pub struct Job {
     pub lost_gpu_secs: u64,
 }
 
+impl Job {
+    /// The job as authorisation sees it.
+    pub fn auth_ref(&self) -> crate::auth::JobRef<'_> {
+        crate::auth::JobRef {
+            id: self.id,
+            owner: &self.user,
+            team: &self.spec.team,
+        }
+    }
+}
+
 /// The GPUs one node gives to one attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodePlacement {

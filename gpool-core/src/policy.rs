@@ -340,6 +340,15 @@ impl Sharing {
             .map(|team| team.name.as_str())
     }
 
+    /// The teams whose `leads` name `user`.
+    pub fn teams_led_by(&self, user: &str) -> Vec<String> {
+        self.teams
+            .iter()
+            .filter(|team| team.leads.iter().any(|lead| lead == user))
+            .map(|team| team.name.clone())
+            .collect()
+    }
+
     pub fn qos(&self, name: &str) -> Option<&Qos> {
         let name = if name.is_empty() { &self.default_qos } else { name };
         self.qos.iter().find(|qos| qos.name == name)
@@ -364,22 +373,13 @@ impl Sharing {
                 format!("no team {:?} (there are: {})", spec.team, known.join(", ")),
             )));
         }
-        let led_by_config = configured.map_or(&[][..], |team| team.leads.as_slice());
-        let caller = Caller {
-            led_teams: if led_by_config.contains(&caller.user) {
-                vec![spec.team.clone()]
-            } else {
-                caller.led_teams.clone()
-            },
-            ..caller.clone()
-        };
         let submit = Action::Submit {
             team: &spec.team,
             members: configured.map_or(&[][..], |team| team.members.as_slice()),
             priority: spec.priority,
             max_user_priority: self.max_user_priority,
         };
-        authorize(&caller, &submit).map_err(Refusal::Denied)?;
+        authorize(caller, &submit).map_err(Refusal::Denied)?;
         let qos = self.qos(&spec.qos).ok_or_else(|| {
             let known: Vec<&str> = self.qos.iter().map(|q| q.name.as_str()).collect();
             Refusal::Spec(spec_error(
@@ -686,7 +686,11 @@ mod tests {
             Err(Refusal::Denied(_))
         ));
         sharing.teams[0].leads = vec!["carol".into()];
-        sharing.admit(&mut spec, &Caller::user("carol"), "default").unwrap();
+        let carol = Caller {
+            led_teams: sharing.teams_led_by("carol"),
+            ..Caller::user("carol")
+        };
+        sharing.admit(&mut spec, &carol, "default").unwrap();
         spec.priority = 1_000_000;
         assert_eq!(
             sharing.admit(&mut spec, &Caller::user("alice"), "default").unwrap_err().to_string(),

@@ -32,6 +32,42 @@ pub struct Config {
     pub dev_agents: Option<DevAgents>,
     /// The file it came from, which `gpool admin reload` and SIGHUP re-read.
     pub path: Option<PathBuf>,
+    /// The Unix socket local users reach gpoold through, identified by
+    /// their peer credentials; `None` in dev mode.
+    pub socket: Option<PathBuf>,
+    /// TLS on the TCP listener; `None` means plaintext (dev mode, or
+    /// `insecure_plaintext`).
+    pub tls: Option<TlsFiles>,
+    /// Without TLS, outside dev mode: the only peers a plaintext connection
+    /// is accepted from.
+    pub plaintext_from: Vec<ipnet::IpNet>,
+}
+
+/// `[tls]`: the controller's certificate and key, and the cluster CA that
+/// agents' client certificates must chain to.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl Config {
+    /// Where the cluster CA (`gpool admin ca init`) and its revocation list
+    /// live.
+    pub fn ca_dir(state_dir: &Path) -> PathBuf {
+        state_dir.join("ca")
+    }
+
+    /// The audit log: one JSON line per admin action and refused request.
+    pub fn audit_log(&self) -> PathBuf {
+        self.state_dir.join("audit.log")
+    }
+
+    /// Serial numbers of revoked certificates, one per line (hex).
+    pub fn revoked_certs(&self) -> PathBuf {
+        Config::ca_dir(&self.state_dir).join("revoked")
+    }
 }
 
 /// The in-process agents of `gpoold --dev`.
@@ -54,6 +90,12 @@ struct ConfigFile {
     admins: Vec<String>,
     #[serde(default)]
     node_timeout: Option<toml::Spanned<String>>,
+    socket: Option<PathBuf>,
+    tls: Option<toml::Spanned<TlsFile>>,
+    #[serde(default)]
+    insecure_plaintext: bool,
+    #[serde(default)]
+    plaintext_from: Vec<toml::Spanned<String>>,
     #[serde(default)]
     pool: Vec<PoolFile>,
     #[serde(default)]
@@ -62,6 +104,14 @@ struct ConfigFile {
     team: Vec<toml::Spanned<TeamFile>>,
     #[serde(default)]
     qos: Vec<toml::Spanned<QosFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsFile {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: Option<PathBuf>,
 }
 
 /// `[sharing]`: how teams share the pool.
@@ -74,6 +124,7 @@ struct SharingFile {
     waste_cap_gpu_hours_per_hour: Option<f64>,
     max_grace: Option<String>,
     default_qos: Option<String>,
+    max_user_priority: Option<i32>,
     weights: Option<WeightsFile>,
 }
 
@@ -102,6 +153,8 @@ struct TeamFile {
     max_gpus: Option<u32>,
     #[serde(default)]
     members: Vec<String>,
+    #[serde(default)]
+    leads: Vec<String>,
 }
 
 fn one_share() -> u32 {
@@ -207,15 +260,68 @@ impl Config {
         };
         let pools: Vec<String> = policy.pools.iter().map(|pool| pool.name.clone()).collect();
         policy.sharing = sharing_from_file(parsed.sharing, parsed.team, parsed.qos, &pools, &invalid)?;
+        let plaintext_from = parsed
+            .plaintext_from
+            .iter()
+            .map(|range| {
+                let text = range.get_ref();
+                text.parse::<ipnet::IpNet>()
+                    .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        invalid(
+                            range.span().start,
+                            format!("plaintext_from: {text:?} is not an address range such as 10.0.0.0/8"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let tls = match parsed.tls {
+            Some(tls) => {
+                if parsed.insecure_plaintext {
+                    return Err(invalid(
+                        tls.span().start,
+                        "tls: insecure_plaintext = true and [tls] exclude each other".into(),
+                    ));
+                }
+                let tls = tls.into_inner();
+                Some(TlsFiles {
+                    cert: tls.cert,
+                    key: tls.key,
+                    ca: tls
+                        .ca
+                        .unwrap_or_else(|| Config::ca_dir(&parsed.state_dir).join("ca.pem")),
+                })
+            }
+            None if !parsed.insecure_plaintext => {
+                return Err(invalid(
+                    0,
+                    "tls: no [tls] table: gpoold serves TCP over TLS only, unless insecure_plaintext = true with plaintext_from ranges".into(),
+                ))
+            }
+            None if plaintext_from.is_empty() => {
+                return Err(invalid(
+                    0,
+                    "plaintext_from: insecure_plaintext = true needs the address ranges plaintext is accepted from".into(),
+                ))
+            }
+            None => None,
+        };
         Ok(Config {
             listen,
-            state_dir: parsed.state_dir,
             dev: false,
             policy,
             admins: parsed.admins,
             node_timeout,
             dev_agents: None,
             path: None,
+            socket: Some(parsed.socket.unwrap_or_else(|| parsed.state_dir.join("gpoold.sock"))),
+            tls,
+            plaintext_from: if parsed.insecure_plaintext {
+                plaintext_from
+            } else {
+                Vec::new()
+            },
+            state_dir: parsed.state_dir,
         })
     }
 }
@@ -279,6 +385,15 @@ fn sharing_from_file(
         }
         if let Some(max_grace) = duration(at, "sharing.max_grace", &file.max_grace)? {
             sharing.max_grace_secs = max_grace;
+        }
+        if let Some(max_user_priority) = file.max_user_priority {
+            if max_user_priority < 0 {
+                return Err(invalid(
+                    at,
+                    format!("sharing.max_user_priority: {max_user_priority} is not zero or more"),
+                ));
+            }
+            sharing.max_user_priority = max_user_priority;
         }
         if let Some(default_qos) = file.default_qos {
             sharing.default_qos = default_qos;
@@ -356,6 +471,7 @@ fn sharing_from_file(
             gpu_hours: team.gpu_hours,
             max_gpus: team.max_gpus,
             members: team.members,
+            leads: team.leads,
         });
     }
     if !qos.is_empty() {

@@ -1,5 +1,6 @@
 //! gpoold's errors, and their one mapping onto gRPC statuses.
 
+use gpool_core::auth::Denied;
 use gpool_core::feasibility::Infeasible;
 use gpool_core::spec::SpecError;
 use gpool_core::JobId;
@@ -17,10 +18,12 @@ pub enum Error {
     Infeasible { index: usize, source: Infeasible },
     #[error("{field}: {reason}")]
     InvalidRequest { field: &'static str, reason: String },
-    #[error("user {user:?} may not cancel job {job} of user {owner:?}")]
-    NotOwner { user: String, job: JobId, owner: String },
-    #[error("user {0:?} is not an admin; only admins drain and resume nodes and reload the policy")]
-    NotAdmin(String),
+    #[error("{0}")]
+    Denied(#[from] Denied),
+    #[error("job {index}: {source}")]
+    SubmitDenied { index: usize, source: Denied },
+    #[error("token {0} does not exist")]
+    UnknownToken(u64),
     #[error("node {0:?} has no connected agent right now")]
     NodeNotLinked(String),
     #[error("job {0} has not started, so it has no output yet")]
@@ -54,10 +57,10 @@ impl From<sled::Error> for Error {
 impl From<Error> for Status {
     fn from(err: Error) -> Status {
         let code = match &err {
-            Error::UnknownJob(_) | Error::UnknownNode(_) => Code::NotFound,
+            Error::UnknownJob(_) | Error::UnknownNode(_) | Error::UnknownToken(_) => Code::NotFound,
             Error::InvalidSpec { .. } | Error::InvalidRequest { .. } => Code::InvalidArgument,
             Error::Infeasible { .. } => Code::FailedPrecondition,
-            Error::NotOwner { .. } | Error::NotAdmin(_) => Code::PermissionDenied,
+            Error::Denied(_) | Error::SubmitDenied { .. } => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::ShuttingDown => Code::Unavailable,
             Error::NodeNotLinked(_) | Error::NotStarted(_) | Error::OutputDiscarded(_) | Error::NotRunning(_) => {

@@ -5,6 +5,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod sched_loop;
+pub mod security;
 pub mod state;
 
 use anyhow::Context;
@@ -18,7 +19,6 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 use tokio::sync::{broadcast, mpsc, Notify};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 
 /// How long open connections may delay a shutdown.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
@@ -36,11 +36,12 @@ pub fn wall_clock() -> Timestamp {
 
 /// Runs the controller until `shutdown` resolves or a fatal error occurs.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&config.state_dir)
-        .with_context(|| format!("state dir {}: cannot create", config.state_dir.display()))?;
+    prepare_state_dir(&config.state_dir)?;
     let (store, loaded) = state::store::Store::open(&config.state_dir)
         .with_context(|| format!("state dir {}", config.state_dir.display()))?;
     let n_jobs = loaded.jobs.len();
+    let security = Arc::new(security::Security::open(&config)?);
+    let tls = config.tls.as_ref().map(security::tls::server_config).transpose()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listen: cannot bind {}", config.listen))?;
@@ -55,7 +56,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
 
     let (commands, inbox) = mpsc::channel(65_536);
     let handle = StateHandle {
-        shared: Arc::new(RwLock::new(State::new(loaded, &config, wall_clock()))),
+        shared: Arc::new(RwLock::new(State::new(
+            loaded,
+            &config,
+            security.token_key,
+            wall_clock(),
+        ))),
         commands,
         job_changes: broadcast::channel(1024).0,
         sched_wakeup: Arc::new(Notify::new()),
@@ -89,22 +95,33 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let reload_task = config
         .path
         .clone()
-        .map(|path| tokio::spawn(reload_on_sighup(handle.clone(), path)));
+        .map(|path| tokio::spawn(reload_on_sighup(handle.clone(), security.clone(), path)));
     let pool = PoolServer::new(api::pool::PoolService {
         state: handle.clone(),
         logs: logs.clone(),
         config_path: config.path.clone(),
+        security: security.clone(),
     })
     .max_decoding_message_size(64 * 1024 * 1024)
     .max_encoding_message_size(1024 * 1024 * 1024);
-    let pool = InterceptedService::new(pool, api::authenticate(config.dev));
+    let pool = InterceptedService::new(pool, api::authenticate(security.clone(), handle.shared.clone()));
     let agent_link = AgentLinkServer::new(api::agent_link::AgentLinkService {
         state: handle.clone(),
         next_conn_id: std::sync::atomic::AtomicU64::new(1),
         logs,
+        security: security.clone(),
     });
-    let agent_link = InterceptedService::new(agent_link, api::authenticate_agent(config.dev));
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let agent_link = InterceptedService::new(agent_link, api::authenticate_agent(security.clone()));
+    let mut accept_tasks = tokio::task::JoinSet::new();
+    let unix_listener = config.socket.as_deref().map(security::listen::bind_unix).transpose()?;
+    match (&tls, config.dev) {
+        (Some(_), _) => tracing::info!("TCP listener: TLS; agents need client certificates of the cluster CA"),
+        (None, true) => tracing::warn!("TCP listener: plaintext (dev mode, loopback only)"),
+        (None, false) => tracing::warn!(
+            "TCP listener: PLAINTEXT (insecure_plaintext) from {:?}: nothing is encrypted and agents are not authenticated",
+            config.plaintext_from
+        ),
+    }
     let mut dev_agent_tasks = tokio::task::JoinSet::new();
     // On shutdown the server stops accepting and lets open requests finish;
     // clients that keep connections open get SHUTDOWN_GRACE, no more.
@@ -127,10 +144,47 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             });
         }
     }
-    let served = tonic::transport::Server::builder()
+    let mut stopping_for_unix = stopping.clone();
+    let unix_served = unix_listener.map(|listener| {
+        tracing::info!(
+            "local users connect through {}",
+            config.socket.as_deref().unwrap_or(Path::new("")).display()
+        );
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let shutdown = async move {
+            let _ = stopping_for_unix.wait_for(|stopping| *stopping).await;
+        };
+        tonic::transport::Server::builder()
+            .add_service(pool.clone())
+            .serve_with_incoming_shutdown(incoming, shutdown)
+    });
+    let router = tonic::transport::Server::builder()
         .add_service(pool)
-        .add_service(agent_link)
-        .serve_with_incoming_shutdown(incoming, shutdown);
+        .add_service(agent_link);
+    let served: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = match tls {
+        Some(tls) => {
+            let incoming = security::listen::accept_tls(listener, tls, &mut accept_tasks);
+            Box::pin(
+                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
+            )
+        }
+        None => {
+            let incoming =
+                security::listen::accept_plain(listener, config.plaintext_from.clone(), config.dev, &mut accept_tasks);
+            Box::pin(
+                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
+            )
+        }
+    };
+    let served = async move {
+        match unix_served {
+            Some(unix_served) => {
+                let (tcp, unix) = tokio::join!(served, unix_served);
+                tcp.and(unix)
+            }
+            None => served.await,
+        }
+    };
     let mut stopping_for_grace = stopping.clone();
     let grace_over = async move {
         let _ = stopping_for_grace.wait_for(|stopping| *stopping).await;
@@ -162,6 +216,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     // flusher (runtime shutdown waits for that blocking thread).
     let _ = stopping_sender_for_agents.send(true);
     while dev_agent_tasks.join_next().await.is_some() {}
+    accept_tasks.shutdown().await;
+    if let Some(socket) = &config.socket {
+        let _ = std::fs::remove_file(socket);
+    }
     sched_task.abort();
     liveness_task.abort();
     let _ = sched_task.await;
@@ -221,38 +279,59 @@ fn dev_agent_configs(
                     &[(0..dev.gpus_per_node).collect()],
                     gpool_core::topology::Link::Nvlink,
                 )),
+                ca: None,
+                cert: None,
             }
         })
         .collect()
 }
 
+/// Re-reads gpoold.toml and the certificate revocation list and hands both
+/// to the state task; `caller` is `None` for SIGHUP.
+pub async fn reload_policy(
+    handle: &StateHandle,
+    security: &security::Security,
+    path: &Path,
+    caller: Option<gpool_core::auth::Caller>,
+) -> anyhow::Result<String> {
+    let config = config::Config::load(path)?;
+    let revoked = security.reload_revoked()?;
+    let summary = handle
+        .call(|reply| state::Command::Reload {
+            caller,
+            config: Box::new(config),
+            revoked,
+            reply,
+        })
+        .await?;
+    Ok(summary)
+}
+
 /// Re-reads gpoold.toml on every SIGHUP; a bad file is logged with its
 /// line and field, and the old policy stays.
-async fn reload_on_sighup(handle: StateHandle, path: std::path::PathBuf) {
+async fn reload_on_sighup(handle: StateHandle, security: Arc<security::Security>, path: std::path::PathBuf) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut hangups) = signal(SignalKind::hangup()) else {
         tracing::warn!("cannot listen for SIGHUP; reload the policy with `gpool admin reload`");
         return;
     };
     while hangups.recv().await.is_some() {
-        let config = match config::Config::load(&path) {
-            Ok(config) => config,
-            Err(err) => {
-                tracing::error!("SIGHUP: policy not reloaded, the old one stays: {err}");
-                continue;
-            }
-        };
-        let reloaded = handle
-            .call(|reply| state::Command::Reload {
-                user: None,
-                config: Box::new(config),
-                reply,
-            })
-            .await;
-        if let Err(err) = reloaded {
-            tracing::error!("SIGHUP: policy not reloaded: {err}");
+        if let Err(err) = reload_policy(&handle, &security, &path, None).await {
+            tracing::error!("SIGHUP: policy not reloaded, the old one stays: {err:#}");
         }
     }
+}
+
+/// Creates the state dir, traversable but not listable by others (0711:
+/// local users reach the socket in it), with the database only for gpoold.
+fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir.join("db")).with_context(|| format!("state dir {}: cannot create", dir.display()))?;
+    for (path, mode) in [(dir.to_path_buf(), 0o711), (dir.join("db"), 0o700)] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("{}: cannot chmod {mode:o}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// Asks the state task to look for silent nodes a few times per timeout

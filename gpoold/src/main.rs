@@ -91,6 +91,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                     gpu_memory_mib: 81_559,
                 }),
                 path: None,
+                socket: None,
+                tls: None,
+                plaintext_from: Vec::new(),
             }
         }
     };

@@ -193,6 +193,7 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         hints: Vec::new(),
         priority: None,
         estimated_start_ms: None,
+        redacted: false,
     }
 }
 

@@ -8,8 +8,10 @@ pub mod pb {
 }
 
 pub mod convert;
+pub mod dial;
 
-/// gRPC metadata key that carries the caller's user name.
+/// gRPC metadata key that carries the caller's user name (trusted in dev
+/// mode only).
 pub const USER_METADATA_KEY: &str = "x-gpool-user";
 
 /// Where a running dev controller (`gpoold --dev`) records its address, so

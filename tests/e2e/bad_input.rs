@@ -144,7 +144,7 @@ fn unreachable_controller_names_the_address() {
             .output()
             .expect("run gpool"),
     );
-    assert_refused(&run, 69, "cannot reach gpoold at not an address");
+    assert_refused(&run, 2, "--server: \"not an address\" is not HOST:PORT");
 }
 
 #[test]

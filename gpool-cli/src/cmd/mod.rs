@@ -1,10 +1,12 @@
 //! One module per subcommand; `Ctx` carries what every one of them needs.
 
+pub mod access;
 pub mod cancel;
 pub mod checkpoint;
 pub mod jobs;
 pub mod logs;
 pub mod nodes;
+pub mod pki;
 pub mod sharing;
 pub mod submit;
 

@@ -18,6 +18,7 @@ pub struct AgentLinkService {
     pub state: StateHandle,
     pub next_conn_id: AtomicU64,
     pub logs: super::LogRelay,
+    pub security: std::sync::Arc<crate::security::Security>,
 }
 
 type ControllerStream = Pin<Box<dyn Stream<Item = Result<pb::ControllerMessage, Status>> + Send>>;
@@ -33,6 +34,11 @@ impl AgentLink for AgentLinkService {
         let ip = request
             .remote_addr()
             .map_or_else(|| "127.0.0.1".to_string(), |addr| addr.ip().to_string());
+        let agent = request
+            .extensions()
+            .get::<super::AgentIdentity>()
+            .cloned()
+            .ok_or_else(|| Status::unauthenticated("the link did not pass authentication"))?;
         let mut inbound = request.into_inner();
         let register = match inbound.message().await? {
             Some(pb::AgentMessage {
@@ -43,12 +49,27 @@ impl AgentLink for AgentLinkService {
         let ended: Vec<AgentEvent> = register.ended.iter().cloned().filter_map(event_from_wire).collect();
         let (node, running) = node_from_register(register)?;
         let node_name = node.name.clone();
+        if let Some(cert_node) = agent.cert_node.as_ref().filter(|cert_node| **cert_node != node_name) {
+            let reason = format!("the agent's certificate is for node {cert_node}, but it registers as {node_name}");
+            tracing::warn!(peer = %agent.peer, "register refused: {reason}");
+            self.security.audit(&crate::security::AuditEntry {
+                at: crate::security::now_text(),
+                caller: cert_node,
+                via: "agent certificate",
+                peer: &agent.peer,
+                action: "agent register",
+                object: &node_name,
+                outcome: format!("refused: {reason}"),
+            });
+            return Err(Status::permission_denied(reason));
+        }
         let (outbox, outbox_receiver) = tokio::sync::mpsc::unbounded_channel();
         let conn_id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
         let conn = AgentConn {
             id: conn_id,
             outbox,
             ip,
+            cert_serial: agent.cert_serial,
         };
         self.state
             .call(|reply| Command::AgentRegister {
@@ -80,7 +101,7 @@ impl AgentLink for AgentLinkService {
                         None => continue,
                     },
                     Some(pb::agent_message::Msg::LogData(data)) => {
-                        logs.deliver(data).await;
+                        logs.deliver(&node_name, data).await;
                         continue;
                     }
                     Some(pb::agent_message::Msg::Register(_)) | None => continue,

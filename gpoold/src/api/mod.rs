@@ -13,34 +13,44 @@ use tokio::sync::mpsc;
 type LogSender = mpsc::Sender<Result<pb::LogChunk, Status>>;
 
 /// Routes LogData from agents to the `JobLogs` streams that asked for it.
+/// Each request is bound to the node it was sent to: no other agent can
+/// write into it.
 #[derive(Clone, Default)]
 pub struct LogRelay {
     next_request_id: Arc<AtomicU64>,
-    streams: Arc<Mutex<HashMap<u64, LogSender>>>,
+    streams: Arc<Mutex<HashMap<u64, (String, LogSender)>>>,
 }
 
 impl LogRelay {
-    /// A new request id and the receiving end of its stream.
-    pub fn open(&self) -> (u64, mpsc::Receiver<Result<pb::LogChunk, Status>>) {
+    /// A new request id for a read from `node`, and the receiving end of
+    /// its stream.
+    pub fn open(&self, node: &str) -> (u64, mpsc::Receiver<Result<pb::LogChunk, Status>>) {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (sender, receiver) = mpsc::channel(16);
         self.streams
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(request_id, sender);
+            .insert(request_id, (node.to_string(), sender));
         (request_id, receiver)
     }
 
-    /// Passes one LogData on; ends the stream at eof, an error, or when the
-    /// client went away.
-    pub async fn deliver(&self, data: pb::LogData) {
-        let sender = self
+    /// Passes one LogData from `node` on; ends the stream at eof, an error,
+    /// or when the client went away. Data for a request sent to another
+    /// node is dropped.
+    pub async fn deliver(&self, node: &str, data: pb::LogData) {
+        let sender = match self
             .streams
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&data.request_id)
-            .cloned();
-        let Some(sender) = sender else { return };
+        {
+            Some((asked, sender)) if asked == node => sender.clone(),
+            Some((asked, _)) => {
+                tracing::warn!(node, asked = %asked, request = data.request_id, "log data for a request sent to another node dropped");
+                return;
+            }
+            None => return,
+        };
         let mut done = data.eof;
         if !data.data.is_empty() && sender.send(Ok(pb::LogChunk { data: data.data })).await.is_err() {
             done = true;
@@ -63,68 +73,188 @@ impl LogRelay {
 }
 
 use crate::error::Error;
+use crate::security::{AuditEntry, Security};
+use crate::state::SharedState;
+use gpool_core::auth::token::{self, Credential};
+use gpool_core::auth::Caller;
 use gpool_proto::USER_METADATA_KEY;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 use tonic::{Request, Status};
 
 /// The authenticated caller, put into each request's extensions.
 #[derive(Debug, Clone)]
 pub struct Identity {
-    pub user: String,
+    pub caller: Caller,
+    /// How it was established: "unix socket", "token 3", "job token",
+    /// "dev mode".
+    pub via: String,
+    pub peer: String,
 }
 
-/// Resolves the caller of every Pool request. For now the user name comes
-/// from the `x-gpool-user` entry, trusted in dev mode and from loopback
-/// peers; token and certificate authentication replace this one function.
-pub fn authenticate(dev: bool) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
+/// Who an agent's link speaks for, put into its request's extensions.
+#[derive(Debug, Clone)]
+pub struct AgentIdentity {
+    /// The node name of its client certificate; `None` on a plaintext
+    /// link (dev mode, insecure_plaintext).
+    pub cert_node: Option<String>,
+    pub cert_serial: Option<String>,
+    pub peer: String,
+}
+
+/// The peer of a request as text: a TCP address, or "unix socket".
+pub fn peer_of<T>(request: &Request<T>) -> String {
+    match request.remote_addr() {
+        Some(addr) => addr.to_string(),
+        None if request.extensions().get::<UdsConnectInfo>().is_some() => "unix socket".into(),
+        None => "unknown".into(),
+    }
+}
+
+/// Establishes the caller of every Pool request: the peer credentials on
+/// the Unix socket, else a user or job token in `authorization: Bearer`,
+/// else (dev mode only) the `x-gpool-user` name. A refusal is audited.
+pub fn authenticate(
+    security: Arc<Security>,
+    shared: SharedState,
+) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
     move |mut request: Request<()>| {
-        let from_loopback = request.remote_addr().is_some_and(|addr| addr.ip().is_loopback());
-        if !dev && !from_loopback {
-            return Err(Error::Unauthenticated(
-                "remote callers need TLS authentication, which is not configured".into(),
-            )
-            .into());
+        let peer = peer_of(&request);
+        match identify(&security, &shared, &request) {
+            Ok((caller, via)) => {
+                request.extensions_mut().insert(Identity { caller, via, peer });
+                Ok(request)
+            }
+            Err(reason) => {
+                security.audit(&AuditEntry {
+                    at: crate::security::now_text(),
+                    caller: "",
+                    via: "",
+                    peer: &peer,
+                    action: "authenticate",
+                    object: "",
+                    outcome: format!("refused: {reason}"),
+                });
+                Err(Error::Unauthenticated(reason).into())
+            }
         }
+    }
+}
+
+fn identify(security: &Security, shared: &SharedState, request: &Request<()>) -> Result<(Caller, String), String> {
+    if let Some(info) = request.extensions().get::<UdsConnectInfo>() {
+        let cred = info.peer_cred.ok_or("the Unix socket gave no peer credentials")?;
+        let uid = nix::unistd::Uid::from_raw(cred.uid());
+        let user = match nix::unistd::User::from_uid(uid) {
+            Ok(Some(user)) => user.name,
+            _ => return Err(format!("uid {uid} has no user name on the controller host")),
+        };
+        let state = shared.read().unwrap_or_else(|p| p.into_inner());
+        return Ok((state.local_caller(&user), "unix socket".into()));
+    }
+    if let Some(value) = request.metadata().get("authorization") {
+        let text = value
+            .to_str()
+            .map_err(|_| "the authorization entry is not ASCII".to_string())?;
+        let presented = text
+            .strip_prefix("Bearer ")
+            .ok_or("the authorization entry is not `Bearer TOKEN`")?;
+        let credential = token::parse(presented).map_err(|err| err.to_string())?;
+        let state = shared.read().unwrap_or_else(|p| p.into_inner());
+        return state
+            .token_caller(&security.token_key, &credential, crate::wall_clock())
+            .map(|caller| {
+                let via = match credential {
+                    Credential::User { id, .. } => format!("token {id}"),
+                    Credential::Job { job, .. } => format!("job token of job {job}"),
+                };
+                (caller, via)
+            })
+            .map_err(|err| err.to_string());
+    }
+    if security.dev {
         let user = request
             .metadata()
             .get(USER_METADATA_KEY)
-            .ok_or_else(|| Error::Unauthenticated(format!("no {USER_METADATA_KEY} metadata")))?
+            .ok_or_else(|| format!("no {USER_METADATA_KEY} metadata"))?
             .to_str()
-            .map_err(|_| Error::Unauthenticated(format!("{USER_METADATA_KEY} is not ASCII")))?
+            .map_err(|_| format!("{USER_METADATA_KEY} is not ASCII"))?
             .to_string();
-        let valid = !user.is_empty()
-            && user.len() <= 64
-            && user
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-        if !valid {
-            return Err(Error::Unauthenticated(format!("{user:?} is not a user name")).into());
+        if !gpool_core::auth::is_user_name(&user) {
+            return Err(format!("{user:?} is not a user name"));
         }
-        request.extensions_mut().insert(Identity { user });
+        let state = shared.read().unwrap_or_else(|p| p.into_inner());
+        return Ok((state.local_caller(&user), "dev mode".into()));
+    }
+    Err("no credential: set GPOOL_TOKEN (or ~/.config/gpool/token) to a token from `gpool admin token create`, or use the Unix socket on the controller host".into())
+}
+
+/// Admits agents: with TLS, a client certificate is required, and its
+/// serial must not be revoked; the node name it carries is checked against
+/// the Register. Plaintext links are admitted only in dev mode or from the
+/// plaintext_from ranges, which the listener already enforced.
+pub fn authenticate_agent(security: Arc<Security>) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |mut request: Request<()>| {
+        let peer = peer_of(&request);
+        let tls = request.extensions().get::<TlsConnectInfo<TcpConnectInfo>>().cloned();
+        let identity = match tls {
+            None => AgentIdentity {
+                cert_node: None,
+                cert_serial: None,
+                peer: peer.clone(),
+            },
+            Some(tls) => {
+                let checked = tls
+                    .peer_certs()
+                    .and_then(|certs| certs.first().cloned())
+                    .ok_or_else(|| "agents must present a client certificate issued by the cluster CA".to_string())
+                    .and_then(|cert| crate::security::tls::cert_identity(&cert))
+                    .and_then(|cert| {
+                        if security.is_revoked(&cert.serial) {
+                            Err(format!(
+                                "certificate {} (serial {}) is revoked",
+                                cert.common_name, cert.serial
+                            ))
+                        } else {
+                            Ok(cert)
+                        }
+                    });
+                match checked {
+                    Ok(cert) => AgentIdentity {
+                        cert_node: Some(cert.common_name),
+                        cert_serial: Some(cert.serial),
+                        peer: peer.clone(),
+                    },
+                    Err(reason) => {
+                        tracing::warn!(%peer, "agent refused: {reason}");
+                        security.audit(&AuditEntry {
+                            at: crate::security::now_text(),
+                            caller: "",
+                            via: "agent certificate",
+                            peer: &peer,
+                            action: "agent connect",
+                            object: "",
+                            outcome: format!("refused: {reason}"),
+                        });
+                        return Err(Error::Unauthenticated(reason).into());
+                    }
+                }
+            }
+        };
+        request.extensions_mut().insert(identity);
         Ok(request)
     }
 }
 
-/// Admits agents: in dev mode any, otherwise loopback peers only, until
-/// agents present client certificates.
-pub fn authenticate_agent(dev: bool) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
-    move |request: Request<()>| {
-        let from_loopback = request.remote_addr().is_some_and(|addr| addr.ip().is_loopback());
-        if dev || from_loopback {
-            Ok(request)
-        } else {
-            Err(
-                Error::Unauthenticated("remote agents need TLS client certificates, which are not configured".into())
-                    .into(),
-            )
-        }
-    }
-}
-
-/// The caller `authenticate` established.
-pub fn caller<T>(request: &Request<T>) -> Result<String, Status> {
+/// The identity `authenticate` established.
+pub fn identity<T>(request: &Request<T>) -> Result<Identity, Status> {
     request
         .extensions()
         .get::<Identity>()
-        .map(|identity| identity.user.clone())
+        .cloned()
         .ok_or_else(|| Error::Unauthenticated("request did not pass authentication".into()).into())
+}
+
+/// The caller `authenticate` established.
+pub fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
+    identity(request).map(|identity| identity.caller)
 }

@@ -1,22 +1,27 @@
 //! The Pool service: what the CLI calls.
 
-use super::caller;
+use super::{caller, identity, Identity};
 use crate::error::Error;
-use crate::state::{Command, SharedState, State, StateHandle};
+use crate::security::{AuditEntry, Security};
+use crate::state::{Command, NewToken, SharedState, State, StateHandle};
+use gpool_core::auth::{authorize, Action, Caller, Role};
 use gpool_core::model::Node;
 use gpool_core::JobId;
 use gpool_proto::convert::{job_to_wire, node_to_wire, spec_from_wire, state_to_wire};
 use gpool_proto::pb;
 use gpool_proto::pb::pool_server::Pool;
 use std::pin::Pin;
+use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+#[derive(Clone)]
 pub struct PoolService {
     pub state: StateHandle,
     pub logs: super::LogRelay,
     /// gpoold.toml, re-read by ReloadPolicy; `None` in dev mode.
     pub config_path: Option<std::path::PathBuf>,
+    pub security: Arc<Security>,
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
@@ -29,7 +34,12 @@ const LIST_SCAN: usize = 8 * LIST_CHUNK;
 
 /// The next chunk of jobs matching `filter` from `*next_id` on; advances
 /// `*next_id` and says whether jobs remain to be looked at.
-fn list_chunk(shared: &SharedState, filter: &pb::ListJobsRequest, next_id: &mut JobId) -> (Vec<pb::Job>, bool) {
+fn list_chunk(
+    shared: &SharedState,
+    caller: &Caller,
+    filter: &pb::ListJobsRequest,
+    next_id: &mut JobId,
+) -> (Vec<pb::Job>, bool) {
     let wanted_states: Vec<pb::JobState> = filter.states().collect();
     let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut chunk = Vec::with_capacity(LIST_CHUNK);
@@ -46,7 +56,7 @@ fn list_chunk(shared: &SharedState, filter: &pb::ListJobsRequest, next_id: &mut 
             && (filter.team.is_empty() || job.spec.team == filter.team)
             && (filter.user.is_empty() || job.user == filter.user)
         {
-            chunk.push(job_wire(&state, job));
+            chunk.push(job_wire(&state, job, caller));
         }
         if chunk.len() == LIST_CHUNK || n_scanned == LIST_SCAN {
             return (chunk, true);
@@ -56,20 +66,56 @@ fn list_chunk(shared: &SharedState, filter: &pb::ListJobsRequest, next_id: &mut 
 }
 
 impl PoolService {
-    fn job(&self, id: JobId) -> Result<pb::Job, Status> {
+    fn job(&self, id: JobId, caller: &Caller) -> Result<pb::Job, Status> {
         let state = self
             .state
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let job = state.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
-        Ok(job_wire(&state, job))
+        Ok(job_wire(&state, job, caller))
+    }
+
+    /// Writes an audit line for `action` on `object`: always for admin
+    /// actions, and for any request refused for want of permission.
+    fn audit<T>(&self, who: &Identity, action: &str, object: &str, admin_action: bool, result: &Result<T, Status>) {
+        let outcome = match result {
+            Ok(_) if admin_action => "allowed".to_string(),
+            Ok(_) => return,
+            Err(status) if admin_action || status.code() == tonic::Code::PermissionDenied => {
+                format!("refused: {}", status.message())
+            }
+            Err(_) => return,
+        };
+        self.security.audit(&AuditEntry {
+            at: crate::security::now_text(),
+            caller: &who.caller.user,
+            via: &who.via,
+            peer: &who.peer,
+            action,
+            object,
+            outcome,
+        });
     }
 }
 
-/// A job as the API shows it: a pending one with the reasons, hints and
-/// priority of the latest scheduling cycle.
-fn job_wire(state: &State, job: &gpool_core::Job) -> pb::Job {
+/// A job as `caller` may see it: in full if they may read it, else as a
+/// queue entry (no command, environment or workdir); a pending one with
+/// the reasons, hints and priority of the latest scheduling cycle.
+fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller) -> pb::Job {
+    let mut wire = job_wire_in_full(state, job);
+    if authorize(caller, &Action::ReadJob(job.auth_ref())).is_err() {
+        if let Some(spec) = wire.spec.as_mut() {
+            spec.command.clear();
+            spec.env.clear();
+            spec.workdir.clear();
+        }
+        wire.redacted = true;
+    }
+    wire
+}
+
+fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
     if job.state != gpool_core::JobState::Pending {
         return job_to_wire(job, Vec::new());
     }
@@ -102,11 +148,17 @@ impl Pool for PoolService {
         &self,
         request: Request<pb::SubmitJobsRequest>,
     ) -> Result<Response<pb::SubmitJobsResponse>, Status> {
-        let user = caller(&request)?;
+        let who = identity(&request)?;
+        let caller = who.caller.clone();
         let specs = request.into_inner().specs.into_iter().map(spec_from_wire).collect();
-        let ids = self.state.call(|reply| Command::Submit { user, specs, reply }).await?;
+        let result = self
+            .state
+            .call(|reply| Command::Submit { caller, specs, reply })
+            .await
+            .map_err(Status::from);
+        self.audit(&who, "submit", "", false, &result);
         Ok(Response::new(pb::SubmitJobsResponse {
-            ids: ids.into_iter().map(|id| id.0).collect(),
+            ids: result?.into_iter().map(|id| id.0).collect(),
         }))
     }
 
@@ -114,7 +166,8 @@ impl Pool for PoolService {
         &self,
         request: Request<pb::CancelJobsRequest>,
     ) -> Result<Response<pb::CancelJobsResponse>, Status> {
-        let user = caller(&request)?;
+        let who = identity(&request)?;
+        let caller = who.caller.clone();
         let request = request.into_inner();
         if request.signal != 0 {
             gpool_core::spec::parse_signal(&request.signal.to_string()).map_err(|reason| Error::InvalidRequest {
@@ -122,17 +175,27 @@ impl Pool for PoolService {
                 reason,
             })?;
         }
-        let ids = request.ids.into_iter().map(JobId).collect();
+        let ids: Vec<JobId> = request.ids.into_iter().map(JobId).collect();
+        let object = ids.iter().map(|id| format!("job {id}")).collect::<Vec<_>>().join(" ");
         let signal = (request.signal != 0).then_some(request.signal);
-        let outcomes = self
+        let result = self
             .state
             .call(|reply| Command::Cancel {
-                user,
+                caller,
                 ids,
                 signal,
                 reply,
             })
-            .await?;
+            .await
+            .map_err(Status::from);
+        self.audit(
+            &who,
+            if signal.is_some() { "signal" } else { "cancel" },
+            &object,
+            false,
+            &result,
+        );
+        let outcomes = result?;
         let outcomes = outcomes
             .into_iter()
             .map(|o| pb::CancelOutcome {
@@ -146,14 +209,14 @@ impl Pool for PoolService {
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
-        caller(&request)?;
-        Ok(Response::new(self.job(JobId(request.get_ref().id))?))
+        let caller = caller(&request)?;
+        Ok(Response::new(self.job(JobId(request.get_ref().id), &caller)?))
     }
 
     type ListJobsStream = JobListStream;
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<JobListStream>, Status> {
-        caller(&request)?;
+        let caller = caller(&request)?;
         let filter = request.into_inner();
         if let Some(bad) = filter.states.iter().find(|raw| pb::JobState::try_from(**raw).is_err()) {
             return Err(Error::InvalidRequest {
@@ -169,7 +232,7 @@ impl Pool for PoolService {
         tokio::spawn(async move {
             let mut next_id = JobId(0);
             loop {
-                let (chunk, more) = list_chunk(&shared, &filter, &mut next_id);
+                let (chunk, more) = list_chunk(&shared, &caller, &filter, &mut next_id);
                 if !chunk.is_empty() && sender.send(Ok(pb::ListJobsResponse { jobs: chunk })).await.is_err() {
                     return;
                 }
@@ -186,10 +249,12 @@ impl Pool for PoolService {
     type JobLogsStream = LogStream;
 
     async fn job_logs(&self, request: Request<pb::JobLogsRequest>) -> Result<Response<LogStream>, Status> {
-        caller(&request)?;
+        let who = identity(&request)?;
         let pb::JobLogsRequest { id, stderr, follow } = request.into_inner();
-        let (node, attempt) = self.log_source(JobId(id))?;
-        let (request_id, receiver) = self.logs.open();
+        let source = self.log_source(JobId(id), &who.caller);
+        self.audit(&who, "logs", &format!("job {id}"), false, &source);
+        let (node, attempt) = source?;
+        let (request_id, receiver) = self.logs.open(&node);
         let read_log = pb::ReadLog {
             request_id,
             job_id: id,
@@ -213,17 +278,21 @@ impl Pool for PoolService {
         &self,
         request: Request<pb::ReportCheckpointRequest>,
     ) -> Result<Response<pb::ReportCheckpointResponse>, Status> {
-        let user = caller(&request)?;
+        let who = identity(&request)?;
+        let caller = who.caller.clone();
         let pb::ReportCheckpointRequest { job_id, attempt } = request.into_inner();
-        let outcome = self
+        let result = self
             .state
             .call(|reply| Command::Checkpoint {
-                user,
+                caller,
                 job: JobId(job_id),
                 attempt,
                 reply,
             })
-            .await?;
+            .await
+            .map_err(Status::from);
+        self.audit(&who, "checkpoint", &format!("job {job_id}"), false, &result);
+        let outcome = result?;
         Ok(Response::new(pb::ReportCheckpointResponse {
             preempted: outcome.preempted,
         }))
@@ -280,45 +349,106 @@ impl Pool for PoolService {
         &self,
         request: Request<pb::ReloadPolicyRequest>,
     ) -> Result<Response<pb::ReloadPolicyResponse>, Status> {
-        let user = caller(&request)?;
-        let Some(path) = self.config_path.clone() else {
-            return Err(Status::failed_precondition(
-                "gpoold runs without a config file (dev mode): there is no policy to reload",
-            ));
-        };
-        let config = crate::config::Config::load(&path).map_err(|err| Status::invalid_argument(err.to_string()))?;
-        let summary = self
-            .state
-            .call(|reply| Command::Reload {
-                user: Some(user),
-                config: Box::new(config),
-                reply,
-            })
-            .await?;
+        let who = identity(&request)?;
+        let result = self.reload(&who.caller).await;
+        self.audit(&who, "reload", "policy", true, &result);
+        let summary = result?;
         Ok(Response::new(pb::ReloadPolicyResponse { summary }))
+    }
+
+    async fn who_am_i(&self, request: Request<pb::WhoAmIRequest>) -> Result<Response<pb::WhoAmIResponse>, Status> {
+        let who = identity(&request)?;
+        Ok(Response::new(pb::WhoAmIResponse {
+            user: who.caller.user,
+            admin: who.caller.admin,
+            led_teams: who.caller.led_teams,
+            via: who.via,
+        }))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let who = identity(&request)?;
+        let pb::CreateTokenRequest {
+            user,
+            role,
+            teams,
+            expires_in,
+        } = request.into_inner();
+        let object = format!("token for user {user}");
+        let result = async {
+            let request = NewToken {
+                user: valid_user_name(user)?,
+                role: if role.is_empty() {
+                    Role::User
+                } else {
+                    Role::parse(&role).map_err(|reason| Error::InvalidRequest { field: "role", reason })?
+                },
+                teams,
+                expires_in_secs: expires_in.map(|duration| duration.seconds),
+                secret: crate::security::random_secret()?,
+            };
+            let caller = who.caller.clone();
+            self.state
+                .call(|reply| Command::CreateToken { caller, request, reply })
+                .await
+        }
+        .await
+        .map_err(Status::from);
+        self.audit(&who, "token create", &object, true, &result);
+        let (record, token) = result?;
+        Ok(Response::new(pb::CreateTokenResponse {
+            info: Some(token_info(&record)),
+            token,
+        }))
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        let who = identity(&request)?;
+        let result = authorize(&who.caller, &Action::ManageTokens).map_err(|err| Status::from(Error::from(err)));
+        self.audit(&who, "token list", "", false, &result);
+        result?;
+        let state = self.state.shared.read().unwrap_or_else(|p| p.into_inner());
+        Ok(Response::new(pb::ListTokensResponse {
+            tokens: state.tokens.values().map(token_info).collect(),
+        }))
+    }
+
+    async fn revoke_token(&self, request: Request<pb::RevokeTokenRequest>) -> Result<Response<pb::TokenInfo>, Status> {
+        let who = identity(&request)?;
+        let caller = who.caller.clone();
+        let id = request.into_inner().id;
+        let result = self
+            .state
+            .call(|reply| Command::RevokeToken { caller, id, reply })
+            .await
+            .map_err(Status::from);
+        self.audit(&who, "token revoke", &format!("token {id}"), true, &result);
+        Ok(Response::new(token_info(&result?)))
     }
 
     type WatchJobsStream = JobStream;
 
     async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<JobStream>, Status> {
-        caller(&request)?;
+        let caller = caller(&request)?;
         // Subscribed before the first read, so no change falls between.
         let mut changes = self.state.job_changes.subscribe();
         let mut unfinished = std::collections::BTreeSet::new();
         let mut first = Vec::with_capacity(request.get_ref().ids.len());
         for &id in &request.get_ref().ids {
-            let job = self.job(JobId(id))?;
+            let job = self.job(JobId(id), &caller)?;
             if !is_finished(&job) {
                 unfinished.insert(JobId(id));
             }
             first.push(job);
         }
         let (sender, receiver) = tokio::sync::mpsc::channel(LIST_CHUNK);
-        let service = PoolService {
-            state: self.state.clone(),
-            logs: self.logs.clone(),
-            config_path: None,
-        };
+        let service = self.clone();
         tokio::spawn(async move {
             for job in first {
                 if sender.send(Ok(job)).await.is_err() {
@@ -337,7 +467,7 @@ impl Pool for PoolService {
                     },
                 };
                 for id in changed {
-                    let job = service.job(id);
+                    let job = service.job(id, &caller);
                     if job.as_ref().map_or(true, is_finished) {
                         unfinished.remove(&id);
                     }
@@ -367,7 +497,8 @@ impl Pool for PoolService {
     }
 
     async fn drain_node(&self, request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let user = caller(&request)?;
+        let who = identity(&request)?;
+        let caller = who.caller.clone();
         let pb::DrainNodeRequest { name, reason, now } = request.into_inner();
         if reason.trim().is_empty() {
             return Err(Error::InvalidRequest {
@@ -376,43 +507,66 @@ impl Pool for PoolService {
             }
             .into());
         }
-        let node = self
+        let object = format!("node {name}");
+        let result = self
             .state
             .call(|reply| Command::Drain {
-                user,
+                caller,
                 node: name,
                 reason,
                 at_once: now,
                 reply,
             })
-            .await?;
+            .await
+            .map_err(Status::from);
+        self.audit(&who, "drain", &object, true, &result);
+        let node = result?;
         Ok(Response::new(self.node_to_wire(&node)))
     }
 
     async fn resume_node(&self, request: Request<pb::ResumeNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let user = caller(&request)?;
+        let who = identity(&request)?;
+        let caller = who.caller.clone();
         let name = request.into_inner().name;
-        let node = self
+        let object = format!("node {name}");
+        let result = self
             .state
             .call(|reply| Command::Resume {
-                user,
+                caller,
                 node: name,
                 reply,
             })
-            .await?;
+            .await
+            .map_err(Status::from);
+        self.audit(&who, "resume", &object, true, &result);
+        let node = result?;
         Ok(Response::new(self.node_to_wire(&node)))
     }
 }
 
 impl PoolService {
+    /// Re-reads gpoold.toml and the certificate revocation list.
+    async fn reload(&self, caller: &Caller) -> Result<String, Status> {
+        let Some(path) = self.config_path.clone() else {
+            return Err(Status::failed_precondition(
+                "gpoold runs without a config file (dev mode): there is no policy to reload",
+            ));
+        };
+        authorize(caller, &Action::ReloadPolicy).map_err(Error::from)?;
+        crate::reload_policy(&self.state, &self.security, &path, Some(caller.clone()))
+            .await
+            .map_err(|err| Status::invalid_argument(err.to_string()))
+    }
+
     /// Where a job's output is: rank 0's node and the latest attempt.
-    fn log_source(&self, id: JobId) -> Result<(String, u32), Status> {
+    fn log_source(&self, id: JobId, caller: &Caller) -> Result<(String, u32), Status> {
         let state = self
             .state
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let job = state.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
+        authorize(caller, &Action::ReadJob(job.auth_ref())).map_err(Error::from)?;
         if job.spec.discard_output {
             return Err(Error::OutputDiscarded(id).into());
         }
@@ -448,6 +602,31 @@ fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a Node>) -> Ve
             wire
         })
         .collect()
+}
+
+fn token_info(record: &gpool_core::auth::token::TokenRecord) -> pb::TokenInfo {
+    pb::TokenInfo {
+        id: record.id,
+        user: record.user.clone(),
+        role: record.role.as_str().to_string(),
+        teams: record.teams.clone(),
+        created_by: record.created_by.clone(),
+        created_at_ms: record.created_at.0,
+        expires_at_ms: record.expires_at.map(|at| at.0),
+        revoked_at_ms: record.revoked_at.map(|at| at.0),
+    }
+}
+
+/// A Unix user name a token may be issued for.
+fn valid_user_name(user: String) -> Result<String, Error> {
+    if gpool_core::auth::is_user_name(&user) {
+        Ok(user)
+    } else {
+        Err(Error::InvalidRequest {
+            field: "user",
+            reason: format!("{user:?} is not a user name (letters, digits, '.', '_', '-')"),
+        })
+    }
 }
 
 fn is_finished(job: &pb::Job) -> bool {

@@ -104,7 +104,15 @@ impl State {
                     epoch: epoch.0,
                     attempt: job.n_attempts,
                     command: job.spec.command.clone(),
-                    env: gpool_proto::convert::env_to_wire(&job.spec.env),
+                    env: gpool_proto::convert::env_to_wire(&job.spec.env)
+                        .into_iter()
+                        .chain([pb::EnvVar {
+                            // Lets `gpool` inside the job act as its owner,
+                            // for as long as this attempt runs.
+                            name: "GPOOL_TOKEN".into(),
+                            value: gpool_core::auth::token::job_token_text(&self.token_key, job_id, epoch),
+                        }])
+                        .collect(),
                     workdir: job.spec.workdir.clone(),
                     gpu_indices: part.gpu_indices.clone(),
                     time_limit: job.spec.time_limit_secs.map(|seconds| pb::Duration { seconds }),
@@ -259,9 +267,10 @@ impl State {
         let job_event = match event.outcome {
             AttemptOutcome::Started => return,
             AttemptOutcome::Exited(ExitStatus::Code(0)) if !preempted => {
-                let n_done = self.gang_exits.entry(event.job).or_default();
-                *n_done += 1;
-                if *n_done < n_nodes {
+                // Counted per node: one node reporting twice ends nothing.
+                let done = self.gang_exits.entry(event.job).or_default();
+                done.insert(node.to_string());
+                if (done.len() as u32) < n_nodes {
                     return;
                 }
                 JobEvent::Exited {

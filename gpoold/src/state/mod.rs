@@ -5,18 +5,22 @@
 //! the flusher thread, which answers them once one `flush` covers them (group
 //! commit). Readers share the in-memory state through a read lock.
 
+mod access;
 mod agents;
 mod sharing;
 pub mod store;
 
+pub use access::NewToken;
 pub use agents::{kill_message, signal_message};
 pub use sharing::CheckpointOutcome;
 
 use crate::error::Error;
+use gpool_core::auth::token::{Key, TokenRecord};
+use gpool_core::auth::{authorize, Action, Caller};
 use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
-use gpool_core::policy::{Ledger, Priority};
+use gpool_core::policy::{Ledger, Priority, Refusal};
 use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Preemption, Start};
 use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
@@ -51,8 +55,8 @@ pub struct State {
     last_seen: HashMap<String, Timestamp>,
     /// Each node's latest per-GPU heartbeat samples; not durable.
     pub gpu_samples: HashMap<String, Vec<pb::GpuSample>>,
-    /// Ranks of running gangs that already exited 0; not durable.
-    gang_exits: HashMap<JobId, u32>,
+    /// Nodes of running gangs whose rank already exited 0; not durable.
+    gang_exits: HashMap<JobId, std::collections::HashSet<String>>,
     node_timeout_ms: i64,
     /// Each team's metered GPU time (attempts that ended).
     pub usage: BTreeMap<String, Ledger>,
@@ -60,6 +64,10 @@ pub struct State {
     preempt_deadlines: BTreeMap<JobId, (Epoch, Timestamp)>,
     /// GPU-seconds lost to preemptions in the last hour; not durable.
     recent_waste: VecDeque<(Timestamp, f64)>,
+    /// User token records by id.
+    pub tokens: BTreeMap<u64, TokenRecord>,
+    /// Hashes token secrets and signs job tokens.
+    token_key: Key,
 }
 
 /// One agent's open link: where to send it Launch and Kill.
@@ -69,6 +77,9 @@ pub struct AgentConn {
     pub outbox: mpsc::UnboundedSender<pb::ControllerMessage>,
     /// The agent's IP as this controller sees it (MASTER_ADDR of gangs).
     pub ip: String,
+    /// The serial of its client certificate (TLS links), so that a
+    /// revocation ends the link at once.
+    pub cert_serial: Option<String>,
 }
 
 pub type SharedState = Arc<RwLock<State>>;
@@ -78,19 +89,19 @@ type Reply<T> = oneshot::Sender<Result<T, Error>>;
 /// The closed set of changes.
 pub enum Command {
     Submit {
-        user: String,
+        caller: Caller,
         specs: Vec<JobSpec>,
         reply: Reply<Vec<JobId>>,
     },
     /// Cancel jobs, or with `signal` only signal their running processes.
     Cancel {
-        user: String,
+        caller: Caller,
         ids: Vec<JobId>,
         signal: Option<i32>,
         reply: Reply<Vec<CancelOutcome>>,
     },
     Drain {
-        user: String,
+        caller: Caller,
         node: String,
         reason: String,
         /// Requeue its running jobs now instead of letting them finish.
@@ -98,7 +109,7 @@ pub enum Command {
         reply: Reply<Node>,
     },
     Resume {
-        user: String,
+        caller: Caller,
         node: String,
         reply: Reply<Node>,
     },
@@ -118,16 +129,28 @@ pub enum Command {
     Preempt {
         preemptions: Vec<Preemption>,
     },
-    /// A re-read gpoold.toml: its policy and admins replace the old ones.
-    /// `user` must be an admin unless the reload came from SIGHUP.
+    /// A re-read gpoold.toml: its policy and admins replace the old ones,
+    /// and links of agents whose certificates are now `revoked` end.
+    /// `caller` must be an admin unless the reload came from SIGHUP.
     Reload {
-        user: Option<String>,
+        caller: Option<Caller>,
         config: Box<crate::config::Config>,
+        revoked: std::collections::HashSet<String>,
         reply: Reply<String>,
+    },
+    CreateToken {
+        caller: Caller,
+        request: NewToken,
+        reply: Reply<(TokenRecord, String)>,
+    },
+    RevokeToken {
+        caller: Caller,
+        id: u64,
+        reply: Reply<TokenRecord>,
     },
     /// A job reports a finished checkpoint of its attempt `attempt`.
     Checkpoint {
-        user: String,
+        caller: Caller,
         job: JobId,
         attempt: u32,
         reply: Reply<CheckpointOutcome>,
@@ -196,6 +219,7 @@ enum Write {
     NextJobId,
     NextEpoch,
     Usage(String),
+    Token(u64),
 }
 
 /// Everything one batch of commands produced.
@@ -218,7 +242,7 @@ fn deferred<T: Send + 'static>(reply: Reply<T>, value: T) -> PendingReply {
 }
 
 impl State {
-    pub fn new(loaded: store::Loaded, config: &crate::config::Config, now: Timestamp) -> State {
+    pub fn new(loaded: store::Loaded, config: &crate::config::Config, token_key: Key, now: Timestamp) -> State {
         let nodes: BTreeMap<String, Node> = loaded.nodes.into_iter().map(|node| (node.name.clone(), node)).collect();
         // Known nodes get a full timeout from this start to reconnect.
         let last_seen = nodes.keys().map(|name| (name.clone(), now)).collect();
@@ -241,12 +265,19 @@ impl State {
             usage: loaded.usage,
             preempt_deadlines: BTreeMap::new(),
             recent_waste: VecDeque::new(),
+            tokens: loaded.tokens,
+            token_key,
         };
         state.restore_preempt_deadlines();
         state
     }
 
-    fn submit(&mut self, user: String, specs: Vec<JobSpec>, now: Timestamp) -> Result<(Vec<JobId>, Vec<Write>), Error> {
+    fn submit(
+        &mut self,
+        caller: &Caller,
+        specs: Vec<JobSpec>,
+        now: Timestamp,
+    ) -> Result<(Vec<JobId>, Vec<Write>), Error> {
         if specs.is_empty() {
             return Err(Error::InvalidRequest {
                 field: "specs",
@@ -259,8 +290,11 @@ impl State {
             let index = spec_idx + 1;
             self.policy
                 .sharing
-                .admit(&mut spec, &user, DEFAULT_TEAM)
-                .map_err(|source| Error::InvalidSpec { index, source })?;
+                .admit(&mut spec, caller, DEFAULT_TEAM)
+                .map_err(|refusal| match refusal {
+                    Refusal::Spec(source) => Error::InvalidSpec { index, source },
+                    Refusal::Denied(source) => Error::SubmitDenied { index, source },
+                })?;
             spec.validate().map_err(|source| Error::InvalidSpec { index, source })?;
             check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, source })?;
             checked.push(spec);
@@ -273,7 +307,7 @@ impl State {
             let job = Job {
                 id,
                 spec,
-                user: user.clone(),
+                user: caller.user.clone(),
                 submitted_at: now,
                 state: JobState::Pending,
                 n_attempts: 0,
@@ -291,7 +325,7 @@ impl State {
 
     fn cancel(
         &mut self,
-        user: &str,
+        caller: &Caller,
         ids: &[JobId],
         signal: Option<i32>,
         now: Timestamp,
@@ -305,13 +339,15 @@ impl State {
         }
         for id in ids {
             let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
-            if job.user != user && !self.is_admin(user) {
-                return Err(Error::NotOwner {
-                    user: user.into(),
-                    job: *id,
-                    owner: job.user.clone(),
-                });
-            }
+            let job = job.auth_ref();
+            authorize(
+                caller,
+                &if signal.is_some() {
+                    Action::SignalJob(job)
+                } else {
+                    Action::CancelJob(job)
+                },
+            )?;
         }
         let mut outcomes = Vec::with_capacity(ids.len());
         if let Some(signal) = signal {
@@ -345,7 +381,7 @@ impl State {
                     _ => None,
                 };
                 let event = JobEvent::Cancel {
-                    by: user.to_string(),
+                    by: caller.user.clone(),
                     now,
                 };
                 // Pending and running jobs always take a cancel.
@@ -368,10 +404,13 @@ impl State {
         Ok(outcomes)
     }
 
-    fn set_drain(&mut self, user: &str, name: &str, reason: Option<String>) -> Result<(Node, Vec<Write>), Error> {
-        if !self.is_admin(user) {
-            return Err(Error::NotAdmin(user.to_string()));
-        }
+    fn set_drain(&mut self, caller: &Caller, name: &str, reason: Option<String>) -> Result<(Node, Vec<Write>), Error> {
+        let action = if reason.is_some() {
+            Action::DrainNode(name)
+        } else {
+            Action::ResumeNode(name)
+        };
+        authorize(caller, &action)?;
         let node = self
             .nodes
             .get_mut(name)
@@ -381,11 +420,24 @@ impl State {
     }
 
     /// Takes the policy and admins of a re-read config (listen address and
-    /// state dir need a restart and are left alone).
-    fn reload(&mut self, user: Option<&str>, config: crate::config::Config) -> Result<String, Error> {
-        if let Some(user) = user.filter(|user| !self.is_admin(user)) {
-            return Err(Error::NotAdmin(user.to_string()));
+    /// state dir need a restart and are left alone), and ends the links of
+    /// agents whose certificates are revoked.
+    fn reload(
+        &mut self,
+        caller: Option<&Caller>,
+        config: crate::config::Config,
+        revoked: &std::collections::HashSet<String>,
+    ) -> Result<String, Error> {
+        if let Some(caller) = caller {
+            authorize(caller, &Action::ReloadPolicy)?;
         }
+        self.links.retain(|node, conn| {
+            let keep = !conn.cert_serial.as_ref().is_some_and(|serial| revoked.contains(serial));
+            if !keep {
+                tracing::warn!(node, "agent link ended: its certificate is revoked");
+            }
+            keep
+        });
         let sharing = &config.policy.sharing;
         let summary = format!(
             "{} pools, {} teams, {} QoS classes",
@@ -564,7 +616,7 @@ pub async fn run_state_task(
 
 fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut Batch) {
     match command {
-        Command::Submit { user, specs, reply } => match state.submit(user, specs, now) {
+        Command::Submit { caller, specs, reply } => match state.submit(&caller, specs, now) {
             Ok((ids, writes)) => {
                 out.writes.extend(writes);
                 out.replies.push(deferred(reply, ids));
@@ -572,28 +624,28 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             Err(err) => drop(reply.send(Err(err))),
         },
         Command::Cancel {
-            user,
+            caller,
             ids,
             signal,
             reply,
-        } => match state.cancel(&user, &ids, signal, now, out) {
+        } => match state.cancel(&caller, &ids, signal, now, out) {
             Ok(outcomes) => out.replies.push(deferred(reply, outcomes)),
             Err(err) => drop(reply.send(Err(err))),
         },
         Command::Drain {
-            user,
+            caller,
             node,
             reason,
             at_once,
             reply,
         } => {
-            let drained = state.set_drain(&user, &node, Some(reason));
+            let drained = state.set_drain(&caller, &node, Some(reason));
             if at_once && drained.is_ok() {
                 state.requeue_jobs_on(&node, now, out);
             }
             node_reply(drained, reply, out)
         }
-        Command::Resume { user, node, reply } => node_reply(state.set_drain(&user, &node, None), reply, out),
+        Command::Resume { caller, node, reply } => node_reply(state.set_drain(&caller, &node, None), reply, out),
         Command::Planned {
             reasons,
             hints,
@@ -607,13 +659,32 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         }
         Command::Start { starts } => state.start(starts, now, out),
         Command::Preempt { preemptions } => state.preempt(preemptions, now, out),
-        Command::Reload { user, config, reply } => drop(reply.send(state.reload(user.as_deref(), *config))),
+        Command::Reload {
+            caller,
+            config,
+            revoked,
+            reply,
+        } => drop(reply.send(state.reload(caller.as_ref(), *config, &revoked))),
+        Command::CreateToken { caller, request, reply } => match state.create_token(&caller, request, now) {
+            Ok((record, text, writes)) => {
+                out.writes.extend(writes);
+                out.replies.push(deferred(reply, (record, text)));
+            }
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::RevokeToken { caller, id, reply } => match state.revoke_token(&caller, id, now) {
+            Ok((record, writes)) => {
+                out.writes.extend(writes);
+                out.replies.push(deferred(reply, record));
+            }
+            Err(err) => drop(reply.send(Err(err))),
+        },
         Command::Checkpoint {
-            user,
+            caller,
             job,
             attempt,
             reply,
-        } => match state.checkpoint(&user, job, attempt, now, out) {
+        } => match state.checkpoint(&caller, job, attempt, now, out) {
             Ok(outcome) => out.replies.push(deferred(reply, outcome)),
             Err(err) => drop(reply.send(Err(err))),
         },
@@ -669,6 +740,11 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
             Write::Usage(team) => {
                 if let Some(ledger) = state.usage.get(team) {
                     store.put_usage(team, ledger)?;
+                }
+            }
+            Write::Token(id) => {
+                if let Some(record) = state.tokens.get(id) {
+                    store.put_token(record)?;
                 }
             }
         }

@@ -203,20 +203,14 @@ impl State {
     /// checkpoint. A preempted attempt is ended at once.
     pub(super) fn checkpoint(
         &mut self,
-        user: &str,
+        caller: &gpool_core::auth::Caller,
         id: JobId,
         attempt: u32,
         now: Timestamp,
         out: &mut Batch,
     ) -> Result<CheckpointOutcome, Error> {
         let job = self.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
-        if job.user != user && !self.is_admin(user) {
-            return Err(Error::NotOwner {
-                user: user.into(),
-                job: id,
-                owner: job.user.clone(),
-            });
-        }
+        gpool_core::auth::authorize(caller, &gpool_core::auth::Action::CheckpointJob(job.auth_ref()))?;
         let JobState::Running { epoch, .. } = &job.state else {
             return Err(Error::NotRunning(id));
         };

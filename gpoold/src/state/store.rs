@@ -4,6 +4,7 @@
 //! record version followed by the record as JSON. Only the state task writes.
 
 use crate::error::Error;
+use gpool_core::auth::token::TokenRecord;
 use gpool_core::model::{Job, Node};
 use gpool_core::policy::Ledger;
 use serde::de::DeserializeOwned;
@@ -25,6 +26,8 @@ pub struct Store {
     meta: sled::Tree,
     /// Each team's usage ledger, by team name.
     usage: sled::Tree,
+    /// User token records (keyed hashes, never tokens), by token id.
+    tokens: sled::Tree,
 }
 
 /// What `Store::open` found on disk.
@@ -34,6 +37,7 @@ pub struct Loaded {
     pub next_job_id: u64,
     pub next_epoch: u64,
     pub usage: BTreeMap<String, Ledger>,
+    pub tokens: BTreeMap<u64, TokenRecord>,
 }
 
 impl Store {
@@ -51,6 +55,7 @@ impl Store {
             nodes: db.open_tree("nodes")?,
             meta: db.open_tree("meta")?,
             usage: db.open_tree("usage")?,
+            tokens: db.open_tree("tokens")?,
             db,
         };
         // Trees later issues fill; opened now so the layout is fixed from v1.
@@ -117,12 +122,22 @@ impl Store {
                 ))
             })
             .collect::<Result<_, Error>>()?;
+        let tokens = self
+            .tokens
+            .iter()
+            .map(|entry| {
+                let (key, value) = entry?;
+                let record: TokenRecord = decode("tokens", &key, &value)?;
+                Ok((record.id, record))
+            })
+            .collect::<Result<_, Error>>()?;
         Ok(Loaded {
             jobs,
             nodes,
             next_job_id,
             next_epoch,
             usage,
+            tokens,
         })
     }
 
@@ -152,6 +167,11 @@ impl Store {
 
     pub fn put_usage(&self, team: &str, ledger: &Ledger) -> Result<(), Error> {
         self.usage.insert(team.as_bytes(), encode(ledger))?;
+        Ok(())
+    }
+
+    pub fn put_token(&self, record: &TokenRecord) -> Result<(), Error> {
+        self.tokens.insert(record.id.to_be_bytes(), encode(record))?;
         Ok(())
     }
 

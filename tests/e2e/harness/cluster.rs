@@ -11,6 +11,9 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub controller: Option<Process>,
     pub addr: String,
+    /// Where the CLI dials: the TCP address in dev mode, the local socket
+    /// (identity by Unix credentials) with a config.
+    pub cli_server: String,
     n_starts: usize,
     /// gpoold's `--node-timeout`.
     node_timeout: String,
@@ -91,6 +94,7 @@ impl Cluster {
             dir,
             controller: None,
             addr: String::new(),
+            cli_server: String::new(),
             n_starts: 0,
             node_timeout: node_timeout.to_string(),
             dev_nodes,
@@ -187,9 +191,14 @@ impl Cluster {
                     .map_or_else(|| "root".to_string(), |user| user.name);
                 let file = self.dir.path().join("gpoold.toml");
                 let text = format!(
-                    "listen = \"{listen}\"\nstate_dir = \"{}\"\nnode_timeout = \"{}\"\nadmins = [\"{user}\"]\n\n{extra}",
+                    "listen = \"{listen}\"\nstate_dir = \"{}\"\nnode_timeout = \"{}\"\nadmins = [\"{user}\"]\n{}\n{extra}",
                     self.state_dir().display(),
-                    self.node_timeout
+                    self.node_timeout,
+                    if extra.contains("[tls]") {
+                        ""
+                    } else {
+                        "insecure_plaintext = true\nplaintext_from = [\"127.0.0.0/8\"]\n"
+                    }
                 );
                 std::fs::write(&file, text).expect("write gpoold.toml");
                 command.arg("--config").arg(file);
@@ -203,6 +212,16 @@ impl Cluster {
             let addr = std::fs::read_to_string(&addr_file).ok()?.trim().to_string();
             TcpStream::connect(&addr).ok().map(|_| addr)
         });
+        self.cli_server = match &self.config {
+            None => self.addr.clone(),
+            Some(_) => {
+                let socket = self.state_dir().join("gpoold.sock");
+                wait_until("gpoold's socket", Duration::from_secs(30), || {
+                    std::os::unix::net::UnixStream::connect(&socket).ok()
+                });
+                format!("unix:{}", socket.display())
+            }
+        };
     }
 
     pub fn controller(&mut self) -> &mut Process {
@@ -217,7 +236,7 @@ impl Cluster {
     pub fn gpool_in(&self, args: &[&str], cwd: &Path) -> Run {
         gpool_command(args)
             .current_dir(cwd)
-            .env("GPOOL_SERVER", &self.addr)
+            .env("GPOOL_SERVER", &self.cli_server)
             .output()
             .expect("run gpool")
             .into()

@@ -1,0 +1,110 @@
+//! Turning sockets into connections the gRPC server takes: TLS handshakes
+//! on the TCP listener, or plaintext where the config allows it (each
+//! plaintext connection logged with a warning), and the local Unix socket.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+/// How long a peer may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections accepted but not yet taken by the server.
+const BACKLOG: usize = 256;
+
+pub type TlsConnections = mpsc::Receiver<std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>>;
+pub type PlainConnections = mpsc::Receiver<std::io::Result<TcpStream>>;
+
+/// Accepts TCP connections and hands over those that complete a TLS
+/// handshake. Runs until the receiver is dropped.
+pub fn accept_tls(listener: TcpListener, config: Arc<rustls::ServerConfig>, tasks: &mut JoinSet<()>) -> TlsConnections {
+    let (sender, receiver) = mpsc::channel(BACKLOG);
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tasks.spawn(async move {
+        let mut handshakes = JoinSet::new();
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = sender.closed() => return,
+                Some(_) = handshakes.join_next() => continue,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!("accept: {err}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let sender = sender.clone();
+            handshakes.spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => drop(sender.send(Ok(tls)).await),
+                    Ok(Err(err)) => tracing::warn!(%peer, "TLS handshake refused: {err}"),
+                    Err(_) => tracing::warn!(%peer, "TLS handshake not finished within {HANDSHAKE_TIMEOUT:?}"),
+                }
+            });
+        }
+    });
+    receiver
+}
+
+/// Accepts plaintext TCP connections: any in dev mode (gpoold listens on
+/// loopback only there), otherwise only from `allowed` ranges, each with a
+/// warning.
+pub fn accept_plain(
+    listener: TcpListener,
+    allowed: Vec<ipnet::IpNet>,
+    dev: bool,
+    tasks: &mut JoinSet<()>,
+) -> PlainConnections {
+    let (sender, receiver) = mpsc::channel(BACKLOG);
+    tasks.spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = sender.closed() => return,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!("accept: {err}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if !dev {
+                if !allowed.iter().any(|range| range.contains(&peer.ip())) {
+                    tracing::warn!(%peer, "plaintext connection refused: the peer is outside plaintext_from");
+                    continue;
+                }
+                tracing::warn!(%peer, "plaintext connection (insecure_plaintext): nothing on it is encrypted");
+            }
+            let _ = stream.set_nodelay(true);
+            if sender.send(Ok(stream)).await.is_err() {
+                return;
+            }
+        }
+    });
+    receiver
+}
+
+/// Binds the local socket (replacing a stale one) with mode 0666: every
+/// local user may connect, and is known by the peer credentials.
+pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
+    use anyhow::Context;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err).with_context(|| format!("socket {}: cannot remove the old one", path.display())),
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("socket {}: cannot bind", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .with_context(|| format!("socket {}: cannot chmod", path.display()))?;
+    Ok(listener)
+}

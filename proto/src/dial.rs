@@ -1,0 +1,133 @@
+//! Dialling gpoold, the same way for the CLI and the agent: `unix:PATH`
+//! (the local socket), `https://HOST:PORT` or `HOST:PORT` with a CA (TLS),
+//! `http://HOST:PORT` or `HOST:PORT` without one (plaintext).
+
+use std::path::PathBuf;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// Where gpoold is, as given by `--server`, `GPOOL_SERVER` or agent.toml.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Unix(PathBuf),
+    Tcp { host_port: String, tls: Option<bool> },
+}
+
+impl Address {
+    pub fn parse(text: &str) -> Result<Address, String> {
+        let text = text.trim();
+        let (tls, host_port) = if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs the socket's path, e.g. unix:/var/lib/gpool/gpoold.sock".into());
+            }
+            return Ok(Address::Unix(PathBuf::from(path)));
+        } else if let Some(rest) = text.strip_prefix("https://") {
+            (Some(true), rest)
+        } else if let Some(rest) = text.strip_prefix("http://") {
+            (Some(false), rest)
+        } else if text.contains("://") {
+            return Err(format!("{text:?}: the scheme must be https://, http:// or unix:"));
+        } else {
+            (None, text)
+        };
+        let host_port = host_port.trim_end_matches('/');
+        match host_port.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(Address::Tcp {
+                host_port: host_port.to_string(),
+                tls,
+            }),
+            _ => Err(format!("{text:?} is not HOST:PORT")),
+        }
+    }
+}
+
+/// What TLS needs on the client side: the cluster CA, and for agents their
+/// certificate and key (PEM text).
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    pub ca_pem: Option<String>,
+    pub identity_pem: Option<(String, String)>,
+}
+
+/// Connects to `address`. TLS is used for `https://`, and for a bare
+/// `HOST:PORT` when a CA is given.
+pub async fn connect(address: &Address, tls: &ClientTls) -> Result<Channel, String> {
+    match address {
+        Address::Unix(path) => {
+            let path = path.clone();
+            // The URI is required but unused: the connector dials the socket.
+            Endpoint::from_static("http://localhost:0")
+                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let path = path.clone();
+                    async move {
+                        let stream = tokio::net::UnixStream::connect(&path).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                    }
+                }))
+                .await
+                .map_err(|err| error_chain(&err))
+        }
+        Address::Tcp { host_port, tls: wanted } => {
+            let use_tls = wanted.unwrap_or(tls.ca_pem.is_some());
+            let scheme = if use_tls { "https" } else { "http" };
+            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{host_port}"))
+                .map_err(|err| format!("{host_port:?} is not an address: {err}"))?
+                .tcp_nodelay(true);
+            if use_tls {
+                let ca = tls.ca_pem.as_ref().ok_or(
+                    "TLS needs the cluster CA certificate (GPOOL_CA, ~/.config/gpool/ca.pem, or ca in agent.toml)",
+                )?;
+                let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+                if let Some((cert, key)) = &tls.identity_pem {
+                    config = config.identity(Identity::from_pem(cert, key));
+                }
+                endpoint = endpoint.tls_config(config).map_err(|err| error_chain(&err))?;
+            }
+            endpoint.connect().await.map_err(|err| error_chain(&err))
+        }
+    }
+}
+
+/// "transport error: tcp connect error: Connection refused" in one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_name_their_transport() {
+        assert_eq!(
+            Address::parse("unix:/run/g.sock"),
+            Ok(Address::Unix("/run/g.sock".into()))
+        );
+        assert_eq!(
+            Address::parse("https://ctl.example:7070"),
+            Ok(Address::Tcp {
+                host_port: "ctl.example:7070".into(),
+                tls: Some(true)
+            })
+        );
+        assert_eq!(
+            Address::parse("10.0.0.1:7070"),
+            Ok(Address::Tcp {
+                host_port: "10.0.0.1:7070".into(),
+                tls: None
+            })
+        );
+        assert!(Address::parse("ftp://x:1").is_err());
+        assert!(Address::parse("nowhere").is_err());
+        assert!(Address::parse("unix:").is_err());
+    }
+}
