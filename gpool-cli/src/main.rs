@@ -219,7 +219,9 @@ impl CliError {
                     reason: status.message().to_string(),
                 }
             }
-            tonic::Code::Unavailable => CliError::Unreachable {
+            // A connection gpoold closed at once (plaintext from a peer it
+            // does not accept) cancels the call.
+            tonic::Code::Unavailable | tonic::Code::Cancelled => CliError::Unreachable {
                 addr: addr.to_string(),
                 reason: status.message().to_string(),
             },

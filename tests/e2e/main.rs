@@ -7,5 +7,6 @@ mod agents;
 mod bad_input;
 mod durability;
 mod jobs;
+mod security;
 mod sharing;
 mod systemd;

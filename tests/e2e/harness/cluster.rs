@@ -22,6 +22,8 @@ pub struct Cluster {
     dev_nodes: u32,
     /// Not in dev mode: gpoold runs with a gpoold.toml that ends with this.
     config: Option<String>,
+    /// The host gpoold listens on (port 0 picks one).
+    listen_host: String,
     pub agents: Vec<Process>,
 }
 
@@ -85,11 +87,32 @@ impl Cluster {
         Cluster::create(node_timeout, dev_nodes, None)
     }
 
-    fn create(node_timeout: &str, dev_nodes: u32, config: Option<String>) -> Cluster {
-        let dir = tempfile::Builder::new()
+    /// A controller run from a gpoold.toml ending with `extra`, in `dir`
+    /// (prepared by the test, e.g. with a CA in `dir/state/ca`), listening
+    /// on `listen_host`.
+    pub fn with_config_in(dir: tempfile::TempDir, listen_host: &str, extra: &str) -> Cluster {
+        Cluster::create_in(dir, listen_host, "30s", 0, Some(extra.to_string()))
+    }
+
+    /// A fresh temp dir for a cluster.
+    pub fn temp_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
             .prefix("gpool-e2e-")
             .tempdir()
-            .expect("temp dir");
+            .expect("temp dir")
+    }
+
+    fn create(node_timeout: &str, dev_nodes: u32, config: Option<String>) -> Cluster {
+        Cluster::create_in(Cluster::temp_dir(), "127.0.0.1", node_timeout, dev_nodes, config)
+    }
+
+    fn create_in(
+        dir: tempfile::TempDir,
+        listen_host: &str,
+        node_timeout: &str,
+        dev_nodes: u32,
+        config: Option<String>,
+    ) -> Cluster {
         let mut cluster = Cluster {
             dir,
             controller: None,
@@ -99,6 +122,7 @@ impl Cluster {
             node_timeout: node_timeout.to_string(),
             dev_nodes,
             config,
+            listen_host: listen_host.to_string(),
             agents: Vec::new(),
         };
         cluster.start_controller();
@@ -114,25 +138,40 @@ impl Cluster {
     /// Starts an agent whose agent.toml ends with `extra` (e.g. a
     /// `[simulated_topology]` table).
     pub fn start_agent_with(&mut self, node: &str, n_gpus: u32, extra: &str) -> usize {
+        let agent_idx = self.spawn_agent(node, n_gpus, &format!("controller = \"{}\"\n", self.addr), extra, None);
+        self.wait_for_registered(node);
+        agent_idx
+    }
+
+    /// Starts an agent without waiting for it: its agent.toml begins with
+    /// `top` (the controller line, TLS files), ends with `extra`; inside
+    /// network namespace `netns` if given. Returns its index in `agents`.
+    pub fn spawn_agent(&mut self, node: &str, n_gpus: u32, top: &str, extra: &str, netns: Option<&str>) -> usize {
         let spool = self.spool_dir(node);
-        let config = self.dir.path().join(format!("agent-{node}.toml"));
+        let config = self.dir.path().join(format!("agent-{node}-{}.toml", self.agents.len()));
         let text = format!(
-            "controller = \"{}\"\nnode_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = {n_gpus}\n{extra}",
-            self.addr,
+            "{top}node_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = {n_gpus}\n{extra}",
             spool.display()
         );
         std::fs::write(&config, text).expect("write agent config");
-        let mut command = Command::new(binary("gpool-agent"));
+        let mut command = match netns {
+            Some(namespace) => super::netns::Net::command_in(namespace, &binary("gpool-agent")),
+            None => Command::new(binary("gpool-agent")),
+        };
         command.arg("--config").arg(&config);
         let log = self.dir.path().join(format!("agent-{node}-{}.log", self.agents.len()));
         self.agents
             .push(Process::spawn(&format!("gpool-agent {node}"), command, log));
+        self.agents.len() - 1
+    }
+
+    /// Waits until gpoold lists `node` as up.
+    pub fn wait_for_registered(&self, node: &str) {
         wait_until(&format!("node {node} to register"), Duration::from_secs(30), || {
             let nodes = self.gpool(&["nodes", "--output", "json"]).json();
             let found = nodes.as_array()?.iter().find(|n| n["name"] == node)?.clone();
             (found["state"] != "down").then_some(())
         });
-        self.agents.len() - 1
     }
 
     pub fn spool_dir(&self, node: &str) -> PathBuf {
@@ -172,7 +211,7 @@ impl Cluster {
         self.n_starts += 1;
         // A restart listens where the agents already dial.
         let listen = if self.addr.is_empty() {
-            "127.0.0.1:0".to_string()
+            format!("{}:0", self.listen_host)
         } else {
             self.addr.clone()
         };
@@ -194,7 +233,7 @@ impl Cluster {
                     "listen = \"{listen}\"\nstate_dir = \"{}\"\nnode_timeout = \"{}\"\nadmins = [\"{user}\"]\n{}\n{extra}",
                     self.state_dir().display(),
                     self.node_timeout,
-                    if extra.contains("[tls]") {
+                    if extra.contains("[tls]") || extra.contains("insecure_plaintext") {
                         ""
                     } else {
                         "insecure_plaintext = true\nplaintext_from = [\"127.0.0.0/8\"]\n"
