@@ -225,6 +225,7 @@ fn supervise(request: &LaunchRequest) -> ! {
 /// The job's command: its user, output files and checkpoint directory.
 fn prepare(request: &LaunchRequest) -> Result<Command, String> {
     use nix::unistd::{Gid, Uid};
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
     let owned_by_user = |path: &Path| -> Result<(), String> {
         match &request.run_as {
@@ -233,14 +234,28 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
             None => Ok(()),
         }
     };
+    // The job's files are its user's alone: 0700 and 0600, whatever the
+    // umask (no other user reads them through the spool).
     if !request.checkpoint_dir.is_dir() {
-        std::fs::create_dir_all(&request.checkpoint_dir)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&request.checkpoint_dir)
             .map_err(|err| format!("{}: {err}", request.checkpoint_dir.display()))?;
         owned_by_user(&request.checkpoint_dir)?;
     }
     let output = |path: &Option<PathBuf>| -> Result<Stdio, String> {
         let Some(path) = path else { return Ok(Stdio::null()) };
-        let file = std::fs::File::create(path).map_err(|err| format!("{}: {err}", path.display()))?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+        // An earlier attempt's file of the same name keeps its mode: set it.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|err| format!("{}: {err}", path.display()))?;
         owned_by_user(path)?;
         Ok(Stdio::from(file))
     };

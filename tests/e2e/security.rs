@@ -118,6 +118,9 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
             &out,
         ],
     );
+    // Expiry is checked to the second: a 1 s certificate is surely expired
+    // 2.5 s after it was made.
+    let old_expired_at = std::time::Instant::now() + Duration::from_millis(2500);
     let pki = Pki {
         ca: state_dir.join("ca/ca.pem"),
         certs: certs.clone(),
@@ -149,7 +152,7 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
     let top = pki.agent_top(&cluster, None);
     let none = cluster.spawn_agent("n2", 1, &top, "", ns(2));
     wait_for_log(&cluster, none, "agents must present a client certificate");
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(old_expired_at.saturating_duration_since(std::time::Instant::now()));
     let top = pki.agent_top(&cluster, Some("old"));
     cluster.spawn_agent("old", 1, &top, "", ns(3));
     let controller_log = cluster.controller.as_ref().unwrap().log.clone();
@@ -308,12 +311,28 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
     );
     let logs = remote(&cluster, &pki.ca, &alice, &["logs", &id]);
     assert_eq!(logs.ok().trim(), "secret-output");
+    // Nor can bob read it through the node's spool.
+    let out_file = cluster.spool_dir("n1").join(format!("jobs/{id}.1.out"));
+    let daemon = nix::unistd::User::from_name("daemon").unwrap().expect("user daemon");
+    let peek = std::process::Command::new("cat")
+        .arg(&out_file)
+        .current_dir("/")
+        .uid(daemon.uid.as_raw())
+        .gid(daemon.gid.as_raw())
+        .output()
+        .unwrap();
+    assert!(!peek.status.success(), "daemon read {}", out_file.display());
+    assert!(String::from_utf8_lossy(&peek.stderr).contains("Permission denied"));
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&out_file), 0o600);
+    assert_eq!(mode(who_file.parent().unwrap()), 0o700);
 
     // Revocation and expiry hold from the next request on.
     let brief = token_of("daemon", &["--expires", "1s"]);
+    let brief_expired_at = std::time::Instant::now() + Duration::from_millis(1100);
     cluster.gpool(&["admin", "token", "revoke", "2"]).ok();
     refused(&remote(&cluster, &pki.ca, &bob, &["jobs"]), "token 2 was revoked");
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(brief_expired_at.saturating_duration_since(std::time::Instant::now()));
     refused(&remote(&cluster, &pki.ca, &brief, &["jobs"]), "token 3 expired");
 
     // An admin sees and cancels anyone's job; the refusals are audited.
