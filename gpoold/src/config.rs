@@ -38,9 +38,19 @@ pub struct Config {
     /// TLS on the TCP listener; `None` means plaintext (dev mode, or
     /// `insecure_plaintext`).
     pub tls: Option<TlsFiles>,
-    /// Without TLS, outside dev mode: the only peers a plaintext connection
-    /// is accepted from.
+    /// Without TLS: the only peers a plaintext connection is accepted from
+    /// (loopback where gpoold listens on loopback).
     pub plaintext_from: Vec<ipnet::IpNet>,
+    /// The operator allowed plaintext from other hosts.
+    pub insecure_plaintext: bool,
+}
+
+/// Loopback, IPv4 and IPv6.
+pub fn loopback_ranges() -> Vec<ipnet::IpNet> {
+    ["127.0.0.0/8", "::1/128"]
+        .iter()
+        .filter_map(|range| range.parse().ok())
+        .collect()
 }
 
 /// `[tls]`: the controller's certificate and key, and the cluster CA that
@@ -292,10 +302,13 @@ impl Config {
                         .unwrap_or_else(|| Config::ca_dir(&parsed.state_dir).join("ca.pem")),
                 })
             }
+            // Loopback never leaves the host, and its callers are known by
+            // their socket's uid: no TLS needed.
+            None if !parsed.insecure_plaintext && listen.ip().is_loopback() => None,
             None if !parsed.insecure_plaintext => {
                 return Err(invalid(
                     0,
-                    "tls: no [tls] table: gpoold serves TCP over TLS only, unless insecure_plaintext = true with plaintext_from ranges".into(),
+                    format!("tls: no [tls] table: gpoold serves TCP beyond loopback ({listen}) over TLS only, unless insecure_plaintext = true with plaintext_from ranges"),
                 ))
             }
             None if plaintext_from.is_empty() => {
@@ -319,8 +332,9 @@ impl Config {
             plaintext_from: if parsed.insecure_plaintext {
                 plaintext_from
             } else {
-                Vec::new()
+                loopback_ranges()
             },
+            insecure_plaintext: parsed.insecure_plaintext,
             state_dir: parsed.state_dir,
         })
     }

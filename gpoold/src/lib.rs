@@ -116,8 +116,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let unix_listener = config.socket.as_deref().map(security::listen::bind_unix).transpose()?;
     match (&tls, config.dev) {
         (Some(_), _) => tracing::info!("TCP listener: TLS; agents need client certificates of the cluster CA"),
-        (None, true) => tracing::warn!("TCP listener: plaintext (dev mode, loopback only)"),
-        (None, false) => tracing::warn!(
+        (None, _) if !config.insecure_plaintext => {
+            tracing::warn!("TCP listener: plaintext on loopback only; callers are known by their socket's uid")
+        }
+        (None, _) => tracing::warn!(
             "TCP listener: PLAINTEXT (insecure_plaintext) from {:?}: nothing is encrypted and agents are not authenticated",
             config.plaintext_from
         ),
@@ -169,8 +171,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             )
         }
         None => {
-            let incoming =
-                security::listen::accept_plain(listener, config.plaintext_from.clone(), config.dev, &mut accept_tasks);
+            let incoming = security::listen::accept_plain(
+                listener,
+                config.plaintext_from.clone(),
+                config.insecure_plaintext,
+                &mut accept_tasks,
+            );
             Box::pin(
                 router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
             )

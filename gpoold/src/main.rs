@@ -93,7 +93,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                 path: None,
                 socket: None,
                 tls: None,
-                plaintext_from: Vec::new(),
+                plaintext_from: gpoold::config::loopback_ranges(),
+                insecure_plaintext: false,
             }
         }
     };

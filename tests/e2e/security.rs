@@ -364,6 +364,45 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
     drop(net);
 }
 
+/// A gpoold listening on loopback only needs no TLS: its TCP callers are
+/// known by the uid that owns their socket, whatever name they send.
+#[test]
+fn loopback_callers_are_known_by_their_socket_owner() {
+    let dir = Cluster::temp_dir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", "[[team]]\nname = \"t\"\n");
+    cluster.start_agent("n1", 1);
+    let whoami = |uid: Option<u32>| -> Value {
+        let mut command = std::process::Command::new(binary("gpool"));
+        command
+            .args(["whoami", "--output", "json"])
+            .env("GPOOL_SERVER", &cluster.addr)
+            .env("USER", "root")
+            .env_remove("GPOOL_TOKEN")
+            .current_dir("/");
+        if let Some(uid) = uid {
+            command.uid(uid).gid(uid);
+        }
+        let output = command.output().unwrap();
+        serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&output.stderr)))
+    };
+    let me = whoami(None);
+    assert_eq!(me["via"], "loopback uid");
+    assert_eq!(
+        me["user"].as_str(),
+        Some(crate::harness::cluster::current_user().as_str())
+    );
+    if nix::unistd::geteuid().is_root() {
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
+        let them = whoami(Some(nobody.uid.as_raw()));
+        assert_eq!(
+            (them["user"].as_str(), them["admin"].as_bool()),
+            (Some("nobody"), Some(false))
+        );
+    }
+}
+
 #[test]
 fn config_mode_refuses_plaintext_unless_it_is_allowed_for_the_peer() {
     let dir = tempfile::tempdir().unwrap();
@@ -371,16 +410,20 @@ fn config_mode_refuses_plaintext_unless_it_is_allowed_for_the_peer() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\nstate_dir = \"{}\"\n",
+            // A documentation address: never bound, even if the check failed.
+            "listen = \"192.0.2.1:0\"\nstate_dir = \"{}\"\n",
             dir.path().join("state").display()
         ),
     )
     .unwrap();
-    let output = std::process::Command::new(binary("gpoold"))
+    let child = std::process::Command::new(binary("gpoold"))
         .arg("--config")
         .arg(&config)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let output = crate::harness::process::output_within(child, "gpoold with a bad config", Duration::from_secs(30));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("tls: no [tls] table"), "{stderr}");

@@ -31,9 +31,7 @@ impl AgentLink for AgentLinkService {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<ControllerStream>, Status> {
-        let ip = request
-            .remote_addr()
-            .map_or_else(|| "127.0.0.1".to_string(), |addr| addr.ip().to_string());
+        let ip = super::remote_addr(&request).map_or_else(|| "127.0.0.1".to_string(), |addr| addr.ip().to_string());
         let agent = request
             .extensions()
             .get::<super::AgentIdentity>()

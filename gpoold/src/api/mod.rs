@@ -73,6 +73,7 @@ impl LogRelay {
 }
 
 use crate::error::Error;
+use crate::security::loopback::PlainTcpInfo;
 use crate::security::{AuditEntry, Security};
 use crate::state::SharedState;
 use gpool_core::auth::token::{self, Credential};
@@ -101,13 +102,33 @@ pub struct AgentIdentity {
     pub peer: String,
 }
 
+/// The peer's TCP address, over TLS or plaintext.
+pub fn remote_addr<T>(request: &Request<T>) -> Option<std::net::SocketAddr> {
+    request
+        .remote_addr()
+        .or_else(|| request.extensions().get::<PlainTcpInfo>().map(|info| info.remote))
+}
+
 /// The peer of a request as text: a TCP address, or "unix socket".
 pub fn peer_of<T>(request: &Request<T>) -> String {
-    match request.remote_addr() {
+    match remote_addr(request) {
         Some(addr) => addr.to_string(),
         None if request.extensions().get::<UdsConnectInfo>().is_some() => "unix socket".into(),
         None => "unknown".into(),
     }
+}
+
+/// The uid on this host behind a request: the Unix socket's peer
+/// credentials, or the owner of a loopback TCP client's socket.
+fn local_uid<T>(request: &Request<T>) -> Option<(u32, &'static str)> {
+    if let Some(info) = request.extensions().get::<UdsConnectInfo>() {
+        return info.peer_cred.map(|cred| (cred.uid(), "unix socket"));
+    }
+    request
+        .extensions()
+        .get::<PlainTcpInfo>()
+        .and_then(|info| info.local_uid)
+        .map(|uid| (uid, "loopback uid"))
 }
 
 /// Establishes the caller of every Pool request: the peer credentials on
@@ -141,15 +162,17 @@ pub fn authenticate(
 }
 
 fn identify(security: &Security, shared: &SharedState, request: &Request<()>) -> Result<(Caller, String), String> {
-    if let Some(info) = request.extensions().get::<UdsConnectInfo>() {
-        let cred = info.peer_cred.ok_or("the Unix socket gave no peer credentials")?;
-        let uid = nix::unistd::Uid::from_raw(cred.uid());
+    if let Some((uid, via)) = local_uid(request) {
+        let uid = nix::unistd::Uid::from_raw(uid);
         let user = match nix::unistd::User::from_uid(uid) {
             Ok(Some(user)) => user.name,
             _ => return Err(format!("uid {uid} has no user name on the controller host")),
         };
         let state = shared.read().unwrap_or_else(|p| p.into_inner());
-        return Ok((state.local_caller(&user), "unix socket".into()));
+        return Ok((state.local_caller(&user), via.into()));
+    }
+    if request.extensions().get::<UdsConnectInfo>().is_some() {
+        return Err("the Unix socket gave no peer credentials".into());
     }
     if let Some(value) = request.metadata().get("authorization") {
         let text = value
@@ -197,11 +220,25 @@ pub fn authenticate_agent(security: Arc<Security>) -> impl Fn(Request<()>) -> Re
         let peer = peer_of(&request);
         let tls = request.extensions().get::<TlsConnectInfo<TcpConnectInfo>>().cloned();
         let identity = match tls {
-            None => AgentIdentity {
-                cert_node: None,
-                cert_serial: None,
-                peer: peer.clone(),
-            },
+            None => {
+                // On this host, only root or gpoold's own user runs agents;
+                // other hosts' plaintext agents come only where the operator
+                // allowed them (insecure_plaintext).
+                let allowed = match local_uid(&request) {
+                    Some((uid, _)) => uid == 0 || uid == nix::unistd::geteuid().as_raw(),
+                    None => security.insecure_plaintext,
+                };
+                if !allowed {
+                    let reason = "a plaintext agent link must come from root or gpoold's user on this host".to_string();
+                    tracing::warn!(%peer, "agent refused: {reason}");
+                    return Err(Error::Unauthenticated(reason).into());
+                }
+                AgentIdentity {
+                    cert_node: None,
+                    cert_serial: None,
+                    peer: peer.clone(),
+                }
+            }
             Some(tls) => {
                 let checked = tls
                     .peer_certs()

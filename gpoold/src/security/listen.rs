@@ -16,7 +16,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const BACKLOG: usize = 256;
 
 pub type TlsConnections = mpsc::Receiver<std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>>;
-pub type PlainConnections = mpsc::Receiver<std::io::Result<TcpStream>>;
+pub type PlainConnections = mpsc::Receiver<std::io::Result<super::loopback::PlainTcp>>;
 
 /// Accepts TCP connections and hands over those that complete a TLS
 /// handshake. Runs until the receiver is dropped.
@@ -54,13 +54,14 @@ pub fn accept_tls(listener: TcpListener, config: Arc<rustls::ServerConfig>, task
     receiver
 }
 
-/// Accepts plaintext TCP connections: any in dev mode (gpoold listens on
-/// loopback only there), otherwise only from `allowed` ranges, each with a
-/// warning.
+/// Accepts plaintext TCP connections from `allowed` ranges only (a
+/// loopback listener: loopback), each with a warning if `warn` (the
+/// operator's insecure_plaintext). Loopback peers are known by the uid
+/// owning their socket.
 pub fn accept_plain(
     listener: TcpListener,
     allowed: Vec<ipnet::IpNet>,
-    dev: bool,
+    warn: bool,
     tasks: &mut JoinSet<()>,
 ) -> PlainConnections {
     let (sender, receiver) = mpsc::channel(BACKLOG);
@@ -78,15 +79,19 @@ pub fn accept_plain(
                     continue;
                 }
             };
-            if !dev {
-                if !allowed.iter().any(|range| range.contains(&peer.ip())) {
-                    tracing::warn!(%peer, "plaintext connection refused: the peer is outside plaintext_from");
-                    continue;
-                }
+            if !allowed.iter().any(|range| range.contains(&peer.ip())) {
+                tracing::warn!(%peer, "plaintext connection refused: the peer is outside plaintext_from");
+                continue;
+            }
+            if warn {
                 tracing::warn!(%peer, "plaintext connection (insecure_plaintext): nothing on it is encrypted");
             }
             let _ = stream.set_nodelay(true);
-            if sender.send(Ok(stream)).await.is_err() {
+            if sender
+                .send(Ok(super::loopback::PlainTcp::new(stream, peer)))
+                .await
+                .is_err()
+            {
                 return;
             }
         }

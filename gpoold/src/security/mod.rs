@@ -3,6 +3,7 @@
 //! log. The decisions themselves are gpool-core's (`gpool_core::auth`).
 
 pub mod listen;
+pub mod loopback;
 pub mod tls;
 
 use anyhow::Context;
@@ -18,6 +19,9 @@ pub const TOKEN_KEY_FILE: &str = "token.key";
 
 pub struct Security {
     pub dev: bool,
+    /// Plaintext from other hosts was allowed (insecure_plaintext): their
+    /// agents are taken at their word.
+    pub insecure_plaintext: bool,
     pub token_key: Key,
     /// Serial numbers (lower-case hex) of revoked certificates.
     pub revoked: RwLock<HashSet<String>>,
@@ -29,6 +33,7 @@ impl Security {
     pub fn open(config: &crate::config::Config) -> anyhow::Result<Security> {
         let security = Security {
             dev: config.dev,
+            insecure_plaintext: config.insecure_plaintext,
             token_key: load_or_create_key(&config.state_dir.join(TOKEN_KEY_FILE))?,
             revoked: RwLock::new(HashSet::new()),
             revoked_file: config.revoked_certs(),

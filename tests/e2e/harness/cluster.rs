@@ -224,20 +224,13 @@ impl Cluster {
                     .arg(self.state_dir());
             }
             Some(extra) => {
-                let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
-                    .ok()
-                    .flatten()
-                    .map_or_else(|| "root".to_string(), |user| user.name);
+                let user = current_user();
                 let file = self.dir.path().join("gpoold.toml");
+                // On loopback gpoold needs no TLS: callers are known by uid.
                 let text = format!(
-                    "listen = \"{listen}\"\nstate_dir = \"{}\"\nnode_timeout = \"{}\"\nadmins = [\"{user}\"]\n{}\n{extra}",
+                    "listen = \"{listen}\"\nstate_dir = \"{}\"\nnode_timeout = \"{}\"\nadmins = [\"{user}\"]\n\n{extra}",
                     self.state_dir().display(),
-                    self.node_timeout,
-                    if extra.contains("[tls]") || extra.contains("insecure_plaintext") {
-                        ""
-                    } else {
-                        "insecure_plaintext = true\nplaintext_from = [\"127.0.0.0/8\"]\n"
-                    }
+                    self.node_timeout
                 );
                 std::fs::write(&file, text).expect("write gpoold.toml");
                 command.arg("--config").arg(file);
@@ -295,6 +288,14 @@ impl Cluster {
         run.ok();
         run.json()
     }
+}
+
+/// The name of the user running the tests.
+pub fn current_user() -> String {
+    nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map_or_else(|| "root".to_string(), |user| user.name)
 }
 
 /// `gpool` with a clean environment for server discovery.

@@ -1,0 +1,175 @@
+//! Who is on the other end of a loopback TCP connection: the kernel lists
+//! every TCP socket of this network namespace with its owner's uid in
+//! `/proc/net/tcp` and `/proc/net/tcp6`. The client's socket is the one
+//! whose local address is our peer and whose remote address is us. That
+//! uid is as trustworthy as the Unix socket's peer credentials, and never
+//! what the caller claims.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// A plaintext TCP connection, with the uid owning the client's socket
+/// where the client is on this host (loopback).
+pub struct PlainTcp {
+    pub stream: TcpStream,
+    pub info: PlainTcpInfo,
+}
+
+/// What the gRPC server attaches to each request of a plaintext connection.
+#[derive(Debug, Clone, Copy)]
+pub struct PlainTcpInfo {
+    pub remote: SocketAddr,
+    /// The client socket's owner, for loopback peers.
+    pub local_uid: Option<u32>,
+}
+
+impl PlainTcp {
+    pub fn new(stream: TcpStream, remote: SocketAddr) -> PlainTcp {
+        let local_uid = match stream.local_addr() {
+            Ok(local) if remote.ip().is_loopback() => socket_owner(remote, local),
+            _ => None,
+        };
+        PlainTcp {
+            stream,
+            info: PlainTcpInfo { remote, local_uid },
+        }
+    }
+}
+
+/// The uid of the socket bound to `client` and connected to `server`.
+fn socket_owner(client: SocketAddr, server: SocketAddr) -> Option<u32> {
+    let table = if client.is_ipv4() {
+        "/proc/net/tcp"
+    } else {
+        "/proc/net/tcp6"
+    };
+    let text = std::fs::read_to_string(table).ok()?;
+    find_owner(&text, client, server)
+}
+
+/// Reads a `/proc/net/tcp{,6}` table: the uid of the socket whose local
+/// address is `local` and whose remote address is `remote`.
+pub fn find_owner(table: &str, local: SocketAddr, remote: SocketAddr) -> Option<u32> {
+    table.lines().skip(1).find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let _slot = fields.next()?;
+        let line_local = parse_address(fields.next()?)?;
+        let line_remote = parse_address(fields.next()?)?;
+        if line_local != local || line_remote != remote {
+            return None;
+        }
+        // st, tx:rx queues, tr:when, retrnsmt, then uid.
+        fields.nth(4)?.parse().ok()
+    })
+}
+
+/// `0100007F:C800` (IPv4) or 32 hex digits and a port (IPv6): the address
+/// as the kernel prints it, 32-bit words in host (little-endian) order.
+fn parse_address(text: &str) -> Option<SocketAddr> {
+    let (ip_hex, port_hex) = text.split_once(':')?;
+    let port = u16::from_str_radix(port_hex, 16).ok()?;
+    let words: Vec<u32> = (0..ip_hex.len() / 8)
+        .map(|word_idx| u32::from_str_radix(ip_hex.get(word_idx * 8..word_idx * 8 + 8)?, 16).ok())
+        .collect::<Option<_>>()?;
+    let ip = match words.as_slice() {
+        [word] if ip_hex.len() == 8 => IpAddr::V4(Ipv4Addr::from(word.to_le_bytes())),
+        [a, b, c, d] if ip_hex.len() == 32 => {
+            let mut octets = [0u8; 16];
+            for (word_idx, word) in [a, b, c, d].into_iter().enumerate() {
+                octets[word_idx * 4..word_idx * 4 + 4].copy_from_slice(&word.to_le_bytes());
+            }
+            IpAddr::V6(Ipv6Addr::from(octets))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+impl tonic::transport::server::Connected for PlainTcp {
+    type ConnectInfo = PlainTcpInfo;
+
+    fn connect_info(&self) -> PlainTcpInfo {
+        self.info
+    }
+}
+
+impl AsyncRead for PlainTcp {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PlainTcp {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1461 1 0 100 0 0 10 0
+   1: 0100007F:C800 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 2211 1 0 20 4 30 10 -1
+   2: 0100007F:1F90 0100007F:C800 01 00000000:00000000 00:00000000 00000000     0        0 2212 1 0 20 4 30 10 -1
+";
+
+    #[test]
+    fn the_client_socket_names_its_owner() {
+        let client: SocketAddr = "127.0.0.1:51200".parse().unwrap();
+        let server: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(find_owner(TCP, client, server), Some(1000));
+        assert_eq!(find_owner(TCP, server, client), Some(0), "the server's own end");
+        assert_eq!(find_owner(TCP, "127.0.0.1:1".parse().unwrap(), server), None);
+    }
+
+    #[test]
+    fn ipv6_addresses_are_read_word_by_word() {
+        let line = "0: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:C800 01 0:0 0:0 0 42 0 9";
+        let table = format!("header\n{line}\n");
+        let server: SocketAddr = "[::1]:8080".parse().unwrap();
+        let client: SocketAddr = "[::1]:51200".parse().unwrap();
+        assert_eq!(find_owner(&table, server, client), Some(42));
+    }
+
+    #[test]
+    fn a_real_loopback_connection_is_owned_by_this_process() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(server).unwrap();
+        let client_addr = client.local_addr().unwrap();
+        assert_eq!(socket_owner(client_addr, server), Some(nix::unistd::geteuid().as_raw()));
+    }
+
+    proptest! {
+        #[test]
+        fn no_table_text_makes_it_panic(text in "\\PC{0,400}") {
+            let _ = find_owner(&text, "127.0.0.1:1".parse().unwrap(), "127.0.0.1:2".parse().unwrap());
+        }
+    }
+}
