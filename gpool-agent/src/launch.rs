@@ -7,6 +7,7 @@
 //! to a reused slot `<spool>/exits/<n>`, its checkpoints to
 //! `<spool>/checkpoints/<job>/`.
 
+use crate::cgroup::Isolation;
 use crate::journal::{AttemptRecord as RunningAttempt, Journal};
 use crate::supervise::{Ended, LaunchRequest, RunAs, Spawner, SUPERVISOR_BIN};
 use gpool_proto::pb;
@@ -33,6 +34,11 @@ pub struct Attempts {
     /// `gpool` command): `GPOOL_SERVER`, and `GPOOL_CA` where TLS is used.
     /// Their `GPOOL_TOKEN` comes with each Launch.
     controller_env: Vec<(String, String)>,
+    /// The cgroups this host offers, and the node's GPU indices (all that
+    /// an attempt's device rules keep it from, but its own).
+    isolation: Isolation,
+    cgroup_scope: String,
+    node_gpus: Vec<u32>,
     /// Users looked up lately, and when.
     users: Mutex<std::collections::HashMap<String, (std::time::Instant, Option<RunAs>)>>,
     journal: Mutex<Journal>,
@@ -49,6 +55,7 @@ impl Attempts {
         node: String,
         controller_env: Vec<(String, String)>,
         spool_dir: PathBuf,
+        (isolation, node_gpus): (Isolation, Vec<u32>),
         events: mpsc::UnboundedSender<pb::JobEvent>,
     ) -> Result<Arc<Attempts>, String> {
         let exe = std::env::current_exe().map_err(|err| format!("cannot find this program's path: {err}"))?;
@@ -66,6 +73,9 @@ impl Attempts {
         }
         Ok(Arc::new(Attempts {
             as_root: nix::unistd::geteuid().is_root(),
+            cgroup_scope: crate::cgroup::scope_of(&spool_dir),
+            isolation,
+            node_gpus,
             controller_env,
             users: Mutex::new(std::collections::HashMap::new()),
             node,
@@ -407,6 +417,12 @@ impl Attempts {
                 .then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "err")),
             checkpoint_dir,
             run_as,
+            cgroup: self.isolation.rules_for(
+                &self.cgroup_scope,
+                (launch.job_id, launch.epoch),
+                &launch.gpu_indices,
+                &self.node_gpus,
+            ),
         };
         let pid = self
             .spawner

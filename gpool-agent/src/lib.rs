@@ -1,6 +1,7 @@
 //! gpool-agent: discovers the node's GPUs, keeps the link to gpoold, and runs
 //! the attempts gpoold launches here.
 
+pub mod cgroup;
 pub mod config;
 pub mod gpu;
 pub mod journal;
@@ -19,6 +20,21 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         .map_err(|err| anyhow::anyhow!("spool_dir {}: cannot create: {err}", config.spool_dir.display()))?;
     let (gpus, topology, source) = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
+    let isolation = cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"));
+    match &isolation {
+        cgroup::Isolation::V1 { .. } => {
+            tracing::info!("each attempt runs in its own cgroup, with only its own GPUs' device nodes")
+        }
+        cgroup::Isolation::V2 { .. } => tracing::warn!(
+            "each attempt runs in its own cgroup (cgroup v2), but GPU device nodes are not restricted: that needs cgroup v1 devices"
+        ),
+        cgroup::Isolation::None(reason) => tracing::warn!(
+            "no cgroup isolation: {reason}; jobs can open any GPU's device node, and processes a job detaches may outlive it"
+        ),
+    }
+    let mut labels = config.labels.clone();
+    labels.insert("isolation".into(), isolation.label().into());
+    let node_gpus: Vec<u32> = gpus.iter().map(|gpu| gpu.index).collect();
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
     let tls = config.client_tls()?;
     let mut controller_env = vec![("GPOOL_SERVER".to_string(), config.controller.clone())];
@@ -29,6 +45,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.node_name.clone(),
         controller_env,
         config.spool_dir.clone(),
+        (isolation, node_gpus),
         events,
     )
     .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;
@@ -37,7 +54,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         name: config.node_name.clone(),
         sampler: gpu::Sampler::new(&gpus, source),
         gpus,
-        labels: config.labels.clone(),
+        labels,
         topology,
         heartbeat_interval: config.heartbeat_interval,
     };

@@ -76,6 +76,10 @@ pub struct LaunchRequest {
     pub checkpoint_dir: PathBuf,
     /// Run the job as this user; `None` runs it as the spawner's user.
     pub run_as: Option<RunAs>,
+    /// The attempt's own cgroup, where the host offers one: the job runs
+    /// in it, and whatever is left in it when the job ends is killed.
+    #[serde(default)]
+    pub cgroup: Option<crate::cgroup::AttemptCgroup>,
 }
 
 /// A user to run a job as, looked up by the agent (so a supervisor makes
@@ -163,6 +167,9 @@ const OUTLIVED: [nix::sys::signal::Signal; 9] = {
     ]
 };
 
+/// How long a supervisor keeps killing what is left in the attempt's cgroup.
+const CGROUP_SWEEP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The supervisor, in the forked child: sets the attempt up, runs the job,
 /// records how it ended, exits. Whatever the spawner did on the way here
 /// (opening files, creating directories) it does not wait for.
@@ -188,7 +195,12 @@ fn supervise(request: &LaunchRequest) -> ! {
         }
     }
     let ended = match prepare(request) {
-        Ok(mut command) => match command.status() {
+        Ok(mut command) => match command.status().inspect(|_| {
+            // What the job left behind (detached or not) ends with it.
+            if let Some(cgroup) = &request.cgroup {
+                cgroup.sweep(CGROUP_SWEEP_PATIENCE);
+            }
+        }) {
             Ok(status) => match (status.code(), status.signal()) {
                 (Some(code), _) => Ended::Code(code),
                 (None, Some(signal)) => Ended::Signal(signal),
@@ -217,6 +229,9 @@ fn supervise(request: &LaunchRequest) -> ! {
             1
         }
     };
+    if let Some(cgroup) = &request.cgroup {
+        cgroup.remove();
+    }
     // SAFETY: ends this process at once, as a forked child should (no
     // atexit handlers or buffers of the spawner to run twice).
     unsafe { nix::libc::_exit(code) }
@@ -260,6 +275,16 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
         Ok(Stdio::from(file))
     };
     let mut command = Command::new(&request.program);
+    if let Some(cgroup) = &request.cgroup {
+        cgroup.create()?;
+        let cgroup = cgroup.clone();
+        // SAFETY: runs in the forked child of this single-threaded process
+        // before exec, and before the user switch registered below (joining
+        // a cgroup takes root).
+        unsafe {
+            command.pre_exec(move || cgroup.enter());
+        }
+    }
     command
         .args(&request.args)
         .envs(request.env.iter().map(|(name, value)| (name, value)))

@@ -535,3 +535,60 @@ fn jobs_get_gpus_joined_by_nvlink() {
     std::fs::write(cluster.dir.path().join("release-one"), "").unwrap();
     cluster.wait_for_state(held, "completed");
 }
+
+/// Where the node offers cgroups, a job may open only its own GPUs' device
+/// nodes (fake ones here, made with mknod), and the processes it detaches
+/// (setsid) die with it when it is cancelled.
+#[test]
+fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: cgroups and device nodes need root");
+        return;
+    }
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 2);
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let isolation = nodes[0]["labels"]["isolation"].as_str().unwrap_or_default().to_string();
+    if isolation == "none" {
+        eprintln!("skipped: this host offers the agent no cgroup (the agent's log says why)");
+        return;
+    }
+    let dir = cluster.dir.path();
+    for gpu_idx in 0..2 {
+        let path = dir.join(format!("nvidia{gpu_idx}"));
+        nix::sys::stat::mknod(
+            &path,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, gpu_idx),
+        )
+        .expect("mknod a fake GPU device node");
+    }
+    let script = "echo $CUDA_VISIBLE_DEVICES > visible; \
+                  for i in 0 1; do (exec 3< nvidia$i) 2> open$i.err; done; \
+                  setsid sh -c 'echo $$ > escaped.pid; exec sleep 300' & \
+                  i=0; while [ ! -s escaped.pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; \
+                  touch started-fence; sleep 300";
+    let id = cluster.submit(&["--gpus", "1", "--", "sh", "-c", script]);
+    wait_started(&cluster, &["fence"]);
+    let escaped: i32 = read(&cluster, "escaped.pid").trim().parse().expect("the detached pid");
+    if isolation == "cgroup-devices" {
+        let own = read(&cluster, "visible").trim().to_string();
+        let other = if own == "0" { "1" } else { "0" };
+        // No driver behind the fake nodes: an allowed open finds no device,
+        // a denied one is refused by the cgroup before that.
+        assert!(read(&cluster, &format!("open{own}.err")).contains("No such device or address"));
+        assert!(read(&cluster, &format!("open{other}.err")).contains("Operation not permitted"));
+    }
+    cluster.gpool(&["cancel", &id.to_string()]).ok();
+    cluster.wait_for_state(id, "cancelled");
+    wait_until(
+        "the detached process to die with its job",
+        Duration::from_secs(30),
+        || {
+            let stat = std::fs::read_to_string(format!("/proc/{escaped}/stat")).unwrap_or_default();
+            // Gone, or a zombie waiting for its new parent to reap it.
+            (stat.is_empty() || stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z'))).then_some(())
+        },
+    );
+}
