@@ -168,6 +168,13 @@ impl AttemptCgroup {
         }
     }
 
+    /// The processes in it now.
+    pub fn pids(&self) -> Vec<i32> {
+        self.dirs
+            .first()
+            .map_or_else(Vec::new, |dir| read_pids(&dir.join("cgroup.procs")))
+    }
+
     /// Removes the (empty) cgroup.
     pub fn remove(&self) {
         for dir in &self.dirs {

@@ -26,6 +26,12 @@ pub struct AgentConfig {
     /// This node's client certificate and key (`gpool admin cert issue
     /// --node NAME`).
     pub cert: Option<(PathBuf, PathBuf)>,
+    /// The OCI runtime for jobs that name an image: podman (default) or
+    /// docker, or a path to one.
+    pub container_runtime: String,
+    /// Each attempt in a cgroup of its own (device rules, nothing left
+    /// behind), where the host offers one; `false` turns that off.
+    pub cgroups: bool,
 }
 
 impl AgentConfig {
@@ -81,6 +87,8 @@ struct AgentFile {
     simulated_gpu: Vec<SimulatedGpu>,
     simulated_topology: Option<toml::Spanned<SimulatedTopology>>,
     ca: Option<PathBuf>,
+    container_runtime: Option<toml::Spanned<String>>,
+    cgroups: Option<bool>,
     cert: Option<toml::Spanned<PathBuf>>,
     key: Option<toml::Spanned<PathBuf>>,
 }
@@ -168,7 +176,26 @@ impl AgentConfig {
                 "ca: a client certificate needs the cluster CA to check gpoold's".into(),
             ));
         }
+        let container_runtime = match parsed.container_runtime {
+            None => "podman".to_string(),
+            Some(spanned) => {
+                let runtime = spanned.get_ref();
+                let name = Path::new(runtime)
+                    .file_name()
+                    .and_then(|name| name.to_str())
+                    .unwrap_or("");
+                if !matches!(name, "podman" | "docker") {
+                    return Err(invalid(
+                        spanned.span().start,
+                        format!("container_runtime: {runtime:?} is not podman or docker (or a path to one)"),
+                    ));
+                }
+                spanned.into_inner()
+            }
+        };
         Ok(AgentConfig {
+            cgroups: parsed.cgroups.unwrap_or(true),
+            container_runtime,
             ca: parsed.ca,
             cert,
             controller: parsed.controller,

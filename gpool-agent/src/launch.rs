@@ -39,6 +39,8 @@ pub struct Attempts {
     isolation: Isolation,
     cgroup_scope: String,
     node_gpus: Vec<u32>,
+    /// `podman` or `docker`: runs jobs that name an image.
+    container_runtime: String,
     /// Users looked up lately, and when.
     users: Mutex<std::collections::HashMap<String, (std::time::Instant, Option<RunAs>)>>,
     journal: Mutex<Journal>,
@@ -55,7 +57,7 @@ impl Attempts {
         node: String,
         controller_env: Vec<(String, String)>,
         spool_dir: PathBuf,
-        (isolation, node_gpus): (Isolation, Vec<u32>),
+        (isolation, node_gpus, container_runtime): (Isolation, Vec<u32>, String),
         events: mpsc::UnboundedSender<pb::JobEvent>,
     ) -> Result<Arc<Attempts>, String> {
         let exe = std::env::current_exe().map_err(|err| format!("cannot find this program's path: {err}"))?;
@@ -76,6 +78,7 @@ impl Attempts {
             cgroup_scope: crate::cgroup::scope_of(&spool_dir),
             isolation,
             node_gpus,
+            container_runtime,
             controller_env,
             users: Mutex::new(std::collections::HashMap::new()),
             node,
@@ -313,7 +316,12 @@ impl Attempts {
         signal_group(attempt.pgid, Signal::SIGTERM);
         tokio::time::sleep(grace).await;
         if self.running_epoch(attempt.job_id) == Some(attempt.epoch) {
-            signal_group(attempt.pgid, Signal::SIGKILL);
+            // Everything but the supervisor, which then records the end,
+            // kills what is left in the cgroup and removes a container.
+            let cgroup = self
+                .isolation
+                .rules_for(&self.cgroup_scope, (attempt.job_id, attempt.epoch), &[], &[]);
+            kill_all_but_supervisor(attempt.pgid, cgroup.as_ref());
         }
     }
 
@@ -385,9 +393,14 @@ impl Attempts {
         let checkpoint_dir = self.spool_dir.join("checkpoints").join(launch.job_id.to_string());
         let workdir = (!launch.workdir.is_empty()).then(|| PathBuf::from(&launch.workdir));
         let run_as = self.run_as(&launch.user)?;
-        // Checked here only for jobs that run as this agent's user; another
-        // user's job enters its workdir with its own rights (supervisor).
-        if let Some(workdir) = workdir.as_ref().filter(|dir| run_as.is_none() && !dir.is_dir()) {
+        // Checked here only for jobs that run as this agent's user on the
+        // host; another user's job enters its workdir with its own rights
+        // (supervisor), and a container's is inside the image.
+        let in_container = !launch.image.is_empty();
+        if let Some(workdir) = workdir
+            .as_ref()
+            .filter(|dir| run_as.is_none() && !in_container && !dir.is_dir())
+        {
             return Err(format!(
                 "workdir {} does not exist on node {}",
                 workdir.display(),
@@ -395,20 +408,45 @@ impl Attempts {
             ));
         }
         let exit_file = self.free_exit_slot();
+        let mut env: Vec<(String, String)> = launch
+            .env
+            .iter()
+            .map(|var| (var.name.clone(), var.value.clone()))
+            .chain(attempt_env(launch, &self.node, &checkpoint_dir))
+            .chain(self.controller_env.iter().cloned())
+            .collect();
+        let (program, args, workdir, cleanup) = if in_container {
+            let name = format!("gpool-{}-{}-{}", self.cgroup_scope, launch.job_id, launch.epoch);
+            for (key, value) in &mut env {
+                if key == "CUDA_VISIBLE_DEVICES" {
+                    *value = crate::container::visible_devices(launch.gpu_indices.len());
+                }
+            }
+            let job = crate::container::ContainerJob {
+                runtime: &self.container_runtime,
+                name: &name,
+                image: &launch.image,
+                command: &launch.command,
+                env_names: env.iter().map(|(key, _)| key.as_str()).collect(),
+                user: run_as.as_ref().map(|user| (user.uid, user.gid)),
+                workdir: workdir.as_deref(),
+                checkpoint_dir: &checkpoint_dir,
+                devices: crate::container::gpu_devices(&launch.gpu_indices),
+            };
+            let cleanup = job.cleanup_args();
+            (self.container_runtime.clone(), job.run_args(), None, Some(cleanup))
+        } else {
+            (launch.command[0].clone(), launch.command[1..].to_vec(), workdir, None)
+        };
         let request = LaunchRequest {
             exit_file: exit_file.clone(),
             job_id: launch.job_id,
             epoch: launch.epoch,
-            program: launch.command[0].clone(),
-            args: launch.command[1..].to_vec(),
-            env: launch
-                .env
-                .iter()
-                .map(|var| (var.name.clone(), var.value.clone()))
-                .chain(attempt_env(launch, &self.node, &checkpoint_dir))
-                .chain(self.controller_env.iter().cloned())
-                .collect(),
+            program,
+            args,
+            env,
             workdir,
+            container_cleanup: cleanup,
             // The supervisor creates these (each new file or directory costs
             // the filesystem inode work, which the spawner need not wait for).
             stdout: (!launch.discard_output)
@@ -486,6 +524,32 @@ fn outcome(ended: Ended) -> pb::job_event::Outcome {
 }
 
 /// The group, and the leader itself in case it has not called setsid yet.
+/// SIGKILL to every process of the attempt except its supervisor (the
+/// group's leader): the rest of its process group, and all of its cgroup
+/// (which the supervisor is not in).
+fn kill_all_but_supervisor(pgid: i32, cgroup: Option<&crate::cgroup::AttemptCgroup>) {
+    if pgid <= 0 {
+        return;
+    }
+    let mut pids = cgroup.map(crate::cgroup::AttemptCgroup::pids).unwrap_or_default();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // After "(comm) ": state, ppid, pgrp.
+            let pgrp = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(2));
+            if pid != pgid && pgrp == Some(pgid.to_string().as_str()) {
+                pids.push(pid);
+            }
+        }
+    }
+    for pid in pids.into_iter().filter(|pid| *pid != pgid) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
 fn signal_group(pgid: i32, signal: Signal) {
     if pgid > 0 {
         let _ = killpg(Pid::from_raw(pgid), signal);

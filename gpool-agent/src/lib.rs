@@ -3,6 +3,7 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod container;
 pub mod gpu;
 pub mod journal;
 pub mod launch;
@@ -20,7 +21,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         .map_err(|err| anyhow::anyhow!("spool_dir {}: cannot create: {err}", config.spool_dir.display()))?;
     let (gpus, topology, source) = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
-    let isolation = cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"));
+    let isolation = if config.cgroups {
+        cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"))
+    } else {
+        cgroup::Isolation::None("cgroups = false in agent.toml".into())
+    };
     match &isolation {
         cgroup::Isolation::V1 { .. } => {
             tracing::info!("each attempt runs in its own cgroup, with only its own GPUs' device nodes")
@@ -45,7 +50,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.node_name.clone(),
         controller_env,
         config.spool_dir.clone(),
-        (isolation, node_gpus),
+        (isolation, node_gpus, config.container_runtime.clone()),
         events,
     )
     .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;

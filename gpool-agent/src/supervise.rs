@@ -80,6 +80,11 @@ pub struct LaunchRequest {
     /// in it, and whatever is left in it when the job ends is killed.
     #[serde(default)]
     pub cgroup: Option<crate::cgroup::AttemptCgroup>,
+    /// A container job: `program` is its runtime, which runs as this
+    /// process's user (the job's user is set inside); this command line
+    /// removes what is left of the container when the runtime ends.
+    #[serde(default)]
+    pub container_cleanup: Option<Vec<String>>,
 }
 
 /// A user to run a job as, looked up by the agent (so a supervisor makes
@@ -232,6 +237,14 @@ fn supervise(request: &LaunchRequest) -> ! {
     if let Some(cgroup) = &request.cgroup {
         cgroup.remove();
     }
+    if let Some([program, args @ ..]) = request.container_cleanup.as_deref() {
+        let _ = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
     // SAFETY: ends this process at once, as a forked child should (no
     // atexit handlers or buffers of the spawner to run twice).
     unsafe { nix::libc::_exit(code) }
@@ -294,7 +307,8 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
     if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
         command.current_dir(workdir);
     }
-    if let Some(user) = &request.run_as {
+    // A container runtime stays this process's user; it sets the job's.
+    if let Some(user) = request.run_as.as_ref().filter(|_| request.container_cleanup.is_none()) {
         command
             .env("USER", &user.name)
             .env("LOGNAME", &user.name)

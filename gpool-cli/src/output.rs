@@ -8,7 +8,7 @@
 //! attempt may be preempted), n_preemptions, lost_gpu_secs, preempted_at
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
 //! holding the backfill reservation; else null), redacted (another user's
-//! job: command and workdir are empty).
+//! job: command and workdir are empty), image (empty: on the host).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -37,6 +37,7 @@ pub struct JobJson<'a> {
     time_limit_secs: Option<u64>,
     command: &'a [String],
     workdir: &'a str,
+    image: &'a str,
     submitted_at: String,
     started_at: Option<String>,
     ended_at: Option<String>,
@@ -89,6 +90,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         time_limit_secs: spec.time_limit.map(|d| d.seconds),
         command: &spec.command,
         workdir: &spec.workdir,
+        image: &spec.image,
         submitted_at: rfc3339(job.submitted_at_ms),
         started_at: job.started_at_ms.map(rfc3339),
         ended_at: job.ended_at_ms.map(rfc3339),

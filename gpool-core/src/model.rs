@@ -131,6 +131,10 @@ pub struct JobSpec {
     /// Between the checkpoint signal and the kill; default: the QoS's.
     #[serde(default)]
     pub grace_secs: Option<u64>,
+    /// An OCI image the job runs in (the node's container runtime); empty
+    /// runs it on the host.
+    #[serde(default)]
+    pub image: String,
 }
 
 fn yes() -> bool {

@@ -92,6 +92,8 @@ pub struct JobSpecInput {
     pub checkpoint_signal: Option<String>,
     /// Between the checkpoint signal and the kill (a duration).
     pub grace: Option<String>,
+    /// An OCI image to run the command in.
+    pub image: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -146,6 +148,7 @@ impl JobSpecInput {
                 Some(text) => Some(parse_duration(text).map_err(|reason| spec_error("grace", reason))?),
                 None => None,
             },
+            image: self.image.unwrap_or_default(),
         };
         spec.validate()?;
         Ok(spec)
@@ -230,7 +233,26 @@ impl JobSpec {
         for (name, value) in &self.env {
             validate_env(name, value)?;
         }
+        validate_image(&self.image)?;
         validate_workdir(&self.workdir)
+    }
+}
+
+/// An image reference as registries and runtimes take it:
+/// `[host[:port]/]path[:tag][@digest]`, letters, digits and `._-/:@`.
+fn validate_image(image: &str) -> Result<(), SpecError> {
+    let ok = image.len() <= 255
+        && !image.starts_with('-')
+        && image
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/' | ':' | '@'));
+    if ok {
+        Ok(())
+    } else {
+        Err(spec_error(
+            "image",
+            format!("{image:?} is not an image reference (letters, digits, '._-/:@', at most 255)"),
+        ))
     }
 }
 

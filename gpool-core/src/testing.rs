@@ -250,6 +250,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 qos: String::new(),
                 checkpoint_signal: None,
                 grace_secs: None,
+                image: String::new(),
             },
             user: "alice".into(),
             submitted_at: Timestamp(0),

@@ -287,6 +287,8 @@ fn dev_agent_configs(
                 )),
                 ca: None,
                 cert: None,
+                container_runtime: "podman".into(),
+                cgroups: true,
             }
         })
         .collect()

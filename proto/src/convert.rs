@@ -26,6 +26,7 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         qos: spec.qos.clone(),
         checkpoint_signal: spec.checkpoint_signal.unwrap_or(0),
         grace: spec.grace_secs.map(|seconds| pb::Duration { seconds }),
+        image: spec.image.clone(),
     }
 }
 
@@ -98,6 +99,7 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         qos: spec.qos,
         checkpoint_signal: (spec.checkpoint_signal != 0).then_some(spec.checkpoint_signal),
         grace_secs: spec.grace.map(|d| d.seconds),
+        image: spec.image,
     }
 }
 

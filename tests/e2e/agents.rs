@@ -592,3 +592,112 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
         },
     );
 }
+
+/// A job with --image runs in a container of the node's runtime (podman),
+/// as its submitter, with its GPUs numbered from 0 and its checkpoint dir
+/// mounted; cancelled mid-run, it leaves no container and no process.
+#[test]
+fn a_container_job_runs_as_its_user_and_leaves_nothing_when_cancelled() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let podman = std::process::Command::new("podman").arg("--version").output();
+    if !nix::unistd::geteuid().is_root() || podman.is_err() {
+        eprintln!("skipped: containers need root and podman (.ci/run installs podman, runc and busybox-static)");
+        return;
+    }
+    let mut cluster = Cluster::start();
+    let dir = cluster.dir.path().to_path_buf();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A tiny local image: busybox-static and a few of its applets.
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).expect("busybox-static installed");
+    for applet in ["sh", "id", "sleep", "echo", "touch", "cat"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    let conf = dir.join("containers.conf");
+    std::fs::write(
+        &conf,
+        "[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = \"runc\"\n",
+    )
+    .unwrap();
+    let image = format!("localhost/gpool-e2e-busybox-{}", std::process::id());
+    let tar = dir.join("rootfs.tar");
+    let tarred = std::process::Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&rootfs)
+        .arg(".")
+        .status();
+    assert!(tarred.is_ok_and(|status| status.success()), "tar the rootfs");
+    let imported = std::process::Command::new("podman")
+        .env("CONTAINERS_CONF", &conf)
+        .arg("import")
+        .arg(&tar)
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(
+        imported.status.success(),
+        "{}",
+        String::from_utf8_lossy(&imported.stderr)
+    );
+    cluster.agent_env = vec![("CONTAINERS_CONF".into(), conf.display().to_string())];
+    cluster.start_agent("node-a", 4);
+    // Submitted by nobody (known by its uid on loopback).
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
+    let cli = dir.join("gpool");
+    std::fs::copy(crate::harness::process::binary("gpool"), &cli).unwrap();
+    let script =
+        "echo \"cvd=$CUDA_VISIBLE_DEVICES uid=$(id -u)\"; touch \"$GPOOL_CHECKPOINT_DIR/in-container\"; exec sleep 300";
+    let output = std::process::Command::new(&cli)
+        .args([
+            "submit", "--output", "json", "--gpus", "2", "--image", &image, "--", "sh", "-c", script,
+        ])
+        .current_dir("/")
+        .env("GPOOL_SERVER", &cluster.addr)
+        .uid(nobody.uid.as_raw())
+        .gid(nobody.gid.as_raw())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let id = serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()["ids"][0]
+        .as_u64()
+        .unwrap();
+    let spool = cluster.spool_dir("node-a");
+    let marker = spool.join(format!("checkpoints/{id}/in-container"));
+    wait_until("the container job to start", Duration::from_secs(60), || {
+        marker.exists().then_some(())
+    });
+    let out = std::fs::read_to_string(spool.join(format!("jobs/{id}.1.out"))).unwrap();
+    assert_eq!(out.trim(), format!("cvd=0,1 uid={}", nobody.uid));
+    cluster.gpool(&["cancel", &id.to_string()]).ok();
+    cluster.wait_for_state(id, "cancelled");
+    let name_prefix = "gpool-";
+    wait_until("the container to be gone", Duration::from_secs(30), || {
+        let listed = std::process::Command::new("podman")
+            .env("CONTAINERS_CONF", &conf)
+            .args(["ps", "--all", "--format", "{{.Names}} {{.Image}}"])
+            .output()
+            .ok()?;
+        let listed = String::from_utf8_lossy(&listed.stdout).to_string();
+        (!listed
+            .lines()
+            .any(|line| line.starts_with(name_prefix) && line.contains(&image)))
+        .then_some(())
+    });
+    // Nor any process of it: the runtime, conmon and the job all name it.
+    let pattern = format!("gpool-[0-9a-f]{{8}}-{id}-[0-9]");
+    wait_until("the container's processes to be gone", Duration::from_secs(30), || {
+        let found = std::process::Command::new("pgrep")
+            .args(["-f", &pattern])
+            .output()
+            .ok()?;
+        found.stdout.is_empty().then_some(())
+    });
+    let _ = std::process::Command::new("podman")
+        .env("CONTAINERS_CONF", &conf)
+        .args(["rmi", "--force", &image])
+        .output();
+}

@@ -63,6 +63,10 @@ pub struct SubmitArgs {
     /// Time between the checkpoint signal and the kill (default: the QoS's).
     #[arg(long, value_name = "DURATION")]
     grace: Option<String>,
+    /// Run the command in a container of this OCI image (the node's
+    /// container runtime: podman or docker).
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
@@ -70,7 +74,7 @@ pub struct SubmitArgs {
         conflicts_with_all = [
             "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
-            "discard_output", "qos", "checkpoint_signal", "grace",
+            "discard_output", "qos", "checkpoint_signal", "grace", "image",
         ]
     )]
     file: Option<PathBuf>,
@@ -165,5 +169,6 @@ fn input_from_flags(args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         qos: args.qos,
         checkpoint_signal: args.checkpoint_signal,
         grace: args.grace,
+        image: args.image,
     })
 }

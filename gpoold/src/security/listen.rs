@@ -26,18 +26,10 @@ pub fn accept_tls(listener: TcpListener, config: Arc<rustls::ServerConfig>, task
     tasks.spawn(async move {
         let mut handshakes = JoinSet::new();
         loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
+            let (stream, peer) = tokio::select! {
+                accepted = accept(&listener) => accepted,
                 () = sender.closed() => return,
                 Some(_) = handshakes.join_next() => continue,
-            };
-            let (stream, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    tracing::warn!("accept: {err}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
             };
             let _ = stream.set_nodelay(true);
             let acceptor = acceptor.clone();
@@ -67,17 +59,9 @@ pub fn accept_plain(
     let (sender, receiver) = mpsc::channel(BACKLOG);
     tasks.spawn(async move {
         loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
+            let (stream, peer) = tokio::select! {
+                accepted = accept(&listener) => accepted,
                 () = sender.closed() => return,
-            };
-            let (stream, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    tracing::warn!("accept: {err}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
             };
             if !allowed.iter().any(|range| range.contains(&peer.ip())) {
                 tracing::warn!(%peer, "plaintext connection refused: the peer is outside plaintext_from");
@@ -97,6 +81,20 @@ pub fn accept_plain(
         }
     });
     receiver
+}
+
+/// The next connection; a failed accept (out of file descriptors, say) is
+/// logged and tried again a moment later.
+async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(err) => {
+                tracing::warn!("accept: {err}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// Binds the local socket (replacing a stale one) with mode 0666: every

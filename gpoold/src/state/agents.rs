@@ -123,6 +123,7 @@ impl State {
                     master_port: 20_000 + (job_id.0 % 10_000) as u32,
                     discard_output: job.spec.discard_output,
                     user: job.user.clone(),
+                    image: job.spec.image.clone(),
                 };
                 let message = pb::ControllerMessage {
                     msg: Some(pb::controller_message::Msg::Launch(launch)),

@@ -221,6 +221,10 @@ pub struct JobSpec {
     /// Between the checkpoint signal and the kill; absent for the QoS's.
     #[prost(message, optional, tag = "18")]
     pub grace: ::core::option::Option<Duration>,
+    /// An OCI image: the job runs in a container of it, through the node's
+    /// container runtime; empty runs it on the host.
+    #[prost(string, tag = "19")]
+    pub image: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -658,6 +662,9 @@ pub struct Launch {
     /// The submitter: an agent running as root runs the job as this user.
     #[prost(string, tag = "14")]
     pub user: ::prost::alloc::string::String,
+    /// An OCI image to run the command in; empty: on the host.
+    #[prost(string, tag = "15")]
+    pub image: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]

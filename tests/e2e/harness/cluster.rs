@@ -25,6 +25,8 @@ pub struct Cluster {
     /// The host gpoold listens on (port 0 picks one).
     listen_host: String,
     pub agents: Vec<Process>,
+    /// Extra environment of the agents started from now on.
+    pub agent_env: Vec<(String, String)>,
 }
 
 /// The result of one `gpool` run.
@@ -124,6 +126,7 @@ impl Cluster {
             config,
             listen_host: listen_host.to_string(),
             agents: Vec::new(),
+            agent_env: Vec::new(),
         };
         cluster.start_controller();
         cluster
@@ -158,7 +161,10 @@ impl Cluster {
             Some(namespace) => super::netns::Net::command_in(namespace, &binary("gpool-agent")),
             None => Command::new(binary("gpool-agent")),
         };
-        command.arg("--config").arg(&config);
+        command
+            .arg("--config")
+            .arg(&config)
+            .envs(self.agent_env.iter().cloned());
         let log = self.dir.path().join(format!("agent-{node}-{}.log", self.agents.len()));
         self.agents
             .push(Process::spawn(&format!("gpool-agent {node}"), command, log));
