@@ -151,8 +151,25 @@ fn job_file_errors_name_file_line_and_field() {
 fn example_job_file_parses() {
     let text = include_str!("../../../config/jobs.example.toml");
     let specs = parse_job_file("config/jobs.example.toml", text).unwrap_or_else(|err| panic!("{err}"));
-    assert_eq!(specs.len(), 2);
+    assert_eq!(specs.len(), 3);
     assert_eq!(specs[1].total_gpus(), 16);
+    assert_eq!(
+        specs[2].image,
+        "docker.io/pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime"
+    );
+}
+
+#[test]
+fn an_image_is_a_reference_not_a_flag_or_a_shell_word() {
+    for bad in ["-v/:/host", "ubuntu latest", "x;rm", &"a".repeat(256)] {
+        let mut spec = input(&["true"]);
+        spec.image = Some(bad.to_string());
+        let err = spec.into_spec().unwrap_err();
+        assert_eq!(err.field, "image", "{bad:?}");
+    }
+    let mut spec = input(&["true"]);
+    spec.image = Some("registry.example:5000/ml/train:1.2@sha256:abc".into());
+    assert!(spec.into_spec().is_ok());
 }
 
 #[test]
