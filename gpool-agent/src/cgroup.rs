@@ -19,52 +19,74 @@ use std::time::{Duration, Instant};
 pub const NVIDIA_MAJOR: u32 = 195;
 const PARENT: &str = "gpool";
 
-/// What this host lets the agent do, found once at start.
+/// What this host lets the agent do, found once at start. Each attempt's
+/// cgroup goes under `<the agent's own cgroup>/gpool` of each hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Isolation {
-    /// cgroup v1: the `devices` controller (GPU device rules; its
-    /// cgroup.procs lists the attempt's processes), mounted under `root`.
-    V1 { root: PathBuf },
-    /// cgroup v2 at `root`: `cgroup.kill` ends every process; device rules
-    /// would need a BPF program, which gpool does not load.
-    V2 { root: PathBuf },
+    /// cgroup v1: the `devices` hierarchy (GPU device rules; its
+    /// cgroup.procs lists the attempt's processes), and `memory` and `cpu`
+    /// where mounted (for --mem and --cpus-per-gpu).
+    V1 {
+        devices: PathBuf,
+        memory: Option<PathBuf>,
+        cpu: Option<PathBuf>,
+    },
+    /// cgroup v2: `cgroup.kill` ends every process; device rules would need
+    /// a BPF program, and limits a delegated subtree, neither of which
+    /// gpool sets up.
+    V2 { parent: PathBuf },
     /// No cgroup the agent may use; the reason says why.
     None(String),
 }
 
+/// What an attempt may use, for its cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub mem_bytes: Option<u64>,
+    /// CPUs, as a quota of this many CPU-seconds per second.
+    pub cpus: Option<u32>,
+}
+
+/// The CPU quota period, microseconds.
+const CPU_PERIOD_US: u64 = 100_000;
+
 impl Isolation {
-    /// Looks at the cgroup mounts under `root` (/sys/fs/cgroup) and makes
-    /// sure the agent can create cgroups there.
-    pub fn detect(root: &Path) -> Isolation {
+    /// Looks at the cgroup mounts under `root` (/sys/fs/cgroup) and this
+    /// process's own cgroups (`own`, the text of /proc/self/cgroup), and
+    /// makes sure the agent can create cgroups there.
+    pub fn detect(root: &Path, own: &str) -> Isolation {
         if !nix::unistd::geteuid().is_root() {
             return Isolation::None("the agent does not run as root".into());
         }
-        let (isolation, parents) = if root.join("devices").join("devices.allow").exists() {
-            (
-                Isolation::V1 {
-                    root: root.to_path_buf(),
-                },
-                vec![root.join("devices").join(PARENT)],
-            )
-        } else if root.join("cgroup.controllers").exists() && root.join("cgroup.procs").exists() {
-            (
-                Isolation::V2 {
-                    root: root.to_path_buf(),
-                },
-                vec![root.join(PARENT)],
-            )
-        } else {
-            return Isolation::None(format!(
-                "no cgroup v1 devices controller or cgroup v2 under {}",
-                root.display()
-            ));
+        let parent_in = |controller: &str, probe: &str| -> Option<PathBuf> {
+            let mount = root.join(controller);
+            mount.join(probe).exists().then_some(())?;
+            let parent = mount.join(own_path(own, controller)?).join(PARENT);
+            std::fs::create_dir_all(&parent).ok().map(|()| parent)
         };
-        for parent in parents {
-            if let Err(err) = std::fs::create_dir_all(&parent) {
-                return Isolation::None(format!("cannot create cgroup {}: {err}", parent.display()));
-            }
+        if root.join("devices").join("devices.allow").exists() {
+            return match parent_in("devices", "devices.allow") {
+                Some(devices) => Isolation::V1 {
+                    devices,
+                    memory: parent_in("memory", "memory.limit_in_bytes"),
+                    cpu: parent_in("cpu", "cpu.cfs_quota_us"),
+                },
+                None => Isolation::None(format!(
+                    "cannot create a cgroup under {}",
+                    root.join("devices").display()
+                )),
+            };
         }
-        isolation
+        if root.join("cgroup.controllers").exists() {
+            return match parent_in("", "cgroup.procs") {
+                Some(parent) => Isolation::V2 { parent },
+                None => Isolation::None(format!("cannot create a cgroup under {}", root.display())),
+            };
+        }
+        Isolation::None(format!(
+            "no cgroup v1 devices controller or cgroup v2 under {}",
+            root.display()
+        ))
     }
 
     /// What `gpool nodes` shows as the node's `isolation` label.
@@ -76,31 +98,73 @@ impl Isolation {
         }
     }
 
-    /// The cgroup of one attempt: its directories, and the device rules
-    /// that keep it off the node's other GPUs. `scope` tells apart agents
-    /// sharing a host (tests, dev mode): one per spool dir.
+    /// The cgroup of one attempt: its directories, the device rules that
+    /// keep it off the node's other GPUs, and its limits (those the host
+    /// can enforce). `scope` tells apart agents sharing a host (tests, dev
+    /// mode): one per spool dir.
     pub fn rules_for(
         &self,
         scope: &str,
         (job_id, epoch): (u64, u64),
-        own_gpus: &[u32],
-        node_gpus: &[u32],
+        (own_gpus, node_gpus): (&[u32], &[u32]),
+        limits: Limits,
     ) -> Option<AttemptCgroup> {
         let name = format!("{scope}-{job_id}.{epoch}");
-        let (dirs, deny) = match self {
-            Isolation::V1 { root } => (
-                vec![root.join("devices").join(PARENT).join(&name)],
-                node_gpus
-                    .iter()
-                    .filter(|gpu| !own_gpus.contains(gpu))
-                    .map(|gpu| format!("c {NVIDIA_MAJOR}:{gpu} rwm"))
-                    .collect(),
-            ),
-            Isolation::V2 { root } => (vec![root.join(PARENT).join(&name)], Vec::new()),
-            Isolation::None(_) => return None,
-        };
-        Some(AttemptCgroup { dirs, deny })
+        match self {
+            Isolation::V1 { devices, memory, cpu } => {
+                let mut cgroup = AttemptCgroup {
+                    dirs: vec![devices.join(&name)],
+                    settings: node_gpus
+                        .iter()
+                        .filter(|gpu| !own_gpus.contains(gpu))
+                        .map(|gpu| {
+                            (
+                                devices.join(&name).join("devices.deny"),
+                                format!("c {NVIDIA_MAJOR}:{gpu} rwm"),
+                            )
+                        })
+                        .collect(),
+                };
+                if let (Some(memory), Some(bytes)) = (memory, limits.mem_bytes) {
+                    cgroup.dirs.push(memory.join(&name));
+                    cgroup
+                        .settings
+                        .push((memory.join(&name).join("memory.limit_in_bytes"), bytes.to_string()));
+                }
+                if let (Some(cpu), Some(cpus)) = (cpu, limits.cpus) {
+                    cgroup.dirs.push(cpu.join(&name));
+                    cgroup.settings.extend([
+                        (cpu.join(&name).join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string()),
+                        (
+                            cpu.join(&name).join("cpu.cfs_quota_us"),
+                            (u64::from(cpus) * CPU_PERIOD_US).to_string(),
+                        ),
+                    ]);
+                }
+                Some(cgroup)
+            }
+            Isolation::V2 { parent } => Some(AttemptCgroup {
+                dirs: vec![parent.join(&name)],
+                settings: Vec::new(),
+            }),
+            Isolation::None(_) => None,
+        }
     }
+}
+
+/// This process's path in the hierarchy of `controller` ("" for cgroup
+/// v2), relative, from the text of /proc/self/cgroup.
+fn own_path(own: &str, controller: &str) -> Option<PathBuf> {
+    own.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let matches = if controller.is_empty() {
+            controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == controller)
+        };
+        matches.then(|| PathBuf::from(path.trim_start_matches('/')))
+    })
 }
 
 /// A short name for the agent of `spool_dir` (unique among the agents of
@@ -115,10 +179,11 @@ pub fn scope_of(spool_dir: &Path) -> String {
 /// One attempt's cgroup, as the supervisor gets it in the launch request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptCgroup {
-    /// One directory per hierarchy; the job joins each.
+    /// One directory per hierarchy; the job joins each. The first one's
+    /// cgroup.procs lists all of the attempt's processes.
     pub dirs: Vec<PathBuf>,
-    /// `devices.deny` lines (cgroup v1).
-    pub deny: Vec<String>,
+    /// Files to write once the directories exist: device rules, limits.
+    pub settings: Vec<(PathBuf, String)>,
 }
 
 impl AttemptCgroup {
@@ -127,11 +192,9 @@ impl AttemptCgroup {
     pub fn create(&self) -> Result<(), String> {
         for dir in &self.dirs {
             std::fs::create_dir_all(dir).map_err(|err| format!("cgroup {}: {err}", dir.display()))?;
-            if dir.components().any(|c| c.as_os_str() == "devices") {
-                for rule in &self.deny {
-                    write(&dir.join("devices.deny"), rule)?;
-                }
-            }
+        }
+        for (file, value) in &self.settings {
+            write(file, value)?;
         }
         Ok(())
     }
@@ -200,20 +263,59 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_attempt_is_denied_the_other_gpus_of_its_node() {
+    fn an_attempt_is_denied_the_other_gpus_of_its_node_and_gets_its_limits() {
         let v1 = Isolation::V1 {
-            root: "/sys/fs/cgroup".into(),
+            devices: "/cg/devices/gpool".into(),
+            memory: Some("/cg/memory/box/gpool".into()),
+            cpu: None,
         };
-        let cgroup = v1.rules_for("a1", (7, 3), &[0, 2], &[0, 1, 2, 3]).unwrap();
-        assert_eq!(cgroup.deny, ["c 195:1 rwm", "c 195:3 rwm"]);
-        assert_eq!(cgroup.dirs, [PathBuf::from("/sys/fs/cgroup/devices/gpool/a1-7.3")]);
-        let v2 = Isolation::V2 {
-            root: "/sys/fs/cgroup".into(),
+        let limits = Limits {
+            mem_bytes: Some(1 << 30),
+            cpus: Some(4),
         };
-        assert!(v2.rules_for("a1", (7, 3), &[0], &[0, 1]).unwrap().deny.is_empty());
+        let cgroup = v1.rules_for("a1", (7, 3), (&[0, 2], &[0, 1, 2, 3]), limits).unwrap();
         assert_eq!(
-            Isolation::None("no".into()).rules_for("a1", (7, 3), &[0], &[0, 1]),
+            cgroup.dirs,
+            [
+                PathBuf::from("/cg/devices/gpool/a1-7.3"),
+                PathBuf::from("/cg/memory/box/gpool/a1-7.3")
+            ]
+        );
+        let settings: Vec<String> = cgroup
+            .settings
+            .iter()
+            .map(|(file, value)| format!("{} {value}", file.display()))
+            .collect();
+        assert_eq!(
+            settings,
+            [
+                "/cg/devices/gpool/a1-7.3/devices.deny c 195:1 rwm",
+                "/cg/devices/gpool/a1-7.3/devices.deny c 195:3 rwm",
+                "/cg/memory/box/gpool/a1-7.3/memory.limit_in_bytes 1073741824",
+            ],
+            "no cpu hierarchy: no CPU quota"
+        );
+        let v2 = Isolation::V2 {
+            parent: "/cg/gpool".into(),
+        };
+        assert!(v2
+            .rules_for("a1", (7, 3), (&[0], &[0, 1]), limits)
+            .unwrap()
+            .settings
+            .is_empty());
+        assert_eq!(
+            Isolation::None("no".into()).rules_for("a1", (7, 3), (&[0], &[0, 1]), limits),
             None
         );
+    }
+
+    #[test]
+    fn the_agents_own_cgroup_is_read_per_hierarchy() {
+        let own = "5:devices:/\n4:memory:/box/a1\n2:cpu,cpuacct:/x\n0::/user.slice/agent.service\n";
+        assert_eq!(own_path(own, "memory"), Some(PathBuf::from("box/a1")));
+        assert_eq!(own_path(own, "cpu"), Some(PathBuf::from("x")));
+        assert_eq!(own_path(own, "devices"), Some(PathBuf::new()));
+        assert_eq!(own_path(own, ""), Some(PathBuf::from("user.slice/agent.service")));
+        assert_eq!(own_path(own, "pids"), None);
     }
 }

@@ -318,9 +318,12 @@ impl Attempts {
         if self.running_epoch(attempt.job_id) == Some(attempt.epoch) {
             // Everything but the supervisor, which then records the end,
             // kills what is left in the cgroup and removes a container.
-            let cgroup = self
-                .isolation
-                .rules_for(&self.cgroup_scope, (attempt.job_id, attempt.epoch), &[], &[]);
+            let cgroup = self.isolation.rules_for(
+                &self.cgroup_scope,
+                (attempt.job_id, attempt.epoch),
+                (&[], &[]),
+                crate::cgroup::Limits::default(),
+            );
             kill_all_but_supervisor(attempt.pgid, cgroup.as_ref());
         }
     }
@@ -458,8 +461,15 @@ impl Attempts {
             cgroup: self.isolation.rules_for(
                 &self.cgroup_scope,
                 (launch.job_id, launch.epoch),
-                &launch.gpu_indices,
-                &self.node_gpus,
+                (&launch.gpu_indices, &self.node_gpus),
+                crate::cgroup::Limits {
+                    mem_bytes: (launch.mem_bytes > 0).then_some(launch.mem_bytes),
+                    cpus: (launch.cpus_per_gpu > 0).then(|| {
+                        launch
+                            .cpus_per_gpu
+                            .saturating_mul(launch.gpu_indices.len().max(1) as u32)
+                    }),
+                },
             ),
         };
         let pid = self

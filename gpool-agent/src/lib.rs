@@ -22,7 +22,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let (gpus, topology, source) = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
     let isolation = if config.cgroups {
-        cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"))
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"), &own)
     } else {
         cgroup::Isolation::None("cgroups = false in agent.toml".into())
     };

@@ -8,7 +8,8 @@
 //! attempt may be preempted), n_preemptions, lost_gpu_secs, preempted_at
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
 //! holding the backfill reservation; else null), redacted (another user's
-//! job: command and workdir are empty), image (empty: on the host).
+//! job: command and workdir are empty), image (empty: on the host),
+//! mem_bytes and cpus_per_gpu (or null).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -38,6 +39,8 @@ pub struct JobJson<'a> {
     command: &'a [String],
     workdir: &'a str,
     image: &'a str,
+    mem_bytes: Option<u64>,
+    cpus_per_gpu: Option<u32>,
     submitted_at: String,
     started_at: Option<String>,
     ended_at: Option<String>,
@@ -91,6 +94,8 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         command: &spec.command,
         workdir: &spec.workdir,
         image: &spec.image,
+        mem_bytes: (spec.mem_bytes > 0).then_some(spec.mem_bytes),
+        cpus_per_gpu: (spec.cpus_per_gpu > 0).then_some(spec.cpus_per_gpu),
         submitted_at: rfc3339(job.submitted_at_ms),
         started_at: job.started_at_ms.map(rfc3339),
         ended_at: job.ended_at_ms.map(rfc3339),

@@ -135,6 +135,12 @@ pub struct JobSpec {
     /// runs it on the host.
     #[serde(default)]
     pub image: String,
+    /// Memory limit on each node (its cgroup's), bytes.
+    #[serde(default)]
+    pub mem_bytes: Option<u64>,
+    /// CPU limit: this many CPUs for each GPU (its cgroup's CPU quota).
+    #[serde(default)]
+    pub cpus_per_gpu: Option<u32>,
 }
 
 fn yes() -> bool {

@@ -14,6 +14,7 @@ const MAX_NAME_LEN: usize = 128;
 /// A year: longer limits are surely typos, and keep time arithmetic safe.
 pub const MAX_TIME_LIMIT_SECS: u64 = 365 * 24 * 3600;
 const MAX_IDENT_LEN: usize = 64;
+const MAX_CPUS_PER_GPU: u32 = 1024;
 
 /// A rejected spec: the field and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,6 +95,10 @@ pub struct JobSpecInput {
     pub grace: Option<String>,
     /// An OCI image to run the command in.
     pub image: Option<String>,
+    /// Memory limit per node: `64G`, `512M`, `1T` or bytes.
+    pub mem: Option<String>,
+    /// CPUs per GPU (a CPU quota).
+    pub cpus_per_gpu: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -149,6 +154,14 @@ impl JobSpecInput {
                 None => None,
             },
             image: self.image.unwrap_or_default(),
+            mem_bytes: match self.mem.as_deref() {
+                Some(text) => Some(parse_size(text).map_err(|reason| spec_error("mem", reason))?),
+                None => None,
+            },
+            cpus_per_gpu: match self.cpus_per_gpu {
+                Some(cpus) => Some(count_field("cpus_per_gpu", cpus, MAX_CPUS_PER_GPU)?),
+                None => None,
+            },
         };
         spec.validate()?;
         Ok(spec)
@@ -374,6 +387,30 @@ pub fn parse_signal(text: &str) -> Result<i32, String> {
                 "{text:?} is not a signal name (USR1, USR2, TERM, INT, HUP, QUIT, ALRM, CONT, URG, WINCH) or number"
             )
         })
+}
+
+/// `64G`, `512M`, `1T`, `4096K` (powers of 1024) or plain bytes; at
+/// least 1 MiB.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{text:?} is not a size such as 64G, 512M or bytes")),
+    };
+    let bytes = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| format!("{text:?} is not a size such as 64G, 512M or bytes"))?;
+    if bytes < 1 << 20 {
+        return Err(format!("{text:?} is less than 1M"));
+    }
+    Ok(bytes)
 }
 
 pub fn parse_duration(text: &str) -> Result<u64, String> {

@@ -251,6 +251,8 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 checkpoint_signal: None,
                 grace_secs: None,
                 image: String::new(),
+                mem_bytes: None,
+                cpus_per_gpu: None,
             },
             user: "alice".into(),
             submitted_at: Timestamp(0),

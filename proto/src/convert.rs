@@ -27,6 +27,8 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         checkpoint_signal: spec.checkpoint_signal.unwrap_or(0),
         grace: spec.grace_secs.map(|seconds| pb::Duration { seconds }),
         image: spec.image.clone(),
+        mem_bytes: spec.mem_bytes.unwrap_or(0),
+        cpus_per_gpu: spec.cpus_per_gpu.unwrap_or(0),
     }
 }
 
@@ -100,6 +102,8 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         checkpoint_signal: (spec.checkpoint_signal != 0).then_some(spec.checkpoint_signal),
         grace_secs: spec.grace.map(|d| d.seconds),
         image: spec.image,
+        mem_bytes: (spec.mem_bytes != 0).then_some(spec.mem_bytes),
+        cpus_per_gpu: (spec.cpus_per_gpu != 0).then_some(spec.cpus_per_gpu),
     }
 }
 

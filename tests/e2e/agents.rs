@@ -537,8 +537,9 @@ fn jobs_get_gpus_joined_by_nvlink() {
 }
 
 /// Where the node offers cgroups, a job may open only its own GPUs' device
-/// nodes (fake ones here, made with mknod), and the processes it detaches
-/// (setsid) die with it when it is cancelled.
+/// nodes (fake ones here, made with mknod), gets its --mem and
+/// --cpus-per-gpu as cgroup limits, and the processes it detaches (setsid)
+/// die with it when it is cancelled.
 #[test]
 fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
     if !nix::unistd::geteuid().is_root() {
@@ -566,11 +567,33 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
     }
     let script = "echo $CUDA_VISIBLE_DEVICES > visible; \
                   for i in 0 1; do (exec 3< nvidia$i) 2> open$i.err; done; \
+                  m=$(grep -E '^[0-9]+:memory:' /proc/self/cgroup | cut -d: -f3); \
+                  cat /sys/fs/cgroup/memory$m/memory.limit_in_bytes > mem-limit; \
+                  c=$(grep -E '^[0-9]+:(cpu|cpu,cpuacct):' /proc/self/cgroup | cut -d: -f3); \
+                  cat /sys/fs/cgroup/cpu$c/cpu.cfs_quota_us > cpu-quota; \
                   setsid sh -c 'echo $$ > escaped.pid; exec sleep 300' & \
                   i=0; while [ ! -s escaped.pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; \
                   touch started-fence; sleep 300";
-    let id = cluster.submit(&["--gpus", "1", "--", "sh", "-c", script]);
+    let id = cluster.submit(&[
+        "--gpus",
+        "1",
+        "--mem",
+        "256M",
+        "--cpus-per-gpu",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
     wait_started(&cluster, &["fence"]);
+    // Its limits are its cgroup's, where the host mounts those hierarchies.
+    if std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+        assert_eq!(read(&cluster, "mem-limit").trim(), (256u64 << 20).to_string());
+    }
+    if std::path::Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
+        assert_eq!(read(&cluster, "cpu-quota").trim(), "200000", "2 CPUs for its 1 GPU");
+    }
     let escaped: i32 = read(&cluster, "escaped.pid").trim().parse().expect("the detached pid");
     if isolation == "cgroup-devices" {
         let own = read(&cluster, "visible").trim().to_string();
@@ -670,7 +693,13 @@ fn a_container_job_runs_as_its_user_and_leaves_nothing_when_cancelled() {
     wait_until("the container job to start", Duration::from_secs(60), || {
         marker.exists().then_some(())
     });
-    let out = std::fs::read_to_string(spool.join(format!("jobs/{id}.1.out"))).unwrap();
+    // Output reaches the file through the runtime, a moment later.
+    let out_file = spool.join(format!("jobs/{id}.1.out"));
+    let out = wait_until("the container job's output", Duration::from_secs(30), || {
+        std::fs::read_to_string(&out_file)
+            .ok()
+            .filter(|out| out.ends_with('\n'))
+    });
     assert_eq!(out.trim(), format!("cvd=0,1 uid={}", nobody.uid));
     cluster.gpool(&["cancel", &id.to_string()]).ok();
     cluster.wait_for_state(id, "cancelled");
@@ -687,8 +716,9 @@ fn a_container_job_runs_as_its_user_and_leaves_nothing_when_cancelled() {
             .any(|line| line.starts_with(name_prefix) && line.contains(&image)))
         .then_some(())
     });
-    // Nor any process of it: the runtime, conmon and the job all name it.
-    let pattern = format!("gpool-[0-9a-f]{{8}}-{id}-[0-9]");
+    // Nor its runtime process (which names this test's spool); conmon and
+    // the job went with the container.
+    let pattern = spool.join(format!("checkpoints/{id}")).display().to_string();
     wait_until("the container's processes to be gone", Duration::from_secs(30), || {
         let found = std::process::Command::new("pgrep")
             .args(["-f", &pattern])

@@ -67,6 +67,12 @@ pub struct SubmitArgs {
     /// container runtime: podman or docker).
     #[arg(long, value_name = "IMAGE")]
     image: Option<String>,
+    /// Memory limit on each node (64G, 512M): the job's cgroup's.
+    #[arg(long, value_name = "SIZE")]
+    mem: Option<String>,
+    /// CPUs for each of the job's GPUs (a CPU quota in its cgroup).
+    #[arg(long, value_name = "N")]
+    cpus_per_gpu: Option<i64>,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
@@ -74,7 +80,7 @@ pub struct SubmitArgs {
         conflicts_with_all = [
             "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
-            "discard_output", "qos", "checkpoint_signal", "grace", "image",
+            "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
         ]
     )]
     file: Option<PathBuf>,
@@ -170,5 +176,7 @@ fn input_from_flags(args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         checkpoint_signal: args.checkpoint_signal,
         grace: args.grace,
         image: args.image,
+        mem: args.mem,
+        cpus_per_gpu: args.cpus_per_gpu,
     })
 }

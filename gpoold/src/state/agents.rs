@@ -124,6 +124,8 @@ impl State {
                     discard_output: job.spec.discard_output,
                     user: job.user.clone(),
                     image: job.spec.image.clone(),
+                    mem_bytes: job.spec.mem_bytes.unwrap_or(0),
+                    cpus_per_gpu: job.spec.cpus_per_gpu.unwrap_or(0),
                 };
                 let message = pb::ControllerMessage {
                     msg: Some(pb::controller_message::Msg::Launch(launch)),

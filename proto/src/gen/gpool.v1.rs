@@ -225,6 +225,12 @@ pub struct JobSpec {
     /// container runtime; empty runs it on the host.
     #[prost(string, tag = "19")]
     pub image: ::prost::alloc::string::String,
+    /// Memory limit per node (bytes; 0: none) and CPUs per GPU (0: no
+    /// limit), enforced in the attempt's cgroup.
+    #[prost(uint64, tag = "20")]
+    pub mem_bytes: u64,
+    #[prost(uint32, tag = "21")]
+    pub cpus_per_gpu: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -665,6 +671,11 @@ pub struct Launch {
     /// An OCI image to run the command in; empty: on the host.
     #[prost(string, tag = "15")]
     pub image: ::prost::alloc::string::String,
+    /// Limits for the attempt's cgroup; 0: none.
+    #[prost(uint64, tag = "16")]
+    pub mem_bytes: u64,
+    #[prost(uint32, tag = "17")]
+    pub cpus_per_gpu: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
