@@ -666,6 +666,18 @@ fn a_container_job_runs_as_its_user_and_leaves_nothing_when_cancelled() {
         "{}",
         String::from_utf8_lossy(&imported.stderr)
     );
+    let works = std::process::Command::new("podman")
+        .env("CONTAINERS_CONF", &conf)
+        .args(["run", "--rm", &image, "true"])
+        .output()
+        .unwrap();
+    if !works.status.success() {
+        eprintln!(
+            "skipped: podman cannot run a container on this host: {}",
+            String::from_utf8_lossy(&works.stderr)
+        );
+        return;
+    }
     cluster.agent_env = vec![("CONTAINERS_CONF".into(), conf.display().to_string())];
     cluster.start_agent("node-a", 4);
     // Submitted by nobody (known by its uid on loopback).
