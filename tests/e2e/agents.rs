@@ -445,8 +445,7 @@ fn discarded_output_leaves_no_files_and_logs_says_why() {
 /// with that user's groups, owning its output and checkpoint directory.
 #[test]
 fn jobs_run_as_their_submitter_when_the_agent_is_root() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    use std::os::unix::process::CommandExt;
+    use std::os::unix::fs::MetadataExt;
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: the agent must run as root to switch users");
         return;
@@ -454,23 +453,21 @@ fn jobs_run_as_their_submitter_when_the_agent_is_root() {
     let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 1);
-    // The submitter needs a gpool it can run, and the job a path to its
-    // checkpoint directory.
-    std::fs::set_permissions(cluster.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let cli = cluster.dir.path().join("gpool");
-    std::fs::copy(crate::harness::process::binary("gpool"), &cli).unwrap();
-    let output = std::process::Command::new(&cli)
-        .args(["submit", "--wait", "--workdir", "/", "--"])
-        .args(["sh", "-c", "id -u > \"$GPOOL_CHECKPOINT_DIR/uid\"; echo $USER"])
-        .current_dir("/")
-        .env("GPOOL_SERVER", &cluster.addr)
-        .uid(nobody.uid.as_raw())
-        .gid(nobody.gid.as_raw())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
-    let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let run = cluster.gpool_as(
+        &nobody,
+        &cluster.addr,
+        &[
+            "submit",
+            "--wait",
+            "--workdir",
+            "/",
+            "--",
+            "sh",
+            "-c",
+            "id -u > \"$GPOOL_CHECKPOINT_DIR/uid\"; echo $USER",
+        ],
+    );
+    let id = run.ok().trim().to_string();
     let spool = cluster.spool_dir("node-a");
     let uid = std::fs::read_to_string(spool.join(format!("checkpoints/{id}/uid"))).unwrap();
     assert_eq!(uid.trim(), nobody.uid.to_string());
@@ -622,7 +619,6 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
 #[test]
 fn a_container_job_runs_as_its_user_and_leaves_nothing_when_cancelled() {
     use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     let podman = std::process::Command::new("podman").arg("--version").output();
     if !nix::unistd::geteuid().is_root() || podman.is_err() {
         eprintln!("skipped: containers need root and podman (.ci/run installs podman, runc and busybox-static)");
@@ -682,24 +678,17 @@ fn a_container_job_runs_as_its_user_and_leaves_nothing_when_cancelled() {
     cluster.start_agent("node-a", 4);
     // Submitted by nobody (known by its uid on loopback).
     let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
-    let cli = dir.join("gpool");
-    std::fs::copy(crate::harness::process::binary("gpool"), &cli).unwrap();
     let script =
         "echo \"cvd=$CUDA_VISIBLE_DEVICES uid=$(id -u)\"; touch \"$GPOOL_CHECKPOINT_DIR/in-container\"; exec sleep 300";
-    let output = std::process::Command::new(&cli)
-        .args([
+    let submitted = cluster.gpool_as(
+        &nobody,
+        &cluster.addr,
+        &[
             "submit", "--output", "json", "--gpus", "2", "--image", &image, "--", "sh", "-c", script,
-        ])
-        .current_dir("/")
-        .env("GPOOL_SERVER", &cluster.addr)
-        .uid(nobody.uid.as_raw())
-        .gid(nobody.gid.as_raw())
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let id = serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()["ids"][0]
-        .as_u64()
-        .unwrap();
+        ],
+    );
+    submitted.ok();
+    let id = submitted.json()["ids"][0].as_u64().unwrap();
     let spool = cluster.spool_dir("node-a");
     let marker = spool.join(format!("checkpoints/{id}/in-container"));
     wait_until("the container job to start", Duration::from_secs(60), || {

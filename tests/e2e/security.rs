@@ -206,26 +206,16 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
 
     // The local socket knows a plain user by their uid, with no token.
     let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
-    let socket_whoami = std::process::Command::new(binary("gpool"))
-        .args(["whoami", "--output", "json"])
-        .env("GPOOL_SERVER", &cluster.cli_server)
-        .env_remove("GPOOL_TOKEN")
-        .current_dir("/")
-        .uid(nobody.uid.as_raw())
-        .gid(nobody.gid.as_raw())
-        .output()
-        .unwrap();
-    let socket_whoami: Value = serde_json::from_slice(&socket_whoami.stdout)
-        .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&socket_whoami.stderr)));
+    let socket_whoami = cluster
+        .gpool_as(&nobody, &cluster.cli_server, &["whoami", "--output", "json"])
+        .json();
     assert_eq!(socket_whoami["user"], "nobody");
     assert_eq!(socket_whoami["admin"], false);
 
     // Alice's job: its command, env and output are hers alone. Inside it,
     // `gpool` acts as her with the job's own token, from its node.
-    // The job's user needs a gpool it can run.
-    let gpool_bin = cluster.dir.path().join("gpool");
-    std::fs::copy(binary("gpool"), &gpool_bin).unwrap();
-    let gpool_bin = gpool_bin.display().to_string();
+    // The job's user needs a gpool it can run: the copy gpool_as made.
+    let gpool_bin = cluster.dir.path().join("gpool").display().to_string();
     let job_script = "echo secret-output; \"$CLI_BIN\" whoami --output json > \"$GPOOL_CHECKPOINT_DIR/who\"; sleep 60";
     let submitted = remote(
         &cluster,
@@ -372,22 +362,16 @@ fn loopback_callers_are_known_by_their_socket_owner() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", "[[team]]\nname = \"t\"\n");
     cluster.start_agent("n1", 1);
-    let whoami = |uid: Option<u32>| -> Value {
-        let mut command = std::process::Command::new(binary("gpool"));
-        command
-            .args(["whoami", "--output", "json"])
+    let me: Value = {
+        let output = gpool_command(&["whoami", "--output", "json"])
             .env("GPOOL_SERVER", &cluster.addr)
             .env("USER", "root")
             .env_remove("GPOOL_TOKEN")
-            .current_dir("/");
-        if let Some(uid) = uid {
-            command.uid(uid).gid(uid);
-        }
-        let output = command.output().unwrap();
+            .output()
+            .unwrap();
         serde_json::from_slice(&output.stdout)
             .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&output.stderr)))
     };
-    let me = whoami(None);
     assert_eq!(me["via"], "loopback uid");
     assert_eq!(
         me["user"].as_str(),
@@ -395,7 +379,9 @@ fn loopback_callers_are_known_by_their_socket_owner() {
     );
     if nix::unistd::geteuid().is_root() {
         let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
-        let them = whoami(Some(nobody.uid.as_raw()));
+        let them = cluster
+            .gpool_as(&nobody, &cluster.addr, &["whoami", "--output", "json"])
+            .json();
         assert_eq!(
             (them["user"].as_str(), them["admin"].as_bool()),
             (Some("nobody"), Some(false))

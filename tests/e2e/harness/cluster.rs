@@ -280,6 +280,28 @@ impl Cluster {
             .into()
     }
 
+    /// Runs `gpool` as `user` (a copy of it in the cluster dir, which is
+    /// made readable: the checkout may not be) against `server`, from `/`.
+    pub fn gpool_as(&self, user: &nix::unistd::User, server: &str, args: &[&str]) -> Run {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cli = self.dir.path().join("gpool");
+        if !cli.exists() {
+            std::fs::copy(binary("gpool"), &cli).expect("copy gpool");
+        }
+        Command::new(&cli)
+            .args(args)
+            .current_dir("/")
+            .env("GPOOL_SERVER", server)
+            .env_remove("GPOOL_TOKEN")
+            .uid(user.uid.as_raw())
+            .gid(user.gid.as_raw())
+            .output()
+            .expect("run gpool")
+            .into()
+    }
+
     /// Submits and returns the job id.
     pub fn submit(&self, args: &[&str]) -> u64 {
         let mut all = vec!["submit", "--output", "json"];
