@@ -165,7 +165,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .add_service(agent_link);
     let served: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = match tls {
         Some(tls) => {
-            let incoming = security::listen::accept_tls(listener, tls, &mut accept_tasks);
+            let incoming = security::listen::accept_tls(listener, tls, security.clone(), &mut accept_tasks);
             Box::pin(
                 router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
             )

@@ -350,6 +350,14 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
     assert!(has("reload", "root", "allowed"), "{audit}");
     assert!(has("authenticate", "", "refused: token 2 was revoked"), "{audit}");
     assert!(has("agent register", "n2", "refused"), "{audit}");
+    assert!(
+        has(
+            "tls handshake",
+            "",
+            "refused: invalid peer certificate: certificate expired"
+        ),
+        "{audit}"
+    );
     drop(cluster);
     drop(net);
 }

@@ -19,8 +19,14 @@ pub type TlsConnections = mpsc::Receiver<std::io::Result<tokio_rustls::server::T
 pub type PlainConnections = mpsc::Receiver<std::io::Result<super::loopback::PlainTcp>>;
 
 /// Accepts TCP connections and hands over those that complete a TLS
-/// handshake. Runs until the receiver is dropped.
-pub fn accept_tls(listener: TcpListener, config: Arc<rustls::ServerConfig>, tasks: &mut JoinSet<()>) -> TlsConnections {
+/// handshake; a refused one (a bad client certificate, say) is logged and
+/// audited. Runs until the receiver is dropped.
+pub fn accept_tls(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    security: Arc<super::Security>,
+    tasks: &mut JoinSet<()>,
+) -> TlsConnections {
     let (sender, receiver) = mpsc::channel(BACKLOG);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tasks.spawn(async move {
@@ -34,10 +40,26 @@ pub fn accept_tls(listener: TcpListener, config: Arc<rustls::ServerConfig>, task
             let _ = stream.set_nodelay(true);
             let acceptor = acceptor.clone();
             let sender = sender.clone();
+            let security = security.clone();
             handshakes.spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => drop(sender.send(Ok(tls)).await),
-                    Ok(Err(err)) => tracing::warn!(%peer, "TLS handshake refused: {err}"),
+                    Ok(Err(err)) if err.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        // A port probe, or a client that gave up: nothing to audit.
+                        tracing::debug!(%peer, "TLS handshake not begun: {err}");
+                    }
+                    Ok(Err(err)) => {
+                        tracing::warn!(%peer, "TLS handshake refused: {err}");
+                        security.audit(&super::AuditEntry {
+                            at: super::now_text(),
+                            caller: "",
+                            via: "tls",
+                            peer: &peer.to_string(),
+                            action: "tls handshake",
+                            object: "",
+                            outcome: format!("refused: {err}"),
+                        });
+                    }
                     Err(_) => tracing::warn!(%peer, "TLS handshake not finished within {HANDSHAKE_TIMEOUT:?}"),
                 }
             });
