@@ -411,14 +411,27 @@ impl Attempts {
             ));
         }
         let exit_file = self.free_exit_slot();
+        // A job token in a job that runs as the agent's user, beside other
+        // users' jobs, could be read by them: only jobs run as their own
+        // user get one.
         let mut env: Vec<(String, String)> = launch
             .env
             .iter()
+            .filter(|var| self.as_root || var.name != "GPOOL_TOKEN")
             .map(|var| (var.name.clone(), var.value.clone()))
             .chain(attempt_env(launch, &self.node, &checkpoint_dir))
             .chain(self.controller_env.iter().cloned())
             .collect();
-        let (program, args, workdir, cleanup) = if in_container {
+        let limits = crate::cgroup::Limits {
+            mem_bytes: (launch.mem_bytes > 0).then_some(launch.mem_bytes),
+            cpus: (launch.cpus_per_gpu > 0).then(|| {
+                launch
+                    .cpus_per_gpu
+                    .saturating_mul(launch.gpu_indices.len().max(1) as u32)
+            }),
+        };
+        let env_file = in_container.then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "env"));
+        let (program, args, workdir, cleanup) = if let Some(env_file) = &env_file {
             let name = format!("gpool-{}-{}-{}", self.cgroup_scope, launch.job_id, launch.epoch);
             for (key, value) in &mut env {
                 if key == "CUDA_VISIBLE_DEVICES" {
@@ -430,11 +443,12 @@ impl Attempts {
                 name: &name,
                 image: &launch.image,
                 command: &launch.command,
-                env_names: env.iter().map(|(key, _)| key.as_str()).collect(),
+                env_file,
                 user: run_as.as_ref().map(|user| (user.uid, user.gid)),
                 workdir: workdir.as_deref(),
                 checkpoint_dir: &checkpoint_dir,
                 devices: crate::container::gpu_devices(&launch.gpu_indices),
+                limits,
             };
             let cleanup = job.cleanup_args();
             (self.container_runtime.clone(), job.run_args(), None, Some(cleanup))
@@ -450,6 +464,7 @@ impl Attempts {
             env,
             workdir,
             container_cleanup: cleanup,
+            container_env_file: env_file,
             // The supervisor creates these (each new file or directory costs
             // the filesystem inode work, which the spawner need not wait for).
             stdout: (!launch.discard_output)
@@ -462,14 +477,7 @@ impl Attempts {
                 &self.cgroup_scope,
                 (launch.job_id, launch.epoch),
                 (&launch.gpu_indices, &self.node_gpus),
-                crate::cgroup::Limits {
-                    mem_bytes: (launch.mem_bytes > 0).then_some(launch.mem_bytes),
-                    cpus: (launch.cpus_per_gpu > 0).then(|| {
-                        launch
-                            .cpus_per_gpu
-                            .saturating_mul(launch.gpu_indices.len().max(1) as u32)
-                    }),
-                },
+                limits,
             ),
         };
         let pid = self

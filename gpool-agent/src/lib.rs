@@ -51,7 +51,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         config.node_name.clone(),
         controller_env,
         config.spool_dir.clone(),
-        (isolation, node_gpus, config.container_runtime.clone()),
+        (
+            isolation,
+            node_gpus,
+            container::resolve_program(&config.container_runtime),
+        ),
         events,
     )
     .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;

@@ -85,6 +85,11 @@ pub struct LaunchRequest {
     /// removes what is left of the container when the runtime ends.
     #[serde(default)]
     pub container_cleanup: Option<Vec<String>>,
+    /// A container job: `env` goes into this file (0600, removed at the
+    /// end) for the runtime's --env-file, not into the runtime's own
+    /// environment.
+    #[serde(default)]
+    pub container_env_file: Option<PathBuf>,
 }
 
 /// A user to run a job as, looked up by the agent (so a supervisor makes
@@ -237,6 +242,9 @@ fn supervise(request: &LaunchRequest) -> ! {
     if let Some(cgroup) = &request.cgroup {
         cgroup.remove();
     }
+    if let Some(env_file) = &request.container_env_file {
+        let _ = std::fs::remove_file(env_file);
+    }
     if let Some([program, args @ ..]) = request.container_cleanup.as_deref() {
         let _ = Command::new(program)
             .args(args)
@@ -300,10 +308,23 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
     }
     command
         .args(&request.args)
-        .envs(request.env.iter().map(|(name, value)| (name, value)))
         .stdin(Stdio::null())
         .stdout(output(&request.stdout)?)
         .stderr(output(&request.stderr)?);
+    if let Some(env_file) = &request.container_env_file {
+        let text = crate::container::env_file_text(&request.env)?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(env_file)
+            .map_err(|err| format!("{}: {err}", env_file.display()))?;
+        std::io::Write::write_all(&mut file, text.as_bytes())
+            .map_err(|err| format!("{}: {err}", env_file.display()))?;
+    } else {
+        command.envs(request.env.iter().map(|(name, value)| (name, value)));
+    }
     if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
         command.current_dir(workdir);
     }

@@ -66,8 +66,24 @@ pub async fn connect(addr: &str) -> Result<Client, CliError> {
         ca_pem: if tcp { read_ca()? } else { None },
         identity_pem: None,
     };
-    let channel = dial::connect(&address, &tls).await.map_err(unreachable)?;
     let token = if tcp { read_token()? } else { None };
+    if let (Some(_), Address::Tcp { host_port, tls: wanted }) = (&token, &address) {
+        // A token sent in clear text is a token given away; loopback never
+        // leaves the host, and http:// says the user means it.
+        let encrypted = wanted.unwrap_or(tls.ca_pem.is_some());
+        let loopback = host_port
+            .rsplit_once(':')
+            .map(|(host, _)| host.trim_matches(['[', ']']))
+            .is_some_and(|host| {
+                host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            });
+        if !encrypted && !loopback && *wanted != Some(false) {
+            return Err(CliError::Usage(format!(
+                "refusing to send your token in clear text to {host_port}: give the cluster CA (GPOOL_CA or ~/.config/gpool/ca.pem), or write http://{host_port} to insist"
+            )));
+        }
+    }
+    let channel = dial::connect(&address, &tls).await.map_err(unreachable)?;
     let bearer: Option<MetadataValue<_>> = token
         .map(|token| {
             format!("Bearer {token}")

@@ -302,8 +302,9 @@ pub async fn reload_policy(
     path: &Path,
     caller: Option<gpool_core::auth::Caller>,
 ) -> anyhow::Result<String> {
-    let config = config::Config::load(path)?;
+    // Revocations first: a bad gpoold.toml must not hold one back.
     let revoked = security.reload_revoked()?;
+    let config = config::Config::load(path)?;
     let summary = handle
         .call(|reply| state::Command::Reload {
             caller,

@@ -81,6 +81,10 @@ impl Pki {
 
 #[test]
 fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: this test runs jobs and commands as other users (nobody, daemon), which needs root");
+        return;
+    }
     // Agents on hosts of their own where the test may make them.
     let mut net = match Net::create() {
         Ok(net) => Some(net),
@@ -203,6 +207,16 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
         &remote(&cluster, &pki.ca, "gpool_x", &["jobs"]),
         "the token is malformed",
     );
+    // Without the CA, the CLI will not send a token in clear text.
+    let no_ca = gpool_command(&["jobs"])
+        .env("GPOOL_SERVER", "ctl.invalid:1")
+        .env("HOME", cluster.dir.path())
+        .env("GPOOL_TOKEN", &alice)
+        .env_remove("GPOOL_CA")
+        .output()
+        .unwrap();
+    assert_eq!(no_ca.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&no_ca.stderr).contains("refusing to send your token in clear text"));
 
     // The local socket knows a plain user by their uid, with no token.
     let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
@@ -391,8 +405,8 @@ fn loopback_callers_are_known_by_their_socket_owner() {
             .gpool_as(&nobody, &cluster.addr, &["whoami", "--output", "json"])
             .json();
         assert_eq!(
-            (them["user"].as_str(), them["admin"].as_bool()),
-            (Some("nobody"), Some(false))
+            (them["user"].as_str(), them["admin"].as_bool(), them["via"].as_str()),
+            (Some("nobody"), Some(false), Some("loopback uid"))
         );
     }
 }

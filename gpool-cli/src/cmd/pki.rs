@@ -129,7 +129,7 @@ pub fn cert_revoke(state_dir: &Path, serial: Option<String>, node: Option<String
                 .trim_start_matches("0x")
                 .replace(':', "")
                 .to_ascii_lowercase();
-            if hex.is_empty() || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            if hex.is_empty() || hex.len() > 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
                 return Err(CliError::Usage(format!(
                     "serial: {serial:?} is not a hex serial number"
                 )));

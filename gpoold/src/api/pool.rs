@@ -110,6 +110,8 @@ fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller) -> pb::Job {
             spec.env.clear();
             spec.workdir.clear();
         }
+        // A failed start's reason names the program and workdir.
+        wire.end_reason.clear();
         wire.redacted = true;
     }
     wire

@@ -58,11 +58,17 @@ pub fn find_owner(table: &str, local: SocketAddr, remote: SocketAddr) -> Option<
         let _slot = fields.next()?;
         let line_local = parse_address(fields.next()?)?;
         let line_remote = parse_address(fields.next()?)?;
-        if line_local != local || line_remote != remote {
+        let state = fields.next()?;
+        // Only a live socket (ESTABLISHED, "01") has an owner: the kernel
+        // prints uid 0 for TIME_WAIT and orphaned rows.
+        if line_local != local || line_remote != remote || state != "01" {
             return None;
         }
-        // st, tx:rx queues, tr:when, retrnsmt, then uid.
-        fields.nth(4)?.parse().ok()
+        // tx:rx queues, tr:when, retrnsmt, then uid; the inode after the
+        // timeout (0 for a socket no process holds).
+        let uid = fields.nth(3)?.parse().ok()?;
+        let inode = fields.nth(1)?;
+        (inode != "0").then_some(uid)
     })
 }
 

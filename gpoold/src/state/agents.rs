@@ -230,8 +230,13 @@ impl State {
         }
     }
 
+    /// Whether `conn_id` is the link that speaks for `node` now.
+    pub(super) fn is_current_link(&self, node: &str, conn_id: u64) -> bool {
+        self.links.get(node).is_some_and(|conn| conn.id == conn_id)
+    }
+
     pub(super) fn heartbeat(&mut self, node: &str, conn_id: u64, now: Timestamp) {
-        if self.links.get(node).is_some_and(|conn| conn.id == conn_id) {
+        if self.is_current_link(node, conn_id) {
             self.last_seen.insert(node.to_string(), now);
         }
     }
@@ -245,6 +250,12 @@ impl State {
     /// An attempt's report. Reports from attempts that are not the job's
     /// current one are refused (and a stale attempt that started is killed).
     pub(super) fn agent_event(&mut self, node: &str, conn_id: u64, event: AgentEvent, now: Timestamp, out: &mut Batch) {
+        // Only the node's current link speaks for it (not one that was
+        // replaced, or ended because its certificate was revoked).
+        if !self.is_current_link(node, conn_id) {
+            tracing::warn!(node, job = %event.job, "event from a link that no longer speaks for the node ignored");
+            return;
+        }
         self.heartbeat(node, conn_id, now);
         let current = self.attempt_on(event.job, node);
         if current != Some(event.epoch) {

@@ -699,8 +699,10 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             out.replies.push(deferred(reply, ()));
         }
         Command::AgentHeartbeat { node, conn_id, samples } => {
-            state.heartbeat(&node, conn_id, now);
-            state.gpu_samples.insert(node, samples);
+            if state.is_current_link(&node, conn_id) {
+                state.heartbeat(&node, conn_id, now);
+                state.gpu_samples.insert(node, samples);
+            }
         }
         Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),
         Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id),
