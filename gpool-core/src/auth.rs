@@ -87,7 +87,6 @@ pub enum Action<'a> {
     },
     DrainNode(&'a str),
     ResumeNode(&'a str),
-    RemoveNode(&'a str),
     ReloadPolicy,
     ManageTokens,
 }
@@ -105,7 +104,6 @@ impl fmt::Display for Action<'_> {
             Action::Submit { team, priority, .. } => write!(f, "submit to team {team} at priority {priority}"),
             Action::DrainNode(node) => write!(f, "drain node {node}"),
             Action::ResumeNode(node) => write!(f, "resume node {node}"),
-            Action::RemoveNode(node) => write!(f, "remove node {node}"),
             Action::ReloadPolicy => write!(f, "reload the policy"),
             Action::ManageTokens => write!(f, "manage access tokens"),
         }
@@ -170,11 +168,66 @@ pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
                 Ok(())
             }
         }
-        Action::DrainNode(_)
-        | Action::ResumeNode(_)
-        | Action::RemoveNode(_)
-        | Action::ReloadPolicy
-        | Action::ManageTokens => refused("only admins may".to_string()),
+        Action::DrainNode(_) | Action::ResumeNode(_) | Action::ReloadPolicy | Action::ManageTokens => {
+            refused("only admins may".to_string())
+        }
+    }
+}
+
+/// How an agent's link presented itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentCredential<'a> {
+    /// A client certificate that chains to the cluster CA: its common name
+    /// (the node name it was issued for), and whether its serial is revoked.
+    Certificate { node: &'a str, revoked: bool },
+    /// TLS without a client certificate.
+    NoCertificate,
+    /// No TLS. `local_uid`: the owner of the peer's socket where the peer
+    /// is on this host; `insecure_allowed`: the operator allowed plaintext
+    /// from other hosts (insecure_plaintext).
+    Plaintext {
+        local_uid: Option<u32>,
+        controller_uid: u32,
+        insecure_allowed: bool,
+    },
+}
+
+/// Whether a link may speak for a node at all: a valid, unrevoked
+/// certificate; or plaintext from root or the controller's own user on its
+/// host, or from another host where the operator allowed plaintext.
+pub fn admit_agent_link(credential: &AgentCredential) -> Result<(), String> {
+    match *credential {
+        AgentCredential::Certificate { node, revoked: true } => {
+            Err(format!("the certificate of node {node} is revoked"))
+        }
+        AgentCredential::Certificate { .. } => Ok(()),
+        AgentCredential::NoCertificate => {
+            Err("agents must present a client certificate issued by the cluster CA".into())
+        }
+        AgentCredential::Plaintext {
+            local_uid: Some(uid),
+            controller_uid,
+            ..
+        } if uid != 0 && uid != controller_uid => {
+            Err("a plaintext agent link must come from root or gpoold's user on this host".into())
+        }
+        AgentCredential::Plaintext {
+            local_uid: None,
+            insecure_allowed: false,
+            ..
+        } => Err("plaintext agent links from other hosts are not allowed (no insecure_plaintext)".into()),
+        AgentCredential::Plaintext { .. } => Ok(()),
+    }
+}
+
+/// Whether an admitted link may register as `node`: a certificate speaks
+/// only for the node it names.
+pub fn agent_speaks_for(cert_node: Option<&str>, node: &str) -> Result<(), String> {
+    match cert_node {
+        Some(cert_node) if cert_node != node => Err(format!(
+            "the agent's certificate is for node {cert_node}, but it registers as {node}"
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -57,7 +57,6 @@ fn only_admins_run_the_pool() {
     for action in [
         Action::DrainNode("n1"),
         Action::ResumeNode("n1"),
-        Action::RemoveNode("n1"),
         Action::ReloadPolicy,
         Action::ManageTokens,
     ] {
@@ -94,6 +93,36 @@ fn submit_needs_membership_and_a_bounded_priority() {
         "priority is above max_user_priority (100); only admins go beyond it"
     );
     assert!(authorize(&admin("root"), &submit("nlp", members, 1_000_000)).is_ok());
+}
+
+#[test]
+fn an_agent_speaks_only_for_its_own_node_and_only_as_allowed() {
+    let cert = |node, revoked| AgentCredential::Certificate { node, revoked };
+    assert_eq!(admit_agent_link(&cert("n1", false)), Ok(()));
+    assert_eq!(
+        admit_agent_link(&cert("n1", true)),
+        Err("the certificate of node n1 is revoked".into())
+    );
+    assert!(admit_agent_link(&AgentCredential::NoCertificate).is_err());
+    let plain = |local_uid, insecure_allowed| AgentCredential::Plaintext {
+        local_uid,
+        controller_uid: 1000,
+        insecure_allowed,
+    };
+    assert!(admit_agent_link(&plain(Some(0), false)).is_ok());
+    assert!(admit_agent_link(&plain(Some(1000), false)).is_ok());
+    assert!(
+        admit_agent_link(&plain(Some(65534), true)).is_err(),
+        "another local user, whatever the config"
+    );
+    assert!(admit_agent_link(&plain(None, false)).is_err());
+    assert!(admit_agent_link(&plain(None, true)).is_ok());
+    assert_eq!(agent_speaks_for(Some("n1"), "n1"), Ok(()));
+    assert_eq!(agent_speaks_for(None, "n9"), Ok(()));
+    assert_eq!(
+        agent_speaks_for(Some("n2"), "n9"),
+        Err("the agent's certificate is for node n2, but it registers as n9".into())
+    );
 }
 
 fn record(secret: &[u8; SECRET_LEN], role: Role) -> TokenRecord {
@@ -224,7 +253,7 @@ proptest! {
     #[test]
     fn nobody_but_an_admin_runs_the_pool(user in "[a-z]{1,8}", teams in proptest::collection::vec("[a-z]{1,4}", 0..3)) {
         let caller = Caller { user, admin: false, led_teams: teams };
-        for action in [Action::DrainNode("n"), Action::ResumeNode("n"), Action::RemoveNode("n"), Action::ReloadPolicy, Action::ManageTokens] {
+        for action in [Action::DrainNode("n"), Action::ResumeNode("n"), Action::ReloadPolicy, Action::ManageTokens] {
             prop_assert!(authorize(&caller, &action).is_err());
         }
     }

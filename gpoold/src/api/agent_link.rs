@@ -47,12 +47,11 @@ impl AgentLink for AgentLinkService {
         let ended: Vec<AgentEvent> = register.ended.iter().cloned().filter_map(event_from_wire).collect();
         let (node, running) = node_from_register(register)?;
         let node_name = node.name.clone();
-        if let Some(cert_node) = agent.cert_node.as_ref().filter(|cert_node| **cert_node != node_name) {
-            let reason = format!("the agent's certificate is for node {cert_node}, but it registers as {node_name}");
+        if let Err(reason) = gpool_core::auth::agent_speaks_for(agent.cert_node.as_deref(), &node_name) {
             tracing::warn!(peer = %agent.peer, "register refused: {reason}");
             self.security.audit(&crate::security::AuditEntry {
                 at: crate::security::now_text(),
-                caller: cert_node,
+                caller: agent.cert_node.as_deref().unwrap_or(""),
                 via: "agent certificate",
                 peer: &agent.peer,
                 action: "agent register",

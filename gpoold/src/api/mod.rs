@@ -77,7 +77,7 @@ use crate::security::loopback::PlainTcpInfo;
 use crate::security::{AuditEntry, Security};
 use crate::state::SharedState;
 use gpool_core::auth::token::{self, Credential};
-use gpool_core::auth::Caller;
+use gpool_core::auth::{admit_agent_link, AgentCredential, Caller};
 use gpool_proto::USER_METADATA_KEY;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 use tonic::{Request, Status};
@@ -211,71 +211,51 @@ fn identify(security: &Security, shared: &SharedState, request: &Request<()>) ->
     Err("no credential: set GPOOL_TOKEN (or ~/.config/gpool/token) to a token from `gpool admin token create`, or use the Unix socket on the controller host".into())
 }
 
-/// Admits agents: with TLS, a client certificate is required, and its
-/// serial must not be revoked; the node name it carries is checked against
-/// the Register. Plaintext links are admitted only in dev mode or from the
-/// plaintext_from ranges, which the listener already enforced.
+/// Admits agents by `gpool_core::auth::admit_agent_link`: on TLS by their
+/// client certificate (whose node name is checked against the Register
+/// later), in plaintext by where they come from. A refusal is audited.
 pub fn authenticate_agent(security: Arc<Security>) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
     move |mut request: Request<()>| {
         let peer = peer_of(&request);
+        let refuse = |reason: String| -> Status {
+            tracing::warn!(%peer, "agent refused: {reason}");
+            security.audit(&AuditEntry {
+                at: crate::security::now_text(),
+                caller: "",
+                via: "agent link",
+                peer: &peer,
+                action: "agent connect",
+                object: "",
+                outcome: format!("refused: {reason}"),
+            });
+            Error::Unauthenticated(reason).into()
+        };
         let tls = request.extensions().get::<TlsConnectInfo<TcpConnectInfo>>().cloned();
-        let identity = match tls {
-            None => {
-                // On this host, only root or gpoold's own user runs agents;
-                // other hosts' plaintext agents come only where the operator
-                // allowed them (insecure_plaintext).
-                let allowed = match local_uid(&request) {
-                    Some((uid, _)) => uid == 0 || uid == nix::unistd::geteuid().as_raw(),
-                    None => security.insecure_plaintext,
-                };
-                if !allowed {
-                    let reason = "a plaintext agent link must come from root or gpoold's user on this host".to_string();
-                    tracing::warn!(%peer, "agent refused: {reason}");
-                    return Err(Error::Unauthenticated(reason).into());
-                }
-                AgentIdentity {
-                    cert_node: None,
-                    cert_serial: None,
-                    peer: peer.clone(),
-                }
-            }
-            Some(tls) => {
-                let checked = tls
-                    .peer_certs()
-                    .and_then(|certs| certs.first().cloned())
-                    .ok_or_else(|| "agents must present a client certificate issued by the cluster CA".to_string())
-                    .and_then(|cert| crate::security::tls::cert_identity(&cert))
-                    .and_then(|cert| {
-                        if security.is_revoked(&cert.serial) {
-                            Err(format!(
-                                "certificate {} (serial {}) is revoked",
-                                cert.common_name, cert.serial
-                            ))
-                        } else {
-                            Ok(cert)
-                        }
-                    });
-                match checked {
-                    Ok(cert) => AgentIdentity {
-                        cert_node: Some(cert.common_name),
-                        cert_serial: Some(cert.serial),
-                        peer: peer.clone(),
-                    },
-                    Err(reason) => {
-                        tracing::warn!(%peer, "agent refused: {reason}");
-                        security.audit(&AuditEntry {
-                            at: crate::security::now_text(),
-                            caller: "",
-                            via: "agent certificate",
-                            peer: &peer,
-                            action: "agent connect",
-                            object: "",
-                            outcome: format!("refused: {reason}"),
-                        });
-                        return Err(Error::Unauthenticated(reason).into());
-                    }
-                }
-            }
+        let cert = match tls
+            .as_ref()
+            .and_then(|tls| tls.peer_certs())
+            .and_then(|c| c.first().cloned())
+        {
+            Some(der) => Some(crate::security::tls::cert_identity(&der).map_err(&refuse)?),
+            None => None,
+        };
+        let credential = match (&tls, &cert) {
+            (Some(_), Some(cert)) => AgentCredential::Certificate {
+                node: &cert.common_name,
+                revoked: security.is_revoked(&cert.serial),
+            },
+            (Some(_), None) => AgentCredential::NoCertificate,
+            (None, _) => AgentCredential::Plaintext {
+                local_uid: local_uid(&request).map(|(uid, _)| uid),
+                controller_uid: nix::unistd::geteuid().as_raw(),
+                insecure_allowed: security.insecure_plaintext,
+            },
+        };
+        admit_agent_link(&credential).map_err(&refuse)?;
+        let identity = AgentIdentity {
+            cert_node: cert.as_ref().map(|cert| cert.common_name.clone()),
+            cert_serial: cert.map(|cert| cert.serial),
+            peer: peer.clone(),
         };
         request.extensions_mut().insert(identity);
         Ok(request)
