@@ -725,33 +725,22 @@ fn node_reply(result: Result<(Node, Vec<Write>), Error>, reply: Reply<Node>, out
 }
 
 fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error> {
+    let mut records = store::Records::default();
     for write in writes {
         match write {
-            Write::Job(id) => {
-                if let Some(job) = state.jobs.get(id) {
-                    store.put_job(job)?;
-                }
-            }
-            Write::Node(name) => {
-                if let Some(node) = state.nodes.get(name) {
-                    store.put_node(node)?;
-                }
-            }
-            Write::NextJobId => store.put_next_job_id(state.next_job_id)?,
-            Write::NextEpoch => store.put_next_epoch(state.next_epoch)?,
-            Write::Usage(team) => {
-                if let Some(ledger) = state.usage.get(team) {
-                    store.put_usage(team, ledger)?;
-                }
-            }
-            Write::Token(id) => {
-                if let Some(record) = state.tokens.get(id) {
-                    store.put_token(record)?;
-                }
-            }
+            Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
+            Write::Node(name) => state.nodes.get(name).into_iter().for_each(|node| records.node(node)),
+            Write::NextJobId => records.next_job_id(state.next_job_id),
+            Write::NextEpoch => records.next_epoch(state.next_epoch),
+            Write::Usage(team) => state
+                .usage
+                .get(team)
+                .into_iter()
+                .for_each(|ledger| records.usage(team, ledger)),
+            Write::Token(id) => state.tokens.get(id).into_iter().for_each(|record| records.token(record)),
         }
     }
-    Ok(())
+    store.commit(&records)
 }
 
 /// The flusher: one blocking thread that makes a batch durable with one

@@ -10,6 +10,7 @@ use gpool_core::policy::Ledger;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use sled::Transactional;
 use std::path::Path;
 
 /// Schema of the whole database; a change migrates in `open`.
@@ -155,39 +156,84 @@ impl Store {
         }
     }
 
-    pub fn put_job(&self, job: &Job) -> Result<(), Error> {
-        self.jobs.insert(job.id.0.to_be_bytes(), encode(job))?;
-        Ok(())
-    }
-
-    pub fn put_node(&self, node: &Node) -> Result<(), Error> {
-        self.nodes.insert(node.name.as_bytes(), encode(node))?;
-        Ok(())
-    }
-
-    pub fn put_usage(&self, team: &str, ledger: &Ledger) -> Result<(), Error> {
-        self.usage.insert(team.as_bytes(), encode(ledger))?;
-        Ok(())
-    }
-
-    pub fn put_token(&self, record: &TokenRecord) -> Result<(), Error> {
-        self.tokens.insert(record.id.to_be_bytes(), encode(record))?;
-        Ok(())
-    }
-
-    pub fn put_next_job_id(&self, next_job_id: u64) -> Result<(), Error> {
-        self.meta.insert(META_NEXT_JOB_ID, &next_job_id.to_be_bytes())?;
-        Ok(())
-    }
-
-    pub fn put_next_epoch(&self, next_epoch: u64) -> Result<(), Error> {
-        self.meta.insert(META_NEXT_EPOCH, &next_epoch.to_be_bytes())?;
-        Ok(())
+    /// Writes every record of one state-task batch in one sled transaction:
+    /// after a crash either all of them are on disk or none (a batch of
+    /// submitted jobs is whole or absent).
+    pub fn commit(&self, records: &Records) -> Result<(), Error> {
+        if records.entries.is_empty() {
+            return Ok(());
+        }
+        let trees: [&sled::Tree; 5] = [&self.jobs, &self.nodes, &self.meta, &self.usage, &self.tokens];
+        trees[..]
+            .transaction(|views| {
+                for (tree, key, value) in &records.entries {
+                    let view = &views[*tree as usize];
+                    match value {
+                        Some(value) => view.insert(key.as_slice(), value.as_slice())?,
+                        None => view.remove(key.as_slice())?,
+                    };
+                }
+                Ok(())
+            })
+            .map_err(|err: sled::transaction::TransactionError<()>| match err {
+                sled::transaction::TransactionError::Storage(err) => Error::from(err),
+                sled::transaction::TransactionError::Abort(()) => Error::Storage("a write was aborted".into()),
+            })
     }
 
     /// A handle for the flusher thread.
     pub fn db(&self) -> sled::Db {
         self.db.clone()
+    }
+}
+
+/// Which tree a record goes to (the order of the trees in `Store::commit`).
+#[derive(Clone, Copy)]
+enum TreeId {
+    Jobs = 0,
+    Nodes = 1,
+    Meta = 2,
+    Usage = 3,
+    Tokens = 4,
+}
+
+/// Encoded records waiting for `Store::commit`.
+#[derive(Default)]
+pub struct Records {
+    /// Tree, key, and the value (none: remove the key).
+    entries: Vec<(TreeId, Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl Records {
+    pub fn job(&mut self, job: &Job) {
+        self.entries.push((TreeId::Jobs, job.id.0.to_be_bytes().to_vec(), Some(encode(job))));
+    }
+
+    pub fn node(&mut self, node: &Node) {
+        self.entries.push((TreeId::Nodes, node.name.as_bytes().to_vec(), Some(encode(node))));
+    }
+
+    /// Forgets a node.
+    pub fn remove_node(&mut self, name: &str) {
+        self.entries.push((TreeId::Nodes, name.as_bytes().to_vec(), None));
+    }
+
+    pub fn usage(&mut self, team: &str, ledger: &Ledger) {
+        self.entries.push((TreeId::Usage, team.as_bytes().to_vec(), Some(encode(ledger))));
+    }
+
+    pub fn token(&mut self, record: &TokenRecord) {
+        self.entries.push((TreeId::Tokens, record.id.to_be_bytes().to_vec(), Some(encode(record))));
+    }
+
+    pub fn next_job_id(&mut self, next_job_id: u64) {
+        self.entries
+            .push((TreeId::Meta, META_NEXT_JOB_ID.to_vec(), Some(next_job_id.to_be_bytes().to_vec())));
+    }
+
+    pub fn next_epoch(&mut self, next_epoch: u64) {
+        self.entries
+            .push((TreeId::Meta, META_NEXT_EPOCH.to_vec(), Some(next_epoch.to_be_bytes().to_vec())));
     }
 }
 
