@@ -19,8 +19,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-/// Grace between SIGTERM and SIGKILL when a time limit runs out.
-const TIME_LIMIT_GRACE: Duration = Duration::from_secs(10);
+/// Grace between SIGTERM and SIGKILL for a stale attempt of a job that
+/// has a newer one waiting to start here.
+const STALE_GRACE: Duration = Duration::from_secs(10);
+/// A job's grace after its checkpoint signal when it names none.
+const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// The attempts this node runs, and the events they produce.
 pub struct Attempts {
@@ -91,6 +94,23 @@ impl Attempts {
         }))
     }
 
+    /// `<spool>/lease`: until when this node may run requeueable attempts.
+    fn lease_file(&self) -> PathBuf {
+        self.spool_dir.join("lease")
+    }
+
+    /// gpoold answered a heartbeat sent at `sent_boot_ms`: requeueable
+    /// attempts may run `fence_after` past it, then get `grace` to end.
+    pub fn renew_lease(&self, sent_boot_ms: u64, fence_after: Duration, grace: Duration) {
+        let lease = crate::supervise::Lease {
+            until_ms: sent_boot_ms + fence_after.as_millis() as u64,
+            grace_ms: grace.as_millis() as u64,
+        };
+        if let Err(err) = lease.write(&self.lease_file()) {
+            tracing::error!("cannot renew the lease in {}: {err}", self.lease_file().display());
+        }
+    }
+
     /// What Register reports.
     pub fn running(&self) -> Vec<pb::RunningAttempt> {
         self.journal()
@@ -130,7 +150,7 @@ impl Attempts {
     fn ended(&self, attempt: &RunningAttempt, ended: Ended) {
         self.journal()
             .ended(attempt.job_id, attempt.epoch, &ended.to_line(), now_ms());
-        self.send(attempt.job_id, attempt.epoch, outcome(ended));
+        let _ = self.events.send(end_event(attempt.job_id, attempt.epoch, ended));
     }
 
     /// Ends gpoold may not have yet: every Register carries them.
@@ -140,11 +160,7 @@ impl Attempts {
             .into_iter()
             .filter_map(|record| {
                 let ended = Ended::parse(&record.outcome)?;
-                Some(pb::JobEvent {
-                    job_id: record.job_id,
-                    epoch: record.epoch,
-                    outcome: Some(outcome(ended)),
-                })
+                Some(end_event(record.job_id, record.epoch, ended))
             })
             .collect()
     }
@@ -184,7 +200,7 @@ impl Attempts {
                     epoch = launch.epoch,
                     "new attempt waits for the stale one to end"
                 );
-                self.kill(launch.job_id, old_epoch, TIME_LIMIT_GRACE);
+                self.kill(launch.job_id, old_epoch, STALE_GRACE);
                 self.queued
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -329,7 +345,7 @@ impl Attempts {
     }
 
     /// Waits for the attempt's supervisor to end (ours or one a previous
-    /// agent started), enforcing the time limit.
+    /// agent started).
     async fn watch(self: &Arc<Self>, attempt: RunningAttempt) {
         let exited = match ProcessExit::open(attempt.pgid) {
             Ok(exited) => exited,
@@ -343,21 +359,8 @@ impl Attempts {
                 ProcessExit::Polled(attempt.pgid)
             }
         };
-        let limit = attempt
-            .deadline_ms
-            .map(|deadline| Duration::from_millis((deadline - now_ms()).max(0) as u64));
-        let in_time = match limit {
-            None => {
-                exited.wait().await;
-                true
-            }
-            Some(limit) => tokio::time::timeout(limit, exited.wait()).await.is_ok(),
-        };
-        if !in_time {
-            tracing::info!(job = attempt.job_id, "time limit reached");
-            self.terminate(&attempt, TIME_LIMIT_GRACE).await;
-            exited.wait().await;
-        }
+        // The supervisor enforces the time limit (it outlives this agent).
+        exited.wait().await;
         self.finish(&attempt);
     }
 
@@ -385,6 +388,7 @@ impl Attempts {
             job_id,
             epoch,
             outcome: Some(outcome),
+            cause: pb::EndCause::Own as i32,
         });
     }
 
@@ -465,6 +469,20 @@ impl Attempts {
             workdir,
             container_cleanup: cleanup,
             container_env_file: env_file,
+            time_limit_ms: launch.time_limit.map(|limit| limit.seconds.max(0) as u64 * 1000),
+            fence: launch.requeue.then(|| crate::supervise::Fence {
+                lease_file: self.lease_file(),
+                signal: if launch.checkpoint_signal > 0 {
+                    launch.checkpoint_signal
+                } else {
+                    Signal::SIGTERM as i32
+                },
+                grace_ms: if launch.grace_seconds > 0 {
+                    u64::from(launch.grace_seconds) * 1000
+                } else {
+                    DEFAULT_GRACE.as_millis() as u64
+                },
+            }),
             // The supervisor creates these (each new file or directory costs
             // the filesystem inode work, which the spawner need not wait for).
             stdout: (!launch.discard_output)
@@ -533,40 +551,25 @@ impl Attempts {
     }
 }
 
-fn outcome(ended: Ended) -> pb::job_event::Outcome {
-    match ended {
-        Ended::Code(code) => pb::job_event::Outcome::ExitCode(code),
-        Ended::Signal(signal) => pb::job_event::Outcome::Signal(signal),
-        Ended::FailedToStart(reason) => pb::job_event::Outcome::FailedToStart(reason),
+/// An ended attempt's event.
+fn end_event(job_id: u64, epoch: u64, ended: Ended) -> pb::JobEvent {
+    use pb::job_event::Outcome;
+    let (outcome, cause) = match ended {
+        Ended::Code(code) => (Outcome::ExitCode(code), pb::EndCause::Own),
+        Ended::Signal(signal) => (Outcome::Signal(signal), pb::EndCause::Own),
+        Ended::FailedToStart(reason) => (Outcome::FailedToStart(reason), pb::EndCause::Own),
+        Ended::TimedOut => (Outcome::Signal(Signal::SIGTERM as i32), pb::EndCause::TimeLimit),
+        Ended::Fenced => (Outcome::Signal(Signal::SIGKILL as i32), pb::EndCause::Fenced),
+    };
+    pb::JobEvent {
+        job_id,
+        epoch,
+        outcome: Some(outcome),
+        cause: cause as i32,
     }
 }
 
-/// The group, and the leader itself in case it has not called setsid yet.
-/// SIGKILL to every process of the attempt except its supervisor (the
-/// group's leader): the rest of its process group, and all of its cgroup
-/// (which the supervisor is not in).
-fn kill_all_but_supervisor(pgid: i32, cgroup: Option<&crate::cgroup::AttemptCgroup>) {
-    if pgid <= 0 {
-        return;
-    }
-    let mut pids = cgroup.map(crate::cgroup::AttemptCgroup::pids).unwrap_or_default();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            // After "(comm) ": state, ppid, pgrp.
-            let pgrp = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(2));
-            if pid != pgid && pgrp == Some(pgid.to_string().as_str()) {
-                pids.push(pid);
-            }
-        }
-    }
-    for pid in pids.into_iter().filter(|pid| *pid != pgid) {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-    }
-}
+use crate::supervise::kill_all_but_supervisor;
 
 fn signal_group(pgid: i32, signal: Signal) {
     if pgid > 0 {

@@ -76,6 +76,9 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
     }
 }
 
+/// Heartbeats sent on one link and not yet answered: (seq, CLOCK_BOOTTIME ms).
+const UNANSWERED: usize = 256;
+
 async fn serve_once(
     controller: &Address,
     tls: &ClientTls,
@@ -87,7 +90,10 @@ async fn serve_once(
     let channel = gpool_proto::dial::connect(controller, tls)
         .await
         .map_err(|err| format!("cannot connect: {err}"))?;
-    let (outbound, outbound_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
+    // Heartbeats and job events go ahead of bulk data (log output), so a
+    // busy log never delays what keeps the node alive.
+    let (control, control_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
+    let (bulk, bulk_receiver) = mpsc::channel::<pb::AgentMessage>(64);
     // Ended attempts are read before the running ones, so none falls between.
     while let Ok(event) = events.try_recv() {
         undelivered.push(event);
@@ -97,9 +103,12 @@ async fn serve_once(
     let mut ended = attempts.unreported();
     ended.extend(undelivered.iter().cloned());
     let message = register(info, attempts, ended.clone());
-    outbound.send(message).await.map_err(|_| "link closed")?;
+    // The Register counts as heartbeat 0: gpoold answers it with a lease.
+    let mut sent: std::collections::VecDeque<(u64, u64)> = [(0, crate::supervise::boot_ms())].into();
+    control.send(message).await.map_err(|_| "link closed")?;
     let mut inbound = AgentLinkClient::new(channel)
-        .connect(tokio_stream::wrappers::ReceiverStream::new(outbound_receiver))
+        .max_decoding_message_size(gpool_proto::MAX_MESSAGE_BYTES)
+        .connect(prioritized(control_receiver, bulk_receiver))
         .await
         .map_err(|status| format!("register refused: {}", status.message()))?
         .into_inner();
@@ -112,28 +121,72 @@ async fn serve_once(
         info.gpus.len()
     );
     let mut heartbeat = tokio::time::interval(info.heartbeat_interval);
+    let mut seq = 0;
+    // Until when the latest lease holds: past it, this link is given up
+    // for a new one (a new connection gets through a healed network sooner
+    // than the old one's retransmissions).
+    let mut lease_until: Option<u64> = None;
     loop {
         tokio::select! {
             message = inbound.message() => match message.map_err(|status| status.message().to_string())? {
-                Some(message) => obey(message, attempts, &outbound),
+                Some(pb::ControllerMessage { msg: Some(pb::controller_message::Msg::Lease(lease)) }) => {
+                    let answered = sent.iter().find(|(s, _)| *s == lease.heartbeat_seq).map(|(_, at)| *at);
+                    sent.retain(|(s, _)| *s > lease.heartbeat_seq);
+                    if let Some(sent_at) = answered {
+                        let fence_after = Duration::from_millis(u64::from(lease.fence_after_ms));
+                        lease_until = Some(sent_at + u64::from(lease.fence_after_ms));
+                        attempts.renew_lease(sent_at, fence_after, Duration::from_millis(u64::from(lease.fence_grace_ms)));
+                        // Several heartbeats per lease, whatever agent.toml says.
+                        let period = info.heartbeat_interval.min(fence_after / 4).max(Duration::from_millis(50));
+                        if period != heartbeat.period() {
+                            heartbeat = tokio::time::interval(period);
+                            heartbeat.reset();
+                        }
+                    }
+                }
+                Some(message) => obey(message, attempts, &bulk),
                 None => return Ok(()),
             },
             Some(event) = events.recv() => {
                 let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobEvent(event.clone())) };
-                if outbound.send(message).await.is_err() {
+                if control.send(message).await.is_err() {
                     undelivered.push(event);
                     return Err("link closed while sending a job event".into());
                 }
             }
             _ = heartbeat.tick() => {
-                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { samples: info.sampler.samples() })) };
-                outbound.send(message).await.map_err(|_| "link closed while sending a heartbeat")?;
+                if lease_until.is_some_and(|until| crate::supervise::boot_ms() > until) {
+                    return Err("gpoold has not answered for longer than the lease; requeueable attempts are stopped".into());
+                }
+                seq += 1;
+                if sent.len() == UNANSWERED {
+                    sent.pop_front();
+                }
+                sent.push_back((seq, crate::supervise::boot_ms()));
+                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { samples: info.sampler.samples(), seq })) };
+                control.send(message).await.map_err(|_| "link closed while sending a heartbeat")?;
             }
         }
     }
 }
 
-fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>, outbound: &mpsc::Sender<pb::AgentMessage>) {
+/// One stream of both channels, `control` first whenever it has a message.
+fn prioritized(
+    control: mpsc::Receiver<pb::AgentMessage>,
+    bulk: mpsc::Receiver<pb::AgentMessage>,
+) -> impl tokio_stream::Stream<Item = pb::AgentMessage> {
+    futures_util::stream::unfold((control, bulk), |(mut control, mut bulk)| async move {
+        let message = tokio::select! {
+            biased;
+            Some(message) = control.recv() => message,
+            Some(message) = bulk.recv() => message,
+            else => return None,
+        };
+        Some((message, (control, bulk)))
+    })
+}
+
+fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>, bulk: &mpsc::Sender<pb::AgentMessage>) {
     match message.msg {
         Some(pb::controller_message::Msg::Launch(launch)) => attempts.launch(launch),
         Some(pb::controller_message::Msg::Kill(kill)) => attempts.kill(
@@ -141,10 +194,10 @@ fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>, outbound: &mps
             kill.epoch,
             Duration::from_secs(u64::from(kill.grace_seconds)),
         ),
-        Some(pb::controller_message::Msg::ReadLog(request)) => attempts.stream_log(request, outbound.clone()),
+        Some(pb::controller_message::Msg::ReadLog(request)) => attempts.stream_log(request, bulk.clone()),
         Some(pb::controller_message::Msg::Signal(signal)) => {
             attempts.signal(signal.job_id, signal.epoch, signal.signal)
         }
-        None => tracing::warn!("empty message from gpoold ignored"),
+        Some(pb::controller_message::Msg::Lease(_)) | None => {}
     }
 }

@@ -28,6 +28,11 @@ pub enum Ended {
     Code(i32),
     Signal(i32),
     FailedToStart(String),
+    /// Its supervisor ended it when its time limit ran out.
+    TimedOut,
+    /// Its supervisor stopped it when the node's lease ran out (gpoold
+    /// could not be reached for long enough that it requeues the job).
+    Fenced,
 }
 
 impl Ended {
@@ -36,6 +41,8 @@ impl Ended {
             Ended::Code(code) => format!("code {code}"),
             Ended::Signal(signal) => format!("signal {signal}"),
             Ended::FailedToStart(reason) => format!("failed {reason}"),
+            Ended::TimedOut => "timeout -".into(),
+            Ended::Fenced => "fenced -".into(),
         }
     }
 
@@ -45,6 +52,8 @@ impl Ended {
             "code" => rest.parse().ok().map(Ended::Code),
             "signal" => rest.parse().ok().map(Ended::Signal),
             "failed" => Some(Ended::FailedToStart(rest.to_string())),
+            "timeout" => Some(Ended::TimedOut),
+            "fenced" => Some(Ended::Fenced),
             _ => None,
         }
     }
@@ -90,6 +99,68 @@ pub struct LaunchRequest {
     /// environment.
     #[serde(default)]
     pub container_env_file: Option<PathBuf>,
+    /// The supervisor ends the attempt when this much time has passed
+    /// since it started (it outlives the agent, so limits hold while the
+    /// agent is down).
+    #[serde(default)]
+    pub time_limit_ms: Option<u64>,
+    /// A requeueable attempt: the supervisor stops it when the node's
+    /// lease runs out.
+    #[serde(default)]
+    pub fence: Option<Fence>,
+}
+
+/// How a supervisor stops its attempt when the node's lease runs out.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Fence {
+    /// The lease the agent renews with each answer from gpoold.
+    pub lease_file: PathBuf,
+    /// Sent to the attempt first (its checkpoint signal, or SIGTERM).
+    pub signal: i32,
+    /// The most the attempt may take after the signal (the lease's grace
+    /// caps it).
+    pub grace_ms: u64,
+}
+
+/// The node's lease, as `<spool>/lease` records it: until when (ms of
+/// CLOCK_BOOTTIME, which every process of the host shares and which counts
+/// suspended time too) requeueable attempts may run, and the grace they get
+/// after that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub until_ms: u64,
+    pub grace_ms: u64,
+}
+
+impl Lease {
+    pub fn to_line(self) -> String {
+        format!("{} {}\n", self.until_ms, self.grace_ms)
+    }
+
+    pub fn parse(text: &str) -> Option<Lease> {
+        let (until, grace) = text.strip_suffix('\n')?.split_once(' ')?;
+        Some(Lease {
+            until_ms: until.parse().ok()?,
+            grace_ms: grace.parse().ok()?,
+        })
+    }
+
+    pub fn read(path: &Path) -> Option<Lease> {
+        Lease::parse(&std::fs::read_to_string(path).ok()?)
+    }
+
+    /// Replaces the lease file at once (readers never see half of it).
+    pub fn write(self, path: &Path) -> std::io::Result<()> {
+        let next = path.with_extension("next");
+        std::fs::write(&next, self.to_line())?;
+        std::fs::rename(&next, path)
+    }
+}
+
+/// Milliseconds of CLOCK_BOOTTIME: the same in every process of the host.
+pub fn boot_ms() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map_or(0, |t| t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000)
 }
 
 /// A user to run a job as, looked up by the agent (so a supervisor makes
@@ -205,17 +276,15 @@ fn supervise(request: &LaunchRequest) -> ! {
         }
     }
     let ended = match prepare(request) {
-        Ok(mut command) => match command.status().inspect(|_| {
-            // What the job left behind (detached or not) ends with it.
-            if let Some(cgroup) = &request.cgroup {
-                cgroup.sweep(CGROUP_SWEEP_PATIENCE);
+        Ok(mut command) => match command.spawn() {
+            Ok(child) => {
+                let ended = run_to_end(request, child);
+                // What the job left behind (detached or not) ends with it.
+                if let Some(cgroup) = &request.cgroup {
+                    cgroup.sweep(CGROUP_SWEEP_PATIENCE);
+                }
+                ended
             }
-        }) {
-            Ok(status) => match (status.code(), status.signal()) {
-                (Some(code), _) => Ended::Code(code),
-                (None, Some(signal)) => Ended::Signal(signal),
-                (None, None) => Ended::FailedToStart("no exit status".into()),
-            },
             Err(err) => Ended::FailedToStart(match (&request.run_as, &request.workdir) {
                 (Some(user), Some(workdir)) => format!(
                     "cannot run {:?} as {} in {}: {err}",
@@ -256,6 +325,120 @@ fn supervise(request: &LaunchRequest) -> ! {
     // SAFETY: ends this process at once, as a forked child should (no
     // atexit handlers or buffers of the spawner to run twice).
     unsafe { nix::libc::_exit(code) }
+}
+
+/// Grace between SIGTERM and SIGKILL when a time limit runs out.
+pub const TIME_LIMIT_GRACE_MS: u64 = 10_000;
+/// How often a supervisor looks at the lease and the time limit.
+const CHECK_EVERY_MS: u64 = 200;
+
+/// Waits for the job, ending it when its time limit or the node's lease
+/// runs out: its signal first, then SIGKILL to everything of the attempt
+/// but this process once the grace is over.
+fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended {
+    let started = boot_ms();
+    let exited = ChildExit::open(child.id() as i32);
+    // Why we are ending it, and when SIGKILL follows.
+    let mut ending: Option<(Ended, u64)> = None;
+    let mut lease = request.fence.as_ref().and_then(|fence| Lease::read(&fence.lease_file));
+    loop {
+        exited.wait(CHECK_EVERY_MS);
+        if let Ok(Some(status)) = child.try_wait() {
+            return match (&ending, status.code(), status.signal()) {
+                (Some((cause, _)), _, _) => cause.clone(),
+                (None, Some(code), _) => Ended::Code(code),
+                (None, None, Some(signal)) => Ended::Signal(signal),
+                (None, None, None) => Ended::FailedToStart("no exit status".into()),
+            };
+        }
+        let now = boot_ms();
+        match &ending {
+            Some((_, kill_at)) if now >= *kill_at => {
+                kill_all_but_supervisor(nix::unistd::getpid().as_raw(), request.cgroup.as_ref());
+            }
+            Some(_) => {}
+            None => {
+                let over_time = request
+                    .time_limit_ms
+                    .is_some_and(|limit| now >= started.saturating_add(limit));
+                if let Some(fence) = &request.fence {
+                    // A lease file being replaced may be missing for a moment.
+                    lease = Lease::read(&fence.lease_file).or(lease);
+                }
+                let fenced = match (&request.fence, lease) {
+                    (Some(fence), Some(lease)) if now >= lease.until_ms => Some((fence, lease)),
+                    _ => None,
+                };
+                if let Some((fence, lease)) = fenced {
+                    let signal =
+                        nix::sys::signal::Signal::try_from(fence.signal).unwrap_or(nix::sys::signal::Signal::SIGTERM);
+                    let _ = nix::sys::signal::killpg(nix::unistd::getpgrp(), signal);
+                    ending = Some((Ended::Fenced, now + fence.grace_ms.min(lease.grace_ms)));
+                } else if over_time {
+                    let _ = nix::sys::signal::killpg(nix::unistd::getpgrp(), nix::sys::signal::Signal::SIGTERM);
+                    ending = Some((Ended::TimedOut, now + TIME_LIMIT_GRACE_MS));
+                }
+            }
+        }
+    }
+}
+
+/// A pidfd on the supervisor's child, to wait for its exit with a timeout
+/// (a plain sleep where no pidfd can be had).
+struct ChildExit(Option<std::os::fd::OwnedFd>);
+
+impl ChildExit {
+    fn open(pid: i32) -> ChildExit {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
+        let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+        // SAFETY: a new fd nothing else owns.
+        ChildExit((fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    /// Returns when the child exited or after `timeout_ms`.
+    fn wait(&self, timeout_ms: u64) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        match &self.0 {
+            Some(fd) => {
+                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(
+                    &mut fds,
+                    PollTimeout::try_from(timeout_ms as i32).unwrap_or(PollTimeout::MAX),
+                );
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(timeout_ms.min(50))),
+        }
+    }
+}
+
+/// SIGKILL to every process of the attempt except its supervisor (the
+/// group's leader): the rest of its process group, and all of its cgroup
+/// (which the supervisor is not in).
+pub fn kill_all_but_supervisor(pgid: i32, cgroup: Option<&crate::cgroup::AttemptCgroup>) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    if pgid <= 0 {
+        return;
+    }
+    let mut pids = cgroup.map(crate::cgroup::AttemptCgroup::pids).unwrap_or_default();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // After "(comm) ": state, ppid, pgrp.
+            let pgrp = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(2));
+            if pid != pgid && pgrp == Some(pgid.to_string().as_str()) {
+                pids.push(pid);
+            }
+        }
+    }
+    for pid in pids.into_iter().filter(|pid| *pid != pgid) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
 }
 
 /// The job's command: its user, output files and checkpoint directory.

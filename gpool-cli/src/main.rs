@@ -118,6 +118,16 @@ enum AdminCommand {
     /// User tokens (admins; gpoold keeps only their hashes).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Nodes gpoold knows.
+    #[command(subcommand)]
+    Node(NodeCommand),
+}
+
+#[derive(clap::Subcommand)]
+enum NodeCommand {
+    /// Forget a node (it comes back if its agent registers again); refused
+    /// while jobs run on it.
+    Remove { node: String },
 }
 
 #[derive(clap::Subcommand)]
@@ -265,6 +275,9 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
+        Command::Admin(AdminCommand::Node(NodeCommand::Remove { node })) => {
+            cmd::nodes::remove(&ctx, node).await.map(|()| 0)
+        }
         Command::Admin(AdminCommand::Reload) => cmd::nodes::reload(&ctx).await.map(|()| 0),
         Command::Admin(AdminCommand::Ca(CaCommand::Init { state_dir, expires })) => {
             cmd::pki::ca_init(&state_dir, expires, ctx.json()).map(|()| 0)

@@ -87,6 +87,7 @@ pub enum Action<'a> {
     },
     DrainNode(&'a str),
     ResumeNode(&'a str),
+    RemoveNode(&'a str),
     ReloadPolicy,
     ManageTokens,
 }
@@ -104,6 +105,7 @@ impl fmt::Display for Action<'_> {
             Action::Submit { team, priority, .. } => write!(f, "submit to team {team} at priority {priority}"),
             Action::DrainNode(node) => write!(f, "drain node {node}"),
             Action::ResumeNode(node) => write!(f, "resume node {node}"),
+            Action::RemoveNode(node) => write!(f, "remove node {node}"),
             Action::ReloadPolicy => write!(f, "reload the policy"),
             Action::ManageTokens => write!(f, "manage access tokens"),
         }
@@ -168,9 +170,11 @@ pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
                 Ok(())
             }
         }
-        Action::DrainNode(_) | Action::ResumeNode(_) | Action::ReloadPolicy | Action::ManageTokens => {
-            refused("only admins may".to_string())
-        }
+        Action::DrainNode(_)
+        | Action::ResumeNode(_)
+        | Action::RemoveNode(_)
+        | Action::ReloadPolicy
+        | Action::ManageTokens => refused("only admins may".to_string()),
     }
 }
 

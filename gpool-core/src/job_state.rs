@@ -80,6 +80,19 @@ pub enum JobEvent {
         reason: String,
         now: Timestamp,
     },
+    /// The attempt's time limit ran out and its node ended it.
+    TimedOut {
+        epoch: Epoch,
+        now: Timestamp,
+    },
+    /// An attempt given up for lost (the job was requeued, and may run a
+    /// newer attempt) reports that it ended while its node was away. Its
+    /// end is the job's: a finished run is never run again.
+    LateExit {
+        epoch: Epoch,
+        status: ExitStatus,
+        now: Timestamp,
+    },
     /// The attempt's node went away; the job goes back to the queue unless
     /// it asked not to be requeued.
     Lost {
@@ -222,7 +235,12 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
             next
         }
         // A preempted attempt, however it ends, sends the job back.
-        JobEvent::Exited { .. } | JobEvent::FailedToStart { .. } | JobEvent::Lost { .. } if preempted_at.is_some() => {
+        JobEvent::Exited { .. }
+        | JobEvent::TimedOut { .. }
+        | JobEvent::FailedToStart { .. }
+        | JobEvent::Lost { .. }
+            if preempted_at.is_some() =>
+        {
             JobState::Pending
         }
         JobEvent::Exited {
@@ -253,6 +271,12 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
             exit_code: Some(128 + signal),
             reason: format!("killed by signal {signal}"),
         },
+        JobEvent::TimedOut { now, .. } => JobState::Failed {
+            started_at: Some(started_at),
+            ended_at: *now,
+            exit_code: None,
+            reason: "its time limit ran out".to_string(),
+        },
         JobEvent::FailedToStart { reason, now, .. } => JobState::Failed {
             started_at: Some(started_at),
             ended_at: *now,
@@ -268,7 +292,9 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
             exit_code: None,
             reason: "its node was lost or drained at once, and the job asked not to be requeued".to_string(),
         },
-        JobEvent::Start { .. } | JobEvent::Cancel { .. } | JobEvent::Preempt { .. } => return None,
+        JobEvent::Start { .. } | JobEvent::Cancel { .. } | JobEvent::Preempt { .. } | JobEvent::LateExit { .. } => {
+            return None
+        }
     };
     Some(next)
 }
@@ -283,6 +309,8 @@ impl JobEvent {
             JobEvent::Cancel { .. } => "cancel",
             JobEvent::Preempt { .. } => "preempt",
             JobEvent::Checkpointed { .. } => "checkpointed",
+            JobEvent::TimedOut { .. } => "timed-out",
+            JobEvent::LateExit { .. } => "late-exit",
         }
     }
 
@@ -294,8 +322,11 @@ impl JobEvent {
             | JobEvent::FailedToStart { epoch, .. }
             | JobEvent::Lost { epoch, .. }
             | JobEvent::Preempt { epoch, .. }
-            | JobEvent::Checkpointed { epoch, .. } => Some(*epoch),
-            JobEvent::Start { .. } | JobEvent::Cancel { .. } => None,
+            | JobEvent::Checkpointed { epoch, .. }
+            | JobEvent::TimedOut { epoch, .. } => Some(*epoch),
+            // Not the running attempt's: `Job::apply` matches it against
+            // the lost ones.
+            JobEvent::Start { .. } | JobEvent::Cancel { .. } | JobEvent::LateExit { .. } => None,
         }
     }
 }
@@ -303,6 +334,9 @@ impl JobEvent {
 impl Job {
     /// The only writer of `Job::state`.
     pub fn apply(&mut self, event: &JobEvent) -> Result<(), IllegalTransition> {
+        if let JobEvent::LateExit { epoch, status, now } = event {
+            return self.apply_late_exit(*epoch, *status, *now);
+        }
         let next = self.state.apply(event)?;
         match event {
             JobEvent::Start { placement, .. } => {
@@ -313,9 +347,57 @@ impl Job {
                 self.n_preemptions += 1;
                 self.lost_gpu_secs += self.state.work_since_checkpoint(*now).round() as u64;
             }
+            JobEvent::Lost { requeue: true, .. } if next == JobState::Pending => {
+                if let JobState::Running {
+                    epoch,
+                    started_at,
+                    preempted_at: None,
+                    ..
+                } = &self.state
+                {
+                    self.lost_attempts.push(crate::model::LostAttempt {
+                        epoch: *epoch,
+                        started_at: *started_at,
+                    });
+                    let excess = self.lost_attempts.len().saturating_sub(crate::model::MAX_LOST_ATTEMPTS);
+                    self.lost_attempts.drain(..excess);
+                }
+            }
             _ => {}
         }
         self.state = next;
+        if self.state.is_finished() {
+            self.lost_attempts.clear();
+        }
+        Ok(())
+    }
+
+    /// A lost attempt's own end becomes the job's, whether the job waits
+    /// in the queue or runs a newer attempt (which the caller then stops).
+    fn apply_late_exit(&mut self, epoch: Epoch, status: ExitStatus, now: Timestamp) -> Result<(), IllegalTransition> {
+        let illegal = IllegalTransition {
+            state: self.state.name(),
+            event: "late-exit",
+        };
+        let lost = self
+            .lost_attempts
+            .iter()
+            .find(|lost| lost.epoch == epoch)
+            .cloned()
+            .ok_or(illegal.clone())?;
+        if self.state.is_finished() {
+            return Err(illegal);
+        }
+        let as_running = JobState::Running {
+            epoch,
+            placement: Vec::new(),
+            started_at: lost.started_at,
+            burst: false,
+            last_checkpoint_at: None,
+            preempted_at: None,
+        };
+        self.state = running_changed(&as_running, &JobEvent::Exited { epoch, status, now }).ok_or(illegal)?;
+        self.lost_attempts.clear();
         Ok(())
     }
 }

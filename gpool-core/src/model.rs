@@ -171,6 +171,20 @@ pub struct Job {
     pub n_preemptions: u32,
     #[serde(default)]
     pub lost_gpu_secs: u64,
+    /// Attempts given up for lost (their node went silent) that may still
+    /// report how they ended; newest last, at most `MAX_LOST_ATTEMPTS`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_attempts: Vec<LostAttempt>,
+}
+
+/// Most lost attempts a job remembers.
+pub const MAX_LOST_ATTEMPTS: usize = 4;
+
+/// An attempt requeued because its node was lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostAttempt {
+    pub epoch: crate::Epoch,
+    pub started_at: crate::Timestamp,
 }
 
 impl Job {

@@ -15,6 +15,15 @@ const MAX_NAME_LEN: usize = 128;
 pub const MAX_TIME_LIMIT_SECS: u64 = 365 * 24 * 3600;
 const MAX_IDENT_LEN: usize = 64;
 const MAX_CPUS_PER_GPU: u32 = 1024;
+/// Limits that keep every spec (and so every Launch) far below the
+/// largest message any gpool program takes, and within what Linux execs:
+/// one argument or variable may be at most 128 KiB (MAX_ARG_STRLEN).
+pub const MAX_ARG_BYTES: usize = 128 * 1024;
+pub const MAX_ARGS: usize = 4096;
+pub const MAX_COMMAND_BYTES: usize = 512 * 1024;
+pub const MAX_ENV_VARS: usize = 1024;
+pub const MAX_ENV_BYTES: usize = 512 * 1024;
+pub const MAX_PATH_BYTES: usize = 4096;
 
 /// A rejected spec: the field and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -243,6 +252,19 @@ impl JobSpec {
         if let Some(signal) = self.checkpoint_signal {
             parse_signal(&signal.to_string()).map_err(|reason| spec_error("checkpoint_signal", reason))?;
         }
+        if self.env.len() > MAX_ENV_VARS {
+            return Err(spec_error(
+                "env",
+                format!("{} variables, more than the limit of {MAX_ENV_VARS}", self.env.len()),
+            ));
+        }
+        let env_bytes: usize = self.env.iter().map(|(name, value)| name.len() + value.len() + 2).sum();
+        if env_bytes > MAX_ENV_BYTES {
+            return Err(spec_error(
+                "env",
+                format!("{env_bytes} bytes in all, more than the limit of {MAX_ENV_BYTES}"),
+            ));
+        }
         for (name, value) in &self.env {
             validate_env(name, value)?;
         }
@@ -289,7 +311,29 @@ fn validate_command(command: &[String]) -> Result<(), SpecError> {
         Some(_) if command.iter().any(|arg| arg.contains('\0')) => {
             Err(spec_error("command", "an argument contains a NUL byte"))
         }
-        Some(_) => Ok(()),
+        Some(_) if command.len() > MAX_ARGS => Err(spec_error(
+            "command",
+            format!("{} arguments, more than the limit of {MAX_ARGS}", command.len()),
+        )),
+        Some(_) => {
+            if let Some((position, arg)) = command.iter().enumerate().find(|(_, arg)| arg.len() > MAX_ARG_BYTES) {
+                return Err(spec_error(
+                    "command",
+                    format!(
+                        "argument {position} is {} bytes, more than the limit of {MAX_ARG_BYTES}",
+                        arg.len()
+                    ),
+                ));
+            }
+            let total: usize = command.iter().map(|arg| arg.len() + 1).sum();
+            if total > MAX_COMMAND_BYTES {
+                return Err(spec_error(
+                    "command",
+                    format!("{total} bytes in all, more than the limit of {MAX_COMMAND_BYTES}"),
+                ));
+            }
+            Ok(())
+        }
     }
 }
 
@@ -308,6 +352,16 @@ fn validate_ident(field: &str, value: &str) -> Result<(), SpecError> {
 }
 
 fn validate_env(name: &str, value: &str) -> Result<(), SpecError> {
+    const MAX_ENV_NAME: usize = 256;
+    if name.len() > MAX_ENV_NAME {
+        return Err(spec_error(
+            "env",
+            format!(
+                "a variable name of {} bytes, more than the limit of {MAX_ENV_NAME}",
+                name.len()
+            ),
+        ));
+    }
     let field = format!("env.{name}");
     let mut chars = name.chars();
     let starts_well = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
@@ -323,6 +377,15 @@ fn validate_env(name: &str, value: &str) -> Result<(), SpecError> {
     if value.contains('\0') {
         return Err(spec_error(&field, "the value contains a NUL byte"));
     }
+    if name.len() + value.len() + 1 > MAX_ARG_BYTES {
+        return Err(spec_error(
+            &field,
+            format!(
+                "{} bytes, more than the limit of {MAX_ARG_BYTES} for one variable",
+                name.len() + value.len() + 1
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -335,6 +398,12 @@ fn validate_workdir(workdir: &str) -> Result<(), SpecError> {
     }
     if workdir.contains('\0') {
         return Err(spec_error("workdir", "contains a NUL byte"));
+    }
+    if workdir.len() > MAX_PATH_BYTES {
+        return Err(spec_error(
+            "workdir",
+            format!("{} bytes, more than the limit of {MAX_PATH_BYTES}", workdir.len()),
+        ));
     }
     Ok(())
 }

@@ -261,6 +261,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             last_nodes: Vec::new(),
             n_preemptions: 0,
             lost_gpu_secs: 0,
+            lost_attempts: Vec::new(),
         },
     }
 }

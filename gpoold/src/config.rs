@@ -15,6 +15,8 @@ use std::time::Duration;
 
 /// How long an agent may be silent before its node is down.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a down node is remembered by default: a week.
+pub const DEFAULT_FORGET_NODES_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Everything a run of gpoold needs to know.
 #[derive(Debug, Clone)]
@@ -28,6 +30,10 @@ pub struct Config {
     pub admins: Vec<String>,
     /// A node whose agent is silent this long is down.
     pub node_timeout: Duration,
+    /// A node down this long is forgotten; `None`: never.
+    pub forget_nodes_after: Option<Duration>,
+    /// The largest request gpoold takes, in bytes.
+    pub max_message_size: usize,
     /// Dev mode: agents to run inside gpoold, linked over loopback.
     pub dev_agents: Option<DevAgents>,
     /// The file it came from, which `gpool admin reload` and SIGHUP re-read.
@@ -100,6 +106,10 @@ struct ConfigFile {
     admins: Vec<String>,
     #[serde(default)]
     node_timeout: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    forget_nodes_after: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    max_message_size: Option<toml::Spanned<String>>,
     socket: Option<PathBuf>,
     tls: Option<toml::Spanned<TlsFile>>,
     #[serde(default)]
@@ -268,6 +278,40 @@ impl Config {
                     )
                 })?,
         };
+        let forget_nodes_after = match parsed.forget_nodes_after {
+            None => Some(DEFAULT_FORGET_NODES_AFTER),
+            Some(text) if text.get_ref() == "never" => None,
+            Some(text) => Some(
+                humantime::parse_duration(text.get_ref())
+                    .ok()
+                    .filter(|age| *age >= node_timeout)
+                    .ok_or_else(|| {
+                        invalid(
+                            text.span().start,
+                            format!(
+                                "forget_nodes_after: {:?} is not \"never\" or a duration such as 7d, at least node_timeout",
+                                text.get_ref()
+                            ),
+                        )
+                    })?,
+            ),
+        };
+        let max_message_size = match parsed.max_message_size {
+            None => gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,
+            Some(text) => gpool_core::spec::parse_size(text.get_ref())
+                .ok()
+                .filter(|size| (1 << 20..=gpool_proto::MAX_MESSAGE_BYTES as u64).contains(size))
+                .ok_or_else(|| {
+                    invalid(
+                        text.span().start,
+                        format!(
+                            "max_message_size: {:?} is not a size from 1M to {}M",
+                            text.get_ref(),
+                            gpool_proto::MAX_MESSAGE_BYTES >> 20
+                        ),
+                    )
+                })? as usize,
+        };
         let pools: Vec<String> = policy.pools.iter().map(|pool| pool.name.clone()).collect();
         policy.sharing = sharing_from_file(parsed.sharing, parsed.team, parsed.qos, &pools, &invalid)?;
         let plaintext_from = parsed
@@ -325,6 +369,8 @@ impl Config {
             policy,
             admins: parsed.admins,
             node_timeout,
+            forget_nodes_after,
+            max_message_size,
             dev_agents: None,
             path: None,
             socket: Some(parsed.socket.unwrap_or_else(|| parsed.state_dir.join("gpoold.sock"))),

@@ -24,6 +24,8 @@ pub enum Error {
     SubmitDenied { index: usize, source: Denied },
     #[error("token {0} does not exist")]
     UnknownToken(u64),
+    #[error("node {node:?} still runs {jobs}: cancel them, or drain it with --now, before removing it")]
+    NodeBusy { node: String, jobs: String },
     #[error("node {0:?} has no connected agent right now")]
     NodeNotLinked(String),
     #[error("job {0} has not started, so it has no output yet")]
@@ -63,9 +65,11 @@ impl From<Error> for Status {
             Error::Denied(_) | Error::SubmitDenied { .. } => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::ShuttingDown => Code::Unavailable,
-            Error::NodeNotLinked(_) | Error::NotStarted(_) | Error::OutputDiscarded(_) | Error::NotRunning(_) => {
-                Code::FailedPrecondition
-            }
+            Error::NodeBusy { .. }
+            | Error::NodeNotLinked(_)
+            | Error::NotStarted(_)
+            | Error::OutputDiscarded(_)
+            | Error::NotRunning(_) => Code::FailedPrecondition,
             Error::Storage(_) | Error::CorruptRecord { .. } | Error::SchemaTooNew { .. } => Code::Internal,
         };
         Status::new(code, err.to_string())

@@ -102,15 +102,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         config_path: config.path.clone(),
         security: security.clone(),
     })
-    .max_decoding_message_size(64 * 1024 * 1024)
-    .max_encoding_message_size(1024 * 1024 * 1024);
+    .max_decoding_message_size(config.max_message_size)
+    .max_encoding_message_size(gpool_proto::MAX_MESSAGE_BYTES);
     let pool = InterceptedService::new(pool, api::authenticate(security.clone(), handle.shared.clone()));
     let agent_link = AgentLinkServer::new(api::agent_link::AgentLinkService {
         state: handle.clone(),
         next_conn_id: std::sync::atomic::AtomicU64::new(1),
         logs,
         security: security.clone(),
-    });
+    })
+    .max_decoding_message_size(config.max_message_size);
     let agent_link = InterceptedService::new(agent_link, api::authenticate_agent(security.clone()));
     let mut accept_tasks = tokio::task::JoinSet::new();
     let unix_listener = config.socket.as_deref().map(security::listen::bind_unix).transpose()?;

@@ -84,6 +84,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                 policy: Policy::default(),
                 admins: vec!["*".into()],
                 node_timeout: args.node_timeout,
+                forget_nodes_after: Some(gpoold::config::DEFAULT_FORGET_NODES_AFTER),
+                max_message_size: gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,
                 dev_agents: (args.dev_nodes > 0).then_some(gpoold::config::DevAgents {
                     n_nodes: args.dev_nodes,
                     gpus_per_node: args.dev_gpus_per_node,

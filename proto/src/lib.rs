@@ -10,6 +10,14 @@ pub mod pb {
 pub mod convert;
 pub mod dial;
 
+/// The largest request gpoold takes unless its config says otherwise
+/// (`max_message_size`): a batch of jobs, or anything else a client sends.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// The largest message any gpool program decodes from another, and the
+/// most `max_message_size` may be. A job spec is far smaller (see the
+/// limits in `gpool_core::spec`), so every Launch reaches its agent.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
 /// gRPC metadata key that carries the caller's user name (trusted in dev
 /// mode only).
 pub const USER_METADATA_KEY: &str = "x-gpool-user";

@@ -117,7 +117,13 @@ fn submit_batches_until_refused(addr: String, dir: std::path::PathBuf, worker_id
             let file = dir.join(format!("{name}.toml"));
             let job = format!("[[job]]\nname = \"{name}\"\ncommand = [\"true\"]\n");
             std::fs::write(&file, job.repeat(BATCH)).expect("write batch file");
-            vec!["submit".into(), "--output".into(), "json".into(), "-f".into(), file.display().to_string()]
+            vec![
+                "submit".into(),
+                "--output".into(),
+                "json".into(),
+                "-f".into(),
+                file.display().to_string(),
+            ]
         };
         let args: Vec<&str> = args_owned.iter().map(String::as_str).collect();
         let output = gpool_command(&args)
@@ -168,8 +174,15 @@ fn a_batch_is_whole_or_absent_across_kill_9() {
     }
     // Names repeat across kills (rounds restart at 0), so count per name.
     let mut found: BTreeMap<String, usize> = BTreeMap::new();
-    for job in cluster.gpool(&["jobs", "--all", "--output", "json"]).json().as_array().expect("array") {
-        *found.entry(job["name"].as_str().expect("name").to_string()).or_default() += 1;
+    for job in cluster
+        .gpool(&["jobs", "--all", "--output", "json"])
+        .json()
+        .as_array()
+        .expect("array")
+    {
+        *found
+            .entry(job["name"].as_str().expect("name").to_string())
+            .or_default() += 1;
     }
     let mut expected_acked: BTreeMap<String, usize> = BTreeMap::new();
     for name in &acked {
@@ -185,5 +198,9 @@ fn a_batch_is_whole_or_absent_across_kill_9() {
         let have = found.get(name).copied().unwrap_or(0);
         assert!(have >= *n_jobs, "acknowledged {name}: {n_jobs} jobs, {have} on disk");
     }
-    assert!(acked.len() >= 20, "too few acknowledged submissions ({}) to mean anything", acked.len());
+    assert!(
+        acked.len() >= 20,
+        "too few acknowledged submissions ({}) to mean anything",
+        acked.len()
+    );
 }

@@ -6,6 +6,7 @@ mod harness;
 mod agents;
 mod bad_input;
 mod durability;
+mod faults;
 mod jobs;
 mod security;
 mod sharing;

@@ -40,6 +40,24 @@ pub async fn drain(ctx: &Ctx, name: String, drain: Option<(String, bool)>) -> Re
     Ok(())
 }
 
+/// `gpool admin node remove NODE`: gpoold forgets the node (admins only).
+pub async fn remove(ctx: &Ctx, name: String) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let removed = conn
+        .client
+        .remove_node(pb::RemoveNodeRequest { name })
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner()
+        .name;
+    if ctx.json() {
+        output::print_json(&serde_json::json!({ "removed": removed }));
+    } else {
+        println!("node {removed} removed");
+    }
+    Ok(())
+}
+
 /// `gpool admin reload`: gpoold re-reads gpoold.toml (admins only).
 pub async fn reload(ctx: &Ctx) -> Result<(), CliError> {
     let mut conn = ctx.connect().await?;

@@ -178,3 +178,103 @@ fn a_preempted_attempt_requeues_however_it_ends_and_counts_lost_work() {
     job.apply(&exited(4, ExitStatus::Code(0))).unwrap();
     assert!(matches!(job.state, JobState::Completed { .. }));
 }
+
+fn lost(epoch: u64) -> JobEvent {
+    JobEvent::Lost {
+        epoch: Epoch(epoch),
+        requeue: true,
+        now: Timestamp(30),
+    }
+}
+
+fn late_exit(epoch: u64, status: ExitStatus) -> JobEvent {
+    JobEvent::LateExit {
+        epoch: Epoch(epoch),
+        status,
+        now: Timestamp(60),
+    }
+}
+
+#[test]
+fn a_lost_attempt_that_finished_ends_the_requeued_job() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(1, 10)).unwrap();
+    job.apply(&lost(1)).unwrap();
+    assert_eq!(job.state, JobState::Pending);
+    job.apply(&late_exit(1, ExitStatus::Code(0))).unwrap();
+    assert_eq!(
+        job.state,
+        JobState::Completed {
+            started_at: Timestamp(10),
+            ended_at: Timestamp(60)
+        }
+    );
+    assert!(job.lost_attempts.is_empty());
+    // Reported twice: the second changes nothing.
+    assert!(job.apply(&late_exit(1, ExitStatus::Code(0))).is_err());
+}
+
+#[test]
+fn a_late_end_beats_the_newer_attempt_that_runs() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(1, 10)).unwrap();
+    job.apply(&lost(1)).unwrap();
+    job.apply(&start(2, 40)).unwrap();
+    job.apply(&late_exit(1, ExitStatus::Code(4))).unwrap();
+    assert!(matches!(
+        job.state,
+        JobState::Failed {
+            exit_code: Some(4),
+            started_at: Some(Timestamp(10)),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn only_lost_attempts_may_report_late() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(1, 10)).unwrap();
+    // Never lost: a stale end of some other epoch.
+    assert!(job.apply(&late_exit(9, ExitStatus::Code(0))).is_err());
+    // A preempted attempt that is lost is not remembered.
+    job.apply(&JobEvent::Preempt {
+        epoch: Epoch(1),
+        now: Timestamp(20),
+    })
+    .unwrap();
+    job.apply(&lost(1)).unwrap();
+    assert!(job.lost_attempts.is_empty());
+    // A cancelled job takes no late end.
+    job.apply(&start(2, 40)).unwrap();
+    job.apply(&lost(2)).unwrap();
+    job.apply(&JobEvent::Cancel {
+        by: "u".into(),
+        now: Timestamp(45),
+    })
+    .unwrap();
+    assert!(job.apply(&late_exit(2, ExitStatus::Code(0))).is_err());
+}
+
+#[test]
+fn a_time_limit_end_is_a_failure_that_says_so() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(1, 10)).unwrap();
+    job.apply(&JobEvent::TimedOut {
+        epoch: Epoch(1),
+        now: Timestamp(20),
+    })
+    .unwrap();
+    assert!(matches!(&job.state, JobState::Failed { reason, .. } if reason.contains("time limit")));
+}
+
+#[test]
+fn lost_attempts_are_bounded() {
+    let mut job = job_builder(JobId(1)).build();
+    for epoch in 1..=10 {
+        job.apply(&start(epoch, 10)).unwrap();
+        job.apply(&lost(epoch)).unwrap();
+    }
+    assert_eq!(job.lost_attempts.len(), crate::model::MAX_LOST_ATTEMPTS);
+    assert_eq!(job.lost_attempts.last().unwrap().epoch, Epoch(10));
+}

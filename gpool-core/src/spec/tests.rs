@@ -196,3 +196,43 @@ fn time_limits_grace_and_checkpoint_signals_are_bounded() {
     let spec = ok.into_spec().unwrap();
     assert_eq!((spec.checkpoint_signal, spec.grace_secs), (Some(12), Some(120)));
 }
+
+#[test]
+fn poison_sized_specs_are_refused_naming_the_field_and_limit() {
+    let huge = "x".repeat(5 * 1024 * 1024);
+    let err = input(&["echo", &huge]).into_spec().unwrap_err();
+    assert_eq!(err.field, "command");
+    assert!(
+        err.reason.contains("argument 1") && err.reason.contains("131072"),
+        "{err}"
+    );
+
+    let many: Vec<String> = (0..MAX_ARGS + 1).map(|i| i.to_string()).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert!(input(&many).into_spec().unwrap_err().reason.contains("4097 arguments"));
+
+    let mut spec = input(&["true"]);
+    spec.env = Some((0..1_000_000).map(|i| (format!("V{i}"), String::new())).collect());
+    let err = spec.into_spec().unwrap_err();
+    assert_eq!(
+        (err.field.as_str(), err.reason.contains("1024")),
+        ("env", true),
+        "{err}"
+    );
+
+    let mut spec = input(&["true"]);
+    spec.env = Some((0..8).map(|i| (format!("V{i}"), "y".repeat(100 * 1024))).collect());
+    assert!(spec.into_spec().unwrap_err().reason.contains("bytes in all"));
+
+    let mut spec = input(&["true"]);
+    spec.env = Some([("N".repeat(300), String::new())].into());
+    assert_eq!(spec.into_spec().unwrap_err().field, "env");
+
+    let mut spec = input(&["true"]);
+    spec.workdir = Some(format!("/{}", "d".repeat(5000)));
+    assert_eq!(spec.into_spec().unwrap_err().field, "workdir");
+
+    // At the limits, a spec still fits many times in one message.
+    let biggest_arg = "a".repeat(MAX_ARG_BYTES);
+    assert!(input(&["echo", &biggest_arg]).into_spec().is_ok());
+}

@@ -88,6 +88,7 @@ impl AgentLink for AgentLinkService {
                         node: node_name.clone(),
                         conn_id,
                         samples: heartbeat.samples,
+                        seq: heartbeat.seq,
                     },
                     Some(pb::agent_message::Msg::JobEvent(event)) => match event_from_wire(event) {
                         Some(event) => Command::AgentJobEvent {
@@ -98,7 +99,7 @@ impl AgentLink for AgentLinkService {
                         None => continue,
                     },
                     Some(pb::agent_message::Msg::LogData(data)) => {
-                        logs.deliver(&node_name, data).await;
+                        logs.deliver(&node_name, data);
                         continue;
                     }
                     Some(pb::agent_message::Msg::Register(_)) | None => continue,
@@ -176,11 +177,17 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
 }
 
 fn event_from_wire(event: pb::JobEvent) -> Option<AgentEvent> {
-    let outcome = match event.outcome? {
-        pb::job_event::Outcome::Started(_) => AttemptOutcome::Started,
-        pb::job_event::Outcome::ExitCode(code) => AttemptOutcome::Exited(ExitStatus::Code(code)),
-        pb::job_event::Outcome::Signal(signal) => AttemptOutcome::Exited(ExitStatus::Signal(signal.clamp(0, 127))),
-        pb::job_event::Outcome::FailedToStart(reason) => AttemptOutcome::FailedToStart(reason),
+    let cause = event.cause();
+    let outcome = match (event.outcome?, cause) {
+        (pb::job_event::Outcome::Started(_), _) => AttemptOutcome::Started,
+        (_, pb::EndCause::TimeLimit) => AttemptOutcome::TimedOut,
+        (_, pb::EndCause::Fenced) => AttemptOutcome::Fenced,
+        (outcome, pb::EndCause::Own) => match outcome {
+            pb::job_event::Outcome::Started(_) => AttemptOutcome::Started,
+            pb::job_event::Outcome::ExitCode(code) => AttemptOutcome::Exited(ExitStatus::Code(code)),
+            pb::job_event::Outcome::Signal(signal) => AttemptOutcome::Exited(ExitStatus::Signal(signal.clamp(0, 127))),
+            pb::job_event::Outcome::FailedToStart(reason) => AttemptOutcome::FailedToStart(reason),
+        },
     };
     Some(AgentEvent {
         job: JobId(event.job_id),

@@ -12,6 +12,9 @@ use tokio::sync::mpsc;
 /// The sending end of one `JobLogs` stream.
 type LogSender = mpsc::Sender<Result<pb::LogChunk, Status>>;
 
+/// Chunks (up to 64 KiB each) a log reader may fall behind.
+const LOG_BUFFER: usize = 64;
+
 /// Routes LogData from agents to the `JobLogs` streams that asked for it.
 /// Each request is bound to the node it was sent to: no other agent can
 /// write into it.
@@ -26,7 +29,7 @@ impl LogRelay {
     /// its stream.
     pub fn open(&self, node: &str) -> (u64, mpsc::Receiver<Result<pb::LogChunk, Status>>) {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let (sender, receiver) = mpsc::channel(16);
+        let (sender, receiver) = mpsc::channel(LOG_BUFFER);
         self.streams
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -36,8 +39,10 @@ impl LogRelay {
 
     /// Passes one LogData from `node` on; ends the stream at eof, an error,
     /// or when the client went away. Data for a request sent to another
-    /// node is dropped.
-    pub async fn deliver(&self, node: &str, data: pb::LogData) {
+    /// node is dropped. Never waits: a reader that falls more than the
+    /// stream's buffer behind is told so and dropped, so no reader can slow
+    /// the agent's link (its heartbeats and job events).
+    pub fn deliver(&self, node: &str, data: pb::LogData) {
         let sender = match self
             .streams
             .lock()
@@ -52,11 +57,19 @@ impl LogRelay {
             None => return,
         };
         let mut done = data.eof;
-        if !data.data.is_empty() && sender.send(Ok(pb::LogChunk { data: data.data })).await.is_err() {
-            done = true;
+        // One slot stays free for the message that ends the stream.
+        if !data.data.is_empty() {
+            if sender.capacity() > 1 {
+                done |= sender.try_send(Ok(pb::LogChunk { data: data.data })).is_err();
+            } else {
+                let _ = sender.try_send(Err(Status::resource_exhausted(format!(
+                    "this reader fell more than {LOG_BUFFER} chunks behind the output of node {node} and was dropped; read again (e.g. without a pager)"
+                ))));
+                done = true;
+            }
         }
-        if !data.error.is_empty() {
-            let _ = sender.send(Err(Status::failed_precondition(data.error))).await;
+        if !data.error.is_empty() && !done {
+            let _ = sender.try_send(Err(Status::failed_precondition(data.error)));
             done = true;
         }
         if done {

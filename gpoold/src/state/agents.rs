@@ -9,6 +9,10 @@ use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
 use std::collections::{HashMap, HashSet};
 
+/// The largest Launch gpoold sends: what any agent decodes (a spec within
+/// `gpool_core::spec` limits is far smaller).
+const MAX_LAUNCH_BYTES: usize = gpool_proto::MAX_MESSAGE_BYTES / 2;
+
 /// Seconds between SIGTERM and SIGKILL when gpoold ends an attempt.
 const KILL_GRACE_SECS: u32 = 10;
 
@@ -61,6 +65,23 @@ impl State {
             }
             out.writes.push(Write::NextEpoch);
             let launches = self.launch_messages(start.job, epoch, &start.placement);
+            // A spec from before today's limits may not fit in a message an
+            // agent takes: the job fails alone, its node is never cut off.
+            if let Some(size) = launches
+                .iter()
+                .map(|(_, message)| prost::Message::encoded_len(message))
+                .find(|size| *size > MAX_LAUNCH_BYTES)
+            {
+                let event = JobEvent::FailedToStart {
+                    epoch,
+                    reason: format!(
+                        "its Launch message is {size} bytes, more than an agent takes ({MAX_LAUNCH_BYTES})"
+                    ),
+                    now,
+                };
+                self.apply_event(start.job, &event, now, out);
+                continue;
+            }
             out.messages.extend(launches);
         }
     }
@@ -126,6 +147,12 @@ impl State {
                     image: job.spec.image.clone(),
                     mem_bytes: job.spec.mem_bytes.unwrap_or(0),
                     cpus_per_gpu: job.spec.cpus_per_gpu.unwrap_or(0),
+                    requeue: job.spec.requeue,
+                    checkpoint_signal: job.spec.checkpoint_signal.unwrap_or(0),
+                    grace_seconds: job
+                        .spec
+                        .grace_secs
+                        .map_or(0, |grace| grace.min(u64::from(u32::MAX)) as u32),
                 };
                 let message = pb::ControllerMessage {
                     msg: Some(pb::controller_message::Msg::Launch(launch)),
@@ -158,6 +185,10 @@ impl State {
         let conn_id = conn.id;
         self.links.insert(name.clone(), conn);
         self.last_seen.insert(name.clone(), now);
+        self.down_since.remove(&name);
+        // The Register counts as heartbeat 0; its lease goes out before any
+        // Launch (the link's messages keep their order).
+        self.grant_lease(&name, 0);
         // What ended while the link was down counts before reconciling.
         for event in ended {
             self.agent_event(&name, conn_id, event, now, out);
@@ -241,6 +272,23 @@ impl State {
         }
     }
 
+    /// Answers heartbeat `seq` of `node`'s agent: its requeueable attempts
+    /// may run until half the node timeout after it sent that heartbeat,
+    /// then get a quarter of it to end. A quarter stays as margin for
+    /// delays in delivering, scheduling and killing, so the attempts are
+    /// gone before this controller gives the node up and requeues them.
+    pub(super) fn grant_lease(&self, node: &str, seq: u64) {
+        let Some(conn) = self.links.get(node) else { return };
+        let lease = pb::Lease {
+            heartbeat_seq: seq,
+            fence_after_ms: (self.node_timeout_ms / 2).clamp(0, i64::from(u32::MAX)) as u32,
+            fence_grace_ms: (self.node_timeout_ms / 4).clamp(0, i64::from(u32::MAX)) as u32,
+        };
+        let _ = conn.outbox.send(pb::ControllerMessage {
+            msg: Some(pb::controller_message::Msg::Lease(lease)),
+        });
+    }
+
     pub(super) fn agent_gone(&mut self, node: &str, conn_id: u64) {
         if self.links.get(node).is_some_and(|conn| conn.id == conn_id) {
             self.links.remove(node);
@@ -259,11 +307,19 @@ impl State {
         self.heartbeat(node, conn_id, now);
         let current = self.attempt_on(event.job, node);
         if current != Some(event.epoch) {
-            if matches!(event.outcome, AttemptOutcome::Started) {
-                out.messages
-                    .push((node.to_string(), kill_message(event.job, event.epoch)));
+            match &event.outcome {
+                AttemptOutcome::Started => out
+                    .messages
+                    .push((node.to_string(), kill_message(event.job, event.epoch))),
+                AttemptOutcome::Exited(status) => self.late_exit(event.job, event.epoch, *status, now, out),
+                AttemptOutcome::TimedOut => {
+                    let status = ExitStatus::Signal(nix::sys::signal::Signal::SIGTERM as i32);
+                    self.late_exit(event.job, event.epoch, status, now, out)
+                }
+                AttemptOutcome::FailedToStart(_) | AttemptOutcome::Fenced => {
+                    tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored")
+                }
             }
-            tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored");
             return;
         }
         let Some(job) = self.jobs.get(&event.job) else {
@@ -303,6 +359,18 @@ impl State {
                 reason: format!("on {node}: {reason}"),
                 now,
             },
+            AttemptOutcome::TimedOut => JobEvent::TimedOut {
+                epoch: event.epoch,
+                now,
+            },
+            // The node lost this controller for longer than its lease (and
+            // came back before the node timeout): the job goes back to the
+            // queue, as it would have after the timeout.
+            AttemptOutcome::Fenced => JobEvent::Lost {
+                epoch: event.epoch,
+                requeue: true,
+                now,
+            },
         };
         let placement = match &job.state {
             JobState::Running { placement, .. } => placement.clone(),
@@ -317,10 +385,39 @@ impl State {
         }
     }
 
-    /// Nodes not heard from for the node timeout become down; their attempts
-    /// are lost and their jobs requeued.
+    /// A lost attempt of `job` (its node was given up, the job requeued)
+    /// reports how it ended while away. A single-node job ends with that
+    /// result; a newer attempt it runs is stopped. A gang's late rank is
+    /// not enough to know how the gang ended, so it is ignored.
+    fn late_exit(&mut self, job_id: JobId, epoch: Epoch, status: ExitStatus, now: Timestamp, out: &mut Batch) {
+        let Some(job) = self.jobs.get(&job_id) else { return };
+        if job.spec.nodes != 1 || !job.lost_attempts.iter().any(|lost| lost.epoch == epoch) {
+            tracing::debug!(job = %job_id, %epoch, "stale attempt event ignored");
+            return;
+        }
+        let newer = match &job.state {
+            JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
+            _ => None,
+        };
+        let event = JobEvent::LateExit { epoch, status, now };
+        if self.apply_event(job_id, &event, now, out) {
+            tracing::info!(job = %job_id, %epoch, "a lost attempt reported its end late: the job ends with it");
+            if let Some((newer_epoch, placement)) = newer {
+                self.gang_exits.remove(&job_id);
+                for part in placement {
+                    out.messages.push((part.node, kill_message(job_id, newer_epoch)));
+                }
+            }
+        }
+    }
+
+    /// Nodes not heard from for the node timeout become down. Their
+    /// requeueable attempts are lost and requeued (the node stopped them
+    /// itself when its lease ran out); the others keep their GPUs until the
+    /// node returns and says how they fared, or is removed. Nodes down for
+    /// longer than `forget_nodes_after` are forgotten.
     pub(super) fn mark_silent_nodes_down(&mut self, now: Timestamp, out: &mut Batch) {
-        let silent: Vec<String> = self
+        let silent: std::collections::BTreeSet<String> = self
             .nodes
             .values()
             .filter(|node| node.alive)
@@ -330,15 +427,66 @@ impl State {
             })
             .map(|node| node.name.clone())
             .collect();
-        for name in silent {
-            tracing::warn!(node = %name, "no heartbeat for {} ms: node is down", self.node_timeout_ms);
-            if let Some(node) = self.nodes.get_mut(&name) {
-                node.alive = false;
+        if !silent.is_empty() {
+            for name in &silent {
+                tracing::warn!(node = %name, "no heartbeat for {} ms: node is down", self.node_timeout_ms);
+                if let Some(node) = self.nodes.get_mut(name) {
+                    node.alive = false;
+                }
+                self.links.remove(name);
+                self.down_since.insert(name.clone(), now);
+                out.writes.push(Write::Node(name.clone()));
             }
-            self.links.remove(&name);
-            out.writes.push(Write::Node(name.clone()));
-            self.requeue_jobs_on(&name, now, out);
+            // One pass over the jobs, however many nodes went down at once.
+            let lost: Vec<(JobId, Epoch)> = self
+                .jobs
+                .values()
+                .filter(|job| job.spec.requeue)
+                .filter_map(|job| match &job.state {
+                    JobState::Running { epoch, placement, .. }
+                        if placement.iter().any(|p| silent.contains(&p.node)) =>
+                    {
+                        Some((job.id, *epoch))
+                    }
+                    _ => None,
+                })
+                .collect();
+            for (job_id, epoch) in lost {
+                self.lose_attempt(job_id, epoch, now, out);
+            }
         }
+        let Some(forget_after) = self.forget_nodes_after_ms else {
+            return;
+        };
+        let forgotten: Vec<String> = self
+            .down_since
+            .iter()
+            .filter(|(_, since)| now.millis_since(**since) > forget_after)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in forgotten {
+            self.down_since.remove(&name);
+            if self.node_holds_attempts(&name) {
+                continue;
+            }
+            tracing::info!(node = %name, "down for longer than forget_nodes_after: node forgotten");
+            self.forget_node(&name, out);
+        }
+    }
+
+    /// Whether an attempt that has not ended holds GPUs of `node`.
+    pub(super) fn node_holds_attempts(&self, node: &str) -> bool {
+        self.jobs.values().any(|job| self.attempt_on(job.id, node).is_some())
+    }
+
+    /// Removes `node` from memory and disk.
+    pub(super) fn forget_node(&mut self, node: &str, out: &mut Batch) {
+        self.nodes.remove(node);
+        self.links.remove(node);
+        self.last_seen.remove(node);
+        self.down_since.remove(node);
+        self.gpu_samples.remove(node);
+        out.writes.push(Write::ForgetNode(node.to_string()));
     }
 
     /// A reply for the flusher that hands Launch and Kill messages to the

@@ -58,6 +58,10 @@ pub struct State {
     /// Nodes of running gangs whose rank already exited 0; not durable.
     gang_exits: HashMap<JobId, std::collections::HashSet<String>>,
     node_timeout_ms: i64,
+    /// When each down node went down (since this controller started); not
+    /// durable.
+    down_since: HashMap<String, Timestamp>,
+    forget_nodes_after_ms: Option<i64>,
     /// Each team's metered GPU time (attempts that ended).
     pub usage: BTreeMap<String, Ledger>,
     /// Preempted attempts and when their grace ends; rebuilt on start.
@@ -112,6 +116,12 @@ pub enum Command {
         caller: Caller,
         node: String,
         reply: Reply<Node>,
+    },
+    /// Forgets a node that runs nothing.
+    RemoveNode {
+        caller: Caller,
+        node: String,
+        reply: Reply<String>,
     },
     /// The scheduling loop's latest reasons, hints and priorities for
     /// pending jobs.
@@ -168,6 +178,8 @@ pub enum Command {
         node: String,
         conn_id: u64,
         samples: Vec<pb::GpuSample>,
+        /// Answered with a Lease of the same number.
+        seq: u64,
     },
     AgentJobEvent {
         node: String,
@@ -202,6 +214,10 @@ pub enum AttemptOutcome {
     Started,
     Exited(ExitStatus),
     FailedToStart(String),
+    /// The node's supervisor ended it at its time limit.
+    TimedOut,
+    /// The node stopped it when its lease from this controller ran out.
+    Fenced,
 }
 
 #[derive(Debug, Clone)]
@@ -216,6 +232,7 @@ pub struct CancelOutcome {
 enum Write {
     Job(JobId),
     Node(String),
+    ForgetNode(String),
     NextJobId,
     NextEpoch,
     Usage(String),
@@ -262,6 +279,8 @@ impl State {
             gpu_samples: HashMap::new(),
             gang_exits: HashMap::new(),
             node_timeout_ms: config.node_timeout.as_millis() as i64,
+            down_since: HashMap::new(),
+            forget_nodes_after_ms: config.forget_nodes_after.map(|age| age.as_millis() as i64),
             usage: loaded.usage,
             preempt_deadlines: BTreeMap::new(),
             recent_waste: VecDeque::new(),
@@ -314,6 +333,7 @@ impl State {
                 last_nodes: Vec::new(),
                 n_preemptions: 0,
                 lost_gpu_secs: 0,
+                lost_attempts: Vec::new(),
             };
             self.jobs.insert(id, job);
             ids.push(id);
@@ -417,6 +437,38 @@ impl State {
             .ok_or_else(|| Error::UnknownNode(name.to_string()))?;
         node.drain_reason = reason;
         Ok((node.clone(), vec![Write::Node(name.to_string())]))
+    }
+
+    /// Forgets `name`, refused while attempts hold its GPUs. An agent that
+    /// registers again brings the node back.
+    fn remove_node(&mut self, caller: &Caller, name: &str, out: &mut Batch) -> Result<(), Error> {
+        authorize(caller, &Action::RemoveNode(name))?;
+        if !self.nodes.contains_key(name) {
+            return Err(Error::UnknownNode(name.to_string()));
+        }
+        let holding: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|job| match &job.state {
+                JobState::Running { placement, .. } => placement.iter().any(|part| part.node == name),
+                _ => false,
+            })
+            .map(|job| job.id.to_string())
+            .collect();
+        if !holding.is_empty() {
+            let jobs = if holding.len() == 1 {
+                format!("job {}", holding[0])
+            } else {
+                format!("jobs {}", holding.join(", "))
+            };
+            return Err(Error::NodeBusy {
+                node: name.to_string(),
+                jobs,
+            });
+        }
+        self.forget_node(name, out);
+        tracing::info!(node = name, by = %caller.user, "node removed");
+        Ok(())
     }
 
     /// Takes the policy and admins of a re-read config (listen address and
@@ -645,6 +697,10 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             }
             node_reply(drained, reply, out)
         }
+        Command::RemoveNode { caller, node, reply } => match state.remove_node(&caller, &node, out) {
+            Ok(()) => out.replies.push(deferred(reply, node)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
         Command::Resume { caller, node, reply } => node_reply(state.set_drain(&caller, &node, None), reply, out),
         Command::Planned {
             reasons,
@@ -698,9 +754,15 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             state.register_agent(node, running, ended, conn, now, out);
             out.replies.push(deferred(reply, ()));
         }
-        Command::AgentHeartbeat { node, conn_id, samples } => {
+        Command::AgentHeartbeat {
+            node,
+            conn_id,
+            samples,
+            seq,
+        } => {
             if state.is_current_link(&node, conn_id) {
                 state.heartbeat(&node, conn_id, now);
+                state.grant_lease(&node, seq);
                 state.gpu_samples.insert(node, samples);
             }
         }
@@ -730,6 +792,7 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
         match write {
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
             Write::Node(name) => state.nodes.get(name).into_iter().for_each(|node| records.node(node)),
+            Write::ForgetNode(name) => records.remove_node(name),
             Write::NextJobId => records.next_job_id(state.next_job_id),
             Write::NextEpoch => records.next_epoch(state.next_epoch),
             Write::Usage(team) => state
@@ -737,7 +800,11 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
                 .get(team)
                 .into_iter()
                 .for_each(|ledger| records.usage(team, ledger)),
-            Write::Token(id) => state.tokens.get(id).into_iter().for_each(|record| records.token(record)),
+            Write::Token(id) => state
+                .tokens
+                .get(id)
+                .into_iter()
+                .for_each(|record| records.token(record)),
         }
     }
     store.commit(&records)

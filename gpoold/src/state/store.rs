@@ -9,8 +9,8 @@ use gpool_core::model::{Job, Node};
 use gpool_core::policy::Ledger;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::collections::BTreeMap;
 use sled::Transactional;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Schema of the whole database; a change migrates in `open`.
@@ -206,11 +206,13 @@ pub struct Records {
 
 impl Records {
     pub fn job(&mut self, job: &Job) {
-        self.entries.push((TreeId::Jobs, job.id.0.to_be_bytes().to_vec(), Some(encode(job))));
+        self.entries
+            .push((TreeId::Jobs, job.id.0.to_be_bytes().to_vec(), Some(encode(job))));
     }
 
     pub fn node(&mut self, node: &Node) {
-        self.entries.push((TreeId::Nodes, node.name.as_bytes().to_vec(), Some(encode(node))));
+        self.entries
+            .push((TreeId::Nodes, node.name.as_bytes().to_vec(), Some(encode(node))));
     }
 
     /// Forgets a node.
@@ -219,21 +221,29 @@ impl Records {
     }
 
     pub fn usage(&mut self, team: &str, ledger: &Ledger) {
-        self.entries.push((TreeId::Usage, team.as_bytes().to_vec(), Some(encode(ledger))));
+        self.entries
+            .push((TreeId::Usage, team.as_bytes().to_vec(), Some(encode(ledger))));
     }
 
     pub fn token(&mut self, record: &TokenRecord) {
-        self.entries.push((TreeId::Tokens, record.id.to_be_bytes().to_vec(), Some(encode(record))));
+        self.entries
+            .push((TreeId::Tokens, record.id.to_be_bytes().to_vec(), Some(encode(record))));
     }
 
     pub fn next_job_id(&mut self, next_job_id: u64) {
-        self.entries
-            .push((TreeId::Meta, META_NEXT_JOB_ID.to_vec(), Some(next_job_id.to_be_bytes().to_vec())));
+        self.entries.push((
+            TreeId::Meta,
+            META_NEXT_JOB_ID.to_vec(),
+            Some(next_job_id.to_be_bytes().to_vec()),
+        ));
     }
 
     pub fn next_epoch(&mut self, next_epoch: u64) {
-        self.entries
-            .push((TreeId::Meta, META_NEXT_EPOCH.to_vec(), Some(next_epoch.to_be_bytes().to_vec())));
+        self.entries.push((
+            TreeId::Meta,
+            META_NEXT_EPOCH.to_vec(),
+            Some(next_epoch.to_be_bytes().to_vec()),
+        ));
     }
 }
 

@@ -556,6 +556,10 @@ pub struct GpuSample {
 pub struct Heartbeat {
     #[prost(message, repeated, tag = "1")]
     pub samples: ::prost::alloc::vec::Vec<GpuSample>,
+    /// Counts up on each link; gpoold answers each heartbeat it took with a
+    /// Lease carrying its number.
+    #[prost(uint64, tag = "2")]
+    pub seq: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -564,6 +568,8 @@ pub struct JobEvent {
     pub job_id: u64,
     #[prost(uint64, tag = "2")]
     pub epoch: u64,
+    #[prost(enumeration = "EndCause", tag = "7")]
+    pub cause: i32,
     #[prost(oneof = "job_event::Outcome", tags = "3, 4, 5, 6")]
     pub outcome: ::core::option::Option<job_event::Outcome>,
 }
@@ -588,7 +594,7 @@ pub mod job_event {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ControllerMessage {
-    #[prost(oneof = "controller_message::Msg", tags = "1, 2, 3, 4")]
+    #[prost(oneof = "controller_message::Msg", tags = "1, 2, 3, 4, 5")]
     pub msg: ::core::option::Option<controller_message::Msg>,
 }
 /// Nested message and enum types in `ControllerMessage`.
@@ -604,7 +610,23 @@ pub mod controller_message {
         ReadLog(super::ReadLog),
         #[prost(message, tag = "4")]
         Signal(super::Signal),
+        #[prost(message, tag = "5")]
+        Lease(super::Lease),
     }
+}
+/// gpoold took heartbeat `heartbeat_seq`: the node may keep running its
+/// requeueable attempts until `fence_after_ms` after it sent that heartbeat,
+/// then must stop them (checkpoint signal, at most `fence_grace_ms` of grace,
+/// then SIGKILL), because gpoold requeues them after its node timeout.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Lease {
+    #[prost(uint64, tag = "1")]
+    pub heartbeat_seq: u64,
+    #[prost(uint32, tag = "2")]
+    pub fence_after_ms: u32,
+    #[prost(uint32, tag = "3")]
+    pub fence_grace_ms: u32,
 }
 /// Send a signal to an attempt's whole process group.
 #[allow(clippy::all)]
@@ -676,6 +698,28 @@ pub struct Launch {
     pub mem_bytes: u64,
     #[prost(uint32, tag = "17")]
     pub cpus_per_gpu: u32,
+    /// gpoold requeues the job if its node is lost: the node stops the
+    /// attempt itself when its lease runs out.
+    #[prost(bool, tag = "18")]
+    pub requeue: bool,
+    /// What the attempt gets before it is stopped (0: SIGTERM), and the most
+    /// seconds it may take to end after it.
+    #[prost(int32, tag = "19")]
+    pub checkpoint_signal: i32,
+    #[prost(uint32, tag = "20")]
+    pub grace_seconds: u32,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RemoveNodeRequest {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RemoveNodeResponse {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -799,6 +843,40 @@ impl Link {
             "LINK_HOST_BRIDGE" => Some(Self::HostBridge),
             "LINK_NUMA" => Some(Self::Numa),
             "LINK_SYSTEM" => Some(Self::System),
+            _ => None,
+        }
+    }
+}
+/// Why an attempt ended, besides its own exit.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum EndCause {
+    Own = 0,
+    /// Its time limit ran out and the node's supervisor ended it.
+    TimeLimit = 1,
+    /// Its node lost gpoold for longer than the lease, so the node stopped
+    /// it (gpoold requeues it, or already has).
+    Fenced = 2,
+}
+impl EndCause {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Own => "END_CAUSE_OWN",
+            Self::TimeLimit => "END_CAUSE_TIME_LIMIT",
+            Self::Fenced => "END_CAUSE_FENCED",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "END_CAUSE_OWN" => Some(Self::Own),
+            "END_CAUSE_TIME_LIMIT" => Some(Self::TimeLimit),
+            "END_CAUSE_FENCED" => Some(Self::Fenced),
             _ => None,
         }
     }
@@ -1045,6 +1123,28 @@ pub mod pool_client {
             let path = http::uri::PathAndQuery::from_static("/gpool.v1.Pool/ResumeNode");
             let mut req = request.into_request();
             req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "ResumeNode"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Forgets a node (admins only); refused while attempts run on it.
+        pub async fn remove_node(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RemoveNodeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::RemoveNodeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/gpool.v1.Pool/RemoveNode");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "RemoveNode"));
             self.inner.unary(req, path, codec).await
         }
         /// Streams a job's output from the node that ran it (rank 0 of a gang).
@@ -1302,6 +1402,14 @@ pub mod pool_server {
             &self,
             request: tonic::Request<super::ResumeNodeRequest>,
         ) -> std::result::Result<tonic::Response<super::Node>, tonic::Status>;
+        /// Forgets a node (admins only); refused while attempts run on it.
+        async fn remove_node(
+            &self,
+            request: tonic::Request<super::RemoveNodeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::RemoveNodeResponse>,
+            tonic::Status,
+        >;
         /// Server streaming response type for the JobLogs method.
         type JobLogsStream: tonic::codegen::tokio_stream::Stream<
                 Item = std::result::Result<super::LogChunk, tonic::Status>,
@@ -1777,6 +1885,49 @@ pub mod pool_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ResumeNodeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/gpool.v1.Pool/RemoveNode" => {
+                    #[allow(non_camel_case_types)]
+                    struct RemoveNodeSvc<T: Pool>(pub Arc<T>);
+                    impl<T: Pool> tonic::server::UnaryService<super::RemoveNodeRequest>
+                    for RemoveNodeSvc<T> {
+                        type Response = super::RemoveNodeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RemoveNodeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Pool>::remove_node(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RemoveNodeSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -96,6 +96,16 @@ impl Cluster {
         Cluster::create_in(dir, listen_host, "30s", 0, Some(extra.to_string()))
     }
 
+    /// As `with_config_in`, with agents declared down after `node_timeout`.
+    pub fn with_config_in_and_timeout(
+        dir: tempfile::TempDir,
+        listen_host: &str,
+        node_timeout: &str,
+        extra: &str,
+    ) -> Cluster {
+        Cluster::create_in(dir, listen_host, node_timeout, 0, Some(extra.to_string()))
+    }
+
     /// A fresh temp dir for a cluster.
     pub fn temp_dir() -> tempfile::TempDir {
         tempfile::Builder::new()

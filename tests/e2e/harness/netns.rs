@@ -83,6 +83,24 @@ impl Net {
         Ok((namespace, address))
     }
 
+    /// Cuts (`connected` false) or restores the link of host `namespace`
+    /// to the bridge: a real link-down, as a switch port failing is.
+    pub fn set_connected(&self, namespace: &str, connected: bool) -> Result<(), String> {
+        let host_idx = self
+            .hosts
+            .iter()
+            .position(|host| host == namespace)
+            .ok_or_else(|| format!("{namespace} is not a host of this net"))?
+            + 2;
+        let outside = format!("{}v{host_idx}", self.tag);
+        ip(&["link", "set", &outside, if connected { "up" } else { "down" }])
+    }
+
+    /// The address range of the bridge, e.g. "10.213.7.0/24".
+    pub fn range(&self) -> String {
+        format!("{}.0/24", self.prefix)
+    }
+
     /// `command` run inside `namespace` (its pid stays the program's:
     /// `ip netns exec` execs it).
     pub fn command_in(namespace: &str, program: &std::path::Path) -> Command {
