@@ -469,7 +469,7 @@ impl Attempts {
             workdir,
             container_cleanup: cleanup,
             container_env_file: env_file,
-            time_limit_ms: launch.time_limit.map(|limit| limit.seconds.max(0) as u64 * 1000),
+            time_limit_ms: launch.time_limit.map(|limit| limit.seconds.saturating_mul(1000)),
             fence: launch.requeue.then(|| crate::supervise::Fence {
                 lease_file: self.lease_file(),
                 signal: if launch.checkpoint_signal > 0 {

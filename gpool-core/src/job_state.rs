@@ -98,6 +98,9 @@ pub enum JobEvent {
     Lost {
         epoch: Epoch,
         requeue: bool,
+        /// Its node went silent: the attempt may still run there and
+        /// report its end later (rather than being killed by gpoold).
+        silent: bool,
         now: Timestamp,
     },
     Cancel {
@@ -347,7 +350,11 @@ impl Job {
                 self.n_preemptions += 1;
                 self.lost_gpu_secs += self.state.work_since_checkpoint(*now).round() as u64;
             }
-            JobEvent::Lost { requeue: true, .. } if next == JobState::Pending => {
+            JobEvent::Lost {
+                requeue: true,
+                silent: true,
+                ..
+            } if next == JobState::Pending => {
                 if let JobState::Running {
                     epoch,
                     started_at,

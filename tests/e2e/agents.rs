@@ -191,9 +191,13 @@ fn time_limit_ends_a_job() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 1);
     let run = cluster.gpool(&["submit", "--wait", "--time", "1s", "--", "sleep", "300"]);
-    assert_eq!(run.code, 143, "SIGTERM at the limit; stderr: {}", run.stderr);
+    assert_eq!(
+        run.code, 126,
+        "failed without an exit code of its own; stderr: {}",
+        run.stderr
+    );
     let id: u64 = run.stdout.trim().parse().expect("job id");
-    assert_eq!(cluster.job(id)["end_reason"], "killed by signal 15");
+    assert_eq!(cluster.job(id)["end_reason"], "its time limit ran out");
 }
 
 #[test]

@@ -294,7 +294,7 @@ fn nodes_can_be_removed_and_are_forgotten_when_down_too_long() {
             .map(|n| n["name"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(names(&cluster), [node.clone()]);
+    assert_eq!(names(&cluster), std::slice::from_ref(&node));
     // Its agent registers again: the node is back.
     wait_until("the removed node to come back", Duration::from_secs(15), || {
         (names(&cluster).len() == 2).then_some(())

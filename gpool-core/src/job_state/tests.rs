@@ -79,6 +79,7 @@ fn lost_attempt_requeues_or_fails() {
     let lost = |requeue| JobEvent::Lost {
         epoch: Epoch(1),
         requeue,
+        silent: false,
         now: Timestamp(20),
     };
     job.apply(&lost(true)).unwrap();
@@ -89,6 +90,7 @@ fn lost_attempt_requeues_or_fails() {
     job.apply(&JobEvent::Lost {
         epoch: Epoch(2),
         requeue: false,
+        silent: false,
         now: Timestamp(40),
     })
     .unwrap();
@@ -183,6 +185,7 @@ fn lost(epoch: u64) -> JobEvent {
     JobEvent::Lost {
         epoch: Epoch(epoch),
         requeue: true,
+        silent: true,
         now: Timestamp(30),
     }
 }
@@ -266,6 +269,20 @@ fn a_time_limit_end_is_a_failure_that_says_so() {
     })
     .unwrap();
     assert!(matches!(&job.state, JobState::Failed { reason, .. } if reason.contains("time limit")));
+}
+
+#[test]
+fn attempts_gpoold_ended_itself_are_not_remembered_as_lost() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(1, 10)).unwrap();
+    job.apply(&JobEvent::Lost {
+        epoch: Epoch(1),
+        requeue: true,
+        silent: false,
+        now: Timestamp(20),
+    })
+    .unwrap();
+    assert!(job.apply(&late_exit(1, ExitStatus::Signal(15))).is_err());
 }
 
 #[test]

@@ -214,7 +214,7 @@ impl State {
             .collect();
         for (job_id, epoch) in vanished {
             tracing::warn!(job = %job_id, node = %name, "attempt is gone from its node; requeueing");
-            self.lose_attempt(job_id, epoch, now, out);
+            self.lose_attempt(job_id, epoch, false, now, out);
         }
     }
 
@@ -229,7 +229,9 @@ impl State {
     /// Ends a running attempt whose node was lost or drained at once: the job
     /// goes back to the queue (or fails, if it asked not to be requeued) and
     /// all the attempt's ranks are killed.
-    pub(super) fn lose_attempt(&mut self, job_id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) {
+    /// `silent`: its node stopped answering (the attempt may still report
+    /// its end), rather than this controller ending it.
+    pub(super) fn lose_attempt(&mut self, job_id: JobId, epoch: Epoch, silent: bool, now: Timestamp, out: &mut Batch) {
         let Some(job) = self.jobs.get(&job_id) else { return };
         let placement = match &job.state {
             JobState::Running { placement, .. } => placement.clone(),
@@ -238,6 +240,7 @@ impl State {
         let event = JobEvent::Lost {
             epoch,
             requeue: job.spec.requeue,
+            silent,
             now,
         };
         if self.apply_event(job_id, &event, now, out) {
@@ -257,7 +260,7 @@ impl State {
             .filter_map(|job| self.attempt_on(job.id, node).map(|epoch| (job.id, epoch)))
             .collect();
         for (job_id, epoch) in attempts {
-            self.lose_attempt(job_id, epoch, now, out);
+            self.lose_attempt(job_id, epoch, false, now, out);
         }
     }
 
@@ -369,6 +372,7 @@ impl State {
             AttemptOutcome::Fenced => JobEvent::Lost {
                 epoch: event.epoch,
                 requeue: true,
+                silent: false,
                 now,
             },
         };
@@ -452,7 +456,7 @@ impl State {
                 })
                 .collect();
             for (job_id, epoch) in lost {
-                self.lose_attempt(job_id, epoch, now, out);
+                self.lose_attempt(job_id, epoch, true, now, out);
             }
         }
         let Some(forget_after) = self.forget_nodes_after_ms else {
