@@ -311,3 +311,194 @@ fn nodes_can_be_removed_and_are_forgotten_when_down_too_long() {
     cluster.gpool(&["admin", "node", "remove", &node]).ok();
     assert!(names(&cluster).is_empty());
 }
+
+/// The chaos run: a few hundred jobs (12 to 30 s each) through four agents
+/// of 8 GPUs on hosts of their own while gpoold is killed, agents are killed
+/// and stopped, and links are cut, for 2.5 minutes. Prints its figures; fails on any lost or stuck job, any two
+/// attempts of a job running at once, or a finished attempt run again.
+/// `cargo test -p gpool-tests --test e2e chaos -- --ignored --nocapture`
+#[test]
+#[ignore = "a few minutes long; run by hand"]
+fn chaos() {
+    use nix::sys::signal::{kill, Signal};
+    const N_JOBS: u64 = 300;
+    let Some((mut cluster, net, hosts)) = partitioned_cluster("6s", 0) else {
+        return;
+    };
+    let top = format!("controller = \"http://{}\"\n", cluster.addr);
+    let mut hosts = hosts;
+    let mut agent_of = Vec::new();
+    let mut net = net;
+    for node_idx in 0..4 {
+        let (namespace, _) = net.add_host().expect("a network namespace");
+        let node = format!("n{}", node_idx + 1);
+        agent_of.push(cluster.spawn_agent(&node, 8, &top, "", Some(&namespace)));
+        cluster.wait_for_registered(&node);
+        hosts.push(namespace);
+    }
+    let marks = cluster.dir.path().join("marks");
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64 ^ std::process::id() as u64;
+    let mut random = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    let mut ids = Vec::new();
+    for _ in 0..N_JOBS {
+        // 12 to 30 s: longer than any outage here, as real jobs are.
+        let ticks = 120 + random(180);
+        let script = format!(
+            "for i in $(seq {ticks}); do echo \"$GPOOL_JOB_ID $GPOOL_ATTEMPT $(date +%s%N)\" >> {m}; sleep 0.1; done; echo \"$GPOOL_JOB_ID $GPOOL_ATTEMPT done\" >> {m}",
+            m = marks.display()
+        );
+        ids.push(cluster.submit(&["--gpus", "1", "--", "sh", "-c", &script]));
+    }
+    let (mut n_gpoold_kills, mut n_agent_kills, mut n_stops, mut n_cuts) = (0, 0, 0, 0);
+    let chaos_until = Instant::now() + Duration::from_secs(150);
+    let wall_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    };
+    let mut events: Vec<(u128, String)> = Vec::new();
+    while Instant::now() < chaos_until {
+        let node_idx = random(4) as usize;
+        let node = format!("n{}", node_idx + 1);
+        let action = random(4);
+        events.push((wall_ns(), format!("action {action} on {node}")));
+        match action {
+            0 => {
+                cluster.controller().kill9();
+                std::thread::sleep(Duration::from_millis(random(3000)));
+                cluster.start_controller();
+                n_gpoold_kills += 1;
+            }
+            1 => {
+                cluster.agents[agent_of[node_idx]].kill9();
+                std::thread::sleep(Duration::from_millis(1000 + random(9000)));
+                agent_of[node_idx] = cluster.spawn_agent(&node, 8, &top, "", Some(&hosts[node_idx]));
+                n_agent_kills += 1;
+            }
+            2 => {
+                let pid = cluster.agents[agent_of[node_idx]].pid();
+                let _ = kill(pid, Signal::SIGSTOP);
+                std::thread::sleep(Duration::from_millis(2000 + random(8000)));
+                let _ = kill(pid, Signal::SIGCONT);
+                n_stops += 1;
+            }
+            _ => {
+                net.set_connected(&hosts[node_idx], false).unwrap();
+                std::thread::sleep(Duration::from_millis(2000 + random(10000)));
+                net.set_connected(&hosts[node_idx], true).unwrap();
+                n_cuts += 1;
+            }
+        }
+        events.push((wall_ns(), format!("action {action} on {node} over")));
+        std::thread::sleep(Duration::from_millis(1000 + random(3000)));
+    }
+    let settle = Instant::now();
+    let states = wait_until("every job to end", Duration::from_secs(300), || {
+        let jobs = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+        let jobs = jobs.as_array()?.clone();
+        jobs.iter()
+            .all(|job| ["completed", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or("")))
+            .then_some(jobs)
+    });
+    let listed: std::collections::BTreeMap<u64, serde_json::Value> = states
+        .into_iter()
+        .map(|job| (job["id"].as_u64().unwrap(), job))
+        .collect();
+    let lost = ids.iter().filter(|id| !listed.contains_key(id)).count();
+    let not_completed: Vec<String> = listed
+        .values()
+        .filter(|job| job["state"] != "completed")
+        .map(|job| format!("{} {} {}", job["id"], job["state"], job["end_reason"]))
+        .collect();
+    // Per job and attempt: first and last mark, and whether it finished.
+    let mut spans: std::collections::BTreeMap<(u64, u32), (u128, u128, bool)> = Default::default();
+    for line in std::fs::read_to_string(&marks).unwrap_or_default().lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let [job, attempt, what] = fields[..] else { continue };
+        let (Ok(job), Ok(attempt)) = (job.parse::<u64>(), attempt.parse::<u32>()) else {
+            continue;
+        };
+        let span = spans.entry((job, attempt)).or_insert((u128::MAX, 0, false));
+        match what.parse::<u128>() {
+            Ok(at) => {
+                span.0 = span.0.min(at);
+                span.1 = span.1.max(at);
+            }
+            Err(_) => span.2 = true,
+        }
+    }
+    let mut overlaps = 0;
+    let mut reruns = 0;
+    for id in &ids {
+        let attempts: Vec<&(u128, u128, bool)> = spans.range((*id, 0)..(*id + 1, 0)).map(|(_, span)| span).collect();
+        for (i, a) in attempts.iter().enumerate() {
+            for b in &attempts[i + 1..] {
+                if a.0 <= b.1 && b.0 <= a.1 {
+                    overlaps += 1;
+                }
+            }
+        }
+        let n_done = attempts.iter().filter(|span| span.2).count();
+        if n_done > 1 {
+            println!("job {id} finished {n_done} times: {attempts:?} {}", listed[id]);
+            print_log_lines(cluster.dir.path(), &format!("job={id} "));
+        }
+        reruns += n_done.saturating_sub(1);
+    }
+    for (at, what) in &events {
+        println!("{at} {what}");
+    }
+    let n_attempts: u64 = listed.values().filter_map(|job| job["attempt"].as_u64()).sum();
+    println!(
+        "chaos: {N_JOBS} jobs, {n_attempts} attempts; {n_gpoold_kills} gpoold kill -9, {n_agent_kills} agent kill -9, {n_stops} agent SIGSTOPs, {n_cuts} link cuts; \
+         settled in {:.0} s; lost {lost}, stuck 0, not completed {}, concurrent double runs {overlaps}, finished attempts run again {reruns}",
+        settle.elapsed().as_secs_f64(),
+        not_completed.len()
+    );
+    assert_eq!((lost, overlaps, reruns), (0, 0, 0), "not completed: {not_completed:?}");
+    assert!(not_completed.is_empty(), "{not_completed:?}");
+}
+
+/// The lines of every log in `dir` that contain `needle` (ANSI colours off).
+fn print_log_lines(dir: &std::path::Path, needle: &str) {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "log"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let plain: String = strip_ansi(&text);
+        for line in plain
+            .lines()
+            .filter(|line| line.contains(needle) || line.contains("node is down") || line.contains("registered"))
+        {
+            println!("  {}: {line}", file.file_name().unwrap().to_string_lossy());
+        }
+    }
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
