@@ -51,6 +51,8 @@ pub struct Attempts {
     queued: Mutex<std::collections::HashMap<u64, pb::Launch>>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
     tasks: Mutex<JoinSet<()>>,
+    /// Log reads in progress, by request id; set to stop one.
+    log_reads: Mutex<std::collections::HashMap<u64, Arc<std::sync::atomic::AtomicBool>>>,
 }
 
 impl Attempts {
@@ -91,6 +93,7 @@ impl Attempts {
             queued: Mutex::new(std::collections::HashMap::new()),
             events,
             tasks: Mutex::new(JoinSet::new()),
+            log_reads: Mutex::new(std::collections::HashMap::new()),
         }))
     }
 
@@ -267,11 +270,42 @@ impl Attempts {
     pub fn stream_log(self: &Arc<Self>, request: pb::ReadLog, outbound: mpsc::Sender<pb::AgentMessage>) {
         let suffix = if request.stderr { "err" } else { "out" };
         let path = attempt_file(&self.spool_dir, request.job_id, request.attempt, suffix);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.log_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(request.request_id, stop.clone());
         let attempts = self.clone();
-        self.spawn_task(async move { attempts.send_log(request, path, outbound).await });
+        self.spawn_task(async move {
+            let request_id = request.request_id;
+            attempts.send_log(request, path, outbound, &stop).await;
+            attempts
+                .log_reads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&request_id);
+        });
     }
 
-    async fn send_log(&self, request: pb::ReadLog, path: PathBuf, outbound: mpsc::Sender<pb::AgentMessage>) {
+    /// gpoold no longer wants the output of log read `request_id`.
+    pub fn stop_log(&self, request_id: u64) {
+        if let Some(stop) = self
+            .log_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&request_id)
+        {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    async fn send_log(
+        &self,
+        request: pb::ReadLog,
+        path: PathBuf,
+        outbound: mpsc::Sender<pb::AgentMessage>,
+        stop: &std::sync::atomic::AtomicBool,
+    ) {
         use tokio::io::AsyncReadExt;
         let message = |data: Vec<u8>, eof: bool, error: String| pb::AgentMessage {
             msg: Some(pb::agent_message::Msg::LogData(pb::LogData {
@@ -293,6 +327,10 @@ impl Attempts {
         // After the attempt ends, one more pass picks up its last bytes.
         let mut last_pass = false;
         loop {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tracing::info!(job = request.job_id, "log read {} stopped: its reader is gone", request.request_id);
+                return;
+            }
             let n_read = match file.read(&mut buffer).await {
                 Ok(n_read) => n_read,
                 Err(err) => {

@@ -198,6 +198,7 @@ fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>, bulk: &mpsc::S
         Some(pb::controller_message::Msg::Signal(signal)) => {
             attempts.signal(signal.job_id, signal.epoch, signal.signal)
         }
+        Some(pb::controller_message::Msg::StopLog(stop)) => attempts.stop_log(stop.request_id),
         Some(pb::controller_message::Msg::Lease(_)) | None => {}
     }
 }

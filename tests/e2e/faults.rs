@@ -205,6 +205,14 @@ fn a_stalled_log_reader_never_takes_its_node_down() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("fell more than"), "{n_read} bytes, then: {stderr}");
     assert!(n_read < 30_000_000);
+    // And the agent stopped reading for it.
+    let agent_log = cluster.agents[0].log.clone();
+    wait_until("the agent to stop the read", Duration::from_secs(10), || {
+        std::fs::read_to_string(&agent_log)
+            .ok()?
+            .contains("stopped: its reader is gone")
+            .then_some(())
+    });
 }
 
 #[test]

@@ -61,6 +61,8 @@ impl AgentLink for AgentLinkService {
             return Err(Status::permission_denied(reason));
         }
         let (outbox, outbox_receiver) = tokio::sync::mpsc::unbounded_channel();
+        // Weak: the link's stream still ends when the state drops the link.
+        let stop_logs = outbox.downgrade();
         let conn_id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
         let conn = AgentConn {
             id: conn_id,
@@ -99,7 +101,15 @@ impl AgentLink for AgentLinkService {
                         None => continue,
                     },
                     Some(pb::agent_message::Msg::LogData(data)) => {
-                        logs.deliver(&node_name, data);
+                        let request_id = data.request_id;
+                        if logs.deliver(&node_name, data) {
+                            if let Some(outbox) = stop_logs.upgrade() {
+                                let stop = pb::StopLog { request_id };
+                                let _ = outbox.send(pb::ControllerMessage {
+                                    msg: Some(pb::controller_message::Msg::StopLog(stop)),
+                                });
+                            }
+                        }
                         continue;
                     }
                     Some(pb::agent_message::Msg::Register(_)) | None => continue,

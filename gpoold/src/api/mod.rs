@@ -41,8 +41,10 @@ impl LogRelay {
     /// or when the client went away. Data for a request sent to another
     /// node is dropped. Never waits: a reader that falls more than the
     /// stream's buffer behind is told so and dropped, so no reader can slow
-    /// the agent's link (its heartbeats and job events).
-    pub fn deliver(&self, node: &str, data: pb::LogData) {
+    /// the agent's link (its heartbeats and job events). Returns true when
+    /// the reader is gone before the end of the output, so the agent
+    /// should stop sending it.
+    pub fn deliver(&self, node: &str, data: pb::LogData) -> bool {
         let sender = match self
             .streams
             .lock()
@@ -52,11 +54,13 @@ impl LogRelay {
             Some((asked, sender)) if asked == node => sender.clone(),
             Some((asked, _)) => {
                 tracing::warn!(node, asked = %asked, request = data.request_id, "log data for a request sent to another node dropped");
-                return;
+                return false;
             }
-            None => return,
+            // Closed earlier; the agent was told to stop.
+            None => return false,
         };
         let mut done = data.eof;
+        let ends_itself = data.eof || !data.error.is_empty();
         // One slot stays free for the message that ends the stream.
         if !data.data.is_empty() {
             if sender.capacity() > 1 {
@@ -75,6 +79,7 @@ impl LogRelay {
         if done {
             self.close(data.request_id);
         }
+        done && !ends_itself
     }
 
     pub fn close(&self, request_id: u64) {

@@ -594,7 +594,7 @@ pub mod job_event {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ControllerMessage {
-    #[prost(oneof = "controller_message::Msg", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "controller_message::Msg", tags = "1, 2, 3, 4, 5, 6")]
     pub msg: ::core::option::Option<controller_message::Msg>,
 }
 /// Nested message and enum types in `ControllerMessage`.
@@ -612,7 +612,17 @@ pub mod controller_message {
         Signal(super::Signal),
         #[prost(message, tag = "5")]
         Lease(super::Lease),
+        #[prost(message, tag = "6")]
+        StopLog(super::StopLog),
     }
+}
+/// Stop sending the output asked for by ReadLog `request_id`: its reader
+/// went away or fell behind.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct StopLog {
+    #[prost(uint64, tag = "1")]
+    pub request_id: u64,
 }
 /// gpoold took heartbeat `heartbeat_seq`: the node may keep running its
 /// requeueable attempts until `fence_after_ms` after it sent that heartbeat,
