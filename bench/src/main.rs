@@ -44,6 +44,9 @@ fn main() -> anyhow::Result<()> {
     if wants("agents") {
         with_agents(4, 8)?;
     }
+    if wants("nodes-down") {
+        nodes_down_together(2_000, 8)?;
+    }
     Ok(())
 }
 
@@ -75,11 +78,17 @@ struct Controller {
 
 impl Controller {
     fn start(state_dir: &Path) -> anyhow::Result<Controller> {
+        Controller::start_with(state_dir, &[])
+    }
+
+    /// With more gpoold flags.
+    fn start_with(state_dir: &Path, flags: &[&str]) -> anyhow::Result<Controller> {
         let addr_file = state_dir.join("gpoold.addr");
         let _ = std::fs::remove_file(&addr_file);
         let child = Command::new(binary("gpoold")?)
             .args(["--dev", "--dev-nodes", "0", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state_dir)
+            .args(flags)
             .env("GPOOL_LOG", "warn")
             .env("XDG_RUNTIME_DIR", state_dir.join("run"))
             .stdout(Stdio::null())
@@ -634,6 +643,120 @@ fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
     );
 
     drop(agents);
+    controller.stop();
+    Ok(())
+}
+
+/// `n_nodes` nodes (fake agents on AgentLink streams: they register,
+/// heartbeat and take Launches without running anything) fill up with
+/// running jobs, then all fall silent at once. Prints the submit latency
+/// (one job per request, back to back) before and while gpoold marks them
+/// down and requeues their jobs.
+fn nodes_down_together(n_nodes: usize, gpus_per_node: u32) -> anyhow::Result<()> {
+    use gpool_proto::pb::agent_link_client::AgentLinkClient;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const NODE_TIMEOUT_SECS: u64 = 5;
+    let dir = tempfile::tempdir()?;
+    let timeout = format!("{NODE_TIMEOUT_SECS}s");
+    let controller = Controller::start_with(dir.path(), &["--node-timeout", &timeout])?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (before, during, n_running) = runtime.block_on(async {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", controller.addr))?;
+        let silent = Arc::new(AtomicBool::new(false));
+        // 100 streams per connection, under HTTP/2's stream limits.
+        let mut channel = endpoint.connect().await?;
+        for node_idx in 0..n_nodes {
+            if node_idx % 100 == 0 {
+                channel = endpoint.connect().await?;
+            }
+            let (outbound, receiver) = tokio::sync::mpsc::channel(16);
+            let register = pb::Register {
+                node: format!("fake{node_idx:05}"),
+                gpus: (0..gpus_per_node)
+                    .map(|index| pb::Gpu {
+                        index,
+                        model: "h100".into(),
+                        memory_mib: 81_559,
+                        uuid: format!("FAKE-{node_idx}-{index}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            outbound
+                .send(pb::AgentMessage {
+                    msg: Some(pb::agent_message::Msg::Register(register)),
+                })
+                .await?;
+            let mut inbound = AgentLinkClient::new(channel.clone())
+                .connect(tokio_stream::wrappers::ReceiverStream::new(receiver))
+                .await?
+                .into_inner();
+            let silent = silent.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(500));
+                let mut seq = 0;
+                loop {
+                    tokio::select! {
+                        message = inbound.message() => if !matches!(message, Ok(Some(_))) { return },
+                        _ = tick.tick(), if !silent.load(Ordering::Relaxed) => {
+                            seq += 1;
+                            let heartbeat = pb::Heartbeat { seq, ..Default::default() };
+                            let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(heartbeat)) };
+                            if outbound.send(message).await.is_err() { return }
+                        }
+                    }
+                }
+            });
+        }
+        let mut api = client(&controller.addr).await?;
+        // Every GPU busy, and as many jobs again waiting.
+        let n_jobs = n_nodes * gpus_per_node as usize * 2;
+        for _ in 0..n_jobs / 1000 {
+            api.submit_jobs(with_user(pb::SubmitJobsRequest {
+                specs: vec![one_spec(); 1000],
+            }))
+            .await?;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let submit_api = api.clone();
+        let submit_latencies = |seconds: u64| {
+            let mut api = submit_api.clone();
+            async move {
+                let until = Instant::now() + Duration::from_secs(seconds);
+                let mut samples = Vec::new();
+                while Instant::now() < until {
+                    let started = Instant::now();
+                    api.submit_jobs(with_user(pb::SubmitJobsRequest { specs: vec![one_spec()] }))
+                        .await?;
+                    samples.push(started.elapsed());
+                }
+                anyhow::Ok(samples)
+            }
+        };
+        let before = submit_latencies(3).await?;
+        let n_running = api
+            .list_nodes(with_user(pb::ListNodesRequest {}))
+            .await?
+            .into_inner()
+            .nodes
+            .iter()
+            .filter(|node| !node.gpus.is_empty() && node.gpus.iter().all(|gpu| gpu.job_id != 0))
+            .count();
+        silent.store(true, Ordering::Relaxed);
+        let during = submit_latencies(NODE_TIMEOUT_SECS + 10).await?;
+        anyhow::Ok((before, during, n_running))
+    })?;
+    let max = |samples: &[Duration]| samples.iter().max().copied().unwrap_or_default();
+    report(
+        &format!("submit latency, {n_nodes} nodes x {gpus_per_node} GPUs up ({n_running} full)"),
+        format!("median {:.1?} max {:.1?}", median(before.clone()), max(&before)),
+    );
+    report(
+        &format!("submit latency while all {n_nodes} go down and their jobs requeue"),
+        format!("median {:.1?} max {:.1?}", median(during.clone()), max(&during)),
+    );
     controller.stop();
     Ok(())
 }
