@@ -728,8 +728,10 @@ fn nodes_down_together(n_nodes: usize, gpus_per_node: u32) -> anyhow::Result<()>
                 let mut samples = Vec::new();
                 while Instant::now() < until {
                     let started = Instant::now();
-                    api.submit_jobs(with_user(pb::SubmitJobsRequest { specs: vec![one_spec()] }))
-                        .await?;
+                    api.submit_jobs(with_user(pb::SubmitJobsRequest {
+                        specs: vec![one_spec()],
+                    }))
+                    .await?;
                     samples.push(started.elapsed());
                 }
                 anyhow::Ok(samples)

@@ -22,6 +22,9 @@ use tokio::task::JoinSet;
 /// Grace between SIGTERM and SIGKILL for a stale attempt of a job that
 /// has a newer one waiting to start here.
 const STALE_GRACE: Duration = Duration::from_secs(10);
+/// How long after an attempt's time limit and grace the agent ends it
+/// itself, should its supervisor not have.
+const BACKSTOP_SLACK_MS: i64 = 5_000;
 /// A job's grace after its checkpoint signal when it names none.
 const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
@@ -51,6 +54,8 @@ pub struct Attempts {
     queued: Mutex<std::collections::HashMap<u64, pb::Launch>>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
     tasks: Mutex<JoinSet<()>>,
+    /// Attempts this agent was told to kill (their ends are not their own).
+    killed: Mutex<std::collections::HashSet<(u64, u64)>>,
     /// Log reads in progress, by request id; set to stop one.
     log_reads: Mutex<std::collections::HashMap<u64, Arc<std::sync::atomic::AtomicBool>>>,
 }
@@ -94,6 +99,7 @@ impl Attempts {
             events,
             tasks: Mutex::new(JoinSet::new()),
             log_reads: Mutex::new(std::collections::HashMap::new()),
+            killed: Mutex::new(std::collections::HashSet::new()),
         }))
     }
 
@@ -143,7 +149,7 @@ impl Attempts {
                 self.spawn_task(async move { attempts.watch(attempt).await });
             } else {
                 tracing::warn!(job = attempt.job_id, "attempt vanished without an exit record");
-                self.ended(&attempt, Ended::Signal(9));
+                self.ended(&attempt, Ended::Vanished);
             }
         }
     }
@@ -151,6 +157,17 @@ impl Attempts {
     /// Journals how an attempt ended (kept until gpoold surely has it) and
     /// sends it.
     fn ended(&self, attempt: &RunningAttempt, ended: Ended) {
+        let killed = self
+            .killed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(attempt.job_id, attempt.epoch));
+        // An own end of an attempt this agent killed is recorded as killed.
+        let ended = match ended {
+            Ended::Code(code) if killed => Ended::Killed(code),
+            Ended::Signal(signal) if killed => Ended::KilledBy(signal),
+            ended => ended,
+        };
         self.journal()
             .ended(attempt.job_id, attempt.epoch, &ended.to_line(), now_ms());
         let _ = self.events.send(end_event(attempt.job_id, attempt.epoch, ended));
@@ -240,6 +257,10 @@ impl Attempts {
             return;
         };
         tracing::info!(job = job_id, epoch, "killing attempt");
+        self.killed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((job_id, epoch));
         let attempts = self.clone();
         self.spawn_task(async move { attempts.terminate(&attempt, grace).await });
     }
@@ -328,7 +349,11 @@ impl Attempts {
         let mut last_pass = false;
         loop {
             if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                tracing::info!(job = request.job_id, "log read {} stopped: its reader is gone", request.request_id);
+                tracing::info!(
+                    job = request.job_id,
+                    "log read {} stopped: its reader is gone",
+                    request.request_id
+                );
                 return;
             }
             let n_read = match file.read(&mut buffer).await {
@@ -398,7 +423,27 @@ impl Attempts {
             }
         };
         // The supervisor enforces the time limit (it outlives this agent).
-        exited.wait().await;
+        // A supervisor of an older gpool does not: well past its limit and
+        // grace, the attempt is ended here.
+        let backstop = attempt.deadline_ms.map(|deadline| {
+            let at = deadline + crate::supervise::TIME_LIMIT_GRACE_MS as i64 + BACKSTOP_SLACK_MS;
+            Duration::from_millis((at - now_ms()).max(0) as u64)
+        });
+        let in_time = match backstop {
+            None => {
+                exited.wait().await;
+                true
+            }
+            Some(limit) => tokio::time::timeout(limit, exited.wait()).await.is_ok(),
+        };
+        if !in_time {
+            tracing::warn!(
+                job = attempt.job_id,
+                "its supervisor did not end it at its time limit; ending it"
+            );
+            self.terminate(&attempt, STALE_GRACE).await;
+            exited.wait().await;
+        }
         self.finish(&attempt);
     }
 
@@ -408,7 +453,7 @@ impl Attempts {
         // Anything left in the group goes with it.
         signal_group(attempt.pgid, Signal::SIGKILL);
         // No exit record means the supervisor itself was killed (SIGKILL).
-        let ended = Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch).unwrap_or(Ended::Signal(9));
+        let ended = Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch).unwrap_or(Ended::Vanished);
         tracing::info!(job = attempt.job_id, epoch = attempt.epoch, "attempt ended: {ended:?}");
         self.ended(attempt, ended);
         let queued = self
@@ -598,6 +643,9 @@ fn end_event(job_id: u64, epoch: u64, ended: Ended) -> pb::JobEvent {
         Ended::FailedToStart(reason) => (Outcome::FailedToStart(reason), pb::EndCause::Own),
         Ended::TimedOut => (Outcome::Signal(Signal::SIGTERM as i32), pb::EndCause::TimeLimit),
         Ended::Fenced => (Outcome::Signal(Signal::SIGKILL as i32), pb::EndCause::Fenced),
+        Ended::Vanished => (Outcome::Signal(Signal::SIGKILL as i32), pb::EndCause::Vanished),
+        Ended::Killed(code) => (Outcome::ExitCode(code), pb::EndCause::Killed),
+        Ended::KilledBy(signal) => (Outcome::Signal(signal), pb::EndCause::Killed),
     };
     pb::JobEvent {
         job_id,

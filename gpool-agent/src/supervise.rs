@@ -33,6 +33,13 @@ pub enum Ended {
     /// Its supervisor stopped it when the node's lease ran out (gpoold
     /// could not be reached for long enough that it requeues the job).
     Fenced,
+    /// Its supervisor is gone without a record (killed, or the node
+    /// rebooted).
+    Vanished,
+    /// Exited with this code after the agent killed it.
+    Killed(i32),
+    /// Ended by this signal after the agent killed it.
+    KilledBy(i32),
 }
 
 impl Ended {
@@ -43,6 +50,9 @@ impl Ended {
             Ended::FailedToStart(reason) => format!("failed {reason}"),
             Ended::TimedOut => "timeout -".into(),
             Ended::Fenced => "fenced -".into(),
+            Ended::Vanished => "vanished -".into(),
+            Ended::Killed(code) => format!("killed {code}"),
+            Ended::KilledBy(signal) => format!("killedby {signal}"),
         }
     }
 
@@ -54,6 +64,9 @@ impl Ended {
             "failed" => Some(Ended::FailedToStart(rest.to_string())),
             "timeout" => Some(Ended::TimedOut),
             "fenced" => Some(Ended::Fenced),
+            "vanished" => Some(Ended::Vanished),
+            "killed" => rest.parse().ok().map(Ended::Killed),
+            "killedby" => rest.parse().ok().map(Ended::KilledBy),
             _ => None,
         }
     }
@@ -341,20 +354,31 @@ fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended 
     // Why we are ending it, and when SIGKILL follows.
     let mut ending: Option<(Ended, u64)> = None;
     let mut lease = request.fence.as_ref().and_then(|fence| Lease::read(&fence.lease_file));
+    let own_pid = nix::unistd::getpid().as_raw();
+    let mut status = None;
     loop {
-        exited.wait(CHECK_EVERY_MS);
-        if let Ok(Some(status)) = child.try_wait() {
-            return match (&ending, status.code(), status.signal()) {
-                (Some((cause, _)), _, _) => cause.clone(),
-                (None, Some(code), _) => Ended::Code(code),
-                (None, None, Some(signal)) => Ended::Signal(signal),
-                (None, None, None) => Ended::FailedToStart("no exit status".into()),
-            };
+        if status.is_none() {
+            exited.wait(CHECK_EVERY_MS);
+            status = child.try_wait().ok().flatten();
+        }
+        if let Some(status) = status {
+            // Being ended, the attempt is over only when nothing of it is
+            // left (a leader that dies first leaves the rest to the grace).
+            let rest_gone = ending.is_none() || group_members(own_pid).is_empty();
+            if rest_gone {
+                return match (&ending, status.code(), status.signal()) {
+                    (Some((cause, _)), _, _) => cause.clone(),
+                    (None, Some(code), _) => Ended::Code(code),
+                    (None, None, Some(signal)) => Ended::Signal(signal),
+                    (None, None, None) => Ended::FailedToStart("no exit status".into()),
+                };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let now = boot_ms();
         match &ending {
             Some((_, kill_at)) if now >= *kill_at => {
-                kill_all_but_supervisor(nix::unistd::getpid().as_raw(), request.cgroup.as_ref());
+                kill_all_but_supervisor(own_pid, request.cgroup.as_ref());
             }
             Some(_) => {}
             None => {
@@ -423,6 +447,15 @@ pub fn kill_all_but_supervisor(pgid: i32, cgroup: Option<&crate::cgroup::Attempt
         return;
     }
     let mut pids = cgroup.map(crate::cgroup::AttemptCgroup::pids).unwrap_or_default();
+    pids.extend(group_members(pgid));
+    for pid in pids.into_iter().filter(|pid| *pid != pgid) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+/// The live processes of group `pgid` other than its leader.
+fn group_members(pgid: i32) -> Vec<i32> {
+    let mut pids = Vec::new();
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for entry in entries.flatten() {
             let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
@@ -430,15 +463,19 @@ pub fn kill_all_but_supervisor(pgid: i32, cgroup: Option<&crate::cgroup::Attempt
             };
             let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
             // After "(comm) ": state, ppid, pgrp.
-            let pgrp = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(2));
-            if pid != pgid && pgrp == Some(pgid.to_string().as_str()) {
+            let mut fields = stat
+                .rsplit_once(") ")
+                .map(|(_, rest)| rest.split(' '))
+                .into_iter()
+                .flatten();
+            let state = fields.next();
+            let pgrp = fields.nth(1);
+            if pid != pgid && state != Some("Z") && pgrp == Some(pgid.to_string().as_str()) {
                 pids.push(pid);
             }
         }
     }
-    for pid in pids.into_iter().filter(|pid| *pid != pgid) {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-    }
+    pids
 }
 
 /// The job's command: its user, output files and checkpoint directory.
@@ -615,6 +652,11 @@ mod tests {
             Ended::Code(-3),
             Ended::Signal(9),
             Ended::FailedToStart("no such file".into()),
+            Ended::TimedOut,
+            Ended::Fenced,
+            Ended::Vanished,
+            Ended::Killed(0),
+            Ended::KilledBy(15),
         ] {
             assert_eq!(Ended::parse(&ended.to_line()), Some(ended));
         }

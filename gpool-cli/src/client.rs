@@ -103,7 +103,7 @@ pub async fn connect(addr: &str) -> Result<Client, CliError> {
         }
         Ok(request)
     });
-    Ok(PoolClient::with_interceptor(channel, interceptor).max_decoding_message_size(gpool_proto::MAX_MESSAGE_BYTES))
+    Ok(PoolClient::with_interceptor(channel, interceptor).max_decoding_message_size(gpool_proto::MAX_REPLY_BYTES))
 }
 
 fn config_dir() -> Option<PathBuf> {

@@ -24,6 +24,7 @@ pub const MAX_COMMAND_BYTES: usize = 512 * 1024;
 pub const MAX_ENV_VARS: usize = 1024;
 pub const MAX_ENV_BYTES: usize = 512 * 1024;
 pub const MAX_PATH_BYTES: usize = 4096;
+pub const MAX_GPU_TYPES: usize = 64;
 
 /// A rejected spec: the field and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -224,6 +225,15 @@ impl JobSpec {
                 format!("must be 1 to {MAX_NODES}, got {}", self.nodes),
             ));
         }
+        if self.gpu_types.len() > MAX_GPU_TYPES {
+            return Err(spec_error(
+                "gpu_type",
+                format!(
+                    "{} models, more than the limit of {MAX_GPU_TYPES}",
+                    self.gpu_types.len()
+                ),
+            ));
+        }
         for model in &self.gpu_types {
             validate_ident("gpu_type", model.as_str())?;
         }
@@ -316,7 +326,12 @@ fn validate_command(command: &[String]) -> Result<(), SpecError> {
             format!("{} arguments, more than the limit of {MAX_ARGS}", command.len()),
         )),
         Some(_) => {
-            if let Some((position, arg)) = command.iter().enumerate().find(|(_, arg)| arg.len() > MAX_ARG_BYTES) {
+            // Linux counts the NUL that ends each string.
+            if let Some((position, arg)) = command
+                .iter()
+                .enumerate()
+                .find(|(_, arg)| arg.len() + 1 > MAX_ARG_BYTES)
+            {
                 return Err(spec_error(
                     "command",
                     format!(
@@ -377,12 +392,13 @@ fn validate_env(name: &str, value: &str) -> Result<(), SpecError> {
     if value.contains('\0') {
         return Err(spec_error(&field, "the value contains a NUL byte"));
     }
-    if name.len() + value.len() + 1 > MAX_ARG_BYTES {
+    // NAME=VALUE and its NUL, as exec counts it.
+    if name.len() + value.len() + 2 > MAX_ARG_BYTES {
         return Err(spec_error(
             &field,
             format!(
                 "{} bytes, more than the limit of {MAX_ARG_BYTES} for one variable",
-                name.len() + value.len() + 1
+                name.len() + value.len() + 2
             ),
         ));
     }

@@ -15,6 +15,18 @@ use std::time::Duration;
 
 /// How long an agent may be silent before its node is down.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The shortest node timeout: its last quarter, the fencing margin (see
+/// ARCHITECTURE.md), must be at least a second.
+pub const MIN_NODE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// A node timeout given on the command line, at least `MIN_NODE_TIMEOUT`.
+pub fn parse_node_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(text).map_err(|err| format!("{text:?}: {err}"))?;
+    if timeout < MIN_NODE_TIMEOUT {
+        return Err(format!("{text:?} is shorter than the shortest node timeout, 4s"));
+    }
+    Ok(timeout)
+}
 /// How long a down node is remembered by default: a week.
 pub const DEFAULT_FORGET_NODES_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -268,15 +280,12 @@ impl Config {
         }
         let node_timeout = match parsed.node_timeout {
             None => DEFAULT_NODE_TIMEOUT,
-            Some(text) => humantime::parse_duration(text.get_ref())
-                .ok()
-                .filter(|timeout| !timeout.is_zero())
-                .ok_or_else(|| {
-                    invalid(
-                        text.span().start,
-                        format!("node_timeout: {:?} is not a duration such as 30s", text.get_ref()),
-                    )
-                })?,
+            Some(text) => parse_node_timeout(text.get_ref()).map_err(|reason| {
+                invalid(
+                    text.span().start,
+                    format!("node_timeout: {reason} (a duration such as 30s, at least 4s)"),
+                )
+            })?,
         };
         let forget_nodes_after = match parsed.forget_nodes_after {
             None => Some(DEFAULT_FORGET_NODES_AFTER),

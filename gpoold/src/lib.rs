@@ -56,12 +56,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
 
     let (commands, inbox) = mpsc::channel(65_536);
     let handle = StateHandle {
-        shared: Arc::new(RwLock::new(State::new(
-            loaded,
-            &config,
-            security.token_key,
-            wall_clock(),
-        ))),
+        shared: Arc::new(RwLock::new(State::new(loaded, &config, security.token_key))),
         commands,
         job_changes: broadcast::channel(1024).0,
         sched_wakeup: Arc::new(Notify::new()),
@@ -103,7 +98,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         security: security.clone(),
     })
     .max_decoding_message_size(config.max_message_size)
-    .max_encoding_message_size(gpool_proto::MAX_MESSAGE_BYTES);
+    // Replies (a page of job listings) may be larger than any request.
+    .max_encoding_message_size(gpool_proto::MAX_REPLY_BYTES);
     let pool = InterceptedService::new(pool, api::authenticate(security.clone(), handle.shared.clone()));
     let agent_link = AgentLinkServer::new(api::agent_link::AgentLinkService {
         state: handle.clone(),

@@ -33,7 +33,7 @@ struct Args {
     #[arg(long, requires = "dev", default_value = "h100")]
     dev_gpu_model: String,
     /// Dev mode: how long an agent may be silent before its node is down.
-    #[arg(long, requires = "dev", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, requires = "dev", default_value = "30s", value_parser = gpoold::config::parse_node_timeout)]
     node_timeout: std::time::Duration,
 }
 

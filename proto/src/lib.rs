@@ -18,6 +18,10 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// limits in `gpool_core::spec`), so every Launch reaches its agent.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// The largest reply gpoold sends the CLI (a page of listed jobs holds many
+/// specs).
+pub const MAX_REPLY_BYTES: usize = 1024 * 1024 * 1024;
+
 /// gRPC metadata key that carries the caller's user name (trusted in dev
 /// mode only).
 pub const USER_METADATA_KEY: &str = "x-gpool-user";

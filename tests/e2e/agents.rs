@@ -264,7 +264,7 @@ fn freeze(agent: nix::unistd::Pid, job: nix::unistd::Pid, signal: nix::sys::sign
 #[test]
 fn silent_node_goes_down_and_its_job_never_runs_twice() {
     use nix::sys::signal::Signal;
-    let mut cluster = Cluster::with_node_timeout("2s");
+    let mut cluster = Cluster::with_node_timeout("4s");
     let agent_a = cluster.start_agent("node-a", 1);
     cluster.start_agent("node-b", 1);
     cluster

@@ -165,7 +165,7 @@ fn an_attempt_that_finished_during_a_partition_is_not_run_again() {
 
 #[test]
 fn a_stalled_log_reader_never_takes_its_node_down() {
-    let mut cluster = Cluster::with_node_timeout("3s");
+    let mut cluster = Cluster::with_node_timeout("4s");
     cluster.start_agent("n1", 2);
     let id = cluster.submit(&[
         "--gpus",
@@ -279,7 +279,7 @@ fn the_supervisor_enforces_time_limits_while_the_agent_is_down() {
 #[test]
 fn nodes_can_be_removed_and_are_forgotten_when_down_too_long() {
     let mut cluster =
-        Cluster::with_config_in_and_timeout(Cluster::temp_dir(), "127.0.0.1", "2s", "forget_nodes_after = \"4s\"\n");
+        Cluster::with_config_in_and_timeout(Cluster::temp_dir(), "127.0.0.1", "4s", "forget_nodes_after = \"5s\"\n");
     let top = format!("controller = \"{}\"\n", cluster.addr);
     let n1 = cluster.spawn_agent("n1", 1, &top, "", None);
     cluster.wait_for_registered("n1");
@@ -307,7 +307,7 @@ fn nodes_can_be_removed_and_are_forgotten_when_down_too_long() {
     wait_until("the removed node to come back", Duration::from_secs(15), || {
         (names(&cluster).len() == 2).then_some(())
     });
-    // Agents gone for good: down after 2 s, forgotten 4 s later, except the
+    // Agents gone for good: down after 4 s, forgotten 5 s later, except the
     // one whose no-requeue job still holds its GPU until it is cancelled.
     cluster.agents[n1].kill9();
     cluster.agents[n2].kill9();

@@ -232,7 +232,10 @@ fn poison_sized_specs_are_refused_naming_the_field_and_limit() {
     spec.workdir = Some(format!("/{}", "d".repeat(5000)));
     assert_eq!(spec.into_spec().unwrap_err().field, "workdir");
 
-    // At the limits, a spec still fits many times in one message.
-    let biggest_arg = "a".repeat(MAX_ARG_BYTES);
+    // At the limits (exec counts each string's NUL), a spec still fits
+    // many times in one message.
+    let biggest_arg = "a".repeat(MAX_ARG_BYTES - 1);
     assert!(input(&["echo", &biggest_arg]).into_spec().is_ok());
+    let one_more = "a".repeat(MAX_ARG_BYTES);
+    assert!(input(&["echo", &one_more]).into_spec().is_err());
 }

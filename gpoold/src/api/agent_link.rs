@@ -190,14 +190,19 @@ fn event_from_wire(event: pb::JobEvent) -> Option<AgentEvent> {
     let cause = event.cause();
     let outcome = match (event.outcome?, cause) {
         (pb::job_event::Outcome::Started(_), _) => AttemptOutcome::Started,
+        (pb::job_event::Outcome::FailedToStart(reason), _) => AttemptOutcome::FailedToStart(reason),
         (_, pb::EndCause::TimeLimit) => AttemptOutcome::TimedOut,
         (_, pb::EndCause::Fenced) => AttemptOutcome::Fenced,
-        (outcome, pb::EndCause::Own) => match outcome {
-            pb::job_event::Outcome::Started(_) => AttemptOutcome::Started,
-            pb::job_event::Outcome::ExitCode(code) => AttemptOutcome::Exited(ExitStatus::Code(code)),
-            pb::job_event::Outcome::Signal(signal) => AttemptOutcome::Exited(ExitStatus::Signal(signal.clamp(0, 127))),
-            pb::job_event::Outcome::FailedToStart(reason) => AttemptOutcome::FailedToStart(reason),
-        },
+        (pb::job_event::Outcome::ExitCode(code), pb::EndCause::Killed | pb::EndCause::Vanished) => {
+            AttemptOutcome::Stopped(ExitStatus::Code(code))
+        }
+        (pb::job_event::Outcome::Signal(signal), pb::EndCause::Killed | pb::EndCause::Vanished) => {
+            AttemptOutcome::Stopped(ExitStatus::Signal(signal.clamp(0, 127)))
+        }
+        (pb::job_event::Outcome::ExitCode(code), pb::EndCause::Own) => AttemptOutcome::Exited(ExitStatus::Code(code)),
+        (pb::job_event::Outcome::Signal(signal), pb::EndCause::Own) => {
+            AttemptOutcome::Exited(ExitStatus::Signal(signal.clamp(0, 127)))
+        }
     };
     Some(AgentEvent {
         job: JobId(event.job_id),

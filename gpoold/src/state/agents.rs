@@ -148,11 +148,12 @@ impl State {
                     mem_bytes: job.spec.mem_bytes.unwrap_or(0),
                     cpus_per_gpu: job.spec.cpus_per_gpu.unwrap_or(0),
                     requeue: job.spec.requeue,
-                    checkpoint_signal: job.spec.checkpoint_signal.unwrap_or(0),
-                    grace_seconds: job
+                    // The signal and grace preemption would give it.
+                    checkpoint_signal: job
                         .spec
-                        .grace_secs
-                        .map_or(0, |grace| grace.min(u64::from(u32::MAX)) as u32),
+                        .checkpoint_signal
+                        .unwrap_or(super::sharing::DEFAULT_CHECKPOINT_SIGNAL),
+                    grace_seconds: self.grace_secs(job_id).min(u64::from(u32::MAX)) as u32,
                 };
                 let message = pb::ControllerMessage {
                     msg: Some(pb::controller_message::Msg::Launch(launch)),
@@ -184,7 +185,7 @@ impl State {
         out.writes.push(Write::Node(name.clone()));
         let conn_id = conn.id;
         self.links.insert(name.clone(), conn);
-        self.last_seen.insert(name.clone(), now);
+        self.last_seen.insert(name.clone(), std::time::Instant::now());
         self.down_since.remove(&name);
         // The Register counts as heartbeat 0; its lease goes out before any
         // Launch (the link's messages keep their order).
@@ -269,9 +270,9 @@ impl State {
         self.links.get(node).is_some_and(|conn| conn.id == conn_id)
     }
 
-    pub(super) fn heartbeat(&mut self, node: &str, conn_id: u64, now: Timestamp) {
+    pub(super) fn heartbeat(&mut self, node: &str, conn_id: u64) {
         if self.is_current_link(node, conn_id) {
-            self.last_seen.insert(node.to_string(), now);
+            self.last_seen.insert(node.to_string(), std::time::Instant::now());
         }
     }
 
@@ -307,19 +308,23 @@ impl State {
             tracing::warn!(node, job = %event.job, "event from a link that no longer speaks for the node ignored");
             return;
         }
-        self.heartbeat(node, conn_id, now);
+        self.heartbeat(node, conn_id);
         let current = self.attempt_on(event.job, node);
         if current != Some(event.epoch) {
             match &event.outcome {
                 AttemptOutcome::Started => out
                     .messages
                     .push((node.to_string(), kill_message(event.job, event.epoch))),
-                AttemptOutcome::Exited(status) => self.late_exit(event.job, event.epoch, *status, now, out),
-                AttemptOutcome::TimedOut => {
-                    let status = ExitStatus::Signal(nix::sys::signal::Signal::SIGTERM as i32);
-                    self.late_exit(event.job, event.epoch, status, now, out)
+                // Only an exit code is surely the job's own end: a signal
+                // may have come from the node going away.
+                AttemptOutcome::Exited(status @ ExitStatus::Code(_)) => {
+                    self.late_exit(event.job, event.epoch, *status, now, out)
                 }
-                AttemptOutcome::FailedToStart(_) | AttemptOutcome::Fenced => {
+                AttemptOutcome::Exited(ExitStatus::Signal(_))
+                | AttemptOutcome::Stopped(_)
+                | AttemptOutcome::TimedOut
+                | AttemptOutcome::FailedToStart(_)
+                | AttemptOutcome::Fenced => {
                     tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored")
                 }
             }
@@ -352,7 +357,7 @@ impl State {
                     now,
                 }
             }
-            AttemptOutcome::Exited(status) => JobEvent::Exited {
+            AttemptOutcome::Exited(status) | AttemptOutcome::Stopped(status) => JobEvent::Exited {
                 epoch: event.epoch,
                 status,
                 now,
@@ -426,8 +431,9 @@ impl State {
             .values()
             .filter(|node| node.alive)
             .filter(|node| {
-                let last = self.last_seen.get(&node.name).copied().unwrap_or(Timestamp(0));
-                now.millis_since(last) > self.node_timeout_ms
+                self.last_seen
+                    .get(&node.name)
+                    .is_none_or(|last| last.elapsed().as_millis() as i64 > self.node_timeout_ms)
             })
             .map(|node| node.name.clone())
             .collect();
@@ -438,7 +444,7 @@ impl State {
                     node.alive = false;
                 }
                 self.links.remove(name);
-                self.down_since.insert(name.clone(), now);
+                self.down_since.insert(name.clone(), std::time::Instant::now());
                 out.writes.push(Write::Node(name.clone()));
             }
             // One pass over the jobs, however many nodes went down at once.
@@ -459,17 +465,17 @@ impl State {
                 self.lose_attempt(job_id, epoch, true, now, out);
             }
         }
-        let Some(forget_after) = self.forget_nodes_after_ms else {
+        let Some(forget_after) = self.forget_nodes_after else {
             return;
         };
         let forgotten: Vec<String> = self
             .down_since
             .iter()
-            .filter(|(_, since)| now.millis_since(**since) > forget_after)
+            .filter(|(_, since)| since.elapsed() > forget_after)
             .map(|(name, _)| name.clone())
             .collect();
         for name in forgotten {
-            self.down_since.remove(&name);
+            // Kept until the attempts that hold its GPUs end.
             if self.node_holds_attempts(&name) {
                 continue;
             }

@@ -52,7 +52,8 @@ pub struct State {
     /// Connected agents by node name; not durable.
     links: HashMap<String, AgentConn>,
     /// When each node's agent was last heard from; not durable.
-    last_seen: HashMap<String, Timestamp>,
+    /// (Monotonic: a step of the wall clock never makes nodes silent.)
+    last_seen: HashMap<String, std::time::Instant>,
     /// Each node's latest per-GPU heartbeat samples; not durable.
     pub gpu_samples: HashMap<String, Vec<pb::GpuSample>>,
     /// Nodes of running gangs whose rank already exited 0; not durable.
@@ -60,8 +61,8 @@ pub struct State {
     node_timeout_ms: i64,
     /// When each down node went down (since this controller started); not
     /// durable.
-    down_since: HashMap<String, Timestamp>,
-    forget_nodes_after_ms: Option<i64>,
+    down_since: HashMap<String, std::time::Instant>,
+    forget_nodes_after: Option<std::time::Duration>,
     /// Each team's metered GPU time (attempts that ended).
     pub usage: BTreeMap<String, Ledger>,
     /// Preempted attempts and when their grace ends; rebuilt on start.
@@ -214,6 +215,9 @@ pub enum AttemptOutcome {
     Started,
     Exited(ExitStatus),
     FailedToStart(String),
+    /// It ended after the agent killed it, or vanished without a record:
+    /// not a result of its own.
+    Stopped(ExitStatus),
     /// The node's supervisor ended it at its time limit.
     TimedOut,
     /// The node stopped it when its lease from this controller ran out.
@@ -259,10 +263,17 @@ fn deferred<T: Send + 'static>(reply: Reply<T>, value: T) -> PendingReply {
 }
 
 impl State {
-    pub fn new(loaded: store::Loaded, config: &crate::config::Config, token_key: Key, now: Timestamp) -> State {
+    pub fn new(loaded: store::Loaded, config: &crate::config::Config, token_key: Key) -> State {
         let nodes: BTreeMap<String, Node> = loaded.nodes.into_iter().map(|node| (node.name.clone(), node)).collect();
         // Known nodes get a full timeout from this start to reconnect.
-        let last_seen = nodes.keys().map(|name| (name.clone(), now)).collect();
+        let started = std::time::Instant::now();
+        let last_seen = nodes.keys().map(|name| (name.clone(), started)).collect();
+        // Nodes already down count from this start towards being forgotten.
+        let down_since = nodes
+            .values()
+            .filter(|node| !node.alive)
+            .map(|node| (node.name.clone(), started))
+            .collect();
         let mut state = State {
             jobs: loaded.jobs.into_iter().map(|job| (job.id, job)).collect(),
             nodes,
@@ -279,8 +290,8 @@ impl State {
             gpu_samples: HashMap::new(),
             gang_exits: HashMap::new(),
             node_timeout_ms: config.node_timeout.as_millis() as i64,
-            down_since: HashMap::new(),
-            forget_nodes_after_ms: config.forget_nodes_after.map(|age| age.as_millis() as i64),
+            down_since,
+            forget_nodes_after: config.forget_nodes_after,
             usage: loaded.usage,
             preempt_deadlines: BTreeMap::new(),
             recent_waste: VecDeque::new(),
@@ -761,7 +772,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             seq,
         } => {
             if state.is_current_link(&node, conn_id) {
-                state.heartbeat(&node, conn_id, now);
+                state.heartbeat(&node, conn_id);
                 state.grant_lease(&node, seq);
                 state.gpu_samples.insert(node, samples);
             }

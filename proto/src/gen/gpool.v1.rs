@@ -868,6 +868,11 @@ pub enum EndCause {
     /// Its node lost gpoold for longer than the lease, so the node stopped
     /// it (gpoold requeues it, or already has).
     Fenced = 2,
+    /// The agent ended it (a Kill from gpoold, or a stale attempt).
+    Killed = 3,
+    /// Its supervisor is gone without a record (the node rebooted, or the
+    /// supervisor was killed).
+    Vanished = 4,
 }
 impl EndCause {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -879,6 +884,8 @@ impl EndCause {
             Self::Own => "END_CAUSE_OWN",
             Self::TimeLimit => "END_CAUSE_TIME_LIMIT",
             Self::Fenced => "END_CAUSE_FENCED",
+            Self::Killed => "END_CAUSE_KILLED",
+            Self::Vanished => "END_CAUSE_VANISHED",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -887,6 +894,8 @@ impl EndCause {
             "END_CAUSE_OWN" => Some(Self::Own),
             "END_CAUSE_TIME_LIMIT" => Some(Self::TimeLimit),
             "END_CAUSE_FENCED" => Some(Self::Fenced),
+            "END_CAUSE_KILLED" => Some(Self::Killed),
+            "END_CAUSE_VANISHED" => Some(Self::Vanished),
             _ => None,
         }
     }
