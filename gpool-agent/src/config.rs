@@ -122,6 +122,23 @@ impl AgentConfig {
                     )
                 })?,
         };
+        // What gpoold takes in a Register.
+        if parsed.labels.len() > 64 {
+            return Err(invalid(
+                0,
+                format!("labels: {} labels, more than 64", parsed.labels.len()),
+            ));
+        }
+        if let Some((key, _)) = parsed
+            .labels
+            .iter()
+            .find(|(key, value)| key.is_empty() || key.len() > 63 || value.len() > 253)
+        {
+            return Err(invalid(
+                0,
+                format!("labels: {key:.63?} needs a key of 1 to 63 bytes and a value of at most 253"),
+            ));
+        }
         for gpu in &parsed.simulated_gpu {
             if gpu.count == 0 || gpu.model.trim().is_empty() {
                 return Err(invalid(

@@ -164,6 +164,31 @@ fn an_attempt_that_finished_during_a_partition_is_not_run_again() {
 }
 
 #[test]
+fn a_no_requeue_job_keeps_running_through_a_partition_and_is_reconciled() {
+    let Some((cluster, net, hosts)) = partitioned_cluster("4s", 1) else {
+        return;
+    };
+    let marker = cluster.dir.path().join("marks");
+    let script = format!(
+        "for i in $(seq 150); do echo \"$GPOOL_ATTEMPT $(date +%s%N)\" >> {}; sleep 0.1; done",
+        marker.display()
+    );
+    let id = cluster.submit(&["--gpus", "1", "--no-requeue", "--", "sh", "-c", &script]);
+    cluster.wait_for_state(id, "running");
+    net.set_connected(&hosts[0], false).unwrap();
+    cluster.wait_for_node("n1", "down");
+    // Never fenced, never failed for the outage: it still holds its GPU.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(cluster.job(id)["state"], "running");
+    let marked_during = marks(&marker)[&1].1;
+    net.set_connected(&hosts[0], true).unwrap();
+    cluster.wait_for_registered("n1");
+    let job = cluster.wait_for_state(id, "completed");
+    assert_eq!(job["attempt"], 1, "{job}");
+    assert!(marks(&marker)[&1].1 > marked_during, "it ran on through the partition");
+}
+
+#[test]
 fn a_stalled_log_reader_never_takes_its_node_down() {
     let mut cluster = Cluster::with_node_timeout("4s");
     cluster.start_agent("n1", 2);

@@ -170,6 +170,32 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
             register.node, link.a, link.b
         )));
     }
+    const MAX_LABELS: usize = 64;
+    if register.labels.len() > MAX_LABELS {
+        return Err(invalid(&format!(
+            "node {}: {} labels, more than the limit of {MAX_LABELS}",
+            register.node,
+            register.labels.len()
+        )));
+    }
+    if let Some(label) = register
+        .labels
+        .iter()
+        .find(|label| label.key.is_empty() || label.key.len() > 63 || label.value.len() > 253)
+    {
+        return Err(invalid(&format!(
+            "node {}: label {:.63?} must have a key of 1 to 63 bytes and a value of at most 253",
+            register.node, label.key
+        )));
+    }
+    if register.gpus.len() > 4096 || register.links.len() > 65_536 {
+        return Err(invalid(&format!(
+            "node {}: {} GPUs and {} links, more than a node has",
+            register.node,
+            register.gpus.len(),
+            register.links.len()
+        )));
+    }
     let node = Node {
         name: register.node,
         gpus: register.gpus.into_iter().map(gpu_from_wire).collect(),
