@@ -244,6 +244,11 @@ impl CliError {
 }
 
 fn main() -> ExitCode {
+    // A closed stdout (`gpool show 1 | head -1`) ends gpool quietly, as it
+    // ends any Unix tool, rather than in a panic on the failed write.
+    // SAFETY: SIG_DFL installs no handler code.
+    let _ =
+        unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -271,7 +276,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
-        Command::Cancel { ids, signal } => cmd::cancel::run(&ctx, ids, signal).await.map(|()| 0),
+        Command::Cancel { ids, signal } => cmd::cancel::run(&ctx, ids, signal).await,
         Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),

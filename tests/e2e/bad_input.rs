@@ -118,10 +118,42 @@ fn bad_job_files_name_file_line_and_field() {
 fn unknown_job_ids_are_named() {
     let cluster = Cluster::start();
     assert_refused(&cluster.gpool(&["show", "4242"]), 1, "job 4242 not found");
+    // Like scancel: what can be cancelled is, and each other id is named.
     let id = cluster.submit(&["--", "true"]);
     let run = cluster.gpool(&["cancel", &id.to_string(), "4243"]);
-    assert_refused(&run, 1, "job 4243 not found");
-    assert_eq!(cluster.job(id)["state"], "pending", "a refused cancel cancels nothing");
+    assert_refused(&run, 1, "job 4243 left alone: job 4243 not found");
+    assert!(run.stdout.contains(&format!("cancelled job {id}")), "{}", run.stdout);
+    assert_eq!(cluster.job(id)["state"], "cancelled");
+    let run = cluster.gpool(&["cancel", "--output", "json", &id.to_string(), "4244"]);
+    assert_eq!(run.code, 1);
+    let outcomes = run.json()["outcomes"].clone();
+    assert_eq!(outcomes[0]["error"], serde_json::Value::Null, "{outcomes}");
+    assert_eq!(outcomes[1]["error"], "job 4244 not found", "{outcomes}");
+}
+
+#[test]
+fn a_closed_stdout_ends_gpool_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let cluster = Cluster::start();
+    let file = cluster.dir.path().join("many.toml");
+    std::fs::write(&file, "[[job]]\ncommand = [\"true\"]\n".repeat(3000)).unwrap();
+    cluster.gpool(&["submit", "-f", &file.display().to_string()]).ok();
+    // As `gpool jobs | head -1` does: the reader is gone before gpool writes.
+    let mut child = gpool_command(&["jobs", "--output", "json"])
+        .env("GPOOL_SERVER", &cluster.addr)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        output.status.signal(),
+        Some(13),
+        "ended by SIGPIPE, as Unix tools are: {stderr}"
+    );
 }
 
 #[test]

@@ -12,7 +12,9 @@ pub fn parse_signal(text: &str) -> Result<i32, String> {
     gpool_core::spec::parse_signal(text)
 }
 
-pub async fn run(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>) -> Result<(), CliError> {
+/// Cancels (or signals) every id it can and reports each; exits 1 if any
+/// id was left alone (no such job, or not the caller's).
+pub async fn run(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>) -> Result<u8, CliError> {
     let mut conn = ctx.connect().await?;
     let response = conn
         .client
@@ -23,6 +25,7 @@ pub async fn run(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>) -> Result<(), Cl
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
+    let code = u8::from(response.outcomes.iter().any(|o| !o.error.is_empty()));
     if ctx.json() {
         let outcomes: Vec<_> = response
             .outcomes
@@ -33,14 +36,17 @@ pub async fn run(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>) -> Result<(), Cl
                     "state": state_name(o.state()),
                     "cancelled": o.cancelled,
                     "signalled": o.signalled,
+                    "error": (!o.error.is_empty()).then_some(&o.error),
                 })
             })
             .collect();
         output::print_json(&serde_json::json!({ "outcomes": outcomes }));
-        return Ok(());
+        return Ok(code);
     }
     for outcome in response.outcomes {
-        if signal.is_some() {
+        if !outcome.error.is_empty() {
+            eprintln!("gpool: job {} left alone: {}", outcome.id, outcome.error);
+        } else if signal.is_some() {
             if outcome.signalled {
                 println!("signalled job {}", outcome.id);
             } else {
@@ -52,5 +58,5 @@ pub async fn run(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>) -> Result<(), Cl
             println!("job {} had already ended ({})", outcome.id, state_name(outcome.state()));
         }
     }
-    Ok(())
+    Ok(code)
 }

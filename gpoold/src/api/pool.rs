@@ -198,13 +198,21 @@ impl Pool for PoolService {
             &result,
         );
         let outcomes = result?;
+        // Each refusal of one id is audited like a refused request.
+        for outcome in outcomes.iter().filter(|o| matches!(o.refused, Some(Error::Denied(_)))) {
+            let reason = outcome.refused.as_ref().map(ToString::to_string).unwrap_or_default();
+            let refused: Result<(), Status> = Err(Status::permission_denied(reason));
+            let action = if signal.is_some() { "signal" } else { "cancel" };
+            self.audit(&who, action, &format!("job {}", outcome.id), false, &refused);
+        }
         let outcomes = outcomes
             .into_iter()
             .map(|o| pb::CancelOutcome {
                 id: o.id.0,
-                state: state_to_wire(&o.state).into(),
+                state: o.state.as_ref().map_or(pb::JobState::Unspecified, state_to_wire).into(),
                 cancelled: o.cancelled,
                 signalled: o.signalled,
+                error: o.refused.map(|err| err.to_string()).unwrap_or_default(),
             })
             .collect();
         Ok(Response::new(pb::CancelJobsResponse { outcomes }))

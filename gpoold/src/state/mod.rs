@@ -224,12 +224,15 @@ pub enum AttemptOutcome {
     Fenced,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CancelOutcome {
     pub id: JobId,
-    pub state: JobState,
+    /// `None` for an id left alone (see `refused`).
+    pub state: Option<JobState>,
     pub cancelled: bool,
     pub signalled: bool,
+    /// Why the id was left alone: it names no job, or the caller may not.
+    pub refused: Option<Error>,
 }
 
 /// Records a command touched, to be written before its reply goes out.
@@ -368,68 +371,69 @@ impl State {
                 reason: "no job id given".into(),
             });
         }
-        for id in ids {
-            let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
-            let job = job.auth_ref();
-            authorize(
-                caller,
-                &if signal.is_some() {
-                    Action::SignalJob(job)
-                } else {
-                    Action::CancelJob(job)
-                },
-            )?;
-        }
+        // Each id on its own: one that names no job, or a job the caller
+        // may not touch, is reported and the others go ahead.
         let mut outcomes = Vec::with_capacity(ids.len());
-        if let Some(signal) = signal {
-            for id in ids {
-                let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
-                let signalled = match &job.state {
-                    JobState::Running { epoch, placement, .. } => {
-                        for part in placement {
-                            out.messages
-                                .push((part.node.clone(), signal_message(*id, *epoch, signal)));
-                        }
-                        true
-                    }
-                    _ => false,
-                };
+        for id in ids {
+            let refused = match self.jobs.get(id) {
+                None => Some(Error::UnknownJob(*id)),
+                Some(job) => {
+                    let job = job.auth_ref();
+                    let action = if signal.is_some() {
+                        Action::SignalJob(job)
+                    } else {
+                        Action::CancelJob(job)
+                    };
+                    authorize(caller, &action).err().map(Error::from)
+                }
+            };
+            if let Some(refused) = refused {
                 outcomes.push(CancelOutcome {
                     id: *id,
-                    state: job.state.clone(),
+                    state: self.jobs.get(id).map(|job| job.state.clone()),
                     cancelled: false,
-                    signalled,
+                    signalled: false,
+                    refused: Some(refused),
                 });
+                continue;
             }
-            return Ok(outcomes);
-        }
-        for id in ids {
-            let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
-            let cancelled = !job.state.is_finished();
-            if cancelled {
-                let running = match &job.state {
-                    JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
-                    _ => None,
-                };
-                let event = JobEvent::Cancel {
-                    by: caller.user.clone(),
-                    now,
-                };
-                // Pending and running jobs always take a cancel.
-                self.apply_event(*id, &event, now, out);
-                if let Some((epoch, placement)) = running {
-                    self.gang_exits.remove(id);
+            let Some(job) = self.jobs.get(id) else { continue };
+            let running = match &job.state {
+                JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
+                _ => None,
+            };
+            let (mut cancelled, mut signalled) = (false, false);
+            match (signal, running) {
+                (Some(signal), Some((epoch, placement))) => {
                     for part in placement {
-                        out.messages.push((part.node, kill_message(*id, epoch)));
+                        out.messages.push((part.node, signal_message(*id, epoch, signal)));
                     }
+                    signalled = true;
                 }
+                (Some(_), None) => {}
+                (None, running) if !job.state.is_finished() => {
+                    let event = JobEvent::Cancel {
+                        by: caller.user.clone(),
+                        now,
+                    };
+                    // Pending and running jobs always take a cancel.
+                    self.apply_event(*id, &event, now, out);
+                    if let Some((epoch, placement)) = running {
+                        self.gang_exits.remove(id);
+                        for part in placement {
+                            out.messages.push((part.node, kill_message(*id, epoch)));
+                        }
+                    }
+                    cancelled = true;
+                }
+                (None, _) => {}
             }
-            let job = self.jobs.get(id).ok_or(Error::UnknownJob(*id))?;
             outcomes.push(CancelOutcome {
                 id: *id,
-                state: job.state.clone(),
+                state: self.jobs.get(id).map(|job| job.state.clone()),
                 cancelled,
-                signalled: false,
+                signalled,
+                refused: None,
             });
         }
         Ok(outcomes)

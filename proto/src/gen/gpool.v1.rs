@@ -342,7 +342,7 @@ pub struct CancelJobsRequest {
     pub signal: i32,
 }
 #[allow(clippy::all)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CancelOutcome {
     #[prost(uint64, tag = "1")]
     pub id: u64,
@@ -355,6 +355,11 @@ pub struct CancelOutcome {
     /// True if the signal was sent to its running processes.
     #[prost(bool, tag = "4")]
     pub signalled: bool,
+    /// Why this id was left alone (no such job, not the caller's); empty
+    /// when the request applied to it. The other ids of a request are
+    /// cancelled or signalled all the same.
+    #[prost(string, tag = "5")]
+    pub error: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
