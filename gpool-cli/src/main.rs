@@ -1,9 +1,34 @@
 //! `gpool`: submit, inspect and cancel jobs; drain and resume nodes.
 //!
 //! Exit codes: 0 success; 1 the request failed; 2 bad usage or input;
-//! 69 the controller could not be reached. `submit --wait` exits with the
+//! 69 the controller could not be reached; 141 stdout was closed early. `submit --wait` exits with the
 //! job's own exit code (128+N when a signal N killed it), 125 when the job
 //! was cancelled and 126 when it failed without an exit code of its own.
+
+/// `println!`, except that a closed stdout (`gpool show 1 | head -1`) ends
+/// gpool quietly with exit code 141, as SIGPIPE ends other Unix tools,
+/// instead of a panic. (SIGPIPE itself stays ignored: gpool's sockets must
+/// not raise it.)
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// Writes to stdout; see `outln!`.
+pub fn write_stdout(text: std::fmt::Arguments) {
+    use std::io::Write;
+    if let Err(err) = std::io::stdout().lock().write_fmt(text) {
+        if err.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(EXIT_CLOSED_STDOUT.into());
+        }
+        eprintln!("gpool: cannot write to stdout: {err}");
+        std::process::exit(1);
+    }
+}
+
+/// Exit code when stdout was closed early (128 + SIGPIPE).
+pub const EXIT_CLOSED_STDOUT: u8 = 141;
 
 mod client;
 mod cmd;
@@ -244,11 +269,6 @@ impl CliError {
 }
 
 fn main() -> ExitCode {
-    // A closed stdout (`gpool show 1 | head -1`) ends gpool quietly, as it
-    // ends any Unix tool, rather than in a panic on the failed write.
-    // SAFETY: SIG_DFL installs no handler code.
-    let _ =
-        unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,

@@ -330,7 +330,7 @@ pub fn print_job_details(job: &pb::Job) {
         lines.push(("env", format!("{}={}", var.name, var.value)));
     }
     for (key, value) in lines {
-        println!("{:<16}{value}", format!("{key}:"));
+        outln!("{:<16}{value}", format!("{key}:"));
     }
 }
 

@@ -238,6 +238,15 @@ impl Config {
                 format!("listen: {:?} is not host:port: {err}", parsed.listen.get_ref()),
             )
         })?;
+        if listen.port() == 0 {
+            return Err(invalid(
+                parsed.listen.span().start,
+                format!(
+                    "listen: {:?}: port 0 would be a new port at every start, while agents and users keep dialling the old one; give a fixed port (only gpoold --dev picks a free one)",
+                    parsed.listen.get_ref()
+                ),
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for pool in &parsed.pool {
             let name_ok = !pool.name.is_empty()
@@ -642,6 +651,18 @@ mod tests {
             err.to_string().split(',').next().unwrap(),
             "g.toml:3: unknown field `lisen`"
         );
+        let err = Config::parse("g.toml", "state_dir = \"/x\"\nlisten = \"0.0.0.0:0\"\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("g.toml:2: listen: \"0.0.0.0:0\": port 0 would be a new port"),
+            "{err}"
+        );
+        let err = Config::parse(
+            "g.toml",
+            "node_timeout = \"1s\"\nlisten = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("shortest node timeout, 4s"), "{err}");
         let err = Config::parse("g.toml", "state_dir = \"/x\"\nlisten = \"nowhere\"\n").unwrap_err();
         assert!(
             err.to_string()

@@ -49,7 +49,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
     if config.dev {
         let pointer = gpool_proto::dev_address_file();
-        if let Err(err) = write_addr_file(&pointer, &addr.to_string()) {
+        // A dev controller that already answers keeps the pointer: the CLI
+        // goes on finding it, and this one is reached with --server.
+        let running = std::fs::read_to_string(&pointer)
+            .ok()
+            .map(|text| text.trim().to_string())
+            .filter(|other| other != &addr.to_string())
+            .filter(|other| std::net::TcpStream::connect(other).is_ok());
+        if let Some(other) = running {
+            tracing::warn!(
+                "another dev controller answers at {other} ({}); gpool finds that one: reach this one with --server {addr}",
+                pointer.display()
+            );
+        } else if let Err(err) = write_addr_file(&pointer, &addr.to_string()) {
             tracing::warn!("cannot record the dev address in {}: {err:#}", pointer.display());
         }
     }

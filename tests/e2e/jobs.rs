@@ -175,3 +175,39 @@ fn dev_mode_runs_jobs_on_in_process_agents() {
     ]);
     assert_eq!(run.code, 0, "stderr: {}", run.stderr);
 }
+
+#[test]
+fn a_second_dev_controller_leaves_the_first_ones_address_alone() {
+    let first = Cluster::start();
+    let pointer = first.runtime_dir().join("gpool").join("dev.addr");
+    assert_eq!(std::fs::read_to_string(&pointer).unwrap().trim(), first.addr);
+    let state_dir = first.dir.path().join("second-state");
+    let mut second = crate::harness::process::Process::spawn(
+        "second gpoold",
+        {
+            let mut command = std::process::Command::new(crate::harness::process::binary("gpoold"));
+            command
+                .args(["--dev", "--dev-nodes", "0", "--listen", "127.0.0.1:0", "--state-dir"])
+                .arg(&state_dir)
+                .env("XDG_RUNTIME_DIR", first.runtime_dir());
+            command
+        },
+        first.dir.path().join("second.log"),
+    );
+    crate::harness::process::wait_until("the second controller to start", Duration::from_secs(30), || {
+        std::fs::read_to_string(state_dir.join("gpoold.addr")).ok()
+    });
+    assert_eq!(
+        std::fs::read_to_string(&pointer).unwrap().trim(),
+        first.addr,
+        "overwritten"
+    );
+    assert!(second.stop(), "the second controller stops on SIGTERM");
+    assert_eq!(
+        std::fs::read_to_string(&pointer).unwrap().trim(),
+        first.addr,
+        "removed by the second's stop"
+    );
+    let log = std::fs::read_to_string(first.dir.path().join("second.log")).unwrap();
+    assert!(log.contains("another dev controller answers at"), "{log}");
+}

@@ -419,7 +419,7 @@ fn config_mode_refuses_plaintext_unless_it_is_allowed_for_the_peer() {
         &config,
         format!(
             // A documentation address: never bound, even if the check failed.
-            "listen = \"192.0.2.1:0\"\nstate_dir = \"{}\"\n",
+            "listen = \"192.0.2.1:7070\"\nstate_dir = \"{}\"\n",
             dir.path().join("state").display()
         ),
     )

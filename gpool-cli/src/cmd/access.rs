@@ -25,7 +25,7 @@ pub async fn whoami(ctx: &Ctx) -> Result<(), CliError> {
         } else {
             format!("lead of {}", me.led_teams.join(", "))
         };
-        println!("{} ({role}), identified by {}", me.user, me.via);
+        outln!("{} ({role}), identified by {}", me.user, me.via);
     }
     Ok(())
 }
@@ -56,7 +56,7 @@ pub async fn token_create(
         print_json(&value);
     } else {
         // The token alone on stdout, so `> ~/.config/gpool/token` works.
-        println!("{}", created.token);
+        outln!("{}", created.token);
         eprintln!(
             "token {} for {} ({}{}); it is shown only now",
             info.id,
@@ -84,16 +84,20 @@ pub async fn token_list(ctx: &Ctx) -> Result<(), CliError> {
         print_json(&serde_json::Value::Array(tokens.iter().map(token_json).collect()));
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<6} {:<16} {:<6} {:<16} {:<22} STATE",
-        "ID", "USER", "ROLE", "TEAMS", "EXPIRES"
+        "ID",
+        "USER",
+        "ROLE",
+        "TEAMS",
+        "EXPIRES"
     );
     for token in &tokens {
         let state = match token.revoked_at_ms {
             Some(at) => format!("revoked {}", rfc3339(at)),
             None => "active".to_string(),
         };
-        println!(
+        outln!(
             "{:<6} {:<16} {:<6} {:<16} {:<22} {state}",
             token.id,
             token.user,
@@ -120,7 +124,7 @@ pub async fn token_revoke(ctx: &Ctx, id: u64) -> Result<(), CliError> {
     if ctx.json() {
         print_json(&token_json(&info));
     } else {
-        println!("token {} of {} revoked", info.id, info.user);
+        outln!("token {} of {} revoked", info.id, info.user);
     }
     Ok(())
 }

@@ -48,14 +48,14 @@ pub async fn run(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>) -> Result<u8, Cl
             eprintln!("gpool: job {} left alone: {}", outcome.id, outcome.error);
         } else if signal.is_some() {
             if outcome.signalled {
-                println!("signalled job {}", outcome.id);
+                outln!("signalled job {}", outcome.id);
             } else {
-                println!("job {} is not running ({})", outcome.id, state_name(outcome.state()));
+                outln!("job {} is not running ({})", outcome.id, state_name(outcome.state()));
             }
         } else if outcome.cancelled {
-            println!("cancelled job {}", outcome.id);
+            outln!("cancelled job {}", outcome.id);
         } else {
-            println!("job {} had already ended ({})", outcome.id, state_name(outcome.state()));
+            outln!("job {} had already ended ({})", outcome.id, state_name(outcome.state()));
         }
     }
     Ok(code)

@@ -37,9 +37,9 @@ pub async fn run(ctx: &Ctx, job: Option<u64>, attempt: Option<u64>) -> Result<()
             &serde_json::json!({ "job_id": job_id, "attempt": attempt, "preempted": response.preempted }),
         );
     } else if response.preempted {
-        println!("checkpoint of job {job_id} recorded; it is being preempted and ends now");
+        outln!("checkpoint of job {job_id} recorded; it is being preempted and ends now");
     } else {
-        println!("checkpoint of job {job_id} recorded");
+        outln!("checkpoint of job {job_id} recorded");
     }
     Ok(())
 }

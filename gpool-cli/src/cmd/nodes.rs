@@ -35,7 +35,7 @@ pub async fn drain(ctx: &Ctx, name: String, drain: Option<(String, bool)>) -> Re
     if ctx.json() {
         output::print_json(&output::node_json(&node));
     } else {
-        println!("{} {}", node.name, output::node_state(&node));
+        outln!("{} {}", node.name, output::node_state(&node));
     }
     Ok(())
 }
@@ -53,7 +53,7 @@ pub async fn remove(ctx: &Ctx, name: String) -> Result<(), CliError> {
     if ctx.json() {
         output::print_json(&serde_json::json!({ "removed": removed }));
     } else {
-        println!("node {removed} removed");
+        outln!("node {removed} removed");
     }
     Ok(())
 }
@@ -71,7 +71,7 @@ pub async fn reload(ctx: &Ctx) -> Result<(), CliError> {
     if ctx.json() {
         crate::output::print_json(&serde_json::json!({ "reloaded": summary }));
     } else {
-        println!("policy reloaded: {summary}");
+        outln!("policy reloaded: {summary}");
     }
     Ok(())
 }

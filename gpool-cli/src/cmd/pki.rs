@@ -44,8 +44,8 @@ pub fn ca_init(state_dir: &Path, validity_secs: u64, json: bool) -> Result<(), C
     if json {
         crate::output::print_json(&serde_json::json!({ "ca": cert_path, "key": key_path }));
     } else {
-        println!("CA certificate: {} (give it to agents and users)", cert_path.display());
-        println!(
+        outln!("CA certificate: {} (give it to agents and users)", cert_path.display());
+        outln!(
             "CA key:         {} (keep it on this host, mode 0600)",
             key_path.display()
         );
@@ -111,9 +111,9 @@ pub fn cert_issue(
             "serial": serial_hex, "kind": kind, "name": name, "cert": cert_path, "key": key_path,
         }));
     } else {
-        println!("{kind} certificate for {name}, serial {serial_hex}");
-        println!("certificate: {}", cert_path.display());
-        println!("key:         {} (mode 0600)", key_path.display());
+        outln!("{kind} certificate for {name}, serial {serial_hex}");
+        outln!("certificate: {}", cert_path.display());
+        outln!("key:         {} (mode 0600)", key_path.display());
     }
     Ok(())
 }
@@ -163,8 +163,8 @@ pub fn cert_revoke(state_dir: &Path, serial: Option<String>, node: Option<String
     if json {
         crate::output::print_json(&serde_json::json!({ "revoked": serials }));
     } else {
-        println!("revoked: {}", serials.join(" "));
-        println!("run `gpool admin reload` (or send gpoold SIGHUP) to apply it; live links with it end then");
+        outln!("revoked: {}", serials.join(" "));
+        outln!("run `gpool admin reload` (or send gpoold SIGHUP) to apply it; live links with it end then");
     }
     Ok(())
 }

@@ -26,22 +26,22 @@ pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
     }
     match job.state() {
         pb::JobState::Pending => {
-            println!("job {id} is pending");
+            outln!("job {id} is pending");
             for reason in &job.pending_reasons {
-                println!("  because {reason}");
+                outln!("  because {reason}");
             }
             for hint in &job.hints {
-                println!("  to start sooner: {hint}");
+                outln!("  to start sooner: {hint}");
             }
             if let Some(priority) = &job.priority {
-                println!("  priority {}", output::priority_text(priority));
+                outln!("  priority {}", output::priority_text(priority));
             }
             match job.estimated_start_ms {
-                Some(at) => println!(
+                Some(at) => outln!(
                     "  expected to start at {} (GPUs reserved for it) if running jobs end by their time limits",
                     output::rfc3339(at)
                 ),
-                None => println!("  no start time is estimated (only the first blocked job holds a reservation)"),
+                None => outln!("  no start time is estimated (only the first blocked job holds a reservation)"),
             }
         }
         pb::JobState::Running => {
@@ -50,10 +50,10 @@ pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
             } else {
                 "guaranteed"
             };
-            println!("job {id} is running {class}");
+            outln!("job {id} is running {class}");
         }
-        _ if job.end_reason.is_empty() => println!("job {id} is {state}"),
-        _ => println!("job {id} is {state}: {}", job.end_reason),
+        _ if job.end_reason.is_empty() => outln!("job {id} is {state}"),
+        _ => outln!("job {id} is {state}: {}", job.end_reason),
     }
     Ok(())
 }
@@ -85,12 +85,19 @@ pub async fn usage(ctx: &Ctx, team: Option<String>) -> Result<(), CliError> {
         output::print_json(&serde_json::Value::Array(rows));
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<16} {:>6} {:>10} {:>10} {:>12} {:>9} {:>10} {:>10}",
-        "TEAM", "SHARES", "GUAR.GPUS", "GPUS NOW", "GUAR.GPU-H", "BURST-H", "BUDGET LEFT", "FAIRSHARE"
+        "TEAM",
+        "SHARES",
+        "GUAR.GPUS",
+        "GPUS NOW",
+        "GUAR.GPU-H",
+        "BURST-H",
+        "BUDGET LEFT",
+        "FAIRSHARE"
     );
     for t in &teams {
-        println!(
+        outln!(
             "{:<16} {:>6} {:>10} {:>10} {:>12.1} {:>9.1} {:>10} {:>10.3}",
             t.team,
             t.shares,

@@ -111,7 +111,7 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
         output::print_json(&serde_json::json!({ "ids": ids }));
     } else {
         for id in &ids {
-            println!("{id}");
+            outln!("{id}");
         }
     }
     if !wait {

@@ -225,11 +225,19 @@ impl Cluster {
         let addr_file = self.state_dir().join("gpoold.addr");
         let _ = std::fs::remove_file(&addr_file);
         self.n_starts += 1;
-        // A restart listens where the agents already dial.
-        let listen = if self.addr.is_empty() {
-            format!("{}:0", self.listen_host)
-        } else {
-            self.addr.clone()
+        // A restart listens where the agents already dial. A config needs
+        // a fixed port: one that was free a moment ago.
+        let listen = match (self.addr.is_empty(), &self.config) {
+            (false, _) => self.addr.clone(),
+            (true, None) => format!("{}:0", self.listen_host),
+            (true, Some(_)) => {
+                let probe = std::net::TcpListener::bind(format!("{}:0", self.listen_host)).expect("a free port");
+                format!(
+                    "{}:{}",
+                    self.listen_host,
+                    probe.local_addr().expect("its address").port()
+                )
+            }
         };
         let mut command = Command::new(binary("gpoold"));
         match &self.config {
