@@ -211,3 +211,35 @@ fn a_second_dev_controller_leaves_the_first_ones_address_alone() {
     let log = std::fs::read_to_string(first.dir.path().join("second.log")).unwrap();
     assert!(log.contains("another dev controller answers at"), "{log}");
 }
+
+#[test]
+fn ctrl_c_on_submit_wait_says_the_job_runs_on() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    let waiting = gpool_command(&["submit", "--wait", "--", "sleep", "100"])
+        .env("GPOOL_SERVER", &cluster.addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = crate::harness::process::wait_until("the job to run", Duration::from_secs(20), || {
+        let jobs = cluster.gpool(&["jobs", "--output", "json"]).json();
+        let job = jobs.as_array()?.first()?.clone();
+        (job["state"] == "running").then(|| job["id"].as_u64().unwrap())
+    });
+    // The CLI is surely watching by now.
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiting.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let output = waiting.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains(&format!("job {id} still in the pool: `gpool cancel {id}` ends it")),
+        "{stderr}"
+    );
+    assert_eq!(cluster.job(id)["state"], "running");
+}

@@ -1,7 +1,7 @@
 //! `gpool jobs`, `gpool show`, and following a job until it ends.
 
 use super::{Connection, Ctx};
-use crate::cmd::submit::{EXIT_CANCELLED, EXIT_FAILED_TO_START};
+use crate::cmd::submit::{EXIT_CANCELLED, EXIT_FAILED_TO_START, EXIT_INTERRUPTED};
 use crate::output;
 use crate::CliError;
 use gpool_proto::convert::{state_from_name, state_name};
@@ -92,6 +92,9 @@ pub async fn show(ctx: &Ctx, id: u64) -> Result<(), CliError> {
 /// complete, else 0. On a terminal, one job shows a spinner with its state,
 /// several a bar of how many have ended.
 pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError> {
+    // Taken from here on, so an early Ctrl-C is answered too.
+    let mut interrupted = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|err| CliError::Refused(format!("cannot watch for Ctrl-C: {err}")))?;
     let progress = std::io::stderr().is_terminal().then(|| {
         let (bar, template) = match ids {
             [id] => (
@@ -116,7 +119,33 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
     let mut last: std::collections::BTreeMap<u64, pb::Job> = std::collections::BTreeMap::new();
     let mut n_ended = 0;
     let mut n_not_completed = 0;
-    while let Some(job) = stream.message().await.map_err(|s| conn.refused(s))? {
+    loop {
+        let job = tokio::select! {
+            job = stream.message() => match job.map_err(|s| conn.refused(s))? {
+                Some(job) => job,
+                None => break,
+            },
+            _ = interrupted.recv() => {
+                if let Some(bar) = &progress {
+                    bar.finish_and_clear();
+                }
+                // Waiting stops; the jobs do not.
+                let left: Vec<String> = ids
+                    .iter()
+                    .filter(|id| !last.get(id).is_some_and(ended))
+                    .map(u64::to_string)
+                    .collect();
+                if !left.is_empty() {
+                    let them = if left.len() == 1 { "it" } else { "them" };
+                    eprintln!(
+                        "gpool: stopped waiting; job {} still in the pool: `gpool cancel {}` ends {them}",
+                        left.join(" "),
+                        left.join(" ")
+                    );
+                }
+                return Ok(EXIT_INTERRUPTED);
+            }
+        };
         if ended(&job) {
             n_ended += 1;
             n_not_completed += u64::from(job.state() != pb::JobState::Completed);
