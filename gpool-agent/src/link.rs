@@ -87,7 +87,13 @@ async fn serve_once(
     events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
     undelivered: &mut Vec<pb::JobEvent>,
 ) -> Result<(), String> {
-    let channel = gpool_proto::dial::connect(controller, tls)
+    // The link is one long call: only the connection has a deadline (and
+    // keepalive pings find a gpoold that went away).
+    let deadlines = gpool_proto::dial::Deadlines {
+        connect: Duration::from_secs(10),
+        request: None,
+    };
+    let channel = gpool_proto::dial::connect(controller, tls, deadlines)
         .await
         .map_err(|err| format!("cannot connect: {err}"))?;
     // Heartbeats and job events go ahead of bulk data (log output), so a

@@ -55,7 +55,7 @@ pub fn current_user() -> Result<String, CliError> {
     }
 }
 
-pub async fn connect(addr: &str) -> Result<Client, CliError> {
+pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result<Client, CliError> {
     let unreachable = |reason: String| CliError::Unreachable {
         addr: addr.to_string(),
         reason,
@@ -83,7 +83,11 @@ pub async fn connect(addr: &str) -> Result<Client, CliError> {
             )));
         }
     }
-    let channel = dial::connect(&address, &tls).await.map_err(unreachable)?;
+    let deadlines = dial::Deadlines {
+        connect: timeout.unwrap_or(std::time::Duration::from_secs(3600)),
+        request: timeout,
+    };
+    let channel = dial::connect(&address, &tls, deadlines).await.map_err(unreachable)?;
     let bearer: Option<MetadataValue<_>> = token
         .map(|token| {
             format!("Bearer {token}")

@@ -46,6 +46,11 @@ pub struct Cli {
     /// Output format.
     #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
+    /// How long to wait for gpoold to connect and to answer each request
+    /// (a duration such as 30s; 0 waits as long as it takes). Waiting for
+    /// jobs (--wait) and following logs are not bounded by it.
+    #[arg(long, global = true, env = "GPOOL_TIMEOUT", default_value = "30s", value_parser = parse_timeout)]
+    timeout: std::time::Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -225,6 +230,13 @@ fn parse_validity(text: &str) -> Result<u64, String> {
         .map_err(|err| format!("{text:?} is not a duration such as 90d: {err}"))
 }
 
+fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
+    if text.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    humantime::parse_duration(text).map_err(|err| format!("{text:?} is not a duration such as 30s, or 0: {err}"))
+}
+
 /// Everything that ends a `gpool` run early, mapped to an exit code once.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -247,6 +259,19 @@ impl CliError {
 
     /// A gRPC error from the controller at `addr`.
     pub fn from_status(addr: &str, status: tonic::Status) -> CliError {
+        let message = status.message();
+        if status.code() == tonic::Code::Cancelled && message.contains("Timeout expired") {
+            return CliError::Unreachable {
+                addr: addr.to_string(),
+                reason: "no answer within the timeout (--timeout, GPOOL_TIMEOUT)".into(),
+            };
+        }
+        if message.contains("protocol error") || message.contains("frame with invalid size") {
+            return CliError::Unreachable {
+                addr: addr.to_string(),
+                reason: format!("what answers there does not speak gRPC over HTTP/2; is it gpoold? ({message})"),
+            };
+        }
         match status.code() {
             tonic::Code::Unavailable | tonic::Code::Unknown if status.message().contains("transport") => {
                 CliError::Unreachable {
@@ -291,6 +316,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
     let ctx = cmd::Ctx {
         server: cli.server,
         output: cli.output,
+        timeout: (!cli.timeout.is_zero()).then_some(cli.timeout),
     };
     match cli.command {
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,

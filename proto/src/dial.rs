@@ -3,6 +3,7 @@
 //! `http://HOST:PORT` or `HOST:PORT` without one (plaintext).
 
 use std::path::PathBuf;
+use std::time::Duration;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// Where gpoold is, as given by `--server`, `GPOOL_SERVER` or agent.toml.
@@ -48,14 +49,55 @@ pub struct ClientTls {
     pub identity_pem: Option<(String, String)>,
 }
 
-/// Connects to `address`. TLS is used for `https://`, and for a bare
-/// `HOST:PORT` when a CA is given.
-pub async fn connect(address: &Address, tls: &ClientTls) -> Result<Channel, String> {
+/// How long to wait: for a connection (TCP, TLS and HTTP/2 handshakes),
+/// and for the answer to each call (its response headers; a stream's later
+/// messages are not bounded). `None`: no limit.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    pub connect: Duration,
+    pub request: Option<Duration>,
+}
+
+impl Default for Deadlines {
+    fn default() -> Deadlines {
+        Deadlines {
+            connect: Duration::from_secs(10),
+            request: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Connects to `address` within `deadlines.connect`. TLS is used for
+/// `https://`, and for a bare `HOST:PORT` when a CA is given. HTTP/2
+/// keepalive pings find a peer that went away without closing.
+pub async fn connect(address: &Address, tls: &ClientTls, deadlines: Deadlines) -> Result<Channel, String> {
+    let connecting = connect_endpoint(address, tls, deadlines);
+    match tokio::time::timeout(deadlines.connect, connecting).await {
+        Ok(connected) => connected,
+        Err(_) => Err(format!(
+            "no connection within {}s (is gpoold listening there, and answering?)",
+            deadlines.connect.as_secs_f64()
+        )),
+    }
+}
+
+fn with_deadlines(endpoint: Endpoint, deadlines: Deadlines) -> Endpoint {
+    let endpoint = endpoint
+        .connect_timeout(deadlines.connect)
+        .http2_keep_alive_interval(Duration::from_secs(15))
+        .keep_alive_timeout(Duration::from_secs(20));
+    match deadlines.request {
+        Some(limit) => endpoint.timeout(limit),
+        None => endpoint,
+    }
+}
+
+async fn connect_endpoint(address: &Address, tls: &ClientTls, deadlines: Deadlines) -> Result<Channel, String> {
     match address {
         Address::Unix(path) => {
             let path = path.clone();
             // The URI is required but unused: the connector dials the socket.
-            Endpoint::from_static("http://localhost:0")
+            with_deadlines(Endpoint::from_static("http://localhost:0"), deadlines)
                 .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                     let path = path.clone();
                     async move {
@@ -69,9 +111,10 @@ pub async fn connect(address: &Address, tls: &ClientTls) -> Result<Channel, Stri
         Address::Tcp { host_port, tls: wanted } => {
             let use_tls = wanted.unwrap_or(tls.ca_pem.is_some());
             let scheme = if use_tls { "https" } else { "http" };
-            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{host_port}"))
+            let endpoint = Endpoint::from_shared(format!("{scheme}://{host_port}"))
                 .map_err(|err| format!("{host_port:?} is not an address: {err}"))?
                 .tcp_nodelay(true);
+            let mut endpoint = with_deadlines(endpoint, deadlines);
             if use_tls {
                 let ca = tls.ca_pem.as_ref().ok_or(
                     "TLS needs the cluster CA certificate (GPOOL_CA, ~/.config/gpool/ca.pem, or ca in agent.toml)",

@@ -177,6 +177,53 @@ fn unreachable_controller_names_the_address() {
     assert_refused(&run, 2, "--server: \"not an address\" is not HOST:PORT");
 }
 
+/// A server that accepts connections and never says a word; and one that
+/// answers HTTP/1.1. Each serves until the test ends.
+fn fake_server(reply: &'static [u8]) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            if !reply.is_empty() {
+                let _ = std::io::Write::write_all(&mut stream, reply);
+            }
+            open.push(stream);
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_server_that_never_answers_or_speaks_http1_is_named_not_waited_for() {
+    let silent = fake_server(b"");
+    let started = std::time::Instant::now();
+    let output = output_within(
+        gpool_command(&["--timeout", "1s", "jobs"])
+            .env("GPOOL_SERVER", &silent)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        "gpool against a silent server",
+        std::time::Duration::from_secs(20),
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    let run = Run::from(output);
+    assert_refused(&run, 69, &format!("cannot reach gpoold at {silent}"));
+
+    let http1 = fake_server(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi");
+    let run = Run::from(
+        gpool_command(&["--timeout", "5s", "jobs"])
+            .env("GPOOL_SERVER", &http1)
+            .output()
+            .unwrap(),
+    );
+    assert_refused(&run, 69, &format!("cannot reach gpoold at {http1}"));
+    assert!(run.stderr.contains("does not speak gRPC over HTTP/2"), "{}", run.stderr);
+}
+
 #[test]
 fn bad_controller_config_names_file_and_line() {
     let dir = tempfile::tempdir().unwrap();

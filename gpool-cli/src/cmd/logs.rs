@@ -15,7 +15,24 @@ pub async fn run(ctx: &Ctx, id: u64, follow: bool, stderr: bool) -> Result<(), C
         .map_err(|s| conn.refused(s))?
         .into_inner();
     let mut out = std::io::stdout().lock();
-    while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+    loop {
+        let next = chunks.message();
+        // Output that exists comes at once; only following may wait.
+        let chunk = match (follow, ctx.timeout) {
+            (false, Some(limit)) => tokio::time::timeout(limit, next)
+                .await
+                .map_err(|_| CliError::Unreachable {
+                    addr: conn.addr.clone(),
+                    reason: format!(
+                        "the node of job {id} sent none of its output within {}s (is its agent stopped?)",
+                        limit.as_secs_f64()
+                    ),
+                })?,
+            _ => next.await,
+        };
+        let Some(chunk) = chunk.map_err(|s| conn.refused(s))? else {
+            break;
+        };
         // A closed stdout (a pipe into `head`) ends the command quietly.
         if out.write_all(&chunk.data).and_then(|()| out.flush()).is_err() {
             return Ok(());

@@ -16,6 +16,8 @@ use crate::{CliError, Output};
 pub struct Ctx {
     pub server: Option<String>,
     pub output: Output,
+    /// For connecting and for each answer; `None`: wait as long as it takes.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// A connected client and the address it reached.
@@ -33,7 +35,7 @@ impl Connection {
 impl Ctx {
     pub async fn connect(&self) -> Result<Connection, CliError> {
         let addr = client::resolve_address(self.server.clone())?;
-        let client = client::connect(&addr).await?;
+        let client = client::connect(&addr, self.timeout).await?;
         Ok(Connection { client, addr })
     }
 
