@@ -3,6 +3,7 @@
 
 use crate::auth::{authorize, Action, Caller, Denied};
 use crate::ids::Timestamp;
+use crate::spec::format_duration;
 use crate::spec::{spec_error, SpecError};
 use jiff::tz::TimeZone;
 use serde::{Deserialize, Serialize};
@@ -393,7 +394,12 @@ impl Sharing {
                 Some(time) if time > max_time => {
                     return Err(Refusal::Spec(spec_error(
                         "time",
-                        format!("{time} s is longer than QoS {}'s max_time of {max_time} s", qos.name),
+                        format!(
+                            "{} is longer than QoS {}'s max_time of {}",
+                            format_duration(time),
+                            qos.name,
+                            format_duration(max_time)
+                        ),
                     )))
                 }
                 Some(_) => {}
@@ -402,7 +408,11 @@ impl Sharing {
         if let Some(grace) = spec.grace_secs.filter(|grace| *grace > self.max_grace_secs) {
             return Err(Refusal::Spec(spec_error(
                 "grace",
-                format!("{grace} s is longer than the longest grace, {} s", self.max_grace_secs),
+                format!(
+                    "{} is longer than the longest grace, {}",
+                    format_duration(grace),
+                    format_duration(self.max_grace_secs)
+                ),
             )));
         }
         Ok(())
@@ -660,7 +670,7 @@ mod tests {
                 .admit(&mut spec, &Caller::user("bob"), "default")
                 .unwrap_err()
                 .to_string(),
-            "time: 7200 s is longer than QoS normal's max_time of 3600 s"
+            "time: 2h is longer than QoS normal's max_time of 1h"
         );
         spec.time_limit_secs = None;
         spec.qos = "gold".into();

@@ -253,11 +253,14 @@ impl JobSpec {
         if let Some(limit) = self.time_limit_secs.filter(|limit| *limit > MAX_TIME_LIMIT_SECS) {
             return Err(spec_error(
                 "time",
-                format!("{limit} s is more than the longest time limit, 365 days"),
+                format!("{} is more than the longest time limit, 365d", format_duration(limit)),
             ));
         }
         if let Some(grace) = self.grace_secs.filter(|grace| *grace > MAX_TIME_LIMIT_SECS) {
-            return Err(spec_error("grace", format!("{grace} s is more than 365 days")));
+            return Err(spec_error(
+                "grace",
+                format!("{} is more than the longest grace, 365d", format_duration(grace)),
+            ));
         }
         if let Some(signal) = self.checkpoint_signal {
             parse_signal(&signal.to_string()).map_err(|reason| spec_error("checkpoint_signal", reason))?;
@@ -476,6 +479,25 @@ pub fn parse_signal(text: &str) -> Result<i32, String> {
 
 /// `64G`, `512M`, `1T`, `4096K` (powers of 1024) or plain bytes; at
 /// least 1 MiB.
+/// Seconds in the form users write durations: `13h`, `1h30m`, `2d4h`,
+/// `90s` as `1m30s`, `0s`.
+pub fn format_duration(secs: u64) -> String {
+    if secs == 0 {
+        return "0s".into();
+    }
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+    ];
+    parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect()
+}
+
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));

@@ -12,16 +12,20 @@ pub enum Error {
     UnknownJob(JobId),
     #[error("node {0:?} not found (known nodes come from registered agents)")]
     UnknownNode(String),
-    #[error("job {index}: {source}")]
-    InvalidSpec { index: usize, source: SpecError },
-    #[error("job {index}: {source}")]
-    Infeasible { index: usize, source: Infeasible },
+    #[error("{}{source}", spec_position(*index, *of))]
+    InvalidSpec { index: usize, of: usize, source: SpecError },
+    #[error("{}{source}", spec_position(*index, *of))]
+    Infeasible {
+        index: usize,
+        of: usize,
+        source: Infeasible,
+    },
     #[error("{field}: {reason}")]
     InvalidRequest { field: &'static str, reason: String },
     #[error("{0}")]
     Denied(#[from] Denied),
-    #[error("job {index}: {source}")]
-    SubmitDenied { index: usize, source: Denied },
+    #[error("{}{source}", spec_position(*index, *of))]
+    SubmitDenied { index: usize, of: usize, source: Denied },
     #[error("token {0} does not exist")]
     UnknownToken(u64),
     #[error("node {node:?} still runs {jobs}: cancel them, or drain it with --now, before removing it")]
@@ -48,6 +52,16 @@ pub enum Error {
     SchemaTooNew { found: u32, supported: u32 },
     #[error("gpoold is shutting down")]
     ShuttingDown,
+}
+
+/// Which spec of a request an error is about: nothing for a request of one
+/// (the user knows which), "job 3 of 12 in the request: " in a batch.
+fn spec_position(index: usize, of: usize) -> String {
+    if of <= 1 {
+        String::new()
+    } else {
+        format!("job {index} of {of} in the request: ")
+    }
 }
 
 impl From<sled::Error> for Error {

@@ -232,3 +232,42 @@ fn backfill_lets_a_short_job_run_ahead_and_why_gives_the_reserved_start() {
         cluster.wait_for_state(id, "completed");
     }
 }
+
+#[test]
+fn usage_and_refusals_speak_as_users_write() {
+    // No [[team]]: every job runs guaranteed, the whole pool.
+    let mut cluster = Cluster::with_config("[[qos]]\nname = \"normal\"\nmax_time = \"12h\"\n");
+    cluster.start_agent("n1", 1);
+    let id = cluster.submit(&["--time", "1h", "--", "true"]);
+    cluster.wait_for_state(id, "completed");
+    let usage = cluster.gpool(&["usage", "--output", "json"]).json();
+    let team = usage.as_array().unwrap().first().cloned().unwrap_or_default();
+    assert_eq!(
+        (team["team"].as_str(), &team["guaranteed_gpus"]),
+        (Some("default"), &serde_json::Value::Null),
+        "{usage}"
+    );
+
+    // One job: no position; the limits as durations.
+    let run = cluster.gpool(&["submit", "--time", "13h", "--", "true"]);
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr
+            .contains("refused: time: 13h is longer than QoS normal's max_time of 12h"),
+        "{}",
+        run.stderr
+    );
+    // In a batch, the position says of how many.
+    let file = cluster.dir.path().join("two.toml");
+    std::fs::write(
+        &file,
+        "[[job]]\ncommand = [\"true\"]\n[[job]]\ncommand = [\"true\"]\ntime = \"13h\"\n",
+    )
+    .unwrap();
+    let run = cluster.gpool(&["submit", "-f", &file.display().to_string()]);
+    assert!(
+        run.stderr.contains("job 2 of 2 in the request: time: 13h is longer"),
+        "{}",
+        run.stderr
+    );
+}

@@ -74,7 +74,9 @@ pub async fn usage(ctx: &Ctx, team: Option<String>) -> Result<(), CliError> {
             .iter()
             .map(|t| {
                 serde_json::json!({
-                    "team": t.team, "shares": t.shares, "guaranteed_gpus": t.guaranteed_gpus,
+                    // null: no [[team]] is configured, so the whole pool is.
+                    "team": t.team, "shares": t.shares,
+                    "guaranteed_gpus": (t.guaranteed_gpus != u32::MAX).then_some(t.guaranteed_gpus),
                     "guaranteed_gpu_hours": t.guaranteed_gpu_hours, "burst_gpu_hours": t.burst_gpu_hours,
                     "gpu_hours_budget": t.gpu_hours_budget, "budget_left_gpu_hours": t.budget_left_gpu_hours,
                     "gpus_in_use": t.gpus_in_use, "guaranteed_gpus_in_use": t.guaranteed_gpus_in_use,

@@ -178,7 +178,7 @@ fn time_limits_grace_and_checkpoint_signals_are_bounded() {
     long.time = Some("400d".into());
     assert_eq!(
         long.into_spec().unwrap_err().to_string(),
-        "time: 34560000 s is more than the longest time limit, 365 days"
+        "time: 400d is more than the longest time limit, 365d"
     );
     let mut signal = input(&["true"]);
     signal.checkpoint_signal = Some("PROF".into());
@@ -195,6 +195,22 @@ fn time_limits_grace_and_checkpoint_signals_are_bounded() {
     ok.grace = Some("2m".into());
     let spec = ok.into_spec().unwrap();
     assert_eq!((spec.checkpoint_signal, spec.grace_secs), (Some(12), Some(120)));
+}
+
+#[test]
+fn durations_print_as_users_write_them() {
+    for (secs, text) in [
+        (0, "0s"),
+        (90, "1m30s"),
+        (46_800, "13h"),
+        (5_400, "1h30m"),
+        (187_200, "2d4h"),
+    ] {
+        assert_eq!(format_duration(secs), text);
+        if secs > 0 {
+            assert_eq!(parse_duration(text).ok(), Some(secs), "{text} reads back");
+        }
+    }
 }
 
 #[test]

@@ -318,6 +318,7 @@ impl State {
             });
         }
         let nodes: Vec<Node> = self.nodes.values().cloned().collect();
+        let of = specs.len();
         let mut checked = Vec::with_capacity(specs.len());
         for (spec_idx, mut spec) in specs.into_iter().enumerate() {
             let index = spec_idx + 1;
@@ -325,11 +326,12 @@ impl State {
                 .sharing
                 .admit(&mut spec, caller, DEFAULT_TEAM)
                 .map_err(|refusal| match refusal {
-                    Refusal::Spec(source) => Error::InvalidSpec { index, source },
-                    Refusal::Denied(source) => Error::SubmitDenied { index, source },
+                    Refusal::Spec(source) => Error::InvalidSpec { index, of, source },
+                    Refusal::Denied(source) => Error::SubmitDenied { index, of, source },
                 })?;
-            spec.validate().map_err(|source| Error::InvalidSpec { index, source })?;
-            check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, source })?;
+            spec.validate()
+                .map_err(|source| Error::InvalidSpec { index, of, source })?;
+            check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, of, source })?;
             checked.push(spec);
         }
         let mut ids = Vec::with_capacity(checked.len());
