@@ -1,9 +1,11 @@
 //! `gpool`: submit, inspect and cancel jobs; drain and resume nodes.
 //!
 //! Exit codes: 0 success; 1 the request failed; 2 bad usage or input;
-//! 69 the controller could not be reached; 141 stdout was closed early. `submit --wait` exits with the
-//! job's own exit code (128+N when a signal N killed it), 125 when the job
-//! was cancelled and 126 when it failed without an exit code of its own.
+//! 69 the controller could not be reached; 141 stdout was closed early.
+//! `submit --wait` exits with the job's own exit code (128+N when a signal
+//! N killed it), 124 when it ran out of time, 125 when it was cancelled,
+//! 126 when it failed without an exit code of its own, and 130 when the
+//! user stopped waiting.
 
 /// `println!`, except that a closed stdout (`gpool show 1 | head -1`) ends
 /// gpool quietly with exit code 141, as SIGPIPE ends other Unix tools,

@@ -42,6 +42,11 @@ pub enum JobState {
         ended_at: Timestamp,
         by: String,
     },
+    /// Its time limit ran out; `ended_at` is when its processes were gone.
+    Timeout {
+        started_at: Timestamp,
+        ended_at: Timestamp,
+    },
 }
 
 /// How an attempt's process ended.
@@ -125,20 +130,26 @@ impl JobState {
             JobState::Completed { .. } => "completed",
             JobState::Failed { .. } => "failed",
             JobState::Cancelled { .. } => "cancelled",
+            JobState::Timeout { .. } => "timeout",
         }
     }
 
     pub fn is_finished(&self) -> bool {
         matches!(
             self,
-            JobState::Completed { .. } | JobState::Failed { .. } | JobState::Cancelled { .. }
+            JobState::Completed { .. }
+                | JobState::Failed { .. }
+                | JobState::Cancelled { .. }
+                | JobState::Timeout { .. }
         )
     }
 
     pub fn started_at(&self) -> Option<Timestamp> {
         match self {
             JobState::Pending => None,
-            JobState::Running { started_at, .. } | JobState::Completed { started_at, .. } => Some(*started_at),
+            JobState::Running { started_at, .. }
+            | JobState::Completed { started_at, .. }
+            | JobState::Timeout { started_at, .. } => Some(*started_at),
             JobState::Failed { started_at, .. } | JobState::Cancelled { started_at, .. } => *started_at,
         }
     }
@@ -166,7 +177,8 @@ impl JobState {
             JobState::Pending | JobState::Running { .. } => None,
             JobState::Completed { ended_at, .. }
             | JobState::Failed { ended_at, .. }
-            | JobState::Cancelled { ended_at, .. } => Some(*ended_at),
+            | JobState::Cancelled { ended_at, .. }
+            | JobState::Timeout { ended_at, .. } => Some(*ended_at),
         }
     }
 
@@ -274,11 +286,9 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
             exit_code: Some(128 + signal),
             reason: format!("killed by signal {signal}"),
         },
-        JobEvent::TimedOut { now, .. } => JobState::Failed {
-            started_at: Some(started_at),
+        JobEvent::TimedOut { now, .. } => JobState::Timeout {
+            started_at,
             ended_at: *now,
-            exit_code: None,
-            reason: "its time limit ran out".to_string(),
         },
         JobEvent::FailedToStart { reason, now, .. } => JobState::Failed {
             started_at: Some(started_at),

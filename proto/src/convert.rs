@@ -114,6 +114,7 @@ pub fn state_to_wire(state: &JobState) -> pb::JobState {
         JobState::Completed { .. } => pb::JobState::Completed,
         JobState::Failed { .. } => pb::JobState::Failed,
         JobState::Cancelled { .. } => pb::JobState::Cancelled,
+        JobState::Timeout { .. } => pb::JobState::Timeout,
     }
 }
 
@@ -126,6 +127,7 @@ pub fn state_name(state: pb::JobState) -> &'static str {
         pb::JobState::Completed => "completed",
         pb::JobState::Failed => "failed",
         pb::JobState::Cancelled => "cancelled",
+        pb::JobState::Timeout => "timeout",
     }
 }
 
@@ -137,6 +139,7 @@ pub fn state_from_name(name: &str) -> Option<pb::JobState> {
         pb::JobState::Completed,
         pb::JobState::Failed,
         pb::JobState::Cancelled,
+        pb::JobState::Timeout,
     ]
     .into_iter()
     .find(|state| state_name(*state) == name.to_ascii_lowercase())
@@ -175,6 +178,7 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         JobState::Completed { .. } => (Some(0), String::new(), 0, Vec::new(), String::new()),
         JobState::Failed { exit_code, reason, .. } => (*exit_code, reason.clone(), 0, Vec::new(), String::new()),
         JobState::Cancelled { by, .. } => (None, format!("cancelled by {by}"), 0, Vec::new(), by.clone()),
+        JobState::Timeout { .. } => (None, "its time limit ran out".to_string(), 0, Vec::new(), String::new()),
     };
     pb::Job {
         id: job.id.0,

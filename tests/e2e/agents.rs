@@ -190,14 +190,32 @@ fn cancel_kills_the_whole_process_tree() {
 fn time_limit_ends_a_job() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 1);
-    let run = cluster.gpool(&["submit", "--wait", "--time", "1s", "--", "sleep", "300"]);
-    assert_eq!(
-        run.code, 126,
-        "failed without an exit code of its own; stderr: {}",
-        run.stderr
-    );
+    // Ended at its limit, and recorded as soon as its processes are gone
+    // (not after the SIGKILL grace).
+    let started = std::time::Instant::now();
+    let run = cluster.gpool(&["submit", "--wait", "--time", "2s", "--", "sleep", "300"]);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert_eq!(run.code, 124, "timeout, as timeout(1) exits; stderr: {}", run.stderr);
     let id: u64 = run.stdout.trim().parse().expect("job id");
-    assert_eq!(cluster.job(id)["end_reason"], "its time limit ran out");
+    let job = cluster.job(id);
+    assert_eq!(
+        (job["state"].as_str(), job["end_reason"].as_str()),
+        (Some("timeout"), Some("its time limit ran out"))
+    );
+    // A job that catches SIGTERM and exits 0 still ran out of time.
+    let run = cluster.gpool(&[
+        "submit",
+        "--wait",
+        "--time",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        "trap 'exit 0' TERM; sleep 300 & wait",
+    ]);
+    assert_eq!(run.code, 124, "{}", run.stderr);
+    let id: u64 = run.stdout.trim().parse().expect("job id");
+    assert_eq!(cluster.job(id)["state"], "timeout");
 }
 
 #[test]

@@ -294,7 +294,7 @@ fn the_supervisor_enforces_time_limits_while_the_agent_is_down() {
     });
     assert!(started.elapsed() < Duration::from_secs(15));
     cluster.start_agent("n1", 1);
-    let job = cluster.wait_for_state(id, "failed");
+    let job = cluster.wait_for_state(id, "timeout");
     assert!(
         job["end_reason"].as_str().unwrap_or_default().contains("time limit"),
         "{job}"
@@ -436,7 +436,7 @@ fn chaos() {
         let jobs = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
         let jobs = jobs.as_array()?.clone();
         jobs.iter()
-            .all(|job| ["completed", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or("")))
+            .all(|job| ["completed", "failed", "cancelled", "timeout"].contains(&job["state"].as_str().unwrap_or("")))
             .then_some(jobs)
     });
     let listed: std::collections::BTreeMap<u64, serde_json::Value> = states

@@ -1,7 +1,7 @@
 //! `gpool jobs`, `gpool show`, and following a job until it ends.
 
 use super::{Connection, Ctx};
-use crate::cmd::submit::{EXIT_CANCELLED, EXIT_FAILED_TO_START, EXIT_INTERRUPTED};
+use crate::cmd::submit::{EXIT_CANCELLED, EXIT_FAILED_TO_START, EXIT_INTERRUPTED, EXIT_TIMEOUT};
 use crate::output;
 use crate::CliError;
 use gpool_proto::convert::{state_from_name, state_name};
@@ -172,6 +172,7 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
             pb::JobState::Completed => 0,
             pb::JobState::Cancelled => EXIT_CANCELLED,
             pb::JobState::Failed => job.exit_code.map_or(EXIT_FAILED_TO_START, failed_exit_code),
+            pb::JobState::Timeout => EXIT_TIMEOUT,
             other => {
                 return Err(CliError::Refused(format!(
                     "job {id}: watch ended while {}",
@@ -192,7 +193,7 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
 fn ended(job: &pb::Job) -> bool {
     matches!(
         job.state(),
-        pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled
+        pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled | pb::JobState::Timeout
     )
 }
 
@@ -210,7 +211,9 @@ fn describe(job: &pb::Job) -> String {
             Some(reason) => format!("pending: {reason}"),
             None => "pending".into(),
         },
-        pb::JobState::Failed | pb::JobState::Cancelled => format!("{}: {}", state_name(job.state()), job.end_reason),
+        pb::JobState::Failed | pb::JobState::Cancelled | pb::JobState::Timeout => {
+            format!("{}: {}", state_name(job.state()), job.end_reason)
+        }
         other => state_name(other).to_string(),
     }
 }

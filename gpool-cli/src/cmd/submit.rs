@@ -9,6 +9,8 @@ use gpool_proto::convert::spec_to_wire;
 use gpool_proto::pb;
 use std::path::PathBuf;
 
+/// Exit code of `--wait` when the job ran out of time (as `timeout(1)`).
+pub const EXIT_TIMEOUT: u8 = 124;
 /// Exit code of `--wait` when the user stopped waiting (128 + SIGINT).
 pub const EXIT_INTERRUPTED: u8 = 130;
 /// Exit code of `--wait` when the job was cancelled.

@@ -268,7 +268,14 @@ fn a_time_limit_end_is_a_failure_that_says_so() {
         now: Timestamp(20),
     })
     .unwrap();
-    assert!(matches!(&job.state, JobState::Failed { reason, .. } if reason.contains("time limit")));
+    assert_eq!(
+        job.state,
+        JobState::Timeout {
+            started_at: Timestamp(10),
+            ended_at: Timestamp(20)
+        }
+    );
+    assert!(job.state.is_finished());
 }
 
 #[test]

@@ -670,6 +670,6 @@ fn valid_user_name(user: String) -> Result<String, Error> {
 fn is_finished(job: &pb::Job) -> bool {
     matches!(
         job.state(),
-        pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled
+        pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled | pb::JobState::Timeout
     )
 }

@@ -757,6 +757,8 @@ pub enum JobState {
     Completed = 3,
     Failed = 4,
     Cancelled = 5,
+    /// Its time limit ran out and its processes were ended.
+    Timeout = 6,
 }
 impl JobState {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -771,6 +773,7 @@ impl JobState {
             Self::Completed => "JOB_STATE_COMPLETED",
             Self::Failed => "JOB_STATE_FAILED",
             Self::Cancelled => "JOB_STATE_CANCELLED",
+            Self::Timeout => "JOB_STATE_TIMEOUT",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -782,6 +785,7 @@ impl JobState {
             "JOB_STATE_COMPLETED" => Some(Self::Completed),
             "JOB_STATE_FAILED" => Some(Self::Failed),
             "JOB_STATE_CANCELLED" => Some(Self::Cancelled),
+            "JOB_STATE_TIMEOUT" => Some(Self::Timeout),
             _ => None,
         }
     }
