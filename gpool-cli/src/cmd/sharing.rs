@@ -41,7 +41,7 @@ pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
                     "  expected to start at {} (GPUs reserved for it) if running jobs end by their time limits",
                     output::rfc3339(at)
                 ),
-                None => outln!("  no start time is estimated (only the first blocked job holds a reservation)"),
+                None => outln!("  no start time is estimated"),
             }
         }
         pb::JobState::Running => {

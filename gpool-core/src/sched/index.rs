@@ -280,6 +280,7 @@ impl<'v> FreeIndex<'v> {
             total_free,
             max_free_on_one_node: max_free as u32,
             n_nodes_with_enough: n_with_enough,
+            kept: 0,
         }];
         rejects.extend(self.unavailable_note(pool_idx, pool_label));
         rejects

@@ -299,10 +299,10 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     let mut masked: Option<FreeIndex> = None;
     let mut ends: Vec<(Option<Timestamp>, Vec<NodePlacement>)> = Vec::new();
     // GPUs kept free for QoS classes (and above); burst work never takes them.
-    let reserves: Vec<(u32, u64)> = sharing
+    let reserves: Vec<(u32, u64, &str)> = sharing
         .qos
         .iter()
-        .map(|qos| (qos.priority, u64::from(qos.reserve_gpus)))
+        .map(|qos| (qos.priority, u64::from(qos.reserve_gpus), qos.name.as_str()))
         .collect();
     // Free GPUs only shrink within a cycle, so a job shape that found no
     // room fails again: later jobs of that shape reuse its reasons (a queue
@@ -330,9 +330,16 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
         let qos_priority = sharing.qos(&job.qos).map_or(0, |qos| qos.priority);
         let kept: u64 = reserves
             .iter()
-            .filter(|(priority, _)| *priority > qos_priority || !covered)
-            .map(|(_, n)| n)
+            .filter(|(priority, _, _)| *priority > qos_priority || !covered)
+            .map(|(_, n, _)| n)
             .sum();
+        // The class that may take every kept GPU, if changing to it helps:
+        // burst work never takes kept GPUs, whatever its class.
+        let higher_class = reserves
+            .iter()
+            .filter(|(priority, n, _)| covered && *priority > qos_priority && *n > 0)
+            .max_by_key(|(priority, _, _)| *priority)
+            .map(|(_, _, name)| name.to_string());
         let keep = (kept > 0).then(|| preempt::Keep {
             pool_free_now: index.pool_free(job, policy),
             kept,
@@ -362,7 +369,10 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             }
         }
         let placed = match masked.as_mut() {
-            _ if into_reserve => Err(vec![Reject::Reserved { gpus: kept }]),
+            _ if into_reserve => Err(vec![Reject::Reserved {
+                gpus: kept,
+                higher_class: higher_class.clone(),
+            }]),
             Some(masked) if goes_around => masked.place(job, policy).inspect(|placement| index.remove(placement)),
             Some(masked) => index.place(job, policy).inspect(|placement| masked.remove(placement)),
             None => index.place(job, policy),
@@ -382,6 +392,11 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 });
             }
             Err(mut reasons) => {
+                for reason in &mut reasons {
+                    if let Reject::Resources { kept: of_free, .. } = reason {
+                        *of_free = kept;
+                    }
+                }
                 if may_preempt {
                     if let Some((n_jobs, placement)) = reclaim.plan(job, covered, keep, &mut plan.preemptions) {
                         hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
@@ -420,7 +435,11 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                             placement,
                         }))
                         .collect();
-                    if let Some((at, placement)) = backfill::earliest_start(job, reclaim.nodes(), releases, policy) {
+                    let earliest = backfill::earliest_start(job, reclaim.nodes(), releases, policy);
+                    if earliest.is_none() {
+                        reasons.push(Reject::NoEstimate);
+                    }
+                    if let Some((at, placement)) = earliest {
                         let mut held = reclaim.nodes().to_vec();
                         for node in &mut held {
                             for gpu in &mut node.gpus {

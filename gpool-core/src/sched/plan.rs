@@ -83,7 +83,13 @@ pub enum Reject {
     /// Starting it would dip into GPUs QoS classes keep free.
     Reserved {
         gpus: u64,
+        /// A class that may take them, where changing class would help (a
+        /// job that runs guaranteed, in a lower class than a reserve's).
+        higher_class: Option<String>,
     },
+    /// The first blocked job: its start cannot be foreseen, because not
+    /// every running job in its way has a time limit.
+    NoEstimate,
     /// Running jobs are being preempted to make room for this one.
     Reclaiming {
         n_jobs: usize,
@@ -108,6 +114,9 @@ pub enum Reject {
         total_free: u64,
         max_free_on_one_node: u32,
         n_nodes_with_enough: usize,
+        /// Of `total_free`, how many are kept for others (QoS reserves this
+        /// job may not take).
+        kept: u64,
     },
 }
 
@@ -174,7 +183,12 @@ impl Reject {
             Reject::BehindReservation { .. } => {
                 "give it a --time short enough to end before the reservation".to_string()
             }
-            Reject::Reserved { .. } => "use a higher QoS class, or wait for busier GPUs to free up".to_string(),
+            Reject::Reserved {
+                higher_class: Some(class),
+                ..
+            } => format!("use QoS class {class}, which may take them, or wait for busier GPUs to free up"),
+            Reject::Reserved { .. } => "wait for busier GPUs to free up".to_string(),
+            Reject::NoEstimate => return None,
             Reject::Reclaiming { .. } => {
                 "nothing: it starts once the preempted jobs have checkpointed or their grace ran out".to_string()
             }
@@ -199,12 +213,22 @@ impl Reject {
             Reject::Resources {
                 nodes: 1,
                 max_free_on_one_node,
+                total_free,
+                kept,
                 ..
-            } if *max_free_on_one_node > 0 => format!(
-                "ask for at most {} to start now, or wait for running jobs to end",
-                plural(u64::from(*max_free_on_one_node), "GPU", "GPUs")
-            ),
-            Reject::Resources { nodes: 1, .. } => "wait for running jobs to end".to_string(),
+            } => {
+                // What a smaller job could take: free on one node, and not
+                // the GPUs kept for others.
+                let usable = u64::from(*max_free_on_one_node).min(total_free.saturating_sub(*kept));
+                if usable > 0 {
+                    format!(
+                        "ask for at most {} to start now, or wait for running jobs to end",
+                        plural(usable, "GPU", "GPUs")
+                    )
+                } else {
+                    "wait for running jobs to end".to_string()
+                }
+            }
             Reject::Resources {
                 n_nodes_with_enough, ..
             } => format!(
@@ -265,7 +289,10 @@ impl fmt::Display for Reject {
                 "it would delay job {job}, which has GPUs reserved from {} from now",
                 humanize_secs(*in_secs)
             ),
-            Reject::Reserved { gpus } => write!(
+            Reject::NoEstimate => f.write_str(
+                "no start time can be foreseen: not every running job in its way has a time limit",
+            ),
+            Reject::Reserved { gpus, .. } => write!(
                 f,
                 "the free GPUs are the {} kept for higher QoS classes (or for guaranteed work)",
                 plural(*gpus, "GPU", "GPUs")
@@ -288,6 +315,21 @@ impl fmt::Display for Reject {
                 f,
                 "team {team} runs {in_use} of its {guaranteed_gpus} guaranteed GPUs; {} more run only as burst work on idle GPUs",
                 plural(*wanted, "GPU", "GPUs")
+            ),
+            Reject::Resources {
+                gpus_per_node,
+                nodes,
+                total_free: 0,
+                ..
+            } => write!(
+                f,
+                "wants {} on {}; none is free",
+                plural(u64::from(*gpus_per_node), "GPU", "GPUs"),
+                if *nodes == 1 {
+                    "one node".to_string()
+                } else {
+                    format!("each of {nodes} nodes")
+                }
             ),
             Reject::Resources {
                 gpus_per_node,

@@ -66,7 +66,7 @@ fn no_preemption_when_the_job_still_could_not_start() {
         "r1 team=a on=n1:0-1\nr2 team=c burst on=n1:2-3\nr3 team=a on=n2:0-1\nr4 team=c burst on=n2:2-3",
         "j5 team=b gpus=4",
         expect![[r#"
-            pending j5: wants 4 GPUs on one node; 0 free in total but at most 0 on one node
+            pending j5: wants 4 GPUs on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }
@@ -131,7 +131,7 @@ fn young_jobs_of_a_min_runtime_class_are_spared() {
         "r1 team=a burst qos=long on=n1:0-3 start=9500",
         "j3 team=b gpus=2",
         expect![[r#"
-            pending j3: wants 2 GPUs on one node; 0 free in total but at most 0 on one node
+            pending j3: wants 2 GPUs on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }
@@ -182,8 +182,8 @@ fn a_team_beyond_its_guarantee_or_budget_runs_burst_only() {
     let mut budget = policy.clone();
     budget.sharing.teams[1].gpu_hours = Some(0);
     expect![[r#"
-        pending j3: wants 1 GPU on one node; 0 free in total but at most 0 on one node; team b used its 0 guaranteed GPU-hours this period, so it runs only as burst work on idle GPUs
-        pending j2: wants 2 GPUs on one node; 0 free in total but at most 0 on one node; team a runs 4 of its 4 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+        pending j3: wants 1 GPU on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit; team b used its 0 guaranteed GPU-hours this period, so it runs only as burst work on idle GPUs
+        pending j2: wants 2 GPUs on one node; none is free; team a runs 4 of its 4 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
     "#]]
     .assert_eq(&schedule(&view, &budget, NOW).to_string());
 }
@@ -199,7 +199,7 @@ fn higher_qos_preempts_lower_and_guaranteed_goes_first() {
         expect![[r#"
             preempt j1 for j3 (loses 20000 GPU-seconds)
             pending j3: preempting 1 running job to make room for it; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
-            pending j2: wants 1 GPU on one node; 0 free in total but at most 0 on one node; team c runs 0 of its 0 guaranteed GPUs; 1 GPU more run only as burst work on idle GPUs
+            pending j2: wants 1 GPU on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit; team c runs 0 of its 0 guaranteed GPUs; 1 GPU more run only as burst work on idle GPUs
         "#]],
     );
     // A guaranteed job goes before burst work of higher priority.
@@ -210,7 +210,7 @@ fn higher_qos_preempts_lower_and_guaranteed_goes_first() {
         "j1 team=c gpus=2 prio=100\nj2 team=a gpus=2",
         expect![[r#"
             start j2 n1[0-1]
-            pending j1: wants 2 GPUs on one node; 0 free in total but at most 0 on one node; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+            pending j1: wants 2 GPUs on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
         "#]],
     );
 }
@@ -530,7 +530,7 @@ fn free_gpus_a_reclaiming_job_counts_on_are_held_for_it() {
         expect![[r#"
             preempt j1 for j3 (loses 20000 GPU-seconds)
             pending j3: preempting 1 running job to make room for it
-            pending j4: wants 2 GPUs on one node; 0 free in total but at most 0 on one node; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+            pending j4: wants 2 GPUs on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
         "#]],
     );
 }
@@ -582,5 +582,45 @@ fn guarantees_per_pool_and_per_gpu_model() {
         expect![[r#"
             start j1 n1[2] (burst)
         "#]],
+    );
+}
+
+/// The hints `gpool why` gives each pending job of the plan.
+fn hints(policy: &Policy, nodes: &str, jobs: &str) -> Vec<String> {
+    let plan = schedule(&cluster_view_with(nodes, "", jobs), policy, NOW);
+    plan.pending
+        .iter()
+        .map(|(job, reasons)| {
+            let hints: Vec<String> = reasons.iter().filter_map(Reject::hint).collect();
+            format!("j{job}: {}", hints.join("; "))
+        })
+        .collect()
+}
+
+#[test]
+fn hints_are_true_of_the_state_they_come_from() {
+    let mut policy = policy();
+    policy.sharing.qos[2].reserve_gpus = 2;
+    // 3 free, 2 of them kept for `high`: a smaller job starts only if it
+    // leaves those alone, so at most 1 GPU, not 3.
+    assert_eq!(
+        hints(&policy, "n1 4xh100 used=0", "j1 team=a gpus=4"),
+        ["j1: ask for at most 1 GPU to start now, or wait for running jobs to end"]
+    );
+    // Nothing free beyond the kept GPUs: nothing smaller helps.
+    assert_eq!(
+        hints(&policy, "n1 4xh100 used=0-1", "j1 team=a gpus=4"),
+        ["j1: wait for running jobs to end"]
+    );
+    // A guaranteed job below the reserving class is told which class may
+    // take the kept GPUs...
+    assert_eq!(
+        hints(&policy, "n1 4xh100", "j1 team=a gpus=3"),
+        ["j1: use QoS class high, which may take them, or wait for busier GPUs to free up"]
+    );
+    // ...burst work of the top class is not told to change class.
+    assert_eq!(
+        hints(&policy, "n1 4xh100", "j1 team=c qos=high gpus=3"),
+        ["j1: wait for busier GPUs to free up"]
     );
 }

@@ -45,8 +45,8 @@ fn priority_then_submit_order() {
         "j1 gpus=4\nj2 gpus=4 prio=10\nj3 gpus=4",
         expect![[r#"
             start j2 n1[0-3]
-            pending j1: wants 4 GPUs on one node; 0 free in total but at most 0 on one node
-            pending j3: wants 4 GPUs on one node; 0 free in total but at most 0 on one node
+            pending j1: wants 4 GPUs on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit
+            pending j3: wants 4 GPUs on one node; none is free
         "#]],
     );
 }
@@ -58,7 +58,7 @@ fn gang_is_all_or_nothing() {
         "j1 gpus=8 nodes=3\nj2 gpus=4 nodes=2",
         expect![[r#"
             start j2 n1[0-3] n3[0-3]
-            pending j1: wants 8 GPUs on each of 3 nodes; 2 nodes have that many free (19 free in total)
+            pending j1: wants 8 GPUs on each of 3 nodes; 2 nodes have that many free (19 free in total); no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }
@@ -93,7 +93,7 @@ fn fragmentation_is_named() {
         "n1 8xh100 used=0-4\nn2 8xh100 used=0-4\nn3 8xh100 used=0-4\nn4 8xh100 used=0-4",
         "j1 gpus=4",
         expect![[r#"
-            pending j1: wants 4 GPUs on one node; 12 free in total but at most 3 on one node
+            pending j1: wants 4 GPUs on one node; 12 free in total but at most 3 on one node; no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }
@@ -118,7 +118,7 @@ fn no_nodes_and_unavailable_nodes() {
         "n1 8xh100 used=0-7\nn2 8xh100 drain",
         "j1 gpus=1",
         expect![[r#"
-            pending j1: wants 1 GPU on one node; 0 free in total but at most 0 on one node; pool "default" has 0 down and 1 draining or drained
+            pending j1: wants 1 GPU on one node; none is free; pool "default" has 0 down and 1 draining or drained; no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }
@@ -269,7 +269,7 @@ fn gang_reason_counts_nodes_of_one_model() {
         "n1 8xh100\nn2 8xh100\nn3 8xa100",
         "j1 gpus=8 nodes=3",
         expect![[r#"
-            pending j1: wants 8 GPUs on each of 3 nodes; 2 nodes have that many free (24 free in total)
+            pending j1: wants 8 GPUs on each of 3 nodes; 2 nodes have that many free (24 free in total); no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }
