@@ -42,7 +42,8 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "gpool", version, about = "Submit and manage jobs on a gpool GPU cluster")]
 pub struct Cli {
-    /// Controller address (HOST:PORT); defaults to a running dev controller.
+    /// Controller address (HOST:PORT, https://HOST:PORT or unix:PATH);
+    /// defaults to a running dev controller, then the local socket.
     #[arg(long, global = true, env = "GPOOL_SERVER")]
     server: Option<String>,
     /// Output format.
@@ -85,7 +86,7 @@ enum Command {
         #[arg(long)]
         stderr: bool,
     },
-    /// Cancel jobs.
+    /// Cancel jobs (each id that can be; the others are named).
     Cancel {
         /// Job ids.
         #[arg(required = true)]
@@ -99,6 +100,7 @@ enum Command {
     Nodes,
     /// Stop placing new jobs on a node.
     Drain {
+        /// The node's name, as `gpool nodes` lists it.
         node: String,
         /// Why (shown in `gpool nodes`).
         #[arg(long, required = true)]
@@ -108,21 +110,42 @@ enum Command {
         now: bool,
     },
     /// Let a drained node take jobs again.
-    Resume { node: String },
+    Resume {
+        /// The node's name, as `gpool nodes` lists it.
+        node: String,
+    },
     /// Sysadmin commands.
     #[command(subcommand)]
     Admin(AdminCommand),
     /// Why a job waits (or runs as burst work), what would make it start
     /// sooner, and its priority.
-    Why { id: u64 },
+    Why {
+        /// Job id.
+        id: u64,
+    },
     /// Each team's GPU-hours this period, budget left, GPUs in use and
     /// fair-share factor.
     Usage {
+        /// Only this team.
         #[arg(long)]
         team: Option<String>,
     },
     /// Who gpoold takes you to be, and how it knows.
     Whoami,
+    /// Print a completion script: `gpool completions bash >
+    /// /etc/bash_completion.d/gpool` (zsh: into a directory of $fpath as
+    /// _gpool; fish: ~/.config/fish/completions/gpool.fish).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages for gpool and each of its commands:
+    /// `gpool man --out /usr/local/share/man/man1`.
+    Man {
+        /// Directory to write gpool.1, gpool-submit.1... into.
+        #[arg(long, value_name = "DIR")]
+        out: std::path::PathBuf,
+    },
     /// Inside a job: report a finished checkpoint (a preempted job then
     /// ends at once, and the scheduler counts less lost work).
     Checkpoint {
@@ -159,13 +182,17 @@ enum AdminCommand {
 enum NodeCommand {
     /// Forget a node (it comes back if its agent registers again); refused
     /// while jobs run on it.
-    Remove { node: String },
+    Remove {
+        /// The node's name, as `gpool nodes` lists it.
+        node: String,
+    },
 }
 
 #[derive(clap::Subcommand)]
 enum CaCommand {
     /// Create the cluster CA in <state-dir>/ca (ca.pem, and ca.key mode 0600).
     Init {
+        /// The controller's state dir, whose ca/ holds the cluster CA.
         #[arg(long, default_value_os_t = cmd::pki::default_state_dir())]
         state_dir: std::path::PathBuf,
         /// How long the CA is valid.
@@ -185,8 +212,10 @@ enum CertCommand {
         /// Host names and IP addresses clients dial gpoold by.
         #[arg(long, num_args = 1..)]
         controller: Vec<String>,
+        /// Directory to write NAME.pem and NAME.key into.
         #[arg(long, default_value = ".")]
         out: std::path::PathBuf,
+        /// The controller's state dir, whose ca/ holds the cluster CA.
         #[arg(long, default_value_os_t = cmd::pki::default_state_dir())]
         state_dir: std::path::PathBuf,
         /// How long the certificate is valid.
@@ -195,9 +224,12 @@ enum CertCommand {
     },
     /// Revoke a certificate by serial, or every one issued to --node.
     Revoke {
+        /// The certificate's serial (hex, as `issue` printed it).
         serial: Option<String>,
+        /// Every certificate issued to this node.
         #[arg(long, conflicts_with = "serial")]
         node: Option<String>,
+        /// The controller's state dir, whose ca/ holds the cluster CA.
         #[arg(long, default_value_os_t = cmd::pki::default_state_dir())]
         state_dir: std::path::PathBuf,
     },
@@ -207,6 +239,7 @@ enum CertCommand {
 enum TokenCommand {
     /// Issue a token; it is printed once, on stdout.
     Create {
+        /// The user the token acts as.
         #[arg(long)]
         user: String,
         /// user, lead (manages --team's jobs) or admin.
@@ -219,8 +252,12 @@ enum TokenCommand {
         #[arg(long, value_parser = parse_validity)]
         expires: Option<u64>,
     },
+    /// List tokens: id, user, role, teams, expiry and whether revoked
+    /// (never the token itself).
     List,
+    /// Revoke a token at once.
     Revoke {
+        /// The token's id, as `list` shows it.
         id: u64,
     },
 }
@@ -321,6 +358,18 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         timeout: (!cli.timeout.is_zero()).then_some(cli.timeout),
     };
     match cli.command {
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "gpool", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Man { out } => {
+            std::fs::create_dir_all(&out).map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
+            clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &out)
+                .map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
+            outln!("man pages written to {}", out.display());
+            Ok(0)
+        }
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
@@ -370,5 +419,43 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Usage { team } => cmd::sharing::usage(&ctx, team).await.map(|()| 0),
         Command::Checkpoint { job, attempt } => cmd::checkpoint::run(&ctx, job, attempt).await.map(|()| 0),
         Command::Resume { node } => cmd::nodes::drain(&ctx, node, None).await.map(|()| 0),
+    }
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::Cli;
+    use clap::{CommandFactory, Parser};
+
+    /// Every command, flag and argument says what it is for, in `--help`
+    /// and in the man pages alike.
+    #[test]
+    fn everything_has_a_help_line() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", command.get_name());
+            if command.get_about().is_none() && path != " gpool" {
+                missing.push(path.clone());
+            }
+            for arg in command.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "without a help line: {missing:#?}");
+    }
+
+    #[test]
+    fn slurm_short_flags() {
+        let cli = Cli::try_parse_from([
+            "gpool", "submit", "-J", "train", "-t", "2h", "-N", "2", "-G", "4", "-p", "big", "-q", "high", "--", "true",
+        ]);
+        assert!(cli.is_ok(), "{:?}", cli.err());
     }
 }

@@ -243,3 +243,33 @@ fn ctrl_c_on_submit_wait_says_the_job_runs_on() {
     );
     assert_eq!(cluster.job(id)["state"], "running");
 }
+
+#[test]
+fn completions_load_in_bash_and_man_pages_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("gpool.bash");
+    let output = gpool_command(&["completions", "bash"]).output().unwrap();
+    assert!(output.status.success());
+    std::fs::write(&script, &output.stdout).unwrap();
+    let loaded = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {} && complete -p gpool", script.display()))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&loaded.stdout);
+    assert!(
+        loaded.status.success() && said.contains("gpool"),
+        "{said} {}",
+        String::from_utf8_lossy(&loaded.stderr)
+    );
+
+    let man = dir.path().join("man1");
+    let output = gpool_command(&["man", "--out", &man.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for page in ["gpool.1", "gpool-submit.1", "gpool-admin-node-remove.1"] {
+        let text = std::fs::read_to_string(man.join(page)).unwrap_or_default();
+        assert!(text.contains(".TH"), "{page}: {text:.200}");
+    }
+}

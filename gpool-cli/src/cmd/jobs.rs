@@ -15,8 +15,10 @@ pub struct JobsArgs {
     /// Only jobs in these states (comma-separated or repeated).
     #[arg(long, value_delimiter = ',')]
     state: Vec<String>,
+    /// Only this team's jobs.
     #[arg(long)]
     team: Option<String>,
+    /// Only this user's jobs.
     #[arg(long)]
     user: Option<String>,
     /// Include finished jobs.

@@ -22,24 +22,28 @@ pub const EXIT_FAILED_TO_START: u8 = 126;
 #[derive(clap::Args)]
 pub struct SubmitArgs {
     /// GPUs per node.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, short = 'G', allow_negative_numbers = true)]
     gpus: Option<i64>,
     /// Nodes (a gang: all start together or none does).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, short = 'N', allow_negative_numbers = true)]
     nodes: Option<i64>,
     /// Acceptable GPU models, comma-separated (h100,a100-80gb).
     #[arg(long)]
     gpu_type: Option<String>,
-    #[arg(long)]
+    /// The job's name (default: its program's name).
+    #[arg(long, short = 'J')]
     name: Option<String>,
+    /// The team it runs for (its guarantee and its fair share).
     #[arg(long)]
     team: Option<String>,
+    /// The project its GPU-hours are charged to.
     #[arg(long)]
     project: Option<String>,
+    /// Its kind of work (training, inference, ...), for reports.
     #[arg(long)]
     workload_type: Option<String>,
     /// Time limit: 30 (minutes), 90s, 2h, 1h30m, 2:00:00, 1-12:00:00.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, short = 't', allow_hyphen_values = true)]
     time: Option<String>,
     /// Environment variable for the job (repeatable).
     #[arg(long = "env", value_name = "K=V")]
@@ -47,10 +51,11 @@ pub struct SubmitArgs {
     /// Working directory (default: the current directory).
     #[arg(long)]
     workdir: Option<String>,
+    /// Priority among its team's jobs (higher first; up to max_user_priority).
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i32>,
     /// Pool (partition); the default pool when absent.
-    #[arg(long)]
+    #[arg(long, short = 'p')]
     pool: Option<String>,
     /// Fail instead of requeueing when the job's node is lost.
     #[arg(long)]
@@ -59,7 +64,7 @@ pub struct SubmitArgs {
     #[arg(long)]
     discard_output: bool,
     /// QoS class (the default class when absent).
-    #[arg(long)]
+    #[arg(long, short = 'q')]
     qos: Option<String>,
     /// Signal sent when the job is preempted, to checkpoint (default USR1).
     #[arg(long, value_name = "SIGNAL")]
