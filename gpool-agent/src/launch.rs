@@ -509,6 +509,9 @@ impl Attempts {
             .chain(attempt_env(launch, &self.node, &checkpoint_dir))
             .chain(self.controller_env.iter().cloned())
             .collect();
+        if !in_container {
+            with_gpool_on_path(&mut env);
+        }
         let limits = crate::cgroup::Limits {
             mem_bytes: (launch.mem_bytes > 0).then_some(launch.mem_bytes),
             cpus: (launch.cpus_per_gpu > 0).then(|| {
@@ -741,6 +744,30 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Appends the directory of the `gpool` installed beside this agent to the
+/// job's PATH (the submitter's, or this agent's), so `gpool checkpoint`
+/// works from a job; the job's own entries come first.
+fn with_gpool_on_path(env: &mut Vec<(String, String)>) {
+    let Some(dir) = std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name("gpool"))
+        .filter(|gpool| gpool.is_file())
+        .and_then(|gpool| gpool.parent().map(|dir| dir.display().to_string()))
+    else {
+        return;
+    };
+    let path = env
+        .iter()
+        .rev()
+        .find(|(name, _)| name == "PATH")
+        .map(|(_, value)| value.clone())
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".to_string());
+    if !path.split(':').any(|entry| entry == dir) {
+        env.push(("PATH".to_string(), format!("{path}:{dir}")));
+    }
 }
 
 /// The `GPOOL_*`, CUDA and torch.distributed variables of one attempt.

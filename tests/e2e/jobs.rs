@@ -273,3 +273,41 @@ fn completions_load_in_bash_and_man_pages_are_written() {
         assert!(text.contains(".TH"), "{page}: {text:.200}");
     }
 }
+
+#[test]
+fn jobs_get_the_submitting_shells_environment_and_gpool_on_their_path() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    let script = "echo \"FOO=$FOO SSH=${SSH_AUTH_SOCK:-unset}\"; command -v gpool";
+    let submit = |export: Option<&str>| -> u64 {
+        let mut args = vec!["submit", "--output", "json"];
+        if let Some(export) = export {
+            args.extend(["--export", export]);
+        }
+        args.extend(["--", "sh", "-c", script]);
+        let output = gpool_command(&args)
+            .env("GPOOL_SERVER", &cluster.addr)
+            .env("FOO", "from-the-shell")
+            .env("SSH_AUTH_SOCK", "/tmp/agent.sock")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let reply: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        reply["ids"][0].as_u64().unwrap()
+    };
+    let all = submit(None);
+    let none = submit(Some("NONE"));
+    let named = submit(Some("FOO=set-here"));
+    let output_of = |id: u64| {
+        cluster.wait_for_state(id, "completed");
+        cluster.gpool(&["logs", &id.to_string()]).ok().to_string()
+    };
+    let text = output_of(all);
+    assert!(text.starts_with("FOO=from-the-shell SSH=unset\n"), "{text}");
+    assert!(
+        text.trim_end().ends_with("/gpool"),
+        "gpool is on the job's PATH: {text}"
+    );
+    assert!(output_of(none).starts_with("FOO= SSH=unset\n"));
+    assert!(output_of(named).starts_with("FOO=set-here SSH=unset\n"));
+}

@@ -93,6 +93,12 @@ pub struct SubmitArgs {
         ]
     )]
     file: Option<PathBuf>,
+    /// Which of this shell's variables the job gets: ALL (the default, but
+    /// gpool's own, CUDA_VISIBLE_DEVICES, SSH_* and the terminal's), NONE,
+    /// or NAME[,NAME=VALUE...] (only those; ALL,... for all and those).
+    /// --env and a job file's env win. Container jobs get only named ones.
+    #[arg(long, value_name = "ALL|NONE|NAMES", value_parser = parse_export)]
+    export: Option<gpool_core::spec::Export>,
     /// Follow the jobs until they end and exit with the job's exit code (of
     /// several jobs, that of the first one that did not complete).
     #[arg(long)]
@@ -129,7 +135,12 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     super::jobs::wait_for(&mut conn, &ids).await
 }
 
+fn parse_export(text: &str) -> Result<gpool_core::spec::Export, String> {
+    gpool_core::spec::Export::parse(text).map_err(|err| err.reason)
+}
+
 fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
+    let export = args.export.clone().unwrap_or_default();
     let cwd = std::env::current_dir()
         .map_err(|err| CliError::Usage(format!("workdir: cannot read the current directory: {err}")))?
         .display()
@@ -148,6 +159,24 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
         if spec.workdir.is_empty() {
             spec.workdir = cwd.clone();
         }
+        // The shell's variables first; the spec's own win. A container's
+        // environment is its image's: it gets only the variables named.
+        let export = if spec.image.is_empty() {
+            export.clone()
+        } else {
+            gpool_core::spec::Export {
+                all: false,
+                ..export.clone()
+            }
+        };
+        let mut env = export.apply(std::env::vars());
+        env.extend(std::mem::take(&mut spec.env));
+        spec.env = env.into_iter().collect();
+        spec.validate().map_err(|err| {
+            CliError::Usage(format!(
+                "{err} (the exported environment counts: narrow it with --export)"
+            ))
+        })?;
     }
     Ok(specs)
 }

@@ -255,3 +255,35 @@ fn poison_sized_specs_are_refused_naming_the_field_and_limit() {
     let one_more = "a".repeat(MAX_ARG_BYTES);
     assert!(input(&["echo", &one_more]).into_spec().is_err());
 }
+
+#[test]
+fn the_shell_environment_is_exported_but_for_the_deny_list() {
+    let shell = [
+        ("PATH", "/home/u/venv/bin:/usr/bin"),
+        ("VIRTUAL_ENV", "/home/u/venv"),
+        ("GPOOL_TOKEN", "secret"),
+        ("CUDA_VISIBLE_DEVICES", "3"),
+        ("SSH_AUTH_SOCK", "/tmp/agent"),
+        ("BASH_FUNC_x%%", "() { :; }"),
+        ("PWD", "/home/u"),
+    ]
+    .map(|(name, value)| (name.to_string(), value.to_string()));
+    let all = Export::default().apply(shell.clone());
+    assert_eq!(all.keys().collect::<Vec<_>>(), ["PATH", "VIRTUAL_ENV"]);
+    assert!(Export::parse("NONE").unwrap().apply(shell.clone()).is_empty());
+    let some = Export::parse("PATH,LR=0.1").unwrap().apply(shell.clone());
+    assert_eq!(
+        some.into_iter().collect::<Vec<_>>(),
+        [
+            ("LR".to_string(), "0.1".to_string()),
+            ("PATH".to_string(), "/home/u/venv/bin:/usr/bin".to_string())
+        ]
+    );
+    let everything_and = Export::parse("ALL,LR=0.1").unwrap().apply(shell);
+    assert_eq!(everything_and.len(), 3);
+    assert_eq!(Export::parse("PATH,,X").unwrap_err().field, "export");
+    assert!(Export::parse("GPOOL_TOKEN")
+        .unwrap_err()
+        .reason
+        .contains("set by gpool"));
+}
