@@ -305,24 +305,29 @@ impl CliError {
                 reason: "no answer within the timeout (--timeout, GPOOL_TIMEOUT)".into(),
             };
         }
+        // The connection was made, then the call broke: what answers there
+        // closed it, or does not speak gRPC over HTTP/2.
+        let broken = "the connection broke before an answer: is the address gpoold's (gRPC over HTTP/2), and does it accept you?";
         if message.contains("protocol error") || message.contains("frame with invalid size") {
             return CliError::Unreachable {
                 addr: addr.to_string(),
-                reason: format!("what answers there does not speak gRPC over HTTP/2; is it gpoold? ({message})"),
+                reason: format!("{broken} ({message})"),
             };
         }
         match status.code() {
-            tonic::Code::Unavailable | tonic::Code::Unknown if status.message().contains("transport") => {
+            tonic::Code::Unavailable | tonic::Code::Unknown if message.contains("tcp connect") => {
                 CliError::Unreachable {
                     addr: addr.to_string(),
-                    reason: status.message().to_string(),
+                    reason: message.to_string(),
                 }
             }
-            // A connection gpoold closed at once (plaintext from a peer it
-            // does not accept) cancels the call.
+            tonic::Code::Unavailable | tonic::Code::Unknown if message.contains("transport") => CliError::Unreachable {
+                addr: addr.to_string(),
+                reason: format!("{broken} ({message})"),
+            },
             tonic::Code::Unavailable | tonic::Code::Cancelled => CliError::Unreachable {
                 addr: addr.to_string(),
-                reason: status.message().to_string(),
+                reason: format!("{broken} ({message})"),
             },
             tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
                 CliError::Usage(format!("refused: {}", status.message()))
@@ -333,7 +338,27 @@ impl CliError {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<String> = std::env::args().collect();
+    let mut cli = Cli::parse_from(&argv);
+    // `gpool submit SCRIPT`: its #GPOOL lines are flags; parse again with
+    // them first, so that the command line's win.
+    let script = match &cli.command {
+        Command::Submit(args) if !argv.iter().any(|arg| arg == "--") => args.command.first().cloned(),
+        _ => None,
+    };
+    if let Some(script) = script {
+        let with = match cmd::submit::with_script_directives(argv, &script) {
+            Ok(with) => with,
+            Err(err) => {
+                eprintln!("gpool: {err}");
+                return ExitCode::from(err.exit_code());
+            }
+        };
+        cli = Cli::parse_from(with);
+        if let Command::Submit(args) = &mut cli.command {
+            args.script = true;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -449,6 +474,18 @@ mod cli_tests {
         let mut missing = Vec::new();
         walk(&Cli::command(), "", &mut missing);
         assert!(missing.is_empty(), "without a help line: {missing:#?}");
+    }
+
+    #[test]
+    fn a_script_takes_its_arguments_and_later_flags_win() {
+        let cli = Cli::try_parse_from(["gpool", "submit", "-G", "2", "job.sh", "--lr", "1", "-G"]).unwrap();
+        let super::Command::Submit(args) = cli.command else {
+            panic!()
+        };
+        assert_eq!(args.command, ["job.sh", "--lr", "1", "-G"]);
+        let cli = Cli::try_parse_from(["gpool", "submit", "--gpus", "1", "--gpus", "2", "--", "true"]);
+        assert!(cli.is_ok(), "{:?}", cli.err());
+        assert!(Cli::try_parse_from(["gpool", "submit", "-f", "x.toml", "job.sh"]).is_err());
     }
 
     #[test]

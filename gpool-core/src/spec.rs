@@ -700,3 +700,49 @@ impl Export {
         exported
     }
 }
+
+/// The flags a batch script gives itself on `#GPOOL` lines, as sbatch reads
+/// `#SBATCH`: from the top of the script (after a `#!` line), until the
+/// first line that is neither blank nor a comment. Words split on blanks;
+/// single and double quotes group them.
+pub fn script_directives(text: &str) -> Result<Vec<String>, String> {
+    let mut flags = Vec::new();
+    for (line_idx, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line_idx == 0 && line.starts_with("#!") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("#GPOOL") {
+            if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+                continue;
+            }
+            flags.extend(split_words(rest).map_err(|reason| format!("line {}: {reason}", line_idx + 1))?);
+        } else if !(line.is_empty() || line.starts_with('#')) {
+            break;
+        }
+    }
+    Ok(flags)
+}
+
+fn split_words(text: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    for c in text.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, c) if c.is_whitespace() => words.extend(word.take()),
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    if let Some(q) = quote {
+        return Err(format!("a {q} quote is not closed"));
+    }
+    words.extend(word);
+    Ok(words)
+}

@@ -221,7 +221,11 @@ fn a_server_that_never_answers_or_speaks_http1_is_named_not_waited_for() {
             .unwrap(),
     );
     assert_refused(&run, 69, &format!("cannot reach gpoold at {http1}"));
-    assert!(run.stderr.contains("does not speak gRPC over HTTP/2"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("is the address gpoold's (gRPC over HTTP/2)"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]

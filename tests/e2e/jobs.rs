@@ -311,3 +311,38 @@ fn jobs_get_the_submitting_shells_environment_and_gpool_on_their_path() {
     assert!(output_of(none).starts_with("FOO= SSH=unset\n"));
     assert!(output_of(named).starts_with("FOO=set-here SSH=unset\n"));
 }
+
+#[test]
+fn a_batch_script_runs_with_its_gpool_lines_as_flags() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let script = cluster.dir.path().join("train.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n#GPOOL --gpus 2\n#GPOOL -t 10m --name from-script\necho \"gpus=$GPOOL_GPUS args=$*\"\n",
+    )
+    .unwrap();
+    let script = script.display().to_string();
+    // The command line's --name wins over the script's.
+    let run = cluster.gpool(&[
+        "submit", "--output", "json", "--name", "cli-name", &script, "--lr", "0.1",
+    ]);
+    let id = run.json()["ids"][0]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    let job = cluster.wait_for_state(id, "completed");
+    assert_eq!(
+        (
+            job["name"].as_str(),
+            job["gpus"].as_u64(),
+            job["time_limit_secs"].as_u64()
+        ),
+        (Some("cli-name"), Some(2), Some(600))
+    );
+    let output = cluster.gpool(&["logs", &id.to_string()]).ok().to_string();
+    assert_eq!(output, "gpus=2 args=--lr 0.1\n");
+    // Not a readable script: said so.
+    let run = cluster.gpool(&["submit", "no-such-script.sh"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("no-such-script.sh: cannot read"), "{}", run.stderr);
+}

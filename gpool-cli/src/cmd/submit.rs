@@ -20,6 +20,9 @@ pub const EXIT_CANCELLED: u8 = 125;
 pub const EXIT_FAILED_TO_START: u8 = 126;
 
 #[derive(clap::Args)]
+// A flag given twice (in a script's #GPOOL line, then on the command line)
+// takes the later value.
+#[command(args_override_self = true)]
 pub struct SubmitArgs {
     /// GPUs per node.
     #[arg(long, short = 'G', allow_negative_numbers = true)]
@@ -103,9 +106,52 @@ pub struct SubmitArgs {
     /// several jobs, that of the first one that did not complete).
     #[arg(long)]
     wait: bool,
-    /// The command and its arguments, after `--`.
-    #[arg(last = true)]
-    command: Vec<String>,
+    /// `-- CMD ARGS...`: the command to run. Without `--`: a batch script
+    /// and its arguments, whose `#GPOOL` lines give flags (the command
+    /// line's win); it runs from where it is, so nodes must see that path.
+    #[arg(value_name = "CMD", trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+    /// Set when the command is a batch script (no `--` before it).
+    #[arg(skip)]
+    pub script: bool,
+}
+
+/// The command line of `gpool submit SCRIPT ARGS...` with the script's
+/// `#GPOOL` flags inserted right after `submit`, so that the flags given on
+/// the command line come later and win.
+pub fn with_script_directives(argv: Vec<String>, script: &str) -> Result<Vec<String>, CliError> {
+    let text =
+        std::fs::read_to_string(script).map_err(|err| CliError::Usage(format!("{script}: cannot read: {err}")))?;
+    let directives =
+        gpool_core::spec::script_directives(&text).map_err(|reason| CliError::Usage(format!("{script}: {reason}")))?;
+    let at = argv
+        .iter()
+        .position(|arg| arg == "submit")
+        .map_or(argv.len(), |position| position + 1);
+    let mut with = argv;
+    with.splice(at..at, directives);
+    Ok(with)
+}
+
+/// How a script runs: by its `#!` interpreter (or /bin/sh) on its absolute
+/// path, so it needs no execute bit.
+fn script_command(script: &[String]) -> Result<Vec<String>, CliError> {
+    let [path, args @ ..] = script else {
+        return Err(CliError::Usage("SCRIPT: missing".into()));
+    };
+    let absolute = std::path::absolute(path).map_err(|err| CliError::Usage(format!("{path}: {err}")))?;
+    let text =
+        std::fs::read_to_string(&absolute).map_err(|err| CliError::Usage(format!("{path}: cannot read: {err}")))?;
+    let mut command: Vec<String> = match text.lines().next().and_then(|line| line.strip_prefix("#!")) {
+        Some(interpreter) => interpreter.split_whitespace().map(String::from).collect(),
+        None => vec!["/bin/sh".to_string()],
+    };
+    if command.is_empty() {
+        command.push("/bin/sh".to_string());
+    }
+    command.push(absolute.display().to_string());
+    command.extend(args.iter().cloned());
+    Ok(command)
 }
 
 pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
@@ -181,7 +227,15 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
     Ok(specs)
 }
 
-fn input_from_flags(args: SubmitArgs) -> Result<JobSpecInput, CliError> {
+fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
+    if args.script {
+        if args.name.is_none() {
+            args.name = std::path::Path::new(&args.command[0])
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned());
+        }
+        args.command = script_command(&args.command)?;
+    }
     if args.command.is_empty() {
         return Err(CliError::Usage(
             "command: give the command after `--` (gpool submit --gpus 1 -- python train.py) or a job file with -f"

@@ -287,3 +287,17 @@ fn the_shell_environment_is_exported_but_for_the_deny_list() {
         .reason
         .contains("set by gpool"));
 }
+
+#[test]
+fn gpool_lines_at_the_top_of_a_script_are_its_flags() {
+    let script = "#!/bin/bash\n# a comment\n#GPOOL --gpus 4 -t 2h\n\n#GPOOL --name 'my job'\n#GPOOLX --nodes 9\necho hi\n#GPOOL --nodes 8\n";
+    assert_eq!(
+        script_directives(script).unwrap(),
+        ["--gpus", "4", "-t", "2h", "--name", "my job"]
+    );
+    assert_eq!(script_directives("echo hi\n").unwrap(), Vec::<String>::new());
+    assert_eq!(
+        script_directives("#GPOOL --name \"x\n").unwrap_err(),
+        "line 1: a \" quote is not closed"
+    );
+}
