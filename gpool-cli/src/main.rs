@@ -96,6 +96,13 @@ enum Command {
         #[arg(long, short = 's', value_name = "SIGNAL", value_parser = cmd::cancel::parse_signal)]
         signal: Option<i32>,
     },
+    /// Wait for jobs to end; exit as `submit --wait` does (the code of the
+    /// first job, in the order given, that did not complete).
+    Wait {
+        /// Job ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
     /// List nodes and their GPUs.
     Nodes,
     /// Stop placing new jobs on a node.
@@ -399,6 +406,10 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
         Command::Cancel { ids, signal } => cmd::cancel::run(&ctx, ids, signal).await,
+        Command::Wait { ids } => {
+            let mut conn = ctx.connect().await?;
+            cmd::jobs::wait_for(&mut conn, &ids).await
+        }
         Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),

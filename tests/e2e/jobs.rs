@@ -346,3 +346,35 @@ fn a_batch_script_runs_with_its_gpool_lines_as_flags() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("no-such-script.sh: cannot read"), "{}", run.stderr);
 }
+
+#[test]
+fn gpool_wait_exits_as_submit_wait_does() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let ok = cluster.submit(&["--", "true"]);
+    let bad = cluster.submit(&["--", "sh", "-c", "exit 3"]);
+    let run = cluster.gpool(&["wait", &ok.to_string(), &bad.to_string()]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert!(run.stderr.contains(&format!("job {bad} failed")), "{}", run.stderr);
+    assert_eq!(cluster.gpool(&["wait", &ok.to_string()]).code, 0);
+    let run = cluster.gpool(&["wait", "9999"]);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("job 9999 not found"), "{}", run.stderr);
+}
+
+#[test]
+fn following_the_logs_of_a_pending_job_waits_for_it_to_start() {
+    let mut cluster = Cluster::start();
+    let id = cluster.submit(&["--", "sh", "-c", "echo hello; sleep 1; echo bye"]);
+    let follower = gpool_command(&["logs", "--follow", &id.to_string()])
+        .env("GPOOL_SERVER", &cluster.addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.start_agent("n1", 1);
+    let output = crate::harness::process::output_within(follower, "gpool logs --follow", Duration::from_secs(30));
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "hello\nbye\n");
+}

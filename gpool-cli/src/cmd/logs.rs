@@ -6,14 +6,38 @@ use crate::CliError;
 use gpool_proto::pb;
 use std::io::Write;
 
-pub async fn run(ctx: &Ctx, id: u64, follow: bool, stderr: bool) -> Result<(), CliError> {
-    let mut conn = ctx.connect().await?;
-    let mut chunks = conn
+/// Returns once job `id` has left the queue (started, or ended unstarted).
+async fn wait_until_started(conn: &mut super::Connection, id: u64) -> Result<(), CliError> {
+    let mut changes = conn
         .client
-        .job_logs(pb::JobLogsRequest { id, stderr, follow })
+        .watch_jobs(pb::WatchJobsRequest { ids: vec![id] })
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
+    while let Some(job) = changes.message().await.map_err(|s| conn.refused(s))? {
+        if job.state() != pb::JobState::Pending {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(ctx: &Ctx, id: u64, follow: bool, stderr: bool) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let request = pb::JobLogsRequest { id, stderr, follow };
+    let mut chunks = match conn.client.job_logs(request).await {
+        Ok(chunks) => chunks.into_inner(),
+        // Following a job that has not started: wait until it does.
+        Err(status) if follow && status.message().contains("has not started") => {
+            wait_until_started(&mut conn, id).await?;
+            conn.client
+                .job_logs(request)
+                .await
+                .map_err(|s| conn.refused(s))?
+                .into_inner()
+        }
+        Err(status) => return Err(conn.refused(status)),
+    };
     let mut out = std::io::stdout().lock();
     loop {
         let next = chunks.message();
