@@ -336,7 +336,20 @@ impl Attempts {
                 error,
             })),
         };
-        let mut file = match tokio::fs::File::open(&path).await {
+        // The supervisor creates the file just after the attempt starts: a
+        // follower may come first.
+        let mut opened = tokio::fs::File::open(&path).await;
+        while request.follow
+            && opened
+                .as_ref()
+                .is_err_and(|err| err.kind() == std::io::ErrorKind::NotFound)
+            && self.running_epoch(request.job_id).is_some()
+            && !stop.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            opened = tokio::fs::File::open(&path).await;
+        }
+        let mut file = match opened {
             Ok(file) => file,
             Err(err) => {
                 let error = format!("{} on {}: {err}", path.display(), self.node);

@@ -59,27 +59,27 @@ impl LogRelay {
             // Closed earlier; the agent was told to stop.
             None => return false,
         };
-        let mut done = data.eof;
         let ends_itself = data.eof || !data.error.is_empty();
+        let mut dropped = false;
         // One slot stays free for the message that ends the stream.
         if !data.data.is_empty() {
             if sender.capacity() > 1 {
-                done |= sender.try_send(Ok(pb::LogChunk { data: data.data })).is_err();
+                dropped = sender.try_send(Ok(pb::LogChunk { data: data.data })).is_err();
             } else {
                 let _ = sender.try_send(Err(Status::resource_exhausted(format!(
                     "this reader fell more than {LOG_BUFFER} chunks behind the output of node {node} and was dropped; read again (e.g. without a pager)"
                 ))));
-                done = true;
+                dropped = true;
             }
         }
-        if !data.error.is_empty() && !done {
+        if !data.error.is_empty() && !dropped {
             let _ = sender.try_send(Err(Status::failed_precondition(data.error)));
-            done = true;
         }
+        let done = dropped || ends_itself;
         if done {
             self.close(data.request_id);
         }
-        done && !ends_itself
+        dropped && !ends_itself
     }
 
     pub fn close(&self, request_id: u64) {
