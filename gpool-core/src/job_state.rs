@@ -112,6 +112,11 @@ pub enum JobEvent {
         by: String,
         now: Timestamp,
     },
+    /// A pending job's dependency can never be met: it ends, saying why.
+    DependencyNeverMet {
+        reason: String,
+        now: Timestamp,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -208,6 +213,12 @@ impl JobState {
             (running @ JobState::Running { epoch, .. }, event) if event.epoch() == Some(*epoch) => {
                 running_changed(running, event).ok_or_else(illegal)
             }
+            (JobState::Pending, JobEvent::DependencyNeverMet { reason, now }) => Ok(JobState::Failed {
+                started_at: None,
+                ended_at: *now,
+                exit_code: None,
+                reason: format!("its dependency can never be met: {reason}"),
+            }),
             (JobState::Pending, JobEvent::Cancel { by, now }) => Ok(JobState::Cancelled {
                 started_at: None,
                 ended_at: *now,
@@ -305,9 +316,11 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
             exit_code: None,
             reason: "its node was lost or drained at once, and the job asked not to be requeued".to_string(),
         },
-        JobEvent::Start { .. } | JobEvent::Cancel { .. } | JobEvent::Preempt { .. } | JobEvent::LateExit { .. } => {
-            return None
-        }
+        JobEvent::Start { .. }
+        | JobEvent::Cancel { .. }
+        | JobEvent::Preempt { .. }
+        | JobEvent::LateExit { .. }
+        | JobEvent::DependencyNeverMet { .. } => return None,
     };
     Some(next)
 }
@@ -324,6 +337,7 @@ impl JobEvent {
             JobEvent::Checkpointed { .. } => "checkpointed",
             JobEvent::TimedOut { .. } => "timed-out",
             JobEvent::LateExit { .. } => "late-exit",
+            JobEvent::DependencyNeverMet { .. } => "dependency-never-met",
         }
     }
 
@@ -339,7 +353,10 @@ impl JobEvent {
             | JobEvent::TimedOut { epoch, .. } => Some(*epoch),
             // Not the running attempt's: `Job::apply` matches it against
             // the lost ones.
-            JobEvent::Start { .. } | JobEvent::Cancel { .. } | JobEvent::LateExit { .. } => None,
+            JobEvent::Start { .. }
+            | JobEvent::Cancel { .. }
+            | JobEvent::LateExit { .. }
+            | JobEvent::DependencyNeverMet { .. } => None,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! in as an argument, results come out as data.
 
 pub mod auth;
+pub mod deps;
 pub mod feasibility;
 pub mod ids;
 pub mod job_state;

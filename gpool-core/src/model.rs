@@ -141,6 +141,12 @@ pub struct JobSpec {
     /// CPU limit: this many CPUs for each GPU (its cgroup's CPU quota).
     #[serde(default)]
     pub cpus_per_gpu: Option<u32>,
+    /// Jobs it waits for (`--dependency`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<crate::deps::Dependency>,
+    /// Runs only while no other job of its user and name runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub singleton: bool,
 }
 
 fn yes() -> bool {

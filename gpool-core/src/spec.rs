@@ -34,7 +34,7 @@ pub struct SpecError {
     pub reason: String,
 }
 
-pub(crate) fn spec_error(field: &str, reason: impl Into<String>) -> SpecError {
+pub fn spec_error(field: &str, reason: impl Into<String>) -> SpecError {
     SpecError {
         field: field.to_string(),
         reason: reason.into(),
@@ -109,6 +109,9 @@ pub struct JobSpecInput {
     pub mem: Option<String>,
     /// CPUs per GPU (a CPU quota).
     pub cpus_per_gpu: Option<i64>,
+    /// `afterok:ID[:ID],afterany:NAME,afternotok:ID,singleton`; in a job
+    /// file, NAME is an earlier `[[job]]` of the same file.
+    pub dependency: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -121,6 +124,19 @@ impl JobSpecInput {
     /// Fills defaults and validates. An empty team or pool is left for the
     /// controller to resolve (the user's default team, the default pool).
     pub fn into_spec(self) -> Result<JobSpec, SpecError> {
+        self.into_spec_among(&|_| None)
+    }
+
+    /// As `into_spec`, with `name_of` resolving dependency names (the
+    /// earlier jobs of the same file).
+    pub fn into_spec_among(
+        self,
+        name_of: &dyn Fn(&str) -> Option<crate::deps::DepTarget>,
+    ) -> Result<JobSpec, SpecError> {
+        let (dependencies, singleton) = match self.dependency.as_deref() {
+            Some(text) => crate::deps::parse_dependencies(text, name_of)?,
+            None => (Vec::new(), false),
+        };
         let command = match self.command {
             Some(CommandInput::Argv(argv)) => argv,
             Some(CommandInput::Shell(line)) => vec!["/bin/sh".into(), "-c".into(), line],
@@ -172,6 +188,8 @@ impl JobSpecInput {
                 Some(cpus) => Some(count_field("cpus_per_gpu", cpus, MAX_CPUS_PER_GPU)?),
                 None => None,
             },
+            dependencies,
+            singleton,
         };
         spec.validate()?;
         Ok(spec)
@@ -583,15 +601,25 @@ pub fn parse_job_file(file: &str, text: &str) -> Result<Vec<JobSpec>, JobFileErr
     if parsed.job.is_empty() {
         return Err(file_error(None, "has no [[job]] table".into()));
     }
+    // A dependency may name an earlier [[job]] of the file (never a later
+    // one, so there is no cycle).
+    let names: Vec<Option<String>> = parsed.job.iter().map(|job| job.get_ref().name.clone()).collect();
     parsed
         .job
         .into_iter()
         .enumerate()
         .map(|(job_idx, spanned)| {
             let line = line_of(text, spanned.span().start);
+            let earlier = &names[..job_idx];
+            let name_of = |name: &str| {
+                earlier
+                    .iter()
+                    .rposition(|earlier| earlier.as_deref() == Some(name))
+                    .map(|position| crate::deps::DepTarget::InRequest(position + 1))
+            };
             spanned
                 .into_inner()
-                .into_spec()
+                .into_spec_among(&name_of)
                 .map_err(|err| file_error(Some(line), format!("job {}: {err}", job_idx + 1)))
         })
         .collect()

@@ -253,6 +253,8 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 image: String::new(),
                 mem_bytes: None,
                 cpus_per_gpu: None,
+                dependencies: Vec::new(),
+                singleton: false,
             },
             user: "alice".into(),
             submitted_at: Timestamp(0),

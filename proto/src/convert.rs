@@ -1,6 +1,7 @@
 //! The only place where wire types (`pb`) and gpool-core types meet.
 
 use crate::pb;
+use gpool_core::deps::{DepKind, DepTarget, Dependency};
 use gpool_core::job_state::JobState;
 use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState};
 use gpool_core::topology::{GpuLink, Link, Topology};
@@ -29,6 +30,39 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         image: spec.image.clone(),
         mem_bytes: spec.mem_bytes.unwrap_or(0),
         cpus_per_gpu: spec.cpus_per_gpu.unwrap_or(0),
+        dependencies: spec.dependencies.iter().map(dependency_to_wire).collect(),
+        singleton: spec.singleton,
+    }
+}
+
+fn dependency_to_wire(dependency: &Dependency) -> pb::Dependency {
+    let (job_id, in_request) = match dependency.target {
+        DepTarget::Job(id) => (id.0, 0),
+        DepTarget::InRequest(position) => (0, position as u32),
+    };
+    pb::Dependency {
+        kind: match dependency.kind {
+            DepKind::AfterOk => pb::DependencyKind::AfterOk,
+            DepKind::AfterAny => pb::DependencyKind::AfterAny,
+            DepKind::AfterNotOk => pb::DependencyKind::AfterNotOk,
+        }
+        .into(),
+        job_id,
+        in_request,
+    }
+}
+
+fn dependency_from_wire(dependency: &pb::Dependency) -> Dependency {
+    Dependency {
+        kind: match dependency.kind() {
+            pb::DependencyKind::AfterOk => DepKind::AfterOk,
+            pb::DependencyKind::AfterAny => DepKind::AfterAny,
+            pb::DependencyKind::AfterNotOk => DepKind::AfterNotOk,
+        },
+        target: match dependency.job_id {
+            0 => DepTarget::InRequest(dependency.in_request as usize),
+            id => DepTarget::Job(gpool_core::JobId(id)),
+        },
     }
 }
 
@@ -104,6 +138,8 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         image: spec.image,
         mem_bytes: (spec.mem_bytes != 0).then_some(spec.mem_bytes),
         cpus_per_gpu: (spec.cpus_per_gpu != 0).then_some(spec.cpus_per_gpu),
+        dependencies: spec.dependencies.iter().map(dependency_from_wire).collect(),
+        singleton: spec.singleton,
     }
 }
 

@@ -378,3 +378,94 @@ fn following_the_logs_of_a_pending_job_waits_for_it_to_start() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(String::from_utf8_lossy(&output.stdout), "hello\nbye\n");
 }
+
+#[test]
+fn a_pipeline_in_one_job_file_runs_in_order_and_a_failed_stage_ends_the_rest() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 4);
+    let marks = cluster.dir.path().join("marks");
+    let stage = |name: &str, dependency: &str, exit: u8| {
+        format!(
+            "[[job]]\nname = \"{name}\"\ncommand = [\"sh\", \"-c\", \"echo start {name} >> {m}; sleep 0.3; echo end {name} >> {m}; exit {exit}\"]\n{dependency}\n",
+            m = marks.display()
+        )
+    };
+    let pipeline = |train_b_exit: u8| {
+        [
+            stage("prep", "", 0),
+            stage("train-a", "dependency = \"afterok:prep\"", 0),
+            stage("train-b", "dependency = \"afterok:prep\"", train_b_exit),
+            stage("eval", "dependency = \"afterok:train-a:train-b\"", 0),
+        ]
+        .concat()
+    };
+    let file = cluster.dir.path().join("pipeline.toml");
+    std::fs::write(&file, pipeline(0)).unwrap();
+    let run = cluster.gpool(&["submit", "--output", "json", "-f", &file.display().to_string()]);
+    let ids: Vec<u64> = run.json()["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_u64().unwrap())
+        .collect();
+    let eval = cluster.wait_for_state(ids[3], "completed");
+    assert_eq!(eval["state"], "completed");
+    let lines: Vec<String> = std::fs::read_to_string(&marks)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let at = |line: &str| {
+        lines
+            .iter()
+            .position(|l| l == line)
+            .unwrap_or_else(|| panic!("{line}: {lines:?}"))
+    };
+    assert!(
+        at("end prep") < at("start train-a") && at("end prep") < at("start train-b"),
+        "{lines:?}"
+    );
+    assert!(
+        at("end train-a") < at("start eval") && at("end train-b") < at("start eval"),
+        "{lines:?}"
+    );
+
+    // train-b fails: eval never runs, and says why.
+    std::fs::remove_file(&marks).unwrap();
+    std::fs::write(&file, pipeline(3)).unwrap();
+    let run = cluster.gpool(&["submit", "--output", "json", "-f", &file.display().to_string()]);
+    let ids: Vec<u64> = run.json()["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_u64().unwrap())
+        .collect();
+    let eval = cluster.wait_for_state(ids[3], "failed");
+    assert_eq!(
+        eval["end_reason"].as_str(),
+        Some(
+            format!(
+                "its dependency can never be met: job {} ended failed, and it was to complete (afterok)",
+                ids[2]
+            )
+            .as_str()
+        ),
+        "{eval}"
+    );
+    assert!(!std::fs::read_to_string(&marks).unwrap().contains("start eval"));
+    // While it waits, a dependent job says for what; an unknown id is refused.
+    let blocker = cluster.submit(&["--", "sleep", "30"]);
+    let waiting = cluster.submit(&["-d", &format!("afterany:{blocker}"), "--", "true"]);
+    let why = cluster.gpool(&["why", &waiting.to_string()]).ok().to_string();
+    assert!(
+        why.contains(&format!("because waits for job {blocker} to end (afterany)")),
+        "{why}"
+    );
+    let run = cluster.gpool(&["submit", "-d", "afterok:999999", "--", "true"]);
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr.contains("dependency: job 999999 does not exist"),
+        "{}",
+        run.stderr
+    );
+}

@@ -85,6 +85,12 @@ pub struct SubmitArgs {
     /// CPUs for each of the job's GPUs (a CPU quota in its cgroup).
     #[arg(long, value_name = "N")]
     cpus_per_gpu: Option<i64>,
+    /// Jobs to wait for: afterok:ID[:ID...] (completed), afterany:ID (ended),
+    /// afternotok:ID (ended without completing), singleton (no other job
+    /// of yours with this name runs), comma-separated. A job whose
+    /// dependency can never be met fails with that reason.
+    #[arg(long, short = 'd', value_name = "LIST")]
+    dependency: Option<String>,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
@@ -93,6 +99,7 @@ pub struct SubmitArgs {
             "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
             "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
+            "dependency",
         ]
     )]
     file: Option<PathBuf>,
@@ -270,5 +277,6 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         image: args.image,
         mem: args.mem,
         cpus_per_gpu: args.cpus_per_gpu,
+        dependency: args.dependency,
     })
 }

@@ -121,11 +121,18 @@ fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
     if job.state != gpool_core::JobState::Pending {
         return job_to_wire(job, Vec::new());
     }
-    let reasons = state
-        .pending_reasons
-        .get(&job.id)
-        .map(|words| words.to_vec())
-        .unwrap_or_else(|| vec!["waiting for the next scheduling cycle".to_string()]);
+    let waits_for = match state.dependency_state_of(job) {
+        gpool_core::deps::DepState::Waiting(reason) => Some(reason),
+        _ => None,
+    };
+    let reasons = match waits_for {
+        Some(reason) => vec![reason],
+        None => state
+            .pending_reasons
+            .get(&job.id)
+            .map(|words| words.to_vec())
+            .unwrap_or_else(|| vec!["waiting for the next scheduling cycle".to_string()]),
+    };
     let mut wire = job_to_wire(job, reasons);
     wire.hints = state
         .pending_hints

@@ -17,6 +17,7 @@ pub use sharing::CheckpointOutcome;
 use crate::error::Error;
 use gpool_core::auth::token::{Key, TokenRecord};
 use gpool_core::auth::{authorize, Action, Caller};
+use gpool_core::deps::{dependency_state, DepState, DepTarget};
 use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
@@ -331,6 +332,35 @@ impl State {
                 })?;
             spec.validate()
                 .map_err(|source| Error::InvalidSpec { index, of, source })?;
+            // Dependencies name jobs that exist, or earlier jobs of this
+            // request (whose ids are known from here on).
+            let first_id = self.next_job_id;
+            for dependency in &mut spec.dependencies {
+                let target = match dependency.target {
+                    DepTarget::InRequest(position) if (1..index).contains(&position) => {
+                        JobId(first_id + position as u64 - 1)
+                    }
+                    DepTarget::InRequest(position) => {
+                        return Err(Error::InvalidSpec {
+                            index,
+                            of,
+                            source: gpool_core::spec::spec_error(
+                                "dependency",
+                                format!("job {position} of the request is not an earlier job of it"),
+                            ),
+                        })
+                    }
+                    DepTarget::Job(id) if self.jobs.contains_key(&id) => id,
+                    DepTarget::Job(id) => {
+                        return Err(Error::InvalidSpec {
+                            index,
+                            of,
+                            source: gpool_core::spec::spec_error("dependency", format!("job {id} does not exist")),
+                        })
+                    }
+                };
+                dependency.target = DepTarget::Job(target);
+            }
             check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, of, source })?;
             checked.push(spec);
         }
@@ -529,10 +559,12 @@ impl State {
     /// The scheduler's input: nodes with busy GPUs marked, the queue, the
     /// running jobs, the teams' usage and the hour's waste budget.
     pub fn cluster_view(&self, now: Timestamp) -> ClusterView {
+        let singletons = self.singleton_holders();
         let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
         let mut pending = Vec::new();
         for job in self.jobs.values() {
             match &job.state {
+                JobState::Pending if !self.dependencies_met(job, &singletons) => {}
                 JobState::Pending => pending.push(PendingJob {
                     id: job.id,
                     priority: job.spec.priority,
@@ -571,6 +603,80 @@ impl State {
             running: self.running_jobs(),
             usage: self.usage.clone(),
             waste_budget_gpu_secs: self.waste_budget(now),
+        }
+    }
+
+    /// For `singleton`: by (user, name), the job that runs, else the
+    /// earliest pending singleton (which may start first).
+    pub fn singleton_holders(&self) -> HashMap<(&str, &str), JobId> {
+        let mut holders: HashMap<(&str, &str), JobId> = HashMap::new();
+        for job in self.jobs.values() {
+            let key = (job.user.as_str(), job.spec.name.as_str());
+            match &job.state {
+                JobState::Running { .. } => {
+                    holders.insert(key, job.id);
+                }
+                JobState::Pending if job.spec.singleton => {
+                    holders.entry(key).or_insert(job.id);
+                }
+                _ => {}
+            }
+        }
+        holders
+    }
+
+    /// Where a pending job stands with its dependencies.
+    pub fn dependency_state(&self, job: &Job, singletons: &HashMap<(&str, &str), JobId>) -> DepState {
+        if job.spec.dependencies.is_empty() && !job.spec.singleton {
+            return DepState::Met;
+        }
+        let holder = singletons
+            .get(&(job.user.as_str(), job.spec.name.as_str()))
+            .copied()
+            .filter(|holder| *holder != job.id);
+        dependency_state(job, |id| self.jobs.get(&id), holder)
+    }
+
+    /// As `dependency_state`, for one job (the singleton scan only for a
+    /// singleton).
+    pub fn dependency_state_of(&self, job: &Job) -> DepState {
+        if job.spec.dependencies.is_empty() && !job.spec.singleton {
+            return DepState::Met;
+        }
+        let holder = job.spec.singleton.then(|| {
+            self.jobs.values().find(|other| {
+                other.id != job.id
+                    && other.user == job.user
+                    && other.spec.name == job.spec.name
+                    && match other.state {
+                        JobState::Running { .. } => true,
+                        JobState::Pending => other.spec.singleton && other.id < job.id,
+                        _ => false,
+                    }
+            })
+        });
+        dependency_state(job, |id| self.jobs.get(&id), holder.flatten().map(|other| other.id))
+    }
+
+    fn dependencies_met(&self, job: &Job, singletons: &HashMap<(&str, &str), JobId>) -> bool {
+        self.dependency_state(job, singletons) == DepState::Met
+    }
+
+    /// Pending jobs whose dependency can never be met end, saying why.
+    fn end_unmeetable_dependencies(&mut self, now: Timestamp, out: &mut Batch) {
+        let singletons = self.singleton_holders();
+        let never: Vec<(JobId, String)> = self
+            .jobs
+            .values()
+            .filter(|job| job.state == JobState::Pending && !job.spec.dependencies.is_empty())
+            .filter_map(|job| match self.dependency_state(job, &singletons) {
+                DepState::Never(reason) => Some((job.id, reason)),
+                _ => None,
+            })
+            .collect();
+        for (id, reason) in never {
+            tracing::info!(job = %id, "its dependency can never be met: {reason}");
+            self.apply_event(id, &JobEvent::DependencyNeverMet { reason, now }, now, out);
         }
     }
 
@@ -786,6 +892,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),
         Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id),
         Command::Tick => {
+            state.end_unmeetable_dependencies(now, out);
             state.mark_silent_nodes_down(now, out);
             state.enforce_preemption_grace(now, out);
         }

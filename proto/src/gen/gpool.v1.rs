@@ -231,6 +231,24 @@ pub struct JobSpec {
     pub mem_bytes: u64,
     #[prost(uint32, tag = "21")]
     pub cpus_per_gpu: u32,
+    /// Jobs it waits for (--dependency).
+    #[prost(message, repeated, tag = "22")]
+    pub dependencies: ::prost::alloc::vec::Vec<Dependency>,
+    /// It runs only while no other job of its user and name runs.
+    #[prost(bool, tag = "23")]
+    pub singleton: bool,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Dependency {
+    #[prost(enumeration = "DependencyKind", tag = "1")]
+    pub kind: i32,
+    /// The job waited for; or, in a request of several jobs, 0 and
+    /// `in_request`: the 1-based position of an earlier job of the request.
+    #[prost(uint64, tag = "2")]
+    pub job_id: u64,
+    #[prost(uint32, tag = "3")]
+    pub in_request: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -746,6 +764,36 @@ pub struct Kill {
     /// SIGTERM first; SIGKILL after this many seconds.
     #[prost(uint32, tag = "3")]
     pub grace_seconds: u32,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum DependencyKind {
+    AfterOk = 0,
+    AfterAny = 1,
+    AfterNotOk = 2,
+}
+impl DependencyKind {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::AfterOk => "DEPENDENCY_KIND_AFTER_OK",
+            Self::AfterAny => "DEPENDENCY_KIND_AFTER_ANY",
+            Self::AfterNotOk => "DEPENDENCY_KIND_AFTER_NOT_OK",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "DEPENDENCY_KIND_AFTER_OK" => Some(Self::AfterOk),
+            "DEPENDENCY_KIND_AFTER_ANY" => Some(Self::AfterAny),
+            "DEPENDENCY_KIND_AFTER_NOT_OK" => Some(Self::AfterNotOk),
+            _ => None,
+        }
+    }
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
