@@ -96,6 +96,18 @@ enum Command {
         #[arg(long, short = 's', value_name = "SIGNAL", value_parser = cmd::cancel::parse_signal)]
         signal: Option<i32>,
     },
+    /// Keep pending jobs from being scheduled until released.
+    Hold {
+        /// Job ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Let held jobs be scheduled again.
+    Release {
+        /// Job ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
     /// Wait for jobs to end; exit as `submit --wait` does (the code of the
     /// first job, in the order given, that did not complete).
     Wait {
@@ -406,6 +418,8 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
         Command::Cancel { ids, signal } => cmd::cancel::run(&ctx, ids, signal).await,
+        Command::Hold { ids } => cmd::cancel::hold(&ctx, ids, true).await,
+        Command::Release { ids } => cmd::cancel::hold(&ctx, ids, false).await,
         Command::Wait { ids } => {
             let mut conn = ctx.connect().await?;
             cmd::jobs::wait_for(&mut conn, &ids).await

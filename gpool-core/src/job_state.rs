@@ -112,6 +112,10 @@ pub enum JobEvent {
         by: String,
         now: Timestamp,
     },
+    /// A pending job is held (not scheduled) or released.
+    Hold {
+        held: bool,
+    },
     /// A pending job's dependency can never be met: it ends, saying why.
     DependencyNeverMet {
         reason: String,
@@ -320,6 +324,7 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
         | JobEvent::Cancel { .. }
         | JobEvent::Preempt { .. }
         | JobEvent::LateExit { .. }
+        | JobEvent::Hold { .. }
         | JobEvent::DependencyNeverMet { .. } => return None,
     };
     Some(next)
@@ -338,6 +343,7 @@ impl JobEvent {
             JobEvent::TimedOut { .. } => "timed-out",
             JobEvent::LateExit { .. } => "late-exit",
             JobEvent::DependencyNeverMet { .. } => "dependency-never-met",
+            JobEvent::Hold { .. } => "hold",
         }
     }
 
@@ -356,6 +362,7 @@ impl JobEvent {
             JobEvent::Start { .. }
             | JobEvent::Cancel { .. }
             | JobEvent::LateExit { .. }
+            | JobEvent::Hold { .. }
             | JobEvent::DependencyNeverMet { .. } => None,
         }
     }
@@ -366,6 +373,16 @@ impl Job {
     pub fn apply(&mut self, event: &JobEvent) -> Result<(), IllegalTransition> {
         if let JobEvent::LateExit { epoch, status, now } = event {
             return self.apply_late_exit(*epoch, *status, *now);
+        }
+        if let JobEvent::Hold { held } = event {
+            if self.state != JobState::Pending {
+                return Err(IllegalTransition {
+                    state: self.state.name(),
+                    event: event.name(),
+                });
+            }
+            self.held = *held;
+            return Ok(());
         }
         let next = self.state.apply(event)?;
         match event {

@@ -181,6 +181,10 @@ pub struct Job {
     /// report how they ended; newest last, at most `MAX_LOST_ATTEMPTS`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lost_attempts: Vec<LostAttempt>,
+    /// A pending job its owner held (`gpool hold`): not scheduled until
+    /// released.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// Most lost attempts a job remembers.

@@ -264,6 +264,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             n_preemptions: 0,
             lost_gpu_secs: 0,
             lost_attempts: Vec::new(),
+            held: false,
         },
     }
 }

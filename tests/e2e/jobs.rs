@@ -469,3 +469,28 @@ fn a_pipeline_in_one_job_file_runs_in_order_and_a_failed_stage_ends_the_rest() {
         run.stderr
     );
 }
+
+#[test]
+fn a_held_job_waits_until_released() {
+    let mut cluster = Cluster::start();
+    let id = cluster.submit(&["--", "true"]);
+    let run = cluster.gpool(&["hold", &id.to_string(), "424242"]);
+    assert_eq!(run.code, 1, "one id was left alone: {}", run.stderr);
+    assert!(run.stdout.contains(&format!("job {id} held")), "{}", run.stdout);
+    cluster.start_agent("n1", 1);
+    std::thread::sleep(Duration::from_secs(1));
+    let job = cluster.job(id);
+    assert_eq!(job["state"], "pending", "{job}");
+    assert_eq!(
+        job["reasons"][0],
+        format!("held: `gpool release {id}` lets it be scheduled")
+    );
+    cluster.gpool(&["release", &id.to_string()]).ok();
+    cluster.wait_for_state(id, "completed");
+    let run = cluster.gpool(&["hold", &id.to_string()]);
+    assert!(
+        run.stdout.contains("is completed: only pending jobs are held"),
+        "{}",
+        run.stdout
+    );
+}

@@ -127,6 +127,7 @@ fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
     };
     let reasons = match waits_for {
         Some(reason) => vec![reason],
+        None if job.held => vec![format!("held: `gpool release {}` lets it be scheduled", job.id)],
         None => state
             .pending_reasons
             .get(&job.id)
@@ -184,6 +185,11 @@ impl Pool for PoolService {
                 reason,
             })?;
         }
+        let hold = match request.hold() {
+            pb::HoldChange::None => None,
+            pb::HoldChange::Hold => Some(true),
+            pb::HoldChange::Release => Some(false),
+        };
         let ids: Vec<JobId> = request.ids.into_iter().map(JobId).collect();
         let object = ids.iter().map(|id| format!("job {id}")).collect::<Vec<_>>().join(" ");
         let signal = (request.signal != 0).then_some(request.signal);
@@ -193,13 +199,19 @@ impl Pool for PoolService {
                 caller,
                 ids,
                 signal,
+                hold,
                 reply,
             })
             .await
             .map_err(Status::from);
         self.audit(
             &who,
-            if signal.is_some() { "signal" } else { "cancel" },
+            match (signal, hold) {
+                (Some(_), _) => "signal",
+                (None, Some(true)) => "hold",
+                (None, Some(false)) => "release",
+                (None, None) => "cancel",
+            },
             &object,
             false,
             &result,
@@ -220,6 +232,7 @@ impl Pool for PoolService {
                 cancelled: o.cancelled,
                 signalled: o.signalled,
                 error: o.refused.map(|err| err.to_string()).unwrap_or_default(),
+                held: o.held,
             })
             .collect();
         Ok(Response::new(pb::CancelJobsResponse { outcomes }))

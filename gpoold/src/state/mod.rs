@@ -104,6 +104,8 @@ pub enum Command {
         caller: Caller,
         ids: Vec<JobId>,
         signal: Option<i32>,
+        /// Instead: hold (true) or release (false) pending jobs.
+        hold: Option<bool>,
         reply: Reply<Vec<CancelOutcome>>,
     },
     Drain {
@@ -232,6 +234,7 @@ pub struct CancelOutcome {
     pub state: Option<JobState>,
     pub cancelled: bool,
     pub signalled: bool,
+    pub held: bool,
     /// Why the id was left alone: it names no job, or the caller may not.
     pub refused: Option<Error>,
 }
@@ -380,6 +383,7 @@ impl State {
                 n_preemptions: 0,
                 lost_gpu_secs: 0,
                 lost_attempts: Vec::new(),
+                held: false,
             };
             self.jobs.insert(id, job);
             ids.push(id);
@@ -393,7 +397,7 @@ impl State {
         &mut self,
         caller: &Caller,
         ids: &[JobId],
-        signal: Option<i32>,
+        (signal, hold): (Option<i32>, Option<bool>),
         now: Timestamp,
         out: &mut Batch,
     ) -> Result<Vec<CancelOutcome>, Error> {
@@ -425,7 +429,22 @@ impl State {
                     state: self.jobs.get(id).map(|job| job.state.clone()),
                     cancelled: false,
                     signalled: false,
+                    held: false,
                     refused: Some(refused),
+                });
+                continue;
+            }
+            if let Some(hold) = hold {
+                // Only a pending job is held or released; others as they are.
+                self.apply_event(*id, &JobEvent::Hold { held: hold }, now, out);
+                let job = self.jobs.get(id);
+                outcomes.push(CancelOutcome {
+                    id: *id,
+                    state: job.map(|job| job.state.clone()),
+                    cancelled: false,
+                    signalled: false,
+                    held: job.is_some_and(|job| job.held),
+                    refused: None,
                 });
                 continue;
             }
@@ -465,6 +484,7 @@ impl State {
                 state: self.jobs.get(id).map(|job| job.state.clone()),
                 cancelled,
                 signalled,
+                held: false,
                 refused: None,
             });
         }
@@ -564,7 +584,7 @@ impl State {
         let mut pending = Vec::new();
         for job in self.jobs.values() {
             match &job.state {
-                JobState::Pending if !self.dependencies_met(job, &singletons) => {}
+                JobState::Pending if job.held || !self.dependencies_met(job, &singletons) => {}
                 JobState::Pending => pending.push(PendingJob {
                     id: job.id,
                     priority: job.spec.priority,
@@ -802,8 +822,9 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             caller,
             ids,
             signal,
+            hold,
             reply,
-        } => match state.cancel(&caller, &ids, signal, now, out) {
+        } => match state.cancel(&caller, &ids, (signal, hold), now, out) {
             Ok(outcomes) => out.replies.push(deferred(reply, outcomes)),
             Err(err) => drop(reply.send(Err(err))),
         },

@@ -358,6 +358,10 @@ pub struct CancelJobsRequest {
     /// cancelling them (as `scancel --signal`).
     #[prost(int32, tag = "2")]
     pub signal: i32,
+    /// Instead of cancelling: hold pending jobs (not scheduled until
+    /// released), or release held ones.
+    #[prost(enumeration = "HoldChange", tag = "3")]
+    pub hold: i32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -378,6 +382,9 @@ pub struct CancelOutcome {
     /// cancelled or signalled all the same.
     #[prost(string, tag = "5")]
     pub error: ::prost::alloc::string::String,
+    /// Held after the request (hold and release).
+    #[prost(bool, tag = "6")]
+    pub held: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -834,6 +841,36 @@ impl JobState {
             "JOB_STATE_FAILED" => Some(Self::Failed),
             "JOB_STATE_CANCELLED" => Some(Self::Cancelled),
             "JOB_STATE_TIMEOUT" => Some(Self::Timeout),
+            _ => None,
+        }
+    }
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum HoldChange {
+    None = 0,
+    Hold = 1,
+    Release = 2,
+}
+impl HoldChange {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::None => "HOLD_CHANGE_NONE",
+            Self::Hold => "HOLD_CHANGE_HOLD",
+            Self::Release => "HOLD_CHANGE_RELEASE",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "HOLD_CHANGE_NONE" => Some(Self::None),
+            "HOLD_CHANGE_HOLD" => Some(Self::Hold),
+            "HOLD_CHANGE_RELEASE" => Some(Self::Release),
             _ => None,
         }
     }
