@@ -494,3 +494,27 @@ fn a_held_job_waits_until_released() {
         run.stdout
     );
 }
+
+#[test]
+fn a_long_queue_lists_readably_and_filters_by_name_and_owner() {
+    let cluster = Cluster::start();
+    let file = cluster.dir.path().join("many.toml");
+    std::fs::write(&file, "[[job]]\nname = \"sweep\"\ncommand = [\"true\"]\n".repeat(250)).unwrap();
+    cluster.gpool(&["submit", "-f", &file.display().to_string()]).ok();
+    cluster.submit(&["--name", "other", "--", "true"]);
+    let table = cluster.gpool(&["jobs"]).ok().to_string();
+    assert_eq!(table.lines().count(), 1 + 200 + 1, "header, 200 rows, a summary");
+    assert!(
+        table
+            .trim_end()
+            .ends_with("251 jobs: 251 pending; 51 more not shown (--limit 0 shows all)"),
+        "{}",
+        table.lines().last().unwrap_or_default()
+    );
+    let named = cluster
+        .gpool(&["jobs", "--name", "other", "--me", "--output", "json"])
+        .json();
+    assert_eq!(named.as_array().unwrap().len(), 1, "{named}");
+    let limited = cluster.gpool(&["jobs", "--limit", "5", "--output", "json"]).json();
+    assert_eq!(limited.as_array().unwrap().len(), 5);
+}

@@ -24,7 +24,20 @@ pub struct JobsArgs {
     /// Include finished jobs.
     #[arg(long)]
     all: bool,
+    /// Only jobs of this name.
+    #[arg(long, short = 'n')]
+    name: Option<String>,
+    /// Only your own jobs (as gpoold knows you).
+    #[arg(long, conflicts_with = "user")]
+    me: bool,
+    /// Show at most this many (the table's default: 200; 0: all); a line
+    /// says how many more there are.
+    #[arg(long)]
+    limit: Option<usize>,
 }
+
+/// Rows the table shows unless --limit says otherwise.
+const TABLE_LIMIT: usize = 200;
 
 pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
     let states = args
@@ -33,17 +46,38 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         .map(|name| {
             state_from_name(name).map(i32::from).ok_or_else(|| {
                 CliError::Usage(format!(
-                    "--state: unknown state {name:?} (pending, running, completed, failed, cancelled)"
+                    "--state: unknown state {name:?} (pending, running, completed, failed, cancelled, timeout)"
                 ))
             })
         })
         .collect::<Result<Vec<i32>, _>>()?;
     let mut conn = ctx.connect().await?;
+    let user = if args.me {
+        conn.client
+            .who_am_i(pb::WhoAmIRequest {})
+            .await
+            .map_err(|s| conn.refused(s))?
+            .into_inner()
+            .user
+    } else {
+        args.user.unwrap_or_default()
+    };
     let request = pb::ListJobsRequest {
         states,
         team: args.team.unwrap_or_default(),
-        user: args.user.unwrap_or_default(),
+        user,
         all: args.all,
+    };
+    let wanted = |job: &pb::Job| {
+        args.name
+            .as_ref()
+            .is_none_or(|name| job.spec.as_ref().is_some_and(|spec| &spec.name == name))
+    };
+    let limit = match args.limit {
+        Some(0) => usize::MAX,
+        Some(limit) => limit,
+        None if ctx.json() => usize::MAX,
+        None => TABLE_LIMIT,
     };
     let mut chunks = conn
         .client
@@ -54,16 +88,41 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
     if ctx.json() {
         // Printed as the chunks arrive: the array never sits whole in memory.
         let mut printer = output::JsonArrayPrinter::new();
+        let mut n_printed = 0;
         while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
-            chunk.jobs.iter().for_each(|job| printer.push(&output::job_json(job)));
+            for job in chunk.jobs.iter().filter(|job| wanted(job)) {
+                if n_printed < limit {
+                    printer.push(&output::job_json(job));
+                    n_printed += 1;
+                }
+            }
         }
         printer.finish();
     } else {
         let mut jobs = Vec::new();
+        let mut by_state: std::collections::BTreeMap<&'static str, usize> = std::collections::BTreeMap::new();
+        let mut n_matching = 0;
         while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
-            jobs.extend(chunk.jobs);
+            for job in chunk.jobs.into_iter().filter(|job| wanted(job)) {
+                n_matching += 1;
+                *by_state.entry(state_name(job.state())).or_default() += 1;
+                if jobs.len() < limit {
+                    jobs.push(job);
+                }
+            }
         }
         output::print_jobs_table(&jobs);
+        // A summary, so that a long queue stays readable.
+        if n_matching > 1 {
+            let counts: Vec<String> = by_state.iter().map(|(state, n)| format!("{n} {state}")).collect();
+            let more = n_matching - jobs.len();
+            let more = if more > 0 {
+                format!("; {more} more not shown (--limit 0 shows all)")
+            } else {
+                String::new()
+            };
+            outln!("{n_matching} jobs: {}{more}", counts.join(", "));
+        }
     }
     Ok(())
 }
