@@ -9,7 +9,8 @@
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
 //! holding the backfill reservation; else null), redacted (another user's
 //! job: command and workdir are empty), image (empty: on the host),
-//! mem_bytes and cpus_per_gpu (or null).
+//! mem_bytes and cpus_per_gpu (or null), reason_codes (one stable
+//! snake_case code per reason).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -47,6 +48,8 @@ pub struct JobJson<'a> {
     exit_code: Option<i32>,
     end_reason: &'a str,
     reasons: &'a [String],
+    /// One stable snake_case code per reason.
+    reason_codes: &'a [String],
     attempt: u32,
     placement: Vec<PlacementJson<'a>>,
     qos: &'a str,
@@ -102,6 +105,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         exit_code: job.exit_code,
         end_reason: &job.end_reason,
         reasons: &job.pending_reasons,
+        reason_codes: &job.reason_codes,
         attempt: job.attempt,
         placement: job
             .placement

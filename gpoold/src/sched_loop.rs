@@ -36,7 +36,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
             .map(|(job, at, _)| (job, at))
             .into_iter()
             .collect();
-        let (reasons, hints) = reasons_in_words(plan);
+        let (reasons, hints, codes) = reasons_in_words(plan);
         let compute = started.elapsed();
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
             return;
@@ -47,6 +47,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
         let planned = Command::Planned {
             reasons,
             hints,
+            codes,
             priorities,
             estimated_starts,
         };
@@ -58,26 +59,30 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
 }
 
 type Words = HashMap<JobId, Arc<[String]>>;
-/// A reason list rendered once: its reasons and its hints.
-type Rendered = (Arc<[String]>, Arc<[String]>);
+type Codes = HashMap<JobId, Arc<[&'static str]>>;
+/// A reason list rendered once: its reasons, hints and codes.
+type Rendered = (Arc<[String]>, Arc<[String]>, Arc<[&'static str]>);
 
 /// The plan's reasons and hints as text, each distinct list rendered once
 /// and shared.
-fn reasons_in_words(plan: Plan) -> (Words, Words) {
+fn reasons_in_words(plan: Plan) -> (Words, Words, Codes) {
     let mut rendered: HashMap<Vec<Reject>, Rendered> = HashMap::new();
     let mut reasons = HashMap::with_capacity(plan.pending.len());
     let mut hints = HashMap::with_capacity(plan.pending.len());
+    let mut codes = HashMap::with_capacity(plan.pending.len());
     for (job_id, rejects) in plan.pending {
-        let (words, hint_words) = rendered
+        let (words, hint_words, code_words) = rendered
             .entry(rejects)
             .or_insert_with_key(|rejects| {
                 let words: Arc<[String]> = rejects.iter().map(ToString::to_string).collect();
                 let hint_words: Arc<[String]> = rejects.iter().filter_map(Reject::hint).collect();
-                (words, hint_words)
+                let code_words: Arc<[&'static str]> = rejects.iter().map(Reject::code).collect();
+                (words, hint_words, code_words)
             })
             .clone();
         reasons.insert(job_id, words);
         hints.insert(job_id, hint_words);
+        codes.insert(job_id, code_words);
     }
-    (reasons, hints)
+    (reasons, hints, codes)
 }

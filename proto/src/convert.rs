@@ -240,6 +240,7 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         priority: None,
         estimated_start_ms: None,
         redacted: false,
+        reason_codes: Vec::new(),
     }
 }
 

@@ -456,6 +456,8 @@ fn a_pipeline_in_one_job_file_runs_in_order_and_a_failed_stage_ends_the_rest() {
     // While it waits, a dependent job says for what; an unknown id is refused.
     let blocker = cluster.submit(&["--", "sleep", "30"]);
     let waiting = cluster.submit(&["-d", &format!("afterany:{blocker}"), "--", "true"]);
+    let codes = cluster.gpool(&["why", "--output", "json", &waiting.to_string()]).json()["reason_codes"].clone();
+    assert_eq!(codes, serde_json::json!(["dependency"]));
     let why = cluster.gpool(&["why", &waiting.to_string()]).ok().to_string();
     assert!(
         why.contains(&format!("because waits for job {blocker} to end (afterany)")),

@@ -86,6 +86,11 @@ fn a_guaranteed_job_reclaims_gpus_from_burst_work_that_checkpoints_and_resumes()
     let reasons = why["reasons"].to_string();
     assert!(reasons.contains("wants 1 GPU on one node; none is free"), "{reasons}");
     assert!(reasons.contains("team a runs 0 of its 0 guaranteed GPUs"), "{reasons}");
+    let codes = why["reason_codes"].to_string();
+    assert!(
+        codes.contains("\"resources\"") && codes.contains("\"beyond_guarantee\""),
+        "{codes}"
+    );
     assert!(
         why["hints"].to_string().contains("wait for running jobs to end"),
         "{}",

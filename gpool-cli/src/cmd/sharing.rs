@@ -16,6 +16,7 @@ pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
             "id": job.id,
             "state": state,
             "reasons": job.pending_reasons,
+            "reason_codes": job.reason_codes,
             "hints": job.hints,
             "priority": job.priority.as_ref().map(output::priority_json),
             "estimated_start": job.estimated_start_ms.map(output::rfc3339),

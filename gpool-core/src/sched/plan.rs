@@ -166,6 +166,26 @@ fn plural(count: u64, one: &str, many: &str) -> String {
 }
 
 impl Reject {
+    /// A stable snake_case identifier of the reason, for scripts (the
+    /// sentences may change; these do not).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Reject::UnknownPool { .. } => "unknown_pool",
+            Reject::NoNodes { .. } => "no_nodes",
+            Reject::NodesUnavailable { .. } => "nodes_unavailable",
+            Reject::SomeNodesUnavailable { .. } => "some_nodes_unavailable",
+            Reject::NoGpuModel { .. } => "gpu_model_unavailable",
+            Reject::TeamCap { .. } => "team_cap",
+            Reject::BehindReservation { .. } => "behind_reservation",
+            Reject::Reserved { .. } => "reserved",
+            Reject::NoEstimate => "no_estimate",
+            Reject::Reclaiming { .. } => "preempting",
+            Reject::OverBudget { .. } => "budget_exhausted",
+            Reject::BeyondGuarantee { .. } => "beyond_guarantee",
+            Reject::Resources { .. } => "resources",
+        }
+    }
+
     /// What would make the job start sooner, where something would.
     pub fn hint(&self) -> Option<String> {
         let hint = match self {

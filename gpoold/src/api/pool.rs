@@ -125,16 +125,29 @@ fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
         gpool_core::deps::DepState::Waiting(reason) => Some(reason),
         _ => None,
     };
-    let reasons = match waits_for {
-        Some(reason) => vec![reason],
-        None if job.held => vec![format!("held: `gpool release {}` lets it be scheduled", job.id)],
-        None => state
-            .pending_reasons
-            .get(&job.id)
-            .map(|words| words.to_vec())
-            .unwrap_or_else(|| vec!["waiting for the next scheduling cycle".to_string()]),
+    let (reasons, codes) = match waits_for {
+        Some(reason) => (vec![reason], vec!["dependency".to_string()]),
+        None if job.held => (
+            vec![format!("held: `gpool release {}` lets it be scheduled", job.id)],
+            vec!["held".to_string()],
+        ),
+        None => match state.pending_reasons.get(&job.id) {
+            Some(words) => (
+                words.to_vec(),
+                state
+                    .pending_codes
+                    .get(&job.id)
+                    .map(|codes| codes.iter().map(|code| code.to_string()).collect())
+                    .unwrap_or_default(),
+            ),
+            None => (
+                vec!["waiting for the next scheduling cycle".to_string()],
+                vec!["not_yet_scheduled".to_string()],
+            ),
+        },
     };
     let mut wire = job_to_wire(job, reasons);
+    wire.reason_codes = codes;
     wire.hints = state
         .pending_hints
         .get(&job.id)

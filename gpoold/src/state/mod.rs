@@ -44,6 +44,8 @@ pub struct State {
     /// What would make each pending job start sooner, and its priority,
     /// from the same cycle; not durable.
     pub pending_hints: HashMap<JobId, Arc<[String]>>,
+    /// The reasons' stable codes (`resources`, `budget_exhausted`...).
+    pub pending_codes: HashMap<JobId, Arc<[&'static str]>>,
     pub priorities: HashMap<JobId, Priority>,
     pub estimated_starts: HashMap<JobId, Timestamp>,
     pub policy: Policy,
@@ -132,6 +134,7 @@ pub enum Command {
     Planned {
         reasons: HashMap<JobId, Arc<[String]>>,
         hints: HashMap<JobId, Arc<[String]>>,
+        codes: HashMap<JobId, Arc<[&'static str]>>,
         priorities: HashMap<JobId, Priority>,
         estimated_starts: HashMap<JobId, Timestamp>,
     },
@@ -287,6 +290,7 @@ impl State {
             next_job_id: loaded.next_job_id,
             pending_reasons: HashMap::new(),
             pending_hints: HashMap::new(),
+            pending_codes: HashMap::new(),
             priorities: HashMap::new(),
             estimated_starts: HashMap::new(),
             policy: config.policy.clone(),
@@ -849,11 +853,13 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         Command::Planned {
             reasons,
             hints,
+            codes,
             priorities,
             estimated_starts,
         } => {
             state.pending_reasons = reasons;
             state.pending_hints = hints;
+            state.pending_codes = codes;
             state.priorities = priorities;
             state.estimated_starts = estimated_starts;
         }

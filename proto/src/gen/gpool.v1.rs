@@ -319,6 +319,10 @@ pub struct Job {
     /// and workdir are left out (it is shown as a queue entry).
     #[prost(bool, tag = "23")]
     pub redacted: bool,
+    /// Stable snake_case identifiers of `pending_reasons`, one each
+    /// (resources, dependency, held, budget_exhausted, reserved...).
+    #[prost(string, repeated, tag = "24")]
+    pub reason_codes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]
