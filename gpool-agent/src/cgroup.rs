@@ -238,12 +238,30 @@ impl AttemptCgroup {
             .map_or_else(Vec::new, |dir| read_pids(&dir.join("cgroup.procs")))
     }
 
+    /// Whether the OOM killer of its memory limit killed a process of it:
+    /// `oom_kill` in cgroup v1's memory.oom_control or v2's memory.events.
+    pub fn oom_killed(&self) -> bool {
+        self.dirs.iter().any(|dir| {
+            ["memory.oom_control", "memory.events"]
+                .iter()
+                .any(|file| std::fs::read_to_string(dir.join(file)).is_ok_and(|text| oom_kills(&text) > 0))
+        })
+    }
+
     /// Removes the (empty) cgroup.
     pub fn remove(&self) {
         for dir in &self.dirs {
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// The `oom_kill N` count of a memory.oom_control or memory.events file.
+fn oom_kills(text: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix("oom_kill "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn read_pids(path: &Path) -> Vec<i32> {
@@ -260,6 +278,13 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn oom_kills_are_read_from_v1_and_v2_files() {
+        assert_eq!(super::oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"), 2);
+        assert_eq!(super::oom_kills("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"), 1);
+        assert_eq!(super::oom_kills("oom_kill_disable 0\nunder_oom 0\n"), 0);
+    }
+
     use super::*;
 
     #[test]

@@ -662,6 +662,7 @@ fn end_event(job_id: u64, epoch: u64, ended: Ended) -> pb::JobEvent {
         Ended::Vanished => (Outcome::Signal(Signal::SIGKILL as i32), pb::EndCause::Vanished),
         Ended::Killed(code) => (Outcome::ExitCode(code), pb::EndCause::Killed),
         Ended::KilledBy(signal) => (Outcome::Signal(signal), pb::EndCause::Killed),
+        Ended::OutOfMemory => (Outcome::Signal(Signal::SIGKILL as i32), pb::EndCause::OutOfMemory),
     };
     pb::JobEvent {
         job_id,

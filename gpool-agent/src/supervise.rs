@@ -40,6 +40,8 @@ pub enum Ended {
     Killed(i32),
     /// Ended by this signal after the agent killed it.
     KilledBy(i32),
+    /// The OOM killer of its memory limit ended it.
+    OutOfMemory,
 }
 
 impl Ended {
@@ -53,6 +55,7 @@ impl Ended {
             Ended::Vanished => "vanished -".into(),
             Ended::Killed(code) => format!("killed {code}"),
             Ended::KilledBy(signal) => format!("killedby {signal}"),
+            Ended::OutOfMemory => "oom -".into(),
         }
     }
 
@@ -67,6 +70,7 @@ impl Ended {
             "vanished" => Some(Ended::Vanished),
             "killed" => rest.parse().ok().map(Ended::Killed),
             "killedby" => rest.parse().ok().map(Ended::KilledBy),
+            "oom" => Some(Ended::OutOfMemory),
             _ => None,
         }
     }
@@ -292,6 +296,14 @@ fn supervise(request: &LaunchRequest) -> ! {
         Ok(mut command) => match command.spawn() {
             Ok(child) => {
                 let ended = run_to_end(request, child);
+                // A job its memory limit killed ran out of memory, whatever
+                // its exit says (a shell reports its child's SIGKILL as 137).
+                let out_of_memory = !matches!(ended, Ended::Code(0) | Ended::Fenced | Ended::TimedOut)
+                    && request
+                        .cgroup
+                        .as_ref()
+                        .is_some_and(crate::cgroup::AttemptCgroup::oom_killed);
+                let ended = if out_of_memory { Ended::OutOfMemory } else { ended };
                 // What the job left behind (detached or not) ends with it.
                 if let Some(cgroup) = &request.cgroup {
                     cgroup.sweep(CGROUP_SWEEP_PATIENCE);
@@ -657,6 +669,7 @@ mod tests {
             Ended::Vanished,
             Ended::Killed(0),
             Ended::KilledBy(15),
+            Ended::OutOfMemory,
         ] {
             assert_eq!(Ended::parse(&ended.to_line()), Some(ended));
         }

@@ -47,6 +47,17 @@ pub enum JobState {
         started_at: Timestamp,
         ended_at: Timestamp,
     },
+    /// Its node was lost (or drained at once) and it asked not to be
+    /// requeued.
+    NodeFail {
+        started_at: Timestamp,
+        ended_at: Timestamp,
+    },
+    /// Its memory limit's OOM killer ended it (its cgroup says so).
+    OutOfMemory {
+        started_at: Timestamp,
+        ended_at: Timestamp,
+    },
 }
 
 /// How an attempt's process ended.
@@ -87,6 +98,11 @@ pub enum JobEvent {
     },
     /// The attempt's time limit ran out and its node ended it.
     TimedOut {
+        epoch: Epoch,
+        now: Timestamp,
+    },
+    /// The OOM killer of the attempt's memory limit ended it.
+    OutOfMemory {
         epoch: Epoch,
         now: Timestamp,
     },
@@ -140,6 +156,8 @@ impl JobState {
             JobState::Failed { .. } => "failed",
             JobState::Cancelled { .. } => "cancelled",
             JobState::Timeout { .. } => "timeout",
+            JobState::NodeFail { .. } => "node_fail",
+            JobState::OutOfMemory { .. } => "out_of_memory",
         }
     }
 
@@ -150,6 +168,8 @@ impl JobState {
                 | JobState::Failed { .. }
                 | JobState::Cancelled { .. }
                 | JobState::Timeout { .. }
+                | JobState::NodeFail { .. }
+                | JobState::OutOfMemory { .. }
         )
     }
 
@@ -158,7 +178,9 @@ impl JobState {
             JobState::Pending => None,
             JobState::Running { started_at, .. }
             | JobState::Completed { started_at, .. }
-            | JobState::Timeout { started_at, .. } => Some(*started_at),
+            | JobState::Timeout { started_at, .. }
+            | JobState::NodeFail { started_at, .. }
+            | JobState::OutOfMemory { started_at, .. } => Some(*started_at),
             JobState::Failed { started_at, .. } | JobState::Cancelled { started_at, .. } => *started_at,
         }
     }
@@ -187,7 +209,9 @@ impl JobState {
             JobState::Completed { ended_at, .. }
             | JobState::Failed { ended_at, .. }
             | JobState::Cancelled { ended_at, .. }
-            | JobState::Timeout { ended_at, .. } => Some(*ended_at),
+            | JobState::Timeout { ended_at, .. }
+            | JobState::NodeFail { ended_at, .. }
+            | JobState::OutOfMemory { ended_at, .. } => Some(*ended_at),
         }
     }
 
@@ -267,6 +291,7 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
         // A preempted attempt, however it ends, sends the job back.
         JobEvent::Exited { .. }
         | JobEvent::TimedOut { .. }
+        | JobEvent::OutOfMemory { .. }
         | JobEvent::FailedToStart { .. }
         | JobEvent::Lost { .. }
             if preempted_at.is_some() =>
@@ -305,6 +330,10 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
             started_at,
             ended_at: *now,
         },
+        JobEvent::OutOfMemory { now, .. } => JobState::OutOfMemory {
+            started_at,
+            ended_at: *now,
+        },
         JobEvent::FailedToStart { reason, now, .. } => JobState::Failed {
             started_at: Some(started_at),
             ended_at: *now,
@@ -314,11 +343,9 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
         JobEvent::Lost { requeue: true, .. } => JobState::Pending,
         JobEvent::Lost {
             requeue: false, now, ..
-        } => JobState::Failed {
-            started_at: Some(started_at),
+        } => JobState::NodeFail {
+            started_at,
             ended_at: *now,
-            exit_code: None,
-            reason: "its node was lost or drained at once, and the job asked not to be requeued".to_string(),
         },
         JobEvent::Start { .. }
         | JobEvent::Cancel { .. }
@@ -341,6 +368,7 @@ impl JobEvent {
             JobEvent::Preempt { .. } => "preempt",
             JobEvent::Checkpointed { .. } => "checkpointed",
             JobEvent::TimedOut { .. } => "timed-out",
+            JobEvent::OutOfMemory { .. } => "out-of-memory",
             JobEvent::LateExit { .. } => "late-exit",
             JobEvent::DependencyNeverMet { .. } => "dependency-never-met",
             JobEvent::Hold { .. } => "hold",
@@ -356,7 +384,8 @@ impl JobEvent {
             | JobEvent::Lost { epoch, .. }
             | JobEvent::Preempt { epoch, .. }
             | JobEvent::Checkpointed { epoch, .. }
-            | JobEvent::TimedOut { epoch, .. } => Some(*epoch),
+            | JobEvent::TimedOut { epoch, .. }
+            | JobEvent::OutOfMemory { epoch, .. } => Some(*epoch),
             // Not the running attempt's: `Job::apply` matches it against
             // the lost ones.
             JobEvent::Start { .. }

@@ -151,6 +151,8 @@ pub fn state_to_wire(state: &JobState) -> pb::JobState {
         JobState::Failed { .. } => pb::JobState::Failed,
         JobState::Cancelled { .. } => pb::JobState::Cancelled,
         JobState::Timeout { .. } => pb::JobState::Timeout,
+        JobState::NodeFail { .. } => pb::JobState::NodeFail,
+        JobState::OutOfMemory { .. } => pb::JobState::OutOfMemory,
     }
 }
 
@@ -164,6 +166,8 @@ pub fn state_name(state: pb::JobState) -> &'static str {
         pb::JobState::Failed => "failed",
         pb::JobState::Cancelled => "cancelled",
         pb::JobState::Timeout => "timeout",
+        pb::JobState::NodeFail => "node_fail",
+        pb::JobState::OutOfMemory => "out_of_memory",
     }
 }
 
@@ -176,6 +180,8 @@ pub fn state_from_name(name: &str) -> Option<pb::JobState> {
         pb::JobState::Failed,
         pb::JobState::Cancelled,
         pb::JobState::Timeout,
+        pb::JobState::NodeFail,
+        pb::JobState::OutOfMemory,
     ]
     .into_iter()
     .find(|state| state_name(*state) == name.to_ascii_lowercase())
@@ -215,6 +221,20 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         JobState::Failed { exit_code, reason, .. } => (*exit_code, reason.clone(), 0, Vec::new(), String::new()),
         JobState::Cancelled { by, .. } => (None, format!("cancelled by {by}"), 0, Vec::new(), by.clone()),
         JobState::Timeout { .. } => (None, "its time limit ran out".to_string(), 0, Vec::new(), String::new()),
+        JobState::NodeFail { .. } => (
+            None,
+            "its node was lost or drained at once, and it asked not to be requeued".to_string(),
+            0,
+            Vec::new(),
+            String::new(),
+        ),
+        JobState::OutOfMemory { .. } => (
+            None,
+            "it ran out of memory: its memory limit's OOM killer ended it".to_string(),
+            0,
+            Vec::new(),
+            String::new(),
+        ),
     };
     pb::Job {
         id: job.id.0,

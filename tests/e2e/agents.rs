@@ -368,7 +368,7 @@ fn drain_now_requeues_and_no_requeue_jobs_fail() {
         })
     };
     assert_eq!(moved["placement"][0]["node"], "node-b");
-    let failed = cluster.wait_for_state(failing, "failed");
+    let failed = cluster.wait_for_state(failing, "node_fail");
     assert!(
         failed["end_reason"]
             .as_str()
@@ -753,4 +753,52 @@ fn a_container_job_runs_as_its_user_and_leaves_nothing_when_cancelled() {
         .env("CONTAINERS_CONF", &conf)
         .args(["rmi", "--force", &image])
         .output();
+}
+
+/// A job its --mem limit's OOM killer ends is out_of_memory, not a bare
+/// "killed by signal 9".
+#[test]
+fn a_job_over_its_memory_limit_ends_out_of_memory() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: cgroups need root");
+        return;
+    }
+    if !std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists()
+        && !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    {
+        eprintln!("skipped: no memory cgroup on this host");
+        return;
+    }
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    if nodes[0]["labels"]["isolation"].as_str().unwrap_or_default() == "none" {
+        eprintln!("skipped: this host offers the agent no cgroup (the agent's log says why)");
+        return;
+    }
+    // The shell holds 200 MB in a variable.
+    let run = cluster.gpool(&[
+        "submit",
+        "--wait",
+        "--mem",
+        "32M",
+        "--",
+        "sh",
+        "-c",
+        "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}",
+    ]);
+    let id: u64 = run.stdout.trim().parse().expect("job id");
+    let job = cluster.job(id);
+    if job["state"] == "completed" {
+        eprintln!("skipped: the memory limit was not enforced here (swap?): {job}");
+        return;
+    }
+    assert_eq!(job["state"], "out_of_memory", "{job}");
+    assert!(
+        job["end_reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ran out of memory"),
+        "{job}"
+    );
 }

@@ -436,7 +436,17 @@ fn chaos() {
         let jobs = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
         let jobs = jobs.as_array()?.clone();
         jobs.iter()
-            .all(|job| ["completed", "failed", "cancelled", "timeout"].contains(&job["state"].as_str().unwrap_or("")))
+            .all(|job| {
+                [
+                    "completed",
+                    "failed",
+                    "cancelled",
+                    "timeout",
+                    "node_fail",
+                    "out_of_memory",
+                ]
+                .contains(&job["state"].as_str().unwrap_or(""))
+            })
             .then_some(jobs)
     });
     let listed: std::collections::BTreeMap<u64, serde_json::Value> = states

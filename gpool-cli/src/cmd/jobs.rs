@@ -46,7 +46,7 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         .map(|name| {
             state_from_name(name).map(i32::from).ok_or_else(|| {
                 CliError::Usage(format!(
-                    "--state: unknown state {name:?} (pending, running, completed, failed, cancelled, timeout)"
+                    "--state: unknown state {name:?} (pending, running, completed, failed, cancelled, timeout, node_fail, out_of_memory)"
                 ))
             })
         })
@@ -234,6 +234,7 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
             pb::JobState::Cancelled => EXIT_CANCELLED,
             pb::JobState::Failed => job.exit_code.map_or(EXIT_FAILED_TO_START, failed_exit_code),
             pb::JobState::Timeout => EXIT_TIMEOUT,
+            pb::JobState::NodeFail | pb::JobState::OutOfMemory => EXIT_FAILED_TO_START,
             other => {
                 return Err(CliError::Refused(format!(
                     "job {id}: watch ended while {}",
@@ -254,7 +255,12 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
 fn ended(job: &pb::Job) -> bool {
     matches!(
         job.state(),
-        pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled | pb::JobState::Timeout
+        pb::JobState::Completed
+            | pb::JobState::Failed
+            | pb::JobState::Cancelled
+            | pb::JobState::Timeout
+            | pb::JobState::NodeFail
+            | pb::JobState::OutOfMemory
     )
 }
 
@@ -272,7 +278,11 @@ fn describe(job: &pb::Job) -> String {
             Some(reason) => format!("pending: {reason}"),
             None => "pending".into(),
         },
-        pb::JobState::Failed | pb::JobState::Cancelled | pb::JobState::Timeout => {
+        pb::JobState::Failed
+        | pb::JobState::Cancelled
+        | pb::JobState::Timeout
+        | pb::JobState::NodeFail
+        | pb::JobState::OutOfMemory => {
             format!("{}: {}", state_name(job.state()), job.end_reason)
         }
         other => state_name(other).to_string(),

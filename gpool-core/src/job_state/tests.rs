@@ -94,7 +94,7 @@ fn lost_attempt_requeues_or_fails() {
         now: Timestamp(40),
     })
     .unwrap();
-    assert!(matches!(job.state, JobState::Failed { exit_code: None, .. }));
+    assert!(matches!(job.state, JobState::NodeFail { .. }), "{:?}", job.state);
 }
 
 #[test]

@@ -219,6 +219,7 @@ fn event_from_wire(event: pb::JobEvent) -> Option<AgentEvent> {
         (pb::job_event::Outcome::FailedToStart(reason), _) => AttemptOutcome::FailedToStart(reason),
         (_, pb::EndCause::TimeLimit) => AttemptOutcome::TimedOut,
         (_, pb::EndCause::Fenced) => AttemptOutcome::Fenced,
+        (_, pb::EndCause::OutOfMemory) => AttemptOutcome::OutOfMemory,
         (pb::job_event::Outcome::ExitCode(code), pb::EndCause::Killed | pb::EndCause::Vanished) => {
             AttemptOutcome::Stopped(ExitStatus::Code(code))
         }

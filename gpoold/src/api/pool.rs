@@ -703,6 +703,11 @@ fn valid_user_name(user: String) -> Result<String, Error> {
 fn is_finished(job: &pb::Job) -> bool {
     matches!(
         job.state(),
-        pb::JobState::Completed | pb::JobState::Failed | pb::JobState::Cancelled | pb::JobState::Timeout
+        pb::JobState::Completed
+            | pb::JobState::Failed
+            | pb::JobState::Cancelled
+            | pb::JobState::Timeout
+            | pb::JobState::NodeFail
+            | pb::JobState::OutOfMemory
     )
 }

@@ -323,6 +323,7 @@ impl State {
                 AttemptOutcome::Exited(ExitStatus::Signal(_))
                 | AttemptOutcome::Stopped(_)
                 | AttemptOutcome::TimedOut
+                | AttemptOutcome::OutOfMemory
                 | AttemptOutcome::FailedToStart(_)
                 | AttemptOutcome::Fenced => {
                     tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored")
@@ -368,6 +369,10 @@ impl State {
                 now,
             },
             AttemptOutcome::TimedOut => JobEvent::TimedOut {
+                epoch: event.epoch,
+                now,
+            },
+            AttemptOutcome::OutOfMemory => JobEvent::OutOfMemory {
                 epoch: event.epoch,
                 now,
             },

@@ -226,6 +226,8 @@ pub enum AttemptOutcome {
     Stopped(ExitStatus),
     /// The node's supervisor ended it at its time limit.
     TimedOut,
+    /// Its cgroup's OOM killer ended it.
+    OutOfMemory,
     /// The node stopped it when its lease from this controller ran out.
     Fenced,
 }

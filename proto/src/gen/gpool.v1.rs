@@ -818,6 +818,10 @@ pub enum JobState {
     Cancelled = 5,
     /// Its time limit ran out and its processes were ended.
     Timeout = 6,
+    /// Its node was lost and it asked not to be requeued.
+    NodeFail = 7,
+    /// The OOM killer of its memory limit ended it.
+    OutOfMemory = 8,
 }
 impl JobState {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -833,6 +837,8 @@ impl JobState {
             Self::Failed => "JOB_STATE_FAILED",
             Self::Cancelled => "JOB_STATE_CANCELLED",
             Self::Timeout => "JOB_STATE_TIMEOUT",
+            Self::NodeFail => "JOB_STATE_NODE_FAIL",
+            Self::OutOfMemory => "JOB_STATE_OUT_OF_MEMORY",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -845,6 +851,8 @@ impl JobState {
             "JOB_STATE_FAILED" => Some(Self::Failed),
             "JOB_STATE_CANCELLED" => Some(Self::Cancelled),
             "JOB_STATE_TIMEOUT" => Some(Self::Timeout),
+            "JOB_STATE_NODE_FAIL" => Some(Self::NodeFail),
+            "JOB_STATE_OUT_OF_MEMORY" => Some(Self::OutOfMemory),
             _ => None,
         }
     }
@@ -971,6 +979,8 @@ pub enum EndCause {
     /// Its supervisor is gone without a record (the node rebooted, or the
     /// supervisor was killed).
     Vanished = 4,
+    /// The OOM killer of its memory limit (cgroup) ended it.
+    OutOfMemory = 5,
 }
 impl EndCause {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -984,6 +994,7 @@ impl EndCause {
             Self::Fenced => "END_CAUSE_FENCED",
             Self::Killed => "END_CAUSE_KILLED",
             Self::Vanished => "END_CAUSE_VANISHED",
+            Self::OutOfMemory => "END_CAUSE_OUT_OF_MEMORY",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -994,6 +1005,7 @@ impl EndCause {
             "END_CAUSE_FENCED" => Some(Self::Fenced),
             "END_CAUSE_KILLED" => Some(Self::Killed),
             "END_CAUSE_VANISHED" => Some(Self::Vanished),
+            "END_CAUSE_OUT_OF_MEMORY" => Some(Self::OutOfMemory),
             _ => None,
         }
     }
