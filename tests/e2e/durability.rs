@@ -199,7 +199,7 @@ fn a_batch_is_whole_or_absent_across_kill_9() {
         assert!(have >= *n_jobs, "acknowledged {name}: {n_jobs} jobs, {have} on disk");
     }
     assert!(
-        acked.len() >= 20,
+        acked.len() >= 10,
         "too few acknowledged submissions ({}) to mean anything",
         acked.len()
     );

@@ -106,7 +106,8 @@ pub struct SubmitArgs {
     /// Which of this shell's variables the job gets: ALL (the default, but
     /// gpool's own, CUDA_VISIBLE_DEVICES, SSH_* and the terminal's), NONE,
     /// or NAME[,NAME=VALUE...] (only those; ALL,... for all and those).
-    /// --env and a job file's env win. Container jobs get only named ones.
+    /// --env and a job file's env win. Container jobs get only named ones;
+    /// a job file's jobs (-f) none unless --export is given.
     #[arg(long, value_name = "ALL|NONE|NAMES", value_parser = parse_export)]
     export: Option<gpool_core::spec::Export>,
     /// Follow the jobs until they end and exit with the job's exit code (of
@@ -193,7 +194,16 @@ fn parse_export(text: &str) -> Result<gpool_core::spec::Export, String> {
 }
 
 fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
-    let export = args.export.clone().unwrap_or_default();
+    // A job file's jobs get the shell's variables only when asked: a batch
+    // of thousands would carry (and store) a copy in every job.
+    let export = match (&args.export, &args.file) {
+        (Some(export), _) => export.clone(),
+        (None, Some(_)) => gpool_core::spec::Export {
+            all: false,
+            named: Vec::new(),
+        },
+        (None, None) => gpool_core::spec::Export::default(),
+    };
     let cwd = std::env::current_dir()
         .map_err(|err| CliError::Usage(format!("workdir: cannot read the current directory: {err}")))?
         .display()
