@@ -96,6 +96,9 @@ enum Command {
         #[arg(long, short = 's', value_name = "SIGNAL", value_parser = cmd::cancel::parse_signal)]
         signal: Option<i32>,
     },
+    /// Ended jobs over a time window, as sacct: state, exit code, GPU-hours,
+    /// nodes (yours unless --user or --all-users).
+    History(cmd::history::HistoryArgs),
     /// Keep pending jobs from being scheduled until released.
     Hold {
         /// Job ids.
@@ -418,6 +421,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
         Command::Cancel { ids, signal } => cmd::cancel::run(&ctx, ids, signal).await,
+        Command::History(args) => cmd::history::run(&ctx, args).await.map(|()| 0),
         Command::Hold { ids } => cmd::cancel::hold(&ctx, ids, true).await,
         Command::Release { ids } => cmd::cancel::hold(&ctx, ids, false).await,
         Command::Wait { ids } => {

@@ -50,6 +50,8 @@ pub struct JobJson<'a> {
     reasons: &'a [String],
     /// One stable snake_case code per reason.
     reason_codes: &'a [String],
+    /// The nodes of its latest attempt, rank 0 first.
+    node_list: &'a [String],
     attempt: u32,
     placement: Vec<PlacementJson<'a>>,
     qos: &'a str,
@@ -106,6 +108,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         end_reason: &job.end_reason,
         reasons: &job.pending_reasons,
         reason_codes: &job.reason_codes,
+        node_list: &job.last_nodes,
         attempt: job.attempt,
         placement: job
             .placement
@@ -169,7 +172,7 @@ impl JsonArrayPrinter {
 }
 
 /// Prints rows as left-aligned columns.
-fn print_table(header: &[&str], rows: Vec<Vec<String>>) {
+pub fn print_table(header: &[&str], rows: Vec<Vec<String>>) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &rows {
         for (col_idx, cell) in row.iter().enumerate() {

@@ -261,6 +261,7 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         estimated_start_ms: None,
         redacted: false,
         reason_codes: Vec::new(),
+        last_nodes: job.last_nodes.clone(),
     }
 }
 

@@ -520,3 +520,42 @@ fn a_long_queue_lists_readably_and_filters_by_name_and_owner() {
     let limited = cluster.gpool(&["jobs", "--limit", "5", "--output", "json"]).json();
     assert_eq!(limited.as_array().unwrap().len(), 5);
 }
+
+#[test]
+fn history_lists_ended_jobs_across_a_restart() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    let ok = cluster.submit(&["--name", "good", "--", "true"]);
+    let bad = cluster.submit(&["--name", "bad", "--", "sh", "-c", "exit 4"]);
+    let pending = cluster.submit(&["--gpus", "1", "-d", &format!("afterok:{bad}"), "--", "true"]);
+    cluster.wait_for_state(ok, "completed");
+    cluster.wait_for_state(bad, "failed");
+    cluster.controller().stop();
+    cluster.start_controller();
+    let history = cluster.gpool(&["history", "--since", "1h", "--output", "json"]).json();
+    let ids: Vec<u64> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|job| job["id"].as_u64().unwrap())
+        .collect();
+    // The dependent job ended too (its dependency can never be met).
+    cluster.wait_for_state(pending, "failed");
+    assert!(ids.contains(&ok) && ids.contains(&bad), "{ids:?}");
+    let bad_json = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|job| job["id"] == bad)
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (bad_json["exit_code"].as_i64(), &bad_json["node_list"]),
+        (Some(4), &serde_json::json!(["n1"]))
+    );
+    let table = cluster.gpool(&["history", "--since", "1h"]).ok().to_string();
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(table.contains("good") && table.contains("bad"), "{table}");
+    let none = cluster.gpool(&["history", "--until", "2h"]).ok().to_string();
+    assert_eq!(none.lines().count(), 1, "only the header: {none}");
+}

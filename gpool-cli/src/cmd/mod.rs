@@ -3,6 +3,7 @@
 pub mod access;
 pub mod cancel;
 pub mod checkpoint;
+pub mod history;
 pub mod jobs;
 pub mod logs;
 pub mod nodes;

@@ -323,6 +323,9 @@ pub struct Job {
     /// (resources, dependency, held, budget_exhausted, reserved...).
     #[prost(string, repeated, tag = "24")]
     pub reason_codes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The nodes of its latest attempt, rank 0 first.
+    #[prost(string, repeated, tag = "25")]
+    pub last_nodes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]

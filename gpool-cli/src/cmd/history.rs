@@ -1,0 +1,125 @@
+//! `gpool history`: ended jobs over a time window, as sacct lists them.
+
+use super::Ctx;
+use crate::output;
+use crate::CliError;
+use gpool_proto::convert::state_name;
+use gpool_proto::pb;
+
+#[derive(clap::Args)]
+pub struct HistoryArgs {
+    /// Jobs that ended since: a duration ago (1h, 7d) or a time
+    /// (2026-11-23T10:00:00Z).
+    #[arg(long, short = 'S', default_value = "1d", value_parser = parse_moment)]
+    since: i64,
+    /// ...and until (default: now).
+    #[arg(long, short = 'E', value_parser = parse_moment)]
+    until: Option<i64>,
+    /// This user's jobs (default: yours).
+    #[arg(long, short = 'u', conflicts_with = "all_users")]
+    user: Option<String>,
+    /// Everyone's jobs.
+    #[arg(long, short = 'a')]
+    all_users: bool,
+    /// Only this team's jobs.
+    #[arg(long)]
+    team: Option<String>,
+}
+
+/// A moment as unix ms: `1h` (that long ago) or an RFC 3339 time.
+fn parse_moment(text: &str) -> Result<i64, String> {
+    let now = std::time::SystemTime::now();
+    let at = match humantime::parse_duration(text) {
+        Ok(ago) => now.checked_sub(ago).ok_or_else(|| format!("{text:?} is before 1970"))?,
+        Err(_) => humantime::parse_rfc3339_weak(text)
+            .map_err(|_| format!("{text:?} is neither a duration (1h, 7d) nor a time (2026-11-23T10:00:00Z)"))?,
+    };
+    Ok(at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as i64))
+}
+
+pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let user = match (args.user, args.all_users) {
+        (Some(user), _) => user,
+        (None, true) => String::new(),
+        (None, false) => {
+            conn.client
+                .who_am_i(pb::WhoAmIRequest {})
+                .await
+                .map_err(|s| conn.refused(s))?
+                .into_inner()
+                .user
+        }
+    };
+    let until = args.until.unwrap_or(i64::MAX);
+    let mut chunks = conn
+        .client
+        .list_jobs(pb::ListJobsRequest {
+            states: Vec::new(),
+            team: args.team.unwrap_or_default(),
+            user,
+            all: true,
+        })
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner();
+    let mut ended = Vec::new();
+    while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+        ended.extend(
+            chunk
+                .jobs
+                .into_iter()
+                .filter(|job| job.ended_at_ms.is_some_and(|at| at >= args.since && at <= until)),
+        );
+    }
+    ended.sort_by_key(|job| (job.ended_at_ms, job.id));
+    if ctx.json() {
+        let mut printer = output::JsonArrayPrinter::new();
+        ended.iter().for_each(|job| printer.push(&output::job_json(job)));
+        printer.finish();
+        return Ok(());
+    }
+    let rows = ended
+        .iter()
+        .map(|job| {
+            let spec = job.spec.clone().unwrap_or_default();
+            let gpus = u64::from(spec.gpus) * u64::from(spec.nodes.max(1));
+            let secs = match (job.started_at_ms, job.ended_at_ms) {
+                (Some(start), Some(end)) => (end - start).max(0) as f64 / 1000.0,
+                _ => 0.0,
+            };
+            vec![
+                job.id.to_string(),
+                spec.name,
+                job.user.clone(),
+                spec.team,
+                state_name(job.state()).to_string(),
+                job.exit_code.map_or_else(|| "-".to_string(), |code| code.to_string()),
+                format!("{:.2}", gpus as f64 * secs / 3600.0),
+                job.ended_at_ms.map_or_else(String::new, output::rfc3339),
+                if job.last_nodes.is_empty() {
+                    "-".to_string()
+                } else {
+                    job.last_nodes.join(",")
+                },
+            ]
+        })
+        .collect();
+    output::print_table(
+        &[
+            "ID",
+            "NAME",
+            "USER",
+            "TEAM",
+            "STATE",
+            "EXIT",
+            "GPU-HOURS",
+            "ENDED",
+            "NODES",
+        ],
+        rows,
+    );
+    Ok(())
+}
