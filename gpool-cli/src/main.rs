@@ -85,6 +85,9 @@ enum Command {
         /// Its stderr instead of its stdout.
         #[arg(long)]
         stderr: bool,
+        /// A gang's rank whose output to print (0, the first node, by default).
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
     },
     /// Cancel jobs (each id that can be; the others are named).
     Cancel {
@@ -428,7 +431,12 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             let mut conn = ctx.connect().await?;
             cmd::jobs::wait_for(&mut conn, &ids).await
         }
-        Command::Logs { id, follow, stderr } => cmd::logs::run(&ctx, id, follow, stderr).await.map(|()| 0),
+        Command::Logs {
+            id,
+            follow,
+            stderr,
+            rank,
+        } => cmd::logs::run(&ctx, id, follow, stderr, rank).await.map(|()| 0),
         Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
         Command::Admin(AdminCommand::Node(NodeCommand::Remove { node })) => {

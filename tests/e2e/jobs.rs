@@ -559,3 +559,28 @@ fn history_lists_ended_jobs_across_a_restart() {
     let none = cluster.gpool(&["history", "--until", "2h"]).ok().to_string();
     assert_eq!(none.lines().count(), 1, "only the header: {none}");
 }
+
+#[test]
+fn logs_of_each_rank_of_a_gang() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    cluster.start_agent("n2", 1);
+    let id = cluster.submit(&[
+        "--nodes",
+        "2",
+        "--gpus",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo rank=$GPOOL_NODE_RANK",
+    ]);
+    cluster.wait_for_state(id, "completed");
+    let id = id.to_string();
+    assert_eq!(cluster.gpool(&["logs", &id]).ok(), "rank=0\n");
+    assert_eq!(cluster.gpool(&["logs", "--rank", "1", &id]).ok(), "rank=1\n");
+    let run = cluster.gpool(&["logs", "--rank", "2", &id]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("rank: job"), "{}", run.stderr);
+    assert!(run.stderr.contains("ran on 2 node(s): ranks 0 to 1"), "{}", run.stderr);
+}

@@ -22,9 +22,14 @@ async fn wait_until_started(conn: &mut super::Connection, id: u64) -> Result<(),
     Ok(())
 }
 
-pub async fn run(ctx: &Ctx, id: u64, follow: bool, stderr: bool) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, id: u64, follow: bool, stderr: bool, rank: u32) -> Result<(), CliError> {
     let mut conn = ctx.connect().await?;
-    let request = pb::JobLogsRequest { id, stderr, follow };
+    let request = pb::JobLogsRequest {
+        id,
+        stderr,
+        follow,
+        rank,
+    };
     let mut chunks = match conn.client.job_logs(request).await {
         Ok(chunks) => chunks.into_inner(),
         // Following a job that has not started: wait until it does.

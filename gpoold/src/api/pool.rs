@@ -293,8 +293,13 @@ impl Pool for PoolService {
 
     async fn job_logs(&self, request: Request<pb::JobLogsRequest>) -> Result<Response<LogStream>, Status> {
         let who = identity(&request)?;
-        let pb::JobLogsRequest { id, stderr, follow } = request.into_inner();
-        let source = self.log_source(JobId(id), &who.caller);
+        let pb::JobLogsRequest {
+            id,
+            stderr,
+            follow,
+            rank,
+        } = request.into_inner();
+        let source = self.log_source(JobId(id), rank, &who.caller);
         self.audit(&who, "logs", &format!("job {id}"), false, &source);
         let (node, attempt) = source?;
         let (request_id, receiver) = self.logs.open(&node);
@@ -630,7 +635,7 @@ impl PoolService {
     }
 
     /// Where a job's output is: rank 0's node and the latest attempt.
-    fn log_source(&self, id: JobId, caller: &Caller) -> Result<(String, u32), Status> {
+    fn log_source(&self, id: JobId, rank: u32, caller: &Caller) -> Result<(String, u32), Status> {
         let state = self
             .state
             .shared
@@ -641,9 +646,20 @@ impl PoolService {
         if job.spec.discard_output {
             return Err(Error::OutputDiscarded(id).into());
         }
-        match job.last_nodes.first() {
-            Some(node) if job.n_attempts > 0 => Ok((node.clone(), job.n_attempts)),
-            _ => Err(Error::NotStarted(id).into()),
+        if job.n_attempts == 0 || job.last_nodes.is_empty() {
+            return Err(Error::NotStarted(id).into());
+        }
+        match job.last_nodes.get(rank as usize) {
+            Some(node) => Ok((node.clone(), job.n_attempts)),
+            None => Err(Error::InvalidRequest {
+                field: "rank",
+                reason: format!(
+                    "job {id} ran on {} node(s): ranks 0 to {}",
+                    job.last_nodes.len(),
+                    job.last_nodes.len() - 1
+                ),
+            }
+            .into()),
         }
     }
 

@@ -152,6 +152,9 @@ pub struct JobLogsRequest {
     /// Keep streaming what the job writes until it ends.
     #[prost(bool, tag = "3")]
     pub follow: bool,
+    /// A gang's rank (its node in the latest attempt's placement); 0 first.
+    #[prost(uint32, tag = "4")]
+    pub rank: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
