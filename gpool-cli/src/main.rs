@@ -381,6 +381,14 @@ fn main() -> ExitCode {
         };
         cli = Cli::parse_from(with);
         if let Command::Submit(args) = &mut cli.command {
+            // The directives must leave the script where it was: a word or
+            // a flag without its value there would run something else.
+            if args.command.first() != Some(&script) {
+                eprintln!(
+                    "gpool: {script}: its #GPOOL lines must be whole flags (a flag without its value, or a bare word, takes the script's place)"
+                );
+                return ExitCode::from(2);
+            }
             args.script = true;
         }
     }
@@ -410,7 +418,9 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
     match cli.command {
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut command, "gpool", &mut std::io::stdout());
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "gpool", &mut script);
+            write_stdout(format_args!("{}", String::from_utf8_lossy(&script)));
             Ok(0)
         }
         Command::Man { out } => {

@@ -243,6 +243,16 @@ impl JobSpec {
                 format!("must be 1 to {MAX_NODES}, got {}", self.nodes),
             ));
         }
+        if self.dependencies.len() > crate::deps::MAX_DEPENDENCIES {
+            return Err(spec_error(
+                "dependency",
+                format!(
+                    "{} jobs, more than the limit of {}",
+                    self.dependencies.len(),
+                    crate::deps::MAX_DEPENDENCIES
+                ),
+            ));
+        }
         if self.gpu_types.len() > MAX_GPU_TYPES {
             return Err(spec_error(
                 "gpu_type",
@@ -671,13 +681,26 @@ pub const EXPORT_DENIED: &[&str] = &[
     "OLDPWD",
     "SHLVL",
     "_",
+    // Secrets: a job that needs one names it (--export ALL,NAME).
+    "*TOKEN*",
+    "*SECRET*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*CREDENTIAL*",
+    "*_KEY",
+    "AWS_*",
+    "KRB5CCNAME",
 ];
 
 fn export_denied(name: &str) -> bool {
-    EXPORT_DENIED.iter().any(|pattern| match pattern.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => name == *pattern,
-    })
+    EXPORT_DENIED
+        .iter()
+        .any(|pattern| match (pattern.strip_prefix('*'), pattern.strip_suffix('*')) {
+            (Some(_), Some(_)) => name.contains(&pattern[1..pattern.len() - 1]),
+            (Some(suffix), None) => name.ends_with(suffix),
+            (None, Some(prefix)) => name.starts_with(prefix),
+            (None, None) => name == *pattern,
+        })
 }
 
 impl Export {

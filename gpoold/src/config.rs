@@ -238,11 +238,14 @@ impl Config {
                 format!("listen: {:?} is not host:port: {err}", parsed.listen.get_ref()),
             )
         })?;
-        if listen.port() == 0 {
+        // Other hosts keep dialling the port they were given: a new one at
+        // every start would cut them off. On loopback (one host: tests,
+        // benchmarks) the bound port is in <state_dir>/gpoold.addr.
+        if listen.port() == 0 && !listen.ip().is_loopback() {
             return Err(invalid(
                 parsed.listen.span().start,
                 format!(
-                    "listen: {:?}: port 0 would be a new port at every start, while agents and users keep dialling the old one; give a fixed port (only gpoold --dev picks a free one)",
+                    "listen: {:?}: port 0 would be a new port at every start, while agents and users on other hosts keep dialling the old one; give a fixed port (port 0 is for loopback and gpoold --dev)",
                     parsed.listen.get_ref()
                 ),
             ));
@@ -657,6 +660,7 @@ mod tests {
                 .starts_with("g.toml:2: listen: \"0.0.0.0:0\": port 0 would be a new port"),
             "{err}"
         );
+        assert!(Config::parse("g.toml", "state_dir = \"/x\"\nlisten = \"127.0.0.1:0\"\n").is_ok());
         let err = Config::parse(
             "g.toml",
             "node_timeout = \"1s\"\nlisten = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n",

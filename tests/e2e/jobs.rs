@@ -345,6 +345,23 @@ fn a_batch_script_runs_with_its_gpool_lines_as_flags() {
     let run = cluster.gpool(&["submit", "no-such-script.sh"]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("no-such-script.sh: cannot read"), "{}", run.stderr);
+    // A script may not send the job (and the caller's token) elsewhere,
+    // and a flag that lacks its value is refused, not run as something.
+    for (line, said) in [
+        (
+            "#GPOOL --server 10.9.9.9:7070",
+            "hold submit flags only; --server is not one",
+        ),
+        ("#GPOOL -t", "must be whole flags"),
+        ("#GPOOL sleep", "must be whole flags"),
+    ] {
+        let bad = cluster.dir.path().join("bad.sh");
+        std::fs::write(&bad, format!("#!/bin/sh\n{line}\ntrue\n")).unwrap();
+        let run = cluster.gpool(&["submit", &bad.display().to_string()]);
+        assert_eq!(run.code, 2, "{line}: {}", run.stderr);
+        assert!(run.stderr.contains(said), "{line}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    }
 }
 
 #[test]

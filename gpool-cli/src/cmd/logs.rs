@@ -62,9 +62,10 @@ pub async fn run(ctx: &Ctx, id: u64, follow: bool, stderr: bool, rank: u32) -> R
         let Some(chunk) = chunk.map_err(|s| conn.refused(s))? else {
             break;
         };
-        // A closed stdout (a pipe into `head`) ends the command quietly.
+        // A closed stdout (a pipe into `head`) ends the command quietly,
+        // with the exit code of a tool that SIGPIPE ended.
         if out.write_all(&chunk.data).and_then(|()| out.flush()).is_err() {
-            return Ok(());
+            std::process::exit(crate::EXIT_CLOSED_STDOUT.into());
         }
     }
     Ok(())

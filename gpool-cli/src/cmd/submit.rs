@@ -132,6 +132,17 @@ pub fn with_script_directives(argv: Vec<String>, script: &str) -> Result<Vec<Str
         std::fs::read_to_string(script).map_err(|err| CliError::Usage(format!("{script}: cannot read: {err}")))?;
     let directives =
         gpool_core::spec::script_directives(&text).map_err(|reason| CliError::Usage(format!("{script}: {reason}")))?;
+    // A script says how its job runs, never where gpool sends it (or
+    // the caller's token and environment) nor how gpool prints.
+    if let Some(global) = directives.iter().find(|word| {
+        ["--server", "--timeout", "--output"]
+            .iter()
+            .any(|flag| *word == flag || word.starts_with(&format!("{flag}=")))
+    }) {
+        return Err(CliError::Usage(format!(
+            "{script}: #GPOOL lines hold submit flags only; {global} is not one"
+        )));
+    }
     let at = argv
         .iter()
         .position(|arg| arg == "submit")
@@ -246,8 +257,13 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
 
 fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
     if args.script {
+        let Some(script) = args.command.first() else {
+            return Err(CliError::Usage(
+                "the script's #GPOOL lines end with a flag that lacks its value".into(),
+            ));
+        };
         if args.name.is_none() {
-            args.name = std::path::Path::new(&args.command[0])
+            args.name = std::path::Path::new(script)
                 .file_name()
                 .map(|name| name.to_string_lossy().into_owned());
         }

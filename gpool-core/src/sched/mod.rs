@@ -420,6 +420,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                         }];
                     }
                 }
+                let mut no_estimate = false;
                 let blocked = matches!(reasons.first(), Some(Reject::Resources { .. }));
                 if !reservation_tried && blocked {
                     reservation_tried = true;
@@ -436,9 +437,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                         }))
                         .collect();
                     let earliest = backfill::earliest_start(job, reclaim.nodes(), releases, policy);
-                    if earliest.is_none() {
-                        reasons.push(Reject::NoEstimate);
-                    }
+                    no_estimate = earliest.is_none();
                     if let Some((at, placement)) = earliest {
                         let mut held = reclaim.nodes().to_vec();
                         for node in &mut held {
@@ -462,6 +461,10 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 }
                 if !may_preempt {
                     failed.insert(shape, reasons.clone());
+                }
+                // Only the first blocked job's own: not cached for its shape.
+                if std::mem::take(&mut no_estimate) {
+                    reasons.push(Reject::NoEstimate);
                 }
                 plan.pending.push((job.id, reasons));
             }

@@ -182,7 +182,7 @@ fn a_team_beyond_its_guarantee_or_budget_runs_burst_only() {
     let mut budget = policy.clone();
     budget.sharing.teams[1].gpu_hours = Some(0);
     expect![[r#"
-        pending j3: wants 1 GPU on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit; team b used its 0 guaranteed GPU-hours this period, so it runs only as burst work on idle GPUs
+        pending j3: wants 1 GPU on one node; none is free; team b used its 0 guaranteed GPU-hours this period, so it runs only as burst work on idle GPUs; no start time can be foreseen: not every running job in its way has a time limit
         pending j2: wants 2 GPUs on one node; none is free; team a runs 4 of its 4 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
     "#]]
     .assert_eq(&schedule(&view, &budget, NOW).to_string());
@@ -199,7 +199,7 @@ fn higher_qos_preempts_lower_and_guaranteed_goes_first() {
         expect![[r#"
             preempt j1 for j3 (loses 20000 GPU-seconds)
             pending j3: preempting 1 running job to make room for it; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
-            pending j2: wants 1 GPU on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit; team c runs 0 of its 0 guaranteed GPUs; 1 GPU more run only as burst work on idle GPUs
+            pending j2: wants 1 GPU on one node; none is free; team c runs 0 of its 0 guaranteed GPUs; 1 GPU more run only as burst work on idle GPUs; no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
     // A guaranteed job goes before burst work of higher priority.
@@ -210,7 +210,7 @@ fn higher_qos_preempts_lower_and_guaranteed_goes_first() {
         "j1 team=c gpus=2 prio=100\nj2 team=a gpus=2",
         expect![[r#"
             start j2 n1[0-1]
-            pending j1: wants 2 GPUs on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+            pending j1: wants 2 GPUs on one node; none is free; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs; no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }
@@ -530,7 +530,7 @@ fn free_gpus_a_reclaiming_job_counts_on_are_held_for_it() {
         expect![[r#"
             preempt j1 for j3 (loses 20000 GPU-seconds)
             pending j3: preempting 1 running job to make room for it
-            pending j4: wants 2 GPUs on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs
+            pending j4: wants 2 GPUs on one node; none is free; team c runs 0 of its 0 guaranteed GPUs; 2 GPUs more run only as burst work on idle GPUs; no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }

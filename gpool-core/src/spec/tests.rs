@@ -266,6 +266,10 @@ fn the_shell_environment_is_exported_but_for_the_deny_list() {
         ("SSH_AUTH_SOCK", "/tmp/agent"),
         ("BASH_FUNC_x%%", "() { :; }"),
         ("PWD", "/home/u"),
+        ("HF_TOKEN", "hf_x"),
+        ("AWS_SECRET_ACCESS_KEY", "x"),
+        ("OPENAI_API_KEY", "x"),
+        ("DB_PASSWORD", "x"),
     ]
     .map(|(name, value)| (name.to_string(), value.to_string()));
     let all = Export::default().apply(shell.clone());
@@ -279,8 +283,10 @@ fn the_shell_environment_is_exported_but_for_the_deny_list() {
             ("PATH".to_string(), "/home/u/venv/bin:/usr/bin".to_string())
         ]
     );
-    let everything_and = Export::parse("ALL,LR=0.1").unwrap().apply(shell);
+    let everything_and = Export::parse("ALL,LR=0.1").unwrap().apply(shell.clone());
     assert_eq!(everything_and.len(), 3);
+    // A secret goes only where it is named.
+    assert_eq!(Export::parse("ALL,HF_TOKEN").unwrap().apply(shell)["HF_TOKEN"], "hf_x");
     assert_eq!(Export::parse("PATH,,X").unwrap_err().field, "export");
     assert!(Export::parse("GPOOL_TOKEN")
         .unwrap_err()

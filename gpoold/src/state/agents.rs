@@ -87,10 +87,12 @@ impl State {
     }
 
     fn still_fits(&self, start: &Start, busy: &HashSet<(String, u32)>) -> bool {
-        let pending = self
-            .jobs
-            .get(&start.job)
-            .is_some_and(|job| job.state == JobState::Pending);
+        // Held, or waiting for a dependency, since the plan's snapshot.
+        let pending = self.jobs.get(&start.job).is_some_and(|job| {
+            job.state == JobState::Pending
+                && !job.held
+                && self.dependency_state_of(job) == gpool_core::deps::DepState::Met
+        });
         pending
             && start.placement.iter().all(|part| {
                 let node_ok = self.nodes.get(&part.node).is_some_and(Node::schedulable);

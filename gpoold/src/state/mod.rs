@@ -642,7 +642,7 @@ impl State {
                 JobState::Running { .. } => {
                     holders.insert(key, job.id);
                 }
-                JobState::Pending if job.spec.singleton => {
+                JobState::Pending if job.spec.singleton && !job.held => {
                     holders.entry(key).or_insert(job.id);
                 }
                 _ => {}
@@ -676,7 +676,7 @@ impl State {
                     && other.spec.name == job.spec.name
                     && match other.state {
                         JobState::Running { .. } => true,
-                        JobState::Pending => other.spec.singleton && other.id < job.id,
+                        JobState::Pending => other.spec.singleton && !other.held && other.id < job.id,
                         _ => false,
                     }
             })
@@ -690,12 +690,12 @@ impl State {
 
     /// Pending jobs whose dependency can never be met end, saying why.
     fn end_unmeetable_dependencies(&mut self, now: Timestamp, out: &mut Batch) {
-        let singletons = self.singleton_holders();
+        // A singleton only ever waits, so no holder is needed to see "never".
         let never: Vec<(JobId, String)> = self
             .jobs
             .values()
             .filter(|job| job.state == JobState::Pending && !job.spec.dependencies.is_empty())
-            .filter_map(|job| match self.dependency_state(job, &singletons) {
+            .filter_map(|job| match dependency_state(job, |id| self.jobs.get(&id), None) {
                 DepState::Never(reason) => Some((job.id, reason)),
                 _ => None,
             })
