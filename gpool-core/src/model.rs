@@ -111,7 +111,9 @@ pub struct JobSpec {
     pub workload_type: String,
     /// Seconds; `None` means no limit of its own.
     pub time_limit_secs: Option<u64>,
-    pub env: Vec<(String, String)>,
+    /// Shared between jobs with the same environment (a shell's exported
+    /// variables are the same for every job it submits).
+    pub env: std::sync::Arc<[(String, String)]>,
     pub workdir: String,
     pub priority: i32,
     pub pool: String,

@@ -306,7 +306,7 @@ impl JobSpec {
                 format!("{env_bytes} bytes in all, more than the limit of {MAX_ENV_BYTES}"),
             ));
         }
-        for (name, value) in &self.env {
+        for (name, value) in self.env.iter() {
             validate_env(name, value)?;
         }
         validate_image(&self.image)?;

@@ -241,7 +241,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 project: String::new(),
                 workload_type: String::new(),
                 time_limit_secs: None,
-                env: Vec::new(),
+                env: Default::default(),
                 workdir: String::new(),
                 priority: 0,
                 pool: String::new(),

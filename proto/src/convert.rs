@@ -344,7 +344,7 @@ mod tests {
     fn spec_round_trips_through_the_wire() {
         let mut spec = job_builder(JobId(1)).gpus(4).nodes(2).gpu_types(&["h100"]).build().spec;
         spec.time_limit_secs = Some(3600);
-        spec.env = vec![("A".into(), "1".into())];
+        spec.env = vec![("A".into(), "1".into())].into();
         assert_eq!(spec_from_wire(spec_to_wire(&spec)), spec);
     }
 

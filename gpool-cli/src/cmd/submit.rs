@@ -244,7 +244,7 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
             }
         };
         let mut env = export.apply(std::env::vars());
-        env.extend(std::mem::take(&mut spec.env));
+        env.extend(spec.env.iter().cloned());
         spec.env = env.into_iter().collect();
         spec.validate().map_err(|err| {
             CliError::Usage(format!(

@@ -125,7 +125,7 @@ env = { EPOCHS = "3" }
     assert_eq!(specs[0].command, ["/bin/sh", "-c", "echo hello && sleep 1"]);
     assert_eq!(specs[0].time_limit_secs, Some(600));
     assert_eq!(specs[1].name, "python");
-    assert_eq!(specs[1].env, vec![("EPOCHS".to_string(), "3".to_string())]);
+    assert_eq!(&*specs[1].env, [("EPOCHS".to_string(), "3".to_string())].as_slice());
 }
 
 #[test]

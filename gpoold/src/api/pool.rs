@@ -56,7 +56,13 @@ fn list_chunk(
             && (filter.team.is_empty() || job.spec.team == filter.team)
             && (filter.user.is_empty() || job.user == filter.user)
         {
-            chunk.push(job_wire(&state, job, caller));
+            let mut wire = job_wire(&state, job, caller);
+            // A listing shows no environment: leaving it out keeps the
+            // messages small (`gpool show` has it).
+            if let Some(spec) = wire.spec.as_mut() {
+                spec.env.clear();
+            }
+            chunk.push(wire);
         }
         if chunk.len() == LIST_CHUNK || n_scanned == LIST_SCAN {
             return (chunk, true);

@@ -76,6 +76,8 @@ pub struct State {
     pub tokens: BTreeMap<u64, TokenRecord>,
     /// Hashes token secrets and signs job tokens.
     token_key: Key,
+    /// Each distinct job environment once, shared by the jobs that have it.
+    envs: std::collections::HashSet<Arc<[(String, String)]>>,
 }
 
 /// One agent's open link: where to send it Launch and Kill.
@@ -310,7 +312,13 @@ impl State {
             recent_waste: VecDeque::new(),
             tokens: loaded.tokens,
             token_key,
+            envs: std::collections::HashSet::new(),
         };
+        let mut jobs = std::mem::take(&mut state.jobs);
+        for job in jobs.values_mut() {
+            job.spec.env = state.intern_env(&job.spec.env);
+        }
+        state.jobs = jobs;
         state.restore_preempt_deadlines();
         state
     }
@@ -375,7 +383,8 @@ impl State {
         }
         let mut ids = Vec::with_capacity(checked.len());
         let mut writes = Vec::with_capacity(checked.len() + 1);
-        for spec in checked {
+        for mut spec in checked {
+            spec.env = self.intern_env(&spec.env);
             let id = JobId(self.next_job_id);
             self.next_job_id += 1;
             let job = Job {
@@ -630,6 +639,15 @@ impl State {
             usage: self.usage.clone(),
             waste_budget_gpu_secs: self.waste_budget(now),
         }
+    }
+
+    /// The shared copy of `env`.
+    fn intern_env(&mut self, env: &Arc<[(String, String)]>) -> Arc<[(String, String)]> {
+        if let Some(shared) = self.envs.get(env) {
+            return shared.clone();
+        }
+        self.envs.insert(env.clone());
+        env.clone()
     }
 
     /// For `singleton`: by (user, name), the job that runs, else the
