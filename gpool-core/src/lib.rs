@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod deps;
 pub mod feasibility;
+pub mod fencing;
 pub mod ids;
 pub mod job_state;
 pub mod model;

@@ -289,3 +289,18 @@ impl JobBuilder {
         self.job
     }
 }
+
+/// `text` with each `(position, insert)` inserted (positions taken modulo
+/// the length, moved back to a char boundary): the fuzz tests' mutation of
+/// a valid file.
+pub fn insert_edits(text: &str, edits: &[(usize, String)]) -> String {
+    let mut text = text.to_string();
+    for (position, insert) in edits {
+        let mut at = position % (text.len() + 1);
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        text.insert_str(at, insert);
+    }
+    text
+}

@@ -37,16 +37,9 @@ proptest! {
 
     #[test]
     fn mutated_configs_are_configs_or_refused(
-        edits in proptest::collection::vec((any::<prop::sample::Index>(), "[\\[\\]{}=\"',.:0-9a-z\\n -]{0,3}"), 1..6),
+        edits in proptest::collection::vec((any::<usize>(), "[\\[\\]{}=\"',.:0-9a-z\\n -]{0,3}"), 1..6),
     ) {
-        let mut text = VALID.to_string();
-        for (at, insert) in edits {
-            let mut at = at.index(text.len() + 1);
-            while !text.is_char_boundary(at) {
-                at -= 1;
-            }
-            text.insert_str(at, &insert);
-        }
+        let text = gpool_core::testing::insert_edits(VALID, &edits);
         if let Err(err) = Config::parse("gpoold.toml", &text) {
             prop_assert!(err.to_string().contains("gpoold.toml"), "{}", err);
         }

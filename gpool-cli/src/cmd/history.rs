@@ -44,14 +44,7 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
     let user = match (args.user, args.all_users) {
         (Some(user), _) => user,
         (None, true) => String::new(),
-        (None, false) => {
-            conn.client
-                .who_am_i(pb::WhoAmIRequest {})
-                .await
-                .map_err(|s| conn.refused(s))?
-                .into_inner()
-                .user
-        }
+        (None, false) => conn.my_name().await?,
     };
     let until = args.until.unwrap_or(i64::MAX);
     let mut chunks = conn

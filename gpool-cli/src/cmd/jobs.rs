@@ -53,12 +53,7 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         .collect::<Result<Vec<i32>, _>>()?;
     let mut conn = ctx.connect().await?;
     let user = if args.me {
-        conn.client
-            .who_am_i(pb::WhoAmIRequest {})
-            .await
-            .map_err(|s| conn.refused(s))?
-            .into_inner()
-            .user
+        conn.my_name().await?
     } else {
         args.user.unwrap_or_default()
     };

@@ -31,6 +31,12 @@ impl Connection {
     pub fn refused(&self, status: tonic::Status) -> CliError {
         CliError::from_status(&self.addr, status)
     }
+
+    /// The user gpoold takes the caller to be (`--me`, `history`).
+    pub async fn my_name(&mut self) -> Result<String, CliError> {
+        let me = self.client.who_am_i(gpool_proto::pb::WhoAmIRequest {}).await;
+        Ok(me.map_err(|s| self.refused(s))?.into_inner().user)
+    }
 }
 
 impl Ctx {

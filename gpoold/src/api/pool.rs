@@ -582,7 +582,21 @@ impl Pool for PoolService {
         &self,
         request: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
-        self.remove_node_impl(request).await
+        let who = identity(&request)?;
+        let caller = who.caller.clone();
+        let name = request.into_inner().name;
+        let object = format!("node {name}");
+        let result = self
+            .state
+            .call(|reply| Command::RemoveNode {
+                caller,
+                node: name,
+                reply,
+            })
+            .await
+            .map_err(Status::from);
+        self.audit(&who, "remove", &object, true, &result);
+        Ok(Response::new(pb::RemoveNodeResponse { name: result? }))
     }
 
     async fn resume_node(&self, request: Request<pb::ResumeNodeRequest>) -> Result<Response<pb::Node>, Status> {
@@ -606,27 +620,6 @@ impl Pool for PoolService {
 }
 
 impl PoolService {
-    async fn remove_node_impl(
-        &self,
-        request: Request<pb::RemoveNodeRequest>,
-    ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
-        let who = identity(&request)?;
-        let caller = who.caller.clone();
-        let name = request.into_inner().name;
-        let object = format!("node {name}");
-        let result = self
-            .state
-            .call(|reply| Command::RemoveNode {
-                caller,
-                node: name,
-                reply,
-            })
-            .await
-            .map_err(Status::from);
-        self.audit(&who, "remove", &object, true, &result);
-        Ok(Response::new(pb::RemoveNodeResponse { name: result? }))
-    }
-
     /// Re-reads gpoold.toml and the certificate revocation list.
     async fn reload(&self, caller: &Caller) -> Result<String, Status> {
         let Some(path) = self.config_path.clone() else {

@@ -285,10 +285,11 @@ impl State {
     /// gone before this controller gives the node up and requeues them.
     pub(super) fn grant_lease(&self, node: &str, seq: u64) {
         let Some(conn) = self.links.get(node) else { return };
+        let terms = gpool_core::fencing::lease_terms(self.node_timeout_ms);
         let lease = pb::Lease {
             heartbeat_seq: seq,
-            fence_after_ms: (self.node_timeout_ms / 2).clamp(0, i64::from(u32::MAX)) as u32,
-            fence_grace_ms: (self.node_timeout_ms / 4).clamp(0, i64::from(u32::MAX)) as u32,
+            fence_after_ms: terms.fence_after_ms,
+            fence_grace_ms: terms.grace_ms,
         };
         let _ = conn.outbox.send(pb::ControllerMessage {
             msg: Some(pb::controller_message::Msg::Lease(lease)),
