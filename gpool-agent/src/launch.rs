@@ -488,6 +488,34 @@ impl Attempts {
         });
     }
 
+    /// A `-o/-e` pattern expanded for this node and rank; relative paths
+    /// are under the job's workdir. `None` for an empty pattern.
+    fn output_file(&self, launch: &pb::Launch, pattern: &str) -> Result<Option<PathBuf>, String> {
+        if pattern.is_empty() {
+            return Ok(None);
+        }
+        let fields = gpool_core::array::OutputFields {
+            job: launch.job_id,
+            array: (launch.array_job_id != 0).then_some(launch.array_job_id),
+            task_index: launch.array_task_index,
+            node: &self.node,
+            rank: launch.node_rank,
+            user: &launch.user,
+            name: &launch.job_name,
+        };
+        let path = PathBuf::from(gpool_core::array::expand_output_pattern(pattern, &fields));
+        if path.is_absolute() {
+            return Ok(Some(path));
+        }
+        match launch.workdir.as_str() {
+            "" => Err(format!(
+                "the output file {} is relative, and the job has no workdir",
+                path.display()
+            )),
+            workdir => Ok(Some(Path::new(workdir).join(path))),
+        }
+    }
+
     /// Starts the attempt's supervisor; returns its pid and exit file.
     fn spawn(&self, launch: &pb::Launch) -> Result<(i32, PathBuf), String> {
         if launch.command.first().is_none_or(String::is_empty) {
@@ -558,6 +586,8 @@ impl Attempts {
         } else {
             (launch.command[0].clone(), launch.command[1..].to_vec(), workdir, None)
         };
+        let user_stdout = self.output_file(launch, &launch.stdout_path)?;
+        let user_stderr = self.output_file(launch, &launch.stderr_path)?;
         let request = LaunchRequest {
             exit_file: exit_file.clone(),
             job_id: launch.job_id,
@@ -584,10 +614,13 @@ impl Attempts {
             }),
             // The supervisor creates these (each new file or directory costs
             // the filesystem inode work, which the spawner need not wait for).
-            stdout: (!launch.discard_output)
+            stdout: (!launch.discard_output && user_stdout.is_none())
                 .then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "out")),
-            stderr: (!launch.discard_output)
+            stderr: (!launch.discard_output && user_stderr.is_none())
                 .then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "err")),
+            user_stdout,
+            user_stderr,
+            append_output: launch.attempt > 1,
             checkpoint_dir,
             run_as,
             cgroup: self.isolation.rules_for(
@@ -800,6 +833,12 @@ pub fn attempt_env(launch: &pb::Launch, node: &str, checkpoint_dir: &Path) -> Ve
         ),
         ("GPOOL_CHECKPOINT_DIR".to_string(), checkpoint_dir.display().to_string()),
     ];
+    if let Some(index) = launch.array_task_index {
+        env.extend([
+            ("GPOOL_ARRAY_JOB_ID".to_string(), launch.array_job_id.to_string()),
+            ("GPOOL_ARRAY_TASK_ID".to_string(), index.to_string()),
+        ]);
+    }
     if launch.num_nodes > 1 {
         env.extend([
             ("GPOOL_NUM_NODES".to_string(), launch.num_nodes.to_string()),

@@ -98,6 +98,15 @@ pub struct LaunchRequest {
     /// Created (truncated) by the supervisor; `None` is /dev/null.
     pub stdout: Option<PathBuf>,
     pub stderr: Option<PathBuf>,
+    /// Files the job named for its stdout and stderr (`-o/-e`, absolute):
+    /// opened by the job's own user, in place of `stdout`/`stderr`;
+    /// truncated on the first attempt, appended to on later ones.
+    #[serde(default)]
+    pub user_stdout: Option<PathBuf>,
+    #[serde(default)]
+    pub user_stderr: Option<PathBuf>,
+    #[serde(default)]
+    pub append_output: bool,
     /// Created by the supervisor if missing.
     pub checkpoint_dir: PathBuf,
     /// Run the job as this user; `None` runs it as the spawner's user.
@@ -293,7 +302,7 @@ fn supervise(request: &LaunchRequest) -> ! {
         }
     }
     let ended = match prepare(request) {
-        Ok(mut command) => match command.spawn() {
+        Ok(mut command) => match command.spawn().map_err(|err| with_output_files(request, err)) {
             Ok(child) => {
                 let ended = run_to_end(request, child);
                 // A job its memory limit killed ran out of memory, whatever
@@ -560,6 +569,7 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
     if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
         command.current_dir(workdir);
     }
+    let user_files = user_output_files(request)?;
     // A container runtime stays this process's user; it sets the job's.
     if let Some(user) = request.run_as.as_ref().filter(|_| request.container_cleanup.is_none()) {
         command
@@ -585,7 +595,60 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
             });
         }
     }
+    if !user_files.is_empty() {
+        let flags = if request.append_output {
+            nix::fcntl::OFlag::O_APPEND
+        } else {
+            nix::fcntl::OFlag::O_TRUNC
+        } | nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_CREAT;
+        // SAFETY: runs in the forked child before exec, after the user
+        // switch above (so the job's user opens its own files, with its
+        // own rights); open and dup2 are async-signal-safe, and the paths
+        // were made before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                for (path, target) in &user_files {
+                    let fd = nix::fcntl::open(path.as_c_str(), flags, nix::sys::stat::Mode::from_bits_truncate(0o644))?;
+                    if fd != *target {
+                        nix::unistd::dup2(fd, *target)?;
+                        nix::unistd::close(fd)?;
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
     Ok(command)
+}
+
+/// A failed start, naming the job's own output files (which its user
+/// could not open, perhaps).
+fn with_output_files(request: &LaunchRequest, err: std::io::Error) -> String {
+    let files: Vec<String> = [&request.user_stdout, &request.user_stderr]
+        .into_iter()
+        .flatten()
+        .map(|path| path.display().to_string())
+        .collect();
+    if files.is_empty() {
+        err.to_string()
+    } else {
+        format!("{err} (or opening its output file {})", files.join(" or "))
+    }
+}
+
+/// The `-o/-e` files as C strings with the descriptor each replaces.
+fn user_output_files(request: &LaunchRequest) -> Result<Vec<(std::ffi::CString, i32)>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    [(&request.user_stdout, 1), (&request.user_stderr, 2)]
+        .into_iter()
+        .filter_map(|(path, fd)| Some((path.as_ref()?, fd)))
+        .map(|(path, fd)| {
+            std::ffi::CString::new(path.as_os_str().as_bytes())
+                .map(|path| (path, fd))
+                .map_err(|_| format!("{}: a path has no NUL", path.display()))
+        })
+        .collect()
 }
 
 /// The agent's end of the spawner: one process, restarted if it dies.

@@ -72,13 +72,15 @@ enum Command {
     Jobs(cmd::jobs::JobsArgs),
     /// Show everything about one job, including why it is pending.
     Show {
-        /// Job id.
-        id: u64,
+        /// Job id (123, or 123_4 for task 4 of array 123).
+        #[arg(value_parser = cmd::parse_job_ref)]
+        id: cmd::JobRef,
     },
     /// Print a job's output (rank 0's for a gang; its latest attempt).
     Logs {
-        /// Job id.
-        id: u64,
+        /// Job id (123, or 123_4 for task 4 of array 123).
+        #[arg(value_parser = cmd::parse_job_ref)]
+        id: cmd::JobRef,
         /// Keep printing what the job writes until it ends.
         #[arg(long, short = 'f')]
         follow: bool,
@@ -89,37 +91,50 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         rank: u32,
     },
-    /// Cancel jobs (each id that can be; the others are named).
+    /// Cancel jobs (each id that can be; the others are named), or the
+    /// jobs matching --user/--name/--state/--team, as scancel.
     Cancel {
-        /// Job ids.
-        #[arg(required = true)]
-        ids: Vec<u64>,
+        /// Job ids (123; 123_4 for one task of an array, 123 for all of it).
+        #[arg(value_parser = cmd::parse_job_ref, required_unless_present_any = ["user", "name", "state", "team", "me"])]
+        ids: Vec<cmd::JobRef>,
         /// Only send this signal (USR1, SIGUSR1 or 10) to the running jobs'
         /// processes; do not cancel them.
         #[arg(long, short = 's', value_name = "SIGNAL", value_parser = cmd::cancel::parse_signal)]
         signal: Option<i32>,
+        #[command(flatten)]
+        filter: cmd::cancel::Filter,
     },
+    /// Stop running jobs and put them back in the queue (their checkpoint
+    /// signal and grace first, as a preemption), as `scontrol requeue`.
+    Requeue {
+        /// Job ids.
+        #[arg(required = true, value_parser = cmd::parse_job_ref)]
+        ids: Vec<cmd::JobRef>,
+    },
+    /// Change pending jobs: a shorter time limit (longer: admins), a
+    /// priority, an array's %N.
+    Update(cmd::cancel::UpdateArgs),
     /// Ended jobs over a time window, as sacct: state, exit code, GPU-hours,
     /// nodes (yours unless --user or --all-users).
     History(cmd::history::HistoryArgs),
     /// Keep pending jobs from being scheduled until released.
     Hold {
         /// Job ids.
-        #[arg(required = true)]
-        ids: Vec<u64>,
+        #[arg(required = true, value_parser = cmd::parse_job_ref)]
+        ids: Vec<cmd::JobRef>,
     },
     /// Let held jobs be scheduled again.
     Release {
         /// Job ids.
-        #[arg(required = true)]
-        ids: Vec<u64>,
+        #[arg(required = true, value_parser = cmd::parse_job_ref)]
+        ids: Vec<cmd::JobRef>,
     },
     /// Wait for jobs to end; exit as `submit --wait` does (the code of the
     /// first job, in the order given, that did not complete).
     Wait {
-        /// Job ids.
-        #[arg(required = true)]
-        ids: Vec<u64>,
+        /// Job ids (an array's id waits for all its tasks).
+        #[arg(required = true, value_parser = cmd::parse_job_ref)]
+        ids: Vec<cmd::JobRef>,
     },
     /// List nodes and their GPUs.
     Nodes,
@@ -146,7 +161,8 @@ enum Command {
     /// sooner, and its priority.
     Why {
         /// Job id.
-        id: u64,
+        #[arg(value_parser = cmd::parse_job_ref)]
+        id: cmd::JobRef,
     },
     /// Each team's GPU-hours this period, budget left, GPUs in use and
     /// fair-share factor.
@@ -433,12 +449,15 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
-        Command::Cancel { ids, signal } => cmd::cancel::run(&ctx, ids, signal).await,
+        Command::Cancel { ids, signal, filter } => cmd::cancel::run(&ctx, ids, signal, filter).await,
+        Command::Requeue { ids } => cmd::cancel::requeue(&ctx, ids).await,
+        Command::Update(args) => cmd::cancel::update(&ctx, args).await,
         Command::History(args) => cmd::history::run(&ctx, args).await.map(|()| 0),
         Command::Hold { ids } => cmd::cancel::hold(&ctx, ids, true).await,
         Command::Release { ids } => cmd::cancel::hold(&ctx, ids, false).await,
         Command::Wait { ids } => {
             let mut conn = ctx.connect().await?;
+            let ids = conn.resolve(&ids).await?;
             cmd::jobs::wait_for(&mut conn, &ids).await
         }
         Command::Logs {
@@ -538,7 +557,8 @@ mod cli_tests {
     #[test]
     fn slurm_short_flags() {
         let cli = Cli::try_parse_from([
-            "gpool", "submit", "-J", "train", "-t", "2h", "-N", "2", "-G", "4", "-p", "big", "-q", "high", "--", "true",
+            "gpool", "submit", "-J", "train", "-t", "2h", "-N", "2", "-G", "4", "-p", "big", "-q", "high", "-a", "0-9%2",
+            "-o", "out/%A_%a.log", "-e", "err/%j.log", "--", "true",
         ]);
         assert!(cli.is_ok(), "{:?}", cli.err());
     }

@@ -10,7 +10,11 @@
 //! holding the backfill reservation; else null), redacted (another user's
 //! job: command and workdir are empty), image (empty: on the host),
 //! mem_bytes and cpus_per_gpu (or null), reason_codes (one stable
-//! snake_case code per reason).
+//! snake_case code per reason), node_list, array_job_id and array_task_id
+//! (an array's task; else null), array (an array's record: indices,
+//! max_parallel, tasks, waiting_indices, waiting, running, ended,
+//! not_completed; else null), stdout_path and stderr_path (-o/-e
+//! patterns; else null).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -63,6 +67,25 @@ pub struct JobJson<'a> {
     estimated_start: Option<String>,
     /// Another user's job: command, environment and workdir are hidden.
     redacted: bool,
+    array_job_id: Option<u64>,
+    array_task_id: Option<u32>,
+    array: Option<ArrayJson<'a>>,
+    stdout_path: Option<&'a str>,
+    stderr_path: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ArrayJson<'a> {
+    /// As submitted: `0-999%50`.
+    indices: String,
+    max_parallel: Option<u32>,
+    tasks: u32,
+    /// Tasks not yet jobs of their own (waiting to start).
+    waiting_indices: &'a str,
+    waiting: u32,
+    running: u32,
+    ended: u32,
+    not_completed: u32,
 }
 
 #[derive(Serialize)]
@@ -126,7 +149,32 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         last_checkpoint_at: job.last_checkpoint_at_ms.map(rfc3339),
         estimated_start: job.estimated_start_ms.map(rfc3339),
         redacted: job.redacted,
+        array_job_id: job.array_task_index.map(|_| job.array_job_id),
+        array_task_id: job.array_task_index,
+        array: job.array.as_ref().map(|info| ArrayJson {
+            indices: array_indices(spec),
+            max_parallel: spec.array.as_ref().and_then(|a| (a.max_parallel > 0).then_some(a.max_parallel)),
+            tasks: info.tasks,
+            waiting_indices: &info.waiting_indices,
+            waiting: info.waiting,
+            running: info.running,
+            ended: info.ended,
+            not_completed: info.not_completed,
+        }),
+        stdout_path: (!spec.stdout_path.is_empty()).then_some(spec.stdout_path.as_str()),
+        stderr_path: (!spec.stderr_path.is_empty()).then_some(spec.stderr_path.as_str()),
     }
+}
+
+/// An array spec as users write it (`0-999:2%50`), from the wire.
+fn array_indices(spec: &pb::JobSpec) -> String {
+    gpool_proto::convert::spec_from_wire(pb::JobSpec {
+        array: spec.array.clone(),
+        ..Default::default()
+    })
+    .array
+    .map(|array| array.to_string())
+    .unwrap_or_default()
 }
 
 pub fn rfc3339(unix_ms: i64) -> String {
@@ -207,7 +255,7 @@ pub fn print_jobs_table(jobs: &[pb::Job]) {
                 _ => job.end_reason.clone(),
             };
             vec![
-                job.id.to_string(),
+                crate::cmd::display_id(job),
                 spec.name.clone(),
                 job.user.clone(),
                 spec.team.clone(),
@@ -257,7 +305,7 @@ pub fn print_job_details(job: &pb::Job) {
         }
     };
     let mut lines = vec![
-        ("id", job.id.to_string()),
+        ("id", crate::cmd::display_id(job)),
         ("name", spec.name.clone()),
         ("state", state_name(job.state()).to_string()),
         ("user", job.user.clone()),
@@ -295,6 +343,28 @@ pub fn print_job_details(job: &pb::Job) {
         ("ended", job.ended_at_ms.map_or("-".into(), rfc3339)),
         ("attempts", job.attempt.to_string()),
     ];
+    if job.array_task_index.is_some() {
+        lines.push(("job id", job.id.to_string()));
+    }
+    if let Some(info) = &job.array {
+        lines.push((
+            "array",
+            format!(
+                "{}: {} tasks; {} waiting, {} running, {} ended ({} not completed)",
+                array_indices(spec),
+                info.tasks,
+                info.waiting,
+                info.running,
+                info.ended,
+                info.not_completed
+            ),
+        ));
+    }
+    for (label, path) in [("stdout", &spec.stdout_path), ("stderr", &spec.stderr_path)] {
+        if !path.is_empty() {
+            lines.push((label, path.clone()));
+        }
+    }
     if !job.placement.is_empty() {
         lines.push(("placement", placement_text(job)));
     }

@@ -85,6 +85,16 @@ pub enum Action<'a> {
         priority: i32,
         max_user_priority: i32,
     },
+    /// Changing a pending job (`gpool update`): its owner and team leads
+    /// may shorten its time limit, set its priority up to
+    /// `max_user_priority` and change its array's %N; a longer time limit
+    /// is for admins only (as in Slurm).
+    UpdateJob {
+        job: JobRef<'a>,
+        longer_time: bool,
+        priority: Option<i32>,
+        max_user_priority: i32,
+    },
     DrainNode(&'a str),
     ResumeNode(&'a str),
     RemoveNode(&'a str),
@@ -103,6 +113,7 @@ impl fmt::Display for Action<'_> {
             Action::SignalJob(j) => job(f, "signal", j),
             Action::CheckpointJob(j) => job(f, "report a checkpoint of", j),
             Action::Submit { team, priority, .. } => write!(f, "submit to team {team} at priority {priority}"),
+            Action::UpdateJob { job: j, .. } => job(f, "update", j),
             Action::DrainNode(node) => write!(f, "drain node {node}"),
             Action::ResumeNode(node) => write!(f, "resume node {node}"),
             Action::RemoveNode(node) => write!(f, "remove node {node}"),
@@ -163,6 +174,24 @@ pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
             if !member {
                 refused(format!("team {team} has members {} only", members.join(", ")))
             } else if priority > max_user_priority {
+                refused(format!(
+                    "priority is above max_user_priority ({max_user_priority}); only admins go beyond it"
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        Action::UpdateJob {
+            job,
+            longer_time,
+            priority,
+            max_user_priority,
+        } => {
+            if job.owner != caller.user && !caller.led_teams.iter().any(|team| team == job.team) {
+                refused(format!("only its owner, a lead of team {} or an admin may", job.team))
+            } else if *longer_time {
+                refused("only admins may make a time limit longer".to_string())
+            } else if priority.is_some_and(|priority| priority > *max_user_priority) {
                 refused(format!(
                     "priority is above max_user_priority ({max_user_priority}); only admins go beyond it"
                 ))

@@ -5,7 +5,7 @@ use std::fmt;
 
 /// A job's id: assigned by gpoold in submit order; an acknowledged id is
 /// never reused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct JobId(pub u64);
 
 /// Fences one launch of a job: every attempt gets a fresh, cluster-wide epoch,

@@ -137,6 +137,14 @@ pub enum JobEvent {
         reason: String,
         now: Timestamp,
     },
+    /// Every task of an array ended: the array's record ends with them,
+    /// completed only if every task completed.
+    ArrayEnded {
+        tasks: u32,
+        not_completed: u32,
+        first_started_at: Option<Timestamp>,
+        now: Timestamp,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -247,6 +255,26 @@ impl JobState {
                 exit_code: None,
                 reason: format!("its dependency can never be met: {reason}"),
             }),
+            (
+                JobState::Pending,
+                JobEvent::ArrayEnded {
+                    tasks,
+                    not_completed,
+                    first_started_at,
+                    now,
+                },
+            ) => Ok(match (*not_completed, first_started_at) {
+                (0, Some(started_at)) => JobState::Completed {
+                    started_at: *started_at,
+                    ended_at: *now,
+                },
+                _ => JobState::Failed {
+                    started_at: *first_started_at,
+                    ended_at: *now,
+                    exit_code: None,
+                    reason: format!("{not_completed} of its {tasks} tasks did not complete"),
+                },
+            }),
             (JobState::Pending, JobEvent::Cancel { by, now }) => Ok(JobState::Cancelled {
                 started_at: None,
                 ended_at: *now,
@@ -352,6 +380,7 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
         | JobEvent::Preempt { .. }
         | JobEvent::LateExit { .. }
         | JobEvent::Hold { .. }
+        | JobEvent::ArrayEnded { .. }
         | JobEvent::DependencyNeverMet { .. } => return None,
     };
     Some(next)
@@ -372,6 +401,7 @@ impl JobEvent {
             JobEvent::LateExit { .. } => "late-exit",
             JobEvent::DependencyNeverMet { .. } => "dependency-never-met",
             JobEvent::Hold { .. } => "hold",
+            JobEvent::ArrayEnded { .. } => "array-ended",
         }
     }
 
@@ -392,6 +422,7 @@ impl JobEvent {
             | JobEvent::Cancel { .. }
             | JobEvent::LateExit { .. }
             | JobEvent::Hold { .. }
+            | JobEvent::ArrayEnded { .. }
             | JobEvent::DependencyNeverMet { .. } => None,
         }
     }

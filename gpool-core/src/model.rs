@@ -149,6 +149,16 @@ pub struct JobSpec {
     /// Runs only while no other job of its user and name runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub singleton: bool,
+    /// A job array's task indices (`--array`); the record is the array's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<crate::array::ArraySpec>,
+    /// Files for stdout and stderr (`-o/-e` patterns, see
+    /// `array::expand_output_pattern`) instead of the node's spool; empty
+    /// for the spool. Relative paths are under the workdir.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stdout_path: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stderr_path: String,
 }
 
 fn yes() -> bool {
@@ -187,6 +197,12 @@ pub struct Job {
     /// released.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+    /// An array's record: how far its tasks are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<crate::array::ArrayProgress>,
+    /// A task of an array: which, and its index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_task: Option<crate::array::ArrayTask>,
 }
 
 /// Most lost attempts a job remembers.
@@ -200,6 +216,11 @@ pub struct LostAttempt {
 }
 
 impl Job {
+    /// `123_4` for an array task, else the id.
+    pub fn display_id(&self) -> String {
+        crate::array::display_id(self.id, self.array_task.as_ref())
+    }
+
     /// The job as authorisation sees it.
     pub fn auth_ref(&self) -> crate::auth::JobRef<'_> {
         crate::auth::JobRef {

@@ -112,6 +112,14 @@ pub struct JobSpecInput {
     /// `afterok:ID[:ID],afterany:NAME,afternotok:ID,singleton`; in a job
     /// file, NAME is an earlier `[[job]]` of the same file.
     pub dependency: Option<String>,
+    /// Task indices of a job array: `0-999`, `1,3,5-9`, `0-99:10`, with
+    /// `%N` to run at most N at once.
+    pub array: Option<String>,
+    /// Files for stdout and stderr instead of the node's spool: patterns
+    /// with `%j` job id, `%A` array id, `%a` task index, `%n` node, `%t`
+    /// rank, `%u` user, `%x` job name.
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -190,6 +198,12 @@ impl JobSpecInput {
             },
             dependencies,
             singleton,
+            array: match self.array.as_deref() {
+                Some(text) => Some(crate::array::ArraySpec::parse(text)?),
+                None => None,
+            },
+            stdout_path: self.stdout.unwrap_or_default(),
+            stderr_path: self.stderr.unwrap_or_default(),
         };
         spec.validate()?;
         Ok(spec)
@@ -310,8 +324,38 @@ impl JobSpec {
             validate_env(name, value)?;
         }
         validate_image(&self.image)?;
+        if let Some(array) = &self.array {
+            array.validate()?;
+            if self.singleton {
+                return Err(spec_error(
+                    "dependency",
+                    "singleton does not go with an array (use %1 to run one task at a time)",
+                ));
+            }
+        }
+        for (field, path) in [("stdout", &self.stdout_path), ("stderr", &self.stderr_path)] {
+            validate_output_path(field, path)?;
+            if self.discard_output && !path.is_empty() {
+                return Err(spec_error(field, "a file is named, and the output is to be discarded"));
+            }
+        }
         validate_workdir(&self.workdir)
     }
+}
+
+/// An output file pattern: a path (relative to the workdir) of at most
+/// `MAX_PATH_BYTES`, without NUL or newlines.
+fn validate_output_path(field: &str, path: &str) -> Result<(), SpecError> {
+    if path.len() > MAX_PATH_BYTES {
+        return Err(spec_error(
+            field,
+            format!("{} bytes, more than the limit of {MAX_PATH_BYTES}", path.len()),
+        ));
+    }
+    if path.contains(['\0', '\n']) {
+        return Err(spec_error(field, "a path has no NUL or newline characters"));
+    }
+    Ok(())
 }
 
 /// An image reference as registries and runtimes take it:

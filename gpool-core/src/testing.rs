@@ -255,6 +255,9 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 cpus_per_gpu: None,
                 dependencies: Vec::new(),
                 singleton: false,
+                array: None,
+                stdout_path: String::new(),
+                stderr_path: String::new(),
             },
             user: "alice".into(),
             submitted_at: Timestamp(0),
@@ -265,6 +268,8 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             lost_gpu_secs: 0,
             lost_attempts: Vec::new(),
             held: false,
+            array: None,
+            array_task: None,
         },
     }
 }

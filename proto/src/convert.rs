@@ -1,6 +1,7 @@
 //! The only place where wire types (`pb`) and gpool-core types meet.
 
 use crate::pb;
+use gpool_core::array::{ArraySpec, IndexRange};
 use gpool_core::deps::{DepKind, DepTarget, Dependency};
 use gpool_core::job_state::JobState;
 use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState};
@@ -32,6 +33,20 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         cpus_per_gpu: spec.cpus_per_gpu.unwrap_or(0),
         dependencies: spec.dependencies.iter().map(dependency_to_wire).collect(),
         singleton: spec.singleton,
+        array: spec.array.as_ref().map(|array| pb::ArraySpec {
+            ranges: array
+                .ranges
+                .iter()
+                .map(|range| pb::IndexRange {
+                    start: range.start,
+                    end: range.end,
+                    step: range.step,
+                })
+                .collect(),
+            max_parallel: array.max_parallel.unwrap_or(0),
+        }),
+        stdout_path: spec.stdout_path.clone(),
+        stderr_path: spec.stderr_path.clone(),
     }
 }
 
@@ -140,6 +155,20 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         cpus_per_gpu: (spec.cpus_per_gpu != 0).then_some(spec.cpus_per_gpu),
         dependencies: spec.dependencies.iter().map(dependency_from_wire).collect(),
         singleton: spec.singleton,
+        array: spec.array.map(|array| ArraySpec {
+            ranges: array
+                .ranges
+                .iter()
+                .map(|range| IndexRange {
+                    start: range.start,
+                    end: range.end,
+                    step: range.step,
+                })
+                .collect(),
+            max_parallel: (array.max_parallel != 0).then_some(array.max_parallel),
+        }),
+        stdout_path: spec.stdout_path,
+        stderr_path: spec.stderr_path,
     }
 }
 
@@ -262,6 +291,9 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         redacted: false,
         reason_codes: Vec::new(),
         last_nodes: job.last_nodes.clone(),
+        array: None,
+        array_job_id: job.array_task.map_or(0, |task| task.array.0),
+        array_task_index: job.array_task.map(|task| task.index),
     }
 }
 
@@ -345,6 +377,10 @@ mod tests {
         let mut spec = job_builder(JobId(1)).gpus(4).nodes(2).gpu_types(&["h100"]).build().spec;
         spec.time_limit_secs = Some(3600);
         spec.env = vec![("A".into(), "1".into())].into();
+        assert_eq!(spec_from_wire(spec_to_wire(&spec)), spec);
+        spec.array = Some(ArraySpec::parse("1,3,10-20:5%2").unwrap());
+        spec.stdout_path = "out/%A_%a.log".into();
+        spec.stderr_path = "err/%j.log".into();
         assert_eq!(spec_from_wire(spec_to_wire(&spec)), spec);
     }
 

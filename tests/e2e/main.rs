@@ -4,6 +4,7 @@
 mod harness;
 
 mod agents;
+mod arrays;
 mod bad_input;
 mod durability;
 mod faults;

@@ -1,6 +1,6 @@
 //! `gpool cancel [--signal SIG] ID...`.
 
-use super::Ctx;
+use super::{Ctx, JobRef};
 use crate::output;
 use crate::CliError;
 use gpool_proto::convert::state_name;
@@ -12,35 +12,199 @@ pub fn parse_signal(text: &str) -> Result<i32, String> {
     gpool_core::spec::parse_signal(text)
 }
 
+/// Which jobs `gpool cancel` ends besides the ids given (as scancel's -u,
+/// -n, -t and -A): pending and running jobs matching all of them.
+#[derive(clap::Args, Default)]
+pub struct Filter {
+    /// Jobs of this user.
+    #[arg(long, short = 'u')]
+    user: Option<String>,
+    /// Your own jobs.
+    #[arg(long, conflicts_with = "user")]
+    me: bool,
+    /// Jobs of this name.
+    #[arg(long, short = 'n')]
+    name: Option<String>,
+    /// Jobs in this state (pending or running).
+    #[arg(long, short = 't', value_parser = ["pending", "running"])]
+    state: Option<String>,
+    /// Jobs of this team.
+    #[arg(long, short = 'A')]
+    team: Option<String>,
+}
+
+impl Filter {
+    fn is_empty(&self) -> bool {
+        self.user.is_none() && !self.me && self.name.is_none() && self.state.is_none() && self.team.is_none()
+    }
+
+    /// The ids of the pending and running jobs it matches.
+    async fn ids(&self, conn: &mut super::Connection) -> Result<Vec<u64>, CliError> {
+        let user = match (&self.user, self.me) {
+            (_, true) => conn.my_name().await?,
+            (Some(user), false) => user.clone(),
+            (None, false) => String::new(),
+        };
+        let states = match self.state.as_deref() {
+            Some("running") => vec![pb::JobState::Running as i32],
+            Some(_) => vec![pb::JobState::Pending as i32],
+            None => vec![pb::JobState::Pending as i32, pb::JobState::Running as i32],
+        };
+        let request = pb::ListJobsRequest {
+            states,
+            team: self.team.clone().unwrap_or_default(),
+            user,
+            all: false,
+        };
+        let mut chunks = conn
+            .client
+            .list_jobs(request)
+            .await
+            .map_err(|s| conn.refused(s))?
+            .into_inner();
+        let mut ids = Vec::new();
+        while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+            ids.extend(
+                chunk
+                    .jobs
+                    .iter()
+                    .filter(|job| {
+                        self.name
+                            .as_ref()
+                            .is_none_or(|name| job.spec.as_ref().is_some_and(|spec| &spec.name == name))
+                    })
+                    .map(|job| job.id),
+            );
+        }
+        Ok(ids)
+    }
+}
+
 /// Cancels (or signals) every id it can and reports each; exits 1 if any
 /// id was left alone (no such job, or not the caller's).
-pub async fn run(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>) -> Result<u8, CliError> {
-    change(ctx, ids, signal, pb::HoldChange::None).await
+pub async fn run(ctx: &Ctx, ids: Vec<JobRef>, signal: Option<i32>, filter: Filter) -> Result<u8, CliError> {
+    let mut conn = ctx.connect().await?;
+    let mut ids = conn.resolve(&ids).await?;
+    if !filter.is_empty() {
+        let matching = filter.ids(&mut conn).await?;
+        if matching.is_empty() && ids.is_empty() {
+            if ctx.json() {
+                output::print_json(&serde_json::json!({ "outcomes": [] }));
+            } else {
+                outln!("no pending or running job matches");
+            }
+            return Ok(0);
+        }
+        ids.extend(matching);
+    }
+    let request = pb::CancelJobsRequest {
+        ids,
+        signal: signal.unwrap_or(0),
+        ..Default::default()
+    };
+    let mode = if signal.is_some() { Mode::Signal } else { Mode::Cancel };
+    change(ctx, conn, request, mode).await
 }
 
 /// `gpool hold ID...` (`hold` true) and `gpool release ID...`: pending jobs
 /// are kept from being scheduled, or let go again; each id is reported.
-pub async fn hold(ctx: &Ctx, ids: Vec<u64>, hold: bool) -> Result<u8, CliError> {
+pub async fn hold(ctx: &Ctx, ids: Vec<JobRef>, hold: bool) -> Result<u8, CliError> {
+    let mut conn = ctx.connect().await?;
     let change = if hold {
         pb::HoldChange::Hold
     } else {
         pb::HoldChange::Release
     };
-    self::change(ctx, ids, None, change).await
+    let request = pb::CancelJobsRequest {
+        ids: conn.resolve(&ids).await?,
+        hold: change.into(),
+        ..Default::default()
+    };
+    self::change(ctx, conn, request, Mode::Hold).await
 }
 
-async fn change(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>, hold: pb::HoldChange) -> Result<u8, CliError> {
+/// `gpool requeue ID...`.
+pub async fn requeue(ctx: &Ctx, ids: Vec<JobRef>) -> Result<u8, CliError> {
     let mut conn = ctx.connect().await?;
+    let request = pb::CancelJobsRequest {
+        ids: conn.resolve(&ids).await?,
+        requeue: true,
+        ..Default::default()
+    };
+    change(ctx, conn, request, Mode::Requeue).await
+}
+
+#[derive(clap::Args)]
+pub struct UpdateArgs {
+    /// Job ids.
+    #[arg(required = true, value_parser = super::parse_job_ref)]
+    ids: Vec<JobRef>,
+    /// A new time limit (2h, 1:30:00); only admins may make it longer.
+    #[arg(long, short = 't', value_name = "DURATION")]
+    time: Option<String>,
+    /// A new priority (up to max_user_priority).
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i32>,
+    /// An array's most tasks at once (0: no limit).
+    #[arg(long, value_name = "N")]
+    max_parallel: Option<u32>,
+}
+
+/// `gpool update ID... --time/--priority/--max-parallel`.
+pub async fn update(ctx: &Ctx, args: UpdateArgs) -> Result<u8, CliError> {
+    let time_limit = match args.time.as_deref() {
+        Some(text) => Some(pb::Duration {
+            seconds: gpool_core::spec::parse_duration(text).map_err(|reason| CliError::Usage(format!("--time: {reason}")))?,
+        }),
+        None => None,
+    };
+    if time_limit.is_none() && args.priority.is_none() && args.max_parallel.is_none() {
+        return Err(CliError::Usage(
+            "nothing to change: give --time, --priority or --max-parallel".into(),
+        ));
+    }
+    let mut conn = ctx.connect().await?;
+    let request = pb::UpdateJobsRequest {
+        ids: conn.resolve(&args.ids).await?,
+        time_limit,
+        priority: args.priority,
+        max_parallel: args.max_parallel,
+    };
     let response = conn
         .client
-        .cancel_jobs(pb::CancelJobsRequest {
-            ids,
-            signal: signal.unwrap_or(0),
-            hold: hold.into(),
-        })
+        .update_jobs(request)
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
+    report(ctx, response, Mode::Update)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Cancel,
+    Signal,
+    Hold,
+    Requeue,
+    Update,
+}
+
+async fn change(
+    ctx: &Ctx,
+    mut conn: super::Connection,
+    request: pb::CancelJobsRequest,
+    mode: Mode,
+) -> Result<u8, CliError> {
+    let response = conn
+        .client
+        .cancel_jobs(request)
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner();
+    report(ctx, response, mode)
+}
+
+/// Prints each id's outcome; 1 if any id was left alone.
+fn report(ctx: &Ctx, response: pb::CancelJobsResponse, mode: Mode) -> Result<u8, CliError> {
     let code = u8::from(response.outcomes.iter().any(|o| !o.error.is_empty()));
     if ctx.json() {
         let outcomes: Vec<_> = response
@@ -54,6 +218,8 @@ async fn change(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>, hold: pb::HoldCha
                     "signalled": o.signalled,
                     "error": (!o.error.is_empty()).then_some(&o.error),
                     "held": o.held,
+                    "requeued": o.requeued,
+                    "updated": o.updated,
                 })
             })
             .collect();
@@ -61,28 +227,28 @@ async fn change(ctx: &Ctx, ids: Vec<u64>, signal: Option<i32>, hold: pb::HoldCha
         return Ok(code);
     }
     for outcome in response.outcomes {
+        let id = outcome.id;
+        let state = state_name(outcome.state());
         if !outcome.error.is_empty() {
-            eprintln!("gpool: job {} left alone: {}", outcome.id, outcome.error);
-        } else if hold != pb::HoldChange::None {
-            match (outcome.held, outcome.state()) {
-                (true, _) => outln!("job {} held", outcome.id),
-                (false, pb::JobState::Pending) => outln!("job {} released", outcome.id),
-                (false, state) => outln!(
-                    "job {} is {}: only pending jobs are held",
-                    outcome.id,
-                    state_name(state)
-                ),
+            eprintln!("gpool: job {id} left alone: {}", outcome.error);
+            continue;
+        }
+        match mode {
+            Mode::Hold => match (outcome.held, outcome.state()) {
+                (true, _) => outln!("job {id} held"),
+                (false, pb::JobState::Pending) => outln!("job {id} released"),
+                (false, _) => outln!("job {id} is {state}: only pending jobs are held"),
+            },
+            Mode::Signal if outcome.signalled => outln!("signalled job {id}"),
+            Mode::Signal => outln!("job {id} is not running ({state})"),
+            Mode::Requeue if outcome.requeued => {
+                outln!("job {id} is being requeued (its checkpoint signal and grace, then back to the queue)")
             }
-        } else if signal.is_some() {
-            if outcome.signalled {
-                outln!("signalled job {}", outcome.id);
-            } else {
-                outln!("job {} is not running ({})", outcome.id, state_name(outcome.state()));
-            }
-        } else if outcome.cancelled {
-            outln!("cancelled job {}", outcome.id);
-        } else {
-            outln!("job {} had already ended ({})", outcome.id, state_name(outcome.state()));
+            Mode::Requeue => outln!("job {id} is not running ({state}): only running jobs are requeued"),
+            Mode::Update if outcome.updated => outln!("job {id} updated"),
+            Mode::Update => outln!("job {id} unchanged"),
+            Mode::Cancel if outcome.cancelled => outln!("cancelled job {id}"),
+            Mode::Cancel => outln!("job {id} had already ended ({state})"),
         }
     }
     Ok(code)

@@ -78,13 +78,18 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
         .iter()
         .map(|job| {
             let spec = job.spec.clone().unwrap_or_default();
-            let gpus = u64::from(spec.gpus) * u64::from(spec.nodes.max(1));
+            // An array's record used no GPUs itself: its tasks are listed.
+            let gpus = if job.array.is_some() {
+                0
+            } else {
+                u64::from(spec.gpus) * u64::from(spec.nodes.max(1))
+            };
             let secs = match (job.started_at_ms, job.ended_at_ms) {
                 (Some(start), Some(end)) => (end - start).max(0) as f64 / 1000.0,
                 _ => 0.0,
             };
             vec![
-                job.id.to_string(),
+                crate::cmd::display_id(job),
                 spec.name,
                 job.user.clone(),
                 spec.team,

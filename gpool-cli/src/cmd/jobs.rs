@@ -34,6 +34,26 @@ pub struct JobsArgs {
     /// says how many more there are.
     #[arg(long)]
     limit: Option<usize>,
+    /// One line per waiting array task instead of one per array (as
+    /// squeue -r).
+    #[arg(long = "array", short = 'r')]
+    expand_arrays: bool,
+}
+
+/// An array's waiting tasks, one row each (`-r`).
+fn waiting_tasks(array: &pb::Job, info: &pb::ArrayInfo) -> Vec<pb::Job> {
+    let Ok(indices) = gpool_core::array::ArraySpec::parse(&info.waiting_indices) else {
+        return vec![array.clone()];
+    };
+    (0..indices.len())
+        .filter_map(|position| indices.index_at(position))
+        .map(|index| pb::Job {
+            array: None,
+            array_job_id: array.id,
+            array_task_index: Some(index),
+            ..array.clone()
+        })
+        .collect()
 }
 
 /// Rows the table shows unless --limit says otherwise.
@@ -99,10 +119,19 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         let mut n_matching = 0;
         while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
             for job in chunk.jobs.into_iter().filter(|job| wanted(job)) {
-                n_matching += 1;
-                *by_state.entry(state_name(job.state())).or_default() += 1;
-                if jobs.len() < limit {
-                    jobs.push(job);
+                // An array's record stands for its tasks that are not jobs
+                // yet; once all are, the tasks speak for themselves.
+                let rows = match &job.array {
+                    Some(info) if job.state() == pb::JobState::Pending && info.waiting == 0 => Vec::new(),
+                    Some(info) if args.expand_arrays && info.waiting > 0 => waiting_tasks(&job, info),
+                    _ => vec![job],
+                };
+                for job in rows {
+                    n_matching += 1;
+                    *by_state.entry(state_name(job.state())).or_default() += 1;
+                    if jobs.len() < limit {
+                        jobs.push(job);
+                    }
                 }
             }
         }
@@ -123,8 +152,9 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
 }
 
 /// One job, as the controller shows it now.
-pub async fn fetch(ctx: &Ctx, id: u64) -> Result<pb::Job, CliError> {
+pub async fn fetch(ctx: &Ctx, id: super::JobRef) -> Result<pb::Job, CliError> {
     let mut conn = ctx.connect().await?;
+    let id = conn.resolve(&[id]).await?[0];
     Ok(conn
         .client
         .get_job(pb::GetJobRequest { id })
@@ -133,7 +163,7 @@ pub async fn fetch(ctx: &Ctx, id: u64) -> Result<pb::Job, CliError> {
         .into_inner())
 }
 
-pub async fn show(ctx: &Ctx, id: u64) -> Result<(), CliError> {
+pub async fn show(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
     let job = fetch(ctx, id).await?;
     if ctx.json() {
         output::print_json(&output::job_json(&job));

@@ -22,8 +22,9 @@ async fn wait_until_started(conn: &mut super::Connection, id: u64) -> Result<(),
     Ok(())
 }
 
-pub async fn run(ctx: &Ctx, id: u64, follow: bool, stderr: bool, rank: u32) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, id: super::JobRef, follow: bool, stderr: bool, rank: u32) -> Result<(), CliError> {
     let mut conn = ctx.connect().await?;
+    let id = conn.resolve(&[id]).await?[0];
     let request = pb::JobLogsRequest {
         id,
         stderr,

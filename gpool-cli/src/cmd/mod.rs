@@ -50,3 +50,90 @@ impl Ctx {
         self.output == Output::Json
     }
 }
+
+/// A job as users name it: `123`, or `123_4` for the task with index 4 of
+/// array 123.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobRef {
+    Job(u64),
+    Task { array: u64, index: u32 },
+}
+
+impl std::fmt::Display for JobRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobRef::Job(id) => write!(f, "{id}"),
+            JobRef::Task { array, index } => write!(f, "{array}_{index}"),
+        }
+    }
+}
+
+/// Parses `123` or `123_4` (clap's value parser for job ids).
+pub fn parse_job_ref(text: &str) -> Result<JobRef, String> {
+    let bad = || format!("{text:?} is not a job id (such as 123, or 123_4 for task 4 of array 123)");
+    match text.split_once('_') {
+        Some((array, index)) => Ok(JobRef::Task {
+            array: array.parse().map_err(|_| bad())?,
+            index: index.parse().map_err(|_| bad())?,
+        }),
+        None => text.parse().map(JobRef::Job).map_err(|_| bad()),
+    }
+}
+
+impl Connection {
+    /// The ids gpoold knows the jobs by: a task's is reserved after its
+    /// array's, at its position among the array's indices.
+    pub async fn resolve(&mut self, refs: &[JobRef]) -> Result<Vec<u64>, CliError> {
+        let mut arrays: std::collections::HashMap<u64, gpool_core::array::ArraySpec> = Default::default();
+        let mut ids = Vec::with_capacity(refs.len());
+        for job_ref in refs {
+            let (array, index) = match *job_ref {
+                JobRef::Job(id) => {
+                    ids.push(id);
+                    continue;
+                }
+                JobRef::Task { array, index } => (array, index),
+            };
+            if !arrays.contains_key(&array) {
+                let job = self.client.get_job(gpool_proto::pb::GetJobRequest { id: array }).await;
+                let job = job.map_err(|s| self.refused(s))?.into_inner();
+                let spec = job.spec.map(gpool_proto::convert::spec_from_wire);
+                let Some(spec) = spec.and_then(|spec| spec.array) else {
+                    return Err(CliError::Usage(format!("{job_ref}: job {array} is not an array")));
+                };
+                arrays.insert(array, spec);
+            }
+            let spec = &arrays[&array];
+            let Some(position) = spec.position_of(index) else {
+                return Err(CliError::Usage(format!(
+                    "{job_ref}: array {array} has no task {index} (its indices are {spec})"
+                )));
+            };
+            ids.push(gpool_core::array::task_id(gpool_core::JobId(array), position).0);
+        }
+        Ok(ids)
+    }
+}
+
+/// How the CLI prints a job's id: `123_4` for a task, `123_[5-999]` for an
+/// array's record (the indices of its tasks still waiting, else all).
+pub fn display_id(job: &gpool_proto::pb::Job) -> String {
+    if let Some(index) = job.array_task_index {
+        return format!("{}_{index}", job.array_job_id);
+    }
+    match &job.array {
+        Some(info) if info.waiting > 0 => format!("{}_[{}]", job.id, info.waiting_indices),
+        Some(_) => {
+            let spec = job.spec.clone().map(gpool_proto::convert::spec_from_wire);
+            match spec.and_then(|spec| spec.array) {
+                Some(array) => {
+                    let indices = array.to_string();
+                    let indices = indices.split('%').next().unwrap_or_default().to_string();
+                    format!("{}_[{indices}]", job.id)
+                }
+                None => job.id.to_string(),
+            }
+        }
+        None => job.id.to_string(),
+    }
+}

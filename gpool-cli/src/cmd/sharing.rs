@@ -8,7 +8,7 @@ use gpool_proto::pb;
 
 /// Why a job is where it is: for a pending job the scheduler's reasons,
 /// what would make it start sooner, and its priority's factors.
-pub async fn why(ctx: &Ctx, id: u64) -> Result<(), CliError> {
+pub async fn why(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
     let job = super::jobs::fetch(ctx, id).await?;
     let state = state_name(job.state());
     if ctx.json() {

@@ -91,6 +91,20 @@ pub struct SubmitArgs {
     /// dependency can never be met fails with that reason.
     #[arg(long, short = 'd', value_name = "LIST")]
     dependency: Option<String>,
+    /// A job array: task indices 0-999, 1,3,5-9 or 0-99:10, with %N to run
+    /// at most N tasks at once. Each task gets GPOOL_ARRAY_TASK_ID and
+    /// GPOOL_ARRAY_JOB_ID; `gpool jobs` lists the waiting ones as one line.
+    #[arg(long, short = 'a', value_name = "INDICES")]
+    array: Option<String>,
+    /// Write the job's stdout to this file instead of the node's spool
+    /// (then `gpool logs` does not show it): %j job id, %A array id, %a
+    /// task index, %n node, %t rank, %u user, %x job name; relative to the
+    /// workdir. Opened by the job's user on its node.
+    #[arg(long = "stdout", short = 'o', value_name = "PATTERN")]
+    stdout: Option<String>,
+    /// The same for its stderr.
+    #[arg(long = "stderr", short = 'e', value_name = "PATTERN")]
+    stderr: Option<String>,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
@@ -99,7 +113,7 @@ pub struct SubmitArgs {
             "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
             "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
-            "dependency",
+            "dependency", "array", "stdout", "stderr",
         ]
     )]
     file: Option<PathBuf>,
@@ -304,5 +318,8 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         mem: args.mem,
         cpus_per_gpu: args.cpus_per_gpu,
         dependency: args.dependency,
+        array: args.array,
+        stdout: args.stdout,
+        stderr: args.stderr,
     })
 }

@@ -267,3 +267,26 @@ proptest! {
         prop_assert_eq!(allowed, user == owner || led.contains(&team));
     }
 }
+
+#[test]
+fn owners_shorten_and_admins_lengthen_a_pending_job() {
+    let a_job = job("alice", "nlp");
+    let update = |longer_time, priority| Action::UpdateJob {
+        job: a_job,
+        longer_time,
+        priority,
+        max_user_priority: 100,
+    };
+    assert!(authorize(&Caller::user("alice"), &update(false, Some(50))).is_ok());
+    assert!(authorize(&lead("lee", "nlp"), &update(false, None)).is_ok());
+    let err = authorize(&Caller::user("alice"), &update(true, None)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "user alice may not update job 7 of user alice (team nlp): only admins may make a time limit longer"
+    );
+    let err = authorize(&Caller::user("alice"), &update(false, Some(101))).unwrap_err();
+    assert!(err.reason.contains("max_user_priority (100)"), "{err}");
+    let err = authorize(&Caller::user("bob"), &update(false, None)).unwrap_err();
+    assert!(err.reason.contains("only its owner"), "{err}");
+    assert!(authorize(&admin("root"), &update(true, Some(1_000))).is_ok());
+}

@@ -3,7 +3,7 @@
 use super::{caller, identity, Identity};
 use crate::error::Error;
 use crate::security::{AuditEntry, Security};
-use crate::state::{Command, NewToken, SharedState, State, StateHandle};
+use crate::state::{CancelMode, CancelOutcome, Command, JobUpdate, NewToken, SharedState, State, StateHandle};
 use gpool_core::auth::{authorize, Action, Caller, Role};
 use gpool_core::model::Node;
 use gpool_core::JobId;
@@ -78,8 +78,14 @@ impl PoolService {
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let job = state.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
-        Ok(job_wire(&state, job, caller))
+        match state.jobs.get(&id) {
+            Some(job) => Ok(job_wire(&state, job, caller)),
+            // A task of an array that is not a job of its own yet.
+            None => {
+                let task = state.virtual_task(id).ok_or(Error::UnknownJob(id))?;
+                Ok(job_wire(&state, &task, caller))
+            }
+        }
     }
 
     /// Writes an audit line for `action` on `object`: always for admin
@@ -124,6 +130,12 @@ fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller) -> pb::Job {
 }
 
 fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
+    let mut wire = job_wire_of_state(state, job);
+    wire.array = state.array_info(job);
+    wire
+}
+
+fn job_wire_of_state(state: &State, job: &gpool_core::Job) -> pb::Job {
     if job.state != gpool_core::JobState::Pending {
         return job_to_wire(job, Vec::new());
     }
@@ -134,9 +146,18 @@ fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
     let (reasons, codes) = match waits_for {
         Some(reason) => (vec![reason], vec!["dependency".to_string()]),
         None if job.held => (
-            vec![format!("held: `gpool release {}` lets it be scheduled", job.id)],
+            vec![format!("held: `gpool release {}` lets it be scheduled", job.display_id())],
             vec!["held".to_string()],
         ),
+        None if state.array_at_limit(job).is_some() => {
+            let (array, max) = state.array_at_limit(job).unwrap_or_default();
+            (
+                vec![format!(
+                    "array {array} runs at most {max} tasks at once (%{max}), and {max} run; `gpool update {array} --max-parallel N` changes it"
+                )],
+                vec!["array_limit".to_string()],
+            )
+        }
         None => match state.pending_reasons.get(&job.id) {
             Some(words) => (
                 words.to_vec(),
@@ -152,6 +173,17 @@ fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
             ),
         },
     };
+    let (mut reasons, mut codes) = (reasons, codes);
+    if job.n_preemptions > 0 {
+        reasons.insert(
+            0,
+            format!(
+                "preempted ({} time(s)) and requeued: it runs again when it can",
+                job.n_preemptions
+            ),
+        );
+        codes.insert(0, "preempted".to_string());
+    }
     let mut wire = job_to_wire(job, reasons);
     wire.reason_codes = codes;
     wire.hints = state
@@ -169,6 +201,23 @@ fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
     });
     wire.estimated_start_ms = state.estimated_starts.get(&job.id).map(|at| at.0);
     wire
+}
+
+fn outcomes_to_wire(outcomes: Vec<CancelOutcome>) -> pb::CancelJobsResponse {
+    let outcomes = outcomes
+        .into_iter()
+        .map(|o| pb::CancelOutcome {
+            id: o.id.0,
+            state: o.state.as_ref().map_or(pb::JobState::Unspecified, state_to_wire).into(),
+            cancelled: o.cancelled,
+            signalled: o.signalled,
+            error: o.refused.map(|err| err.to_string()).unwrap_or_default(),
+            held: o.held,
+            requeued: o.requeued,
+            updated: o.updated,
+        })
+        .collect();
+    pb::CancelJobsResponse { outcomes }
 }
 
 #[tonic::async_trait]
@@ -204,57 +253,82 @@ impl Pool for PoolService {
                 reason,
             })?;
         }
-        let hold = match request.hold() {
-            pb::HoldChange::None => None,
-            pb::HoldChange::Hold => Some(true),
-            pb::HoldChange::Release => Some(false),
+        let mode = match (request.signal, request.hold(), request.requeue) {
+            (0, pb::HoldChange::None, false) => CancelMode::Cancel,
+            (0, pb::HoldChange::Hold, false) => CancelMode::Hold(true),
+            (0, pb::HoldChange::Release, false) => CancelMode::Hold(false),
+            (0, pb::HoldChange::None, true) => CancelMode::Requeue,
+            (signal, pb::HoldChange::None, false) => CancelMode::Signal(signal),
+            _ => {
+                return Err(Error::InvalidRequest {
+                    field: "signal",
+                    reason: "a request signals, holds, releases or requeues jobs, one of them".into(),
+                }
+                .into())
+            }
         };
         let ids: Vec<JobId> = request.ids.into_iter().map(JobId).collect();
         let object = ids.iter().map(|id| format!("job {id}")).collect::<Vec<_>>().join(" ");
-        let signal = (request.signal != 0).then_some(request.signal);
         let result = self
             .state
             .call(|reply| Command::Cancel {
                 caller,
                 ids,
-                signal,
-                hold,
+                mode,
                 reply,
             })
             .await
             .map_err(Status::from);
-        self.audit(
-            &who,
-            match (signal, hold) {
-                (Some(_), _) => "signal",
-                (None, Some(true)) => "hold",
-                (None, Some(false)) => "release",
-                (None, None) => "cancel",
-            },
-            &object,
-            false,
-            &result,
-        );
+        let action = match mode {
+            CancelMode::Signal(_) => "signal",
+            CancelMode::Hold(true) => "hold",
+            CancelMode::Hold(false) => "release",
+            CancelMode::Requeue => "requeue",
+            CancelMode::Cancel => "cancel",
+        };
+        self.audit(&who, action, &object, false, &result);
         let outcomes = result?;
         // Each refusal of one id is audited like a refused request.
         for outcome in outcomes.iter().filter(|o| matches!(o.refused, Some(Error::Denied(_)))) {
             let reason = outcome.refused.as_ref().map(ToString::to_string).unwrap_or_default();
             let refused: Result<(), Status> = Err(Status::permission_denied(reason));
-            let action = if signal.is_some() { "signal" } else { "cancel" };
             self.audit(&who, action, &format!("job {}", outcome.id), false, &refused);
         }
-        let outcomes = outcomes
-            .into_iter()
-            .map(|o| pb::CancelOutcome {
-                id: o.id.0,
-                state: o.state.as_ref().map_or(pb::JobState::Unspecified, state_to_wire).into(),
-                cancelled: o.cancelled,
-                signalled: o.signalled,
-                error: o.refused.map(|err| err.to_string()).unwrap_or_default(),
-                held: o.held,
+        Ok(Response::new(outcomes_to_wire(outcomes)))
+    }
+
+    async fn update_jobs(
+        &self,
+        request: Request<pb::UpdateJobsRequest>,
+    ) -> Result<Response<pb::CancelJobsResponse>, Status> {
+        let who = identity(&request)?;
+        let caller = who.caller.clone();
+        let request = request.into_inner();
+        let change = JobUpdate {
+            time_limit_secs: request.time_limit.map(|limit| limit.seconds),
+            priority: request.priority,
+            max_parallel: request.max_parallel.map(|max| (max != 0).then_some(max)),
+        };
+        let ids: Vec<JobId> = request.ids.into_iter().map(JobId).collect();
+        let object = ids.iter().map(|id| format!("job {id}")).collect::<Vec<_>>().join(" ");
+        let result = self
+            .state
+            .call(|reply| Command::Update {
+                caller,
+                ids,
+                change,
+                reply,
             })
-            .collect();
-        Ok(Response::new(pb::CancelJobsResponse { outcomes }))
+            .await
+            .map_err(Status::from);
+        self.audit(&who, "update", &object, false, &result);
+        let outcomes = result?;
+        for outcome in outcomes.iter().filter(|o| matches!(o.refused, Some(Error::Denied(_)))) {
+            let reason = outcome.refused.as_ref().map(ToString::to_string).unwrap_or_default();
+            let refused: Result<(), Status> = Err(Status::permission_denied(reason));
+            self.audit(&who, "update", &format!("job {}", outcome.id), false, &refused);
+        }
+        Ok(Response::new(outcomes_to_wire(outcomes)))
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
@@ -305,7 +379,7 @@ impl Pool for PoolService {
             follow,
             rank,
         } = request.into_inner();
-        let source = self.log_source(JobId(id), rank, &who.caller);
+        let source = self.log_source(JobId(id), rank, stderr, &who.caller);
         self.audit(&who, "logs", &format!("job {id}"), false, &source);
         let (node, attempt) = source?;
         let (request_id, receiver) = self.logs.open(&node);
@@ -634,7 +708,7 @@ impl PoolService {
     }
 
     /// Where a job's output is: rank 0's node and the latest attempt.
-    fn log_source(&self, id: JobId, rank: u32, caller: &Caller) -> Result<(String, u32), Status> {
+    fn log_source(&self, id: JobId, rank: u32, stderr: bool, caller: &Caller) -> Result<(String, u32), Status> {
         let state = self
             .state
             .shared
@@ -644,6 +718,22 @@ impl PoolService {
         authorize(caller, &Action::ReadJob(job.auth_ref())).map_err(Error::from)?;
         if job.spec.discard_output {
             return Err(Error::OutputDiscarded(id).into());
+        }
+        let (stream, file) = if stderr {
+            ("stderr", &job.spec.stderr_path)
+        } else {
+            ("stdout", &job.spec.stdout_path)
+        };
+        if !file.is_empty() {
+            return Err(Error::InvalidRequest {
+                field: "id",
+                reason: format!(
+                    "job {} writes its {stream} to {file} (-{}, expanded on its nodes): read it there",
+                    job.display_id(),
+                    if stderr { "e" } else { "o" }
+                ),
+            }
+            .into());
         }
         if job.n_attempts == 0 || job.last_nodes.is_empty() {
             return Err(Error::NotStarted(id).into());

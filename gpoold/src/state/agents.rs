@@ -46,7 +46,20 @@ impl State {
             .map(|(node, gpu)| (node.to_string(), gpu))
             .collect();
         for start in starts {
-            if !self.still_fits(&start, &busy) {
+            // A task of an array becomes a job as it starts, within the
+            // array's %N.
+            if let Some((array, _)) = self.array_of(start.job).filter(|_| !self.jobs.contains_key(&start.job)) {
+                let array_ready = self.jobs.get(&array).is_some_and(|array| {
+                    array.state == JobState::Pending
+                        && !array.held
+                        && self.dependency_state_of(array) == gpool_core::deps::DepState::Met
+                });
+                if !array_ready || !self.still_free(&start, &busy) || !self.materialize(start.job, out) {
+                    continue;
+                }
+            }
+            let array_full = self.jobs.get(&start.job).and_then(|job| job.array_task).is_some_and(|task| !self.array_may_start(task.array));
+            if array_full || !self.still_fits(&start, &busy) {
                 continue;
             }
             let epoch = Epoch(self.next_epoch);
@@ -93,8 +106,12 @@ impl State {
                 && !job.held
                 && self.dependency_state_of(job) == gpool_core::deps::DepState::Met
         });
-        pending
-            && start.placement.iter().all(|part| {
+        pending && self.still_free(start, busy)
+    }
+
+    /// Its nodes take work and its GPUs are free.
+    fn still_free(&self, start: &Start, busy: &HashSet<(String, u32)>) -> bool {
+        start.placement.iter().all(|part| {
                 let node_ok = self.nodes.get(&part.node).is_some_and(Node::schedulable);
                 node_ok
                     && self.links.contains_key(&part.node)
@@ -156,6 +173,11 @@ impl State {
                         .checkpoint_signal
                         .unwrap_or(super::sharing::DEFAULT_CHECKPOINT_SIGNAL),
                     grace_seconds: self.grace_secs(job_id).min(u64::from(u32::MAX)) as u32,
+                    array_job_id: job.array_task.map_or(0, |task| task.array.0),
+                    array_task_index: job.array_task.map(|task| task.index),
+                    stdout_path: job.spec.stdout_path.clone(),
+                    stderr_path: job.spec.stderr_path.clone(),
+                    job_name: job.spec.name.clone(),
                 };
                 let message = pb::ControllerMessage {
                     msg: Some(pb::controller_message::Msg::Launch(launch)),

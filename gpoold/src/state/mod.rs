@@ -7,12 +7,16 @@
 
 mod access;
 mod agents;
+mod arrays;
 mod sharing;
 pub mod store;
+mod update;
 
 pub use access::NewToken;
+pub use arrays::ARRAY_VIEW_WINDOW;
 pub use agents::{kill_message, signal_message};
 pub use sharing::CheckpointOutcome;
+pub use update::JobUpdate;
 
 use crate::error::Error;
 use gpool_core::auth::token::{Key, TokenRecord};
@@ -78,6 +82,11 @@ pub struct State {
     token_key: Key,
     /// Each distinct job environment once, shared by the jobs that have it.
     envs: std::collections::HashSet<Arc<[(String, String)]>>,
+    /// Every array's record id and its number of tasks (whose ids follow
+    /// it).
+    arrays: BTreeMap<JobId, u32>,
+    /// Running tasks of each array; rebuilt on start.
+    array_running: HashMap<JobId, u32>,
 }
 
 /// One agent's open link: where to send it Launch and Kill.
@@ -103,13 +112,18 @@ pub enum Command {
         specs: Vec<JobSpec>,
         reply: Reply<Vec<JobId>>,
     },
-    /// Cancel jobs, or with `signal` only signal their running processes.
+    /// Cancel jobs, or signal, hold, release or requeue them (`mode`).
     Cancel {
         caller: Caller,
         ids: Vec<JobId>,
-        signal: Option<i32>,
-        /// Instead: hold (true) or release (false) pending jobs.
-        hold: Option<bool>,
+        mode: CancelMode,
+        reply: Reply<Vec<CancelOutcome>>,
+    },
+    /// Change pending jobs.
+    Update {
+        caller: Caller,
+        ids: Vec<JobId>,
+        change: JobUpdate,
         reply: Reply<Vec<CancelOutcome>>,
     },
     Drain {
@@ -234,7 +248,20 @@ pub enum AttemptOutcome {
     Fenced,
 }
 
-#[derive(Debug)]
+/// What `Command::Cancel` does to each job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelMode {
+    Cancel,
+    /// Only send this signal to its running processes.
+    Signal(i32),
+    /// Hold (true) or release (false) a pending job.
+    Hold(bool),
+    /// Stop its running attempt (checkpoint signal and grace, as a
+    /// preemption) and put it back in the queue.
+    Requeue,
+}
+
+#[derive(Debug, Default)]
 pub struct CancelOutcome {
     pub id: JobId,
     /// `None` for an id left alone (see `refused`).
@@ -242,6 +269,8 @@ pub struct CancelOutcome {
     pub cancelled: bool,
     pub signalled: bool,
     pub held: bool,
+    pub requeued: bool,
+    pub updated: bool,
     /// Why the id was left alone: it names no job, or the caller may not.
     pub refused: Option<Error>,
 }
@@ -313,12 +342,15 @@ impl State {
             tokens: loaded.tokens,
             token_key,
             envs: std::collections::HashSet::new(),
+            arrays: BTreeMap::new(),
+            array_running: HashMap::new(),
         };
         let mut jobs = std::mem::take(&mut state.jobs);
         for job in jobs.values_mut() {
             job.spec.env = state.intern_env(&job.spec.env);
         }
         state.jobs = jobs;
+        state.count_running_tasks();
         state.restore_preempt_deadlines();
         state
     }
@@ -338,6 +370,10 @@ impl State {
         let nodes: Vec<Node> = self.nodes.values().cloned().collect();
         let of = specs.len();
         let mut checked = Vec::with_capacity(specs.len());
+        // The id each job of the request gets: an array's tasks take the
+        // ids after its own.
+        let mut request_ids: Vec<JobId> = Vec::with_capacity(specs.len());
+        let mut next_id = self.next_job_id;
         for (spec_idx, mut spec) in specs.into_iter().enumerate() {
             let index = spec_idx + 1;
             self.policy
@@ -351,12 +387,9 @@ impl State {
                 .map_err(|source| Error::InvalidSpec { index, of, source })?;
             // Dependencies name jobs that exist, or earlier jobs of this
             // request (whose ids are known from here on).
-            let first_id = self.next_job_id;
             for dependency in &mut spec.dependencies {
                 let target = match dependency.target {
-                    DepTarget::InRequest(position) if (1..index).contains(&position) => {
-                        JobId(first_id + position as u64 - 1)
-                    }
+                    DepTarget::InRequest(position) if (1..index).contains(&position) => request_ids[position - 1],
                     DepTarget::InRequest(position) => {
                         return Err(Error::InvalidSpec {
                             index,
@@ -379,6 +412,8 @@ impl State {
                 dependency.target = DepTarget::Job(target);
             }
             check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, of, source })?;
+            request_ids.push(JobId(next_id));
+            next_id += 1 + spec.array.as_ref().map_or(0, |array| u64::from(array.len()));
             checked.push(spec);
         }
         let mut ids = Vec::with_capacity(checked.len());
@@ -386,7 +421,11 @@ impl State {
         for mut spec in checked {
             spec.env = self.intern_env(&spec.env);
             let id = JobId(self.next_job_id);
-            self.next_job_id += 1;
+            let n_tasks = spec.array.as_ref().map(|array| array.len());
+            self.next_job_id += 1 + n_tasks.map_or(0, u64::from);
+            if let Some(n_tasks) = n_tasks {
+                self.arrays.insert(id, n_tasks);
+            }
             let job = Job {
                 id,
                 spec,
@@ -399,6 +438,8 @@ impl State {
                 lost_gpu_secs: 0,
                 lost_attempts: Vec::new(),
                 held: false,
+                array: n_tasks.map(|_| Default::default()),
+                array_task: None,
             };
             self.jobs.insert(id, job);
             ids.push(id);
@@ -412,7 +453,7 @@ impl State {
         &mut self,
         caller: &Caller,
         ids: &[JobId],
-        (signal, hold): (Option<i32>, Option<bool>),
+        mode: CancelMode,
         now: Timestamp,
         out: &mut Batch,
     ) -> Result<Vec<CancelOutcome>, Error> {
@@ -426,14 +467,13 @@ impl State {
         // may not touch, is reported and the others go ahead.
         let mut outcomes = Vec::with_capacity(ids.len());
         for id in ids {
-            let refused = match self.jobs.get(id) {
+            let refused = match self.jobs.get(id).cloned().or_else(|| self.virtual_task(*id)) {
                 None => Some(Error::UnknownJob(*id)),
                 Some(job) => {
                     let job = job.auth_ref();
-                    let action = if signal.is_some() {
-                        Action::SignalJob(job)
-                    } else {
-                        Action::CancelJob(job)
+                    let action = match mode {
+                        CancelMode::Signal(_) => Action::SignalJob(job),
+                        _ => Action::CancelJob(job),
                     };
                     authorize(caller, &action).err().map(Error::from)
                 }
@@ -442,68 +482,83 @@ impl State {
                 outcomes.push(CancelOutcome {
                     id: *id,
                     state: self.jobs.get(id).map(|job| job.state.clone()),
-                    cancelled: false,
-                    signalled: false,
-                    held: false,
                     refused: Some(refused),
+                    ..CancelOutcome::default()
                 });
                 continue;
             }
-            if let Some(hold) = hold {
-                // Only a pending job is held or released; others as they are.
-                self.apply_event(*id, &JobEvent::Hold { held: hold }, now, out);
-                let job = self.jobs.get(id);
-                outcomes.push(CancelOutcome {
-                    id: *id,
-                    state: job.map(|job| job.state.clone()),
-                    cancelled: false,
-                    signalled: false,
-                    held: job.is_some_and(|job| job.held),
-                    refused: None,
-                });
-                continue;
+            // A task that is not a job yet becomes one when it is acted on
+            // alone; an array takes the request with its tasks.
+            self.materialize(*id, out);
+            let mut targets = vec![*id];
+            if let Some(array) = self.jobs.get(id).filter(|job| job.array.is_some()) {
+                targets.extend(self.array_task_ids(array));
             }
-            let Some(job) = self.jobs.get(id) else { continue };
-            let running = match &job.state {
-                JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
-                _ => None,
-            };
-            let (mut cancelled, mut signalled) = (false, false);
-            match (signal, running) {
-                (Some(signal), Some((epoch, placement))) => {
-                    for part in placement {
-                        out.messages.push((part.node, signal_message(*id, epoch, signal)));
-                    }
-                    signalled = true;
-                }
-                (Some(_), None) => {}
-                (None, running) if !job.state.is_finished() => {
-                    let event = JobEvent::Cancel {
-                        by: caller.user.clone(),
-                        now,
-                    };
-                    // Pending and running jobs always take a cancel.
-                    self.apply_event(*id, &event, now, out);
-                    if let Some((epoch, placement)) = running {
-                        self.gang_exits.remove(id);
-                        for part in placement {
-                            out.messages.push((part.node, kill_message(*id, epoch)));
-                        }
-                    }
-                    cancelled = true;
-                }
-                (None, _) => {}
-            }
-            outcomes.push(CancelOutcome {
+            let mut outcome = CancelOutcome {
                 id: *id,
-                state: self.jobs.get(id).map(|job| job.state.clone()),
-                cancelled,
-                signalled,
-                held: false,
-                refused: None,
-            });
+                ..CancelOutcome::default()
+            };
+            for target in targets {
+                let applied = self.cancel_one(caller, target, mode, now, out);
+                outcome.cancelled |= applied.cancelled;
+                outcome.signalled |= applied.signalled;
+                outcome.requeued |= applied.requeued;
+                if target == *id {
+                    outcome.held = applied.held;
+                }
+            }
+            outcome.state = self.jobs.get(id).map(|job| job.state.clone());
+            outcomes.push(outcome);
         }
         Ok(outcomes)
+    }
+
+    /// `cancel` for one job the caller may act on.
+    fn cancel_one(&mut self, caller: &Caller, id: JobId, mode: CancelMode, now: Timestamp, out: &mut Batch) -> CancelOutcome {
+        let mut outcome = CancelOutcome {
+            id,
+            ..CancelOutcome::default()
+        };
+        let Some(job) = self.jobs.get(&id) else {
+            return outcome;
+        };
+        let running = match &job.state {
+            JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
+            _ => None,
+        };
+        match (mode, running) {
+            (CancelMode::Hold(hold), _) => {
+                // Only a pending job is held or released; others as they are.
+                self.apply_event(id, &JobEvent::Hold { held: hold }, now, out);
+                outcome.held = self.jobs.get(&id).is_some_and(|job| job.held);
+            }
+            (CancelMode::Signal(signal), Some((epoch, placement))) => {
+                for part in placement {
+                    out.messages.push((part.node, signal_message(id, epoch, signal)));
+                }
+                outcome.signalled = true;
+            }
+            (CancelMode::Requeue, Some((epoch, _))) => {
+                outcome.requeued = self.requeue_attempt(id, epoch, &caller.user, now, out);
+            }
+            (CancelMode::Cancel, running) if !job.state.is_finished() => {
+                let event = JobEvent::Cancel {
+                    by: caller.user.clone(),
+                    now,
+                };
+                // Pending and running jobs always take a cancel.
+                self.apply_event(id, &event, now, out);
+                if let Some((epoch, placement)) = running {
+                    self.gang_exits.remove(&id);
+                    for part in placement {
+                        out.messages.push((part.node, kill_message(id, epoch)));
+                    }
+                }
+                outcome.cancelled = true;
+            }
+            _ => {}
+        }
+        outcome
     }
 
     fn set_drain(&mut self, caller: &Caller, name: &str, reason: Option<String>) -> Result<(Node, Vec<Write>), Error> {
@@ -597,21 +652,22 @@ impl State {
         let singletons = self.singleton_holders();
         let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
         let mut pending = Vec::new();
+        // Arrays ready to hand out tasks, and the pending tasks of each.
+        let mut arrays: Vec<(&Job, bool)> = Vec::new();
+        let mut pending_tasks: HashMap<JobId, Vec<PendingJob>> = HashMap::new();
         for job in self.jobs.values() {
             match &job.state {
+                JobState::Pending if job.array.is_some() => {
+                    arrays.push((job, !job.held && self.dependencies_met(job, &singletons)));
+                }
                 JobState::Pending if job.held || !self.dependencies_met(job, &singletons) => {}
-                JobState::Pending => pending.push(PendingJob {
-                    id: job.id,
-                    priority: job.spec.priority,
-                    gpus_per_node: job.spec.gpus_per_node,
-                    nodes: job.spec.nodes,
-                    gpu_types: job.spec.gpu_types.clone(),
-                    pool: job.spec.pool.clone(),
-                    team: job.spec.team.clone(),
-                    qos: job.spec.qos.clone(),
-                    submitted_at: job.submitted_at,
-                    time_limit_secs: job.spec.time_limit_secs,
-                }),
+                JobState::Pending => match job.array_task {
+                    Some(task) => pending_tasks
+                        .entry(task.array)
+                        .or_default()
+                        .push(arrays::pending_view(job.id, job)),
+                    None => pending.push(arrays::pending_view(job.id, job)),
+                },
                 JobState::Running { placement, .. } => {
                     for part in placement {
                         busy.entry(part.node.as_str()).or_default().extend(&part.gpu_indices);
@@ -620,6 +676,12 @@ impl State {
                 _ => {}
             }
         }
+        for (array, ready) in arrays {
+            let tasks = pending_tasks.remove(&array.id).unwrap_or_default();
+            self.array_view(array, ready, tasks, &mut pending);
+        }
+        // Tasks of arrays that ended on their own terms (none, normally).
+        pending.extend(pending_tasks.into_values().flatten());
         let nodes = self
             .nodes
             .values()
@@ -845,10 +907,18 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         Command::Cancel {
             caller,
             ids,
-            signal,
-            hold,
+            mode,
             reply,
-        } => match state.cancel(&caller, &ids, (signal, hold), now, out) {
+        } => match state.cancel(&caller, &ids, mode, now, out) {
+            Ok(outcomes) => out.replies.push(deferred(reply, outcomes)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Update {
+            caller,
+            ids,
+            change,
+            reply,
+        } => match state.update(&caller, &ids, change, out) {
             Ok(outcomes) => out.replies.push(deferred(reply, outcomes)),
             Err(err) => drop(reply.send(Err(err))),
         },
@@ -882,6 +952,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             state.pending_codes = codes;
             state.priorities = priorities;
             state.estimated_starts = estimated_starts;
+            state.lend_task_reasons_to_arrays();
         }
         Command::Start { starts } => state.start(starts, now, out),
         Command::Preempt { preemptions } => state.preempt(preemptions, now, out),

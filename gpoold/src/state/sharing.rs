@@ -35,11 +35,12 @@ impl State {
         if job.apply(event).is_err() {
             return false;
         }
+        let array_task = job.array_task;
         out.writes.push(Write::Job(id));
         out.changed.push(id);
         if let JobState::Running {
             epoch,
-            placement,
+            ref placement,
             started_at,
             burst,
             ..
@@ -56,6 +57,9 @@ impl State {
                     .charge(gpus, started_at, now, burst, &self.policy.sharing);
                 out.writes.push(Write::Usage(team));
             }
+        }
+        if let Some(task) = array_task {
+            self.array_task_changed(id, task, &before, now, out);
         }
         true
     }
@@ -114,19 +118,17 @@ impl State {
                 continue;
             };
             // The attempt the plan saw, or none: a later one is not preempted.
-            let JobState::Running { epoch, placement, .. } = &job.state else {
+            let JobState::Running { epoch, .. } = &job.state else {
                 continue;
             };
             if *epoch != preemption.epoch {
                 continue;
             }
-            let (epoch, placement) = (*epoch, placement.clone());
-            let signal = job.spec.checkpoint_signal.unwrap_or(DEFAULT_CHECKPOINT_SIGNAL);
-            let grace_secs = self.grace_secs(preemption.victim);
+            let epoch = *epoch;
             let lost = job.state.work_since_checkpoint(now);
-            if !self.apply_event(preemption.victim, &JobEvent::Preempt { epoch, now }, now, out) {
+            let Some((signal, grace_secs)) = self.stop_and_requeue(preemption.victim, epoch, now, out) else {
                 continue;
-            }
+            };
             tracing::info!(
                 job = %preemption.victim,
                 for_job = %preemption.for_job,
@@ -136,13 +138,49 @@ impl State {
                 self.recent_waste.pop_front();
             }
             self.recent_waste.push_back((now, lost));
-            self.preempt_deadlines
-                .insert(preemption.victim, (epoch, Timestamp(now.0 + grace_secs as i64 * 1000)));
-            for part in placement {
-                out.messages
-                    .push((part.node, signal_message(preemption.victim, epoch, signal)));
-            }
         }
+    }
+
+    /// `gpool requeue`: the running attempt `epoch` of `id` is stopped as a
+    /// preemption stops it (its checkpoint signal and grace), and the job
+    /// goes back to the queue. True if it is on its way back.
+    pub(super) fn requeue_attempt(&mut self, id: JobId, epoch: Epoch, by: &str, now: Timestamp, out: &mut Batch) -> bool {
+        let preempting = matches!(
+            self.jobs.get(&id).map(|job| &job.state),
+            Some(JobState::Running { preempted_at: Some(_), .. })
+        );
+        if preempting {
+            return true;
+        }
+        match self.stop_and_requeue(id, epoch, now, out) {
+            Some((signal, grace_secs)) => {
+                tracing::info!(job = %id, by, "requeue: signal {signal}, {grace_secs} s to checkpoint");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks attempt `epoch` of `id` preempted, sends it its checkpoint
+    /// signal and sets the end of its grace. The signal and grace, if it
+    /// was running that attempt.
+    fn stop_and_requeue(&mut self, id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) -> Option<(i32, u64)> {
+        let job = self.jobs.get(&id)?;
+        let JobState::Running { placement, .. } = &job.state else {
+            return None;
+        };
+        let placement = placement.clone();
+        let signal = job.spec.checkpoint_signal.unwrap_or(DEFAULT_CHECKPOINT_SIGNAL);
+        let grace_secs = self.grace_secs(id);
+        if !self.apply_event(id, &JobEvent::Preempt { epoch, now }, now, out) {
+            return None;
+        }
+        self.preempt_deadlines
+            .insert(id, (epoch, Timestamp(now.0 + grace_secs as i64 * 1000)));
+        for part in placement {
+            out.messages.push((part.node, signal_message(id, epoch, signal)));
+        }
+        Some((signal, grace_secs))
     }
 
     /// The grace a preempted job gets: its own (within the maximum), else

@@ -240,6 +240,56 @@ pub struct JobSpec {
     /// It runs only while no other job of its user and name runs.
     #[prost(bool, tag = "23")]
     pub singleton: bool,
+    /// Present for a job array: its task indices.
+    #[prost(message, optional, tag = "24")]
+    pub array: ::core::option::Option<ArraySpec>,
+    /// Files for stdout and stderr instead of the node's spool (patterns:
+    /// %j job id, %A array id, %a task index, %n node, %t rank, %u user,
+    /// %x name); empty for the spool.
+    #[prost(string, tag = "25")]
+    pub stdout_path: ::prost::alloc::string::String,
+    #[prost(string, tag = "26")]
+    pub stderr_path: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ArraySpec {
+    /// Increasing, not overlapping.
+    #[prost(message, repeated, tag = "1")]
+    pub ranges: ::prost::alloc::vec::Vec<IndexRange>,
+    /// At most this many tasks run at once; 0: no limit.
+    #[prost(uint32, tag = "2")]
+    pub max_parallel: u32,
+}
+/// start, start+step, ... end (inclusive).
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct IndexRange {
+    #[prost(uint32, tag = "1")]
+    pub start: u32,
+    #[prost(uint32, tag = "2")]
+    pub end: u32,
+    #[prost(uint32, tag = "3")]
+    pub step: u32,
+}
+/// An array's record: where its tasks stand.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ArrayInfo {
+    #[prost(uint32, tag = "1")]
+    pub tasks: u32,
+    /// Indices of the tasks still waiting to become jobs (`4-999`).
+    #[prost(string, tag = "2")]
+    pub waiting_indices: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "3")]
+    pub waiting: u32,
+    #[prost(uint32, tag = "4")]
+    pub running: u32,
+    #[prost(uint32, tag = "5")]
+    pub ended: u32,
+    /// Ended other than completed.
+    #[prost(uint32, tag = "6")]
+    pub not_completed: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -329,6 +379,14 @@ pub struct Job {
     /// The nodes of its latest attempt, rank 0 first.
     #[prost(string, repeated, tag = "25")]
     pub last_nodes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Set on an array's record.
+    #[prost(message, optional, tag = "26")]
+    pub array: ::core::option::Option<ArrayInfo>,
+    /// Set on an array's task: the array's id and the task's index.
+    #[prost(uint64, tag = "27")]
+    pub array_job_id: u64,
+    #[prost(uint32, optional, tag = "28")]
+    pub array_task_index: ::core::option::Option<u32>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]
@@ -372,6 +430,23 @@ pub struct CancelJobsRequest {
     /// released), or release held ones.
     #[prost(enumeration = "HoldChange", tag = "3")]
     pub hold: i32,
+    /// Instead of cancelling: stop running jobs and put them back in the
+    /// queue (as `scontrol requeue`).
+    #[prost(bool, tag = "4")]
+    pub requeue: bool,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct UpdateJobsRequest {
+    #[prost(uint64, repeated, tag = "1")]
+    pub ids: ::prost::alloc::vec::Vec<u64>,
+    #[prost(message, optional, tag = "2")]
+    pub time_limit: ::core::option::Option<Duration>,
+    #[prost(int32, optional, tag = "3")]
+    pub priority: ::core::option::Option<i32>,
+    /// An array's %N; 0 lifts the limit.
+    #[prost(uint32, optional, tag = "4")]
+    pub max_parallel: ::core::option::Option<u32>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -395,6 +470,13 @@ pub struct CancelOutcome {
     /// Held after the request (hold and release).
     #[prost(bool, tag = "6")]
     pub held: bool,
+    /// Its running attempt is being stopped and the job goes back to the
+    /// queue (requeue).
+    #[prost(bool, tag = "7")]
+    pub requeued: bool,
+    /// Changed by the request (update).
+    #[prost(bool, tag = "8")]
+    pub updated: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -758,6 +840,18 @@ pub struct Launch {
     pub checkpoint_signal: i32,
     #[prost(uint32, tag = "20")]
     pub grace_seconds: u32,
+    /// For an array's task: the array's id and the task's index.
+    #[prost(uint64, tag = "21")]
+    pub array_job_id: u64,
+    #[prost(uint32, optional, tag = "22")]
+    pub array_task_index: ::core::option::Option<u32>,
+    /// Output file patterns (see JobSpec); empty: the spool.
+    #[prost(string, tag = "23")]
+    pub stdout_path: ::prost::alloc::string::String,
+    #[prost(string, tag = "24")]
+    pub stderr_path: ::prost::alloc::string::String,
+    #[prost(string, tag = "25")]
+    pub job_name: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -1140,6 +1234,29 @@ pub mod pool_client {
             req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "CancelJobs"));
             self.inner.unary(req, path, codec).await
         }
+        /// Changes pending jobs (time limit, priority, an array's %N); each id
+        /// on its own, as CancelJobs.
+        pub async fn update_jobs(
+            &mut self,
+            request: impl tonic::IntoRequest<super::UpdateJobsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CancelJobsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/gpool.v1.Pool/UpdateJobs");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "UpdateJobs"));
+            self.inner.unary(req, path, codec).await
+        }
         pub async fn get_job(
             &mut self,
             request: impl tonic::IntoRequest<super::GetJobRequest>,
@@ -1495,6 +1612,15 @@ pub mod pool_server {
             tonic::Response<super::CancelJobsResponse>,
             tonic::Status,
         >;
+        /// Changes pending jobs (time limit, priority, an array's %N); each id
+        /// on its own, as CancelJobs.
+        async fn update_jobs(
+            &self,
+            request: tonic::Request<super::UpdateJobsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CancelJobsResponse>,
+            tonic::Status,
+        >;
         async fn get_job(
             &self,
             request: tonic::Request<super::GetJobRequest>,
@@ -1756,6 +1882,49 @@ pub mod pool_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CancelJobsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/gpool.v1.Pool/UpdateJobs" => {
+                    #[allow(non_camel_case_types)]
+                    struct UpdateJobsSvc<T: Pool>(pub Arc<T>);
+                    impl<T: Pool> tonic::server::UnaryService<super::UpdateJobsRequest>
+                    for UpdateJobsSvc<T> {
+                        type Response = super::CancelJobsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::UpdateJobsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Pool>::update_jobs(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = UpdateJobsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -1,0 +1,295 @@
+//! The state task's side of job arrays: an array is one record until its
+//! tasks start (or are acted on alone); then each task is a job of its own
+//! with the id reserved for it at submit.
+
+use super::{Batch, State, Write};
+use gpool_core::array::{compact, task_id, ArrayTask};
+use gpool_core::job_state::{JobEvent, JobState};
+use gpool_core::model::Job;
+use gpool_core::sched::PendingJob;
+use gpool_core::{JobId, Timestamp};
+use gpool_proto::pb;
+
+/// Most tasks of one array that are not jobs yet the scheduler sees in one
+/// cycle (it starts at most as many as there are free GPUs anyway).
+pub const ARRAY_VIEW_WINDOW: usize = 512;
+
+impl State {
+    /// The array whose reserved ids hold `id`, and the task's position.
+    pub fn array_of(&self, id: JobId) -> Option<(JobId, u32)> {
+        let (array, tasks) = self.arrays.range(..id).next_back()?;
+        let position = id.0 - array.0 - 1;
+        (position < u64::from(*tasks)).then_some((*array, position as u32))
+    }
+
+    /// Makes the task with id `id` a job of its own (pending), if it is a
+    /// task of a pending array that is not one yet. True if `id` is a job
+    /// afterwards.
+    pub(super) fn materialize(&mut self, id: JobId, out: &mut Batch) -> bool {
+        if self.jobs.contains_key(&id) {
+            return true;
+        }
+        let Some((array_id, position)) = self.array_of(id) else {
+            return false;
+        };
+        let Some(array) = self.jobs.get(&array_id).filter(|job| job.state == JobState::Pending) else {
+            return false;
+        };
+        let Some(index) = array.spec.array.as_ref().and_then(|spec| spec.index_at(position)) else {
+            return false;
+        };
+        let n_tasks = array.spec.array.as_ref().map_or(0, |spec| spec.len());
+        let task = task_of(array, id, index);
+        self.jobs.insert(id, task);
+        // The lowest position whose task is not a job yet moves past those
+        // that are.
+        let mut next_position = self.jobs[&array_id].array.as_ref().map_or(0, |p| p.next_position);
+        while next_position < n_tasks && self.jobs.contains_key(&task_id(array_id, next_position)) {
+            next_position += 1;
+        }
+        if let Some(progress) = self.jobs.get_mut(&array_id).and_then(|array| array.array.as_mut()) {
+            progress.materialized += 1;
+            progress.next_position = next_position;
+        }
+        out.writes.push(Write::Job(id));
+        out.writes.push(Write::Job(array_id));
+        out.changed.push(id);
+        true
+    }
+
+    /// An array task's state changed from `before`: keeps its array's
+    /// counts, and ends the array when its last task ended.
+    pub(super) fn array_task_changed(
+        &mut self,
+        id: JobId,
+        task: ArrayTask,
+        before: &JobState,
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
+        let Some(after) = self.jobs.get(&id).map(|job| job.state.clone()) else {
+            return;
+        };
+        let was_running = matches!(before, JobState::Running { .. });
+        let is_running = matches!(after, JobState::Running { .. });
+        let running = self.array_running.entry(task.array).or_default();
+        match (was_running, is_running) {
+            (false, true) => *running += 1,
+            (true, false) => *running = running.saturating_sub(1),
+            _ => {}
+        }
+        let Some(array) = self.jobs.get_mut(&task.array) else {
+            return;
+        };
+        let n_tasks = array.spec.array.as_ref().map_or(0, |spec| spec.len());
+        let Some(progress) = array.array.as_mut() else {
+            return;
+        };
+        if let (false, JobState::Running { started_at, .. }) = (was_running, &after) {
+            progress.first_started_at.get_or_insert(*started_at);
+        }
+        if !before.is_finished() && after.is_finished() {
+            progress.ended += 1;
+            if !matches!(after, JobState::Completed { .. }) {
+                progress.not_completed += 1;
+            }
+        }
+        out.writes.push(Write::Job(task.array));
+        if array.state == JobState::Pending && progress.all_ended(n_tasks) {
+            let event = JobEvent::ArrayEnded {
+                tasks: n_tasks,
+                not_completed: progress.not_completed,
+                first_started_at: progress.first_started_at,
+                now,
+            };
+            self.apply_event(task.array, &event, now, out);
+            self.array_running.remove(&task.array);
+        }
+    }
+
+    /// Tasks of `array` that are jobs, in index order.
+    pub fn array_task_ids(&self, array: &Job) -> Vec<JobId> {
+        let n_tasks = array.spec.array.as_ref().map_or(0, |spec| spec.len());
+        if n_tasks == 0 {
+            return Vec::new();
+        }
+        self.jobs
+            .range(task_id(array.id, 0)..=task_id(array.id, n_tasks - 1))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The scheduler's view of an array's tasks: its pending tasks that
+    /// are jobs (`pending_tasks`), then tasks that are not jobs yet, within
+    /// its `%N` and `ARRAY_VIEW_WINDOW`.
+    pub(super) fn array_view(&self, array: &Job, ready: bool, pending_tasks: Vec<PendingJob>, into: &mut Vec<PendingJob>) {
+        let Some(spec) = array.spec.array.as_ref() else {
+            return;
+        };
+        let running = self.array_running.get(&array.id).copied().unwrap_or(0);
+        let mut allowance = spec
+            .max_parallel
+            .map_or(usize::MAX, |max| max.saturating_sub(running) as usize);
+        for task in pending_tasks.into_iter().take(allowance) {
+            into.push(task);
+            allowance -= 1;
+        }
+        if !ready || array.state != JobState::Pending {
+            return;
+        }
+        let progress = array.array.as_ref().cloned().unwrap_or_default();
+        let waiting = (progress.next_position..spec.len())
+            .map(|position| task_id(array.id, position))
+            .filter(|id| !self.jobs.contains_key(id))
+            .take(allowance.min(ARRAY_VIEW_WINDOW));
+        for id in waiting {
+            into.push(pending_view(id, array));
+        }
+    }
+
+    /// Whether another task of `array` may start (its `%N`).
+    pub(super) fn array_may_start(&self, array: JobId) -> bool {
+        let running = self.array_running.get(&array).copied().unwrap_or(0);
+        self.jobs
+            .get(&array)
+            .and_then(|job| job.spec.array.as_ref())
+            .and_then(|spec| spec.max_parallel)
+            .is_none_or(|max| running < max)
+    }
+
+    /// For an array, or a pending task of one, whose %N tasks all run: the
+    /// array and N.
+    pub fn array_at_limit(&self, job: &Job) -> Option<(JobId, u32)> {
+        let array = match job.array_task {
+            Some(task) => task.array,
+            None if job.array.is_some() => job.id,
+            None => return None,
+        };
+        let max = self.jobs.get(&array)?.spec.array.as_ref()?.max_parallel?;
+        let running = self.array_running.get(&array).copied().unwrap_or(0);
+        (running >= max).then_some((array, max))
+    }
+
+    /// Where an array's tasks stand, as `gpool jobs` and `show` print it.
+    pub fn array_info(&self, array: &Job) -> Option<pb::ArrayInfo> {
+        let spec = array.spec.array.as_ref()?;
+        let progress = array.array.clone().unwrap_or_default();
+        let waiting: Vec<u32> = if array.state == JobState::Pending {
+            (progress.next_position..spec.len())
+                .filter(|position| !self.jobs.contains_key(&task_id(array.id, *position)))
+                .filter_map(|position| spec.index_at(position))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some(pb::ArrayInfo {
+            tasks: spec.len(),
+            waiting_indices: compact(waiting.iter().copied()),
+            waiting: waiting.len() as u32,
+            running: self.array_running.get(&array.id).copied().unwrap_or(0),
+            ended: progress.ended,
+            not_completed: progress.not_completed,
+        })
+    }
+
+    /// A task that is not a job yet, as `gpool show` prints it.
+    /// Of an array that ended (cancelled, or its dependency never met),
+    /// it ended with it.
+    pub fn virtual_task(&self, id: JobId) -> Option<Job> {
+        let (array_id, position) = self.array_of(id)?;
+        let array = self.jobs.get(&array_id)?;
+        let index = array.spec.array.as_ref()?.index_at(position)?;
+        let mut task = task_of(array, id, index);
+        task.state = array.state.clone();
+        Some(task)
+    }
+
+    /// Counts of running tasks per array, from the jobs (at load).
+    pub(super) fn count_running_tasks(&mut self) {
+        self.array_running.clear();
+        for job in self.jobs.values() {
+            if let (Some(task), JobState::Running { .. }) = (job.array_task, &job.state) {
+                *self.array_running.entry(task.array).or_default() += 1;
+            }
+        }
+        self.arrays = self
+            .jobs
+            .values()
+            .filter_map(|job| Some((job.id, job.spec.array.as_ref()?.len())))
+            .collect();
+    }
+}
+
+/// The job a task of `array` becomes.
+fn task_of(array: &Job, id: JobId, index: u32) -> Job {
+    let mut spec = array.spec.clone();
+    spec.array = None;
+    Job {
+        id,
+        spec,
+        user: array.user.clone(),
+        submitted_at: array.submitted_at,
+        state: JobState::Pending,
+        n_attempts: 0,
+        last_nodes: Vec::new(),
+        n_preemptions: 0,
+        lost_gpu_secs: 0,
+        lost_attempts: Vec::new(),
+        held: false,
+        array: None,
+        array_task: Some(ArrayTask {
+            array: array.id,
+            index,
+        }),
+    }
+}
+
+/// A pending job as the scheduler sees it.
+pub fn pending_view(id: JobId, job: &Job) -> PendingJob {
+    PendingJob {
+        id,
+        priority: job.spec.priority,
+        gpus_per_node: job.spec.gpus_per_node,
+        nodes: job.spec.nodes,
+        gpu_types: job.spec.gpu_types.clone(),
+        pool: job.spec.pool.clone(),
+        team: job.spec.team.clone(),
+        qos: job.spec.qos.clone(),
+        submitted_at: job.submitted_at,
+        time_limit_secs: job.spec.time_limit_secs,
+    }
+}
+
+impl State {
+    /// An array waits for the reasons of its first task that is not a job
+    /// yet (the scheduler saw that task, not the array).
+    pub(super) fn lend_task_reasons_to_arrays(&mut self) {
+        let mut lent: Vec<(JobId, JobId)> = self
+            .pending_reasons
+            .keys()
+            .filter(|id| !self.jobs.contains_key(id))
+            .filter_map(|id| Some((self.array_of(*id)?.0, *id)))
+            .collect();
+        lent.sort_unstable_by_key(|(_, task)| *task);
+        for (array, task) in lent {
+            if self.pending_reasons.contains_key(&array) {
+                continue;
+            }
+            if let Some(reasons) = self.pending_reasons.get(&task).cloned() {
+                self.pending_reasons.insert(array, reasons);
+            }
+            if let Some(hints) = self.pending_hints.get(&task).cloned() {
+                self.pending_hints.insert(array, hints);
+            }
+            if let Some(codes) = self.pending_codes.get(&task).cloned() {
+                self.pending_codes.insert(array, codes);
+            }
+            if let Some(priority) = self.priorities.get(&task).cloned() {
+                self.priorities.insert(array, priority);
+            }
+            if let Some(at) = self.estimated_starts.get(&task).copied() {
+                self.estimated_starts.insert(array, at);
+            }
+        }
+    }
+}
