@@ -557,8 +557,28 @@ mod cli_tests {
     #[test]
     fn slurm_short_flags() {
         let cli = Cli::try_parse_from([
-            "gpool", "submit", "-J", "train", "-t", "2h", "-N", "2", "-G", "4", "-p", "big", "-q", "high", "-a", "0-9%2",
-            "-o", "out/%A_%a.log", "-e", "err/%j.log", "--", "true",
+            "gpool",
+            "submit",
+            "-J",
+            "train",
+            "-t",
+            "2h",
+            "-N",
+            "2",
+            "-G",
+            "4",
+            "-p",
+            "big",
+            "-q",
+            "high",
+            "-a",
+            "0-9%2",
+            "-o",
+            "out/%A_%a.log",
+            "-e",
+            "err/%j.log",
+            "--",
+            "true",
         ]);
         assert!(cli.is_ok(), "{:?}", cli.err());
     }

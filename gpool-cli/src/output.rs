@@ -153,7 +153,10 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         array_task_id: job.array_task_index,
         array: job.array.as_ref().map(|info| ArrayJson {
             indices: array_indices(spec),
-            max_parallel: spec.array.as_ref().and_then(|a| (a.max_parallel > 0).then_some(a.max_parallel)),
+            max_parallel: spec
+                .array
+                .as_ref()
+                .and_then(|a| (a.max_parallel > 0).then_some(a.max_parallel)),
             tasks: info.tasks,
             waiting_indices: &info.waiting_indices,
             waiting: info.waiting,

@@ -35,10 +35,15 @@ fn a_thousand_task_array_runs_at_most_fifty_at_once_and_lists_as_one_line() {
 
     // Waiting tasks are one line (the table) and one record (JSON).
     let table = cluster.gpool(&["jobs"]).ok().to_string();
-    let array_lines: Vec<&str> = table.lines().filter(|line| line.starts_with(&format!("{array}_["))).collect();
+    let array_lines: Vec<&str> = table
+        .lines()
+        .filter(|line| line.starts_with(&format!("{array}_[")))
+        .collect();
     assert_eq!(array_lines.len(), 1, "{table}");
     assert!(array_lines[0].contains("pending"), "{table}");
-    let pending = cluster.gpool(&["jobs", "--state", "pending", "--output", "json"]).json();
+    let pending = cluster
+        .gpool(&["jobs", "--state", "pending", "--output", "json"])
+        .json();
     assert_eq!(pending.as_array().map(Vec::len), Some(1), "{pending}");
     assert_eq!(pending[0]["array"]["tasks"], 1000);
     assert_eq!(pending[0]["array"]["indices"], "0-999%50");
@@ -46,7 +51,9 @@ fn a_thousand_task_array_runs_at_most_fifty_at_once_and_lists_as_one_line() {
     // gpoold never has more than 50 running, by its own listing either.
     let mut most_listed = 0;
     let done = wait_until("the array to end", Duration::from_secs(240), || {
-        let running = cluster.gpool(&["jobs", "--state", "running", "--output", "json"]).json();
+        let running = cluster
+            .gpool(&["jobs", "--state", "running", "--output", "json"])
+            .json();
         most_listed = most_listed.max(running.as_array().map_or(0, Vec::len));
         let record = cluster.job(array);
         (record["state"] != "pending").then_some(record)
@@ -142,7 +149,9 @@ dependency = "afterok:train"
     );
     let train = cluster.job(ids[1]);
     assert_eq!(train["end_reason"], "1 of its 4 tasks did not complete", "{train}");
-    let task = cluster.gpool(&["show", &format!("{}_2", ids[1]), "--output", "json"]).json();
+    let task = cluster
+        .gpool(&["show", &format!("{}_2", ids[1]), "--output", "json"])
+        .json();
     assert_eq!(task["state"], "failed", "{task}");
     assert_eq!(task["array_job_id"], ids[1]);
     assert_eq!(task["array_task_id"], 2);
@@ -178,14 +187,23 @@ fn tasks_are_acted_on_alone_or_with_their_array() {
     assert_eq!(why["reason_codes"], serde_json::json!(["array_limit"]), "{why}");
 
     // A task that is not a job yet: shown, then cancelled alone.
-    let waiting = cluster.gpool(&["show", &format!("{array}_6"), "--output", "json"]).json();
+    let waiting = cluster
+        .gpool(&["show", &format!("{array}_6"), "--output", "json"])
+        .json();
     assert_eq!(waiting["state"], "pending", "{waiting}");
     assert_eq!(waiting["id"], array + 3);
-    let cancelled = cluster.gpool(&["cancel", &format!("{array}_6"), "--output", "json"]).json();
+    let cancelled = cluster
+        .gpool(&["cancel", &format!("{array}_6"), "--output", "json"])
+        .json();
     assert_eq!(cancelled["outcomes"][0]["cancelled"], true, "{cancelled}");
     let bad = cluster.gpool(&["show", &format!("{array}_7")]);
     assert_eq!(bad.code, 2, "{}", bad.stderr);
-    assert!(bad.stderr.contains(&format!("array {array} has no task 7 (its indices are 0-9:3%1)")), "{}", bad.stderr);
+    assert!(
+        bad.stderr
+            .contains(&format!("array {array} has no task 7 (its indices are 0-9:3%1)")),
+        "{}",
+        bad.stderr
+    );
 
     // Its output went to the files named; `logs` says so.
     wait_until("task 0's output file", Duration::from_secs(10), || {
@@ -201,7 +219,9 @@ fn tasks_are_acted_on_alone_or_with_their_array() {
     assert!(logs.stderr.contains("writes its stdout to"), "{}", logs.stderr);
 
     // Requeue the running task: it goes back and runs again.
-    let requeued = cluster.gpool(&["requeue", &format!("{array}_0"), "--output", "json"]).json();
+    let requeued = cluster
+        .gpool(&["requeue", &format!("{array}_0"), "--output", "json"])
+        .json();
     assert_eq!(requeued["outcomes"][0]["requeued"], true, "{requeued}");
     wait_until("task 0 to run a second attempt", Duration::from_secs(30), || {
         let task = cluster.job(array + 1);
@@ -227,7 +247,9 @@ fn tasks_are_acted_on_alone_or_with_their_array() {
     for task in [array + 1, array + 2] {
         cluster.wait_for_state(task, "cancelled");
     }
-    let after = cluster.gpool(&["show", &format!("{array}_9"), "--output", "json"]).json();
+    let after = cluster
+        .gpool(&["show", &format!("{array}_9"), "--output", "json"])
+        .json();
     assert_eq!(after["state"], "cancelled", "{after}");
 }
 
@@ -236,7 +258,11 @@ fn update_changes_a_pending_job_only() {
     let mut cluster = Cluster::start();
     let job = cluster.submit(&["-t", "2h", "--", "sleep", "30"]);
     let shorter = cluster.gpool(&["update", &job.to_string(), "-t", "1h", "--priority", "5"]);
-    assert!(shorter.ok().contains(&format!("job {job} updated")), "{}", shorter.stdout);
+    assert!(
+        shorter.ok().contains(&format!("job {job} updated")),
+        "{}",
+        shorter.stdout
+    );
     let shown = cluster.job(job);
     assert_eq!(shown["time_limit_secs"], 3600);
     assert_eq!(shown["priority"], 5);

@@ -154,7 +154,8 @@ pub struct UpdateArgs {
 pub async fn update(ctx: &Ctx, args: UpdateArgs) -> Result<u8, CliError> {
     let time_limit = match args.time.as_deref() {
         Some(text) => Some(pb::Duration {
-            seconds: gpool_core::spec::parse_duration(text).map_err(|reason| CliError::Usage(format!("--time: {reason}")))?,
+            seconds: gpool_core::spec::parse_duration(text)
+                .map_err(|reason| CliError::Usage(format!("--time: {reason}")))?,
         }),
         None => None,
     };

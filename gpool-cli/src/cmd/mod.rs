@@ -94,14 +94,14 @@ impl Connection {
                 }
                 JobRef::Task { array, index } => (array, index),
             };
-            if !arrays.contains_key(&array) {
+            if let std::collections::hash_map::Entry::Vacant(entry) = arrays.entry(array) {
                 let job = self.client.get_job(gpool_proto::pb::GetJobRequest { id: array }).await;
                 let job = job.map_err(|s| self.refused(s))?.into_inner();
                 let spec = job.spec.map(gpool_proto::convert::spec_from_wire);
                 let Some(spec) = spec.and_then(|spec| spec.array) else {
                     return Err(CliError::Usage(format!("{job_ref}: job {array} is not an array")));
                 };
-                arrays.insert(array, spec);
+                entry.insert(spec);
             }
             let spec = &arrays[&array];
             let Some(position) = spec.position_of(index) else {

@@ -146,7 +146,10 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job) -> pb::Job {
     let (reasons, codes) = match waits_for {
         Some(reason) => (vec![reason], vec!["dependency".to_string()]),
         None if job.held => (
-            vec![format!("held: `gpool release {}` lets it be scheduled", job.display_id())],
+            vec![format!(
+                "held: `gpool release {}` lets it be scheduled",
+                job.display_id()
+            )],
             vec!["held".to_string()],
         ),
         None if state.array_at_limit(job).is_some() => {

@@ -58,7 +58,11 @@ impl State {
                     continue;
                 }
             }
-            let array_full = self.jobs.get(&start.job).and_then(|job| job.array_task).is_some_and(|task| !self.array_may_start(task.array));
+            let array_full = self
+                .jobs
+                .get(&start.job)
+                .and_then(|job| job.array_task)
+                .is_some_and(|task| !self.array_may_start(task.array));
             if array_full || !self.still_fits(&start, &busy) {
                 continue;
             }
@@ -112,14 +116,14 @@ impl State {
     /// Its nodes take work and its GPUs are free.
     fn still_free(&self, start: &Start, busy: &HashSet<(String, u32)>) -> bool {
         start.placement.iter().all(|part| {
-                let node_ok = self.nodes.get(&part.node).is_some_and(Node::schedulable);
-                node_ok
-                    && self.links.contains_key(&part.node)
-                    && part
-                        .gpu_indices
-                        .iter()
-                        .all(|gpu| !busy.contains(&(part.node.clone(), *gpu)))
-            })
+            let node_ok = self.nodes.get(&part.node).is_some_and(Node::schedulable);
+            node_ok
+                && self.links.contains_key(&part.node)
+                && part
+                    .gpu_indices
+                    .iter()
+                    .all(|gpu| !busy.contains(&(part.node.clone(), *gpu)))
+        })
     }
 
     fn launch_messages(

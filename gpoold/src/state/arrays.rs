@@ -122,7 +122,13 @@ impl State {
     /// The scheduler's view of an array's tasks: its pending tasks that
     /// are jobs (`pending_tasks`), then tasks that are not jobs yet, within
     /// its `%N` and `ARRAY_VIEW_WINDOW`.
-    pub(super) fn array_view(&self, array: &Job, ready: bool, pending_tasks: Vec<PendingJob>, into: &mut Vec<PendingJob>) {
+    pub(super) fn array_view(
+        &self,
+        array: &Job,
+        ready: bool,
+        pending_tasks: Vec<PendingJob>,
+        into: &mut Vec<PendingJob>,
+    ) {
         let Some(spec) = array.spec.array.as_ref() else {
             return;
         };
@@ -237,10 +243,7 @@ fn task_of(array: &Job, id: JobId, index: u32) -> Job {
         lost_attempts: Vec::new(),
         held: false,
         array: None,
-        array_task: Some(ArrayTask {
-            array: array.id,
-            index,
-        }),
+        array_task: Some(ArrayTask { array: array.id, index }),
     }
 }
 

@@ -13,8 +13,8 @@ pub mod store;
 mod update;
 
 pub use access::NewToken;
-pub use arrays::ARRAY_VIEW_WINDOW;
 pub use agents::{kill_message, signal_message};
+pub use arrays::ARRAY_VIEW_WINDOW;
 pub use sharing::CheckpointOutcome;
 pub use update::JobUpdate;
 
@@ -514,7 +514,14 @@ impl State {
     }
 
     /// `cancel` for one job the caller may act on.
-    fn cancel_one(&mut self, caller: &Caller, id: JobId, mode: CancelMode, now: Timestamp, out: &mut Batch) -> CancelOutcome {
+    fn cancel_one(
+        &mut self,
+        caller: &Caller,
+        id: JobId,
+        mode: CancelMode,
+        now: Timestamp,
+        out: &mut Batch,
+    ) -> CancelOutcome {
         let mut outcome = CancelOutcome {
             id,
             ..CancelOutcome::default()

@@ -144,10 +144,20 @@ impl State {
     /// `gpool requeue`: the running attempt `epoch` of `id` is stopped as a
     /// preemption stops it (its checkpoint signal and grace), and the job
     /// goes back to the queue. True if it is on its way back.
-    pub(super) fn requeue_attempt(&mut self, id: JobId, epoch: Epoch, by: &str, now: Timestamp, out: &mut Batch) -> bool {
+    pub(super) fn requeue_attempt(
+        &mut self,
+        id: JobId,
+        epoch: Epoch,
+        by: &str,
+        now: Timestamp,
+        out: &mut Batch,
+    ) -> bool {
         let preempting = matches!(
             self.jobs.get(&id).map(|job| &job.state),
-            Some(JobState::Running { preempted_at: Some(_), .. })
+            Some(JobState::Running {
+                preempted_at: Some(_),
+                ..
+            })
         );
         if preempting {
             return true;
