@@ -337,13 +337,15 @@ impl Attempts {
             })),
         };
         // The supervisor creates the file just after the attempt starts: a
-        // follower may come first.
+        // follower may come first, even before this agent has the attempt
+        // running (its Launch is still being spawned).
+        let asked = std::time::Instant::now();
         let mut opened = tokio::fs::File::open(&path).await;
         while request.follow
             && opened
                 .as_ref()
                 .is_err_and(|err| err.kind() == std::io::ErrorKind::NotFound)
-            && self.running_epoch(request.job_id).is_some()
+            && (self.running_epoch(request.job_id).is_some() || asked.elapsed() < LAUNCH_PATIENCE)
             && !stop.load(std::sync::atomic::Ordering::Relaxed)
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -586,6 +588,11 @@ impl Attempts {
         } else {
             (launch.command[0].clone(), launch.command[1..].to_vec(), workdir, None)
         };
+        // Opened by the job's user after the switch: a container runtime
+        // stays the agent's user, so its jobs get none.
+        if in_container && !(launch.stdout_path.is_empty() && launch.stderr_path.is_empty()) {
+            return Err("a container job's output stays in the spool: -o/-e are for jobs on the host".into());
+        }
         let user_stdout = self.output_file(launch, &launch.stdout_path)?;
         let user_stderr = self.output_file(launch, &launch.stderr_path)?;
         let request = LaunchRequest {
@@ -638,6 +645,10 @@ impl Attempts {
         Ok((pid, exit_file))
     }
 }
+
+/// How long a follower waits for an attempt this agent does not run yet
+/// (its Launch may be on its way) to create its output file.
+const LAUNCH_PATIENCE: Duration = Duration::from_secs(5);
 
 /// `<spool>/jobs/<job>.<attempt>.<suffix>`: an attempt's out, err or exit file.
 pub fn attempt_file(spool_dir: &Path, job_id: u64, attempt: u32, suffix: &str) -> PathBuf {

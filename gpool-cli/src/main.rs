@@ -90,6 +90,10 @@ enum Command {
         /// A gang's rank whose output to print (0, the first node, by default).
         #[arg(long, default_value_t = 0)]
         rank: u32,
+        /// An earlier attempt's output (1 for the first; default: the
+        /// latest), of a requeued or preempted job.
+        #[arg(long, default_value_t = 0)]
+        attempt: u32,
     },
     /// Cancel jobs (each id that can be; the others are named), or the
     /// jobs matching --user/--name/--state/--team, as scancel.
@@ -137,7 +141,12 @@ enum Command {
         ids: Vec<cmd::JobRef>,
     },
     /// List nodes and their GPUs.
-    Nodes,
+    Nodes {
+        /// One line per pool (as sinfo): nodes by state, and GPUs
+        /// allocated/idle/out of service/total (A/I/O/T).
+        #[arg(long, short = 's')]
+        summary: bool,
+    },
     /// Stop placing new jobs on a node.
     Drain {
         /// The node's name, as `gpool nodes` lists it.
@@ -465,8 +474,11 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             follow,
             stderr,
             rank,
-        } => cmd::logs::run(&ctx, id, follow, stderr, rank).await.map(|()| 0),
-        Command::Nodes => cmd::nodes::list(&ctx).await.map(|()| 0),
+            attempt,
+        } => cmd::logs::run(&ctx, id, follow, stderr, (rank, attempt))
+            .await
+            .map(|()| 0),
+        Command::Nodes { summary } => cmd::nodes::list(&ctx, summary).await.map(|()| 0),
         Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
         Command::Admin(AdminCommand::Node(NodeCommand::Remove { node })) => {
             cmd::nodes::remove(&ctx, node).await.map(|()| 0)

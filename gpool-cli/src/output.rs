@@ -22,7 +22,7 @@ use gpool_proto::convert::state_name;
 use gpool_proto::pb;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
 #[derive(Serialize)]
@@ -222,68 +222,147 @@ impl JsonArrayPrinter {
     }
 }
 
-/// Prints rows as left-aligned columns.
+/// Prints rows as left-aligned columns (comfy-table): on a terminal, long
+/// cells wrap to its width; into a pipe, lines stay whole.
 pub fn print_table(header: &[&str], rows: Vec<Vec<String>>) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (col_idx, cell) in row.iter().enumerate() {
-            widths[col_idx] = widths[col_idx].max(cell.chars().count());
-        }
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_header(header.iter().copied());
+    if std::io::stdout().is_terminal() {
+        table.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
+    }
+    for row in rows {
+        table.add_row(row);
+    }
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let header_row: Vec<String> = header.iter().map(|h| h.to_string()).collect();
-    for row in std::iter::once(&header_row).chain(rows.iter()) {
-        let mut line = String::new();
-        for (col_idx, cell) in row.iter().enumerate() {
-            if col_idx + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<width$}  ", width = widths[col_idx]));
-            }
+    for line in table.lines() {
+        if writeln!(out, "{}", line.trim_end()).is_err() {
+            return;
         }
-        let _ = writeln!(out, "{}", line.trim_end());
     }
     let _ = out.flush();
 }
 
-pub fn print_jobs_table(jobs: &[pb::Job]) {
-    let rows = jobs
+/// The columns `gpool jobs --format` takes, with their headers.
+pub const JOB_COLUMNS: &[(&str, &str)] = &[
+    ("id", "ID"),
+    ("name", "NAME"),
+    ("user", "USER"),
+    ("team", "TEAM"),
+    ("project", "PROJECT"),
+    ("state", "STATE"),
+    ("gpus", "GPUS"),
+    ("nodes", "NODES"),
+    ("submitted", "SUBMITTED"),
+    ("start", "START"),
+    ("elapsed", "ELAPSED"),
+    ("limit", "LIMIT"),
+    ("priority", "PRIORITY"),
+    ("position", "POS"),
+    ("qos", "QOS"),
+    ("pool", "POOL"),
+    ("exit", "EXIT"),
+    ("reason", "REASON/NODES"),
+];
+
+/// The table's columns unless --format names others.
+pub const DEFAULT_JOB_COLUMNS: &str = "id,name,user,team,state,gpus,nodes,submitted,elapsed,limit,reason";
+
+/// Columns of the jobs table, in order.
+#[derive(Debug, Clone)]
+pub struct Columns(pub Vec<&'static str>);
+
+/// Parses `id,name,state`: known column names, at least one.
+pub fn parse_job_columns(text: &str) -> Result<Columns, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(|name| {
+            JOB_COLUMNS
+                .iter()
+                .find(|(column, _)| column.eq_ignore_ascii_case(name))
+                .map(|(column, _)| *column)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = JOB_COLUMNS.iter().map(|(column, _)| *column).collect();
+                    format!("{name:?} is not a column ({})", known.join(", "))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|columns| {
+            if columns.is_empty() {
+                Err("no column named".to_string())
+            } else {
+                Ok(Columns(columns))
+            }
+        })
+}
+
+/// One job's cell in `column`, as of `now_ms`.
+pub fn job_cell(job: &pb::Job, column: &str, now_ms: i64) -> String {
+    let spec = spec(job);
+    let duration = |secs: i64| gpool_core::spec::format_duration(secs.max(0) as u64);
+    match column {
+        "id" => crate::cmd::display_id(job),
+        "name" => spec.name.clone(),
+        "user" => job.user.clone(),
+        "team" => spec.team.clone(),
+        "project" => spec.project.clone(),
+        "state" => state_name(job.state()).to_string(),
+        "gpus" => spec.gpus.to_string(),
+        "nodes" => spec.nodes.to_string(),
+        "submitted" => rfc3339(job.submitted_at_ms),
+        "start" => match (job.started_at_ms, job.estimated_start_ms) {
+            (Some(at), _) => rfc3339(at),
+            (None, Some(at)) => format!("~{}", rfc3339(at)),
+            (None, None) => "-".into(),
+        },
+        "elapsed" => match job.started_at_ms {
+            Some(start) => duration((job.ended_at_ms.unwrap_or(now_ms) - start) / 1000),
+            None => "-".into(),
+        },
+        "limit" => spec
+            .time_limit
+            .map_or("-".into(), |limit| duration(limit.seconds as i64)),
+        "priority" => job
+            .priority
+            .as_ref()
+            .map_or(spec.priority.to_string(), |p| format!("{:.0}", p.total)),
+        "position" => job.queue_position.map_or("-".into(), |position| position.to_string()),
+        "qos" => spec.qos.clone(),
+        "pool" => spec.pool.clone(),
+        "exit" => job.exit_code.map_or("-".into(), |code| code.to_string()),
+        "reason" => match job.state() {
+            pb::JobState::Pending => job.pending_reasons.first().cloned().unwrap_or_default(),
+            pb::JobState::Running => placement_text(job),
+            _ => job.end_reason.clone(),
+        },
+        _ => String::new(),
+    }
+}
+
+pub fn print_jobs_table(jobs: &[pb::Job], columns: &[&str]) {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as i64);
+    let header: Vec<&str> = columns
         .iter()
-        .map(|job| {
-            let spec = spec(job);
-            let detail = match job.state() {
-                pb::JobState::Pending => job.pending_reasons.first().cloned().unwrap_or_default(),
-                pb::JobState::Running => placement_text(job),
-                _ => job.end_reason.clone(),
-            };
-            vec![
-                crate::cmd::display_id(job),
-                spec.name.clone(),
-                job.user.clone(),
-                spec.team.clone(),
-                state_name(job.state()).to_string(),
-                spec.gpus.to_string(),
-                spec.nodes.to_string(),
-                rfc3339(job.submitted_at_ms),
-                detail,
-            ]
+        .map(|column| {
+            JOB_COLUMNS
+                .iter()
+                .find(|(name, _)| name == column)
+                .map_or(*column, |(_, header)| *header)
         })
         .collect();
-    print_table(
-        &[
-            "ID",
-            "NAME",
-            "USER",
-            "TEAM",
-            "STATE",
-            "GPUS",
-            "NODES",
-            "SUBMITTED",
-            "REASON/NODES",
-        ],
-        rows,
-    );
+    let rows = jobs
+        .iter()
+        .map(|job| columns.iter().map(|column| job_cell(job, column, now_ms)).collect())
+        .collect();
+    print_table(&header, rows);
 }
 
 fn placement_text(job: &pb::Job) -> String {
@@ -469,6 +548,7 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "gpus_total": node.gpus.len(),
         "gpus_free": node.gpus.iter().filter(|gpu| gpu.job_id == 0).count(),
         "gpu_model": gpu_models(node),
+        "pools": node.pools,
         "labels": labels,
         "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
         "gpus": gpus,
@@ -490,10 +570,85 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
                 node.gpus.len().to_string(),
                 n_free.to_string(),
                 gpu_models(node),
+                node.pools.join(","),
                 labels.join(","),
                 node.drain_reason.clone(),
             ]
         })
         .collect();
-    print_table(&["NAME", "STATE", "GPUS", "FREE", "MODEL", "LABELS", "REASON"], rows);
+    print_table(
+        &["NAME", "STATE", "GPUS", "FREE", "MODEL", "POOLS", "LABELS", "REASON"],
+        rows,
+    );
+}
+
+/// One pool's line of `gpool nodes --summary`, as sinfo's.
+#[derive(Default, Serialize)]
+pub struct PoolSummary {
+    pub pool: String,
+    pub nodes: usize,
+    /// Nodes by state (idle, mixed, allocated, draining, drained, down).
+    pub node_states: BTreeMap<&'static str, usize>,
+    pub gpus_total: usize,
+    pub gpus_allocated: usize,
+    pub gpus_idle: usize,
+    /// GPUs of nodes that are down, drained or draining.
+    pub gpus_unavailable: usize,
+    /// GPUs by model.
+    pub models: BTreeMap<String, usize>,
+}
+
+/// Per pool (a node counts in each pool it belongs to): its nodes by state
+/// and its GPUs allocated, idle and out of service.
+pub fn pool_summaries(nodes: &[pb::Node]) -> Vec<PoolSummary> {
+    let mut pools: BTreeMap<String, PoolSummary> = BTreeMap::new();
+    for node in nodes {
+        let state = node_state(node);
+        let available = matches!(state, "idle" | "mixed" | "allocated");
+        let n_busy = node.gpus.iter().filter(|gpu| gpu.job_id != 0).count();
+        for pool in &node.pools {
+            let summary = pools.entry(pool.clone()).or_insert_with(|| PoolSummary {
+                pool: pool.clone(),
+                ..PoolSummary::default()
+            });
+            summary.nodes += 1;
+            *summary.node_states.entry(state).or_default() += 1;
+            summary.gpus_total += node.gpus.len();
+            summary.gpus_allocated += n_busy;
+            if available {
+                summary.gpus_idle += node.gpus.len() - n_busy;
+            } else {
+                summary.gpus_unavailable += node.gpus.len() - n_busy;
+            }
+            for gpu in &node.gpus {
+                *summary.models.entry(gpu.model.clone()).or_default() += 1;
+            }
+        }
+    }
+    pools.into_values().collect()
+}
+
+pub fn print_pool_summaries(summaries: &[PoolSummary]) {
+    let rows = summaries
+        .iter()
+        .map(|summary| {
+            let states: Vec<String> = summary
+                .node_states
+                .iter()
+                .map(|(state, n)| format!("{n} {state}"))
+                .collect();
+            let models: Vec<String> = summary.models.iter().map(|(model, n)| format!("{n}x{model}")).collect();
+            vec![
+                summary.pool.clone(),
+                summary.nodes.to_string(),
+                states.join(", "),
+                format!(
+                    "{}/{}/{}/{}",
+                    summary.gpus_allocated, summary.gpus_idle, summary.gpus_unavailable, summary.gpus_total
+                ),
+                models.join(","),
+            ]
+        })
+        .collect();
+    print_table(&["POOL", "NODES", "NODE STATES", "GPUS(A/I/O/T)", "MODELS"], rows);
 }

@@ -158,6 +158,28 @@ impl ArraySpec {
         None
     }
 
+    /// The tasks at positions `from..to` as ranges (each within one of
+    /// this array's ranges, with its step).
+    pub fn ranges_between(&self, from: u32, to: u32) -> Vec<IndexRange> {
+        let mut pieces = Vec::new();
+        let mut first = 0;
+        for range in &self.ranges {
+            let (start, end) = (from.max(first), to.min(first + range.len()));
+            if start < end {
+                pieces.push(IndexRange {
+                    start: range.start + (start - first) * range.step,
+                    end: range.start + (end - 1 - first) * range.step,
+                    step: if end - start == 1 { 1 } else { range.step },
+                });
+            }
+            first += range.len();
+            if first >= to {
+                break;
+            }
+        }
+        pieces
+    }
+
     /// The position of the task with `index`, if the array has one.
     pub fn position_of(&self, index: u32) -> Option<u32> {
         let mut before = 0;
@@ -195,36 +217,6 @@ impl fmt::Display for ArraySpec {
         }
         Ok(())
     }
-}
-
-/// Increasing indices as ranges: `4-999`, `1,3,5-9`.
-pub fn compact(indices: impl IntoIterator<Item = u32>) -> String {
-    let mut text = String::new();
-    let mut run: Option<(u32, u32)> = None;
-    let flush = |text: &mut String, (start, end): (u32, u32)| {
-        if !text.is_empty() {
-            text.push(',');
-        }
-        if end > start {
-            text.push_str(&format!("{start}-{end}"));
-        } else {
-            text.push_str(&start.to_string());
-        }
-    };
-    for index in indices {
-        run = match run {
-            Some((start, end)) if index == end + 1 => Some((start, index)),
-            Some(done) => {
-                flush(&mut text, done);
-                Some((index, index))
-            }
-            None => Some((index, index)),
-        };
-    }
-    if let Some(done) = run {
-        flush(&mut text, done);
-    }
-    text
 }
 
 /// The id of the task at `position` of the array `array`: reserved at
@@ -271,8 +263,9 @@ pub struct ArrayTask {
     pub index: u32,
 }
 
-/// Expands `-o/-e` patterns: `%j` job id (the array's for a task), `%a`
-/// task index, `%A` array id, `%n` node, `%t` rank, `%u` user, `%x` job
+/// Expands `-o/-e` patterns: `%j` the job's own id (a task's own), `%a`
+/// task index (0 outside arrays), `%A` array id (the job's own outside
+/// arrays), `%n` node, `%t` rank, `%u` user, `%x` job
 /// name, `%%` a percent sign. Unknown `%` sequences stay as written.
 pub fn expand_output_pattern(pattern: &str, fields: &OutputFields<'_>) -> String {
     let mut out = String::with_capacity(pattern.len() + 16);
@@ -361,10 +354,22 @@ mod tests {
     }
 
     #[test]
-    fn compact_lists_runs_as_ranges() {
-        assert_eq!(compact([4, 5, 6, 7]), "4-7");
-        assert_eq!(compact([1, 3, 5, 6, 7, 9]), "1,3,5-7,9");
-        assert_eq!(compact([]), "");
+    fn ranges_between_positions_keep_their_steps() {
+        let spec = ArraySpec::parse("1,3,10-20:5,30-33").unwrap();
+        // Positions: 1 3 10 15 20 30 31 32 33.
+        let text = |from, to| {
+            let ranges = spec.ranges_between(from, to);
+            ArraySpec {
+                ranges,
+                max_parallel: None,
+            }
+            .to_string()
+        };
+        assert_eq!(text(0, 9), "1,3,10-20:5,30-33");
+        assert_eq!(text(1, 4), "3,10-15:5");
+        assert_eq!(text(4, 7), "20,30-31");
+        assert_eq!(text(8, 9), "33");
+        assert_eq!(text(3, 3), "");
     }
 
     #[test]
@@ -412,6 +417,15 @@ mod tests {
                 last = Some(index);
             }
             prop_assert_eq!(spec.index_at(spec.len()), None);
+            // Any split into pieces lists the same indices, in order.
+            let half = spec.len() / 2;
+            let pieces: Vec<u32> = [spec.ranges_between(0, half), spec.ranges_between(half, spec.len())]
+                .concat()
+                .iter()
+                .flat_map(|range| (range.start..=range.end).step_by(range.step as usize))
+                .collect();
+            let all: Vec<u32> = (0..spec.len()).filter_map(|p| spec.index_at(p)).collect();
+            prop_assert_eq!(pieces, all);
         }
     }
 }

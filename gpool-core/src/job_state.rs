@@ -447,6 +447,14 @@ impl Job {
         let next = self.state.apply(event)?;
         match event {
             JobEvent::Start { placement, .. } => {
+                if self.n_attempts > 0 && !self.last_nodes.is_empty() {
+                    self.past_attempts.push(crate::model::PastAttempt {
+                        attempt: self.n_attempts,
+                        nodes: std::mem::take(&mut self.last_nodes),
+                    });
+                    let excess = self.past_attempts.len().saturating_sub(crate::model::MAX_PAST_ATTEMPTS);
+                    self.past_attempts.drain(..excess);
+                }
                 self.n_attempts += 1;
                 self.last_nodes = placement.iter().map(|part| part.node.clone()).collect();
             }

@@ -203,6 +203,20 @@ pub struct Job {
     /// A task of an array: which, and its index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array_task: Option<crate::array::ArrayTask>,
+    /// The nodes of each earlier attempt, rank 0 first (where its output
+    /// stays); at most `MAX_PAST_ATTEMPTS`, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub past_attempts: Vec<PastAttempt>,
+}
+
+/// Most earlier attempts a job remembers the nodes of.
+pub const MAX_PAST_ATTEMPTS: usize = 16;
+
+/// Where an earlier attempt ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PastAttempt {
+    pub attempt: u32,
+    pub nodes: Vec<String>,
 }
 
 /// Most lost attempts a job remembers.

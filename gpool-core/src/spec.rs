@@ -335,6 +335,14 @@ impl JobSpec {
         }
         for (field, path) in [("stdout", &self.stdout_path), ("stderr", &self.stderr_path)] {
             validate_output_path(field, path)?;
+            // A container's runtime runs as the node's agent user, not the
+            // job's: it may not open files the job names.
+            if !self.image.is_empty() && !path.is_empty() {
+                return Err(spec_error(
+                    field,
+                    "a container job's output stays in the spool (gpool logs); -o/-e are for jobs on the host",
+                ));
+            }
             if self.discard_output && !path.is_empty() {
                 return Err(spec_error(field, "a file is named, and the output is to be discarded"));
             }

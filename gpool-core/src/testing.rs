@@ -270,6 +270,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             held: false,
             array: None,
             array_task: None,
+            past_attempts: Vec::new(),
         },
     }
 }

@@ -29,7 +29,9 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
         let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
-        let priorities = std::mem::take(&mut plan.priorities).into_iter().collect();
+        let priorities: HashMap<JobId, gpool_core::policy::Priority> =
+            std::mem::take(&mut plan.priorities).into_iter().collect();
+        let queue_positions = queue_positions(&priorities);
         let estimated_starts = plan
             .reservation
             .take()
@@ -50,12 +52,25 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
             codes,
             priorities,
             estimated_starts,
+            queue_positions,
         };
         if handle.commands.send(planned).await.is_err() {
             return;
         }
         tokio::time::sleep(compute * IDLE_FACTOR).await;
     }
+}
+
+/// Each pending job's place in the scheduler's order: highest priority
+/// first, then the earlier id.
+fn queue_positions(priorities: &HashMap<JobId, gpool_core::policy::Priority>) -> HashMap<JobId, u32> {
+    let mut order: Vec<(JobId, f64)> = priorities.iter().map(|(id, p)| (*id, p.total)).collect();
+    order.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(position, (id, _))| (id, position as u32 + 1))
+        .collect()
 }
 
 type Words = HashMap<JobId, Arc<[String]>>;

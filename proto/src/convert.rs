@@ -294,6 +294,7 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         array: None,
         array_job_id: job.array_task.map_or(0, |task| task.array.0),
         array_task_index: job.array_task.map(|task| task.index),
+        queue_position: None,
     }
 }
 
@@ -318,6 +319,7 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
         labels: labels_to_wire(&node.labels),
         drain_reason: node.drain_reason.clone().unwrap_or_default(),
         links: topology_to_wire(&node.topology),
+        pools: Vec::new(),
     }
 }
 

@@ -280,3 +280,47 @@ fn update_changes_a_pending_job_only() {
     let not_array = cluster.gpool(&["update", &job.to_string(), "--max-parallel", "2"]);
     assert!(not_array.stderr.contains("is not an array"), "{}", not_array.stderr);
 }
+
+#[test]
+fn a_held_array_holds_the_tasks_acted_on_alone_and_cancel_pending_leaves_running_tasks() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let array = cluster.submit(&["-a", "0-5%1", "-J", "held", "--", "sleep", "30"]);
+    cluster.wait_for_state(array + 1, "running");
+    cluster.gpool(&["hold", &array.to_string()]).ok();
+    // Changing one waiting task makes it a job: held like its array.
+    let updated = cluster
+        .gpool(&["update", &format!("{array}_4"), "--priority", "1"])
+        .ok()
+        .to_string();
+    assert!(updated.contains("updated"), "{updated}");
+    cluster
+        .gpool(&["update", &array.to_string(), "--max-parallel", "0"])
+        .ok();
+    std::thread::sleep(Duration::from_millis(1500));
+    let task = cluster.job(array + 5);
+    assert_eq!(task["state"], "pending", "{task}");
+    assert_eq!(task["reason_codes"], serde_json::json!(["held"]), "{task}");
+
+    // `cancel -t pending`: the array hands out no more, its running task
+    // runs on.
+    let cancelled = cluster
+        .gpool(&["cancel", "-n", "held", "-t", "pending", "--output", "json"])
+        .json();
+    assert!(
+        cancelled["outcomes"].as_array().is_some_and(|o| !o.is_empty()),
+        "{cancelled}"
+    );
+    assert_eq!(cluster.job(array)["state"], "cancelled");
+    assert_eq!(cluster.job(array + 5)["state"], "cancelled");
+    assert_eq!(cluster.job(array + 1)["state"], "running");
+    let container = cluster.gpool(&["submit", "--image", "alpine", "-o", "/tmp/x", "--", "true"]);
+    assert_eq!(container.code, 2, "{}", container.stderr);
+    assert!(
+        container
+            .stderr
+            .contains("stdout: a container job's output stays in the spool"),
+        "{}",
+        container.stderr
+    );
+}

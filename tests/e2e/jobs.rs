@@ -1,6 +1,7 @@
 //! Submitting, listing, showing and cancelling jobs through the CLI.
 
 use crate::harness::cluster::{gpool_command, Cluster};
+use crate::harness::process::wait_until;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -600,4 +601,102 @@ fn logs_of_each_rank_of_a_gang() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("rank: job"), "{}", run.stderr);
     assert!(run.stderr.contains("ran on 2 node(s): ranks 0 to 1"), "{}", run.stderr);
+}
+
+#[test]
+fn listing_columns_sort_since_and_the_pool_summary() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let a = cluster.submit(&["-J", "bbb", "-t", "1h", "--", "sleep", "30"]);
+    let b = cluster.submit(&["-J", "aaa", "--", "true"]);
+    cluster.wait_for_state(b, "completed");
+    cluster.wait_for_state(a, "running");
+
+    let table = cluster.gpool(&["jobs", "--all", "--format", "id,name,state,limit", "--sort", "name"]);
+    let lines: Vec<&str> = table.ok().lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["ID", "NAME", "STATE", "LIMIT"]
+    );
+    assert!(
+        lines[1].starts_with(&format!("{b} ")) && lines[1].contains("aaa"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("{a} ")) && lines[2].contains("1h"),
+        "{lines:?}"
+    );
+    let down = cluster
+        .gpool(&["jobs", "--since", "1h", "--sort=-id", "--output", "json"])
+        .json();
+    let ids: Vec<u64> = down
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|job| job["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [b, a], "--since takes in ended jobs, newest first");
+    let bad = cluster.gpool(&["jobs", "--format", "id,colour"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("\"colour\" is not a column"), "{}", bad.stderr);
+
+    let summary = cluster.gpool(&["nodes", "--summary", "--output", "json"]).json();
+    assert_eq!(summary[0]["pool"], "default", "{summary}");
+    assert_eq!(summary[0]["gpus_total"], 2);
+    assert_eq!(summary[0]["gpus_allocated"], 1);
+    assert_eq!(summary[0]["gpus_idle"], 1);
+    assert_eq!(summary[0]["node_states"]["mixed"], 1);
+    let text = cluster.gpool(&["nodes", "-s"]).ok().to_string();
+    assert!(text.contains("1/1/0/2"), "{text}");
+}
+
+#[test]
+fn submit_attach_prints_the_output_and_exits_with_the_code() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    let run = cluster.gpool(&[
+        "submit",
+        "--attach",
+        "--",
+        "sh",
+        "-c",
+        "echo hello; sleep 0.5; echo bye; exit 3",
+    ]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.stdout, "hello\nbye\n", "{}", run.stderr);
+    assert!(run.stderr.contains("submitted; its output follows"), "{}", run.stderr);
+}
+
+#[test]
+fn a_requeued_job_says_it_was_preempted_and_keeps_each_attempts_output() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    let job = cluster.submit(&["--", "sh", "-c", "echo attempt $GPOOL_ATTEMPT; sleep 30"]);
+    cluster.wait_for_state(job, "running");
+    // Drained, the node lets the requeued job wait in the queue.
+    cluster.gpool(&["drain", "n1", "--reason", "test"]).ok();
+    let requeued = cluster.gpool(&["requeue", &job.to_string()]).ok().to_string();
+    assert!(requeued.contains("is being requeued"), "{requeued}");
+    let pending = wait_until("the job back in the queue", Duration::from_secs(20), || {
+        let shown = cluster.job(job);
+        (shown["state"] == "pending" && shown["reason_codes"][0] == "preempted").then_some(shown)
+    });
+    assert_eq!(pending["n_preemptions"], 1, "{pending}");
+    cluster.gpool(&["resume", "n1"]).ok();
+    wait_until("a second attempt", Duration::from_secs(20), || {
+        let shown = cluster.job(job);
+        (shown["state"] == "running" && shown["attempt"] == 2).then_some(())
+    });
+    wait_until("the second attempt's output", Duration::from_secs(10), || {
+        (cluster.gpool(&["logs", &job.to_string()]).stdout == "attempt 2\n").then_some(())
+    });
+    let first = cluster.gpool(&["logs", &job.to_string(), "--attempt", "1"]);
+    assert_eq!(first.ok(), "attempt 1\n");
+    let none = cluster.gpool(&["logs", &job.to_string(), "--attempt", "7"]);
+    assert!(
+        none.stderr
+            .contains("has no attempt 7 on record (attempts with output: 1, 2)"),
+        "{}",
+        none.stderr
+    );
 }

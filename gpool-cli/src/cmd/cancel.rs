@@ -100,6 +100,9 @@ pub async fn run(ctx: &Ctx, ids: Vec<JobRef>, signal: Option<i32>, filter: Filte
     let request = pb::CancelJobsRequest {
         ids,
         signal: signal.unwrap_or(0),
+        // `-t pending`: what started meanwhile, and an array's running
+        // tasks, are left alone.
+        pending_only: signal.is_none() && filter.state.as_deref() == Some("pending"),
         ..Default::default()
     };
     let mode = if signal.is_some() { Mode::Signal } else { Mode::Cancel };

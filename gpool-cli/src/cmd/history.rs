@@ -27,7 +27,7 @@ pub struct HistoryArgs {
 }
 
 /// A moment as unix ms: `1h` (that long ago) or an RFC 3339 time.
-fn parse_moment(text: &str) -> Result<i64, String> {
+pub fn parse_moment(text: &str) -> Result<i64, String> {
     let now = std::time::SystemTime::now();
     let at = match humantime::parse_duration(text) {
         Ok(ago) => now.checked_sub(ago).ok_or_else(|| format!("{text:?} is before 1970"))?,

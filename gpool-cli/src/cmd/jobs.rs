@@ -38,6 +38,95 @@ pub struct JobsArgs {
     /// squeue -r).
     #[arg(long = "array", short = 'r')]
     expand_arrays: bool,
+    /// Only jobs submitted or ended since: a duration ago (1h) or a time
+    /// (2026-11-23T10:00:00Z); takes in ended jobs.
+    #[arg(long, value_parser = super::history::parse_moment)]
+    since: Option<i64>,
+    /// Order by these columns (comma-separated; a leading - for
+    /// descending): id, name, user, team, state, gpus, submitted, start,
+    /// priority, position.
+    #[arg(long, value_name = "KEYS", allow_hyphen_values = true)]
+    sort: Option<String>,
+    /// The table's columns, comma-separated: id, name, user, team,
+    /// project, state, gpus, nodes, submitted, start (or ~estimated),
+    /// elapsed, limit, priority, position (in the queue), qos, pool, exit,
+    /// reason.
+    #[arg(long, value_name = "COLUMNS", default_value = crate::output::DEFAULT_JOB_COLUMNS, value_parser = crate::output::parse_job_columns)]
+    format: crate::output::Columns,
+}
+
+/// A sort key: a column and whether it goes down.
+type SortKey = (&'static str, bool);
+
+fn parse_sort(text: &str) -> Result<Vec<SortKey>, CliError> {
+    const KEYS: &[&str] = &[
+        "id",
+        "name",
+        "user",
+        "team",
+        "state",
+        "gpus",
+        "submitted",
+        "start",
+        "priority",
+        "position",
+    ];
+    text.split(',')
+        .map(str::trim)
+        .filter(|key| !key.is_empty())
+        .map(|key| {
+            let (name, down) = match key.strip_prefix('-') {
+                Some(name) => (name, true),
+                None => (key, false),
+            };
+            KEYS.iter()
+                .find(|known| known.eq_ignore_ascii_case(name))
+                .map(|known| (*known, down))
+                .ok_or_else(|| CliError::Usage(format!("--sort: {name:?} is not a key ({})", KEYS.join(", "))))
+        })
+        .collect()
+}
+
+fn sort_jobs(jobs: &mut [pb::Job], keys: &[SortKey]) {
+    use std::cmp::Ordering;
+    let compare = |a: &pb::Job, b: &pb::Job, key: &str| -> Ordering {
+        let spec = |job: &pb::Job| job.spec.clone().unwrap_or_default();
+        match key {
+            "name" => spec(a).name.cmp(&spec(b).name),
+            "user" => a.user.cmp(&b.user),
+            "team" => spec(a).team.cmp(&spec(b).team),
+            "state" => state_name(a.state()).cmp(state_name(b.state())),
+            "gpus" => (spec(a).gpus * spec(a).nodes).cmp(&(spec(b).gpus * spec(b).nodes)),
+            "submitted" => a.submitted_at_ms.cmp(&b.submitted_at_ms),
+            "start" => a
+                .started_at_ms
+                .or(a.estimated_start_ms)
+                .cmp(&b.started_at_ms.or(b.estimated_start_ms)),
+            "priority" => {
+                let total = |job: &pb::Job| job.priority.as_ref().map_or(f64::from(spec(job).priority), |p| p.total);
+                total(a).total_cmp(&total(b))
+            }
+            // Jobs the scheduler did not place come last.
+            "position" => a
+                .queue_position
+                .unwrap_or(u32::MAX)
+                .cmp(&b.queue_position.unwrap_or(u32::MAX)),
+            _ => a.id.cmp(&b.id),
+        }
+    };
+    jobs.sort_by(|a, b| {
+        keys.iter()
+            .map(|(key, down)| {
+                let order = compare(a, b, key);
+                if *down {
+                    order.reverse()
+                } else {
+                    order
+                }
+            })
+            .find(|order| order.is_ne())
+            .unwrap_or_else(|| a.id.cmp(&b.id))
+    });
 }
 
 /// An array's waiting tasks, one row each (`-r`).
@@ -81,12 +170,18 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         states,
         team: args.team.unwrap_or_default(),
         user,
-        all: args.all,
+        all: args.all || args.since.is_some(),
     };
+    let since = args.since;
     let wanted = |job: &pb::Job| {
         args.name
             .as_ref()
             .is_none_or(|name| job.spec.as_ref().is_some_and(|spec| &spec.name == name))
+            && since.is_none_or(|since| job.submitted_at_ms >= since || job.ended_at_ms.is_some_and(|at| at >= since))
+    };
+    let sort = match args.sort.as_deref() {
+        Some(text) => Some(parse_sort(text)?),
+        None => None,
     };
     let limit = match args.limit {
         Some(0) => usize::MAX,
@@ -100,7 +195,18 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
-    if ctx.json() {
+    if ctx.json() && sort.is_some() {
+        let mut jobs = Vec::new();
+        while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+            jobs.extend(chunk.jobs.into_iter().filter(|job| wanted(job)));
+        }
+        sort_jobs(&mut jobs, sort.as_deref().unwrap_or_default());
+        let mut printer = output::JsonArrayPrinter::new();
+        for job in jobs.iter().take(limit) {
+            printer.push(&output::job_json(job));
+        }
+        printer.finish();
+    } else if ctx.json() {
         // Printed as the chunks arrive: the array never sits whole in memory.
         let mut printer = output::JsonArrayPrinter::new();
         let mut n_printed = 0;
@@ -129,13 +235,18 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
                 for job in rows {
                     n_matching += 1;
                     *by_state.entry(state_name(job.state())).or_default() += 1;
-                    if jobs.len() < limit {
+                    // Sorted: all are kept, then cut to the limit.
+                    if jobs.len() < limit || sort.is_some() {
                         jobs.push(job);
                     }
                 }
             }
         }
-        output::print_jobs_table(&jobs);
+        if let Some(keys) = &sort {
+            sort_jobs(&mut jobs, keys);
+            jobs.truncate(limit);
+        }
+        output::print_jobs_table(&jobs, &args.format.0);
         // A summary, so that a long queue stays readable.
         if n_matching > 1 {
             let counts: Vec<String> = by_state.iter().map(|(state, n)| format!("{n} {state}")).collect();

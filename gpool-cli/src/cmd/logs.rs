@@ -22,20 +22,39 @@ async fn wait_until_started(conn: &mut super::Connection, id: u64) -> Result<(),
     Ok(())
 }
 
-pub async fn run(ctx: &Ctx, id: super::JobRef, follow: bool, stderr: bool, rank: u32) -> Result<(), CliError> {
+pub async fn run(
+    ctx: &Ctx,
+    id: super::JobRef,
+    follow: bool,
+    stderr: bool,
+    (rank, attempt): (u32, u32),
+) -> Result<(), CliError> {
     let mut conn = ctx.connect().await?;
     let id = conn.resolve(&[id]).await?[0];
+    stream(&mut conn, id, (follow, stderr), (rank, attempt), ctx.timeout).await
+}
+
+/// Copies job `id`'s output to stdout (following it if asked, from when it
+/// starts); `timeout` bounds the wait for output that exists.
+pub async fn stream(
+    conn: &mut super::Connection,
+    id: u64,
+    (follow, stderr): (bool, bool),
+    (rank, attempt): (u32, u32),
+    timeout: Option<std::time::Duration>,
+) -> Result<(), CliError> {
     let request = pb::JobLogsRequest {
         id,
         stderr,
         follow,
         rank,
+        attempt,
     };
     let mut chunks = match conn.client.job_logs(request).await {
         Ok(chunks) => chunks.into_inner(),
         // Following a job that has not started: wait until it does.
         Err(status) if follow && status.message().contains("has not started") => {
-            wait_until_started(&mut conn, id).await?;
+            wait_until_started(conn, id).await?;
             conn.client
                 .job_logs(request)
                 .await
@@ -48,7 +67,7 @@ pub async fn run(ctx: &Ctx, id: super::JobRef, follow: bool, stderr: bool, rank:
     loop {
         let next = chunks.message();
         // Output that exists comes at once; only following may wait.
-        let chunk = match (follow, ctx.timeout) {
+        let chunk = match (follow, timeout) {
             (false, Some(limit)) => tokio::time::timeout(limit, next)
                 .await
                 .map_err(|_| CliError::Unreachable {

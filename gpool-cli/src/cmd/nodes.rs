@@ -5,7 +5,8 @@ use crate::output;
 use crate::CliError;
 use gpool_proto::pb;
 
-pub async fn list(ctx: &Ctx) -> Result<(), CliError> {
+/// `gpool nodes`; with `summary`, one line per pool (as sinfo).
+pub async fn list(ctx: &Ctx, summary: bool) -> Result<(), CliError> {
     let mut conn = ctx.connect().await?;
     let nodes = conn
         .client
@@ -14,10 +15,11 @@ pub async fn list(ctx: &Ctx) -> Result<(), CliError> {
         .map_err(|s| conn.refused(s))?
         .into_inner()
         .nodes;
-    if ctx.json() {
-        output::print_json(&serde_json::Value::Array(nodes.iter().map(output::node_json).collect()));
-    } else {
-        output::print_nodes_table(&nodes);
+    match (summary, ctx.json()) {
+        (true, true) => output::print_json(&output::pool_summaries(&nodes)),
+        (true, false) => output::print_pool_summaries(&output::pool_summaries(&nodes)),
+        (false, true) => output::print_json(&serde_json::Value::Array(nodes.iter().map(output::node_json).collect())),
+        (false, false) => output::print_nodes_table(&nodes),
     }
     Ok(())
 }

@@ -128,6 +128,10 @@ pub struct SubmitArgs {
     /// several jobs, that of the first one that did not complete).
     #[arg(long)]
     wait: bool,
+    /// As --wait, printing the job's stdout as it runs (the id goes to
+    /// stderr); one job only.
+    #[arg(long, conflicts_with = "file")]
+    attach: bool,
     /// `-- CMD ARGS...`: the command to run. Without `--`: a batch script
     /// and its arguments, whose `#GPOOL` lines give flags (the command
     /// line's win); it runs from where it is, so nodes must see that path.
@@ -188,7 +192,12 @@ fn script_command(script: &[String]) -> Result<Vec<String>, CliError> {
 }
 
 pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
-    let wait = args.wait;
+    let (wait, attach) = (args.wait || args.attach, args.attach);
+    if attach && args.array.is_some() {
+        return Err(CliError::Usage(
+            "--attach follows one job, and an array has many tasks: use --wait".into(),
+        ));
+    }
     let specs = specs_from_args(args)?;
     let mut conn = ctx.connect().await?;
     let request = pb::SubmitJobsRequest {
@@ -201,7 +210,9 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
         .map_err(|s| conn.refused(s))?
         .into_inner()
         .ids;
-    if ctx.json() {
+    if attach {
+        eprintln!("gpool: job {} submitted; its output follows", ids[0]);
+    } else if ctx.json() {
         output::print_json(&serde_json::json!({ "ids": ids }));
     } else {
         for id in &ids {
@@ -210,6 +221,13 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     }
     if !wait {
         return Ok(0);
+    }
+    if attach {
+        // Output that cannot be followed (discarded, in a file, never
+        // started) is said; the wait goes on.
+        if let Err(err) = super::logs::stream(&mut conn, ids[0], (true, false), (0, 0), None).await {
+            eprintln!("gpool: not attached to job {}: {err}", ids[0]);
+        }
     }
     super::jobs::wait_for(&mut conn, &ids).await
 }

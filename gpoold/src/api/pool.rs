@@ -121,6 +121,8 @@ fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller) -> pb::Job {
             spec.command.clear();
             spec.env.clear();
             spec.workdir.clear();
+            spec.stdout_path.clear();
+            spec.stderr_path.clear();
         }
         // A failed start's reason names the program and workdir.
         wire.end_reason.clear();
@@ -203,6 +205,7 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job) -> pb::Job {
         nice: p.nice,
     });
     wire.estimated_start_ms = state.estimated_starts.get(&job.id).map(|at| at.0);
+    wire.queue_position = state.queue_positions.get(&job.id).copied();
     wire
 }
 
@@ -257,6 +260,7 @@ impl Pool for PoolService {
             })?;
         }
         let mode = match (request.signal, request.hold(), request.requeue) {
+            (0, pb::HoldChange::None, false) if request.pending_only => CancelMode::CancelPending,
             (0, pb::HoldChange::None, false) => CancelMode::Cancel,
             (0, pb::HoldChange::Hold, false) => CancelMode::Hold(true),
             (0, pb::HoldChange::Release, false) => CancelMode::Hold(false),
@@ -287,7 +291,7 @@ impl Pool for PoolService {
             CancelMode::Hold(true) => "hold",
             CancelMode::Hold(false) => "release",
             CancelMode::Requeue => "requeue",
-            CancelMode::Cancel => "cancel",
+            CancelMode::Cancel | CancelMode::CancelPending => "cancel",
         };
         self.audit(&who, action, &object, false, &result);
         let outcomes = result?;
@@ -381,8 +385,9 @@ impl Pool for PoolService {
             stderr,
             follow,
             rank,
+            attempt,
         } = request.into_inner();
-        let source = self.log_source(JobId(id), rank, stderr, &who.caller);
+        let source = self.log_source(JobId(id), (rank, attempt), stderr, &who.caller);
         self.audit(&who, "logs", &format!("job {id}"), false, &source);
         let (node, attempt) = source?;
         let (request_id, receiver) = self.logs.open(&node);
@@ -711,7 +716,13 @@ impl PoolService {
     }
 
     /// Where a job's output is: rank 0's node and the latest attempt.
-    fn log_source(&self, id: JobId, rank: u32, stderr: bool, caller: &Caller) -> Result<(String, u32), Status> {
+    fn log_source(
+        &self,
+        id: JobId,
+        (rank, attempt): (u32, u32),
+        stderr: bool,
+        caller: &Caller,
+    ) -> Result<(String, u32), Status> {
         let state = self
             .state
             .shared
@@ -741,14 +752,38 @@ impl PoolService {
         if job.n_attempts == 0 || job.last_nodes.is_empty() {
             return Err(Error::NotStarted(id).into());
         }
-        match job.last_nodes.get(rank as usize) {
-            Some(node) => Ok((node.clone(), job.n_attempts)),
+        let (attempt, nodes) = match attempt {
+            0 => (job.n_attempts, &job.last_nodes),
+            n if n == job.n_attempts => (n, &job.last_nodes),
+            n => match job.past_attempts.iter().find(|past| past.attempt == n) {
+                Some(past) => (n, &past.nodes),
+                None => {
+                    let known: Vec<String> = job
+                        .past_attempts
+                        .iter()
+                        .map(|past| past.attempt.to_string())
+                        .chain(std::iter::once(job.n_attempts.to_string()))
+                        .collect();
+                    return Err(Error::InvalidRequest {
+                        field: "attempt",
+                        reason: format!(
+                            "job {} has no attempt {n} on record (attempts with output: {})",
+                            job.display_id(),
+                            known.join(", ")
+                        ),
+                    }
+                    .into());
+                }
+            },
+        };
+        match nodes.get(rank as usize) {
+            Some(node) => Ok((node.clone(), attempt)),
             None => Err(Error::InvalidRequest {
                 field: "rank",
                 reason: format!(
-                    "job {id} ran on {} node(s): ranks 0 to {}",
-                    job.last_nodes.len(),
-                    job.last_nodes.len() - 1
+                    "attempt {attempt} of job {id} ran on {} node(s): ranks 0 to {}",
+                    nodes.len(),
+                    nodes.len().saturating_sub(1)
                 ),
             }
             .into()),
@@ -778,6 +813,13 @@ fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a Node>) -> Ve
             for gpu in &mut wire.gpus {
                 gpu.sample = samples.iter().find(|sample| sample.index == gpu.index).copied();
             }
+            wire.pools = state
+                .policy
+                .pools
+                .iter()
+                .filter(|pool| pool.selects(&node.labels))
+                .map(|pool| pool.name.clone())
+                .collect();
             wire
         })
         .collect()

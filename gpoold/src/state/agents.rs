@@ -54,7 +54,11 @@ impl State {
                         && !array.held
                         && self.dependency_state_of(array) == gpool_core::deps::DepState::Met
                 });
-                if !array_ready || !self.still_free(&start, &busy) || !self.materialize(start.job, out) {
+                if !array_ready
+                    || !self.array_may_start(array)
+                    || !self.still_free(&start, &busy)
+                    || !self.materialize(start.job, out)
+                {
                     continue;
                 }
             }

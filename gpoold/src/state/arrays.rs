@@ -3,7 +3,7 @@
 //! with the id reserved for it at submit.
 
 use super::{Batch, State, Write};
-use gpool_core::array::{compact, task_id, ArrayTask};
+use gpool_core::array::{task_id, ArraySpec, ArrayTask};
 use gpool_core::job_state::{JobEvent, JobState};
 use gpool_core::model::Job;
 use gpool_core::sched::PendingJob;
@@ -13,6 +13,10 @@ use gpool_proto::pb;
 /// Most tasks of one array that are not jobs yet the scheduler sees in one
 /// cycle (it starts at most as many as there are free GPUs anyway).
 pub const ARRAY_VIEW_WINDOW: usize = 512;
+/// Most such tasks of all arrays together in one cycle.
+pub const ARRAY_VIEW_BUDGET: usize = 4096;
+/// Most ranges `array_info` lists of an array's waiting tasks.
+const MAX_WAITING_RANGES: usize = 64;
 
 impl State {
     /// The array whose reserved ids hold `id`, and the task's position.
@@ -72,10 +76,13 @@ impl State {
         };
         let was_running = matches!(before, JobState::Running { .. });
         let is_running = matches!(after, JobState::Running { .. });
-        let running = self.array_running.entry(task.array).or_default();
         match (was_running, is_running) {
-            (false, true) => *running += 1,
-            (true, false) => *running = running.saturating_sub(1),
+            (false, true) => *self.array_running.entry(task.array).or_default() += 1,
+            (true, false) => {
+                if let Some(running) = self.array_running.get_mut(&task.array) {
+                    *running = running.saturating_sub(1);
+                }
+            }
             _ => {}
         }
         let Some(array) = self.jobs.get_mut(&task.array) else {
@@ -85,6 +92,7 @@ impl State {
         let Some(progress) = array.array.as_mut() else {
             return;
         };
+        let counted = progress.clone();
         if let (false, JobState::Running { started_at, .. }) = (was_running, &after) {
             progress.first_started_at.get_or_insert(*started_at);
         }
@@ -94,7 +102,9 @@ impl State {
                 progress.not_completed += 1;
             }
         }
-        out.writes.push(Write::Job(task.array));
+        if *progress != counted {
+            out.writes.push(Write::Job(task.array));
+        }
         if array.state == JobState::Pending && progress.all_ended(n_tasks) {
             let event = JobEvent::ArrayEnded {
                 tasks: n_tasks,
@@ -121,12 +131,13 @@ impl State {
 
     /// The scheduler's view of an array's tasks: its pending tasks that
     /// are jobs (`pending_tasks`), then tasks that are not jobs yet, within
-    /// its `%N` and `ARRAY_VIEW_WINDOW`.
+    /// its `%N`, `ARRAY_VIEW_WINDOW` and what is left of `budget`.
     pub(super) fn array_view(
         &self,
         array: &Job,
         ready: bool,
         pending_tasks: Vec<PendingJob>,
+        budget: &mut usize,
         into: &mut Vec<PendingJob>,
     ) {
         let Some(spec) = array.spec.array.as_ref() else {
@@ -147,9 +158,10 @@ impl State {
         let waiting = (progress.next_position..spec.len())
             .map(|position| task_id(array.id, position))
             .filter(|id| !self.jobs.contains_key(id))
-            .take(allowance.min(ARRAY_VIEW_WINDOW));
+            .take(allowance.min(ARRAY_VIEW_WINDOW).min(*budget));
         for id in waiting {
             into.push(pending_view(id, array));
+            *budget -= 1;
         }
     }
 
@@ -176,22 +188,45 @@ impl State {
         (running >= max).then_some((array, max))
     }
 
-    /// Where an array's tasks stand, as `gpool jobs` and `show` print it.
+    /// Where an array's tasks stand, as `gpool jobs` and `show` print it:
+    /// its waiting tasks as ranges (the first `MAX_WAITING_RANGES`), found
+    /// from its ranges and its tasks that are jobs, not task by task.
     pub fn array_info(&self, array: &Job) -> Option<pb::ArrayInfo> {
         let spec = array.spec.array.as_ref()?;
         let progress = array.array.clone().unwrap_or_default();
-        let waiting: Vec<u32> = if array.state == JobState::Pending {
-            (progress.next_position..spec.len())
-                .filter(|position| !self.jobs.contains_key(&task_id(array.id, *position)))
-                .filter_map(|position| spec.index_at(position))
-                .collect()
-        } else {
-            Vec::new()
+        let n_tasks = spec.len();
+        let (mut waiting, mut pieces) = (0u32, Vec::new());
+        if array.state == JobState::Pending && progress.next_position < n_tasks {
+            // Positions from `next_position` on, less those that are jobs.
+            let mut from = progress.next_position;
+            let jobs = self
+                .jobs
+                .range(task_id(array.id, from)..=task_id(array.id, n_tasks - 1))
+                .map(|(id, _)| (id.0 - array.id.0 - 1) as u32)
+                .chain(std::iter::once(n_tasks));
+            for taken in jobs {
+                if taken > from {
+                    waiting += taken - from;
+                    if pieces.len() < MAX_WAITING_RANGES {
+                        pieces.extend(spec.ranges_between(from, taken));
+                    }
+                }
+                from = taken + 1;
+            }
+        }
+        pieces.truncate(MAX_WAITING_RANGES);
+        let waiting_indices = ArraySpec {
+            ranges: pieces,
+            max_parallel: None,
         };
         Some(pb::ArrayInfo {
-            tasks: spec.len(),
-            waiting_indices: compact(waiting.iter().copied()),
-            waiting: waiting.len() as u32,
+            tasks: n_tasks,
+            waiting_indices: if waiting_indices.ranges.is_empty() {
+                String::new()
+            } else {
+                waiting_indices.to_string()
+            },
+            waiting,
             running: self.array_running.get(&array.id).copied().unwrap_or(0),
             ended: progress.ended,
             not_completed: progress.not_completed,
@@ -241,9 +276,11 @@ fn task_of(array: &Job, id: JobId, index: u32) -> Job {
         n_preemptions: 0,
         lost_gpu_secs: 0,
         lost_attempts: Vec::new(),
-        held: false,
+        // A task that becomes a job while its array is held is held too.
+        held: array.held,
         array: None,
         array_task: Some(ArrayTask { array: array.id, index }),
+        past_attempts: Vec::new(),
     }
 }
 
@@ -292,6 +329,9 @@ impl State {
             }
             if let Some(at) = self.estimated_starts.get(&task).copied() {
                 self.estimated_starts.insert(array, at);
+            }
+            if let Some(position) = self.queue_positions.get(&task).copied() {
+                self.queue_positions.insert(array, position);
             }
         }
     }

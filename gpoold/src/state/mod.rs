@@ -52,6 +52,8 @@ pub struct State {
     pub pending_codes: HashMap<JobId, Arc<[&'static str]>>,
     pub priorities: HashMap<JobId, Priority>,
     pub estimated_starts: HashMap<JobId, Timestamp>,
+    /// Each pending job's place in the scheduler's order (1 first).
+    pub queue_positions: HashMap<JobId, u32>,
     pub policy: Policy,
     admins: Vec<String>,
     /// The epoch the next attempt gets.
@@ -153,6 +155,7 @@ pub enum Command {
         codes: HashMap<JobId, Arc<[&'static str]>>,
         priorities: HashMap<JobId, Priority>,
         estimated_starts: HashMap<JobId, Timestamp>,
+        queue_positions: HashMap<JobId, u32>,
     },
     /// The scheduling loop's starts, re-checked against the state.
     Start {
@@ -252,6 +255,9 @@ pub enum AttemptOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelMode {
     Cancel,
+    /// Cancel only what is pending; running jobs (an array's running
+    /// tasks) run on.
+    CancelPending,
     /// Only send this signal to its running processes.
     Signal(i32),
     /// Hold (true) or release (false) a pending job.
@@ -326,6 +332,7 @@ impl State {
             pending_codes: HashMap::new(),
             priorities: HashMap::new(),
             estimated_starts: HashMap::new(),
+            queue_positions: HashMap::new(),
             policy: config.policy.clone(),
             admins: config.admins.clone(),
             next_epoch: loaded.next_epoch,
@@ -440,6 +447,7 @@ impl State {
                 held: false,
                 array: n_tasks.map(|_| Default::default()),
                 array_task: None,
+                past_attempts: Vec::new(),
             };
             self.jobs.insert(id, job);
             ids.push(id);
@@ -487,9 +495,15 @@ impl State {
                 });
                 continue;
             }
-            // A task that is not a job yet becomes one when it is acted on
-            // alone; an array takes the request with its tasks.
-            self.materialize(*id, out);
+            // A task that is not a job yet becomes one when it is cancelled,
+            // held or released alone (a signal or requeue has nothing to
+            // do to it); an array takes the request with its tasks.
+            if matches!(
+                mode,
+                CancelMode::Cancel | CancelMode::CancelPending | CancelMode::Hold(_)
+            ) {
+                self.materialize(*id, out);
+            }
             let mut targets = vec![*id];
             if let Some(array) = self.jobs.get(id).filter(|job| job.array.is_some()) {
                 targets.extend(self.array_task_ids(array));
@@ -533,7 +547,7 @@ impl State {
             JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
             _ => None,
         };
-        match (mode, running) {
+        match (mode, &running) {
             (CancelMode::Hold(hold), _) => {
                 // Only a pending job is held or released; others as they are.
                 self.apply_event(id, &JobEvent::Hold { held: hold }, now, out);
@@ -541,14 +555,15 @@ impl State {
             }
             (CancelMode::Signal(signal), Some((epoch, placement))) => {
                 for part in placement {
-                    out.messages.push((part.node, signal_message(id, epoch, signal)));
+                    out.messages
+                        .push((part.node.clone(), signal_message(id, *epoch, signal)));
                 }
                 outcome.signalled = true;
             }
             (CancelMode::Requeue, Some((epoch, _))) => {
-                outcome.requeued = self.requeue_attempt(id, epoch, &caller.user, now, out);
+                outcome.requeued = self.requeue_attempt(id, *epoch, &caller.user, now, out);
             }
-            (CancelMode::Cancel, running) if !job.state.is_finished() => {
+            (CancelMode::CancelPending, None) | (CancelMode::Cancel, _) if !job.state.is_finished() => {
                 let event = JobEvent::Cancel {
                     by: caller.user.clone(),
                     now,
@@ -683,9 +698,12 @@ impl State {
                 _ => {}
             }
         }
+        // Tasks that are not jobs yet, for all arrays together, at most
+        // this many: the cycle's cost stays bounded however many arrays wait.
+        let mut budget = arrays::ARRAY_VIEW_BUDGET;
         for (array, ready) in arrays {
             let tasks = pending_tasks.remove(&array.id).unwrap_or_default();
-            self.array_view(array, ready, tasks, &mut pending);
+            self.array_view(array, ready, tasks, &mut budget, &mut pending);
         }
         // Tasks of arrays that ended on their own terms (none, normally).
         pending.extend(pending_tasks.into_values().flatten());
@@ -953,12 +971,14 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             codes,
             priorities,
             estimated_starts,
+            queue_positions,
         } => {
             state.pending_reasons = reasons;
             state.pending_hints = hints;
             state.pending_codes = codes;
             state.priorities = priorities;
             state.estimated_starts = estimated_starts;
+            state.queue_positions = queue_positions;
             state.lend_task_reasons_to_arrays();
         }
         Command::Start { starts } => state.start(starts, now, out),
@@ -1037,8 +1057,12 @@ fn node_reply(result: Result<(Node, Vec<Write>), Error>, reply: Reply<Node>, out
 
 fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error> {
     let mut records = store::Records::default();
+    // A job touched many times in a batch (an array's record as its tasks
+    // end) is encoded once.
+    let mut jobs_written = std::collections::HashSet::new();
     for write in writes {
         match write {
+            Write::Job(id) if !jobs_written.insert(*id) => {}
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
             Write::Node(name) => state.nodes.get(name).into_iter().for_each(|node| records.node(node)),
             Write::ForgetNode(name) => records.remove_node(name),

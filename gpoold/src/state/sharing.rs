@@ -36,6 +36,9 @@ impl State {
             return false;
         }
         let array_task = job.array_task;
+        if job.array.is_some() && job.state.is_finished() {
+            self.array_running.remove(&id);
+        }
         out.writes.push(Write::Job(id));
         out.changed.push(id);
         if let JobState::Running {

@@ -109,7 +109,12 @@ impl Store {
                 decode("nodes", &key, &value)
             })
             .collect::<Result<_, Error>>()?;
-        let after_last = jobs.last().map_or(1, |job| job.id.0 + 1);
+        // Past every id used, an array's reserved task ids included.
+        let after_last = jobs
+            .iter()
+            .map(|job| job.id.0 + 1 + job.spec.array.as_ref().map_or(0, |array| u64::from(array.len())))
+            .max()
+            .unwrap_or(1);
         let next_job_id = self.meta_counter(META_NEXT_JOB_ID, "next_job_id")?.max(after_last);
         let next_epoch = self.meta_counter(META_NEXT_EPOCH, "next_epoch")?;
         let usage = self

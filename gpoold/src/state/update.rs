@@ -47,6 +47,7 @@ impl State {
         let mut outcomes = Vec::with_capacity(ids.len());
         for id in ids {
             let refused = self.check_update(caller, *id, change).err();
+            // A task that is not a job yet becomes one to be changed alone.
             if refused.is_none() {
                 self.materialize(*id, out);
             }
@@ -79,7 +80,7 @@ impl State {
             .ok_or(Error::UnknownJob(id))?;
         let longer_time = change
             .time_limit_secs
-            .is_some_and(|limit| job.spec.time_limit_secs.is_none_or(|now| limit > now));
+            .is_some_and(|limit| job.spec.time_limit_secs.is_some_and(|now| limit > now));
         authorize(
             caller,
             &Action::UpdateJob {

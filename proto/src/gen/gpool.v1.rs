@@ -155,6 +155,9 @@ pub struct JobLogsRequest {
     /// A gang's rank (its node in the latest attempt's placement); 0 first.
     #[prost(uint32, tag = "4")]
     pub rank: u32,
+    /// An earlier attempt (1 for the first); 0 for the latest.
+    #[prost(uint32, tag = "5")]
+    pub attempt: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -387,6 +390,10 @@ pub struct Job {
     pub array_job_id: u64,
     #[prost(uint32, optional, tag = "28")]
     pub array_task_index: ::core::option::Option<u32>,
+    /// A pending job's place in the scheduler's order (1 starts first), from
+    /// the latest cycle; absent for jobs it did not consider.
+    #[prost(uint32, optional, tag = "29")]
+    pub queue_position: ::core::option::Option<u32>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]
@@ -434,6 +441,10 @@ pub struct CancelJobsRequest {
     /// queue (as `scontrol requeue`).
     #[prost(bool, tag = "4")]
     pub requeue: bool,
+    /// Cancel pending jobs only, leaving running ones alone; an array's
+    /// running tasks run on, and it hands out no more.
+    #[prost(bool, tag = "5")]
+    pub pending_only: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -560,6 +571,9 @@ pub struct Node {
     /// How its GPUs are connected; a pair not listed is LINK_SYSTEM.
     #[prost(message, repeated, tag = "6")]
     pub links: ::prost::alloc::vec::Vec<GpuLink>,
+    /// The pools (partitions) whose selectors it matches.
+    #[prost(string, repeated, tag = "7")]
+    pub pools: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 /// The path between GPUs `a` and `b` of one node (node-local indices).
 #[allow(clippy::all)]
