@@ -599,7 +599,7 @@ fn logs_of_each_rank_of_a_gang() {
     assert_eq!(cluster.gpool(&["logs", "--rank", "1", &id]).ok(), "rank=1\n");
     let run = cluster.gpool(&["logs", "--rank", "2", &id]);
     assert_eq!(run.code, 2);
-    assert!(run.stderr.contains("rank: job"), "{}", run.stderr);
+    assert!(run.stderr.contains("rank: attempt 1 of job"), "{}", run.stderr);
     assert!(run.stderr.contains("ran on 2 node(s): ranks 0 to 1"), "{}", run.stderr);
 }
 
