@@ -98,7 +98,8 @@ enum Command {
     /// Cancel jobs (each id that can be; the others are named), or the
     /// jobs matching --user/--name/--state/--team, as scancel.
     Cancel {
-        /// Job ids (123; 123_4 for one task of an array, 123 for all of it).
+        /// Job ids (123; 123_4 for one task of an array, 123 for all of it;
+        /// 100-110 for a range).
         #[arg(value_parser = cmd::parse_job_ref, required_unless_present_any = ["user", "name", "state", "team", "me"])]
         ids: Vec<cmd::JobRef>,
         /// Only send this signal (USR1, SIGUSR1 or 10) to the running jobs'

@@ -29,6 +29,8 @@ pub fn parse_node_timeout(text: &str) -> Result<Duration, String> {
 }
 /// How long a down node is remembered by default: a week.
 pub const DEFAULT_FORGET_NODES_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long ended jobs stay listed (`gpool history`) by default: 30 days.
+pub const DEFAULT_KEEP_ENDED_JOBS: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Everything a run of gpoold needs to know.
 #[derive(Debug, Clone)]
@@ -44,6 +46,8 @@ pub struct Config {
     pub node_timeout: Duration,
     /// A node down this long is forgotten; `None`: never.
     pub forget_nodes_after: Option<Duration>,
+    /// Jobs that ended this long ago are removed; `None`: kept forever.
+    pub keep_ended_jobs: Option<Duration>,
     /// The largest request gpoold takes, in bytes.
     pub max_message_size: usize,
     /// Dev mode: agents to run inside gpoold, linked over loopback.
@@ -120,6 +124,8 @@ struct ConfigFile {
     node_timeout: Option<toml::Spanned<String>>,
     #[serde(default)]
     forget_nodes_after: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    keep_ended_jobs: Option<toml::Spanned<String>>,
     #[serde(default)]
     max_message_size: Option<toml::Spanned<String>>,
     socket: Option<PathBuf>,
@@ -317,6 +323,24 @@ impl Config {
                     })?,
             ),
         };
+        let keep_ended_jobs = match parsed.keep_ended_jobs {
+            None => Some(DEFAULT_KEEP_ENDED_JOBS),
+            Some(text) if text.get_ref() == "forever" => None,
+            Some(text) => Some(
+                humantime::parse_duration(text.get_ref())
+                    .ok()
+                    .filter(|age| *age >= Duration::from_secs(1))
+                    .ok_or_else(|| {
+                        invalid(
+                            text.span().start,
+                            format!(
+                                "keep_ended_jobs: {:?} is not \"forever\" or a duration such as 30d",
+                                text.get_ref()
+                            ),
+                        )
+                    })?,
+            ),
+        };
         let max_message_size = match parsed.max_message_size {
             None => gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,
             Some(text) => gpool_core::spec::parse_size(text.get_ref())
@@ -391,6 +415,7 @@ impl Config {
             admins: parsed.admins,
             node_timeout,
             forget_nodes_after,
+            keep_ended_jobs,
             max_message_size,
             dev_agents: None,
             path: None,

@@ -700,3 +700,34 @@ fn a_requeued_job_says_it_was_preempted_and_keeps_each_attempts_output() {
         none.stderr
     );
 }
+
+#[test]
+fn ended_jobs_are_removed_after_their_retention_and_stay_removed() {
+    let mut cluster = Cluster::with_config("keep_ended_jobs = \"2s\"\n");
+    cluster.start_agent("n1", 1);
+    let old = cluster.submit(&["--", "true"]);
+    cluster.wait_for_state(old, "completed");
+    let running = cluster.submit(&["--", "sleep", "30"]);
+    wait_until("the ended job to be removed", Duration::from_secs(20), || {
+        let shown = cluster.gpool(&["show", &old.to_string()]);
+        shown.stderr.contains("not found").then_some(())
+    });
+    assert_eq!(cluster.job(running)["state"], "running");
+    cluster.controller().stop();
+    cluster.start_controller();
+    let shown = cluster.gpool(&["show", &old.to_string()]);
+    assert!(
+        shown.stderr.contains(&format!("job {old} not found")),
+        "{}",
+        shown.stderr
+    );
+    // A new job never takes a removed job's id.
+    let next = cluster.submit(&["--", "true"]);
+    assert!(next > running, "{next}");
+    // A range cancels the jobs it names and passes over the missing ones.
+    let cancelled = cluster.gpool(&["cancel", &format!("{old}-{running}"), "--output", "json"]);
+    assert_eq!(cancelled.code, 0, "{}", cancelled.stderr);
+    let outcomes = cancelled.json()["outcomes"].clone();
+    assert_eq!(outcomes.as_array().map(Vec::len), Some(1), "{outcomes}");
+    assert_eq!(outcomes[0]["id"], running);
+}

@@ -82,9 +82,17 @@ impl Filter {
 
 /// Cancels (or signals) every id it can and reports each; exits 1 if any
 /// id was left alone (no such job, or not the caller's).
-pub async fn run(ctx: &Ctx, ids: Vec<JobRef>, signal: Option<i32>, filter: Filter) -> Result<u8, CliError> {
+pub async fn run(ctx: &Ctx, refs: Vec<JobRef>, signal: Option<i32>, filter: Filter) -> Result<u8, CliError> {
     let mut conn = ctx.connect().await?;
-    let mut ids = conn.resolve(&ids).await?;
+    let mut ids = conn.resolve(&refs).await?;
+    // Ids of a range that name no job are passed over quietly.
+    let in_ranges: Vec<(u64, u64)> = refs
+        .iter()
+        .filter_map(|job_ref| match job_ref {
+            JobRef::Range { first, last } => Some((*first, *last)),
+            _ => None,
+        })
+        .collect();
     if !filter.is_empty() {
         let matching = filter.ids(&mut conn).await?;
         if matching.is_empty() && ids.is_empty() {
@@ -106,7 +114,17 @@ pub async fn run(ctx: &Ctx, ids: Vec<JobRef>, signal: Option<i32>, filter: Filte
         ..Default::default()
     };
     let mode = if signal.is_some() { Mode::Signal } else { Mode::Cancel };
-    change(ctx, conn, request, mode).await
+    let mut response = conn
+        .client
+        .cancel_jobs(request)
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner();
+    response.outcomes.retain(|o| {
+        let ranged = in_ranges.iter().any(|(first, last)| (*first..=*last).contains(&o.id));
+        !(ranged && o.state() == pb::JobState::Unspecified && o.error.contains("not found"))
+    });
+    report(ctx, response, mode)
 }
 
 /// `gpool hold ID...` (`hold` true) and `gpool release ID...`: pending jobs

@@ -51,26 +51,40 @@ impl Ctx {
     }
 }
 
-/// A job as users name it: `123`, or `123_4` for the task with index 4 of
-/// array 123.
+/// A job as users name it: `123`, `123_4` for the task with index 4 of
+/// array 123, or `100-110` for the ids from 100 to 110.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobRef {
     Job(u64),
     Task { array: u64, index: u32 },
+    Range { first: u64, last: u64 },
 }
+
+/// Most ids one `100-110` range may name.
+const MAX_ID_RANGE: u64 = 100_000;
 
 impl std::fmt::Display for JobRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             JobRef::Job(id) => write!(f, "{id}"),
             JobRef::Task { array, index } => write!(f, "{array}_{index}"),
+            JobRef::Range { first, last } => write!(f, "{first}-{last}"),
         }
     }
 }
 
-/// Parses `123` or `123_4` (clap's value parser for job ids).
+/// Parses `123`, `123_4` or `100-110` (clap's value parser for job ids).
 pub fn parse_job_ref(text: &str) -> Result<JobRef, String> {
-    let bad = || format!("{text:?} is not a job id (such as 123, or 123_4 for task 4 of array 123)");
+    let bad = || format!("{text:?} is not a job id (such as 123, 123_4 for task 4 of array 123, or 100-110)");
+    if let Some((first, last)) = text.split_once('-') {
+        let (first, last): (u64, u64) = (first.parse().map_err(|_| bad())?, last.parse().map_err(|_| bad())?);
+        if last < first || last - first >= MAX_ID_RANGE {
+            return Err(format!(
+                "{text:?}: a range of ids goes up, and names at most {MAX_ID_RANGE}"
+            ));
+        }
+        return Ok(JobRef::Range { first, last });
+    }
     match text.split_once('_') {
         Some((array, index)) => Ok(JobRef::Task {
             array: array.parse().map_err(|_| bad())?,
@@ -90,6 +104,10 @@ impl Connection {
             let (array, index) = match *job_ref {
                 JobRef::Job(id) => {
                     ids.push(id);
+                    continue;
+                }
+                JobRef::Range { first, last } => {
+                    ids.extend(first..=last);
                     continue;
                 }
                 JobRef::Task { array, index } => (array, index),

@@ -72,6 +72,10 @@ pub struct State {
     /// durable.
     down_since: HashMap<String, std::time::Instant>,
     forget_nodes_after: Option<std::time::Duration>,
+    /// Ended jobs are removed this long after they ended; `None`: never.
+    keep_ended_jobs: Option<std::time::Duration>,
+    /// When ended jobs were last looked at for removal.
+    last_compaction: Option<std::time::Instant>,
     /// Each team's metered GPU time (attempts that ended).
     pub usage: BTreeMap<String, Ledger>,
     /// Preempted attempts and when their grace ends; rebuilt on start.
@@ -286,6 +290,7 @@ enum Write {
     Job(JobId),
     Node(String),
     ForgetNode(String),
+    ForgetJob(JobId),
     NextJobId,
     NextEpoch,
     Usage(String),
@@ -343,6 +348,8 @@ impl State {
             node_timeout_ms: config.node_timeout.as_millis() as i64,
             down_since,
             forget_nodes_after: config.forget_nodes_after,
+            keep_ended_jobs: config.keep_ended_jobs,
+            last_compaction: None,
             usage: loaded.usage,
             preempt_deadlines: BTreeMap::new(),
             recent_waste: VecDeque::new(),
@@ -659,6 +666,7 @@ impl State {
         tracing::info!("policy reloaded: {summary}");
         self.policy = config.policy;
         self.admins = config.admins;
+        self.keep_ended_jobs = config.keep_ended_jobs;
         self.restore_preempt_deadlines();
         Ok(summary)
     }
@@ -809,6 +817,40 @@ impl State {
             tracing::info!(job = %id, "its dependency can never be met: {reason}");
             self.apply_event(id, &JobEvent::DependencyNeverMet { reason, now }, now, out);
         }
+    }
+
+    /// Removes jobs that ended longer than `keep_ended_jobs` ago, from
+    /// memory and sled (looked for at most once a minute, or twice per
+    /// retention when it is shorter).
+    fn remove_old_ended_jobs(&mut self, now: Timestamp, out: &mut Batch) {
+        let Some(keep) = self.keep_ended_jobs else {
+            return;
+        };
+        let every = (keep / 2).min(std::time::Duration::from_secs(60));
+        if self.last_compaction.is_some_and(|last| last.elapsed() < every) {
+            return;
+        }
+        self.last_compaction = Some(std::time::Instant::now());
+        let before = Timestamp(now.0.saturating_sub(keep.as_millis().min(i64::MAX as u128) as i64));
+        let old: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|job| job.state.ended_at().is_some_and(|ended| ended < before))
+            .map(|job| job.id)
+            .collect();
+        if old.is_empty() {
+            return;
+        }
+        for id in &old {
+            self.jobs.remove(id);
+            self.arrays.remove(id);
+            out.writes.push(Write::ForgetJob(*id));
+        }
+        tracing::info!(
+            "{} jobs that ended more than {} ago removed",
+            old.len(),
+            humantime::format_duration(keep)
+        );
     }
 
     /// Which job holds each busy GPU, by (node, GPU index).
@@ -1040,6 +1082,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             state.end_unmeetable_dependencies(now, out);
             state.mark_silent_nodes_down(now, out);
             state.enforce_preemption_grace(now, out);
+            state.remove_old_ended_jobs(now, out);
         }
         Command::ToAgent { node, message, reply } => drop(reply.send(state.send_now(&node, message))),
     }
@@ -1066,6 +1109,7 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
             Write::Node(name) => state.nodes.get(name).into_iter().for_each(|node| records.node(node)),
             Write::ForgetNode(name) => records.remove_node(name),
+            Write::ForgetJob(id) => records.remove_job(*id),
             Write::NextJobId => records.next_job_id(state.next_job_id),
             Write::NextEpoch => records.next_epoch(state.next_epoch),
             Write::Usage(team) => state

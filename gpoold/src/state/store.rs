@@ -220,6 +220,11 @@ impl Records {
             .push((TreeId::Nodes, node.name.as_bytes().to_vec(), Some(encode(node))));
     }
 
+    /// Removes an ended job (past its retention).
+    pub fn remove_job(&mut self, id: gpool_core::JobId) {
+        self.entries.push((TreeId::Jobs, id.0.to_be_bytes().to_vec(), None));
+    }
+
     /// Forgets a node.
     pub fn remove_node(&mut self, name: &str) {
         self.entries.push((TreeId::Nodes, name.as_bytes().to_vec(), None));
