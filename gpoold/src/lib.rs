@@ -92,6 +92,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     ));
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock));
     let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
+    return_free_memory_periodically();
     handle.sched_wakeup.notify_one();
 
     tracing::info!(
@@ -350,6 +351,27 @@ fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
             .with_context(|| format!("{}: cannot chmod {mode:o}", path.display()))?;
     }
     Ok(())
+}
+
+/// glibc keeps what gpoold frees in its per-thread arenas: after a burst
+/// (a 10,000-job batch, a long listing) most of gpoold's resident memory
+/// is free memory. A thread hands it back to the system every few seconds
+/// (`malloc_trim` returns free pages from the middle of every arena).
+fn return_free_memory_periodically() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let spawned = std::thread::Builder::new().name("gpoold-trim".into()).spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_secs(5));
+            // SAFETY: malloc_trim only walks and trims glibc's own heaps,
+            // under their locks; it takes no pointers of ours.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        });
+        if let Err(err) = spawned {
+            tracing::warn!("cannot start the memory trim thread: {err}");
+        }
+    }
 }
 
 /// Asks the state task to look for silent nodes a few times per timeout

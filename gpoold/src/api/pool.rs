@@ -44,7 +44,21 @@ fn list_chunk(
     let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut chunk = Vec::with_capacity(LIST_CHUNK);
     let mut n_scanned = 0;
-    for job in state.jobs.range(*next_id..).map(|(_, job)| job) {
+    // Pending and running jobs only: the jobs that have not ended are
+    // looked at, not the whole history.
+    let active_only = if wanted_states.is_empty() {
+        !filter.all
+    } else {
+        wanted_states
+            .iter()
+            .all(|wanted| matches!(wanted, pb::JobState::Pending | pb::JobState::Running))
+    };
+    let jobs: Box<dyn Iterator<Item = &gpool_core::Job>> = if active_only {
+        Box::new(state.active_jobs_from(*next_id))
+    } else {
+        Box::new(state.jobs.range(*next_id..).map(|(_, job)| job))
+    };
+    for job in jobs {
         *next_id = JobId(job.id.0 + 1);
         n_scanned += 1;
         let state_ok = if wanted_states.is_empty() {

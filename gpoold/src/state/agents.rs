@@ -235,8 +235,7 @@ impl State {
             }
         }
         let vanished: Vec<(JobId, Epoch)> = self
-            .jobs
-            .values()
+            .active_jobs()
             .filter_map(|job| match &job.state {
                 JobState::Running { epoch, placement, .. } if placement.iter().any(|p| p.node == name) => {
                     Some((job.id, *epoch))
@@ -288,8 +287,7 @@ impl State {
     /// at once) and requeues their jobs.
     pub(super) fn requeue_jobs_on(&mut self, node: &str, now: Timestamp, out: &mut Batch) {
         let attempts: Vec<(JobId, Epoch)> = self
-            .jobs
-            .values()
+            .active_jobs()
             .filter_map(|job| self.attempt_on(job.id, node).map(|epoch| (job.id, epoch)))
             .collect();
         for (job_id, epoch) in attempts {
@@ -487,8 +485,7 @@ impl State {
             }
             // One pass over the jobs, however many nodes went down at once.
             let lost: Vec<(JobId, Epoch)> = self
-                .jobs
-                .values()
+                .active_jobs()
                 .filter(|job| job.spec.requeue)
                 .filter_map(|job| match &job.state {
                     JobState::Running { epoch, placement, .. }
@@ -524,7 +521,7 @@ impl State {
 
     /// Whether an attempt that has not ended holds GPUs of `node`.
     pub(super) fn node_holds_attempts(&self, node: &str) -> bool {
-        self.jobs.values().any(|job| self.attempt_on(job.id, node).is_some())
+        self.active_jobs().any(|job| self.attempt_on(job.id, node).is_some())
     }
 
     /// Removes `node` from memory and disk.

@@ -45,6 +45,7 @@ impl State {
         let n_tasks = array.spec.array.as_ref().map_or(0, |spec| spec.len());
         let task = task_of(array, id, index);
         self.jobs.insert(id, task);
+        self.active.insert(id);
         // The lowest position whose task is not a job yet moves past those
         // that are.
         let mut next_position = self.jobs[&array_id].array.as_ref().map_or(0, |p| p.next_position);

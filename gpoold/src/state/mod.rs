@@ -93,6 +93,9 @@ pub struct State {
     arrays: BTreeMap<JobId, u32>,
     /// Running tasks of each array; rebuilt on start.
     array_running: HashMap<JobId, u32>,
+    /// Jobs that have not ended: what each cycle looks at, however long
+    /// the history kept beside them.
+    active: std::collections::BTreeSet<JobId>,
 }
 
 /// One agent's open link: where to send it Launch and Kill.
@@ -358,12 +361,19 @@ impl State {
             envs: std::collections::HashSet::new(),
             arrays: BTreeMap::new(),
             array_running: HashMap::new(),
+            active: std::collections::BTreeSet::new(),
         };
         let mut jobs = std::mem::take(&mut state.jobs);
         for job in jobs.values_mut() {
             job.spec.env = state.intern_env(&job.spec.env);
         }
         state.jobs = jobs;
+        state.active = state
+            .jobs
+            .values()
+            .filter(|job| !job.state.is_finished())
+            .map(|job| job.id)
+            .collect();
         state.count_running_tasks();
         state.restore_preempt_deadlines();
         state
@@ -457,6 +467,7 @@ impl State {
                 past_attempts: Vec::new(),
             };
             self.jobs.insert(id, job);
+            self.active.insert(id);
             ids.push(id);
             writes.push(Write::Job(id));
         }
@@ -685,7 +696,7 @@ impl State {
         // Arrays ready to hand out tasks, and the pending tasks of each.
         let mut arrays: Vec<(&Job, bool)> = Vec::new();
         let mut pending_tasks: HashMap<JobId, Vec<PendingJob>> = HashMap::new();
-        for job in self.jobs.values() {
+        for job in self.active_jobs() {
             match &job.state {
                 JobState::Pending if job.array.is_some() => {
                     arrays.push((job, !job.held && self.dependencies_met(job, &singletons)));
@@ -736,6 +747,16 @@ impl State {
         }
     }
 
+    /// Jobs that have not ended, by id.
+    pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.active.iter().filter_map(|id| self.jobs.get(id))
+    }
+
+    /// As `active_jobs`, from id `first` on.
+    pub fn active_jobs_from(&self, first: JobId) -> impl Iterator<Item = &Job> {
+        self.active.range(first..).filter_map(|id| self.jobs.get(id))
+    }
+
     /// The shared copy of `env`.
     fn intern_env(&mut self, env: &Arc<[(String, String)]>) -> Arc<[(String, String)]> {
         if let Some(shared) = self.envs.get(env) {
@@ -748,9 +769,22 @@ impl State {
     /// For `singleton`: by (user, name), the job that runs, else the
     /// earliest pending singleton (which may start first).
     pub fn singleton_holders(&self) -> HashMap<(&str, &str), JobId> {
+        // Only the names of waiting singletons matter (usually none): the
+        // running jobs are not hashed each cycle for nothing.
+        let wanted: std::collections::HashSet<(&str, &str)> = self
+            .active_jobs()
+            .filter(|job| job.spec.singleton && !job.held && job.state == JobState::Pending)
+            .map(|job| (job.user.as_str(), job.spec.name.as_str()))
+            .collect();
         let mut holders: HashMap<(&str, &str), JobId> = HashMap::new();
-        for job in self.jobs.values() {
+        if wanted.is_empty() {
+            return holders;
+        }
+        for job in self.active_jobs() {
             let key = (job.user.as_str(), job.spec.name.as_str());
+            if !wanted.contains(&key) {
+                continue;
+            }
             match &job.state {
                 JobState::Running { .. } => {
                     holders.insert(key, job.id);
@@ -783,7 +817,7 @@ impl State {
             return DepState::Met;
         }
         let holder = job.spec.singleton.then(|| {
-            self.jobs.values().find(|other| {
+            self.active_jobs().find(|other| {
                 other.id != job.id
                     && other.user == job.user
                     && other.spec.name == job.spec.name
@@ -805,8 +839,7 @@ impl State {
     fn end_unmeetable_dependencies(&mut self, now: Timestamp, out: &mut Batch) {
         // A singleton only ever waits, so no holder is needed to see "never".
         let never: Vec<(JobId, String)> = self
-            .jobs
-            .values()
+            .active_jobs()
             .filter(|job| job.state == JobState::Pending && !job.spec.dependencies.is_empty())
             .filter_map(|job| match dependency_state(job, |id| self.jobs.get(&id), None) {
                 DepState::Never(reason) => Some((job.id, reason)),
@@ -856,7 +889,7 @@ impl State {
     /// Which job holds each busy GPU, by (node, GPU index).
     pub fn gpu_holders(&self) -> HashMap<(&str, u32), JobId> {
         let mut holders = HashMap::new();
-        for job in self.jobs.values() {
+        for job in self.active_jobs() {
             if let JobState::Running { placement, .. } = &job.state {
                 for part in placement {
                     for gpu_idx in &part.gpu_indices {

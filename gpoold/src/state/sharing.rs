@@ -36,8 +36,11 @@ impl State {
             return false;
         }
         let array_task = job.array_task;
-        if job.array.is_some() && job.state.is_finished() {
-            self.array_running.remove(&id);
+        if job.state.is_finished() {
+            self.active.remove(&id);
+            if job.array.is_some() {
+                self.array_running.remove(&id);
+            }
         }
         out.writes.push(Write::Job(id));
         out.changed.push(id);
@@ -69,8 +72,7 @@ impl State {
 
     /// Running jobs as the scheduler sees them.
     pub fn running_jobs(&self) -> Vec<RunningJob> {
-        self.jobs
-            .values()
+        self.active_jobs()
             .filter_map(|job| match &job.state {
                 JobState::Running {
                     epoch,
