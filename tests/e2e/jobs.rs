@@ -195,8 +195,12 @@ fn a_second_dev_controller_leaves_the_first_ones_address_alone() {
         },
         first.dir.path().join("second.log"),
     );
+    // Its address file is written before it looks at the pointer: wait
+    // for what it concluded.
     crate::harness::process::wait_until("the second controller to start", Duration::from_secs(30), || {
-        std::fs::read_to_string(state_dir.join("gpoold.addr")).ok()
+        std::fs::read_to_string(state_dir.join("gpoold.addr")).ok()?;
+        let log = std::fs::read_to_string(first.dir.path().join("second.log")).ok()?;
+        log.contains("another dev controller answers at").then_some(())
     });
     assert_eq!(
         std::fs::read_to_string(&pointer).unwrap().trim(),
@@ -673,6 +677,9 @@ fn a_requeued_job_says_it_was_preempted_and_keeps_each_attempts_output() {
     cluster.start_agent("n1", 1);
     let job = cluster.submit(&["--", "sh", "-c", "echo attempt $GPOOL_ATTEMPT; sleep 30"]);
     cluster.wait_for_state(job, "running");
+    wait_until("the first attempt's output", Duration::from_secs(10), || {
+        (cluster.gpool(&["logs", &job.to_string()]).stdout == "attempt 1\n").then_some(())
+    });
     // Drained, the node lets the requeued job wait in the queue.
     cluster.gpool(&["drain", "n1", "--reason", "test"]).ok();
     let requeued = cluster.gpool(&["requeue", &job.to_string()]).ok().to_string();
