@@ -58,7 +58,14 @@ pub struct Attempts {
     killed: Mutex<std::collections::HashSet<(u64, u64)>>,
     /// Log reads in progress, by request id; set to stop one.
     log_reads: Mutex<std::collections::HashMap<u64, Arc<std::sync::atomic::AtomicBool>>>,
+    /// The latest attempts that ended here, (job, epoch), newest last: a
+    /// follower that came before its attempt was running knows when to
+    /// stop waiting for it.
+    recent_ends: Mutex<std::collections::VecDeque<(u64, u64)>>,
 }
+
+/// How many ended attempts `recent_ends` remembers.
+const RECENT_ENDS: usize = 4096;
 
 impl Attempts {
     /// Fails when `gpool-supervise` is not installed next to this binary or
@@ -99,6 +106,7 @@ impl Attempts {
             events,
             tasks: Mutex::new(JoinSet::new()),
             log_reads: Mutex::new(std::collections::HashMap::new()),
+            recent_ends: Mutex::new(std::collections::VecDeque::new()),
             killed: Mutex::new(std::collections::HashSet::new()),
         }))
     }
@@ -170,7 +178,32 @@ impl Attempts {
         };
         self.journal()
             .ended(attempt.job_id, attempt.epoch, &ended.to_line(), now_ms());
+        {
+            let mut recent = self.recent_ends.lock().unwrap_or_else(|p| p.into_inner());
+            if recent.len() == RECENT_ENDS {
+                recent.pop_front();
+            }
+            recent.push_back((attempt.job_id, attempt.epoch));
+        }
         let _ = self.events.send(end_event(attempt.job_id, attempt.epoch, ended));
+    }
+
+    /// Whether a follower of attempt `epoch` of `job_id` should go on
+    /// waiting for more: the attempt runs here, or it has not started yet
+    /// (its Launch may still be on its way, for a while) and not ended.
+    fn may_write_more(&self, job_id: u64, epoch: u64, asked: std::time::Instant) -> bool {
+        if epoch == 0 {
+            return false;
+        }
+        if self.running_epoch(job_id) == Some(epoch) {
+            return true;
+        }
+        let ended = self
+            .recent_ends
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&(job_id, epoch));
+        !ended && asked.elapsed() < LAUNCH_PATIENCE
     }
 
     /// Ends gpoold may not have yet: every Register carries them.
@@ -345,7 +378,7 @@ impl Attempts {
             && opened
                 .as_ref()
                 .is_err_and(|err| err.kind() == std::io::ErrorKind::NotFound)
-            && (self.running_epoch(request.job_id).is_some() || asked.elapsed() < LAUNCH_PATIENCE)
+            && self.may_write_more(request.job_id, request.epoch, asked)
             && !stop.load(std::sync::atomic::Ordering::Relaxed)
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -390,7 +423,7 @@ impl Attempts {
                 }
                 continue;
             }
-            let running = self.running_epoch(request.job_id).is_some();
+            let running = self.may_write_more(request.job_id, request.epoch, asked);
             if request.follow && running {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             } else if request.follow && !last_pass {

@@ -606,7 +606,14 @@ pub fn pool_summaries(nodes: &[pb::Node]) -> Vec<PoolSummary> {
         let state = node_state(node);
         let available = matches!(state, "idle" | "mixed" | "allocated");
         let n_busy = node.gpus.iter().filter(|gpu| gpu.job_id != 0).count();
-        for pool in &node.pools {
+        // A node no pool selects is counted under "(none)".
+        let none = ["(none)".to_string()];
+        let node_pools = if node.pools.is_empty() {
+            &none[..]
+        } else {
+            &node.pools[..]
+        };
+        for pool in node_pools {
             let summary = pools.entry(pool.clone()).or_insert_with(|| PoolSummary {
                 pool: pool.clone(),
                 ..PoolSummary::default()

@@ -714,11 +714,19 @@ fn ended_jobs_are_removed_after_their_retention_and_stay_removed() {
     cluster.start_agent("n1", 1);
     let old = cluster.submit(&["--", "true"]);
     cluster.wait_for_state(old, "completed");
+    let needed = cluster.submit(&["--", "true"]);
+    cluster.wait_for_state(needed, "completed");
     let running = cluster.submit(&["--", "sleep", "30"]);
+    cluster.wait_for_state(running, "running");
+    // Waits for the GPU, its dependency met: the job it names is kept.
+    let dependent = cluster.submit(&["-d", &format!("afterok:{needed}"), "--", "true"]);
     wait_until("the ended job to be removed", Duration::from_secs(20), || {
         let shown = cluster.gpool(&["show", &old.to_string()]);
         shown.stderr.contains("not found").then_some(())
     });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(cluster.job(needed)["state"], "completed");
+    assert_eq!(cluster.job(dependent)["state"], "pending");
     assert_eq!(cluster.job(running)["state"], "running");
     cluster.controller().stop();
     cluster.start_controller();
@@ -732,7 +740,13 @@ fn ended_jobs_are_removed_after_their_retention_and_stay_removed() {
     let next = cluster.submit(&["--", "true"]);
     assert!(next > running, "{next}");
     // A range cancels the jobs it names and passes over the missing ones.
-    let cancelled = cluster.gpool(&["cancel", &format!("{old}-{running}"), "--output", "json"]);
+    let cancelled = cluster.gpool(&[
+        "cancel",
+        &format!("{old}-{old}"),
+        &running.to_string(),
+        "--output",
+        "json",
+    ]);
     assert_eq!(cancelled.code, 0, "{}", cancelled.stderr);
     let outcomes = cancelled.json()["outcomes"].clone();
     assert_eq!(outcomes.as_array().map(Vec::len), Some(1), "{outcomes}");

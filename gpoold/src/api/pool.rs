@@ -403,7 +403,7 @@ impl Pool for PoolService {
         } = request.into_inner();
         let source = self.log_source(JobId(id), (rank, attempt), stderr, &who.caller);
         self.audit(&who, "logs", &format!("job {id}"), false, &source);
-        let (node, attempt) = source?;
+        let (node, attempt, epoch) = source?;
         let (request_id, receiver) = self.logs.open(&node);
         let read_log = pb::ReadLog {
             request_id,
@@ -411,6 +411,7 @@ impl Pool for PoolService {
             attempt,
             stderr,
             follow,
+            epoch,
         };
         let message = pb::ControllerMessage {
             msg: Some(pb::controller_message::Msg::ReadLog(read_log)),
@@ -736,7 +737,7 @@ impl PoolService {
         (rank, attempt): (u32, u32),
         stderr: bool,
         caller: &Caller,
-    ) -> Result<(String, u32), Status> {
+    ) -> Result<(String, u32, u64), Status> {
         let state = self
             .state
             .shared
@@ -790,8 +791,13 @@ impl PoolService {
                 }
             },
         };
+        // Only the running attempt is followed.
+        let epoch = match &job.state {
+            gpool_core::JobState::Running { epoch, .. } if attempt == job.n_attempts => epoch.0,
+            _ => 0,
+        };
         match nodes.get(rank as usize) {
-            Some(node) => Ok((node.clone(), attempt)),
+            Some(node) => Ok((node.clone(), attempt, epoch)),
             None => Err(Error::InvalidRequest {
                 field: "rank",
                 reason: format!(

@@ -13,8 +13,10 @@ use gpool_proto::pb;
 /// Most tasks of one array that are not jobs yet the scheduler sees in one
 /// cycle (it starts at most as many as there are free GPUs anyway).
 pub const ARRAY_VIEW_WINDOW: usize = 512;
-/// Most such tasks of all arrays together in one cycle.
+/// Most such tasks of all arrays together in one cycle, shared out evenly
+/// (but each array gets `ARRAY_VIEW_MIN`).
 pub const ARRAY_VIEW_BUDGET: usize = 4096;
+pub const ARRAY_VIEW_MIN: usize = 8;
 /// Most ranges `array_info` lists of an array's waiting tasks.
 const MAX_WAITING_RANGES: usize = 64;
 
@@ -132,13 +134,13 @@ impl State {
 
     /// The scheduler's view of an array's tasks: its pending tasks that
     /// are jobs (`pending_tasks`), then tasks that are not jobs yet, within
-    /// its `%N`, `ARRAY_VIEW_WINDOW` and what is left of `budget`.
+    /// its `%N` and `window`.
     pub(super) fn array_view(
         &self,
         array: &Job,
         ready: bool,
         pending_tasks: Vec<PendingJob>,
-        budget: &mut usize,
+        window: usize,
         into: &mut Vec<PendingJob>,
     ) {
         let Some(spec) = array.spec.array.as_ref() else {
@@ -159,10 +161,9 @@ impl State {
         let waiting = (progress.next_position..spec.len())
             .map(|position| task_id(array.id, position))
             .filter(|id| !self.jobs.contains_key(id))
-            .take(allowance.min(ARRAY_VIEW_WINDOW).min(*budget));
+            .take(allowance.min(window));
         for id in waiting {
             into.push(pending_view(id, array));
-            *budget -= 1;
         }
     }
 

@@ -718,11 +718,13 @@ impl State {
             }
         }
         // Tasks that are not jobs yet, for all arrays together, at most
-        // this many: the cycle's cost stays bounded however many arrays wait.
-        let mut budget = arrays::ARRAY_VIEW_BUDGET;
+        // `ARRAY_VIEW_BUDGET`, shared out evenly: the cycle's cost stays
+        // bounded however many arrays wait, and every array is seen.
+        let n_ready = arrays.iter().filter(|(_, ready)| *ready).count().max(1);
+        let window = (arrays::ARRAY_VIEW_BUDGET / n_ready).clamp(arrays::ARRAY_VIEW_MIN, arrays::ARRAY_VIEW_WINDOW);
         for (array, ready) in arrays {
             let tasks = pending_tasks.remove(&array.id).unwrap_or_default();
-            self.array_view(array, ready, tasks, &mut budget, &mut pending);
+            self.array_view(array, ready, tasks, window, &mut pending);
         }
         // Tasks of arrays that ended on their own terms (none, normally).
         pending.extend(pending_tasks.into_values().flatten());
@@ -865,10 +867,23 @@ impl State {
         }
         self.last_compaction = Some(std::time::Instant::now());
         let before = Timestamp(now.0.saturating_sub(keep.as_millis().min(i64::MAX as u128) as i64));
+        // Kept while something that has not ended needs them: the targets
+        // of its dependencies, and the ended tasks of an array that has
+        // not ended (they say which of its tasks are done).
+        let needed: std::collections::HashSet<JobId> = self
+            .active_jobs()
+            .flat_map(|job| job.spec.dependencies.iter())
+            .filter_map(|dependency| match dependency.target {
+                DepTarget::Job(id) => Some(id),
+                DepTarget::InRequest(_) => None,
+            })
+            .collect();
         let old: Vec<JobId> = self
             .jobs
             .values()
             .filter(|job| job.state.ended_at().is_some_and(|ended| ended < before))
+            .filter(|job| !needed.contains(&job.id))
+            .filter(|job| job.array_task.is_none_or(|task| !self.active.contains(&task.array)))
             .map(|job| job.id)
             .collect();
         if old.is_empty() {

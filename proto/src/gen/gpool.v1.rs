@@ -801,6 +801,10 @@ pub struct ReadLog {
     /// Keep sending while the attempt runs.
     #[prost(bool, tag = "5")]
     pub follow: bool,
+    /// The attempt's epoch when it is the job's running one; 0 for an
+    /// attempt that ended (then it is read to its end, never followed).
+    #[prost(uint64, tag = "6")]
+    pub epoch: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
