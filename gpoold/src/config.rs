@@ -48,6 +48,8 @@ pub struct Config {
     pub forget_nodes_after: Option<Duration>,
     /// Jobs that ended this long ago are removed; `None`: kept forever.
     pub keep_ended_jobs: Option<Duration>,
+    /// Where `/metrics` is served (Prometheus); `None`: not served.
+    pub metrics_listen: Option<SocketAddr>,
     /// The largest request gpoold takes, in bytes.
     pub max_message_size: usize,
     /// Dev mode: agents to run inside gpoold, linked over loopback.
@@ -126,6 +128,8 @@ struct ConfigFile {
     forget_nodes_after: Option<toml::Spanned<String>>,
     #[serde(default)]
     keep_ended_jobs: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    metrics_listen: Option<toml::Spanned<String>>,
     #[serde(default)]
     max_message_size: Option<toml::Spanned<String>>,
     socket: Option<PathBuf>,
@@ -341,6 +345,18 @@ impl Config {
                     })?,
             ),
         };
+        let metrics_listen = match parsed.metrics_listen {
+            None => None,
+            Some(text) => Some(text.get_ref().parse::<SocketAddr>().map_err(|_| {
+                invalid(
+                    text.span().start,
+                    format!(
+                        "metrics_listen: {:?} is not an address such as 127.0.0.1:9464",
+                        text.get_ref()
+                    ),
+                )
+            })?),
+        };
         let max_message_size = match parsed.max_message_size {
             None => gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,
             Some(text) => gpool_core::spec::parse_size(text.get_ref())
@@ -416,6 +432,7 @@ impl Config {
             node_timeout,
             forget_nodes_after,
             keep_ended_jobs,
+            metrics_listen,
             max_message_size,
             dev_agents: None,
             path: None,

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod sched_loop;
 pub mod security;
 pub mod state;
@@ -25,6 +26,8 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The file in the state dir that holds the bound `host:port`.
 pub const ADDR_FILE: &str = "gpoold.addr";
+/// ...and the one of `metrics_listen`.
+pub const METRICS_ADDR_FILE: &str = "metrics.addr";
 
 /// Wall-clock now, the one clock gpoold hands to gpool-core.
 pub fn wall_clock() -> Timestamp {
@@ -90,7 +93,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         flush_sender,
         wall_clock,
     ));
-    let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock));
+    let metrics = handle
+        .shared
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .metrics
+        .clone();
+    let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock, metrics.clone()));
     let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
     return_free_memory_periodically();
     handle.sched_wakeup.notify_one();
@@ -155,6 +164,20 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
                 }
             });
         }
+    }
+    if let Some(metrics_addr) = config.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("metrics_listen: cannot bind {metrics_addr}"))?;
+        let bound = listener.local_addr()?;
+        write_addr_file(&config.state_dir.join(METRICS_ADDR_FILE), &bound.to_string())?;
+        tracing::info!("metrics on http://{bound}/metrics");
+        tokio::spawn(metrics::serve(
+            listener,
+            handle.shared.clone(),
+            metrics,
+            stopping.clone(),
+        ));
     }
     let mut stopping_for_unix = stopping.clone();
     let unix_served = unix_listener.map(|listener| {

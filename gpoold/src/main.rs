@@ -35,6 +35,10 @@ struct Args {
     /// Dev mode: how long an agent may be silent before its node is down.
     #[arg(long, requires = "dev", default_value = "30s", value_parser = gpoold::config::parse_node_timeout)]
     node_timeout: std::time::Duration,
+    /// Dev mode: serve Prometheus metrics at http://ADDR/metrics (in a
+    /// config, `metrics_listen`).
+    #[arg(long, requires = "dev", value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -86,6 +90,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 node_timeout: args.node_timeout,
                 forget_nodes_after: Some(gpoold::config::DEFAULT_FORGET_NODES_AFTER),
                 keep_ended_jobs: Some(gpoold::config::DEFAULT_KEEP_ENDED_JOBS),
+                metrics_listen: args.metrics_listen,
                 max_message_size: gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,
                 dev_agents: (args.dev_nodes > 0).then_some(gpoold::config::DevAgents {
                     n_nodes: args.dev_nodes,

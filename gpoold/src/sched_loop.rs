@@ -17,7 +17,7 @@ const PERIOD: Duration = Duration::from_secs(5);
 /// flood of submissions.
 const IDLE_FACTOR: u32 = 4;
 
-pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
+pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<crate::metrics::Metrics>) {
     loop {
         let _ = tokio::time::timeout(PERIOD, handle.sched_wakeup.notified()).await;
         let started = Instant::now();
@@ -40,6 +40,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp) {
             .collect();
         let (reasons, hints, codes) = reasons_in_words(plan);
         let compute = started.elapsed();
+        metrics.cycle_seconds.observe(compute.as_secs_f64());
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
             return;
         }

@@ -9,6 +9,7 @@ mod bad_input;
 mod durability;
 mod faults;
 mod jobs;
+mod metrics;
 mod security;
 mod sharing;
 mod systemd;

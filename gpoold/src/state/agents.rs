@@ -81,6 +81,13 @@ impl State {
                 continue;
             }
             self.next_epoch += 1;
+            if let Some(job) = self.jobs.get(&start.job) {
+                let waited = (now.0 - job.submitted_at.0).max(0) as f64 / 1000.0;
+                self.metrics
+                    .queue_wait_seconds
+                    .get_or_create(&vec![("team", job.spec.team.clone())])
+                    .observe(waited);
+            }
             for part in &start.placement {
                 busy.extend(part.gpu_indices.iter().map(|gpu| (part.node.clone(), *gpu)));
             }

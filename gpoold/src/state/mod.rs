@@ -96,6 +96,8 @@ pub struct State {
     /// Jobs that have not ended: what each cycle looks at, however long
     /// the history kept beside them.
     active: std::collections::BTreeSet<JobId>,
+    /// Counters and histograms for `/metrics`.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// One agent's open link: where to send it Launch and Kill.
@@ -362,6 +364,7 @@ impl State {
             arrays: BTreeMap::new(),
             array_running: HashMap::new(),
             active: std::collections::BTreeSet::new(),
+            metrics: Arc::new(crate::metrics::Metrics::default()),
         };
         let mut jobs = std::mem::take(&mut state.jobs);
         for job in jobs.values_mut() {

@@ -139,6 +139,8 @@ impl State {
                 for_job = %preemption.for_job,
                 "preempting: signal {signal}, {grace_secs} s to checkpoint, {lost:.0} GPU-seconds at stake"
             );
+            self.metrics.preemptions.inc();
+            self.metrics.preempted_gpu_seconds.inc_by(lost);
             while self.recent_waste.front().is_some_and(|(at, _)| now.0 - at.0 > HOUR_MS) {
                 self.recent_waste.pop_front();
             }

@@ -1,0 +1,272 @@
+//! Prometheus metrics: `GET /metrics` on `metrics_listen`, in the text
+//! exposition format (prometheus-client). Gauges are read from the state
+//! at each scrape; counters and histograms are kept as things happen (the
+//! scheduling loop and the state task record into `Metrics`).
+
+use crate::state::{SharedState, State};
+use gpool_core::model::NodeState;
+use gpool_core::JobState;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// What is counted as it happens.
+#[derive(Clone)]
+pub struct Metrics {
+    /// Each scheduling cycle's computing time.
+    pub cycle_seconds: Histogram,
+    /// From submit to start, for each start, by team.
+    pub queue_wait_seconds: Family<Labels, Histogram>,
+    pub preemptions: Counter,
+    /// Work since the last checkpoint that preemptions threw away.
+    pub preempted_gpu_seconds: Counter<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            // 100 us to about 6.5 s.
+            cycle_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
+            // 10 ms to about 2 days.
+            queue_wait_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 4.0, 14))),
+            preemptions: Counter::default(),
+            preempted_gpu_seconds: Counter::default(),
+        }
+    }
+}
+
+/// The exposition text of everything: the state as it is now, and the
+/// counters and histograms so far.
+pub fn render(state: &State, metrics: &Metrics) -> String {
+    let mut registry = Registry::with_prefix("gpool");
+    let gauge = |registry: &mut Registry, name: &str, help: &str| {
+        let family = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(name, help, family.clone());
+        family
+    };
+
+    // GPUs by model, pool and state; nodes by state.
+    let gpus = gauge(
+        &mut registry,
+        "gpus",
+        "GPUs by model, pool and state (allocated, idle, unavailable: on nodes down, drained or draining)",
+    );
+    let nodes = gauge(&mut registry, "nodes", "Nodes by state");
+    let holders = state.gpu_holders();
+    for node in state.nodes.values() {
+        let n_busy = node
+            .gpus
+            .iter()
+            .filter(|gpu| holders.contains_key(&(node.name.as_str(), gpu.index)))
+            .count();
+        let node_state = node.state(n_busy);
+        let available = node_state == NodeState::Up;
+        nodes
+            .get_or_create(&vec![("state", node_state_name(node_state).to_string())])
+            .inc();
+        let pools: Vec<String> = state
+            .policy
+            .pools
+            .iter()
+            .filter(|pool| pool.selects(&node.labels))
+            .map(|pool| pool.name.clone())
+            .collect();
+        for gpu in &node.gpus {
+            let gpu_state = match (holders.contains_key(&(node.name.as_str(), gpu.index)), available) {
+                (true, _) => "allocated",
+                (false, true) => "idle",
+                (false, false) => "unavailable",
+            };
+            for pool in &pools {
+                gpus.get_or_create(&vec![
+                    ("model", gpu.model.to_string()),
+                    ("pool", pool.clone()),
+                    ("state", gpu_state.to_string()),
+                ])
+                .inc();
+            }
+        }
+    }
+
+    // Each GPU's latest heartbeat sample.
+    let utilization = gauge(
+        &mut registry,
+        "gpu_utilization_ratio",
+        "GPU utilisation (0 to 1), latest sample",
+    );
+    let memory = gauge(
+        &mut registry,
+        "gpu_memory_used_bytes",
+        "GPU memory in use, latest sample",
+    );
+    let temperature = gauge(
+        &mut registry,
+        "gpu_temperature_celsius",
+        "GPU temperature, latest sample",
+    );
+    let power = gauge(&mut registry, "gpu_power_watts", "GPU power draw, latest sample");
+    for (node_name, samples) in &state.gpu_samples {
+        let Some(node) = state.nodes.get(node_name) else {
+            continue;
+        };
+        for sample in samples {
+            let model = node
+                .gpus
+                .iter()
+                .find(|gpu| gpu.index == sample.index)
+                .map_or_else(String::new, |gpu| gpu.model.to_string());
+            let labels = vec![
+                ("node", node_name.clone()),
+                ("index", sample.index.to_string()),
+                ("model", model),
+            ];
+            utilization
+                .get_or_create(&labels)
+                .set(f64::from(sample.utilization_pct) / 100.0);
+            memory
+                .get_or_create(&labels)
+                .set(sample.memory_used_mib as f64 * 1024.0 * 1024.0);
+            temperature.get_or_create(&labels).set(f64::from(sample.temperature_c));
+            power.get_or_create(&labels).set(f64::from(sample.power_w));
+        }
+    }
+
+    // Jobs that have not ended, by state and team, and GPUs in use by team.
+    let jobs = gauge(&mut registry, "jobs", "Pending and running jobs by state and team");
+    let team_gpus = gauge(
+        &mut registry,
+        "team_gpus_in_use",
+        "GPUs running attempts hold, by team and ledger (guaranteed or burst)",
+    );
+    let mut by_team: BTreeMap<(String, &'static str), f64> = BTreeMap::new();
+    for job in state.active_jobs() {
+        jobs.get_or_create(&vec![
+            ("state", job.state.name().to_string()),
+            ("team", job.spec.team.clone()),
+        ])
+        .inc();
+        if let JobState::Running { placement, burst, .. } = &job.state {
+            let n: usize = placement.iter().map(|part| part.gpu_indices.len()).sum();
+            let ledger = if *burst { "burst" } else { "guaranteed" };
+            *by_team.entry((job.spec.team.clone(), ledger)).or_default() += n as f64;
+        }
+    }
+    for ((team, ledger), n) in by_team {
+        team_gpus
+            .get_or_create(&vec![("team", team), ("ledger", ledger.to_string())])
+            .set(n);
+    }
+    let guaranteed = gauge(
+        &mut registry,
+        "team_guaranteed_gpus",
+        "Each configured team's guaranteed GPUs",
+    );
+    for team in &state.policy.sharing.teams {
+        guaranteed
+            .get_or_create(&vec![("team", team.name.clone())])
+            .set(f64::from(team.guaranteed_gpus));
+    }
+
+    registry.register(
+        "scheduling_cycle_seconds",
+        "Time each scheduling cycle took to compute",
+        metrics.cycle_seconds.clone(),
+    );
+    registry.register(
+        "queue_wait_seconds",
+        "Time from submit to start, at each start, by team",
+        metrics.queue_wait_seconds.clone(),
+    );
+    registry.register("preemptions", "Attempts preempted", metrics.preemptions.clone());
+    registry.register(
+        "preempted_gpu_seconds",
+        "GPU-seconds of work since the last checkpoint that preemptions threw away",
+        metrics.preempted_gpu_seconds.clone(),
+    );
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    text
+}
+
+fn node_state_name(state: NodeState) -> &'static str {
+    match state {
+        NodeState::Up => "up",
+        NodeState::Draining => "draining",
+        NodeState::Drained => "drained",
+        NodeState::Down => "down",
+    }
+}
+
+/// Serves `GET /metrics` (anything else: 404) on `listener` until
+/// `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: SharedState,
+    metrics: Arc<Metrics>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    tracing::warn!("metrics listener: {err}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let (shared, metrics) = (shared.clone(), metrics.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                let (shared, metrics) = (shared.clone(), metrics.clone());
+                async move {
+                    let response = if request.method() == hyper::Method::GET && request.uri().path() == "/metrics" {
+                        let text = {
+                            let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+                            render(&state, &metrics)
+                        };
+                        hyper::Response::builder()
+                            .header(
+                                "content-type",
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )
+                            .body(Full::new(Bytes::from(text)))
+                    } else {
+                        hyper::Response::builder()
+                            .status(hyper::StatusCode::NOT_FOUND)
+                            .body(Full::new(Bytes::from_static(b"gpoold serves /metrics here\n")))
+                    };
+                    response
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(err) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await
+            {
+                tracing::debug!("metrics connection: {err}");
+            }
+        });
+    }
+}

@@ -1,0 +1,65 @@
+//! Prometheus metrics: gpoold serves /metrics with the pool's state.
+
+use crate::harness::cluster::Cluster;
+use crate::harness::process::wait_until;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// The body of an HTTP GET of `path` at `addr`, and its status line.
+fn get(addr: &str, path: &str) -> (String, String) {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics address");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+}
+
+/// The value of the sample whose name and labels are `series`.
+fn value(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+#[test]
+fn metrics_show_gpus_jobs_and_scheduling() {
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    cluster.start_agent("n1", 2);
+    let job = cluster.submit(&["-t", "1h", "--", "sleep", "30"]);
+    cluster.wait_for_state(job, "running");
+    let addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).unwrap();
+    let addr = addr.trim();
+    let body = wait_until("the metrics to show the running job", Duration::from_secs(10), || {
+        let (status, body) = get(addr, "/metrics");
+        assert!(status.contains("200"), "{status}");
+        (value(&body, "gpool_jobs{state=\"running\",team=\"default\"}") == Some(1.0)).then_some(body)
+    });
+    for (series, expected) in [
+        ("gpool_gpus{model=\"h100\",pool=\"default\",state=\"allocated\"}", 1.0),
+        ("gpool_gpus{model=\"h100\",pool=\"default\",state=\"idle\"}", 1.0),
+        ("gpool_nodes{state=\"up\"}", 1.0),
+        ("gpool_team_gpus_in_use{team=\"default\",ledger=\"guaranteed\"}", 1.0),
+        ("gpool_queue_wait_seconds_count{team=\"default\"}", 1.0),
+        ("gpool_preemptions_total", 0.0),
+    ] {
+        assert_eq!(value(&body, series), Some(expected), "{series} in:\n{body}");
+    }
+    assert!(
+        value(&body, "gpool_scheduling_cycle_seconds_count").is_some_and(|n| n >= 1.0),
+        "{body}"
+    );
+    assert!(body.contains("# TYPE gpool_queue_wait_seconds histogram"), "{body}");
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    let (status, _) = get(addr, "/other");
+    assert!(status.contains("404"), "{status}");
+}
