@@ -33,24 +33,26 @@ fn value(body: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn metrics_show_gpus_jobs_and_scheduling() {
-    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    let mut cluster =
+        Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n\n[[team]]\nname = \"ml\"\nguaranteed_gpus = 1\n");
     cluster.start_agent("n1", 2);
-    let job = cluster.submit(&["-t", "1h", "--", "sleep", "30"]);
+    let job = cluster.submit(&["--team", "ml", "-t", "1h", "--", "sleep", "30"]);
     cluster.wait_for_state(job, "running");
     let addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).unwrap();
     let addr = addr.trim();
     let body = wait_until("the metrics to show the running job", Duration::from_secs(10), || {
         let (status, body) = get(addr, "/metrics");
         assert!(status.contains("200"), "{status}");
-        (value(&body, "gpool_jobs{state=\"running\",team=\"default\"}") == Some(1.0)).then_some(body)
+        (value(&body, "gpool_jobs{state=\"running\",team=\"ml\"}") == Some(1.0)).then_some(body)
     });
     for (series, expected) in [
         ("gpool_gpus{model=\"h100\",pool=\"default\",state=\"allocated\"}", 1.0),
         ("gpool_gpus{model=\"h100\",pool=\"default\",state=\"idle\"}", 1.0),
         ("gpool_nodes{state=\"up\"}", 1.0),
-        ("gpool_team_gpus_in_use{team=\"default\",ledger=\"guaranteed\"}", 1.0),
-        ("gpool_queue_wait_seconds_count{team=\"default\"}", 1.0),
+        ("gpool_team_gpus_in_use{team=\"ml\",ledger=\"guaranteed\"}", 1.0),
+        ("gpool_queue_wait_seconds_count{team=\"ml\"}", 1.0),
         ("gpool_preemptions_total", 0.0),
+        ("gpool_team_guaranteed_gpus{team=\"ml\"}", 1.0),
     ] {
         assert_eq!(value(&body, series), Some(expected), "{series} in:\n{body}");
     }
@@ -62,4 +64,44 @@ fn metrics_show_gpus_jobs_and_scheduling() {
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
     let (status, _) = get(addr, "/other");
     assert!(status.contains("404"), "{status}");
+
+    // Every query of the Grafana dashboard names metrics gpoold exports.
+    let exported: std::collections::BTreeSet<String> = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|line| {
+            let (name, kind) = line.split_once(' ')?;
+            Some(match kind {
+                "counter" => vec![format!("{name}_total")],
+                "histogram" => ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .map(|s| format!("{name}{s}"))
+                    .collect(),
+                _ => vec![name.to_string()],
+            })
+        })
+        .flatten()
+        .collect();
+    let dashboard_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/grafana/gpool.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&dashboard_path).unwrap()).unwrap();
+    let mut n_queries = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            n_queries += 1;
+            let names: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|word| word.starts_with("gpool_"))
+                .collect();
+            assert!(!names.is_empty(), "{expr} names no gpool metric");
+            for name in names {
+                assert!(
+                    exported.contains(name),
+                    "{name} (in {expr}) is not exported: {exported:?}"
+                );
+            }
+        }
+    }
+    assert!(n_queries >= 10, "{n_queries} queries");
 }
