@@ -175,6 +175,56 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
             .set(f64::from(team.guaranteed_gpus));
     }
 
+    // Each team's GPU-hours this period against its budget, and its fair
+    // share, as `gpool usage` reports them.
+    let running = state.running_jobs();
+    let running_use: Vec<gpool_core::policy::RunningUse> = running
+        .iter()
+        .map(|job| gpool_core::policy::RunningUse {
+            team: &job.team,
+            gpus: job.gpus(),
+            started_at: job.started_at,
+            burst: job.burst,
+        })
+        .collect();
+    let report =
+        gpool_core::policy::usage_report(&state.policy.sharing, &state.usage, &running_use, crate::wall_clock());
+    let gpu_hours = gauge(
+        &mut registry,
+        "team_gpu_hours",
+        "GPU-hours this budget period, by team and ledger (guaranteed or burst), running attempts included",
+    );
+    let budget = gauge(
+        &mut registry,
+        "team_gpu_hours_budget",
+        "Each team's GPU-hours budget per period",
+    );
+    let budget_left = gauge(
+        &mut registry,
+        "team_gpu_hours_budget_left",
+        "GPU-hours left of each team's budget",
+    );
+    let fair_share = gauge(
+        &mut registry,
+        "team_fair_share",
+        "Each team's fair-share factor (0 to 1)",
+    );
+    for team in report {
+        let labels = |ledger: &str| vec![("team", team.team.clone()), ("ledger", ledger.to_string())];
+        gpu_hours
+            .get_or_create(&labels("guaranteed"))
+            .set(team.guaranteed_gpu_hours);
+        gpu_hours.get_or_create(&labels("burst")).set(team.burst_gpu_hours);
+        let labels = vec![("team", team.team.clone())];
+        if let Some(hours) = team.gpu_hours_budget {
+            budget.get_or_create(&labels).set(hours as f64);
+        }
+        if let Some(hours) = team.budget_left_gpu_hours {
+            budget_left.get_or_create(&labels).set(hours);
+        }
+        fair_share.get_or_create(&labels).set(team.fair_share);
+    }
+
     registry.register(
         "scheduling_cycle_seconds",
         "Time each scheduling cycle took to compute",

@@ -33,8 +33,9 @@ fn value(body: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn metrics_show_gpus_jobs_and_scheduling() {
-    let mut cluster =
-        Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n\n[[team]]\nname = \"ml\"\nguaranteed_gpus = 1\n");
+    let mut cluster = Cluster::with_config(
+        "metrics_listen = \"127.0.0.1:0\"\n\n[[team]]\nname = \"ml\"\nguaranteed_gpus = 1\ngpu_hours = 100\n",
+    );
     cluster.start_agent("n1", 2);
     let job = cluster.submit(&["--team", "ml", "-t", "1h", "--", "sleep", "30"]);
     cluster.wait_for_state(job, "running");
@@ -53,6 +54,8 @@ fn metrics_show_gpus_jobs_and_scheduling() {
         ("gpool_queue_wait_seconds_count{team=\"ml\"}", 1.0),
         ("gpool_preemptions_total", 0.0),
         ("gpool_team_guaranteed_gpus{team=\"ml\"}", 1.0),
+        ("gpool_team_gpu_hours_budget{team=\"ml\"}", 100.0),
+        ("gpool_team_gpu_hours{team=\"ml\",ledger=\"burst\"}", 0.0),
     ] {
         assert_eq!(value(&body, series), Some(expected), "{series} in:\n{body}");
     }
@@ -61,6 +64,12 @@ fn metrics_show_gpus_jobs_and_scheduling() {
         "{body}"
     );
     assert!(body.contains("# TYPE gpool_queue_wait_seconds histogram"), "{body}");
+    // The running job is charged as it runs.
+    let hours = value(&body, "gpool_team_gpu_hours{team=\"ml\",ledger=\"guaranteed\"}");
+    assert!(hours.is_some_and(|hours| hours > 0.0 && hours < 0.1), "{hours:?}");
+    assert!(
+        value(&body, "gpool_team_gpu_hours_budget_left{team=\"ml\"}").is_some_and(|left| left < 100.0 && left > 99.9)
+    );
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
     let (status, _) = get(addr, "/other");
     assert!(status.contains("404"), "{status}");
