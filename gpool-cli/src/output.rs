@@ -14,7 +14,8 @@
 //! (an array's task; else null), array (an array's record: indices,
 //! max_parallel, tasks, waiting_indices, waiting, running, ended,
 //! not_completed; else null), stdout_path and stderr_path (-o/-e
-//! patterns; else null).
+//! patterns; else null), gpu_use ({samples, mean_utilization_pct,
+//! peak_utilization_pct, peak_memory_used_mib, idle}, or null).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -72,6 +73,18 @@ pub struct JobJson<'a> {
     array: Option<ArrayJson<'a>>,
     stdout_path: Option<&'a str>,
     stderr_path: Option<&'a str>,
+    /// From its nodes' samples while it ran, or null before any.
+    gpu_use: Option<GpuUseJson>,
+}
+
+#[derive(Serialize)]
+struct GpuUseJson {
+    samples: u64,
+    mean_utilization_pct: f64,
+    peak_utilization_pct: u32,
+    peak_memory_used_mib: u64,
+    /// Mean utilisation under 1% over at least 3 samples.
+    idle: bool,
 }
 
 #[derive(Serialize)]
@@ -166,7 +179,20 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         }),
         stdout_path: (!spec.stdout_path.is_empty()).then_some(spec.stdout_path.as_str()),
         stderr_path: (!spec.stderr_path.is_empty()).then_some(spec.stderr_path.as_str()),
+        gpu_use: job.gpu_use.as_ref().map(|used| GpuUseJson {
+            samples: used.samples,
+            mean_utilization_pct: (used.mean_utilization_pct * 10.0).round() / 10.0,
+            peak_utilization_pct: used.peak_utilization_pct,
+            peak_memory_used_mib: used.peak_memory_used_mib,
+            idle: idle_allocation(used),
+        }),
     }
+}
+
+/// A job that holds GPUs and does not use them: under 1% on average over
+/// at least 3 samples.
+fn idle_allocation(used: &pb::GpuUse) -> bool {
+    used.samples >= 3 && used.mean_utilization_pct < 1.0
 }
 
 /// An array spec as users write it (`0-999:2%50`), from the wire.
@@ -449,6 +475,23 @@ pub fn print_job_details(job: &pb::Job) {
     }
     if !job.placement.is_empty() {
         lines.push(("placement", placement_text(job)));
+    }
+    if let Some(used) = &job.gpu_use {
+        lines.push((
+            "gpu use",
+            format!(
+                "{:.0}% on average, {}% at peak, {} MiB memory at peak ({} samples){}",
+                used.mean_utilization_pct,
+                used.peak_utilization_pct,
+                used.peak_memory_used_mib,
+                used.samples,
+                if idle_allocation(used) {
+                    "; idle: it holds GPUs it does not use"
+                } else {
+                    ""
+                }
+            ),
+        ));
     }
     if let Some(code) = job.exit_code {
         lines.push(("exit code", code.to_string()));

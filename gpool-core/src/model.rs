@@ -207,6 +207,42 @@ pub struct Job {
     /// stays); at most `MAX_PAST_ATTEMPTS`, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub past_attempts: Vec<PastAttempt>,
+    /// How much of its GPUs its ended attempts used, from the nodes'
+    /// samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_use: Option<GpuUse>,
+}
+
+/// Use of a job's GPUs, from the per-GPU samples of its nodes' heartbeats
+/// taken while it ran (each sample of each of its GPUs counts once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuUse {
+    pub samples: u64,
+    /// Sum of the samples' utilisation, in percent.
+    pub utilization_pct_sum: u64,
+    pub utilization_pct_peak: u32,
+    pub memory_used_mib_peak: u64,
+}
+
+impl GpuUse {
+    pub fn add_sample(&mut self, utilization_pct: u32, memory_used_mib: u64) {
+        self.samples += 1;
+        self.utilization_pct_sum += u64::from(utilization_pct.min(100));
+        self.utilization_pct_peak = self.utilization_pct_peak.max(utilization_pct.min(100));
+        self.memory_used_mib_peak = self.memory_used_mib_peak.max(memory_used_mib);
+    }
+
+    pub fn merge(&mut self, other: &GpuUse) {
+        self.samples += other.samples;
+        self.utilization_pct_sum += other.utilization_pct_sum;
+        self.utilization_pct_peak = self.utilization_pct_peak.max(other.utilization_pct_peak);
+        self.memory_used_mib_peak = self.memory_used_mib_peak.max(other.memory_used_mib_peak);
+    }
+
+    /// Mean utilisation in percent; `None` without samples.
+    pub fn mean_utilization_pct(&self) -> Option<f64> {
+        (self.samples > 0).then(|| self.utilization_pct_sum as f64 / self.samples as f64)
+    }
 }
 
 /// Most earlier attempts a job remembers the nodes of.

@@ -271,6 +271,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             array: None,
             array_task: None,
             past_attempts: Vec::new(),
+            gpu_use: None,
         },
     }
 }

@@ -295,7 +295,18 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         array_job_id: job.array_task.map_or(0, |task| task.array.0),
         array_task_index: job.array_task.map(|task| task.index),
         queue_position: None,
+        gpu_use: job.gpu_use.as_ref().and_then(gpu_use_to_wire),
     }
+}
+
+/// `None` before any sample.
+pub fn gpu_use_to_wire(used: &gpool_core::model::GpuUse) -> Option<pb::GpuUse> {
+    Some(pb::GpuUse {
+        samples: used.samples,
+        mean_utilization_pct: used.mean_utilization_pct()?,
+        peak_utilization_pct: used.utilization_pct_peak,
+        peak_memory_used_mib: used.memory_used_mib_peak,
+    })
 }
 
 /// `holder(gpu_index)` gives the job holding a GPU of this node, if any.

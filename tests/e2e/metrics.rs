@@ -114,3 +114,26 @@ fn metrics_show_gpus_jobs_and_scheduling() {
     }
     assert!(n_queries >= 10, "{n_queries} queries");
 }
+
+#[test]
+fn a_jobs_gpu_use_is_kept_and_an_idle_allocation_is_flagged() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let job = cluster.submit(&["--gpus", "2", "--", "sleep", "30"]);
+    cluster.wait_for_state(job, "running");
+    // Simulated GPUs report no load: the job holds GPUs it does not use.
+    let used = wait_until("a few samples of its GPUs", Duration::from_secs(20), || {
+        let shown = cluster.job(job);
+        (shown["gpu_use"]["samples"].as_u64()? >= 4).then_some(shown["gpu_use"].clone())
+    });
+    assert_eq!(used["mean_utilization_pct"], 0.0, "{used}");
+    assert_eq!(used["idle"], true, "{used}");
+    let text = cluster.gpool(&["show", &job.to_string()]).ok().to_string();
+    assert!(text.contains("idle: it holds GPUs it does not use"), "{text}");
+    // Ended, the job keeps what its attempt used, across a restart.
+    cluster.gpool(&["cancel", &job.to_string()]).ok();
+    cluster.controller().stop();
+    cluster.start_controller();
+    let kept = cluster.job(job)["gpu_use"].clone();
+    assert!(kept["samples"].as_u64().is_some_and(|n| n >= 4), "{kept}");
+}

@@ -148,6 +148,12 @@ fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller) -> pb::Job {
 fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
     let mut wire = job_wire_of_state(state, job);
     wire.array = state.array_info(job);
+    // A running attempt's use so far counts with the ended ones'.
+    if let Some(live) = state.gpu_use_live.get(&job.id) {
+        let mut used = job.gpu_use.unwrap_or_default();
+        used.merge(live);
+        wire.gpu_use = gpool_proto::convert::gpu_use_to_wire(&used);
+    }
     wire
 }
 

@@ -283,6 +283,7 @@ fn task_of(array: &Job, id: JobId, index: u32) -> Job {
         array: None,
         array_task: Some(ArrayTask { array: array.id, index }),
         past_attempts: Vec::new(),
+        gpu_use: None,
     }
 }
 

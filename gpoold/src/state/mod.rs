@@ -98,6 +98,9 @@ pub struct State {
     active: std::collections::BTreeSet<JobId>,
     /// Counters and histograms for `/metrics`.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// GPU use of running attempts so far (folded into the job when the
+    /// attempt ends); not durable.
+    pub gpu_use_live: HashMap<JobId, gpool_core::model::GpuUse>,
 }
 
 /// One agent's open link: where to send it Launch and Kill.
@@ -365,6 +368,7 @@ impl State {
             array_running: HashMap::new(),
             active: std::collections::BTreeSet::new(),
             metrics: Arc::new(crate::metrics::Metrics::default()),
+            gpu_use_live: HashMap::new(),
         };
         let mut jobs = std::mem::take(&mut state.jobs);
         for job in jobs.values_mut() {
@@ -468,6 +472,7 @@ impl State {
                 array: n_tasks.map(|_| Default::default()),
                 array_task: None,
                 past_attempts: Vec::new(),
+                gpu_use: None,
             };
             self.jobs.insert(id, job);
             self.active.insert(id);
@@ -749,6 +754,24 @@ impl State {
             running: self.running_jobs(),
             usage: self.usage.clone(),
             waste_budget_gpu_secs: self.waste_budget(now),
+        }
+    }
+
+    /// Adds `node`'s samples to the GPU use of the attempts running there.
+    fn count_gpu_use(&mut self, node: &str, samples: &[pb::GpuSample]) {
+        let mut counted = Vec::new();
+        for job in self.active_jobs() {
+            let JobState::Running { placement, .. } = &job.state else {
+                continue;
+            };
+            for part in placement.iter().filter(|part| part.node == node) {
+                for sample in samples.iter().filter(|sample| part.gpu_indices.contains(&sample.index)) {
+                    counted.push((job.id, sample.utilization_pct, sample.memory_used_mib));
+                }
+            }
+        }
+        for (id, utilization, memory) in counted {
+            self.gpu_use_live.entry(id).or_default().add_sample(utilization, memory);
         }
     }
 
@@ -1124,6 +1147,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             if state.is_current_link(&node, conn_id) {
                 state.heartbeat(&node, conn_id);
                 state.grant_lease(&node, seq);
+                state.count_gpu_use(&node, &samples);
                 state.gpu_samples.insert(node, samples);
             }
         }

@@ -35,6 +35,12 @@ impl State {
         if job.apply(event).is_err() {
             return false;
         }
+        // An attempt that ended takes its GPU use into the job's record.
+        if matches!(before, JobState::Running { .. }) && !matches!(job.state, JobState::Running { .. }) {
+            if let Some(used) = self.gpu_use_live.remove(&id) {
+                job.gpu_use.get_or_insert_with(Default::default).merge(&used);
+            }
+        }
         let array_task = job.array_task;
         if job.state.is_finished() {
             self.active.remove(&id);

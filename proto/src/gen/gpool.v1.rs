@@ -394,6 +394,23 @@ pub struct Job {
     /// the latest cycle; absent for jobs it did not consider.
     #[prost(uint32, optional, tag = "29")]
     pub queue_position: ::core::option::Option<u32>,
+    /// How much of its GPUs it used, from its nodes' samples while it ran;
+    /// absent before any sample.
+    #[prost(message, optional, tag = "30")]
+    pub gpu_use: ::core::option::Option<GpuUse>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, ::prost::Message)]
+pub struct GpuUse {
+    /// Samples counted (one per GPU per heartbeat).
+    #[prost(uint64, tag = "1")]
+    pub samples: u64,
+    #[prost(double, tag = "2")]
+    pub mean_utilization_pct: f64,
+    #[prost(uint32, tag = "3")]
+    pub peak_utilization_pct: u32,
+    #[prost(uint64, tag = "4")]
+    pub peak_memory_used_mib: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]
