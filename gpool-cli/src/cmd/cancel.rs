@@ -270,6 +270,10 @@ fn report(ctx: &Ctx, response: pb::CancelJobsResponse, mode: Mode) -> Result<u8,
             Mode::Update if outcome.updated => outln!("job {id} updated"),
             Mode::Update => outln!("job {id} unchanged"),
             Mode::Cancel if outcome.cancelled => outln!("cancelled job {id}"),
+            // `--state pending` leaves running jobs alone.
+            Mode::Cancel if outcome.state() == pb::JobState::Running => {
+                outln!("job {id} is running: left alone (--state pending)")
+            }
             Mode::Cancel => outln!("job {id} had already ended ({state})"),
         }
     }
