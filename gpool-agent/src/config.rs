@@ -68,6 +68,12 @@ pub struct SimulatedGpu {
     pub memory_mib: u64,
     #[serde(default = "one")]
     pub count: u32,
+    /// What these GPUs' samples report (0 to 100; default 0: idle).
+    #[serde(default)]
+    pub utilization_pct: u32,
+    /// Memory their samples report in use (MiB; default 0).
+    #[serde(default)]
+    pub memory_used_mib: u64,
 }
 
 fn one() -> u32 {
@@ -140,6 +146,15 @@ impl AgentConfig {
             ));
         }
         for gpu in &parsed.simulated_gpu {
+            if gpu.utilization_pct > 100 || gpu.memory_used_mib > gpu.memory_mib {
+                return Err(invalid(
+                    0,
+                    format!(
+                        "simulated_gpu: model {:?}: utilization_pct is at most 100, memory_used_mib at most memory_mib",
+                        gpu.model
+                    ),
+                ));
+            }
             if gpu.count == 0 || gpu.model.trim().is_empty() {
                 return Err(invalid(
                     0,

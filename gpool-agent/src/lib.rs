@@ -62,7 +62,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     attempts.recover();
     let info = link::NodeInfo {
         name: config.node_name.clone(),
-        sampler: gpu::Sampler::new(&gpus, source),
+        sampler: gpu::Sampler::new(&gpus, source, &config.simulated_gpus),
         gpus,
         labels,
         topology,

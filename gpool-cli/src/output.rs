@@ -15,7 +15,8 @@
 //! max_parallel, tasks, waiting_indices, waiting, running, ended,
 //! not_completed; else null), stdout_path and stderr_path (-o/-e
 //! patterns; else null), gpu_use ({samples, mean_utilization_pct,
-//! peak_utilization_pct, peak_memory_used_mib, idle}, or null).
+//! peak_utilization_pct, peak_memory_used_mib, idle}, or null),
+//! stragglers ([{node, index, utilization_pct, median_pct, since}]).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -75,6 +76,17 @@ pub struct JobJson<'a> {
     stderr_path: Option<&'a str>,
     /// From its nodes' samples while it ran, or null before any.
     gpu_use: Option<GpuUseJson>,
+    /// GPUs lagging far behind the job's others.
+    stragglers: Vec<StragglerJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct StragglerJson<'a> {
+    node: &'a str,
+    index: u32,
+    utilization_pct: u32,
+    median_pct: u32,
+    since: String,
 }
 
 #[derive(Serialize)]
@@ -186,6 +198,17 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
             peak_memory_used_mib: used.peak_memory_used_mib,
             idle: idle_allocation(used),
         }),
+        stragglers: job
+            .stragglers
+            .iter()
+            .map(|straggler| StragglerJson {
+                node: &straggler.node,
+                index: straggler.index,
+                utilization_pct: straggler.utilization_pct,
+                median_pct: straggler.median_pct,
+                since: rfc3339(straggler.since_ms),
+            })
+            .collect(),
     }
 }
 
@@ -475,6 +498,19 @@ pub fn print_job_details(job: &pb::Job) {
     }
     if !job.placement.is_empty() {
         lines.push(("placement", placement_text(job)));
+    }
+    for straggler in &job.stragglers {
+        lines.push((
+            "straggler",
+            format!(
+                "{} GPU {} at {}% while the job's median is {}%, since {}",
+                straggler.node,
+                straggler.index,
+                straggler.utilization_pct,
+                straggler.median_pct,
+                rfc3339(straggler.since_ms)
+            ),
+        ));
     }
     if let Some(used) = &job.gpu_use {
         lines.push((

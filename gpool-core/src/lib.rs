@@ -14,6 +14,7 @@ pub mod model;
 pub mod policy;
 pub mod sched;
 pub mod spec;
+pub mod stragglers;
 pub mod testing;
 pub mod toml_text;
 pub mod topology;

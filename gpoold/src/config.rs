@@ -29,6 +29,9 @@ pub fn parse_node_timeout(text: &str) -> Result<Duration, String> {
 }
 /// How long a down node is remembered by default: a week.
 pub const DEFAULT_FORGET_NODES_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long a GPU must lag behind its job's others to be a straggler, by
+/// default.
+pub const DEFAULT_STRAGGLER_AFTER: Duration = Duration::from_secs(10 * 60);
 /// How long ended jobs stay listed (`gpool history`) by default: 30 days.
 pub const DEFAULT_KEEP_ENDED_JOBS: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -50,6 +53,8 @@ pub struct Config {
     pub keep_ended_jobs: Option<Duration>,
     /// Where `/metrics` is served (Prometheus); `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
+    /// A GPU lagging behind its job's others this long is a straggler.
+    pub straggler_after: Duration,
     /// The largest request gpoold takes, in bytes.
     pub max_message_size: usize,
     /// Dev mode: agents to run inside gpoold, linked over loopback.
@@ -130,6 +135,8 @@ struct ConfigFile {
     keep_ended_jobs: Option<toml::Spanned<String>>,
     #[serde(default)]
     metrics_listen: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    straggler_after: Option<toml::Spanned<String>>,
     #[serde(default)]
     max_message_size: Option<toml::Spanned<String>>,
     socket: Option<PathBuf>,
@@ -357,6 +364,15 @@ impl Config {
                 )
             })?),
         };
+        let straggler_after = match parsed.straggler_after {
+            None => DEFAULT_STRAGGLER_AFTER,
+            Some(text) => humantime::parse_duration(text.get_ref()).map_err(|_| {
+                invalid(
+                    text.span().start,
+                    format!("straggler_after: {:?} is not a duration such as 10m", text.get_ref()),
+                )
+            })?,
+        };
         let max_message_size = match parsed.max_message_size {
             None => gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,
             Some(text) => gpool_core::spec::parse_size(text.get_ref())
@@ -433,6 +449,7 @@ impl Config {
             forget_nodes_after,
             keep_ended_jobs,
             metrics_listen,
+            straggler_after,
             max_message_size,
             dev_agents: None,
             path: None,

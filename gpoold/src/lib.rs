@@ -303,6 +303,8 @@ fn dev_agent_configs(
                     model: dev.gpu_model.clone(),
                     memory_mib: dev.gpu_memory_mib,
                     count: dev.gpus_per_node,
+                    utilization_pct: 0,
+                    memory_used_mib: 0,
                 }]
             };
             gpool_agent::config::AgentConfig {

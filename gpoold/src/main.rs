@@ -91,6 +91,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 forget_nodes_after: Some(gpoold::config::DEFAULT_FORGET_NODES_AFTER),
                 keep_ended_jobs: Some(gpoold::config::DEFAULT_KEEP_ENDED_JOBS),
                 metrics_listen: args.metrics_listen,
+                straggler_after: gpoold::config::DEFAULT_STRAGGLER_AFTER,
                 max_message_size: gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,
                 dev_agents: (args.dev_nodes > 0).then_some(gpoold::config::DevAgents {
                     n_nodes: args.dev_nodes,

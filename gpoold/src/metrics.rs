@@ -164,6 +164,18 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
             .get_or_create(&vec![("team", team), ("ledger", ledger.to_string())])
             .set(n);
     }
+    let stragglers = gauge(
+        &mut registry,
+        "straggler_gpus",
+        "GPUs of running jobs that have lagged far behind their job's other GPUs for straggler_after, by team",
+    );
+    for (id, found) in &state.stragglers {
+        if let Some(job) = state.jobs.get(id) {
+            stragglers
+                .get_or_create(&vec![("team", job.spec.team.clone())])
+                .inc_by(found.len() as f64);
+        }
+    }
     let guaranteed = gauge(
         &mut registry,
         "team_guaranteed_gpus",

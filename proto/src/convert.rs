@@ -296,6 +296,7 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
         array_task_index: job.array_task.map(|task| task.index),
         queue_position: None,
         gpu_use: job.gpu_use.as_ref().and_then(gpu_use_to_wire),
+        stragglers: Vec::new(),
     }
 }
 

@@ -137,3 +137,40 @@ fn a_jobs_gpu_use_is_kept_and_an_idle_allocation_is_flagged() {
     let kept = cluster.job(job)["gpu_use"].clone();
     assert!(kept["samples"].as_u64().is_some_and(|n| n >= 4), "{kept}");
 }
+
+#[test]
+fn a_gpu_far_behind_its_jobs_others_is_a_straggler() {
+    let mut cluster = Cluster::with_config("straggler_after = \"1s\"\nmetrics_listen = \"127.0.0.1:0\"\n");
+    // GPU 0 reports itself idle, GPUs 1 and 2 90% in use.
+    cluster.start_agent_with(
+        "n1",
+        1,
+        "\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = 2\nutilization_pct = 90\n",
+    );
+    let job = cluster.submit(&["--gpus", "3", "--", "sleep", "30"]);
+    cluster.wait_for_state(job, "running");
+    let shown = wait_until("the straggler to be flagged", Duration::from_secs(20), || {
+        let shown = cluster.job(job);
+        (shown["stragglers"].as_array()?.len() == 1).then_some(shown)
+    });
+    let straggler = &shown["stragglers"][0];
+    assert_eq!(straggler["node"], "n1", "{shown}");
+    assert_eq!(straggler["index"], 0, "{shown}");
+    assert_eq!(straggler["utilization_pct"], 0, "{shown}");
+    assert_eq!(straggler["median_pct"], 90, "{shown}");
+    let text = cluster.gpool(&["show", &job.to_string()]).ok().to_string();
+    assert!(text.contains("n1 GPU 0 at 0% while the job's median is 90%"), "{text}");
+    let addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).unwrap();
+    let (_, body) = get(addr.trim(), "/metrics");
+    assert_eq!(
+        value(&body, "gpool_straggler_gpus{team=\"default\"}"),
+        Some(1.0),
+        "{body}"
+    );
+    // Its mean use counts all three GPUs.
+    let mean = shown["gpu_use"]["mean_utilization_pct"].as_f64().unwrap_or_default();
+    assert!((59.0..=61.0).contains(&mean), "{mean}");
+    cluster.gpool(&["cancel", &job.to_string()]).ok();
+    let ended = cluster.wait_for_state(job, "cancelled");
+    assert_eq!(ended["stragglers"], serde_json::json!([]), "{ended}");
+}

@@ -51,35 +51,49 @@ pub fn discover(config: &AgentConfig) -> (Vec<Gpu>, Topology, Source) {
     }
 }
 
-/// Reads per-GPU samples for heartbeats: from NVML for real GPUs, fixed
-/// idle values for simulated ones.
+/// Reads per-GPU samples for heartbeats: from NVML for real GPUs, the
+/// values agent.toml declares for simulated ones.
 pub enum Sampler {
     Nvml(Box<nvml_wrapper::Nvml>),
-    Simulated(Vec<u32>),
+    /// Each GPU's index, utilisation and memory in use.
+    Simulated(Vec<(u32, u32, u64)>),
 }
 
 impl Sampler {
-    pub fn new(gpus: &[Gpu], source: Source) -> Sampler {
+    /// `declared`: agent.toml's simulated GPUs, in the order that gave
+    /// `gpus` their indices.
+    pub fn new(gpus: &[Gpu], source: Source, declared: &[crate::config::SimulatedGpu]) -> Sampler {
         match source {
             Source::Nvml => match nvml_wrapper::Nvml::init() {
                 Ok(nvml) => Sampler::Nvml(Box::new(nvml)),
                 Err(_) => Sampler::Simulated(Vec::new()),
             },
-            Source::Simulated | Source::None => Sampler::Simulated(gpus.iter().map(|gpu| gpu.index).collect()),
+            Source::Simulated | Source::None => {
+                let loads = declared
+                    .iter()
+                    .flat_map(|entry| (0..entry.count).map(|_| (entry.utilization_pct, entry.memory_used_mib)));
+                Sampler::Simulated(
+                    gpus.iter()
+                        .zip(loads.chain(std::iter::repeat((0, 0))))
+                        .map(|(gpu, (utilization, memory))| (gpu.index, utilization, memory))
+                        .collect(),
+                )
+            }
         }
     }
 
     pub fn samples(&self) -> Vec<gpool_proto::pb::GpuSample> {
         match self {
             Sampler::Nvml(nvml) => nvml::samples(nvml),
-            Sampler::Simulated(indices) => indices
+            Sampler::Simulated(gpus) => gpus
                 .iter()
-                .map(|index| gpool_proto::pb::GpuSample {
+                .map(|(index, utilization, memory)| gpool_proto::pb::GpuSample {
                     index: *index,
-                    utilization_pct: 0,
-                    memory_used_mib: 0,
+                    utilization_pct: *utilization,
+                    memory_used_mib: *memory,
                     temperature_c: 35,
-                    power_w: 70,
+                    // An idle H100 draws about 70 W, a busy one up to 700.
+                    power_w: 70 + 6 * utilization,
                 })
                 .collect(),
         }

@@ -148,6 +148,19 @@ fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller) -> pb::Job {
 fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
     let mut wire = job_wire_of_state(state, job);
     wire.array = state.array_info(job);
+    wire.stragglers = state
+        .stragglers
+        .get(&job.id)
+        .into_iter()
+        .flatten()
+        .map(|straggler| pb::Straggler {
+            node: straggler.gpu.node.clone(),
+            index: straggler.gpu.index,
+            utilization_pct: straggler.utilization_pct,
+            median_pct: straggler.median_pct,
+            since_ms: straggler.since.0,
+        })
+        .collect();
     // A running attempt's use so far counts with the ended ones'.
     if let Some(live) = state.gpu_use_live.get(&job.id) {
         let mut used = job.gpu_use.unwrap_or_default();

@@ -101,6 +101,22 @@ pub struct State {
     /// GPU use of running attempts so far (folded into the job when the
     /// attempt ends); not durable.
     pub gpu_use_live: HashMap<JobId, gpool_core::model::GpuUse>,
+    /// For each running job on several GPUs: since when each of its GPUs
+    /// has lagged behind the others; not durable.
+    pub lagging_since: HashMap<JobId, BTreeMap<gpool_core::stragglers::GpuKey, Timestamp>>,
+    /// Each running job's stragglers now: the GPU, its utilisation, the
+    /// job's median, and since when.
+    pub stragglers: HashMap<JobId, Vec<Straggler>>,
+    straggler_after: std::time::Duration,
+}
+
+/// A GPU that has lagged behind its job's others for `straggler_after`.
+#[derive(Debug, Clone)]
+pub struct Straggler {
+    pub gpu: gpool_core::stragglers::GpuKey,
+    pub utilization_pct: u32,
+    pub median_pct: u32,
+    pub since: Timestamp,
 }
 
 /// One agent's open link: where to send it Launch and Kill.
@@ -369,6 +385,9 @@ impl State {
             active: std::collections::BTreeSet::new(),
             metrics: Arc::new(crate::metrics::Metrics::default()),
             gpu_use_live: HashMap::new(),
+            lagging_since: HashMap::new(),
+            stragglers: HashMap::new(),
+            straggler_after: config.straggler_after,
         };
         let mut jobs = std::mem::take(&mut state.jobs);
         for job in jobs.values_mut() {
@@ -775,6 +794,62 @@ impl State {
         }
     }
 
+    /// For the running jobs on several GPUs with GPUs on `node`: which of
+    /// their GPUs lag behind the others (latest samples of all their
+    /// nodes), and which have for `straggler_after`.
+    fn find_stragglers(&mut self, node: &str, now: Timestamp) {
+        use gpool_core::stragglers::{lagging, stragglers, GpuKey};
+        let mut found = Vec::new();
+        for job in self.active_jobs() {
+            let JobState::Running { placement, .. } = &job.state else {
+                continue;
+            };
+            let n_gpus: usize = placement.iter().map(|part| part.gpu_indices.len()).sum();
+            if n_gpus < 2 || !placement.iter().any(|part| part.node == node) {
+                continue;
+            }
+            let readings: Vec<(GpuKey, u32)> = placement
+                .iter()
+                .flat_map(|part| {
+                    let samples = self.gpu_samples.get(&part.node).map_or(&[][..], Vec::as_slice);
+                    samples
+                        .iter()
+                        .filter(|sample| part.gpu_indices.contains(&sample.index))
+                        .map(|sample| {
+                            let key = GpuKey {
+                                node: part.node.clone(),
+                                index: sample.index,
+                            };
+                            (key, sample.utilization_pct)
+                        })
+                })
+                .collect();
+            found.push((job.id, readings));
+        }
+        let after_ms = self.straggler_after.as_millis().min(i64::MAX as u128) as i64;
+        for (id, readings) in found {
+            let (median, lagging_now) = lagging(&readings);
+            let since = self.lagging_since.entry(id).or_default();
+            let now_straggling: Vec<Straggler> = stragglers(since, &lagging_now, now, after_ms)
+                .into_iter()
+                .map(|(gpu, began)| Straggler {
+                    utilization_pct: readings.iter().find(|(key, _)| *key == gpu).map_or(0, |(_, pct)| *pct),
+                    median_pct: median,
+                    since: began,
+                    gpu,
+                })
+                .collect();
+            if now_straggling.is_empty() {
+                self.stragglers.remove(&id);
+            } else {
+                if !self.stragglers.contains_key(&id) {
+                    tracing::warn!(job = %id, "straggler: {}", now_straggling.iter().map(|s| format!("{} GPU {}", s.gpu.node, s.gpu.index)).collect::<Vec<_>>().join(", "));
+                }
+                self.stragglers.insert(id, now_straggling);
+            }
+        }
+    }
+
     /// Jobs that have not ended, by id.
     pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
         self.active.iter().filter_map(|id| self.jobs.get(id))
@@ -1148,7 +1223,8 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
                 state.heartbeat(&node, conn_id);
                 state.grant_lease(&node, seq);
                 state.count_gpu_use(&node, &samples);
-                state.gpu_samples.insert(node, samples);
+                state.gpu_samples.insert(node.clone(), samples);
+                state.find_stragglers(&node, now);
             }
         }
         Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),

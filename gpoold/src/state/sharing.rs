@@ -40,6 +40,8 @@ impl State {
             if let Some(used) = self.gpu_use_live.remove(&id) {
                 job.gpu_use.get_or_insert_with(Default::default).merge(&used);
             }
+            self.lagging_since.remove(&id);
+            self.stragglers.remove(&id);
         }
         let array_task = job.array_task;
         if job.state.is_finished() {

@@ -398,6 +398,26 @@ pub struct Job {
     /// absent before any sample.
     #[prost(message, optional, tag = "30")]
     pub gpu_use: ::core::option::Option<GpuUse>,
+    /// A running job's GPUs that have lagged far behind its others for the
+    /// controller's straggler_after.
+    #[prost(message, repeated, tag = "31")]
+    pub stragglers: ::prost::alloc::vec::Vec<Straggler>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Straggler {
+    #[prost(string, tag = "1")]
+    pub node: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub index: u32,
+    #[prost(uint32, tag = "3")]
+    pub utilization_pct: u32,
+    /// The median utilisation of the job's GPUs.
+    #[prost(uint32, tag = "4")]
+    pub median_pct: u32,
+    /// Since when (Unix milliseconds) it has lagged.
+    #[prost(int64, tag = "5")]
+    pub since_ms: i64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]
