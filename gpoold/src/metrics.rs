@@ -169,6 +169,18 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         "straggler_gpus",
         "GPUs of running jobs that have lagged far behind their job's other GPUs for straggler_after, by team",
     );
+    // Every team with running work or a configuration has a value (0
+    // without stragglers), so that the series exists before the first.
+    let teams = state
+        .policy
+        .sharing
+        .teams
+        .iter()
+        .map(|team| team.name.clone())
+        .chain(state.running_jobs().into_iter().map(|job| job.team));
+    for team in teams {
+        stragglers.get_or_create(&vec![("team", team)]).set(0.0);
+    }
     for (id, found) in &state.stragglers {
         if let Some(job) = state.jobs.get(id) {
             stragglers

@@ -108,6 +108,9 @@ pub struct State {
     /// job's median, and since when.
     pub stragglers: HashMap<JobId, Vec<Straggler>>,
     straggler_after: std::time::Duration,
+    /// The running jobs with GPUs on each node (what a heartbeat's samples
+    /// are about).
+    running_on: HashMap<String, std::collections::BTreeSet<JobId>>,
 }
 
 /// A GPU that has lagged behind its job's others for `straggler_after`.
@@ -388,6 +391,7 @@ impl State {
             lagging_since: HashMap::new(),
             stragglers: HashMap::new(),
             straggler_after: config.straggler_after,
+            running_on: HashMap::new(),
         };
         let mut jobs = std::mem::take(&mut state.jobs);
         for job in jobs.values_mut() {
@@ -401,6 +405,20 @@ impl State {
             .map(|job| job.id)
             .collect();
         state.count_running_tasks();
+        let running: Vec<(JobId, Vec<String>)> = state
+            .active_jobs()
+            .filter_map(|job| match &job.state {
+                JobState::Running { placement, .. } => {
+                    Some((job.id, placement.iter().map(|part| part.node.clone()).collect()))
+                }
+                _ => None,
+            })
+            .collect();
+        for (id, nodes) in running {
+            for node in nodes {
+                state.running_on.entry(node).or_default().insert(id);
+            }
+        }
         state.restore_preempt_deadlines();
         state
     }
@@ -779,7 +797,7 @@ impl State {
     /// Adds `node`'s samples to the GPU use of the attempts running there.
     fn count_gpu_use(&mut self, node: &str, samples: &[pb::GpuSample]) {
         let mut counted = Vec::new();
-        for job in self.active_jobs() {
+        for job in self.running_jobs_on(node) {
             let JobState::Running { placement, .. } = &job.state else {
                 continue;
             };
@@ -800,7 +818,7 @@ impl State {
     fn find_stragglers(&mut self, node: &str, now: Timestamp) {
         use gpool_core::stragglers::{lagging, stragglers, GpuKey};
         let mut found = Vec::new();
-        for job in self.active_jobs() {
+        for job in self.running_jobs_on(node) {
             let JobState::Running { placement, .. } = &job.state else {
                 continue;
             };
@@ -848,6 +866,15 @@ impl State {
                 self.stragglers.insert(id, now_straggling);
             }
         }
+    }
+
+    /// The running jobs with GPUs on `node`.
+    fn running_jobs_on(&self, node: &str) -> impl Iterator<Item = &Job> {
+        self.running_on
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.jobs.get(id))
     }
 
     /// Jobs that have not ended, by id.

@@ -35,6 +35,23 @@ impl State {
         if job.apply(event).is_err() {
             return false;
         }
+        // The index of running jobs by node follows the job's placement.
+        let nodes_of = |state: &JobState| match state {
+            JobState::Running { placement, .. } => placement.iter().map(|part| part.node.clone()).collect(),
+            _ => Vec::new(),
+        };
+        let (left, entered) = (nodes_of(&before), nodes_of(&job.state));
+        for node in &left {
+            if let Some(ids) = self.running_on.get_mut(node) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    self.running_on.remove(node);
+                }
+            }
+        }
+        for node in entered {
+            self.running_on.entry(node).or_default().insert(id);
+        }
         // An attempt that ended takes its GPU use into the job's record.
         if matches!(before, JobState::Running { .. }) && !matches!(job.state, JobState::Running { .. }) {
             if let Some(used) = self.gpu_use_live.remove(&id) {
