@@ -9,6 +9,12 @@ use gpool_core::topology::{GpuLink, Link, Topology};
 use std::collections::BTreeMap;
 
 pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
+    spec_to_wire_with(spec, true)
+}
+
+/// As `spec_to_wire`; without its environment unless `with_env` (listings
+/// leave it out).
+pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
     pb::JobSpec {
         name: spec.name.clone(),
         command: spec.command.clone(),
@@ -19,7 +25,7 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
         project: spec.project.clone(),
         workload_type: spec.workload_type.clone(),
         time_limit: spec.time_limit_secs.map(|seconds| pb::Duration { seconds }),
-        env: env_to_wire(&spec.env),
+        env: if with_env { env_to_wire(&spec.env) } else { Vec::new() },
         workdir: spec.workdir.clone(),
         priority: spec.priority,
         pool: spec.pool.clone(),
@@ -228,6 +234,11 @@ fn placement_to_wire(placement: &[NodePlacement]) -> Vec<pb::Placement> {
 
 /// `pending_reasons` come from the latest scheduling cycle, not the job.
 pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
+    job_to_wire_with(job, pending_reasons, true)
+}
+
+/// As `job_to_wire`; the spec without its environment unless `with_env`.
+pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool) -> pb::Job {
     let (burst, preempted_at_ms, last_checkpoint_at_ms) = match &job.state {
         JobState::Running {
             burst,
@@ -267,7 +278,7 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
     };
     pb::Job {
         id: job.id.0,
-        spec: Some(spec_to_wire(&job.spec)),
+        spec: Some(spec_to_wire_with(&job.spec, with_env)),
         user: job.user.clone(),
         state: state_to_wire(&job.state).into(),
         submitted_at_ms: job.submitted_at.0,

@@ -7,7 +7,7 @@ use crate::state::{CancelMode, CancelOutcome, Command, JobUpdate, NewToken, Shar
 use gpool_core::auth::{authorize, Action, Caller, Role};
 use gpool_core::model::Node;
 use gpool_core::JobId;
-use gpool_proto::convert::{job_to_wire, node_to_wire, spec_from_wire, state_to_wire};
+use gpool_proto::convert::{job_to_wire_with, node_to_wire, spec_from_wire, state_to_wire};
 use gpool_proto::pb;
 use gpool_proto::pb::pool_server::Pool;
 use std::pin::Pin;
@@ -70,12 +70,9 @@ fn list_chunk(
             && (filter.team.is_empty() || job.spec.team == filter.team)
             && (filter.user.is_empty() || job.user == filter.user)
         {
-            let mut wire = job_wire(&state, job, caller);
             // A listing shows no environment: leaving it out keeps the
             // messages small (`gpool show` has it).
-            if let Some(spec) = wire.spec.as_mut() {
-                spec.env.clear();
-            }
+            let wire = job_wire(&state, job, caller, false);
             chunk.push(wire);
         }
         if chunk.len() == LIST_CHUNK || n_scanned == LIST_SCAN {
@@ -93,11 +90,11 @@ impl PoolService {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         match state.jobs.get(&id) {
-            Some(job) => Ok(job_wire(&state, job, caller)),
+            Some(job) => Ok(job_wire(&state, job, caller, true)),
             // A task of an array that is not a job of its own yet.
             None => {
                 let task = state.virtual_task(id).ok_or(Error::UnknownJob(id))?;
-                Ok(job_wire(&state, &task, caller))
+                Ok(job_wire(&state, &task, caller, true))
             }
         }
     }
@@ -128,8 +125,8 @@ impl PoolService {
 /// A job as `caller` may see it: in full if they may read it, else as a
 /// queue entry (no command, environment or workdir); a pending one with
 /// the reasons, hints and priority of the latest scheduling cycle.
-fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller) -> pb::Job {
-    let mut wire = job_wire_in_full(state, job);
+fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, with_env: bool) -> pb::Job {
+    let mut wire = job_wire_in_full(state, job, with_env);
     if authorize(caller, &Action::ReadJob(job.auth_ref())).is_err() {
         if let Some(spec) = wire.spec.as_mut() {
             spec.command.clear();
@@ -145,8 +142,8 @@ fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller) -> pb::Job {
     wire
 }
 
-fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
-    let mut wire = job_wire_of_state(state, job);
+fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
+    let mut wire = job_wire_of_state(state, job, with_env);
     wire.array = state.array_info(job);
     wire.stragglers = state
         .stragglers
@@ -170,9 +167,9 @@ fn job_wire_in_full(state: &State, job: &gpool_core::Job) -> pb::Job {
     wire
 }
 
-fn job_wire_of_state(state: &State, job: &gpool_core::Job) -> pb::Job {
+fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
     if job.state != gpool_core::JobState::Pending {
-        return job_to_wire(job, Vec::new());
+        return job_to_wire_with(job, Vec::new(), with_env);
     }
     let waits_for = match state.dependency_state_of(job) {
         gpool_core::deps::DepState::Waiting(reason) => Some(reason),
@@ -222,7 +219,7 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job) -> pb::Job {
         );
         codes.insert(0, "preempted".to_string());
     }
-    let mut wire = job_to_wire(job, reasons);
+    let mut wire = job_to_wire_with(job, reasons, with_env);
     wire.reason_codes = codes;
     wire.hints = state
         .pending_hints
