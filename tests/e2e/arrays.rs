@@ -324,3 +324,31 @@ fn a_held_array_holds_the_tasks_acted_on_alone_and_cancel_pending_leaves_running
         container.stderr
     );
 }
+
+#[test]
+fn an_array_half_done_goes_on_after_a_controller_restart() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let marks = cluster.dir.path().join("marks");
+    let script = format!("sleep 0.2; echo $GPOOL_ARRAY_TASK_ID >> {}", marks.display());
+    let array = cluster.submit(&["-a", "0-19%2", "--", "sh", "-c", &script]);
+    wait_until("a few tasks to end", Duration::from_secs(30), || {
+        let record = cluster.job(array);
+        (record["array"]["ended"].as_u64()? >= 4).then_some(())
+    });
+    cluster.controller().stop();
+    cluster.start_controller();
+    let record = cluster.wait_for_state(array, "completed");
+    assert_eq!(record["array"]["ended"], 20, "{record}");
+    assert_eq!(record["array"]["not_completed"], 0, "{record}");
+    let mut ran: Vec<u32> = std::fs::read_to_string(&marks)
+        .unwrap()
+        .lines()
+        .map(|line| line.parse().unwrap())
+        .collect();
+    ran.sort_unstable();
+    assert_eq!(ran, (0..20).collect::<Vec<u32>>(), "each task ran once");
+    // New jobs take ids after the array's reserved ones.
+    let next = cluster.submit(&["--", "true"]);
+    assert_eq!(next, array + 21);
+}
