@@ -380,14 +380,14 @@ fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
 
 /// glibc keeps what gpoold frees in its per-thread arenas: after a burst
 /// (a 10,000-job batch, a long listing) most of gpoold's resident memory
-/// is free memory. A thread hands it back to the system every 15 s
-/// (`malloc_trim` returns free pages from the middle of every arena; it
-/// holds each arena's lock for a few milliseconds, so not more often).
+/// is free memory. A thread hands it back to the system every 5 s
+/// (`malloc_trim` returns free pages from the middle of every arena,
+/// holding each arena's lock while it walks it).
 fn return_free_memory_periodically() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let spawned = std::thread::Builder::new().name("gpoold-trim".into()).spawn(|| loop {
-            std::thread::sleep(std::time::Duration::from_secs(15));
+            std::thread::sleep(std::time::Duration::from_secs(5));
             // SAFETY: malloc_trim only walks and trims glibc's own heaps,
             // under their locks; it takes no pointers of ours.
             unsafe {
