@@ -212,10 +212,9 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
     }
 }
 
-/// A job that holds GPUs and does not use them: under 1% on average over
-/// at least 3 samples.
+/// A job that holds GPUs and does not use them (gpool-core's rule).
 fn idle_allocation(used: &pb::GpuUse) -> bool {
-    used.samples >= 3 && used.mean_utilization_pct < 1.0
+    gpool_core::model::is_idle_allocation(used.samples, used.mean_utilization_pct)
 }
 
 /// An array spec as users write it (`0-999:2%50`), from the wire.

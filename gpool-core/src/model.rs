@@ -213,6 +213,17 @@ pub struct Job {
     pub gpu_use: Option<GpuUse>,
 }
 
+/// An allocation is idle under this mean utilisation (percent)...
+pub const IDLE_BELOW_PCT: f64 = 1.0;
+/// ...over at least this many samples.
+pub const IDLE_MIN_SAMPLES: u64 = 3;
+
+/// The idle-allocation rule on a sample count and mean utilisation (the
+/// CLI applies it to what gpoold sends).
+pub fn is_idle_allocation(samples: u64, mean_utilization_pct: f64) -> bool {
+    samples >= IDLE_MIN_SAMPLES && mean_utilization_pct < IDLE_BELOW_PCT
+}
+
 /// Use of a job's GPUs, from the per-GPU samples of its nodes' heartbeats
 /// taken while it ran (each sample of each of its GPUs counts once).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

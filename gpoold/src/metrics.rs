@@ -201,18 +201,7 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
 
     // Each team's GPU-hours this period against its budget, and its fair
     // share, as `gpool usage` reports them.
-    let running = state.running_jobs();
-    let running_use: Vec<gpool_core::policy::RunningUse> = running
-        .iter()
-        .map(|job| gpool_core::policy::RunningUse {
-            team: &job.team,
-            gpus: job.gpus(),
-            started_at: job.started_at,
-            burst: job.burst,
-        })
-        .collect();
-    let report =
-        gpool_core::policy::usage_report(&state.policy.sharing, &state.usage, &running_use, crate::wall_clock());
+    let report = state.usage_report(crate::wall_clock());
     let gpu_hours = gauge(
         &mut registry,
         "team_gpu_hours",

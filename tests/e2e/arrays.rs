@@ -102,13 +102,7 @@ dependency = "afterok:train"
     };
     let file = cluster.dir.path().join("pipeline.toml");
     std::fs::write(&file, pipeline(-1)).unwrap();
-    let run = cluster.gpool(&["submit", "--output", "json", "-f", &file.display().to_string()]);
-    let ids: Vec<u64> = run.json()["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap())
-        .collect();
+    let ids = cluster.submit_file(&file);
     // The array's tasks take the ids after its own.
     assert_eq!(ids[2], ids[1] + 5, "{ids:?}");
     cluster.wait_for_state(ids[2], "completed");
@@ -128,13 +122,7 @@ dependency = "afterok:train"
     // Task 2 fails: the array fails, and eval ends with the reason.
     std::fs::remove_file(&marks).unwrap();
     std::fs::write(&file, pipeline(2)).unwrap();
-    let run = cluster.gpool(&["submit", "--output", "json", "-f", &file.display().to_string()]);
-    let ids: Vec<u64> = run.json()["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap())
-        .collect();
+    let ids = cluster.submit_file(&file);
     let eval = cluster.wait_for_state(ids[2], "failed");
     assert_eq!(
         eval["end_reason"].as_str(),

@@ -423,13 +423,7 @@ fn a_pipeline_in_one_job_file_runs_in_order_and_a_failed_stage_ends_the_rest() {
     };
     let file = cluster.dir.path().join("pipeline.toml");
     std::fs::write(&file, pipeline(0)).unwrap();
-    let run = cluster.gpool(&["submit", "--output", "json", "-f", &file.display().to_string()]);
-    let ids: Vec<u64> = run.json()["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap())
-        .collect();
+    let ids = cluster.submit_file(&file);
     let eval = cluster.wait_for_state(ids[3], "completed");
     assert_eq!(eval["state"], "completed");
     let lines: Vec<String> = std::fs::read_to_string(&marks)
@@ -455,13 +449,7 @@ fn a_pipeline_in_one_job_file_runs_in_order_and_a_failed_stage_ends_the_rest() {
     // train-b fails: eval never runs, and says why.
     std::fs::remove_file(&marks).unwrap();
     std::fs::write(&file, pipeline(3)).unwrap();
-    let run = cluster.gpool(&["submit", "--output", "json", "-f", &file.display().to_string()]);
-    let ids: Vec<u64> = run.json()["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_u64().unwrap())
-        .collect();
+    let ids = cluster.submit_file(&file);
     let eval = cluster.wait_for_state(ids[3], "failed");
     assert_eq!(
         eval["end_reason"].as_str(),

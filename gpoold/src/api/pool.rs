@@ -474,17 +474,7 @@ impl Pool for PoolService {
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let running = state.running_jobs();
-        let running_use: Vec<gpool_core::policy::RunningUse> = running
-            .iter()
-            .map(|job| gpool_core::policy::RunningUse {
-                team: &job.team,
-                gpus: job.gpus(),
-                started_at: job.started_at,
-                burst: job.burst,
-            })
-            .collect();
-        let report = gpool_core::policy::usage_report(&state.policy.sharing, &state.usage, &running_use, now);
+        let report = state.usage_report(now);
         if !wanted.is_empty() && report.iter().all(|team| team.team != wanted) {
             return Err(Error::InvalidRequest {
                 field: "team",

@@ -14,7 +14,6 @@ mod update;
 
 pub use access::NewToken;
 pub use agents::{kill_message, signal_message};
-pub use arrays::ARRAY_VIEW_WINDOW;
 pub use sharing::CheckpointOutcome;
 pub use update::JobUpdate;
 

@@ -95,6 +95,22 @@ impl State {
         true
     }
 
+    /// Each team's usage as of `now` (`gpool usage`, `/metrics`): ended
+    /// attempts from the ledgers, running ones up to `now`.
+    pub fn usage_report(&self, now: Timestamp) -> Vec<gpool_core::policy::TeamUsage> {
+        let running = self.running_jobs();
+        let running_use: Vec<gpool_core::policy::RunningUse> = running
+            .iter()
+            .map(|job| gpool_core::policy::RunningUse {
+                team: &job.team,
+                gpus: job.gpus(),
+                started_at: job.started_at,
+                burst: job.burst,
+            })
+            .collect();
+        gpool_core::policy::usage_report(&self.policy.sharing, &self.usage, &running_use, now)
+    }
+
     /// Running jobs as the scheduler sees them.
     pub fn running_jobs(&self) -> Vec<RunningJob> {
         self.active_jobs()

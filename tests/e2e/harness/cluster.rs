@@ -329,6 +329,18 @@ impl Cluster {
         run.json()["ids"][0].as_u64().expect("an id")
     }
 
+    /// Submits every [[job]] of `file` (`submit -f`) and returns their ids.
+    pub fn submit_file(&self, file: &Path) -> Vec<u64> {
+        let run = self.gpool(&["submit", "--output", "json", "-f", &file.display().to_string()]);
+        run.ok();
+        run.json()["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|id| id.as_u64().expect("an id"))
+            .collect()
+    }
+
     pub fn job(&self, id: u64) -> Value {
         let run = self.gpool(&["show", &id.to_string(), "--output", "json"]);
         run.ok();
