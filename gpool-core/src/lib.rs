@@ -3,6 +3,7 @@
 //! Nothing in this crate does I/O, spawns, sleeps or reads a clock: time comes
 //! in as an argument, results come out as data.
 
+pub mod accounting;
 pub mod array;
 pub mod auth;
 pub mod deps;
