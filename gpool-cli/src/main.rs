@@ -181,6 +181,10 @@ enum Command {
         #[arg(long)]
         team: Option<String>,
     },
+    /// GPU-hours and their cost over a window, grouped (`--by
+    /// team,gpu-model`), from every attempt's accounting record; `gpool
+    /// report savings`: the pool against a dedicated allocation per team.
+    Report(cmd::report::ReportArgs),
     /// Who gpoold takes you to be, and how it knows.
     Whoami,
     /// Print a completion script: `gpool completions bash >
@@ -463,6 +467,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Requeue { ids } => cmd::cancel::requeue(&ctx, ids).await,
         Command::Update(args) => cmd::cancel::update(&ctx, args).await,
         Command::History(args) => cmd::history::run(&ctx, args).await.map(|()| 0),
+        Command::Report(args) => cmd::report::run(&ctx, args).await.map(|()| 0),
         Command::Hold { ids } => cmd::cancel::hold(&ctx, ids, true).await,
         Command::Release { ids } => cmd::cancel::hold(&ctx, ids, false).await,
         Command::Wait { ids } => {

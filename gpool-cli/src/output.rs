@@ -3,7 +3,7 @@
 //! JSON job object: id, name, state, user, team, project, workload_type,
 //! pool, gpus (per node), gpus_total, nodes, gpu_types, priority,
 //! time_limit_secs, command, workdir, submitted_at, started_at, ended_at
-//! (RFC 3339 UTC or null), exit_code (or null), end_reason, reasons (why
+//! (RFC 3339 UTC to the millisecond, or null), exit_code (or null), end_reason, reasons (why
 //! pending), attempt, placement ([{node, gpus}]), qos, burst (the running
 //! attempt may be preempted), n_preemptions, lost_gpu_secs, preempted_at
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
@@ -149,9 +149,9 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         image: &spec.image,
         mem_bytes: (spec.mem_bytes > 0).then_some(spec.mem_bytes),
         cpus_per_gpu: (spec.cpus_per_gpu > 0).then_some(spec.cpus_per_gpu),
-        submitted_at: rfc3339(job.submitted_at_ms),
-        started_at: job.started_at_ms.map(rfc3339),
-        ended_at: job.ended_at_ms.map(rfc3339),
+        submitted_at: rfc3339_ms(job.submitted_at_ms),
+        started_at: job.started_at_ms.map(rfc3339_ms),
+        ended_at: job.ended_at_ms.map(rfc3339_ms),
         exit_code: job.exit_code,
         end_reason: &job.end_reason,
         reasons: &job.pending_reasons,
@@ -231,6 +231,13 @@ fn array_indices(spec: &pb::JobSpec) -> String {
 pub fn rfc3339(unix_ms: i64) -> String {
     let at = UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
     humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// RFC 3339 to the millisecond (JSON: accounting needs better than a
+/// second).
+pub fn rfc3339_ms(unix_ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 pub fn print_json<T: Serialize>(value: &T) {

@@ -157,7 +157,7 @@ impl Pricing {
 /// Whether `caller` may see `record` in a report: admins all, team leads
 /// their teams' and their own, users their own.
 pub fn may_see(caller: &Caller, record: &AttemptRecord) -> bool {
-    caller.admin || record.user == caller.user || caller.led_teams.iter().any(|team| *team == record.team)
+    caller.admin || record.user == caller.user || caller.led_teams.contains(&record.team)
 }
 
 /// One row of a report: the totals of the records whose values of the
@@ -509,7 +509,10 @@ fn level_at_percentile(changes: &mut [(i64, i64)], since: i64, until: i64, perce
             return u32::try_from(level.max(0)).unwrap_or(u32::MAX);
         }
     }
-    time_at.keys().next_back().map_or(0, |&level| u32::try_from(level.max(0)).unwrap_or(u32::MAX))
+    time_at
+        .keys()
+        .next_back()
+        .map_or(0, |&level| u32::try_from(level.max(0)).unwrap_or(u32::MAX))
 }
 
 #[cfg(test)]

@@ -100,6 +100,9 @@ pub enum Action<'a> {
     RemoveNode(&'a str),
     ReloadPolicy,
     ManageTokens,
+    /// The whole pool's costs against dedicated GPUs (`gpool report
+    /// savings`).
+    ViewPoolSavings,
 }
 
 impl fmt::Display for Action<'_> {
@@ -119,6 +122,7 @@ impl fmt::Display for Action<'_> {
             Action::RemoveNode(node) => write!(f, "remove node {node}"),
             Action::ReloadPolicy => write!(f, "reload the policy"),
             Action::ManageTokens => write!(f, "manage access tokens"),
+            Action::ViewPoolSavings => write!(f, "see the pool's costs and savings"),
         }
     }
 }
@@ -203,7 +207,8 @@ pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
         | Action::ResumeNode(_)
         | Action::RemoveNode(_)
         | Action::ReloadPolicy
-        | Action::ManageTokens => refused("only admins may".to_string()),
+        | Action::ManageTokens
+        | Action::ViewPoolSavings => refused("only admins may".to_string()),
     }
 }
 

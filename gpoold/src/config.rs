@@ -34,6 +34,33 @@ pub const DEFAULT_FORGET_NODES_AFTER: Duration = Duration::from_secs(7 * 24 * 36
 pub const DEFAULT_STRAGGLER_AFTER: Duration = Duration::from_secs(10 * 60);
 /// How long ended jobs stay listed (`gpool history`) by default: 30 days.
 pub const DEFAULT_KEEP_ENDED_JOBS: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How long accounting records are kept by default: 400 days, so a year
+/// can be reported on with its month before.
+pub const DEFAULT_KEEP_ACCOUNTING: Duration = Duration::from_secs(400 * 24 * 3600);
+
+/// `[accounting]`: prices, cost centres, how long records are kept, and how
+/// savings reports size dedicated GPUs.
+#[derive(Debug, Clone)]
+pub struct Accounting {
+    pub pricing: gpool_core::accounting::Pricing,
+    /// Records of attempts that ended this long ago are removed; `None`:
+    /// kept forever.
+    pub keep: Option<Duration>,
+    pub savings: gpool_core::accounting::SavingsRule,
+}
+
+impl Default for Accounting {
+    fn default() -> Accounting {
+        Accounting {
+            pricing: gpool_core::accounting::Pricing {
+                currency: "USD".into(),
+                ..Default::default()
+            },
+            keep: Some(DEFAULT_KEEP_ACCOUNTING),
+            savings: Default::default(),
+        }
+    }
+}
 
 /// Everything a run of gpoold needs to know.
 #[derive(Debug, Clone)]
@@ -51,6 +78,7 @@ pub struct Config {
     pub forget_nodes_after: Option<Duration>,
     /// Jobs that ended this long ago are removed; `None`: kept forever.
     pub keep_ended_jobs: Option<Duration>,
+    pub accounting: Accounting,
     /// Where `/metrics` is served (Prometheus); `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
     /// A GPU lagging behind its job's others this long is a straggler.
@@ -153,6 +181,30 @@ struct ConfigFile {
     team: Vec<toml::Spanned<TeamFile>>,
     #[serde(default)]
     qos: Vec<toml::Spanned<QosFile>>,
+    #[serde(default)]
+    accounting: Option<toml::Spanned<AccountingFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AccountingFile {
+    keep: Option<toml::Spanned<String>>,
+    currency: Option<String>,
+    savings_percentile: Option<f64>,
+    /// GPU model -> price of one GPU-hour.
+    #[serde(default)]
+    prices: BTreeMap<String, f64>,
+    #[serde(default)]
+    cost_centers: BTreeMap<String, CostCenterFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CostCenterFile {
+    #[serde(default)]
+    teams: Vec<String>,
+    #[serde(default)]
+    projects: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -389,6 +441,10 @@ impl Config {
                     )
                 })? as usize,
         };
+        let accounting = match parsed.accounting {
+            None => Accounting::default(),
+            Some(file) => accounting_from_file(file, &invalid)?,
+        };
         let pools: Vec<String> = policy.pools.iter().map(|pool| pool.name.clone()).collect();
         policy.sharing = sharing_from_file(parsed.sharing, parsed.team, parsed.qos, &pools, &invalid)?;
         let plaintext_from = parsed
@@ -448,6 +504,7 @@ impl Config {
             node_timeout,
             forget_nodes_after,
             keep_ended_jobs,
+            accounting,
             metrics_listen,
             straggler_after,
             max_message_size,
@@ -464,6 +521,70 @@ impl Config {
             state_dir: parsed.state_dir,
         })
     }
+}
+
+/// The `[accounting]` table, checked: prices are finite and not negative,
+/// a team or project has one cost centre.
+fn accounting_from_file(
+    file: toml::Spanned<AccountingFile>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Accounting, ConfigError> {
+    let at = file.span().start;
+    let file = file.into_inner();
+    let mut accounting = Accounting::default();
+    if let Some(keep) = file.keep {
+        accounting.keep = match keep.get_ref().as_str() {
+            "forever" => None,
+            text => Some(
+                humantime::parse_duration(text)
+                    .ok()
+                    .filter(|age| *age >= Duration::from_secs(1))
+                    .ok_or_else(|| {
+                        invalid(
+                            keep.span().start,
+                            format!("accounting.keep: {text:?} is not \"forever\" or a duration such as 400d"),
+                        )
+                    })?,
+            ),
+        };
+    }
+    if let Some(currency) = file.currency {
+        accounting.pricing.currency = currency;
+    }
+    if let Some(percentile) = file.savings_percentile {
+        if !(percentile > 0.0 && percentile <= 100.0) {
+            return Err(invalid(
+                at,
+                format!("accounting.savings_percentile: {percentile} is not above 0 and at most 100"),
+            ));
+        }
+        accounting.savings.percentile = percentile;
+    }
+    for (model, price) in file.prices {
+        if !price.is_finite() || price < 0.0 {
+            return Err(invalid(
+                at,
+                format!("accounting.prices.{model}: {price} is not a price (a number, 0 or more, per GPU-hour)"),
+            ));
+        }
+        accounting.pricing.per_gpu_hour.insert(GpuModel::new(&model), price);
+    }
+    for (center, members) in file.cost_centers {
+        for (kind, names, map) in [
+            ("teams", members.teams, &mut accounting.pricing.team_centers),
+            ("projects", members.projects, &mut accounting.pricing.project_centers),
+        ] {
+            for name in names {
+                if let Some(other) = map.insert(name.clone(), center.clone()) {
+                    return Err(invalid(
+                        at,
+                        format!("accounting.cost_centers.{center}.{kind}: {name:?} is in cost centre {other:?} too"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(accounting)
 }
 
 /// The `[sharing]`, `[[team]]` and `[[qos]]` tables as the scheduler's

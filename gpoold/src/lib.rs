@@ -5,6 +5,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod reports;
 pub mod sched_loop;
 pub mod security;
 pub mod state;
@@ -69,6 +70,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         }
     }
 
+    let accounting = store.accounting();
     let (commands, inbox) = mpsc::channel(65_536);
     let handle = StateHandle {
         shared: Arc::new(RwLock::new(State::new(loaded, &config, security.token_key))),
@@ -101,6 +103,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .clone();
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock, metrics.clone()));
     let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
+    let reports = reports::Reports {
+        state: handle.shared.clone(),
+        records: accounting,
+    };
+    tokio::spawn(reports.clone().prune_periodically());
     return_free_memory_periodically();
     handle.sched_wakeup.notify_one();
 
@@ -118,6 +125,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         logs: logs.clone(),
         config_path: config.path.clone(),
         security: security.clone(),
+        reports: reports.clone(),
     })
     .max_decoding_message_size(config.max_message_size)
     // Replies (a page of job listings) may be larger than any request.

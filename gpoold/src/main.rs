@@ -90,6 +90,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 node_timeout: args.node_timeout,
                 forget_nodes_after: Some(gpoold::config::DEFAULT_FORGET_NODES_AFTER),
                 keep_ended_jobs: Some(gpoold::config::DEFAULT_KEEP_ENDED_JOBS),
+                accounting: Default::default(),
                 metrics_listen: args.metrics_listen,
                 straggler_after: gpoold::config::DEFAULT_STRAGGLER_AFTER,
                 max_message_size: gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,

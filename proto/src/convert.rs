@@ -391,6 +391,71 @@ pub fn link_name(link: pb::Link) -> &'static str {
     }
 }
 
+pub fn report_to_wire(report: &gpool_core::accounting::Report) -> pb::ReportResponse {
+    pb::ReportResponse {
+        since_ms: report.since.0,
+        until_ms: report.until.0,
+        by: report.by.iter().map(|d| d.name().to_string()).collect(),
+        currency: report.currency.clone(),
+        rows: report.rows.iter().map(report_row_to_wire).collect(),
+        total: Some(report_row_to_wire(&report.total)),
+    }
+}
+
+fn report_row_to_wire(row: &gpool_core::accounting::ReportRow) -> pb::ReportRow {
+    pb::ReportRow {
+        key: row.key.clone(),
+        attempts: row.attempts,
+        gpu_seconds: row.gpu_seconds,
+        guaranteed_gpu_seconds: row.guaranteed_gpu_seconds,
+        burst_gpu_seconds: row.burst_gpu_seconds,
+        lost_gpu_seconds: row.lost_gpu_seconds,
+        idle_gpu_seconds: row.idle_gpu_seconds,
+        mean_utilization_pct: row.mean_utilization_pct,
+        peak_memory_used_mib: row.peak_memory_used_mib,
+        cost: row.cost,
+        unpriced_gpu_seconds: row.unpriced_gpu_seconds,
+    }
+}
+
+fn gpu_counts_to_wire(gpus: &BTreeMap<GpuModel, u32>) -> Vec<pb::GpuCount> {
+    gpus.iter()
+        .map(|(model, count)| pb::GpuCount {
+            model: model.as_str().to_string(),
+            count: *count,
+        })
+        .collect()
+}
+
+pub fn savings_to_wire(savings: &gpool_core::accounting::Savings) -> pb::SavingsResponse {
+    pb::SavingsResponse {
+        since_ms: savings.since.0,
+        until_ms: savings.until.0,
+        currency: savings.currency.clone(),
+        percentile: savings.percentile,
+        teams: savings
+            .teams
+            .iter()
+            .map(|team| pb::TeamSavings {
+                team: team.team.clone(),
+                gpus: gpu_counts_to_wire(&team.gpus),
+                used_gpu_seconds: team.used_gpu_seconds,
+                dedicated_cost: team.dedicated_cost,
+                dedicated_utilization: team.dedicated_utilization,
+            })
+            .collect(),
+        dedicated_gpus: gpu_counts_to_wire(&savings.dedicated_gpus),
+        dedicated_cost: savings.dedicated_cost,
+        dedicated_utilization: savings.dedicated_utilization,
+        pool_gpus: gpu_counts_to_wire(&savings.pool_gpus),
+        pool_cost: savings.pool_cost,
+        pool_utilization: savings.pool_utilization,
+        used_gpu_seconds: savings.used_gpu_seconds,
+        gpus_saved: savings.gpus_saved,
+        cost_saved: savings.cost_saved,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod accounting;
 mod agents;
 mod arrays;
 mod bad_input;

@@ -8,6 +8,7 @@ pub mod jobs;
 pub mod logs;
 pub mod nodes;
 pub mod pki;
+pub mod report;
 pub mod sharing;
 pub mod submit;
 

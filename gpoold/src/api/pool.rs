@@ -22,6 +22,7 @@ pub struct PoolService {
     /// gpoold.toml, re-read by ReloadPolicy; `None` in dev mode.
     pub config_path: Option<std::path::PathBuf>,
     pub security: Arc<Security>,
+    pub reports: crate::reports::Reports,
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
@@ -500,6 +501,38 @@ impl Pool for PoolService {
             })
             .collect();
         Ok(Response::new(pb::GetUsageResponse { teams }))
+    }
+
+    async fn get_report(&self, request: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let mut by = Vec::new();
+        for name in &request.by {
+            let dimension = gpool_core::accounting::Dimension::parse(name)
+                .map_err(|reason| Error::InvalidRequest { field: "by", reason })?;
+            if by.contains(&dimension) {
+                return Err(Error::InvalidRequest {
+                    field: "by",
+                    reason: format!("{dimension} is given twice"),
+                }
+                .into());
+            }
+            by.push(dimension);
+        }
+        let now = crate::wall_clock();
+        let (since, until) = self.reports.window(request.since_ms, request.until_ms, now)?;
+        let report = self.reports.report(&caller, since, until, &by, now).await?;
+        Ok(Response::new(gpool_proto::convert::report_to_wire(&report)))
+    }
+
+    async fn get_savings(&self, request: Request<pb::ReportRequest>) -> Result<Response<pb::SavingsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let now = crate::wall_clock();
+        let (since, until) = self.reports.window(request.since_ms, request.until_ms, now)?;
+        let percentile = (request.percentile != 0.0).then_some(request.percentile);
+        let savings = self.reports.savings(&caller, since, until, percentile, now).await?;
+        Ok(Response::new(gpool_proto::convert::savings_to_wire(&savings)))
     }
 
     async fn reload_policy(

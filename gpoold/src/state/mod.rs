@@ -73,6 +73,8 @@ pub struct State {
     forget_nodes_after: Option<std::time::Duration>,
     /// Ended jobs are removed this long after they ended; `None`: never.
     keep_ended_jobs: Option<std::time::Duration>,
+    /// Prices, cost centres and the accounting records' retention.
+    pub accounting: crate::config::Accounting,
     /// When ended jobs were last looked at for removal.
     last_compaction: Option<std::time::Instant>,
     /// Each team's metered GPU time (attempts that ended).
@@ -321,6 +323,8 @@ enum Write {
     NextEpoch,
     Usage(String),
     Token(u64),
+    /// An attempt's accounting record (appended, never changed).
+    Attempt(Box<gpool_core::accounting::AttemptRecord>),
 }
 
 /// Everything one batch of commands produced.
@@ -375,6 +379,7 @@ impl State {
             down_since,
             forget_nodes_after: config.forget_nodes_after,
             keep_ended_jobs: config.keep_ended_jobs,
+            accounting: config.accounting.clone(),
             last_compaction: None,
             usage: loaded.usage,
             preempt_deadlines: BTreeMap::new(),
@@ -722,6 +727,7 @@ impl State {
         self.policy = config.policy;
         self.admins = config.admins;
         self.keep_ended_jobs = config.keep_ended_jobs;
+        self.accounting = config.accounting;
         self.restore_preempt_deadlines();
         Ok(summary)
     }
@@ -1299,6 +1305,7 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
                 .get(id)
                 .into_iter()
                 .for_each(|record| records.token(record)),
+            Write::Attempt(record) => records.attempt(record),
         }
     }
     store.commit(&records)

@@ -5,7 +5,9 @@
 use super::agents::{kill_message, signal_message};
 use super::{Batch, State, Write};
 use crate::error::Error;
+use gpool_core::accounting::AttemptRecord;
 use gpool_core::job_state::{JobEvent, JobState};
+use gpool_core::model::{GpuModel, GpuUse};
 use gpool_core::sched::{Preemption, RunningJob};
 use gpool_core::{Epoch, JobId, Timestamp};
 
@@ -35,6 +37,7 @@ impl State {
         if job.apply(event).is_err() {
             return false;
         }
+        let mut ended_use = GpuUse::default();
         // The index of running jobs by node follows the job's placement.
         let nodes_of = |state: &JobState| match state {
             JobState::Running { placement, .. } => placement.iter().map(|part| part.node.clone()).collect(),
@@ -56,6 +59,7 @@ impl State {
         if matches!(before, JobState::Running { .. }) && !matches!(job.state, JobState::Running { .. }) {
             if let Some(used) = self.gpu_use_live.remove(&id) {
                 job.gpu_use.get_or_insert_with(Default::default).merge(&used);
+                ended_use = used;
             }
             self.lagging_since.remove(&id);
             self.stragglers.remove(&id);
@@ -87,12 +91,120 @@ impl State {
                     .or_default()
                     .charge(gpus, started_at, now, burst, &self.policy.sharing);
                 out.writes.push(Write::Usage(team));
+                let record = self.attempt_record(id, &before, ended_use, now);
+                out.writes.extend(record.map(|record| Write::Attempt(Box::new(record))));
             }
         }
         if let Some(task) = array_task {
             self.array_task_changed(id, task, &before, now, out);
         }
         true
+    }
+
+    /// The accounting record of job `id`'s attempt that was `ended` (its
+    /// state before the event that ended it), as the job is now.
+    fn attempt_record(&self, id: JobId, ended: &JobState, used: GpuUse, now: Timestamp) -> Option<AttemptRecord> {
+        let job = self.jobs.get(&id)?;
+        let JobState::Running {
+            epoch,
+            placement,
+            started_at,
+            burst,
+            preempted_at,
+            ..
+        } = ended
+        else {
+            return None;
+        };
+        let (end, lost_gpu_secs) = match (&job.state, preempted_at) {
+            (JobState::Pending, Some(at)) => ("preempted", ended.work_since_checkpoint(*at)),
+            (JobState::Pending, None) => ("requeued", ended.work_since_checkpoint(now)),
+            (JobState::NodeFail { .. }, _) => ("node_fail", ended.work_since_checkpoint(now)),
+            (state, _) => (state.name(), 0.0),
+        };
+        Some(self.record_of(
+            job,
+            *epoch,
+            placement,
+            *started_at,
+            now,
+            *burst,
+            end,
+            lost_gpu_secs,
+            used,
+        ))
+    }
+
+    /// An accounting record of `job`'s attempt on `placement` from
+    /// `started_at` to `ended_at`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_of(
+        &self,
+        job: &gpool_core::Job,
+        epoch: Epoch,
+        placement: &[gpool_core::NodePlacement],
+        started_at: Timestamp,
+        ended_at: Timestamp,
+        burst: bool,
+        end: &str,
+        lost_gpu_secs: f64,
+        gpu_use: GpuUse,
+    ) -> AttemptRecord {
+        let mut gpus: std::collections::BTreeMap<GpuModel, u32> = std::collections::BTreeMap::new();
+        for part in placement {
+            let node = self.nodes.get(&part.node);
+            for index in &part.gpu_indices {
+                let model = node
+                    .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == *index))
+                    .map_or_else(|| GpuModel::new("unknown"), |gpu| gpu.model.clone());
+                *gpus.entry(model).or_default() += 1;
+            }
+        }
+        let pool = if job.spec.pool.is_empty() {
+            self.policy.default_pool.clone()
+        } else {
+            job.spec.pool.clone()
+        };
+        AttemptRecord {
+            job: job.id,
+            display_id: job.display_id(),
+            attempt: job.n_attempts,
+            epoch,
+            user: job.user.clone(),
+            team: job.spec.team.clone(),
+            project: job.spec.project.clone(),
+            workload_type: job.spec.workload_type.clone(),
+            qos: job.spec.qos.clone(),
+            pool,
+            gpus,
+            nodes: placement.iter().map(|part| part.node.clone()).collect(),
+            started_at,
+            ended_at,
+            burst,
+            end: end.to_string(),
+            lost_gpu_secs,
+            gpu_use,
+        }
+    }
+
+    /// Accounting records of the attempts running now, as if they ended
+    /// at `now` (reports count them up to now).
+    pub fn running_records(&self, now: Timestamp) -> Vec<AttemptRecord> {
+        self.active_jobs()
+            .filter_map(|job| match &job.state {
+                JobState::Running {
+                    epoch,
+                    placement,
+                    started_at,
+                    burst,
+                    ..
+                } => {
+                    let used = self.gpu_use_live.get(&job.id).copied().unwrap_or_default();
+                    Some(self.record_of(job, *epoch, placement, *started_at, now, *burst, "running", 0.0, used))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// Each team's usage as of `now` (`gpool usage`, `/metrics`): ended

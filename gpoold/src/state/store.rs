@@ -4,9 +4,11 @@
 //! record version followed by the record as JSON. Only the state task writes.
 
 use crate::error::Error;
+use gpool_core::accounting::AttemptRecord;
 use gpool_core::auth::token::TokenRecord;
 use gpool_core::model::{Job, Node};
 use gpool_core::policy::Ledger;
+use gpool_core::Timestamp;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sled::Transactional;
@@ -29,6 +31,9 @@ pub struct Store {
     usage: sled::Tree,
     /// User token records (keyed hashes, never tokens), by token id.
     tokens: sled::Tree,
+    /// Accounting: one record per ended attempt, by end time and epoch
+    /// (`attempt_key`); appended, never changed, removed past retention.
+    attempts: sled::Tree,
 }
 
 /// What `Store::open` found on disk.
@@ -57,12 +62,11 @@ impl Store {
             meta: db.open_tree("meta")?,
             usage: db.open_tree("usage")?,
             tokens: db.open_tree("tokens")?,
+            attempts: db.open_tree("attempts")?,
             db,
         };
-        // Trees later issues fill; opened now so the layout is fixed from v1.
-        for tree in ["attempts", "events"] {
-            store.db.open_tree(tree)?;
-        }
+        // A tree later issues fill; opened now so the layout is fixed from v1.
+        store.db.open_tree("events")?;
         store.check_schema()?;
         let loaded = store.load()?;
         Ok((store, loaded))
@@ -168,7 +172,14 @@ impl Store {
         if records.entries.is_empty() {
             return Ok(());
         }
-        let trees: [&sled::Tree; 5] = [&self.jobs, &self.nodes, &self.meta, &self.usage, &self.tokens];
+        let trees: [&sled::Tree; 6] = [
+            &self.jobs,
+            &self.nodes,
+            &self.meta,
+            &self.usage,
+            &self.tokens,
+            &self.attempts,
+        ];
         trees[..]
             .transaction(|views| {
                 for (tree, key, value) in &records.entries {
@@ -190,6 +201,63 @@ impl Store {
     pub fn db(&self) -> sled::Db {
         self.db.clone()
     }
+
+    /// A handle on the accounting records, for reports.
+    pub fn accounting(&self) -> Accounting {
+        Accounting(self.attempts.clone())
+    }
+}
+
+/// The accounting records on disk. Reports read them here, not from the
+/// state: they are never held in memory as a whole.
+#[derive(Clone)]
+pub struct Accounting(sled::Tree);
+
+impl Accounting {
+    /// Records of attempts that ended at or after `since` and started
+    /// before `until`, for which `keep` says yes.
+    pub fn read(
+        &self,
+        since: Timestamp,
+        until: Timestamp,
+        mut keep: impl FnMut(&AttemptRecord) -> bool,
+    ) -> Result<Vec<AttemptRecord>, Error> {
+        let mut found = Vec::new();
+        for entry in self.0.range(attempt_key(since, gpool_core::Epoch(0)).to_vec()..) {
+            let (key, value) = entry?;
+            let record: AttemptRecord = decode("attempts", &key, &value)?;
+            if record.started_at < until && keep(&record) {
+                found.push(record);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Removes the records of attempts that ended before `before`; returns
+    /// how many.
+    pub fn remove_ended_before(&self, before: Timestamp) -> Result<usize, Error> {
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for key in self
+            .0
+            .range(..attempt_key(before, gpool_core::Epoch(0)).to_vec())
+            .keys()
+        {
+            batch.remove(key?);
+            n += 1;
+        }
+        self.0.apply_batch(batch)?;
+        Ok(n)
+    }
+}
+
+/// An accounting record's key: its end time (ms, big-endian) and epoch,
+/// so records are in end order and a window is one range.
+fn attempt_key(ended_at: Timestamp, epoch: gpool_core::Epoch) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&(ended_at.0.max(0) as u64).to_be_bytes());
+    key[8..].copy_from_slice(&epoch.0.to_be_bytes());
+    key
 }
 
 /// Which tree a record goes to (the order of the trees in `Store::commit`).
@@ -200,6 +268,7 @@ enum TreeId {
     Meta = 2,
     Usage = 3,
     Tokens = 4,
+    Attempts = 5,
 }
 
 /// Encoded records waiting for `Store::commit`.
@@ -238,6 +307,14 @@ impl Records {
     pub fn token(&mut self, record: &TokenRecord) {
         self.entries
             .push((TreeId::Tokens, record.id.to_be_bytes().to_vec(), Some(encode(record))));
+    }
+
+    pub fn attempt(&mut self, record: &AttemptRecord) {
+        self.entries.push((
+            TreeId::Attempts,
+            attempt_key(record.ended_at, record.epoch).to_vec(),
+            Some(encode(record)),
+        ));
     }
 
     pub fn next_job_id(&mut self, next_job_id: u64) {

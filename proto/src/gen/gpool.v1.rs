@@ -127,6 +127,123 @@ pub struct GetUsageResponse {
     pub teams: ::prost::alloc::vec::Vec<TeamUsage>,
 }
 #[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ReportRequest {
+    /// The window; 0: from the start of the sharing period, until now.
+    #[prost(int64, tag = "1")]
+    pub since_ms: i64,
+    #[prost(int64, tag = "2")]
+    pub until_ms: i64,
+    /// team, project, workload-type, user, gpu-model, pool, cost-center,
+    /// qos, ledger; none: one total.
+    #[prost(string, repeated, tag = "3")]
+    pub by: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Savings: the time-weighted percentile of each team's concurrent use
+    /// that sizes its dedicated GPUs; 0: the config's (100, its peak).
+    #[prost(double, tag = "4")]
+    pub percentile: f64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ReportRow {
+    /// One value for each `by`, in order.
+    #[prost(string, repeated, tag = "1")]
+    pub key: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(uint64, tag = "2")]
+    pub attempts: u64,
+    #[prost(double, tag = "3")]
+    pub gpu_seconds: f64,
+    #[prost(double, tag = "4")]
+    pub guaranteed_gpu_seconds: f64,
+    #[prost(double, tag = "5")]
+    pub burst_gpu_seconds: f64,
+    /// Work thrown away by preemption or lost nodes.
+    #[prost(double, tag = "6")]
+    pub lost_gpu_seconds: f64,
+    /// Held by attempts whose GPUs sat idle.
+    #[prost(double, tag = "7")]
+    pub idle_gpu_seconds: f64,
+    #[prost(double, optional, tag = "8")]
+    pub mean_utilization_pct: ::core::option::Option<f64>,
+    #[prost(uint64, tag = "9")]
+    pub peak_memory_used_mib: u64,
+    /// Absent when some GPU-hours are on a model without a price.
+    #[prost(double, optional, tag = "10")]
+    pub cost: ::core::option::Option<f64>,
+    #[prost(double, tag = "11")]
+    pub unpriced_gpu_seconds: f64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ReportResponse {
+    #[prost(int64, tag = "1")]
+    pub since_ms: i64,
+    #[prost(int64, tag = "2")]
+    pub until_ms: i64,
+    #[prost(string, repeated, tag = "3")]
+    pub by: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, tag = "4")]
+    pub currency: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "5")]
+    pub rows: ::prost::alloc::vec::Vec<ReportRow>,
+    #[prost(message, optional, tag = "6")]
+    pub total: ::core::option::Option<ReportRow>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GpuCount {
+    #[prost(string, tag = "1")]
+    pub model: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub count: u32,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct TeamSavings {
+    #[prost(string, tag = "1")]
+    pub team: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "2")]
+    pub gpus: ::prost::alloc::vec::Vec<GpuCount>,
+    #[prost(double, tag = "3")]
+    pub used_gpu_seconds: f64,
+    #[prost(double, optional, tag = "4")]
+    pub dedicated_cost: ::core::option::Option<f64>,
+    #[prost(double, tag = "5")]
+    pub dedicated_utilization: f64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SavingsResponse {
+    #[prost(int64, tag = "1")]
+    pub since_ms: i64,
+    #[prost(int64, tag = "2")]
+    pub until_ms: i64,
+    #[prost(string, tag = "3")]
+    pub currency: ::prost::alloc::string::String,
+    #[prost(double, tag = "4")]
+    pub percentile: f64,
+    #[prost(message, repeated, tag = "5")]
+    pub teams: ::prost::alloc::vec::Vec<TeamSavings>,
+    #[prost(message, repeated, tag = "6")]
+    pub dedicated_gpus: ::prost::alloc::vec::Vec<GpuCount>,
+    #[prost(double, optional, tag = "7")]
+    pub dedicated_cost: ::core::option::Option<f64>,
+    #[prost(double, tag = "8")]
+    pub dedicated_utilization: f64,
+    #[prost(message, repeated, tag = "9")]
+    pub pool_gpus: ::prost::alloc::vec::Vec<GpuCount>,
+    #[prost(double, optional, tag = "10")]
+    pub pool_cost: ::core::option::Option<f64>,
+    #[prost(double, tag = "11")]
+    pub pool_utilization: f64,
+    #[prost(double, tag = "12")]
+    pub used_gpu_seconds: f64,
+    #[prost(int64, tag = "13")]
+    pub gpus_saved: i64,
+    #[prost(double, optional, tag = "14")]
+    pub cost_saved: ::core::option::Option<f64>,
+}
+#[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReportCheckpointRequest {
     #[prost(uint64, tag = "1")]
@@ -1525,6 +1642,50 @@ pub mod pool_client {
             req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "GetUsage"));
             self.inner.unary(req, path, codec).await
         }
+        /// GPU-hours and their cost over a window, grouped (accounting records of
+        /// ended attempts, and running attempts up to now). Users get their own
+        /// attempts, team leads their teams', admins all.
+        pub async fn get_report(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ReportRequest>,
+        ) -> std::result::Result<tonic::Response<super::ReportResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/gpool.v1.Pool/GetReport");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "GetReport"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Admins: the GPUs each team would have needed on its own against the
+        /// pool's, over a window, with their costs and utilisation.
+        pub async fn get_savings(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ReportRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SavingsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/gpool.v1.Pool/GetSavings");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("gpool.v1.Pool", "GetSavings"));
+            self.inner.unary(req, path, codec).await
+        }
         /// Admins: re-read gpoold.toml and take its policy (pools, teams, QoS,
         /// weights) and admins; a bad file is refused and the old policy stays.
         pub async fn reload_policy(
@@ -1755,6 +1916,19 @@ pub mod pool_server {
             tonic::Response<super::GetUsageResponse>,
             tonic::Status,
         >;
+        /// GPU-hours and their cost over a window, grouped (accounting records of
+        /// ended attempts, and running attempts up to now). Users get their own
+        /// attempts, team leads their teams', admins all.
+        async fn get_report(
+            &self,
+            request: tonic::Request<super::ReportRequest>,
+        ) -> std::result::Result<tonic::Response<super::ReportResponse>, tonic::Status>;
+        /// Admins: the GPUs each team would have needed on its own against the
+        /// pool's, over a window, with their costs and utilisation.
+        async fn get_savings(
+            &self,
+            request: tonic::Request<super::ReportRequest>,
+        ) -> std::result::Result<tonic::Response<super::SavingsResponse>, tonic::Status>;
         /// Admins: re-read gpoold.toml and take its policy (pools, teams, QoS,
         /// weights) and admins; a bad file is refused and the old policy stays.
         async fn reload_policy(
@@ -2421,6 +2595,92 @@ pub mod pool_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetUsageSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/gpool.v1.Pool/GetReport" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetReportSvc<T: Pool>(pub Arc<T>);
+                    impl<T: Pool> tonic::server::UnaryService<super::ReportRequest>
+                    for GetReportSvc<T> {
+                        type Response = super::ReportResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ReportRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Pool>::get_report(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetReportSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/gpool.v1.Pool/GetSavings" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetSavingsSvc<T: Pool>(pub Arc<T>);
+                    impl<T: Pool> tonic::server::UnaryService<super::ReportRequest>
+                    for GetSavingsSvc<T> {
+                        type Response = super::SavingsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ReportRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Pool>::get_savings(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetSavingsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -149,7 +149,8 @@ impl Cluster {
     }
 
     /// Starts an agent whose agent.toml ends with `extra` (e.g. a
-    /// `[simulated_topology]` table).
+    /// `[simulated_topology]` table, or with `n_gpus` 0 its own
+    /// `[[simulated_gpu]]`).
     pub fn start_agent_with(&mut self, node: &str, n_gpus: u32, extra: &str) -> usize {
         let agent_idx = self.spawn_agent(node, n_gpus, &format!("controller = \"{}\"\n", self.addr), extra, None);
         self.wait_for_registered(node);
@@ -162,8 +163,14 @@ impl Cluster {
     pub fn spawn_agent(&mut self, node: &str, n_gpus: u32, top: &str, extra: &str, netns: Option<&str>) -> usize {
         let spool = self.spool_dir(node);
         let config = self.dir.path().join(format!("agent-{node}-{}.toml", self.agents.len()));
+        // No H100s: `extra` declares the node's GPUs.
+        let h100s = if n_gpus > 0 {
+            format!("[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = {n_gpus}\n")
+        } else {
+            String::new()
+        };
         let text = format!(
-            "{top}node_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = {n_gpus}\n{extra}",
+            "{top}node_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\n{h100s}{extra}",
             spool.display()
         );
         std::fs::write(&config, text).expect("write agent config");
