@@ -16,7 +16,8 @@
 //! not_completed; else null), stdout_path and stderr_path (-o/-e
 //! patterns; else null), gpu_use ({samples, mean_utilization_pct,
 //! peak_utilization_pct, peak_memory_used_mib, idle}, or null),
-//! stragglers ([{node, index, utilization_pct, median_pct, since}]).
+//! stragglers ([{node, index, utilization_pct, median_pct, since}]),
+//! events ([{at, text}]: stragglers flagged and back in step).
 //! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
@@ -78,6 +79,14 @@ pub struct JobJson<'a> {
     gpu_use: Option<GpuUseJson>,
     /// GPUs lagging far behind the job's others.
     stragglers: Vec<StragglerJson<'a>>,
+    /// Its history besides its state, oldest first.
+    events: Vec<EventJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct EventJson<'a> {
+    at: String,
+    text: &'a str,
 }
 
 #[derive(Serialize)]
@@ -207,6 +216,14 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
                 utilization_pct: straggler.utilization_pct,
                 median_pct: straggler.median_pct,
                 since: rfc3339(straggler.since_ms),
+            })
+            .collect(),
+        events: job
+            .events
+            .iter()
+            .map(|event| EventJson {
+                at: rfc3339_ms(event.at_ms),
+                text: &event.text,
             })
             .collect(),
     }
@@ -504,6 +521,9 @@ pub fn print_job_details(job: &pb::Job) {
     }
     if !job.placement.is_empty() {
         lines.push(("placement", placement_text(job)));
+    }
+    for event in &job.events {
+        lines.push(("event", format!("{} {}", rfc3339(event.at_ms), event.text)));
     }
     for straggler in &job.stragglers {
         lines.push((

@@ -211,6 +211,20 @@ pub struct Job {
     /// samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_use: Option<GpuUse>,
+    /// What happened to it besides its state (a straggler flagged or
+    /// back in step); newest last, at most `MAX_JOB_EVENTS`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<JobNote>,
+}
+
+/// Most events a job keeps.
+pub const MAX_JOB_EVENTS: usize = 32;
+
+/// One event in a job's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobNote {
+    pub at: Timestamp,
+    pub text: String,
 }
 
 /// An allocation is idle under this mean utilisation (percent)...
@@ -277,6 +291,14 @@ pub struct LostAttempt {
 }
 
 impl Job {
+    /// Keeps `text` in the job's history, dropping the oldest beyond
+    /// `MAX_JOB_EVENTS`.
+    pub fn record_event(&mut self, at: Timestamp, text: String) {
+        self.events.push(JobNote { at, text });
+        let excess = self.events.len().saturating_sub(MAX_JOB_EVENTS);
+        self.events.drain(..excess);
+    }
+
     /// `123_4` for an array task, else the id.
     pub fn display_id(&self) -> String {
         crate::array::display_id(self.id, self.array_task.as_ref())

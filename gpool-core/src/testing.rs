@@ -272,6 +272,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             array_task: None,
             past_attempts: Vec::new(),
             gpu_use: None,
+            events: Vec::new(),
         },
     }
 }

@@ -308,6 +308,14 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
         queue_position: None,
         gpu_use: job.gpu_use.as_ref().and_then(gpu_use_to_wire),
         stragglers: Vec::new(),
+        events: job
+            .events
+            .iter()
+            .map(|event| pb::JobEventNote {
+                at_ms: event.at.0,
+                text: event.text.clone(),
+            })
+            .collect(),
     }
 }
 

@@ -141,13 +141,13 @@ fn a_jobs_gpu_use_is_kept_and_an_idle_allocation_is_flagged() {
 #[test]
 fn a_gpu_far_behind_its_jobs_others_is_a_straggler() {
     let mut cluster = Cluster::with_config("straggler_after = \"1s\"\nmetrics_listen = \"127.0.0.1:0\"\n");
-    // GPU 0 reports itself idle, GPUs 1 and 2 90% in use.
+    // GPU 0 reports itself idle, GPUs 1 to 3 90% in use.
     cluster.start_agent_with(
         "n1",
         1,
-        "\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = 2\nutilization_pct = 90\n",
+        "\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = 3\nutilization_pct = 90\n",
     );
-    let job = cluster.submit(&["--gpus", "3", "--", "sleep", "30"]);
+    let job = cluster.submit(&["--gpus", "4", "--", "sleep", "30"]);
     cluster.wait_for_state(job, "running");
     let shown = wait_until("the straggler to be flagged", Duration::from_secs(20), || {
         let shown = cluster.job(job);
@@ -167,10 +167,20 @@ fn a_gpu_far_behind_its_jobs_others_is_a_straggler() {
         Some(1.0),
         "{body}"
     );
-    // Its mean use counts all three GPUs.
+    // Its mean use counts all four GPUs.
     let mean = shown["gpu_use"]["mean_utilization_pct"].as_f64().unwrap_or_default();
-    assert!((59.0..=61.0).contains(&mean), "{mean}");
+    assert!((67.0..=68.0).contains(&mean), "{mean}");
     cluster.gpool(&["cancel", &job.to_string()]).ok();
     let ended = cluster.wait_for_state(job, "cancelled");
     assert_eq!(ended["stragglers"], serde_json::json!([]), "{ended}");
+    // The flagging stays in the job's history.
+    let events = ended["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{ended}");
+    let event = events[0]["text"].as_str().unwrap();
+    assert!(
+        event.starts_with("straggler: n1 GPU 0 at 0% while the job's median is 90%"),
+        "{event}"
+    );
+    let text = cluster.gpool(&["show", &job.to_string()]).ok().to_string();
+    assert!(text.contains("event") && text.contains("straggler: n1 GPU 0"), "{text}");
 }

@@ -284,6 +284,7 @@ fn task_of(array: &Job, id: JobId, index: u32) -> Job {
         array_task: Some(ArrayTask { array: array.id, index }),
         past_attempts: Vec::new(),
         gpu_use: None,
+        events: Vec::new(),
     }
 }
 

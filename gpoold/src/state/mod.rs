@@ -514,6 +514,7 @@ impl State {
                 array_task: None,
                 past_attempts: Vec::new(),
                 gpu_use: None,
+                events: Vec::new(),
             };
             self.jobs.insert(id, job);
             self.active.insert(id);
@@ -820,7 +821,7 @@ impl State {
     /// For the running jobs on several GPUs with GPUs on `node`: which of
     /// their GPUs lag behind the others (latest samples of all their
     /// nodes), and which have for `straggler_after`.
-    fn find_stragglers(&mut self, node: &str, now: Timestamp) {
+    fn find_stragglers(&mut self, node: &str, now: Timestamp, out: &mut Batch) {
         use gpool_core::stragglers::{lagging, stragglers, GpuKey};
         let mut found = Vec::new();
         for job in self.running_jobs_on(node) {
@@ -862,13 +863,40 @@ impl State {
                     gpu,
                 })
                 .collect();
-            if now_straggling.is_empty() {
-                self.stragglers.remove(&id);
-            } else {
-                if !self.stragglers.contains_key(&id) {
-                    tracing::warn!(job = %id, "straggler: {}", now_straggling.iter().map(|s| format!("{} GPU {}", s.gpu.node, s.gpu.index)).collect::<Vec<_>>().join(", "));
+            // Each GPU flagged, and each back in step, is an event in the
+            // job's history.
+            let before: Vec<Straggler> = self.stragglers.remove(&id).unwrap_or_default();
+            let mut events = Vec::new();
+            for straggler in &now_straggling {
+                if !before.iter().any(|old| old.gpu == straggler.gpu) {
+                    events.push(format!(
+                        "straggler: {} GPU {} at {}% while the job's median is {}%, since {}",
+                        straggler.gpu.node,
+                        straggler.gpu.index,
+                        straggler.utilization_pct,
+                        straggler.median_pct,
+                        straggler.since
+                    ));
                 }
+            }
+            for old in &before {
+                if !now_straggling.iter().any(|straggler| straggler.gpu == old.gpu) {
+                    events.push(format!(
+                        "{} GPU {} is back in step with the job's others",
+                        old.gpu.node, old.gpu.index
+                    ));
+                }
+            }
+            if !now_straggling.is_empty() {
                 self.stragglers.insert(id, now_straggling);
+            }
+            if !events.is_empty() {
+                let Some(job) = self.jobs.get_mut(&id) else { continue };
+                for text in events {
+                    tracing::warn!(job = %id, "{text}");
+                    job.record_event(now, text);
+                }
+                out.writes.push(Write::Job(id));
             }
         }
     }
@@ -1256,7 +1284,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
                 state.grant_lease(&node, seq);
                 state.count_gpu_use(&node, &samples);
                 state.gpu_samples.insert(node.clone(), samples);
-                state.find_stragglers(&node, now);
+                state.find_stragglers(&node, now, out);
             }
         }
         Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),

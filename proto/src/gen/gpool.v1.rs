@@ -519,6 +519,18 @@ pub struct Job {
     /// controller's straggler_after.
     #[prost(message, repeated, tag = "31")]
     pub stragglers: ::prost::alloc::vec::Vec<Straggler>,
+    /// What happened to it besides its state (stragglers flagged and back in
+    /// step), oldest first.
+    #[prost(message, repeated, tag = "32")]
+    pub events: ::prost::alloc::vec::Vec<JobEventNote>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct JobEventNote {
+    #[prost(int64, tag = "1")]
+    pub at_ms: i64,
+    #[prost(string, tag = "2")]
+    pub text: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
