@@ -184,3 +184,59 @@ fn a_gpu_far_behind_its_jobs_others_is_a_straggler() {
     let text = cluster.gpool(&["show", &job.to_string()]).ok().to_string();
     assert!(text.contains("event") && text.contains("straggler: n1 GPU 0"), "{text}");
 }
+
+/// A real Prometheus scrapes gpoold, and PromQL gives the GPUs allocated
+/// while jobs run.
+#[test]
+fn a_real_prometheus_scrapes_gpoold_and_promql_counts_allocated_gpus() {
+    let Some(prometheus) = crate::harness::outside_tool("prometheus", "prometheus") else {
+        return;
+    };
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    cluster.start_agent("n1", 4);
+    let jobs = [
+        cluster.submit(&["--gpus", "2", "--", "sleep", "60"]),
+        cluster.submit(&["--gpus", "1", "--", "sleep", "60"]),
+    ];
+    for job in jobs {
+        cluster.wait_for_state(job, "running");
+    }
+    let metrics_addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).unwrap();
+    let dir = Cluster::temp_dir();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpoold\n    static_configs:\n      - targets: ['{}']\n",
+            metrics_addr.trim()
+        ),
+    )
+    .unwrap();
+    let web = format!("127.0.0.1:{}", crate::harness::free_port());
+    let mut command = std::process::Command::new(prometheus);
+    command
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+        .arg(format!("--web.listen-address={web}"));
+    let server = crate::harness::process::Process::spawn("prometheus", command, dir.path().join("prometheus.log"));
+    let query = "sum(gpool_gpus%7Bstate%3D%22allocated%22%7D)";
+    let answer = wait_until(
+        "Prometheus to have scraped the allocated GPUs",
+        Duration::from_secs(60),
+        || {
+            let stream = std::net::TcpStream::connect(&web).ok()?;
+            drop(stream);
+            let (status, body) = get(&web, &format!("/api/v1/query?query={query}"));
+            if !status.contains("200") {
+                return None;
+            }
+            let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let value = answer["data"]["result"][0]["value"][1].as_str()?.to_string();
+            (value == "3").then_some(answer)
+        },
+    );
+    assert_eq!(answer["status"], "success", "{answer}");
+    // The scrape target is up, as Prometheus sees it.
+    let (_, up) = get(&web, "/api/v1/query?query=up%7Bjob%3D%22gpoold%22%7D");
+    assert!(up.contains("\"1\""), "{up}\n{}", server.log_tail(20));
+}

@@ -4,3 +4,31 @@
 pub mod cluster;
 pub mod netns;
 pub mod process;
+
+/// The path of an outside program a test runs (Prometheus, Chromium), or
+/// `None` with a note that the test is skipped. Where `GPOOL_E2E_REQUIRE`
+/// names it (`.ci/run` installs and names them all), its absence fails
+/// the test instead.
+pub fn outside_tool(name: &str, package: &str) -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|path| path.is_file())
+    });
+    let required = std::env::var("GPOOL_E2E_REQUIRE").is_ok_and(|list| list.split(',').any(|tool| tool.trim() == name));
+    match found {
+        Some(path) => Some(path),
+        None if required => panic!("{name} is not installed (Debian's {package}), and GPOOL_E2E_REQUIRE needs it"),
+        None => {
+            eprintln!("skipped: {name} is not installed (Debian's {package}; .ci/run installs it)");
+            None
+        }
+    }
+}
+
+/// A loopback port nothing listens on now, for a program that takes no
+/// port 0.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.local_addr().expect("its address").port()
+}
