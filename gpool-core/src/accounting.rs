@@ -353,6 +353,35 @@ impl Part {
     }
 }
 
+/// The mean number of GPUs the records held in each of `buckets` equal
+/// slices of `[since, until)` (a chart of the pool's allocation).
+pub fn allocation_series(records: &[AttemptRecord], since: Timestamp, until: Timestamp, buckets: usize) -> Vec<f64> {
+    let mut series = vec![0.0; buckets];
+    let span = (until.0 - since.0) as f64;
+    if buckets == 0 || span <= 0.0 {
+        return series;
+    }
+    let width = span / buckets as f64;
+    for record in records {
+        let start = (record.started_at.max(since).0 - since.0) as f64;
+        let end = (record.ended_at.min(until).0 - since.0) as f64;
+        if end <= start {
+            continue;
+        }
+        let gpus = f64::from(record.total_gpus());
+        let first = ((start / width) as usize).min(buckets - 1);
+        let last = ((end / width).ceil() as usize).clamp(first + 1, buckets);
+        for (bucket, value) in series.iter_mut().enumerate().take(last).skip(first) {
+            let (lo, hi) = (bucket as f64 * width, (bucket + 1) as f64 * width);
+            let overlap = end.min(hi) - start.max(lo);
+            if overlap > 0.0 {
+                *value += gpus * overlap / width;
+            }
+        }
+    }
+    series
+}
+
 /// How a savings report sizes each team's dedicated GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SavingsRule {

@@ -787,6 +787,37 @@ mod tests {
         assert_eq!(sharing.team_of_user("carol"), Some("nlp"));
         assert!(sharing.qos("high").is_some_and(|q| q.preempt_lower));
         assert_eq!(sharing.qos("").map(|q| q.name.as_str()), Some("normal"));
+        let pricing = &config.accounting.pricing;
+        assert_eq!(pricing.price(&GpuModel::new("H100")), Some(4.10));
+        assert_eq!(pricing.cost_center("ml", "ads-ranking"), "ads");
+        assert_eq!(pricing.cost_center("nlp", "x"), "research");
+    }
+
+    #[test]
+    fn accounting_errors_name_the_field() {
+        let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[accounting]\n";
+        for (extra, expected) in [
+            (
+                "[accounting.prices]\nh100 = -1.0\n",
+                "accounting.prices.h100: -1 is not a price",
+            ),
+            ("keep = \"soon\"\n", "accounting.keep: \"soon\" is not"),
+            (
+                "savings_percentile = 0.0\n",
+                "accounting.savings_percentile: 0 is not above 0",
+            ),
+            (
+                "[accounting.cost_centers.a]\nteams = [\"ml\"]\n[accounting.cost_centers.b]\nteams = [\"ml\"]\n",
+                "accounting.cost_centers.b.teams: \"ml\" is in cost centre \"a\" too",
+            ),
+        ] {
+            let err = Config::parse("g.toml", &format!("{base}{extra}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{err}");
+        }
+        let config = Config::parse("g.toml", &format!("{base}keep = \"forever\"\n")).unwrap();
+        assert_eq!(config.accounting.keep, None);
     }
 
     #[test]

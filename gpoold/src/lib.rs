@@ -9,6 +9,7 @@ pub mod reports;
 pub mod sched_loop;
 pub mod security;
 pub mod state;
+pub mod status_page;
 
 use anyhow::Context;
 use config::Config;
@@ -184,6 +185,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             listener,
             handle.shared.clone(),
             metrics,
+            status_page::StatusPage {
+                security: security.clone(),
+                reports: reports.clone(),
+            },
             stopping.clone(),
         ));
     }

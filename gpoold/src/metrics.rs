@@ -275,6 +275,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: SharedState,
     metrics: Arc<Metrics>,
+    status_page: crate::status_page::StatusPage,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     use http_body_util::Full;
@@ -283,9 +284,9 @@ pub async fn serve(
         if *shutdown.borrow() {
             return;
         }
-        let stream = tokio::select! {
+        let (stream, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(err) => {
                     tracing::warn!("metrics listener: {err}");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -299,12 +300,34 @@ pub async fn serve(
                 continue;
             }
         };
-        let (shared, metrics) = (shared.clone(), metrics.clone());
+        let (shared, metrics, status_page) = (shared.clone(), metrics.clone(), status_page.clone());
         tokio::spawn(async move {
+            // The owner of a loopback peer's socket is who the status page
+            // shows itself to, as the API does.
+            let connection = crate::security::loopback::PlainTcp::new(stream, remote);
+            let local_uid = connection.info.local_uid;
             let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                let (shared, metrics) = (shared.clone(), metrics.clone());
+                let (shared, metrics, status_page) = (shared.clone(), metrics.clone(), status_page.clone());
                 async move {
-                    let response = if request.method() == hyper::Method::GET && request.uri().path() == "/metrics" {
+                    let path = request.uri().path();
+                    if request.method() == hyper::Method::GET && (path == "/status" || path == "/") {
+                        let header = |name: &str| request.headers().get(name).and_then(|value| value.to_str().ok());
+                        let answer = status_page
+                            .answer(
+                                request.uri().query(),
+                                local_uid,
+                                header("authorization"),
+                                header("cookie"),
+                                &remote.to_string(),
+                            )
+                            .await;
+                        let mut response = hyper::Response::builder().status(answer.status);
+                        for (name, value) in answer.headers {
+                            response = response.header(name, value);
+                        }
+                        return response.body(Full::new(Bytes::from(answer.body)));
+                    }
+                    let response = if request.method() == hyper::Method::GET && path == "/metrics" {
                         let text = {
                             let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
                             render(&state, &metrics)
@@ -318,12 +341,14 @@ pub async fn serve(
                     } else {
                         hyper::Response::builder()
                             .status(hyper::StatusCode::NOT_FOUND)
-                            .body(Full::new(Bytes::from_static(b"gpoold serves /metrics here\n")))
+                            .body(Full::new(Bytes::from_static(
+                                b"gpoold serves /metrics and /status here\n",
+                            )))
                     };
                     response
                 }
             });
-            let io = hyper_util::rt::TokioIo::new(stream);
+            let io = hyper_util::rt::TokioIo::new(connection.stream);
             if let Err(err) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(io, service)
                 .await

@@ -43,7 +43,7 @@ impl Reports {
 
     /// The records of `[since, until)` that `keep` takes: ended attempts
     /// from sled, running ones up to `now` from the state.
-    async fn records(
+    pub(crate) async fn records(
         &self,
         since: Timestamp,
         until: Timestamp,

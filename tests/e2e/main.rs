@@ -13,4 +13,5 @@ mod jobs;
 mod metrics;
 mod security;
 mod sharing;
+mod status_page;
 mod systemd;

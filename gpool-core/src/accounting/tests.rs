@@ -222,6 +222,19 @@ fn savings_at_a_percentile_cover_that_share_of_the_window() {
     assert_eq!(at(80.0), 4);
 }
 
+#[test]
+fn the_allocation_series_spreads_each_attempt_over_its_slices() {
+    let records = [
+        record("ml", "llm", "ann", &[("h100", 4)], 0.0, 1.5),
+        record("cv", "seg", "bob", &[("l4", 2)], 1.0, 3.0),
+    ];
+    let series = allocation_series(&records, Timestamp(0), Timestamp(4 * HOUR), 4);
+    assert_eq!(series, vec![4.0, 2.0 + 2.0, 2.0, 0.0]);
+    assert!(allocation_series(&records, Timestamp(0), Timestamp(0), 4)
+        .iter()
+        .all(|v| *v == 0.0));
+}
+
 fn arb_record() -> impl Strategy<Value = AttemptRecord> {
     (
         prop::sample::select(vec!["ml", "cv", "nlp"]),
@@ -258,6 +271,10 @@ proptest! {
         let after = report(&records, split_h, 72, &[Dimension::Team]);
         prop_assert!((before.total.gpu_seconds + after.total.gpu_seconds - expected).abs() < 1e-6);
         prop_assert_eq!(by_all.total.attempts as usize, records.len());
+        // The allocation chart holds the same GPU-time.
+        let series = allocation_series(&records, Timestamp(0), Timestamp(72 * HOUR), 72);
+        let charted: f64 = series.iter().sum::<f64>() * 3600.0;
+        prop_assert!((charted - expected).abs() < 1e-3 * expected.max(1.0));
     }
 
     #[test]

@@ -181,13 +181,7 @@ pub fn authenticate(
 
 fn identify(security: &Security, shared: &SharedState, request: &Request<()>) -> Result<(Caller, String), String> {
     if let Some((uid, via)) = local_uid(request) {
-        let uid = nix::unistd::Uid::from_raw(uid);
-        let user = match nix::unistd::User::from_uid(uid) {
-            Ok(Some(user)) => user.name,
-            _ => return Err(format!("uid {uid} has no user name on the controller host")),
-        };
-        let state = shared.read().unwrap_or_else(|p| p.into_inner());
-        return Ok((state.local_caller(&user), via.into()));
+        return local_user(shared, uid, via);
     }
     if request.extensions().get::<UdsConnectInfo>().is_some() {
         return Err("the Unix socket gave no peer credentials".into());
@@ -199,18 +193,7 @@ fn identify(security: &Security, shared: &SharedState, request: &Request<()>) ->
         let presented = text
             .strip_prefix("Bearer ")
             .ok_or("the authorization entry is not `Bearer TOKEN`")?;
-        let credential = token::parse(presented).map_err(|err| err.to_string())?;
-        let state = shared.read().unwrap_or_else(|p| p.into_inner());
-        return state
-            .token_caller(&security.token_key, &credential, crate::wall_clock())
-            .map(|caller| {
-                let via = match credential {
-                    Credential::User { id, .. } => format!("token {id}"),
-                    Credential::Job { job, .. } => format!("job token of job {job}"),
-                };
-                (caller, via)
-            })
-            .map_err(|err| err.to_string());
+        return token_user(security, shared, presented);
     }
     if security.dev {
         let user = request
@@ -227,6 +210,34 @@ fn identify(security: &Security, shared: &SharedState, request: &Request<()>) ->
         return Ok((state.local_caller(&user), "dev mode".into()));
     }
     Err("no credential: set GPOOL_TOKEN (or ~/.config/gpool/token) to a token from `gpool admin token create`, or use the Unix socket on the controller host".into())
+}
+
+/// The caller behind a local uid (a Unix socket's peer, a loopback
+/// socket's owner); `via` says which.
+pub fn local_user(shared: &SharedState, uid: u32, via: &str) -> Result<(Caller, String), String> {
+    let uid = nix::unistd::Uid::from_raw(uid);
+    let user = match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => return Err(format!("uid {uid} has no user name on the controller host")),
+    };
+    let state = shared.read().unwrap_or_else(|p| p.into_inner());
+    Ok((state.local_caller(&user), via.into()))
+}
+
+/// The caller a presented user or job token stands for.
+pub fn token_user(security: &Security, shared: &SharedState, presented: &str) -> Result<(Caller, String), String> {
+    let credential = token::parse(presented).map_err(|err| err.to_string())?;
+    let state = shared.read().unwrap_or_else(|p| p.into_inner());
+    state
+        .token_caller(&security.token_key, &credential, crate::wall_clock())
+        .map(|caller| {
+            let via = match credential {
+                Credential::User { id, .. } => format!("token {id}"),
+                Credential::Job { job, .. } => format!("job token of job {job}"),
+            };
+            (caller, via)
+        })
+        .map_err(|err| err.to_string())
 }
 
 /// Admits agents by `gpool_core::auth::admit_agent_link`: on TLS by their
