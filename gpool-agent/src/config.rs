@@ -74,6 +74,11 @@ pub struct SimulatedGpu {
     /// Memory their samples report in use (MiB; default 0).
     #[serde(default)]
     pub memory_used_mib: u64,
+    /// Volatile ECC error counts their samples report (default 0).
+    #[serde(default)]
+    pub ecc_corrected: u64,
+    #[serde(default)]
+    pub ecc_uncorrected: u64,
 }
 
 fn one() -> u32 {

@@ -318,6 +318,8 @@ fn dev_agent_configs(
                     count: dev.gpus_per_node,
                     utilization_pct: 0,
                     memory_used_mib: 0,
+                    ecc_corrected: 0,
+                    ecc_uncorrected: 0,
                 }]
             };
             gpool_agent::config::AgentConfig {

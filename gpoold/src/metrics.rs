@@ -113,6 +113,11 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         "GPU temperature, latest sample",
     );
     let power = gauge(&mut registry, "gpu_power_watts", "GPU power draw, latest sample");
+    let ecc = gauge(
+        &mut registry,
+        "gpu_ecc_errors",
+        "Volatile ECC errors of a GPU since its driver loaded (kind: corrected, uncorrected), latest sample",
+    );
     for (node_name, samples) in &state.gpu_samples {
         let Some(node) = state.nodes.get(node_name) else {
             continue;
@@ -136,6 +141,14 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
                 .set(sample.memory_used_mib as f64 * 1024.0 * 1024.0);
             temperature.get_or_create(&labels).set(f64::from(sample.temperature_c));
             power.get_or_create(&labels).set(f64::from(sample.power_w));
+            for (kind, count) in [
+                ("corrected", sample.ecc_corrected),
+                ("uncorrected", sample.ecc_uncorrected),
+            ] {
+                let mut labels = labels.clone();
+                labels.push(("kind", kind.to_string()));
+                ecc.get_or_create(&labels).set(count as f64);
+            }
         }
     }
 

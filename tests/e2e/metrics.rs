@@ -145,7 +145,7 @@ fn a_gpu_far_behind_its_jobs_others_is_a_straggler() {
     cluster.start_agent_with(
         "n1",
         1,
-        "\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = 3\nutilization_pct = 90\n",
+        "\n[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = 3\nutilization_pct = 90\necc_corrected = 12\necc_uncorrected = 3\n",
     );
     let job = cluster.submit(&["--gpus", "4", "--", "sleep", "30"]);
     cluster.wait_for_state(job, "running");
@@ -165,6 +165,18 @@ fn a_gpu_far_behind_its_jobs_others_is_a_straggler() {
     assert_eq!(
         value(&body, "gpool_straggler_gpus{team=\"default\"}"),
         Some(1.0),
+        "{body}"
+    );
+    // ECC counts are per GPU, as its samples report them.
+    let labels = "node=\"n1\",index=\"1\",model=\"h100\"";
+    assert_eq!(
+        value(&body, &format!("gpool_gpu_ecc_errors{{{labels},kind=\"uncorrected\"}}")),
+        Some(3.0),
+        "{body}"
+    );
+    assert_eq!(
+        value(&body, &format!("gpool_gpu_ecc_errors{{{labels},kind=\"corrected\"}}")),
+        Some(12.0),
         "{body}"
     );
     // Its mean use counts all four GPUs.

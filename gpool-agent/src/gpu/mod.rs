@@ -55,8 +55,17 @@ pub fn discover(config: &AgentConfig) -> (Vec<Gpu>, Topology, Source) {
 /// values agent.toml declares for simulated ones.
 pub enum Sampler {
     Nvml(Box<nvml_wrapper::Nvml>),
-    /// Each GPU's index, utilisation and memory in use.
-    Simulated(Vec<(u32, u32, u64)>),
+    /// Each GPU's index and what agent.toml says its samples report.
+    Simulated(Vec<(u32, SimulatedLoad)>),
+}
+
+/// What a simulated GPU's samples report.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SimulatedLoad {
+    pub utilization_pct: u32,
+    pub memory_used_mib: u64,
+    pub ecc_corrected: u64,
+    pub ecc_uncorrected: u64,
 }
 
 impl Sampler {
@@ -69,13 +78,18 @@ impl Sampler {
                 Err(_) => Sampler::Simulated(Vec::new()),
             },
             Source::Simulated | Source::None => {
-                let loads = declared
-                    .iter()
-                    .flat_map(|entry| (0..entry.count).map(|_| (entry.utilization_pct, entry.memory_used_mib)));
+                let loads = declared.iter().flat_map(|entry| {
+                    (0..entry.count).map(|_| SimulatedLoad {
+                        utilization_pct: entry.utilization_pct,
+                        memory_used_mib: entry.memory_used_mib,
+                        ecc_corrected: entry.ecc_corrected,
+                        ecc_uncorrected: entry.ecc_uncorrected,
+                    })
+                });
                 Sampler::Simulated(
                     gpus.iter()
-                        .zip(loads.chain(std::iter::repeat((0, 0))))
-                        .map(|(gpu, (utilization, memory))| (gpu.index, utilization, memory))
+                        .map(|gpu| gpu.index)
+                        .zip(loads.chain(std::iter::repeat(SimulatedLoad::default())))
                         .collect(),
                 )
             }
@@ -87,13 +101,15 @@ impl Sampler {
             Sampler::Nvml(nvml) => nvml::samples(nvml),
             Sampler::Simulated(gpus) => gpus
                 .iter()
-                .map(|(index, utilization, memory)| gpool_proto::pb::GpuSample {
+                .map(|(index, load)| gpool_proto::pb::GpuSample {
                     index: *index,
-                    utilization_pct: *utilization,
-                    memory_used_mib: *memory,
+                    utilization_pct: load.utilization_pct,
+                    memory_used_mib: load.memory_used_mib,
                     temperature_c: 35,
                     // An idle H100 draws about 70 W, a busy one up to 700.
-                    power_w: 70 + 6 * utilization,
+                    power_w: 70 + 6 * load.utilization_pct,
+                    ecc_corrected: load.ecc_corrected,
+                    ecc_uncorrected: load.ecc_uncorrected,
                 })
                 .collect(),
         }

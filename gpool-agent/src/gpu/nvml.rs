@@ -3,8 +3,8 @@
 use super::RawDevice;
 use gpool_core::topology::{GpuLink, Link, Topology};
 use gpool_proto::pb;
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::Nvml;
 
 /// Every device NVML sees, or why NVML is not usable here.
@@ -103,6 +103,12 @@ pub fn samples(nvml: &Nvml) -> Vec<pb::GpuSample> {
                 memory_used_mib: device.memory_info().map_or(0, |m| m.used / (1024 * 1024)),
                 temperature_c: device.temperature(TemperatureSensor::Gpu).unwrap_or(0),
                 power_w: device.power_usage().map_or(0, |milliwatts| milliwatts / 1000),
+                ecc_corrected: device
+                    .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+                    .unwrap_or(0),
+                ecc_uncorrected: device
+                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                    .unwrap_or(0),
             })
         })
         .collect()

@@ -852,6 +852,12 @@ pub struct GpuSample {
     pub temperature_c: u32,
     #[prost(uint32, tag = "5")]
     pub power_w: u32,
+    /// Volatile ECC error counts (since the driver loaded); 0 where the GPU
+    /// has no ECC or NVML cannot tell.
+    #[prost(uint64, tag = "6")]
+    pub ecc_corrected: u64,
+    #[prost(uint64, tag = "7")]
+    pub ecc_uncorrected: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
