@@ -2,21 +2,12 @@
 
 use crate::harness::cluster::Cluster;
 use crate::harness::process::wait_until;
-use std::io::{Read, Write};
 use std::time::Duration;
 
-/// The body of an HTTP GET of `path` at `addr`, and its status line.
+/// The status line and body of an HTTP GET of `path` at `addr`.
 fn get(addr: &str, path: &str) -> (String, String) {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics address");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+    let (status, _, body) = crate::harness::http_get(addr, path);
+    (status, body)
 }
 
 /// The value of the sample whose name and labels are `series`.

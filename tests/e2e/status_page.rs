@@ -2,23 +2,9 @@
 //! text and rendered in headless Chromium.
 
 use crate::harness::cluster::Cluster;
-use std::io::{Read, Write};
 use std::time::Duration;
 
-/// Status line, headers and body of `GET path` at `addr`.
-fn get(addr: &str, path: &str) -> (String, String, String) {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics address");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
-    (status.to_string(), headers.to_string(), body.to_string())
-}
+use crate::harness::http_get as get;
 
 /// A pool with something to show: two teams, a running job, a pending
 /// one, a finished one to charge, and a drained node.
