@@ -116,6 +116,9 @@ fn a_partition_shorter_than_the_lease_requeues_nothing() {
     let marker = cluster.dir.path().join("marks");
     let id = marking_job(&cluster, &marker);
     cluster.wait_for_state(id, "running");
+    wait_until("the first marks", Duration::from_secs(10), || {
+        marks(&marker).contains_key(&1).then_some(())
+    });
     net.set_connected(&hosts[0], false).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     net.set_connected(&hosts[0], true).unwrap();
@@ -136,13 +139,18 @@ fn an_attempt_that_finished_during_a_partition_is_not_run_again() {
         return;
     };
     let marker = cluster.dir.path().join("done");
+    let started = cluster.dir.path().join("started");
     // Attempt 1 ends in a second; any later attempt would take 30 s.
     let script = format!(
-        "if [ \"$GPOOL_ATTEMPT\" = 1 ]; then sleep 1; else sleep 30; fi; echo \"done $GPOOL_ATTEMPT\" >> {}",
+        "touch {}; if [ \"$GPOOL_ATTEMPT\" = 1 ]; then sleep 1; else sleep 30; fi; echo \"done $GPOOL_ATTEMPT\" >> {}",
+        started.display(),
         marker.display()
     );
     let id = cluster.submit(&["--gpus", "1", "--", "sh", "-c", &script]);
     cluster.wait_for_state(id, "running");
+    wait_until("attempt 1 to start", Duration::from_secs(10), || {
+        started.exists().then_some(())
+    });
     let node = node_of(&cluster, id);
     let host = &hosts[if node == "n1" { 0 } else { 1 }];
     net.set_connected(host, false).unwrap();
@@ -175,6 +183,11 @@ fn a_no_requeue_job_keeps_running_through_a_partition_and_is_reconciled() {
     );
     let id = cluster.submit(&["--gpus", "1", "--no-requeue", "--", "sh", "-c", &script]);
     cluster.wait_for_state(id, "running");
+    // "running" is gpoold's word once it sent the start; cut the link only
+    // once the process itself runs.
+    wait_until("the first marks", Duration::from_secs(10), || {
+        marks(&marker).contains_key(&1).then_some(())
+    });
     net.set_connected(&hosts[0], false).unwrap();
     cluster.wait_for_node("n1", "down");
     // Never fenced, never failed for the outage: it still holds its GPU.
