@@ -122,6 +122,11 @@ enum Command {
     /// Ended jobs over a time window, as sacct: state, exit code, GPU-hours,
     /// nodes (yours unless --user or --all-users).
     History(cmd::history::HistoryArgs),
+    /// Replay a trace of jobs through gpool's scheduler on a virtual clock,
+    /// under several policies on the same cluster (each team on dedicated
+    /// GPUs, one FIFO pool, gpool's sharing), and compare waits,
+    /// allocation and each team's share.
+    Sim(Box<cmd::sim::SimArgs>),
     /// Keep pending jobs from being scheduled until released.
     Hold {
         /// Job ids.
@@ -468,6 +473,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Update(args) => cmd::cancel::update(&ctx, args).await,
         Command::History(args) => cmd::history::run(&ctx, args).await.map(|()| 0),
         Command::Report(args) => cmd::report::run(&ctx, args).await.map(|()| 0),
+        Command::Sim(args) => cmd::sim::run(*args, ctx.json()).map(|()| 0),
         Command::Hold { ids } => cmd::cancel::hold(&ctx, ids, true).await,
         Command::Release { ids } => cmd::cancel::hold(&ctx, ids, false).await,
         Command::Wait { ids } => {

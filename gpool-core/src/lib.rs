@@ -14,6 +14,7 @@ pub mod job_state;
 pub mod model;
 pub mod policy;
 pub mod sched;
+pub mod sim;
 pub mod spec;
 pub mod stragglers;
 pub mod testing;

@@ -13,5 +13,6 @@ mod jobs;
 mod metrics;
 mod security;
 mod sharing;
+mod sim;
 mod status_page;
 mod systemd;

@@ -2,7 +2,7 @@
 
 use super::Ctx;
 use crate::output;
-use crate::CliError;
+use crate::{write_stdout, CliError};
 use gpool_proto::convert::state_name;
 use gpool_proto::pb;
 
@@ -24,6 +24,11 @@ pub struct HistoryArgs {
     /// Only this team's jobs.
     #[arg(long)]
     team: Option<String>,
+    /// Print the jobs as a trace in gpool's CSV format (submit time, run
+    /// time, GPUs, team, ...), which `gpool sim --trace` replays under
+    /// another policy.
+    #[arg(long)]
+    export_trace: bool,
 }
 
 /// A moment as unix ms: `1h` (that long ago) or an RFC 3339 time.
@@ -68,6 +73,10 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
         );
     }
     ended.sort_by_key(|job| (job.ended_at_ms, job.id));
+    if args.export_trace {
+        write_stdout(format_args!("{}", gpool_core::sim::trace::to_csv(&as_trace(&ended))));
+        return Ok(());
+    }
     if ctx.json() {
         let mut printer = output::JsonArrayPrinter::new();
         ended.iter().for_each(|job| printer.push(&output::job_json(job)));
@@ -120,4 +129,31 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
         rows,
     );
     Ok(())
+}
+
+/// Ended jobs that ran, as a trace: each arrives when it was submitted and
+/// runs as long as its last attempt ran.
+fn as_trace(ended: &[pb::Job]) -> Vec<gpool_core::sim::TraceJob> {
+    let mut jobs: Vec<gpool_core::sim::TraceJob> = ended
+        .iter()
+        .filter(|job| job.array.is_none())
+        .filter_map(|job| {
+            let spec = job.spec.as_ref()?;
+            let (started, ended) = (job.started_at_ms?, job.ended_at_ms?);
+            Some(gpool_core::sim::TraceJob {
+                submit: gpool_core::Timestamp(job.submitted_at_ms),
+                duration_ms: (ended - started).max(0),
+                gpus_per_node: spec.gpus.max(1),
+                nodes: spec.nodes.max(1),
+                team: spec.team.clone(),
+                project: spec.project.clone(),
+                user: job.user.clone(),
+                gpu_types: spec.gpu_types.iter().map(|m| gpool_core::GpuModel::new(m)).collect(),
+                time_limit_secs: spec.time_limit.as_ref().map(|limit| limit.seconds),
+                checkpoint_every_secs: None,
+            })
+        })
+        .collect();
+    jobs.sort_by_key(|job| job.submit);
+    jobs
 }

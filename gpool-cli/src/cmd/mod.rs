@@ -10,6 +10,7 @@ pub mod nodes;
 pub mod pki;
 pub mod report;
 pub mod sharing;
+pub mod sim;
 pub mod submit;
 
 use crate::client::{self, Client};

@@ -315,16 +315,27 @@ impl Cluster {
         if !cli.exists() {
             std::fs::copy(binary("gpool"), &cli).expect("copy gpool");
         }
-        Command::new(&cli)
-            .args(args)
-            .current_dir("/")
-            .env("GPOOL_SERVER", server)
-            .env_remove("GPOOL_TOKEN")
-            .uid(user.uid.as_raw())
-            .gid(user.gid.as_raw())
-            .output()
-            .expect("run gpool")
-            .into()
+        // Another test's process, forked while the copy was open for
+        // writing, may hold it open until it execs: exec then fails with
+        // "text file busy" for a moment.
+        let mut tries = 0;
+        loop {
+            let run = Command::new(&cli)
+                .args(args)
+                .current_dir("/")
+                .env("GPOOL_SERVER", server)
+                .env_remove("GPOOL_TOKEN")
+                .uid(user.uid.as_raw())
+                .gid(user.gid.as_raw())
+                .output();
+            match run {
+                Err(err) if err.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                run => return run.expect("run gpool").into(),
+            }
+        }
     }
 
     /// Submits and returns the job id.

@@ -1,0 +1,313 @@
+//! A discrete-event simulator that replays a trace of jobs through the
+//! scheduler gpoold runs (`sched::schedule`), on a virtual clock, under
+//! several policies on the same cluster: each team on its own dedicated
+//! GPUs, one first-come-first-served pool with backfill, and gpool's
+//! sharing (guarantees, burst work, preemption with checkpoints).
+//!
+//! Pure and deterministic: the same trace, cluster and policy give the
+//! same outcome, byte for byte. Wall-clock time (the scheduler's own cost
+//! per cycle) is the caller's to measure, through `Observer`.
+
+mod cluster;
+mod engine;
+mod outcome;
+pub mod trace;
+
+pub use cluster::Cluster;
+pub use engine::{simulate, Observer, Options, Quiet};
+pub use outcome::{Dist, Outcome, Series, TeamOutcome};
+pub use trace::{Format, TraceJob};
+
+use crate::model::{GpuModel, PoolDef};
+use crate::policy::{Qos, Sharing, Team, Weights};
+use crate::sched::{NodeView, Policy};
+use std::collections::BTreeMap;
+
+/// One policy on one cluster, ready to replay a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setup {
+    pub name: String,
+    pub nodes: Vec<NodeView>,
+    pub policy: Policy,
+    /// The pool a team's jobs go to (its dedicated partition); a team not
+    /// listed uses the default pool.
+    pub team_pools: BTreeMap<String, String>,
+    /// Each team's guaranteed GPUs, against which its share is measured
+    /// (the same under every policy compared).
+    pub guarantees: BTreeMap<String, u32>,
+}
+
+/// GPU-milliseconds each team asks for in the trace.
+fn demand(jobs: &[TraceJob]) -> BTreeMap<String, f64> {
+    let mut demand: BTreeMap<String, f64> = BTreeMap::new();
+    for job in jobs {
+        *demand.entry(job.team.clone()).or_default() += job.duration_ms as f64 * job.total_gpus() as f64;
+    }
+    demand
+}
+
+/// `total` split in proportion to `weights` (largest remainder, ties by
+/// name), each entry at least `floor` where `total` allows.
+fn apportion(weights: &BTreeMap<String, f64>, total: u64, floor: u64) -> BTreeMap<String, u64> {
+    let sum: f64 = weights.values().sum();
+    if sum <= 0.0 || weights.is_empty() {
+        return weights.keys().map(|k| (k.clone(), 0)).collect();
+    }
+    let exact: Vec<(&String, f64)> = weights.iter().map(|(k, w)| (k, w / sum * total as f64)).collect();
+    let mut shares: BTreeMap<String, u64> = exact.iter().map(|(k, x)| ((*k).clone(), x.floor() as u64)).collect();
+    let mut left = total.saturating_sub(shares.values().sum());
+    let mut by_remainder: Vec<&(&String, f64)> = exact.iter().collect();
+    by_remainder.sort_by(|a, b| (b.1 - b.1.floor()).total_cmp(&(a.1 - a.1.floor())).then(a.0.cmp(b.0)));
+    for (name, _) in by_remainder {
+        if left == 0 {
+            break;
+        }
+        *shares.get_mut(*name).unwrap_or(&mut 0) += 1;
+        left -= 1;
+    }
+    // Raise entries under the floor, taking from the largest.
+    let names: Vec<String> = shares.keys().cloned().collect();
+    for name in names {
+        while shares[&name] < floor {
+            let Some((largest, _)) = shares
+                .iter()
+                .filter(|(_, n)| **n > floor)
+                .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+                .map(|(k, n)| (k.clone(), *n))
+            else {
+                break;
+            };
+            *shares.entry(largest).or_default() -= 1;
+            *shares.entry(name.clone()).or_default() += 1;
+        }
+    }
+    shares
+}
+
+/// Each team's guarantee in proportion to the GPU-hours it asks for in the
+/// trace, all together the cluster's GPUs.
+pub fn guarantees_by_demand(jobs: &[TraceJob], gpus: u64) -> BTreeMap<String, u32> {
+    apportion(&demand(jobs), gpus, 0)
+        .into_iter()
+        .map(|(team, n)| (team, n.min(u64::from(u32::MAX)) as u32))
+        .collect()
+}
+
+/// Priority by submit time only (first come, first served).
+fn fifo_weights() -> Weights {
+    Weights {
+        qos: 0.0,
+        fair_share: 0.0,
+        age: 1_000_000.0,
+        size: 0.0,
+        max_age_secs: 10 * 365 * 24 * 3600,
+    }
+}
+
+/// One pool, first come first served with backfill: no teams, nothing
+/// preempted.
+pub fn fifo(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> Setup {
+    let mut policy = Policy::default();
+    policy.sharing.weights = fifo_weights();
+    Setup {
+        name: "fifo".into(),
+        nodes: cluster.nodes.clone(),
+        policy,
+        team_pools: BTreeMap::new(),
+        guarantees: guarantees.clone(),
+    }
+}
+
+/// gpool's sharing with the given teams' guarantees, as a site would start
+/// with: shares in proportion to the guarantees, burst work preemptible
+/// after 10 minutes with a 2-minute grace, and at most 2% of the GPUs'
+/// time per hour thrown away by preemption.
+pub fn sharing_policy(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> Policy {
+    Policy {
+        sharing: Sharing {
+            teams: guarantees
+                .iter()
+                .map(|(name, gpus)| Team {
+                    shares: (*gpus).max(1),
+                    guaranteed_gpus: *gpus,
+                    ..Team::unlisted(name)
+                })
+                .collect(),
+            qos: vec![Qos {
+                min_runtime_secs: 600,
+                grace_secs: 120,
+                ..Qos::normal()
+            }],
+            waste_cap_gpu_hours_per_hour: 0.02 * cluster.gpus() as f64,
+            ..Sharing::default()
+        },
+        ..Policy::default()
+    }
+}
+
+/// gpool's sharing under `policy` (a gpoold.toml's, or `sharing_policy`).
+pub fn pooled(name: &str, cluster: &Cluster, policy: Policy, guarantees: &BTreeMap<String, u32>) -> Setup {
+    Setup {
+        name: name.into(),
+        nodes: cluster.nodes.clone(),
+        policy,
+        team_pools: BTreeMap::new(),
+        guarantees: guarantees.clone(),
+    }
+}
+
+/// Each team on GPUs of its own, as many as its guarantee times `scale`
+/// (at least one), first come first served with backfill within them. The
+/// cluster's nodes are handed out in order, whole where a team's share
+/// allows, else split between teams; beyond the cluster's size (`scale` >
+/// 1), its nodes are repeated.
+pub fn dedicated(cluster: &Cluster, guarantees: &BTreeMap<String, u32>, scale: f64) -> Setup {
+    let weights: BTreeMap<String, f64> = guarantees.iter().map(|(t, g)| (t.clone(), f64::from(*g))).collect();
+    let total = (cluster.gpus() as f64 * scale).round().max(guarantees.len() as f64) as u64;
+    let sizes = apportion(&weights, total, 1);
+    let mut order: Vec<(&String, &u64)> = sizes.iter().collect();
+    order.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let mut nodes = Vec::new();
+    let (mut cursor, mut used, mut round) = (0usize, 0usize, 0usize);
+    for (team, size) in order {
+        let mut need = *size as usize;
+        let mut part = 0;
+        while need > 0 && !cluster.nodes.is_empty() {
+            let source = &cluster.nodes[cursor];
+            let take = need.min(source.gpus.len() - used);
+            let mut node = source.clone();
+            node.gpus = source.gpus[used..used + take].to_vec();
+            node.name = format!("{}.{round}.{team}.{part}", source.name);
+            node.labels.insert("team".into(), team.clone());
+            nodes.push(node);
+            part += 1;
+            need -= take;
+            used += take;
+            if used == source.gpus.len() {
+                used = 0;
+                cursor += 1;
+                if cursor == cluster.nodes.len() {
+                    cursor = 0;
+                    round += 1;
+                }
+            }
+        }
+    }
+    let mut policy = Policy {
+        pools: sizes
+            .keys()
+            .map(|team| PoolDef {
+                name: team.clone(),
+                selector: BTreeMap::from([("team".to_string(), team.clone())]),
+            })
+            .collect(),
+        default_pool: sizes.keys().next().cloned().unwrap_or_default(),
+        ..Policy::default()
+    };
+    policy.sharing.weights = fifo_weights();
+    Setup {
+        name: "dedicated".into(),
+        nodes,
+        policy,
+        team_pools: sizes.keys().map(|team| (team.clone(), team.clone())).collect(),
+        guarantees: guarantees.clone(),
+    }
+}
+
+/// How many GPUs dedicated partitions need to match the pooled waits.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Savings {
+    /// The pooled mean queueing delay to match, in seconds.
+    pub target_mean_delay_secs: f64,
+    /// The smallest scale tried whose dedicated mean delay is at most the
+    /// target, and its GPUs; `None`: not even at `max_scale`.
+    pub scale: Option<f64>,
+    pub dedicated_gpus: Option<u64>,
+    pub pooled_gpus: u64,
+    /// Each scale tried and the mean delay it gave.
+    pub tried: Vec<(f64, f64)>,
+    /// What the extra GPUs cost per hour at the given prices (by the
+    /// cluster's models, in proportion); `None` without prices.
+    pub extra_cost_per_hour: Option<f64>,
+}
+
+/// Grows every team's dedicated partition by the same factor until the
+/// mean queueing delay is no more than `target_mean_delay_secs`: doubling
+/// from 1.25 up to 8, then halving the gap 3 times.
+pub fn savings(
+    cluster: &Cluster,
+    guarantees: &BTreeMap<String, u32>,
+    jobs: &[TraceJob],
+    target_mean_delay_secs: f64,
+    options: &Options,
+    observer: &mut dyn Observer,
+) -> Savings {
+    let (max_scale, refine) = (8.0, 3);
+    let mut tried = Vec::new();
+    let mut run = |scale: f64, tried: &mut Vec<(f64, f64)>| {
+        let setup = dedicated(cluster, guarantees, scale);
+        let outcome = simulate(&setup, jobs, options, observer);
+        let ok = outcome.never_started == 0 && outcome.queue_delay.mean <= target_mean_delay_secs;
+        tried.push((scale, outcome.queue_delay.mean));
+        (ok, setup.nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>())
+    };
+    let (mut low, mut high) = (1.0, None);
+    let mut scale = 1.25;
+    while scale <= max_scale {
+        let (ok, gpus) = run(scale, &mut tried);
+        if ok {
+            high = Some((scale, gpus));
+            break;
+        }
+        low = scale;
+        scale *= 2.0;
+    }
+    if let Some((mut best, mut best_gpus)) = high {
+        for _ in 0..refine {
+            let middle = (low + best) / 2.0;
+            let (ok, gpus) = run(middle, &mut tried);
+            if ok {
+                best = middle;
+                best_gpus = gpus;
+            } else {
+                low = middle;
+            }
+        }
+        high = Some((best, best_gpus));
+    }
+    let pooled_gpus = cluster.gpus();
+    let mean_price = mean_price(cluster);
+    Savings {
+        target_mean_delay_secs,
+        scale: high.map(|(scale, _)| scale),
+        dedicated_gpus: high.map(|(_, gpus)| gpus),
+        pooled_gpus,
+        tried,
+        extra_cost_per_hour: high
+            .zip(mean_price)
+            .map(|((_, gpus), price)| gpus.saturating_sub(pooled_gpus) as f64 * price),
+    }
+}
+
+/// The price of a GPU-hour averaged over the cluster's GPUs, if every
+/// model has one.
+fn mean_price(cluster: &Cluster) -> Option<f64> {
+    let mut sum = 0.0;
+    for node in &cluster.nodes {
+        for gpu in &node.gpus {
+            sum += cluster.prices.get(&gpu.model)?;
+        }
+    }
+    (cluster.gpus() > 0).then(|| sum / cluster.gpus() as f64)
+}
+
+/// Prices per model, for `Cluster::prices` from a gpoold.toml's accounting.
+pub fn with_prices(mut cluster: Cluster, prices: &BTreeMap<GpuModel, f64>) -> Cluster {
+    for (model, price) in prices {
+        cluster.prices.entry(model.clone()).or_insert(*price);
+    }
+    cluster
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,363 @@
+//! The discrete-event loop: arrivals, starts, completions, time limits,
+//! preemption signals and kills, on a virtual clock, with
+//! `sched::schedule` deciding every start and preemption exactly as
+//! gpoold's scheduling loop does.
+
+use super::outcome::{Collector, Outcome};
+use super::trace::TraceJob;
+use super::Setup;
+use crate::ids::{Epoch, JobId, Timestamp};
+use crate::sched::{schedule, ClusterView, PendingJob, Plan, Preemption, Reject, RunningJob, Start};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// What a caller may watch while a simulation runs: each cycle (to time
+/// it; it must call `run` once and return its plan) and the progress of the
+/// virtual clock.
+pub trait Observer {
+    fn cycle(&mut self, run: &mut dyn FnMut() -> Plan) -> Plan {
+        run()
+    }
+    fn progress(&mut self, _done_ms: i64, _total_ms: i64) {}
+}
+
+/// Watches nothing.
+pub struct Quiet;
+impl Observer for Quiet {}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// While jobs wait, a cycle also runs this often with nothing else
+    /// happening (gpoold's timer), so time-based decisions (ages, budgets,
+    /// minimum runtimes before preemption) are taken.
+    pub tick_secs: u64,
+    /// Width of one point of the time series (allocation, queue, shares).
+    pub bucket_secs: u64,
+    /// After a cycle, the next one waits at least this long: what happens
+    /// meanwhile shares it (gpoold's pause after each cycle, in virtual
+    /// time; 0: a cycle at every arrival and end).
+    pub pause_secs: u64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            tick_secs: 60,
+            bucket_secs: 3600,
+            pause_secs: 0,
+        }
+    }
+}
+
+/// A running attempt, beside what the scheduler sees of it.
+struct Attempt {
+    /// When it ends by itself: it completes, or its time limit runs out.
+    ends_at: Timestamp,
+    timeout: bool,
+    checkpoint_every_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// The attempt completes, or reaches its time limit.
+    End(JobId, Epoch),
+    /// A preempted attempt's grace is over.
+    Kill(JobId, Epoch),
+}
+
+struct Sim<'a> {
+    setup: &'a Setup,
+    jobs: &'a [TraceJob],
+    now: Timestamp,
+    view: ClusterView,
+    node_index: HashMap<String, usize>,
+    attempts: HashMap<JobId, Attempt>,
+    /// Work each job has checkpointed (it resumes from there).
+    done_ms: Vec<i64>,
+    next_epoch: u64,
+    events: BinaryHeap<Reverse<(Timestamp, Event)>>,
+    recent_waste: VecDeque<(Timestamp, f64)>,
+    default_limit_secs: Option<u64>,
+    grace_ms: i64,
+    out: Collector,
+}
+
+/// Replays `jobs` (sorted by submit time) on `setup`'s nodes under its
+/// policy. Deterministic: the same inputs give the same outcome.
+pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &mut dyn Observer) -> Outcome {
+    let sharing = &setup.policy.sharing;
+    let default_qos = sharing.qos(&sharing.default_qos);
+    let mut sim = Sim {
+        setup,
+        jobs,
+        now: jobs.first().map_or(Timestamp(0), |job| job.submit),
+        view: ClusterView {
+            nodes: setup.nodes.clone(),
+            ..ClusterView::default()
+        },
+        node_index: setup
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| (node.name.clone(), i))
+            .collect(),
+        attempts: HashMap::new(),
+        done_ms: vec![0; jobs.len()],
+        next_epoch: 1,
+        events: BinaryHeap::new(),
+        recent_waste: VecDeque::new(),
+        default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
+        grace_ms: default_qos.map_or(60, |qos| qos.grace_secs).min(sharing.max_grace_secs) as i64 * 1000,
+        out: Collector::new(setup, jobs, options.bucket_secs),
+    };
+    let first = sim.now;
+    let last_submit = jobs.last().map_or(first, |job| job.submit);
+    let tick_ms = options.tick_secs.max(1) as i64 * 1000;
+    let mut next_arrival = 0;
+    let mut last_cycle = first;
+    let pause_ms = options.pause_secs as i64 * 1000;
+    let mut idle = false;
+    // Something happened that the next cycle must see.
+    let mut due = false;
+    loop {
+        let arrival = jobs.get(next_arrival).map(|job| job.submit);
+        let event = sim.events.peek().map(|Reverse((at, _))| *at);
+        // Ticks only while jobs wait and the last cycle did something or
+        // something else will happen (a queue that can never start stops).
+        let tick = (!(sim.view.pending.is_empty() || idle && arrival.is_none() && event.is_none()))
+            .then_some(Timestamp(last_cycle.0 + tick_ms));
+        let paused = due.then_some(Timestamp(last_cycle.0 + pause_ms));
+        let Some(at) = [arrival, event, tick, paused].into_iter().flatten().min() else {
+            break;
+        };
+        sim.out.advance(sim.now, at);
+        sim.now = at;
+        while let Some(job) = jobs.get(next_arrival).filter(|job| job.submit <= at) {
+            sim.arrive(next_arrival, job);
+            next_arrival += 1;
+        }
+        while let Some(Reverse((when, event))) = sim.events.peek().copied() {
+            if when > at {
+                break;
+            }
+            sim.events.pop();
+            match event {
+                Event::End(job, epoch) => sim.end(job, epoch),
+                Event::Kill(job, epoch) => sim.kill(job, epoch),
+            }
+        }
+        if at.0 < last_cycle.0 + pause_ms && at != first {
+            // Within the pause after the last cycle: the next one sees it.
+            due = true;
+            continue;
+        }
+        due = false;
+        let changed = sim.cycle(observer);
+        idle = !changed;
+        last_cycle = at;
+        sim.out.snapshot(&sim.view, &setup.policy);
+        observer.progress(at.0 - first.0, (last_submit.0 - first.0).max(1));
+    }
+    sim.out.finish(sim.now, sim.view.pending.iter().map(|job| job.id))
+}
+
+impl Sim<'_> {
+    fn arrive(&mut self, index: usize, job: &TraceJob) {
+        let pool = self.setup.team_pools.get(&job.team).cloned().unwrap_or_default();
+        let pending = PendingJob {
+            id: JobId(index as u64 + 1),
+            priority: 0,
+            gpus_per_node: job.gpus_per_node,
+            nodes: job.nodes,
+            gpu_types: job.gpu_types.clone(),
+            pool,
+            team: job.team.clone(),
+            qos: String::new(),
+            submitted_at: job.submit,
+            time_limit_secs: job.time_limit_secs.or(self.default_limit_secs),
+        };
+        self.out.queued(&pending);
+        self.view.pending.push(pending);
+    }
+
+    /// One scheduling cycle and its plan carried out; whether anything
+    /// started or was preempted.
+    fn cycle(&mut self, observer: &mut dyn Observer) -> bool {
+        let now = self.now;
+        for running in &mut self.view.running {
+            if let Some(every) = self.attempts.get(&running.id).and_then(|a| a.checkpoint_every_ms) {
+                let checkpoints = (now.0 - running.started_at.0) / every;
+                running.last_checkpoint_at =
+                    (checkpoints > 0).then(|| Timestamp(running.started_at.0 + checkpoints * every));
+            }
+        }
+        while self.recent_waste.front().is_some_and(|(at, _)| now.0 - at.0 > HOUR_MS) {
+            self.recent_waste.pop_front();
+        }
+        self.view.waste_budget_gpu_secs = self.setup.policy.sharing.waste_cap_gpu_hours_per_hour * 3600.0
+            - self.recent_waste.iter().map(|(_, lost)| lost).sum::<f64>();
+        let (view, policy) = (&self.view, &self.setup.policy);
+        let plan = observer.cycle(&mut || schedule(view, policy, now));
+        self.out.cycle();
+        for (job, rejects) in &plan.pending {
+            if let Some(Reject::Resources { total_free, kept, .. }) = rejects.first() {
+                let gpus = self.jobs[job.0 as usize - 1].total_gpus();
+                if total_free.saturating_sub(*kept) >= gpus {
+                    self.out.fragmented(*job);
+                }
+            }
+        }
+        let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
+        let started: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
+        if !started.is_empty() {
+            let mut starting: Vec<PendingJob> = Vec::with_capacity(started.len());
+            self.view.pending.retain(|job| {
+                if started.contains(&job.id) {
+                    starting.push(job.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            let mut by_id: HashMap<JobId, PendingJob> = starting.into_iter().map(|job| (job.id, job)).collect();
+            for start in plan.starts {
+                if let Some(job) = by_id.remove(&start.job) {
+                    self.start(job, start);
+                }
+            }
+        }
+        for preemption in plan.preemptions {
+            self.signal(&preemption);
+        }
+        changed
+    }
+
+    fn start(&mut self, job: PendingJob, start: Start) {
+        let now = self.now;
+        let index = job.id.0 as usize - 1;
+        let trace = &self.jobs[index];
+        for part in &start.placement {
+            // A plan never hands out a GPU that is taken or out of service;
+            // the outcome counts it if one ever did.
+            let taken = self.node_index.get(&part.node).is_none_or(|i| {
+                let node = &self.view.nodes[*i];
+                node.availability != crate::sched::Availability::Up
+                    || part.gpu_indices.iter().any(|index| {
+                        node.gpus
+                            .iter()
+                            .find(|gpu| gpu.index == *index)
+                            .is_none_or(|gpu| gpu.busy)
+                    })
+            });
+            if taken {
+                self.out.overcommitted();
+            }
+            self.set_busy(&part.node, &part.gpu_indices, true);
+        }
+        let remaining = (trace.duration_ms - self.done_ms[index]).max(0);
+        let limit_ms = job.time_limit_secs.map(|secs| secs as i64 * 1000);
+        let (ends_at, timeout) = match limit_ms {
+            Some(limit) if limit < remaining => (Timestamp(now.0 + limit), true),
+            _ => (Timestamp(now.0 + remaining), false),
+        };
+        let epoch = Epoch(self.next_epoch);
+        self.next_epoch += 1;
+        let running = RunningJob {
+            id: job.id,
+            epoch,
+            team: job.team.clone(),
+            qos: job.qos.clone(),
+            pool: job.pool.clone(),
+            gpu_types: job.gpu_types.clone(),
+            burst: start.burst,
+            placement: start.placement,
+            started_at: now,
+            last_checkpoint_at: None,
+            preempting: false,
+            ends_at: limit_ms.map(|limit| Timestamp(now.0 + limit)),
+        };
+        self.out.started(&job, &running, now);
+        self.attempts.insert(
+            job.id,
+            Attempt {
+                ends_at,
+                timeout,
+                checkpoint_every_ms: trace.checkpoint_every_secs.map(|secs| secs.max(1) as i64 * 1000),
+            },
+        );
+        self.events.push(Reverse((ends_at, Event::End(job.id, epoch))));
+        self.view.running.push(running);
+    }
+
+    /// The preempted attempt gets its checkpoint signal now and is killed
+    /// when its grace runs out (unless it ends first).
+    fn signal(&mut self, preemption: &Preemption) {
+        let now = self.now;
+        let Some(running) = self
+            .view
+            .running
+            .iter_mut()
+            .find(|r| r.id == preemption.victim && r.epoch == preemption.epoch && !r.preempting)
+        else {
+            return;
+        };
+        running.preempting = true;
+        self.recent_waste.push_back((now, preemption.lost_gpu_secs));
+        let kill_at = Timestamp(now.0 + self.grace_ms);
+        if self.attempts.get(&running.id).is_some_and(|a| kill_at < a.ends_at) {
+            self.events
+                .push(Reverse((kill_at, Event::Kill(running.id, running.epoch))));
+        }
+    }
+
+    /// Takes the attempt `epoch` of `job` off its GPUs and charges its team.
+    fn stop(&mut self, job: JobId, epoch: Epoch) -> Option<(RunningJob, Attempt)> {
+        let at = self.view.running.iter().position(|r| r.id == job && r.epoch == epoch)?;
+        let running = self.view.running.swap_remove(at);
+        let attempt = self.attempts.remove(&job)?;
+        for part in &running.placement {
+            self.set_busy(&part.node, &part.gpu_indices, false);
+        }
+        self.view.usage.entry(running.team.clone()).or_default().charge(
+            running.gpus(),
+            running.started_at,
+            self.now,
+            running.burst,
+            &self.setup.policy.sharing,
+        );
+        Some((running, attempt))
+    }
+
+    fn end(&mut self, job: JobId, epoch: Epoch) {
+        if let Some((running, attempt)) = self.stop(job, epoch) {
+            self.out.ended(&running, self.now, attempt.timeout);
+        }
+    }
+
+    /// A preempted attempt's grace ran out: the work since its last
+    /// checkpoint is lost, and the job waits again, keeping its submit time.
+    fn kill(&mut self, job: JobId, epoch: Epoch) {
+        let now = self.now;
+        let Some((running, attempt)) = self.stop(job, epoch) else {
+            return;
+        };
+        let index = job.0 as usize - 1;
+        let ran = now.0 - running.started_at.0;
+        let kept = attempt.checkpoint_every_ms.map_or(0, |every| ran / every * every);
+        self.done_ms[index] += kept;
+        self.out
+            .preempted(&running, now, (ran - kept) as f64 / 1000.0 * running.gpus() as f64);
+        let jobs = self.jobs;
+        self.arrive(index, &jobs[index]);
+    }
+
+    fn set_busy(&mut self, node: &str, gpus: &[u32], busy: bool) {
+        if let Some(view) = self.node_index.get(node).map(|i| &mut self.view.nodes[*i]) {
+            for gpu in view.gpus.iter_mut().filter(|gpu| gpus.contains(&gpu.index)) {
+                gpu.busy = busy;
+            }
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! What a simulation measured: allocation, waits, each team's share against
+//! its guarantee, preemption losses, fragmentation, and time series for
+//! charts.
+
+use super::trace::TraceJob;
+use super::Setup;
+use crate::ids::{JobId, Timestamp};
+use crate::sched::{Availability, ClusterView, PendingJob, Policy, RunningJob};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// A distribution of durations, in seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Dist {
+    pub n: usize,
+    pub mean: f64,
+    pub median: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Dist {
+    /// Nearest-rank percentiles of `values` (seconds).
+    pub fn of(mut values: Vec<f64>) -> Dist {
+        if values.is_empty() {
+            return Dist::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let rank = |p: f64| values[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
+        Dist {
+            n,
+            mean: values.iter().sum::<f64>() / n as f64,
+            median: rank(0.5),
+            p95: rank(0.95),
+            p99: rank(0.99),
+            max: values[n - 1],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TeamOutcome {
+    pub team: String,
+    pub guaranteed_gpus: u32,
+    pub jobs: usize,
+    pub never_started: usize,
+    pub queue_delay: Dist,
+    pub completion_time: Dist,
+    pub guaranteed_gpu_hours: f64,
+    pub burst_gpu_hours: f64,
+    pub lost_gpu_hours: f64,
+    pub preemptions: u64,
+    /// GPU-hours of its guarantee it asked for: over time, the smaller of
+    /// its demand (running and waiting GPUs) and its guarantee...
+    pub asked_guarantee_gpu_hours: f64,
+    /// ...and of those, how many it held.
+    pub received_guarantee_gpu_hours: f64,
+    /// `received / asked`; `None` when it never asked.
+    pub guarantee_met: Option<f64>,
+}
+
+/// Time series, one point per `bucket_secs`, each a time-weighted mean.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Series {
+    pub start: Timestamp,
+    pub bucket_secs: u64,
+    /// Allocated GPUs over all GPUs.
+    pub allocation: Vec<f64>,
+    /// Jobs waiting.
+    pub queued_jobs: Vec<f64>,
+    /// GPUs each team holds.
+    pub team_gpus: BTreeMap<String, Vec<f64>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Outcome {
+    pub policy: String,
+    pub nodes: usize,
+    pub gpus: u64,
+    pub jobs: usize,
+    pub completed: usize,
+    pub timed_out: usize,
+    /// Still waiting when nothing else could happen (no place could ever
+    /// hold them: larger than their partition, or than the cluster).
+    pub never_started: usize,
+    pub span_hours: f64,
+    /// Allocated GPU-time over GPU-time, from the first arrival to the last end.
+    pub allocation: f64,
+    /// The same, only over the time some waiting job's shape fitted the
+    /// free GPUs of its pool (`None`: that never happened).
+    pub allocation_while_startable: Option<f64>,
+    pub hours_startable: f64,
+    /// From submit to first start, of the jobs that started.
+    pub queue_delay: Dist,
+    /// From submit to end, of the jobs that ended.
+    pub completion_time: Dist,
+    pub delivered_gpu_hours: f64,
+    pub guaranteed_gpu_hours: f64,
+    pub burst_gpu_hours: f64,
+    /// Attempts ended by preemption, and the GPU-hours of work since their
+    /// last checkpoint they lost.
+    pub preemptions: u64,
+    pub lost_gpu_hours: f64,
+    /// Jobs that waited at least once with enough free GPUs in their pool
+    /// in total, but not enough in one place.
+    pub fragmentation_blocked_jobs: usize,
+    pub cycles: u64,
+    /// Starts placed on a GPU that was taken or out of service (always 0:
+    /// a check of the scheduler).
+    pub overcommits: u64,
+    pub teams: Vec<TeamOutcome>,
+    #[serde(skip)]
+    pub series: Series,
+}
+
+/// Gathers the figures as the simulation runs.
+pub(super) struct Collector {
+    policy_name: String,
+    nodes: usize,
+    total_gpus: u64,
+    teams: Vec<String>,
+    team_of: HashMap<String, usize>,
+    guarantees: Vec<u64>,
+    job_team: Vec<usize>,
+    submitted: Vec<Timestamp>,
+    first_start: Vec<Option<Timestamp>>,
+    ended: Vec<Option<(Timestamp, bool)>>,
+    busy: u64,
+    running: Vec<u64>,
+    waiting: Vec<u64>,
+    queued_jobs: u64,
+    startable: bool,
+    busy_gpu_ms: f64,
+    startable_ms: f64,
+    startable_busy_gpu_ms: f64,
+    asked_gpu_ms: Vec<f64>,
+    received_gpu_ms: Vec<f64>,
+    guaranteed_gpu_secs: Vec<f64>,
+    burst_gpu_secs: Vec<f64>,
+    lost_gpu_secs: Vec<f64>,
+    preemptions: Vec<u64>,
+    fragmented: HashSet<JobId>,
+    cycles: u64,
+    overcommits: u64,
+    first: Option<Timestamp>,
+    bucket_ms: i64,
+    series: Series,
+    /// Node indices each pool selects (built at the first snapshot).
+    pools: Option<Vec<(String, Vec<usize>)>>,
+}
+
+impl Collector {
+    pub(super) fn new(setup: &Setup, jobs: &[TraceJob], bucket_secs: u64) -> Collector {
+        let mut teams: Vec<String> = setup.guarantees.keys().cloned().collect();
+        teams.extend(jobs.iter().map(|job| job.team.clone()));
+        teams.sort();
+        teams.dedup();
+        let team_of: HashMap<String, usize> = teams.iter().enumerate().map(|(i, t)| (t.clone(), i)).collect();
+        let n = teams.len();
+        let start = jobs.first().map_or(Timestamp(0), |job| job.submit);
+        Collector {
+            policy_name: setup.name.clone(),
+            nodes: setup.nodes.len(),
+            total_gpus: setup.nodes.iter().map(|node| node.gpus.len() as u64).sum(),
+            guarantees: teams
+                .iter()
+                .map(|t| u64::from(setup.guarantees.get(t).copied().unwrap_or(0)))
+                .collect(),
+            job_team: jobs.iter().map(|job| team_of[&job.team]).collect(),
+            submitted: jobs.iter().map(|job| job.submit).collect(),
+            first_start: vec![None; jobs.len()],
+            ended: vec![None; jobs.len()],
+            busy: 0,
+            running: vec![0; n],
+            waiting: vec![0; n],
+            queued_jobs: 0,
+            startable: false,
+            busy_gpu_ms: 0.0,
+            startable_ms: 0.0,
+            startable_busy_gpu_ms: 0.0,
+            asked_gpu_ms: vec![0.0; n],
+            received_gpu_ms: vec![0.0; n],
+            guaranteed_gpu_secs: vec![0.0; n],
+            burst_gpu_secs: vec![0.0; n],
+            lost_gpu_secs: vec![0.0; n],
+            preemptions: vec![0; n],
+            fragmented: HashSet::new(),
+            cycles: 0,
+            overcommits: 0,
+            first: None,
+            bucket_ms: bucket_secs.max(1) as i64 * 1000,
+            series: Series {
+                start,
+                bucket_secs: bucket_secs.max(1),
+                allocation: Vec::new(),
+                queued_jobs: Vec::new(),
+                team_gpus: teams.iter().map(|t| (t.clone(), Vec::new())).collect(),
+            },
+            team_of,
+            teams,
+            pools: None,
+        }
+    }
+
+    fn team(&self, name: &str) -> usize {
+        self.team_of[name]
+    }
+
+    pub(super) fn queued(&mut self, job: &PendingJob) {
+        let team = self.team(&job.team);
+        self.waiting[team] += job.total_gpus();
+        self.queued_jobs += 1;
+    }
+
+    pub(super) fn started(&mut self, job: &PendingJob, running: &RunningJob, now: Timestamp) {
+        let team = self.team(&job.team);
+        self.waiting[team] -= job.total_gpus();
+        self.queued_jobs -= 1;
+        self.running[team] += running.gpus();
+        self.busy += running.gpus();
+        self.first_start[job.id.0 as usize - 1].get_or_insert(now);
+    }
+
+    fn stopped(&mut self, running: &RunningJob, now: Timestamp) -> usize {
+        let team = self.team(&running.team);
+        self.running[team] -= running.gpus();
+        self.busy -= running.gpus();
+        let gpu_secs = (now.0 - running.started_at.0) as f64 / 1000.0 * running.gpus() as f64;
+        if running.burst {
+            self.burst_gpu_secs[team] += gpu_secs;
+        } else {
+            self.guaranteed_gpu_secs[team] += gpu_secs;
+        }
+        team
+    }
+
+    pub(super) fn ended(&mut self, running: &RunningJob, now: Timestamp, timeout: bool) {
+        self.stopped(running, now);
+        self.ended[running.id.0 as usize - 1] = Some((now, timeout));
+    }
+
+    pub(super) fn preempted(&mut self, running: &RunningJob, now: Timestamp, lost_gpu_secs: f64) {
+        let team = self.stopped(running, now);
+        self.preemptions[team] += 1;
+        self.lost_gpu_secs[team] += lost_gpu_secs;
+    }
+
+    pub(super) fn fragmented(&mut self, job: JobId) {
+        self.fragmented.insert(job);
+    }
+
+    pub(super) fn overcommitted(&mut self) {
+        self.overcommits += 1;
+    }
+
+    pub(super) fn cycle(&mut self) {
+        self.cycles += 1;
+    }
+
+    /// After a cycle: whether some waiting job's shape fits the free GPUs
+    /// of its pool (it could use them, and yet it waits).
+    pub(super) fn snapshot(&mut self, view: &ClusterView, policy: &Policy) {
+        if view.pending.is_empty() {
+            self.startable = false;
+            return;
+        }
+        let pools = self.pools.get_or_insert_with(|| {
+            policy
+                .pools
+                .iter()
+                .map(|pool| {
+                    let nodes = (0..view.nodes.len())
+                        .filter(|i| pool.selects(&view.nodes[*i].labels))
+                        .collect();
+                    (pool.name.clone(), nodes)
+                })
+                .collect()
+        });
+        let mut shapes: HashSet<(&str, u32, u32)> = HashSet::new();
+        for job in &view.pending {
+            let pool = if job.pool.is_empty() {
+                policy.default_pool.as_str()
+            } else {
+                job.pool.as_str()
+            };
+            shapes.insert((pool, job.gpus_per_node, job.nodes));
+        }
+        let free: Vec<u32> = view
+            .nodes
+            .iter()
+            .map(|node| match node.availability {
+                Availability::Up => node.gpus.iter().filter(|gpu| !gpu.busy).count() as u32,
+                _ => 0,
+            })
+            .collect();
+        self.startable = shapes.into_iter().any(|(pool, per_node, nodes)| {
+            pools
+                .iter()
+                .find(|(name, _)| name == pool)
+                .is_some_and(|(_, members)| members.iter().filter(|i| free[**i] >= per_node).count() >= nodes as usize)
+        });
+    }
+
+    /// Time passes from `from` to `to` with nothing changing.
+    pub(super) fn advance(&mut self, from: Timestamp, to: Timestamp) {
+        let dt = (to.0 - from.0) as f64;
+        if dt <= 0.0 {
+            return;
+        }
+        self.first.get_or_insert(from);
+        self.busy_gpu_ms += self.busy as f64 * dt;
+        if self.startable {
+            self.startable_ms += dt;
+            self.startable_busy_gpu_ms += self.busy as f64 * dt;
+        }
+        for team in 0..self.teams.len() {
+            let guarantee = self.guarantees[team];
+            let demand = self.running[team] + self.waiting[team];
+            self.asked_gpu_ms[team] += demand.min(guarantee) as f64 * dt;
+            self.received_gpu_ms[team] += self.running[team].min(guarantee) as f64 * dt;
+        }
+        // Time-weighted sums per bucket, divided at the end.
+        let mut at = from.0;
+        while at < to.0 {
+            let bucket = ((at - self.series.start.0) / self.bucket_ms).max(0) as usize;
+            let bucket_end = self.series.start.0 + (bucket as i64 + 1) * self.bucket_ms;
+            let piece = (to.0.min(bucket_end) - at) as f64;
+            if self.series.allocation.len() <= bucket {
+                self.series.allocation.resize(bucket + 1, 0.0);
+                self.series.queued_jobs.resize(bucket + 1, 0.0);
+                for values in self.series.team_gpus.values_mut() {
+                    values.resize(bucket + 1, 0.0);
+                }
+            }
+            self.series.allocation[bucket] += self.busy as f64 * piece;
+            self.series.queued_jobs[bucket] += self.queued_jobs as f64 * piece;
+            for (team, values) in self.series.team_gpus.values_mut().enumerate() {
+                values[bucket] += self.running[team] as f64 * piece;
+            }
+            at = to.0.min(bucket_end);
+        }
+    }
+
+    pub(super) fn finish(mut self, end: Timestamp, waiting: impl Iterator<Item = JobId>) -> Outcome {
+        let never: HashSet<JobId> = waiting.collect();
+        let start = self.first.unwrap_or(end);
+        let span_ms = (end.0 - start.0).max(1) as f64;
+        let bucket_ms = self.bucket_ms as f64;
+        let gpus = self.total_gpus.max(1) as f64;
+        for value in &mut self.series.allocation {
+            *value /= bucket_ms * gpus;
+        }
+        for value in &mut self.series.queued_jobs {
+            *value /= bucket_ms;
+        }
+        for values in self.series.team_gpus.values_mut() {
+            for value in values.iter_mut() {
+                *value /= bucket_ms;
+            }
+        }
+        let secs = |a: Timestamp, b: Timestamp| (b.0 - a.0) as f64 / 1000.0;
+        let mut delays: Vec<Vec<f64>> = vec![Vec::new(); self.teams.len()];
+        let mut completions: Vec<Vec<f64>> = vec![Vec::new(); self.teams.len()];
+        let mut jobs = vec![0; self.teams.len()];
+        let mut never_started = vec![0; self.teams.len()];
+        let (mut completed, mut timed_out) = (0, 0);
+        for (i, submitted) in self.submitted.iter().enumerate() {
+            let team = self.job_team[i];
+            jobs[team] += 1;
+            if never.contains(&JobId(i as u64 + 1)) && self.first_start[i].is_none() {
+                never_started[team] += 1;
+            }
+            if let Some(started) = self.first_start[i] {
+                delays[team].push(secs(*submitted, started));
+            }
+            if let Some((ended, timeout)) = self.ended[i] {
+                completions[team].push(secs(*submitted, ended));
+                if timeout {
+                    timed_out += 1;
+                } else {
+                    completed += 1;
+                }
+            }
+        }
+        let hours = |gpu_secs: f64| gpu_secs / 3600.0;
+        let teams: Vec<TeamOutcome> = (0..self.teams.len())
+            .map(|t| {
+                let asked = self.asked_gpu_ms[t] / 3_600_000.0;
+                let received = self.received_gpu_ms[t] / 3_600_000.0;
+                TeamOutcome {
+                    team: self.teams[t].clone(),
+                    guaranteed_gpus: self.guarantees[t] as u32,
+                    jobs: jobs[t],
+                    never_started: never_started[t],
+                    queue_delay: Dist::of(delays[t].clone()),
+                    completion_time: Dist::of(completions[t].clone()),
+                    guaranteed_gpu_hours: hours(self.guaranteed_gpu_secs[t]),
+                    burst_gpu_hours: hours(self.burst_gpu_secs[t]),
+                    lost_gpu_hours: hours(self.lost_gpu_secs[t]),
+                    preemptions: self.preemptions[t],
+                    asked_guarantee_gpu_hours: asked,
+                    received_guarantee_gpu_hours: received,
+                    guarantee_met: (asked > 0.0).then(|| received / asked),
+                }
+            })
+            .collect();
+        let guaranteed: f64 = teams.iter().map(|t| t.guaranteed_gpu_hours).sum();
+        let burst: f64 = teams.iter().map(|t| t.burst_gpu_hours).sum();
+        Outcome {
+            policy: self.policy_name,
+            nodes: self.nodes,
+            gpus: self.total_gpus,
+            jobs: self.submitted.len(),
+            completed,
+            timed_out,
+            never_started: never_started.iter().sum(),
+            span_hours: span_ms / 3_600_000.0,
+            allocation: self.busy_gpu_ms / (span_ms * gpus),
+            allocation_while_startable: (self.startable_ms > 0.0)
+                .then(|| self.startable_busy_gpu_ms / (self.startable_ms * gpus)),
+            hours_startable: self.startable_ms / 3_600_000.0,
+            queue_delay: Dist::of(delays.concat()),
+            completion_time: Dist::of(completions.concat()),
+            delivered_gpu_hours: guaranteed + burst,
+            guaranteed_gpu_hours: guaranteed,
+            burst_gpu_hours: burst,
+            preemptions: teams.iter().map(|t| t.preemptions).sum(),
+            lost_gpu_hours: teams.iter().map(|t| t.lost_gpu_hours).sum(),
+            fragmentation_blocked_jobs: self.fragmented.len(),
+            cycles: self.cycles,
+            overcommits: self.overcommits,
+            teams,
+            series: self.series,
+        }
+    }
+}

@@ -1,0 +1,360 @@
+use super::*;
+use crate::ids::Timestamp;
+use proptest::prelude::*;
+
+/// A job of team `team` submitted at `at` seconds, running `secs`.
+fn job(at: i64, secs: i64, gpus_per_node: u32, nodes: u32, team: &str) -> TraceJob {
+    TraceJob {
+        submit: Timestamp(at * 1000),
+        duration_ms: secs * 1000,
+        gpus_per_node,
+        nodes,
+        team: team.into(),
+        project: team.into(),
+        user: team.into(),
+        gpu_types: Vec::new(),
+        time_limit_secs: None,
+        checkpoint_every_secs: None,
+    }
+}
+
+fn limited(mut job: TraceJob, limit: u64) -> TraceJob {
+    job.time_limit_secs = Some(limit);
+    job
+}
+
+fn run(setup: &Setup, jobs: &[TraceJob]) -> Outcome {
+    let options = Options {
+        tick_secs: 60,
+        bucket_secs: 60,
+        pause_secs: 0,
+    };
+    simulate(setup, jobs, &options, &mut Quiet)
+}
+
+/// Each job's wait in seconds, in trace order, from the per-team figures of
+/// a one-team trace (or the overall ones).
+fn delays(outcome: &Outcome) -> (f64, f64, usize) {
+    (outcome.queue_delay.mean, outcome.queue_delay.max, outcome.queue_delay.n)
+}
+
+#[test]
+fn fifo_runs_jobs_in_submit_order() {
+    // 2 GPUs. a1, a2 take both until 100; b (2 GPUs, at 10) goes before
+    // a3 (1 GPU, at 20) at 100, and a3 runs at 200.
+    let jobs = [
+        job(0, 100, 1, 1, "a"),
+        job(0, 100, 1, 1, "a"),
+        job(10, 100, 2, 1, "b"),
+        job(20, 50, 1, 1, "a"),
+    ];
+    let cluster = Cluster::uniform(1, 2, "l4");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let outcome = run(&fifo(&cluster, &guarantees), &jobs);
+    // Waits 0, 0, 90, 180.
+    assert_eq!(delays(&outcome), (67.5, 180.0, 4));
+    assert_eq!(outcome.completed, 4);
+    // Busy 2 GPUs for 200 s, 1 for 50 s, out of 2 x 250.
+    assert!((outcome.allocation - 0.9).abs() < 1e-9, "{}", outcome.allocation);
+    assert_eq!(outcome.overcommits, 0);
+}
+
+#[test]
+fn gpool_lets_the_team_under_its_guarantee_go_first() {
+    // Same trace: a and b are guaranteed 1 GPU each (by demand). At 100, b's
+    // 2-GPU job is beyond its guarantee, a3 is within a's: a3 runs
+    // 100..150, b 150..250. Waits 0, 0, 140, 80.
+    let jobs = [
+        job(0, 100, 1, 1, "a"),
+        job(0, 100, 1, 1, "a"),
+        job(10, 100, 2, 1, "b"),
+        job(20, 50, 1, 1, "a"),
+    ];
+    let cluster = Cluster::uniform(1, 2, "l4");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    assert_eq!(guarantees, BTreeMap::from([("a".into(), 1), ("b".into(), 1)]));
+    let outcome = run(
+        &pooled("gpool", &cluster, sharing_policy(&cluster, &guarantees), &guarantees),
+        &jobs,
+    );
+    assert_eq!(delays(&outcome), (55.0, 140.0, 4));
+    // b's job ran as burst work: 200 GPU-seconds.
+    let b = outcome.teams.iter().find(|t| t.team == "b").unwrap();
+    assert!((b.burst_gpu_hours * 3600.0 - 200.0).abs() < 1e-6);
+}
+
+#[test]
+fn dedicated_partitions_never_lend() {
+    // a and b get 1 GPU each; b's 2-GPU job never fits its partition, and
+    // a's three jobs run one after another: waits 0, 100, 180.
+    let jobs = [
+        job(0, 100, 1, 1, "a"),
+        job(0, 100, 1, 1, "a"),
+        job(10, 100, 2, 1, "b"),
+        job(20, 50, 1, 1, "a"),
+    ];
+    let cluster = Cluster::uniform(1, 2, "l4");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let setup = dedicated(&cluster, &guarantees, 1.0);
+    assert_eq!(setup.nodes.len(), 2, "one node split in two partitions");
+    let outcome = run(&setup, &jobs);
+    assert_eq!(outcome.never_started, 1);
+    assert_eq!(outcome.queue_delay.n, 3);
+    assert!((outcome.queue_delay.mean - 280.0 / 3.0).abs() < 1e-9);
+    assert!((outcome.allocation - 0.5).abs() < 1e-9);
+}
+
+#[test]
+fn backfill_runs_a_short_job_ahead_but_not_a_long_one() {
+    // 2 GPUs. A holds one until 100 (limit 100); B wants both and gets the
+    // reservation at 100; C (50 s, limit 50) ends before it and starts at
+    // once; D (limit 200) would delay B and starts after it, at 200.
+    let jobs = [
+        limited(job(0, 100, 1, 1, "a"), 100),
+        limited(job(1, 100, 2, 1, "a"), 100),
+        limited(job(2, 50, 1, 1, "a"), 50),
+        limited(job(3, 200, 1, 1, "a"), 200),
+    ];
+    let cluster = Cluster::uniform(1, 2, "l4");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let outcome = run(&fifo(&cluster, &guarantees), &jobs);
+    // Waits 0, 99, 0, 197.
+    assert_eq!(delays(&outcome), (74.0, 197.0, 4));
+    assert_eq!(outcome.timed_out, 0);
+}
+
+#[test]
+fn a_guaranteed_job_reclaims_gpus_by_preemption_and_the_victim_resumes_from_its_checkpoint() {
+    // 2 GPUs; a is guaranteed both, b nothing. b's two jobs (1000 s,
+    // checkpoint every 100 s) run as burst work from 0. a's job at 705
+    // preempts one: signalled at 705, killed at 715 (grace 10 s), it keeps
+    // the 700 s it checkpointed and loses 15 GPU-seconds. a runs 715..815;
+    // the victim resumes at 815 for its last 300 s and ends at 1115.
+    let mut b1 = job(0, 1000, 1, 1, "b");
+    b1.checkpoint_every_secs = Some(100);
+    let mut b2 = b1.clone();
+    b2.submit = Timestamp(0);
+    let jobs = [b1, b2, job(705, 100, 1, 1, "a")];
+    let cluster = Cluster::uniform(1, 2, "l4");
+    let guarantees = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 0)]);
+    let mut policy = sharing_policy(&cluster, &guarantees);
+    policy.sharing.qos = vec![crate::policy::Qos {
+        grace_secs: 10,
+        min_runtime_secs: 0,
+        ..crate::policy::Qos::normal()
+    }];
+    policy.sharing.waste_cap_gpu_hours_per_hour = f64::INFINITY;
+    let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
+    assert_eq!(outcome.preemptions, 1);
+    assert!(
+        (outcome.lost_gpu_hours * 3600.0 - 15.0).abs() < 1e-6,
+        "{}",
+        outcome.lost_gpu_hours
+    );
+    let a = outcome.teams.iter().find(|t| t.team == "a").unwrap();
+    assert_eq!(a.queue_delay.mean, 10.0);
+    let b = outcome.teams.iter().find(|t| t.team == "b").unwrap();
+    // The victim's completion: 1115 s after its submit.
+    assert_eq!(b.completion_time.max, 1115.0);
+    // b held 715 + 1000 + 300 GPU-seconds, all burst.
+    assert!((b.burst_gpu_hours * 3600.0 - 2015.0).abs() < 1e-6);
+    assert_eq!(outcome.overcommits, 0);
+}
+
+#[test]
+fn a_gang_waits_for_whole_nodes_while_a_small_job_starts() {
+    // 2 nodes x 4 GPUs. One GPU is taken until 100; the 2x4 gang (at 1)
+    // waits for it; a 1-GPU job (at 2, 10 s) starts at once.
+    let jobs = [job(0, 100, 1, 1, "a"), job(1, 50, 4, 2, "a"), job(2, 10, 1, 1, "a")];
+    let cluster = Cluster::uniform(2, 4, "a100");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let outcome = run(&fifo(&cluster, &guarantees), &jobs);
+    assert_eq!(delays(&outcome), (33.0, 99.0, 3));
+}
+
+#[test]
+fn a_job_blocked_by_fragmentation_is_counted() {
+    // 2 nodes x 2 GPUs. Three 1-GPU jobs: best fit puts two on one node,
+    // one on the other; the 10 s one ends and leaves one free GPU on each
+    // node. A 2-GPU job at 20 finds 2 free GPUs but not on one node, and
+    // waits until 100.
+    let jobs = [
+        job(0, 100, 1, 1, "a"),
+        job(0, 10, 1, 1, "a"),
+        job(0, 100, 1, 1, "a"),
+        job(20, 10, 2, 1, "a"),
+    ];
+    let cluster = Cluster::uniform(2, 2, "a100");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let outcome = run(&fifo(&cluster, &guarantees), &jobs);
+    assert_eq!(outcome.fragmentation_blocked_jobs, 1);
+    assert_eq!(outcome.queue_delay.max, 80.0);
+}
+
+#[test]
+fn time_limits_end_jobs() {
+    let jobs = [limited(job(0, 100, 1, 1, "a"), 30)];
+    let cluster = Cluster::uniform(1, 1, "l4");
+    let outcome = run(&fifo(&cluster, &BTreeMap::new()), &jobs);
+    assert_eq!((outcome.completed, outcome.timed_out), (0, 1));
+    assert_eq!(outcome.completion_time.max, 30.0);
+}
+
+#[test]
+fn same_inputs_give_the_same_outcome_byte_for_byte() {
+    let jobs: Vec<TraceJob> = (0..300)
+        .map(|i| {
+            let team = ["a", "b", "c"][i % 3];
+            let mut j = job(i as i64 * 7, 50 + (i as i64 * 37) % 400, 1 << (i % 3), 1, team);
+            j.checkpoint_every_secs = Some(60);
+            j
+        })
+        .collect();
+    let cluster = Cluster::uniform(3, 4, "h100");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    for setup in [
+        dedicated(&cluster, &guarantees, 1.0),
+        fifo(&cluster, &guarantees),
+        pooled("gpool", &cluster, sharing_policy(&cluster, &guarantees), &guarantees),
+    ] {
+        let first = serde_json::to_string(&run(&setup, &jobs)).unwrap();
+        let second = serde_json::to_string(&run(&setup, &jobs)).unwrap();
+        assert_eq!(first, second, "{}", setup.name);
+    }
+}
+
+#[test]
+fn guarantees_follow_demand_and_add_up_to_the_cluster() {
+    let jobs = [job(0, 300, 1, 1, "a"), job(0, 100, 1, 1, "b"), job(0, 1, 1, 1, "c")];
+    let guarantees = guarantees_by_demand(&jobs, 10);
+    assert_eq!(guarantees.values().sum::<u32>(), 10);
+    assert_eq!(guarantees["a"], 7);
+    // Dedicated: every team gets at least one GPU.
+    let setup = dedicated(&Cluster::uniform(2, 5, "l4"), &guarantees, 1.0);
+    let sizes: BTreeMap<String, usize> = setup.nodes.iter().fold(BTreeMap::new(), |mut sizes, node| {
+        *sizes.entry(node.labels["team"].clone()).or_default() += node.gpus.len();
+        sizes
+    });
+    assert_eq!(sizes.values().sum::<usize>(), 10);
+    assert!(sizes.values().all(|n| *n >= 1), "{sizes:?}");
+}
+
+#[test]
+fn philly_rows_become_jobs_and_large_ones_gangs() {
+    let text = "timestamp,duration,num_gpus,gpu_time,cluster\n\
+                2017-10-09 07:01:55,66.0,1,66.0,11cb48\n\
+                2017-10-09 06:13:03,2951.5,12,35418.0,6214e9\n";
+    let jobs = trace::parse(Format::Philly, "philly.csv", text, 8).unwrap();
+    // Sorted by submit time.
+    assert_eq!(jobs[0].team, "6214e9");
+    assert_eq!((jobs[0].gpus_per_node, jobs[0].nodes), (6, 2));
+    assert_eq!(jobs[0].duration_ms, 2_951_500);
+    assert_eq!(jobs[1].submit.0 - jobs[0].submit.0, (48 * 60 + 52) * 1000);
+    assert_eq!(trace::gang_shape(128, 8), (8, 16));
+    assert_eq!(trace::gang_shape(7, 8), (7, 1));
+    let bad = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66.0,zero,66.0,11cb48\n";
+    let err = trace::parse(Format::Philly, "philly.csv", bad, 8).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "philly.csv:2: num_gpus: \"zero\" is not a whole number ≥ 1"
+    );
+}
+
+#[test]
+fn gpool_traces_round_trip_and_name_bad_fields() {
+    let mut original = job(1_500_000_000, 90, 4, 2, "vision");
+    original.gpu_types = vec![GpuModel::new("h100"), GpuModel::new("a100")];
+    original.time_limit_secs = Some(3600);
+    original.checkpoint_every_secs = Some(600);
+    let csv = trace::to_csv(std::slice::from_ref(&original));
+    assert_eq!(
+        trace::parse(Format::GpoolCsv, "t.csv", &csv, 8).unwrap(),
+        vec![original.clone()]
+    );
+    let line = serde_json::to_string(&trace::GpoolRow::from_job(&original)).unwrap();
+    assert_eq!(
+        trace::parse(Format::GpoolJsonl, "t.jsonl", &line, 8).unwrap(),
+        vec![original]
+    );
+    let bad = "submit,duration,team\nyesterday,10,a\n";
+    let err = trace::parse(Format::GpoolCsv, "t.csv", bad, 8).unwrap_err().to_string();
+    assert!(err.starts_with("t.csv:2: submit: \"yesterday\""), "{err}");
+    let err = trace::parse(Format::GpoolCsv, "t.csv", "submit,duration,team\n", 8)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "t.csv:1: no jobs in the trace");
+}
+
+#[test]
+fn cluster_files_name_the_bad_field() {
+    let cluster = Cluster::parse(
+        "c.toml",
+        "[[nodes]]\ncount = 2\ngpus = 8\nmodel = \"H100\"\nlinks = \"pairs\"\nprice_per_gpu_hour = 2.5\n\n[[nodes]]\ncount = 1\ngpus = 4\nmodel = \"l4\"\nprefix = \"inf\"\n",
+    )
+    .unwrap();
+    assert_eq!(cluster.gpus(), 20);
+    let names: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["n001", "n002", "inf001"]);
+    assert_eq!(cluster.nodes[0].topology.link(0, 1), crate::topology::Link::Nvlink);
+    assert_eq!(cluster.nodes[0].topology.link(1, 2), crate::topology::Link::PcieSwitch);
+    let err = Cluster::parse(
+        "c.toml",
+        "[[nodes]]\ncount = 1\ngpus = 8\nmodel = \"x\"\nlinks = \"ring\"\n",
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "c.toml:1: nodes.links: \"ring\" is not nvswitch, pairs or pcie"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Under every policy, on random traces and clusters, no start is ever
+    /// placed on a GPU that is taken, every job that fits somewhere runs,
+    /// and GPU-time adds up.
+    #[test]
+    fn no_cycle_over_commits_a_gpu(
+        shapes in prop::collection::vec((0i64..2000, 1i64..900, 0u32..4, 1u32..3, 0usize..3, prop::option::of(30u64..300)), 1..60),
+        nodes in 1usize..4,
+        per_node in prop::sample::select(vec![2u32, 4, 8]),
+    ) {
+        let jobs: Vec<TraceJob> = {
+            let mut jobs: Vec<TraceJob> = shapes
+                .iter()
+                .map(|(at, secs, gpus_log, gang, team, checkpoint)| {
+                    let gpus = (1u32 << gpus_log).min(per_node);
+                    let mut j = job(*at, *secs, gpus, (*gang).min(nodes as u32), ["a", "b", "c"][*team]);
+                    j.checkpoint_every_secs = *checkpoint;
+                    j
+                })
+                .collect();
+            jobs.sort_by_key(|j| j.submit);
+            jobs
+        };
+        let cluster = Cluster::uniform(nodes, per_node, "h100");
+        let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+        let mut policy = sharing_policy(&cluster, &guarantees);
+        policy.sharing.qos[0].min_runtime_secs = 0;
+        for setup in [
+            fifo(&cluster, &guarantees),
+            pooled("gpool", &cluster, policy, &guarantees),
+            dedicated(&cluster, &guarantees, 1.0),
+        ] {
+            let outcome = run(&setup, &jobs);
+            prop_assert_eq!(outcome.overcommits, 0);
+            if setup.name != "dedicated" {
+                prop_assert_eq!(outcome.never_started, 0);
+                prop_assert_eq!(outcome.completed, jobs.len());
+            }
+            prop_assert!(outcome.allocation <= 1.0 + 1e-9);
+            let asked: f64 = jobs.iter().filter(|_| setup.name != "dedicated").map(|j| j.duration_ms as f64 / 3.6e6 * j.total_gpus() as f64).sum();
+            if setup.name != "dedicated" {
+                // Delivered = asked + work redone after preemptions.
+                prop_assert!((outcome.delivered_gpu_hours - asked - outcome.lost_gpu_hours).abs() < 1e-6,
+                    "{} delivered {} asked {} lost {}", setup.name, outcome.delivered_gpu_hours, asked, outcome.lost_gpu_hours);
+            }
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! Traces: the jobs a simulation replays, read from Philly's per-job CSV or
+//! gpool's own CSV / JSON Lines format (which `gpool history --export-trace`
+//! writes).
+
+use crate::ids::Timestamp;
+use crate::model::GpuModel;
+use serde::{Deserialize, Serialize};
+
+/// One job of a trace: when it arrived, how long it runs, what it asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceJob {
+    pub submit: Timestamp,
+    /// Run time in milliseconds, when it runs undisturbed.
+    pub duration_ms: i64,
+    pub gpus_per_node: u32,
+    pub nodes: u32,
+    pub team: String,
+    pub project: String,
+    pub user: String,
+    /// Acceptable models; empty means any.
+    pub gpu_types: Vec<GpuModel>,
+    pub time_limit_secs: Option<u64>,
+    /// It writes a checkpoint this often; a preemption loses the work since.
+    pub checkpoint_every_secs: Option<u64>,
+}
+
+impl TraceJob {
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.gpus_per_node) * u64::from(self.nodes)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `timestamp,duration,num_gpus,gpu_time,cluster`; the virtual cluster
+    /// is the team.
+    Philly,
+    /// gpool's CSV (a header line naming the columns of `GpoolRow`).
+    GpoolCsv,
+    /// gpool's JSON Lines: one `GpoolRow` object per line.
+    GpoolJsonl,
+}
+
+impl Format {
+    /// `philly` or `gpool` (CSV, or JSON Lines when `file` ends in `.jsonl`).
+    pub fn parse(name: &str, file: &str) -> Result<Format, String> {
+        match name {
+            "philly" => Ok(Format::Philly),
+            "gpool" if file.ends_with(".jsonl") => Ok(Format::GpoolJsonl),
+            "gpool" => Ok(Format::GpoolCsv),
+            other => Err(format!("--format: {other:?} is not philly or gpool")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
+pub struct TraceError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+/// One row of gpool's trace format. Times are RFC 3339 (or seconds since
+/// the epoch); durations are seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpoolRow {
+    pub submit: String,
+    pub duration: f64,
+    #[serde(default = "one")]
+    pub gpus_per_node: u32,
+    #[serde(default = "one")]
+    pub nodes: u32,
+    pub team: String,
+    #[serde(default)]
+    pub project: String,
+    #[serde(default)]
+    pub user: String,
+    /// Models separated by `|`; empty means any.
+    #[serde(default)]
+    pub gpu_types: String,
+    #[serde(default, deserialize_with = "empty_is_none")]
+    pub time_limit: Option<u64>,
+    #[serde(default, deserialize_with = "empty_is_none")]
+    pub checkpoint_every: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn empty_is_none<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Field {
+        Number(u64),
+        Text(String),
+    }
+    match Option::<Field>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(Field::Number(n)) => Ok(Some(n)),
+        Some(Field::Text(text)) if text.trim().is_empty() => Ok(None),
+        Some(Field::Text(text)) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("{text:?} is not a whole number of seconds"))),
+    }
+}
+
+impl GpoolRow {
+    pub fn from_job(job: &TraceJob) -> GpoolRow {
+        GpoolRow {
+            submit: jiff::Timestamp::from_millisecond(job.submit.0)
+                .map_or_else(|_| (job.submit.0 / 1000).to_string(), |at| at.to_string()),
+            duration: job.duration_ms as f64 / 1000.0,
+            gpus_per_node: job.gpus_per_node,
+            nodes: job.nodes,
+            team: job.team.clone(),
+            project: job.project.clone(),
+            user: job.user.clone(),
+            gpu_types: job.gpu_types.iter().map(GpuModel::as_str).collect::<Vec<_>>().join("|"),
+            time_limit: job.time_limit_secs,
+            checkpoint_every: job.checkpoint_every_secs,
+        }
+    }
+
+    fn into_job(self) -> Result<TraceJob, String> {
+        let submit = parse_time(&self.submit).ok_or_else(|| {
+            format!(
+                "submit: {:?} is not an RFC 3339 time (2017-10-09T07:01:55Z) or seconds since 1970",
+                self.submit
+            )
+        })?;
+        let duration_ms =
+            duration_ms(self.duration).ok_or_else(|| format!("duration: {} is not seconds ≥ 0", self.duration))?;
+        if self.gpus_per_node == 0 || self.nodes == 0 {
+            return Err(format!(
+                "gpus_per_node and nodes must be at least 1 (got {} and {})",
+                self.gpus_per_node, self.nodes
+            ));
+        }
+        if self.team.trim().is_empty() {
+            return Err("team: empty".into());
+        }
+        if self.checkpoint_every == Some(0) {
+            return Err("checkpoint_every: 0 is not a period (leave it empty for none)".into());
+        }
+        Ok(TraceJob {
+            submit,
+            duration_ms,
+            gpus_per_node: self.gpus_per_node,
+            nodes: self.nodes,
+            project: if self.project.is_empty() {
+                self.team.clone()
+            } else {
+                self.project
+            },
+            user: if self.user.is_empty() {
+                self.team.clone()
+            } else {
+                self.user
+            },
+            team: self.team,
+            gpu_types: self
+                .gpu_types
+                .split('|')
+                .map(str::trim)
+                .filter(|model| !model.is_empty())
+                .map(GpuModel::new)
+                .collect(),
+            time_limit_secs: self.time_limit,
+            checkpoint_every_secs: self.checkpoint_every,
+        })
+    }
+}
+
+fn parse_time(text: &str) -> Option<Timestamp> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Timestamp((secs * 1000.0).round() as i64));
+    }
+    if let Ok(at) = text.parse::<jiff::Timestamp>() {
+        return Some(Timestamp(at.as_millisecond()));
+    }
+    // A civil time with no zone (as Philly's): UTC.
+    let civil: jiff::civil::DateTime = text.parse().ok()?;
+    let zoned = civil.to_zoned(jiff::tz::TimeZone::UTC).ok()?;
+    Some(Timestamp(zoned.timestamp().as_millisecond()))
+}
+
+fn duration_ms(secs: f64) -> Option<i64> {
+    (0.0..1e12).contains(&secs).then(|| (secs * 1000.0).round() as i64)
+}
+
+/// Reads a trace. `file` names it in errors; `gpus_per_node` is the
+/// cluster's largest node, which splits Philly jobs larger than a node into
+/// gangs (the largest divisor of the job's GPUs that fits one node, on as
+/// many nodes as it takes). Jobs come back sorted by submit time (then by
+/// their order in the file).
+pub fn parse(format: Format, file: &str, text: &str, gpus_per_node: u32) -> Result<Vec<TraceJob>, TraceError> {
+    let error = |line: usize, message: String| TraceError {
+        file: file.to_string(),
+        line,
+        message,
+    };
+    let mut jobs = match format {
+        Format::Philly => parse_philly(text, gpus_per_node.max(1)).map_err(|(line, message)| error(line, message))?,
+        Format::GpoolCsv => {
+            let mut reader = csv::ReaderBuilder::new()
+                .trim(csv::Trim::All)
+                .from_reader(text.as_bytes());
+            let mut jobs = Vec::new();
+            for (i, row) in reader.deserialize::<GpoolRow>().enumerate() {
+                let line = i + 2;
+                let row = row.map_err(|err| error(line, csv_message(&err)))?;
+                jobs.push(row.into_job().map_err(|message| error(line, message))?);
+            }
+            jobs
+        }
+        Format::GpoolJsonl => {
+            let mut jobs = Vec::new();
+            for (i, line_text) in text.lines().enumerate() {
+                if line_text.trim().is_empty() {
+                    continue;
+                }
+                let row: GpoolRow = serde_json::from_str(line_text).map_err(|err| error(i + 1, err.to_string()))?;
+                jobs.push(row.into_job().map_err(|message| error(i + 1, message))?);
+            }
+            jobs
+        }
+    };
+    if jobs.is_empty() {
+        return Err(error(1, "no jobs in the trace".into()));
+    }
+    jobs.sort_by_key(|job| job.submit);
+    Ok(jobs)
+}
+
+fn csv_message(err: &csv::Error) -> String {
+    match err.kind() {
+        csv::ErrorKind::Deserialize { err, .. } => match err.field() {
+            Some(field) => format!("column {}: {}", field + 1, err.kind()),
+            None => err.kind().to_string(),
+        },
+        _ => err.to_string(),
+    }
+}
+
+fn parse_philly(text: &str, node_gpus: u32) -> Result<Vec<TraceJob>, (usize, String)> {
+    let mut reader = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
+    let headers = reader.headers().map_err(|err| (1, err.to_string()))?.clone();
+    let column = |name: &str| {
+        headers.iter().position(|h| h == name).ok_or_else(|| {
+            (
+                1,
+                format!("no {name:?} column (a Philly trace has timestamp,duration,num_gpus,cluster)"),
+            )
+        })
+    };
+    let (at, duration, gpus, cluster) = (
+        column("timestamp")?,
+        column("duration")?,
+        column("num_gpus")?,
+        column("cluster")?,
+    );
+    let mut jobs = Vec::new();
+    for (i, record) in reader.records().enumerate() {
+        let line = i + 2;
+        let record = record.map_err(|err| (line, err.to_string()))?;
+        let field = |index: usize| record.get(index).unwrap_or("");
+        let submit = parse_time(field(at))
+            .ok_or_else(|| (line, format!("timestamp: {:?} is not YYYY-MM-DD HH:MM:SS", field(at))))?;
+        let duration_ms = field(duration)
+            .parse::<f64>()
+            .ok()
+            .and_then(duration_ms)
+            .ok_or_else(|| (line, format!("duration: {:?} is not seconds ≥ 0", field(duration))))?;
+        let n: u32 = field(gpus)
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| (line, format!("num_gpus: {:?} is not a whole number ≥ 1", field(gpus))))?;
+        let team = field(cluster).to_string();
+        if team.is_empty() {
+            return Err((line, "cluster: empty".into()));
+        }
+        let (gpus_per_node, nodes) = gang_shape(n, node_gpus);
+        jobs.push(TraceJob {
+            submit,
+            duration_ms,
+            gpus_per_node,
+            nodes,
+            project: team.clone(),
+            user: team.clone(),
+            team,
+            gpu_types: Vec::new(),
+            time_limit_secs: None,
+            checkpoint_every_secs: None,
+        });
+    }
+    Ok(jobs)
+}
+
+/// `gpus` GPUs as `(per node, nodes)` on nodes of `node_gpus`: one node when
+/// it fits, else the largest divisor of `gpus` that fits a node.
+pub fn gang_shape(gpus: u32, node_gpus: u32) -> (u32, u32) {
+    if gpus <= node_gpus {
+        return (gpus, 1);
+    }
+    let per_node = (1..=node_gpus).rev().find(|d| gpus.is_multiple_of(*d)).unwrap_or(1);
+    (per_node, gpus / per_node)
+}
+
+/// Writes jobs in gpool's CSV format.
+pub fn to_csv(jobs: &[TraceJob]) -> String {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    for job in jobs {
+        // Writing to a Vec cannot fail.
+        let _ = writer.serialize(GpoolRow::from_job(job));
+    }
+    String::from_utf8(writer.into_inner().unwrap_or_default()).unwrap_or_default()
+}

@@ -1,0 +1,163 @@
+//! `gpool sim`: a trace replayed through the real scheduler under several
+//! policies, from the real CLI; and a pool's own history exported as a
+//! trace and replayed.
+
+use crate::harness::cluster::{gpool_command, Cluster, Run};
+use serde_json::Value;
+
+/// Four jobs worked out by hand (see gpool-core's sim tests): on one node
+/// of 2 GPUs, fifo waits 0, 0, 90 and 180 s; gpool lets team a (within its
+/// guarantee) go before b's 2-GPU burst job.
+const TRACE: &str = "submit,duration,gpus_per_node,nodes,team\n\
+                     2026-11-23T10:00:00Z,100,1,1,a\n\
+                     2026-11-23T10:00:00Z,100,1,1,a\n\
+                     2026-11-23T10:00:10Z,100,2,1,b\n\
+                     2026-11-23T10:00:20Z,50,1,1,a\n";
+
+fn sim(dir: &std::path::Path, extra: &[&str]) -> Run {
+    let trace = dir.join("trace.csv");
+    std::fs::write(&trace, TRACE).unwrap();
+    let mut args = vec![
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    gpool_command(&args).output().expect("run gpool sim").into()
+}
+
+fn policy<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {report}"))
+}
+
+#[test]
+fn sim_compares_policies_deterministically_and_plots_them() {
+    let dir = Cluster::temp_dir();
+    let first = sim(dir.path(), &["--output", "json"]);
+    first.ok();
+    let mut report = first.json();
+    assert_eq!(policy(&report, "fifo")["queue_delay"]["mean"], 67.5);
+    assert_eq!(policy(&report, "gpool")["queue_delay"]["mean"], 55.0);
+    assert_eq!(policy(&report, "dedicated")["never_started"], 1);
+    assert_eq!(policy(&report, "fifo")["overcommits"], 0);
+    // The same run again gives the same report, except wall-clock timing.
+    let mut again = sim(dir.path(), &["--output", "json"]).json();
+    report.as_object_mut().unwrap().remove("timing");
+    again.as_object_mut().unwrap().remove("timing");
+    assert_eq!(report, again);
+
+    let plots = dir.path().join("plots");
+    let table = sim(dir.path(), &["--plot", plots.to_str().unwrap()]);
+    let text = table.ok();
+    assert!(text.contains("queueing delay, mean"), "{text}");
+    assert!(text.contains("Savings:"), "{text}");
+    for chart in ["allocation.svg", "queue.svg", "teams.svg"] {
+        let svg = std::fs::read_to_string(plots.join(chart)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline"),
+            "{chart}: {svg:.200}"
+        );
+    }
+}
+
+#[test]
+fn sim_names_bad_input() {
+    let dir = Cluster::temp_dir();
+    let bad = sim(dir.path(), &["--format", "slurm"]);
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr.contains("--format: \"slurm\" is not philly or gpool"),
+        "{}",
+        bad.stderr
+    );
+    let bad = sim(dir.path(), &["--compare", "fifo,lottery"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("--compare: \"lottery\""), "{}", bad.stderr);
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        "[[nodes]]\ncount = 1\ngpus = 2\nmodel = \"l4\"\nlinks = \"ring\"\n",
+    )
+    .unwrap();
+    let trace = dir.path().join("trace.csv");
+    let bad: Run = gpool_command(&[
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--cluster",
+        cluster.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap()
+    .into();
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr.contains("cluster.toml:1: nodes.links: \"ring\""),
+        "{}",
+        bad.stderr
+    );
+    // The example cluster file is a valid one.
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/cluster-philly.toml");
+    let good: Run = gpool_command(&[
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--cluster",
+        example,
+        "--output",
+        "json",
+    ])
+    .output()
+    .unwrap()
+    .into();
+    good.ok();
+    assert_eq!(good.json()["cluster"]["gpus"], 376);
+}
+
+#[test]
+fn a_pools_history_exports_as_a_trace_that_sim_replays() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let a = cluster.submit(&["--gpus", "1", "--team", "ml", "--", "sleep", "0.3"]);
+    let b = cluster.submit(&["--gpus", "2", "--", "true"]);
+    cluster.wait_for_state(a, "completed");
+    cluster.wait_for_state(b, "completed");
+    let csv = cluster
+        .gpool(&["history", "--all-users", "--export-trace"])
+        .ok()
+        .to_string();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "{csv}");
+    assert!(
+        lines[0].starts_with("submit,duration,gpus_per_node,nodes,team"),
+        "{csv}"
+    );
+    assert!(lines.iter().any(|l| l.contains(",1,1,ml,")), "{csv}");
+    let trace = cluster.dir.path().join("history.csv");
+    std::fs::write(&trace, &csv).unwrap();
+    let report: Run = gpool_command(&[
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--output",
+        "json",
+    ])
+    .output()
+    .unwrap()
+    .into();
+    report.ok();
+    let report = report.json();
+    assert_eq!(report["trace"]["jobs"], 2);
+    assert_eq!(policy(&report, "fifo")["completed"], 2);
+}
