@@ -462,8 +462,8 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             } else {
                 Vec::new()
             },
-            pool: String::new(),
-            team: format!("team-{}", i % n_teams as usize),
+            pool: Default::default(),
+            team: format!("team-{}", i % n_teams as usize).into(),
             qos: ["normal", "high", "low"][i % 3].into(),
             submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
             time_limit_secs: Some(600 * (1 + i as u64 % 12)),

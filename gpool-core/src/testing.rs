@@ -178,9 +178,9 @@ fn parse_pending_job(line: &str) -> PendingJob {
         gpus_per_node: 1,
         nodes: 1,
         gpu_types: Vec::new(),
-        pool: String::new(),
+        pool: Default::default(),
         team: "default".into(),
-        qos: String::new(),
+        qos: Default::default(),
         submitted_at: Timestamp(0),
         time_limit_secs: None,
     };

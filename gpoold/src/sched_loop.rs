@@ -79,17 +79,19 @@ type Codes = HashMap<JobId, Arc<[&'static str]>>;
 /// A reason list rendered once: its reasons, hints and codes.
 type Rendered = (Arc<[String]>, Arc<[String]>, Arc<[&'static str]>);
 
-/// The plan's reasons and hints as text, each distinct list rendered once
-/// and shared.
+/// The plan's reasons and hints as text, each list rendered once and
+/// shared by the jobs that share it (the plan's lists are shared by jobs
+/// alike, so a list is known by its address while the plan lives).
 fn reasons_in_words(plan: Plan) -> (Words, Words, Codes) {
-    let mut rendered: HashMap<Vec<Reject>, Rendered> = HashMap::new();
+    let mut rendered: HashMap<*const Reject, Rendered> = HashMap::new();
     let mut reasons = HashMap::with_capacity(plan.pending.len());
     let mut hints = HashMap::with_capacity(plan.pending.len());
     let mut codes = HashMap::with_capacity(plan.pending.len());
-    for (job_id, rejects) in plan.pending {
+    for (job_id, rejects) in &plan.pending {
+        let job_id = *job_id;
         let (words, hint_words, code_words) = rendered
-            .entry(rejects)
-            .or_insert_with_key(|rejects| {
+            .entry(rejects.as_ptr())
+            .or_insert_with(|| {
                 let words: Arc<[String]> = rejects.iter().map(ToString::to_string).collect();
                 let hint_words: Arc<[String]> = rejects.iter().filter_map(Reject::hint).collect();
                 let code_words: Arc<[&'static str]> = rejects.iter().map(Reject::code).collect();

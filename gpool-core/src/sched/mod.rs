@@ -18,12 +18,13 @@ mod index;
 mod plan;
 mod preempt;
 
-pub use plan::{Plan, Preemption, Reject, Start};
+pub use plan::{Plan, Preemption, Reasons, Reject, Start};
 
 use crate::ids::{JobId, Timestamp};
 use crate::model::{GpuModel, Node, NodePlacement, PoolDef};
 use crate::policy::{Ledger, PriorityInputs, Sharing};
 use crate::topology::Topology;
+use compact_str::CompactString;
 use index::FreeIndex;
 use std::collections::{BTreeMap, HashMap};
 
@@ -110,11 +111,13 @@ pub struct PendingJob {
     pub nodes: u32,
     /// Acceptable models; empty means any.
     pub gpu_types: Vec<GpuModel>,
-    /// Empty means the policy's default pool.
-    pub pool: String,
-    pub team: String,
+    /// Empty means the policy's default pool. Names are kept inline (up
+    /// to 24 bytes): a cycle reads every pending job's, and a name on the
+    /// heap is a cache miss each.
+    pub pool: CompactString,
+    pub team: CompactString,
     /// Empty means the default QoS.
-    pub qos: String,
+    pub qos: CompactString,
     pub submitted_at: Timestamp,
     /// `None`: no limit (then it never runs ahead of a reservation).
     pub time_limit_secs: Option<u64>,
@@ -223,18 +226,8 @@ impl TeamUse {
 pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     let sharing = &policy.sharing;
     let period_start = sharing.period.start(now, &sharing.time_zone);
-    // Each team's terms, looked up once per distinct name.
-    let mut terms: HashMap<&str, crate::policy::Team> = HashMap::new();
-    for team in view
-        .pending
-        .iter()
-        .map(|j| &j.team)
-        .chain(view.running.iter().map(|r| &r.team))
-    {
-        terms.entry(team.as_str()).or_insert_with(|| sharing.team(team));
-    }
+    let mut teams = Teams::default();
     let mut usage_now = view.usage.clone();
-    let mut teams: BTreeMap<&str, TeamUse> = BTreeMap::new();
     // Running guaranteed work counts against the guarantees in start order.
     let mut running: Vec<&RunningJob> = view.running.iter().collect();
     running.sort_by_key(|r| (r.started_at, r.id));
@@ -243,34 +236,66 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             .entry(job.team.clone())
             .or_default()
             .charge(job.gpus(), job.started_at, now, job.burst, sharing);
-        let used = teams.entry(job.team.as_str()).or_default();
+        let team = teams.index(&job.team, sharing);
+        let TeamRow { terms, used } = &mut teams.rows[team];
         used.in_use += job.gpus();
         if !job.burst {
             let pool = policy.pool(&job.pool).map_or("", |pool| pool.name.as_str());
-            let cover = coverage(&terms[job.team.as_str()], used, job.gpus(), pool, &job.gpu_types, true)
-                .unwrap_or(Cover::General);
+            let cover = coverage(terms, used, job.gpus(), pool, &job.gpu_types, true).unwrap_or(Cover::General);
             used.add(&cover, job.gpus());
             let from = job.started_at.max(period_start);
             used.guaranteed_secs += (now.0 - from.0).max(0) as f64 / 1000.0 * job.gpus() as f64;
         }
     }
-    for (name, ledger) in &view.usage {
-        teams.entry(name.as_str()).or_default().guaranteed_secs += ledger.guaranteed_in_period(now, sharing);
-    }
     let fair = sharing.fair_shares(&usage_now, now);
+    // Each job's class, looked up once per job; what a class needs (its
+    // team, QoS, pool, fair share), once per class.
+    let mut classes: Vec<Class> = Vec::new();
+    let mut class_of: HashMap<ClassKey, u32, FastHash> = HashMap::default();
+    let job_class: Vec<u32> = view
+        .pending
+        .iter()
+        .map(|job| {
+            let key = ClassKey {
+                team: &job.team,
+                qos: &job.qos,
+                pool: &job.pool,
+                gpu_types: &job.gpu_types,
+            };
+            *class_of.entry(key).or_insert_with(|| {
+                let qos = sharing.qos(&job.qos);
+                classes.push(Class {
+                    team: teams.index(&job.team, sharing),
+                    qos_priority: qos.map_or(0, |qos| qos.priority),
+                    preempt_lower: qos.is_some_and(|qos| qos.preempt_lower),
+                    pool: policy.pool(&job.pool).map_or("", |pool| pool.name.as_str()),
+                    gpu_types: &job.gpu_types,
+                    fair_share: fair.get(job.team.as_str()).copied().unwrap_or(1.0),
+                });
+                classes.len() as u32 - 1
+            })
+        })
+        .collect();
+    for (name, ledger) in &view.usage {
+        if let Some(team) = teams.names.get(name.as_str()) {
+            teams.rows[*team].used.guaranteed_secs += ledger.guaranteed_in_period(now, sharing);
+        }
+    }
 
     let mut plan = Plan::default();
     let max_qos = sharing.max_qos_priority();
     let max_gpus = view.pending.iter().map(PendingJob::total_gpus).max().unwrap_or(0);
     let mut priorities: Vec<(JobId, crate::policy::Priority)> = Vec::with_capacity(view.pending.len());
-    let mut order: Vec<(bool, f64, &PendingJob)> = view
+    let mut order: Vec<(bool, f64, &PendingJob, &Class)> = view
         .pending
         .iter()
-        .map(|job| {
+        .zip(&job_class)
+        .map(|(job, class)| {
+            let class = &classes[*class as usize];
             let inputs = PriorityInputs {
-                qos_priority: sharing.qos(&job.qos).map_or(0, |qos| qos.priority),
+                qos_priority: class.qos_priority,
                 max_qos_priority: max_qos,
-                fair_share: fair.get(&job.team).copied().unwrap_or(1.0),
+                fair_share: class.fair_share,
                 submitted_at: job.submitted_at,
                 now,
                 gpus: job.total_gpus(),
@@ -279,15 +304,13 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             };
             let priority = crate::policy::priority(&sharing.weights, &inputs);
             priorities.push((job.id, priority));
-            let team = &terms[job.team.as_str()];
-            let used = teams.get(job.team.as_str()).cloned().unwrap_or_default();
-            let covered = job_coverage(team, &used, job, policy).is_some();
-            (covered, priority.total, job)
+            let TeamRow { terms, used } = &teams.rows[class.team];
+            let covered = class.coverage(terms, used, job).is_some();
+            (covered, priority.total, job, class)
         })
         .collect();
-    // Built at once from the sorted list: cheaper than one insert per job.
     priorities.sort_unstable_by_key(|(id, _)| *id);
-    plan.priorities = priorities.into_iter().collect();
+    plan.priorities = priorities;
     order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.id.cmp(&b.2.id)));
 
     let mut index = FreeIndex::build(&view.nodes, policy);
@@ -314,27 +337,24 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     // queue of thousands of alike jobs costs one placement attempt). Not
     // where GPUs are kept for QoS reserves: what a job may take of them
     // depends on what is free in its pool.
-    let mut failed: HashMap<ShapeKey, Vec<Reject>> = HashMap::new();
-    for (_, _, job) in order {
-        let team = &terms[job.team.as_str()];
-        let used = teams.entry(job.team.as_str()).or_default();
+    let mut failed: HashMap<ShapeKey, Reasons, FastHash> = HashMap::default();
+    for (_, _, job, class) in order {
+        let TeamRow { terms: team, used } = &mut teams.rows[class.team];
         let gpus = job.total_gpus();
         if let Some(max_gpus) = team.max_gpus {
             if used.in_use + gpus > u64::from(max_gpus) {
-                plan.pending.push((
-                    job.id,
-                    vec![Reject::TeamCap {
-                        team: team.name.clone(),
-                        max_gpus,
-                        in_use: used.in_use,
-                    }],
-                ));
+                let cap = Reject::TeamCap {
+                    team: team.name.clone(),
+                    max_gpus,
+                    in_use: used.in_use,
+                };
+                plan.pending.push((job.id, Reasons::from([cap])));
                 continue;
             }
         }
-        let cover = job_coverage(team, used, job, policy);
+        let cover = class.coverage(team, used, job);
         let covered = cover.is_some();
-        let qos_priority = sharing.qos(&job.qos).map_or(0, |qos| qos.priority);
+        let qos_priority = class.qos_priority;
         let kept: u64 = reserves
             .iter()
             .filter(|(priority, _, _)| *priority > qos_priority || !covered)
@@ -351,7 +371,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             pool_free_now: index.pool_free(job, policy),
             kept,
         });
-        let may_preempt = covered || sharing.qos(&job.qos).is_some_and(|qos| qos.preempt_lower);
+        let may_preempt = covered || class.preempt_lower;
         // It fits only by taking GPUs kept for others: it may reclaim burst
         // GPUs instead, if it may preempt, and holds no reservation.
         let into_reserve = keep.is_some_and(|keep| keep.pool_free_now < gpus + keep.kept) && index.fits(job, policy);
@@ -361,12 +381,9 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             None => false,
         };
         let shape = ShapeKey {
-            qos: &job.qos,
-            pool: &job.pool,
-            gpu_types: &job.gpu_types,
+            class: std::ptr::from_ref(class) as usize,
             gpus_per_node: job.gpus_per_node,
             nodes: job.nodes,
-            team: &job.team,
             covered,
             goes_around,
         };
@@ -417,7 +434,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                     }
                 }
                 if into_reserve {
-                    plan.pending.push((job.id, reasons));
+                    plan.pending.push((job.id, reasons.into()));
                     continue;
                 }
                 let reclaiming = matches!(reasons.first(), Some(Reject::Reclaiming { .. }));
@@ -468,14 +485,17 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 if !covered {
                     reasons.push(burst_reason(team, used, gpus));
                 }
+                let shared = Reasons::from(reasons.as_slice());
                 if cacheable && !reclaiming {
-                    failed.insert(shape, reasons.clone());
+                    failed.insert(shape, shared.clone());
                 }
                 // Only the first blocked job's own: not cached for its shape.
-                if std::mem::take(&mut no_estimate) {
+                if no_estimate {
                     reasons.push(Reject::NoEstimate);
+                    plan.pending.push((job.id, reasons.into()));
+                } else {
+                    plan.pending.push((job.id, shared));
                 }
-                plan.pending.push((job.id, reasons));
             }
         }
     }
@@ -483,17 +503,71 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     plan
 }
 
-/// What decides whether a job fits and why not, within one cycle.
+/// Hashes the scheduler's own keys, which no caller chooses: fast, and
+/// seeded per process all the same.
+type FastHash = foldhash::fast::RandomState;
+
+/// What decides whether a job fits and why not, within one cycle: its
+/// class (by address: one `Class` per class), shape and standing.
 #[derive(PartialEq, Eq, Hash)]
-struct ShapeKey<'a> {
+struct ShapeKey {
+    class: usize,
+    gpus_per_node: u32,
+    nodes: u32,
+    covered: bool,
+    goes_around: bool,
+}
+
+/// Pending jobs alike in all but shape, size and age.
+#[derive(PartialEq, Eq, Hash)]
+struct ClassKey<'a> {
+    team: &'a str,
     qos: &'a str,
     pool: &'a str,
     gpu_types: &'a [GpuModel],
-    gpus_per_node: u32,
-    nodes: u32,
-    team: &'a str,
-    covered: bool,
-    goes_around: bool,
+}
+
+/// What the jobs of one class share within a cycle.
+struct Class<'a> {
+    /// Its row in `Teams`.
+    team: usize,
+    qos_priority: u32,
+    preempt_lower: bool,
+    /// The pool's name (empty: no such pool).
+    pool: &'a str,
+    gpu_types: &'a [GpuModel],
+    fair_share: f64,
+}
+
+impl Class<'_> {
+    /// The guarantee `job` of this class would run under, if any.
+    fn coverage(&self, team: &crate::policy::Team, used: &TeamUse, job: &PendingJob) -> Option<Cover> {
+        coverage(team, used, job.total_gpus(), self.pool, self.gpu_types, false)
+    }
+}
+
+/// Each team seen this cycle: its terms and what it holds.
+#[derive(Default)]
+struct Teams<'a> {
+    names: HashMap<&'a str, usize, FastHash>,
+    rows: Vec<TeamRow>,
+}
+
+struct TeamRow {
+    terms: crate::policy::Team,
+    used: TeamUse,
+}
+
+impl<'a> Teams<'a> {
+    fn index(&mut self, name: &'a str, sharing: &Sharing) -> usize {
+        *self.names.entry(name).or_insert_with(|| {
+            self.rows.push(TeamRow {
+                terms: sharing.team(name),
+                used: TeamUse::default(),
+            });
+            self.rows.len() - 1
+        })
+    }
 }
 
 /// Holds the free GPUs of a reclaiming job's placement for it, so that no
@@ -509,12 +583,6 @@ fn hold(
         masked.remove(placement);
     }
     reclaim.taken(placement);
-}
-
-/// The guarantee `job` would run under, if any (see `coverage`).
-fn job_coverage(team: &crate::policy::Team, used: &TeamUse, job: &PendingJob, policy: &Policy) -> Option<Cover> {
-    let pool = policy.pool(&job.pool).map_or("", |pool| pool.name.as_str());
-    coverage(team, used, job.total_gpus(), pool, &job.gpu_types, false)
 }
 
 /// Which guarantee `gpus` more GPUs of `team` in `pool`, of `gpu_types`,

@@ -3,7 +3,6 @@
 use crate::ids::JobId;
 use crate::model::{GpuModel, NodePlacement};
 use crate::policy::Priority;
-use std::collections::BTreeMap;
 use std::fmt;
 
 /// What one scheduling cycle decided. Pure data: gpoold turns it into
@@ -11,12 +10,13 @@ use std::fmt;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
     pub starts: Vec<Start>,
-    /// Every pending job that does not start, with at least one reason.
-    pub pending: Vec<(JobId, Vec<Reject>)>,
+    /// Every pending job that does not start, with at least one reason
+    /// (jobs alike share one list).
+    pub pending: Vec<(JobId, Reasons)>,
     /// Running jobs to checkpoint and end, so that waiting jobs can start.
     pub preemptions: Vec<Preemption>,
-    /// Every pending job's priority and its factors.
-    pub priorities: BTreeMap<JobId, Priority>,
+    /// Every pending job's priority and its factors, by job id.
+    pub priorities: Vec<(JobId, Priority)>,
     /// The backfill reservation: the job, from when (its estimated start),
     /// on which GPUs.
     pub reservation: Option<(JobId, crate::ids::Timestamp, Vec<NodePlacement>)>,
@@ -40,6 +40,9 @@ pub struct Preemption {
     /// GPU-seconds since its last checkpoint (else its start).
     pub lost_gpu_secs: f64,
 }
+
+/// A job's reasons for waiting.
+pub type Reasons = std::sync::Arc<[Reject]>;
 
 /// Why a job did not start, with what was wanted and what there was.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -248,9 +248,9 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 gpus_per_node: 1,
                 nodes: 1,
                 gpu_types: Vec::new(),
-                pool: String::new(),
-                team: team.to_string(),
-                qos: String::new(),
+                pool: Default::default(),
+                team: (*team).into(),
+                qos: Default::default(),
                 submitted_at: now,
                 time_limit_secs: None,
             })
@@ -274,7 +274,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
             running.push(RunningJob {
                 id: start.job,
                 epoch: crate::ids::Epoch(1),
-                team,
+                team: team.to_string(),
                 qos: String::new(),
                 pool: String::new(),
                 gpu_types: Vec::new(),

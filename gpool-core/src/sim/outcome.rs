@@ -141,7 +141,9 @@ pub(super) struct Collector {
     burst_gpu_secs: Vec<f64>,
     lost_gpu_secs: Vec<f64>,
     preemptions: Vec<u64>,
-    fragmented: HashSet<JobId>,
+    /// By job index: blocked by fragmentation at least once.
+    fragmented: Vec<bool>,
+    n_fragmented: usize,
     cycles: u64,
     overcommits: u64,
     first: Option<Timestamp>,
@@ -186,7 +188,8 @@ impl Collector {
             burst_gpu_secs: vec![0.0; n],
             lost_gpu_secs: vec![0.0; n],
             preemptions: vec![0; n],
-            fragmented: HashSet::new(),
+            fragmented: vec![false; jobs.len()],
+            n_fragmented: 0,
             cycles: 0,
             overcommits: 0,
             first: None,
@@ -248,7 +251,9 @@ impl Collector {
     }
 
     pub(super) fn fragmented(&mut self, job: JobId) {
-        self.fragmented.insert(job);
+        if let Some(seen) = self.fragmented.get_mut(job.0 as usize - 1) {
+            self.n_fragmented += usize::from(!std::mem::replace(seen, true));
+        }
     }
 
     pub(super) fn overcommitted(&mut self) {
@@ -278,7 +283,7 @@ impl Collector {
                 })
                 .collect()
         });
-        let mut shapes: HashSet<(&str, u32, u32)> = HashSet::new();
+        let mut shapes: HashSet<(&str, u32, u32), foldhash::fast::RandomState> = HashSet::default();
         for job in &view.pending {
             let pool = if job.pool.is_empty() {
                 policy.default_pool.as_str()
@@ -428,7 +433,7 @@ impl Collector {
             burst_gpu_hours: burst,
             preemptions: teams.iter().map(|t| t.preemptions).sum(),
             lost_gpu_hours: teams.iter().map(|t| t.lost_gpu_hours).sum(),
-            fragmentation_blocked_jobs: self.fragmented.len(),
+            fragmentation_blocked_jobs: self.n_fragmented,
             cycles: self.cycles,
             overcommits: self.overcommits,
             teams,

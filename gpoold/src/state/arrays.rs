@@ -296,9 +296,9 @@ pub fn pending_view(id: JobId, job: &Job) -> PendingJob {
         gpus_per_node: job.spec.gpus_per_node,
         nodes: job.spec.nodes,
         gpu_types: job.spec.gpu_types.clone(),
-        pool: job.spec.pool.clone(),
-        team: job.spec.team.clone(),
-        qos: job.spec.qos.clone(),
+        pool: job.spec.pool.as_str().into(),
+        team: job.spec.team.as_str().into(),
+        qos: job.spec.qos.as_str().into(),
         submitted_at: job.submitted_at,
         time_limit_secs: job.spec.time_limit_secs,
     }
