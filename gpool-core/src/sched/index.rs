@@ -170,7 +170,9 @@ impl<'v> FreeIndex<'v> {
     fn find(&self, job: &PendingJob, policy: &Policy) -> Result<Vec<usize>, Vec<Reject>> {
         let pool_name = policy.pool(&job.pool).map(|pool| pool.name.clone());
         let Some(pool_idx) = pool_name.and_then(|name| policy.pools.iter().position(|p| p.name == name)) else {
-            return Err(vec![Reject::UnknownPool { pool: job.pool.to_string() }]);
+            return Err(vec![Reject::UnknownPool {
+                pool: job.pool.to_string(),
+            }]);
         };
         let pool_label = &policy.pools[pool_idx].name;
         let allowed = self.allowed_models(job, pool_idx, pool_label)?;

@@ -252,6 +252,9 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     // team, QoS, pool, fair share), once per class.
     let mut classes: Vec<Class> = Vec::new();
     let mut class_of: HashMap<ClassKey, u32, FastHash> = HashMap::default();
+    // Jobs come in runs of one class (a team's batch): the last one's class
+    // is tried before the table.
+    let mut last: Option<(ClassKey, u32)> = None;
     let job_class: Vec<u32> = view
         .pending
         .iter()
@@ -262,7 +265,12 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                 pool: &job.pool,
                 gpu_types: &job.gpu_types,
             };
-            *class_of.entry(key).or_insert_with(|| {
+            if let Some((last_key, class)) = &last {
+                if *last_key == key {
+                    return *class;
+                }
+            }
+            let class = *class_of.entry(key).or_insert_with(|| {
                 let qos = sharing.qos(&job.qos);
                 classes.push(Class {
                     team: teams.index(&job.team, sharing),
@@ -273,7 +281,9 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                     fair_share: fair.get(job.team.as_str()).copied().unwrap_or(1.0),
                 });
                 classes.len() as u32 - 1
-            })
+            });
+            last = Some((key, class));
+            class
         })
         .collect();
     for (name, ledger) in &view.usage {
@@ -286,7 +296,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     let max_qos = sharing.max_qos_priority();
     let max_gpus = view.pending.iter().map(PendingJob::total_gpus).max().unwrap_or(0);
     let mut priorities: Vec<(JobId, crate::policy::Priority)> = Vec::with_capacity(view.pending.len());
-    let mut order: Vec<(bool, f64, &PendingJob, &Class)> = view
+    let mut order: Vec<(u128, &PendingJob, &Class)> = view
         .pending
         .iter()
         .zip(&job_class)
@@ -306,12 +316,11 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
             priorities.push((job.id, priority));
             let TeamRow { terms, used } = &teams.rows[class.team];
             let covered = class.coverage(terms, used, job).is_some();
-            (covered, priority.total, job, class)
+            (order_key(covered, priority.total, job.id), job, class)
         })
         .collect();
-    priorities.sort_unstable_by_key(|(id, _)| *id);
     plan.priorities = priorities;
-    order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.id.cmp(&b.2.id)));
+    order.sort_unstable_by_key(|(key, _, _)| *key);
 
     let mut index = FreeIndex::build(&view.nodes, policy);
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now);
@@ -338,7 +347,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     // where GPUs are kept for QoS reserves: what a job may take of them
     // depends on what is free in its pool.
     let mut failed: HashMap<ShapeKey, Reasons, FastHash> = HashMap::default();
-    for (_, _, job, class) in order {
+    for (_, job, class) in order {
         let TeamRow { terms: team, used } = &mut teams.rows[class.team];
         let gpus = job.total_gpus();
         if let Some(max_gpus) = team.max_gpus {
@@ -519,7 +528,7 @@ struct ShapeKey {
 }
 
 /// Pending jobs alike in all but shape, size and age.
-#[derive(PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct ClassKey<'a> {
     team: &'a str,
     qos: &'a str,
@@ -568,6 +577,16 @@ impl<'a> Teams<'a> {
             self.rows.len() - 1
         })
     }
+}
+
+/// Where a job goes in the cycle's order, as one integer (sorting a queue
+/// of 100,000 compares nothing else): guaranteed jobs first, then the
+/// higher priority, then the lower id.
+fn order_key(covered: bool, priority: f64, id: JobId) -> u128 {
+    // An f64's bits, made to sort as `f64::total_cmp` does, then reversed.
+    let bits = priority.to_bits();
+    let ascending = if bits >> 63 == 1 { !bits } else { bits | 1 << 63 };
+    (u128::from(!covered) << 127) | (u128::from(!ascending) << 63) | u128::from(id.0 & (u64::MAX >> 1))
 }
 
 /// Holds the free GPUs of a reclaiming job's placement for it, so that no

@@ -15,7 +15,7 @@ pub struct Plan {
     pub pending: Vec<(JobId, Reasons)>,
     /// Running jobs to checkpoint and end, so that waiting jobs can start.
     pub preemptions: Vec<Preemption>,
-    /// Every pending job's priority and its factors, by job id.
+    /// Every pending job's priority and its factors, in the view's order.
     pub priorities: Vec<(JobId, Priority)>,
     /// The backfill reservation: the job, from when (its estimated start),
     /// on which GPUs.

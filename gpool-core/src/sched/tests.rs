@@ -273,3 +273,15 @@ fn gang_reason_counts_nodes_of_one_model() {
         "#]],
     );
 }
+
+proptest! {
+    #[test]
+    fn the_order_key_sorts_as_guaranteed_first_then_priority_then_id(
+        a in (any::<bool>(), -1e6f64..1e6, 0u64..1 << 40),
+        b in (any::<bool>(), prop_oneof![-1e6f64..1e6, Just(0.0), Just(-0.0)], 0u64..1 << 40),
+    ) {
+        let by_fields = b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2));
+        let by_key = order_key(a.0, a.1, JobId(a.2)).cmp(&order_key(b.0, b.1, JobId(b.2)));
+        prop_assert_eq!(by_key, by_fields);
+    }
+}

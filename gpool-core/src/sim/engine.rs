@@ -202,8 +202,15 @@ impl Sim<'_> {
         let plan = observer.cycle(&mut || schedule(view, policy, now));
         self.out.cycle();
         for (job, rejects) in &plan.pending {
-            if let Some(Reject::Resources { total_free, kept, .. }) = rejects.first() {
-                let gpus = self.jobs[job.0 as usize - 1].total_gpus();
+            if let Some(Reject::Resources {
+                total_free,
+                kept,
+                gpus_per_node,
+                nodes,
+                ..
+            }) = rejects.first()
+            {
+                let gpus = u64::from(*gpus_per_node) * u64::from(*nodes);
                 if total_free.saturating_sub(*kept) >= gpus {
                     self.out.fragmented(*job);
                 }
