@@ -73,7 +73,8 @@ struct Sim<'a> {
     now: Timestamp,
     view: ClusterView,
     node_index: HashMap<String, usize>,
-    attempts: HashMap<JobId, Attempt>,
+    /// Looked up for every running job at every cycle: a fast hasher.
+    attempts: HashMap<JobId, Attempt, foldhash::fast::RandomState>,
     /// Work each job has checkpointed (it resumes from there).
     done_ms: Vec<i64>,
     next_epoch: u64,
@@ -103,7 +104,7 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
             .enumerate()
             .map(|(i, node)| (node.name.clone(), i))
             .collect(),
-        attempts: HashMap::new(),
+        attempts: HashMap::default(),
         done_ms: vec![0; jobs.len()],
         next_epoch: 1,
         events: BinaryHeap::new(),

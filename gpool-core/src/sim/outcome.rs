@@ -283,6 +283,19 @@ impl Collector {
                 })
                 .collect()
         });
+        let free: Vec<u32> = view
+            .nodes
+            .iter()
+            .map(|node| match node.availability {
+                Availability::Up => node.gpus.iter().filter(|gpu| !gpu.busy).count() as u32,
+                _ => 0,
+            })
+            .collect();
+        if free.iter().all(|n| *n == 0) {
+            // Nothing free: nothing fits (the common case in a busy pool).
+            self.startable = false;
+            return;
+        }
         let mut shapes: HashSet<(&str, u32, u32), foldhash::fast::RandomState> = HashSet::default();
         for job in &view.pending {
             let pool = if job.pool.is_empty() {
@@ -292,14 +305,6 @@ impl Collector {
             };
             shapes.insert((pool, job.gpus_per_node, job.nodes));
         }
-        let free: Vec<u32> = view
-            .nodes
-            .iter()
-            .map(|node| match node.availability {
-                Availability::Up => node.gpus.iter().filter(|gpu| !gpu.busy).count() as u32,
-                _ => 0,
-            })
-            .collect();
         self.startable = shapes.into_iter().any(|(pool, per_node, nodes)| {
             pools
                 .iter()
