@@ -32,6 +32,8 @@ pub struct AgentConfig {
     /// Each attempt in a cgroup of its own (device rules, nothing left
     /// behind), where the host offers one; `false` turns that off.
     pub cgroups: bool,
+    /// `[health_check]`: run on a timer; a failure drains the node.
+    pub health_program: Option<crate::gpu::health::HealthProgram>,
 }
 
 impl AgentConfig {
@@ -102,6 +104,16 @@ struct AgentFile {
     cgroups: Option<bool>,
     cert: Option<toml::Spanned<PathBuf>>,
     key: Option<toml::Spanned<PathBuf>>,
+    health_check: Option<toml::Spanned<HealthCheckFile>>,
+}
+
+/// `[health_check]`: the operator's health program.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HealthCheckFile {
+    program: PathBuf,
+    interval: Option<String>,
+    timeout: Option<String>,
 }
 
 impl AgentConfig {
@@ -230,7 +242,41 @@ impl AgentConfig {
                 spanned.into_inner()
             }
         };
+        let health_program = match parsed.health_check {
+            None => None,
+            Some(spanned) => {
+                let offset = spanned.span().start;
+                let declared = spanned.into_inner();
+                let duration = |field: &str, given: &Option<String>, default: Duration| match given {
+                    None => Ok(default),
+                    Some(text) => humantime::parse_duration(text)
+                        .ok()
+                        .filter(|d| !d.is_zero())
+                        .ok_or_else(|| {
+                            invalid(
+                                offset,
+                                format!("health_check.{field}: {text:?} is not a duration such as 30s"),
+                            )
+                        }),
+                };
+                if !declared.program.is_absolute() {
+                    return Err(invalid(
+                        offset,
+                        format!(
+                            "health_check.program: {} is not an absolute path",
+                            declared.program.display()
+                        ),
+                    ));
+                }
+                Some(crate::gpu::health::HealthProgram {
+                    interval: duration("interval", &declared.interval, Duration::from_secs(60))?,
+                    timeout: duration("timeout", &declared.timeout, Duration::from_secs(60))?,
+                    program: declared.program,
+                })
+            }
+        };
         Ok(AgentConfig {
+            health_program,
             cgroups: parsed.cgroups.unwrap_or(true),
             container_runtime,
             ca: parsed.ca,

@@ -831,7 +831,7 @@ fn process_alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)

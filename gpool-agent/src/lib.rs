@@ -60,7 +60,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     )
     .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;
     attempts.recover();
+    let health = std::sync::Arc::new(gpu::health::Health::default());
+    if source == gpu::Source::Nvml {
+        gpu::nvml::watch_xids(health.clone());
+    }
+    let health_program = config
+        .health_program
+        .clone()
+        .map(|program| tokio::spawn(gpu::health::run_health_program(program, health.clone())));
     let info = link::NodeInfo {
+        health,
         name: config.node_name.clone(),
         sampler: gpu::Sampler::new(&gpus, source, &config.simulated_gpus),
         gpus,
@@ -71,6 +80,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let controller = gpool_proto::dial::Address::parse(&config.controller)
         .map_err(|reason| anyhow::anyhow!("controller: {reason}"))?;
     link::run(controller, tls, info, attempts, event_receiver, shutdown).await;
+    if let Some(task) = health_program {
+        task.abort();
+    }
     Ok(())
 }
 

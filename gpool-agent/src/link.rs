@@ -22,6 +22,8 @@ pub struct NodeInfo {
     pub topology: gpool_core::topology::Topology,
     pub heartbeat_interval: Duration,
     pub sampler: crate::gpu::Sampler,
+    /// Xid events, injected faults and the health program's latest run.
+    pub health: Arc<crate::gpu::health::Health>,
 }
 
 /// Keeps the link up until `shutdown` resolves. Job events that could not
@@ -150,7 +152,7 @@ async fn serve_once(
                         }
                     }
                 }
-                Some(message) => obey(message, attempts, &bulk),
+                Some(message) => obey(message, attempts, &bulk, &info.health),
                 None => return Ok(()),
             },
             Some(event) = events.recv() => {
@@ -169,8 +171,13 @@ async fn serve_once(
                     sent.pop_front();
                 }
                 sent.push_back((seq, crate::supervise::boot_ms()));
-                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(pb::Heartbeat { samples: info.sampler.samples(), seq })) };
-                control.send(message).await.map_err(|_| "link closed while sending a heartbeat")?;
+                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(info.health.heartbeat(info.sampler.samples(), seq))) };
+                if let Err(mpsc::error::SendError(unsent)) = control.send(message).await {
+                    if let Some(pb::agent_message::Msg::Heartbeat(heartbeat)) = unsent.msg {
+                        info.health.unsent(heartbeat);
+                    }
+                    return Err("link closed while sending a heartbeat".into());
+                }
             }
         }
     }
@@ -192,8 +199,14 @@ fn prioritized(
     })
 }
 
-fn obey(message: pb::ControllerMessage, attempts: &Arc<Attempts>, bulk: &mpsc::Sender<pb::AgentMessage>) {
+fn obey(
+    message: pb::ControllerMessage,
+    attempts: &Arc<Attempts>,
+    bulk: &mpsc::Sender<pb::AgentMessage>,
+    health: &crate::gpu::health::Health,
+) {
     match message.msg {
+        Some(pb::controller_message::Msg::Inject(inject)) => health.inject(&inject),
         Some(pb::controller_message::Msg::Launch(launch)) => attempts.launch(launch),
         Some(pb::controller_message::Msg::Kill(kill)) => attempts.kill(
             kill.job_id,

@@ -153,21 +153,34 @@ enum Command {
         #[arg(long, short = 's')]
         summary: bool,
     },
-    /// Stop placing new jobs on a node.
+    /// Stop placing new jobs on a node (or on one of its GPUs).
     Drain {
         /// The node's name, as `gpool nodes` lists it.
         node: String,
-        /// Why (shown in `gpool nodes`).
+        /// Only this GPU (its index): it stays out of service until `gpool
+        /// resume NODE --gpu IDX`, whatever its health.
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// Why (shown in `gpool nodes` and `gpool health`).
         #[arg(long, required = true)]
         reason: String,
-        /// Requeue the node's running jobs now instead of letting them finish.
+        /// Requeue the running jobs now instead of letting them finish.
         #[arg(long)]
         now: bool,
     },
-    /// Let a drained node take jobs again.
+    /// Let a drained node (or GPU) take jobs again.
     Resume {
         /// The node's name, as `gpool nodes` lists it.
         node: String,
+        /// Only this GPU (its index).
+        #[arg(long)]
+        gpu: Option<u32>,
+    },
+    /// GPUs and nodes out of service and why, and the health history
+    /// (faults, drains, returns, jobs' own Xids).
+    Health {
+        /// Only this node.
+        node: Option<String>,
     },
     /// Sysadmin commands.
     #[command(subcommand)]
@@ -236,6 +249,34 @@ enum AdminCommand {
     /// Nodes gpoold knows.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Make a node's agent report a GPU fault as NVML would (to test
+    /// health handling): `gpool admin inject n1 --gpu 0 --xid 79`.
+    Inject {
+        /// The node's name, as `gpool nodes` lists it.
+        node: String,
+        /// The GPU's index.
+        #[arg(long)]
+        gpu: u32,
+        /// An Xid event (79: fallen off the bus, 48: double-bit ECC, 13:
+        /// the job's own fault...).
+        #[arg(long)]
+        xid: Option<u32>,
+        /// One more uncorrectable (double-bit) ECC error.
+        #[arg(long)]
+        ecc_dbe: bool,
+        /// The temperature its readings report from now on (°C).
+        #[arg(long)]
+        temp: Option<u32>,
+        /// The GPU is gone from its node's readings.
+        #[arg(long, conflicts_with = "back")]
+        vanish: bool,
+        /// The GPU is back in its node's readings.
+        #[arg(long)]
+        back: bool,
+        /// Row remapping failed (`--remap-failure false` clears it).
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+        remap_failure: Option<bool>,
+    },
 }
 
 #[derive(clap::Subcommand)]
@@ -491,7 +532,30 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             .await
             .map(|()| 0),
         Command::Nodes { summary } => cmd::nodes::list(&ctx, summary).await.map(|()| 0),
-        Command::Drain { node, reason, now } => cmd::nodes::drain(&ctx, node, Some((reason, now))).await.map(|()| 0),
+        Command::Drain { node, gpu, reason, now } => cmd::nodes::drain(&ctx, node, gpu, Some((reason, now)))
+            .await
+            .map(|()| 0),
+        Command::Health { node } => cmd::nodes::health(&ctx, node).await.map(|()| 0),
+        Command::Admin(AdminCommand::Inject {
+            node,
+            gpu,
+            xid,
+            ecc_dbe,
+            temp,
+            vanish,
+            back,
+            remap_failure,
+        }) => {
+            let fault = gpool_proto::pb::Inject {
+                gpu,
+                xid: xid.unwrap_or(0),
+                ecc_dbe,
+                temperature_c: temp,
+                vanished: (vanish || back).then_some(vanish),
+                remap_failure,
+            };
+            cmd::nodes::inject(&ctx, node, fault).await.map(|()| 0)
+        }
         Command::Admin(AdminCommand::Node(NodeCommand::Remove { node })) => {
             cmd::nodes::remove(&ctx, node).await.map(|()| 0)
         }
@@ -533,7 +597,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Why { id } => cmd::sharing::why(&ctx, id).await.map(|()| 0),
         Command::Usage { team } => cmd::sharing::usage(&ctx, team).await.map(|()| 0),
         Command::Checkpoint { job, attempt } => cmd::checkpoint::run(&ctx, job, attempt).await.map(|()| 0),
-        Command::Resume { node } => cmd::nodes::drain(&ctx, node, None).await.map(|()| 0),
+        Command::Resume { node, gpu } => cmd::nodes::drain(&ctx, node, gpu, None).await.map(|()| 0),
     }
 }
 

@@ -644,6 +644,9 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
                 "memory_used_mib": gpu.sample.map(|s| s.memory_used_mib),
                 "temperature_c": gpu.sample.map(|s| s.temperature_c),
                 "power_w": gpu.sample.map(|s| s.power_w),
+                "out_of_service": gpu.out_of_service.as_ref().map(|out| serde_json::json!({
+                    "reason": out.reason, "since": rfc3339(out.since_ms), "by_operator": out.by_operator,
+                })),
             })
         })
         .collect();
@@ -651,11 +654,16 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "name": node.name,
         "state": node_state(node),
         "gpus_total": node.gpus.len(),
-        "gpus_free": node.gpus.iter().filter(|gpu| gpu.job_id == 0).count(),
+        "gpus_free": node.gpus.iter().filter(|gpu| is_free(gpu)).count(),
+        "gpus_out_of_service": node.gpus.iter().filter(|gpu| gpu.out_of_service.is_some()).count(),
         "gpu_model": gpu_models(node),
         "pools": node.pools,
         "labels": labels,
         "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
+        "drained_by_health": node.drained_by_health,
+        "health_check": node.health_check.as_ref().map(|check| serde_json::json!({
+            "passed": check.passed, "message": check.message, "at": rfc3339(check.at_ms),
+        })),
         "gpus": gpus,
         "links": node.links.iter().map(|l| serde_json::json!({
             "a": l.a, "b": l.b, "link": gpool_proto::convert::link_name(l.link()),
@@ -668,23 +676,135 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
         .iter()
         .map(|node| {
             let labels: Vec<String> = node.labels.iter().map(|l| format!("{}={}", l.key, l.value)).collect();
-            let n_free = node.gpus.iter().filter(|gpu| gpu.job_id == 0).count();
+            let n_free = node.gpus.iter().filter(|gpu| is_free(gpu)).count();
+            let n_out = node.gpus.iter().filter(|gpu| gpu.out_of_service.is_some()).count();
             vec![
                 node.name.clone(),
                 node_state(node).to_string(),
                 node.gpus.len().to_string(),
                 n_free.to_string(),
+                n_out.to_string(),
                 gpu_models(node),
                 node.pools.join(","),
                 labels.join(","),
-                node.drain_reason.clone(),
+                node_reasons(node),
             ]
         })
         .collect();
     print_table(
-        &["NAME", "STATE", "GPUS", "FREE", "MODEL", "POOLS", "LABELS", "REASON"],
+        &[
+            "NAME", "STATE", "GPUS", "FREE", "OUT", "MODEL", "POOLS", "LABELS", "REASON",
+        ],
         rows,
     );
+}
+
+/// Free and in service: a job may be placed on it.
+fn is_free(gpu: &pb::Gpu) -> bool {
+    gpu.job_id == 0 && gpu.out_of_service.is_none()
+}
+
+/// The node's drain reason, then each GPU out of service and why.
+fn node_reasons(node: &pb::Node) -> String {
+    let mut reasons: Vec<String> = Vec::new();
+    if !node.drain_reason.is_empty() {
+        reasons.push(node.drain_reason.clone());
+    }
+    for gpu in &node.gpus {
+        if let Some(out) = &gpu.out_of_service {
+            let pinned = if out.by_operator { ", drained" } else { "" };
+            reasons.push(format!("GPU {}{pinned}: {}", gpu.index, out.reason));
+        }
+    }
+    reasons.join("; ")
+}
+
+/// `gpool health`: GPUs and nodes out of service now, then each node's
+/// health log, oldest first.
+pub fn print_health(nodes: &[pb::Node]) {
+    let mut out_rows = Vec::new();
+    for node in nodes {
+        if node.drained_by_health {
+            out_rows.push(vec![
+                node.name.clone(),
+                "-".into(),
+                "health".into(),
+                node.drain_reason.clone(),
+            ]);
+        }
+        for gpu in &node.gpus {
+            if let Some(out) = &gpu.out_of_service {
+                let by = if out.by_operator { "operator" } else { "health" };
+                out_rows.push(vec![
+                    node.name.clone(),
+                    gpu.index.to_string(),
+                    by.into(),
+                    format!("{} (since {})", out.reason, rfc3339(out.since_ms)),
+                ]);
+            }
+        }
+    }
+    if out_rows.is_empty() {
+        outln!("every GPU is in service");
+    } else {
+        outln!("Out of service:");
+        print_table(&["NODE", "GPU", "BY", "REASON"], out_rows);
+    }
+    for node in nodes {
+        if let Some(check) = node.health_check.as_ref().filter(|check| !check.passed) {
+            outln!(
+                "{}: health program failing at {}: {}",
+                node.name,
+                rfc3339(check.at_ms),
+                check.message
+            );
+        }
+    }
+    let mut log: Vec<(&pb::HealthEvent, &str)> = nodes
+        .iter()
+        .flat_map(|node| node.health_log.iter().map(move |event| (event, node.name.as_str())))
+        .collect();
+    log.sort_by_key(|(event, _)| event.at_ms);
+    if !log.is_empty() {
+        outln!("History:");
+        let rows = log
+            .into_iter()
+            .map(|(event, node)| {
+                vec![
+                    rfc3339(event.at_ms),
+                    node.to_string(),
+                    event.gpu.map_or("-".to_string(), |gpu| gpu.to_string()),
+                    event.transition.clone(),
+                    event.reason.clone(),
+                ]
+            })
+            .collect();
+        print_table(&["TIME", "NODE", "GPU", "EVENT", "REASON"], rows);
+    }
+}
+
+pub fn health_json(nodes: &[pb::Node]) -> serde_json::Value {
+    serde_json::Value::Array(
+        nodes
+            .iter()
+            .map(|node| {
+                serde_json::json!({
+                    "node": node.name,
+                    "drained_by_health": node.drained_by_health,
+                    "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
+                    "health_check": node.health_check.as_ref().map(|check| serde_json::json!({
+                        "passed": check.passed, "message": check.message, "at": rfc3339(check.at_ms),
+                    })),
+                    "out_of_service": node.gpus.iter().filter_map(|gpu| gpu.out_of_service.as_ref().map(|out| serde_json::json!({
+                        "gpu": gpu.index, "reason": out.reason, "since": rfc3339(out.since_ms), "by_operator": out.by_operator,
+                    }))).collect::<Vec<_>>(),
+                    "log": node.health_log.iter().map(|event| serde_json::json!({
+                        "at": rfc3339(event.at_ms), "gpu": event.gpu, "event": event.transition, "reason": event.reason,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    )
 }
 
 /// One pool's line of `gpool nodes --summary`, as sinfo's.
@@ -697,7 +817,8 @@ pub struct PoolSummary {
     pub gpus_total: usize,
     pub gpus_allocated: usize,
     pub gpus_idle: usize,
-    /// GPUs of nodes that are down, drained or draining.
+    /// Free GPUs out of service, and those of nodes that are down, drained
+    /// or draining.
     pub gpus_unavailable: usize,
     /// GPUs by model.
     pub models: BTreeMap<String, usize>,
@@ -711,6 +832,12 @@ pub fn pool_summaries(nodes: &[pb::Node]) -> Vec<PoolSummary> {
         let state = node_state(node);
         let available = matches!(state, "idle" | "mixed" | "allocated");
         let n_busy = node.gpus.iter().filter(|gpu| gpu.job_id != 0).count();
+        // Free GPUs out of service count as such even on a node in service.
+        let n_out = node
+            .gpus
+            .iter()
+            .filter(|gpu| gpu.job_id == 0 && gpu.out_of_service.is_some())
+            .count();
         // A node no pool selects is counted under "(none)".
         let none = ["(none)".to_string()];
         let node_pools = if node.pools.is_empty() {
@@ -728,7 +855,8 @@ pub fn pool_summaries(nodes: &[pb::Node]) -> Vec<PoolSummary> {
             summary.gpus_total += node.gpus.len();
             summary.gpus_allocated += n_busy;
             if available {
-                summary.gpus_idle += node.gpus.len() - n_busy;
+                summary.gpus_idle += node.gpus.len() - n_busy - n_out;
+                summary.gpus_unavailable += n_out;
             } else {
                 summary.gpus_unavailable += node.gpus.len() - n_busy;
             }

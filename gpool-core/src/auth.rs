@@ -103,6 +103,8 @@ pub enum Action<'a> {
     /// The whole pool's costs against dedicated GPUs (`gpool report
     /// savings`).
     ViewPoolSavings,
+    /// Make a node's agent report a GPU fault (`gpool admin inject`).
+    InjectFault(&'a str),
 }
 
 impl fmt::Display for Action<'_> {
@@ -123,6 +125,7 @@ impl fmt::Display for Action<'_> {
             Action::ReloadPolicy => write!(f, "reload the policy"),
             Action::ManageTokens => write!(f, "manage access tokens"),
             Action::ViewPoolSavings => write!(f, "see the pool's costs and savings"),
+            Action::InjectFault(node) => write!(f, "inject a GPU fault on node {node}"),
         }
     }
 }
@@ -208,7 +211,8 @@ pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
         | Action::RemoveNode(_)
         | Action::ReloadPolicy
         | Action::ManageTokens
-        | Action::ViewPoolSavings => refused("only admins may".to_string()),
+        | Action::ViewPoolSavings
+        | Action::InjectFault(_) => refused("only admins may".to_string()),
     }
 }
 

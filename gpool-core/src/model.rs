@@ -52,6 +52,17 @@ pub struct Node {
     /// How its GPUs are connected, as its agent reported.
     #[serde(default)]
     pub topology: crate::topology::Topology,
+    /// GPUs out of service (a fault, or an operator's pin), by index: no
+    /// work is placed on them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpus_out: BTreeMap<u32, crate::health::OutOfService>,
+    /// The node itself is out of service for a fault (its health program
+    /// fails): `drain_reason` says why, and it returns by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_drain: Option<crate::health::OutOfService>,
+    /// GPU and node health transitions, newest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_log: Vec<crate::health::HealthEvent>,
 }
 
 /// A node's state as operators see it, derived from drain, liveness and load.
@@ -77,6 +88,11 @@ impl Node {
     /// New work may be placed here.
     pub fn schedulable(&self) -> bool {
         self.alive && self.drain_reason.is_none()
+    }
+
+    /// Its GPUs that take work when the node does (not out of service).
+    pub fn gpus_in_service(&self) -> impl Iterator<Item = &Gpu> {
+        self.gpus.iter().filter(|gpu| !self.gpus_out.contains_key(&gpu.index))
     }
 }
 

@@ -219,6 +219,9 @@ pub fn node(name: &str, n_gpus: u32, model: &str) -> Node {
         drain_reason: None,
         alive: true,
         topology: Default::default(),
+        gpus_out: Default::default(),
+        health_drain: None,
+        health_log: Vec::new(),
     }
 }
 

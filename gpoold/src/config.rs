@@ -100,6 +100,9 @@ pub struct Config {
     pub plaintext_from: Vec<ipnet::IpNet>,
     /// The operator allowed plaintext from other hosts.
     pub insecure_plaintext: bool,
+    /// `[health]`: when a GPU's heat is a fault, and how long a GPU or node
+    /// stays out after its last fault.
+    pub health: gpool_core::health::HealthPolicy,
 }
 
 /// Loopback, IPv4 and IPv6.
@@ -183,6 +186,16 @@ struct ConfigFile {
     qos: Vec<toml::Spanned<QosFile>>,
     #[serde(default)]
     accounting: Option<toml::Spanned<AccountingFile>>,
+    #[serde(default)]
+    health: Option<toml::Spanned<HealthFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HealthFile {
+    max_temperature_c: Option<u32>,
+    hot_for: Option<String>,
+    quiet_period: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -496,7 +509,40 @@ impl Config {
             }
             None => None,
         };
+        let health = match parsed.health {
+            None => gpool_core::health::HealthPolicy::default(),
+            Some(spanned) => {
+                let offset = spanned.span().start;
+                let declared = spanned.into_inner();
+                let defaults = gpool_core::health::HealthPolicy::default();
+                let duration_ms = |field: &str, given: &Option<String>, default: i64| match given {
+                    None => Ok(default),
+                    Some(text) => humantime::parse_duration(text)
+                        .ok()
+                        .map(|d| d.as_millis().min(i64::MAX as u128) as i64)
+                        .ok_or_else(|| {
+                            invalid(
+                                offset,
+                                format!("health.{field}: {text:?} is not a duration such as 10m"),
+                            )
+                        }),
+                };
+                let max_temperature_c = declared.max_temperature_c.unwrap_or(defaults.max_temperature_c);
+                if !(40..=150).contains(&max_temperature_c) {
+                    return Err(invalid(
+                        offset,
+                        format!("health.max_temperature_c: {max_temperature_c} is not from 40 to 150"),
+                    ));
+                }
+                gpool_core::health::HealthPolicy {
+                    max_temperature_c,
+                    hot_for_ms: duration_ms("hot_for", &declared.hot_for, defaults.hot_for_ms)?,
+                    quiet_ms: duration_ms("quiet_period", &declared.quiet_period, defaults.quiet_ms)?,
+                }
+            }
+        };
         Ok(Config {
+            health,
             listen,
             dev: false,
             policy,

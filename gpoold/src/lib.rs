@@ -339,6 +339,7 @@ fn dev_agent_configs(
                 cert: None,
                 container_runtime: "podman".into(),
                 cgroups: true,
+                health_program: None,
             }
         })
         .collect()

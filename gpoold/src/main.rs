@@ -105,6 +105,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 tls: None,
                 plaintext_from: gpoold::config::loopback_ranges(),
                 insecure_plaintext: false,
+                health: Default::default(),
             }
         }
     };

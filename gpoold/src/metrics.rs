@@ -80,7 +80,8 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
             .map(|pool| pool.name.clone())
             .collect();
         for gpu in &node.gpus {
-            let gpu_state = match (holders.contains_key(&(node.name.as_str(), gpu.index)), available) {
+            let in_service = available && !node.gpus_out.contains_key(&gpu.index);
+            let gpu_state = match (holders.contains_key(&(node.name.as_str(), gpu.index)), in_service) {
                 (true, _) => "allocated",
                 (false, true) => "idle",
                 (false, false) => "unavailable",

@@ -171,6 +171,8 @@ struct GpuCell {
     utilization_pct: Option<u32>,
     temperature_c: Option<u32>,
     power_w: Option<u32>,
+    /// Why it is out of service, when it is.
+    out_of_service: Option<String>,
 }
 
 struct NodeLine {
@@ -237,6 +239,7 @@ impl Snapshot {
                         utilization_pct: sample.map(|s| s.utilization_pct),
                         temperature_c: sample.map(|s| s.temperature_c).filter(|t| *t > 0),
                         power_w: sample.map(|s| s.power_w).filter(|p| *p > 0),
+                        out_of_service: node.gpus_out.get(&gpu.index).map(|out| out.reason.clone()),
                     }
                 })
                 .collect();
@@ -244,9 +247,13 @@ impl Snapshot {
             let node_state = node.state(busy);
             snapshot.total_gpus += gpus.len() as u64;
             snapshot.allocated_gpus += busy as u64;
-            if node_state != NodeState::Up {
-                snapshot.out_of_service_gpus += (gpus.len() - busy) as u64;
-            }
+            snapshot.out_of_service_gpus += if node_state == NodeState::Up {
+                gpus.iter()
+                    .filter(|gpu| gpu.job.is_none() && gpu.out_of_service.is_some())
+                    .count() as u64
+            } else {
+                (gpus.len() - busy) as u64
+            };
             snapshot.nodes.push(NodeLine {
                 name: node.name.clone(),
                 state: node_state,
@@ -322,10 +329,13 @@ impl Snapshot {
             for gpu in &node.gpus {
                 let class = match (gpu.job, node.state) {
                     (Some(_), _) => "gpu busy",
-                    (None, NodeState::Up) => "gpu free",
+                    (None, NodeState::Up) if gpu.out_of_service.is_none() => "gpu free",
                     (None, _) => "gpu out",
                 };
                 let mut title = format!("GPU {} ({})", gpu.index, gpu.model);
+                if let Some(reason) = &gpu.out_of_service {
+                    let _ = write!(title, ", out of service: {reason}");
+                }
                 if let Some(job) = gpu.job {
                     let _ = write!(title, ": job {job}");
                 }

@@ -106,6 +106,7 @@ pub fn gpu_to_wire(gpu: &Gpu, job_id: u64) -> pb::Gpu {
         pci_bus_id: gpu.pci_bus_id.clone(),
         job_id,
         sample: None,
+        out_of_service: None,
     }
 }
 
@@ -334,7 +335,10 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
     let gpus: Vec<pb::Gpu> = node
         .gpus
         .iter()
-        .map(|gpu| gpu_to_wire(gpu, holder(gpu.index).unwrap_or(0)))
+        .map(|gpu| pb::Gpu {
+            out_of_service: node.gpus_out.get(&gpu.index).map(out_of_service_to_wire),
+            ..gpu_to_wire(gpu, holder(gpu.index).unwrap_or(0))
+        })
         .collect();
     let n_busy = gpus.iter().filter(|gpu| gpu.job_id != 0).count();
     let state = match node.state(n_busy) {
@@ -351,6 +355,26 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
         drain_reason: node.drain_reason.clone().unwrap_or_default(),
         links: topology_to_wire(&node.topology),
         pools: Vec::new(),
+        health_log: node.health_log.iter().map(health_event_to_wire).collect(),
+        drained_by_health: node.health_drain.is_some(),
+        health_check: None,
+    }
+}
+
+pub fn out_of_service_to_wire(out: &gpool_core::health::OutOfService) -> pb::OutOfService {
+    pb::OutOfService {
+        reason: out.reason.clone(),
+        since_ms: out.since.0,
+        by_operator: out.by == gpool_core::health::TakenBy::Operator,
+    }
+}
+
+pub fn health_event_to_wire(event: &gpool_core::health::HealthEvent) -> pb::HealthEvent {
+    pb::HealthEvent {
+        at_ms: event.at.0,
+        gpu: event.gpu,
+        transition: event.transition.to_string(),
+        reason: event.reason.clone(),
     }
 }
 

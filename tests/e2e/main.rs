@@ -9,6 +9,7 @@ mod arrays;
 mod bad_input;
 mod durability;
 mod faults;
+mod health;
 mod jobs;
 mod metrics;
 mod security;

@@ -1,6 +1,7 @@
 //! GPU discovery: NVML where the driver is there, else the simulated GPUs of
 //! agent.toml. Both produce the same `Gpu` values.
 
+pub mod health;
 pub mod nvml;
 pub mod simulated;
 
@@ -110,6 +111,8 @@ impl Sampler {
                     power_w: 70 + 6 * load.utilization_pct,
                     ecc_corrected: load.ecc_corrected,
                     ecc_uncorrected: load.ecc_uncorrected,
+                    sm_clock_mhz: 1_980,
+                    ..gpool_proto::pb::GpuSample::default()
                 })
                 .collect(),
         }

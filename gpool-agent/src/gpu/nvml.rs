@@ -4,7 +4,7 @@ use super::RawDevice;
 use gpool_core::topology::{GpuLink, Link, Topology};
 use gpool_proto::pb;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::Nvml;
 
 /// Every device NVML sees, or why NVML is not usable here.
@@ -97,6 +97,7 @@ pub fn samples(nvml: &Nvml) -> Vec<pb::GpuSample> {
     (0..n_devices)
         .filter_map(|index| {
             let device = nvml.device_by_index(index).ok()?;
+            let remap = remapped_rows(nvml, &device);
             Some(pb::GpuSample {
                 index,
                 utilization_pct: device.utilization_rates().map_or(0, |u| u.gpu),
@@ -109,7 +110,85 @@ pub fn samples(nvml: &Nvml) -> Vec<pb::GpuSample> {
                 ecc_uncorrected: device
                     .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
                     .unwrap_or(0),
+                sm_clock_mhz: device.clock_info(Clock::SM).unwrap_or(0),
+                remap_failure: remap.is_some_and(|r| r.failed),
+                // Older GPUs retire pages instead of remapping rows.
+                remap_pending: remap.map_or_else(|| device.are_pages_pending_retired().unwrap_or(false), |r| r.pending),
             })
         })
         .collect()
+}
+
+/// Row remapping state (A100 and later).
+#[derive(Debug, Clone, Copy)]
+struct Remap {
+    pending: bool,
+    failed: bool,
+}
+
+/// The device's row remapping state; `None` where the driver or the GPU
+/// has no row remapping.
+fn remapped_rows(nvml: &Nvml, device: &nvml_wrapper::Device) -> Option<Remap> {
+    let lib = nvml.lib();
+    lib.nvmlDeviceGetRemappedRows.as_ref().ok()?;
+    let (mut corrected, mut uncorrected, mut pending, mut failed) = (0, 0, 0, 0);
+    // SAFETY: the symbol is loaded (checked above), the device handle is
+    // live for as long as `nvml`, and each out-pointer is a local.
+    let status = unsafe {
+        lib.nvmlDeviceGetRemappedRows(
+            device.handle(),
+            &mut corrected,
+            &mut uncorrected,
+            &mut pending,
+            &mut failed,
+        )
+    };
+    (status == 0).then_some(Remap {
+        pending: pending != 0,
+        failed: failed != 0,
+    })
+}
+
+/// Watches NVML's critical Xid events on every device, for as long as the
+/// agent runs, handing each to `health` (on a thread of its own: the wait
+/// blocks).
+pub fn watch_xids(health: std::sync::Arc<super::health::Health>) {
+    let spawned = std::thread::Builder::new().name("nvml-xid".into()).spawn(move || {
+        if let Err(err) = xid_loop(&health) {
+            tracing::warn!("cannot watch NVML's Xid events ({err}); Xids go unreported");
+        }
+    });
+    if let Err(err) = spawned {
+        tracing::warn!("cannot start the Xid watcher: {err}");
+    }
+}
+
+fn xid_loop(health: &super::health::Health) -> Result<(), nvml_wrapper::error::NvmlError> {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    use nvml_wrapper::error::NvmlError;
+    let nvml = Nvml::init()?;
+    let mut set = nvml.create_event_set()?;
+    for index in 0..nvml.device_count()? {
+        let device = nvml.device_by_index(index)?;
+        set = device
+            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+            .map_err(|err| err.error)?;
+    }
+    loop {
+        match set.wait(1_000) {
+            Ok(event) => {
+                let index = event.device.index().unwrap_or(u32::MAX);
+                if let Some(XidError::Value(xid)) = event.event_data {
+                    tracing::warn!(gpu = index, xid, "NVML reports an Xid");
+                    health.push_xid(index, u32::try_from(xid).unwrap_or(u32::MAX));
+                }
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(err) => {
+                tracing::warn!("waiting for NVML events: {err}");
+                std::thread::sleep(std::time::Duration::from_secs(5));
+            }
+        }
+    }
 }

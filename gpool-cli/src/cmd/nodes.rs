@@ -24,20 +24,76 @@ pub async fn list(ctx: &Ctx, summary: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Drains `name` when a reason is given (with its running jobs requeued at
-/// once if asked), resumes it otherwise.
-pub async fn drain(ctx: &Ctx, name: String, drain: Option<(String, bool)>) -> Result<(), CliError> {
+/// Drains `name` (or only its GPU `gpu`) when a reason is given (with its
+/// running jobs requeued at once if asked), resumes it otherwise.
+pub async fn drain(ctx: &Ctx, name: String, gpu: Option<u32>, drain: Option<(String, bool)>) -> Result<(), CliError> {
     let mut conn = ctx.connect().await?;
     let node = match drain {
-        Some((reason, now)) => conn.client.drain_node(pb::DrainNodeRequest { name, reason, now }).await,
-        None => conn.client.resume_node(pb::ResumeNodeRequest { name }).await,
+        Some((reason, now)) => {
+            conn.client
+                .drain_node(pb::DrainNodeRequest { name, reason, now, gpu })
+                .await
+        }
+        None => conn.client.resume_node(pb::ResumeNodeRequest { name, gpu }).await,
     }
     .map_err(|s| conn.refused(s))?
     .into_inner();
     if ctx.json() {
         output::print_json(&output::node_json(&node));
+    } else if let Some(gpu) = gpu.and_then(|gpu| node.gpus.iter().find(|g| g.index == gpu)) {
+        let state = if gpu.out_of_service.is_some() {
+            "out of service"
+        } else {
+            "in service"
+        };
+        outln!("{} GPU {} {state}", node.name, gpu.index);
     } else {
         outln!("{} {}", node.name, output::node_state(&node));
+    }
+    Ok(())
+}
+
+/// `gpool health [NODE]`: GPUs and nodes out of service and why, and the
+/// health history.
+pub async fn health(ctx: &Ctx, node: Option<String>) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let mut nodes = conn
+        .client
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner()
+        .nodes;
+    if let Some(name) = &node {
+        nodes.retain(|n| &n.name == name);
+        if nodes.is_empty() {
+            return Err(CliError::Usage(format!("no node {name:?} (see `gpool nodes`)")));
+        }
+    }
+    if ctx.json() {
+        output::print_json(&output::health_json(&nodes));
+    } else {
+        output::print_health(&nodes);
+    }
+    Ok(())
+}
+
+/// `gpool admin inject NODE --gpu IDX ...`: the node's agent reports the
+/// fault as NVML would (admins only).
+pub async fn inject(ctx: &Ctx, node: String, fault: pb::Inject) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let gpu = fault.gpu;
+    conn.client
+        .inject_fault(pb::InjectFaultRequest {
+            node: node.clone(),
+            fault: Some(fault),
+        })
+        .await
+        .map_err(|s| conn.refused(s))?;
+    if ctx.json() {
+        output::print_json(&serde_json::json!({ "injected": { "node": node, "gpu": gpu } }));
+    } else {
+        outln!("fault injected on {node} GPU {gpu}");
     }
     Ok(())
 }

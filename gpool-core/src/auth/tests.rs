@@ -59,6 +59,7 @@ fn only_admins_run_the_pool() {
         Action::ResumeNode("n1"),
         Action::ReloadPolicy,
         Action::ManageTokens,
+        Action::InjectFault("n1"),
     ] {
         assert!(authorize(&admin("root"), &action).is_ok());
         let err = authorize(&lead("carol", "nlp"), &action).unwrap_err();
@@ -253,7 +254,7 @@ proptest! {
     #[test]
     fn nobody_but_an_admin_runs_the_pool(user in "[a-z]{1,8}", teams in proptest::collection::vec("[a-z]{1,4}", 0..3)) {
         let caller = Caller { user, admin: false, led_teams: teams };
-        for action in [Action::DrainNode("n"), Action::ResumeNode("n"), Action::ReloadPolicy, Action::ManageTokens] {
+        for action in [Action::DrainNode("n"), Action::ResumeNode("n"), Action::ReloadPolicy, Action::ManageTokens, Action::InjectFault("n")] {
             prop_assert!(authorize(&caller, &action).is_err());
         }
     }

@@ -179,8 +179,7 @@ impl NodeView {
             labels: node.labels.clone(),
             availability,
             gpus: node
-                .gpus
-                .iter()
+                .gpus_in_service()
                 .map(|gpu| GpuView {
                     index: gpu.index,
                     model: gpu.model.clone(),

@@ -91,6 +91,9 @@ impl AgentLink for AgentLinkService {
                         conn_id,
                         samples: heartbeat.samples,
                         seq: heartbeat.seq,
+                        // An Xid storm is cut short (the agent caps it too).
+                        xids: heartbeat.xids.into_iter().take(256).collect(),
+                        health_check: heartbeat.health_check,
                     },
                     Some(pb::agent_message::Msg::JobEvent(event)) => match event_from_wire(event) {
                         Some(event) => Command::AgentJobEvent {
@@ -203,6 +206,9 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
         drain_reason: None,
         alive: true,
         topology: topology_from_wire(&register.links),
+        gpus_out: Default::default(),
+        health_drain: None,
+        health_log: Vec::new(),
     };
     let running = register
         .running

@@ -622,6 +622,18 @@ impl Pool for PoolService {
         Ok(Response::new(token_info(&result?)))
     }
 
+    async fn inject_fault(
+        &self,
+        request: Request<pb::InjectFaultRequest>,
+    ) -> Result<Response<pb::InjectFaultResponse>, Status> {
+        let who = identity(&request)?;
+        let pb::InjectFaultRequest { node, fault } = request.into_inner();
+        let object = format!("node {node}");
+        let result = self.inject(&who.caller, node, fault).await;
+        self.audit(&who, "inject", &object, true, &result);
+        result.map(|()| Response::new(pb::InjectFaultResponse {}))
+    }
+
     type WatchJobsStream = JobStream;
 
     async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<JobStream>, Status> {
@@ -689,7 +701,7 @@ impl Pool for PoolService {
     async fn drain_node(&self, request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let who = identity(&request)?;
         let caller = who.caller.clone();
-        let pb::DrainNodeRequest { name, reason, now } = request.into_inner();
+        let pb::DrainNodeRequest { name, reason, now, gpu } = request.into_inner();
         if reason.trim().is_empty() {
             return Err(Error::InvalidRequest {
                 field: "reason",
@@ -697,7 +709,10 @@ impl Pool for PoolService {
             }
             .into());
         }
-        let object = format!("node {name}");
+        let object = match gpu {
+            Some(gpu) => format!("node {name} GPU {gpu}"),
+            None => format!("node {name}"),
+        };
         let result = self
             .state
             .call(|reply| Command::Drain {
@@ -705,6 +720,7 @@ impl Pool for PoolService {
                 node: name,
                 reason,
                 at_once: now,
+                gpu,
                 reply,
             })
             .await
@@ -738,13 +754,17 @@ impl Pool for PoolService {
     async fn resume_node(&self, request: Request<pb::ResumeNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let who = identity(&request)?;
         let caller = who.caller.clone();
-        let name = request.into_inner().name;
-        let object = format!("node {name}");
+        let pb::ResumeNodeRequest { name, gpu } = request.into_inner();
+        let object = match gpu {
+            Some(gpu) => format!("node {name} GPU {gpu}"),
+            None => format!("node {name}"),
+        };
         let result = self
             .state
             .call(|reply| Command::Resume {
                 caller,
                 node: name,
+                gpu,
                 reply,
             })
             .await
@@ -756,6 +776,37 @@ impl Pool for PoolService {
 }
 
 impl PoolService {
+    /// Hands `fault` to `node`'s agent, which reports it as NVML would.
+    async fn inject(&self, caller: &Caller, node: String, fault: Option<pb::Inject>) -> Result<(), Status> {
+        authorize(caller, &Action::InjectFault(&node)).map_err(Error::from)?;
+        let fault = fault.ok_or_else(|| Error::InvalidRequest {
+            field: "fault",
+            reason: "say which fault to inject".into(),
+        })?;
+        {
+            let state = self
+                .state
+                .shared
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let known = state.nodes.get(&node).ok_or_else(|| Error::UnknownNode(node.clone()))?;
+            if !known.gpus.iter().any(|gpu| gpu.index == fault.gpu) {
+                return Err(Error::InvalidRequest {
+                    field: "gpu",
+                    reason: format!("node {node} has no GPU {}", fault.gpu),
+                }
+                .into());
+            }
+        }
+        let message = pb::ControllerMessage {
+            msg: Some(pb::controller_message::Msg::Inject(fault)),
+        };
+        self.state
+            .call(|reply| Command::ToAgent { node, message, reply })
+            .await
+            .map_err(Status::from)
+    }
+
     /// Re-reads gpoold.toml and the certificate revocation list.
     async fn reload(&self, caller: &Caller) -> Result<String, Status> {
         let Some(path) = self.config_path.clone() else {
@@ -868,6 +919,7 @@ fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a Node>) -> Ve
             let mut wire = node_to_wire(node, |gpu_idx| {
                 holders.get(&(node.name.as_str(), gpu_idx)).map(|id| id.0)
             });
+            wire.health_check = state.health_checks.get(&node.name).cloned();
             let samples = state.gpu_samples.get(&node.name).map_or(&[][..], Vec::as_slice);
             for gpu in &mut wire.gpus {
                 gpu.sample = samples.iter().find(|sample| sample.index == gpu.index).copied();

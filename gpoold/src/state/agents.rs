@@ -127,13 +127,14 @@ impl State {
     /// Its nodes take work and its GPUs are free.
     fn still_free(&self, start: &Start, busy: &HashSet<(String, u32)>) -> bool {
         start.placement.iter().all(|part| {
-            let node_ok = self.nodes.get(&part.node).is_some_and(Node::schedulable);
-            node_ok
-                && self.links.contains_key(&part.node)
+            let Some(node) = self.nodes.get(&part.node).filter(|node| node.schedulable()) else {
+                return false;
+            };
+            self.links.contains_key(&part.node)
                 && part
                     .gpu_indices
                     .iter()
-                    .all(|gpu| !busy.contains(&(part.node.clone(), *gpu)))
+                    .all(|gpu| !busy.contains(&(part.node.clone(), *gpu)) && !node.gpus_out.contains_key(gpu))
         })
     }
 
@@ -218,6 +219,16 @@ impl State {
         let name = node.name.clone();
         if let Some(known) = self.nodes.get(&name) {
             node.drain_reason = known.drain_reason.clone();
+            node.health_drain = known.health_drain.clone();
+            node.health_log = known.health_log.clone();
+            // GPUs still there stay out of service; a GPU gone from the
+            // inventory is forgotten (its readings are missing anyway).
+            node.gpus_out = known
+                .gpus_out
+                .iter()
+                .filter(|(index, _)| node.gpus.iter().any(|gpu| gpu.index == **index))
+                .map(|(index, out)| (*index, out.clone()))
+                .collect();
         }
         node.alive = true;
         self.nodes.insert(name.clone(), node);

@@ -8,6 +8,7 @@
 mod access;
 mod agents;
 mod arrays;
+mod health;
 mod sharing;
 pub mod store;
 mod update;
@@ -112,6 +113,12 @@ pub struct State {
     /// The running jobs with GPUs on each node (what a heartbeat's samples
     /// are about).
     running_on: HashMap<String, std::collections::BTreeSet<JobId>>,
+    /// When a GPU's readings are a fault, and how long it stays out.
+    health_policy: gpool_core::health::HealthPolicy,
+    /// What each GPU's earlier readings were; not durable.
+    gpu_watch: HashMap<(String, u32), gpool_core::health::GpuWatch>,
+    /// Each node's latest health program run; not durable.
+    pub health_checks: HashMap<String, pb::HealthCheck>,
 }
 
 /// A GPU that has lagged behind its job's others for `straggler_after`.
@@ -166,11 +173,14 @@ pub enum Command {
         reason: String,
         /// Requeue its running jobs now instead of letting them finish.
         at_once: bool,
+        /// Only this GPU of the node.
+        gpu: Option<u32>,
         reply: Reply<Node>,
     },
     Resume {
         caller: Caller,
         node: String,
+        gpu: Option<u32>,
         reply: Reply<Node>,
     },
     /// Forgets a node that runs nothing.
@@ -238,6 +248,8 @@ pub enum Command {
         samples: Vec<pb::GpuSample>,
         /// Answered with a Lease of the same number.
         seq: u64,
+        xids: Vec<pb::XidEvent>,
+        health_check: Option<pb::HealthCheck>,
     },
     AgentJobEvent {
         node: String,
@@ -395,6 +407,9 @@ impl State {
             lagging_since: HashMap::new(),
             stragglers: HashMap::new(),
             straggler_after: config.straggler_after,
+            health_policy: config.health.clone(),
+            gpu_watch: HashMap::new(),
+            health_checks: HashMap::new(),
             running_on: HashMap::new(),
         };
         let mut jobs = std::mem::take(&mut state.jobs);
@@ -662,6 +677,11 @@ impl State {
             .nodes
             .get_mut(name)
             .ok_or_else(|| Error::UnknownNode(name.to_string()))?;
+        if reason.is_none() {
+            // A resume also ends a drain by the node's health program (it
+            // drains again if the program still fails).
+            node.health_drain = None;
+        }
         node.drain_reason = reason;
         Ok((node.clone(), vec![Write::Node(name.to_string())]))
     }
@@ -728,6 +748,7 @@ impl State {
         self.policy = config.policy;
         self.admins = config.admins;
         self.keep_ended_jobs = config.keep_ended_jobs;
+        self.health_policy = config.health.clone();
         self.accounting = config.accounting;
         self.restore_preempt_deadlines();
         Ok(summary)
@@ -1203,6 +1224,18 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             node,
             reason,
             at_once,
+            gpu: Some(gpu),
+            reply,
+        } => match state.set_gpu_drain(&caller, &node, gpu, Some((reason, at_once)), now, out) {
+            Ok(node) => out.replies.push(deferred(reply, node)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Drain {
+            caller,
+            node,
+            reason,
+            at_once,
+            gpu: None,
             reply,
         } => {
             let drained = state.set_drain(&caller, &node, Some(reason));
@@ -1215,7 +1248,21 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             Ok(()) => out.replies.push(deferred(reply, node)),
             Err(err) => drop(reply.send(Err(err))),
         },
-        Command::Resume { caller, node, reply } => node_reply(state.set_drain(&caller, &node, None), reply, out),
+        Command::Resume {
+            caller,
+            node,
+            gpu: Some(gpu),
+            reply,
+        } => match state.set_gpu_drain(&caller, &node, gpu, None, now, out) {
+            Ok(node) => out.replies.push(deferred(reply, node)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Resume {
+            caller,
+            node,
+            gpu: None,
+            reply,
+        } => node_reply(state.set_drain(&caller, &node, None), reply, out),
         Command::Planned {
             reasons,
             hints,
@@ -1278,10 +1325,13 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             conn_id,
             samples,
             seq,
+            xids,
+            health_check,
         } => {
             if state.is_current_link(&node, conn_id) {
                 state.heartbeat(&node, conn_id);
                 state.grant_lease(&node, seq);
+                state.assess_health(&node, &samples, &xids, health_check, now, out);
                 state.count_gpu_use(&node, &samples);
                 state.gpu_samples.insert(node.clone(), samples);
                 state.find_stragglers(&node, now, out);

@@ -1,0 +1,217 @@
+use super::*;
+use proptest::prelude::*;
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp(secs * 1000)
+}
+
+fn reading(temperature_c: u32, ecc_uncorrected: u64, xids: &[u32]) -> GpuReading {
+    GpuReading {
+        temperature_c,
+        ecc_uncorrected,
+        xids: xids.to_vec(),
+        ..GpuReading::default()
+    }
+}
+
+/// Feeds `readings` (one per 2 s heartbeat) to a new watch; what each said.
+fn replay(readings: &[Option<GpuReading>]) -> Vec<Assessment> {
+    let policy = HealthPolicy::default();
+    let mut watch = GpuWatch::default();
+    readings
+        .iter()
+        .enumerate()
+        .map(|(i, r)| watch.assess(r.as_ref(), &policy, at(2 * i as i64)))
+        .collect()
+}
+
+#[test]
+fn the_catalogue_buckets_the_xids_the_pool_acts_on() {
+    for xid in [13, 31, 43, 45] {
+        assert_eq!(classify_xid(xid).0, XidClass::Application, "Xid {xid}");
+    }
+    for xid in [48, 63, 64, 74, 79, 92, 94, 95] {
+        assert_eq!(classify_xid(xid).0, XidClass::Hardware, "Xid {xid}");
+    }
+    for xid in [61, 62, 119, 120] {
+        assert_eq!(classify_xid(xid).0, XidClass::ResetRequired, "Xid {xid}");
+    }
+    assert_eq!(classify_xid(999).0, XidClass::Informational);
+}
+
+#[test]
+fn a_hardware_xid_is_a_fault_and_an_application_xid_is_the_jobs() {
+    // Recorded: a quiet GPU, then Xid 79 while a job ran, then a job's
+    // own Xid 13 on another heartbeat.
+    let said = replay(&[
+        Some(reading(41, 0, &[])),
+        Some(reading(42, 0, &[79])),
+        Some(reading(42, 0, &[13])),
+        Some(reading(40, 0, &[999])),
+    ]);
+    assert!(said[0].faults.is_empty());
+    assert_eq!(said[1].faults, vec!["Xid 79 (GPU has fallen off the bus)".to_string()]);
+    assert!(said[2].faults.is_empty());
+    assert_eq!(
+        said[2].job_faults,
+        vec!["Xid 13 (graphics engine exception)".to_string()]
+    );
+    assert!(said[3].faults.is_empty() && said[3].notes.len() == 1);
+}
+
+#[test]
+fn only_new_uncorrectable_ecc_errors_are_a_fault() {
+    // The volatile count stays up after a double-bit error until a reset:
+    // the first reading is the baseline, a rise is a fault, a steady count
+    // is quiet again.
+    let said = replay(&[
+        Some(reading(40, 2, &[])),
+        Some(reading(40, 2, &[])),
+        Some(reading(40, 3, &[48])),
+        Some(reading(40, 3, &[])),
+    ]);
+    assert!(said[0].faults.is_empty() && said[1].faults.is_empty());
+    assert_eq!(said[2].faults.len(), 2, "{:?}", said[2].faults);
+    assert!(said[2].faults[1].contains("1 new uncorrectable ECC errors"));
+    assert!(said[3].faults.is_empty());
+}
+
+#[test]
+fn a_row_remap_failure_lasts_as_long_as_it_is_reported() {
+    let failed = GpuReading {
+        remap_failure: true,
+        ..reading(40, 0, &[64])
+    };
+    let pending = GpuReading {
+        remap_pending: true,
+        ..reading(40, 0, &[])
+    };
+    let still_failed = GpuReading {
+        xids: Vec::new(),
+        ..failed.clone()
+    };
+    let said = replay(&[
+        Some(failed),
+        Some(still_failed),
+        Some(pending),
+        Some(reading(40, 0, &[])),
+    ]);
+    assert_eq!(said[0].faults.len(), 2);
+    assert_eq!(said[1].faults, vec!["row remapping failed".to_string()]);
+    assert_eq!(said[2].faults, vec!["row remap pending a GPU reset".to_string()]);
+    assert!(said[3].faults.is_empty());
+}
+
+#[test]
+fn only_sustained_heat_is_a_fault() {
+    let policy = HealthPolicy {
+        hot_for_ms: 5_000,
+        ..HealthPolicy::default()
+    };
+    let mut watch = GpuWatch::default();
+    // A spike that cools is nothing.
+    assert!(watch
+        .assess(Some(&reading(95, 0, &[])), &policy, at(0))
+        .faults
+        .is_empty());
+    assert!(watch
+        .assess(Some(&reading(60, 0, &[])), &policy, at(2))
+        .faults
+        .is_empty());
+    // Hot from 4 s on: a fault at 9 s, not at 8.
+    assert!(watch
+        .assess(Some(&reading(95, 0, &[])), &policy, at(4))
+        .faults
+        .is_empty());
+    assert!(watch
+        .assess(Some(&reading(92, 0, &[])), &policy, at(8))
+        .faults
+        .is_empty());
+    let hot = watch.assess(Some(&reading(91, 0, &[])), &policy, at(9));
+    assert_eq!(hot.faults, vec!["91 °C, at or above 90 °C for 5 s".to_string()]);
+}
+
+#[test]
+fn a_gpu_missing_from_the_readings_is_a_fault() {
+    let said = replay(&[Some(reading(40, 0, &[])), None]);
+    assert!(said[1].faults[0].starts_with("missing from its node's readings"));
+}
+
+fn out(by: TakenBy, last_fault_secs: i64) -> OutOfService {
+    OutOfService {
+        reason: "Xid 79 (GPU has fallen off the bus)".into(),
+        since: at(0),
+        by,
+        last_fault_at: at(last_fault_secs),
+    }
+}
+
+#[test]
+fn a_gpu_returns_after_the_quiet_period_and_a_passing_probe() {
+    let policy = HealthPolicy {
+        quiet_ms: 60_000,
+        ..HealthPolicy::default()
+    };
+    let fault = vec!["Xid 79 (GPU has fallen off the bus)".to_string()];
+    assert_eq!(decide(None, &[], true, &policy, at(0)), Change::Keep);
+    assert_eq!(
+        decide(None, &fault, true, &policy, at(0)),
+        Change::TakeOut(fault[0].clone())
+    );
+    let health = out(TakenBy::Health, 10);
+    assert_eq!(
+        decide(Some(&health), &fault, true, &policy, at(20)),
+        Change::StillFaulty
+    );
+    assert_eq!(decide(Some(&health), &[], true, &policy, at(69)), Change::Keep);
+    assert_eq!(decide(Some(&health), &[], false, &policy, at(70)), Change::Keep);
+    assert_eq!(decide(Some(&health), &[], true, &policy, at(70)), Change::Return);
+}
+
+#[test]
+fn an_operator_pin_never_returns_by_itself() {
+    let policy = HealthPolicy::default();
+    let pinned = out(TakenBy::Operator, 0);
+    assert_eq!(decide(Some(&pinned), &[], true, &policy, at(1_000_000)), Change::Keep);
+    assert_eq!(
+        decide(Some(&pinned), &["Xid 48".to_string()], true, &policy, at(5)),
+        Change::Keep
+    );
+}
+
+#[test]
+fn the_log_keeps_the_newest_entries() {
+    let mut log = Vec::new();
+    for i in 0..(MAX_HEALTH_EVENTS as i64 + 5) {
+        record(
+            &mut log,
+            HealthEvent {
+                at: at(i),
+                gpu: Some(0),
+                transition: Transition::Note,
+                reason: String::new(),
+            },
+        );
+    }
+    assert_eq!(log.len(), MAX_HEALTH_EVENTS);
+    assert_eq!(log[0].at, at(5));
+}
+
+proptest! {
+    /// A watch never reports a fault on a reading with no Xid, a steady
+    /// ECC count, no remap flag and a cool GPU, whatever came before.
+    #[test]
+    fn quiet_readings_are_never_a_fault(
+        history in proptest::collection::vec((0u32..120, 0u64..4, proptest::collection::vec(0u32..160, 0..3)), 0..20),
+    ) {
+        let policy = HealthPolicy::default();
+        let mut watch = GpuWatch::default();
+        let mut ecc = 0;
+        for (i, (temperature_c, ecc_step, xids)) in history.iter().enumerate() {
+            ecc += ecc_step;
+            watch.assess(Some(&reading(*temperature_c, ecc, xids)), &policy, at(2 * i as i64));
+        }
+        let quiet = watch.assess(Some(&reading(40, ecc, &[])), &policy, at(1_000));
+        prop_assert!(quiet.faults.is_empty(), "{:?}", quiet.faults);
+    }
+}
