@@ -423,6 +423,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
                     index: g,
                     model: GpuModel::new(models[i % 3]),
                     busy: i % 10 != 0,
+                    memory_mib: 81_559,
                 })
                 .collect(),
             topology: Default::default(),
@@ -467,6 +468,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             qos: ["normal", "high", "low"][i % 3].into(),
             submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
             time_limit_secs: Some(600 * (1 + i as u64 % 12)),
+            requires: None,
         })
         .collect();
     let usage = (0..n_teams)

@@ -75,6 +75,12 @@ pub struct JobJson<'a> {
     array: Option<ArrayJson<'a>>,
     stdout_path: Option<&'a str>,
     stderr_path: Option<&'a str>,
+    /// Its requirements: null / "any" / empty where it has none.
+    min_gpu_memory_mib: Option<u64>,
+    nvlink: &'a str,
+    constraint: BTreeMap<&'a str, &'a str>,
+    nodelist: &'a [String],
+    exclude: &'a [String],
     /// From its nodes' samples while it ran, or null before any.
     gpu_use: Option<GpuUseJson>,
     /// GPUs lagging far behind the job's others.
@@ -200,6 +206,19 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         }),
         stdout_path: (!spec.stdout_path.is_empty()).then_some(spec.stdout_path.as_str()),
         stderr_path: (!spec.stderr_path.is_empty()).then_some(spec.stderr_path.as_str()),
+        min_gpu_memory_mib: (spec.min_gpu_memory_mib != 0).then_some(spec.min_gpu_memory_mib),
+        nvlink: if spec.nvlink.is_empty() {
+            "any"
+        } else {
+            spec.nvlink.as_str()
+        },
+        constraint: spec
+            .constraints
+            .iter()
+            .map(|l| (l.key.as_str(), l.value.as_str()))
+            .collect(),
+        nodelist: &spec.nodelist,
+        exclude: &spec.exclude,
         gpu_use: job.gpu_use.as_ref().map(|used| GpuUseJson {
             samples: used.samples,
             mean_utilization_pct: (used.mean_utilization_pct * 10.0).round() / 10.0,
@@ -500,6 +519,10 @@ pub fn print_job_details(job: &pb::Job) {
     if job.array_task_index.is_some() {
         lines.push(("job id", job.id.to_string()));
     }
+    let requires = requirement_words(spec);
+    if !requires.is_empty() {
+        lines.push(("requires", requires.join("; ")));
+    }
     if let Some(info) = &job.array {
         lines.push((
             "array",
@@ -697,6 +720,32 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
         ],
         rows,
     );
+}
+
+/// A job's requirements on nodes and GPUs, in words (none: empty).
+fn requirement_words(spec: &pb::JobSpec) -> Vec<String> {
+    let mut words = Vec::new();
+    if spec.min_gpu_memory_mib != 0 {
+        words.push(format!("GPUs of at least {} MiB", spec.min_gpu_memory_mib));
+    }
+    if !spec.nvlink.is_empty() && spec.nvlink != "any" {
+        words.push(format!("NVLink {}", spec.nvlink));
+    }
+    if !spec.constraints.is_empty() {
+        let pairs: Vec<String> = spec
+            .constraints
+            .iter()
+            .map(|l| format!("{}={}", l.key, l.value))
+            .collect();
+        words.push(format!("labels {}", pairs.join(",")));
+    }
+    if !spec.nodelist.is_empty() {
+        words.push(format!("only on {}", spec.nodelist.join(",")));
+    }
+    if !spec.exclude.is_empty() {
+        words.push(format!("not on {}", spec.exclude.join(",")));
+    }
+    words
 }
 
 /// Free and in service: a job may be placed on it.

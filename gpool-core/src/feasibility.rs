@@ -35,6 +35,90 @@ pub enum Infeasible {
         nodes: u32,
         largest: String,
     },
+    #[error("{field}: no node is named {name} (known: {known})")]
+    UnknownNode {
+        field: &'static str,
+        name: String,
+        known: String,
+    },
+    #[error("{field}: no node of pool {pool:?} {what}")]
+    NoNodeAllowed {
+        field: &'static str,
+        pool: String,
+        what: String,
+    },
+    #[error(
+        "min_gpu_memory: no GPU of an acceptable model in pool {pool:?} has {wanted_mib} MiB; the largest has {largest_mib} MiB"
+    )]
+    TooLittleMemory {
+        pool: String,
+        wanted_mib: u64,
+        largest_mib: u64,
+    },
+    #[error("nvlink: no node of pool {pool:?} has {gpus_per_node} GPUs all joined by NVLink; the most is {largest}")]
+    NoNvlinkSet {
+        pool: String,
+        gpus_per_node: u32,
+        largest: u32,
+    },
+}
+
+/// The job's node requirements against the known nodes: names it gives
+/// exist, some node of the pool passes them all.
+fn check_node_requirements(spec: &JobSpec, pool: &crate::model::PoolDef, nodes: &[Node]) -> Result<(), Infeasible> {
+    let requires = &spec.requires;
+    for (field, names) in [("nodelist", &requires.nodelist), ("exclude", &requires.exclude)] {
+        if let Some(name) = names.iter().find(|name| !nodes.iter().any(|node| &node.name == *name)) {
+            let mut known: Vec<&str> = nodes.iter().map(|node| node.name.as_str()).collect();
+            known.truncate(20);
+            return Err(Infeasible::UnknownNode {
+                field,
+                name: name.clone(),
+                known: known.join(", "),
+            });
+        }
+    }
+    let in_pool: Vec<&Node> = nodes.iter().filter(|node| pool.selects(&node.labels)).collect();
+    if !requires.constraints.is_empty()
+        && !in_pool
+            .iter()
+            .any(|node| requires.constraints.iter().all(|(k, v)| node.labels.get(k) == Some(v)))
+    {
+        let wanted: Vec<String> = requires.constraints.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        return Err(Infeasible::NoNodeAllowed {
+            field: "constraint",
+            pool: pool.name.clone(),
+            what: format!("has the labels {}", wanted.join(",")),
+        });
+    }
+    if !in_pool
+        .iter()
+        .any(|node| requires.allows_node(&node.name, &node.labels))
+    {
+        let field = if requires.nodelist.is_empty() {
+            "exclude"
+        } else {
+            "nodelist"
+        };
+        return Err(Infeasible::NoNodeAllowed {
+            field,
+            pool: pool.name.clone(),
+            what: "is left by nodelist, exclude and constraint together".into(),
+        });
+    }
+    Ok(())
+}
+
+/// How many of `gpus` (one model, on one node) the job could get: all of
+/// them, or with NVLink required the largest set all joined by NVLink.
+fn usable_count(spec: &JobSpec, node: &Node, gpus: &[u32]) -> u32 {
+    if spec.requires.nvlink != crate::model::NvlinkNeed::Required {
+        return gpus.len() as u32;
+    }
+    (1..=gpus.len())
+        .rev()
+        .find(|k| node.topology.worst_link(&node.topology.choose(gpus, *k)) == crate::topology::Link::Nvlink)
+        .unwrap_or(0) as u32
 }
 
 /// `Ok` when some known nodes of the pool could run the job (now or once
@@ -48,21 +132,50 @@ pub fn check_feasible(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result
             known: known.join(", "),
         });
     };
-    // For every model: how many GPUs of it each node of the pool has.
-    let mut per_node_counts: BTreeMap<&GpuModel, Vec<u32>> = BTreeMap::new();
-    let mut n_pool_nodes = 0;
-    for node in nodes.iter().filter(|node| pool.selects(&node.labels)) {
-        n_pool_nodes += 1;
-        let mut counts: BTreeMap<&GpuModel, u32> = BTreeMap::new();
-        for gpu in &node.gpus {
-            *counts.entry(&gpu.model).or_default() += 1;
-        }
-        for (model, count) in counts {
-            per_node_counts.entry(model).or_default().push(count);
+    if !nodes.iter().any(|node| pool.selects(&node.labels)) {
+        return Ok(());
+    }
+    check_node_requirements(spec, pool, nodes)?;
+    let acceptable_model = |model: &GpuModel| spec.gpu_types.is_empty() || spec.gpu_types.contains(model);
+    if spec.requires.min_gpu_memory_mib > 0 {
+        let largest_mib = nodes
+            .iter()
+            .filter(|node| pool.selects(&node.labels) && spec.requires.allows_node(&node.name, &node.labels))
+            .flat_map(|node| &node.gpus)
+            .filter(|gpu| acceptable_model(&gpu.model))
+            .map(|gpu| gpu.memory_mib)
+            .max();
+        if let Some(largest_mib) = largest_mib.filter(|largest| !spec.requires.allows_memory(*largest)) {
+            return Err(Infeasible::TooLittleMemory {
+                pool: pool.name.clone(),
+                wanted_mib: spec.requires.min_gpu_memory_mib,
+                largest_mib,
+            });
         }
     }
-    if n_pool_nodes == 0 {
-        return Ok(());
+    // For every model: how many GPUs of it each allowed node of the pool
+    // could give the job.
+    let mut per_node_counts: BTreeMap<&GpuModel, Vec<u32>> = BTreeMap::new();
+    let mut n_without_nvlink = 0;
+    for node in nodes
+        .iter()
+        .filter(|node| pool.selects(&node.labels) && spec.requires.allows_node(&node.name, &node.labels))
+    {
+        let mut by_model: BTreeMap<&GpuModel, Vec<u32>> = BTreeMap::new();
+        for gpu in node
+            .gpus
+            .iter()
+            .filter(|gpu| spec.requires.allows_memory(gpu.memory_mib))
+        {
+            by_model.entry(&gpu.model).or_default().push(gpu.index);
+        }
+        for (model, gpus) in by_model {
+            let count = usable_count(spec, node, &gpus);
+            if acceptable_model(model) {
+                n_without_nvlink = n_without_nvlink.max(gpus.len() as u32);
+            }
+            per_node_counts.entry(model).or_default().push(count);
+        }
     }
     let acceptable: Vec<(&GpuModel, Vec<u32>)> = per_node_counts
         .into_iter()
@@ -86,6 +199,13 @@ pub fn check_feasible(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result
     else {
         return Ok(());
     };
+    if counts[0] < spec.gpus_per_node && n_without_nvlink >= spec.gpus_per_node {
+        return Err(Infeasible::NoNvlinkSet {
+            pool: pool.name.clone(),
+            gpus_per_node: spec.gpus_per_node,
+            largest: counts[0],
+        });
+    }
     if counts[0] < spec.gpus_per_node {
         return Err(Infeasible::TooManyGpus {
             pool: pool.name.clone(),

@@ -1,7 +1,7 @@
 //! Job specs as users write them (CLI flags, `[[job]]` tables in TOML files)
 //! and their validation. Every rejection names the field and the reason.
 
-use crate::model::{GpuModel, JobSpec};
+use crate::model::{GpuModel, JobSpec, NvlinkNeed, Requirements};
 use crate::toml_text::line_of;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -120,6 +120,18 @@ pub struct JobSpecInput {
     /// rank, `%u` user, `%x` job name.
     pub stdout: Option<String>,
     pub stderr: Option<String>,
+    /// Each GPU has at least this much memory: `40G`, `80G` (decimal units,
+    /// as GPU makers count: `80G` takes an 80 GB H100).
+    pub min_gpu_memory: Option<String>,
+    /// `required`: only GPUs all joined by NVLink; `preferred`: those first;
+    /// `any` (default).
+    pub nvlink: Option<String>,
+    /// Node labels that must all match: `key=value[,key=value]`.
+    pub constraint: Option<OneOrMany>,
+    /// Only these nodes (`n1,n2`).
+    pub nodelist: Option<OneOrMany>,
+    /// Never these nodes.
+    pub exclude: Option<OneOrMany>,
 }
 
 #[derive(Deserialize)]
@@ -204,6 +216,19 @@ impl JobSpecInput {
             },
             stdout_path: self.stdout.unwrap_or_default(),
             stderr_path: self.stderr.unwrap_or_default(),
+            requires: Requirements {
+                min_gpu_memory_mib: match self.min_gpu_memory.as_deref() {
+                    Some(text) => parse_gpu_memory(text).map_err(|reason| spec_error("min_gpu_memory", reason))?,
+                    None => 0,
+                },
+                nvlink: match self.nvlink.as_deref() {
+                    Some(text) => NvlinkNeed::parse(text.trim()).map_err(|reason| spec_error("nvlink", reason))?,
+                    None => NvlinkNeed::Any,
+                },
+                constraints: parse_constraints(&names(self.constraint))?,
+                nodelist: names(self.nodelist),
+                exclude: names(self.exclude),
+            },
         };
         spec.validate()?;
         Ok(spec)
@@ -212,6 +237,59 @@ impl JobSpecInput {
 
 /// `h100,a100-80gb` into models; empty items are dropped (and then refused
 /// by validation if nothing is left).
+/// A list given as one comma-separated string or as an array.
+fn names(list: Option<OneOrMany>) -> Vec<String> {
+    let items = match list {
+        None => Vec::new(),
+        Some(OneOrMany::One(one)) => vec![one],
+        Some(OneOrMany::Many(many)) => many,
+    };
+    items
+        .iter()
+        .flat_map(|item| item.split(','))
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn parse_constraints(pairs: &[String]) -> Result<BTreeMap<String, String>, SpecError> {
+    pairs
+        .iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_string(), value.trim().to_string())),
+            _ => Err(spec_error(
+                "constraint",
+                format!("{pair:?} is not key=value (a node label)"),
+            )),
+        })
+        .collect()
+}
+
+/// GPU memory in MiB from `40G`, `80GB`, `1.5T`, `24576M`: decimal units,
+/// as GPU makers name their cards (an "80GB" H100 has 81,559 MiB, more
+/// than 80 GB but less than 80 GiB).
+pub fn parse_gpu_memory(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let bad = || format!("{text:?} is not a GPU memory size such as 40G or 80G");
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit.trim().to_ascii_uppercase().trim_end_matches('B') {
+        "M" => 1e6,
+        "G" | "" => 1e9,
+        "T" => 1e12,
+        _ => return Err(bad()),
+    };
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let mib = (value * scale / (1024.0 * 1024.0)).ceil();
+    if !(1.0..=1e9).contains(&mib) {
+        return Err(bad());
+    }
+    Ok(mib as u64)
+}
+
 fn split_list(text: &str) -> Vec<GpuModel> {
     text.split(',')
         .map(GpuModel::new)
@@ -239,7 +317,59 @@ fn count_field(field: &str, value: i64, max: u32) -> Result<u32, SpecError> {
         .ok_or_else(|| spec_error(field, format!("must be at most {max}, got {value}")))
 }
 
+/// Most names in `--nodelist`, `--exclude` or `--constraint`.
+pub const MAX_REQUIREMENT_ITEMS: usize = 256;
+
 impl JobSpec {
+    fn validate_requirements(&self) -> Result<(), SpecError> {
+        let requires = &self.requires;
+        for (field, names) in [("nodelist", &requires.nodelist), ("exclude", &requires.exclude)] {
+            if names.len() > MAX_REQUIREMENT_ITEMS {
+                return Err(spec_error(
+                    field,
+                    format!("{} nodes, more than the limit of {MAX_REQUIREMENT_ITEMS}", names.len()),
+                ));
+            }
+            for name in names {
+                validate_ident(field, name)?;
+            }
+        }
+        if requires.constraints.len() > MAX_REQUIREMENT_ITEMS {
+            return Err(spec_error(
+                "constraint",
+                format!(
+                    "{} labels, more than the limit of {MAX_REQUIREMENT_ITEMS}",
+                    requires.constraints.len()
+                ),
+            ));
+        }
+        for (key, value) in &requires.constraints {
+            if key.is_empty() || key.len() > 63 || value.len() > 253 {
+                return Err(spec_error(
+                    "constraint",
+                    format!("{key:.63?} needs a key of 1 to 63 bytes and a value of at most 253"),
+                ));
+            }
+        }
+        if let Some(both) = requires.nodelist.iter().find(|n| requires.exclude.contains(n)) {
+            return Err(spec_error(
+                "exclude",
+                format!("node {both} is in both nodelist and exclude"),
+            ));
+        }
+        if !requires.nodelist.is_empty() && (requires.nodelist.len() as u64) < u64::from(self.nodes) {
+            return Err(spec_error(
+                "nodelist",
+                format!(
+                    "names {} nodes, fewer than the job's {} nodes",
+                    requires.nodelist.len(),
+                    self.nodes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks a spec from any source (the controller validates every spec
     /// it receives, whatever the client checked).
     pub fn validate(&self) -> Result<(), SpecError> {
@@ -279,6 +409,7 @@ impl JobSpec {
         for model in &self.gpu_types {
             validate_ident("gpu_type", model.as_str())?;
         }
+        self.validate_requirements()?;
         for (field, value) in [
             ("team", &self.team),
             ("project", &self.project),

@@ -130,6 +130,7 @@ fn parse_node_view(line: &str) -> NodeView {
                     index,
                     model: GpuModel::new(model),
                     busy: false,
+                    memory_mib: 81_920,
                 });
             }
         } else if let Some(list) = token.strip_prefix("used=") {
@@ -139,6 +140,10 @@ fn parse_node_view(line: &str) -> NodeView {
         } else if let Some(groups) = token.strip_prefix("nvlink=") {
             let groups: Vec<Vec<u32>> = groups.split('/').map(parse_index_list).collect();
             node.topology = Topology::new(group_links(&groups, Link::Nvlink));
+        } else if let Some(mib) = token.strip_prefix("gpumem=") {
+            for gpu in &mut node.gpus {
+                gpu.memory_mib = mib.parse().expect("gpumem (MiB)");
+            }
         } else if token == "drain" {
             node.availability = Availability::Draining;
         } else if token == "down" {
@@ -183,6 +188,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
         qos: Default::default(),
         submitted_at: Timestamp(0),
         time_limit_secs: None,
+        requires: None,
     };
     for token in tokens {
         let (key, value) = token.split_once('=').expect("job fixture token is key=value");
@@ -196,10 +202,24 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "qos" => job.qos = value.into(),
             "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
             "at" => job.submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
+            "mingpumem" => requires(&mut job).min_gpu_memory_mib = value.parse().expect("mingpumem (MiB)"),
+            "nvlink" => {
+                requires(&mut job).nvlink = crate::model::NvlinkNeed::parse(value).expect("nvlink");
+            }
+            "only" => requires(&mut job).nodelist = value.split(',').map(String::from).collect(),
+            "not" => requires(&mut job).exclude = value.split(',').map(String::from).collect(),
+            "label" => {
+                let (k, v) = value.split_once(':').expect("label=key:value");
+                requires(&mut job).constraints.insert(k.into(), v.into());
+            }
             other => panic!("job fixture: unknown key {other:?} in {line:?}"),
         }
     }
     job
+}
+
+fn requires(job: &mut PendingJob) -> &mut crate::model::Requirements {
+    std::sync::Arc::make_mut(job.requires.get_or_insert_with(Default::default))
 }
 
 /// A node with `n_gpus` GPUs of `model`, alive and undrained.
@@ -261,6 +281,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 array: None,
                 stdout_path: String::new(),
                 stderr_path: String::new(),
+                requires: Default::default(),
             },
             user: "alice".into(),
             submitted_at: Timestamp(0),

@@ -111,14 +111,17 @@ impl Topology {
     /// Picks `n` of the `free` GPUs (ascending indices) that are best
     /// connected: grown greedily from each free GPU in turn, adding the GPU
     /// whose worst link to the set so far is best (lowest index on ties),
-    /// keeping the set whose worst link, then sum of links, is best. On
-    /// nodes built of NVLink islands this finds an all-NVLink set whenever
-    /// one island has `n` free. Without topology, the lowest indices.
+    /// keeping the set whose worst link is best, then the one that leaves
+    /// the fewest free GPUs NVLinked to it (best fit: small jobs go where an
+    /// NVLink domain is already broken, whole domains stay free for jobs
+    /// that need them), then the best sum of links. On nodes built of
+    /// NVLink islands this finds an all-NVLink set whenever one island has
+    /// `n` free. Without topology, the lowest indices.
     pub fn choose(&self, free: &[u32], n: usize) -> Vec<u32> {
-        if n >= free.len() || n <= 1 || self.is_empty() {
+        if n >= free.len() || n == 0 || self.is_empty() {
             return free[..n.min(free.len())].to_vec();
         }
-        let mut best: Option<((Link, usize), Vec<u32>)> = None;
+        let mut best: Option<((Link, usize, usize), Vec<u32>)> = None;
         for seed in free {
             let mut set = vec![*seed];
             while set.len() < n {
@@ -131,7 +134,11 @@ impl Topology {
                     None => break,
                 }
             }
-            let score = (self.worst_link(&set), self.link_sum(&set));
+            let left_joined = free
+                .iter()
+                .filter(|gpu| !set.contains(gpu) && set.iter().any(|m| self.link(**gpu, *m) == Link::Nvlink))
+                .count();
+            let score = (self.worst_link(&set), left_joined, self.link_sum(&set));
             if best.as_ref().is_none_or(|(best_score, _)| score < *best_score) {
                 best = Some((score, set));
             }
@@ -186,6 +193,20 @@ mod tests {
         assert_eq!(topology.link(3, 7), Link::System);
         assert_eq!(topology.worst_link(&[0, 1, 2]), Link::Nvlink);
         assert_eq!(topology.worst_link(&[0, 1, 4]), Link::System);
+    }
+
+    #[test]
+    fn small_jobs_go_where_an_nvlink_domain_is_already_broken() {
+        // A 4-GPU domain and two pairs: single GPUs fill the pairs, so the
+        // four stay whole for a job that needs NVLink between four.
+        let topology = Topology::new(group_links(&[vec![0, 1, 2, 3], vec![4, 5], vec![6, 7]], Link::Nvlink));
+        let all: Vec<u32> = (0..8).collect();
+        assert_eq!(topology.choose(&all, 1), vec![4]);
+        assert_eq!(topology.choose(&[0, 1, 2, 3, 5, 6, 7], 1), vec![5]);
+        assert_eq!(topology.choose(&[0, 1, 2, 3, 6, 7], 2), vec![6, 7]);
+        assert_eq!(topology.choose(&[0, 1, 2, 3], 4), vec![0, 1, 2, 3]);
+        // On the island node, a GPU next to a busy one goes first.
+        assert_eq!(islands().choose(&[1, 2, 3, 4, 5, 6, 7], 1), vec![1]);
     }
 
     #[test]

@@ -4,7 +4,7 @@ use crate::pb;
 use gpool_core::array::{ArraySpec, IndexRange};
 use gpool_core::deps::{DepKind, DepTarget, Dependency};
 use gpool_core::job_state::JobState;
-use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState};
+use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState, NvlinkNeed, Requirements};
 use gpool_core::topology::{GpuLink, Link, Topology};
 use std::collections::BTreeMap;
 
@@ -53,6 +53,14 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
         }),
         stdout_path: spec.stdout_path.clone(),
         stderr_path: spec.stderr_path.clone(),
+        min_gpu_memory_mib: spec.requires.min_gpu_memory_mib,
+        nvlink: match spec.requires.nvlink {
+            NvlinkNeed::Any => String::new(),
+            need => need.as_str().to_string(),
+        },
+        constraints: labels_to_wire(&spec.requires.constraints),
+        nodelist: spec.requires.nodelist.clone(),
+        exclude: spec.requires.exclude.clone(),
     }
 }
 
@@ -176,6 +184,18 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         }),
         stdout_path: spec.stdout_path,
         stderr_path: spec.stderr_path,
+        requires: Requirements {
+            min_gpu_memory_mib: spec.min_gpu_memory_mib,
+            // An unknown word is kept as "required": the stricter reading.
+            nvlink: match spec.nvlink.as_str() {
+                "" | "any" => NvlinkNeed::Any,
+                "preferred" => NvlinkNeed::Preferred,
+                _ => NvlinkNeed::Required,
+            },
+            constraints: labels_from_wire(spec.constraints),
+            nodelist: spec.nodelist,
+            exclude: spec.exclude,
+        },
     }
 }
 

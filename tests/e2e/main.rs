@@ -12,6 +12,7 @@ mod faults;
 mod health;
 mod jobs;
 mod metrics;
+mod placement;
 mod security;
 mod sharing;
 mod sim;

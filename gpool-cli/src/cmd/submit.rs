@@ -105,6 +105,23 @@ pub struct SubmitArgs {
     /// The same for its stderr.
     #[arg(long = "stderr", short = 'e', value_name = "PATTERN")]
     stderr: Option<String>,
+    /// Only GPUs with at least this much memory: 40G, 80G (decimal, as GPU
+    /// makers count: 80G takes an 80 GB H100).
+    #[arg(long, value_name = "SIZE")]
+    min_gpu_memory: Option<String>,
+    /// required: only GPUs all joined by NVLink; preferred: those where
+    /// some are free; any (default).
+    #[arg(long, value_name = "required|preferred|any")]
+    nvlink: Option<String>,
+    /// Node labels that must all match: key=value[,key=value].
+    #[arg(long, short = 'C', value_name = "K=V,...")]
+    constraint: Option<String>,
+    /// Only these nodes: NODE[,NODE...] (-w, as Slurm's).
+    #[arg(long, short = 'w', value_name = "NODES")]
+    nodelist: Option<String>,
+    /// Never these nodes: NODE[,NODE...] (-x, as Slurm's).
+    #[arg(long, short = 'x', value_name = "NODES")]
+    exclude: Option<String>,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
@@ -113,7 +130,8 @@ pub struct SubmitArgs {
             "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
             "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
-            "dependency", "array", "stdout", "stderr",
+            "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
+            "nodelist", "exclude",
         ]
     )]
     file: Option<PathBuf>,
@@ -339,5 +357,10 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         array: args.array,
         stdout: args.stdout,
         stderr: args.stderr,
+        min_gpu_memory: args.min_gpu_memory,
+        nvlink: args.nvlink,
+        constraint: args.constraint.map(OneOrMany::One),
+        nodelist: args.nodelist.map(OneOrMany::One),
+        exclude: args.exclude.map(OneOrMany::One),
     })
 }

@@ -62,3 +62,98 @@ fn unknown_pool_is_refused() {
     let err = check_feasible(&job, &Policy::default(), &[]).unwrap_err();
     assert_eq!(err.to_string(), "pool: unknown pool \"gpu-xl\" (known: default)");
 }
+
+fn with_requirements(gpus: u32, requires: crate::model::Requirements) -> JobSpec {
+    JobSpec {
+        requires,
+        ..spec(gpus, 1, &[])
+    }
+}
+
+#[test]
+fn too_little_gpu_memory_is_refused_with_the_largest_there_is() {
+    let nodes = [node("n1", 8, "h100"), node("n2", 8, "h100")];
+    let wanted = crate::spec::parse_gpu_memory("100G").unwrap();
+    let spec = with_requirements(
+        1,
+        crate::model::Requirements {
+            min_gpu_memory_mib: wanted,
+            ..Default::default()
+        },
+    );
+    let err = check_feasible(&spec, &Policy::default(), &nodes).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "min_gpu_memory: no GPU of an acceptable model in pool \"default\" has 95368 MiB; the largest has 81920 MiB"
+    );
+    // "80G" is what an 80 GB card has.
+    let eighty = crate::spec::parse_gpu_memory("80G").unwrap();
+    let spec = with_requirements(
+        1,
+        crate::model::Requirements {
+            min_gpu_memory_mib: eighty,
+            ..Default::default()
+        },
+    );
+    assert_eq!(check_feasible(&spec, &Policy::default(), &nodes), Ok(()));
+}
+
+#[test]
+fn node_names_and_labels_are_checked_against_known_nodes() {
+    let mut n1 = node("n1", 8, "h100");
+    n1.labels.insert("rack".into(), "r1".into());
+    let nodes = [n1, node("n2", 8, "h100")];
+    let requires = |nodelist: &[&str], exclude: &[&str], constraint: &[(&str, &str)]| crate::model::Requirements {
+        nodelist: nodelist.iter().map(|n| n.to_string()).collect(),
+        exclude: exclude.iter().map(|n| n.to_string()).collect(),
+        constraints: constraint.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    };
+    let check = |r| check_feasible(&with_requirements(1, r), &Policy::default(), &nodes);
+    assert_eq!(
+        check(requires(&["n9"], &[], &[])).unwrap_err().to_string(),
+        "nodelist: no node is named n9 (known: n1, n2)"
+    );
+    assert_eq!(
+        check(requires(&[], &["n7"], &[])).unwrap_err().to_string(),
+        "exclude: no node is named n7 (known: n1, n2)"
+    );
+    assert_eq!(
+        check(requires(&[], &[], &[("rack", "r2")])).unwrap_err().to_string(),
+        "constraint: no node of pool \"default\" has the labels rack=r2"
+    );
+    assert_eq!(
+        check(requires(&["n2"], &[], &[("rack", "r1")]))
+            .unwrap_err()
+            .to_string(),
+        "nodelist: no node of pool \"default\" is left by nodelist, exclude and constraint together"
+    );
+    assert_eq!(check(requires(&["n1"], &["n2"], &[("rack", "r1")])), Ok(()));
+}
+
+#[test]
+fn nvlink_required_counts_only_gpus_joined_by_nvlink() {
+    use crate::topology::{group_links, Link, Topology};
+    let mut pairs = node("n1", 4, "h100");
+    pairs.topology = Topology::new(group_links(&[vec![0, 1], vec![2, 3]], Link::Nvlink));
+    let required = |gpus| {
+        with_requirements(
+            gpus,
+            crate::model::Requirements {
+                nvlink: crate::model::NvlinkNeed::Required,
+                ..Default::default()
+            },
+        )
+    };
+    assert_eq!(
+        check_feasible(&required(2), &Policy::default(), &[pairs.clone()]),
+        Ok(())
+    );
+    assert_eq!(
+        check_feasible(&required(4), &Policy::default(), &[pairs.clone()])
+            .unwrap_err()
+            .to_string(),
+        "nvlink: no node of pool \"default\" has 4 GPUs all joined by NVLink; the most is 2"
+    );
+    assert_eq!(check_feasible(&spec(4, 1, &[]), &Policy::default(), &[pairs]), Ok(()));
+}

@@ -2,7 +2,7 @@
 //! best-fitting node for a job costs a few set lookups, not a node scan.
 
 use super::{Availability, NodeView, PendingJob, Reject};
-use crate::model::{GpuModel, NodePlacement};
+use crate::model::{GpuModel, NodePlacement, NvlinkNeed};
 use crate::sched::Policy;
 use std::collections::{BTreeSet, HashMap};
 
@@ -14,6 +14,8 @@ struct Group {
     /// Pools (by position in the policy) the node belongs to.
     pool_idxs: Vec<usize>,
     model_idx: usize,
+    /// The least memory of its GPUs (MiB).
+    memory_mib: u64,
 }
 
 /// Groups of one model in one pool, bucketed by how many GPUs they have free.
@@ -109,11 +111,19 @@ impl<'v> FreeIndex<'v> {
                 buckets.total_free += free.len() as u64;
             }
             self.groups_of_node.entry(node_idx).or_default().push(group_idx);
+            let memory_mib = node
+                .gpus
+                .iter()
+                .filter(|gpu| self.model_idx_by_name[&gpu.model] == model_idx)
+                .map(|gpu| gpu.memory_mib)
+                .min()
+                .unwrap_or(0);
             self.groups.push(Group {
                 node_idx,
                 free,
                 pool_idxs: pool_idxs.clone(),
                 model_idx,
+                memory_mib,
             });
         }
     }
@@ -233,16 +243,37 @@ impl<'v> FreeIndex<'v> {
         let buckets = self.pools[pool_idx].models[model_idx].as_ref()?;
         let wanted = job.gpus_per_node as usize;
         let n_nodes = job.nodes as usize;
-        let mut found = Vec::with_capacity(n_nodes);
-        for bucket in buckets.by_free.iter().skip(wanted) {
-            for group_idx in bucket {
-                found.push(*group_idx);
-                if found.len() == n_nodes {
-                    return Some(found);
+        // NVLink preferred: first only groups that give it, then any.
+        let passes: &[bool] = match job.nvlink() {
+            NvlinkNeed::Any => &[false],
+            NvlinkNeed::Preferred => &[true, false],
+            NvlinkNeed::Required => &[true],
+        };
+        for need_nvlink in passes {
+            let mut found = Vec::with_capacity(n_nodes);
+            for bucket in buckets.by_free.iter().skip(wanted) {
+                for group_idx in bucket {
+                    if job.requires.is_some() && !self.group_allows(*group_idx, job, *need_nvlink) {
+                        continue;
+                    }
+                    found.push(*group_idx);
+                    if found.len() == n_nodes {
+                        return Some(found);
+                    }
                 }
             }
         }
         None
+    }
+
+    /// The job's requirements let it have `job.gpus_per_node` GPUs of the
+    /// group (with NVLink between them where `need_nvlink`).
+    fn group_allows(&self, group_idx: usize, job: &PendingJob, need_nvlink: bool) -> bool {
+        let group = &self.groups[group_idx];
+        let node = &self.nodes[group.node_idx];
+        job.allows_node(node)
+            && job.allows_memory(group.memory_mib)
+            && (!need_nvlink || super::nvlink_set_in(&node.topology, &group.free, job.gpus_per_node as usize))
     }
 
     fn take(&mut self, group_idx: usize, n_gpus: u32) -> NodePlacement {
@@ -269,6 +300,32 @@ impl<'v> FreeIndex<'v> {
         let wanted = job.gpus_per_node as usize;
         let (mut total_free, mut max_free, mut n_with_enough) = (0u64, 0usize, 0usize);
         for buckets in allowed.iter().filter_map(|m| pool.models[*m].as_ref()) {
+            if job.requires.is_some() {
+                // Only the groups its requirements allow count.
+                let need_nvlink = job.nvlink() == NvlinkNeed::Required;
+                let (mut free, mut enough) = (0, 0);
+                for group_idx in buckets.by_free.iter().flatten() {
+                    let group = &self.groups[*group_idx];
+                    let node = &self.nodes[group.node_idx];
+                    if !job.allows_node(node) || !job.allows_memory(group.memory_mib) {
+                        continue;
+                    }
+                    let usable = if need_nvlink {
+                        (1..=group.free.len())
+                            .rev()
+                            .find(|k| super::nvlink_set_in(&node.topology, &group.free, *k))
+                            .unwrap_or(0)
+                    } else {
+                        group.free.len()
+                    };
+                    free += group.free.len() as u64;
+                    max_free = max_free.max(usable);
+                    enough += usize::from(usable >= wanted);
+                }
+                total_free += free;
+                n_with_enough = n_with_enough.max(enough);
+                continue;
+            }
             total_free += buckets.total_free;
             if let Some(highest) = buckets.by_free.iter().rposition(|bucket| !bucket.is_empty()) {
                 max_free = max_free.max(highest);
@@ -284,6 +341,11 @@ impl<'v> FreeIndex<'v> {
             n_nodes_with_enough: n_with_enough,
             kept: 0,
         }];
+        if let Some(requires) = job.requires.as_deref() {
+            rejects.push(Reject::Requirements {
+                what: requirement_words(requires),
+            });
+        }
         rejects.extend(self.unavailable_note(pool_idx, pool_label));
         rejects
     }
@@ -296,6 +358,29 @@ impl<'v> FreeIndex<'v> {
             n_draining: pool.n_draining,
         })
     }
+}
+
+/// `GPUs of at least 40960 MiB, NVLink required, labels rack=r1, only on
+/// n1,n2, not on n3`.
+fn requirement_words(requires: &crate::model::Requirements) -> String {
+    let mut words = Vec::new();
+    if requires.min_gpu_memory_mib > 0 {
+        words.push(format!("GPUs of at least {} MiB", requires.min_gpu_memory_mib));
+    }
+    if requires.nvlink != NvlinkNeed::Any {
+        words.push(format!("NVLink {}", requires.nvlink.as_str()));
+    }
+    if !requires.constraints.is_empty() {
+        let pairs: Vec<String> = requires.constraints.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        words.push(format!("labels {}", pairs.join(",")));
+    }
+    if !requires.nodelist.is_empty() {
+        words.push(format!("only on {}", requires.nodelist.join(",")));
+    }
+    if !requires.exclude.is_empty() {
+        words.push(format!("not on {}", requires.exclude.join(",")));
+    }
+    words.join(", ")
 }
 
 impl ModelBuckets {

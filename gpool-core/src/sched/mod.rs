@@ -98,6 +98,7 @@ pub struct NodeView {
 pub struct GpuView {
     pub index: u32,
     pub model: GpuModel,
+    pub memory_mib: u64,
     /// Held by a running attempt.
     pub busy: bool,
 }
@@ -121,12 +122,40 @@ pub struct PendingJob {
     pub submitted_at: Timestamp,
     /// `None`: no limit (then it never runs ahead of a reservation).
     pub time_limit_secs: Option<u64>,
+    /// Its requirements on nodes and GPUs; `None`: none.
+    pub requires: Option<std::sync::Arc<crate::model::Requirements>>,
 }
 
 impl PendingJob {
     pub fn total_gpus(&self) -> u64 {
         u64::from(self.gpus_per_node) * u64::from(self.nodes)
     }
+
+    /// Its requirements let it run on `node` (name and labels).
+    pub fn allows_node(&self, node: &NodeView) -> bool {
+        self.requires
+            .as_deref()
+            .is_none_or(|requires| requires.allows_node(&node.name, &node.labels))
+    }
+
+    /// Its requirements let it have a GPU with `memory_mib` of memory.
+    pub fn allows_memory(&self, memory_mib: u64) -> bool {
+        self.requires
+            .as_deref()
+            .is_none_or(|requires| requires.allows_memory(memory_mib))
+    }
+
+    pub fn nvlink(&self) -> crate::model::NvlinkNeed {
+        self.requires
+            .as_deref()
+            .map(|requires| requires.nvlink)
+            .unwrap_or_default()
+    }
+}
+
+/// Whether `n` of the `free` GPUs of a node can be all joined by NVLink.
+pub(crate) fn nvlink_set_in(topology: &Topology, free: &[u32], n: usize) -> bool {
+    n <= 1 || (free.len() >= n && topology.worst_link(&topology.choose(free, n)) == crate::topology::Link::Nvlink)
 }
 
 /// The operator's rules: pools, and how teams share them.
@@ -183,6 +212,7 @@ impl NodeView {
                 .map(|gpu| GpuView {
                     index: gpu.index,
                     model: gpu.model.clone(),
+                    memory_mib: gpu.memory_mib,
                     busy: busy.contains(&gpu.index),
                 })
                 .collect(),
@@ -390,6 +420,10 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
         };
         let shape = ShapeKey {
             class: std::ptr::from_ref(class) as usize,
+            requires: job
+                .requires
+                .as_ref()
+                .map_or(0, |requires| std::sync::Arc::as_ptr(requires) as usize),
             gpus_per_node: job.gpus_per_node,
             nodes: job.nodes,
             covered,
@@ -520,6 +554,9 @@ type FastHash = foldhash::fast::RandomState;
 #[derive(PartialEq, Eq, Hash)]
 struct ShapeKey {
     class: usize,
+    /// Its requirements, by address (0: none): jobs with requirements are
+    /// alike only if they share them.
+    requires: usize,
     gpus_per_node: u32,
     nodes: u32,
     covered: bool,

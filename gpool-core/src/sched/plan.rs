@@ -110,6 +110,11 @@ pub enum Reject {
         in_use: u64,
         wanted: u64,
     },
+    /// Beside `Resources`: its counts are of what the job's requirements
+    /// (memory, NVLink, labels, node lists) allow, in words.
+    Requirements {
+        what: String,
+    },
     /// The models exist but not enough of them are free right now.
     Resources {
         gpus_per_node: u32,
@@ -177,6 +182,7 @@ impl Reject {
             Reject::NoNodes { .. } => "no_nodes",
             Reject::NodesUnavailable { .. } => "nodes_unavailable",
             Reject::SomeNodesUnavailable { .. } => "some_nodes_unavailable",
+            Reject::Requirements { .. } => "requirements",
             Reject::NoGpuModel { .. } => "gpu_model_unavailable",
             Reject::TeamCap { .. } => "team_cap",
             Reject::BehindReservation { .. } => "behind_reservation",
@@ -198,6 +204,9 @@ impl Reject {
                 "resume drained nodes (gpool resume NODE) or bring down nodes back".to_string()
             }
             Reject::SomeNodesUnavailable { .. } => return None,
+            Reject::Requirements { .. } => {
+                "relax its requirements (--min-gpu-memory, --nvlink, --constraint, --nodelist, --exclude)".to_string()
+            }
             Reject::NoGpuModel { available, .. } if !available.is_empty() => {
                 format!("accept another GPU model: {}", models(available))
             }
@@ -312,6 +321,7 @@ impl fmt::Display for Reject {
                 "it would delay job {job}, which has GPUs reserved from {} from now",
                 humanize_secs(*in_secs)
             ),
+            Reject::Requirements { what } => write!(f, "counting only what its requirements allow: {what}"),
             Reject::NoEstimate => f.write_str(
                 "no start time can be foreseen: not every running job in its way has a time limit",
             ),

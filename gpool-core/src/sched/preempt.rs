@@ -355,18 +355,27 @@ impl<'v> Reclaimer<'v> {
 /// Whether `node`, of the job's pool, would have `gpus_per_node` free GPUs
 /// of one acceptable model once its GPUs `extra` are freed too.
 pub(super) fn room_on(job: &PendingJob, pool: Option<&crate::model::PoolDef>, node: &NodeView, extra: &[u32]) -> bool {
-    if node.availability != super::Availability::Up || !pool.is_some_and(|pool| pool.selects(&node.labels)) {
+    if node.availability != super::Availability::Up
+        || !pool.is_some_and(|pool| pool.selects(&node.labels))
+        || !job.allows_node(node)
+    {
         return false;
     }
-    let mut by_model: Vec<(&crate::model::GpuModel, usize)> = Vec::new();
+    let mut by_model: Vec<(&crate::model::GpuModel, Vec<u32>)> = Vec::new();
     for gpu in &node.gpus {
-        let acceptable = job.gpu_types.is_empty() || job.gpu_types.contains(&gpu.model);
+        let acceptable =
+            (job.gpu_types.is_empty() || job.gpu_types.contains(&gpu.model)) && job.allows_memory(gpu.memory_mib);
         if acceptable && (!gpu.busy || extra.contains(&gpu.index)) {
             match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
-                Some((_, n)) => *n += 1,
-                None => by_model.push((&gpu.model, 1)),
+                Some((_, free)) => free.push(gpu.index),
+                None => by_model.push((&gpu.model, vec![gpu.index])),
             }
         }
     }
-    by_model.iter().any(|(_, n)| *n >= job.gpus_per_node as usize)
+    let wanted = job.gpus_per_node as usize;
+    by_model.iter().any(|(_, free)| {
+        free.len() >= wanted
+            && (job.nvlink() != crate::model::NvlinkNeed::Required
+                || super::nvlink_set_in(&node.topology, free, wanted))
+    })
 }

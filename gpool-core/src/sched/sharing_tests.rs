@@ -253,6 +253,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 qos: Default::default(),
                 submitted_at: now,
                 time_limit_secs: None,
+                requires: None,
             })
             .collect();
         next_id += 16;

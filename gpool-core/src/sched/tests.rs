@@ -285,3 +285,39 @@ proptest! {
         prop_assert_eq!(by_key, by_fields);
     }
 }
+
+#[test]
+fn requirements_steer_jobs_to_the_nodes_and_gpus_they_allow() {
+    // n1 has 40 GB GPUs, n2 80 GB ones and rack r2.
+    check(
+        "n1 4xa100 gpumem=40960 rack=r1\nn2 4xh100 gpumem=81559 rack=r2\nn3 4xh100 gpumem=81559 rack=r1",
+        "j1 mingpumem=70000 label=rack:r1\nj2 only=n1\nj3 not=n1,n3 gpus=4\nj4 mingpumem=90000",
+        expect![[r#"
+            start j1 n3[0]
+            start j2 n1[0]
+            start j3 n2[0-3]
+            pending j4: wants 1 GPU on one node; none is free; counting only what its requirements allow: GPUs of at least 90000 MiB; no start time can be foreseen: not every running job in its way has a time limit
+        "#]],
+    );
+}
+
+#[test]
+fn nvlink_required_waits_for_a_joined_set_and_preferred_takes_one_first() {
+    // Pairs 0-1 and 2-3; GPUs 1 and 2 are taken, so the free 0 and 3 are
+    // not joined. n2 has a free pair.
+    check(
+        "n1 4xh100 nvlink=0-1/2-3 used=1,2\nn2 4xh100 nvlink=0-1/2-3 used=0,1,2",
+        "j1 gpus=2 nvlink=required",
+        expect![[r#"
+            pending j1: wants 2 GPUs on one node; 3 free in total but at most 1 on one node; counting only what its requirements allow: NVLink required; no start time can be foreseen: not every running job in its way has a time limit
+        "#]],
+    );
+    check(
+        "n1 4xh100 nvlink=0-1/2-3 used=1,2\nn2 8xh100 nvlink=0-3/4-7 used=0-1,4-7",
+        "j1 gpus=2 nvlink=preferred\nj2 gpus=2 nvlink=required",
+        expect![[r#"
+            start j1 n2[2-3]
+            pending j2: wants 2 GPUs on one node; 2 free in total but at most 1 on one node; counting only what its requirements allow: NVLink required; no start time can be foreseen: not every running job in its way has a time limit
+        "#]],
+    );
+}

@@ -110,6 +110,7 @@ impl Cluster {
                             index,
                             model: model.clone(),
                             busy: false,
+                            memory_mib: 81_920,
                         })
                         .collect(),
                     topology: topology.clone(),

@@ -178,6 +178,7 @@ impl Sim<'_> {
             qos: Default::default(),
             submitted_at: job.submit,
             time_limit_secs: job.time_limit_secs.or(self.default_limit_secs),
+            requires: None,
         };
         self.out.queued(&pending);
         self.view.pending.push(pending);

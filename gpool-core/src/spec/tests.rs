@@ -307,3 +307,72 @@ fn gpool_lines_at_the_top_of_a_script_are_its_flags() {
         "line 1: a \" quote is not closed"
     );
 }
+
+#[test]
+fn gpu_memory_counts_as_gpu_makers_do() {
+    // An "80GB" H100 has 81,559 MiB: 80G must take it, 100G must not.
+    assert_eq!(parse_gpu_memory("80G"), Ok(76_294));
+    assert_eq!(parse_gpu_memory("80GB"), Ok(76_294));
+    assert_eq!(parse_gpu_memory("100G"), Ok(95_368));
+    assert_eq!(parse_gpu_memory("40960M"), Ok(39_063));
+    assert_eq!(parse_gpu_memory("1.5T"), Ok(1_430_512));
+    assert!(parse_gpu_memory("lots")
+        .unwrap_err()
+        .contains("\"lots\" is not a GPU memory size"));
+    assert!(parse_gpu_memory("0G").is_err());
+}
+
+#[test]
+fn requirements_parse_from_flags_and_files_and_name_their_field() {
+    let mut with = input(&["true"]);
+    with.min_gpu_memory = Some("40G".into());
+    with.nvlink = Some("required".into());
+    with.constraint = Some(OneOrMany::One("rack=r1, switch=s2".into()));
+    with.nodelist = Some(OneOrMany::Many(vec!["n1".into(), "n2,n3".into()]));
+    with.exclude = Some(OneOrMany::One("n4".into()));
+    let spec = with.into_spec().unwrap();
+    assert_eq!(spec.requires.min_gpu_memory_mib, 38_147);
+    assert_eq!(spec.requires.nvlink, NvlinkNeed::Required);
+    assert_eq!(
+        spec.requires
+            .constraints
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>(),
+        ["rack=r1", "switch=s2"]
+    );
+    assert_eq!(spec.requires.nodelist, ["n1", "n2", "n3"]);
+    assert_eq!(spec.requires.exclude, ["n4"]);
+
+    let mut bad = input(&["true"]);
+    bad.nvlink = Some("always".into());
+    assert_eq!(
+        bad.into_spec().unwrap_err().to_string(),
+        "nvlink: \"always\" is not required, preferred or any"
+    );
+    let mut bad = input(&["true"]);
+    bad.constraint = Some(OneOrMany::One("rack".into()));
+    assert_eq!(
+        bad.into_spec().unwrap_err().to_string(),
+        "constraint: \"rack\" is not key=value (a node label)"
+    );
+    let mut bad = input(&["true"]);
+    bad.nodelist = Some(OneOrMany::One("n1".into()));
+    bad.exclude = Some(OneOrMany::One("n1".into()));
+    assert_eq!(
+        bad.into_spec().unwrap_err().to_string(),
+        "exclude: node n1 is in both nodelist and exclude"
+    );
+    let mut bad = input(&["true"]);
+    bad.nodes = Some(2);
+    bad.nodelist = Some(OneOrMany::One("n1".into()));
+    assert_eq!(
+        bad.into_spec().unwrap_err().to_string(),
+        "nodelist: names 1 nodes, fewer than the job's 2 nodes"
+    );
+    let file =
+        "[[job]]\ncommand = \"true\"\nmin_gpu_memory = \"80G\"\nnvlink = \"preferred\"\nnodelist = [\"n1\", \"n2\"]\n";
+    let specs = parse_job_file("jobs.toml", file).unwrap();
+    assert_eq!(specs[0].requires.nvlink, NvlinkNeed::Preferred);
+    assert_eq!(specs[0].requires.nodelist, ["n1", "n2"]);
+}

@@ -265,7 +265,18 @@ impl Pool for PoolService {
     ) -> Result<Response<pb::SubmitJobsResponse>, Status> {
         let who = identity(&request)?;
         let caller = who.caller.clone();
-        let specs = request.into_inner().specs.into_iter().map(spec_from_wire).collect();
+        let specs = request.into_inner().specs;
+        if let Some(bad) = specs
+            .iter()
+            .find(|spec| gpool_core::model::NvlinkNeed::parse(&spec.nvlink).is_err() && !spec.nvlink.is_empty())
+        {
+            return Err(Error::InvalidRequest {
+                field: "nvlink",
+                reason: format!("{:?} is not required, preferred or any", bad.nvlink),
+            }
+            .into());
+        }
+        let specs = specs.into_iter().map(spec_from_wire).collect();
         let result = self
             .state
             .call(|reply| Command::Submit { caller, specs, reply })

@@ -301,6 +301,7 @@ pub fn pending_view(id: JobId, job: &Job) -> PendingJob {
         qos: job.spec.qos.as_str().into(),
         submitted_at: job.submitted_at,
         time_limit_secs: job.spec.time_limit_secs,
+        requires: (!job.spec.requires.is_empty()).then(|| std::sync::Arc::new(job.spec.requires.clone())),
     }
 }
 

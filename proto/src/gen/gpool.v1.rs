@@ -405,6 +405,20 @@ pub struct JobSpec {
     pub stdout_path: ::prost::alloc::string::String,
     #[prost(string, tag = "26")]
     pub stderr_path: ::prost::alloc::string::String,
+    /// Each GPU has at least this much memory (MiB); 0: any.
+    #[prost(uint64, tag = "27")]
+    pub min_gpu_memory_mib: u64,
+    /// "required", "preferred", or empty / "any".
+    #[prost(string, tag = "28")]
+    pub nvlink: ::prost::alloc::string::String,
+    /// Node labels that must all match.
+    #[prost(message, repeated, tag = "29")]
+    pub constraints: ::prost::alloc::vec::Vec<Label>,
+    /// Only these nodes (empty: any), and never these.
+    #[prost(string, repeated, tag = "30")]
+    pub nodelist: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, repeated, tag = "31")]
+    pub exclude: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]

@@ -1,0 +1,114 @@
+//! Where jobs land: requirements on GPU memory, NVLink, labels and node
+//! lists, checked at submit against the known nodes; small jobs kept off
+//! whole NVLink domains.
+
+use crate::harness::cluster::Cluster;
+use crate::harness::process::{wait_for_file, wait_until};
+use std::time::Duration;
+
+/// The nodes of a job's latest attempt.
+fn node_of(cluster: &Cluster, id: u64) -> String {
+    cluster.job(id)["node_list"][0].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn requirements_are_checked_at_submit_and_steer_jobs() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent_with("n1", 2, "\n[labels]\nrack = \"r1\"\n");
+    cluster.start_agent_with("n2", 2, "\n[labels]\nrack = \"r2\"\n");
+
+    // The simulated H100s have 81,559 MiB: 100G is more than any has.
+    let refused = cluster.gpool(&["submit", "--min-gpu-memory", "100G", "--", "true"]);
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains(
+            "min_gpu_memory: no GPU of an acceptable model in pool \"default\" has 95368 MiB; the largest has 81559 MiB"
+        ),
+        "{}",
+        refused.stderr
+    );
+    let unknown = cluster.gpool(&["submit", "-w", "n9", "--", "true"]);
+    assert!(
+        unknown.stderr.contains("nodelist: no node is named n9 (known: n1, n2)"),
+        "{}",
+        unknown.stderr
+    );
+    let no_label = cluster.gpool(&["submit", "--constraint", "rack=r7", "--", "true"]);
+    assert!(
+        no_label
+            .stderr
+            .contains("constraint: no node of pool \"default\" has the labels rack=r7"),
+        "{}",
+        no_label.stderr
+    );
+
+    let big = cluster.submit(&["--min-gpu-memory", "80G", "--wait", "--", "true"]);
+    assert_eq!(cluster.job(big)["state"], "completed");
+    assert_eq!(cluster.job(big)["min_gpu_memory_mib"], 76_294);
+    for (flags, node) in [
+        (&["-w", "n2"][..], "n2"),
+        (&["-x", "n2"][..], "n1"),
+        (&["-C", "rack=r2"][..], "n2"),
+    ] {
+        let mut args = flags.to_vec();
+        args.extend(["--wait", "--", "true"]);
+        let id = cluster.submit(&args);
+        assert_eq!(node_of(&cluster, id), node, "{flags:?}");
+    }
+    let shown = cluster.gpool(&["show", &big.to_string()]).ok().to_string();
+    assert!(shown.contains("GPUs of at least 76294 MiB"), "{shown}");
+}
+
+#[test]
+fn a_four_gpu_job_gets_a_whole_nvlink_domain_while_one_gpu_jobs_run() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent_with(
+        "n1",
+        8,
+        "\n[simulated_topology]\nnvlink = [[0, 1, 2, 3], [4, 5], [6, 7]]\n",
+    );
+    // Each small job records its GPU and waits for its release file.
+    let mut small = Vec::new();
+    for name in ["a", "b"] {
+        let script = format!(
+            "echo $CUDA_VISIBLE_DEVICES > gpu-{name}; {}",
+            wait_for_file(&format!("release-{name}"))
+        );
+        small.push(cluster.submit(&["--gpus", "1", "--", "sh", "-c", &script]));
+        cluster.wait_for_state(*small.last().unwrap(), "running");
+    }
+    let read = |name: &str| {
+        wait_until(
+            &format!("job {name} to record its GPU"),
+            Duration::from_secs(20),
+            || {
+                let text = std::fs::read_to_string(cluster.dir.path().join(format!("gpu-{name}"))).ok()?;
+                text.ends_with('\n').then(|| text.trim().to_string())
+            },
+        )
+    };
+    // Both small jobs go into the pairs, one broken pair first.
+    assert_eq!((read("a"), read("b")), ("4".to_string(), "5".to_string()));
+    let run = cluster.gpool(&[
+        "submit",
+        "--gpus",
+        "4",
+        "--nvlink",
+        "required",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES",
+    ]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    let id = run.stdout.trim();
+    let out = cluster.spool_dir("n1").join(format!("jobs/{id}.1.out"));
+    assert_eq!(std::fs::read_to_string(out).unwrap_or_default(), "0,1,2,3\n");
+    for name in ["a", "b"] {
+        std::fs::write(cluster.dir.path().join(format!("release-{name}")), "").unwrap();
+    }
+    for id in small {
+        cluster.wait_for_state(id, "completed");
+    }
+}
