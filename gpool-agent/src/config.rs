@@ -81,6 +81,15 @@ pub struct SimulatedGpu {
     pub ecc_corrected: u64,
     #[serde(default)]
     pub ecc_uncorrected: u64,
+    /// MIG mode with these instances (`["3g.20gb", "2g.10gb"]`): the GPU is
+    /// offered as these slices only.
+    #[serde(default)]
+    pub mig: Vec<String>,
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    /// `9.0` for an H100.
+    #[serde(default)]
+    pub compute_capability: Option<String>,
 }
 
 fn one() -> u32 {
@@ -168,6 +177,19 @@ impl AgentConfig {
                     0,
                     format!(
                         "simulated_gpu: model {:?}: utilization_pct is at most 100, memory_used_mib at most memory_mib",
+                        gpu.model
+                    ),
+                ));
+            }
+            if let Some(bad) = gpu
+                .mig
+                .iter()
+                .find(|profile| crate::gpu::simulated::mig_memory_mib(profile).is_none())
+            {
+                return Err(invalid(
+                    0,
+                    format!(
+                        "simulated_gpu: model {:?}: mig: {bad:?} is not a MIG profile such as 3g.20gb",
                         gpu.model
                     ),
                 ));

@@ -82,10 +82,11 @@ impl ContainerJob<'_> {
     }
 }
 
-/// The `--device` arguments for GPUs `gpu_indices`: CDI names where the
-/// NVIDIA container toolkit wrote a CDI spec, else the device nodes that
-/// exist (the GPUs', and the driver's control nodes).
-pub fn gpu_devices(gpu_indices: &[u32]) -> Vec<String> {
+/// The `--device` arguments for GPUs named `names` (an index, or a MIG
+/// slice's UUID) with device minors `minors`: CDI names where the NVIDIA
+/// container toolkit wrote a CDI spec, else the device nodes that exist
+/// (the GPUs', and the driver's control nodes).
+pub fn gpu_devices(names: &[String], minors: &[u32]) -> Vec<String> {
     let cdi = [
         "/etc/cdi/nvidia.yaml",
         "/var/run/cdi/nvidia.yaml",
@@ -94,11 +95,11 @@ pub fn gpu_devices(gpu_indices: &[u32]) -> Vec<String> {
     .iter()
     .any(|spec| Path::new(spec).exists());
     if cdi {
-        return gpu_indices.iter().map(|idx| format!("nvidia.com/gpu={idx}")).collect();
+        return names.iter().map(|name| format!("nvidia.com/gpu={name}")).collect();
     }
-    gpu_indices
+    minors
         .iter()
-        .map(|idx| format!("/dev/nvidia{idx}"))
+        .map(|minor| format!("/dev/nvidia{minor}"))
         .chain(
             ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
                 .iter()

@@ -44,7 +44,7 @@ pub struct Attempts {
     /// an attempt's device rules keep it from, but its own).
     isolation: Isolation,
     cgroup_scope: String,
-    node_gpus: Vec<u32>,
+    node_gpus: crate::gpu::GpuDevices,
     /// `podman` or `docker`: runs jobs that name an image.
     container_runtime: String,
     /// Users looked up lately, and when.
@@ -74,7 +74,7 @@ impl Attempts {
         node: String,
         controller_env: Vec<(String, String)>,
         spool_dir: PathBuf,
-        (isolation, node_gpus, container_runtime): (Isolation, Vec<u32>, String),
+        (isolation, node_gpus, container_runtime): (Isolation, crate::gpu::GpuDevices, String),
         events: mpsc::UnboundedSender<pb::JobEvent>,
     ) -> Result<Arc<Attempts>, String> {
         let exe = std::env::current_exe().map_err(|err| format!("cannot find this program's path: {err}"))?;
@@ -582,7 +582,7 @@ impl Attempts {
             .iter()
             .filter(|var| self.as_root || var.name != "GPOOL_TOKEN")
             .map(|var| (var.name.clone(), var.value.clone()))
-            .chain(attempt_env(launch, &self.node, &checkpoint_dir))
+            .chain(attempt_env(launch, &self.node, &self.node_gpus, &checkpoint_dir))
             .chain(self.controller_env.iter().cloned())
             .collect();
         if !in_container {
@@ -613,7 +613,10 @@ impl Attempts {
                 user: run_as.as_ref().map(|user| (user.uid, user.gid)),
                 workdir: workdir.as_deref(),
                 checkpoint_dir: &checkpoint_dir,
-                devices: crate::container::gpu_devices(&launch.gpu_indices),
+                devices: crate::container::gpu_devices(
+                    &self.node_gpus.names(&launch.gpu_indices),
+                    &self.node_gpus.minors(&launch.gpu_indices),
+                ),
                 limits,
             };
             let cleanup = job.cleanup_args();
@@ -666,7 +669,10 @@ impl Attempts {
             cgroup: self.isolation.rules_for(
                 &self.cgroup_scope,
                 (launch.job_id, launch.epoch),
-                (&launch.gpu_indices, &self.node_gpus),
+                (
+                    &self.node_gpus.minors(&launch.gpu_indices),
+                    &self.node_gpus.all_minors(),
+                ),
                 limits,
             ),
         };
@@ -862,8 +868,14 @@ fn with_gpool_on_path(env: &mut Vec<(String, String)>) {
 }
 
 /// The `GPOOL_*`, CUDA and torch.distributed variables of one attempt.
-pub fn attempt_env(launch: &pb::Launch, node: &str, checkpoint_dir: &Path) -> Vec<(String, String)> {
-    let gpus: Vec<String> = launch.gpu_indices.iter().map(u32::to_string).collect();
+pub fn attempt_env(
+    launch: &pb::Launch,
+    node: &str,
+    devices: &crate::gpu::GpuDevices,
+    checkpoint_dir: &Path,
+) -> Vec<(String, String)> {
+    // Whole GPUs by index, MIG slices by UUID.
+    let gpus: Vec<String> = devices.names(&launch.gpu_indices);
     let mut env = vec![
         ("CUDA_VISIBLE_DEVICES".to_string(), gpus.join(",")),
         ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),

@@ -19,7 +19,12 @@ use std::future::Future;
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.spool_dir)
         .map_err(|err| anyhow::anyhow!("spool_dir {}: cannot create: {err}", config.spool_dir.display()))?;
-    let (gpus, topology, source) = gpu::discover(&config);
+    let gpu::Discovered {
+        gpus,
+        topology,
+        source,
+        labels: gpu_labels,
+    } = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
     let isolation = if config.cgroups {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
@@ -38,9 +43,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             "no cgroup isolation: {reason}; jobs can open any GPU's device node, and processes a job detaches may outlive it"
         ),
     }
-    let mut labels = config.labels.clone();
+    let mut labels = gpu_labels;
+    labels.extend(config.labels.clone());
     labels.insert("isolation".into(), isolation.label().into());
-    let node_gpus: Vec<u32> = gpus.iter().map(|gpu| gpu.index).collect();
+    let node_gpus = gpu::GpuDevices::of(&gpus);
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
     let tls = config.client_tls()?;
     let mut controller_env = vec![("GPOOL_SERVER".to_string(), config.controller.clone())];
@@ -71,7 +77,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let info = link::NodeInfo {
         health,
         name: config.node_name.clone(),
-        sampler: gpu::Sampler::new(&gpus, source, &config.simulated_gpus),
+        sampler: gpu::Sampler::new(source, &config.simulated_gpus),
         gpus,
         labels,
         topology,

@@ -663,6 +663,8 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
             serde_json::json!({
                 "index": gpu.index, "model": gpu.model, "memory_mib": gpu.memory_mib,
                 "uuid": gpu.uuid, "job_id": (gpu.job_id != 0).then_some(gpu.job_id),
+                "mig_parent": gpu.mig_parent, "numa_node": gpu.numa_node,
+                "compute_capability": (!gpu.compute_capability.is_empty()).then_some(&gpu.compute_capability),
                 "utilization_pct": gpu.sample.map(|s| s.utilization_pct),
                 "memory_used_mib": gpu.sample.map(|s| s.memory_used_mib),
                 "temperature_c": gpu.sample.map(|s| s.temperature_c),

@@ -37,6 +37,16 @@ pub struct Gpu {
     pub model: GpuModel,
     pub memory_mib: u64,
     pub pci_bus_id: String,
+    /// A MIG slice: the index of the GPU it is carved from (a GPU in MIG
+    /// mode is offered only as its slices, never whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_parent: Option<u32>,
+    /// The NUMA node its PCIe slot hangs off, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// CUDA compute capability, `9.0`; empty where unknown.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub compute_capability: String,
 }
 
 /// A node as the controller knows it.

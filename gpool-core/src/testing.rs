@@ -233,6 +233,9 @@ pub fn node(name: &str, n_gpus: u32, model: &str) -> Node {
                 model: GpuModel::new(model),
                 memory_mib: 81_920,
                 pci_bus_id: format!("00000000:{:02x}:00.0", index + 1),
+                mig_parent: None,
+                numa_node: None,
+                compute_capability: String::new(),
             })
             .collect(),
         labels: BTreeMap::new(),

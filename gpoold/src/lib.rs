@@ -320,6 +320,9 @@ fn dev_agent_configs(
                     memory_used_mib: 0,
                     ecc_corrected: 0,
                     ecc_uncorrected: 0,
+                    mig: Vec::new(),
+                    numa_node: None,
+                    compute_capability: None,
                 }]
             };
             gpool_agent::config::AgentConfig {

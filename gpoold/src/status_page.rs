@@ -231,7 +231,8 @@ impl Snapshot {
                 .gpus
                 .iter()
                 .map(|gpu| {
-                    let sample = samples.and_then(|samples| samples.iter().find(|s| s.index == gpu.index));
+                    let sample = samples
+                        .and_then(|samples| samples.iter().find(|s| s.index == gpu.mig_parent.unwrap_or(gpu.index)));
                     GpuCell {
                         index: gpu.index,
                         model: gpu.model.to_string(),

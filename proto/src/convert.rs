@@ -112,6 +112,9 @@ pub fn gpu_to_wire(gpu: &Gpu, job_id: u64) -> pb::Gpu {
         model: gpu.model.as_str().to_string(),
         memory_mib: gpu.memory_mib,
         pci_bus_id: gpu.pci_bus_id.clone(),
+        mig_parent: gpu.mig_parent,
+        numa_node: gpu.numa_node,
+        compute_capability: gpu.compute_capability.clone(),
         job_id,
         sample: None,
         out_of_service: None,
@@ -127,6 +130,9 @@ pub fn gpu_from_wire(gpu: pb::Gpu) -> Gpu {
         model: GpuModel::new(&gpu.model),
         memory_mib: gpu.memory_mib,
         pci_bus_id: gpu.pci_bus_id,
+        mig_parent: gpu.mig_parent,
+        numa_node: gpu.numa_node,
+        compute_capability: gpu.compute_capability,
     }
 }
 

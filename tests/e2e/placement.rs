@@ -112,3 +112,51 @@ fn a_four_gpu_job_gets_a_whole_nvlink_domain_while_one_gpu_jobs_run() {
         cluster.wait_for_state(id, "completed");
     }
 }
+
+#[test]
+fn a_mig_slice_job_gets_its_mig_uuid_and_the_parent_is_never_offered_whole() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent_with(
+        "n1",
+        0,
+        "[[simulated_gpu]]\nmodel = \"a100-40gb\"\nmemory_mib = 40960\nmig = [\"3g.20gb\", \"1g.5gb\"]\n\n\
+         [[simulated_gpu]]\nmodel = \"a100-40gb\"\nmemory_mib = 40960\n",
+    );
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let gpus: Vec<String> = nodes[0]["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            format!(
+                "{} {} {}",
+                g["index"],
+                g["model"].as_str().unwrap_or(""),
+                g["mig_parent"]
+            )
+        })
+        .collect();
+    assert_eq!(gpus, ["1 a100-40gb null", "2 a100-3g.20gb 0", "3 a100-1g.5gb 0"]);
+    assert_eq!(nodes[0]["labels"]["nvidia.mig"], "enabled");
+    let run = cluster.gpool(&[
+        "submit",
+        "--gpu-type",
+        "a100-3g.20gb",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES",
+    ]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    let id = run.stdout.trim();
+    let out = cluster.spool_dir("n1").join(format!("jobs/{id}.1.out"));
+    assert_eq!(std::fs::read_to_string(out).unwrap_or_default(), "MIG-SIM-n1-0-0\n");
+    // Only one whole A100 is offered: the one not in MIG mode.
+    let two = cluster.gpool(&["submit", "--gpu-type", "a100-40gb", "--gpus", "2", "--", "true"]);
+    assert!(
+        two.stderr.contains("the largest fit is 1 a100-40gb GPUs on one node"),
+        "{}",
+        two.stderr
+    );
+}

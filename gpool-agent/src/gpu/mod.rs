@@ -9,14 +9,70 @@ use crate::config::AgentConfig;
 use gpool_core::model::{Gpu, GpuModel};
 use gpool_core::topology::Topology;
 
-/// What NVML reported for one device, before it becomes a `Gpu`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What NVML reported for one device (a whole GPU, or a MIG slice of
+/// one), before it becomes a `Gpu`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RawDevice {
     pub index: u32,
     pub uuid: String,
     pub name: String,
     pub memory_bytes: u64,
     pub pci_bus_id: String,
+    pub mig_parent: Option<u32>,
+    pub numa_node: Option<u32>,
+    pub compute_capability: String,
+}
+
+/// How a job names each GPU of the node: in `CUDA_VISIBLE_DEVICES` (a
+/// whole GPU by its index, a MIG slice by its UUID), to a container runtime
+/// (the same names, as CDI has them), and in device cgroup rules (the
+/// device node's minor: a slice's is its parent's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuDevices(std::collections::BTreeMap<u32, (String, u32)>);
+
+impl GpuDevices {
+    pub fn of(gpus: &[Gpu]) -> GpuDevices {
+        GpuDevices(
+            gpus.iter()
+                .map(|gpu| {
+                    let named = match gpu.mig_parent {
+                        Some(parent) => (gpu.uuid.clone(), parent),
+                        None => (gpu.index.to_string(), gpu.index),
+                    };
+                    (gpu.index, named)
+                })
+                .collect(),
+        )
+    }
+
+    /// The names of `indices`, in their order (an unknown index as itself).
+    pub fn names(&self, indices: &[u32]) -> Vec<String> {
+        indices
+            .iter()
+            .map(|index| {
+                self.0
+                    .get(index)
+                    .map_or_else(|| index.to_string(), |(name, _)| name.clone())
+            })
+            .collect()
+    }
+
+    /// The device minors of `indices`, each once.
+    pub fn minors(&self, indices: &[u32]) -> Vec<u32> {
+        let mut minors: Vec<u32> = indices
+            .iter()
+            .map(|index| self.0.get(index).map_or(*index, |(_, minor)| *minor))
+            .collect();
+        minors.sort_unstable();
+        minors.dedup();
+        minors
+    }
+
+    /// Every device minor of the node.
+    pub fn all_minors(&self) -> Vec<u32> {
+        let indices: Vec<u32> = self.0.keys().copied().collect();
+        self.minors(&indices)
+    }
 }
 
 /// Where the node's GPUs came from, for the agent's start-up message.
@@ -27,28 +83,49 @@ pub enum Source {
     None,
 }
 
+/// What the agent found on its node.
+pub struct Discovered {
+    pub gpus: Vec<Gpu>,
+    pub topology: Topology,
+    pub source: Source,
+    /// Facts for the node's labels (driver and CUDA versions, MIG).
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
 /// The node's GPUs and how they are connected: simulated ones when
 /// agent.toml declares any (tests and dev machines), else NVML's, else none.
-pub fn discover(config: &AgentConfig) -> (Vec<Gpu>, Topology, Source) {
-    if !config.simulated_gpus.is_empty() {
-        return (
+pub fn discover(config: &AgentConfig) -> Discovered {
+    let (gpus, topology, source, mut labels) = if !config.simulated_gpus.is_empty() {
+        (
             simulated::gpus(&config.node_name, &config.simulated_gpus),
             config.simulated_topology.clone(),
             Source::Simulated,
-        );
+            Default::default(),
+        )
+    } else {
+        match nvml::devices() {
+            Ok(devices) => {
+                let topology = nvml::topology(&devices).unwrap_or_else(|err| {
+                    tracing::warn!("cannot read the GPU topology from NVML ({err}); placing without it");
+                    Topology::default()
+                });
+                let gpus = devices.iter().map(gpu_from_raw).collect();
+                (gpus, topology, Source::Nvml, nvml::node_labels())
+            }
+            Err(err) => {
+                tracing::warn!("no NVML ({err}) and no [[simulated_gpu]] in the config: this node offers no GPU");
+                (Vec::new(), Topology::default(), Source::None, Default::default())
+            }
+        }
+    };
+    if gpus.iter().any(|gpu: &Gpu| gpu.mig_parent.is_some()) {
+        labels.insert("nvidia.mig".into(), "enabled".into());
     }
-    match nvml::devices() {
-        Ok(devices) => {
-            let topology = nvml::topology(&devices).unwrap_or_else(|err| {
-                tracing::warn!("cannot read the GPU topology from NVML ({err}); placing without it");
-                Topology::default()
-            });
-            (devices.iter().map(gpu_from_raw).collect(), topology, Source::Nvml)
-        }
-        Err(err) => {
-            tracing::warn!("no NVML ({err}) and no [[simulated_gpu]] in the config: this node offers no GPU");
-            (Vec::new(), Topology::default(), Source::None)
-        }
+    Discovered {
+        gpus,
+        topology,
+        source,
+        labels,
     }
 }
 
@@ -70,9 +147,10 @@ pub struct SimulatedLoad {
 }
 
 impl Sampler {
-    /// `declared`: agent.toml's simulated GPUs, in the order that gave
-    /// `gpus` their indices.
-    pub fn new(gpus: &[Gpu], source: Source, declared: &[crate::config::SimulatedGpu]) -> Sampler {
+    /// Samples are of whole GPUs (a MIG slice's are its parent's), by
+    /// their physical index: `declared` are agent.toml's simulated GPUs, in
+    /// the order that gave them theirs.
+    pub fn new(source: Source, declared: &[crate::config::SimulatedGpu]) -> Sampler {
         match source {
             Source::Nvml => match nvml_wrapper::Nvml::init() {
                 Ok(nvml) => Sampler::Nvml(Box::new(nvml)),
@@ -87,12 +165,7 @@ impl Sampler {
                         ecc_uncorrected: entry.ecc_uncorrected,
                     })
                 });
-                Sampler::Simulated(
-                    gpus.iter()
-                        .map(|gpu| gpu.index)
-                        .zip(loads.chain(std::iter::repeat(SimulatedLoad::default())))
-                        .collect(),
-                )
+                Sampler::Simulated((0..).zip(loads).collect())
             }
         }
     }
@@ -155,6 +228,9 @@ pub fn gpu_from_raw(raw: &RawDevice) -> Gpu {
         model: model_from_name(&raw.name),
         memory_mib: raw.memory_bytes / (1024 * 1024),
         pci_bus_id: raw.pci_bus_id.clone(),
+        mig_parent: raw.mig_parent,
+        numa_node: raw.numa_node,
+        compute_capability: raw.compute_capability.clone(),
     }
 }
 
@@ -186,6 +262,7 @@ mod tests {
             name: "NVIDIA H100 80GB HBM3".into(),
             memory_bytes: 85_520_809_984,
             pci_bus_id: "00000000:19:00.0".into(),
+            ..RawDevice::default()
         };
         let gpu = gpu_from_raw(&raw);
         assert_eq!((gpu.index, gpu.memory_mib, gpu.model.as_str()), (3, 81_559, "h100"));

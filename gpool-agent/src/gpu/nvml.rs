@@ -7,22 +7,77 @@ use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::Nvml;
 
-/// Every device NVML sees, or why NVML is not usable here.
+/// NVML_DEVICE_MIG_ENABLE of nvml.h.
+const MIG_ENABLED: u32 = 1;
+
+/// Every device NVML sees, or why NVML is not usable here. A GPU in MIG
+/// mode is left out and its slices are listed instead, with indices after
+/// the whole GPUs' (which keep NVML's indices).
 pub fn devices() -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlError> {
     let nvml = Nvml::init()?;
     let n_devices = nvml.device_count()?;
     let mut devices = Vec::with_capacity(n_devices as usize);
+    let mut slices = Vec::new();
     for index in 0..n_devices {
         let device = nvml.device_by_index(index)?;
+        let pci_bus_id = device.pci_info()?.bus_id;
+        let numa_node = device.numa_node_id().ok();
+        let compute_capability = device
+            .cuda_compute_capability()
+            .map(|cc| format!("{}.{}", cc.major, cc.minor))
+            .unwrap_or_default();
+        if device.mig_mode().is_ok_and(|mode| mode.current == MIG_ENABLED) {
+            for slot in 0..device.mig_device_count().unwrap_or(0) {
+                // Empty slots answer NotFound.
+                let Ok(slice) = device.mig_device_by_index(slot) else {
+                    continue;
+                };
+                slices.push(RawDevice {
+                    index: 0,
+                    uuid: slice.uuid()?,
+                    name: slice.name()?,
+                    memory_bytes: slice.memory_info()?.total,
+                    pci_bus_id: pci_bus_id.clone(),
+                    mig_parent: Some(index),
+                    numa_node,
+                    compute_capability: compute_capability.clone(),
+                });
+            }
+            continue;
+        }
         devices.push(RawDevice {
             index,
             uuid: device.uuid()?,
             name: device.name()?,
             memory_bytes: device.memory_info()?.total,
-            pci_bus_id: device.pci_info()?.bus_id,
+            pci_bus_id,
+            mig_parent: None,
+            numa_node,
+            compute_capability,
         });
     }
+    for (k, mut slice) in slices.into_iter().enumerate() {
+        slice.index = n_devices + k as u32;
+        devices.push(slice);
+    }
     Ok(devices)
+}
+
+/// Node-wide facts for its labels: `nvidia.driver` (`550.54.15`),
+/// `nvidia.cuda` (`12.4`: the newest CUDA the driver runs).
+pub fn node_labels() -> std::collections::BTreeMap<String, String> {
+    let mut labels = std::collections::BTreeMap::new();
+    let Ok(nvml) = Nvml::init() else { return labels };
+    if let Ok(driver) = nvml.sys_driver_version() {
+        labels.insert("nvidia.driver".to_string(), driver);
+    }
+    if let Ok(cuda) = nvml.sys_cuda_driver_version() {
+        labels.insert(
+            "nvidia.cuda".to_string(),
+            format!("{}.{}", cuda / 1000, (cuda % 1000) / 10),
+        );
+    }
+    labels
 }
 
 /// The links between every pair of devices: NVLink where an active link of
@@ -30,8 +85,10 @@ pub fn devices() -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlError> {
 /// pair NVML cannot place is left out (and counts as `system`).
 pub fn topology(devices: &[RawDevice]) -> Result<Topology, nvml_wrapper::error::NvmlError> {
     let nvml = Nvml::init()?;
+    // MIG slices have no peer links of their own.
+    let devices: Vec<&RawDevice> = devices.iter().filter(|raw| raw.mig_parent.is_none()).collect();
     let mut nvlink_peers: Vec<Vec<String>> = Vec::with_capacity(devices.len());
-    for raw in devices {
+    for raw in &devices {
         let device = nvml.device_by_index(raw.index)?;
         let peers = (0..NVLINK_MAX_LINKS)
             .filter_map(|link| {

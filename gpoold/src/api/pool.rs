@@ -790,7 +790,7 @@ impl PoolService {
     /// Hands `fault` to `node`'s agent, which reports it as NVML would.
     async fn inject(&self, caller: &Caller, node: String, fault: Option<pb::Inject>) -> Result<(), Status> {
         authorize(caller, &Action::InjectFault(&node)).map_err(Error::from)?;
-        let fault = fault.ok_or_else(|| Error::InvalidRequest {
+        let mut fault = fault.ok_or_else(|| Error::InvalidRequest {
             field: "fault",
             reason: "say which fault to inject".into(),
         })?;
@@ -801,13 +801,15 @@ impl PoolService {
                 .read()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let known = state.nodes.get(&node).ok_or_else(|| Error::UnknownNode(node.clone()))?;
-            if !known.gpus.iter().any(|gpu| gpu.index == fault.gpu) {
+            let Some(gpu) = known.gpus.iter().find(|gpu| gpu.index == fault.gpu) else {
                 return Err(Error::InvalidRequest {
                     field: "gpu",
                     reason: format!("node {node} has no GPU {}", fault.gpu),
                 }
                 .into());
-            }
+            };
+            // Faults are of whole GPUs: a MIG slice's is its parent's.
+            fault.gpu = gpu.mig_parent.unwrap_or(gpu.index);
         }
         let message = pb::ControllerMessage {
             msg: Some(pb::controller_message::Msg::Inject(fault)),
@@ -933,7 +935,9 @@ fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a Node>) -> Ve
             wire.health_check = state.health_checks.get(&node.name).cloned();
             let samples = state.gpu_samples.get(&node.name).map_or(&[][..], Vec::as_slice);
             for gpu in &mut wire.gpus {
-                gpu.sample = samples.iter().find(|sample| sample.index == gpu.index).copied();
+                // A MIG slice's readings are its parent's.
+                let physical = gpu.mig_parent.unwrap_or(gpu.index);
+                gpu.sample = samples.iter().find(|sample| sample.index == physical).copied();
             }
             wire.pools = state
                 .policy

@@ -25,7 +25,12 @@ impl State {
         out: &mut Batch,
     ) {
         let Some(known) = self.nodes.get(node) else { return };
-        let indices: Vec<u32> = known.gpus.iter().map(|gpu| gpu.index).collect();
+        // A MIG slice reads as the GPU it is carved from.
+        let indices: Vec<(u32, u32)> = known
+            .gpus
+            .iter()
+            .map(|gpu| (gpu.index, gpu.mig_parent.unwrap_or(gpu.index)))
+            .collect();
         if let Some(check) = &check {
             self.health_checks.insert(node.to_string(), check.clone());
         }
@@ -44,16 +49,16 @@ impl State {
         );
         self.apply_node_change(node, node_change, now, out);
 
-        for index in indices {
+        for (index, physical) in indices {
             let reading = samples
                 .iter()
-                .find(|sample| sample.index == index)
+                .find(|sample| sample.index == physical)
                 .map(|sample| GpuReading {
                     temperature_c: sample.temperature_c,
                     ecc_uncorrected: sample.ecc_uncorrected,
                     remap_failure: sample.remap_failure,
                     remap_pending: sample.remap_pending,
-                    xids: xids.iter().filter(|x| x.index == index).map(|x| x.xid).collect(),
+                    xids: xids.iter().filter(|x| x.index == physical).map(|x| x.xid).collect(),
                 });
             let assessment = self.gpu_watch.entry((node.to_string(), index)).or_default().assess(
                 reading.as_ref(),

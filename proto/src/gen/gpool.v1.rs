@@ -764,6 +764,14 @@ pub struct Gpu {
     /// Set while it is out of service.
     #[prost(message, optional, tag = "8")]
     pub out_of_service: ::core::option::Option<OutOfService>,
+    /// A MIG slice: the index of the GPU it is carved from.
+    #[prost(uint32, optional, tag = "9")]
+    pub mig_parent: ::core::option::Option<u32>,
+    #[prost(uint32, optional, tag = "10")]
+    pub numa_node: ::core::option::Option<u32>,
+    /// CUDA compute capability, "9.0"; empty where unknown.
+    #[prost(string, tag = "11")]
+    pub compute_capability: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
