@@ -873,6 +873,9 @@ pub struct PoolSummary {
     pub gpus_unavailable: usize,
     /// GPUs by model.
     pub models: BTreeMap<String, usize>,
+    /// How many more jobs of 1, 2, 4 and 8 GPUs, and whole-node gangs,
+    /// could start now.
+    pub startable: gpool_core::fragmentation::Startable,
 }
 
 /// Per pool (a node counts in each pool it belongs to): its nodes by state
@@ -908,6 +911,9 @@ pub fn pool_summaries(nodes: &[pb::Node]) -> Vec<PoolSummary> {
             if available {
                 summary.gpus_idle += node.gpus.len() - n_busy - n_out;
                 summary.gpus_unavailable += n_out;
+                summary
+                    .startable
+                    .add_node((node.gpus.len() - n_busy - n_out) as u32, node.gpus.len() as u32);
             } else {
                 summary.gpus_unavailable += node.gpus.len() - n_busy;
             }
@@ -937,9 +943,20 @@ pub fn print_pool_summaries(summaries: &[PoolSummary]) {
                     "{}/{}/{}/{}",
                     summary.gpus_allocated, summary.gpus_idle, summary.gpus_unavailable, summary.gpus_total
                 ),
+                summary.startable.summary(),
                 models.join(","),
             ]
         })
         .collect();
-    print_table(&["POOL", "NODES", "NODE STATES", "GPUS(A/I/O/T)", "MODELS"], rows);
+    print_table(
+        &[
+            "POOL",
+            "NODES",
+            "NODE STATES",
+            "GPUS(A/I/O/T)",
+            "FITS 1/2/4/8 GPUS",
+            "MODELS",
+        ],
+        rows,
+    );
 }

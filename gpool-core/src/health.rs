@@ -239,6 +239,8 @@ pub enum Transition {
     JobFault,
     /// An Xid that says nothing of its health.
     Note,
+    /// A GPU left or joined the node's inventory.
+    Inventory,
 }
 
 impl fmt::Display for Transition {
@@ -249,6 +251,7 @@ impl fmt::Display for Transition {
             Transition::Returned => "returned",
             Transition::JobFault => "job_fault",
             Transition::Note => "note",
+            Transition::Inventory => "inventory",
         })
     }
 }
@@ -261,6 +264,47 @@ pub struct HealthEvent {
     pub gpu: Option<u32>,
     pub transition: Transition,
     pub reason: String,
+}
+
+/// How a node's GPUs changed between two registrations of its agent (a
+/// GPU fell off the bus and the driver dropped it, a MIG layout changed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drift {
+    /// GPU `index` is gone, or is now another device: what it was.
+    Gone { index: u32, was: String },
+    /// A GPU that was not there before.
+    Joined { index: u32, now: String },
+}
+
+impl fmt::Display for Drift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Drift::Gone { index, was } => write!(f, "GPU {index} ({was}) left the inventory"),
+            Drift::Joined { index, now } => write!(f, "GPU {index} ({now}) joined the inventory"),
+        }
+    }
+}
+
+/// What changed from `before` to `after`: a GPU is the same while its index
+/// and UUID are.
+pub fn drift(before: &[crate::model::Gpu], after: &[crate::model::Gpu]) -> Vec<Drift> {
+    let same = |a: &crate::model::Gpu, b: &crate::model::Gpu| a.index == b.index && a.uuid == b.uuid;
+    let describe = |gpu: &crate::model::Gpu| format!("{} {}", gpu.model, gpu.uuid);
+    let gone = before
+        .iter()
+        .filter(|old| !after.iter().any(|new| same(old, new)))
+        .map(|old| Drift::Gone {
+            index: old.index,
+            was: describe(old),
+        });
+    let joined = after
+        .iter()
+        .filter(|new| !before.iter().any(|old| same(old, new)))
+        .map(|new| Drift::Joined {
+            index: new.index,
+            now: describe(new),
+        });
+    gone.chain(joined).collect()
 }
 
 /// Appends `event` to `log`, keeping the newest `MAX_HEALTH_EVENTS`.

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod deps;
 pub mod feasibility;
 pub mod fencing;
+pub mod fragmentation;
 pub mod health;
 pub mod ids;
 pub mod job_state;

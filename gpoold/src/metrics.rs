@@ -60,6 +60,17 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         "GPUs by model, pool and state (allocated, idle, unavailable: on nodes down, drained or draining)",
     );
     let nodes = gauge(&mut registry, "nodes", "Nodes by state");
+    let startable = gauge(
+        &mut registry,
+        "startable_jobs",
+        "Jobs of 1, 2, 4 or 8 GPUs (gpus=node: whole-node gangs) that could start now on each pool's free GPUs",
+    );
+    let mut startable_by_pool: std::collections::BTreeMap<String, gpool_core::fragmentation::Startable> = state
+        .policy
+        .pools
+        .iter()
+        .map(|pool| (pool.name.clone(), Default::default()))
+        .collect();
     let holders = state.gpu_holders();
     for node in state.nodes.values() {
         let n_busy = node
@@ -79,6 +90,17 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
             .filter(|pool| pool.selects(&node.labels))
             .map(|pool| pool.name.clone())
             .collect();
+        if available {
+            let free = node
+                .gpus_in_service()
+                .filter(|gpu| !holders.contains_key(&(node.name.as_str(), gpu.index)))
+                .count() as u32;
+            for pool in &pools {
+                if let Some(counts) = startable_by_pool.get_mut(pool) {
+                    counts.add_node(free, node.gpus.len() as u32);
+                }
+            }
+        }
         for gpu in &node.gpus {
             let in_service = available && !node.gpus_out.contains_key(&gpu.index);
             let gpu_state = match (holders.contains_key(&(node.name.as_str(), gpu.index)), in_service) {
@@ -94,6 +116,18 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
                 ])
                 .inc();
             }
+        }
+    }
+
+    for (pool, counts) in &startable_by_pool {
+        let sizes = gpool_core::fragmentation::SIZES.iter().map(u32::to_string);
+        for (size, count) in sizes
+            .chain(["node".to_string()])
+            .zip(counts.jobs.iter().chain([&counts.whole_nodes]))
+        {
+            startable
+                .get_or_create(&vec![("pool", pool.clone()), ("gpus", size)])
+                .set(*count as f64);
         }
     }
 

@@ -215,3 +215,31 @@ proptest! {
         prop_assert!(quiet.faults.is_empty(), "{:?}", quiet.faults);
     }
 }
+
+#[test]
+fn drift_names_the_gpus_that_left_and_joined() {
+    let before = crate::testing::node("n1", 3, "a100-40gb").gpus;
+    // GPU 2 fell off the bus; GPU 0 was put in MIG mode and comes back as
+    // two slices after the whole GPUs.
+    let mut after: Vec<crate::model::Gpu> = before[1..2].to_vec();
+    for (k, profile) in ["3g.20gb", "4g.20gb"].iter().enumerate() {
+        after.push(crate::model::Gpu {
+            index: 3 + k as u32,
+            uuid: format!("MIG-{k}"),
+            model: crate::model::GpuModel::new(&format!("a100-{profile}")),
+            mig_parent: Some(0),
+            ..before[0].clone()
+        });
+    }
+    let said: Vec<String> = drift(&before, &after).iter().map(ToString::to_string).collect();
+    assert_eq!(
+        said,
+        [
+            "GPU 0 (a100-40gb GPU-n1-0) left the inventory",
+            "GPU 2 (a100-40gb GPU-n1-2) left the inventory",
+            "GPU 3 (a100-3g.20gb MIG-0) joined the inventory",
+            "GPU 4 (a100-4g.20gb MIG-1) joined the inventory",
+        ]
+    );
+    assert!(drift(&before, &before).is_empty());
+}

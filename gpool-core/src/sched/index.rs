@@ -43,7 +43,14 @@ pub(super) struct FreeIndex<'v> {
     model_idx_by_name: HashMap<GpuModel, usize>,
     groups: Vec<Group>,
     pools: Vec<PoolIndex>,
+    /// Some node has a `switch` or `rack` label: gangs look for nodes that
+    /// share one.
+    locality: bool,
 }
+
+/// Labels that group nodes close on the network, nearest first: a gang
+/// goes onto nodes under one switch where it can, else one rack.
+pub const LOCALITY_LABELS: [&str; 2] = ["switch", "rack"];
 
 impl<'v> FreeIndex<'v> {
     pub(super) fn build(nodes: &'v [NodeView], policy: &Policy) -> FreeIndex<'v> {
@@ -63,6 +70,9 @@ impl<'v> FreeIndex<'v> {
             model_idx_by_name,
             groups: Vec::new(),
             pools: policy.pools.iter().map(|_| PoolIndex::default()).collect(),
+            locality: nodes
+                .iter()
+                .any(|node| LOCALITY_LABELS.iter().any(|key| node.labels.contains_key(*key))),
         };
         for (node_idx, node) in nodes.iter().enumerate() {
             index.add_node(node_idx, node, policy);
@@ -250,6 +260,12 @@ impl<'v> FreeIndex<'v> {
             NvlinkNeed::Required => &[true],
         };
         for need_nvlink in passes {
+            if n_nodes > 1 && self.locality {
+                match self.gang_groups(buckets, job, *need_nvlink) {
+                    Some(found) => return Some(found),
+                    None => continue,
+                }
+            }
             let mut found = Vec::with_capacity(n_nodes);
             for bucket in buckets.by_free.iter().skip(wanted) {
                 for group_idx in bucket {
@@ -264,6 +280,45 @@ impl<'v> FreeIndex<'v> {
             }
         }
         None
+    }
+
+    /// A gang's groups: the best-fitting ones under one `switch` where one
+    /// has enough, else in one `rack`, else anywhere.
+    fn gang_groups(&self, buckets: &ModelBuckets, job: &PendingJob, need_nvlink: bool) -> Option<Vec<usize>> {
+        let n_nodes = job.nodes as usize;
+        // Fewest free GPUs first: the best fits.
+        let candidates: Vec<usize> = buckets
+            .by_free
+            .iter()
+            .skip(job.gpus_per_node as usize)
+            .flatten()
+            .copied()
+            .filter(|group_idx| job.requires.is_none() || self.group_allows(*group_idx, job, need_nvlink))
+            .collect();
+        if candidates.len() < n_nodes {
+            return None;
+        }
+        for key in LOCALITY_LABELS {
+            let mut domains: HashMap<&str, Vec<usize>> = HashMap::new();
+            for group_idx in &candidates {
+                if let Some(value) = self.nodes[self.groups[*group_idx].node_idx].labels.get(key) {
+                    domains.entry(value.as_str()).or_default().push(*group_idx);
+                }
+            }
+            let best = domains
+                .into_iter()
+                .filter(|(_, groups)| groups.len() >= n_nodes)
+                .map(|(value, groups)| {
+                    let chosen = groups[..n_nodes].to_vec();
+                    let cost: usize = chosen.iter().map(|g| self.groups[*g].free.len()).sum();
+                    ((cost, value), chosen)
+                })
+                .min_by(|a, b| a.0.cmp(&b.0));
+            if let Some((_, chosen)) = best {
+                return Some(chosen);
+            }
+        }
+        Some(candidates[..n_nodes].to_vec())
     }
 
     /// The job's requirements let it have `job.gpus_per_node` GPUs of the

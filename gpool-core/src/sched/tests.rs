@@ -321,3 +321,59 @@ fn nvlink_required_waits_for_a_joined_set_and_preferred_takes_one_first() {
         "#]],
     );
 }
+
+#[test]
+fn gangs_go_under_one_switch_then_one_rack() {
+    // n1 and n3 share switch s1; n2 is the best fit by free GPUs but alone
+    // under s2.
+    check(
+        "n1 8xh100 switch=s1 rack=r1\nn2 8xh100 used=0-3 switch=s2 rack=r1\nn3 8xh100 switch=s1 rack=r1",
+        "j1 gpus=4 nodes=2",
+        expect![[r#"
+            start j1 n1[0-3] n3[0-3]
+        "#]],
+    );
+    // No switch has two nodes free enough: one rack, then anywhere.
+    check(
+        "n1 8xh100 switch=s1 rack=r1\nn2 8xh100 switch=s2 rack=r2\nn3 8xh100 switch=s3 rack=r2",
+        "j1 gpus=8 nodes=2",
+        expect![[r#"
+            start j1 n2[0-7] n3[0-7]
+        "#]],
+    );
+}
+
+/// The node shapes of a real fleet: an 8-GPU NVSwitch node, one of four
+/// NVLink pairs, a PCIe-only L4 node and an A100 carved into MIG slices.
+const FLEET: &str = "nvswitch 8xh100 nvlink=0-7\n\
+                     pairs 8xh100 nvlink=0-1/2-3/4-5/6-7 used=0\n\
+                     pcie 4xl4\n\
+                     mig 2xa100-3g.20gb";
+
+#[test]
+fn on_a_mixed_fleet_small_jobs_fill_broken_cliques_and_whole_domains_stay_free() {
+    check(
+        FLEET,
+        "j1 type=h100\nj2 gpus=2 type=h100 nvlink=required\nj3 type=l4 gpus=3\nj4 type=a100-3g.20gb\nj5 gpus=8 type=h100",
+        expect![[r#"
+            start j1 pairs[1]
+            start j2 pairs[2-3]
+            start j3 pcie[0-2]
+            start j4 mig[0]
+            start j5 nvswitch[0-7]
+        "#]],
+    );
+}
+
+#[test]
+fn fragmentation_counts_what_could_start_on_the_fleet() {
+    let view = cluster_view(FLEET, "");
+    let mut startable = crate::fragmentation::Startable::default();
+    for node in &view.nodes {
+        let free = node.gpus.iter().filter(|gpu| !gpu.busy).count() as u32;
+        startable.add_node(free, node.gpus.len() as u32);
+    }
+    // 8 + 7 + 4 + 2 free: 21 single-GPU jobs, but one 8-GPU job.
+    assert_eq!(startable.jobs, [21, 10, 4, 1]);
+    assert_eq!(startable.whole_nodes, 3);
+}

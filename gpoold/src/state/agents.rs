@@ -217,6 +217,12 @@ impl State {
         out: &mut Batch,
     ) {
         let name = node.name.clone();
+        // GPUs that left or joined since the node's last registration.
+        let drift = self
+            .nodes
+            .get(&name)
+            .map(|known| gpool_core::health::drift(&known.gpus, &node.gpus))
+            .unwrap_or_default();
         if let Some(known) = self.nodes.get(&name) {
             node.drain_reason = known.drain_reason.clone();
             node.health_drain = known.health_drain.clone();
@@ -266,6 +272,7 @@ impl State {
             tracing::warn!(job = %job_id, node = %name, "attempt is gone from its node; requeueing");
             self.lose_attempt(job_id, epoch, false, now, out);
         }
+        self.apply_drift(&name, drift, now, out);
     }
 
     /// The epoch of `job`'s running attempt if it has a part on `node`.

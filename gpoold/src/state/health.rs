@@ -170,6 +170,23 @@ impl State {
         out.writes.push(Write::Node(name.to_string()));
     }
 
+    /// The node's inventory changed: each change goes in its health log,
+    /// and the attempt on a GPU that left is requeued (the node's capacity
+    /// changes; the node stays in service).
+    pub(super) fn apply_drift(&mut self, node: &str, drift: Vec<health::Drift>, now: Timestamp, out: &mut Batch) {
+        for change in drift {
+            tracing::warn!(node, "{change}");
+            let index = match change {
+                health::Drift::Gone { index, .. } => {
+                    self.requeue_jobs_on_gpu(node, index, now, out);
+                    index
+                }
+                health::Drift::Joined { index, .. } => index,
+            };
+            self.log_health(node, Some(index), Transition::Inventory, change.to_string(), now, out);
+        }
+    }
+
     /// The running attempt holding GPU `index` of `node`, if any.
     fn attempt_on_gpu(&self, node: &str, index: u32) -> Option<(JobId, Epoch)> {
         self.running_on
