@@ -182,3 +182,51 @@ fn a_failing_health_program_drains_the_node_until_it_passes_again() {
         "{text}"
     );
 }
+
+#[test]
+fn a_vanished_gpu_and_a_hot_one_leave_service_and_come_back_when_quiet() {
+    let mut cluster = Cluster::with_config("[health]\nquiet_period = \"2s\"\nhot_for = \"1s\"\n");
+    cluster.start_agent("n1", 2);
+    cluster.gpool(&["admin", "inject", "n1", "--gpu", "0", "--vanish"]).ok();
+    cluster
+        .gpool(&["admin", "inject", "n1", "--gpu", "1", "--temp", "97"])
+        .ok();
+    let reasons = wait_until("both GPUs to leave service", Duration::from_secs(20), || {
+        let (vanished, hot) = (gpu(&cluster, "n1", 0), gpu(&cluster, "n1", 1));
+        let reasons = (
+            vanished["out_of_service"]["reason"].as_str()?.to_string(),
+            hot["out_of_service"]["reason"].as_str()?.to_string(),
+        );
+        Some(reasons)
+    });
+    assert!(
+        reasons.0.starts_with("missing from its node's readings"),
+        "{}",
+        reasons.0
+    );
+    assert!(reasons.1.starts_with("97 °C, at or above 90 °C for"), "{}", reasons.1);
+    // The node itself stays up: capacity shrinks, with the reason shown.
+    let table = cluster.gpool(&["nodes"]).ok().to_string();
+    assert!(table.contains("GPU 0: missing from its node's readings"), "{table}");
+    let summary = cluster.gpool(&["nodes", "--summary", "--output", "json"]).json();
+    assert_eq!(summary[0]["gpus_unavailable"], 2);
+    assert_eq!(summary[0]["startable"]["jobs"][0], 0);
+    // Back in the readings and cool: both return after the quiet period.
+    cluster.gpool(&["admin", "inject", "n1", "--gpu", "0", "--back"]).ok();
+    cluster
+        .gpool(&["admin", "inject", "n1", "--gpu", "1", "--temp", "40"])
+        .ok();
+    wait_until("both GPUs to return", Duration::from_secs(30), || {
+        (gpu(&cluster, "n1", 0)["out_of_service"].is_null() && gpu(&cluster, "n1", 1)["out_of_service"].is_null())
+            .then_some(())
+    });
+    // Only admins inject faults; the refusal says so.
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
+    let refused = cluster.gpool_as(
+        &nobody,
+        &cluster.cli_server,
+        &["admin", "inject", "n1", "--gpu", "0", "--xid", "79"],
+    );
+    assert_ne!(refused.code, 0);
+    assert!(refused.stderr.contains("only admins may"), "{}", refused.stderr);
+}
