@@ -55,6 +55,14 @@ pub enum Infeasible {
         wanted_mib: u64,
         largest_mib: u64,
     },
+    #[error(
+        "gpus: {gpus_per_node} GPUs of MIG slice {model} on one node: a job gets one slice per node (CUDA uses one MIG device per process)"
+    )]
+    MigSlices { model: String, gpus_per_node: u32 },
+    #[error(
+        "requirements: {detail}, counting only the nodes and GPUs that its min_gpu_memory, nvlink, constraint, nodelist and exclude allow"
+    )]
+    Requirements { detail: String },
     #[error("nvlink: no node of pool {pool:?} has {gpus_per_node} GPUs all joined by NVLink; the most is {largest}")]
     NoNvlinkSet {
         pool: String,
@@ -125,6 +133,29 @@ fn usable_count(spec: &JobSpec, node: &Node, gpus: &[u32]) -> u32 {
 /// their GPUs are free, drained or down nodes included, since they can come
 /// back), or when the pool has no known node yet.
 pub fn check_feasible(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result<(), Infeasible> {
+    let result = check_spec(spec, policy, nodes);
+    match result {
+        // Where only its requirements keep it from fitting, say so rather
+        // than blame its size or models.
+        Err(
+            err @ (Infeasible::TooManyGpus { .. } | Infeasible::TooManyNodes { .. } | Infeasible::NoSuchModel { .. }),
+        ) if !spec.requires.is_empty() => {
+            let unconstrained = JobSpec {
+                requires: Default::default(),
+                ..spec.clone()
+            };
+            match check_spec(&unconstrained, policy, nodes) {
+                Ok(()) => Err(Infeasible::Requirements {
+                    detail: err.to_string(),
+                }),
+                Err(_) => Err(err),
+            }
+        }
+        other => other,
+    }
+}
+
+fn check_spec(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result<(), Infeasible> {
     let Some(pool) = policy.pool(&spec.pool) else {
         let known: Vec<&str> = policy.pools.iter().map(|p| p.name.as_str()).collect();
         return Err(Infeasible::UnknownPool {
@@ -136,7 +167,15 @@ pub fn check_feasible(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result
         return Ok(());
     }
     check_node_requirements(spec, pool, nodes)?;
-    let acceptable_model = |model: &GpuModel| spec.gpu_types.is_empty() || spec.gpu_types.contains(model);
+    if spec.gpus_per_node > 1 {
+        if let Some(slice) = spec.gpu_types.iter().find(|model| model.is_mig_slice()) {
+            return Err(Infeasible::MigSlices {
+                model: slice.to_string(),
+                gpus_per_node: spec.gpus_per_node,
+            });
+        }
+    }
+    let acceptable_model = |model: &GpuModel| model.accepted_by(&spec.gpu_types);
     if spec.requires.min_gpu_memory_mib > 0 {
         let largest_mib = nodes
             .iter()
@@ -179,7 +218,7 @@ pub fn check_feasible(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result
     }
     let acceptable: Vec<(&GpuModel, Vec<u32>)> = per_node_counts
         .into_iter()
-        .filter(|(model, _)| spec.gpu_types.is_empty() || spec.gpu_types.contains(model))
+        .filter(|(model, _)| model.accepted_by(&spec.gpu_types))
         .map(|(model, mut counts)| {
             counts.sort_unstable_by(|a, b| b.cmp(a));
             (model, counts)

@@ -70,6 +70,9 @@ pub struct HealthPolicy {
     /// A GPU (or node) out of service for a fault returns after this long
     /// with no fault and a passing probe.
     pub quiet_ms: i64,
+    /// A GPU missing from its node's readings this long is a fault (one
+    /// unreadable heartbeat is not).
+    pub missing_for_ms: i64,
 }
 
 impl Default for HealthPolicy {
@@ -78,6 +81,7 @@ impl Default for HealthPolicy {
             max_temperature_c: 90,
             hot_for_ms: 60_000,
             quiet_ms: 10 * 60_000,
+            missing_for_ms: 10_000,
         }
     }
 }
@@ -102,6 +106,7 @@ pub struct GpuReading {
 pub struct GpuWatch {
     ecc_uncorrected: Option<u64>,
     hot_since: Option<Timestamp>,
+    missing_since: Option<Timestamp>,
 }
 
 /// What one heartbeat says of one GPU.
@@ -122,11 +127,16 @@ impl GpuWatch {
         let mut assessment = Assessment::default();
         let Some(reading) = reading else {
             self.hot_since = None;
-            assessment
-                .faults
-                .push("missing from its node's readings (gone from the bus, or unreadable)".into());
+            let since = *self.missing_since.get_or_insert(now);
+            if now.0 - since.0 >= policy.missing_for_ms {
+                assessment.faults.push(format!(
+                    "missing from its node's readings for {} s (gone from the bus, or unreadable)",
+                    (now.0 - since.0) / 1000
+                ));
+            }
             return assessment;
         };
+        self.missing_since = None;
         for xid in &reading.xids {
             let (class, meaning) = classify_xid(*xid);
             let text = format!("Xid {xid} ({meaning})");
@@ -215,6 +225,9 @@ pub fn decide(
     match current {
         None if faults.is_empty() => Change::Keep,
         None => Change::TakeOut(faults.join("; ")),
+        // A pinned GPU stays out whatever it does, but its faults count
+        // (a resume then leaves it out until it is quiet).
+        Some(out) if out.by == TakenBy::Operator && !faults.is_empty() => Change::StillFaulty,
         Some(out) if out.by == TakenBy::Operator => Change::Keep,
         Some(_) if !faults.is_empty() => Change::StillFaulty,
         Some(out) if probe_passed && now.0 - out.last_fault_at.0 >= policy.quiet_ms => Change::Return,

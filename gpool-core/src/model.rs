@@ -20,6 +20,27 @@ impl GpuModel {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A MIG slice's model (`a100-3g.20gb`, `h100-1g.10gb+me`): a job gets
+    /// one only by naming it, and only one per node (CUDA uses one MIG
+    /// device per process).
+    pub fn is_mig_slice(&self) -> bool {
+        self.0.split('-').skip(1).any(|part| {
+            part.split_once("g.").is_some_and(|(slices, memory)| {
+                slices.parse::<u32>().is_ok() && memory.split('+').next().is_some_and(|m| m.ends_with("gb"))
+            })
+        })
+    }
+
+    /// Whether a job asking for `wanted` models (empty: any) may take a
+    /// GPU of this one: a MIG slice only when named.
+    pub fn accepted_by(&self, wanted: &[GpuModel]) -> bool {
+        if wanted.is_empty() {
+            !self.is_mig_slice()
+        } else {
+            wanted.contains(self)
+        }
+    }
 }
 
 impl fmt::Display for GpuModel {

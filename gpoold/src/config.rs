@@ -196,6 +196,7 @@ struct HealthFile {
     max_temperature_c: Option<u32>,
     hot_for: Option<String>,
     quiet_period: Option<String>,
+    missing_for: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -538,6 +539,7 @@ impl Config {
                     max_temperature_c,
                     hot_for_ms: duration_ms("hot_for", &declared.hot_for, defaults.hot_for_ms)?,
                     quiet_ms: duration_ms("quiet_period", &declared.quiet_period, defaults.quiet_ms)?,
+                    missing_for_ms: duration_ms("missing_for", &declared.missing_for, defaults.missing_for_ms)?,
                 }
             }
         };
@@ -864,6 +866,34 @@ mod tests {
         }
         let config = Config::parse("g.toml", &format!("{base}keep = \"forever\"\n")).unwrap();
         assert_eq!(config.accounting.keep, None);
+    }
+
+    #[test]
+    fn health_errors_name_the_field() {
+        let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[health]\n";
+        for (extra, expected) in [
+            (
+                "quiet_period = \"soon\"\n",
+                "health.quiet_period: \"soon\" is not a duration such as 10m",
+            ),
+            (
+                "max_temperature_c = 20\n",
+                "health.max_temperature_c: 20 is not from 40 to 150",
+            ),
+            ("hot_for = \"1x\"\n", "health.hot_for: \"1x\""),
+            ("missing = \"1s\"\n", "unknown field `missing`"),
+        ] {
+            let err = Config::parse("g.toml", &format!("{base}{extra}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{err}");
+        }
+        let config = Config::parse(
+            "g.toml",
+            &format!("{base}quiet_period = \"30s\"\nmissing_for = \"5s\"\n"),
+        )
+        .unwrap();
+        assert_eq!((config.health.quiet_ms, config.health.missing_for_ms), (30_000, 5_000));
     }
 
     #[test]

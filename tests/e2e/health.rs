@@ -185,7 +185,7 @@ fn a_failing_health_program_drains_the_node_until_it_passes_again() {
 
 #[test]
 fn a_vanished_gpu_and_a_hot_one_leave_service_and_come_back_when_quiet() {
-    let mut cluster = Cluster::with_config("[health]\nquiet_period = \"2s\"\nhot_for = \"1s\"\n");
+    let mut cluster = Cluster::with_config("[health]\nquiet_period = \"2s\"\nhot_for = \"1s\"\nmissing_for = \"1s\"\n");
     cluster.start_agent("n1", 2);
     cluster.gpool(&["admin", "inject", "n1", "--gpu", "0", "--vanish"]).ok();
     cluster

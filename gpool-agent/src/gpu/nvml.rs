@@ -225,13 +225,33 @@ fn xid_loop(health: &super::health::Health) -> Result<(), nvml_wrapper::error::N
     use nvml_wrapper::enums::event::XidError;
     use nvml_wrapper::error::NvmlError;
     let nvml = Nvml::init()?;
-    let mut set = nvml.create_event_set()?;
-    for index in 0..nvml.device_count()? {
-        let device = nvml.device_by_index(index)?;
-        set = device
-            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
-            .map_err(|err| err.error)?;
-    }
+    let n_devices = nvml.device_count()?;
+    // A device that cannot be watched (lost, or without event support)
+    // leaves the others watched. A failed registration consumes the set, so
+    // the set is built again without that device.
+    let mut skipped = std::collections::BTreeSet::new();
+    let set = 'build: loop {
+        let mut set = nvml.create_event_set()?;
+        for index in (0..n_devices).filter(|index| !skipped.contains(index)) {
+            let registered = nvml
+                .device_by_index(index)
+                .map_err(|err| err.to_string())
+                .and_then(|device| {
+                    device
+                        .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                        .map_err(|err| err.error.to_string())
+                });
+            match registered {
+                Ok(with_device) => set = with_device,
+                Err(err) => {
+                    tracing::warn!(gpu = index, "cannot watch its Xid events: {err}");
+                    skipped.insert(index);
+                    continue 'build;
+                }
+            }
+        }
+        break set;
+    };
     loop {
         match set.wait(1_000) {
             Ok(event) => {

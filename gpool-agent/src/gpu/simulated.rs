@@ -53,7 +53,11 @@ pub fn mig_memory_mib(profile: &str) -> Option<u64> {
     let (slices, rest) = profile.split_once("g.")?;
     slices.parse::<u32>().ok().filter(|n| (1..=8).contains(n))?;
     let gigabytes = rest.split('+').next()?.strip_suffix("gb")?;
-    gigabytes.parse::<u64>().ok().filter(|gb| *gb > 0).map(|gb| gb * 1024)
+    gigabytes
+        .parse::<u64>()
+        .ok()
+        .filter(|gb| *gb > 0)
+        .and_then(|gb| gb.checked_mul(1024))
 }
 
 #[cfg(test)]

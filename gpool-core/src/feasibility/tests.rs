@@ -157,3 +157,32 @@ fn nvlink_required_counts_only_gpus_joined_by_nvlink() {
     );
     assert_eq!(check_feasible(&spec(4, 1, &[]), &Policy::default(), &[pairs]), Ok(()));
 }
+
+#[test]
+fn requirements_that_shrink_the_fit_are_named_and_mig_slices_go_one_per_node() {
+    let nodes = [node("n1", 8, "h100"), node("n2", 2, "h100")];
+    let narrowed = with_requirements(
+        4,
+        crate::model::Requirements {
+            nodelist: vec!["n2".into()],
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        check_feasible(&narrowed, &Policy::default(), &nodes).unwrap_err().to_string(),
+        "requirements: gpus: no node of pool \"default\" has 4 GPUs of an acceptable model; the largest fit is 2 h100 GPUs on one node, counting only the nodes and GPUs that its min_gpu_memory, nvlink, constraint, nodelist and exclude allow"
+    );
+    let slices = [node("m1", 7, "a100-1g.5gb")];
+    assert_eq!(
+        check_feasible(&spec(2, 1, &["a100-1g.5gb"]), &Policy::default(), &slices)
+            .unwrap_err()
+            .to_string(),
+        "gpus: 2 GPUs of MIG slice a100-1g.5gb on one node: a job gets one slice per node (CUDA uses one MIG device per process)"
+    );
+    // A job that names no model never gets a slice.
+    assert!(check_feasible(&spec(1, 1, &[]), &Policy::default(), &slices).is_err());
+    assert_eq!(
+        check_feasible(&spec(1, 1, &["a100-1g.5gb"]), &Policy::default(), &slices),
+        Ok(())
+    );
+}

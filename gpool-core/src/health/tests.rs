@@ -132,9 +132,17 @@ fn only_sustained_heat_is_a_fault() {
 }
 
 #[test]
-fn a_gpu_missing_from_the_readings_is_a_fault() {
-    let said = replay(&[Some(reading(40, 0, &[])), None]);
-    assert!(said[1].faults[0].starts_with("missing from its node's readings"));
+fn a_gpu_missing_from_the_readings_for_a_while_is_a_fault() {
+    // Heartbeats every 2 s: one unreadable heartbeat is nothing, missing
+    // for 10 s is a fault, and a reading in between starts over.
+    let mut readings = vec![Some(reading(40, 0, &[])), None, Some(reading(40, 0, &[]))];
+    readings.extend(std::iter::repeat_n(None, 6));
+    let said = replay(&readings);
+    assert!(said[..8].iter().all(|a| a.faults.is_empty()), "{said:?}");
+    assert_eq!(
+        said[8].faults,
+        ["missing from its node's readings for 10 s (gone from the bus, or unreadable)"]
+    );
 }
 
 fn out(by: TakenBy, last_fault_secs: i64) -> OutOfService {
@@ -173,9 +181,10 @@ fn an_operator_pin_never_returns_by_itself() {
     let policy = HealthPolicy::default();
     let pinned = out(TakenBy::Operator, 0);
     assert_eq!(decide(Some(&pinned), &[], true, &policy, at(1_000_000)), Change::Keep);
+    // Its faults still count, for when it is resumed.
     assert_eq!(
         decide(Some(&pinned), &["Xid 48".to_string()], true, &policy, at(5)),
-        Change::Keep
+        Change::StillFaulty
     );
 }
 

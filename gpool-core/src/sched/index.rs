@@ -40,6 +40,8 @@ pub(super) struct FreeIndex<'v> {
     groups_of_node: HashMap<usize, Vec<usize>>,
     node_idx_by_name: HashMap<&'v str, usize>,
     models: Vec<GpuModel>,
+    /// Which models are MIG slices (taken only when named, one per node).
+    mig_models: Vec<bool>,
     model_idx_by_name: HashMap<GpuModel, usize>,
     groups: Vec<Group>,
     pools: Vec<PoolIndex>,
@@ -66,6 +68,7 @@ impl<'v> FreeIndex<'v> {
             nodes,
             groups_of_node: HashMap::new(),
             node_idx_by_name: nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect(),
+            mig_models: models.iter().map(GpuModel::is_mig_slice).collect(),
             models,
             model_idx_by_name,
             groups: Vec::new(),
@@ -227,15 +230,21 @@ impl<'v> FreeIndex<'v> {
                 n_draining: pool.n_draining,
             }]);
         }
-        if job.gpu_types.is_empty() && !present.is_empty() {
+        let any_mig = self.mig_models.iter().any(|mig| *mig);
+        if job.gpu_types.is_empty() && !present.is_empty() && !any_mig {
             return Ok(present);
         }
-        let allowed: Vec<usize> = job
-            .gpu_types
-            .iter()
-            .filter_map(|model| self.model_idx_by_name.get(model).copied())
-            .filter(|model_idx| present.contains(model_idx))
-            .collect();
+        let allowed: Vec<usize> = if job.gpu_types.is_empty() {
+            present.iter().copied().filter(|m| !self.mig_models[*m]).collect()
+        } else {
+            job.gpu_types
+                .iter()
+                .filter_map(|model| self.model_idx_by_name.get(model).copied())
+                .filter(|model_idx| present.contains(model_idx))
+                // A MIG slice takes one GPU per node.
+                .filter(|model_idx| job.gpus_per_node == 1 || !self.mig_models[*model_idx])
+                .collect()
+        };
         if allowed.is_empty() {
             let mut rejects = vec![Reject::NoGpuModel {
                 pool: pool_name,

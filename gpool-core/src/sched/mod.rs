@@ -420,10 +420,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
         };
         let shape = ShapeKey {
             class: std::ptr::from_ref(class) as usize,
-            requires: job
-                .requires
-                .as_ref()
-                .map_or(0, |requires| std::sync::Arc::as_ptr(requires) as usize),
+            requires: job.requires.as_deref(),
             gpus_per_node: job.gpus_per_node,
             nodes: job.nodes,
             covered,
@@ -552,11 +549,10 @@ type FastHash = foldhash::fast::RandomState;
 /// What decides whether a job fits and why not, within one cycle: its
 /// class (by address: one `Class` per class), shape and standing.
 #[derive(PartialEq, Eq, Hash)]
-struct ShapeKey {
+struct ShapeKey<'v> {
     class: usize,
-    /// Its requirements, by address (0: none): jobs with requirements are
-    /// alike only if they share them.
-    requires: usize,
+    /// Jobs with requirements are alike only if they have the same.
+    requires: Option<&'v crate::model::Requirements>,
     gpus_per_node: u32,
     nodes: u32,
     covered: bool,

@@ -363,8 +363,7 @@ pub(super) fn room_on(job: &PendingJob, pool: Option<&crate::model::PoolDef>, no
     }
     let mut by_model: Vec<(&crate::model::GpuModel, Vec<u32>)> = Vec::new();
     for gpu in &node.gpus {
-        let acceptable =
-            (job.gpu_types.is_empty() || job.gpu_types.contains(&gpu.model)) && job.allows_memory(gpu.memory_mib);
+        let acceptable = gpu.model.accepted_by(&job.gpu_types) && job.allows_memory(gpu.memory_mib);
         if acceptable && (!gpu.busy || extra.contains(&gpu.index)) {
             match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
                 Some((_, free)) => free.push(gpu.index),

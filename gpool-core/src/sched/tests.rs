@@ -377,3 +377,17 @@ fn fragmentation_counts_what_could_start_on_the_fleet() {
     assert_eq!(startable.jobs, [21, 10, 4, 1]);
     assert_eq!(startable.whole_nodes, 3);
 }
+
+#[test]
+fn mig_slices_go_only_to_jobs_that_name_them_one_per_node() {
+    check(
+        "mig 3xa100-1g.5gb\nwhole 1xa100-40gb",
+        "j1\nj2\nj3 type=a100-1g.5gb\nj4 type=a100-1g.5gb gpus=2",
+        expect![[r#"
+            start j1 whole[0]
+            start j3 mig[0]
+            pending j2: wants 1 GPU on one node; none is free; no start time can be foreseen: not every running job in its way has a time limit
+            pending j4: no GPU of model a100-1g.5gb on an available node of pool "default" (it has: a100-1g.5gb, a100-40gb)
+        "#]],
+    );
+}

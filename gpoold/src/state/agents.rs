@@ -227,12 +227,18 @@ impl State {
             node.drain_reason = known.drain_reason.clone();
             node.health_drain = known.health_drain.clone();
             node.health_log = known.health_log.clone();
-            // GPUs still there stay out of service; a GPU gone from the
-            // inventory is forgotten (its readings are missing anyway).
+            // GPUs still there (same index, same device) stay out of
+            // service; one gone from the inventory is forgotten.
+            let same_device = |index: u32| {
+                let uuid_of = |gpus: &[gpool_core::model::Gpu]| {
+                    gpus.iter().find(|gpu| gpu.index == index).map(|gpu| gpu.uuid.clone())
+                };
+                uuid_of(&node.gpus).is_some_and(|uuid| uuid_of(&known.gpus) == Some(uuid))
+            };
             node.gpus_out = known
                 .gpus_out
                 .iter()
-                .filter(|(index, _)| node.gpus.iter().any(|gpu| gpu.index == **index))
+                .filter(|(index, _)| same_device(**index))
                 .map(|(index, out)| (*index, out.clone()))
                 .collect();
         }

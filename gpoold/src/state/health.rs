@@ -34,8 +34,11 @@ impl State {
         if let Some(check) = &check {
             self.health_checks.insert(node.to_string(), check.clone());
         }
-        // Without a health program, a re-read of the counters is the probe.
+        // Without a health program, a re-read of the counters is the probe
+        // for a GPU. A node its program drained returns only on a passing
+        // run (not on a heartbeat from before the first run, after a reboot).
         let probe_passed = check.as_ref().is_none_or(|check| check.passed);
+        let node_probe_passed = check.as_ref().is_some_and(|check| check.passed);
         let node_faults: Vec<String> = match &check {
             Some(check) if !check.passed => vec![format!("health program failed: {}", check.message)],
             _ => Vec::new(),
@@ -43,11 +46,17 @@ impl State {
         let node_change = health::decide(
             known.health_drain.as_ref(),
             &node_faults,
-            probe_passed,
+            node_probe_passed,
             &self.health_policy,
             now,
         );
         self.apply_node_change(node, node_change, now, out);
+        // A heartbeat with no readings at all says nothing of each GPU (the
+        // agent could not read any); missing GPUs are those left out of
+        // readings of others.
+        if samples.is_empty() && xids.is_empty() {
+            return;
+        }
 
         for (index, physical) in indices {
             let reading = samples
@@ -73,7 +82,7 @@ impl State {
             }
             let current = self.nodes.get(node).and_then(|n| n.gpus_out.get(&index));
             let change = health::decide(current, &assessment.faults, probe_passed, &self.health_policy, now);
-            self.apply_gpu_change(node, index, change, now, out);
+            self.apply_gpu_change(node, index, change, &assessment.faults, now, out);
         }
     }
 
@@ -114,7 +123,15 @@ impl State {
         }
     }
 
-    fn apply_gpu_change(&mut self, name: &str, index: u32, change: Change, now: Timestamp, out: &mut Batch) {
+    fn apply_gpu_change(
+        &mut self,
+        name: &str,
+        index: u32,
+        change: Change,
+        faults: &[String],
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
         let Some(node) = self.nodes.get_mut(name) else { return };
         match change {
             Change::Keep => {}
@@ -133,9 +150,17 @@ impl State {
                 self.requeue_jobs_on_gpu(name, index, now, out);
             }
             Change::StillFaulty => {
-                if let Some(gpu) = node.gpus_out.get_mut(&index) {
-                    gpu.last_fault_at = now;
-                    out.writes.push(Write::Node(name.to_string()));
+                let Some(gpu) = node.gpus_out.get_mut(&index) else {
+                    return;
+                };
+                // The first fault of a pinned GPU is logged (it would have
+                // taken the GPU out); later ones only keep it quiet-less.
+                let first_while_pinned = gpu.by == TakenBy::Operator && gpu.last_fault_at == gpu.since;
+                gpu.last_fault_at = now;
+                out.writes.push(Write::Node(name.to_string()));
+                if first_while_pinned {
+                    let reason = format!("{} (while drained)", faults.join("; "));
+                    self.log_health(name, Some(index), Transition::Failed, reason, now, out);
                 }
             }
             Change::Return => {
@@ -179,6 +204,8 @@ impl State {
             let index = match change {
                 health::Drift::Gone { index, .. } => {
                     self.requeue_jobs_on_gpu(node, index, now, out);
+                    // Whatever comes at this index is another device.
+                    self.gpu_watch.remove(&(node.to_string(), index));
                     index
                 }
                 health::Drift::Joined { index, .. } => index,
@@ -281,12 +308,27 @@ impl State {
                     self.requeue_jobs_on_gpu(name, index, now, out);
                 }
             }
-            None => {
-                if node.gpus_out.remove(&index).is_some() {
+            None => match node.gpus_out.remove(&index) {
+                // It faulted while pinned: it stays out until it is quiet.
+                Some(pin) if pin.by == TakenBy::Operator && pin.last_fault_at != pin.since => {
+                    node.gpus_out.insert(
+                        index,
+                        OutOfService {
+                            reason: "a fault while it was drained; back once quiet".into(),
+                            since: now,
+                            by: TakenBy::Health,
+                            last_fault_at: pin.last_fault_at,
+                        },
+                    );
+                    let text = format!("resumed by {}, but it faulted while drained", caller.user);
+                    self.log_health(name, Some(index), Transition::Failed, text, now, out);
+                }
+                Some(_) => {
                     let text = format!("resumed by {}", caller.user);
                     self.log_health(name, Some(index), Transition::Returned, text, now, out);
                 }
-            }
+                None => {}
+            },
         }
         out.writes.push(Write::Node(name.to_string()));
         Ok(self.nodes[name].clone())

@@ -867,7 +867,7 @@ pub struct DrainNodeRequest {
     /// Requeue the node's running jobs now instead of letting them finish.
     #[prost(bool, tag = "3")]
     pub now: bool,
-    /// Take only this GPU out of service (its job is requeued at once).
+    /// Take only this GPU out of service (its job runs on unless `now`).
     #[prost(uint32, optional, tag = "4")]
     pub gpu: ::core::option::Option<u32>,
 }
