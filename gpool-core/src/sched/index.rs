@@ -1,7 +1,7 @@
 //! Free GPUs indexed by pool, model and free count, so that finding the
 //! best-fitting node for a job costs a few set lookups, not a node scan.
 
-use super::{Availability, NodeView, PendingJob, Reject};
+use super::{Availability, FastHash, NodeView, PendingJob, Reject};
 use crate::model::{GpuModel, NodePlacement, NvlinkNeed};
 use crate::sched::Policy;
 use std::collections::{BTreeSet, HashMap};
@@ -37,12 +37,12 @@ struct PoolIndex {
 pub(super) struct FreeIndex<'v> {
     nodes: &'v [NodeView],
     /// Groups of each node, by node position.
-    groups_of_node: HashMap<usize, Vec<usize>>,
-    node_idx_by_name: HashMap<&'v str, usize>,
+    groups_of_node: HashMap<usize, Vec<usize>, FastHash>,
+    node_idx_by_name: HashMap<&'v str, usize, FastHash>,
     models: Vec<GpuModel>,
     /// Which models are MIG slices (taken only when named, one per node).
     mig_models: Vec<bool>,
-    model_idx_by_name: HashMap<GpuModel, usize>,
+    model_idx_by_name: HashMap<GpuModel, usize, FastHash>,
     groups: Vec<Group>,
     pools: Vec<PoolIndex>,
     /// Some node has a `switch` or `rack` label: gangs look for nodes that
@@ -66,7 +66,7 @@ impl<'v> FreeIndex<'v> {
         let model_idx_by_name = models.iter().cloned().enumerate().map(|(i, m)| (m, i)).collect();
         let mut index = FreeIndex {
             nodes,
-            groups_of_node: HashMap::new(),
+            groups_of_node: HashMap::default(),
             node_idx_by_name: nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect(),
             mig_models: models.iter().map(GpuModel::is_mig_slice).collect(),
             models,
@@ -99,21 +99,21 @@ impl<'v> FreeIndex<'v> {
         if node.availability != Availability::Up || pool_idxs.is_empty() {
             return;
         }
-        let mut free_by_model: Vec<Vec<u32>> = vec![Vec::new(); self.models.len()];
+        // Per model: whether the node has it, its free GPUs, and the least
+        // memory of its GPUs (one lookup per GPU: this runs every cycle).
+        let mut by_model: Vec<Option<(Vec<u32>, u64)>> = vec![None; self.models.len()];
         for gpu in &node.gpus {
-            let model_idx = self.model_idx_by_name[&gpu.model];
+            let (free, memory_mib) =
+                by_model[self.model_idx_by_name[&gpu.model]].get_or_insert_with(|| (Vec::new(), u64::MAX));
+            *memory_mib = (*memory_mib).min(gpu.memory_mib);
             if !gpu.busy {
-                free_by_model[model_idx].push(gpu.index);
+                free.push(gpu.index);
             }
         }
-        for (model_idx, mut free) in free_by_model.into_iter().enumerate() {
-            let has_model = node
-                .gpus
-                .iter()
-                .any(|gpu| self.model_idx_by_name[&gpu.model] == model_idx);
-            if !has_model {
+        for (model_idx, found) in by_model.into_iter().enumerate() {
+            let Some((mut free, memory_mib)) = found else {
                 continue;
-            }
+            };
             free.sort_unstable();
             let group_idx = self.groups.len();
             for pool_idx in &pool_idxs {
@@ -124,13 +124,6 @@ impl<'v> FreeIndex<'v> {
                 buckets.total_free += free.len() as u64;
             }
             self.groups_of_node.entry(node_idx).or_default().push(group_idx);
-            let memory_mib = node
-                .gpus
-                .iter()
-                .filter(|gpu| self.model_idx_by_name[&gpu.model] == model_idx)
-                .map(|gpu| gpu.memory_mib)
-                .min()
-                .unwrap_or(0);
             self.groups.push(Group {
                 node_idx,
                 free,

@@ -544,7 +544,7 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
 
 /// Hashes the scheduler's own keys, which no caller chooses: fast, and
 /// seeded per process all the same.
-type FastHash = foldhash::fast::RandomState;
+pub(super) type FastHash = foldhash::fast::RandomState;
 
 /// What decides whether a job fits and why not, within one cycle: its
 /// class (by address: one `Class` per class), shape and standing.
