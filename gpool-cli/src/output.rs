@@ -686,9 +686,7 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "labels": labels,
         "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
         "drained_by_health": node.drained_by_health,
-        "health_check": node.health_check.as_ref().map(|check| serde_json::json!({
-            "passed": check.passed, "message": check.message, "at": rfc3339(check.at_ms),
-        })),
+        "health_check": node.health_check.as_ref().map(health_check_json),
         "gpus": gpus,
         "links": node.links.iter().map(|l| serde_json::json!({
             "a": l.a, "b": l.b, "link": gpool_proto::convert::link_name(l.link()),
@@ -834,6 +832,10 @@ pub fn print_health(nodes: &[pb::Node]) {
     }
 }
 
+fn health_check_json(check: &pb::HealthCheck) -> serde_json::Value {
+    serde_json::json!({ "passed": check.passed, "message": check.message, "at": rfc3339(check.at_ms) })
+}
+
 pub fn health_json(nodes: &[pb::Node]) -> serde_json::Value {
     serde_json::Value::Array(
         nodes
@@ -843,9 +845,7 @@ pub fn health_json(nodes: &[pb::Node]) -> serde_json::Value {
                     "node": node.name,
                     "drained_by_health": node.drained_by_health,
                     "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
-                    "health_check": node.health_check.as_ref().map(|check| serde_json::json!({
-                        "passed": check.passed, "message": check.message, "at": rfc3339(check.at_ms),
-                    })),
+                    "health_check": node.health_check.as_ref().map(health_check_json),
                     "out_of_service": node.gpus.iter().filter_map(|gpu| gpu.out_of_service.as_ref().map(|out| serde_json::json!({
                         "gpu": gpu.index, "reason": out.reason, "since": rfc3339(out.since_ms), "by_operator": out.by_operator,
                     }))).collect::<Vec<_>>(),

@@ -5,16 +5,21 @@ use crate::output;
 use crate::CliError;
 use gpool_proto::pb;
 
-/// `gpool nodes`; with `summary`, one line per pool (as sinfo).
-pub async fn list(ctx: &Ctx, summary: bool) -> Result<(), CliError> {
+/// Every node gpoold knows.
+async fn fetch_nodes(ctx: &Ctx) -> Result<Vec<pb::Node>, CliError> {
     let mut conn = ctx.connect().await?;
-    let nodes = conn
+    Ok(conn
         .client
         .list_nodes(pb::ListNodesRequest {})
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner()
-        .nodes;
+        .nodes)
+}
+
+/// `gpool nodes`; with `summary`, one line per pool (as sinfo).
+pub async fn list(ctx: &Ctx, summary: bool) -> Result<(), CliError> {
+    let nodes = fetch_nodes(ctx).await?;
     match (summary, ctx.json()) {
         (true, true) => output::print_json(&output::pool_summaries(&nodes)),
         (true, false) => output::print_pool_summaries(&output::pool_summaries(&nodes)),
@@ -56,14 +61,7 @@ pub async fn drain(ctx: &Ctx, name: String, gpu: Option<u32>, drain: Option<(Str
 /// `gpool health [NODE]`: GPUs and nodes out of service and why, and the
 /// health history.
 pub async fn health(ctx: &Ctx, node: Option<String>) -> Result<(), CliError> {
-    let mut conn = ctx.connect().await?;
-    let mut nodes = conn
-        .client
-        .list_nodes(pb::ListNodesRequest {})
-        .await
-        .map_err(|s| conn.refused(s))?
-        .into_inner()
-        .nodes;
+    let mut nodes = fetch_nodes(ctx).await?;
     if let Some(name) = &node {
         nodes.retain(|n| &n.name == name);
         if nodes.is_empty() {

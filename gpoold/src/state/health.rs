@@ -4,7 +4,7 @@
 
 use super::{Batch, State, Write};
 use crate::error::Error;
-use gpool_core::auth::{authorize, Action, Caller};
+use gpool_core::auth::Caller;
 use gpool_core::health::{self, Change, GpuReading, HealthEvent, OutOfService, TakenBy, Transition};
 use gpool_core::job_state::JobState;
 use gpool_core::model::Node;
@@ -268,16 +268,7 @@ impl State {
         now: Timestamp,
         out: &mut Batch,
     ) -> Result<Node, Error> {
-        let action = if drain.is_some() {
-            Action::DrainNode(name)
-        } else {
-            Action::ResumeNode(name)
-        };
-        authorize(caller, &action)?;
-        let node = self
-            .nodes
-            .get_mut(name)
-            .ok_or_else(|| Error::UnknownNode(name.to_string()))?;
+        let node = self.node_to_drain(caller, name, drain.is_some())?;
         if !node.gpus.iter().any(|gpu| gpu.index == index) {
             return Err(Error::InvalidRequest {
                 field: "gpu",

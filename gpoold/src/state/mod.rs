@@ -666,17 +666,21 @@ impl State {
         outcome
     }
 
-    fn set_drain(&mut self, caller: &Caller, name: &str, reason: Option<String>) -> Result<(Node, Vec<Write>), Error> {
-        let action = if reason.is_some() {
+    /// Node `name`, once `caller` may drain it (`draining`) or resume it.
+    fn node_to_drain(&mut self, caller: &Caller, name: &str, draining: bool) -> Result<&mut Node, Error> {
+        let action = if draining {
             Action::DrainNode(name)
         } else {
             Action::ResumeNode(name)
         };
         authorize(caller, &action)?;
-        let node = self
-            .nodes
+        self.nodes
             .get_mut(name)
-            .ok_or_else(|| Error::UnknownNode(name.to_string()))?;
+            .ok_or_else(|| Error::UnknownNode(name.to_string()))
+    }
+
+    fn set_drain(&mut self, caller: &Caller, name: &str, reason: Option<String>) -> Result<(Node, Vec<Write>), Error> {
+        let node = self.node_to_drain(caller, name, reason.is_some())?;
         if reason.is_none() {
             // A resume also ends a drain by the node's health program (it
             // drains again if the program still fails).
