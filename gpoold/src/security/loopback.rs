@@ -1,9 +1,10 @@
-//! Who is on the other end of a loopback TCP connection: the kernel lists
-//! every TCP socket of this network namespace with its owner's uid in
-//! `/proc/net/tcp` and `/proc/net/tcp6`. The client's socket is the one
-//! whose local address is our peer and whose remote address is us. That
-//! uid is as trustworthy as the Unix socket's peer credentials, and never
-//! what the caller claims.
+//! Who is on the other end of a loopback TCP connection. The kernel knows
+//! each TCP socket's owner: gpoold asks it for the one socket whose local
+//! address is our peer and whose remote address is us, by netlink's
+//! sock_diag (one lookup, however many sockets the host has), and reads
+//! `/proc/net/tcp{,6}` only where sock_diag cannot answer. That uid is as
+//! trustworthy as the Unix socket's peer credentials, and never what the
+//! caller claims.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
@@ -41,6 +42,67 @@ impl PlainTcp {
 
 /// The uid of the socket bound to `client` and connected to `server`.
 fn socket_owner(client: SocketAddr, server: SocketAddr) -> Option<u32> {
+    match sock_diag_owner(client, server) {
+        Ok(owner) => owner,
+        Err(_) => proc_table_owner(client, server),
+    }
+}
+
+/// Asks the kernel for the one TCP socket `client` -> `server` by its
+/// addresses (an exact lookup, not a dump). `Ok(None)`: no live socket of a
+/// process has them; `Err`: sock_diag could not answer here.
+fn sock_diag_owner(client: SocketAddr, server: SocketAddr) -> std::io::Result<Option<u32>> {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+    use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
+    use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+    use netlink_packet_sock_diag::SockDiagMessage;
+    use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket};
+
+    let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    let socket = Socket::new(NETLINK_SOCK_DIAG)?;
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST;
+    let request = InetRequest {
+        family: if client.is_ipv4() { AF_INET } else { AF_INET6 },
+        protocol: IPPROTO_TCP,
+        extensions: ExtensionFlags::empty(),
+        states: StateFlags::all(),
+        socket_id: SocketId {
+            source_port: client.port(),
+            destination_port: server.port(),
+            source_address: client.ip(),
+            destination_address: server.ip(),
+            interface_id: 0,
+            // INET_DIAG_NOCOOKIE: match by addresses alone.
+            cookie: [0xff; 8],
+        },
+    };
+    let mut message = NetlinkMessage::new(header, SockDiagMessage::InetRequest(request).into());
+    message.finalize();
+    let mut sent = vec![0; message.buffer_len()];
+    message.serialize(&mut sent);
+    socket.send_to(&sent, &netlink_sys::SocketAddr::new(0, 0), 0)?;
+    let mut received = Vec::with_capacity(1024);
+    socket.recv(&mut received, 0)?;
+    let reply = NetlinkMessage::<SockDiagMessage>::deserialize(&received).map_err(|err| invalid(err.to_string()))?;
+    match reply.payload {
+        // Only a live socket (ESTABLISHED) held by a process has an owner:
+        // the kernel gives uid 0 for TIME_WAIT and orphaned ones.
+        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
+            let header = response.header;
+            Ok((header.state == TCP_ESTABLISHED && header.inode != 0).then_some(header.uid))
+        }
+        // ENOENT: no such socket.
+        NetlinkPayload::Error(error) if error.code.map(|code| code.get()) == Some(-libc::ENOENT) => Ok(None),
+        NetlinkPayload::Error(error) => Err(error.to_io()),
+        other => Err(invalid(format!("unexpected sock_diag reply {other:?}"))),
+    }
+}
+
+const TCP_ESTABLISHED: u8 = 1;
+
+/// The same answer from `/proc/net/tcp{,6}`, read whole.
+fn proc_table_owner(client: SocketAddr, server: SocketAddr) -> Option<u32> {
     let table = if client.is_ipv4() {
         "/proc/net/tcp"
     } else {
@@ -169,7 +231,20 @@ mod tests {
         let server = listener.local_addr().unwrap();
         let client = std::net::TcpStream::connect(server).unwrap();
         let client_addr = client.local_addr().unwrap();
-        assert_eq!(socket_owner(client_addr, server), Some(nix::unistd::geteuid().as_raw()));
+        let me = Some(nix::unistd::geteuid().as_raw());
+        assert_eq!(sock_diag_owner(client_addr, server).unwrap(), me);
+        assert_eq!(proc_table_owner(client_addr, server), me);
+        assert_eq!(socket_owner(client_addr, server), me);
+        let (accepted, _) = listener.accept().unwrap();
+        drop(client);
+        drop(accepted);
+        assert_eq!(
+            sock_diag_owner(client_addr, server).unwrap(),
+            None,
+            "a closed socket has no owner"
+        );
+        let unknown: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(sock_diag_owner(unknown, server).unwrap(), None);
     }
 
     proptest! {
