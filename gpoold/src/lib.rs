@@ -397,16 +397,27 @@ fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// glibc keeps what gpoold frees in its per-thread arenas: after a burst
-/// (a 10,000-job batch, a long listing) most of gpoold's resident memory
-/// is free memory. A thread hands it back to the system every 5 s
-/// (`malloc_trim` returns free pages from the middle of every arena,
+/// After a burst (a 10,000-job batch, a long listing) most of gpoold's
+/// resident memory is garbage or free memory: sled frees the tree nodes
+/// its writes replaced only once an epoch of its collector has passed,
+/// which takes further sled calls (none come while the pool is quiet),
+/// and glibc keeps what is freed in its per-thread arenas. A thread
+/// collects sled's garbage and hands free memory back to the system every
+/// 5 s (`malloc_trim` returns free pages from the middle of every arena,
 /// holding each arena's lock while it walks it).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const EPOCH_FLUSHES: usize = 4096;
+
 fn return_free_memory_periodically() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let spawned = std::thread::Builder::new().name("gpoold-trim".into()).spawn(|| loop {
             std::thread::sleep(std::time::Duration::from_secs(5));
+            // Each flush advances the epoch where no thread is inside sled
+            // and frees a few expired bags of garbage.
+            for _ in 0..EPOCH_FLUSHES {
+                crossbeam_epoch::pin().flush();
+            }
             // SAFETY: malloc_trim only walks and trims glibc's own heaps,
             // under their locks; it takes no pointers of ours.
             unsafe {

@@ -16,8 +16,14 @@ const PERIOD: Duration = Duration::from_secs(5);
 /// so that scheduling never takes more than a fifth of a core under a
 /// flood of submissions.
 const IDLE_FACTOR: u32 = 4;
+/// While cycles start or preempt jobs, why each waiting job waits, its
+/// priority and its place in the queue are rendered and handed to the
+/// state at most this often (under a flood of short jobs that work is most
+/// of a cycle's); a cycle that changes nothing always hands them over.
+const WORDS_EVERY: Duration = Duration::from_millis(500);
 
 pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<crate::metrics::Metrics>) {
+    let mut words_at: Option<Instant> = None;
     loop {
         let _ = tokio::time::timeout(PERIOD, handle.sched_wakeup.notified()).await;
         let started = Instant::now();
@@ -29,16 +35,11 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
-        let priorities: HashMap<JobId, gpool_core::policy::Priority> =
-            std::mem::take(&mut plan.priorities).into_iter().collect();
-        let queue_positions = queue_positions(&priorities);
-        let estimated_starts = plan
-            .reservation
-            .take()
-            .map(|(job, at, _)| (job, at))
-            .into_iter()
-            .collect();
-        let (reasons, hints, codes) = reasons_in_words(plan);
+        let settled = starts.is_empty() && preemptions.is_empty();
+        let planned = (settled || words_at.is_none_or(|at| at.elapsed() >= WORDS_EVERY)).then(|| {
+            words_at = Some(Instant::now());
+            planned_in_words(plan)
+        });
         let compute = started.elapsed();
         metrics.cycle_seconds.observe(compute.as_secs_f64());
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
@@ -47,18 +48,34 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         if !preemptions.is_empty() && handle.commands.send(Command::Preempt { preemptions }).await.is_err() {
             return;
         }
-        let planned = Command::Planned {
-            reasons,
-            hints,
-            codes,
-            priorities,
-            estimated_starts,
-            queue_positions,
-        };
-        if handle.commands.send(planned).await.is_err() {
-            return;
+        if let Some(planned) = planned {
+            if handle.commands.send(planned).await.is_err() {
+                return;
+            }
         }
         tokio::time::sleep(compute * IDLE_FACTOR).await;
+    }
+}
+
+/// What the plan says of the jobs that wait, as the state keeps it.
+fn planned_in_words(mut plan: Plan) -> Command {
+    let priorities: HashMap<JobId, gpool_core::policy::Priority> =
+        std::mem::take(&mut plan.priorities).into_iter().collect();
+    let queue_positions = queue_positions(&priorities);
+    let estimated_starts = plan
+        .reservation
+        .take()
+        .map(|(job, at, _)| (job, at))
+        .into_iter()
+        .collect();
+    let (reasons, hints, codes) = reasons_in_words(plan);
+    Command::Planned {
+        reasons,
+        hints,
+        codes,
+        priorities,
+        estimated_starts,
+        queue_positions,
     }
 }
 

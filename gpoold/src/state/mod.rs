@@ -15,6 +15,7 @@ mod update;
 
 pub use access::NewToken;
 pub use agents::{kill_message, signal_message};
+use sharing::running_view;
 pub use sharing::CheckpointOutcome;
 pub use update::JobUpdate;
 
@@ -766,31 +767,36 @@ impl State {
     /// The scheduler's input: nodes with busy GPUs marked, the queue, the
     /// running jobs, the teams' usage and the hour's waste budget.
     pub fn cluster_view(&self, now: Timestamp) -> ClusterView {
-        let singletons = self.singleton_holders();
-        let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
+        // One pass over the jobs that have not ended; running ones come
+        // from the index by node (there are few of them).
+        let waiting: Vec<&Job> = self
+            .active_jobs()
+            .filter(|job| job.state == JobState::Pending)
+            .collect();
+        let singletons = self.singleton_holders(&waiting);
         let mut pending = Vec::new();
         // Arrays ready to hand out tasks, and the pending tasks of each.
         let mut arrays: Vec<(&Job, bool)> = Vec::new();
         let mut pending_tasks: HashMap<JobId, Vec<PendingJob>> = HashMap::new();
-        for job in self.active_jobs() {
-            match &job.state {
-                JobState::Pending if job.array.is_some() => {
-                    arrays.push((job, !job.held && self.dependencies_met(job, &singletons)));
+        for job in waiting {
+            let ready = !job.held && self.dependencies_met(job, &singletons);
+            match (job.array.is_some(), job.array_task) {
+                (true, _) => arrays.push((job, ready)),
+                (false, _) if !ready => {}
+                (false, Some(task)) => pending_tasks
+                    .entry(task.array)
+                    .or_default()
+                    .push(arrays::pending_view(job.id, job)),
+                (false, None) => pending.push(arrays::pending_view(job.id, job)),
+            }
+        }
+        let running: Vec<&Job> = self.running_ids().filter_map(|id| self.jobs.get(&id)).collect();
+        let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
+        for job in &running {
+            if let JobState::Running { placement, .. } = &job.state {
+                for part in placement {
+                    busy.entry(part.node.as_str()).or_default().extend(&part.gpu_indices);
                 }
-                JobState::Pending if job.held || !self.dependencies_met(job, &singletons) => {}
-                JobState::Pending => match job.array_task {
-                    Some(task) => pending_tasks
-                        .entry(task.array)
-                        .or_default()
-                        .push(arrays::pending_view(job.id, job)),
-                    None => pending.push(arrays::pending_view(job.id, job)),
-                },
-                JobState::Running { placement, .. } => {
-                    for part in placement {
-                        busy.entry(part.node.as_str()).or_default().extend(&part.gpu_indices);
-                    }
-                }
-                _ => {}
             }
         }
         // Tasks that are not jobs yet, for all arrays together, at most
@@ -819,7 +825,7 @@ impl State {
         ClusterView {
             nodes,
             pending,
-            running: self.running_jobs(),
+            running: running.into_iter().filter_map(running_view).collect(),
             usage: self.usage.clone(),
             waste_budget_gpu_secs: self.waste_budget(now),
         }
@@ -955,35 +961,38 @@ impl State {
     }
 
     /// For `singleton`: by (user, name), the job that runs, else the
-    /// earliest pending singleton (which may start first).
-    pub fn singleton_holders(&self) -> HashMap<(&str, &str), JobId> {
+    /// earliest pending singleton (which may start first). `waiting`: the
+    /// pending jobs, by id.
+    pub fn singleton_holders<'a>(&'a self, waiting: &[&'a Job]) -> HashMap<(&'a str, &'a str), JobId> {
         // Only the names of waiting singletons matter (usually none): the
         // running jobs are not hashed each cycle for nothing.
-        let wanted: std::collections::HashSet<(&str, &str)> = self
-            .active_jobs()
-            .filter(|job| job.spec.singleton && !job.held && job.state == JobState::Pending)
+        let wanted: std::collections::HashSet<(&str, &str)> = waiting
+            .iter()
+            .filter(|job| job.spec.singleton && !job.held)
             .map(|job| (job.user.as_str(), job.spec.name.as_str()))
             .collect();
         let mut holders: HashMap<(&str, &str), JobId> = HashMap::new();
         if wanted.is_empty() {
             return holders;
         }
-        for job in self.active_jobs() {
+        for job in self.running_ids().filter_map(|id| self.jobs.get(&id)) {
             let key = (job.user.as_str(), job.spec.name.as_str());
-            if !wanted.contains(&key) {
-                continue;
-            }
-            match &job.state {
-                JobState::Running { .. } => {
-                    holders.insert(key, job.id);
-                }
-                JobState::Pending if job.spec.singleton && !job.held => {
-                    holders.entry(key).or_insert(job.id);
-                }
-                _ => {}
+            if wanted.contains(&key) {
+                holders.insert(key, job.id);
             }
         }
+        for job in waiting.iter().filter(|job| job.spec.singleton && !job.held) {
+            holders
+                .entry((job.user.as_str(), job.spec.name.as_str()))
+                .or_insert(job.id);
+        }
         holders
+    }
+
+    /// The ids of running jobs (a gang's once), by id.
+    pub fn running_ids(&self) -> impl Iterator<Item = JobId> + '_ {
+        let ids: std::collections::BTreeSet<JobId> = self.running_on.values().flatten().copied().collect();
+        ids.into_iter()
     }
 
     /// Where a pending job stands with its dependencies.

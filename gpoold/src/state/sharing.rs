@@ -7,7 +7,7 @@ use super::{Batch, State, Write};
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
 use gpool_core::job_state::{JobEvent, JobState};
-use gpool_core::model::{GpuModel, GpuUse};
+use gpool_core::model::{GpuModel, GpuUse, Job};
 use gpool_core::sched::{Preemption, RunningJob};
 use gpool_core::{Epoch, JobId, Timestamp};
 
@@ -225,34 +225,9 @@ impl State {
 
     /// Running jobs as the scheduler sees them.
     pub fn running_jobs(&self) -> Vec<RunningJob> {
-        self.active_jobs()
-            .filter_map(|job| match &job.state {
-                JobState::Running {
-                    epoch,
-                    placement,
-                    started_at,
-                    burst,
-                    last_checkpoint_at,
-                    preempted_at,
-                } => Some(RunningJob {
-                    id: job.id,
-                    epoch: *epoch,
-                    team: job.spec.team.clone(),
-                    qos: job.spec.qos.clone(),
-                    pool: job.spec.pool.clone(),
-                    gpu_types: job.spec.gpu_types.clone(),
-                    burst: *burst,
-                    placement: placement.clone(),
-                    started_at: *started_at,
-                    last_checkpoint_at: *last_checkpoint_at,
-                    preempting: preempted_at.is_some(),
-                    ends_at: job
-                        .spec
-                        .time_limit_secs
-                        .map(|limit| Timestamp(started_at.0 + limit as i64 * 1000)),
-                }),
-                _ => None,
-            })
+        self.running_ids()
+            .filter_map(|id| self.jobs.get(&id))
+            .filter_map(running_view)
             .collect()
     }
 
@@ -444,5 +419,36 @@ impl State {
             self.kill_attempt(id, epoch, out);
         }
         Ok(CheckpointOutcome { preempted })
+    }
+}
+
+/// A running job as the scheduler sees it; `None` for any other job.
+pub(super) fn running_view(job: &Job) -> Option<RunningJob> {
+    match &job.state {
+        JobState::Running {
+            epoch,
+            placement,
+            started_at,
+            burst,
+            last_checkpoint_at,
+            preempted_at,
+        } => Some(RunningJob {
+            id: job.id,
+            epoch: *epoch,
+            team: job.spec.team.clone(),
+            qos: job.spec.qos.clone(),
+            pool: job.spec.pool.clone(),
+            gpu_types: job.spec.gpu_types.clone(),
+            burst: *burst,
+            placement: placement.clone(),
+            started_at: *started_at,
+            last_checkpoint_at: *last_checkpoint_at,
+            preempting: preempted_at.is_some(),
+            ends_at: job
+                .spec
+                .time_limit_secs
+                .map(|limit| Timestamp(started_at.0 + limit as i64 * 1000)),
+        }),
+        _ => None,
     }
 }
