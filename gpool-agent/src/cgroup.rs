@@ -6,9 +6,13 @@
 //! The agent decides (`Isolation::detect`, `rules_for`); the supervisor
 //! acts (`enter`, `sweep`), as root, before the job drops to its user.
 //!
-//! Cost: on cgroup v1, moving a process into a cgroup waits for an RCU
-//! grace period (about 15 ms here), once per attempt; so the job joins the
-//! `devices` hierarchy only, and the sweep kills without freezing.
+//! Cost: moving a process into a cgroup waits for an RCU grace period
+//! (9 to 15 ms on cgroup v1 here), once per attempt; so the job joins the
+//! `devices` hierarchy only (and `memory`/`cpu` only for limits), the sweep
+//! kills without freezing, and the spawner keeps the next supervisor
+//! waiting in a cgroup of its own (`Warm`): the attempt's cgroup is that
+//! one renamed, the job is born in it, and the supervisor leaves it once
+//! the job runs, so the wait is off the path from launch to start.
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -199,10 +203,11 @@ impl AttemptCgroup {
         Ok(())
     }
 
-    /// Moves the calling process into every directory (in the job's
-    /// process, between fork and exec, still as root).
-    pub fn enter(&self) -> std::io::Result<()> {
-        for dir in &self.dirs {
+    /// Moves the calling process into every directory from the
+    /// `first`th on (in the job's process, between fork and exec, still as
+    /// root; the ones before it the job is born in).
+    pub fn enter_from(&self, first: usize) -> std::io::Result<()> {
+        for dir in self.dirs.iter().skip(first) {
             std::fs::write(dir.join("cgroup.procs"), b"0")?;
         }
         Ok(())
@@ -215,12 +220,17 @@ impl AttemptCgroup {
         let deadline = Instant::now() + patience;
         let Some(dir) = self.dirs.first() else { return };
         let kill_file = dir.join("cgroup.kill");
+        let own_pid = std::process::id() as i32;
         loop {
-            let pids = read_pids(&dir.join("cgroup.procs"));
+            // The supervisor, were it still in it, is not swept.
+            let pids: Vec<i32> = read_pids(&dir.join("cgroup.procs"))
+                .into_iter()
+                .filter(|pid| *pid != own_pid)
+                .collect();
             if pids.is_empty() || Instant::now() > deadline {
                 return;
             }
-            if kill_file.exists() {
+            if kill_file.exists() && !self.pids().contains(&own_pid) {
                 let _ = write(&kill_file, "1");
             } else {
                 for pid in pids {
@@ -254,6 +264,74 @@ impl AttemptCgroup {
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// A supervisor's cgroup made ahead of its attempt, in the hierarchy whose
+/// attempt directories are under `parent` (an attempt's first directory):
+/// the supervisor waits in it, so that the attempt's job, forked there, is
+/// in it from birth.
+#[derive(Debug)]
+pub struct Warm {
+    dir: PathBuf,
+}
+
+impl Warm {
+    /// Creates `<parent>/warm-<pid>` and moves the calling process into it.
+    pub fn enter(parent: &Path) -> Result<Warm, String> {
+        let warm = Warm {
+            dir: parent.join(format!("{WARM_PREFIX}{}", std::process::id())),
+        };
+        std::fs::create_dir_all(&warm.dir).map_err(|err| format!("cgroup {}: {err}", warm.dir.display()))?;
+        if let Err(err) = write(&warm.dir.join("cgroup.procs"), "0") {
+            let _ = std::fs::remove_dir(&warm.dir);
+            return Err(err);
+        }
+        Ok(warm)
+    }
+
+    /// Makes it `cgroup`'s first directory (a rename, so the calling
+    /// process stays in it); `Err` gives it back when `cgroup` is under
+    /// another parent or the rename fails.
+    pub fn become_first_of(self, cgroup: &AttemptCgroup) -> Result<(), Warm> {
+        match cgroup.dirs.first() {
+            Some(first) if first.parent() == self.dir.parent() && std::fs::rename(&self.dir, first).is_ok() => Ok(()),
+            _ => Err(self),
+        }
+    }
+
+    /// Leaves it (back to the agent's own cgroup) and removes it.
+    pub fn discard(self) {
+        if let Some(dir) = leave(&self.dir) {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+
+    /// Removes what supervisors killed while waiting left under `parent`.
+    pub fn clean_up_after_the_dead(parent: &Path) {
+        let Ok(entries) = std::fs::read_dir(parent) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(|name| name.strip_prefix(WARM_PREFIX)) else {
+                continue;
+            };
+            let alive = pid
+                .parse::<i32>()
+                .is_ok_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
+            if !alive {
+                let _ = std::fs::remove_dir(entry.path());
+            }
+        }
+    }
+}
+
+const WARM_PREFIX: &str = "warm-";
+
+/// Moves the calling process out of the attempt directory `dir` (under
+/// `<the agent's own cgroup>/gpool`) back to the agent's own cgroup, where
+/// its spawner is. Returns `dir` when it left.
+pub fn leave(dir: &Path) -> Option<&Path> {
+    let home = dir.parent()?.parent()?;
+    std::fs::write(home.join("cgroup.procs"), b"0").ok().map(|()| dir)
 }
 
 /// The `oom_kill N` count of a memory.oom_control or memory.events file.

@@ -234,7 +234,11 @@ pub enum LaunchReply {
 
 extern "C" fn ignore(_: nix::libc::c_int) {}
 
-/// The spawner: serves launch requests until its stdin closes.
+/// The spawner: serves launch requests until its stdin closes. Once it
+/// knows where attempts' cgroups go (from the first request that has one),
+/// it keeps the next supervisor forked and waiting in a cgroup of its own
+/// (see `crate::cgroup::Warm`), so a launch costs neither a fork nor a
+/// cgroup move on its way to the job.
 pub fn main() -> ExitCode {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, SIGCHLD};
     // Supervisors are reaped by the kernel; none stays a zombie.
@@ -243,16 +247,33 @@ pub fn main() -> ExitCode {
     let _ = unsafe { sigaction(SIGCHLD, &auto_reap) };
     let stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
+    let mut cgroup_parent: Option<PathBuf> = None;
+    let mut waiting: Option<Waiting> = None;
     for line in stdin.lines() {
         let Ok(line) = line else { break };
         let reply = match serde_json::from_str::<LaunchRequest>(&line) {
-            // SAFETY: the spawner is single-threaded, so the child may do
-            // anything the parent could; it never returns from `supervise`.
-            Ok(request) => match unsafe { nix::unistd::fork() } {
-                Ok(nix::unistd::ForkResult::Child) => supervise(&request),
-                Ok(nix::unistd::ForkResult::Parent { child }) => LaunchReply::Started(child.as_raw()),
-                Err(err) => LaunchReply::Refused(format!("cannot fork a supervisor: {err}")),
-            },
+            Ok(request) => {
+                let handed = waiting.take().and_then(|supervisor| supervisor.hand(&line));
+                let reply = match handed {
+                    Some(pid) => LaunchReply::Started(pid),
+                    // SAFETY: the spawner is single-threaded, so the child
+                    // may do anything the parent could; it never returns.
+                    None => match unsafe { nix::unistd::fork() } {
+                        Ok(nix::unistd::ForkResult::Child) => {
+                            become_supervisor();
+                            supervise(&request, None)
+                        }
+                        Ok(nix::unistd::ForkResult::Parent { child }) => LaunchReply::Started(child.as_raw()),
+                        Err(err) => LaunchReply::Refused(format!("cannot fork a supervisor: {err}")),
+                    },
+                };
+                let parent = request.cgroup.as_ref().and_then(|cgroup| cgroup.dirs.first()?.parent());
+                if let (None, Some(parent)) = (&cgroup_parent, parent) {
+                    crate::cgroup::Warm::clean_up_after_the_dead(parent);
+                    cgroup_parent = Some(parent.to_path_buf());
+                }
+                reply
+            }
             Err(err) => LaunchReply::Refused(format!("bad launch request: {err}")),
         };
         let mut text = serde_json::to_vec(&reply).unwrap_or_default();
@@ -260,8 +281,66 @@ pub fn main() -> ExitCode {
         if stdout.write_all(&text).and_then(|()| stdout.flush()).is_err() {
             break;
         }
+        // The next one, now that this launch is answered.
+        if let (None, Some(parent)) = (&waiting, &cgroup_parent) {
+            waiting = Waiting::fork(parent);
+        }
     }
     ExitCode::SUCCESS
+}
+
+/// A supervisor forked ahead of its launch request, which it reads whole
+/// from a pipe.
+struct Waiting {
+    pid: i32,
+    requests: std::fs::File,
+}
+
+impl Waiting {
+    fn fork(cgroup_parent: &Path) -> Option<Waiting> {
+        let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+        // SAFETY: as for the spawner's other forks: single-threaded, and
+        // the child never returns.
+        match unsafe { nix::unistd::fork() }.ok()? {
+            nix::unistd::ForkResult::Child => {
+                drop(write_end);
+                become_supervisor();
+                supervise_when_asked(cgroup_parent, std::fs::File::from(read_end))
+            }
+            nix::unistd::ForkResult::Parent { child } => Some(Waiting {
+                pid: child.as_raw(),
+                requests: std::fs::File::from(write_end),
+            }),
+        }
+    }
+
+    /// Hands it `request` (one JSON line); its pid, or `None` when it is
+    /// gone.
+    fn hand(mut self, request: &str) -> Option<i32> {
+        self.requests.write_all(request.as_bytes()).ok().map(|()| self.pid)
+    }
+}
+
+/// The waiting supervisor: waits in a cgroup of its own for its request
+/// (until the spawner closes the pipe), then supervises it; the spawner
+/// gone, it leaves and removes that cgroup.
+fn supervise_when_asked(cgroup_parent: &Path, mut requests: std::fs::File) -> ! {
+    let warm = crate::cgroup::Warm::enter(cgroup_parent).ok();
+    let mut text = String::new();
+    let request = std::io::Read::read_to_string(&mut requests, &mut text)
+        .ok()
+        .and_then(|_| serde_json::from_str::<LaunchRequest>(&text).ok());
+    drop(requests);
+    match request {
+        Some(request) => supervise(&request, warm),
+        None => {
+            if let Some(warm) = warm {
+                warm.discard();
+            }
+            // SAFETY: ends this forked child at once.
+            unsafe { nix::libc::_exit(0) }
+        }
+    }
 }
 
 /// Signals a supervisor outlives (so it can record the job's end) while
@@ -277,10 +356,10 @@ const OUTLIVED: [nix::sys::signal::Signal; 9] = {
 /// How long a supervisor keeps killing what is left in the attempt's cgroup.
 const CGROUP_SWEEP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The supervisor, in the forked child: sets the attempt up, runs the job,
-/// records how it ended, exits. Whatever the spawner did on the way here
-/// (opening files, creating directories) it does not wait for.
-fn supervise(request: &LaunchRequest) -> ! {
+/// What a forked child does to become a supervisor: the leader of a
+/// session of its own, off the agent's pipes, outliving the signals that
+/// reach its job.
+fn become_supervisor() {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
     let _ = nix::unistd::setsid();
     // The spawner's pipes are the agent's; a supervisor lives on without them.
@@ -301,7 +380,27 @@ fn supervise(request: &LaunchRequest) -> ! {
             let _ = sigaction(signal, &outlive);
         }
     }
-    let ended = match prepare(request) {
+}
+
+/// The supervisor, in the forked child: sets the attempt up, runs the job,
+/// records how it ended, exits. Whatever the spawner did on the way here
+/// (opening files, creating directories) it does not wait for. With `warm`
+/// (the cgroup it waited in), that cgroup becomes the attempt's first and
+/// the job is born in it; the supervisor leaves it once the end is
+/// recorded.
+fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
+    let born_in_first = match (warm, &request.cgroup) {
+        (Some(warm), Some(cgroup)) => warm
+            .become_first_of(cgroup)
+            .map_err(crate::cgroup::Warm::discard)
+            .is_ok(),
+        (Some(warm), None) => {
+            warm.discard();
+            false
+        }
+        (None, _) => false,
+    };
+    let ended = match prepare(request, usize::from(born_in_first)) {
         Ok(mut command) => match command.spawn().map_err(|err| with_output_files(request, err)) {
             Ok(child) => {
                 let ended = run_to_end(request, child);
@@ -343,6 +442,9 @@ fn supervise(request: &LaunchRequest) -> ! {
         }
     };
     if let Some(cgroup) = &request.cgroup {
+        if born_in_first {
+            let _ = cgroup.dirs.first().map(|first| crate::cgroup::leave(first));
+        }
         cgroup.remove();
     }
     if let Some(env_file) = &request.container_env_file {
@@ -500,7 +602,9 @@ fn group_members(pgid: i32) -> Vec<i32> {
 }
 
 /// The job's command: its user, output files and checkpoint directory.
-fn prepare(request: &LaunchRequest) -> Result<Command, String> {
+/// It joins its cgroup's directories from the `first_to_enter`th on (it is
+/// born in those before).
+fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, String> {
     use nix::unistd::{Gid, Uid};
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
@@ -544,7 +648,7 @@ fn prepare(request: &LaunchRequest) -> Result<Command, String> {
         // before exec, and before the user switch registered below (joining
         // a cgroup takes root).
         unsafe {
-            command.pre_exec(move || cgroup.enter());
+            command.pre_exec(move || cgroup.enter_from(first_to_enter));
         }
     }
     command

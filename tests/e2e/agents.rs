@@ -558,7 +558,9 @@ fn jobs_get_gpus_joined_by_nvlink() {
 /// Where the node offers cgroups, a job may open only its own GPUs' device
 /// nodes (fake ones here, made with mknod), gets its --mem and
 /// --cpus-per-gpu as cgroup limits, and the processes it detaches (setsid)
-/// die with it when it is cancelled.
+/// die with it when it is cancelled. It is the node's second job, so its
+/// supervisor was waiting in a cgroup made ahead: the job is born in that
+/// one, renamed for its attempt, and nothing of it is left at the end.
 #[test]
 fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
     if !nix::unistd::geteuid().is_root() {
@@ -573,6 +575,8 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
         eprintln!("skipped: this host offers the agent no cgroup (the agent's log says why)");
         return;
     }
+    let first = cluster.submit(&["--", "true"]);
+    cluster.wait_for_state(first, "completed");
     let dir = cluster.dir.path();
     for gpu_idx in 0..2 {
         let path = dir.join(format!("nvidia{gpu_idx}"));
@@ -585,6 +589,7 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
         .expect("mknod a fake GPU device node");
     }
     let script = "echo $CUDA_VISIBLE_DEVICES > visible; \
+                  grep -E '^[0-9]+:devices:' /proc/self/cgroup | cut -d: -f3 > devices-cgroup; \
                   for i in 0 1; do (exec 3< nvidia$i) 2> open$i.err; done; \
                   m=$(grep -E '^[0-9]+:memory:' /proc/self/cgroup | cut -d: -f3); \
                   cat /sys/fs/cgroup/memory$m/memory.limit_in_bytes > mem-limit; \
@@ -614,7 +619,15 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
         assert_eq!(read(&cluster, "cpu-quota").trim(), "200000", "2 CPUs for its 1 GPU");
     }
     let escaped: i32 = read(&cluster, "escaped.pid").trim().parse().expect("the detached pid");
+    let devices_cgroup = read(&cluster, "devices-cgroup").trim().to_string();
     if isolation == "cgroup-devices" {
+        assert!(
+            devices_cgroup
+                .rsplit('/')
+                .next()
+                .is_some_and(|name| name.contains(&format!("-{id}."))),
+            "born in its attempt's cgroup: {devices_cgroup}"
+        );
         let own = read(&cluster, "visible").trim().to_string();
         let other = if own == "0" { "1" } else { "0" };
         // No driver behind the fake nodes: an allowed open finds no device,
@@ -633,6 +646,12 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
             (stat.is_empty() || stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z'))).then_some(())
         },
     );
+    if isolation == "cgroup-devices" {
+        let attempt_dir = format!("/sys/fs/cgroup/devices{devices_cgroup}");
+        wait_until("the attempt's cgroup to be removed", Duration::from_secs(30), || {
+            (!std::path::Path::new(&attempt_dir).exists()).then_some(())
+        });
+    }
 }
 
 /// A job with --image runs in a container of the node's runtime (podman),
