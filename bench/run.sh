@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds release binaries and prints gpool's benchmark figures, each with the
 # load average beside it. Usage: bench/run.sh [phase...]
-# Phases: submit-seq submit-par api list schedule sharing agents nodes-down
+# Phases: submit-seq submit-par submit-phases api list schedule sharing agents
+# history nodes-down
 # (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,7 @@
 //! gpool-bench: starts release gpoold binaries in temp dirs and prints plain
-//! figures (with the load average) for submit rates, API throughput, listing,
-//! memory, restart and scheduling. Run through `bench/run.sh`.
+//! figures (with the load average) for submit rates and where a submit's
+//! time goes, API throughput, listing, memory (queued, and as history
+//! grows), restart and scheduling. Run through `bench/run.sh`.
 
 use anyhow::{bail, Context};
 use gpool_core::sched::{schedule, Policy};
@@ -30,6 +31,9 @@ fn main() -> anyhow::Result<()> {
         api_throughput(32, 1, 20_000)?;
         api_throughput(32, 100, 2_000)?;
     }
+    if wants("submit-phases") {
+        submit_phases(50)?;
+    }
     if wants("list") {
         list_memory_restart(10_000)?;
     }
@@ -43,6 +47,9 @@ fn main() -> anyhow::Result<()> {
     }
     if wants("agents") {
         with_agents(4, 8)?;
+    }
+    if wants("history") {
+        memory_with_history(4, 8, 5, 4_000)?;
     }
     if wants("nodes-down") {
         nodes_down_together(2_000, 8)?;
@@ -200,6 +207,118 @@ fn submit_parallel(n_workers: usize, n_jobs: usize) -> anyhow::Result<()> {
         &format!("gpool submit, one process per job, {n_workers} parallel ({n_jobs})"),
         format!("{rate:.0} jobs/s"),
     );
+    controller.stop();
+    Ok(())
+}
+
+/// Where one `gpool submit` spends its time, as medians of `n` each: the
+/// process alone (`gpool --version`: exec, dynamic loading, runtime, exit),
+/// a connection (TCP, HTTP/2 handshake, gpoold finding the caller's uid),
+/// the submit RPC on it (gpoold's checks, the state task, the sled flush),
+/// and the whole command; the rest is the CLI's own work (arguments, the
+/// environment, the job spec, printing).
+fn submit_phases(n: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start(dir.path())?;
+    let gpool_bin = binary("gpool")?;
+    let timed = |run: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<Duration> {
+        let samples = (0..n)
+            .map(|_| {
+                let started = Instant::now();
+                run().map(|()| started.elapsed())
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(median(samples))
+    };
+    let process = timed(&mut || {
+        let status = Command::new(&gpool_bin)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()?;
+        anyhow::ensure!(status.success(), "gpool --version failed");
+        Ok(())
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let submit_one = |client: &mut PoolClient<Channel>| {
+        runtime.block_on(async {
+            let reply = client
+                .submit_jobs(with_user(pb::SubmitJobsRequest {
+                    specs: vec![one_spec()],
+                }))
+                .await?;
+            anyhow::ensure!(reply.get_ref().ids.len() == 1, "no id");
+            Ok(())
+        })
+    };
+    // A connection's cost shows in its first request (the handshake
+    // finishes there): a new one per submit, less a submit on an open one.
+    let fresh = timed(&mut || submit_one(&mut runtime.block_on(client(&controller.addr))?))?;
+    let mut connected = runtime.block_on(client(&controller.addr))?;
+    let rpc = timed(&mut || submit_one(&mut connected))?;
+    let connect = fresh.saturating_sub(rpc);
+    let whole = timed(&mut || gpool(&controller.addr, &["submit", "--discard-output", "--", "true"]).map(drop))?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let rest = whole.saturating_sub(process + connect + rpc);
+    report(
+        &format!("one gpool submit, median of {n}: whole command"),
+        format!("{:.2} ms", ms(whole)),
+    );
+    for (phase, took) in [
+        ("process start and exit (gpool --version)", process),
+        ("connect (TCP, HTTP/2, caller's uid)", connect),
+        ("submit RPC, durable (checks, state task, sled flush)", rpc),
+        ("the CLI's own work (the rest)", rest),
+    ] {
+        report(&format!("  {phase}"), format!("{:.2} ms", ms(took)));
+    }
+    controller.stop();
+    Ok(())
+}
+
+/// gpoold's resident memory as history grows: `rounds` batches of
+/// `per_round` one-GPU `true` jobs run to the end through `n_agents` agents,
+/// with the memory after each (and after the 6 s in which gpoold hands
+/// freed memory back), then how long listing all of them takes.
+fn memory_with_history(n_agents: usize, n_gpus: u32, rounds: usize, per_round: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start(dir.path())?;
+    let agents = start_agents(&controller, n_agents, n_gpus)?;
+    std::thread::sleep(Duration::from_secs(6));
+    let mib = |controller: &Controller| controller.rss_kib() as f64 / 1024.0;
+    report(
+        "gpoold resident memory, no job yet",
+        format!("{:.1} MiB", mib(&controller)),
+    );
+    let batch = dir.path().join("batch.toml");
+    std::fs::write(
+        &batch,
+        "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(per_round),
+    )?;
+    for round in 1..=rounds {
+        gpool(
+            &controller.addr,
+            &["submit", "-f", &batch.display().to_string(), "--wait"],
+        )?;
+        std::thread::sleep(Duration::from_secs(6));
+        report(
+            &format!("gpoold resident memory, {} jobs ended", round * per_round),
+            format!("{:.1} MiB", mib(&controller)),
+        );
+    }
+    let samples = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            gpool(&controller.addr, &["jobs", "--all", "--output", "json"]).map(|_| started.elapsed())
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    report(
+        &format!(
+            "gpool jobs --all --output json, {} ended (median of 5)",
+            rounds * per_round
+        ),
+        format!("{:.1} ms", median(samples).as_secs_f64() * 1e3),
+    );
+    drop(agents);
     controller.stop();
     Ok(())
 }
