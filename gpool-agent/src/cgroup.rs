@@ -276,6 +276,13 @@ pub struct Warm {
 }
 
 impl Warm {
+    /// Whether attempts under `parent` can be made this way: cgroup v1
+    /// renames a cgroup; v2 cannot (there `clone3` into a cgroup would be
+    /// the way), so its supervisors are forked on demand.
+    pub fn works_under(parent: &Path) -> bool {
+        !parent.join("cgroup.controllers").exists()
+    }
+
     /// Creates `<parent>/warm-<pid>` and moves the calling process into it.
     pub fn enter(parent: &Path) -> Result<Warm, String> {
         let warm = Warm {
@@ -328,10 +335,14 @@ const WARM_PREFIX: &str = "warm-";
 
 /// Moves the calling process out of the attempt directory `dir` (under
 /// `<the agent's own cgroup>/gpool`) back to the agent's own cgroup, where
-/// its spawner is. Returns `dir` when it left.
+/// its spawner is, else to `gpool` itself. Returns `dir` when it left.
 pub fn leave(dir: &Path) -> Option<&Path> {
-    let home = dir.parent()?.parent()?;
-    std::fs::write(home.join("cgroup.procs"), b"0").ok().map(|()| dir)
+    let parent = dir.parent()?;
+    [parent.parent(), Some(parent)]
+        .into_iter()
+        .flatten()
+        .any(|home| std::fs::write(home.join("cgroup.procs"), b"0").is_ok())
+        .then_some(dir)
 }
 
 /// The `oom_kill N` count of a memory.oom_control or memory.events file.

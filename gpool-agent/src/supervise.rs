@@ -269,8 +269,9 @@ pub fn main() -> ExitCode {
                 };
                 let parent = request.cgroup.as_ref().and_then(|cgroup| cgroup.dirs.first()?.parent());
                 if let (None, Some(parent)) = (&cgroup_parent, parent) {
-                    crate::cgroup::Warm::clean_up_after_the_dead(parent);
-                    cgroup_parent = Some(parent.to_path_buf());
+                    if crate::cgroup::Warm::works_under(parent) {
+                        cgroup_parent = Some(parent.to_path_buf());
+                    }
                 }
                 reply
             }
@@ -298,7 +299,13 @@ struct Waiting {
 
 impl Waiting {
     fn fork(cgroup_parent: &Path) -> Option<Waiting> {
-        let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+        use std::os::fd::AsRawFd;
+        crate::cgroup::Warm::clean_up_after_the_dead(cgroup_parent);
+        let (read_end, write_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ok()?;
+        // The spawner never waits on a supervisor: a request the pipe
+        // cannot take at once goes to a supervisor forked for it instead.
+        fcntl(write_end.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).ok()?;
         // SAFETY: as for the spawner's other forks: single-threaded, and
         // the child never returns.
         match unsafe { nix::unistd::fork() }.ok()? {
@@ -315,7 +322,8 @@ impl Waiting {
     }
 
     /// Hands it `request` (one JSON line); its pid, or `None` when it is
-    /// gone.
+    /// gone or the pipe is full (a request cut short is no JSON: the
+    /// waiting supervisor then removes its cgroup and exits).
     fn hand(mut self, request: &str) -> Option<i32> {
         self.requests.write_all(request.as_bytes()).ok().map(|()| self.pid)
     }
