@@ -24,19 +24,31 @@ const WORDS_EVERY: Duration = Duration::from_millis(500);
 
 pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<crate::metrics::Metrics>) {
     let mut words_at: Option<Instant> = None;
+    let mut wait = PERIOD;
     loop {
-        let _ = tokio::time::timeout(PERIOD, handle.sched_wakeup.notified()).await;
+        let _ = tokio::time::timeout(wait, handle.sched_wakeup.notified()).await;
+        wait = PERIOD;
         let started = Instant::now();
         let now = clock();
+        let words_due = words_at.is_none_or(|at| at.elapsed() >= WORDS_EVERY);
         let (view, policy) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            // With no free GPU and no possible victim, a cycle could only
+            // restate why jobs wait: that waits until it is due, however
+            // long the queue (a full pool under a flood of submissions and
+            // ends costs a look at its nodes per change), unless a job just
+            // submitted has no word yet.
+            if !words_due && !state.newest_waits_unexplained() && !state.cycle_could_act() {
+                wait = words_at.map_or(Duration::ZERO, |at| WORDS_EVERY.saturating_sub(at.elapsed()));
+                continue;
+            }
             (state.cluster_view(now), state.policy.clone())
         };
         let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
         let settled = starts.is_empty() && preemptions.is_empty();
-        let planned = (settled || words_at.is_none_or(|at| at.elapsed() >= WORDS_EVERY)).then(|| {
+        let planned = (settled || words_due).then(|| {
             words_at = Some(Instant::now());
             planned_in_words(plan)
         });

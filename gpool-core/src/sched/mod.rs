@@ -250,6 +250,18 @@ impl TeamUse {
     }
 }
 
+/// Whether a cycle over `nodes` and `running` could start or preempt
+/// anything, whatever waits: some GPU is free on a node that takes work,
+/// or some running job could be a victim (burst work; any job, where a QoS
+/// preempts lower classes). Where it could not, a cycle would only restate
+/// why jobs wait, at a cost that grows with the queue.
+pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy) -> bool {
+    let free = nodes
+        .iter()
+        .any(|node| node.availability == Availability::Up && node.gpus.iter().any(|gpu| !gpu.busy));
+    free || running.iter().any(|job| job.burst) || policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
+}
+
 /// Decides which pending jobs start now and where, and which running jobs
 /// to preempt for them. The same inputs give the same plan.
 pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {

@@ -342,6 +342,21 @@ fn arb_sharing_view() -> impl Strategy<Value = ClusterView> {
 }
 
 proptest! {
+    /// Where `could_act` says a cycle could do nothing, `schedule` starts
+    /// and preempts nothing, under either policy (with and without a QoS
+    /// that preempts lower classes).
+    #[test]
+    fn a_cycle_that_could_not_act_does_nothing(view in arb_sharing_view()) {
+        let mut no_preempting_qos = policy();
+        no_preempting_qos.sharing.qos.iter_mut().for_each(|qos| qos.preempt_lower = false);
+        for policy in [policy(), no_preempting_qos] {
+            if !could_act(&view.nodes, &view.running, &policy) {
+                let plan = schedule(&view, &policy, NOW);
+                prop_assert!(plan.starts.is_empty() && plan.preemptions.is_empty(), "{}", plan);
+            }
+        }
+    }
+
     /// Every preemption is allowed (burst victim of a guaranteed job, or a
     /// lower class under a preempting one; old enough; not already ending),
     /// and once the victims (and the jobs being preempted) are gone, the job
@@ -624,4 +639,32 @@ fn hints_are_true_of_the_state_they_come_from() {
         hints(&policy, "n1 4xh100", "j1 team=c qos=high gpus=3"),
         ["j1: wait for busier GPUs to free up"]
     );
+}
+
+#[test]
+fn a_cycle_could_act_only_with_a_free_gpu_or_a_possible_victim() {
+    let could = |policy: &Policy, nodes: &str, running: &str| {
+        let view = cluster_view_with(nodes, running, "j1 team=b gpus=2");
+        could_act(&view.nodes, &view.running, policy)
+    };
+    let plain = Policy::default();
+    assert!(could(&plain, "n1 8xh100", "r1 team=a on=n1:0-3"), "GPUs 4-7 are free");
+    assert!(
+        !could(&plain, "n1 4xh100", "r1 team=a on=n1:0-3"),
+        "full, nothing to preempt"
+    );
+    assert!(!could(&plain, "n1 4xh100 down", ""), "a down node's GPUs take no work");
+    assert!(
+        could(&plain, "n1 4xh100", "r1 team=a burst on=n1:0-3"),
+        "burst work may be reclaimed"
+    );
+    assert!(
+        could(&policy(), "n1 4xh100", "r1 team=a on=n1:0-3"),
+        "a QoS here preempts lower classes"
+    );
+    // Whatever could act, `schedule` agrees: a full pool without victims
+    // starts and preempts nothing.
+    let view = cluster_view_with("n1 4xh100", "r1 team=a on=n1:0-3", "j1 team=b gpus=2");
+    let plan = schedule(&view, &plain, NOW);
+    assert!(plan.starts.is_empty() && plan.preemptions.is_empty());
 }

@@ -774,7 +774,7 @@ impl State {
             .filter(|job| job.state == JobState::Pending)
             .collect();
         let singletons = self.singleton_holders(&waiting);
-        let mut pending = Vec::new();
+        let mut pending = Vec::with_capacity(waiting.len());
         // Arrays ready to hand out tasks, and the pending tasks of each.
         let mut arrays: Vec<(&Job, bool)> = Vec::new();
         let mut pending_tasks: HashMap<JobId, Vec<PendingJob>> = HashMap::new();
@@ -791,14 +791,6 @@ impl State {
             }
         }
         let running: Vec<&Job> = self.running_ids().filter_map(|id| self.jobs.get(&id)).collect();
-        let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
-        for job in &running {
-            if let JobState::Running { placement, .. } = &job.state {
-                for part in placement {
-                    busy.entry(part.node.as_str()).or_default().extend(&part.gpu_indices);
-                }
-            }
-        }
         // Tasks that are not jobs yet, for all arrays together, at most
         // `ARRAY_VIEW_BUDGET`, shared out evenly: the cycle's cost stays
         // bounded however many arrays wait, and every array is seen.
@@ -810,18 +802,7 @@ impl State {
         }
         // Tasks of arrays that ended on their own terms (none, normally).
         pending.extend(pending_tasks.into_values().flatten());
-        let nodes = self
-            .nodes
-            .values()
-            .map(|node| {
-                let mut view = NodeView::from_node(node, busy.get(node.name.as_str()).map_or(&[], Vec::as_slice));
-                // Nothing can be launched where no agent is linked right now.
-                if !self.is_linked(&node.name) {
-                    view.availability = gpool_core::sched::Availability::Down;
-                }
-                view
-            })
-            .collect();
+        let nodes = self.node_views(&running);
         ClusterView {
             nodes,
             pending,
@@ -829,6 +810,47 @@ impl State {
             usage: self.usage.clone(),
             waste_budget_gpu_secs: self.waste_budget(now),
         }
+    }
+
+    /// The nodes as the scheduler sees them, with the GPUs of `running`
+    /// busy; nothing is launched where no agent is linked right now.
+    fn node_views(&self, running: &[&Job]) -> Vec<NodeView> {
+        let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
+        for job in running {
+            if let JobState::Running { placement, .. } = &job.state {
+                for part in placement {
+                    busy.entry(part.node.as_str()).or_default().extend(&part.gpu_indices);
+                }
+            }
+        }
+        self.nodes
+            .values()
+            .map(|node| {
+                let mut view = NodeView::from_node(node, busy.get(node.name.as_str()).map_or(&[], Vec::as_slice));
+                if !self.is_linked(&node.name) {
+                    view.availability = gpool_core::sched::Availability::Down;
+                }
+                view
+            })
+            .collect()
+    }
+
+    /// Whether a scheduling cycle could start or preempt anything now
+    /// (`gpool_core::sched::could_act`), looking at nodes and running jobs
+    /// only: the pending queue is not read.
+    pub fn cycle_could_act(&self) -> bool {
+        let running: Vec<&Job> = self.running_ids().filter_map(|id| self.jobs.get(&id)).collect();
+        let running_views: Vec<_> = running.iter().copied().filter_map(running_view).collect();
+        gpool_core::sched::could_act(&self.node_views(&running), &running_views, &self.policy)
+    }
+
+    /// Whether the newest job waits with no word yet on why (it was just
+    /// submitted): then a cycle runs even where it could start nothing.
+    pub fn newest_waits_unexplained(&self) -> bool {
+        self.active
+            .last()
+            .and_then(|id| self.jobs.get(id))
+            .is_some_and(|job| job.state == JobState::Pending && !self.pending_reasons.contains_key(&job.id))
     }
 
     /// Adds `node`'s samples to the GPU use of the attempts running there.
