@@ -25,6 +25,10 @@ impl GpuModel {
     /// one only by naming it, and only one per node (CUDA uses one MIG
     /// device per process).
     pub fn is_mig_slice(&self) -> bool {
+        // Asked for every GPU in placement loops: most names have no "g.".
+        if !self.0.as_bytes().windows(2).any(|pair| pair == b"g.") {
+            return false;
+        }
         self.0.split('-').skip(1).any(|part| {
             part.split_once("g.").is_some_and(|(slices, memory)| {
                 slices.parse::<u32>().is_ok() && memory.split('+').next().is_some_and(|m| m.ends_with("gb"))

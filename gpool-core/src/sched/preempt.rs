@@ -11,7 +11,7 @@
 //! hour's waste budget.
 
 use super::index::FreeIndex;
-use super::{ClusterView, NodeView, PendingJob, Policy, Preemption, RunningJob};
+use super::{ClusterView, FastHash, NodeView, PendingJob, Policy, Preemption, RunningJob};
 use crate::ids::{JobId, Timestamp};
 use crate::model::NodePlacement;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -36,7 +36,7 @@ pub(super) struct Reclaimer<'v> {
     now: Timestamp,
     /// The nodes with this cycle's starts marked busy.
     nodes: Vec<NodeView>,
-    node_idx: HashMap<&'v str, usize>,
+    node_idx: HashMap<&'v str, usize, FastHash>,
     /// Running jobs whose GPUs a waiting job already counts on.
     claimed: HashSet<JobId>,
     waste_budget: f64,
@@ -158,7 +158,7 @@ impl<'v> Reclaimer<'v> {
         // when one of them now has room (and, for a gang, enough nodes do).
         let pool = self.policy.pool(&job.pool);
         let mut freed_on = self.freed_on(&ending);
-        let mut with_room: HashSet<usize> = self
+        let mut with_room: HashSet<usize, FastHash> = self
             .with_free
             .iter()
             .chain(freed_on.keys())
@@ -234,8 +234,8 @@ impl<'v> Reclaimer<'v> {
     }
 
     /// The GPUs `freed` jobs hold, by node.
-    fn freed_on(&self, freed: &[&RunningJob]) -> HashMap<usize, Vec<u32>> {
-        let mut freed_on: HashMap<usize, Vec<u32>> = HashMap::new();
+    fn freed_on(&self, freed: &[&RunningJob]) -> HashMap<usize, Vec<u32>, FastHash> {
+        let mut freed_on: HashMap<usize, Vec<u32>, FastHash> = HashMap::default();
         for running in freed {
             for part in &running.placement {
                 if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
@@ -251,7 +251,7 @@ impl<'v> Reclaimer<'v> {
         job: &PendingJob,
         pool: Option<&crate::model::PoolDef>,
         node_idx: usize,
-        freed_on: &HashMap<usize, Vec<u32>>,
+        freed_on: &HashMap<usize, Vec<u32>, FastHash>,
     ) -> bool {
         let extra = freed_on.get(&node_idx).map_or(&[][..], Vec::as_slice);
         room_on(job, pool, &self.nodes[node_idx], extra)
@@ -361,17 +361,35 @@ pub(super) fn room_on(job: &PendingJob, pool: Option<&crate::model::PoolDef>, no
     {
         return false;
     }
+    let usable = |gpu: &super::GpuView| {
+        (!gpu.busy || extra.contains(&gpu.index))
+            && gpu.model.accepted_by(&job.gpu_types)
+            && job.allows_memory(gpu.memory_mib)
+    };
+    let wanted = job.gpus_per_node as usize;
+    // Most nodes have one model: counting is enough, without NVLink needs.
+    if job.nvlink() != crate::model::NvlinkNeed::Required {
+        let mut usable_gpus = node.gpus.iter().filter(|gpu| usable(gpu));
+        if let Some(first) = usable_gpus.next() {
+            let mut count = 1;
+            let one_model = usable_gpus.all(|gpu| {
+                count += 1;
+                gpu.model == first.model
+            });
+            if one_model {
+                return count >= wanted;
+            }
+        }
+    }
     let mut by_model: Vec<(&crate::model::GpuModel, Vec<u32>)> = Vec::new();
     for gpu in &node.gpus {
-        let acceptable = gpu.model.accepted_by(&job.gpu_types) && job.allows_memory(gpu.memory_mib);
-        if acceptable && (!gpu.busy || extra.contains(&gpu.index)) {
+        if usable(gpu) {
             match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
                 Some((_, free)) => free.push(gpu.index),
                 None => by_model.push((&gpu.model, vec![gpu.index])),
             }
         }
     }
-    let wanted = job.gpus_per_node as usize;
     by_model.iter().any(|(_, free)| {
         free.len() >= wanted
             && (job.nvlink() != crate::model::NvlinkNeed::Required
