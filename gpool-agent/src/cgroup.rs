@@ -11,9 +11,8 @@
 //! `devices` hierarchy only (and `memory`/`cpu` only for limits), the sweep
 //! kills without freezing, and the spawner keeps the next supervisor
 //! waiting in a cgroup of its own (`Warm`): the attempt's cgroup is that
-//! one renamed, the job is born in it, and the supervisor ends in it (the
-//! agent removes it once the supervisor is gone), so no move is on the
-//! path from launch to start or from the job's end to its report.
+//! one renamed, the job is born in it, and the supervisor leaves it once
+//! the job runs, so the wait is off the path from launch to start.
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -261,12 +260,7 @@ impl AttemptCgroup {
 
     /// Removes the (empty) cgroup.
     pub fn remove(&self) {
-        self.remove_from(0);
-    }
-
-    /// Removes its (empty) directories from the `first`th on.
-    pub fn remove_from(&self, first: usize) {
-        for dir in self.dirs.iter().skip(first) {
+        for dir in &self.dirs {
             let _ = std::fs::remove_dir(dir);
         }
     }
@@ -342,7 +336,7 @@ const WARM_PREFIX: &str = "warm-";
 /// Moves the calling process out of the attempt directory `dir` (under
 /// `<the agent's own cgroup>/gpool`) back to the agent's own cgroup, where
 /// its spawner is, else to `gpool` itself. Returns `dir` when it left.
-fn leave(dir: &Path) -> Option<&Path> {
+pub fn leave(dir: &Path) -> Option<&Path> {
     let parent = dir.parent()?;
     [parent.parent(), Some(parent)]
         .into_iter()

@@ -151,7 +151,6 @@ impl Attempts {
                     "attempt ended while the agent was away: {ended:?}"
                 );
                 self.ended(&attempt, ended);
-                self.remove_cgroup(&attempt);
             } else if supervisor_alive(attempt.pgid) {
                 tracing::info!(job = attempt.job_id, pid = attempt.pgid, "re-adopting running attempt");
                 let attempts = self.clone();
@@ -159,7 +158,6 @@ impl Attempts {
             } else {
                 tracing::warn!(job = attempt.job_id, "attempt vanished without an exit record");
                 self.ended(&attempt, Ended::Vanished);
-                self.remove_cgroup(&attempt);
             }
         }
     }
@@ -506,7 +504,6 @@ impl Attempts {
         let ended = Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch).unwrap_or(Ended::Vanished);
         tracing::info!(job = attempt.job_id, epoch = attempt.epoch, "attempt ended: {ended:?}");
         self.ended(attempt, ended);
-        self.remove_cgroup(attempt);
         let queued = self
             .queued
             .lock()
@@ -515,29 +512,6 @@ impl Attempts {
         if let Some(launch) = queued {
             self.launch(launch);
         }
-    }
-
-    /// A supervisor that waited in its cgroup ends in it: once it is gone
-    /// (and the kernel has let go of it, which may take a moment), the
-    /// empty cgroup is removed here.
-    fn remove_cgroup(self: &Arc<Self>, attempt: &RunningAttempt) {
-        let Some(cgroup) = self.isolation.rules_for(
-            &self.cgroup_scope,
-            (attempt.job_id, attempt.epoch),
-            (&[], &[]),
-            crate::cgroup::Limits::default(),
-        ) else {
-            return;
-        };
-        self.spawn_task(async move {
-            for _ in 0..CGROUP_REMOVAL_TRIES {
-                cgroup.remove();
-                if cgroup.dirs.iter().all(|dir| !dir.exists()) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
     }
 
     fn send(&self, job_id: u64, epoch: u64, outcome: pb::job_event::Outcome) {
@@ -807,10 +781,6 @@ fn supervisor_alive(pid: i32) -> bool {
     let leader = fields.get(3).is_some_and(|session| *session == pid.to_string());
     program.ends_with(SUPERVISOR_BIN.as_bytes()) && leader && fields.first() != Some(&"Z")
 }
-
-/// How often the agent tries to remove an ended attempt's cgroup, 50 ms
-/// apart.
-const CGROUP_REMOVAL_TRIES: u32 = 40;
 
 /// A process's exit: through a pidfd (which works for any process, our
 /// child or not), or by polling /proc where no pidfd could be had.

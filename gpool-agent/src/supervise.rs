@@ -394,7 +394,8 @@ fn become_supervisor() {
 /// records how it ended, exits. Whatever the spawner did on the way here
 /// (opening files, creating directories) it does not wait for. With `warm`
 /// (the cgroup it waited in), that cgroup becomes the attempt's first and
-/// the job is born in it; the supervisor stays in it to the end.
+/// the job is born in it; the supervisor leaves it once the end is
+/// recorded.
 fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
     let born_in_first = match (warm, &request.cgroup) {
         (Some(warm), Some(cgroup)) => warm
@@ -449,11 +450,10 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
         }
     };
     if let Some(cgroup) = &request.cgroup {
-        cgroup.remove_from(usize::from(born_in_first));
-        // This process is in the first directory when it waited there, and
-        // leaving it would wait for an RCU grace period (holding up every
-        // fork of the host) while the agent waits for this exit: the agent
-        // removes that directory once this process is gone.
+        if born_in_first {
+            let _ = cgroup.dirs.first().map(|first| crate::cgroup::leave(first));
+        }
+        cgroup.remove();
     }
     if let Some(env_file) = &request.container_env_file {
         let _ = std::fs::remove_file(env_file);
