@@ -11,8 +11,8 @@
 //! `devices` hierarchy only (and `memory`/`cpu` only for limits), the sweep
 //! kills without freezing, and the spawner keeps the next supervisor
 //! waiting in a cgroup of its own (`Warm`): the attempt's cgroup is that
-//! one renamed, the job is born in it, and the supervisor leaves it once
-//! the job runs, so the wait is off the path from launch to start.
+//! one renamed and the job is born in it, so the wait is off the path from
+//! launch to start (the supervisor leaves it after recording the end).
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -222,15 +222,14 @@ impl AttemptCgroup {
         let kill_file = dir.join("cgroup.kill");
         let own_pid = std::process::id() as i32;
         loop {
-            // The supervisor, were it still in it, is not swept.
-            let pids: Vec<i32> = read_pids(&dir.join("cgroup.procs"))
-                .into_iter()
-                .filter(|pid| *pid != own_pid)
-                .collect();
+            // The supervisor, when it waited in it, is in it and not swept.
+            let mut pids = read_pids(&dir.join("cgroup.procs"));
+            let supervisor_in_it = pids.contains(&own_pid);
+            pids.retain(|pid| *pid != own_pid);
             if pids.is_empty() || Instant::now() > deadline {
                 return;
             }
-            if kill_file.exists() && !self.pids().contains(&own_pid) {
+            if kill_file.exists() && !supervisor_in_it {
                 let _ = write(&kill_file, "1");
             } else {
                 for pid in pids {

@@ -344,17 +344,24 @@ fn arb_sharing_view() -> impl Strategy<Value = ClusterView> {
 proptest! {
     /// Where `could_act` says a cycle could do nothing, `schedule` starts
     /// and preempts nothing, under either policy (with and without a QoS
-    /// that preempts lower classes).
+    /// that preempts lower classes); and the same pool made full, with no
+    /// burst work and no preempting QoS, is always such a case.
     #[test]
     fn a_cycle_that_could_not_act_does_nothing(view in arb_sharing_view()) {
         let mut no_preempting_qos = policy();
         no_preempting_qos.sharing.qos.iter_mut().for_each(|qos| qos.preempt_lower = false);
-        for policy in [policy(), no_preempting_qos] {
-            if !could_act(&view.nodes, &view.running, &policy) {
-                let plan = schedule(&view, &policy, NOW);
+        for policy in [&policy(), &no_preempting_qos] {
+            if !could_act(&view.nodes, &view.running, policy) {
+                let plan = schedule(&view, policy, NOW);
                 prop_assert!(plan.starts.is_empty() && plan.preemptions.is_empty(), "{}", plan);
             }
         }
+        let mut full = view.clone();
+        full.nodes.iter_mut().flat_map(|node| node.gpus.iter_mut()).for_each(|gpu| gpu.busy = true);
+        full.running.iter_mut().for_each(|job| job.burst = false);
+        prop_assert!(!could_act(&full.nodes, &full.running, &no_preempting_qos));
+        let plan = schedule(&full, &no_preempting_qos, NOW);
+        prop_assert!(plan.starts.is_empty() && plan.preemptions.is_empty(), "{}", plan);
     }
 
     /// Every preemption is allowed (burst victim of a guaranteed job, or a

@@ -790,7 +790,7 @@ impl State {
                 (false, None) => pending.push(arrays::pending_view(job.id, job)),
             }
         }
-        let running: Vec<&Job> = self.running_ids().filter_map(|id| self.jobs.get(&id)).collect();
+        let running: Vec<&Job> = self.running().collect();
         // Tasks that are not jobs yet, for all arrays together, at most
         // `ARRAY_VIEW_BUDGET`, shared out evenly: the cycle's cost stays
         // bounded however many arrays wait, and every array is seen.
@@ -839,7 +839,7 @@ impl State {
     /// (`gpool_core::sched::could_act`), looking at nodes and running jobs
     /// only: the pending queue is not read.
     pub fn cycle_could_act(&self) -> bool {
-        let running: Vec<&Job> = self.running_ids().filter_map(|id| self.jobs.get(&id)).collect();
+        let running: Vec<&Job> = self.running().collect();
         let running_views: Vec<_> = running.iter().copied().filter_map(running_view).collect();
         gpool_core::sched::could_act(&self.node_views(&running), &running_views, &self.policy)
     }
@@ -997,7 +997,7 @@ impl State {
         if wanted.is_empty() {
             return holders;
         }
-        for job in self.running_ids().filter_map(|id| self.jobs.get(&id)) {
+        for job in self.running() {
             let key = (job.user.as_str(), job.spec.name.as_str());
             if wanted.contains(&key) {
                 holders.insert(key, job.id);
@@ -1011,10 +1011,10 @@ impl State {
         holders
     }
 
-    /// The ids of running jobs (a gang's once), by id.
-    pub fn running_ids(&self) -> impl Iterator<Item = JobId> + '_ {
+    /// The running jobs (a gang once), by id, from the index by node.
+    pub fn running(&self) -> impl Iterator<Item = &Job> {
         let ids: std::collections::BTreeSet<JobId> = self.running_on.values().flatten().copied().collect();
-        ids.into_iter()
+        ids.into_iter().filter_map(|id| self.jobs.get(&id))
     }
 
     /// Where a pending job stands with its dependencies.

@@ -225,10 +225,7 @@ impl State {
 
     /// Running jobs as the scheduler sees them.
     pub fn running_jobs(&self) -> Vec<RunningJob> {
-        self.running_ids()
-            .filter_map(|id| self.jobs.get(&id))
-            .filter_map(running_view)
-            .collect()
+        self.running().filter_map(running_view).collect()
     }
 
     /// GPU-seconds preemption may still throw away in the hour up to `now`.
