@@ -113,7 +113,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     handle.sched_wakeup.notify_one();
 
     tracing::info!(
-        "gpoold listening on {addr} with {n_jobs} jobs from {}",
+        "gpoold listening on {addr} with {n_jobs} jobs in memory (those not ended, and what they need) from {}",
         config.state_dir.display()
     );
     let logs = api::LogRelay::default();

@@ -212,6 +212,13 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
             .get_or_create(&vec![("team", team), ("ledger", ledger.to_string())])
             .set(n);
     }
+    let in_memory = Gauge::<f64, AtomicU64>::default();
+    registry.register(
+        "jobs_in_memory",
+        "Job records gpoold holds in memory: those not ended, and ended ones they still need (the rest are read from disk)",
+        in_memory.clone(),
+    );
+    in_memory.set(state.jobs.len() as f64);
     let stragglers = gauge(
         &mut registry,
         "straggler_gpus",

@@ -10,6 +10,7 @@ mod bad_input;
 mod durability;
 mod faults;
 mod health;
+mod history;
 mod jobs;
 mod metrics;
 mod placement;

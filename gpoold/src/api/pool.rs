@@ -10,6 +10,7 @@ use gpool_core::JobId;
 use gpool_proto::convert::{job_to_wire_with, node_to_wire, spec_from_wire, state_to_wire};
 use gpool_proto::pb;
 use gpool_proto::pb::pool_server::Pool;
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
@@ -40,13 +41,13 @@ fn list_chunk(
     caller: &Caller,
     filter: &pb::ListJobsRequest,
     next_id: &mut JobId,
-) -> (Vec<pb::Job>, bool) {
+) -> Result<(Vec<pb::Job>, bool), Error> {
     let wanted_states: Vec<pb::JobState> = filter.states().collect();
     let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut chunk = Vec::with_capacity(LIST_CHUNK);
     let mut n_scanned = 0;
     // Pending and running jobs only: the jobs that have not ended are
-    // looked at, not the whole history.
+    // looked at, not the whole history (which is read from disk).
     let active_only = if wanted_states.is_empty() {
         !filter.all
     } else {
@@ -54,12 +55,13 @@ fn list_chunk(
             .iter()
             .all(|wanted| matches!(wanted, pb::JobState::Pending | pb::JobState::Running))
     };
-    let jobs: Box<dyn Iterator<Item = &gpool_core::Job>> = if active_only {
-        Box::new(state.active_jobs_from(*next_id))
+    let jobs: Box<dyn Iterator<Item = Result<Cow<'_, gpool_core::Job>, Error>>> = if active_only {
+        Box::new(state.active_jobs_from(*next_id).map(|job| Ok(Cow::Borrowed(job))))
     } else {
-        Box::new(state.jobs.range(*next_id..).map(|(_, job)| job))
+        Box::new(state.jobs_from(*next_id))
     };
     for job in jobs {
+        let job = job?;
         *next_id = JobId(job.id.0 + 1);
         n_scanned += 1;
         let state_ok = if wanted_states.is_empty() {
@@ -73,14 +75,14 @@ fn list_chunk(
         {
             // A listing shows no environment: leaving it out keeps the
             // messages small (`gpool show` has it).
-            let wire = job_wire(&state, job, caller, false);
+            let wire = job_wire(&state, &job, caller, false);
             chunk.push(wire);
         }
         if chunk.len() == LIST_CHUNK || n_scanned == LIST_SCAN {
-            return (chunk, true);
+            return Ok((chunk, true));
         }
     }
-    (chunk, false)
+    Ok((chunk, false))
 }
 
 impl PoolService {
@@ -90,14 +92,8 @@ impl PoolService {
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match state.jobs.get(&id) {
-            Some(job) => Ok(job_wire(&state, job, caller, true)),
-            // A task of an array that is not a job of its own yet.
-            None => {
-                let task = state.virtual_task(id).ok_or(Error::UnknownJob(id))?;
-                Ok(job_wire(&state, &task, caller, true))
-            }
-        }
+        let job = state.find_job(id)?.ok_or(Error::UnknownJob(id))?;
+        Ok(job_wire(&state, &job, caller, true))
     }
 
     /// Writes an audit line for `action` on `object`: always for admin
@@ -404,7 +400,13 @@ impl Pool for PoolService {
         tokio::spawn(async move {
             let mut next_id = JobId(0);
             loop {
-                let (chunk, more) = list_chunk(&shared, &caller, &filter, &mut next_id);
+                let (chunk, more) = match list_chunk(&shared, &caller, &filter, &mut next_id) {
+                    Ok(found) => found,
+                    Err(err) => {
+                        drop(sender.send(Err(err.into())).await);
+                        return;
+                    }
+                };
                 if !chunk.is_empty() && sender.send(Ok(pb::ListJobsResponse { jobs: chunk })).await.is_err() {
                     return;
                 }
@@ -846,7 +848,7 @@ impl PoolService {
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let job = state.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
+        let job = state.find_job(id)?.ok_or(Error::UnknownJob(id))?;
         authorize(caller, &Action::ReadJob(job.auth_ref())).map_err(Error::from)?;
         if job.spec.discard_output {
             return Err(Error::OutputDiscarded(id).into());

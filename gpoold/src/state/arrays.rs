@@ -48,6 +48,7 @@ impl State {
         let task = task_of(array, id, index);
         self.jobs.insert(id, task);
         self.active.insert(id);
+        self.count_dep_targets(id, true);
         // The lowest position whose task is not a job yet moves past those
         // that are.
         let mut next_position = self.jobs[&array_id].array.as_ref().map_or(0, |p| p.next_position);
@@ -239,12 +240,8 @@ impl State {
     /// Of an array that ended (cancelled, or its dependency never met),
     /// it ended with it.
     pub fn virtual_task(&self, id: JobId) -> Option<Job> {
-        let (array_id, position) = self.array_of(id)?;
-        let array = self.jobs.get(&array_id)?;
-        let index = array.spec.array.as_ref()?.index_at(position)?;
-        let mut task = task_of(array, id, index);
-        task.state = array.state.clone();
-        Some(task)
+        let (array_id, _) = self.array_of(id)?;
+        task_as_array_is(self.jobs.get(&array_id)?, id)
     }
 
     /// Counts of running tasks per array, from the jobs (at load).
@@ -261,6 +258,15 @@ impl State {
             .filter_map(|job| Some((job.id, job.spec.array.as_ref()?.len())))
             .collect();
     }
+}
+
+/// Task `id` of `array` while it is not a job: in the array's state.
+pub(super) fn task_as_array_is(array: &Job, id: JobId) -> Option<Job> {
+    let position = u32::try_from(id.0.checked_sub(array.id.0 + 1)?).ok()?;
+    let index = array.spec.array.as_ref()?.index_at(position)?;
+    let mut task = task_of(array, id, index);
+    task.state = array.state.clone();
+    Some(task)
 }
 
 /// The job a task of `array` becomes.

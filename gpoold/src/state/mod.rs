@@ -9,6 +9,7 @@ mod access;
 mod agents;
 mod arrays;
 mod health;
+mod history;
 mod sharing;
 pub mod store;
 mod update;
@@ -96,9 +97,16 @@ pub struct State {
     arrays: BTreeMap<JobId, u32>,
     /// Running tasks of each array; rebuilt on start.
     array_running: HashMap<JobId, u32>,
-    /// Jobs that have not ended: what each cycle looks at, however long
-    /// the history kept beside them.
+    /// Jobs that have not ended: what each cycle looks at.
     active: std::collections::BTreeSet<JobId>,
+    /// Ended jobs on disk (those that left `jobs`).
+    ended: store::EndedJobs,
+    /// Each dependency target of jobs that have not ended, and how many
+    /// name it: an ended target stays in memory while it is named.
+    dep_targets: HashMap<JobId, u32>,
+    /// Ended jobs that may leave memory once written (`evict_ended`).
+    to_evict: Vec<JobId>,
+    evicted_since_prune: usize,
     /// Counters and histograms for `/metrics`.
     pub metrics: Arc<crate::metrics::Metrics>,
     /// GPU use of running attempts so far (folded into the job when the
@@ -331,7 +339,8 @@ enum Write {
     Job(JobId),
     Node(String),
     ForgetNode(String),
-    ForgetJob(JobId),
+    /// Removes an ended job's record (which ended then).
+    ForgetJob(JobId, Timestamp),
     NextJobId,
     NextEpoch,
     Usage(String),
@@ -403,6 +412,10 @@ impl State {
             arrays: BTreeMap::new(),
             array_running: HashMap::new(),
             active: std::collections::BTreeSet::new(),
+            ended: loaded.ended,
+            dep_targets: HashMap::new(),
+            to_evict: Vec::new(),
+            evicted_since_prune: 0,
             metrics: Arc::new(crate::metrics::Metrics::default()),
             gpu_use_live: HashMap::new(),
             lagging_since: HashMap::new(),
@@ -424,6 +437,10 @@ impl State {
             .filter(|job| !job.state.is_finished())
             .map(|job| job.id)
             .collect();
+        let active: Vec<JobId> = state.active.iter().copied().collect();
+        for id in active {
+            state.count_dep_targets(id, true);
+        }
         state.count_running_tasks();
         let running: Vec<(JobId, Vec<String>)> = state
             .active_jobs()
@@ -488,7 +505,7 @@ impl State {
                             ),
                         })
                     }
-                    DepTarget::Job(id) if self.jobs.contains_key(&id) => id,
+                    DepTarget::Job(id) if self.bring_back(id)? => id,
                     DepTarget::Job(id) => {
                         return Err(Error::InvalidSpec {
                             index,
@@ -534,6 +551,7 @@ impl State {
             };
             self.jobs.insert(id, job);
             self.active.insert(id);
+            self.count_dep_targets(id, true);
             ids.push(id);
             writes.push(Write::Job(id));
         }
@@ -559,7 +577,8 @@ impl State {
         // may not touch, is reported and the others go ahead.
         let mut outcomes = Vec::with_capacity(ids.len());
         for id in ids {
-            let refused = match self.jobs.get(id).cloned().or_else(|| self.virtual_task(*id)) {
+            let found = self.find_job(*id)?.map(std::borrow::Cow::into_owned);
+            let refused = match &found {
                 None => Some(Error::UnknownJob(*id)),
                 Some(job) => {
                     let job = job.auth_ref();
@@ -573,7 +592,7 @@ impl State {
             if let Some(refused) = refused {
                 outcomes.push(CancelOutcome {
                     id: *id,
-                    state: self.jobs.get(id).map(|job| job.state.clone()),
+                    state: found.map(|job| job.state),
                     refused: Some(refused),
                     ..CancelOutcome::default()
                 });
@@ -605,7 +624,7 @@ impl State {
                     outcome.held = applied.held;
                 }
             }
-            outcome.state = self.jobs.get(id).map(|job| job.state.clone());
+            outcome.state = self.find_job(*id)?.map(|job| job.state.clone());
             outcomes.push(outcome);
         }
         Ok(outcomes)
@@ -1071,9 +1090,9 @@ impl State {
         }
     }
 
-    /// Removes jobs that ended longer than `keep_ended_jobs` ago, from
-    /// memory and sled (looked for at most once a minute, or twice per
-    /// retention when it is shorter).
+    /// Removes jobs that ended longer than `keep_ended_jobs` ago from sled,
+    /// but not those a job that has not ended still needs (looked for at
+    /// most once a minute, or twice per retention when it is shorter).
     fn remove_old_ended_jobs(&mut self, now: Timestamp, out: &mut Batch) {
         let Some(keep) = self.keep_ended_jobs else {
             return;
@@ -1084,38 +1103,14 @@ impl State {
         }
         self.last_compaction = Some(std::time::Instant::now());
         let before = Timestamp(now.0.saturating_sub(keep.as_millis().min(i64::MAX as u128) as i64));
-        // Kept while something that has not ended needs them: the targets
-        // of its dependencies, and the ended tasks of an array that has
-        // not ended (they say which of its tasks are done).
-        let needed: std::collections::HashSet<JobId> = self
-            .active_jobs()
-            .flat_map(|job| job.spec.dependencies.iter())
-            .filter_map(|dependency| match dependency.target {
-                DepTarget::Job(id) => Some(id),
-                DepTarget::InRequest(_) => None,
-            })
-            .collect();
-        let old: Vec<JobId> = self
-            .jobs
-            .values()
-            .filter(|job| job.state.ended_at().is_some_and(|ended| ended < before))
-            .filter(|job| !needed.contains(&job.id))
-            .filter(|job| job.array_task.is_none_or(|task| !self.active.contains(&task.array)))
-            .map(|job| job.id)
-            .collect();
-        if old.is_empty() {
-            return;
+        match self.forget_ended_before(before, out) {
+            Ok(0) => {}
+            Ok(n_removed) => tracing::info!(
+                "{n_removed} jobs that ended more than {} ago removed",
+                humantime::format_duration(keep)
+            ),
+            Err(err) => tracing::warn!("cannot look for jobs past their retention: {err}"),
         }
-        for id in &old {
-            self.jobs.remove(id);
-            self.arrays.remove(id);
-            out.writes.push(Write::ForgetJob(*id));
-        }
-        tracing::info!(
-            "{} jobs that ended more than {} ago removed",
-            old.len(),
-            humantime::format_duration(keep)
-        );
     }
 
     /// Which job holds each busy GPU, by (node, GPU index).
@@ -1197,6 +1192,9 @@ pub async fn run_state_task(
             apply_command(&mut state, command, now, &mut out);
         }
         let written = write_all(&store, &state, &out.writes);
+        if written.is_ok() {
+            state.evict_ended();
+        }
         if !out.messages.is_empty() {
             out.replies
                 .push(state.deliver_after_flush(std::mem::take(&mut out.messages)));
@@ -1405,7 +1403,7 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
             Write::Node(name) => state.nodes.get(name).into_iter().for_each(|node| records.node(node)),
             Write::ForgetNode(name) => records.remove_node(name),
-            Write::ForgetJob(id) => records.remove_job(*id),
+            Write::ForgetJob(id, ended_at) => records.remove_job(*id, *ended_at),
             Write::NextJobId => records.next_job_id(state.next_job_id),
             Write::NextEpoch => records.next_epoch(state.next_epoch),
             Write::Usage(team) => state

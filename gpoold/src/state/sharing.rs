@@ -65,6 +65,7 @@ impl State {
             self.stragglers.remove(&id);
         }
         let array_task = job.array_task;
+        let ended = job.state.is_finished() && !before.is_finished();
         if job.state.is_finished() {
             self.active.remove(&id);
             if job.array.is_some() {
@@ -97,6 +98,9 @@ impl State {
         }
         if let Some(task) = array_task {
             self.array_task_changed(id, task, &before, now, out);
+        }
+        if ended {
+            self.ended_now(id);
         }
         true
     }
@@ -389,18 +393,20 @@ impl State {
         now: Timestamp,
         out: &mut Batch,
     ) -> Result<CheckpointOutcome, Error> {
-        let job = self.jobs.get(&id).ok_or(Error::UnknownJob(id))?;
-        gpool_core::auth::authorize(caller, &gpool_core::auth::Action::CheckpointJob(job.auth_ref()))?;
-        let JobState::Running { epoch, .. } = &job.state else {
-            return Err(Error::NotRunning(id));
+        let epoch = {
+            let job = self.find_job(id)?.ok_or(Error::UnknownJob(id))?;
+            gpool_core::auth::authorize(caller, &gpool_core::auth::Action::CheckpointJob(job.auth_ref()))?;
+            let JobState::Running { epoch, .. } = &job.state else {
+                return Err(Error::NotRunning(id));
+            };
+            if attempt != job.n_attempts {
+                return Err(Error::InvalidRequest {
+                    field: "attempt",
+                    reason: format!("job {id} runs attempt {}, not {attempt}", job.n_attempts),
+                });
+            }
+            *epoch
         };
-        if attempt != job.n_attempts {
-            return Err(Error::InvalidRequest {
-                field: "attempt",
-                reason: format!("job {id} runs attempt {}, not {attempt}", job.n_attempts),
-            });
-        }
-        let epoch = *epoch;
         self.apply_event(id, &JobEvent::Checkpointed { epoch, now }, now, out);
         let preempted = matches!(
             self.jobs.get(&id).map(|job| &job.state),

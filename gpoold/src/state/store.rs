@@ -2,13 +2,19 @@
 //!
 //! Keys are big-endian so iteration follows id order. Values are a one-byte
 //! record version followed by the record as JSON. Only the state task writes.
+//!
+//! Jobs that have not ended are in `jobs`, and are loaded at start; ended
+//! jobs are in `ended` (with `ended_by_time` as the index retention walks),
+//! and are read from disk when asked for, so history costs no memory.
 
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
+use gpool_core::array::task_id;
 use gpool_core::auth::token::TokenRecord;
+use gpool_core::deps::DepTarget;
 use gpool_core::model::{Job, Node};
 use gpool_core::policy::Ledger;
-use gpool_core::Timestamp;
+use gpool_core::{JobId, Timestamp};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sled::Transactional;
@@ -16,7 +22,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Schema of the whole database; a change migrates in `open`.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version 2 moved ended jobs from `jobs` to `ended`.
+pub const SCHEMA_VERSION: u32 = 2;
 const RECORD_VERSION: u8 = 1;
 const META_SCHEMA: &[u8] = b"schema_version";
 const META_NEXT_JOB_ID: &[u8] = b"next_job_id";
@@ -24,7 +31,13 @@ const META_NEXT_EPOCH: &[u8] = b"next_epoch";
 
 pub struct Store {
     db: sled::Db,
+    /// Jobs that have not ended, by id.
     jobs: sled::Tree,
+    /// Ended jobs, by id: their records no longer change.
+    ended: sled::Tree,
+    /// An empty value for each ended job, by end time and id
+    /// (`time_key`): the ones past retention are one range.
+    ended_by_time: sled::Tree,
     nodes: sled::Tree,
     meta: sled::Tree,
     /// Each team's usage ledger, by team name.
@@ -38,7 +51,11 @@ pub struct Store {
 
 /// What `Store::open` found on disk.
 pub struct Loaded {
+    /// The jobs that have not ended, and the ended ones they need: the
+    /// targets of their dependencies, and the ended tasks of arrays that
+    /// have not ended (which say which tasks are done).
     pub jobs: Vec<Job>,
+    pub ended: EndedJobs,
     pub nodes: Vec<Node>,
     pub next_job_id: u64,
     pub next_epoch: u64,
@@ -58,6 +75,8 @@ impl Store {
             .open()?;
         let store = Store {
             jobs: db.open_tree("jobs")?,
+            ended: db.open_tree("ended")?,
+            ended_by_time: db.open_tree("ended_by_time")?,
             nodes: db.open_tree("nodes")?,
             meta: db.open_tree("meta")?,
             usage: db.open_tree("usage")?,
@@ -91,13 +110,35 @@ impl Store {
                         supported: SCHEMA_VERSION,
                     });
                 }
+                if found < 2 {
+                    self.move_ended_jobs()?;
+                }
                 Ok(())
             }
         }
     }
 
+    /// Schema 1 to 2: ended jobs move from `jobs` to `ended`, in one
+    /// transaction, and the schema says 2 once that is on disk.
+    fn move_ended_jobs(&self) -> Result<(), Error> {
+        let mut records = Records::default();
+        for entry in self.jobs.iter() {
+            let (key, value) = entry?;
+            let job: Job = decode("jobs", &key, &value)?;
+            if job.state.is_finished() {
+                records.job(&job);
+            }
+        }
+        let n_moved = records.entries.len() / 3;
+        self.commit(&records)?;
+        self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
+        self.db.flush()?;
+        tracing::info!("schema 1 -> {SCHEMA_VERSION}: {n_moved} ended jobs moved to their own tree");
+        Ok(())
+    }
+
     fn load(&self) -> Result<Loaded, Error> {
-        let jobs: Vec<Job> = self
+        let mut jobs: Vec<Job> = self
             .jobs
             .iter()
             .map(|entry| {
@@ -105,6 +146,12 @@ impl Store {
                 decode("jobs", &key, &value)
             })
             .collect::<Result<_, Error>>()?;
+        let ended = EndedJobs {
+            jobs: self.ended.clone(),
+            by_time: self.ended_by_time.clone(),
+        };
+        jobs.extend(ended.needed_by(&jobs)?);
+        jobs.sort_unstable_by_key(|job| job.id);
         let nodes: Vec<Node> = self
             .nodes
             .iter()
@@ -114,9 +161,11 @@ impl Store {
             })
             .collect::<Result<_, Error>>()?;
         // Past every id used, an array's reserved task ids included.
+        let after = |job: &Job| job.id.0 + 1 + job.spec.array.as_ref().map_or(0, |array| u64::from(array.len()));
         let after_last = jobs
             .iter()
-            .map(|job| job.id.0 + 1 + job.spec.array.as_ref().map_or(0, |array| u64::from(array.len())))
+            .map(after)
+            .chain(ended.last()?.as_ref().map(after))
             .max()
             .unwrap_or(1);
         let next_job_id = self.meta_counter(META_NEXT_JOB_ID, "next_job_id")?.max(after_last);
@@ -143,6 +192,7 @@ impl Store {
             .collect::<Result<_, Error>>()?;
         Ok(Loaded {
             jobs,
+            ended,
             nodes,
             next_job_id,
             next_epoch,
@@ -172,13 +222,15 @@ impl Store {
         if records.entries.is_empty() {
             return Ok(());
         }
-        let trees: [&sled::Tree; 6] = [
+        let trees: [&sled::Tree; 8] = [
             &self.jobs,
             &self.nodes,
             &self.meta,
             &self.usage,
             &self.tokens,
             &self.attempts,
+            &self.ended,
+            &self.ended_by_time,
         ];
         trees[..]
             .transaction(|views| {
@@ -254,10 +306,116 @@ impl Accounting {
 /// An accounting record's key: its end time (ms, big-endian) and epoch,
 /// so records are in end order and a window is one range.
 fn attempt_key(ended_at: Timestamp, epoch: gpool_core::Epoch) -> [u8; 16] {
+    time_key(ended_at, epoch.0)
+}
+
+/// A time (ms, big-endian) and then a number, so keys follow time.
+fn time_key(at: Timestamp, then: u64) -> [u8; 16] {
     let mut key = [0u8; 16];
-    key[..8].copy_from_slice(&(ended_at.0.max(0) as u64).to_be_bytes());
-    key[8..].copy_from_slice(&epoch.0.to_be_bytes());
+    key[..8].copy_from_slice(&(at.0.max(0) as u64).to_be_bytes());
+    key[8..].copy_from_slice(&then.to_be_bytes());
     key
+}
+
+/// A `time_key`'s time and number.
+fn split_time_key(raw: [u8; 16]) -> (u64, u64) {
+    let (mut at, mut then) = ([0u8; 8], [0u8; 8]);
+    at.copy_from_slice(&raw[..8]);
+    then.copy_from_slice(&raw[8..]);
+    (u64::from_be_bytes(at), u64::from_be_bytes(then))
+}
+
+/// The ended jobs on disk. `gpool show`, `jobs --all` and the rest read
+/// them here; they are not held in memory.
+#[derive(Clone)]
+pub struct EndedJobs {
+    jobs: sled::Tree,
+    by_time: sled::Tree,
+}
+
+impl EndedJobs {
+    /// Ended job `id`, if it is on disk.
+    pub fn get(&self, id: JobId) -> Result<Option<Job>, Error> {
+        let key = id.0.to_be_bytes();
+        self.jobs
+            .get(key)?
+            .map(|value| decode("ended", &key, &value))
+            .transpose()
+    }
+
+    /// The ended jobs from id `first` on, in id order.
+    pub fn from(&self, first: JobId) -> impl Iterator<Item = Result<Job, Error>> {
+        self.jobs.range(first.0.to_be_bytes()..).map(|entry| {
+            let (key, value) = entry?;
+            decode("ended", &key, &value)
+        })
+    }
+
+    /// The ended job with the highest id below `id`: the array a task of an
+    /// ended array belongs to, if any.
+    pub fn before(&self, id: JobId) -> Result<Option<Job>, Error> {
+        match self.jobs.range(..id.0.to_be_bytes()).next_back() {
+            Some(entry) => {
+                let (key, value) = entry?;
+                decode("ended", &key, &value).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn last(&self) -> Result<Option<Job>, Error> {
+        self.before(JobId(u64::MAX))
+    }
+
+    /// The ended jobs that `jobs` (jobs that have not ended) need: the
+    /// targets of their dependencies, and their arrays' ended tasks.
+    fn needed_by(&self, jobs: &[Job]) -> Result<Vec<Job>, Error> {
+        let mut needed: Vec<Job> = Vec::new();
+        for job in jobs {
+            if let Some(spec) = job.spec.array.as_ref().filter(|spec| !spec.is_empty()) {
+                let (first, last) = (task_id(job.id, 0), task_id(job.id, spec.len() - 1));
+                for entry in self.jobs.range(first.0.to_be_bytes()..=last.0.to_be_bytes()) {
+                    let (key, value) = entry?;
+                    needed.push(decode("ended", &key, &value)?);
+                }
+            }
+        }
+        let targets: std::collections::BTreeSet<JobId> = jobs
+            .iter()
+            .flat_map(|job| job.spec.dependencies.iter())
+            .filter_map(|dependency| match dependency.target {
+                DepTarget::Job(id) => Some(id),
+                DepTarget::InRequest(_) => None,
+            })
+            .collect();
+        let tasks: std::collections::HashSet<JobId> = needed.iter().map(|job| job.id).collect();
+        for id in targets.iter().filter(|id| !tasks.contains(id)) {
+            needed.extend(self.get(*id)?);
+        }
+        Ok(needed)
+    }
+
+    /// The ended jobs that ended before `before`, oldest first, and when.
+    pub fn ended_before(&self, before: Timestamp) -> Result<Vec<(JobId, Timestamp)>, Error> {
+        self.by_time
+            .range(..time_key(before, 0))
+            .keys()
+            .map(|key| {
+                let key = key?;
+                match <[u8; 16]>::try_from(key.as_ref()) {
+                    Ok(raw) => {
+                        let (at, id) = split_time_key(raw);
+                        Ok((JobId(id), Timestamp(at as i64)))
+                    }
+                    Err(_) => Err(Error::CorruptRecord {
+                        tree: "ended_by_time",
+                        key: key_text(&key),
+                        reason: format!("{} bytes, expected 16", key.len()),
+                    }),
+                }
+            })
+            .collect()
+    }
 }
 
 /// Which tree a record goes to (the order of the trees in `Store::commit`).
@@ -269,6 +427,8 @@ enum TreeId {
     Usage = 3,
     Tokens = 4,
     Attempts = 5,
+    Ended = 6,
+    EndedByTime = 7,
 }
 
 /// Encoded records waiting for `Store::commit`.
@@ -279,9 +439,22 @@ pub struct Records {
 }
 
 impl Records {
+    /// A job's record: in `jobs` while it has not ended, then in `ended`
+    /// (and its index).
     pub fn job(&mut self, job: &Job) {
-        self.entries
-            .push((TreeId::Jobs, job.id.0.to_be_bytes().to_vec(), Some(encode(job))));
+        let key = job.id.0.to_be_bytes().to_vec();
+        match job.state.ended_at() {
+            None => self.entries.push((TreeId::Jobs, key, Some(encode(job)))),
+            Some(ended_at) => {
+                self.entries.push((
+                    TreeId::EndedByTime,
+                    time_key(ended_at, job.id.0).to_vec(),
+                    Some(Vec::new()),
+                ));
+                self.entries.push((TreeId::Ended, key.clone(), Some(encode(job))));
+                self.entries.push((TreeId::Jobs, key, None));
+            }
+        }
     }
 
     pub fn node(&mut self, node: &Node) {
@@ -289,9 +462,12 @@ impl Records {
             .push((TreeId::Nodes, node.name.as_bytes().to_vec(), Some(encode(node))));
     }
 
-    /// Removes an ended job (past its retention).
-    pub fn remove_job(&mut self, id: gpool_core::JobId) {
-        self.entries.push((TreeId::Jobs, id.0.to_be_bytes().to_vec(), None));
+    /// Removes an ended job (past its retention), which ended at
+    /// `ended_at`.
+    pub fn remove_job(&mut self, id: gpool_core::JobId, ended_at: Timestamp) {
+        self.entries.push((TreeId::Ended, id.0.to_be_bytes().to_vec(), None));
+        self.entries
+            .push((TreeId::EndedByTime, time_key(ended_at, id.0).to_vec(), None));
     }
 
     /// Forgets a node.
@@ -358,5 +534,115 @@ fn key_text(key: &[u8]) -> String {
     match <[u8; 8]>::try_from(key) {
         Ok(id) => u64::from_be_bytes(id).to_string(),
         Err(_) => String::from_utf8_lossy(key).into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpool_core::JobState;
+
+    fn job(id: u64, state: JobState) -> Job {
+        let spec = gpool_core::spec::JobSpecInput {
+            command: Some(gpool_core::spec::CommandInput::Argv(vec!["true".into()])),
+            ..Default::default()
+        }
+        .into_spec()
+        .expect("a valid spec");
+        Job {
+            id: JobId(id),
+            spec,
+            user: "alice".into(),
+            submitted_at: Timestamp(1_000),
+            state,
+            n_attempts: 0,
+            last_nodes: Vec::new(),
+            n_preemptions: 0,
+            lost_gpu_secs: 0,
+            lost_attempts: Vec::new(),
+            held: false,
+            array: None,
+            array_task: None,
+            past_attempts: Vec::new(),
+            gpu_use: None,
+            events: Vec::new(),
+        }
+    }
+
+    fn cancelled_at(ms: i64) -> JobState {
+        JobState::Cancelled {
+            started_at: None,
+            ended_at: Timestamp(ms),
+            by: "alice".into(),
+        }
+    }
+
+    #[test]
+    fn schema_1_moves_ended_jobs_to_their_tree_and_loads_only_the_others() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        {
+            // A version 1 database: every job in `jobs`.
+            let db = sled::open(dir.path().join("db")).expect("sled");
+            let jobs = db.open_tree("jobs").expect("jobs");
+            for job in [
+                job(1, cancelled_at(5_000)),
+                job(2, JobState::Pending),
+                job(3, cancelled_at(2_000)),
+            ] {
+                jobs.insert(job.id.0.to_be_bytes(), encode(&job)).expect("insert");
+            }
+            db.open_tree("meta")
+                .expect("meta")
+                .insert(META_SCHEMA, &1u32.to_be_bytes())
+                .expect("insert");
+            db.flush().expect("flush");
+        }
+        let (store, loaded) = Store::open(dir.path()).expect("open");
+        let ids: Vec<JobId> = loaded.jobs.iter().map(|job| job.id).collect();
+        assert_eq!(ids, [JobId(2)]);
+        assert_eq!(loaded.next_job_id, 4);
+        assert_eq!(
+            loaded.ended.get(JobId(1)).expect("read").map(|job| job.id),
+            Some(JobId(1))
+        );
+        assert!(loaded.ended.get(JobId(2)).expect("read").is_none());
+        let listed: Vec<JobId> = loaded.ended.from(JobId(0)).map(|job| job.expect("read").id).collect();
+        assert_eq!(listed, [JobId(1), JobId(3)]);
+        assert_eq!(
+            loaded.ended.ended_before(Timestamp(5_000)).expect("read"),
+            [(JobId(3), Timestamp(2_000))]
+        );
+        let schema = store.meta.get(META_SCHEMA).expect("read").expect("a schema");
+        assert_eq!(schema.as_ref(), SCHEMA_VERSION.to_be_bytes());
+        drop((store, loaded));
+        // Opened again: nothing moves twice, the same jobs load.
+        let (_, loaded) = Store::open(dir.path()).expect("open again");
+        assert_eq!(loaded.jobs.len(), 1);
+        assert_eq!(loaded.ended.from(JobId(0)).count(), 2);
+    }
+
+    #[test]
+    fn a_job_record_moves_when_it_ends_and_is_removed_with_its_index() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let (store, _) = Store::open(dir.path()).expect("open");
+        let mut records = Records::default();
+        records.job(&job(7, JobState::Pending));
+        store.commit(&records).expect("commit");
+        let mut records = Records::default();
+        records.job(&job(7, cancelled_at(9_000)));
+        store.commit(&records).expect("commit");
+        assert!(store.jobs.get(7u64.to_be_bytes()).expect("read").is_none());
+        let ended = store.ended.clone();
+        let ended = EndedJobs {
+            jobs: ended,
+            by_time: store.ended_by_time.clone(),
+        };
+        assert_eq!(ended.before(JobId(8)).expect("read").map(|job| job.id), Some(JobId(7)));
+        assert_eq!(ended.ended_before(Timestamp(9_001)).expect("read").len(), 1);
+        let mut records = Records::default();
+        records.remove_job(JobId(7), Timestamp(9_000));
+        store.commit(&records).expect("commit");
+        assert!(ended.get(JobId(7)).expect("read").is_none());
+        assert!(ended.ended_before(Timestamp(i64::MAX)).expect("read").is_empty());
     }
 }

@@ -65,19 +65,14 @@ impl State {
                     outcome.updated |= self.update_one(target, change, out);
                 }
             }
-            outcome.state = self.jobs.get(id).map(|job| job.state.clone());
+            outcome.state = self.find_job(*id)?.map(|job| job.state.clone());
             outcomes.push(outcome);
         }
         Ok(outcomes)
     }
 
     fn check_update(&self, caller: &Caller, id: JobId, change: JobUpdate) -> Result<(), Error> {
-        let job = self
-            .jobs
-            .get(&id)
-            .cloned()
-            .or_else(|| self.virtual_task(id))
-            .ok_or(Error::UnknownJob(id))?;
+        let job = self.find_job(id)?.ok_or(Error::UnknownJob(id))?;
         let longer_time = change
             .time_limit_secs
             .is_some_and(|limit| job.spec.time_limit_secs.is_some_and(|now| limit > now));

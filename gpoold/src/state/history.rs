@@ -1,0 +1,194 @@
+//! Ended jobs: they leave memory once their records are written, and are
+//! read back from sled (`store::EndedJobs`) when asked for, so gpoold's
+//! memory follows the jobs that have not ended, not the history.
+//!
+//! An ended job stays in memory while something that has not ended needs
+//! it: a job that depends on it (`dep_targets`), or, for a task, its array
+//! (which tells its done tasks from those that are not jobs yet by what is
+//! in memory); an ended array stays while one of its tasks runs.
+
+use super::{Batch, State, Write};
+use crate::error::Error;
+use gpool_core::array::task_id;
+use gpool_core::deps::DepTarget;
+use gpool_core::model::Job;
+use gpool_core::{JobId, Timestamp};
+use std::borrow::Cow;
+
+/// Distinct environments are looked at for ones no job shares any more
+/// after this many jobs left memory.
+const PRUNE_ENVS_EVERY: usize = 4096;
+
+impl State {
+    /// Job `id` wherever it is: in memory, ended on disk, or a task of an
+    /// array that is not a job yet (of an ended array: ended with it).
+    pub fn find_job(&self, id: JobId) -> Result<Option<Cow<'_, Job>>, Error> {
+        if let Some(job) = self.jobs.get(&id) {
+            return Ok(Some(Cow::Borrowed(job)));
+        }
+        if let Some(job) = self.ended.get(id)? {
+            return Ok(Some(Cow::Owned(job)));
+        }
+        if let Some(task) = self.virtual_task(id) {
+            return Ok(Some(Cow::Owned(task)));
+        }
+        // A task of an array that ended and left memory before the task
+        // became a job: the ended job just below it is the array, or
+        // another of its tasks.
+        let array = match self.ended.before(id)? {
+            Some(below) => match below.array_task {
+                Some(task) => self.ended.get(task.array)?,
+                None => Some(below),
+            },
+            None => None,
+        };
+        Ok(array
+            .and_then(|array| super::arrays::task_as_array_is(&array, id))
+            .map(Cow::Owned))
+    }
+
+    /// Every job from id `first` on, in id order: those in memory merged
+    /// with the ended ones on disk.
+    pub fn jobs_from(&self, first: JobId) -> impl Iterator<Item = Result<Cow<'_, Job>, Error>> + '_ {
+        let mut memory = self.jobs.range(first..).map(|(_, job)| job).peekable();
+        let mut disk = self.ended.from(first).peekable();
+        std::iter::from_fn(move || {
+            let on_disk = match disk.peek() {
+                Some(Ok(job)) => Some(job.id),
+                Some(Err(_)) => return disk.next().map(|err| err.map(Cow::Owned)),
+                None => None,
+            };
+            match (memory.peek().map(|job| job.id), on_disk) {
+                (None, None) => None,
+                (Some(in_memory), Some(on_disk)) if on_disk < in_memory => disk.next().map(|job| job.map(Cow::Owned)),
+                (Some(in_memory), on_disk) => {
+                    // Written and not yet evicted: the one in memory.
+                    if on_disk == Some(in_memory) {
+                        disk.next();
+                    }
+                    memory.next().map(|job| Ok(Cow::Borrowed(job)))
+                }
+                (None, Some(_)) => disk.next().map(|job| job.map(Cow::Owned)),
+            }
+        })
+    }
+
+    /// True if job `id` is in memory, bringing it back from disk if it
+    /// ended and left (a new dependency on it needs it at hand).
+    pub(super) fn bring_back(&mut self, id: JobId) -> Result<bool, Error> {
+        if self.jobs.contains_key(&id) {
+            return Ok(true);
+        }
+        let Some(mut job) = self.ended.get(id)? else {
+            return Ok(false);
+        };
+        job.spec.env = self.intern_env(&job.spec.env);
+        self.jobs.insert(id, job);
+        self.to_evict.push(id);
+        Ok(true)
+    }
+
+    /// Counts job `id`'s dependency targets as needed (`held`) or not any
+    /// more; a target no longer needed may leave memory.
+    pub(super) fn count_dep_targets(&mut self, id: JobId, held: bool) {
+        let Some(job) = self.jobs.get(&id) else { return };
+        for dependency in &job.spec.dependencies {
+            let DepTarget::Job(target) = dependency.target else {
+                continue;
+            };
+            if held {
+                *self.dep_targets.entry(target).or_default() += 1;
+            } else if let Some(count) = self.dep_targets.get_mut(&target) {
+                *count -= 1;
+                if *count == 0 {
+                    self.dep_targets.remove(&target);
+                    self.to_evict.push(target);
+                }
+            }
+        }
+    }
+
+    /// Job `id` just ended: it, and its array if that ended earlier, may
+    /// leave memory once written.
+    pub(super) fn ended_now(&mut self, id: JobId) {
+        self.count_dep_targets(id, false);
+        self.to_evict.push(id);
+        if let Some(task) = self.jobs.get(&id).and_then(|job| job.array_task) {
+            if !self.active.contains(&task.array) {
+                self.to_evict.push(task.array);
+            }
+        }
+    }
+
+    /// Drops from memory the ended jobs nothing needs any more; called once
+    /// their records are written (under the same lock, so a reader finds
+    /// each job in one place or the other).
+    pub fn evict_ended(&mut self) {
+        let candidates = std::mem::take(&mut self.to_evict);
+        let mut n_evicted = 0;
+        for id in candidates {
+            if !self.may_leave(id) {
+                continue;
+            }
+            let Some(job) = self.jobs.remove(&id) else { continue };
+            n_evicted += 1;
+            if let Some(spec) = job.spec.array.as_ref().filter(|spec| !spec.is_empty()) {
+                self.arrays.remove(&id);
+                let tasks: Vec<JobId> = self
+                    .jobs
+                    .range(task_id(id, 0)..=task_id(id, spec.len() - 1))
+                    .map(|(task, _)| *task)
+                    .collect();
+                for task in tasks {
+                    if self.may_leave(task) {
+                        self.jobs.remove(&task);
+                        n_evicted += 1;
+                    }
+                }
+            }
+        }
+        self.evicted_since_prune += n_evicted;
+        if self.evicted_since_prune >= PRUNE_ENVS_EVERY {
+            self.evicted_since_prune = 0;
+            self.envs.retain(|env| std::sync::Arc::strong_count(env) > 1);
+        }
+    }
+
+    /// Whether job `id` is in memory, ended, and needed by nothing that
+    /// has not ended.
+    fn may_leave(&self, id: JobId) -> bool {
+        let Some(job) = self.jobs.get(&id) else {
+            return false;
+        };
+        if !job.state.is_finished() || self.dep_targets.contains_key(&id) {
+            return false;
+        }
+        if job.array_task.is_some_and(|task| self.active.contains(&task.array)) {
+            return false;
+        }
+        match job.spec.array.as_ref().filter(|spec| !spec.is_empty()) {
+            Some(spec) => self
+                .active
+                .range(task_id(id, 0)..=task_id(id, spec.len() - 1))
+                .next()
+                .is_none(),
+            None => true,
+        }
+    }
+
+    /// Removes the ended jobs that ended before `before` from disk, but
+    /// not those something that has not ended still needs (they are in
+    /// memory). Returns how many.
+    pub(super) fn forget_ended_before(&mut self, before: Timestamp, out: &mut Batch) -> Result<usize, Error> {
+        let old = self.ended.ended_before(before)?;
+        let mut n_removed = 0;
+        for (id, ended_at) in old {
+            if self.jobs.contains_key(&id) {
+                continue;
+            }
+            out.writes.push(Write::ForgetJob(id, ended_at));
+            n_removed += 1;
+        }
+        Ok(n_removed)
+    }
+}

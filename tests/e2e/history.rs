@@ -1,0 +1,154 @@
+//! History: ended jobs leave gpoold's memory once written, and are read
+//! back from disk; they are listed, shown, cancelled (refused), logged and
+//! depended on as before, and the same after a restart.
+
+use crate::harness::cluster::Cluster;
+use crate::harness::process::wait_until;
+use std::time::Duration;
+
+/// gpoold's `gpool_jobs_in_memory`, from its /metrics.
+fn jobs_in_memory(cluster: &Cluster) -> Option<f64> {
+    let addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).ok()?;
+    let (_, _, body) = crate::harness::http_get(addr.trim(), "/metrics");
+    body.lines()
+        .find_map(|line| line.strip_prefix("gpool_jobs_in_memory ")?.parse().ok())
+}
+
+fn wait_for_none_in_memory(cluster: &Cluster) {
+    wait_until("the ended jobs to leave memory", Duration::from_secs(20), || {
+        (jobs_in_memory(cluster) == Some(0.0)).then_some(())
+    });
+}
+
+/// The ended jobs the test made, as `show`, `jobs --all`, `cancel` and
+/// `logs` give them.
+fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelled: u64) {
+    let shown = cluster.job(done);
+    assert_eq!(shown["state"], "completed", "{shown}");
+    assert_eq!(shown["command"][2], "echo from-done", "{shown}");
+    let shown = cluster.job(failed);
+    assert_eq!(shown["state"], "failed", "{shown}");
+    assert_eq!(shown["exit_code"], 3, "{shown}");
+    let shown = cluster.job(array);
+    assert_eq!(shown["state"], "completed", "{shown}");
+    assert_eq!(shown["array"]["ended"], 4, "{shown}");
+    assert_eq!(cluster.job(array + 2)["state"], "completed");
+    // A task that never became a job ended with its array.
+    let task = cluster.job(cancelled + 2);
+    assert_eq!(task["state"], "cancelled", "{task}");
+    assert_eq!(task["array_job_id"], cancelled, "{task}");
+    assert_eq!(task["array_task_id"], 1, "{task}");
+    assert_eq!(cluster.job(cancelled)["state"], "cancelled");
+
+    let listed = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+    let ids: Vec<u64> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|job| job["id"].as_u64())
+        .collect();
+    let mut expected = vec![done, failed, array, cancelled];
+    expected.extend((1..=4).map(|position| array + position));
+    for id in &expected {
+        assert!(ids.contains(id), "job {id} not listed in {ids:?}");
+    }
+    let completed = cluster
+        .gpool(&["jobs", "--state", "completed", "--output", "json"])
+        .json();
+    assert!(
+        completed
+            .as_array()
+            .is_some_and(|jobs| jobs.iter().any(|job| job["id"] == done)),
+        "{completed}"
+    );
+
+    let cancel = cluster.gpool(&["cancel", &done.to_string()]);
+    assert!(
+        cancel
+            .stdout
+            .contains(&format!("job {done} had already ended (completed)")),
+        "{}{}",
+        cancel.stdout,
+        cancel.stderr
+    );
+    let logs = cluster.gpool(&["logs", &done.to_string()]);
+    assert_eq!(logs.ok().trim(), "from-done");
+    let missing = cluster.gpool(&["show", "987654"]);
+    assert_ne!(missing.code, 0);
+    assert!(missing.stderr.contains("987654"), "{}", missing.stderr);
+}
+
+#[test]
+fn ended_jobs_leave_memory_and_are_listed_and_shown_from_disk() {
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    cluster.start_agent("n1", 2);
+    let done = cluster.submit(&["--", "sh", "-c", "echo from-done"]);
+    let failed = cluster.submit(&["--", "sh", "-c", "exit 3"]);
+    let array = cluster.submit(&["-a", "0-3", "--", "true"]);
+    cluster.wait_for_state(done, "completed");
+    cluster.wait_for_state(failed, "failed");
+    cluster.wait_for_state(array, "completed");
+    // Cancelled while it waits for a running job, before any of its tasks
+    // became a job.
+    let blocker = cluster.submit(&["--", "sleep", "60"]);
+    cluster.wait_for_state(blocker, "running");
+    let cancelled = cluster.submit(&["-a", "0-2", "-d", &format!("afterany:{blocker}"), "--", "true"]);
+    cluster
+        .gpool(&["cancel", &cancelled.to_string(), &blocker.to_string()])
+        .ok();
+    cluster.wait_for_state(cancelled, "cancelled");
+    cluster.wait_for_state(blocker, "cancelled");
+    wait_for_none_in_memory(&cluster);
+    check_history(&cluster, done, failed, array, cancelled);
+
+    // A new dependency on a job that left memory is met, or never met, by
+    // its record on disk.
+    let after_done = cluster.submit(&["-d", &format!("afterok:{done}"), "--", "true"]);
+    let after_failed = cluster.submit(&["-d", &format!("afterok:{failed}"), "--", "true"]);
+    cluster.wait_for_state(after_done, "completed");
+    let never = cluster.wait_for_state(after_failed, "failed");
+    assert!(
+        never["end_reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains(&format!("job {failed} ended failed"))),
+        "{never}"
+    );
+    wait_for_none_in_memory(&cluster);
+
+    cluster.controller().stop();
+    cluster.start_controller();
+    assert_eq!(
+        wait_until("gpoold's metrics after the restart", Duration::from_secs(10), || {
+            jobs_in_memory(&cluster)
+        }),
+        0.0
+    );
+    check_history(&cluster, done, failed, array, cancelled);
+    let next = cluster.submit(&["--", "true"]);
+    assert!(next > after_failed, "id {next} reused");
+}
+
+#[test]
+fn a_job_waiting_on_an_ended_job_keeps_it_in_memory_across_a_restart() {
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    cluster.start_agent("n1", 1);
+    let first = cluster.submit(&["--", "true"]);
+    cluster.wait_for_state(first, "completed");
+    wait_for_none_in_memory(&cluster);
+    // It waits for a running job too, so it needs `first` for a while.
+    let blocker = cluster.submit(&["--", "sleep", "60"]);
+    cluster.wait_for_state(blocker, "running");
+    let waiting = cluster.submit(&["-d", &format!("afterok:{first},afterany:{blocker}"), "--", "true"]);
+    cluster.controller().stop();
+    cluster.start_controller();
+    assert_eq!(
+        wait_until("gpoold's metrics after the restart", Duration::from_secs(10), || {
+            jobs_in_memory(&cluster)
+        }),
+        3.0,
+        "the waiting job, the running one, and the ended job it depends on"
+    );
+    cluster.gpool(&["cancel", &blocker.to_string()]).ok();
+    cluster.wait_for_state(waiting, "completed");
+    wait_for_none_in_memory(&cluster);
+}
