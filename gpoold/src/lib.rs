@@ -397,6 +397,21 @@ fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One malloc arena for the whole process, set before any thread starts.
+/// glibc's default (up to 8 per core) spreads each burst of jobs over many
+/// arenas, and the few long-lived blocks left in each keep their pages
+/// resident: with 16 arenas gpoold's RSS grew by about 1 MiB per 1,000 ended
+/// jobs although its live heap did not. gpoold's threads allocate little at
+/// once (one state task does the work), so one lock costs nothing seen.
+pub fn use_one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt sets one of glibc's tunables under its own lock; it
+    // takes no pointers.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 /// After a burst (a 10,000-job batch, a long listing) most of gpoold's
 /// resident memory is garbage or free memory: sled frees the tree nodes
 /// its writes replaced only once an epoch of its collector has passed,

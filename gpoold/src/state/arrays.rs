@@ -46,7 +46,7 @@ impl State {
         };
         let n_tasks = array.spec.array.as_ref().map_or(0, |spec| spec.len());
         let task = task_of(array, id, index);
-        self.jobs.insert(id, task);
+        self.jobs.insert(id, Box::new(task));
         self.active.insert(id);
         self.count_dep_targets(id, true);
         // The lowest position whose task is not a job yet moves past those

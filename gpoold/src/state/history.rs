@@ -24,7 +24,7 @@ impl State {
     /// array that is not a job yet (of an ended array: ended with it).
     pub fn find_job(&self, id: JobId) -> Result<Option<Cow<'_, Job>>, Error> {
         if let Some(job) = self.jobs.get(&id) {
-            return Ok(Some(Cow::Borrowed(job)));
+            return Ok(Some(Cow::Borrowed(job.as_ref())));
         }
         if let Some(job) = self.ended.get(id)? {
             return Ok(Some(Cow::Owned(job)));
@@ -50,7 +50,7 @@ impl State {
     /// Every job from id `first` on, in id order: those in memory merged
     /// with the ended ones on disk.
     pub fn jobs_from(&self, first: JobId) -> impl Iterator<Item = Result<Cow<'_, Job>, Error>> + '_ {
-        let mut memory = self.jobs.range(first..).map(|(_, job)| job).peekable();
+        let mut memory = self.jobs.range(first..).map(|(_, job)| job.as_ref()).peekable();
         let mut disk = self.ended.from(first).peekable();
         std::iter::from_fn(move || {
             let on_disk = match disk.peek() {
@@ -83,7 +83,7 @@ impl State {
             return Ok(false);
         };
         job.spec.env = self.intern_env(&job.spec.env);
-        self.jobs.insert(id, job);
+        self.jobs.insert(id, Box::new(job));
         self.to_evict.push(id);
         Ok(true)
     }

@@ -41,7 +41,8 @@ pub const DEFAULT_TEAM: &str = "default";
 
 /// What the controller knows, in memory.
 pub struct State {
-    pub jobs: BTreeMap<JobId, Job>,
+    /// Boxed: a B-tree node holds eleven of them, about half full.
+    pub jobs: BTreeMap<JobId, Box<Job>>,
     pub nodes: BTreeMap<String, Node>,
     next_job_id: u64,
     /// Why each pending job waits, in words, from the latest scheduling
@@ -381,7 +382,7 @@ impl State {
             .map(|node| (node.name.clone(), started))
             .collect();
         let mut state = State {
-            jobs: loaded.jobs.into_iter().map(|job| (job.id, job)).collect(),
+            jobs: loaded.jobs.into_iter().map(|job| (job.id, Box::new(job))).collect(),
             nodes,
             next_job_id: loaded.next_job_id,
             pending_reasons: HashMap::new(),
@@ -549,7 +550,7 @@ impl State {
                 gpu_use: None,
                 events: Vec::new(),
             };
-            self.jobs.insert(id, job);
+            self.jobs.insert(id, Box::new(job));
             self.active.insert(id);
             self.count_dep_targets(id, true);
             ids.push(id);
@@ -979,17 +980,19 @@ impl State {
             .get(node)
             .into_iter()
             .flatten()
-            .filter_map(|id| self.jobs.get(id))
+            .filter_map(|id| self.jobs.get(id).map(Box::as_ref))
     }
 
     /// Jobs that have not ended, by id.
     pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
-        self.active.iter().filter_map(|id| self.jobs.get(id))
+        self.active.iter().filter_map(|id| self.jobs.get(id).map(Box::as_ref))
     }
 
     /// As `active_jobs`, from id `first` on.
     pub fn active_jobs_from(&self, first: JobId) -> impl Iterator<Item = &Job> {
-        self.active.range(first..).filter_map(|id| self.jobs.get(id))
+        self.active
+            .range(first..)
+            .filter_map(|id| self.jobs.get(id).map(Box::as_ref))
     }
 
     /// The shared copy of `env`.
@@ -1033,7 +1036,7 @@ impl State {
     /// The running jobs (a gang once), by id, from the index by node.
     pub fn running(&self) -> impl Iterator<Item = &Job> {
         let ids: std::collections::BTreeSet<JobId> = self.running_on.values().flatten().copied().collect();
-        ids.into_iter().filter_map(|id| self.jobs.get(&id))
+        ids.into_iter().filter_map(|id| self.jobs.get(&id).map(Box::as_ref))
     }
 
     /// Where a pending job stands with its dependencies.
@@ -1045,7 +1048,7 @@ impl State {
             .get(&(job.user.as_str(), job.spec.name.as_str()))
             .copied()
             .filter(|holder| *holder != job.id);
-        dependency_state(job, |id| self.jobs.get(&id), holder)
+        dependency_state(job, |id| self.jobs.get(&id).map(Box::as_ref), holder)
     }
 
     /// As `dependency_state`, for one job (the singleton scan only for a
@@ -1066,7 +1069,11 @@ impl State {
                     }
             })
         });
-        dependency_state(job, |id| self.jobs.get(&id), holder.flatten().map(|other| other.id))
+        dependency_state(
+            job,
+            |id| self.jobs.get(&id).map(Box::as_ref),
+            holder.flatten().map(|other| other.id),
+        )
     }
 
     fn dependencies_met(&self, job: &Job, singletons: &HashMap<(&str, &str), JobId>) -> bool {
@@ -1079,10 +1086,12 @@ impl State {
         let never: Vec<(JobId, String)> = self
             .active_jobs()
             .filter(|job| job.state == JobState::Pending && !job.spec.dependencies.is_empty())
-            .filter_map(|job| match dependency_state(job, |id| self.jobs.get(&id), None) {
-                DepState::Never(reason) => Some((job.id, reason)),
-                _ => None,
-            })
+            .filter_map(
+                |job| match dependency_state(job, |id| self.jobs.get(&id).map(Box::as_ref), None) {
+                    DepState::Never(reason) => Some((job.id, reason)),
+                    _ => None,
+                },
+            )
             .collect();
         for (id, reason) in never {
             tracing::info!(job = %id, "its dependency can never be met: {reason}");
