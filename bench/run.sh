@@ -3,7 +3,7 @@
 # load average beside it. Usage: bench/run.sh [phase...]
 # Phases: submit-seq submit-par submit-phases api list schedule sharing agents
 # history nodes-down
-# (default: all).
+# (default: all), and history-100k (about five minutes) when named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --workspace --bins
