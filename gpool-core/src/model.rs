@@ -269,7 +269,11 @@ pub struct Requirements {
 
 impl Requirements {
     pub fn is_empty(&self) -> bool {
-        *self == Requirements::default()
+        self.min_gpu_memory_mib == 0
+            && self.nvlink == NvlinkNeed::default()
+            && self.constraints.is_empty()
+            && self.nodelist.is_empty()
+            && self.exclude.is_empty()
     }
 
     /// The node's name and labels allow the job there.

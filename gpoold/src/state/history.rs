@@ -47,6 +47,18 @@ impl State {
             .map(Cow::Owned))
     }
 
+    /// Job `id`'s state, for a reply about it (none where it cannot be
+    /// read).
+    pub(super) fn state_of(&self, id: JobId) -> Option<gpool_core::JobState> {
+        match self.find_job(id) {
+            Ok(found) => found.map(|job| job.state.clone()),
+            Err(err) => {
+                tracing::warn!(job = %id, "cannot read its record: {err}");
+                None
+            }
+        }
+    }
+
     /// Every job from id `first` on, in id order: those in memory merged
     /// with the ended ones on disk.
     pub fn jobs_from(&self, first: JobId) -> impl Iterator<Item = Result<Cow<'_, Job>, Error>> + '_ {

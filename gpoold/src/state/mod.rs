@@ -578,7 +578,17 @@ impl State {
         // may not touch, is reported and the others go ahead.
         let mut outcomes = Vec::with_capacity(ids.len());
         for id in ids {
-            let found = self.find_job(*id)?.map(std::borrow::Cow::into_owned);
+            let found = match self.find_job(*id) {
+                Ok(found) => found.map(std::borrow::Cow::into_owned),
+                Err(err) => {
+                    outcomes.push(CancelOutcome {
+                        id: *id,
+                        refused: Some(err),
+                        ..CancelOutcome::default()
+                    });
+                    continue;
+                }
+            };
             let refused = match &found {
                 None => Some(Error::UnknownJob(*id)),
                 Some(job) => {
@@ -625,7 +635,7 @@ impl State {
                     outcome.held = applied.held;
                 }
             }
-            outcome.state = self.find_job(*id)?.map(|job| job.state.clone());
+            outcome.state = self.state_of(*id);
             outcomes.push(outcome);
         }
         Ok(outcomes)
@@ -1125,7 +1135,7 @@ impl State {
     /// Which job holds each busy GPU, by (node, GPU index).
     pub fn gpu_holders(&self) -> HashMap<(&str, u32), JobId> {
         let mut holders = HashMap::new();
-        for job in self.active_jobs() {
+        for job in self.running() {
             if let JobState::Running { placement, .. } = &job.state {
                 for part in placement {
                     for gpu_idx in &part.gpu_indices {
@@ -1412,6 +1422,8 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
             Write::Node(name) => state.nodes.get(name).into_iter().for_each(|node| records.node(node)),
             Write::ForgetNode(name) => records.remove_node(name),
+            // Brought back into memory since (a new dependency): kept.
+            Write::ForgetJob(id, _) if state.jobs.contains_key(id) => {}
             Write::ForgetJob(id, ended_at) => records.remove_job(*id, *ended_at),
             Write::NextJobId => records.next_job_id(state.next_job_id),
             Write::NextEpoch => records.next_epoch(state.next_epoch),

@@ -368,7 +368,8 @@ impl EndedJobs {
     }
 
     /// The ended jobs that `jobs` (jobs that have not ended) need: the
-    /// targets of their dependencies, and their arrays' ended tasks.
+    /// targets of their dependencies, their arrays' ended tasks, and the
+    /// ended arrays of their tasks.
     fn needed_by(&self, jobs: &[Job]) -> Result<Vec<Job>, Error> {
         let mut needed: Vec<Job> = Vec::new();
         for job in jobs {
@@ -388,8 +389,13 @@ impl EndedJobs {
                 DepTarget::InRequest(_) => None,
             })
             .collect();
-        let tasks: std::collections::HashSet<JobId> = needed.iter().map(|job| job.id).collect();
-        for id in targets.iter().filter(|id| !tasks.contains(id)) {
+        // An ended array whose tasks still run (`cancel -t pending`).
+        let arrays: std::collections::BTreeSet<JobId> = jobs
+            .iter()
+            .filter_map(|job| job.array_task.map(|task| task.array))
+            .collect();
+        let loaded: std::collections::HashSet<JobId> = jobs.iter().chain(&needed).map(|job| job.id).collect();
+        for id in targets.union(&arrays).filter(|id| !loaded.contains(id)) {
             needed.extend(self.get(*id)?);
         }
         Ok(needed)

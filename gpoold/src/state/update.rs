@@ -65,7 +65,7 @@ impl State {
                     outcome.updated |= self.update_one(target, change, out);
                 }
             }
-            outcome.state = self.find_job(*id)?.map(|job| job.state.clone());
+            outcome.state = self.state_of(*id);
             outcomes.push(outcome);
         }
         Ok(outcomes)
