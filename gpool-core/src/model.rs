@@ -163,7 +163,10 @@ pub struct JobSpec {
     /// Seconds; `None` means no limit of its own.
     pub time_limit_secs: Option<u64>,
     /// Shared between jobs with the same environment (a shell's exported
-    /// variables are the same for every job it submits).
+    /// variables are the same for every job it submits). Not written with
+    /// the rest: it never changes, so gpoold stores it once, apart from the
+    /// record it rewrites as the job moves on (older records have it inline).
+    #[serde(default, skip_serializing)]
     pub env: std::sync::Arc<[(String, String)]>,
     pub workdir: String,
     pub priority: i32,

@@ -79,6 +79,9 @@ fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelle
         cancel.stdout,
         cancel.stderr
     );
+    // Its environment is kept apart from its record, and shown with it.
+    let text = cluster.gpool(&["show", &done.to_string()]);
+    assert!(text.ok().contains("KEPT_VAR=done-env"), "{}", text.stdout);
     let logs = cluster.gpool(&["logs", &done.to_string()]);
     assert_eq!(logs.ok().trim(), "from-done");
     let missing = cluster.gpool(&["show", "987654"]);
@@ -90,7 +93,7 @@ fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelle
 fn ended_jobs_leave_memory_and_are_listed_and_shown_from_disk() {
     let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
     cluster.start_agent("n1", 2);
-    let done = cluster.submit(&["--", "sh", "-c", "echo from-done"]);
+    let done = cluster.submit(&["--env", "KEPT_VAR=done-env", "--", "sh", "-c", "echo from-done"]);
     let failed = cluster.submit(&["--", "sh", "-c", "exit 3"]);
     let array = cluster.submit(&["-a", "0-3", "--", "true"]);
     cluster.wait_for_state(done, "completed");
@@ -145,7 +148,17 @@ fn a_job_waiting_on_an_ended_job_keeps_it_in_memory_across_a_restart() {
     // It waits for a running job too, so it needs `first` for a while.
     let blocker = cluster.submit(&["--", "sleep", "60"]);
     cluster.wait_for_state(blocker, "running");
-    let waiting = cluster.submit(&["-d", &format!("afterok:{first},afterany:{blocker}"), "--", "true"]);
+    // It runs with its environment after the restart.
+    let waiting = cluster.submit(&[
+        "-d",
+        &format!("afterok:{first},afterany:{blocker}"),
+        "--env",
+        "KEPT_VAR=across",
+        "--",
+        "sh",
+        "-c",
+        "test \"$KEPT_VAR\" = across",
+    ]);
     restart(&mut cluster);
     assert_eq!(
         wait_until("gpoold's metrics after the restart", Duration::from_secs(10), || {

@@ -86,14 +86,16 @@ fn list_chunk(
 }
 
 impl PoolService {
-    fn job(&self, id: JobId, caller: &Caller) -> Result<pb::Job, Status> {
+    /// Job `id` as `caller` may see it, with its environment or not (a
+    /// watch sends none, as a listing).
+    fn job(&self, id: JobId, caller: &Caller, with_env: bool) -> Result<pb::Job, Status> {
         let state = self
             .state
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let job = state.find_job(id)?.ok_or(Error::UnknownJob(id))?;
-        Ok(job_wire(&state, &job, caller, true))
+        Ok(job_wire(&state, &job, caller, with_env))
     }
 
     /// Writes an audit line for `action` on `object`: always for admin
@@ -378,7 +380,7 @@ impl Pool for PoolService {
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         let caller = caller(&request)?;
-        Ok(Response::new(self.job(JobId(request.get_ref().id), &caller)?))
+        Ok(Response::new(self.job(JobId(request.get_ref().id), &caller, true)?))
     }
 
     type ListJobsStream = JobListStream;
@@ -656,7 +658,7 @@ impl Pool for PoolService {
         let mut unfinished = std::collections::BTreeSet::new();
         let mut first = Vec::with_capacity(request.get_ref().ids.len());
         for &id in &request.get_ref().ids {
-            let job = self.job(JobId(id), &caller)?;
+            let job = self.job(JobId(id), &caller, false)?;
             if !is_finished(&job) {
                 unfinished.insert(JobId(id));
             }
@@ -682,7 +684,7 @@ impl Pool for PoolService {
                     },
                 };
                 for id in changed {
-                    let job = service.job(id, &caller);
+                    let job = service.job(id, &caller, false);
                     if job.as_ref().map_or(true, is_finished) {
                         unfinished.remove(&id);
                     }

@@ -38,7 +38,7 @@ impl State {
         let array = match self.ended.before(id)? {
             Some(below) => match below.array_task {
                 Some(task) => self.ended.get(task.array)?,
-                None => Some(below),
+                None => Some(self.ended.with_env(below)?),
             },
             None => None,
         };

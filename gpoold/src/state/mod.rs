@@ -340,6 +340,8 @@ enum Write {
     Job(JobId),
     Node(String),
     ForgetNode(String),
+    /// A new job's environment, kept apart from its record.
+    JobEnv(JobId),
     /// Removes an ended job's record (which ended then).
     ForgetJob(JobId, Timestamp),
     NextJobId,
@@ -555,6 +557,7 @@ impl State {
             self.count_dep_targets(id, true);
             ids.push(id);
             writes.push(Write::Job(id));
+            writes.push(Write::JobEnv(id));
         }
         writes.push(Write::NextJobId);
         Ok((ids, writes))
@@ -1420,6 +1423,7 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
         match write {
             Write::Job(id) if !jobs_written.insert(*id) => {}
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
+            Write::JobEnv(id) => state.jobs.get(id).into_iter().for_each(|job| records.job_env(job)),
             Write::Node(name) => state.nodes.get(name).into_iter().for_each(|node| records.node(node)),
             Write::ForgetNode(name) => records.remove_node(name),
             // Brought back into memory since (a new dependency): kept.

@@ -38,6 +38,9 @@ pub struct Store {
     /// An empty value for each ended job, by end time and id
     /// (`time_key`): the ones past retention are one range.
     ended_by_time: sled::Tree,
+    /// Each job's environment, by job id: written once, at submit (the
+    /// job's record leaves it out, so its rewrites stay small).
+    envs: sled::Tree,
     nodes: sled::Tree,
     meta: sled::Tree,
     /// Each team's usage ledger, by team name.
@@ -77,6 +80,7 @@ impl Store {
             jobs: db.open_tree("jobs")?,
             ended: db.open_tree("ended")?,
             ended_by_time: db.open_tree("ended_by_time")?,
+            envs: db.open_tree("envs")?,
             nodes: db.open_tree("nodes")?,
             meta: db.open_tree("meta")?,
             usage: db.open_tree("usage")?,
@@ -122,14 +126,16 @@ impl Store {
     /// transaction, and the schema says 2 once that is on disk.
     fn move_ended_jobs(&self) -> Result<(), Error> {
         let mut records = Records::default();
+        let mut n_moved = 0;
         for entry in self.jobs.iter() {
             let (key, value) = entry?;
             let job: Job = decode("jobs", &key, &value)?;
             if job.state.is_finished() {
                 records.job(&job);
+                records.job_env(&job);
+                n_moved += 1;
             }
         }
-        let n_moved = records.entries.len() / 3;
         self.commit(&records)?;
         self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
         self.db.flush()?;
@@ -149,9 +155,11 @@ impl Store {
         let ended = EndedJobs {
             jobs: self.ended.clone(),
             by_time: self.ended_by_time.clone(),
+            envs: self.envs.clone(),
         };
         jobs.extend(ended.needed_by(&jobs)?);
         jobs.sort_unstable_by_key(|job| job.id);
+        self.load_envs(&mut jobs)?;
         let nodes: Vec<Node> = self
             .nodes
             .iter()
@@ -201,6 +209,29 @@ impl Store {
         })
     }
 
+    /// Gives each loaded job its environment. A record written with its
+    /// environment inline (before environments were kept apart) gets its
+    /// entry now, so that its next rewrite loses nothing.
+    fn load_envs(&self, jobs: &mut [Job]) -> Result<(), Error> {
+        let mut records = Records::default();
+        for job in jobs.iter_mut() {
+            let key = job.id.0.to_be_bytes();
+            match self.envs.get(key)? {
+                Some(value) => {
+                    let env: Vec<(String, String)> = decode("envs", &key, &value)?;
+                    job.spec.env = env.into();
+                }
+                None if !job.spec.env.is_empty() => records.job_env(job),
+                None => {}
+            }
+        }
+        if !records.entries.is_empty() {
+            self.commit(&records)?;
+            self.db.flush()?;
+        }
+        Ok(())
+    }
+
     /// A u64 counter in `meta`; 1 when absent.
     fn meta_counter(&self, key: &[u8], name: &str) -> Result<u64, Error> {
         match self.meta.get(key)? {
@@ -222,7 +253,7 @@ impl Store {
         if records.entries.is_empty() {
             return Ok(());
         }
-        let trees: [&sled::Tree; 8] = [
+        let trees: [&sled::Tree; 9] = [
             &self.jobs,
             &self.nodes,
             &self.meta,
@@ -231,6 +262,7 @@ impl Store {
             &self.attempts,
             &self.ended,
             &self.ended_by_time,
+            &self.envs,
         ];
         trees[..]
             .transaction(|views| {
@@ -331,19 +363,31 @@ fn split_time_key(raw: [u8; 16]) -> (u64, u64) {
 pub struct EndedJobs {
     jobs: sled::Tree,
     by_time: sled::Tree,
+    envs: sled::Tree,
 }
 
 impl EndedJobs {
-    /// Ended job `id`, if it is on disk.
+    /// Ended job `id`, if it is on disk, with its environment.
     pub fn get(&self, id: JobId) -> Result<Option<Job>, Error> {
         let key = id.0.to_be_bytes();
-        self.jobs
-            .get(key)?
-            .map(|value| decode("ended", &key, &value))
-            .transpose()
+        match self.jobs.get(key)? {
+            Some(value) => self.with_env(decode("ended", &key, &value)?).map(Some),
+            None => Ok(None),
+        }
     }
 
-    /// The ended jobs from id `first` on, in id order.
+    /// `job` as read from `ended`, with its environment.
+    pub fn with_env(&self, mut job: Job) -> Result<Job, Error> {
+        let key = job.id.0.to_be_bytes();
+        if let Some(value) = self.envs.get(key)? {
+            let env: Vec<(String, String)> = decode("envs", &key, &value)?;
+            job.spec.env = env.into();
+        }
+        Ok(job)
+    }
+
+    /// The ended jobs from id `first` on, in id order, without their
+    /// environments (a listing shows none).
     pub fn from(&self, first: JobId) -> impl Iterator<Item = Result<Job, Error>> {
         self.jobs.range(first.0.to_be_bytes()..).map(|entry| {
             let (key, value) = entry?;
@@ -351,8 +395,9 @@ impl EndedJobs {
         })
     }
 
-    /// The ended job with the highest id below `id`: the array a task of an
-    /// ended array belongs to, if any.
+    /// The ended job with the highest id below `id` (without its
+    /// environment): the array a task of an ended array belongs to, or
+    /// another task of it, if any.
     pub fn before(&self, id: JobId) -> Result<Option<Job>, Error> {
         match self.jobs.range(..id.0.to_be_bytes()).next_back() {
             Some(entry) => {
@@ -435,6 +480,7 @@ enum TreeId {
     Attempts = 5,
     Ended = 6,
     EndedByTime = 7,
+    Envs = 8,
 }
 
 /// Encoded records waiting for `Store::commit`.
@@ -468,9 +514,19 @@ impl Records {
             .push((TreeId::Nodes, node.name.as_bytes().to_vec(), Some(encode(node))));
     }
 
+    /// A new job's environment (its record leaves it out).
+    pub fn job_env(&mut self, job: &Job) {
+        self.entries.push((
+            TreeId::Envs,
+            job.id.0.to_be_bytes().to_vec(),
+            Some(encode(&job.spec.env)),
+        ));
+    }
+
     /// Removes an ended job (past its retention), which ended at
     /// `ended_at`.
     pub fn remove_job(&mut self, id: gpool_core::JobId, ended_at: Timestamp) {
+        self.entries.push((TreeId::Envs, id.0.to_be_bytes().to_vec(), None));
         self.entries.push((TreeId::Ended, id.0.to_be_bytes().to_vec(), None));
         self.entries
             .push((TreeId::EndedByTime, time_key(ended_at, id.0).to_vec(), None));
@@ -590,12 +646,18 @@ mod tests {
             // A version 1 database: every job in `jobs`.
             let db = sled::open(dir.path().join("db")).expect("sled");
             let jobs = db.open_tree("jobs").expect("jobs");
-            for job in [
+            for mut job in [
                 job(1, cancelled_at(5_000)),
                 job(2, JobState::Pending),
                 job(3, cancelled_at(2_000)),
             ] {
-                jobs.insert(job.id.0.to_be_bytes(), encode(&job)).expect("insert");
+                // Version 1 records have the environment inline.
+                job.spec.env = vec![("HOME".to_string(), format!("/home/{}", job.id))].into();
+                let mut value = serde_json::to_value(&job).expect("json");
+                value["spec"]["env"] = serde_json::to_value(&job.spec.env).expect("json");
+                let mut bytes = vec![RECORD_VERSION];
+                serde_json::to_writer(&mut bytes, &value).expect("json");
+                jobs.insert(job.id.0.to_be_bytes(), bytes).expect("insert");
             }
             db.open_tree("meta")
                 .expect("meta")
@@ -608,9 +670,11 @@ mod tests {
         assert_eq!(ids, [JobId(2)]);
         assert_eq!(loaded.next_job_id, 4);
         assert_eq!(
-            loaded.ended.get(JobId(1)).expect("read").map(|job| job.id),
-            Some(JobId(1))
+            loaded.jobs[0].spec.env.to_vec(),
+            [("HOME".to_string(), "/home/2".to_string())]
         );
+        let ended = loaded.ended.get(JobId(1)).expect("read").expect("job 1");
+        assert_eq!(ended.spec.env.to_vec(), [("HOME".to_string(), "/home/1".to_string())]);
         assert!(loaded.ended.get(JobId(2)).expect("read").is_none());
         let listed: Vec<JobId> = loaded.ended.from(JobId(0)).map(|job| job.expect("read").id).collect();
         assert_eq!(listed, [JobId(1), JobId(3)]);
@@ -620,10 +684,16 @@ mod tests {
         );
         let schema = store.meta.get(META_SCHEMA).expect("read").expect("a schema");
         assert_eq!(schema.as_ref(), SCHEMA_VERSION.to_be_bytes());
+        // The pending job's record is rewritten without its environment,
+        // which is kept apart since the first open.
+        let mut records = Records::default();
+        records.job(&loaded.jobs[0]);
+        store.commit(&records).expect("commit");
         drop((store, loaded));
         // Opened again: nothing moves twice, the same jobs load.
         let (_, loaded) = Store::open(dir.path()).expect("open again");
         assert_eq!(loaded.jobs.len(), 1);
+        assert_eq!(loaded.jobs[0].spec.env.len(), 1);
         assert_eq!(loaded.ended.from(JobId(0)).count(), 2);
     }
 
@@ -642,6 +712,7 @@ mod tests {
         let ended = EndedJobs {
             jobs: ended,
             by_time: store.ended_by_time.clone(),
+            envs: store.envs.clone(),
         };
         assert_eq!(ended.before(JobId(8)).expect("read").map(|job| job.id), Some(JobId(7)));
         assert_eq!(ended.ended_before(Timestamp(9_001)).expect("read").len(), 1);

@@ -1627,7 +1627,8 @@ pub mod pool_client {
             self.inner.server_streaming(req, path, codec).await
         }
         /// Streams the current state of each job, then every change of any of
-        /// them, and ends when all have ended.
+        /// them, and ends when all have ended. As in ListJobs, a job's env is left
+        /// out (GetJob has it).
         pub async fn watch_jobs(
             &mut self,
             request: impl tonic::IntoRequest<super::WatchJobsRequest>,
@@ -2042,7 +2043,8 @@ pub mod pool_server {
             + std::marker::Send
             + 'static;
         /// Streams the current state of each job, then every change of any of
-        /// them, and ends when all have ended.
+        /// them, and ends when all have ended. As in ListJobs, a job's env is left
+        /// out (GetJob has it).
         async fn watch_jobs(
             &self,
             request: tonic::Request<super::WatchJobsRequest>,
