@@ -214,12 +214,20 @@ impl Store {
     /// entry now, so that its next rewrite loses nothing.
     fn load_envs(&self, jobs: &mut [Job]) -> Result<(), Error> {
         let mut records = Records::default();
+        // Jobs from one shell share an environment: each is decoded once.
+        let mut decoded: std::collections::HashMap<sled::IVec, std::sync::Arc<[(String, String)]>> =
+            std::collections::HashMap::new();
         for job in jobs.iter_mut() {
             let key = job.id.0.to_be_bytes();
             match self.envs.get(key)? {
                 Some(value) => {
+                    if let Some(env) = decoded.get(&value) {
+                        job.spec.env = env.clone();
+                        continue;
+                    }
                     let env: Vec<(String, String)> = decode("envs", &key, &value)?;
                     job.spec.env = env.into();
+                    decoded.insert(value, job.spec.env.clone());
                 }
                 None if !job.spec.env.is_empty() => records.job_env(job),
                 None => {}
