@@ -202,3 +202,28 @@ fn an_ended_array_whose_tasks_run_is_kept_across_a_restart() {
     assert_eq!(record["array"]["ended"], 2, "{record}");
     wait_for_none_in_memory(&cluster);
 }
+
+#[test]
+fn array_tasks_run_with_their_arrays_environment_after_a_restart() {
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    cluster.start_agent("n1", 1);
+    let array = cluster.submit(&[
+        "-a",
+        "0-3%1",
+        "--env",
+        "KEPT_VAR=array-env",
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.3; test \"$KEPT_VAR\" = array-env",
+    ]);
+    cluster.wait_for_state(array + 1, "running");
+    // Tasks 1 to 3 become jobs after the restart, from the array as loaded.
+    restart(&mut cluster);
+    let record = cluster.wait_for_state(array, "completed");
+    assert_eq!(record["array"]["not_completed"], 0, "{record}");
+    // A task that ended and left memory is shown with its environment.
+    wait_for_none_in_memory(&cluster);
+    let text = cluster.gpool(&["show", &(array + 4).to_string()]);
+    assert!(text.ok().contains("KEPT_VAR=array-env"), "{}", text.stdout);
+}

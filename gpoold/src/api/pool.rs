@@ -94,7 +94,12 @@ impl PoolService {
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let job = state.find_job(id)?.ok_or(Error::UnknownJob(id))?;
+        let found = if with_env {
+            state.find_job_with_env(id)?
+        } else {
+            state.find_job(id)?
+        };
+        let job = found.ok_or(Error::UnknownJob(id))?;
         Ok(job_wire(&state, &job, caller, with_env))
     }
 

@@ -20,14 +20,25 @@ use std::borrow::Cow;
 const PRUNE_ENVS_EVERY: usize = 4096;
 
 impl State {
-    /// Job `id` wherever it is: in memory, ended on disk, or a task of an
-    /// array that is not a job yet (of an ended array: ended with it).
+    /// Job `id` wherever it is: in memory, ended on disk (without its
+    /// environment), or a task of an array that is not a job yet (of an
+    /// ended array: ended with it).
     pub fn find_job(&self, id: JobId) -> Result<Option<Cow<'_, Job>>, Error> {
+        self.find(id, false)
+    }
+
+    /// As `find_job`, with the environment of a job read from disk.
+    pub fn find_job_with_env(&self, id: JobId) -> Result<Option<Cow<'_, Job>>, Error> {
+        self.find(id, true)
+    }
+
+    fn find(&self, id: JobId, with_env: bool) -> Result<Option<Cow<'_, Job>>, Error> {
+        let from_disk = |job: Job| if with_env { self.ended.with_env(job) } else { Ok(job) };
         if let Some(job) = self.jobs.get(&id) {
             return Ok(Some(Cow::Borrowed(job.as_ref())));
         }
         if let Some(job) = self.ended.get(id)? {
-            return Ok(Some(Cow::Owned(job)));
+            return Ok(Some(Cow::Owned(from_disk(job)?)));
         }
         if let Some(task) = self.virtual_task(id) {
             return Ok(Some(Cow::Owned(task)));
@@ -38,10 +49,12 @@ impl State {
         let array = match self.ended.before(id)? {
             Some(below) => match below.array_task {
                 Some(task) => self.ended.get(task.array)?,
-                None => Some(self.ended.with_env(below)?),
+                None => Some(below),
             },
             None => None,
         };
+        // The task takes its array's spec, environment included.
+        let array = array.map(from_disk).transpose()?;
         Ok(array
             .and_then(|array| super::arrays::task_as_array_is(&array, id))
             .map(Cow::Owned))
@@ -91,9 +104,11 @@ impl State {
         if self.jobs.contains_key(&id) {
             return Ok(true);
         }
-        let Some(mut job) = self.ended.get(id)? else {
+        let Some(job) = self.ended.get(id)? else {
             return Ok(false);
         };
+        // `gpool show` takes it from memory while it is here.
+        let mut job = self.ended.with_env(job)?;
         job.spec.env = self.intern_env(&job.spec.env);
         self.jobs.insert(id, Box::new(job));
         self.to_evict.push(id);

@@ -22,8 +22,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Schema of the whole database; a change migrates in `open`.
-/// Version 2 moved ended jobs from `jobs` to `ended`.
-pub const SCHEMA_VERSION: u32 = 2;
+/// Version 2 moved ended jobs from `jobs` to `ended`; version 3 moved each
+/// job's environment out of its record, to `envs`.
+pub const SCHEMA_VERSION: u32 = 3;
 const RECORD_VERSION: u8 = 1;
 const META_SCHEMA: &[u8] = b"schema_version";
 const META_NEXT_JOB_ID: &[u8] = b"next_job_id";
@@ -114,32 +115,41 @@ impl Store {
                         supported: SCHEMA_VERSION,
                     });
                 }
-                if found < 2 {
-                    self.move_ended_jobs()?;
+                if found < SCHEMA_VERSION {
+                    self.migrate(found)?;
                 }
                 Ok(())
             }
         }
     }
 
-    /// Schema 1 to 2: ended jobs move from `jobs` to `ended`, in one
-    /// transaction, and the schema says 2 once that is on disk.
-    fn move_ended_jobs(&self) -> Result<(), Error> {
+    /// From schema `found` to this one, in one transaction; the schema
+    /// says so once that is on disk. To 2: ended jobs move from `jobs` to
+    /// `ended`. To 3: each job's environment moves out of its record (which
+    /// is rewritten without it) to `envs`.
+    fn migrate(&self, found: u32) -> Result<(), Error> {
         let mut records = Records::default();
-        let mut n_moved = 0;
-        for entry in self.jobs.iter() {
-            let (key, value) = entry?;
-            let job: Job = decode("jobs", &key, &value)?;
-            if job.state.is_finished() {
+        let (mut n_moved, mut n_envs) = (0, 0);
+        for (tree, name) in [(&self.jobs, "jobs"), (&self.ended, "ended")] {
+            for entry in tree.iter() {
+                let (key, value) = entry?;
+                let job: Job = decode(name, &key, &value)?;
+                if found < 2 && job.state.is_finished() {
+                    n_moved += 1;
+                }
                 records.job(&job);
-                records.job_env(&job);
-                n_moved += 1;
+                if !job.spec.env.is_empty() {
+                    records.job_env(&job);
+                    n_envs += 1;
+                }
             }
         }
         self.commit(&records)?;
         self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
         self.db.flush()?;
-        tracing::info!("schema 1 -> {SCHEMA_VERSION}: {n_moved} ended jobs moved to their own tree");
+        tracing::info!(
+            "schema {found} -> {SCHEMA_VERSION}: {n_moved} ended jobs moved to their own tree, {n_envs} environments to theirs"
+        );
         Ok(())
     }
 
@@ -209,33 +219,22 @@ impl Store {
         })
     }
 
-    /// Gives each loaded job its environment. A record written with its
-    /// environment inline (before environments were kept apart) gets its
-    /// entry now, so that its next rewrite loses nothing.
+    /// Gives each loaded job its environment.
     fn load_envs(&self, jobs: &mut [Job]) -> Result<(), Error> {
-        let mut records = Records::default();
         // Jobs from one shell share an environment: each is decoded once.
         let mut decoded: std::collections::HashMap<sled::IVec, std::sync::Arc<[(String, String)]>> =
             std::collections::HashMap::new();
         for job in jobs.iter_mut() {
             let key = job.id.0.to_be_bytes();
-            match self.envs.get(key)? {
-                Some(value) => {
-                    if let Some(env) = decoded.get(&value) {
-                        job.spec.env = env.clone();
-                        continue;
-                    }
-                    let env: Vec<(String, String)> = decode("envs", &key, &value)?;
-                    job.spec.env = env.into();
-                    decoded.insert(value, job.spec.env.clone());
-                }
-                None if !job.spec.env.is_empty() => records.job_env(job),
-                None => {}
+            // None: a job submitted with no environment at all.
+            let Some(value) = self.envs.get(key)? else { continue };
+            if let Some(env) = decoded.get(&value) {
+                job.spec.env = env.clone();
+                continue;
             }
-        }
-        if !records.entries.is_empty() {
-            self.commit(&records)?;
-            self.db.flush()?;
+            let env: Vec<(String, String)> = decode("envs", &key, &value)?;
+            job.spec.env = env.into();
+            decoded.insert(value, job.spec.env.clone());
         }
         Ok(())
     }
@@ -375,13 +374,13 @@ pub struct EndedJobs {
 }
 
 impl EndedJobs {
-    /// Ended job `id`, if it is on disk, with its environment.
+    /// Ended job `id`, if it is on disk, without its environment.
     pub fn get(&self, id: JobId) -> Result<Option<Job>, Error> {
         let key = id.0.to_be_bytes();
-        match self.jobs.get(key)? {
-            Some(value) => self.with_env(decode("ended", &key, &value)?).map(Some),
-            None => Ok(None),
-        }
+        self.jobs
+            .get(key)?
+            .map(|value| decode("ended", &key, &value))
+            .transpose()
     }
 
     /// `job` as read from `ended`, with its environment.
@@ -648,7 +647,7 @@ mod tests {
     }
 
     #[test]
-    fn schema_1_moves_ended_jobs_to_their_tree_and_loads_only_the_others() {
+    fn schema_1_moves_ended_jobs_and_environments_to_their_trees() {
         let dir = tempfile::tempdir().expect("a temp dir");
         {
             // A version 1 database: every job in `jobs`.
@@ -682,6 +681,8 @@ mod tests {
             [("HOME".to_string(), "/home/2".to_string())]
         );
         let ended = loaded.ended.get(JobId(1)).expect("read").expect("job 1");
+        assert!(ended.spec.env.is_empty(), "the record was rewritten without it");
+        let ended = loaded.ended.with_env(ended).expect("read");
         assert_eq!(ended.spec.env.to_vec(), [("HOME".to_string(), "/home/1".to_string())]);
         assert!(loaded.ended.get(JobId(2)).expect("read").is_none());
         let listed: Vec<JobId> = loaded.ended.from(JobId(0)).map(|job| job.expect("read").id).collect();
