@@ -225,6 +225,12 @@ pub fn task_id(array: JobId, position: u32) -> JobId {
     JobId(array.0 + 1 + u64::from(position))
 }
 
+/// The ids reserved for the `n_tasks` tasks of the array `array` (none for
+/// a job that is no array).
+pub fn task_ids(array: JobId, n_tasks: u32) -> std::ops::Range<JobId> {
+    task_id(array, 0)..task_id(array, n_tasks)
+}
+
 /// `123_4` for a task, `123` for anything else.
 pub fn display_id(id: JobId, task: Option<&ArrayTask>) -> String {
     match task {

@@ -3,7 +3,7 @@
 //! with the id reserved for it at submit.
 
 use super::{Batch, State, Write};
-use gpool_core::array::{task_id, ArraySpec, ArrayTask};
+use gpool_core::array::{task_id, task_ids, ArraySpec, ArrayTask};
 use gpool_core::job_state::{JobEvent, JobState};
 use gpool_core::model::Job;
 use gpool_core::sched::PendingJob;
@@ -125,11 +125,8 @@ impl State {
     /// Tasks of `array` that are jobs, in index order.
     pub fn array_task_ids(&self, array: &Job) -> Vec<JobId> {
         let n_tasks = array.spec.array.as_ref().map_or(0, |spec| spec.len());
-        if n_tasks == 0 {
-            return Vec::new();
-        }
         self.jobs
-            .range(task_id(array.id, 0)..=task_id(array.id, n_tasks - 1))
+            .range(task_ids(array.id, n_tasks))
             .map(|(id, _)| *id)
             .collect()
     }

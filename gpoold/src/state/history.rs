@@ -9,7 +9,7 @@
 
 use super::{Batch, State, Write};
 use crate::error::Error;
-use gpool_core::array::task_id;
+use gpool_core::array::task_ids;
 use gpool_core::deps::DepTarget;
 use gpool_core::model::Job;
 use gpool_core::{JobId, Timestamp};
@@ -34,8 +34,8 @@ impl State {
 
     fn find(&self, id: JobId, with_env: bool) -> Result<Option<Cow<'_, Job>>, Error> {
         let from_disk = |job: Job| if with_env { self.ended.with_env(job) } else { Ok(job) };
-        if let Some(job) = self.jobs.get(&id) {
-            return Ok(Some(Cow::Borrowed(job.as_ref())));
+        if let Some(job) = self.job(id) {
+            return Ok(Some(Cow::Borrowed(job)));
         }
         if let Some(job) = self.ended.get(id)? {
             return Ok(Some(Cow::Owned(from_disk(job)?)));
@@ -159,18 +159,12 @@ impl State {
             }
             let Some(job) = self.jobs.remove(&id) else { continue };
             n_evicted += 1;
-            if let Some(spec) = job.spec.array.as_ref().filter(|spec| !spec.is_empty()) {
-                self.arrays.remove(&id);
-                let tasks: Vec<JobId> = self
-                    .jobs
-                    .range(task_id(id, 0)..=task_id(id, spec.len() - 1))
-                    .map(|(task, _)| *task)
-                    .collect();
-                for task in tasks {
-                    if self.may_leave(task) {
-                        self.jobs.remove(&task);
-                        n_evicted += 1;
-                    }
+            self.arrays.remove(&id);
+            // An array takes its ended tasks with it.
+            for task in self.array_task_ids(&job) {
+                if self.may_leave(task) {
+                    self.jobs.remove(&task);
+                    n_evicted += 1;
                 }
             }
         }
@@ -193,14 +187,9 @@ impl State {
         if job.array_task.is_some_and(|task| self.active.contains(&task.array)) {
             return false;
         }
-        match job.spec.array.as_ref().filter(|spec| !spec.is_empty()) {
-            Some(spec) => self
-                .active
-                .range(task_id(id, 0)..=task_id(id, spec.len() - 1))
-                .next()
-                .is_none(),
-            None => true,
-        }
+        // An array whose tasks all ended (none, for a job that is no array).
+        let n_tasks = job.spec.array.as_ref().map_or(0, |spec| spec.len());
+        self.active.range(task_ids(id, n_tasks)).next().is_none()
     }
 
     /// Removes the ended jobs that ended before `before` from disk, but

@@ -993,19 +993,23 @@ impl State {
             .get(node)
             .into_iter()
             .flatten()
-            .filter_map(|id| self.jobs.get(id).map(Box::as_ref))
+            .filter_map(|id| self.job(*id))
+    }
+
+    /// Job `id` if it is in memory (not ended, or ended and still needed;
+    /// `find_job` looks on disk too).
+    pub fn job(&self, id: JobId) -> Option<&Job> {
+        self.jobs.get(&id).map(Box::as_ref)
     }
 
     /// Jobs that have not ended, by id.
     pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
-        self.active.iter().filter_map(|id| self.jobs.get(id).map(Box::as_ref))
+        self.active.iter().filter_map(|id| self.job(*id))
     }
 
     /// As `active_jobs`, from id `first` on.
     pub fn active_jobs_from(&self, first: JobId) -> impl Iterator<Item = &Job> {
-        self.active
-            .range(first..)
-            .filter_map(|id| self.jobs.get(id).map(Box::as_ref))
+        self.active.range(first..).filter_map(|id| self.job(*id))
     }
 
     /// The shared copy of `env`.
@@ -1049,7 +1053,7 @@ impl State {
     /// The running jobs (a gang once), by id, from the index by node.
     pub fn running(&self) -> impl Iterator<Item = &Job> {
         let ids: std::collections::BTreeSet<JobId> = self.running_on.values().flatten().copied().collect();
-        ids.into_iter().filter_map(|id| self.jobs.get(&id).map(Box::as_ref))
+        ids.into_iter().filter_map(|id| self.job(id))
     }
 
     /// Where a pending job stands with its dependencies.
@@ -1061,7 +1065,7 @@ impl State {
             .get(&(job.user.as_str(), job.spec.name.as_str()))
             .copied()
             .filter(|holder| *holder != job.id);
-        dependency_state(job, |id| self.jobs.get(&id).map(Box::as_ref), holder)
+        dependency_state(job, |id| self.job(id), holder)
     }
 
     /// As `dependency_state`, for one job (the singleton scan only for a
@@ -1082,11 +1086,7 @@ impl State {
                     }
             })
         });
-        dependency_state(
-            job,
-            |id| self.jobs.get(&id).map(Box::as_ref),
-            holder.flatten().map(|other| other.id),
-        )
+        dependency_state(job, |id| self.job(id), holder.flatten().map(|other| other.id))
     }
 
     fn dependencies_met(&self, job: &Job, singletons: &HashMap<(&str, &str), JobId>) -> bool {
@@ -1099,12 +1099,10 @@ impl State {
         let never: Vec<(JobId, String)> = self
             .active_jobs()
             .filter(|job| job.state == JobState::Pending && !job.spec.dependencies.is_empty())
-            .filter_map(
-                |job| match dependency_state(job, |id| self.jobs.get(&id).map(Box::as_ref), None) {
-                    DepState::Never(reason) => Some((job.id, reason)),
-                    _ => None,
-                },
-            )
+            .filter_map(|job| match dependency_state(job, |id| self.job(id), None) {
+                DepState::Never(reason) => Some((job.id, reason)),
+                _ => None,
+            })
             .collect();
         for (id, reason) in never {
             tracing::info!(job = %id, "its dependency can never be met: {reason}");

@@ -9,7 +9,7 @@
 
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
-use gpool_core::array::task_id;
+use gpool_core::array::task_ids;
 use gpool_core::auth::token::TokenRecord;
 use gpool_core::deps::DepTarget;
 use gpool_core::model::{Job, Node};
@@ -425,12 +425,10 @@ impl EndedJobs {
     fn needed_by(&self, jobs: &[Job]) -> Result<Vec<Job>, Error> {
         let mut needed: Vec<Job> = Vec::new();
         for job in jobs {
-            if let Some(spec) = job.spec.array.as_ref().filter(|spec| !spec.is_empty()) {
-                let (first, last) = (task_id(job.id, 0), task_id(job.id, spec.len() - 1));
-                for entry in self.jobs.range(first.0.to_be_bytes()..=last.0.to_be_bytes()) {
-                    let (key, value) = entry?;
-                    needed.push(decode("ended", &key, &value)?);
-                }
+            let tasks = task_ids(job.id, job.spec.array.as_ref().map_or(0, |spec| spec.len()));
+            for entry in self.jobs.range(tasks.start.0.to_be_bytes()..tasks.end.0.to_be_bytes()) {
+                let (key, value) = entry?;
+                needed.push(decode("ended", &key, &value)?);
             }
         }
         let targets: std::collections::BTreeSet<JobId> = jobs
@@ -612,30 +610,9 @@ mod tests {
     use gpool_core::JobState;
 
     fn job(id: u64, state: JobState) -> Job {
-        let spec = gpool_core::spec::JobSpecInput {
-            command: Some(gpool_core::spec::CommandInput::Argv(vec!["true".into()])),
-            ..Default::default()
-        }
-        .into_spec()
-        .expect("a valid spec");
-        Job {
-            id: JobId(id),
-            spec,
-            user: "alice".into(),
-            submitted_at: Timestamp(1_000),
-            state,
-            n_attempts: 0,
-            last_nodes: Vec::new(),
-            n_preemptions: 0,
-            lost_gpu_secs: 0,
-            lost_attempts: Vec::new(),
-            held: false,
-            array: None,
-            array_task: None,
-            past_attempts: Vec::new(),
-            gpu_use: None,
-            events: Vec::new(),
-        }
+        let mut job = gpool_core::testing::job_builder(JobId(id)).build();
+        job.state = state;
+        job
     }
 
     fn cancelled_at(ms: i64) -> JobState {
