@@ -7,6 +7,7 @@ use crate::sched::Policy;
 use std::collections::{BTreeSet, HashMap};
 
 /// The GPUs of one model on one schedulable node.
+#[derive(Clone)]
 struct Group {
     node_idx: usize,
     /// Free GPU indices, ascending.
@@ -19,13 +20,13 @@ struct Group {
 }
 
 /// Groups of one model in one pool, bucketed by how many GPUs they have free.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct ModelBuckets {
     by_free: Vec<BTreeSet<usize>>,
     total_free: u64,
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct PoolIndex {
     n_nodes: usize,
     n_down: usize,
@@ -34,6 +35,7 @@ struct PoolIndex {
     models: Vec<Option<ModelBuckets>>,
 }
 
+#[derive(Clone)]
 pub(super) struct FreeIndex<'v> {
     nodes: &'v [NodeView],
     /// Groups of each node, by node position.
@@ -58,9 +60,10 @@ impl<'v> FreeIndex<'v> {
     pub(super) fn build(nodes: &'v [NodeView], policy: &Policy) -> FreeIndex<'v> {
         let mut models: Vec<GpuModel> = nodes
             .iter()
-            .flat_map(|node| node.gpus.iter().map(|gpu| gpu.model.clone()))
+            .flat_map(|node| node.gpus.iter().map(|gpu| &gpu.model))
             .collect::<BTreeSet<_>>()
             .into_iter()
+            .cloned()
             .collect();
         models.shrink_to_fit();
         let model_idx_by_name = models.iter().cloned().enumerate().map(|(i, m)| (m, i)).collect();

@@ -372,7 +372,6 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     let mut reservation: Option<backfill::Reservation> = None;
     // One job per cycle is tried for a reservation (EASY backfill).
     let mut reservation_tried = false;
-    let masked_nodes: std::cell::OnceCell<Vec<NodeView>> = std::cell::OnceCell::new();
     let mut masked: Option<FreeIndex> = None;
     let mut ends: Vec<(Option<Timestamp>, Vec<NodePlacement>)> = Vec::new();
     // GPUs kept free for QoS classes (and above); burst work never takes them.
@@ -516,16 +515,12 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
                     let earliest = backfill::earliest_start(job, reclaim.nodes(), releases, policy);
                     no_estimate = earliest.is_none();
                     if let Some((at, placement)) = earliest {
-                        let mut held = reclaim.nodes().to_vec();
-                        for node in &mut held {
-                            for gpu in &mut node.gpus {
-                                let reserved = placement
-                                    .iter()
-                                    .any(|p| p.node == node.name && p.gpu_indices.contains(&gpu.index));
-                                gpu.busy |= reserved;
-                            }
-                        }
-                        masked = Some(FreeIndex::build(masked_nodes.get_or_init(|| held), policy));
+                        // The index holds what is free now (the nodes
+                        // less this cycle's starts and holds), as
+                        // `reclaim.nodes()` does.
+                        let mut without_reserved = index.clone();
+                        without_reserved.remove(&placement);
+                        masked = Some(without_reserved);
                         reservation = Some(backfill::Reservation {
                             job: job.id,
                             at,

@@ -133,7 +133,19 @@ impl<'v> Reclaimer<'v> {
             .iter()
             .filter(|r| r.preempting && !self.claimed.contains(&r.id))
             .collect();
-        if let Some((used, placement)) = self.fits(job, &ending, keep) {
+        // Nodes the job has room on once the freed GPUs are free: kept up
+        // to date as victims are added, so a placement check looks only at
+        // them, never at every node with a free GPU again.
+        let pool = self.policy.pool(&job.pool);
+        let mut freed_on = self.freed_on(&ending);
+        let mut with_room: HashSet<usize, FastHash> = self
+            .with_free
+            .iter()
+            .chain(freed_on.keys())
+            .copied()
+            .filter(|node_idx| self.has_room(job, pool, *node_idx, &freed_on))
+            .collect();
+        if let Some((used, placement)) = self.fits(job, &ending, &freed_on, &with_room, keep) {
             self.claim(&used);
             return Some((used.len(), placement));
         }
@@ -156,23 +168,14 @@ impl<'v> Reclaimer<'v> {
         // Add victims until the job fits. Only nodes a new victim frees GPUs
         // on can change the answer, so the full placement check runs only
         // when one of them now has room (and, for a gang, enough nodes do).
-        let pool = self.policy.pool(&job.pool);
-        let mut freed_on = self.freed_on(&ending);
-        let mut with_room: HashSet<usize, FastHash> = self
-            .with_free
-            .iter()
-            .chain(freed_on.keys())
-            .copied()
-            .filter(|node_idx| self.has_room(job, pool, *node_idx, &freed_on))
-            .collect();
         let mut chosen: Vec<&'v RunningJob> = Vec::new();
         let mut fitted = None;
         for candidate in candidates {
             chosen.push(candidate);
             let mut changed = false;
+            self.add_freed(&mut freed_on, candidate);
             for part in &candidate.placement {
                 if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                    freed_on.entry(*node_idx).or_default().extend(&part.gpu_indices);
                     if self.has_room(job, pool, *node_idx, &freed_on) {
                         changed |= with_room.insert(*node_idx) || job.nodes == 1;
                     }
@@ -184,13 +187,15 @@ impl<'v> Reclaimer<'v> {
                 continue;
             }
             let freed: Vec<&RunningJob> = ending.iter().chain(&chosen).copied().collect();
-            if let Some(used) = self.fits(job, &freed, keep) {
+            if let Some(used) = self.fits(job, &freed, &freed_on, &with_room, keep) {
                 fitted = Some(used);
                 break;
             }
         }
         let mut used = fitted?;
         // Give back victims the job turned out not to need, costliest first.
+        // Fewer freed GPUs leave room on no node that had none, so each try
+        // looks again only at the nodes where it had room.
         let mut by_cost: Vec<usize> = (0..chosen.len()).collect();
         by_cost.sort_by(|a, b| {
             chosen[*b]
@@ -201,14 +206,30 @@ impl<'v> Reclaimer<'v> {
         let mut keep = vec![true; chosen.len()];
         for drop_idx in by_cost {
             keep[drop_idx] = false;
+            let dropped = chosen[drop_idx];
+            self.unfree(&mut freed_on, dropped);
+            let mut room = with_room.clone();
+            for part in &dropped.placement {
+                if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
+                    if !self.has_room(job, pool, *node_idx, &freed_on) {
+                        room.remove(node_idx);
+                    }
+                }
+            }
             let freed: Vec<&RunningJob> = ending
                 .iter()
                 .copied()
                 .chain(chosen.iter().zip(&keep).filter(|(_, k)| **k).map(|(r, _)| *r))
                 .collect();
-            match self.fits(job, &freed, keep_free) {
-                Some(fewer) => used = fewer,
-                None => keep[drop_idx] = true,
+            match self.fits(job, &freed, &freed_on, &room, keep_free) {
+                Some(fewer) => {
+                    used = fewer;
+                    with_room = room;
+                }
+                None => {
+                    keep[drop_idx] = true;
+                    self.add_freed(&mut freed_on, dropped);
+                }
             }
         }
         let (used, placement) = used;
@@ -237,13 +258,32 @@ impl<'v> Reclaimer<'v> {
     fn freed_on(&self, freed: &[&RunningJob]) -> HashMap<usize, Vec<u32>, FastHash> {
         let mut freed_on: HashMap<usize, Vec<u32>, FastHash> = HashMap::default();
         for running in freed {
-            for part in &running.placement {
-                if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                    freed_on.entry(*node_idx).or_default().extend(&part.gpu_indices);
+            self.add_freed(&mut freed_on, running);
+        }
+        freed_on
+    }
+
+    /// Adds the GPUs `running` holds to `freed_on`.
+    fn add_freed(&self, freed_on: &mut HashMap<usize, Vec<u32>, FastHash>, running: &RunningJob) {
+        for part in &running.placement {
+            if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
+                freed_on.entry(*node_idx).or_default().extend(&part.gpu_indices);
+            }
+        }
+    }
+
+    /// Takes the GPUs `running` holds out of `freed_on`.
+    fn unfree(&self, freed_on: &mut HashMap<usize, Vec<u32>, FastHash>, running: &RunningJob) {
+        for part in &running.placement {
+            if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
+                if let Some(gpus) = freed_on.get_mut(node_idx) {
+                    gpus.retain(|gpu| !part.gpu_indices.contains(gpu));
+                    if gpus.is_empty() {
+                        freed_on.remove(node_idx);
+                    }
                 }
             }
         }
-        freed_on
     }
 
     fn has_room(
@@ -257,41 +297,32 @@ impl<'v> Reclaimer<'v> {
         room_on(job, pool, &self.nodes[node_idx], extra)
     }
 
-    /// Whether `job` fits once `freed` end; if so, the freed jobs whose GPUs
-    /// its placement uses.
+    /// Whether `job` fits once `freed` end (their GPUs by node:
+    /// `freed_on`; the nodes it then has room on: `with_room`); if so, the
+    /// freed jobs whose GPUs its placement uses.
     fn fits(
         &self,
         job: &PendingJob,
         freed: &[&'v RunningJob],
+        freed_on: &HashMap<usize, Vec<u32>, FastHash>,
+        with_room: &HashSet<usize, FastHash>,
         keep: Option<Keep>,
     ) -> Option<(Vec<&'v RunningJob>, Vec<NodePlacement>)> {
         if freed.is_empty() {
             return None;
         }
         let pool = self.policy.pool(&job.pool);
-        let freed_on = self.freed_on(freed);
         // The job did not fit before, so a node with freed GPUs must have
-        // room now.
-        if !freed_on
-            .keys()
-            .any(|node_idx| self.has_room(job, pool, *node_idx, &freed_on))
-        {
+        // room now. A single-node job can only be on such a node; a gang
+        // may use nodes with free GPUs too.
+        if !with_room.iter().any(|node_idx| freed_on.contains_key(node_idx)) {
             return None;
         }
-        // A single-node job can only be on a node with freed GPUs; a gang
-        // may use nodes with free GPUs too.
-        let mut candidates: Vec<usize> = if job.nodes == 1 {
-            freed_on.keys().copied().collect()
-        } else {
-            self.with_free
-                .iter()
-                .chain(freed_on.keys())
-                .copied()
-                .collect::<HashSet<usize>>()
-                .into_iter()
-                .collect()
-        };
-        candidates.retain(|node_idx| self.has_room(job, pool, *node_idx, &freed_on));
+        let mut candidates: Vec<usize> = with_room
+            .iter()
+            .copied()
+            .filter(|node_idx| job.nodes > 1 || freed_on.contains_key(node_idx))
+            .collect();
         if candidates.len() < job.nodes as usize {
             return None;
         }

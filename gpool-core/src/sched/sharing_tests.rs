@@ -88,6 +88,36 @@ fn guaranteed_work_is_never_preempted_and_gangs_reclaim_whole() {
 }
 
 #[test]
+fn victims_the_job_turned_out_not_to_need_are_given_back() {
+    // Least lost work first: r1 frees half of n1 (too little), then r3 and
+    // r4 free all of n2, where j5 goes; r1 is given back.
+    check(
+        &policy(),
+        "n1 4xh100\nn2 4xh100",
+        "r1 team=c burst on=n1:0-1 start=9950\nr2 team=a on=n1:2-3\nr3 team=c burst on=n2:0-1 start=9900\nr4 team=c burst on=n2:2-3 start=9800",
+        "j5 team=b gpus=4",
+        expect![[r#"
+            preempt j3 for j5 (loses 200 GPU-seconds)
+            preempt j4 for j5 (loses 400 GPU-seconds)
+            pending j5: preempting 2 running jobs to make room for it
+        "#]],
+    );
+    // The same for a gang: r1 frees too little of n1, r3 and r4 free
+    // enough of n2 and n3, where j7 goes; r1 is given back.
+    check(
+        &policy(),
+        "n1 4xh100\nn2 4xh100\nn3 4xh100",
+        "r1 team=c burst on=n1:0 start=9990\nr2 team=a on=n1:1-3\nr3 team=c burst on=n2:0-1 start=9900\nr4 team=c burst on=n3:0-1 start=9800\nr5 team=a on=n2:2-3\nr6 team=a on=n3:2-3",
+        "j7 team=b gpus=2 nodes=2",
+        expect![[r#"
+            preempt j3 for j7 (loses 200 GPU-seconds)
+            preempt j4 for j7 (loses 400 GPU-seconds)
+            pending j7: preempting 2 running jobs to make room for it
+        "#]],
+    );
+}
+
+#[test]
 fn victims_come_from_the_team_furthest_over_its_share() {
     let mut policy = policy();
     let mut view = cluster_view_with(
