@@ -2,7 +2,7 @@
 # Builds release binaries and prints gpool's benchmark figures, each with the
 # load average beside it. Usage: bench/run.sh [phase...]
 # Phases: submit-seq submit-par submit-phases api list schedule sharing agents
-# history nodes-down
+# unchanged history nodes-down
 # (default: all), and history-100k (about five minutes) when named.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -40,6 +40,9 @@ fn main() -> anyhow::Result<()> {
     if wants("schedule") {
         schedule_cycles();
     }
+    if wants("unchanged") {
+        unchanged_cycles(10_000)?;
+    }
     if wants("sharing") {
         for (n_nodes, n_pending) in [(1_000, 10_000), (1_000, 100_000), (10_000, 10_000), (10_000, 100_000)] {
             sharing_cycle(n_nodes, n_pending);
@@ -509,6 +512,55 @@ fn schedule_cycles() {
             format!("{:.2} ms (median of 21)", median(samples).as_secs_f64() * 1e3),
         );
     }
+}
+
+/// A scheduling cycle with `n_pending` jobs waiting and no free GPU (no
+/// node at all), against a wake-up that finds nothing changed since the
+/// last cycle: gpoold's own histograms, after three periodic wake-ups.
+fn unchanged_cycles(n_pending: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start_with(dir.path(), &["--metrics-listen", "127.0.0.1:0"])?;
+    let batch = dir.path().join("batch.toml");
+    std::fs::write(
+        &batch,
+        "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(n_pending),
+    )?;
+    gpool(&controller.addr, &["submit", "-f", &batch.display().to_string()])?;
+    std::thread::sleep(Duration::from_secs(16));
+    let addr = std::fs::read_to_string(dir.path().join("metrics.addr")).context("gpoold's metrics.addr")?;
+    let text = http_get(addr.trim(), "/metrics")?;
+    for (metric, what) in [
+        ("gpool_scheduling_cycle_seconds", "a full cycle"),
+        ("gpool_scheduling_unchanged_seconds", "a wake-up with nothing changed"),
+    ] {
+        let value = |suffix: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(&format!("{metric}_{suffix} ")))
+                .and_then(|value| value.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let (sum, count) = (value("sum"), value("count"));
+        report(
+            &format!("scheduling, {n_pending} pending, no free GPU: {what}"),
+            format!("{:.3} ms (mean of {count})", sum / count.max(1.0) * 1e3),
+        );
+    }
+    controller.stop();
+    Ok(())
+}
+
+/// The body of an HTTP/1.1 GET.
+fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (_, body) = response.split_once("\r\n\r\n").context("an HTTP response")?;
+    Ok(body.to_string())
 }
 
 /// A full scheduling cycle with 50 teams: priorities (fair share from

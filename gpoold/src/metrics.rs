@@ -23,6 +23,9 @@ type Labels = Vec<(&'static str, String)>;
 pub struct Metrics {
     /// Each scheduling cycle's computing time.
     pub cycle_seconds: Histogram,
+    /// Each wake-up of the scheduler that found nothing changed since its
+    /// last cycle (`gpool_core::sched::cycle_needed`): the time to find it.
+    pub unchanged_cycle_seconds: Histogram,
     /// From submit to start, for each start, by team.
     pub queue_wait_seconds: Family<Labels, Histogram>,
     pub preemptions: Counter,
@@ -35,6 +38,8 @@ impl Default for Metrics {
         Metrics {
             // 100 us to about 6.5 s.
             cycle_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
+            // 1 us to about 65 ms.
+            unchanged_cycle_seconds: Histogram::new(exponential_buckets(0.000_001, 2.0, 17)),
             // 10 ms to about 2 days.
             queue_wait_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 4.0, 14))),
             preemptions: Counter::default(),
@@ -297,6 +302,11 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         "scheduling_cycle_seconds",
         "Time each scheduling cycle took to compute",
         metrics.cycle_seconds.clone(),
+    );
+    registry.register(
+        "scheduling_unchanged_seconds",
+        "Time each scheduler wake-up that found nothing changed since its last cycle took (no cycle ran)",
+        metrics.unchanged_cycle_seconds.clone(),
     );
     registry.register(
         "queue_wait_seconds",

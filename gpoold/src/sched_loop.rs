@@ -1,10 +1,12 @@
 //! The scheduling loop: on every change that can free or need GPUs and on a
 //! timer, runs `gpool_core::sched::schedule` on a view of the state and sends
 //! the Plan to the state task. Changes that arrive while a cycle runs, or
-//! during the pause after it, share the next cycle.
+//! during the pause after it, share the next cycle. A wake-up that finds
+//! the state as the last cycle saw it runs none
+//! (`gpool_core::sched::cycle_needed`).
 
 use crate::state::{Command, StateHandle};
-use gpool_core::sched::{schedule, Plan, Reject};
+use gpool_core::sched::{could_act, cycle_needed, schedule, LastCycle, Plan, Reject};
 use gpool_core::{JobId, Timestamp};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,15 +26,25 @@ const WORDS_EVERY: Duration = Duration::from_millis(500);
 
 pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<crate::metrics::Metrics>) {
     let mut words_at: Option<Instant> = None;
+    let mut last: Option<LastCycle> = None;
     let mut wait = PERIOD;
     loop {
-        let _ = tokio::time::timeout(wait, handle.sched_wakeup.notified()).await;
+        let on_timer = tokio::time::timeout(wait, handle.sched_wakeup.notified())
+            .await
+            .is_err();
         wait = PERIOD;
         let started = Instant::now();
         let now = clock();
         let words_due = words_at.is_none_or(|at| at.elapsed() >= WORDS_EVERY);
-        let (view, policy) = {
+        let (view, policy, generation) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let generation = state.sched_generation;
+            let words_age = words_at.map(|at| at.elapsed());
+            if !cycle_needed(last.as_ref(), generation, on_timer, words_age) {
+                drop(state);
+                metrics.unchanged_cycle_seconds.observe(started.elapsed().as_secs_f64());
+                continue;
+            }
             // With no free GPU and no possible victim, a cycle could only
             // restate why jobs wait: that waits until it is due, however
             // long the queue (a full pool under a flood of submissions and
@@ -42,8 +54,12 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
                 wait = words_at.map_or(Duration::ZERO, |at| WORDS_EVERY.saturating_sub(at.elapsed()));
                 continue;
             }
-            (state.cluster_view(now), state.policy.clone())
+            (state.cluster_view(now), state.policy.clone(), generation)
         };
+        last = Some(LastCycle {
+            generation,
+            could_act: could_act(&view.nodes, &view.running, &policy),
+        });
         let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);

@@ -243,3 +243,34 @@ fn a_real_prometheus_scrapes_gpoold_and_promql_counts_allocated_gpus() {
     let (_, up) = get(&web, "/api/v1/query?query=up%7Bjob%3D%22gpoold%22%7D");
     assert!(up.contains("\"1\""), "{up}\n{}", server.log_tail(20));
 }
+
+#[test]
+fn a_full_pool_where_nothing_changes_runs_no_cycle_and_the_next_change_does() {
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    cluster.start_agent("n1", 1);
+    let running = cluster.submit(&["--", "sleep", "60"]);
+    cluster.wait_for_state(running, "running");
+    let waiting = cluster.submit(&["--", "true"]);
+    let addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).unwrap();
+    let addr = addr.trim();
+    let counts = || {
+        let (_, body) = get(addr, "/metrics");
+        (
+            value(&body, "gpool_scheduling_cycle_seconds_count").unwrap_or(0.0),
+            value(&body, "gpool_scheduling_unchanged_seconds_count").unwrap_or(0.0),
+        )
+    };
+    // The periodic wake-ups (every 5 s) find nothing changed: no cycle.
+    let (cycles, unchanged) = wait_until("a wake-up that finds nothing changed", Duration::from_secs(15), || {
+        let (cycles, unchanged) = counts();
+        (unchanged >= 1.0).then_some((cycles, unchanged))
+    });
+    let later = wait_until("a second such wake-up", Duration::from_secs(15), || {
+        let (cycles, later) = counts();
+        (later > unchanged).then_some(cycles)
+    });
+    assert_eq!(later, cycles, "a cycle ran though nothing changed");
+    // A change is scheduled at once.
+    cluster.gpool(&["cancel", &running.to_string()]).ok();
+    cluster.wait_for_state(waiting, "completed");
+}

@@ -262,6 +262,48 @@ pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy) ->
     free || running.iter().any(|job| job.burst) || policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
 }
 
+/// What the scheduling loop keeps of its last full cycle: the generation of
+/// the state it saw (bumped by every change the scheduler could see) and
+/// whether that state let a cycle act (`could_act`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastCycle {
+    pub generation: u64,
+    pub could_act: bool,
+}
+
+/// How old the words on why jobs wait (priorities, places, reasons) may
+/// grow while nothing changes and nothing could start: only the age and
+/// fair-share terms of priorities move then.
+pub const RESTATE_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether a cycle must run now, or may be skipped because nothing changed
+/// since `last`. A change (a new `generation`) always runs one. With the
+/// state unchanged:
+/// - where the last cycle could start or preempt something, time alone may
+///   change the outcome (minimum runtimes run out, budgets and waste caps
+///   refill, fair shares decay), so the periodic cycle (`on_timer`) runs;
+///   a wake-up with nothing new is skipped;
+/// - where it could not (no free GPU, no possible victim), time cannot
+///   make it: the cycle runs only to restate the words once they are
+///   `RESTATE_IDLE_AFTER` old (`words_age`; `None`: never stated).
+pub fn cycle_needed(
+    last: Option<&LastCycle>,
+    generation: u64,
+    on_timer: bool,
+    words_age: Option<std::time::Duration>,
+) -> bool {
+    match last {
+        Some(last) if last.generation == generation => {
+            if last.could_act {
+                on_timer
+            } else {
+                words_age.is_none_or(|age| age >= RESTATE_IDLE_AFTER)
+            }
+        }
+        _ => true,
+    }
+}
+
 /// Decides which pending jobs start now and where, and which running jobs
 /// to preempt for them. The same inputs give the same plan.
 pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {

@@ -391,3 +391,31 @@ fn mig_slices_go_only_to_jobs_that_name_them_one_per_node() {
         "#]],
     );
 }
+
+#[test]
+fn a_cycle_is_skipped_only_when_nothing_changed_and_time_cannot_matter() {
+    use std::time::Duration;
+    let idle = LastCycle {
+        generation: 7,
+        could_act: false,
+    };
+    let acting = LastCycle {
+        generation: 7,
+        could_act: true,
+    };
+    let fresh = Some(Duration::from_secs(1));
+    let stale = Some(RESTATE_IDLE_AFTER);
+    // No cycle yet, or a change since: always a cycle.
+    assert!(cycle_needed(None, 7, false, fresh));
+    assert!(cycle_needed(Some(&idle), 8, false, fresh));
+    assert!(cycle_needed(Some(&acting), 8, false, fresh));
+    // Nothing changed and nothing could start: only stale words run one.
+    assert!(!cycle_needed(Some(&idle), 7, false, fresh));
+    assert!(!cycle_needed(Some(&idle), 7, true, fresh));
+    assert!(cycle_needed(Some(&idle), 7, true, stale));
+    assert!(cycle_needed(Some(&idle), 7, false, None));
+    // Nothing changed but something could act: the periodic cycle runs
+    // (time-based policy), a wake-up with nothing new does not.
+    assert!(cycle_needed(Some(&acting), 7, true, fresh));
+    assert!(!cycle_needed(Some(&acting), 7, false, fresh));
+}

@@ -110,6 +110,10 @@ pub struct State {
     evicted_since_prune: usize,
     /// Counters and histograms for `/metrics`.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Bumped by every batch of commands that may change what a scheduling
+    /// cycle sees (`Command::may_change_schedule`, or anything written);
+    /// not durable.
+    pub sched_generation: u64,
     /// GPU use of running attempts so far (folded into the job when the
     /// attempt ends); not durable.
     pub gpu_use_live: HashMap<JobId, gpool_core::model::GpuUse>,
@@ -420,6 +424,7 @@ impl State {
             to_evict: Vec::new(),
             evicted_since_prune: 0,
             metrics: Arc::new(crate::metrics::Metrics::default()),
+            sched_generation: 0,
             gpu_use_live: HashMap::new(),
             lagging_since: HashMap::new(),
             stragglers: HashMap::new(),
@@ -1168,6 +1173,24 @@ impl StateHandle {
     }
 }
 
+impl Command {
+    /// Whether applying it may change what a scheduling cycle sees, beside
+    /// what it writes: not so for the scheduler's own words, heartbeats,
+    /// tokens, messages to agents, and ticks (a tick that changes anything
+    /// writes it).
+    fn may_change_schedule(&self) -> bool {
+        !matches!(
+            self,
+            Command::Planned { .. }
+                | Command::AgentHeartbeat { .. }
+                | Command::CreateToken { .. }
+                | Command::RevokeToken { .. }
+                | Command::Tick
+                | Command::ToAgent { .. }
+        )
+    }
+}
+
 /// Most commands applied between two flushes.
 const MAX_BATCH: usize = 4096;
 
@@ -1208,8 +1231,13 @@ pub async fn run_state_task(
         let now = clock();
         let mut out = Batch::default();
         let mut state = shared.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut may_change_schedule = false;
         for command in batch.drain(..) {
+            may_change_schedule |= command.may_change_schedule();
             apply_command(&mut state, command, now, &mut out);
+        }
+        if may_change_schedule || !out.writes.is_empty() {
+            state.sched_generation += 1;
         }
         let written = write_all(&store, &state, &out.writes);
         if written.is_ok() {
