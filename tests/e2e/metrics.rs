@@ -260,10 +260,15 @@ fn a_full_pool_where_nothing_changes_runs_no_cycle_and_the_next_change_does() {
             value(&body, "gpool_scheduling_unchanged_seconds_count").unwrap_or(0.0),
         )
     };
-    // The periodic wake-ups (every 5 s) find nothing changed: no cycle.
+    // The cycle after the submit says why the job waits; from then on
+    // the periodic wake-ups (every 5 s) find nothing changed: no cycle.
+    wait_until("a reason for the waiting job", Duration::from_secs(15), || {
+        cluster.job(waiting)["reasons"][0].as_str().map(String::from)
+    });
+    let (_, first) = counts();
     let (cycles, unchanged) = wait_until("a wake-up that finds nothing changed", Duration::from_secs(15), || {
         let (cycles, unchanged) = counts();
-        (unchanged >= 1.0).then_some((cycles, unchanged))
+        (unchanged > first).then_some((cycles, unchanged))
     });
     let later = wait_until("a second such wake-up", Duration::from_secs(15), || {
         let (cycles, later) = counts();

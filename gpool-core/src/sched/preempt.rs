@@ -176,8 +176,12 @@ impl<'v> Reclaimer<'v> {
             self.add_freed(&mut freed_on, candidate);
             for part in &candidate.placement {
                 if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
+                    // Set from the check either way: where NVLink is
+                    // required, more free GPUs need not mean room.
                     if self.has_room(job, pool, *node_idx, &freed_on) {
                         changed |= with_room.insert(*node_idx) || job.nodes == 1;
+                    } else {
+                        with_room.remove(node_idx);
                     }
                 }
             }
@@ -194,8 +198,8 @@ impl<'v> Reclaimer<'v> {
         }
         let mut used = fitted?;
         // Give back victims the job turned out not to need, costliest first.
-        // Fewer freed GPUs leave room on no node that had none, so each try
-        // looks again only at the nodes where it had room.
+        // Only the given-back victim's nodes change, so each try looks again
+        // at them alone.
         let mut by_cost: Vec<usize> = (0..chosen.len()).collect();
         by_cost.sort_by(|a, b| {
             chosen[*b]
@@ -211,7 +215,9 @@ impl<'v> Reclaimer<'v> {
             let mut room = with_room.clone();
             for part in &dropped.placement {
                 if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                    if !self.has_room(job, pool, *node_idx, &freed_on) {
+                    if self.has_room(job, pool, *node_idx, &freed_on) {
+                        room.insert(*node_idx);
+                    } else {
                         room.remove(node_idx);
                     }
                 }

@@ -1007,14 +1007,23 @@ impl State {
         self.jobs.get(&id).map(Box::as_ref)
     }
 
-    /// Jobs that have not ended, by id.
+    /// Jobs that have not ended, by id: those of `jobs` (where the few
+    /// ended ones still needed stay) that have not ended, which `active`
+    /// also lists. One walk of the map, not a lookup per id: every cycle
+    /// reads them.
     pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
-        self.active.iter().filter_map(|id| self.job(*id))
+        self.jobs
+            .values()
+            .map(Box::as_ref)
+            .filter(|job| !job.state.is_finished())
     }
 
     /// As `active_jobs`, from id `first` on.
     pub fn active_jobs_from(&self, first: JobId) -> impl Iterator<Item = &Job> {
-        self.active.range(first..).filter_map(|id| self.job(*id))
+        self.jobs
+            .range(first..)
+            .map(|(_, job)| job.as_ref())
+            .filter(|job| !job.state.is_finished())
     }
 
     /// The shared copy of `env`.
