@@ -108,7 +108,7 @@ impl State {
             Change::StillFaulty => {
                 if let Some(drain) = node.health_drain.as_mut() {
                     drain.last_fault_at = now;
-                    out.writes.push(Write::Node(name.to_string()));
+                    out.writes.push(Write::NodeFaultSeen(name.to_string()));
                 }
             }
             Change::Return => {
@@ -157,7 +157,7 @@ impl State {
                 // taken the GPU out); later ones only keep it quiet-less.
                 let first_while_pinned = gpu.by == TakenBy::Operator && gpu.last_fault_at == gpu.since;
                 gpu.last_fault_at = now;
-                out.writes.push(Write::Node(name.to_string()));
+                out.writes.push(Write::NodeFaultSeen(name.to_string()));
                 if first_while_pinned {
                     let reason = format!("{} (while drained)", faults.join("; "));
                     self.log_health(name, Some(index), Transition::Failed, reason, now, out);

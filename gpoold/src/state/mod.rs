@@ -343,6 +343,10 @@ pub struct CancelOutcome {
 enum Write {
     Job(JobId),
     Node(String),
+    /// A node record whose only change is when a fault was last seen on
+    /// something out of service (a heartbeat's news), which no scheduling
+    /// cycle reads.
+    NodeFaultSeen(String),
     ForgetNode(String),
     /// A new job's environment, kept apart from its record.
     JobEnv(JobId),
@@ -354,6 +358,18 @@ enum Write {
     Token(u64),
     /// An attempt's accounting record (appended, never changed).
     Attempt(Box<gpool_core::accounting::AttemptRecord>),
+}
+
+impl Write {
+    /// Whether it changes what a scheduling cycle sees: not so for tokens,
+    /// accounting records, faults seen again on what is out of service,
+    /// and removing ended jobs' records.
+    fn seen_by_scheduler(&self) -> bool {
+        !matches!(
+            self,
+            Write::NodeFaultSeen(_) | Write::Token(_) | Write::Attempt(_) | Write::ForgetJob(..)
+        )
+    }
 }
 
 /// Everything one batch of commands produced.
@@ -1184,9 +1200,9 @@ impl StateHandle {
 
 impl Command {
     /// Whether applying it may change what a scheduling cycle sees, beside
-    /// what it writes: not so for the scheduler's own words, heartbeats,
-    /// tokens, messages to agents, and ticks (a tick that changes anything
-    /// writes it).
+    /// what it writes (`Write::seen_by_scheduler`): not so for the
+    /// scheduler's own words, heartbeats, tokens, messages to agents, and
+    /// ticks (a heartbeat or tick that changes anything writes it).
     fn may_change_schedule(&self) -> bool {
         !matches!(
             self,
@@ -1245,7 +1261,8 @@ pub async fn run_state_task(
             may_change_schedule |= command.may_change_schedule();
             apply_command(&mut state, command, now, &mut out);
         }
-        if may_change_schedule || !out.writes.is_empty() {
+        let schedule_changed = may_change_schedule || out.writes.iter().any(Write::seen_by_scheduler);
+        if schedule_changed {
             state.sched_generation += 1;
         }
         let written = write_all(&store, &state, &out.writes);
@@ -1273,7 +1290,7 @@ pub async fn run_state_task(
                 }
             }));
         }
-        if !out.writes.is_empty() {
+        if schedule_changed {
             notifiers.sched_wakeup.notify_one();
         }
         if !out.replies.is_empty() && flusher.send(out.replies).is_err() {
@@ -1459,7 +1476,9 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
             Write::Job(id) if !jobs_written.insert(*id) => {}
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
             Write::JobEnv(id) => state.jobs.get(id).into_iter().for_each(|job| records.job_env(job)),
-            Write::Node(name) => state.nodes.get(name).into_iter().for_each(|node| records.node(node)),
+            Write::Node(name) | Write::NodeFaultSeen(name) => {
+                state.nodes.get(name).into_iter().for_each(|node| records.node(node))
+            }
             Write::ForgetNode(name) => records.remove_node(name),
             // Brought back into memory since (a new dependency): kept.
             Write::ForgetJob(id, _) if state.jobs.contains_key(id) => {}
