@@ -159,7 +159,7 @@ fn check_spec(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result<(), Inf
     let Some(pool) = policy.pool(&spec.pool) else {
         let known: Vec<&str> = policy.pools.iter().map(|p| p.name.as_str()).collect();
         return Err(Infeasible::UnknownPool {
-            pool: spec.pool.clone(),
+            pool: spec.pool.to_string(),
             known: known.join(", "),
         });
     };

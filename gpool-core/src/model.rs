@@ -157,7 +157,7 @@ pub struct JobSpec {
     pub nodes: u32,
     /// Acceptable GPU models; empty means any.
     pub gpu_types: Vec<GpuModel>,
-    pub team: String,
+    pub team: compact_str::CompactString,
     pub project: String,
     pub workload_type: String,
     /// Seconds; `None` means no limit of its own.
@@ -170,7 +170,7 @@ pub struct JobSpec {
     pub env: std::sync::Arc<[(String, String)]>,
     pub workdir: String,
     pub priority: i32,
-    pub pool: String,
+    pub pool: compact_str::CompactString,
     /// Whether a lost attempt (its node went down or was drained at once)
     /// puts the job back in the queue; otherwise the job fails.
     #[serde(default = "yes")]
@@ -180,7 +180,7 @@ pub struct JobSpec {
     pub discard_output: bool,
     /// QoS class; empty means the default class.
     #[serde(default)]
-    pub qos: String,
+    pub qos: compact_str::CompactString,
     /// Sent when the job is preempted (default SIGUSR1).
     #[serde(default)]
     pub checkpoint_signal: Option<i32>,

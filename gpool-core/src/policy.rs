@@ -364,7 +364,7 @@ impl Sharing {
     /// `max_grace_secs`.
     pub fn admit(&self, spec: &mut crate::model::JobSpec, caller: &Caller, default_team: &str) -> Result<(), Refusal> {
         if spec.team.is_empty() {
-            spec.team = self.team_of_user(&caller.user).unwrap_or(default_team).to_string();
+            spec.team = self.team_of_user(&caller.user).unwrap_or(default_team).into();
         }
         let configured = self.teams.iter().find(|team| team.name == spec.team);
         if configured.is_none() && !self.teams.is_empty() && spec.team != default_team {

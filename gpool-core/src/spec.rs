@@ -180,17 +180,17 @@ impl JobSpecInput {
                 Some(OneOrMany::One(one)) => split_list(&one),
                 Some(OneOrMany::Many(many)) => many.iter().map(|m| GpuModel::new(m)).collect(),
             },
-            team: self.team.unwrap_or_default(),
+            team: self.team.unwrap_or_default().into(),
             project: self.project.unwrap_or_default(),
             workload_type: self.workload_type.unwrap_or_default(),
             time_limit_secs,
             env: self.env.unwrap_or_default().into_iter().collect(),
             workdir: self.workdir.unwrap_or_default(),
             priority: self.priority.unwrap_or(0),
-            pool: self.pool.unwrap_or_default(),
+            pool: self.pool.unwrap_or_default().into(),
             requeue: self.requeue.unwrap_or(true),
             discard_output: self.discard_output.unwrap_or(false),
-            qos: self.qos.unwrap_or_default(),
+            qos: self.qos.unwrap_or_default().into(),
             checkpoint_signal: match self.checkpoint_signal.as_deref() {
                 Some(text) => Some(parse_signal(text).map_err(|reason| spec_error("checkpoint_signal", reason))?),
                 None => None,
@@ -411,10 +411,10 @@ impl JobSpec {
         }
         self.validate_requirements()?;
         for (field, value) in [
-            ("team", &self.team),
-            ("project", &self.project),
-            ("workload_type", &self.workload_type),
-            ("pool", &self.pool),
+            ("team", self.team.as_str()),
+            ("project", self.project.as_str()),
+            ("workload_type", self.workload_type.as_str()),
+            ("pool", self.pool.as_str()),
         ] {
             if !value.is_empty() {
                 validate_ident(field, value)?;

@@ -203,13 +203,13 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
     for job in state.active_jobs() {
         jobs.get_or_create(&vec![
             ("state", job.state.name().to_string()),
-            ("team", job.spec.team.clone()),
+            ("team", job.spec.team.to_string()),
         ])
         .inc();
         if let JobState::Running { placement, burst, .. } = &job.state {
             let n: usize = placement.iter().map(|part| part.gpu_indices.len()).sum();
             let ledger = if *burst { "burst" } else { "guaranteed" };
-            *by_team.entry((job.spec.team.clone(), ledger)).or_default() += n as f64;
+            *by_team.entry((job.spec.team.to_string(), ledger)).or_default() += n as f64;
         }
     }
     for ((team, ledger), n) in by_team {
@@ -244,7 +244,7 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
     for (id, found) in &state.stragglers {
         if let Some(job) = state.jobs.get(id) {
             stragglers
-                .get_or_create(&vec![("team", job.spec.team.clone())])
+                .get_or_create(&vec![("team", job.spec.team.to_string())])
                 .inc_by(found.len() as f64);
         }
     }

@@ -199,7 +199,7 @@ impl Snapshot {
             teams.entry(usage.team).or_default().guaranteed_gpus = usage.guaranteed_gpus;
         }
         for job in state.active_jobs() {
-            let team = teams.entry(job.spec.team.clone()).or_default();
+            let team = teams.entry(job.spec.team.to_string()).or_default();
             match &job.state {
                 JobState::Pending => {
                     // An array's record stands for its tasks not yet jobs.

@@ -85,7 +85,7 @@ impl State {
                 let waited = (now.0 - job.submitted_at.0).max(0) as f64 / 1000.0;
                 self.metrics
                     .queue_wait_seconds
-                    .get_or_create(&vec![("team", job.spec.team.clone())])
+                    .get_or_create(&vec![("team", job.spec.team.to_string())])
                     .observe(waited);
             }
             for part in &start.placement {

@@ -85,7 +85,7 @@ impl State {
             let same_attempt = matches!(&job.state, JobState::Running { epoch: now_epoch, .. } if *now_epoch == epoch);
             if !same_attempt {
                 let gpus: u64 = placement.iter().map(|p| p.gpu_indices.len() as u64).sum();
-                let team = job.spec.team.clone();
+                let team = job.spec.team.to_string();
                 self.preempt_deadlines.remove(&id);
                 self.usage
                     .entry(team.clone())
@@ -167,7 +167,7 @@ impl State {
         let pool = if job.spec.pool.is_empty() {
             self.policy.default_pool.clone()
         } else {
-            job.spec.pool.clone()
+            job.spec.pool.to_string()
         };
         AttemptRecord {
             job: job.id,
@@ -175,10 +175,10 @@ impl State {
             attempt: job.n_attempts,
             epoch,
             user: job.user.clone(),
-            team: job.spec.team.clone(),
+            team: job.spec.team.to_string(),
             project: job.spec.project.clone(),
             workload_type: job.spec.workload_type.clone(),
-            qos: job.spec.qos.clone(),
+            qos: job.spec.qos.to_string(),
             pool,
             gpus,
             nodes: placement.iter().map(|part| part.node.clone()).collect(),
@@ -438,9 +438,9 @@ pub(super) fn running_view(job: &Job) -> Option<RunningJob> {
         } => Some(RunningJob {
             id: job.id,
             epoch: *epoch,
-            team: job.spec.team.clone(),
-            qos: job.spec.qos.clone(),
-            pool: job.spec.pool.clone(),
+            team: job.spec.team.to_string(),
+            qos: job.spec.qos.to_string(),
+            pool: job.spec.pool.to_string(),
             gpu_types: job.spec.gpu_types.clone(),
             burst: *burst,
             placement: placement.clone(),
