@@ -6,7 +6,7 @@
 //! (`gpool_core::sched::cycle_needed`).
 
 use crate::state::{Command, StateHandle};
-use gpool_core::sched::{could_act, cycle_needed, schedule, LastCycle, Plan, Reject};
+use gpool_core::sched::{could_act, cycle_needed, schedule, schedule_starts, LastCycle, Plan, Reject};
 use gpool_core::{JobId, Timestamp};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,14 +56,29 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             }
             (state.cluster_view(now), state.policy.clone(), generation)
         };
+        let acts = could_act(&view.nodes, &view.running, &policy);
         last = Some(LastCycle {
             generation,
-            could_act: could_act(&view.nodes, &view.running, &policy),
+            could_act: acts,
         });
-        let mut plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
+        // The words are handed over from a whole plan only: when they are
+        // due, or where nothing can start (the cycle then settles).
+        // Otherwise the plan stops once nothing more can start.
+        let mut plan = tokio::task::block_in_place(|| {
+            if words_due || !acts {
+                schedule(&view, &policy, now)
+            } else {
+                schedule_starts(&view, &policy, now)
+            }
+        });
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
         let settled = starts.is_empty() && preemptions.is_empty();
+        if settled && !plan.complete {
+            // A cycle that changes nothing hands its words over: from the
+            // whole plan (the same starts and preemptions: none).
+            plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
+        }
         let planned = (settled || words_due).then(|| {
             words_at = Some(Instant::now());
             planned_in_words(plan)

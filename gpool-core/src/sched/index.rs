@@ -149,6 +149,14 @@ impl<'v> FreeIndex<'v> {
     }
 
     /// Free GPUs of the pool `job` runs in, of any model.
+    /// Whether any GPU is free in any pool.
+    pub(super) fn any_free(&self) -> bool {
+        self.pools
+            .iter()
+            .flat_map(|pool| pool.models.iter().flatten())
+            .any(|buckets| buckets.total_free > 0)
+    }
+
     pub(super) fn pool_free(&self, job: &PendingJob, policy: &Policy) -> u64 {
         let pool_name = policy.pool(&job.pool).map(|pool| pool.name.as_str());
         policy

@@ -305,8 +305,22 @@ pub fn cycle_needed(
 }
 
 /// Decides which pending jobs start now and where, and which running jobs
-/// to preempt for them. The same inputs give the same plan.
+/// to preempt for them, and why each other job waits. The same inputs give
+/// the same plan.
 pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
+    plan_cycle(view, policy, now, true)
+}
+
+/// As `schedule`, for the starts and preemptions alone (the same ones): it
+/// stops once no GPU is free and no job could reclaim any, so the jobs
+/// after that point get no reasons and the plan no reservation
+/// (`Plan::complete` says whether it went through the whole queue). A
+/// long queue then costs its ordering, not a look at every job.
+pub fn schedule_starts(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
+    plan_cycle(view, policy, now, false)
+}
+
+fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: bool) -> Plan {
     let sharing = &policy.sharing;
     let period_start = sharing.period.start(now, &sharing.time_zone);
     let mut teams = Teams::default();
@@ -429,7 +443,15 @@ pub fn schedule(view: &ClusterView, policy: &Policy, now: Timestamp) -> Plan {
     // where GPUs are kept for QoS reserves: what a job may take of them
     // depends on what is free in its pool.
     let mut failed: HashMap<ShapeKey, Reasons, FastHash> = HashMap::default();
+    plan.complete = true;
     for (_, job, class) in order {
+        // Free GPUs and possible reclaims only shrink within a cycle: once
+        // both are gone, no later job starts or preempts.
+        if !explain_all && !index.any_free() && !reclaim.may_act() {
+            plan.complete = false;
+            plan.reservation = None;
+            return plan;
+        }
         let TeamRow { terms: team, used } = &mut teams.rows[class.team];
         let gpus = job.total_gpus();
         if let Some(max_gpus) = team.max_gpus {

@@ -20,6 +20,9 @@ pub struct Plan {
     /// The backfill reservation: the job, from when (its estimated start),
     /// on which GPUs.
     pub reservation: Option<(JobId, crate::ids::Timestamp, Vec<NodePlacement>)>,
+    /// Every pending job was looked at (`pending` has all that wait), as
+    /// `schedule` always does; `schedule_starts` may stop early.
+    pub complete: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

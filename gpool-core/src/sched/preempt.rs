@@ -44,6 +44,9 @@ pub(super) struct Reclaimer<'v> {
     /// reclaiming job may use).
     with_free: HashSet<usize>,
     n_reclaims: usize,
+    /// Some running job is being preempted, or may become a victim: burst
+    /// work, or any job where a QoS preempts lower classes.
+    victims_possible: bool,
     /// Running jobs in the order victims are taken: furthest over its fair
     /// share (lowest factor) first, then least lost work, then id.
     by_cost: Vec<&'v RunningJob>,
@@ -77,6 +80,8 @@ impl<'v> Reclaimer<'v> {
                 .map(|(idx, _)| idx)
                 .collect(),
             n_reclaims: 0,
+            victims_possible: policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
+                || view.running.iter().any(|r| r.preempting || r.burst),
             by_cost: {
                 let mut keyed: Vec<(f64, f64, &RunningJob)> = view
                     .running
@@ -87,6 +92,11 @@ impl<'v> Reclaimer<'v> {
                 keyed.into_iter().map(|(_, _, r)| r).collect()
             },
         }
+    }
+
+    /// Whether a later job might still reclaim GPUs this cycle.
+    pub(super) fn may_act(&self) -> bool {
+        self.victims_possible && self.n_reclaims < MAX_RECLAIMS_PER_CYCLE
     }
 
     /// The nodes with this cycle's starts marked busy.

@@ -394,6 +394,28 @@ proptest! {
         prop_assert!(plan.starts.is_empty() && plan.preemptions.is_empty(), "{}", plan);
     }
 
+    /// Stopping once nothing more can start or preempt changes nothing
+    /// that starts or is preempted, with and without backfill, reserves
+    /// and preempting classes; and the full plan says it is complete.
+    #[test]
+    fn a_plan_of_starts_alone_has_the_full_plans_starts_and_preemptions(
+        view in prop_oneof![arb_sharing_view(), arb_backfill_view()],
+        reserve in 0u32..3,
+    ) {
+        let mut with_reserve = policy();
+        with_reserve.sharing.qos[2].reserve_gpus = reserve;
+        for policy in [&policy(), &with_reserve, &Policy::default()] {
+            let full = schedule(&view, policy, NOW);
+            let starts = schedule_starts(&view, policy, NOW);
+            prop_assert!(full.complete);
+            prop_assert_eq!(&starts.starts, &full.starts);
+            prop_assert_eq!(&starts.preemptions, &full.preemptions);
+            if starts.complete {
+                prop_assert_eq!(&starts, &full);
+            }
+        }
+    }
+
     /// Every preemption is allowed (burst victim of a guaranteed job, or a
     /// lower class under a preempting one; old enough; not already ending),
     /// and once the victims (and the jobs being preempted) are gone, the job
