@@ -148,7 +148,6 @@ impl<'v> FreeIndex<'v> {
         self.find(job, policy).is_ok()
     }
 
-    /// Free GPUs of the pool `job` runs in, of any model.
     /// Whether any GPU is free in any pool.
     pub(super) fn any_free(&self) -> bool {
         self.pools
@@ -157,6 +156,7 @@ impl<'v> FreeIndex<'v> {
             .any(|buckets| buckets.total_free > 0)
     }
 
+    /// Free GPUs of the pool `job` runs in, of any model.
     pub(super) fn pool_free(&self, job: &PendingJob, policy: &Policy) -> u64 {
         let pool_name = policy.pool(&job.pool).map(|pool| pool.name.as_str());
         policy

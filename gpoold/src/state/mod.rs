@@ -1023,23 +1023,26 @@ impl State {
         self.jobs.get(&id).map(Box::as_ref)
     }
 
-    /// Jobs that have not ended, by id: those of `jobs` (where the few
-    /// ended ones still needed stay) that have not ended, which `active`
-    /// also lists. One walk of the map, not a lookup per id: every cycle
-    /// reads them.
+    /// Jobs that have not ended, by id.
     pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
-        self.jobs
-            .values()
-            .map(Box::as_ref)
-            .filter(|job| !job.state.is_finished())
+        self.active_jobs_from(JobId(0))
     }
 
-    /// As `active_jobs`, from id `first` on.
+    /// As `active_jobs`, from id `first` on. Every cycle reads them: where
+    /// most of `jobs` has not ended, one walk of the map that skips the
+    /// ended ones is cheaper than a lookup per id of `active`; where ended
+    /// jobs are kept in numbers (the done tasks of a large array), the
+    /// lookups are.
     pub fn active_jobs_from(&self, first: JobId) -> impl Iterator<Item = &Job> {
-        self.jobs
-            .range(first..)
-            .map(|(_, job)| job.as_ref())
-            .filter(|job| !job.state.is_finished())
+        let walk = self.jobs.len() <= 2 * self.active.len();
+        let walked = walk.then(|| {
+            self.jobs
+                .range(first..)
+                .map(|(_, job)| job.as_ref())
+                .filter(|job| !job.state.is_finished())
+        });
+        let looked_up = (!walk).then(|| self.active.range(first..).filter_map(|id| self.job(*id)));
+        walked.into_iter().flatten().chain(looked_up.into_iter().flatten())
     }
 
     /// The shared copy of `env`.
