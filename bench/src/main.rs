@@ -474,6 +474,9 @@ fn list_memory_restart(n_jobs: usize) -> anyhow::Result<()> {
 
 /// `schedule` on 1,000 nodes x 8 GPUs with 10,000 pending jobs of mixed
 /// shapes: once with every GPU free, once with the pool full.
+/// `schedule` or `schedule_starts`.
+type Planner = fn(&ClusterView, &Policy, Timestamp) -> Plan;
+
 fn schedule_cycles() {
     let models = ["h100", "a100-80gb", "l4"];
     for busy in [false, true] {
@@ -498,8 +501,7 @@ fn schedule_cycles() {
             view.nodes[0].gpus.iter_mut().for_each(|gpu| gpu.busy = false);
         }
         let policy = Policy::default();
-        let plans: [(&str, fn(&ClusterView, &Policy, Timestamp) -> Plan); 2] =
-            [("whole plan", schedule), ("starts alone", schedule_starts)];
+        let plans: [(&str, Planner); 2] = [("whole plan", schedule), ("starts alone", schedule_starts)];
         for (kind, plan_with) in plans {
             let mut n_starts = 0;
             let samples: Vec<Duration> = (0..21)
