@@ -49,6 +49,7 @@ impl State {
         self.jobs.insert(id, Box::new(task));
         self.active.insert(id);
         self.count_dep_targets(id, true);
+        self.refresh_waiting(id);
         // The lowest position whose task is not a job yet moves past those
         // that are.
         let mut next_position = self.jobs[&array_id].array.as_ref().map_or(0, |p| p.next_position);

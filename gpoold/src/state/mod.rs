@@ -100,6 +100,10 @@ pub struct State {
     array_running: HashMap<JobId, u32>,
     /// Jobs that have not ended: what each cycle looks at.
     active: std::collections::BTreeSet<JobId>,
+    /// Each pending job as the scheduler sees it, kept up to date with the
+    /// job (`refresh_waiting`): a cycle copies these, packed together,
+    /// instead of reading every job's record.
+    waiting: BTreeMap<JobId, Waiting>,
     /// Ended jobs on disk (those that left `jobs`).
     ended: store::EndedJobs,
     /// Each dependency target of jobs that have not ended, and how many
@@ -372,6 +376,32 @@ impl Write {
     }
 }
 
+/// A pending job as a cycle sees it (`State::waiting`).
+#[derive(Debug, Clone, PartialEq)]
+struct Waiting {
+    view: PendingJob,
+    held: bool,
+    /// An array's record (its tasks are seen through it).
+    array: bool,
+    /// The array of a task that is a job.
+    task_of: Option<JobId>,
+    /// It has dependencies or is a singleton: whether it may start depends
+    /// on other jobs, looked at each cycle.
+    gated: bool,
+}
+
+impl Waiting {
+    fn of(job: &Job) -> Waiting {
+        Waiting {
+            view: arrays::pending_view(job.id, job),
+            held: job.held,
+            array: job.array.is_some(),
+            task_of: job.array_task.map(|task| task.array),
+            gated: !job.spec.dependencies.is_empty() || job.spec.singleton,
+        }
+    }
+}
+
 /// Everything one batch of commands produced.
 #[derive(Default)]
 struct Batch {
@@ -435,6 +465,7 @@ impl State {
             arrays: BTreeMap::new(),
             array_running: HashMap::new(),
             active: std::collections::BTreeSet::new(),
+            waiting: BTreeMap::new(),
             ended: loaded.ended,
             dep_targets: HashMap::new(),
             to_evict: Vec::new(),
@@ -464,6 +495,7 @@ impl State {
         let active: Vec<JobId> = state.active.iter().copied().collect();
         for id in active {
             state.count_dep_targets(id, true);
+            state.refresh_waiting(id);
         }
         state.count_running_tasks();
         let running: Vec<(JobId, Vec<String>)> = state
@@ -576,6 +608,7 @@ impl State {
             self.jobs.insert(id, Box::new(job));
             self.active.insert(id);
             self.count_dep_targets(id, true);
+            self.refresh_waiting(id);
             ids.push(id);
             writes.push(Write::Job(id));
             writes.push(Write::JobEnv(id));
@@ -821,27 +854,29 @@ impl State {
     /// The scheduler's input: nodes with busy GPUs marked, the queue, the
     /// running jobs, the teams' usage and the hour's waste budget.
     pub fn cluster_view(&self, now: Timestamp) -> ClusterView {
-        // One pass over the jobs that have not ended; running ones come
-        // from the index by node (there are few of them).
-        let waiting: Vec<&Job> = self
-            .active_jobs()
-            .filter(|job| job.state == JobState::Pending)
+        #[cfg(debug_assertions)]
+        self.check_waiting();
+        // Jobs with dependencies or singletons are looked at each cycle
+        // (their state depends on others'); the rest only by their view.
+        let gated: Vec<&Job> = self
+            .waiting
+            .iter()
+            .filter(|(_, waiting)| waiting.gated)
+            .filter_map(|(id, _)| self.job(*id))
             .collect();
-        let singletons = self.singleton_holders(&waiting);
-        let mut pending = Vec::with_capacity(waiting.len());
+        let singletons = self.singleton_holders(&gated);
+        let mut pending = Vec::with_capacity(self.waiting.len());
         // Arrays ready to hand out tasks, and the pending tasks of each.
         let mut arrays: Vec<(&Job, bool)> = Vec::new();
         let mut pending_tasks: HashMap<JobId, Vec<PendingJob>> = HashMap::new();
-        for job in waiting {
-            let ready = !job.held && self.dependencies_met(job, &singletons);
-            match (job.array.is_some(), job.array_task) {
-                (true, _) => arrays.push((job, ready)),
+        for (id, waiting) in &self.waiting {
+            let ready = !waiting.held
+                && (!waiting.gated || self.job(*id).is_some_and(|job| self.dependencies_met(job, &singletons)));
+            match (waiting.array, waiting.task_of) {
+                (true, _) => arrays.extend(self.job(*id).map(|job| (job, ready))),
                 (false, _) if !ready => {}
-                (false, Some(task)) => pending_tasks
-                    .entry(task.array)
-                    .or_default()
-                    .push(arrays::pending_view(job.id, job)),
-                (false, None) => pending.push(arrays::pending_view(job.id, job)),
+                (false, Some(array)) => pending_tasks.entry(array).or_default().push(waiting.view.clone()),
+                (false, None) => pending.push(waiting.view.clone()),
             }
         }
         let running: Vec<&Job> = self.running().collect();
@@ -864,6 +899,36 @@ impl State {
             usage: self.usage.clone(),
             waste_budget_gpu_secs: self.waste_budget(now),
         }
+    }
+
+    /// Brings job `id`'s entry in `waiting` up to date: after anything
+    /// that may change a pending job's view, hold or state.
+    fn refresh_waiting(&mut self, id: JobId) {
+        match self.jobs.get(&id).filter(|job| job.state == JobState::Pending) {
+            Some(job) => {
+                self.waiting.insert(id, Waiting::of(job));
+            }
+            None => {
+                self.waiting.remove(&id);
+            }
+        }
+    }
+
+    /// In debug builds (every test's gpoold), each cycle checks `waiting`
+    /// against the jobs themselves.
+    #[cfg(debug_assertions)]
+    fn check_waiting(&self) {
+        let expected: BTreeMap<JobId, Waiting> = self
+            .active_jobs()
+            .filter(|job| job.state == JobState::Pending)
+            .map(|job| (job.id, Waiting::of(job)))
+            .collect();
+        assert!(
+            expected == self.waiting,
+            "the scheduler's copy of the pending jobs is stale: {:?} against {:?}",
+            self.waiting.keys().collect::<Vec<_>>(),
+            expected.keys().collect::<Vec<_>>()
+        );
     }
 
     /// The nodes as the scheduler sees them, with the GPUs of `running`

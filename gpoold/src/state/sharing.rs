@@ -37,6 +37,7 @@ impl State {
         if job.apply(event).is_err() {
             return false;
         }
+        let waiting_changed = before == JobState::Pending || job.state == JobState::Pending;
         let mut ended_use = GpuUse::default();
         // The index of running jobs by node follows the job's placement.
         let nodes_of = |state: &JobState| match state {
@@ -95,6 +96,9 @@ impl State {
                 let record = self.attempt_record(id, &before, ended_use, now);
                 out.writes.extend(record.map(|record| Write::Attempt(Box::new(record))));
             }
+        }
+        if waiting_changed {
+            self.refresh_waiting(id);
         }
         if let Some(task) = array_task {
             self.array_task_changed(id, task, &before, now, out);

@@ -123,6 +123,7 @@ impl State {
         if changed {
             out.writes.push(Write::Job(id));
             out.changed.push(id);
+            self.refresh_waiting(id);
         }
         changed
     }
