@@ -51,7 +51,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .await
         .with_context(|| format!("listen: cannot bind {}", config.listen))?;
     let addr = listener.local_addr()?;
-    write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
+    // The dev pointer first: whoever waits for the address file then finds
+    // the pointer written too.
     if config.dev {
         let pointer = gpool_proto::dev_address_file();
         // A dev controller that already answers keeps the pointer: the CLI
@@ -70,6 +71,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             tracing::warn!("cannot record the dev address in {}: {err:#}", pointer.display());
         }
     }
+    write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
 
     let accounting = store.accounting();
     let (commands, inbox) = mpsc::channel(65_536);

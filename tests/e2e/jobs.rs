@@ -195,8 +195,8 @@ fn a_second_dev_controller_leaves_the_first_ones_address_alone() {
         },
         first.dir.path().join("second.log"),
     );
-    // Its address file is written before it looks at the pointer: wait
-    // for what it concluded.
+    // It looks at the pointer before it writes its address file: wait for
+    // both, and for what it concluded.
     crate::harness::process::wait_until("the second controller to start", Duration::from_secs(30), || {
         std::fs::read_to_string(state_dir.join("gpoold.addr")).ok()?;
         let log = std::fs::read_to_string(first.dir.path().join("second.log")).ok()?;

@@ -41,7 +41,8 @@ pub const DEFAULT_TEAM: &str = "default";
 
 /// What the controller knows, in memory.
 pub struct State {
-    /// Boxed: a B-tree node holds eleven of them, about half full.
+    /// Boxed: a B-tree node holds eleven of them, about half full. A
+    /// change to a pending job here must be followed by `refresh_waiting`.
     pub jobs: BTreeMap<JobId, Box<Job>>,
     pub nodes: BTreeMap<String, Node>,
     next_job_id: u64,
@@ -923,12 +924,14 @@ impl State {
             .filter(|job| job.state == JobState::Pending)
             .map(|job| (job.id, Waiting::of(job)))
             .collect();
-        assert!(
-            expected == self.waiting,
-            "the scheduler's copy of the pending jobs is stale: {:?} against {:?}",
-            self.waiting.keys().collect::<Vec<_>>(),
-            expected.keys().collect::<Vec<_>>()
-        );
+        let ids = expected.keys().chain(self.waiting.keys());
+        if let Some(id) = ids.into_iter().find(|id| expected.get(id) != self.waiting.get(id)) {
+            panic!(
+                "the scheduler's copy of pending job {id} is stale: {:?}, the job gives {:?}",
+                self.waiting.get(id),
+                expected.get(id)
+            );
+        }
     }
 
     /// The nodes as the scheduler sees them, with the GPUs of `running`
