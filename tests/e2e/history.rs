@@ -82,8 +82,12 @@ fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelle
     // Its environment is kept apart from its record, and shown with it.
     let text = cluster.gpool(&["show", &done.to_string()]);
     assert!(text.ok().contains("KEPT_VAR=done-env"), "{}", text.stdout);
-    let logs = cluster.gpool(&["logs", &done.to_string()]);
-    assert_eq!(logs.ok().trim(), "from-done");
+    // The output is on the node: after a restart, once its agent is back.
+    let logs = wait_until("the job's output from its node", Duration::from_secs(30), || {
+        let logs = cluster.gpool(&["logs", &done.to_string()]);
+        (logs.code == 0).then_some(logs.stdout)
+    });
+    assert_eq!(logs.trim(), "from-done");
     let missing = cluster.gpool(&["show", "987654"]);
     assert_ne!(missing.code, 0);
     assert!(missing.stderr.contains("987654"), "{}", missing.stderr);
