@@ -182,19 +182,9 @@ impl<'v> Reclaimer<'v> {
         let mut fitted = None;
         for candidate in candidates {
             chosen.push(candidate);
-            let mut changed = false;
             self.add_freed(&mut freed_on, candidate);
-            for part in &candidate.placement {
-                if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                    // Set from the check either way: where NVLink is
-                    // required, more free GPUs need not mean room.
-                    if self.has_room(job, pool, *node_idx, &freed_on) {
-                        changed |= with_room.insert(*node_idx) || job.nodes == 1;
-                    } else {
-                        with_room.remove(node_idx);
-                    }
-                }
-            }
+            let (gained, any_room) = self.recheck_room(job, pool, candidate, &freed_on, &mut with_room);
+            let changed = gained || (job.nodes == 1 && any_room);
             // With GPUs to keep free, any victim in the pool may be the one
             // that was missing.
             if (!changed && keep.is_none()) || with_room.len() < job.nodes as usize {
@@ -223,15 +213,7 @@ impl<'v> Reclaimer<'v> {
             let dropped = chosen[drop_idx];
             self.unfree(&mut freed_on, dropped);
             let mut room = with_room.clone();
-            for part in &dropped.placement {
-                if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                    if self.has_room(job, pool, *node_idx, &freed_on) {
-                        room.insert(*node_idx);
-                    } else {
-                        room.remove(node_idx);
-                    }
-                }
-            }
+            self.recheck_room(job, pool, dropped, &freed_on, &mut room);
             let freed: Vec<&RunningJob> = ending
                 .iter()
                 .copied()
@@ -300,6 +282,31 @@ impl<'v> Reclaimer<'v> {
                 }
             }
         }
+    }
+
+    /// Sets whether `job` has room on each node of `running` from the check
+    /// (either way: where NVLink is required, more free GPUs need not mean
+    /// room); whether a node gained room, and whether any has room.
+    fn recheck_room(
+        &self,
+        job: &PendingJob,
+        pool: Option<&crate::model::PoolDef>,
+        running: &RunningJob,
+        freed_on: &HashMap<usize, Vec<u32>, FastHash>,
+        room: &mut HashSet<usize, FastHash>,
+    ) -> (bool, bool) {
+        let (mut gained, mut any_room) = (false, false);
+        for part in &running.placement {
+            if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
+                if self.has_room(job, pool, *node_idx, freed_on) {
+                    gained |= room.insert(*node_idx);
+                    any_room = true;
+                } else {
+                    room.remove(node_idx);
+                }
+            }
+        }
+        (gained, any_room)
     }
 
     fn has_room(
