@@ -419,26 +419,37 @@ pub fn use_one_malloc_arena() {
 /// its writes replaced only once an epoch of its collector has passed,
 /// which takes further sled calls (none come while the pool is quiet),
 /// and glibc keeps what is freed in its per-thread arenas. A thread
-/// collects sled's garbage and hands free memory back to the system every
-/// 5 s (`malloc_trim` returns free pages from the middle of every arena,
-/// holding each arena's lock while it walks it).
+/// collects sled's garbage every 5 s, and looks every second at how much
+/// free memory glibc holds: past `KEEP_FREE_BYTES`, it hands it back to
+/// the system (`malloc_trim` returns free pages from the middle of every
+/// arena, holding each arena's lock while it walks it; so it runs only
+/// when there is something to return, and a burst's garbage is gone a
+/// second after the burst, not up to 5 s).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const EPOCH_FLUSHES: usize = 4096;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const KEEP_FREE_BYTES: usize = 4 << 20;
 
 fn return_free_memory_periodically() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let spawned = std::thread::Builder::new().name("gpoold-trim".into()).spawn(|| loop {
-            std::thread::sleep(std::time::Duration::from_secs(5));
-            // Each flush advances the epoch where no thread is inside sled
-            // and frees a few expired bags of garbage.
-            for _ in 0..EPOCH_FLUSHES {
-                crossbeam_epoch::pin().flush();
-            }
-            // SAFETY: malloc_trim only walks and trims glibc's own heaps,
-            // under their locks; it takes no pointers of ours.
-            unsafe {
-                libc::malloc_trim(0);
+        let spawned = std::thread::Builder::new().name("gpoold-trim".into()).spawn(|| {
+            for second in 1u64.. {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                if second % 5 == 0 {
+                    // Each flush advances the epoch where no thread is
+                    // inside sled and frees a few expired bags of garbage.
+                    for _ in 0..EPOCH_FLUSHES {
+                        crossbeam_epoch::pin().flush();
+                    }
+                }
+                // SAFETY: mallinfo2 and malloc_trim only walk glibc's own
+                // heaps, under their locks; they take no pointers of ours.
+                unsafe {
+                    if libc::mallinfo2().fordblks > KEEP_FREE_BYTES {
+                        libc::malloc_trim(0);
+                    }
+                }
             }
         });
         if let Err(err) = spawned {
