@@ -205,7 +205,7 @@ pub struct JobSpec {
     pub singleton: bool,
     /// A job array's task indices (`--array`); the record is the array's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub array: Option<crate::array::ArraySpec>,
+    pub array: Option<Box<crate::array::ArraySpec>>,
     /// Files for stdout and stderr (`-o/-e` patterns, see
     /// `array::expand_output_pattern`) instead of the node's spool; empty
     /// for the spool. Relative paths are under the workdir.
@@ -333,7 +333,7 @@ pub struct Job {
     pub held: bool,
     /// An array's record: how far its tasks are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub array: Option<crate::array::ArrayProgress>,
+    pub array: Option<Box<crate::array::ArrayProgress>>,
     /// A task of an array: which, and its index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array_task: Option<crate::array::ArrayTask>,
@@ -344,7 +344,7 @@ pub struct Job {
     /// How much of its GPUs its ended attempts used, from the nodes'
     /// samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_use: Option<GpuUse>,
+    pub gpu_use: Option<Box<GpuUse>>,
     /// What happened to it besides its state (a straggler flagged or
     /// back in step); newest last, at most `MAX_JOB_EVENTS`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -211,7 +211,7 @@ impl JobSpecInput {
             dependencies,
             singleton,
             array: match self.array.as_deref() {
-                Some(text) => Some(crate::array::ArraySpec::parse(text)?),
+                Some(text) => Some(Box::new(crate::array::ArraySpec::parse(text)?)),
                 None => None,
             },
             stdout_path: self.stdout.unwrap_or_default(),

@@ -176,7 +176,8 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         cpus_per_gpu: (spec.cpus_per_gpu != 0).then_some(spec.cpus_per_gpu),
         dependencies: spec.dependencies.iter().map(dependency_from_wire).collect(),
         singleton: spec.singleton,
-        array: spec.array.map(|array| ArraySpec {
+        array: spec.array.map(|array| {
+            Box::new(ArraySpec {
             ranges: array
                 .ranges
                 .iter()
@@ -186,7 +187,8 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
                     step: range.step,
                 })
                 .collect(),
-            max_parallel: (array.max_parallel != 0).then_some(array.max_parallel),
+                max_parallel: (array.max_parallel != 0).then_some(array.max_parallel),
+            })
         }),
         stdout_path: spec.stdout_path,
         stderr_path: spec.stderr_path,
@@ -333,7 +335,7 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
         array_job_id: job.array_task.map_or(0, |task| task.array.0),
         array_task_index: job.array_task.map(|task| task.index),
         queue_position: None,
-        gpu_use: job.gpu_use.as_ref().and_then(gpu_use_to_wire),
+        gpu_use: job.gpu_use.as_deref().and_then(gpu_use_to_wire),
         stragglers: Vec::new(),
         events: job
             .events
@@ -526,7 +528,7 @@ mod tests {
         spec.time_limit_secs = Some(3600);
         spec.env = vec![("A".into(), "1".into())].into();
         assert_eq!(spec_from_wire(spec_to_wire(&spec)), spec);
-        spec.array = Some(ArraySpec::parse("1,3,10-20:5%2").unwrap());
+        spec.array = Some(Box::new(ArraySpec::parse("1,3,10-20:5%2").unwrap()));
         spec.stdout_path = "out/%A_%a.log".into();
         spec.stderr_path = "err/%j.log".into();
         assert_eq!(spec_from_wire(spec_to_wire(&spec)), spec);

@@ -121,7 +121,7 @@ impl Connection {
                 let Some(spec) = spec.and_then(|spec| spec.array) else {
                     return Err(CliError::Usage(format!("{job_ref}: job {array} is not an array")));
                 };
-                entry.insert(spec);
+                entry.insert(*spec);
             }
             let spec = &arrays[&array];
             let Some(position) = spec.position_of(index) else {

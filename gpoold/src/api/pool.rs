@@ -164,7 +164,7 @@ fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb:
         .collect();
     // A running attempt's use so far counts with the ended ones'.
     if let Some(live) = state.gpu_use_live.get(&job.id) {
-        let mut used = job.gpu_use.unwrap_or_default();
+        let mut used = job.gpu_use.as_deref().copied().unwrap_or_default();
         used.merge(live);
         wire.gpu_use = gpool_proto::convert::gpu_use_to_wire(&used);
     }
