@@ -4,7 +4,7 @@
 use crate::model::{GpuModel, JobSpec, NvlinkNeed, Requirements};
 use crate::toml_text::line_of;
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 /// Most GPUs per node and nodes per gang a spec may ask for.
@@ -795,27 +795,29 @@ pub fn parse_job_file(file: &str, text: &str) -> Result<Vec<JobSpec>, JobFileErr
         return Err(file_error(None, "has no [[job]] table".into()));
     }
     // A dependency may name an earlier [[job]] of the file (never a later
-    // one, so there is no cycle).
-    let names: Vec<Option<String>> = parsed.job.iter().map(|job| job.get_ref().name.clone()).collect();
-    parsed
-        .job
-        .into_iter()
-        .enumerate()
-        .map(|(job_idx, spanned)| {
-            let line = line_of(text, spanned.span().start);
-            let earlier = &names[..job_idx];
-            let name_of = |name: &str| {
-                earlier
-                    .iter()
-                    .rposition(|earlier| earlier.as_deref() == Some(name))
-                    .map(|position| crate::deps::DepTarget::InRequest(position + 1))
-            };
-            spanned
-                .into_inner()
-                .into_spec_among(&name_of)
-                .map_err(|err| file_error(Some(line), format!("job {}: {err}", job_idx + 1)))
-        })
-        .collect()
+    // one, so there is no cycle): the last one of that name before it.
+    let mut earlier: HashMap<String, usize> = HashMap::new();
+    let mut specs = Vec::with_capacity(parsed.job.len());
+    for (job_idx, spanned) in parsed.job.into_iter().enumerate() {
+        let start = spanned.span().start;
+        let input = spanned.into_inner();
+        let name = input.name.clone();
+        let name_of = |name: &str| {
+            earlier
+                .get(name)
+                .map(|position| crate::deps::DepTarget::InRequest(position + 1))
+        };
+        // The line is counted only for an error (counting it for every job
+        // made a large file quadratic).
+        let spec = input
+            .into_spec_among(&name_of)
+            .map_err(|err| file_error(Some(line_of(text, start)), format!("job {}: {err}", job_idx + 1)))?;
+        specs.push(spec);
+        if let Some(name) = name {
+            earlier.insert(name, job_idx);
+        }
+    }
+    Ok(specs)
 }
 
 #[cfg(test)]

@@ -376,3 +376,20 @@ fn requirements_parse_from_flags_and_files_and_name_their_field() {
     assert_eq!(specs[0].requires.nvlink, NvlinkNeed::Preferred);
     assert_eq!(specs[0].requires.nodelist, ["n1", "n2"]);
 }
+
+#[test]
+fn a_dependency_in_a_job_file_names_the_last_earlier_job_of_that_name() {
+    use crate::deps::DepTarget;
+    let file = "[[job]]\nname = \"prep\"\ncommand = [\"true\"]\n\n\
+                [[job]]\nname = \"prep\"\ncommand = [\"true\"]\n\n\
+                [[job]]\nname = \"train\"\ncommand = [\"true\"]\ndependency = \"afterok:prep\"\n";
+    let specs = parse_job_file("jobs.toml", file).unwrap();
+    let targets: Vec<DepTarget> = specs[2].dependencies.iter().map(|dep| dep.target).collect();
+    assert_eq!(targets, [DepTarget::InRequest(2)]);
+
+    let later = "[[job]]\nname = \"train\"\ncommand = [\"true\"]\ndependency = \"afterok:prep\"\n\n\
+                 [[job]]\nname = \"prep\"\ncommand = [\"true\"]\n";
+    let err = parse_job_file("jobs.toml", later).unwrap_err();
+    assert_eq!(err.line, Some(1), "{err}");
+    assert!(err.to_string().contains("job 1:") && err.to_string().contains("\"prep\""), "{err}");
+}
