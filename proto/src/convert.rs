@@ -178,15 +178,15 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         singleton: spec.singleton,
         array: spec.array.map(|array| {
             Box::new(ArraySpec {
-            ranges: array
-                .ranges
-                .iter()
-                .map(|range| IndexRange {
-                    start: range.start,
-                    end: range.end,
-                    step: range.step,
-                })
-                .collect(),
+                ranges: array
+                    .ranges
+                    .iter()
+                    .map(|range| IndexRange {
+                        start: range.start,
+                        end: range.end,
+                        step: range.step,
+                    })
+                    .collect(),
                 max_parallel: (array.max_parallel != 0).then_some(array.max_parallel),
             })
         }),

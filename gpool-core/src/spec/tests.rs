@@ -391,5 +391,8 @@ fn a_dependency_in_a_job_file_names_the_last_earlier_job_of_that_name() {
                  [[job]]\nname = \"prep\"\ncommand = [\"true\"]\n";
     let err = parse_job_file("jobs.toml", later).unwrap_err();
     assert_eq!(err.line, Some(1), "{err}");
-    assert!(err.to_string().contains("job 1:") && err.to_string().contains("\"prep\""), "{err}");
+    assert!(
+        err.to_string().contains("job 1:") && err.to_string().contains("\"prep\""),
+        "{err}"
+    );
 }

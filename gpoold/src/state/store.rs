@@ -6,6 +6,9 @@
 //! Jobs that have not ended are in `jobs`, and are loaded at start; ended
 //! jobs are in `ended` (with `ended_by_time` as the index retention walks),
 //! and are read from disk when asked for, so history costs no memory.
+//!
+//! A batch of writes is one sled transaction, or, past `MAX_AT_ONCE`
+//! records, a redo log in `redo` applied in parts (`Store::commit`).
 
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
@@ -51,6 +54,9 @@ pub struct Store {
     /// Accounting: one record per ended attempt, by end time and epoch
     /// (`attempt_key`); appended, never changed, removed past retention.
     attempts: sled::Tree,
+    /// The redo log of a batch being written in parts (`commit_in_parts`);
+    /// empty between batches.
+    redo: sled::Tree,
 }
 
 /// What `Store::open` found on disk.
@@ -87,11 +93,13 @@ impl Store {
             usage: db.open_tree("usage")?,
             tokens: db.open_tree("tokens")?,
             attempts: db.open_tree("attempts")?,
+            redo: db.open_tree("redo")?,
             db,
         };
         // A tree later issues fill; opened now so the layout is fixed from v1.
         store.db.open_tree("events")?;
         store.check_schema()?;
+        store.finish_interrupted_commit()?;
         let loaded = store.load()?;
         Ok((store, loaded))
     }
@@ -253,13 +261,20 @@ impl Store {
         }
     }
 
-    /// Writes every record of one state-task batch in one sled transaction:
-    /// after a crash either all of them are on disk or none (a batch of
-    /// submitted jobs is whole or absent).
+    /// Writes every record of one state-task batch at once: after a crash
+    /// either all of them are on disk or none (a batch of submitted jobs is
+    /// whole or absent). A batch of up to `MAX_AT_ONCE` records is one sled
+    /// transaction; a larger one goes through a redo log.
     pub fn commit(&self, records: &Records) -> Result<(), Error> {
-        if records.entries.is_empty() {
-            return Ok(());
+        match records.entries.len() {
+            0 => Ok(()),
+            n if n <= MAX_AT_ONCE => self.apply(&records.entries),
+            _ => self.commit_in_parts(&records.entries),
         }
+    }
+
+    /// `entries` in one sled transaction.
+    fn apply(&self, entries: &[Entry]) -> Result<(), Error> {
         let trees: [&sled::Tree; 9] = [
             &self.jobs,
             &self.nodes,
@@ -273,7 +288,7 @@ impl Store {
         ];
         trees[..]
             .transaction(|views| {
-                for (tree, key, value) in &records.entries {
+                for (tree, key, value) in entries {
                     let view = &views[*tree as usize];
                     match value {
                         Some(value) => view.insert(key.as_slice(), value.as_slice())?,
@@ -286,6 +301,84 @@ impl Store {
                 sled::transaction::TransactionError::Storage(err) => Error::from(err),
                 sled::transaction::TransactionError::Abort(()) => Error::Storage("a write was aborted".into()),
             })
+    }
+
+    /// A batch too large for one transaction (sled keeps every tree node a
+    /// transaction's writes replace until it ends: about 14 KB a job, 1.5 GB
+    /// for a 100,000-job file). Its parts go to the `redo` tree, then a mark
+    /// that the log is whole, flushed; then the parts are applied, one
+    /// transaction each, and flushed; then the log goes, in one transaction,
+    /// flushed (so no later write can land before the log is gone). A crash
+    /// before the mark leaves parts that `open` drops (nothing of the batch
+    /// was applied); after it, `open` applies the log again: each entry sets
+    /// or removes a whole record, so applying it twice is applying it once.
+    fn commit_in_parts(&self, entries: &[Entry]) -> Result<(), Error> {
+        let mut n_parts: u64 = 0;
+        for part in entries.chunks(MAX_AT_ONCE) {
+            self.redo.insert(n_parts.to_be_bytes(), encode_part(part))?;
+            n_parts += 1;
+        }
+        self.redo.insert(REDO_WHOLE, &n_parts.to_be_bytes())?;
+        self.db.flush()?;
+        for part in entries.chunks(MAX_AT_ONCE) {
+            self.apply(part)?;
+        }
+        self.db.flush()?;
+        self.clear_redo()
+    }
+
+    /// Finishes the batch a crash cut short in `commit_in_parts`, if any.
+    fn finish_interrupted_commit(&self) -> Result<(), Error> {
+        if self.redo.is_empty() {
+            return Ok(());
+        }
+        let corrupt = |key: &[u8], reason: String| Error::CorruptRecord {
+            tree: "redo",
+            key: key_text(key),
+            reason,
+        };
+        match self.redo.get(REDO_WHOLE)? {
+            None => tracing::warn!("dropping the redo log of a batch a crash cut short before it was whole"),
+            Some(mark) => {
+                let n_parts = u64::from_be_bytes(
+                    mark.as_ref()
+                        .try_into()
+                        .map_err(|_| corrupt(REDO_WHOLE, format!("{} bytes, expected 8", mark.len())))?,
+                );
+                let mut n_records = 0;
+                for n in 0..n_parts {
+                    let key = n.to_be_bytes();
+                    let part = self
+                        .redo
+                        .get(key)?
+                        .ok_or_else(|| corrupt(&key, format!("part {n} of {n_parts} is missing")))?;
+                    let entries = decode_part(&part).map_err(|reason| corrupt(&key, reason))?;
+                    n_records += entries.len();
+                    self.apply(&entries)?;
+                }
+                self.db.flush()?;
+                tracing::warn!("finished writing a batch of {n_records} records that a crash cut short");
+            }
+        }
+        self.clear_redo()
+    }
+
+    /// Empties the redo log at once, durably.
+    fn clear_redo(&self) -> Result<(), Error> {
+        let keys: Vec<sled::IVec> = self.redo.iter().keys().collect::<Result<_, _>>()?;
+        self.redo
+            .transaction(|redo| {
+                for key in &keys {
+                    redo.remove(key)?;
+                }
+                Ok(())
+            })
+            .map_err(|err: sled::transaction::TransactionError<()>| match err {
+                sled::transaction::TransactionError::Storage(err) => Error::from(err),
+                sled::transaction::TransactionError::Abort(()) => Error::Storage("a write was aborted".into()),
+            })?;
+        self.db.flush()?;
+        Ok(())
     }
 
     /// A handle for the flusher thread.
@@ -475,7 +568,7 @@ impl EndedJobs {
 }
 
 /// Which tree a record goes to (the order of the trees in `Store::commit`).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TreeId {
     Jobs = 0,
     Nodes = 1,
@@ -488,11 +581,86 @@ enum TreeId {
     Envs = 8,
 }
 
+impl TreeId {
+    const ALL: [TreeId; 9] = [
+        TreeId::Jobs,
+        TreeId::Nodes,
+        TreeId::Meta,
+        TreeId::Usage,
+        TreeId::Tokens,
+        TreeId::Attempts,
+        TreeId::Ended,
+        TreeId::EndedByTime,
+        TreeId::Envs,
+    ];
+}
+
+/// A tree, a key, and the value (none: remove the key).
+type Entry = (TreeId, Vec<u8>, Option<Vec<u8>>);
+
+/// The most records one sled transaction writes.
+const MAX_AT_ONCE: usize = 1024;
+/// The key of the redo log's mark that it is whole (its value: how many
+/// parts); the parts' keys are their numbers, 8 bytes big-endian.
+const REDO_WHOLE: &[u8] = b"whole_log_mark";
+
+/// A part of a redo log: for each entry, its tree (1 byte), its key and
+/// its value, each as a 4-byte little-endian length and the bytes; a
+/// removal has the length `u32::MAX` and no bytes.
+fn encode_part(entries: &[Entry]) -> Vec<u8> {
+    let size = entries
+        .iter()
+        .map(|(_, key, value)| 9 + key.len() + value.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut bytes = Vec::with_capacity(size);
+    for (tree, key, value) in entries {
+        bytes.push(*tree as u8);
+        bytes.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(key);
+        match value {
+            Some(value) => {
+                bytes.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                bytes.extend_from_slice(value);
+            }
+            None => bytes.extend_from_slice(&u32::MAX.to_le_bytes()),
+        }
+    }
+    bytes
+}
+
+fn decode_part(mut bytes: &[u8]) -> Result<Vec<Entry>, String> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+        if bytes.len() < n {
+            return Err(format!("cut short: {} bytes left, {n} expected", bytes.len()));
+        }
+        let (taken, rest) = bytes.split_at(n);
+        *bytes = rest;
+        Ok(taken)
+    }
+    fn length(bytes: &mut &[u8]) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(take(bytes, 4)?.try_into().unwrap_or_default()))
+    }
+    let mut entries = Vec::new();
+    while !bytes.is_empty() {
+        let tree = take(&mut bytes, 1)?[0];
+        let tree = *TreeId::ALL
+            .get(usize::from(tree))
+            .ok_or_else(|| format!("unknown tree {tree}"))?;
+        let key_len = length(&mut bytes)?;
+        let key = take(&mut bytes, key_len as usize)?.to_vec();
+        let value = match length(&mut bytes)? {
+            u32::MAX => None,
+            value_len => Some(take(&mut bytes, value_len as usize)?.to_vec()),
+        };
+        entries.push((tree, key, value));
+    }
+    Ok(entries)
+}
+
 /// Encoded records waiting for `Store::commit`.
 #[derive(Default)]
 pub struct Records {
-    /// Tree, key, and the value (none: remove the key).
-    entries: Vec<(TreeId, Vec<u8>, Option<Vec<u8>>)>,
+    entries: Vec<Entry>,
 }
 
 impl Records {
@@ -707,5 +875,82 @@ mod tests {
         store.commit(&records).expect("commit");
         assert!(ended.get(JobId(7)).expect("read").is_none());
         assert!(ended.ended_before(Timestamp(i64::MAX)).expect("read").is_empty());
+    }
+
+    /// Records of `n` pending jobs from id 1, and the next job id after them.
+    fn batch_of(n: u64) -> Records {
+        let mut records = Records::default();
+        for id in 1..=n {
+            records.job(&job(id, JobState::Pending));
+        }
+        records.next_job_id(n + 1);
+        records
+    }
+
+    #[test]
+    fn a_batch_larger_than_one_transaction_is_written_whole_and_leaves_no_log() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let n = 2 * MAX_AT_ONCE as u64 + 5;
+        {
+            let (store, _) = Store::open(dir.path()).expect("open");
+            store.commit(&batch_of(n)).expect("commit");
+            assert!(store.redo.is_empty(), "the redo log is gone once the batch is written");
+        }
+        let (_, loaded) = Store::open(dir.path()).expect("open again");
+        assert_eq!(loaded.jobs.len() as u64, n);
+        assert_eq!(loaded.next_job_id, n + 1);
+    }
+
+    #[test]
+    fn a_batch_cut_short_is_finished_at_open_once_its_log_is_whole_and_dropped_before() {
+        let n = MAX_AT_ONCE as u64 + 3;
+        let entries = batch_of(n).entries;
+        let parts: Vec<&[Entry]> = entries.chunks(MAX_AT_ONCE).collect();
+        assert_eq!(decode_part(&encode_part(parts[1])).expect("decode"), parts[1]);
+        for whole in [true, false] {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            {
+                // As a crash leaves it: the log written, and of the batch
+                // only the first part applied.
+                let (store, _) = Store::open(dir.path()).expect("open");
+                for (n, part) in parts.iter().enumerate() {
+                    store
+                        .redo
+                        .insert((n as u64).to_be_bytes(), encode_part(part))
+                        .expect("insert");
+                }
+                if whole {
+                    store
+                        .redo
+                        .insert(REDO_WHOLE, &(parts.len() as u64).to_be_bytes())
+                        .expect("insert");
+                    store.apply(parts[0]).expect("apply");
+                }
+                store.db.flush().expect("flush");
+            }
+            let (store, loaded) = Store::open(dir.path()).expect("open again");
+            let expected = if whole { n } else { 0 };
+            assert_eq!(loaded.jobs.len() as u64, expected, "whole log: {whole}");
+            assert_eq!(loaded.next_job_id, expected + 1, "whole log: {whole}");
+            assert!(store.redo.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_damaged_redo_log_names_its_part() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        {
+            let (store, _) = Store::open(dir.path()).expect("open");
+            let mut part = encode_part(&batch_of(2).entries);
+            part.truncate(part.len() - 3);
+            store.redo.insert(0u64.to_be_bytes(), part).expect("insert");
+            store.redo.insert(REDO_WHOLE, &2u64.to_be_bytes()).expect("insert");
+            store.db.flush().expect("flush");
+        }
+        let err = Store::open(dir.path())
+            .err()
+            .expect("a damaged log is refused")
+            .to_string();
+        assert!(err.contains("redo") && err.contains("cut short"), "{err}");
     }
 }
