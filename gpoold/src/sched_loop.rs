@@ -6,7 +6,7 @@
 //! (`gpool_core::sched::cycle_needed`).
 
 use crate::state::{Command, StateHandle};
-use gpool_core::sched::{could_act, cycle_needed, schedule, schedule_starts, LastCycle, Plan, Reject};
+use gpool_core::sched::{could_act, cycle_needed, schedule, schedule_starts, words_interval, LastCycle, Plan, Reject};
 use gpool_core::{JobId, Timestamp};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,14 +18,15 @@ const PERIOD: Duration = Duration::from_secs(5);
 /// so that scheduling never takes more than a fifth of a core under a
 /// flood of submissions.
 const IDLE_FACTOR: u32 = 4;
-/// While cycles start or preempt jobs, why each waiting job waits, its
-/// priority and its place in the queue are rendered and handed to the
-/// state at most this often (under a flood of short jobs that work is most
-/// of a cycle's); a cycle that changes nothing always hands them over.
-const WORDS_EVERY: Duration = Duration::from_millis(500);
 
 pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<crate::metrics::Metrics>) {
+    // Why each waiting job waits, its priority and its place in the queue
+    // are rendered and handed to the state when due (`words_interval` of
+    // what they cost last time; under a flood of short jobs that work is
+    // most of a cycle's); a cycle that changes nothing always hands them
+    // over.
     let mut words_at: Option<Instant> = None;
+    let mut words_every = words_interval(Duration::ZERO);
     let mut last: Option<LastCycle> = None;
     let mut wait = PERIOD;
     loop {
@@ -35,7 +36,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         wait = PERIOD;
         let started = Instant::now();
         let now = clock();
-        let words_due = words_at.is_none_or(|at| at.elapsed() >= WORDS_EVERY);
+        let words_due = words_at.is_none_or(|at| at.elapsed() >= words_every);
         let (view, policy, generation) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
             let generation = state.sched_generation;
@@ -51,7 +52,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             // ends costs a look at its nodes per change), unless a job just
             // submitted has no word yet.
             if !words_due && !state.newest_waits_unexplained() && !state.cycle_could_act() {
-                wait = words_at.map_or(Duration::ZERO, |at| WORDS_EVERY.saturating_sub(at.elapsed()));
+                wait = words_at.map_or(Duration::ZERO, |at| words_every.saturating_sub(at.elapsed()));
                 continue;
             }
             (state.cluster_view(now), state.policy.clone(), generation)
@@ -80,8 +81,11 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
         }
         let planned = (settled || words_due).then(|| {
+            let planned = planned_in_words(plan);
             words_at = Some(Instant::now());
-            planned_in_words(plan)
+            // The whole cycle: its words cost most of it.
+            words_every = words_interval(started.elapsed());
+            planned
         });
         let compute = started.elapsed();
         metrics.cycle_seconds.observe(compute.as_secs_f64());

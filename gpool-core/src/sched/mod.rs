@@ -276,6 +276,20 @@ pub struct LastCycle {
 /// fair-share terms of priorities move then.
 pub const RESTATE_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// While cycles start or preempt jobs, the words on why each waiting job
+/// waits (its reasons, priority and place) are restated at most this often.
+pub const WORDS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+/// ...and at most this share of the time goes to stating them: with a
+/// long queue (100,000 jobs wait) they cost tens of ms, which every 500 ms
+/// would take the time cycles need to start jobs.
+pub const WORDS_SHARE: u32 = 50;
+
+/// How long after words that took `cost` to state the next are due:
+/// `WORDS_EVERY`, or `cost` times `WORDS_SHARE` where that is longer.
+pub fn words_interval(cost: std::time::Duration) -> std::time::Duration {
+    WORDS_EVERY.max(cost.saturating_mul(WORDS_SHARE))
+}
+
 /// Whether a cycle must run now, or may be skipped because nothing changed
 /// since `last`. A change (a new `generation`) always runs one. With the
 /// state unchanged:

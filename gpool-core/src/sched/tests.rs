@@ -419,3 +419,12 @@ fn a_cycle_is_skipped_only_when_nothing_changed_and_time_cannot_matter() {
     assert!(cycle_needed(Some(&acting), 7, true, fresh));
     assert!(!cycle_needed(Some(&acting), 7, false, fresh));
 }
+
+#[test]
+fn words_are_restated_at_most_every_half_second_and_at_most_a_fiftieth_of_the_time() {
+    use std::time::Duration;
+    assert_eq!(words_interval(Duration::ZERO), WORDS_EVERY);
+    assert_eq!(words_interval(Duration::from_millis(4)), Duration::from_millis(500));
+    assert_eq!(words_interval(Duration::from_millis(40)), Duration::from_secs(2));
+    assert_eq!(words_interval(Duration::MAX), Duration::MAX);
+}
