@@ -5,10 +5,10 @@
 //! the state as the last cycle saw it runs none
 //! (`gpool_core::sched::cycle_needed`).
 
+use crate::state::words::Words;
 use crate::state::{Command, StateHandle};
-use gpool_core::sched::{could_act, cycle_needed, schedule, schedule_starts, words_interval, LastCycle, Plan, Reject};
-use gpool_core::{JobId, Timestamp};
-use std::collections::HashMap;
+use gpool_core::sched::{could_act, cycle_needed, schedule, schedule_starts, words_interval, LastCycle};
+use gpool_core::Timestamp;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -81,7 +81,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
         }
         let planned = (settled || words_due).then(|| {
-            let planned = planned_in_words(plan);
+            let planned = Command::Planned(Box::new(Words::of_plan(plan)));
             words_at = Some(Instant::now());
             // The whole cycle: its words cost most of it.
             words_every = words_interval(started.elapsed());
@@ -102,69 +102,4 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         }
         tokio::time::sleep(compute * IDLE_FACTOR).await;
     }
-}
-
-/// What the plan says of the jobs that wait, as the state keeps it.
-fn planned_in_words(mut plan: Plan) -> Command {
-    let priorities: HashMap<JobId, gpool_core::policy::Priority> =
-        std::mem::take(&mut plan.priorities).into_iter().collect();
-    let queue_positions = queue_positions(&priorities);
-    let estimated_starts = plan
-        .reservation
-        .take()
-        .map(|(job, at, _)| (job, at))
-        .into_iter()
-        .collect();
-    let (reasons, hints, codes) = reasons_in_words(plan);
-    Command::Planned {
-        reasons,
-        hints,
-        codes,
-        priorities,
-        estimated_starts,
-        queue_positions,
-    }
-}
-
-/// Each pending job's place in the scheduler's order: highest priority
-/// first, then the earlier id.
-fn queue_positions(priorities: &HashMap<JobId, gpool_core::policy::Priority>) -> HashMap<JobId, u32> {
-    let mut order: Vec<(JobId, f64)> = priorities.iter().map(|(id, p)| (*id, p.total)).collect();
-    order.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    order
-        .into_iter()
-        .enumerate()
-        .map(|(position, (id, _))| (id, position as u32 + 1))
-        .collect()
-}
-
-type Words = HashMap<JobId, Arc<[String]>>;
-type Codes = HashMap<JobId, Arc<[&'static str]>>;
-/// A reason list rendered once: its reasons, hints and codes.
-type Rendered = (Arc<[String]>, Arc<[String]>, Arc<[&'static str]>);
-
-/// The plan's reasons and hints as text, each list rendered once and
-/// shared by the jobs that share it (the plan's lists are shared by jobs
-/// alike, so a list is known by its address while the plan lives).
-fn reasons_in_words(plan: Plan) -> (Words, Words, Codes) {
-    let mut rendered: HashMap<*const Reject, Rendered> = HashMap::new();
-    let mut reasons = HashMap::with_capacity(plan.pending.len());
-    let mut hints = HashMap::with_capacity(plan.pending.len());
-    let mut codes = HashMap::with_capacity(plan.pending.len());
-    for (job_id, rejects) in &plan.pending {
-        let job_id = *job_id;
-        let (words, hint_words, code_words) = rendered
-            .entry(rejects.as_ptr())
-            .or_insert_with(|| {
-                let words: Arc<[String]> = rejects.iter().map(ToString::to_string).collect();
-                let hint_words: Arc<[String]> = rejects.iter().filter_map(Reject::hint).collect();
-                let code_words: Arc<[&'static str]> = rejects.iter().map(Reject::code).collect();
-                (words, hint_words, code_words)
-            })
-            .clone();
-        reasons.insert(job_id, words);
-        hints.insert(job_id, hint_words);
-        codes.insert(job_id, code_words);
-    }
-    (reasons, hints, codes)
 }

@@ -197,14 +197,10 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
                 vec!["array_limit".to_string()],
             )
         }
-        None => match state.pending_reasons.get(&job.id) {
+        None => match state.words.reasons(job.id) {
             Some(words) => (
-                words.to_vec(),
-                state
-                    .pending_codes
-                    .get(&job.id)
-                    .map(|codes| codes.iter().map(|code| code.to_string()).collect())
-                    .unwrap_or_default(),
+                words.reasons.clone(),
+                words.codes.iter().map(|code| code.to_string()).collect(),
             ),
             None => (
                 vec!["waiting for the next scheduling cycle".to_string()],
@@ -226,11 +222,12 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
     let mut wire = job_to_wire_with(job, reasons, with_env);
     wire.reason_codes = codes;
     wire.hints = state
-        .pending_hints
-        .get(&job.id)
-        .map(|words| words.to_vec())
+        .words
+        .reasons(job.id)
+        .map(|words| words.hints.clone())
         .unwrap_or_default();
-    wire.priority = state.priorities.get(&job.id).map(|p| pb::PriorityFactors {
+    let said = state.words.of(job.id);
+    wire.priority = said.and_then(|said| said.priority).map(|p| pb::PriorityFactors {
         total: p.total,
         qos: p.qos,
         fair_share: p.fair_share,
@@ -238,8 +235,8 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
         size: p.size,
         nice: p.nice,
     });
-    wire.estimated_start_ms = state.estimated_starts.get(&job.id).map(|at| at.0);
-    wire.queue_position = state.queue_positions.get(&job.id).copied();
+    wire.estimated_start_ms = state.words.estimated_start(job.id).map(|at| at.0);
+    wire.queue_position = said.and_then(|said| said.position);
     wire
 }
 

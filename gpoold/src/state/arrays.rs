@@ -315,34 +315,15 @@ impl State {
     /// yet (the scheduler saw that task, not the array).
     pub(super) fn lend_task_reasons_to_arrays(&mut self) {
         let mut lent: Vec<(JobId, JobId)> = self
-            .pending_reasons
-            .keys()
+            .words
+            .ids()
             .filter(|id| !self.jobs.contains_key(id))
-            .filter_map(|id| Some((self.array_of(*id)?.0, *id)))
+            .filter_map(|id| Some((self.array_of(id)?.0, id)))
             .collect();
-        lent.sort_unstable_by_key(|(_, task)| *task);
+        // The first task of each array (ids are in order already).
+        lent.dedup_by_key(|(array, _)| *array);
         for (array, task) in lent {
-            if self.pending_reasons.contains_key(&array) {
-                continue;
-            }
-            if let Some(reasons) = self.pending_reasons.get(&task).cloned() {
-                self.pending_reasons.insert(array, reasons);
-            }
-            if let Some(hints) = self.pending_hints.get(&task).cloned() {
-                self.pending_hints.insert(array, hints);
-            }
-            if let Some(codes) = self.pending_codes.get(&task).cloned() {
-                self.pending_codes.insert(array, codes);
-            }
-            if let Some(priority) = self.priorities.get(&task).cloned() {
-                self.priorities.insert(array, priority);
-            }
-            if let Some(at) = self.estimated_starts.get(&task).copied() {
-                self.estimated_starts.insert(array, at);
-            }
-            if let Some(position) = self.queue_positions.get(&task).copied() {
-                self.queue_positions.insert(array, position);
-            }
+            self.words.lend(array, task);
         }
     }
 }

@@ -13,6 +13,7 @@ mod history;
 mod sharing;
 pub mod store;
 mod update;
+pub mod words;
 
 pub use access::NewToken;
 pub use agents::{kill_message, signal_message};
@@ -27,7 +28,7 @@ use gpool_core::deps::{dependency_state, DepState, DepTarget};
 use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
-use gpool_core::policy::{Ledger, Priority, Refusal};
+use gpool_core::policy::{Ledger, Refusal};
 use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Preemption, Start};
 use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
@@ -46,18 +47,8 @@ pub struct State {
     pub jobs: BTreeMap<JobId, Box<Job>>,
     pub nodes: BTreeMap<String, Node>,
     next_job_id: u64,
-    /// Why each pending job waits, in words, from the latest scheduling
-    /// cycle (shared between jobs with the same reasons); not durable.
-    pub pending_reasons: HashMap<JobId, Arc<[String]>>,
-    /// What would make each pending job start sooner, and its priority,
-    /// from the same cycle; not durable.
-    pub pending_hints: HashMap<JobId, Arc<[String]>>,
-    /// The reasons' stable codes (`resources`, `budget_exhausted`...).
-    pub pending_codes: HashMap<JobId, Arc<[&'static str]>>,
-    pub priorities: HashMap<JobId, Priority>,
-    pub estimated_starts: HashMap<JobId, Timestamp>,
-    /// Each pending job's place in the scheduler's order (1 first).
-    pub queue_positions: HashMap<JobId, u32>,
+    /// What the latest scheduling cycle said of the jobs that wait.
+    pub words: words::Words,
     pub policy: Policy,
     admins: Vec<String>,
     /// The epoch the next attempt gets.
@@ -210,14 +201,7 @@ pub enum Command {
     },
     /// The scheduling loop's latest reasons, hints and priorities for
     /// pending jobs.
-    Planned {
-        reasons: HashMap<JobId, Arc<[String]>>,
-        hints: HashMap<JobId, Arc<[String]>>,
-        codes: HashMap<JobId, Arc<[&'static str]>>,
-        priorities: HashMap<JobId, Priority>,
-        estimated_starts: HashMap<JobId, Timestamp>,
-        queue_positions: HashMap<JobId, u32>,
-    },
+    Planned(Box<words::Words>),
     /// The scheduling loop's starts, re-checked against the state.
     Start {
         starts: Vec<Start>,
@@ -438,12 +422,7 @@ impl State {
             jobs: loaded.jobs.into_iter().map(|job| (job.id, Box::new(job))).collect(),
             nodes,
             next_job_id: loaded.next_job_id,
-            pending_reasons: HashMap::new(),
-            pending_hints: HashMap::new(),
-            pending_codes: HashMap::new(),
-            priorities: HashMap::new(),
-            estimated_starts: HashMap::new(),
-            queue_positions: HashMap::new(),
+            words: words::Words::default(),
             policy: config.policy.clone(),
             admins: config.admins.clone(),
             next_epoch: loaded.next_epoch,
@@ -972,7 +951,7 @@ impl State {
         self.active
             .last()
             .and_then(|id| self.jobs.get(id))
-            .is_some_and(|job| job.state == JobState::Pending && !self.pending_reasons.contains_key(&job.id))
+            .is_some_and(|job| job.state == JobState::Pending && self.words.reasons(job.id).is_none())
     }
 
     /// Adds `node`'s samples to the GPU use of the attempts running there.
@@ -1277,7 +1256,7 @@ impl Command {
     fn may_change_schedule(&self) -> bool {
         !matches!(
             self,
-            Command::Planned { .. }
+            Command::Planned(_)
                 | Command::AgentHeartbeat { .. }
                 | Command::CreateToken { .. }
                 | Command::RevokeToken { .. }
@@ -1441,20 +1420,8 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             gpu: None,
             reply,
         } => node_reply(state.set_drain(&caller, &node, None), reply, out),
-        Command::Planned {
-            reasons,
-            hints,
-            codes,
-            priorities,
-            estimated_starts,
-            queue_positions,
-        } => {
-            state.pending_reasons = reasons;
-            state.pending_hints = hints;
-            state.pending_codes = codes;
-            state.priorities = priorities;
-            state.estimated_starts = estimated_starts;
-            state.queue_positions = queue_positions;
+        Command::Planned(words) => {
+            state.words = *words;
             state.lend_task_reasons_to_arrays();
         }
         Command::Start { starts } => state.start(starts, now, out),

@@ -1,0 +1,219 @@
+//! What the latest scheduling cycle said of the jobs that wait: why each
+//! waits and what would help it, its priority, and its place in the queue.
+//! Not durable; each `Command::Planned` replaces it whole.
+//!
+//! One entry per waiting job, in a vector sorted by id, pointing at reason
+//! lists that jobs alike share: with 100,000 jobs waiting that is 8 MB,
+//! and building it hashes nothing.
+
+use gpool_core::policy::Priority;
+use gpool_core::sched::{Plan, Reject};
+use gpool_core::{JobId, Timestamp};
+use std::collections::HashMap;
+
+/// A list of reasons as text, rendered once for the jobs that share it.
+#[derive(Debug, Default, PartialEq)]
+pub struct Rendered {
+    pub reasons: Vec<String>,
+    /// What would make the job start sooner.
+    pub hints: Vec<String>,
+    /// The reasons' stable codes (`resources`, `budget_exhausted`...).
+    pub codes: Vec<&'static str>,
+}
+
+impl Rendered {
+    fn of(rejects: &[Reject]) -> Rendered {
+        Rendered {
+            reasons: rejects.iter().map(ToString::to_string).collect(),
+            hints: rejects.iter().filter_map(Reject::hint).collect(),
+            codes: rejects.iter().map(Reject::code).collect(),
+        }
+    }
+}
+
+/// What the cycle said of one waiting job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Said {
+    /// Its reasons: an index in `Words::lists`, or `NO_LIST`.
+    list: u32,
+    pub priority: Option<Priority>,
+    /// Its place in the queue, 1 first: highest priority first, then the
+    /// earlier id.
+    pub position: Option<u32>,
+}
+
+const NO_LIST: u32 = u32::MAX;
+
+#[derive(Debug, Default)]
+pub struct Words {
+    lists: Vec<Rendered>,
+    /// By id, each once.
+    jobs: Vec<(JobId, Said)>,
+    /// Arrays that wait for the words of one of their tasks (the first that
+    /// is not a job yet: the scheduler saw that task, not the array).
+    lent: HashMap<JobId, JobId>,
+    /// When the job the backfill reservation is for should start.
+    estimated_start: Option<(JobId, Timestamp)>,
+}
+
+impl Words {
+    /// What `plan` says of the jobs that wait.
+    pub fn of_plan(plan: Plan) -> Words {
+        let Plan {
+            pending,
+            priorities,
+            reservation,
+            ..
+        } = plan;
+        let mut jobs: Vec<(JobId, Said)> = priorities
+            .into_iter()
+            .map(|(id, priority)| {
+                let said = Said {
+                    list: NO_LIST,
+                    priority: Some(priority),
+                    position: None,
+                };
+                (id, said)
+            })
+            .collect();
+        // The view's order is the ids' but for array tasks: nearly sorted.
+        jobs.sort_by_key(|(id, _)| *id);
+        jobs.dedup_by_key(|(id, _)| *id);
+        let mut order: Vec<(f64, JobId, u32)> = jobs
+            .iter()
+            .enumerate()
+            .map(|(index, (id, said))| (said.priority.map_or(f64::MIN, |p| p.total), *id, index as u32))
+            .collect();
+        order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        for (position, (_, _, index)) in order.into_iter().enumerate() {
+            jobs[index as usize].1.position = Some(position as u32 + 1);
+        }
+        // Each list once, known by its address while the plan lives.
+        let mut lists = Vec::new();
+        let mut list_of: HashMap<*const Reject, u32> = HashMap::new();
+        let mut unranked = Vec::new();
+        for (id, rejects) in &pending {
+            let list = *list_of.entry(rejects.as_ptr()).or_insert_with(|| {
+                lists.push(Rendered::of(rejects));
+                lists.len() as u32 - 1
+            });
+            match jobs.binary_search_by_key(id, |(id, _)| *id) {
+                Ok(index) => jobs[index].1.list = list,
+                Err(_) => unranked.push((
+                    *id,
+                    Said {
+                        list,
+                        priority: None,
+                        position: None,
+                    },
+                )),
+            }
+        }
+        if !unranked.is_empty() {
+            jobs.extend(unranked);
+            jobs.sort_by_key(|(id, _)| *id);
+        }
+        Words {
+            lists,
+            jobs,
+            lent: HashMap::new(),
+            estimated_start: reservation.map(|(job, at, _)| (job, at)),
+        }
+    }
+
+    /// What the cycle said of job `id` (or of the task an array waits for).
+    pub fn of(&self, id: JobId) -> Option<&Said> {
+        let own = |id: JobId| {
+            self.jobs
+                .binary_search_by_key(&id, |(id, _)| *id)
+                .ok()
+                .map(|index| &self.jobs[index].1)
+        };
+        own(id).or_else(|| own(*self.lent.get(&id)?))
+    }
+
+    /// Job `id`'s reasons, hints and codes, where the cycle gave it some.
+    pub fn reasons(&self, id: JobId) -> Option<&Rendered> {
+        self.lists.get(self.of(id)?.list as usize)
+    }
+
+    pub fn estimated_start(&self, id: JobId) -> Option<Timestamp> {
+        self.estimated_start.filter(|(job, _)| *job == id).map(|(_, at)| at)
+    }
+
+    /// The ids the cycle said something of, in order.
+    pub fn ids(&self) -> impl Iterator<Item = JobId> + '_ {
+        self.jobs.iter().map(|(id, _)| *id)
+    }
+
+    /// Lends `array` the words of its task `task` (kept until the next
+    /// plan), unless it has its own.
+    pub fn lend(&mut self, array: JobId, task: JobId) {
+        if self.of(array).is_none() {
+            self.lent.insert(array, task);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpool_core::sched::Reject;
+    use std::sync::Arc;
+
+    fn priority(total: f64) -> Priority {
+        Priority {
+            total,
+            qos: 0.0,
+            fair_share: 0.0,
+            age: 0.0,
+            size: 0.0,
+            nice: 0.0,
+        }
+    }
+
+    #[test]
+    fn each_job_gets_its_reasons_priority_and_place_and_lists_are_shared() {
+        let busy: Arc<[Reject]> = Arc::from(vec![Reject::NoEstimate]);
+        let plan = Plan {
+            // In the view's order: an array task (id 9) among the rest.
+            priorities: vec![
+                (JobId(3), priority(1.0)),
+                (JobId(9), priority(5.0)),
+                (JobId(4), priority(1.0)),
+                (JobId(7), priority(2.0)),
+            ],
+            pending: vec![
+                (JobId(9), busy.clone()),
+                (JobId(4), busy),
+                (JobId(7), Arc::from(vec![])),
+            ],
+            reservation: Some((JobId(7), Timestamp(1_000), Vec::new())),
+            ..Plan::default()
+        };
+        let mut words = Words::of_plan(plan);
+        let positions: Vec<(JobId, Option<u32>)> = words.ids().map(|id| (id, words.of(id).unwrap().position)).collect();
+        assert_eq!(
+            positions,
+            [
+                (JobId(3), Some(3)),
+                (JobId(4), Some(4)),
+                (JobId(7), Some(2)),
+                (JobId(9), Some(1))
+            ]
+        );
+        assert_eq!(words.lists.len(), 2, "one rendering per shared list");
+        assert_eq!(words.reasons(JobId(4)), words.reasons(JobId(9)));
+        assert_eq!(words.reasons(JobId(4)).unwrap().codes, [Reject::NoEstimate.code()]);
+        assert_eq!(words.reasons(JobId(3)), None, "starts: no reasons");
+        assert_eq!(words.of(JobId(3)).unwrap().priority, Some(priority(1.0)));
+        assert_eq!(words.estimated_start(JobId(7)), Some(Timestamp(1_000)));
+        assert_eq!(words.estimated_start(JobId(4)), None);
+        // An array waits with its task's words, unless it has its own.
+        words.lend(JobId(8), JobId(9));
+        words.lend(JobId(3), JobId(9));
+        assert_eq!(words.of(JobId(8)), words.of(JobId(9)));
+        assert_eq!(words.of(JobId(3)).unwrap().position, Some(3));
+        assert_eq!(words.of(JobId(5)), None);
+    }
+}
