@@ -58,6 +58,10 @@ fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a == "history-100k") {
         memory_with_history(4, 8, 25, 4_000)?;
     }
+    // Not in the default run: about two minutes.
+    if args.iter().any(|a| a == "queue-100k") {
+        long_queue(4, 8, 100_000, 5_000)?;
+    }
     if wants("nodes-down") {
         nodes_down_together(2_000, 8)?;
     }
@@ -127,10 +131,15 @@ impl Controller {
     }
 
     fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    /// A `/proc/PID/status` figure in KiB (`VmRSS:`, `VmHWM:`...).
+    fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
         status
             .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .find_map(|line| line.strip_prefix(field))
             .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     }
@@ -736,6 +745,64 @@ fn start_agents(controller: &Controller, n_agents: usize, n_gpus: u32) -> anyhow
 
 fn count_lines(bytes: &[u8]) -> usize {
     bytes.iter().filter(|b| **b == b'\n').count()
+}
+
+/// A long queue: one batch file of `n_queued` jobs (time to submit it,
+/// gpoold's peak and settled memory), then how fast agents start the
+/// first `n_measured` of them, against a queue of 2,000.
+fn long_queue(n_agents: usize, n_gpus: u32, n_queued: usize, n_measured: usize) -> anyhow::Result<()> {
+    let shape = format!("{n_agents} agents x {n_gpus} GPUs");
+    for n in [2_000, n_queued] {
+        let dir = tempfile::tempdir()?;
+        let controller = Controller::start(dir.path())?;
+        let batch = dir.path().join("batch.toml");
+        std::fs::write(
+            &batch,
+            "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(n),
+        )?;
+        let started = Instant::now();
+        let submitted = gpool(&controller.addr, &["submit", "-f", &batch.display().to_string()])?;
+        let submit_secs = started.elapsed().as_secs_f64();
+        if count_lines(&submitted.stdout) != n {
+            bail!("submit -f printed {} ids", count_lines(&submitted.stdout));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        report(
+            &format!("{n} jobs in one batch file: submit; gpoold peak, then settled RSS"),
+            format!(
+                "{submit_secs:.2} s; {:.0}, {:.0} MiB",
+                controller.status_kib("VmHWM:") as f64 / 1024.0,
+                controller.rss_kib() as f64 / 1024.0
+            ),
+        );
+        let measured = n_measured.min(n);
+        let started = Instant::now();
+        let agents = start_agents(&controller, n_agents, n_gpus)?;
+        let deadline = started + Duration::from_secs(600);
+        while n_completed(&controller.addr)? < measured {
+            if Instant::now() > deadline {
+                bail!("{measured} jobs did not complete within 600 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        report(
+            &format!("first {measured} of {n} queued `true` jobs through {shape} (from agents' start)"),
+            format!("{:.0} jobs/s", measured as f64 / started.elapsed().as_secs_f64()),
+        );
+        drop(agents);
+        controller.stop();
+    }
+    Ok(())
+}
+
+/// How many jobs completed, from the summary line of `gpool jobs`.
+fn n_completed(addr: &str) -> anyhow::Result<usize> {
+    let output = gpool(addr, &["jobs", "--state", "completed", "--limit", "1"])?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(text
+        .lines()
+        .find_map(|line| line.split_once(" jobs: ")?.0.parse().ok())
+        .unwrap_or(0))
 }
 
 /// Waits until no job is pending or running; returns when that happened.
