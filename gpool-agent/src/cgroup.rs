@@ -197,8 +197,22 @@ impl AttemptCgroup {
         for dir in &self.dirs {
             std::fs::create_dir_all(dir).map_err(|err| format!("cgroup {}: {err}", dir.display()))?;
         }
-        for (file, value) in &self.settings {
-            write(file, value)?;
+        // Settings of one file follow each other (a device rule per other
+        // GPU): one open for each run of them, one write per setting, as
+        // cgroupfs takes one rule per write.
+        let mut open: Option<(&Path, std::fs::File)> = None;
+        for (path, value) in &self.settings {
+            let file = match open.take() {
+                Some((open_path, file)) if open_path == path.as_path() => file,
+                _ => std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(|err| format!("{}: {err}", path.display()))?,
+            };
+            let mut writer = &file;
+            std::io::Write::write_all(&mut writer, value.as_bytes())
+                .map_err(|err| format!("{}: {err}", path.display()))?;
+            open = Some((path, file));
         }
         Ok(())
     }

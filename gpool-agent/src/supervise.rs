@@ -249,6 +249,7 @@ pub fn main() -> ExitCode {
     let mut stdout = std::io::stdout().lock();
     let mut cgroup_parent: Option<PathBuf> = None;
     let mut waiting: Option<Waiting> = None;
+    let mut cleaned_at: Option<std::time::Instant> = None;
     for line in stdin.lines() {
         let Ok(line) = line else { break };
         let reply = match serde_json::from_str::<LaunchRequest>(&line) {
@@ -284,11 +285,20 @@ pub fn main() -> ExitCode {
         }
         // The next one, now that this launch is answered.
         if let (None, Some(parent)) = (&waiting, &cgroup_parent) {
+            // What dead waiting supervisors left: looked for once a second
+            // at most, not at every launch of a busy node.
+            if cleaned_at.is_none_or(|at| at.elapsed() >= CLEAN_UP_EVERY) {
+                crate::cgroup::Warm::clean_up_after_the_dead(parent);
+                cleaned_at = Some(std::time::Instant::now());
+            }
             waiting = Waiting::fork(parent);
         }
     }
     ExitCode::SUCCESS
 }
+
+/// How often the spawner looks for cgroups of waiting supervisors that died.
+const CLEAN_UP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A supervisor forked ahead of its launch request, which it reads whole
 /// from a pipe.
@@ -301,7 +311,6 @@ impl Waiting {
     fn fork(cgroup_parent: &Path) -> Option<Waiting> {
         use nix::fcntl::{fcntl, FcntlArg, OFlag};
         use std::os::fd::AsRawFd;
-        crate::cgroup::Warm::clean_up_after_the_dead(cgroup_parent);
         let (read_end, write_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ok()?;
         // The spawner never waits on a supervisor: a request the pipe
         // cannot take at once goes to a supervisor forked for it instead.
@@ -334,7 +343,9 @@ impl Waiting {
 /// gone, it leaves and removes that cgroup.
 fn supervise_when_asked(cgroup_parent: &Path, mut requests: std::fs::File) -> ! {
     let warm = crate::cgroup::Warm::enter(cgroup_parent).ok();
-    let mut text = String::new();
+    // Room for a whole request (its environment included), so that it
+    // comes in one read instead of a run of growing ones.
+    let mut text = String::with_capacity(16 * 1024);
     let request = std::io::Read::read_to_string(&mut requests, &mut text)
         .ok()
         .and_then(|_| serde_json::from_str::<LaunchRequest>(&text).ok());
@@ -438,6 +449,11 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
         },
         Err(reason) => Ended::FailedToStart(reason),
     };
+    // A checkpoint dir the attempt left empty goes (one a job wrote to
+    // stays for its next attempt), before the record: a next attempt of
+    // the job starts only once the record is read, so this never takes
+    // the dir from under it.
+    let _ = std::fs::remove_dir(&request.checkpoint_dir);
     // One short write: a reader that catches it half written (only the
     // agent's recovery can, while this process still runs) finds no valid
     // line and looks again once this process is gone.

@@ -499,6 +499,38 @@ fn jobs_run_as_their_submitter_when_the_agent_is_root() {
 }
 
 #[test]
+fn a_checkpoint_dir_left_empty_is_removed_and_one_written_to_stays() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    let empty = cluster.submit(&[
+        "--wait",
+        "--discard-output",
+        "--",
+        "sh",
+        "-c",
+        "test -d \"$GPOOL_CHECKPOINT_DIR\"",
+    ]);
+    let written = cluster.submit(&[
+        "--wait",
+        "--discard-output",
+        "--",
+        "sh",
+        "-c",
+        "echo step-7 > \"$GPOOL_CHECKPOINT_DIR/state\"",
+    ]);
+    for id in [empty, written] {
+        assert_eq!(cluster.job(id)["state"], "completed", "job {id}");
+    }
+    let checkpoints = cluster.spool_dir("node-a").join("checkpoints");
+    assert!(
+        !checkpoints.join(empty.to_string()).exists(),
+        "job {empty} left its checkpoint dir empty: it should be gone"
+    );
+    let state = std::fs::read_to_string(checkpoints.join(format!("{written}/state"))).unwrap();
+    assert_eq!(state, "step-7\n");
+}
+
+#[test]
 fn cancel_signal_reaches_the_job_without_cancelling_it() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 1);
