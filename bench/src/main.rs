@@ -656,7 +656,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             })
         })
         .collect();
-    let pending: Vec<PendingJob> = (0..n_pending)
+    let pending: Vec<std::sync::Arc<PendingJob>> = (0..n_pending)
         .map(|i| PendingJob {
             id: JobId(i as u64 + 1),
             priority: 0,
@@ -674,6 +674,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             time_limit_secs: Some(600 * (1 + i as u64 % 12)),
             requires: None,
         })
+        .map(std::sync::Arc::new)
         .collect();
     let usage = (0..n_teams)
         .map(|t| {

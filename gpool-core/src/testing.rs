@@ -104,7 +104,7 @@ pub fn cluster_view(nodes: &str, jobs: &str) -> ClusterView {
         pending: jobs
             .lines()
             .filter(|l| !l.trim().is_empty())
-            .map(parse_pending_job)
+            .map(|line| std::sync::Arc::new(parse_pending_job(line)))
             .collect(),
         running: Vec::new(),
         usage: BTreeMap::new(),

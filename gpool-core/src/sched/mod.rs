@@ -27,13 +27,17 @@ use crate::topology::Topology;
 use compact_str::CompactString;
 use index::FreeIndex;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// What the scheduler sees: nodes with their free GPUs, the queue, the
 /// running jobs, and the teams' metered usage.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterView {
     pub nodes: Vec<NodeView>,
-    pub pending: Vec<PendingJob>,
+    /// Shared with the daemon's own copy of each waiting job's view: a
+    /// cycle's view of 100,000 waiting jobs costs a reference each, not
+    /// a copy.
+    pub pending: Vec<Arc<PendingJob>>,
     pub running: Vec<RunningJob>,
     /// Per team; attempts still running are not in it.
     pub usage: BTreeMap<String, Ledger>,
@@ -405,11 +409,12 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
 
     let mut plan = Plan::default();
     let max_qos = sharing.max_qos_priority();
-    let max_gpus = view.pending.iter().map(PendingJob::total_gpus).max().unwrap_or(0);
+    let max_gpus = view.pending.iter().map(|job| job.total_gpus()).max().unwrap_or(0);
     let mut priorities: Vec<(JobId, crate::policy::Priority)> = Vec::with_capacity(view.pending.len());
     let mut order: Vec<(u128, &PendingJob, &Class)> = view
         .pending
         .iter()
+        .map(|job| &**job)
         .zip(&job_class)
         .map(|(job, class)| {
             let class = &classes[*class as usize];

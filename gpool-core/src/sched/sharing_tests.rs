@@ -269,7 +269,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
             *hours.get_mut(&job.team).unwrap() += 1;
         }
         // Endless demand: 8 queued jobs per team at all times.
-        let pending: Vec<PendingJob> = ["a", "b"]
+        let pending: Vec<std::sync::Arc<PendingJob>> = ["a", "b"]
             .iter()
             .flat_map(|team| (0..8).map(move |i| (team, i)))
             .map(|(team, i)| PendingJob {
@@ -285,6 +285,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 time_limit_secs: None,
                 requires: None,
             })
+            .map(std::sync::Arc::new)
             .collect();
         next_id += 16;
         let view = ClusterView {

@@ -230,7 +230,7 @@ proptest! {
         let plan = schedule(&view, &policy, Timestamp(0));
         prop_assert_eq!(&plan, &schedule(&view, &policy, Timestamp(0)));
 
-        let jobs: BTreeMap<JobId, &PendingJob> = view.pending.iter().map(|j| (j.id, j)).collect();
+        let jobs: BTreeMap<JobId, &PendingJob> = view.pending.iter().map(|j| (j.id, &**j)).collect();
         let nodes: BTreeMap<&str, &NodeView> = view.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let mut held: HashSet<(String, u32)> = HashSet::new();
         for start in &plan.starts {

@@ -181,7 +181,7 @@ impl Sim<'_> {
             requires: None,
         };
         self.out.queued(&pending);
-        self.view.pending.push(pending);
+        self.view.pending.push(std::sync::Arc::new(pending));
     }
 
     /// One scheduling cycle and its plan carried out; whether anything
@@ -221,7 +221,7 @@ impl Sim<'_> {
         let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
         let started: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
         if !started.is_empty() {
-            let mut starting: Vec<PendingJob> = Vec::with_capacity(started.len());
+            let mut starting: Vec<std::sync::Arc<PendingJob>> = Vec::with_capacity(started.len());
             self.view.pending.retain(|job| {
                 if started.contains(&job.id) {
                     starting.push(job.clone());
@@ -230,7 +230,8 @@ impl Sim<'_> {
                     true
                 }
             });
-            let mut by_id: HashMap<JobId, PendingJob> = starting.into_iter().map(|job| (job.id, job)).collect();
+            let mut by_id: HashMap<JobId, std::sync::Arc<PendingJob>> =
+                starting.into_iter().map(|job| (job.id, job)).collect();
             for start in plan.starts {
                 if let Some(job) = by_id.remove(&start.job) {
                     self.start(job, start);
@@ -243,7 +244,7 @@ impl Sim<'_> {
         changed
     }
 
-    fn start(&mut self, job: PendingJob, start: Start) {
+    fn start(&mut self, job: std::sync::Arc<PendingJob>, start: Start) {
         let now = self.now;
         let index = job.id.0 as usize - 1;
         let trace = &self.jobs[index];

@@ -139,9 +139,9 @@ impl State {
         &self,
         array: &Job,
         ready: bool,
-        pending_tasks: Vec<PendingJob>,
+        pending_tasks: Vec<std::sync::Arc<PendingJob>>,
         window: usize,
-        into: &mut Vec<PendingJob>,
+        into: &mut Vec<std::sync::Arc<PendingJob>>,
     ) {
         let Some(spec) = array.spec.array.as_ref() else {
             return;
@@ -163,7 +163,7 @@ impl State {
             .filter(|id| !self.jobs.contains_key(id))
             .take(allowance.min(window));
         for id in waiting {
-            into.push(pending_view(id, array));
+            into.push(std::sync::Arc::new(pending_view(id, array)));
         }
     }
 
