@@ -306,10 +306,7 @@ fn memory_with_history(n_agents: usize, n_gpus: u32, rounds: usize, per_round: u
         format!("{:.1} MiB", mib(&controller)),
     );
     let batch = dir.path().join("batch.toml");
-    std::fs::write(
-        &batch,
-        "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(per_round),
-    )?;
+    write_true_batch(&batch, per_round)?;
     // The first round's batch, all pending at once, sets the high-water
     // mark; what follows shows whether memory grows with the history.
     let mut after_first = 0.0;
@@ -540,10 +537,7 @@ fn unchanged_cycles(n_pending: usize) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let controller = Controller::start_with(dir.path(), &["--metrics-listen", "127.0.0.1:0"])?;
     let batch = dir.path().join("batch.toml");
-    std::fs::write(
-        &batch,
-        "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(n_pending),
-    )?;
+    write_true_batch(&batch, n_pending)?;
     gpool(&controller.addr, &["submit", "-f", &batch.display().to_string()])?;
     std::thread::sleep(Duration::from_secs(16));
     let addr = std::fs::read_to_string(dir.path().join("metrics.addr")).context("gpoold's metrics.addr")?;
@@ -757,10 +751,7 @@ fn long_queue(n_agents: usize, n_gpus: u32, n_queued: usize, n_measured: usize) 
         let dir = tempfile::tempdir()?;
         let controller = Controller::start(dir.path())?;
         let batch = dir.path().join("batch.toml");
-        std::fs::write(
-            &batch,
-            "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(n),
-        )?;
+        write_true_batch(&batch, n)?;
         let started = Instant::now();
         let submitted = gpool(&controller.addr, &["submit", "-f", &batch.display().to_string()])?;
         let submit_secs = started.elapsed().as_secs_f64();
@@ -794,6 +785,11 @@ fn long_queue(n_agents: usize, n_gpus: u32, n_queued: usize, n_measured: usize) 
         controller.stop();
     }
     Ok(())
+}
+
+/// A job file of `n` one-GPU `true` jobs with their output discarded.
+fn write_true_batch(path: &Path, n: usize) -> std::io::Result<()> {
+    std::fs::write(path, "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(n))
 }
 
 /// How many jobs completed, from the summary line of `gpool jobs`.
@@ -888,10 +884,7 @@ fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
     );
 
     let batch = dir.path().join("batch.toml");
-    std::fs::write(
-        &batch,
-        "[[job]]\ncommand = [\"true\"]\ndiscard_output = true\n".repeat(n_jobs),
-    )?;
+    write_true_batch(&batch, n_jobs)?;
     // As a CI script would: submit the file and wait for every job to end.
     let started = Instant::now();
     let run = gpool(

@@ -450,9 +450,9 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
         Err(reason) => Ended::FailedToStart(reason),
     };
     // A checkpoint dir the attempt left empty goes (one a job wrote to
-    // stays for its next attempt), before the record: a next attempt of
-    // the job starts only once the record is read, so this never takes
-    // the dir from under it.
+    // stays for its next attempt), before the record: attempts are fenced,
+    // so a next attempt starts only once this one is known to be over,
+    // and this never takes the dir from under it.
     let _ = std::fs::remove_dir(&request.checkpoint_dir);
     // One short write: a reader that catches it half written (only the
     // agent's recovery can, while this process still runs) finds no valid

@@ -10,6 +10,7 @@ use crate::ids::{Epoch, JobId, Timestamp};
 use crate::sched::{schedule, ClusterView, PendingJob, Plan, Preemption, Reject, RunningJob, Start};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 const HOUR_MS: i64 = 3_600_000;
 
@@ -181,7 +182,7 @@ impl Sim<'_> {
             requires: None,
         };
         self.out.queued(&pending);
-        self.view.pending.push(std::sync::Arc::new(pending));
+        self.view.pending.push(Arc::new(pending));
     }
 
     /// One scheduling cycle and its plan carried out; whether anything
@@ -221,7 +222,7 @@ impl Sim<'_> {
         let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
         let started: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
         if !started.is_empty() {
-            let mut starting: Vec<std::sync::Arc<PendingJob>> = Vec::with_capacity(started.len());
+            let mut starting: Vec<Arc<PendingJob>> = Vec::with_capacity(started.len());
             self.view.pending.retain(|job| {
                 if started.contains(&job.id) {
                     starting.push(job.clone());
@@ -230,8 +231,7 @@ impl Sim<'_> {
                     true
                 }
             });
-            let mut by_id: HashMap<JobId, std::sync::Arc<PendingJob>> =
-                starting.into_iter().map(|job| (job.id, job)).collect();
+            let mut by_id: HashMap<JobId, Arc<PendingJob>> = starting.into_iter().map(|job| (job.id, job)).collect();
             for start in plan.starts {
                 if let Some(job) = by_id.remove(&start.job) {
                     self.start(job, start);
@@ -244,7 +244,7 @@ impl Sim<'_> {
         changed
     }
 
-    fn start(&mut self, job: std::sync::Arc<PendingJob>, start: Start) {
+    fn start(&mut self, job: Arc<PendingJob>, start: Start) {
         let now = self.now;
         let index = job.id.0 as usize - 1;
         let trace = &self.jobs[index];

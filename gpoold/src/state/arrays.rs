@@ -9,6 +9,7 @@ use gpool_core::model::Job;
 use gpool_core::sched::PendingJob;
 use gpool_core::{JobId, Timestamp};
 use gpool_proto::pb;
+use std::sync::Arc;
 
 /// Most tasks of one array that are not jobs yet the scheduler sees in one
 /// cycle (it starts at most as many as there are free GPUs anyway).
@@ -139,9 +140,9 @@ impl State {
         &self,
         array: &Job,
         ready: bool,
-        pending_tasks: Vec<std::sync::Arc<PendingJob>>,
+        pending_tasks: Vec<Arc<PendingJob>>,
         window: usize,
-        into: &mut Vec<std::sync::Arc<PendingJob>>,
+        into: &mut Vec<Arc<PendingJob>>,
     ) {
         let Some(spec) = array.spec.array.as_ref() else {
             return;
@@ -163,7 +164,7 @@ impl State {
             .filter(|id| !self.jobs.contains_key(id))
             .take(allowance.min(window));
         for id in waiting {
-            into.push(std::sync::Arc::new(pending_view(id, array)));
+            into.push(Arc::new(pending_view(id, array)));
         }
     }
 

@@ -365,7 +365,7 @@ impl Write {
 #[derive(Debug, Clone, PartialEq)]
 struct Waiting {
     /// Shared with the views of the cycles that see it.
-    view: std::sync::Arc<PendingJob>,
+    view: Arc<PendingJob>,
     held: bool,
     /// An array's record (its tasks are seen through it).
     array: bool,
@@ -379,7 +379,7 @@ struct Waiting {
 impl Waiting {
     fn of(job: &Job) -> Waiting {
         Waiting {
-            view: std::sync::Arc::new(arrays::pending_view(job.id, job)),
+            view: Arc::new(arrays::pending_view(job.id, job)),
             held: job.held,
             array: job.array.is_some(),
             task_of: job.array_task.map(|task| task.array),
@@ -849,7 +849,7 @@ impl State {
         let mut pending = Vec::with_capacity(self.waiting.len());
         // Arrays ready to hand out tasks, and the pending tasks of each.
         let mut arrays: Vec<(&Job, bool)> = Vec::new();
-        let mut pending_tasks: HashMap<JobId, Vec<std::sync::Arc<PendingJob>>> = HashMap::new();
+        let mut pending_tasks: HashMap<JobId, Vec<Arc<PendingJob>>> = HashMap::new();
         for (id, waiting) in &self.waiting {
             let ready = !waiting.held
                 && (!waiting.gated || self.job(*id).is_some_and(|job| self.dependencies_met(job, &singletons)));
