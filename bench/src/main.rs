@@ -686,6 +686,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
         running,
         usage,
         waste_budget_gpu_secs: 1e9,
+        windowed: false,
     };
     let (mut n_starts, mut n_preempted) = (0, 0);
     let samples: Vec<Duration> = (0..5)

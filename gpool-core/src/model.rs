@@ -219,7 +219,7 @@ pub struct JobSpec {
 }
 
 /// How much a job needs its GPUs on a node joined by NVLink.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NvlinkNeed {
     /// Whatever is free (well-connected GPUs are still chosen first).
@@ -252,7 +252,7 @@ impl NvlinkNeed {
 
 /// A job's requirements on nodes and GPUs (`--min-gpu-memory`, `--nvlink`,
 /// `--constraint`, `--nodelist`, `--exclude`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Requirements {
     /// Each GPU has at least this much memory (MiB); 0: any.
     #[serde(default)]

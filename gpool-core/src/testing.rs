@@ -109,6 +109,7 @@ pub fn cluster_view(nodes: &str, jobs: &str) -> ClusterView {
         running: Vec::new(),
         usage: BTreeMap::new(),
         waste_budget_gpu_secs: f64::INFINITY,
+        windowed: false,
     }
 }
 

@@ -61,7 +61,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
                 wait = words_at.map_or(Duration::ZERO, |at| words_every.saturating_sub(at.elapsed()));
                 continue;
             }
-            (state.cluster_view(now), state.policy.clone(), generation)
+            (state.cluster_view(now, !words_due), state.policy.clone(), generation)
         };
         let acts = could_act(&view.nodes, &view.running, &policy);
         last = Some(LastCycle {
@@ -70,7 +70,8 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         });
         // The words are handed over from a whole plan only: when they are
         // due, or where nothing can start (the cycle then settles).
-        // Otherwise the plan stops once nothing more can start.
+        // Otherwise the plan stops once nothing more can start, and looks
+        // only at the first jobs of each shape (a `windowed` view).
         let mut plan = tokio::task::block_in_place(|| {
             if words_due || !acts {
                 schedule(&view, &policy, now)
@@ -83,8 +84,17 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let settled = starts.is_empty() && preemptions.is_empty();
         if settled && !plan.complete {
             // A cycle that changes nothing hands its words over: from the
-            // whole plan (the same starts and preemptions: none).
-            plan = tokio::task::block_in_place(|| schedule(&view, &policy, now));
+            // whole plan (the same starts and preemptions: none), of the
+            // whole queue.
+            let whole;
+            let view = if view.windowed {
+                let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+                whole = state.cluster_view(now, false);
+                &whole
+            } else {
+                &view
+            };
+            plan = tokio::task::block_in_place(|| schedule(view, &policy, now));
         }
         let planned = (settled || words_due).then(|| {
             let planned = Command::Planned(Box::new(Words::of_plan(plan)));

@@ -17,8 +17,10 @@ pub(super) mod backfill;
 mod index;
 mod plan;
 mod preempt;
+mod queue;
 
 pub use plan::{Plan, Preemption, Reasons, Reject, Start};
+pub use queue::{window_gpus, Queue};
 
 use crate::ids::{JobId, Timestamp};
 use crate::model::{GpuModel, Node, NodePlacement, PoolDef};
@@ -43,6 +45,9 @@ pub struct ClusterView {
     pub usage: BTreeMap<String, Ledger>,
     /// GPU-seconds of work preemption may still throw away this hour.
     pub waste_budget_gpu_secs: f64,
+    /// `pending` holds only the jobs of each shape a starts-only cycle
+    /// needs (`Queue::window`): a plan of it is never complete.
+    pub windowed: bool,
 }
 
 /// A running job, as preemption and the teams' counts need it.
@@ -339,6 +344,7 @@ pub fn schedule_starts(view: &ClusterView, policy: &Policy, now: Timestamp) -> P
 }
 
 fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: bool) -> Plan {
+    debug_assert!(!(explain_all && view.windowed), "a whole plan of a windowed view");
     let sharing = &policy.sharing;
     let period_start = sharing.period.start(now, &sharing.time_zone);
     let mut teams = Teams::default();
@@ -411,7 +417,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     let max_qos = sharing.max_qos_priority();
     let max_gpus = view.pending.iter().map(|job| job.total_gpus()).max().unwrap_or(0);
     let mut priorities: Vec<(JobId, crate::policy::Priority)> = Vec::with_capacity(view.pending.len());
-    let mut order: Vec<(u128, &PendingJob, &Class)> = view
+    let mut order: Vec<((u128, u64), &PendingJob, &Class)> = view
         .pending
         .iter()
         .map(|job| &**job)
@@ -432,7 +438,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
             priorities.push((job.id, priority));
             let TeamRow { terms, used } = &teams.rows[class.team];
             let covered = class.coverage(terms, used, job).is_some();
-            (order_key(covered, priority.total, job.id), job, class)
+            (order_key(covered, priority.total, job), job, class)
         })
         .collect();
     plan.priorities = priorities;
@@ -462,7 +468,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     // where GPUs are kept for QoS reserves: what a job may take of them
     // depends on what is free in its pool.
     let mut failed: HashMap<ShapeKey, Reasons, FastHash> = HashMap::default();
-    plan.complete = true;
+    plan.complete = !view.windowed;
     for (_, job, class) in order {
         // Free GPUs and possible reclaims only shrink within a cycle: once
         // both are gone, no later job starts or preempts.
@@ -701,14 +707,21 @@ impl<'a> Teams<'a> {
     }
 }
 
-/// Where a job goes in the cycle's order, as one integer (sorting a queue
-/// of 100,000 compares nothing else): guaranteed jobs first, then the
-/// higher priority, then the lower id.
-fn order_key(covered: bool, priority: f64, id: JobId) -> u128 {
+/// Where a job goes in the cycle's order, as integers (sorting a queue of
+/// 100,000 compares nothing else): guaranteed jobs first, then the higher
+/// priority, then the earlier submitted, then the lower id. (Among jobs
+/// of one shape the earlier submitted never has the lower priority, so
+/// their order is by age and id alone, as `Queue` keeps them.)
+fn order_key(covered: bool, priority: f64, job: &PendingJob) -> (u128, u64) {
     // An f64's bits, made to sort as `f64::total_cmp` does, then reversed.
     let bits = priority.to_bits();
     let ascending = if bits >> 63 == 1 { !bits } else { bits | 1 << 63 };
-    (u128::from(!covered) << 127) | (u128::from(!ascending) << 63) | u128::from(id.0 & (u64::MAX >> 1))
+    // A timestamp's bits, made to sort as the signed number does.
+    let submitted = (job.submitted_at.0 as u64) ^ (1 << 63);
+    (
+        (u128::from(!covered) << 127) | (u128::from(!ascending) << 63) | u128::from(submitted >> 1),
+        (submitted << 63) | (job.id.0 & (u64::MAX >> 1)),
+    )
 }
 
 /// Holds the free GPUs of a reclaiming job's placement for it, so that no

@@ -294,6 +294,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
             running: Vec::new(),
             usage: usage.clone(),
             waste_budget_gpu_secs: f64::INFINITY,
+            windowed: false,
         };
         let plan = schedule(&view, &policy, now);
         assert_eq!(plan.starts.len(), 8, "the pool never idles");
@@ -727,4 +728,131 @@ fn a_cycle_could_act_only_with_a_free_gpu_or_a_possible_victim() {
     let view = cluster_view_with("n1 4xh100", "r1 team=a on=n1:0-3", "j1 team=b gpus=2");
     let plan = schedule(&view, &plain, NOW);
     assert!(plan.starts.is_empty() && plan.preemptions.is_empty());
+}
+
+/// A long queue of few shapes: teams, QoS classes, sizes, nice values and
+/// time limits, submitted in no particular order of id (and many at once),
+/// on nodes some of which are out or busy with running work (guaranteed,
+/// burst, being preempted, with and without an end).
+fn arb_queue_view() -> impl Strategy<Value = ClusterView> {
+    let running = proptest::collection::vec((0usize..3, any::<bool>(), 0u8..8, 1u32..=4, 0i64..10_000), 0..10);
+    let shape = (
+        0usize..3,
+        0usize..3,
+        1u32..=4,
+        1u32..=2,
+        -1i32..=1,
+        proptest::option::of(1u64..3000),
+    );
+    let shapes = proptest::collection::vec(shape, 1..5);
+    let pending = proptest::collection::vec((0usize..4, 0i64..4), 0..60);
+    (1usize..6, running, shapes, pending).prop_map(|(n_nodes, running, shapes, pending)| {
+        let teams = ["a", "b", "c"];
+        let qos = ["normal", "long", "high"];
+        let nodes: Vec<String> = (0..n_nodes)
+            .map(|i| match i {
+                3 => format!("n{i} 4xh100 drain"),
+                4 => format!("n{i} 2xh100 2xl4"),
+                _ => format!("n{i} 4xh100"),
+            })
+            .collect();
+        let mut free: Vec<Vec<u32>> = vec![(0..4).collect(); n_nodes];
+        let mut running_lines = Vec::new();
+        for (i, (team, burst, flags, gpus, start)) in running.iter().enumerate() {
+            let node = i % n_nodes;
+            if free[node].len() < *gpus as usize {
+                continue;
+            }
+            let taken: Vec<String> = free[node].drain(..*gpus as usize).map(|g| g.to_string()).collect();
+            let mut line = format!(
+                "r{} team={} on=n{node}:{} start={start}",
+                1000 + i,
+                teams[*team],
+                taken.join(",")
+            );
+            if *burst {
+                line += " burst";
+            }
+            if flags % 4 == 0 {
+                line += " preempting";
+            }
+            if flags % 3 == 0 {
+                line += " qos=long";
+            }
+            if flags % 2 == 0 {
+                line += &format!(" ends={}", NOW.0 / 1000 + 100 * i64::from(*flags));
+            }
+            running_lines.push(line);
+        }
+        let jobs: Vec<String> = pending
+            .iter()
+            .enumerate()
+            .map(|(i, (shape, at))| {
+                let (team, q, gpus, n, prio, time) = shapes[shape % shapes.len()];
+                let mut line = format!(
+                    "j{} team={} qos={} gpus={gpus} nodes={n} prio={prio} at={}",
+                    i + 1,
+                    teams[team],
+                    qos[q],
+                    NOW.0 / 1000 - 100 * at
+                );
+                if let Some(time) = time {
+                    line += &format!(" time={time}");
+                }
+                line
+            })
+            .collect();
+        cluster_view_with(&nodes.join("\n"), &running_lines.join("\n"), &jobs.join("\n"))
+    })
+}
+
+proptest! {
+    /// A starts-only cycle on the first jobs of each shape (`Queue::window`)
+    /// starts and preempts what a full cycle on the whole queue does, with
+    /// and without teams, preempting classes and an age weight; and the
+    /// queue gives back every job it was given.
+    #[test]
+    fn a_cycle_on_the_queues_window_starts_what_the_whole_queue_would(view in arb_queue_view()) {
+        let mut no_preempting_qos = policy();
+        no_preempting_qos.sharing.qos.iter_mut().for_each(|qos| qos.preempt_lower = false);
+        let mut no_age = policy();
+        no_age.sharing.weights.age = 0.0;
+        let mut queue = Queue::default();
+        for job in &view.pending {
+            queue.insert(job.clone());
+        }
+        prop_assert_eq!(queue.len(), view.pending.len());
+        for policy in [&policy(), &no_preempting_qos, &no_age, &Policy::default()] {
+            let gpus = window_gpus(&view.nodes, &view.running, policy);
+            prop_assert!(gpus.is_some());
+            let windowed = ClusterView {
+                pending: queue.window(gpus.unwrap_or(u64::MAX)).cloned().collect(),
+                windowed: true,
+                ..view.clone()
+            };
+            let full = schedule(&view, policy, NOW);
+            let starts = schedule_starts(&windowed, policy, NOW);
+            prop_assert_eq!(&starts.starts, &full.starts, "window of {} jobs of {}:\n{}", windowed.pending.len(), view.pending.len(), full);
+            prop_assert_eq!(&starts.preemptions, &full.preemptions);
+            prop_assert!(!starts.complete);
+        }
+        for job in &view.pending {
+            prop_assert!(queue.contains(job));
+            prop_assert!(queue.remove(job));
+            prop_assert!(!queue.remove(job));
+        }
+        prop_assert!(queue.is_empty());
+    }
+}
+
+#[test]
+fn gpus_kept_for_a_qos_class_leave_the_queue_unwindowed() {
+    let view = cluster_view_with("n1 4xh100\nn2 4xh100 drain", "r1 team=a on=n1:0-1", "");
+    // Free GPUs of nodes that take work; no victim.
+    assert_eq!(window_gpus(&view.nodes, &view.running, &Policy::default()), Some(2));
+    // A preempting class makes every running job a possible victim.
+    assert_eq!(window_gpus(&view.nodes, &view.running, &policy()), Some(4));
+    let mut with_reserve = policy();
+    with_reserve.sharing.qos[2].reserve_gpus = 1;
+    assert_eq!(window_gpus(&view.nodes, &view.running, &with_reserve), None);
 }

@@ -276,12 +276,18 @@ fn gang_reason_counts_nodes_of_one_model() {
 
 proptest! {
     #[test]
-    fn the_order_key_sorts_as_guaranteed_first_then_priority_then_id(
-        a in (any::<bool>(), -1e6f64..1e6, 0u64..1 << 40),
-        b in (any::<bool>(), prop_oneof![-1e6f64..1e6, Just(0.0), Just(-0.0)], 0u64..1 << 40),
+    fn the_order_key_sorts_as_guaranteed_first_then_priority_then_age_then_id(
+        a in (any::<bool>(), -1e6f64..1e6, any::<i64>(), 0u64..1 << 40),
+        b in (any::<bool>(), prop_oneof![-1e6f64..1e6, Just(0.0), Just(-0.0)], prop_oneof![any::<i64>(), Just(0), Just(-1)], 0u64..1 << 40),
     ) {
-        let by_fields = b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2));
-        let by_key = order_key(a.0, a.1, JobId(a.2)).cmp(&order_key(b.0, b.1, JobId(b.2)));
+        let job = |(_, _, at, id): (bool, f64, i64, u64)| {
+            let mut job = (*cluster_view("", "j1").pending[0]).clone();
+            job.submitted_at = Timestamp(at);
+            job.id = JobId(id);
+            job
+        };
+        let by_fields = b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3));
+        let by_key = order_key(a.0, a.1, &job(a)).cmp(&order_key(b.0, b.1, &job(b)));
         prop_assert_eq!(by_key, by_fields);
     }
 }

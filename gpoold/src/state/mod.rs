@@ -29,7 +29,7 @@ use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
 use gpool_core::policy::{Ledger, Refusal};
-use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Preemption, Start};
+use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Preemption, Queue, Start};
 use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -96,6 +96,12 @@ pub struct State {
     /// job (`refresh_waiting`): a cycle copies these, packed together,
     /// instead of reading every job's record.
     waiting: BTreeMap<JobId, Waiting>,
+    /// The waiting jobs that wait on nothing but GPUs (`Waiting::plain`),
+    /// by shape: a cycle that only starts jobs looks at the first few of
+    /// each (`Queue::window`), however long the queue...
+    queue: Queue,
+    /// ...and at every other waiting job (held, gated, arrays, tasks).
+    not_plain: std::collections::BTreeSet<JobId>,
     /// Ended jobs on disk (those that left `jobs`).
     ended: store::EndedJobs,
     /// Each dependency target of jobs that have not ended, and how many
@@ -377,6 +383,12 @@ struct Waiting {
 }
 
 impl Waiting {
+    /// Not held, gated, an array or a task: whether it starts depends on
+    /// GPUs alone.
+    fn plain(&self) -> bool {
+        !self.held && !self.array && self.task_of.is_none() && !self.gated
+    }
+
     fn of(job: &Job) -> Waiting {
         Waiting {
             view: Arc::new(arrays::pending_view(job.id, job)),
@@ -447,6 +459,8 @@ impl State {
             array_running: HashMap::new(),
             active: std::collections::BTreeSet::new(),
             waiting: BTreeMap::new(),
+            queue: Queue::default(),
+            not_plain: std::collections::BTreeSet::new(),
             ended: loaded.ended,
             dep_targets: HashMap::new(),
             to_evict: Vec::new(),
@@ -833,24 +847,44 @@ impl State {
     }
 
     /// The scheduler's input: nodes with busy GPUs marked, the queue, the
-    /// running jobs, the teams' usage and the hour's waste budget.
-    pub fn cluster_view(&self, now: Timestamp) -> ClusterView {
+    /// running jobs, the teams' usage and the hour's waste budget. For a
+    /// cycle that only starts jobs (`starts_only`), of the jobs that wait on
+    /// GPUs alone only those of each shape it could start, where that
+    /// gives the same starts (`gpool_core::sched::window_gpus`); the view
+    /// then says it is `windowed`.
+    pub fn cluster_view(&self, now: Timestamp, starts_only: bool) -> ClusterView {
         #[cfg(debug_assertions)]
         self.check_waiting();
         // Jobs with dependencies or singletons are looked at each cycle
         // (their state depends on others'); the rest only by their view.
         let gated: Vec<&Job> = self
-            .waiting
+            .not_plain
             .iter()
-            .filter(|(_, waiting)| waiting.gated)
-            .filter_map(|(id, _)| self.job(*id))
+            .filter(|id| self.waiting.get(id).is_some_and(|waiting| waiting.gated))
+            .filter_map(|id| self.job(*id))
             .collect();
         let singletons = self.singleton_holders(&gated);
-        let mut pending = Vec::with_capacity(self.waiting.len());
+        let running: Vec<&Job> = self.running().collect();
+        let nodes = self.node_views(&running);
+        let running: Vec<_> = running.into_iter().filter_map(running_view).collect();
+        let windowed = if starts_only && gpool_core::sched::could_act(&nodes, &running, &self.policy) {
+            gpool_core::sched::window_gpus(&nodes, &running, &self.policy)
+        } else {
+            None
+        };
+        let mut pending: Vec<Arc<PendingJob>> = match windowed {
+            Some(gpus) => self.queue.window(gpus).cloned().collect(),
+            None => Vec::with_capacity(self.waiting.len()),
+        };
+        // Windowed, the queue gave the plain jobs: the others are looked at.
+        let all = windowed.is_none().then(|| self.waiting.iter());
+        let not_plain = windowed
+            .is_some()
+            .then(|| self.not_plain.iter().filter_map(|id| self.waiting.get_key_value(id)));
         // Arrays ready to hand out tasks, and the pending tasks of each.
         let mut arrays: Vec<(&Job, bool)> = Vec::new();
         let mut pending_tasks: HashMap<JobId, Vec<Arc<PendingJob>>> = HashMap::new();
-        for (id, waiting) in &self.waiting {
+        for (id, waiting) in all.into_iter().flatten().chain(not_plain.into_iter().flatten()) {
             let ready = !waiting.held
                 && (!waiting.gated || self.job(*id).is_some_and(|job| self.dependencies_met(job, &singletons)));
             match (waiting.array, waiting.task_of) {
@@ -860,7 +894,6 @@ impl State {
                 (false, None) => pending.push(waiting.view.clone()),
             }
         }
-        let running: Vec<&Job> = self.running().collect();
         // Tasks that are not jobs yet, for all arrays together, at most
         // `ARRAY_VIEW_BUDGET`, shared out evenly: the cycle's cost stays
         // bounded however many arrays wait, and every array is seen.
@@ -872,25 +905,35 @@ impl State {
         }
         // Tasks of arrays that ended on their own terms (none, normally).
         pending.extend(pending_tasks.into_values().flatten());
-        let nodes = self.node_views(&running);
         ClusterView {
             nodes,
             pending,
-            running: running.into_iter().filter_map(running_view).collect(),
+            running,
             usage: self.usage.clone(),
             waste_budget_gpu_secs: self.waste_budget(now),
+            windowed: windowed.is_some(),
         }
     }
 
     /// Brings job `id`'s entry in `waiting` up to date: after anything
     /// that may change a pending job's view, hold or state.
     fn refresh_waiting(&mut self, id: JobId) {
-        match self.jobs.get(&id).filter(|job| job.state == JobState::Pending) {
-            Some(job) => {
-                self.waiting.insert(id, Waiting::of(job));
+        let old = match self.jobs.get(&id).filter(|job| job.state == JobState::Pending) {
+            Some(job) => self.waiting.insert(id, Waiting::of(job)),
+            None => self.waiting.remove(&id),
+        };
+        if let Some(old) = old {
+            if old.plain() {
+                self.queue.remove(&old.view);
+            } else {
+                self.not_plain.remove(&id);
             }
-            None => {
-                self.waiting.remove(&id);
+        }
+        if let Some(new) = self.waiting.get(&id) {
+            if new.plain() {
+                self.queue.insert(new.view.clone());
+            } else {
+                self.not_plain.insert(id);
             }
         }
     }
@@ -912,6 +955,19 @@ impl State {
                 expected.get(id)
             );
         }
+        for (id, waiting) in &self.waiting {
+            let filed = if waiting.plain() {
+                self.queue.contains(&waiting.view)
+            } else {
+                self.not_plain.contains(id)
+            };
+            assert!(filed, "waiting job {id} is missing from the scheduler's queue");
+        }
+        assert_eq!(
+            self.queue.len() + self.not_plain.len(),
+            self.waiting.len(),
+            "the scheduler's queue holds jobs that do not wait"
+        );
     }
 
     /// The nodes as the scheduler sees them, with the GPUs of `running`

@@ -1,0 +1,142 @@
+//! The waiting jobs grouped by shape, so that a cycle that only starts jobs
+//! looks at the first few of each group instead of the whole queue.
+//!
+//! Jobs of one shape (`Shape`: team, QoS, pool, models, size, nice, time
+//! limit, requirements) differ to a cycle in age and id alone, and a
+//! cycle's order puts the older (then the lower id) first. Free GPUs and
+//! possible victims only shrink within a cycle, so once a job of a shape
+//! neither starts nor reclaims GPUs, no later job of that shape does. A
+//! shape's jobs that act thus come first in it, and they are at most as
+//! many as the GPUs the cycle could hand out (`window_gpus`) allow; past
+//! them the next job is the first that waits (which may become the
+//! backfill reservation), and the rest wait the way it does.
+//! `Queue::window` keeps those jobs of each shape: `schedule_starts` on
+//! it starts and preempts what it would on the whole queue.
+
+use super::{Availability, NodeView, PendingJob, Policy, RunningJob};
+use crate::ids::{JobId, Timestamp};
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Jobs of one shape, keyed by their first job (whose fields are compared):
+/// a lookup builds nothing.
+#[derive(Debug, Clone)]
+struct Shape(Arc<PendingJob>);
+
+impl Shape {
+    fn fields(&self) -> impl Ord + '_ {
+        let job = &*self.0;
+        (
+            (&job.team, &job.qos, &job.pool, &job.gpu_types),
+            (job.gpus_per_node, job.nodes, job.priority, job.time_limit_secs),
+            job.requires.as_deref(),
+        )
+    }
+}
+
+impl PartialEq for Shape {
+    fn eq(&self, other: &Shape) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Shape {}
+
+impl PartialOrd for Shape {
+    fn partial_cmp(&self, other: &Shape) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Shape {
+    fn cmp(&self, other: &Shape) -> Ordering {
+        self.fields().cmp(&other.fields())
+    }
+}
+
+/// Waiting jobs by shape, each shape's oldest first (then the lower id).
+#[derive(Debug, Clone, Default)]
+pub struct Queue {
+    shapes: BTreeMap<Shape, BTreeMap<(Timestamp, JobId), Arc<PendingJob>>>,
+    len: usize,
+}
+
+impl Queue {
+    pub fn insert(&mut self, job: Arc<PendingJob>) {
+        let key = (job.submitted_at, job.id);
+        let jobs = self.shapes.entry(Shape(job.clone())).or_default();
+        if jobs.insert(key, job).is_none() {
+            self.len += 1;
+        }
+    }
+
+    /// Removes the job `job` is a view of (as inserted: same shape, age and
+    /// id); false if it is not here.
+    pub fn remove(&mut self, job: &Arc<PendingJob>) -> bool {
+        let shape = Shape(job.clone());
+        let Some(jobs) = self.shapes.get_mut(&shape) else {
+            return false;
+        };
+        let removed = jobs.remove(&(job.submitted_at, job.id)).is_some();
+        if jobs.is_empty() {
+            self.shapes.remove(&shape);
+        }
+        self.len -= usize::from(removed);
+        removed
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn contains(&self, job: &Arc<PendingJob>) -> bool {
+        self.shapes
+            .get(&Shape(job.clone()))
+            .is_some_and(|jobs| jobs.contains_key(&(job.submitted_at, job.id)))
+    }
+
+    /// Every job, shape by shape.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<PendingJob>> {
+        self.shapes.values().flat_map(BTreeMap::values)
+    }
+
+    /// The jobs of each shape a starts-only cycle that can hand out `gpus`
+    /// GPUs looks at: as many as could take them, and one more.
+    pub fn window(&self, gpus: u64) -> impl Iterator<Item = &Arc<PendingJob>> {
+        self.shapes.iter().flat_map(move |(shape, jobs)| {
+            let n = gpus / shape.0.total_gpus().max(1) + 1;
+            jobs.values().take(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+    }
+}
+
+/// The most GPUs a cycle could hand out: those free on nodes that take work
+/// and those of running jobs preemption could take (being preempted, burst
+/// work, or any where a QoS preempts lower classes). `None` where a window
+/// would not give the whole queue's starts: a QoS keeps GPUs free (whether
+/// a job may take them depends on what its pool has free, so a job of a
+/// shape may start after one that could not), or a negative age weight
+/// (older jobs would come last).
+pub fn window_gpus(nodes: &[NodeView], running: &[RunningJob], policy: &Policy) -> Option<u64> {
+    let sharing = &policy.sharing;
+    if sharing.qos.iter().any(|qos| qos.reserve_gpus > 0) || sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
+        return None;
+    }
+    let free: u64 = nodes
+        .iter()
+        .filter(|node| node.availability == Availability::Up)
+        .map(|node| node.gpus.iter().filter(|gpu| !gpu.busy).count() as u64)
+        .sum();
+    let any_victim = sharing.qos.iter().any(|qos| qos.preempt_lower);
+    let victims: u64 = running
+        .iter()
+        .filter(|job| any_victim || job.burst || job.preempting)
+        .map(RunningJob::gpus)
+        .sum();
+    Some(free + victims)
+}
