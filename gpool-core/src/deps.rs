@@ -209,7 +209,7 @@ mod tests {
     fn waits_runs_or_never_runs() {
         let (deps, _) = parse("afterok:1,afternotok:2").unwrap();
         let mut job = job_builder(JobId(9)).build();
-        job.spec.dependencies = deps;
+        std::sync::Arc::make_mut(&mut job.spec).dependencies = deps;
         let done = JobState::Completed {
             started_at: Timestamp(0),
             ended_at: Timestamp(1),
@@ -236,8 +236,9 @@ mod tests {
             DepState::Never("job 2 completed, and it was not to (afternotok)".into())
         );
         assert!(matches!(state(&vec![]), DepState::Never(reason) if reason.contains("does not exist")));
-        job.spec.dependencies.clear();
-        job.spec.singleton = true;
+        let spec = std::sync::Arc::make_mut(&mut job.spec);
+        spec.dependencies.clear();
+        spec.singleton = true;
         assert!(matches!(
             dependency_state(&job, |_| None, Some(JobId(4))),
             DepState::Waiting(reason) if reason.contains("job 4")

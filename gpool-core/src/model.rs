@@ -309,7 +309,9 @@ impl JobSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: JobId,
-    pub spec: JobSpec,
+    /// Shared by jobs submitted alike (a batch of 100,000 identical jobs
+    /// holds one); `Arc::make_mut` to change one job's.
+    pub spec: std::sync::Arc<JobSpec>,
     pub user: String,
     pub submitted_at: Timestamp,
     pub state: JobState,

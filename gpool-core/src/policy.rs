@@ -657,7 +657,7 @@ mod tests {
             ..Sharing::default()
         };
         sharing.qos[0].max_time_secs = Some(3600);
-        let mut spec = crate::testing::job_builder(crate::ids::JobId(1)).build().spec;
+        let mut spec = (*crate::testing::job_builder(crate::ids::JobId(1)).build().spec).clone();
         spec.team.clear();
         sharing.admit(&mut spec, &Caller::user("alice"), "default").unwrap();
         assert_eq!((spec.team.as_str(), spec.time_limit_secs), ("vision", Some(3600)));

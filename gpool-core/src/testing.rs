@@ -258,7 +258,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
     JobBuilder {
         job: Job {
             id,
-            spec: JobSpec {
+            spec: std::sync::Arc::new(JobSpec {
                 name: "job".into(),
                 command: vec!["true".into()],
                 gpus_per_node: 1,
@@ -286,7 +286,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 stdout_path: String::new(),
                 stderr_path: String::new(),
                 requires: Default::default(),
-            },
+            }),
             user: "alice".into(),
             submitted_at: Timestamp(0),
             state: JobState::Pending,
@@ -307,17 +307,17 @@ pub fn job_builder(id: JobId) -> JobBuilder {
 
 impl JobBuilder {
     pub fn gpus(mut self, gpus_per_node: u32) -> JobBuilder {
-        self.job.spec.gpus_per_node = gpus_per_node;
+        std::sync::Arc::make_mut(&mut self.job.spec).gpus_per_node = gpus_per_node;
         self
     }
 
     pub fn nodes(mut self, nodes: u32) -> JobBuilder {
-        self.job.spec.nodes = nodes;
+        std::sync::Arc::make_mut(&mut self.job.spec).nodes = nodes;
         self
     }
 
     pub fn gpu_types(mut self, models: &[&str]) -> JobBuilder {
-        self.job.spec.gpu_types = models.iter().map(|m| GpuModel::new(m)).collect();
+        std::sync::Arc::make_mut(&mut self.job.spec).gpu_types = models.iter().map(|m| GpuModel::new(m)).collect();
         self
     }
 

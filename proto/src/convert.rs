@@ -524,7 +524,7 @@ mod tests {
 
     #[test]
     fn spec_round_trips_through_the_wire() {
-        let mut spec = job_builder(JobId(1)).gpus(4).nodes(2).gpu_types(&["h100"]).build().spec;
+        let mut spec = (*job_builder(JobId(1)).gpus(4).nodes(2).gpu_types(&["h100"]).build().spec).clone();
         spec.time_limit_secs = Some(3600);
         spec.env = vec![("A".into(), "1".into())].into();
         assert_eq!(spec_from_wire(spec_to_wire(&spec)), spec);

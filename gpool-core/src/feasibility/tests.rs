@@ -11,6 +11,8 @@ fn spec(gpus: u32, nodes: u32, types: &[&str]) -> JobSpec {
         .gpu_types(types)
         .build()
         .spec
+        .as_ref()
+        .clone()
 }
 
 #[test]

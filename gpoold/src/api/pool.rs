@@ -276,7 +276,20 @@ impl Pool for PoolService {
             }
             .into());
         }
-        let specs = specs.into_iter().map(spec_from_wire).collect();
+        // A file of alike jobs becomes one spec, shared (a batch of 100,000
+        // is checked and held once).
+        let alike: Vec<bool> = std::iter::once(false)
+            .chain(specs.windows(2).map(|pair| pair[0] == pair[1]))
+            .collect();
+        let mut shared: Vec<std::sync::Arc<gpool_core::model::JobSpec>> = Vec::with_capacity(specs.len());
+        for (spec, alike) in specs.into_iter().zip(alike) {
+            let converted = match shared.last() {
+                Some(last) if alike => last.clone(),
+                _ => std::sync::Arc::new(spec_from_wire(spec)),
+            };
+            shared.push(converted);
+        }
+        let specs = shared;
         let result = self
             .state
             .call(|reply| Command::Submit { caller, specs, reply })

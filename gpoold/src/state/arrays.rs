@@ -271,11 +271,11 @@ pub(super) fn task_as_array_is(array: &Job, id: JobId) -> Option<Job> {
 
 /// The job a task of `array` becomes.
 fn task_of(array: &Job, id: JobId, index: u32) -> Job {
-    let mut spec = array.spec.clone();
+    let mut spec = (*array.spec).clone();
     spec.array = None;
     Job {
         id,
-        spec,
+        spec: Arc::new(spec),
         user: array.user.clone(),
         submitted_at: array.submitted_at,
         state: JobState::Pending,

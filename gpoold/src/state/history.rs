@@ -109,7 +109,8 @@ impl State {
         };
         // `gpool show` takes it from memory while it is here.
         let mut job = self.ended.with_env(job)?;
-        job.spec.env = self.intern_env(&job.spec.env);
+        let env = self.intern_env(&job.spec.env);
+        std::sync::Arc::make_mut(&mut job.spec).env = env;
         self.jobs.insert(id, Box::new(job));
         self.to_evict.push(id);
         Ok(true)

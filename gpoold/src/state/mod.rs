@@ -84,6 +84,8 @@ pub struct State {
     /// Hashes token secrets and signs job tokens.
     token_key: Key,
     /// Each distinct job environment once, shared by the jobs that have it.
+    /// The spec of the job submitted last, shared by the next ones alike.
+    last_spec: Option<Arc<JobSpec>>,
     envs: std::collections::HashSet<Arc<[(String, String)]>>,
     /// Every array's record id and its number of tasks (whose ids follow
     /// it).
@@ -166,7 +168,8 @@ type Reply<T> = oneshot::Sender<Result<T, Error>>;
 pub enum Command {
     Submit {
         caller: Caller,
-        specs: Vec<JobSpec>,
+        /// Alike jobs one after another share one spec.
+        specs: Vec<Arc<JobSpec>>,
         reply: Reply<Vec<JobId>>,
     },
     /// Cancel jobs, or signal, hold, release or requeue them (`mode`).
@@ -455,6 +458,7 @@ impl State {
             tokens: loaded.tokens,
             token_key,
             envs: std::collections::HashSet::new(),
+            last_spec: None,
             arrays: BTreeMap::new(),
             array_running: HashMap::new(),
             active: std::collections::BTreeSet::new(),
@@ -478,7 +482,9 @@ impl State {
         };
         let mut jobs = std::mem::take(&mut state.jobs);
         for job in jobs.values_mut() {
-            job.spec.env = state.intern_env(&job.spec.env);
+            let env = state.intern_env(&job.spec.env);
+            Arc::make_mut(&mut job.spec).env = env;
+            job.spec = state.share_spec(job.spec.clone());
         }
         state.jobs = jobs;
         state.active = state
@@ -514,7 +520,7 @@ impl State {
     fn submit(
         &mut self,
         caller: &Caller,
-        specs: Vec<JobSpec>,
+        specs: Vec<Arc<JobSpec>>,
         now: Timestamp,
     ) -> Result<(Vec<JobId>, Vec<Write>), Error> {
         if specs.is_empty() {
@@ -530,8 +536,21 @@ impl State {
         // ids after its own.
         let mut request_ids: Vec<JobId> = Vec::with_capacity(specs.len());
         let mut next_id = self.next_job_id;
-        for (spec_idx, mut spec) in specs.into_iter().enumerate() {
+        // The last spec as given, and as checked: the same spec again (a
+        // batch of alike jobs) is checked once, unless it names other jobs.
+        let mut last: Option<(Arc<JobSpec>, Arc<JobSpec>)> = None;
+        for (spec_idx, given) in specs.into_iter().enumerate() {
             let index = spec_idx + 1;
+            if let Some((_, checked_spec)) = last
+                .as_ref()
+                .filter(|(last_given, _)| Arc::ptr_eq(last_given, &given) && given.dependencies.is_empty())
+            {
+                request_ids.push(JobId(next_id));
+                next_id += 1 + checked_spec.array.as_ref().map_or(0, |array| u64::from(array.len()));
+                checked.push(checked_spec.clone());
+                continue;
+            }
+            let mut spec = (*given).clone();
             self.policy
                 .sharing
                 .admit(&mut spec, caller, DEFAULT_TEAM)
@@ -570,12 +589,14 @@ impl State {
             check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, of, source })?;
             request_ids.push(JobId(next_id));
             next_id += 1 + spec.array.as_ref().map_or(0, |array| u64::from(array.len()));
+            spec.env = self.intern_env(&spec.env);
+            let spec = self.share_spec(Arc::new(spec));
+            last = Some((given, spec.clone()));
             checked.push(spec);
         }
         let mut ids = Vec::with_capacity(checked.len());
         let mut writes = Vec::with_capacity(checked.len() + 1);
-        for mut spec in checked {
-            spec.env = self.intern_env(&spec.env);
+        for spec in checked {
             let id = JobId(self.next_job_id);
             let n_tasks = spec.array.as_ref().map(|array| array.len());
             self.next_job_id += 1 + n_tasks.map_or(0, u64::from);
@@ -1150,6 +1171,18 @@ impl State {
     }
 
     /// The shared copy of `env`.
+    /// `spec`, or the last spec shared where it is the same: jobs submitted
+    /// (or stored) one after another alike share one.
+    fn share_spec(&mut self, spec: Arc<JobSpec>) -> Arc<JobSpec> {
+        match &self.last_spec {
+            Some(last) if **last == *spec => last.clone(),
+            _ => {
+                self.last_spec = Some(spec.clone());
+                spec
+            }
+        }
+    }
+
     fn intern_env(&mut self, env: &Arc<[(String, String)]>) -> Arc<[(String, String)]> {
         if let Some(shared) = self.envs.get(env) {
             return shared.clone();

@@ -59,6 +59,29 @@ pub struct Store {
     redo: sled::Tree,
 }
 
+/// How long opening the database waits for another holder's lock.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Opens the database, waiting up to `LOCK_WAIT` while another holds its
+/// lock: sled lets go of it from a thread of its own a moment after the
+/// last handle is dropped, and a gpoold started again at once may find its
+/// predecessor's lock still held. A lock held longer (another gpoold on
+/// this state dir) is refused with sled's own words.
+fn open_when_unlocked(config: &sled::Config) -> sled::Result<sled::Db> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match config.open() {
+            // sled says so in words only.
+            Err(sled::Error::Io(err))
+                if err.to_string().starts_with("could not acquire lock") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            opened => return opened,
+        }
+    }
+}
+
 /// What `Store::open` found on disk.
 pub struct Loaded {
     /// The jobs that have not ended, and the ended ones they need: the
@@ -75,14 +98,14 @@ pub struct Loaded {
 
 impl Store {
     pub fn open(dir: &Path) -> Result<(Store, Loaded), Error> {
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(dir.join("db"))
             // Reads are served from memory; sled's cache only helps loading.
             .cache_capacity(1024 * 1024)
             // Only the flusher makes writes durable, so an acknowledgement
             // never leans on a background flush.
-            .flush_every_ms(None)
-            .open()?;
+            .flush_every_ms(None);
+        let db = open_when_unlocked(&config)?;
         let store = Store {
             jobs: db.open_tree("jobs")?,
             ended: db.open_tree("ended")?,
@@ -236,12 +259,13 @@ impl Store {
             let key = job.id.0.to_be_bytes();
             // None: a job submitted with no environment at all.
             let Some(value) = self.envs.get(key)? else { continue };
+            let spec = std::sync::Arc::make_mut(&mut job.spec);
             if let Some(env) = decoded.get(&value) {
-                job.spec.env = env.clone();
+                spec.env = env.clone();
                 continue;
             }
             let env: Vec<(String, String)> = decode("envs", &key, &value)?;
-            job.spec.env = env.into();
+            spec.env = env.into();
             decoded.insert(value, job.spec.env.clone());
         }
         Ok(())
@@ -481,7 +505,7 @@ impl EndedJobs {
         let key = job.id.0.to_be_bytes();
         if let Some(value) = self.envs.get(key)? {
             let env: Vec<(String, String)> = decode("envs", &key, &value)?;
-            job.spec.env = env.into();
+            std::sync::Arc::make_mut(&mut job.spec).env = env.into();
         }
         Ok(job)
     }
@@ -804,7 +828,8 @@ mod tests {
                 job(3, cancelled_at(2_000)),
             ] {
                 // Version 1 records have the environment inline.
-                job.spec.env = vec![("HOME".to_string(), format!("/home/{}", job.id))].into();
+                std::sync::Arc::make_mut(&mut job.spec).env =
+                    vec![("HOME".to_string(), format!("/home/{}", job.id))].into();
                 let mut value = serde_json::to_value(&job).expect("json");
                 value["spec"]["env"] = serde_json::to_value(&job.spec.env).expect("json");
                 let mut bytes = vec![RECORD_VERSION];

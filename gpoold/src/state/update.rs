@@ -110,13 +110,15 @@ impl State {
             return false;
         };
         let before = job.spec.clone();
+        // Its own copy, where other jobs share its spec.
+        let spec = std::sync::Arc::make_mut(&mut job.spec);
         if let Some(limit) = change.time_limit_secs {
-            job.spec.time_limit_secs = Some(limit);
+            spec.time_limit_secs = Some(limit);
         }
         if let Some(priority) = change.priority {
-            job.spec.priority = priority;
+            spec.priority = priority;
         }
-        if let (Some(max), Some(array)) = (change.max_parallel, job.spec.array.as_mut()) {
+        if let (Some(max), Some(array)) = (change.max_parallel, spec.array.as_mut()) {
             array.max_parallel = max;
         }
         let changed = job.spec != before;
