@@ -1626,7 +1626,7 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
             Write::Attempt(record) => records.attempt(record),
         }
     }
-    store.commit(&records)
+    store.commit(records)
 }
 
 /// The flusher: one blocking thread that makes a batch durable with one

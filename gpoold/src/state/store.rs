@@ -59,6 +59,15 @@ pub struct Store {
     redo: sled::Tree,
 }
 
+/// A damaged entry of the redo log.
+fn corrupt_redo(key: &[u8], reason: String) -> Error {
+    Error::CorruptRecord {
+        tree: "redo",
+        key: key_text(key),
+        reason,
+    }
+}
+
 /// How long opening the database waits for another holder's lock.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -175,7 +184,7 @@ impl Store {
                 }
             }
         }
-        self.commit(&records)?;
+        self.commit(records)?;
         self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
         self.db.flush()?;
         tracing::info!(
@@ -289,11 +298,11 @@ impl Store {
     /// either all of them are on disk or none (a batch of submitted jobs is
     /// whole or absent). A batch of up to `MAX_AT_ONCE` records is one sled
     /// transaction; a larger one goes through a redo log.
-    pub fn commit(&self, records: &Records) -> Result<(), Error> {
+    pub fn commit(&self, records: Records) -> Result<(), Error> {
         match records.entries.len() {
             0 => Ok(()),
             n if n <= MAX_AT_ONCE => self.apply(&records.entries),
-            _ => self.commit_in_parts(&records.entries),
+            _ => self.commit_in_parts(records.entries),
         }
     }
 
@@ -336,19 +345,42 @@ impl Store {
     /// before the mark leaves parts that `open` drops (nothing of the batch
     /// was applied); after it, `open` applies the log again: each entry sets
     /// or removes a whole record, so applying it twice is applying it once.
-    fn commit_in_parts(&self, entries: &[Entry]) -> Result<(), Error> {
+    /// Each part's records are dropped once logged, and applied from the
+    /// log: the batch is held once, not twice (a 100,000-job file's records
+    /// are about 50 MB).
+    fn commit_in_parts(&self, entries: Vec<Entry>) -> Result<(), Error> {
         let mut n_parts: u64 = 0;
-        for part in entries.chunks(MAX_AT_ONCE) {
-            self.redo.insert(n_parts.to_be_bytes(), encode_part(part))?;
+        let mut entries = entries.into_iter();
+        loop {
+            let part: Vec<Entry> = entries.by_ref().take(MAX_AT_ONCE).collect();
+            if part.is_empty() {
+                break;
+            }
+            self.redo.insert(n_parts.to_be_bytes(), encode_part(&part))?;
             n_parts += 1;
         }
         self.redo.insert(REDO_WHOLE, &n_parts.to_be_bytes())?;
         self.db.flush()?;
-        for part in entries.chunks(MAX_AT_ONCE) {
-            self.apply(part)?;
+        self.apply_redo(n_parts)?;
+        self.clear_redo()
+    }
+
+    /// Applies the `n_parts` parts of the redo log, one transaction each,
+    /// then flushes; returns how many records they held.
+    fn apply_redo(&self, n_parts: u64) -> Result<usize, Error> {
+        let mut n_records = 0;
+        for n in 0..n_parts {
+            let key = n.to_be_bytes();
+            let part = self
+                .redo
+                .get(key)?
+                .ok_or_else(|| corrupt_redo(&key, format!("part {n} of {n_parts} is missing")))?;
+            let entries = decode_part(&part).map_err(|reason| corrupt_redo(&key, reason))?;
+            n_records += entries.len();
+            self.apply(&entries)?;
         }
         self.db.flush()?;
-        self.clear_redo()
+        Ok(n_records)
     }
 
     /// Finishes the batch a crash cut short in `commit_in_parts`, if any.
@@ -356,31 +388,15 @@ impl Store {
         if self.redo.is_empty() {
             return Ok(());
         }
-        let corrupt = |key: &[u8], reason: String| Error::CorruptRecord {
-            tree: "redo",
-            key: key_text(key),
-            reason,
-        };
         match self.redo.get(REDO_WHOLE)? {
             None => tracing::warn!("dropping the redo log of a batch a crash cut short before it was whole"),
             Some(mark) => {
                 let n_parts = u64::from_be_bytes(
                     mark.as_ref()
                         .try_into()
-                        .map_err(|_| corrupt(REDO_WHOLE, format!("{} bytes, expected 8", mark.len())))?,
+                        .map_err(|_| corrupt_redo(REDO_WHOLE, format!("{} bytes, expected 8", mark.len())))?,
                 );
-                let mut n_records = 0;
-                for n in 0..n_parts {
-                    let key = n.to_be_bytes();
-                    let part = self
-                        .redo
-                        .get(key)?
-                        .ok_or_else(|| corrupt(&key, format!("part {n} of {n_parts} is missing")))?;
-                    let entries = decode_part(&part).map_err(|reason| corrupt(&key, reason))?;
-                    n_records += entries.len();
-                    self.apply(&entries)?;
-                }
-                self.db.flush()?;
+                let n_records = self.apply_redo(n_parts)?;
                 tracing::warn!("finished writing a batch of {n_records} records that a crash cut short");
             }
         }
@@ -867,7 +883,7 @@ mod tests {
         // which is kept apart since the first open.
         let mut records = Records::default();
         records.job(&loaded.jobs[0]);
-        store.commit(&records).expect("commit");
+        store.commit(records).expect("commit");
         drop((store, loaded));
         // Opened again: nothing moves twice, the same jobs load.
         let (_, loaded) = Store::open(dir.path()).expect("open again");
@@ -882,10 +898,10 @@ mod tests {
         let (store, _) = Store::open(dir.path()).expect("open");
         let mut records = Records::default();
         records.job(&job(7, JobState::Pending));
-        store.commit(&records).expect("commit");
+        store.commit(records).expect("commit");
         let mut records = Records::default();
         records.job(&job(7, cancelled_at(9_000)));
-        store.commit(&records).expect("commit");
+        store.commit(records).expect("commit");
         assert!(store.jobs.get(7u64.to_be_bytes()).expect("read").is_none());
         let ended = store.ended.clone();
         let ended = EndedJobs {
@@ -897,7 +913,7 @@ mod tests {
         assert_eq!(ended.ended_before(Timestamp(9_001)).expect("read").len(), 1);
         let mut records = Records::default();
         records.remove_job(JobId(7), Timestamp(9_000));
-        store.commit(&records).expect("commit");
+        store.commit(records).expect("commit");
         assert!(ended.get(JobId(7)).expect("read").is_none());
         assert!(ended.ended_before(Timestamp(i64::MAX)).expect("read").is_empty());
     }
@@ -918,7 +934,7 @@ mod tests {
         let n = 2 * MAX_AT_ONCE as u64 + 5;
         {
             let (store, _) = Store::open(dir.path()).expect("open");
-            store.commit(&batch_of(n)).expect("commit");
+            store.commit(batch_of(n)).expect("commit");
             assert!(store.redo.is_empty(), "the redo log is gone once the batch is written");
         }
         let (_, loaded) = Store::open(dir.path()).expect("open again");
