@@ -312,7 +312,8 @@ pub struct Job {
     /// Shared by jobs submitted alike (a batch of 100,000 identical jobs
     /// holds one); `Arc::make_mut` to change one job's.
     pub spec: std::sync::Arc<JobSpec>,
-    pub user: String,
+    /// Inline up to 24 bytes (every usual user name): no allocation a job.
+    pub user: compact_str::CompactString,
     pub submitted_at: Timestamp,
     pub state: JobState,
     /// Launches so far (the current one included).

@@ -308,7 +308,7 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
     pb::Job {
         id: job.id.0,
         spec: Some(spec_to_wire_with(&job.spec, with_env)),
-        user: job.user.clone(),
+        user: job.user.to_string(),
         state: state_to_wire(&job.state).into(),
         submitted_at_ms: job.submitted_at.0,
         started_at_ms: job.state.started_at().map(|t| t.0),

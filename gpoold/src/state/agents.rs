@@ -178,7 +178,7 @@ impl State {
                     // A port per job, below the ephemeral range.
                     master_port: 20_000 + (job_id.0 % 10_000) as u32,
                     discard_output: job.spec.discard_output,
-                    user: job.user.clone(),
+                    user: job.user.to_string(),
                     image: job.spec.image.clone(),
                     mem_bytes: job.spec.mem_bytes.unwrap_or(0),
                     cpus_per_gpu: job.spec.cpus_per_gpu.unwrap_or(0),

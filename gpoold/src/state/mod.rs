@@ -606,7 +606,7 @@ impl State {
             let job = Job {
                 id,
                 spec,
-                user: caller.user.clone(),
+                user: caller.user.as_str().into(),
                 submitted_at: now,
                 state: JobState::Pending,
                 n_attempts: 0,

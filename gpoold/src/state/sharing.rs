@@ -178,7 +178,7 @@ impl State {
             display_id: job.display_id(),
             attempt: job.n_attempts,
             epoch,
-            user: job.user.clone(),
+            user: job.user.to_string(),
             team: job.spec.team.to_string(),
             project: job.spec.project.clone(),
             workload_type: job.spec.workload_type.clone(),
