@@ -759,7 +759,9 @@ fn long_queue(n_agents: usize, n_gpus: u32, n_queued: usize, n_measured: usize) 
         if count_lines(&submitted.stdout) != n {
             bail!("submit -f printed {} ids", count_lines(&submitted.stdout));
         }
-        std::thread::sleep(Duration::from_secs(2));
+        // Settled: past gpoold's first collection of sled's garbage (every
+        // 5 s) and the words of its first whole cycle.
+        std::thread::sleep(Duration::from_secs(6));
         report(
             &format!("{n} jobs in one batch file: submit; gpoold peak, then settled RSS"),
             format!(

@@ -450,7 +450,7 @@ impl Job {
                 if self.n_attempts > 0 && !self.last_nodes.is_empty() {
                     self.past_attempts.push(crate::model::PastAttempt {
                         attempt: self.n_attempts,
-                        nodes: std::mem::take(&mut self.last_nodes),
+                        nodes: std::mem::take(&mut self.last_nodes).into_iter().collect(),
                     });
                     let excess = self.past_attempts.len().saturating_sub(crate::model::MAX_PAST_ATTEMPTS);
                     self.past_attempts.drain(..excess);

@@ -5,6 +5,7 @@ use crate::job_state::JobState;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+pub use thin_vec::ThinVec;
 
 /// A GPU model as the scheduler matches it: a lowercase name such as `h100`,
 /// `a100-40gb`, `l4` or a MIG profile like `h100-1g.10gb`. Matching is exact
@@ -305,7 +306,9 @@ impl JobSpec {
     }
 }
 
-/// A job and its whole lifecycle.
+/// A job and its whole lifecycle. Lists most jobs leave empty are thin
+/// (one pointer, not three: a job waiting in a queue of 100,000 is 64
+/// bytes smaller).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: JobId,
@@ -320,7 +323,7 @@ pub struct Job {
     pub n_attempts: u32,
     /// Nodes of the latest attempt, rank 0 first (where its output is).
     #[serde(default)]
-    pub last_nodes: Vec<String>,
+    pub last_nodes: ThinVec<String>,
     /// Times it was preempted, and the GPU-seconds of work that lost.
     #[serde(default)]
     pub n_preemptions: u32,
@@ -328,8 +331,8 @@ pub struct Job {
     pub lost_gpu_secs: u64,
     /// Attempts given up for lost (their node went silent) that may still
     /// report how they ended; newest last, at most `MAX_LOST_ATTEMPTS`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub lost_attempts: Vec<LostAttempt>,
+    #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
+    pub lost_attempts: ThinVec<LostAttempt>,
     /// A pending job its owner held (`gpool hold`): not scheduled until
     /// released.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -342,16 +345,16 @@ pub struct Job {
     pub array_task: Option<crate::array::ArrayTask>,
     /// The nodes of each earlier attempt, rank 0 first (where its output
     /// stays); at most `MAX_PAST_ATTEMPTS`, oldest first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub past_attempts: Vec<PastAttempt>,
+    #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
+    pub past_attempts: ThinVec<PastAttempt>,
     /// How much of its GPUs its ended attempts used, from the nodes'
     /// samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_use: Option<Box<GpuUse>>,
     /// What happened to it besides its state (a straggler flagged or
     /// back in step); newest last, at most `MAX_JOB_EVENTS`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub events: Vec<JobNote>,
+    #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
+    pub events: ThinVec<JobNote>,
 }
 
 /// Most events a job keeps.

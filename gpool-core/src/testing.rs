@@ -13,7 +13,7 @@
 use crate::ids::{JobId, Timestamp};
 use crate::job_state::JobState;
 use crate::model::NodePlacement;
-use crate::model::{Gpu, GpuModel, Job, JobSpec, Node};
+use crate::model::{Gpu, GpuModel, Job, JobSpec, Node, ThinVec};
 use crate::sched::{Availability, ClusterView, GpuView, NodeView, PendingJob, RunningJob};
 use crate::topology::{group_links, Link, Topology};
 use std::collections::BTreeMap;
@@ -291,16 +291,16 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             submitted_at: Timestamp(0),
             state: JobState::Pending,
             n_attempts: 0,
-            last_nodes: Vec::new(),
+            last_nodes: ThinVec::new(),
             n_preemptions: 0,
             lost_gpu_secs: 0,
-            lost_attempts: Vec::new(),
+            lost_attempts: ThinVec::new(),
             held: false,
             array: None,
             array_task: None,
-            past_attempts: Vec::new(),
+            past_attempts: ThinVec::new(),
             gpu_use: None,
-            events: Vec::new(),
+            events: ThinVec::new(),
         },
     }
 }

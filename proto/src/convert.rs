@@ -330,7 +330,7 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
         estimated_start_ms: None,
         redacted: false,
         reason_codes: Vec::new(),
-        last_nodes: job.last_nodes.clone(),
+        last_nodes: job.last_nodes.to_vec(),
         array: None,
         array_job_id: job.array_task.map_or(0, |task| task.array.0),
         array_task_index: job.array_task.map(|task| task.index),

@@ -890,10 +890,10 @@ impl PoolService {
             return Err(Error::NotStarted(id).into());
         }
         let (attempt, nodes) = match attempt {
-            0 => (job.n_attempts, &job.last_nodes),
-            n if n == job.n_attempts => (n, &job.last_nodes),
+            0 => (job.n_attempts, job.last_nodes.as_slice()),
+            n if n == job.n_attempts => (n, job.last_nodes.as_slice()),
             n => match job.past_attempts.iter().find(|past| past.attempt == n) {
-                Some(past) => (n, &past.nodes),
+                Some(past) => (n, past.nodes.as_slice()),
                 None => {
                     let known: Vec<String> = job
                         .past_attempts

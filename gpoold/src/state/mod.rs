@@ -27,7 +27,7 @@ use gpool_core::auth::{authorize, Action, Caller};
 use gpool_core::deps::{dependency_state, DepState, DepTarget};
 use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
-use gpool_core::model::{Job, JobSpec, Node};
+use gpool_core::model::{Job, JobSpec, Node, ThinVec};
 use gpool_core::policy::{Ledger, Refusal};
 use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Preemption, Queue, Start};
 use gpool_core::{Epoch, JobId, Timestamp};
@@ -610,16 +610,16 @@ impl State {
                 submitted_at: now,
                 state: JobState::Pending,
                 n_attempts: 0,
-                last_nodes: Vec::new(),
+                last_nodes: ThinVec::new(),
                 n_preemptions: 0,
                 lost_gpu_secs: 0,
-                lost_attempts: Vec::new(),
+                lost_attempts: ThinVec::new(),
                 held: false,
                 array: n_tasks.map(|_| Default::default()),
                 array_task: None,
-                past_attempts: Vec::new(),
+                past_attempts: ThinVec::new(),
                 gpu_use: None,
-                events: Vec::new(),
+                events: ThinVec::new(),
             };
             self.jobs.insert(id, Box::new(job));
             self.active.insert(id);
