@@ -3,15 +3,14 @@
 //!
 //! Jobs of one shape (`Shape`: team, QoS, pool, models, size, nice, time
 //! limit, requirements) differ to a cycle in age and id alone, and a
-//! cycle's order puts the older (then the lower id) first. Free GPUs and
-//! possible victims only shrink within a cycle, so once a job of a shape
-//! neither starts nor reclaims GPUs, no later job of that shape does. A
-//! shape's jobs that act thus come first in it, and they are at most as
-//! many as the GPUs the cycle could hand out (`window_gpus`) allow; past
-//! them the next job is the first that waits (which may become the
-//! backfill reservation), and the rest wait the way it does.
-//! `Queue::window` keeps those jobs of each shape: `schedule_starts` on
-//! it starts and preempts what it would on the whole queue.
+//! cycle's order puts the older (then the lower id) first. Where nothing
+//! can be preempted, free GPUs only shrink within a cycle, so once a job of
+//! a shape does not start, no later job of that shape does: the jobs of a
+//! shape that start come first in it, at most as many as the free GPUs
+//! (`window_gpus`) allow; the next job is the first that waits (which may
+//! become the backfill reservation), and the rest wait the way it does.
+//! `Queue::window` keeps those jobs of each shape: `schedule_starts` on it
+//! starts what it would on the whole queue.
 
 use super::{Availability, NodeView, PendingJob, Policy, RunningJob};
 use crate::ids::{JobId, Timestamp};
@@ -115,28 +114,29 @@ impl Queue {
     }
 }
 
-/// The most GPUs a cycle could hand out: those free on nodes that take work
-/// and those of running jobs preemption could take (being preempted, burst
-/// work, or any where a QoS preempts lower classes). `None` where a window
-/// would not give the whole queue's starts: a QoS keeps GPUs free (whether
-/// a job may take them depends on what its pool has free, so a job of a
-/// shape may start after one that could not), or a negative age weight
-/// (older jobs would come last).
+/// The most GPUs a starts-only cycle could hand out: those free on nodes
+/// that take work. `None` where a window would not give the whole queue's
+/// starts:
+/// - preemption is possible (a running job is burst work or being
+///   preempted, or a QoS preempts lower classes): a job past the window
+///   may still try to reclaim GPUs and fail, and such tries count against
+///   the cycle's cap on them (`MAX_RECLAIMS_PER_CYCLE`);
+/// - a QoS keeps GPUs free: whether a job may take them depends on what
+///   its pool has free, so a job of a shape may start after one that could
+///   not;
+/// - the age weight is negative (older jobs would come last).
 pub fn window_gpus(nodes: &[NodeView], running: &[RunningJob], policy: &Policy) -> Option<u64> {
     let sharing = &policy.sharing;
-    if sharing.qos.iter().any(|qos| qos.reserve_gpus > 0) || sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
+    let reserves = sharing.qos.iter().any(|qos| qos.reserve_gpus > 0);
+    let victims =
+        sharing.qos.iter().any(|qos| qos.preempt_lower) || running.iter().any(|job| job.burst || job.preempting);
+    if reserves || victims || sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
         return None;
     }
-    let free: u64 = nodes
+    let free = nodes
         .iter()
         .filter(|node| node.availability == Availability::Up)
         .map(|node| node.gpus.iter().filter(|gpu| !gpu.busy).count() as u64)
         .sum();
-    let any_victim = sharing.qos.iter().any(|qos| qos.preempt_lower);
-    let victims: u64 = running
-        .iter()
-        .filter(|job| any_victim || job.burst || job.preempting)
-        .map(RunningJob::gpus)
-        .sum();
-    Some(free + victims)
+    Some(free)
 }

@@ -808,33 +808,45 @@ fn arb_queue_view() -> impl Strategy<Value = ClusterView> {
 
 proptest! {
     /// A starts-only cycle on the first jobs of each shape (`Queue::window`)
-    /// starts and preempts what a full cycle on the whole queue does, with
-    /// and without teams, preempting classes and an age weight; and the
-    /// queue gives back every job it was given.
+    /// starts what a full cycle on the whole queue does, with and without
+    /// teams and an age weight, where nothing can be preempted (and where
+    /// something can, there is no window); and the queue gives back every
+    /// job it was given.
     #[test]
     fn a_cycle_on_the_queues_window_starts_what_the_whole_queue_would(view in arb_queue_view()) {
         let mut no_preempting_qos = policy();
         no_preempting_qos.sharing.qos.iter_mut().for_each(|qos| qos.preempt_lower = false);
-        let mut no_age = policy();
+        let mut no_age = no_preempting_qos.clone();
         no_age.sharing.weights.age = 0.0;
         let mut queue = Queue::default();
         for job in &view.pending {
             queue.insert(job.clone());
         }
         prop_assert_eq!(queue.len(), view.pending.len());
-        for policy in [&policy(), &no_preempting_qos, &no_age, &Policy::default()] {
-            let gpus = window_gpus(&view.nodes, &view.running, policy);
-            prop_assert!(gpus.is_some());
-            let windowed = ClusterView {
-                pending: queue.window(gpus.unwrap_or(u64::MAX)).cloned().collect(),
-                windowed: true,
-                ..view.clone()
-            };
-            let full = schedule(&view, policy, NOW);
-            let starts = schedule_starts(&windowed, policy, NOW);
-            prop_assert_eq!(&starts.starts, &full.starts, "window of {} jobs of {}:\n{}", windowed.pending.len(), view.pending.len(), full);
-            prop_assert_eq!(&starts.preemptions, &full.preemptions);
-            prop_assert!(!starts.complete);
+        // The same queue with no running job a victim.
+        let mut no_victims = view.clone();
+        no_victims.running.iter_mut().for_each(|job| {
+            job.burst = false;
+            job.preempting = false;
+        });
+        for view in [&view, &no_victims] {
+            for policy in [&policy(), &no_preempting_qos, &no_age, &Policy::default()] {
+                let victims = policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
+                    || view.running.iter().any(|job| job.burst || job.preempting);
+                let gpus = window_gpus(&view.nodes, &view.running, policy);
+                prop_assert_eq!(gpus.is_none(), victims);
+                let Some(gpus) = gpus else { continue };
+                let windowed = ClusterView {
+                    pending: queue.window(gpus).cloned().collect(),
+                    windowed: true,
+                    ..view.clone()
+                };
+                let full = schedule(view, policy, NOW);
+                let starts = schedule_starts(&windowed, policy, NOW);
+                prop_assert_eq!(&starts.starts, &full.starts, "window of {} jobs of {}:\n{}", windowed.pending.len(), view.pending.len(), full);
+                prop_assert!(starts.preemptions.is_empty() && full.preemptions.is_empty());
+                prop_assert!(!starts.complete);
+            }
         }
         for job in &view.pending {
             prop_assert!(queue.contains(job));
@@ -846,13 +858,17 @@ proptest! {
 }
 
 #[test]
-fn gpus_kept_for_a_qos_class_leave_the_queue_unwindowed() {
+fn possible_victims_or_gpus_kept_for_a_qos_class_leave_the_queue_unwindowed() {
     let view = cluster_view_with("n1 4xh100\nn2 4xh100 drain", "r1 team=a on=n1:0-1", "");
-    // Free GPUs of nodes that take work; no victim.
+    // Free GPUs of nodes that take work.
     assert_eq!(window_gpus(&view.nodes, &view.running, &Policy::default()), Some(2));
-    // A preempting class makes every running job a possible victim.
-    assert_eq!(window_gpus(&view.nodes, &view.running, &policy()), Some(4));
-    let mut with_reserve = policy();
-    with_reserve.sharing.qos[2].reserve_gpus = 1;
+    // A preempting class, burst work, a job being preempted.
+    assert_eq!(window_gpus(&view.nodes, &view.running, &policy()), None);
+    let burst = cluster_view_with("n1 4xh100", "r1 team=a burst on=n1:0-1", "");
+    assert_eq!(window_gpus(&burst.nodes, &burst.running, &Policy::default()), None);
+    let ending = cluster_view_with("n1 4xh100", "r1 team=a preempting on=n1:0-1", "");
+    assert_eq!(window_gpus(&ending.nodes, &ending.running, &Policy::default()), None);
+    let mut with_reserve = Policy::default();
+    with_reserve.sharing.qos[0].reserve_gpus = 1;
     assert_eq!(window_gpus(&view.nodes, &view.running, &with_reserve), None);
 }

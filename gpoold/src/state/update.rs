@@ -109,9 +109,8 @@ impl State {
         let Some(job) = self.jobs.get_mut(&id).filter(|job| job.state == JobState::Pending) else {
             return false;
         };
-        let before = job.spec.clone();
-        // Its own copy, where other jobs share its spec.
-        let spec = std::sync::Arc::make_mut(&mut job.spec);
+        // Changed on a copy: an unchanged job keeps sharing its spec.
+        let mut spec = (*job.spec).clone();
         if let Some(limit) = change.time_limit_secs {
             spec.time_limit_secs = Some(limit);
         }
@@ -121,7 +120,10 @@ impl State {
         if let (Some(max), Some(array)) = (change.max_parallel, spec.array.as_mut()) {
             array.max_parallel = max;
         }
-        let changed = job.spec != before;
+        let changed = spec != *job.spec;
+        if changed {
+            job.spec = std::sync::Arc::new(spec);
+        }
         if changed {
             out.writes.push(Write::Job(id));
             out.changed.push(id);
