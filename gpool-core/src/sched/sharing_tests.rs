@@ -328,6 +328,42 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
     );
 }
 
+/// Running jobs as fixture lines, from (team, burst, flags, GPUs, start),
+/// on nodes of 4 GPUs in turn (one that has no room skips the job): some
+/// preempting, some of QoS `long`, and with `ends` some with a time limit.
+fn running_fixture(running: &[(usize, bool, u8, u32, i64)], n_nodes: usize, ends: bool) -> Vec<String> {
+    let teams = ["a", "b", "c"];
+    let mut free: Vec<Vec<u32>> = vec![(0..4).collect(); n_nodes];
+    let mut lines = Vec::new();
+    for (i, (team, burst, flags, gpus, start)) in running.iter().enumerate() {
+        let node = i % n_nodes;
+        if free[node].len() < *gpus as usize {
+            continue;
+        }
+        let taken: Vec<String> = free[node].drain(..*gpus as usize).map(|g| g.to_string()).collect();
+        let mut line = format!(
+            "r{} team={} on=n{node}:{} start={start}",
+            100 + i,
+            teams[*team],
+            taken.join(",")
+        );
+        if *burst {
+            line += " burst";
+        }
+        if flags % 4 == 0 {
+            line += " preempting";
+        }
+        if flags % 3 == 0 {
+            line += " qos=long";
+        }
+        if ends && flags % 2 == 0 {
+            line += &format!(" ends={}", NOW.0 / 1000 + 100 * i64::from(*flags));
+        }
+        lines.push(line);
+    }
+    lines
+}
+
 fn arb_sharing_view() -> impl Strategy<Value = ClusterView> {
     // Nodes of 4 GPUs; running jobs of teams a/b/c, burst or not, some
     // preempting, some young; pending jobs of all teams and QoS classes.
@@ -337,31 +373,7 @@ fn arb_sharing_view() -> impl Strategy<Value = ClusterView> {
         let teams = ["a", "b", "c"];
         let qos = ["normal", "long", "high"];
         let nodes: Vec<String> = (0..n_nodes).map(|i| format!("n{i} 4xh100")).collect();
-        let mut free: Vec<Vec<u32>> = vec![(0..4).collect(); n_nodes];
-        let mut running_lines = Vec::new();
-        for (i, (team, burst, flags, gpus, start)) in running.iter().enumerate() {
-            let node = i % n_nodes;
-            if free[node].len() < *gpus as usize {
-                continue;
-            }
-            let taken: Vec<String> = free[node].drain(..*gpus as usize).map(|g| g.to_string()).collect();
-            let mut line = format!(
-                "r{} team={} on=n{node}:{} start={start}",
-                100 + i,
-                teams[*team],
-                taken.join(",")
-            );
-            if *burst {
-                line += " burst";
-            }
-            if flags % 4 == 0 {
-                line += " preempting";
-            }
-            if flags % 3 == 0 {
-                line += " qos=long";
-            }
-            running_lines.push(line);
-        }
+        let running_lines = running_fixture(&running, n_nodes, false);
         let jobs: Vec<String> = pending
             .iter()
             .enumerate()
@@ -756,34 +768,7 @@ fn arb_queue_view() -> impl Strategy<Value = ClusterView> {
                 _ => format!("n{i} 4xh100"),
             })
             .collect();
-        let mut free: Vec<Vec<u32>> = vec![(0..4).collect(); n_nodes];
-        let mut running_lines = Vec::new();
-        for (i, (team, burst, flags, gpus, start)) in running.iter().enumerate() {
-            let node = i % n_nodes;
-            if free[node].len() < *gpus as usize {
-                continue;
-            }
-            let taken: Vec<String> = free[node].drain(..*gpus as usize).map(|g| g.to_string()).collect();
-            let mut line = format!(
-                "r{} team={} on=n{node}:{} start={start}",
-                1000 + i,
-                teams[*team],
-                taken.join(",")
-            );
-            if *burst {
-                line += " burst";
-            }
-            if flags % 4 == 0 {
-                line += " preempting";
-            }
-            if flags % 3 == 0 {
-                line += " qos=long";
-            }
-            if flags % 2 == 0 {
-                line += &format!(" ends={}", NOW.0 / 1000 + 100 * i64::from(*flags));
-            }
-            running_lines.push(line);
-        }
+        let running_lines = running_fixture(&running, n_nodes, true);
         let jobs: Vec<String> = pending
             .iter()
             .enumerate()
