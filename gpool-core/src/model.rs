@@ -157,11 +157,15 @@ pub struct JobSpec {
     /// Nodes of a gang (all or nothing); 1 for a single-node job.
     pub nodes: u32,
     /// Acceptable GPU models; empty means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_types: Vec<GpuModel>,
     pub team: compact_str::CompactString,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub project: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub workload_type: String,
     /// Seconds; `None` means no limit of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_secs: Option<u64>,
     /// Shared between jobs with the same environment (a shell's exported
     /// variables are the same for every job it submits). Not written with
@@ -170,33 +174,35 @@ pub struct JobSpec {
     #[serde(default, skip_serializing)]
     pub env: std::sync::Arc<[(String, String)]>,
     pub workdir: String,
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
     pub priority: i32,
+    #[serde(default, skip_serializing_if = "compact_str::CompactString::is_empty")]
     pub pool: compact_str::CompactString,
     /// Whether a lost attempt (its node went down or was drained at once)
     /// puts the job back in the queue; otherwise the job fails.
-    #[serde(default = "yes")]
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub requeue: bool,
     /// stdout and stderr go to /dev/null instead of the spool.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub discard_output: bool,
     /// QoS class; empty means the default class.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "compact_str::CompactString::is_empty")]
     pub qos: compact_str::CompactString,
     /// Sent when the job is preempted (default SIGUSR1).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_signal: Option<i32>,
     /// Between the checkpoint signal and the kill; default: the QoS's.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_secs: Option<u64>,
     /// An OCI image the job runs in (the node's container runtime); empty
     /// runs it on the host.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,
     /// Memory limit on each node (its cgroup's), bytes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_bytes: Option<u64>,
     /// CPU limit: this many CPUs for each GPU (its cgroup's CPU quota).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus_per_gpu: Option<u32>,
     /// Jobs it waits for (`--dependency`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -300,6 +306,23 @@ fn yes() -> bool {
     true
 }
 
+// What a stored record leaves out: the value a missing field reads as.
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
+fn is_zero_i32(value: &i32) -> bool {
+    *value == 0
+}
+
+fn is_zero_u32(value: &u32) -> bool {
+    *value == 0
+}
+
+fn is_zero_u64(value: &u64) -> bool {
+    *value == 0
+}
+
 impl JobSpec {
     pub fn total_gpus(&self) -> u64 {
         u64::from(self.gpus_per_node) * u64::from(self.nodes)
@@ -320,14 +343,15 @@ pub struct Job {
     pub submitted_at: Timestamp,
     pub state: JobState,
     /// Launches so far (the current one included).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub n_attempts: u32,
     /// Nodes of the latest attempt, rank 0 first (where its output is).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
     pub last_nodes: ThinVec<String>,
     /// Times it was preempted, and the GPU-seconds of work that lost.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub n_preemptions: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub lost_gpu_secs: u64,
     /// Attempts given up for lost (their node went silent) that may still
     /// report how they ended; newest last, at most `MAX_LOST_ATTEMPTS`.

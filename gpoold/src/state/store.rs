@@ -893,6 +893,69 @@ mod tests {
     }
 
     #[test]
+    fn a_job_record_leaves_out_default_fields_and_reads_records_that_wrote_them() {
+        let plain = job(1, JobState::Pending);
+        let bytes = encode(&plain);
+        let text = std::str::from_utf8(&bytes[1..]).expect("utf-8");
+        for left_out in [
+            "gpu_types",
+            "project",
+            "workload_type",
+            "time_limit_secs",
+            "priority",
+            "pool",
+            "requeue",
+            "discard_output",
+            "qos",
+            "checkpoint_signal",
+            "grace_secs",
+            "image",
+            "mem_bytes",
+            "cpus_per_gpu",
+            "n_attempts",
+            "last_nodes",
+            "n_preemptions",
+            "lost_gpu_secs",
+        ] {
+            assert!(!text.contains(&format!("\"{left_out}\"")), "{left_out} in {text}");
+        }
+        assert_eq!(decode::<Job>("jobs", b"1", &bytes).expect("decode"), plain);
+
+        // A record written before defaults were left out has every field.
+        let older = br#"{"id":1,"spec":{"name":"job","command":["true"],"gpus_per_node":1,"nodes":1,
+            "gpu_types":[],"team":"default","project":"","workload_type":"","time_limit_secs":null,
+            "workdir":"","priority":0,"pool":"","requeue":true,"discard_output":false,"qos":"",
+            "checkpoint_signal":null,"grace_secs":null,"image":"","mem_bytes":null,"cpus_per_gpu":null},
+            "user":"alice","submitted_at":0,"state":"Pending","n_attempts":0,"last_nodes":[],
+            "n_preemptions":0,"lost_gpu_secs":0}"#;
+        let older = [&[RECORD_VERSION][..], older].concat();
+        assert_eq!(decode::<Job>("jobs", b"1", &older).expect("decode"), plain);
+
+        // Every field away from its default is written and read back.
+        let mut full = job(2, JobState::Pending);
+        full.n_attempts = 2;
+        full.last_nodes = ["n1".to_string()].into_iter().collect();
+        full.n_preemptions = 1;
+        full.lost_gpu_secs = 30;
+        let spec = std::sync::Arc::make_mut(&mut full.spec);
+        spec.gpu_types = vec![gpool_core::GpuModel::new("h100")];
+        spec.project = "p".into();
+        spec.workload_type = "train".into();
+        spec.time_limit_secs = Some(60);
+        spec.priority = -3;
+        spec.pool = "batch".into();
+        spec.requeue = false;
+        spec.discard_output = true;
+        spec.qos = "high".into();
+        spec.checkpoint_signal = Some(10);
+        spec.grace_secs = Some(5);
+        spec.image = "img".into();
+        spec.mem_bytes = Some(1 << 30);
+        spec.cpus_per_gpu = Some(4);
+        assert_eq!(decode::<Job>("jobs", b"2", &encode(&full)).expect("decode"), full);
+    }
+
+    #[test]
     fn a_job_record_moves_when_it_ends_and_is_removed_with_its_index() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let (store, _) = Store::open(dir.path()).expect("open");
