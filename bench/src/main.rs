@@ -583,7 +583,7 @@ fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
 fn sharing_cycle(n_nodes: usize, n_pending: usize) {
     use gpool_core::model::{GpuModel, NodePlacement};
     use gpool_core::policy::{Ledger, Qos, Team};
-    use gpool_core::sched::{Availability, ClusterView, GpuView, NodeView, PendingJob, RunningJob};
+    use gpool_core::sched::{Availability, ClusterView, GpuView, JobShape, NodeView, PendingJob, RunningJob};
     use gpool_core::JobId;
     let n_teams = 50;
     let now = Timestamp(1_000_000_000);
@@ -653,20 +653,22 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
     let pending: Vec<std::sync::Arc<PendingJob>> = (0..n_pending)
         .map(|i| PendingJob {
             id: JobId(i as u64 + 1),
-            priority: 0,
-            gpus_per_node: [1, 2, 4, 8][i % 4],
-            nodes: if i % 20 == 0 { 2 } else { 1 },
-            gpu_types: if i % 7 == 0 {
-                vec![GpuModel::new(models[i % 3])]
-            } else {
-                Vec::new()
-            },
-            pool: Default::default(),
-            team: format!("team-{}", i % n_teams as usize).into(),
-            qos: ["normal", "high", "low"][i % 3].into(),
             submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
-            time_limit_secs: Some(600 * (1 + i as u64 % 12)),
-            requires: None,
+            shape: std::sync::Arc::new(JobShape {
+                team: format!("team-{}", i % n_teams as usize).into(),
+                qos: ["normal", "high", "low"][i % 3].into(),
+                pool: Default::default(),
+                gpu_types: if i % 7 == 0 {
+                    vec![GpuModel::new(models[i % 3])]
+                } else {
+                    Vec::new()
+                },
+                gpus_per_node: [1, 2, 4, 8][i % 4],
+                nodes: if i % 20 == 0 { 2 } else { 1 },
+                priority: 0,
+                time_limit_secs: Some(600 * (1 + i as u64 % 12)),
+                requires: None,
+            }),
         })
         .map(std::sync::Arc::new)
         .collect();

@@ -14,7 +14,7 @@ use crate::ids::{JobId, Timestamp};
 use crate::job_state::JobState;
 use crate::model::NodePlacement;
 use crate::model::{Gpu, GpuModel, Job, JobSpec, Node, ThinVec};
-use crate::sched::{Availability, ClusterView, GpuView, NodeView, PendingJob, RunningJob};
+use crate::sched::{Availability, ClusterView, GpuView, JobShape, NodeView, PendingJob, RunningJob};
 use crate::topology::{group_links, Link, Topology};
 use std::collections::BTreeMap;
 
@@ -178,19 +178,18 @@ fn parse_pending_job(line: &str) -> PendingJob {
         .next()
         .and_then(|t| t.strip_prefix('j'))
         .and_then(|t| t.parse().ok());
-    let mut job = PendingJob {
-        id: JobId(id.expect("job line starts with jN")),
-        priority: 0,
-        gpus_per_node: 1,
-        nodes: 1,
-        gpu_types: Vec::new(),
-        pool: Default::default(),
+    let mut job = JobShape {
         team: "default".into(),
         qos: Default::default(),
-        submitted_at: Timestamp(0),
+        pool: Default::default(),
+        gpu_types: Vec::new(),
+        gpus_per_node: 1,
+        nodes: 1,
+        priority: 0,
         time_limit_secs: None,
         requires: None,
     };
+    let mut submitted_at = Timestamp(0);
     for token in tokens {
         let (key, value) = token.split_once('=').expect("job fixture token is key=value");
         match key {
@@ -202,7 +201,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "team" => job.team = value.into(),
             "qos" => job.qos = value.into(),
             "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
-            "at" => job.submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
+            "at" => submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
             "mingpumem" => requires(&mut job).min_gpu_memory_mib = value.parse().expect("mingpumem (MiB)"),
             "nvlink" => {
                 requires(&mut job).nvlink = crate::model::NvlinkNeed::parse(value).expect("nvlink");
@@ -216,10 +215,14 @@ fn parse_pending_job(line: &str) -> PendingJob {
             other => panic!("job fixture: unknown key {other:?} in {line:?}"),
         }
     }
-    job
+    PendingJob {
+        id: JobId(id.expect("job line starts with jN")),
+        submitted_at,
+        shape: std::sync::Arc::new(job),
+    }
 }
 
-fn requires(job: &mut PendingJob) -> &mut crate::model::Requirements {
+fn requires(job: &mut JobShape) -> &mut crate::model::Requirements {
     std::sync::Arc::make_mut(job.requires.get_or_insert_with(Default::default))
 }
 

@@ -32,7 +32,7 @@ pub(super) fn earliest_start(
     policy: &Policy,
 ) -> Option<(Timestamp, Vec<NodePlacement>)> {
     releases.sort_by_key(|release| release.ends_at.map_or(i64::MAX, |at| at.0));
-    let pool = policy.pool(&job.pool);
+    let pool = policy.pool(&job.shape.pool);
     let node_idx: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut freed_on: HashMap<usize, Vec<u32>> = HashMap::new();
     let room = |node_idx: usize, freed_on: &HashMap<usize, Vec<u32>>| {
@@ -56,7 +56,7 @@ pub(super) fn earliest_start(
                 }
             }
         }
-        if !changed || with_room.len() < job.nodes as usize {
+        if !changed || with_room.len() < job.shape.nodes as usize {
             continue;
         }
         let mut candidates: Vec<usize> = with_room.iter().copied().collect();

@@ -140,7 +140,10 @@ impl<'v> FreeIndex<'v> {
     /// Places `job` and takes its GPUs out of the index, or says why not.
     pub(super) fn place(&mut self, job: &PendingJob, policy: &Policy) -> Result<Vec<NodePlacement>, Vec<Reject>> {
         let groups = self.find(job, policy)?;
-        Ok(groups.into_iter().map(|g| self.take(g, job.gpus_per_node)).collect())
+        Ok(groups
+            .into_iter()
+            .map(|g| self.take(g, job.shape.gpus_per_node))
+            .collect())
     }
 
     /// Whether `job` would fit now, taking nothing.
@@ -158,7 +161,7 @@ impl<'v> FreeIndex<'v> {
 
     /// Free GPUs of the pool `job` runs in, of any model.
     pub(super) fn pool_free(&self, job: &PendingJob, policy: &Policy) -> u64 {
-        let pool_name = policy.pool(&job.pool).map(|pool| pool.name.as_str());
+        let pool_name = policy.pool(&job.shape.pool).map(|pool| pool.name.as_str());
         policy
             .pools
             .iter()
@@ -195,10 +198,10 @@ impl<'v> FreeIndex<'v> {
 
     /// The groups `job` would be placed on, or why it does not fit.
     fn find(&self, job: &PendingJob, policy: &Policy) -> Result<Vec<usize>, Vec<Reject>> {
-        let pool_name = policy.pool(&job.pool).map(|pool| pool.name.clone());
+        let pool_name = policy.pool(&job.shape.pool).map(|pool| pool.name.clone());
         let Some(pool_idx) = pool_name.and_then(|name| policy.pools.iter().position(|p| p.name == name)) else {
             return Err(vec![Reject::UnknownPool {
-                pool: job.pool.to_string(),
+                pool: job.shape.pool.to_string(),
             }]);
         };
         let pool_label = &policy.pools[pool_idx].name;
@@ -235,24 +238,25 @@ impl<'v> FreeIndex<'v> {
             }]);
         }
         let any_mig = self.mig_models.iter().any(|mig| *mig);
-        if job.gpu_types.is_empty() && !present.is_empty() && !any_mig {
+        if job.shape.gpu_types.is_empty() && !present.is_empty() && !any_mig {
             return Ok(present);
         }
-        let allowed: Vec<usize> = if job.gpu_types.is_empty() {
+        let allowed: Vec<usize> = if job.shape.gpu_types.is_empty() {
             present.iter().copied().filter(|m| !self.mig_models[*m]).collect()
         } else {
-            job.gpu_types
+            job.shape
+                .gpu_types
                 .iter()
                 .filter_map(|model| self.model_idx_by_name.get(model).copied())
                 .filter(|model_idx| present.contains(model_idx))
                 // A MIG slice takes one GPU per node.
-                .filter(|model_idx| job.gpus_per_node == 1 || !self.mig_models[*model_idx])
+                .filter(|model_idx| job.shape.gpus_per_node == 1 || !self.mig_models[*model_idx])
                 .collect()
         };
         if allowed.is_empty() {
             let mut rejects = vec![Reject::NoGpuModel {
                 pool: pool_name,
-                wanted: job.gpu_types.clone(),
+                wanted: job.shape.gpu_types.clone(),
                 available: present.iter().map(|m| self.models[*m].clone()).collect(),
             }];
             rejects.extend(self.unavailable_note(pool_idx, pool_label));
@@ -264,8 +268,8 @@ impl<'v> FreeIndex<'v> {
     /// The best-fitting `job.nodes` groups of one model, or `None`.
     fn fitting_groups(&self, pool_idx: usize, model_idx: usize, job: &PendingJob) -> Option<Vec<usize>> {
         let buckets = self.pools[pool_idx].models[model_idx].as_ref()?;
-        let wanted = job.gpus_per_node as usize;
-        let n_nodes = job.nodes as usize;
+        let wanted = job.shape.gpus_per_node as usize;
+        let n_nodes = job.shape.nodes as usize;
         // NVLink preferred: first only groups that give it, then any.
         let passes: &[bool] = match job.nvlink() {
             NvlinkNeed::Any => &[false],
@@ -282,7 +286,7 @@ impl<'v> FreeIndex<'v> {
             let mut found = Vec::with_capacity(n_nodes);
             for bucket in buckets.by_free.iter().skip(wanted) {
                 for group_idx in bucket {
-                    if job.requires.is_some() && !self.group_allows(*group_idx, job, *need_nvlink) {
+                    if job.shape.requires.is_some() && !self.group_allows(*group_idx, job, *need_nvlink) {
                         continue;
                     }
                     found.push(*group_idx);
@@ -298,15 +302,15 @@ impl<'v> FreeIndex<'v> {
     /// A gang's groups: the best-fitting ones under one `switch` where one
     /// has enough, else in one `rack`, else anywhere.
     fn gang_groups(&self, buckets: &ModelBuckets, job: &PendingJob, need_nvlink: bool) -> Option<Vec<usize>> {
-        let n_nodes = job.nodes as usize;
+        let n_nodes = job.shape.nodes as usize;
         // Fewest free GPUs first: the best fits.
         let candidates: Vec<usize> = buckets
             .by_free
             .iter()
-            .skip(job.gpus_per_node as usize)
+            .skip(job.shape.gpus_per_node as usize)
             .flatten()
             .copied()
-            .filter(|group_idx| job.requires.is_none() || self.group_allows(*group_idx, job, need_nvlink))
+            .filter(|group_idx| job.shape.requires.is_none() || self.group_allows(*group_idx, job, need_nvlink))
             .collect();
         if candidates.len() < n_nodes {
             return None;
@@ -341,7 +345,7 @@ impl<'v> FreeIndex<'v> {
         let node = &self.nodes[group.node_idx];
         job.allows_node(node)
             && job.allows_memory(group.memory_mib)
-            && (!need_nvlink || super::nvlink_set_in(&node.topology, &group.free, job.gpus_per_node as usize))
+            && (!need_nvlink || super::nvlink_set_in(&node.topology, &group.free, job.shape.gpus_per_node as usize))
     }
 
     fn take(&mut self, group_idx: usize, n_gpus: u32) -> NodePlacement {
@@ -365,10 +369,10 @@ impl<'v> FreeIndex<'v> {
 
     fn resource_rejects(&self, job: &PendingJob, pool_idx: usize, pool_label: &str, allowed: &[usize]) -> Vec<Reject> {
         let pool = &self.pools[pool_idx];
-        let wanted = job.gpus_per_node as usize;
+        let wanted = job.shape.gpus_per_node as usize;
         let (mut total_free, mut max_free, mut n_with_enough) = (0u64, 0usize, 0usize);
         for buckets in allowed.iter().filter_map(|m| pool.models[*m].as_ref()) {
-            if job.requires.is_some() {
+            if job.shape.requires.is_some() {
                 // Only the groups its requirements allow count.
                 let need_nvlink = job.nvlink() == NvlinkNeed::Required;
                 let (mut free, mut enough) = (0, 0);
@@ -402,14 +406,14 @@ impl<'v> FreeIndex<'v> {
             n_with_enough = n_with_enough.max(buckets.by_free.iter().skip(wanted).map(BTreeSet::len).sum::<usize>());
         }
         let mut rejects = vec![Reject::Resources {
-            gpus_per_node: job.gpus_per_node,
-            nodes: job.nodes,
+            gpus_per_node: job.shape.gpus_per_node,
+            nodes: job.shape.nodes,
             total_free,
             max_free_on_one_node: max_free as u32,
             n_nodes_with_enough: n_with_enough,
             kept: 0,
         }];
-        if let Some(requires) = job.requires.as_deref() {
+        if let Some(requires) = job.shape.requires.as_deref() {
             rejects.push(Reject::Requirements {
                 what: requirement_words(requires),
             });

@@ -112,50 +112,80 @@ pub struct GpuView {
     pub busy: bool,
 }
 
-/// The part of a pending job the scheduler needs.
+/// The part of a pending job the scheduler needs: its id and age, and its
+/// shape, which jobs submitted alike share (a batch of 100,000 identical
+/// jobs holds one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingJob {
     pub id: JobId,
-    pub priority: i32,
-    pub gpus_per_node: u32,
-    pub nodes: u32,
-    /// Acceptable models; empty means any.
-    pub gpu_types: Vec<GpuModel>,
-    /// Empty means the policy's default pool. Names are kept inline (up
-    /// to 24 bytes): a cycle reads every pending job's, and a name on the
-    /// heap is a cache miss each.
-    pub pool: CompactString,
+    pub submitted_at: Timestamp,
+    pub shape: Arc<JobShape>,
+}
+
+/// What a pending job asks for. Jobs of one shape differ to a cycle in age
+/// and id alone (the order of the fields is the queue's order of shapes).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobShape {
+    /// Names are kept inline (up to 24 bytes): a cycle reads every pending
+    /// job's, and a name on the heap is a cache miss each.
     pub team: CompactString,
     /// Empty means the default QoS.
     pub qos: CompactString,
-    pub submitted_at: Timestamp,
+    /// Empty means the policy's default pool.
+    pub pool: CompactString,
+    /// Acceptable models; empty means any.
+    pub gpu_types: Vec<GpuModel>,
+    pub gpus_per_node: u32,
+    pub nodes: u32,
+    /// The job's own `--priority` (nice).
+    pub priority: i32,
     /// `None`: no limit (then it never runs ahead of a reservation).
     pub time_limit_secs: Option<u64>,
     /// Its requirements on nodes and GPUs; `None`: none.
-    pub requires: Option<std::sync::Arc<crate::model::Requirements>>,
+    pub requires: Option<Arc<crate::model::Requirements>>,
+}
+
+impl JobShape {
+    /// The shape of a job that asks for `spec`.
+    pub fn of(spec: &crate::model::JobSpec) -> JobShape {
+        JobShape {
+            team: spec.team.clone(),
+            qos: spec.qos.clone(),
+            pool: spec.pool.clone(),
+            gpu_types: spec.gpu_types.clone(),
+            gpus_per_node: spec.gpus_per_node,
+            nodes: spec.nodes,
+            priority: spec.priority,
+            time_limit_secs: spec.time_limit_secs,
+            requires: (!spec.requires.is_empty()).then(|| Arc::new(spec.requires.clone())),
+        }
+    }
 }
 
 impl PendingJob {
     pub fn total_gpus(&self) -> u64 {
-        u64::from(self.gpus_per_node) * u64::from(self.nodes)
+        u64::from(self.shape.gpus_per_node) * u64::from(self.shape.nodes)
     }
 
     /// Its requirements let it run on `node` (name and labels).
     pub fn allows_node(&self, node: &NodeView) -> bool {
-        self.requires
+        self.shape
+            .requires
             .as_deref()
             .is_none_or(|requires| requires.allows_node(&node.name, &node.labels))
     }
 
     /// Its requirements let it have a GPU with `memory_mib` of memory.
     pub fn allows_memory(&self, memory_mib: u64) -> bool {
-        self.requires
+        self.shape
+            .requires
             .as_deref()
             .is_none_or(|requires| requires.allows_memory(memory_mib))
     }
 
     pub fn nvlink(&self) -> crate::model::NvlinkNeed {
-        self.requires
+        self.shape
+            .requires
             .as_deref()
             .map(|requires| requires.nvlink)
             .unwrap_or_default()
@@ -381,10 +411,10 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
         .iter()
         .map(|job| {
             let key = ClassKey {
-                team: &job.team,
-                qos: &job.qos,
-                pool: &job.pool,
-                gpu_types: &job.gpu_types,
+                team: &job.shape.team,
+                qos: &job.shape.qos,
+                pool: &job.shape.pool,
+                gpu_types: &job.shape.gpu_types,
             };
             if let Some((last_key, class)) = &last {
                 if *last_key == key {
@@ -392,14 +422,14 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                 }
             }
             let class = *class_of.entry(key).or_insert_with(|| {
-                let qos = sharing.qos(&job.qos);
+                let qos = sharing.qos(&job.shape.qos);
                 classes.push(Class {
-                    team: teams.index(&job.team, sharing),
+                    team: teams.index(&job.shape.team, sharing),
                     qos_priority: qos.map_or(0, |qos| qos.priority),
                     preempt_lower: qos.is_some_and(|qos| qos.preempt_lower),
-                    pool: policy.pool(&job.pool).map_or("", |pool| pool.name.as_str()),
-                    gpu_types: &job.gpu_types,
-                    fair_share: fair.get(job.team.as_str()).copied().unwrap_or(1.0),
+                    pool: policy.pool(&job.shape.pool).map_or("", |pool| pool.name.as_str()),
+                    gpu_types: &job.shape.gpu_types,
+                    fair_share: fair.get(job.shape.team.as_str()).copied().unwrap_or(1.0),
                 });
                 classes.len() as u32 - 1
             });
@@ -432,7 +462,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                 now,
                 gpus: job.total_gpus(),
                 max_gpus,
-                nice: job.priority,
+                nice: job.shape.priority,
             };
             let priority = crate::policy::priority(&sharing.weights, &inputs);
             priorities.push((job.id, priority));
@@ -513,16 +543,19 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
         // It fits only by taking GPUs kept for others: it may reclaim burst
         // GPUs instead, if it may preempt, and holds no reservation.
         let into_reserve = keep.is_some_and(|keep| keep.pool_free_now < gpus + keep.kept) && index.fits(job, policy);
-        let ends_at = job.time_limit_secs.map(|secs| Timestamp(now.0 + secs as i64 * 1000));
+        let ends_at = job
+            .shape
+            .time_limit_secs
+            .map(|secs| Timestamp(now.0 + secs as i64 * 1000));
         let goes_around = match &reservation {
             Some(reserved) => ends_at.is_none_or(|end| end > reserved.at),
             None => false,
         };
         let shape = ShapeKey {
             class: std::ptr::from_ref(class) as usize,
-            requires: job.requires.as_deref(),
-            gpus_per_node: job.gpus_per_node,
-            nodes: job.nodes,
+            requires: job.shape.requires.as_deref(),
+            gpus_per_node: job.shape.gpus_per_node,
+            nodes: job.shape.nodes,
             covered,
             goes_around,
         };

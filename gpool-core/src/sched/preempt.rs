@@ -146,7 +146,7 @@ impl<'v> Reclaimer<'v> {
         // Nodes the job has room on once the freed GPUs are free: kept up
         // to date as victims are added, so a placement check looks only at
         // them, never at every node with a free GPU again.
-        let pool = self.policy.pool(&job.pool);
+        let pool = self.policy.pool(&job.shape.pool);
         let mut freed_on = self.freed_on(&ending);
         let mut with_room: HashSet<usize, FastHash> = self
             .with_free
@@ -159,8 +159,8 @@ impl<'v> Reclaimer<'v> {
             self.claim(&used);
             return Some((used.len(), placement));
         }
-        let job_qos = sharing.qos(&job.qos).map_or(0, |qos| qos.priority);
-        let preempts_lower = sharing.qos(&job.qos).is_some_and(|qos| qos.preempt_lower);
+        let job_qos = sharing.qos(&job.shape.qos).map_or(0, |qos| qos.priority);
+        let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
         let candidates: Vec<&'v RunningJob> = self
             .by_cost
             .iter()
@@ -184,10 +184,10 @@ impl<'v> Reclaimer<'v> {
             chosen.push(candidate);
             self.add_freed(&mut freed_on, candidate);
             let (gained, any_room) = self.recheck_room(job, pool, candidate, &freed_on, &mut with_room);
-            let changed = gained || (job.nodes == 1 && any_room);
+            let changed = gained || (job.shape.nodes == 1 && any_room);
             // With GPUs to keep free, any victim in the pool may be the one
             // that was missing.
-            if (!changed && keep.is_none()) || with_room.len() < job.nodes as usize {
+            if (!changed && keep.is_none()) || with_room.len() < job.shape.nodes as usize {
                 continue;
             }
             let freed: Vec<&RunningJob> = ending.iter().chain(&chosen).copied().collect();
@@ -334,7 +334,7 @@ impl<'v> Reclaimer<'v> {
         if freed.is_empty() {
             return None;
         }
-        let pool = self.policy.pool(&job.pool);
+        let pool = self.policy.pool(&job.shape.pool);
         // The job did not fit before, so a node with freed GPUs must have
         // room now. A single-node job can only be on such a node; a gang
         // may use nodes with free GPUs too.
@@ -344,9 +344,9 @@ impl<'v> Reclaimer<'v> {
         let mut candidates: Vec<usize> = with_room
             .iter()
             .copied()
-            .filter(|node_idx| job.nodes > 1 || freed_on.contains_key(node_idx))
+            .filter(|node_idx| job.shape.nodes > 1 || freed_on.contains_key(node_idx))
             .collect();
-        if candidates.len() < job.nodes as usize {
+        if candidates.len() < job.shape.nodes as usize {
             return None;
         }
         // Then the real placement, on the nodes that could take part.
@@ -417,10 +417,10 @@ pub(super) fn room_on(job: &PendingJob, pool: Option<&crate::model::PoolDef>, no
     }
     let usable = |gpu: &super::GpuView| {
         (!gpu.busy || extra.contains(&gpu.index))
-            && gpu.model.accepted_by(&job.gpu_types)
+            && gpu.model.accepted_by(&job.shape.gpu_types)
             && job.allows_memory(gpu.memory_mib)
     };
-    let wanted = job.gpus_per_node as usize;
+    let wanted = job.shape.gpus_per_node as usize;
     // Most nodes have one model: counting is enough, without NVLink needs.
     if job.nvlink() != crate::model::NvlinkNeed::Required {
         let mut usable_gpus = node.gpus.iter().filter(|gpu| usable(gpu));

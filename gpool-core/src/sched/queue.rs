@@ -1,7 +1,7 @@
 //! The waiting jobs grouped by shape, so that a cycle that only starts jobs
 //! looks at the first few of each group instead of the whole queue.
 //!
-//! Jobs of one shape (`Shape`: team, QoS, pool, models, size, nice, time
+//! Jobs of one shape (`JobShape`: team, QoS, pool, models, size, nice, time
 //! limit, requirements) differ to a cycle in age and id alone, and a
 //! cycle's order puts the older (then the lower id) first. Where nothing
 //! can be preempted, free GPUs only shrink within a cycle, so once a job of
@@ -12,59 +12,25 @@
 //! `Queue::window` keeps those jobs of each shape: `schedule_starts` on it
 //! starts what it would on the whole queue.
 
-use super::{Availability, NodeView, PendingJob, Policy, RunningJob};
+use super::{Availability, JobShape, NodeView, PendingJob, Policy, RunningJob};
 use crate::ids::{JobId, Timestamp};
-use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Jobs of one shape, keyed by their first job (whose fields are compared):
-/// a lookup builds nothing.
-#[derive(Debug, Clone)]
-struct Shape(Arc<PendingJob>);
-
-impl Shape {
-    fn fields(&self) -> impl Ord + '_ {
-        let job = &*self.0;
-        (
-            (&job.team, &job.qos, &job.pool, &job.gpu_types),
-            (job.gpus_per_node, job.nodes, job.priority, job.time_limit_secs),
-            job.requires.as_deref(),
-        )
-    }
-}
-
-impl PartialEq for Shape {
-    fn eq(&self, other: &Shape) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Shape {}
-
-impl PartialOrd for Shape {
-    fn partial_cmp(&self, other: &Shape) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Shape {
-    fn cmp(&self, other: &Shape) -> Ordering {
-        self.fields().cmp(&other.fields())
-    }
-}
+/// Jobs of one shape by age, then id.
+type ByAge = BTreeMap<(Timestamp, JobId), Arc<PendingJob>>;
 
 /// Waiting jobs by shape, each shape's oldest first (then the lower id).
 #[derive(Debug, Clone, Default)]
 pub struct Queue {
-    shapes: BTreeMap<Shape, BTreeMap<(Timestamp, JobId), Arc<PendingJob>>>,
+    shapes: BTreeMap<Arc<JobShape>, ByAge>,
     len: usize,
 }
 
 impl Queue {
     pub fn insert(&mut self, job: Arc<PendingJob>) {
         let key = (job.submitted_at, job.id);
-        let jobs = self.shapes.entry(Shape(job.clone())).or_default();
+        let jobs = self.shapes.entry(job.shape.clone()).or_default();
         if jobs.insert(key, job).is_none() {
             self.len += 1;
         }
@@ -72,17 +38,22 @@ impl Queue {
 
     /// Removes the job `job` is a view of (as inserted: same shape, age and
     /// id); false if it is not here.
-    pub fn remove(&mut self, job: &Arc<PendingJob>) -> bool {
-        let shape = Shape(job.clone());
-        let Some(jobs) = self.shapes.get_mut(&shape) else {
+    pub fn remove(&mut self, job: &PendingJob) -> bool {
+        let Some(jobs) = self.shapes.get_mut(&job.shape) else {
             return false;
         };
         let removed = jobs.remove(&(job.submitted_at, job.id)).is_some();
         if jobs.is_empty() {
-            self.shapes.remove(&shape);
+            self.shapes.remove(&job.shape);
         }
         self.len -= usize::from(removed);
         removed
+    }
+
+    /// The shape equal to `shape` that jobs here share, if any: a job of
+    /// that shape takes it instead of a copy of its own.
+    pub fn shape(&self, shape: &JobShape) -> Option<&Arc<JobShape>> {
+        self.shapes.get_key_value(shape).map(|(shared, _)| shared)
     }
 
     pub fn len(&self) -> usize {
@@ -93,9 +64,9 @@ impl Queue {
         self.len == 0
     }
 
-    pub fn contains(&self, job: &Arc<PendingJob>) -> bool {
+    pub fn contains(&self, job: &PendingJob) -> bool {
         self.shapes
-            .get(&Shape(job.clone()))
+            .get(&job.shape)
             .is_some_and(|jobs| jobs.contains_key(&(job.submitted_at, job.id)))
     }
 
@@ -103,7 +74,8 @@ impl Queue {
     /// GPUs looks at: as many as could take them, and one more.
     pub fn window(&self, gpus: u64) -> impl Iterator<Item = &Arc<PendingJob>> {
         self.shapes.iter().flat_map(move |(shape, jobs)| {
-            let n = gpus / shape.0.total_gpus().max(1) + 1;
+            let job_gpus = u64::from(shape.gpus_per_node) * u64::from(shape.nodes);
+            let n = gpus / job_gpus.max(1) + 1;
             jobs.values().take(usize::try_from(n).unwrap_or(usize::MAX))
         })
     }

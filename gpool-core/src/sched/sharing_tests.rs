@@ -274,16 +274,18 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
             .flat_map(|team| (0..8).map(move |i| (team, i)))
             .map(|(team, i)| PendingJob {
                 id: JobId(next_id + i as u64 + if *team == "a" { 0 } else { 8 }),
-                priority: 0,
-                gpus_per_node: 1,
-                nodes: 1,
-                gpu_types: Vec::new(),
-                pool: Default::default(),
-                team: (*team).into(),
-                qos: Default::default(),
                 submitted_at: now,
-                time_limit_secs: None,
-                requires: None,
+                shape: std::sync::Arc::new(JobShape {
+                    team: (*team).into(),
+                    qos: Default::default(),
+                    pool: Default::default(),
+                    gpu_types: Vec::new(),
+                    gpus_per_node: 1,
+                    nodes: 1,
+                    priority: 0,
+                    time_limit_secs: None,
+                    requires: None,
+                }),
             })
             .map(std::sync::Arc::new)
             .collect();
@@ -302,7 +304,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
             let team = pending
                 .iter()
                 .find(|j| j.id == start.job)
-                .map(|j| j.team.clone())
+                .map(|j| j.shape.team.clone())
                 .unwrap_or_default();
             running.push(RunningJob {
                 id: start.job,
@@ -446,7 +448,7 @@ proptest! {
             prop_assert!(!victim.preempting);
             let job = view.pending.iter().find(|j| j.id == preemption.for_job).unwrap();
             let victim_qos = policy.sharing.qos(&victim.qos).unwrap();
-            let job_qos = policy.sharing.qos(&job.qos).unwrap();
+            let job_qos = policy.sharing.qos(&job.shape.qos).unwrap();
             prop_assert!(victim.burst || (job_qos.preempt_lower && victim_qos.priority < job_qos.priority));
             prop_assert!(NOW.0 - victim.started_at.0 >= victim_qos.min_runtime_secs as i64 * 1000);
             for_jobs.entry(preemption.for_job).or_default().push(preemption.victim);
@@ -595,7 +597,7 @@ proptest! {
         };
         for start in &plan.starts {
             let job = view.pending.iter().find(|j| j.id == start.job).unwrap();
-            let ends = job.time_limit_secs.map(|s| NOW.0 + s as i64 * 1000);
+            let ends = job.shape.time_limit_secs.map(|s| NOW.0 + s as i64 * 1000);
             if ends.is_none_or(|end| end > at.0) {
                 prop_assert!(!on_reserved(&start.placement), "j{} runs past the reservation of j{} on its GPUs:\n{}", start.job, reserved, plan);
             }

@@ -236,17 +236,17 @@ proptest! {
         for start in &plan.starts {
             let job = jobs[&start.job];
             // Whole gang, distinct nodes, exact GPU count, one acceptable model.
-            prop_assert_eq!(start.placement.len(), job.nodes as usize);
+            prop_assert_eq!(start.placement.len(), job.shape.nodes as usize);
             let distinct: HashSet<&str> = start.placement.iter().map(|p| p.node.as_str()).collect();
             prop_assert_eq!(distinct.len(), start.placement.len());
             let mut models = HashSet::new();
             for part in &start.placement {
                 let node = nodes[part.node.as_str()];
                 prop_assert_eq!(node.availability, Availability::Up);
-                if job.pool == "x" {
+                if job.shape.pool == "x" {
                     prop_assert_eq!(node.labels.get("tier").map(String::as_str), Some("x"));
                 }
-                prop_assert_eq!(part.gpu_indices.len(), job.gpus_per_node as usize);
+                prop_assert_eq!(part.gpu_indices.len(), job.shape.gpus_per_node as usize);
                 for gpu_idx in &part.gpu_indices {
                     let gpu = &node.gpus[*gpu_idx as usize];
                     prop_assert!(!gpu.busy, "GPU already busy");
@@ -255,7 +255,7 @@ proptest! {
                 }
             }
             prop_assert_eq!(models.len(), 1);
-            prop_assert!(job.gpu_types.is_empty() || job.gpu_types.iter().any(|m| models.contains(m)));
+            prop_assert!(job.shape.gpu_types.is_empty() || job.shape.gpu_types.iter().any(|m| models.contains(m)));
         }
         // Every other job is pending with a reason.
         prop_assert_eq!(plan.starts.len() + plan.pending.len(), view.pending.len());

@@ -7,7 +7,7 @@ use super::outcome::{Collector, Outcome};
 use super::trace::TraceJob;
 use super::Setup;
 use crate::ids::{Epoch, JobId, Timestamp};
-use crate::sched::{schedule, ClusterView, PendingJob, Plan, Preemption, Reject, RunningJob, Start};
+use crate::sched::{schedule, ClusterView, JobShape, PendingJob, Plan, Preemption, Reject, RunningJob, Start};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -168,18 +168,21 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
 impl Sim<'_> {
     fn arrive(&mut self, index: usize, job: &TraceJob) {
         let pool = self.setup.team_pools.get(&job.team).cloned().unwrap_or_default();
-        let pending = PendingJob {
-            id: JobId(index as u64 + 1),
-            priority: 0,
-            gpus_per_node: job.gpus_per_node,
-            nodes: job.nodes,
-            gpu_types: job.gpu_types.clone(),
-            pool: pool.into(),
+        let shape = JobShape {
             team: job.team.as_str().into(),
             qos: Default::default(),
-            submitted_at: job.submit,
+            pool: pool.into(),
+            gpu_types: job.gpu_types.clone(),
+            gpus_per_node: job.gpus_per_node,
+            nodes: job.nodes,
+            priority: 0,
             time_limit_secs: job.time_limit_secs.or(self.default_limit_secs),
             requires: None,
+        };
+        let pending = PendingJob {
+            id: JobId(index as u64 + 1),
+            submitted_at: job.submit,
+            shape: Arc::new(shape),
         };
         self.out.queued(&pending);
         self.view.pending.push(Arc::new(pending));
@@ -267,7 +270,7 @@ impl Sim<'_> {
             self.set_busy(&part.node, &part.gpu_indices, true);
         }
         let remaining = (trace.duration_ms - self.done_ms[index]).max(0);
-        let limit_ms = job.time_limit_secs.map(|secs| secs as i64 * 1000);
+        let limit_ms = job.shape.time_limit_secs.map(|secs| secs as i64 * 1000);
         let (ends_at, timeout) = match limit_ms {
             Some(limit) if limit < remaining => (Timestamp(now.0 + limit), true),
             _ => (Timestamp(now.0 + remaining), false),
@@ -277,10 +280,10 @@ impl Sim<'_> {
         let running = RunningJob {
             id: job.id,
             epoch,
-            team: job.team.to_string(),
-            qos: job.qos.to_string(),
-            pool: job.pool.to_string(),
-            gpu_types: job.gpu_types.clone(),
+            team: job.shape.team.to_string(),
+            qos: job.shape.qos.to_string(),
+            pool: job.shape.pool.to_string(),
+            gpu_types: job.shape.gpu_types.clone(),
             burst: start.burst,
             placement: start.placement,
             started_at: now,

@@ -212,13 +212,13 @@ impl Collector {
     }
 
     pub(super) fn queued(&mut self, job: &PendingJob) {
-        let team = self.team(&job.team);
+        let team = self.team(&job.shape.team);
         self.waiting[team] += job.total_gpus();
         self.queued_jobs += 1;
     }
 
     pub(super) fn started(&mut self, job: &PendingJob, running: &RunningJob, now: Timestamp) {
-        let team = self.team(&job.team);
+        let team = self.team(&job.shape.team);
         self.waiting[team] -= job.total_gpus();
         self.queued_jobs -= 1;
         self.running[team] += running.gpus();
@@ -298,12 +298,12 @@ impl Collector {
         }
         let mut shapes: HashSet<(&str, u32, u32), foldhash::fast::RandomState> = HashSet::default();
         for job in &view.pending {
-            let pool = if job.pool.is_empty() {
+            let pool = if job.shape.pool.is_empty() {
                 policy.default_pool.as_str()
             } else {
-                job.pool.as_str()
+                job.shape.pool.as_str()
             };
-            shapes.insert((pool, job.gpus_per_node, job.nodes));
+            shapes.insert((pool, job.shape.gpus_per_node, job.shape.nodes));
         }
         self.startable = shapes.into_iter().any(|(pool, per_node, nodes)| {
             pools

@@ -6,7 +6,7 @@ use super::{Batch, State, Write};
 use gpool_core::array::{task_id, task_ids, ArraySpec, ArrayTask};
 use gpool_core::job_state::{JobEvent, JobState};
 use gpool_core::model::{Job, ThinVec};
-use gpool_core::sched::PendingJob;
+use gpool_core::sched::{JobShape, PendingJob};
 use gpool_core::{JobId, Timestamp};
 use gpool_proto::pb;
 use std::sync::Arc;
@@ -163,8 +163,13 @@ impl State {
             .map(|position| task_id(array.id, position))
             .filter(|id| !self.jobs.contains_key(id))
             .take(allowance.min(window));
+        // Its tasks have its shape (the array's own view has it).
+        let shape = match self.waiting.get(&array.id) {
+            Some(entry) => entry.view.shape.clone(),
+            None => Arc::new(JobShape::of(&array.spec)),
+        };
         for id in waiting {
-            into.push(Arc::new(pending_view(id, array)));
+            into.push(Arc::new(pending_view(id, array, shape.clone())));
         }
     }
 
@@ -294,20 +299,12 @@ fn task_of(array: &Job, id: JobId, index: u32) -> Job {
     }
 }
 
-/// A pending job as the scheduler sees it.
-pub fn pending_view(id: JobId, job: &Job) -> PendingJob {
+/// A pending job as the scheduler sees it, of `shape` (its spec's).
+pub fn pending_view(id: JobId, job: &Job, shape: Arc<JobShape>) -> PendingJob {
     PendingJob {
         id,
-        priority: job.spec.priority,
-        gpus_per_node: job.spec.gpus_per_node,
-        nodes: job.spec.nodes,
-        gpu_types: job.spec.gpu_types.clone(),
-        pool: job.spec.pool.clone(),
-        team: job.spec.team.clone(),
-        qos: job.spec.qos.clone(),
         submitted_at: job.submitted_at,
-        time_limit_secs: job.spec.time_limit_secs,
-        requires: (!job.spec.requires.is_empty()).then(|| std::sync::Arc::new(job.spec.requires.clone())),
+        shape,
     }
 }
 

@@ -29,7 +29,7 @@ use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node, ThinVec};
 use gpool_core::policy::{Ledger, Refusal};
-use gpool_core::sched::{ClusterView, NodeView, PendingJob, Policy, Preemption, Queue, Start};
+use gpool_core::sched::{ClusterView, JobShape, NodeView, PendingJob, Policy, Preemption, Queue, Start};
 use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -392,9 +392,12 @@ impl Waiting {
         !self.held && !self.array && self.task_of.is_none() && !self.gated
     }
 
-    fn of(job: &Job) -> Waiting {
+    /// `queue`: where the job finds its shape if jobs there share it.
+    fn of(job: &Job, queue: &Queue) -> Waiting {
+        let shape = JobShape::of(&job.spec);
+        let shape = queue.shape(&shape).cloned().unwrap_or_else(|| Arc::new(shape));
         Waiting {
-            view: Arc::new(arrays::pending_view(job.id, job)),
+            view: Arc::new(arrays::pending_view(job.id, job, shape)),
             held: job.held,
             array: job.array.is_some(),
             task_of: job.array_task.map(|task| task.array),
@@ -940,7 +943,7 @@ impl State {
     /// that may change a pending job's view, hold or state.
     fn refresh_waiting(&mut self, id: JobId) {
         let old = match self.jobs.get(&id).filter(|job| job.state == JobState::Pending) {
-            Some(job) => self.waiting.insert(id, Waiting::of(job)),
+            Some(job) => self.waiting.insert(id, Waiting::of(job, &self.queue)),
             None => self.waiting.remove(&id),
         };
         if let Some(old) = old {
@@ -966,7 +969,7 @@ impl State {
         let expected: BTreeMap<JobId, Waiting> = self
             .active_jobs()
             .filter(|job| job.state == JobState::Pending)
-            .map(|job| (job.id, Waiting::of(job)))
+            .map(|job| (job.id, Waiting::of(job, &self.queue)))
             .collect();
         let ids = expected.keys().chain(self.waiting.keys());
         if let Some(id) = ids.into_iter().find(|id| expected.get(id) != self.waiting.get(id)) {
