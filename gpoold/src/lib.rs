@@ -418,30 +418,37 @@ pub fn use_one_malloc_arena() {
 /// resident memory is garbage or free memory: sled frees the tree nodes
 /// its writes replaced only once an epoch of its collector has passed,
 /// which takes further sled calls (none come while the pool is quiet),
-/// and glibc keeps what is freed in its per-thread arenas. A thread
-/// collects sled's garbage every 5 s, and looks every second at how much
-/// free memory glibc holds: past `KEEP_FREE_BYTES`, it hands it back to
-/// the system (`malloc_trim` returns free pages from the middle of every
-/// arena, holding each arena's lock while it walks it; so it runs only
-/// when there is something to return, and a burst's garbage is gone a
-/// second after the burst, not up to 5 s).
+/// and glibc keeps what is freed in its arena. A thread collects sled's
+/// garbage every 5 s, and looks at how much free memory glibc holds:
+/// past `KEEP_FREE_BYTES`, it hands it back to the system (`malloc_trim`
+/// returns free pages from the middle of the arena). Both the look and
+/// the trim walk every free block of the arena under its lock, so it
+/// looks a quarter of a second after pages were touched (page faults: a
+/// burst is going on, and its garbage is gone a quarter of a second after
+/// it), and otherwise every 5 s (memory freed without new pages touched).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const EPOCH_FLUSHES: usize = 4096;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-const KEEP_FREE_BYTES: usize = 4 << 20;
+const KEEP_FREE_BYTES: usize = 2 << 20;
 
 fn return_free_memory_periodically() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let spawned = std::thread::Builder::new().name("gpoold-trim".into()).spawn(|| {
-            for second in 1u64.. {
-                std::thread::sleep(std::time::Duration::from_secs(1));
-                if second % 5 == 0 {
+            let mut faults_seen = 0;
+            for tick in 1u64.. {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                let every_5s = tick % 20 == 0;
+                if every_5s {
                     // Each flush advances the epoch where no thread is
                     // inside sled and frees a few expired bags of garbage.
                     for _ in 0..EPOCH_FLUSHES {
                         crossbeam_epoch::pin().flush();
                     }
+                }
+                let faults = page_faults();
+                if faults == faults_seen && !every_5s {
+                    continue;
                 }
                 // SAFETY: mallinfo2 and malloc_trim only walk glibc's own
                 // heaps, under their locks; they take no pointers of ours.
@@ -450,11 +457,23 @@ fn return_free_memory_periodically() {
                         libc::malloc_trim(0);
                     }
                 }
+                faults_seen = page_faults();
             }
         });
         if let Err(err) = spawned {
             tracing::warn!("cannot start the memory trim thread: {err}");
         }
+    }
+}
+
+/// The process's minor page faults so far: pages it made resident.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn page_faults() -> i64 {
+    // SAFETY: getrusage writes into the struct it is given, nothing else.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage.ru_minflt
     }
 }
 
