@@ -62,6 +62,10 @@ fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a == "queue-100k") {
         long_queue(4, 8, 100_000, 5_000)?;
     }
+    // Not in the default run: about 40 seconds, 1,200 CLI processes.
+    if args.iter().any(|a| a == "followers") {
+        followers_and_watchers(200, 1_000)?;
+    }
     if wants("nodes-down") {
         nodes_down_together(2_000, 8)?;
     }
@@ -789,6 +793,66 @@ fn long_queue(n_agents: usize, n_gpus: u32, n_queued: usize, n_measured: usize) 
         drop(agents);
         controller.stop();
     }
+    Ok(())
+}
+
+/// Resident memory of process `pid` in MiB (`VmRSS`).
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// What `n_followers` `gpool logs --follow` and `n_watchers` `gpool wait`
+/// processes on one job writing about 200 KB/s cost gpoold and the agent:
+/// attached, 20 s later (it must not grow), and once they left.
+fn followers_and_watchers(n_followers: usize, n_watchers: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let controller = Controller::start(dir.path())?;
+    let agents = start_agents(&controller, 1, 8)?;
+    let agent = agents.0[0].id();
+    let chatty = r#"line=$(printf '%0199d' 0); end=$((SECONDS + 120)); while ((SECONDS < end)); do for ((i = 0; i < 100; i++)); do echo "$line"; done; sleep 0.1; done"#;
+    let submitted = gpool(&controller.addr, &["submit", "--", "bash", "-c", chatty])?;
+    let id = String::from_utf8_lossy(&submitted.stdout).trim().to_string();
+    std::thread::sleep(Duration::from_secs(2));
+    let figures = |what: &str| {
+        report(
+            &format!("{what}: gpoold, agent RSS"),
+            format!("{:.1}, {:.1} MiB", rss_mib(controller.child.id()), rss_mib(agent)),
+        )
+    };
+    figures("one job writing 200 KB/s, nobody attached");
+    let mut attached = Vec::new();
+    let follow = ["logs", "--follow", id.as_str()];
+    let wait = ["wait", id.as_str()];
+    for args in std::iter::repeat_n(&follow[..], n_followers).chain(std::iter::repeat_n(&wait[..], n_watchers)) {
+        attached.push(
+            Command::new(binary("gpool")?)
+                .args(args)
+                .env("GPOOL_SERVER", &controller.addr)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let shape = format!("{n_followers} followers, {n_watchers} watchers");
+    figures(&format!("{shape} attached"));
+    std::thread::sleep(Duration::from_secs(20));
+    figures(&format!("{shape}, 20 s later"));
+    for mut child in attached {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    figures("all of them gone 2 s");
+    gpool(&controller.addr, &["cancel", &id])?;
+    drop(agents);
+    controller.stop();
     Ok(())
 }
 

@@ -392,7 +392,10 @@ impl Attempts {
                 return;
             }
         };
-        let mut buffer = vec![0u8; 64 * 1024];
+        // 16 KiB a read (and as much in tokio's file): a follower costs the
+        // node little while it waits, and a long file still comes in few
+        // messages.
+        let mut buffer = vec![0u8; 16 * 1024];
         // After the attempt ends, one more pass picks up its last bytes.
         let mut last_pass = false;
         loop {

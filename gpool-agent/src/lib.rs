@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod journal;
 pub mod launch;
 pub mod link;
+pub mod memory;
 pub mod supervise;
 
 use config::AgentConfig;

@@ -19,6 +19,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    gpool_agent::memory::use_one_malloc_arena();
+    gpool_agent::memory::return_free_memory_periodically("gpool-agent-trim", || {});
     let outcome = AgentConfig::load(&args.config)
         .map_err(anyhow::Error::from)
         .and_then(|config| {

@@ -111,7 +111,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         records: accounting,
     };
     tokio::spawn(reports.clone().prune_periodically());
-    return_free_memory_periodically();
+    // sled frees the tree nodes its writes replaced only once an epoch of
+    // its collector has passed, which takes further sled calls (none come
+    // while the pool is quiet): each flush advances the epoch where no
+    // thread is inside sled and frees a few expired bags of garbage.
+    gpool_agent::memory::return_free_memory_periodically("gpoold-trim", || {
+        for _ in 0..SLED_EPOCH_FLUSHES {
+            crossbeam_epoch::pin().flush();
+        }
+    });
     handle.sched_wakeup.notify_one();
 
     tracing::info!(
@@ -399,83 +407,8 @@ fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One malloc arena for the whole process, set before any thread starts.
-/// glibc's default (up to 8 per core) spreads each burst of jobs over many
-/// arenas, and the few long-lived blocks left in each keep their pages
-/// resident: with 16 arenas gpoold's RSS grew by about 1 MiB per 1,000 ended
-/// jobs although its live heap did not. gpoold's threads allocate little at
-/// once (one state task does the work), so one lock costs nothing seen.
-pub fn use_one_malloc_arena() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt sets one of glibc's tunables under its own lock; it
-    // takes no pointers.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
-/// After a burst (a 10,000-job batch, a long listing) most of gpoold's
-/// resident memory is garbage or free memory: sled frees the tree nodes
-/// its writes replaced only once an epoch of its collector has passed,
-/// which takes further sled calls (none come while the pool is quiet),
-/// and glibc keeps what is freed in its arena. A thread collects sled's
-/// garbage every 5 s, and looks at how much free memory glibc holds:
-/// past `KEEP_FREE_BYTES`, it hands it back to the system (`malloc_trim`
-/// returns free pages from the middle of the arena). Both the look and
-/// the trim walk every free block of the arena under its lock, so it
-/// looks a quarter of a second after pages were touched (page faults: a
-/// burst is going on, and its garbage is gone a quarter of a second after
-/// it), and otherwise every 5 s (memory freed without new pages touched).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const EPOCH_FLUSHES: usize = 4096;
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const KEEP_FREE_BYTES: usize = 2 << 20;
-
-fn return_free_memory_periodically() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        let spawned = std::thread::Builder::new().name("gpoold-trim".into()).spawn(|| {
-            let mut faults_seen = 0;
-            for tick in 1u64.. {
-                std::thread::sleep(std::time::Duration::from_millis(250));
-                let every_5s = tick % 20 == 0;
-                if every_5s {
-                    // Each flush advances the epoch where no thread is
-                    // inside sled and frees a few expired bags of garbage.
-                    for _ in 0..EPOCH_FLUSHES {
-                        crossbeam_epoch::pin().flush();
-                    }
-                }
-                let faults = page_faults();
-                if faults == faults_seen && !every_5s {
-                    continue;
-                }
-                // SAFETY: mallinfo2 and malloc_trim only walk glibc's own
-                // heaps, under their locks; they take no pointers of ours.
-                unsafe {
-                    if libc::mallinfo2().fordblks > KEEP_FREE_BYTES {
-                        libc::malloc_trim(0);
-                    }
-                }
-                faults_seen = page_faults();
-            }
-        });
-        if let Err(err) = spawned {
-            tracing::warn!("cannot start the memory trim thread: {err}");
-        }
-    }
-}
-
-/// The process's minor page faults so far: pages it made resident.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn page_faults() -> i64 {
-    // SAFETY: getrusage writes into the struct it is given, nothing else.
-    unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage.ru_minflt
-    }
-}
+/// Epoch flushes every 5 s: enough to free a burst's garbage.
+const SLED_EPOCH_FLUSHES: usize = 4096;
 
 /// Asks the state task to look for silent nodes a few times per timeout
 /// (and at least every second, for preemption grace periods).

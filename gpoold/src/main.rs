@@ -42,7 +42,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    gpoold::use_one_malloc_arena();
+    gpool_agent::memory::use_one_malloc_arena();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPOOL_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
