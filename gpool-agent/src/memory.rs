@@ -1,6 +1,7 @@
 //! Keeping a daemon's resident memory near its live heap (glibc's malloc;
-//! elsewhere these do nothing). gpoold and gpool-agent call them from
-//! `main`, before their runtimes start.
+//! elsewhere these do nothing). Both daemons set one arena first thing in
+//! `main`; gpool-agent starts the trim thread there too, gpoold in `run`
+//! (with its sled hook).
 
 /// One malloc arena for the whole process, set before any thread starts.
 /// glibc's default (up to 8 per core) spreads each burst of work over many

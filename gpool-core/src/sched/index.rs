@@ -265,7 +265,7 @@ impl<'v> FreeIndex<'v> {
         Ok(allowed)
     }
 
-    /// The best-fitting `job.nodes` groups of one model, or `None`.
+    /// The best-fitting `job.shape.nodes` groups of one model, or `None`.
     fn fitting_groups(&self, pool_idx: usize, model_idx: usize, job: &PendingJob) -> Option<Vec<usize>> {
         let buckets = self.pools[pool_idx].models[model_idx].as_ref()?;
         let wanted = job.shape.gpus_per_node as usize;
@@ -338,7 +338,7 @@ impl<'v> FreeIndex<'v> {
         Some(candidates[..n_nodes].to_vec())
     }
 
-    /// The job's requirements let it have `job.gpus_per_node` GPUs of the
+    /// The job's requirements let it have `job.shape.gpus_per_node` GPUs of the
     /// group (with NVLink between them where `need_nvlink`).
     fn group_allows(&self, group_idx: usize, job: &PendingJob, need_nvlink: bool) -> bool {
         let group = &self.groups[group_idx];

@@ -113,8 +113,8 @@ pub struct GpuView {
 }
 
 /// The part of a pending job the scheduler needs: its id and age, and its
-/// shape, which jobs submitted alike share (a batch of 100,000 identical
-/// jobs holds one).
+/// shape, which jobs submitted alike may share (gpoold's queue of jobs that
+/// wait on GPUs alone holds one for a batch of 100,000 identical jobs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingJob {
     pub id: JobId,

@@ -12,8 +12,9 @@ use tokio::sync::mpsc;
 /// The sending end of one `JobLogs` stream.
 type LogSender = mpsc::Sender<Result<pb::LogChunk, Status>>;
 
-/// Chunks (up to 16 KiB each, as agents read them: 4 MiB in all) a log
-/// reader may fall behind.
+/// Chunks (up to 16 KiB each, as agents read them: 4 MiB in all; an agent
+/// older than gpoold may still send 64 KiB ones) a log reader may fall
+/// behind.
 const LOG_BUFFER: usize = 256;
 
 /// Routes LogData from agents to the `JobLogs` streams that asked for it.
