@@ -679,11 +679,13 @@ impl Pool for PoolService {
             }
             first.push(job);
         }
-        let (sender, receiver) = tokio::sync::mpsc::channel(LIST_CHUNK);
+        // Boxed: a channel holds room for 32 of its messages from the
+        // start, and a watcher waits long (a `gpool wait` on a day's job).
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Box<Result<pb::Job, Status>>>(LIST_CHUNK);
         let service = self.clone();
         tokio::spawn(async move {
             for job in first {
-                if sender.send(Ok(job)).await.is_err() {
+                if sender.send(Box::new(Ok(job))).await.is_err() {
                     return;
                 }
             }
@@ -703,14 +705,15 @@ impl Pool for PoolService {
                     if job.as_ref().map_or(true, is_finished) {
                         unfinished.remove(&id);
                     }
-                    if sender.send(job).await.is_err() {
+                    if sender.send(Box::new(job)).await.is_err() {
                         return;
                     }
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
-            receiver,
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+            |job| *job,
         ))))
     }
 
