@@ -29,8 +29,8 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
     // Why each waiting job waits, its priority and its place in the queue
     // are rendered and handed to the state when due (`words_interval` of
     // what they cost last time; under a flood of short jobs that work is
-    // most of a cycle's); a cycle that changes nothing always hands them
-    // over.
+    // most of a cycle's); a whole cycle that changes nothing always hands
+    // them over, as does one after a job was submitted that has none yet.
     let mut words_at: Option<Instant> = None;
     let mut words_every = words_interval(Duration::ZERO);
     let mut last: Option<LastCycle> = None;
@@ -43,7 +43,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let started = Instant::now();
         let now = clock();
         let words_due = words_at.is_none_or(|at| at.elapsed() >= words_every);
-        let (view, policy, generation) = {
+        let (view, policy, generation, unexplained) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
             let generation = state.sched_generation;
             let words_age = words_at.map(|at| at.elapsed());
@@ -61,7 +61,13 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
                 wait = words_at.map_or(Duration::ZERO, |at| words_every.saturating_sub(at.elapsed()));
                 continue;
             }
-            (state.cluster_view(now, !words_due), state.policy.clone(), generation)
+            let unexplained = state.newest_waits_unexplained();
+            (
+                state.cluster_view(now, !words_due),
+                state.policy.clone(),
+                generation,
+                unexplained,
+            )
         };
         let acts = could_act(&view.nodes, &view.running, &policy);
         last = Some(LastCycle {
@@ -82,10 +88,14 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
         let settled = starts.is_empty() && preemptions.is_empty();
-        if settled && !plan.complete {
-            // A cycle that changes nothing hands its words over: from the
-            // whole plan (the same starts and preemptions: none), of the
-            // whole queue.
+        if settled && !plan.complete && unexplained {
+            // A cycle that changes nothing, after a job was submitted that
+            // has no words yet, hands them over: from the whole plan (the
+            // same starts and preemptions: none), of the whole queue.
+            // Otherwise they wait until due: where a job may be preempted,
+            // a full pool runs a cycle at every change (a job that ends),
+            // and a whole plan each time would cost the whole queue per
+            // change.
             let whole;
             let view = if view.windowed {
                 let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -96,7 +106,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             };
             plan = tokio::task::block_in_place(|| schedule(view, &policy, now));
         }
-        let planned = (settled || words_due).then(|| {
+        let planned = ((settled && plan.complete) || words_due).then(|| {
             let planned = Command::Planned(Box::new(Words::of_plan(plan)));
             words_at = Some(Instant::now());
             // The whole cycle: its words cost most of it.

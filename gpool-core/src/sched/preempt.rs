@@ -18,8 +18,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Victims weighed for one job, at most: the least costly come first.
 const MAX_CANDIDATES: usize = 256;
-/// Jobs that may try preemption in one cycle; the rest try next cycle.
+/// Jobs that may reclaim GPUs in one cycle; the rest try next cycle.
 const MAX_RECLAIMS_PER_CYCLE: usize = 64;
+/// Tries that find no victims in one cycle: each weighs up to
+/// `MAX_CANDIDATES` of them, so a queue of jobs that cannot reclaim costs
+/// at most this many. (Within a cycle a shape that failed is not tried
+/// again, so it takes many shapes to reach.)
+pub(super) const MAX_FAILED_RECLAIMS_PER_CYCLE: usize = 64;
 
 /// Beside fitting, the free GPUs a job must leave in its pool (QoS
 /// reserves it may not take): with `pool_free_now` free, reclaim until
@@ -44,6 +49,7 @@ pub(super) struct Reclaimer<'v> {
     /// reclaiming job may use).
     with_free: HashSet<usize>,
     n_reclaims: usize,
+    n_failed: usize,
     /// Some running job is being preempted, or may become a victim: burst
     /// work, or any job where a QoS preempts lower classes.
     victims_possible: bool,
@@ -80,6 +86,7 @@ impl<'v> Reclaimer<'v> {
                 .map(|(idx, _)| idx)
                 .collect(),
             n_reclaims: 0,
+            n_failed: 0,
             victims_possible: policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
                 || view.running.iter().any(|r| r.preempting || r.burst),
             by_cost: {
@@ -96,7 +103,9 @@ impl<'v> Reclaimer<'v> {
 
     /// Whether a later job might still reclaim GPUs this cycle.
     pub(super) fn may_act(&self) -> bool {
-        self.victims_possible && self.n_reclaims < MAX_RECLAIMS_PER_CYCLE
+        self.victims_possible
+            && self.n_reclaims < MAX_RECLAIMS_PER_CYCLE
+            && self.n_failed < MAX_FAILED_RECLAIMS_PER_CYCLE
     }
 
     /// The nodes with this cycle's starts marked busy.
@@ -124,7 +133,9 @@ impl<'v> Reclaimer<'v> {
     /// Finds the running jobs whose end lets `job` start, adds the new
     /// victims to `preemptions`, and returns how many jobs it waits for and
     /// the placement it will get (whose free GPUs the caller must hold for
-    /// it); `None` if no allowed set of victims makes it fit.
+    /// it); `None` if no allowed set of victims makes it fit, or the
+    /// cycle's tries are spent. A try that fails changes nothing but the
+    /// count of failed tries.
     pub(super) fn plan(
         &mut self,
         job: &PendingJob,
@@ -132,10 +143,24 @@ impl<'v> Reclaimer<'v> {
         keep: Option<Keep>,
         preemptions: &mut Vec<Preemption>,
     ) -> Option<(usize, Vec<NodePlacement>)> {
-        if self.n_reclaims == MAX_RECLAIMS_PER_CYCLE {
+        if self.n_reclaims == MAX_RECLAIMS_PER_CYCLE || self.n_failed == MAX_FAILED_RECLAIMS_PER_CYCLE {
             return None;
         }
-        self.n_reclaims += 1;
+        let planned = self.try_plan(job, guaranteed, keep, preemptions);
+        match planned {
+            Some(_) => self.n_reclaims += 1,
+            None => self.n_failed += 1,
+        }
+        planned
+    }
+
+    fn try_plan(
+        &mut self,
+        job: &PendingJob,
+        guaranteed: bool,
+        keep: Option<Keep>,
+        preemptions: &mut Vec<Preemption>,
+    ) -> Option<(usize, Vec<NodePlacement>)> {
         let sharing = &self.policy.sharing;
         let ending: Vec<&'v RunningJob> = self
             .view

@@ -3,14 +3,15 @@
 //!
 //! Jobs of one shape (`JobShape`: team, QoS, pool, models, size, nice, time
 //! limit, requirements) differ to a cycle in age and id alone, and a
-//! cycle's order puts the older (then the lower id) first. Where nothing
-//! can be preempted, free GPUs only shrink within a cycle, so once a job of
-//! a shape does not start, no later job of that shape does: the jobs of a
-//! shape that start come first in it, at most as many as the free GPUs
-//! (`window_gpus`) allow; the next job is the first that waits (which may
-//! become the backfill reservation), and the rest wait the way it does.
-//! `Queue::window` keeps those jobs of each shape: `schedule_starts` on it
-//! starts what it would on the whole queue.
+//! cycle's order puts the older (then the lower id) first. Free GPUs and
+//! the victims a job may take only shrink within a cycle, so once a job of
+//! a shape neither fits nor reclaims GPUs, no later job of that shape
+//! does: the jobs of a shape that start (or reclaim) come first in it, at
+//! most as many as the GPUs they could have (`window_gpus`) allow; the
+//! next job is the first that waits (which may become the backfill
+//! reservation), and the rest wait the way it does. `Queue::window` keeps
+//! those jobs of each shape: `schedule_starts` on it starts and preempts
+//! what it would on the whole queue.
 
 use super::{Availability, JobShape, NodeView, PendingJob, Policy, RunningJob};
 use crate::ids::{JobId, Timestamp};
@@ -82,28 +83,44 @@ impl Queue {
 }
 
 /// The most GPUs a starts-only cycle could hand out: those free on nodes
-/// that take work. `None` where a window would not give the whole queue's
-/// starts:
-/// - preemption is possible (a running job is burst work or being
-///   preempted, or a QoS preempts lower classes): a job past the window
-///   may still try to reclaim GPUs and fail, and such tries count against
-///   the cycle's cap on them (`MAX_RECLAIMS_PER_CYCLE`);
+/// that take work, and where jobs may be preempted, those held there too.
+/// `n_others`: the jobs the cycle sees beside the queue's window (held,
+/// gated, arrays' tasks). `None` where a window would not give the whole
+/// queue's starts:
+/// - preemption is possible and the cycle's failed tries to reclaim GPUs
+///   could reach their cap (`MAX_FAILED_RECLAIMS_PER_CYCLE`): past its
+///   window a shape's jobs may still try, and fail, where their standing
+///   changed (no longer covered by the team's guarantee, or behind the
+///   backfill reservation), which is at most 4 tries a shape, and each
+///   other job once;
 /// - a QoS keeps GPUs free: whether a job may take them depends on what
 ///   its pool has free, so a job of a shape may start after one that could
 ///   not;
 /// - the age weight is negative (older jobs would come last).
-pub fn window_gpus(nodes: &[NodeView], running: &[RunningJob], policy: &Policy) -> Option<u64> {
+pub fn window_gpus(
+    nodes: &[NodeView],
+    running: &[RunningJob],
+    policy: &Policy,
+    queue: &Queue,
+    n_others: usize,
+) -> Option<u64> {
     let sharing = &policy.sharing;
     let reserves = sharing.qos.iter().any(|qos| qos.reserve_gpus > 0);
-    let victims =
-        sharing.qos.iter().any(|qos| qos.preempt_lower) || running.iter().any(|job| job.burst || job.preempting);
-    if reserves || victims || sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
+    if reserves || sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
         return None;
     }
-    let free = nodes
-        .iter()
-        .filter(|node| node.availability == Availability::Up)
-        .map(|node| node.gpus.iter().filter(|gpu| !gpu.busy).count() as u64)
-        .sum();
-    Some(free)
+    let victims =
+        sharing.qos.iter().any(|qos| qos.preempt_lower) || running.iter().any(|job| job.burst || job.preempting);
+    let failed_tries = 4 * queue.shapes.len() + n_others;
+    if victims && failed_tries >= super::preempt::MAX_FAILED_RECLAIMS_PER_CYCLE {
+        return None;
+    }
+    let up = nodes.iter().filter(|node| node.availability == Availability::Up);
+    let gpus = if victims {
+        up.map(|node| node.gpus.len() as u64).sum()
+    } else {
+        up.map(|node| node.gpus.iter().filter(|gpu| !gpu.busy).count() as u64)
+            .sum()
+    };
+    Some(gpus)
 }

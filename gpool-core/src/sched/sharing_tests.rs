@@ -795,10 +795,10 @@ fn arb_queue_view() -> impl Strategy<Value = ClusterView> {
 
 proptest! {
     /// A starts-only cycle on the first jobs of each shape (`Queue::window`)
-    /// starts what a full cycle on the whole queue does, with and without
-    /// teams and an age weight, where nothing can be preempted (and where
-    /// something can, there is no window); and the queue gives back every
-    /// job it was given.
+    /// starts and preempts what a full cycle on the whole queue does, with
+    /// and without teams, victims (burst work, jobs being preempted, a QoS
+    /// that preempts lower classes) and an age weight; and the queue gives
+    /// back every job it was given.
     #[test]
     fn a_cycle_on_the_queues_window_starts_what_the_whole_queue_would(view in arb_queue_view()) {
         let mut no_preempting_qos = policy();
@@ -818,11 +818,12 @@ proptest! {
         });
         for view in [&view, &no_victims] {
             for policy in [&policy(), &no_preempting_qos, &no_age, &Policy::default()] {
-                let victims = policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
-                    || view.running.iter().any(|job| job.burst || job.preempting);
-                let gpus = window_gpus(&view.nodes, &view.running, policy);
-                prop_assert_eq!(gpus.is_none(), victims);
-                let Some(gpus) = gpus else { continue };
+                // At most 4 shapes: too few to spend the failed tries.
+                let gpus = window_gpus(&view.nodes, &view.running, policy, &queue, 0);
+                let Some(gpus) = gpus else {
+                    prop_assert!(false, "no window");
+                    continue;
+                };
                 let windowed = ClusterView {
                     pending: queue.window(gpus).cloned().collect(),
                     windowed: true,
@@ -831,7 +832,7 @@ proptest! {
                 let full = schedule(view, policy, NOW);
                 let starts = schedule_starts(&windowed, policy, NOW);
                 prop_assert_eq!(&starts.starts, &full.starts, "window of {} jobs of {}:\n{}", windowed.pending.len(), view.pending.len(), full);
-                prop_assert!(starts.preemptions.is_empty() && full.preemptions.is_empty());
+                prop_assert_eq!(&starts.preemptions, &full.preemptions, "window of {} jobs of {}:\n{}", windowed.pending.len(), view.pending.len(), full);
                 prop_assert!(!starts.complete);
             }
         }
@@ -845,17 +846,44 @@ proptest! {
 }
 
 #[test]
-fn possible_victims_or_gpus_kept_for_a_qos_class_leave_the_queue_unwindowed() {
-    let view = cluster_view_with("n1 4xh100\nn2 4xh100 drain", "r1 team=a on=n1:0-1", "");
+fn a_window_holds_the_gpus_victims_hold_unless_many_shapes_could_spend_the_failed_tries() {
+    let view = cluster_view_with("n1 4xh100\nn2 4xh100 drain", "r1 team=a on=n1:0-1", "j1 team=a");
+    let mut queue = Queue::default();
+    queue.insert(view.pending[0].clone());
     // Free GPUs of nodes that take work.
-    assert_eq!(window_gpus(&view.nodes, &view.running, &Policy::default()), Some(2));
-    // A preempting class, burst work, a job being preempted.
-    assert_eq!(window_gpus(&view.nodes, &view.running, &policy()), None);
+    assert_eq!(
+        window_gpus(&view.nodes, &view.running, &Policy::default(), &queue, 0),
+        Some(2)
+    );
+    // A preempting class, burst work, a job being preempted: every GPU of
+    // the nodes that take work.
+    assert_eq!(window_gpus(&view.nodes, &view.running, &policy(), &queue, 0), Some(4));
     let burst = cluster_view_with("n1 4xh100", "r1 team=a burst on=n1:0-1", "");
-    assert_eq!(window_gpus(&burst.nodes, &burst.running, &Policy::default()), None);
+    assert_eq!(
+        window_gpus(&burst.nodes, &burst.running, &Policy::default(), &queue, 0),
+        Some(4)
+    );
     let ending = cluster_view_with("n1 4xh100", "r1 team=a preempting on=n1:0-1", "");
-    assert_eq!(window_gpus(&ending.nodes, &ending.running, &Policy::default()), None);
+    assert_eq!(
+        window_gpus(&ending.nodes, &ending.running, &Policy::default(), &queue, 0),
+        Some(4)
+    );
+    // Shapes and other jobs that could spend the cycle's failed tries.
+    let many = preempt::MAX_FAILED_RECLAIMS_PER_CYCLE - 4;
+    assert_eq!(
+        window_gpus(&burst.nodes, &burst.running, &Policy::default(), &queue, many - 1),
+        Some(4)
+    );
+    assert_eq!(
+        window_gpus(&burst.nodes, &burst.running, &Policy::default(), &queue, many),
+        None
+    );
+    // Without victims the failed tries do not matter.
+    assert_eq!(
+        window_gpus(&view.nodes, &view.running, &Policy::default(), &queue, 1000),
+        Some(2)
+    );
     let mut with_reserve = Policy::default();
     with_reserve.sharing.qos[0].reserve_gpus = 1;
-    assert_eq!(window_gpus(&view.nodes, &view.running, &with_reserve), None);
+    assert_eq!(window_gpus(&view.nodes, &view.running, &with_reserve, &queue, 0), None);
 }

@@ -872,10 +872,11 @@ impl State {
 
     /// The scheduler's input: nodes with busy GPUs marked, the queue, the
     /// running jobs, the teams' usage and the hour's waste budget. For a
-    /// cycle that only starts jobs (`starts_only`), of the jobs that wait on
-    /// GPUs alone only those of each shape it could start, where that
-    /// gives the same starts (`gpool_core::sched::window_gpus`); the view
-    /// then says it is `windowed`.
+    /// cycle that only starts and preempts jobs (`starts_only`: no words on
+    /// why jobs wait), of the jobs that wait on GPUs alone only those of
+    /// each shape it could start, where that gives the same starts and
+    /// preemptions (`gpool_core::sched::window_gpus`); the view then says
+    /// it is `windowed`.
     pub fn cluster_view(&self, now: Timestamp, starts_only: bool) -> ClusterView {
         #[cfg(debug_assertions)]
         self.check_waiting();
@@ -891,31 +892,19 @@ impl State {
         let running: Vec<&Job> = self.running().collect();
         let nodes = self.node_views(&running);
         let running: Vec<_> = running.into_iter().filter_map(running_view).collect();
-        let windowed = if starts_only && gpool_core::sched::could_act(&nodes, &running, &self.policy) {
-            gpool_core::sched::window_gpus(&nodes, &running, &self.policy)
-        } else {
-            None
-        };
-        let mut pending: Vec<Arc<PendingJob>> = match windowed {
-            Some(gpus) => self.queue.window(gpus).cloned().collect(),
-            None => Vec::with_capacity(self.waiting.len()),
-        };
-        // Windowed, the queue gave the plain jobs: the others are looked at.
-        let all = windowed.is_none().then(|| self.waiting.iter());
-        let not_plain = windowed
-            .is_some()
-            .then(|| self.not_plain.iter().filter_map(|id| self.waiting.get_key_value(id)));
-        // Arrays ready to hand out tasks, and the pending tasks of each.
+        // The jobs beside those that wait on GPUs alone: held, gated,
+        // arrays and their tasks.
+        let mut others: Vec<Arc<PendingJob>> = Vec::new();
         let mut arrays: Vec<(&Job, bool)> = Vec::new();
         let mut pending_tasks: HashMap<JobId, Vec<Arc<PendingJob>>> = HashMap::new();
-        for (id, waiting) in all.into_iter().flatten().chain(not_plain.into_iter().flatten()) {
+        for (id, waiting) in self.not_plain.iter().filter_map(|id| self.waiting.get_key_value(id)) {
             let ready = !waiting.held
                 && (!waiting.gated || self.job(*id).is_some_and(|job| self.dependencies_met(job, &singletons)));
             match (waiting.array, waiting.task_of) {
                 (true, _) => arrays.extend(self.job(*id).map(|job| (job, ready))),
                 (false, _) if !ready => {}
                 (false, Some(array)) => pending_tasks.entry(array).or_default().push(waiting.view.clone()),
-                (false, None) => pending.push(waiting.view.clone()),
+                (false, None) => others.push(waiting.view.clone()),
             }
         }
         // Tasks that are not jobs yet, for all arrays together, at most
@@ -925,10 +914,29 @@ impl State {
         let window = (arrays::ARRAY_VIEW_BUDGET / n_ready).clamp(arrays::ARRAY_VIEW_MIN, arrays::ARRAY_VIEW_WINDOW);
         for (array, ready) in arrays {
             let tasks = pending_tasks.remove(&array.id).unwrap_or_default();
-            self.array_view(array, ready, tasks, window, &mut pending);
+            self.array_view(array, ready, tasks, window, &mut others);
         }
         // Tasks of arrays that ended on their own terms (none, normally).
-        pending.extend(pending_tasks.into_values().flatten());
+        others.extend(pending_tasks.into_values().flatten());
+        let windowed = if starts_only && gpool_core::sched::could_act(&nodes, &running, &self.policy) {
+            gpool_core::sched::window_gpus(&nodes, &running, &self.policy, &self.queue, others.len())
+        } else {
+            None
+        };
+        let mut pending: Vec<Arc<PendingJob>> = match windowed {
+            Some(gpus) => self.queue.window(gpus).cloned().collect(),
+            None => {
+                let mut all = Vec::with_capacity(self.waiting.len());
+                all.extend(
+                    self.waiting
+                        .values()
+                        .filter(|waiting| waiting.plain())
+                        .map(|waiting| waiting.view.clone()),
+                );
+                all
+            }
+        };
+        pending.append(&mut others);
         ClusterView {
             nodes,
             pending,
