@@ -11,7 +11,14 @@
 //! next job is the first that waits (which may become the backfill
 //! reservation), and the rest wait the way it does. `Queue::window` keeps
 //! those jobs of each shape: `schedule_starts` on it starts and preempts
-//! what it would on the whole queue.
+//! what it would on the whole queue. With one exception: a reclaim stops
+//! at the first set of victims that makes the job fit and fails if their
+//! lost work is over the hour's waste budget, so a later job of the shape
+//! that tries again (its standing changed: behind the backfill
+//! reservation, or no longer covered where its QoS preempts lower
+//! classes) may find a cheaper set once other jobs claimed some victims.
+//! A job past the window then reclaims at the next whole cycle (when the
+//! words are due, within seconds) instead.
 
 use super::{Availability, JobShape, NodeView, PendingJob, Policy, RunningJob};
 use crate::ids::{JobId, Timestamp};

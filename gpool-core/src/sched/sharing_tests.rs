@@ -797,8 +797,9 @@ proptest! {
     /// A starts-only cycle on the first jobs of each shape (`Queue::window`)
     /// starts and preempts what a full cycle on the whole queue does, with
     /// and without teams, victims (burst work, jobs being preempted, a QoS
-    /// that preempts lower classes) and an age weight; and the queue gives
-    /// back every job it was given.
+    /// that preempts lower classes) and an age weight, where the waste
+    /// budget does not stop a reclaim (see `queue.rs` for where it may);
+    /// and the queue gives back every job it was given.
     #[test]
     fn a_cycle_on_the_queues_window_starts_what_the_whole_queue_would(view in arb_queue_view()) {
         let mut no_preempting_qos = policy();

@@ -91,7 +91,8 @@ impl Words {
                 (id, entry)
             })
             .collect();
-        // The view's order is the ids' but for array tasks: nearly sorted.
+        // The view's order is the ids' within the jobs that wait on GPUs
+        // alone, then within the others: two sorted runs, nearly.
         jobs.sort_by_key(|(id, _)| *id);
         jobs.dedup_by_key(|(id, _)| *id);
         let mut order: Vec<(f64, JobId, u32)> = jobs
