@@ -172,14 +172,11 @@ pub fn parse_index_list(list: &str) -> Vec<u32> {
     indices
 }
 
-fn parse_pending_job(line: &str) -> PendingJob {
-    let mut tokens = line.split_whitespace();
-    let id = tokens
-        .next()
-        .and_then(|t| t.strip_prefix('j'))
-        .and_then(|t| t.parse().ok());
-    let mut job = JobShape {
-        team: "default".into(),
+/// What a job of `team` asking for one GPU of any model, and nothing
+/// else, looks like to the scheduler.
+pub fn one_gpu_shape(team: &str) -> JobShape {
+    JobShape {
+        team: team.into(),
         qos: Default::default(),
         pool: Default::default(),
         gpu_types: Vec::new(),
@@ -188,7 +185,16 @@ fn parse_pending_job(line: &str) -> PendingJob {
         priority: 0,
         time_limit_secs: None,
         requires: None,
-    };
+    }
+}
+
+fn parse_pending_job(line: &str) -> PendingJob {
+    let mut tokens = line.split_whitespace();
+    let id = tokens
+        .next()
+        .and_then(|t| t.strip_prefix('j'))
+        .and_then(|t| t.parse().ok());
+    let mut job = one_gpu_shape("default");
     let mut submitted_at = Timestamp(0);
     for token in tokens {
         let (key, value) = token.split_once('=').expect("job fixture token is key=value");

@@ -275,17 +275,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
             .map(|(team, i)| PendingJob {
                 id: JobId(next_id + i as u64 + if *team == "a" { 0 } else { 8 }),
                 submitted_at: now,
-                shape: std::sync::Arc::new(JobShape {
-                    team: (*team).into(),
-                    qos: Default::default(),
-                    pool: Default::default(),
-                    gpu_types: Vec::new(),
-                    gpus_per_node: 1,
-                    nodes: 1,
-                    priority: 0,
-                    time_limit_secs: None,
-                    requires: None,
-                }),
+                shape: std::sync::Arc::new(crate::testing::one_gpu_shape(team)),
             })
             .map(std::sync::Arc::new)
             .collect();
