@@ -8,7 +8,7 @@
 //! times that.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -66,6 +66,11 @@ pub struct Journal {
     file: std::fs::File,
     live: BTreeMap<u64, AttemptRecord>,
     ended: BTreeMap<u64, EndedRecord>,
+    /// `ended`'s entries in the order they ended (time, job, epoch), so
+    /// forgetting those sent long ago looks only at the oldest. An entry
+    /// whose end was reported meanwhile, or replaced by a later attempt's,
+    /// stays here until its time comes and is then passed over.
+    by_age: VecDeque<(i64, u64, u64)>,
     lines: usize,
 }
 
@@ -80,12 +85,15 @@ impl Journal {
             Err(err) => return Err(format!("{}: cannot read: {err}", path.display())),
         };
         let file = rewrite(&path, &live, &ended)?;
+        let mut by_age: Vec<(i64, u64, u64)> = ended.values().map(|r| (r.at_ms, r.job_id, r.epoch)).collect();
+        by_age.sort_unstable();
         Ok(Journal {
             path,
             file,
             lines: live.len() + ended.len(),
             live,
             ended,
+            by_age: by_age.into(),
         })
     }
 
@@ -122,12 +130,15 @@ impl Journal {
             at_ms: now_ms,
         });
         self.ended.insert(job_id, record);
-        let old: Vec<(u64, u64)> = self
-            .ended
-            .values()
-            .filter(|r| now_ms - r.at_ms > REPORTED_AFTER_MS)
-            .map(|r| (r.job_id, r.epoch))
-            .collect();
+        self.by_age.push_back((now_ms, job_id, epoch));
+        let mut old = Vec::new();
+        while let Some(&(at_ms, job_id, epoch)) = self.by_age.front() {
+            if now_ms - at_ms <= REPORTED_AFTER_MS {
+                break;
+            }
+            self.by_age.pop_front();
+            old.push((job_id, epoch));
+        }
         self.reported(&old);
     }
 
@@ -320,5 +331,25 @@ mod tests {
         journal.ended(2, 1, "signal 9", REPORTED_AFTER_MS + 1);
         let left: Vec<u64> = journal.unreported().iter().map(|r| r.job_id).collect();
         assert_eq!(left, vec![2]);
+    }
+
+    #[test]
+    fn a_reopened_journal_forgets_old_ends_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        // Job 1 ends after job 2 in the file, but at an earlier time.
+        journal.ended(2, 1, "code 0", 5);
+        journal.ended(1, 1, "code 0", 1);
+        // Reported through a Register: passed over when its time comes.
+        journal.ended(3, 1, "code 0", 0);
+        journal.reported(&[(3, 1)]);
+        drop(journal);
+        let mut journal = Journal::open(dir.path()).unwrap();
+        journal.ended(4, 1, "code 1", REPORTED_AFTER_MS + 2);
+        let left: Vec<u64> = journal.unreported().iter().map(|r| r.job_id).collect();
+        assert_eq!(left, vec![2, 4]);
+        journal.ended(5, 1, "code 1", REPORTED_AFTER_MS + 6);
+        let left: Vec<u64> = journal.unreported().iter().map(|r| r.job_id).collect();
+        assert_eq!(left, vec![4, 5]);
     }
 }
