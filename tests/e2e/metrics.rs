@@ -279,3 +279,48 @@ fn a_full_pool_where_nothing_changes_runs_no_cycle_and_the_next_change_does() {
     cluster.gpool(&["cancel", &running.to_string()]).ok();
     cluster.wait_for_state(waiting, "completed");
 }
+
+/// A job last in line that a cycle cannot see (held, or waiting on another
+/// job) gets no words from one; where nothing could start, changes must not
+/// each run a cycle for it (with 100,000 jobs waiting, each would be a
+/// whole-queue plan). Cycles then run only when their words are due.
+#[test]
+fn a_held_or_gated_job_last_in_line_does_not_make_each_change_a_cycle() {
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    cluster.start_agent("n1", 1);
+    let running = cluster.submit(&["--", "sleep", "60"]);
+    cluster.wait_for_state(running, "running");
+    let waiting = cluster.submit(&["--", "true"]);
+    let held = cluster.submit(&["--", "true"]);
+    cluster.gpool(&["hold", &held.to_string()]).ok();
+    let addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).unwrap();
+    let cycles = || {
+        let (_, body) = get(addr.trim(), "/metrics");
+        value(&body, "gpool_scheduling_cycle_seconds_count").expect("the cycle count")
+    };
+    // The pool is full: the waiting job has its words once a cycle ran.
+    wait_until("the waiting job's words", Duration::from_secs(10), || {
+        (!cluster.job(waiting)["reasons"].as_array().unwrap().is_empty()).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let before = cycles();
+    let started = std::time::Instant::now();
+    // At most one a WORDS_EVERY (500 ms), and a few over.
+    let due = || started.elapsed().as_secs_f64() / 0.5 + 3.0;
+    let after_running = format!("afterok:{running}");
+    let mut changes = 0;
+    // Enough changes that one cycle each would be over twice what is due,
+    // however slow the machine.
+    while changes < 30 || (f64::from(changes) <= 2.0 * due() && changes < 400) {
+        let gated = cluster.submit(&["-d", &after_running, "--", "true"]);
+        cluster.gpool(&["cancel", &gated.to_string()]).ok();
+        changes += 2;
+    }
+    let ran = cycles() - before;
+    assert!(
+        ran <= due(),
+        "{ran} cycles for {changes} changes in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(cluster.job(held)["state"], "pending");
+}

@@ -370,6 +370,10 @@ impl Write {
     }
 }
 
+/// How many of the newest jobs `State::newest_waits_unexplained` looks
+/// through for one a cycle would say something of.
+const UNEXPLAINED_LOOK_BACK: usize = 64;
+
 /// A pending job as a cycle sees it (`State::waiting`).
 #[derive(Debug, Clone, PartialEq)]
 struct Waiting {
@@ -1036,9 +1040,21 @@ impl State {
 
     /// Whether the newest job waits with no word yet on why (it was just
     /// submitted): then a cycle runs even where it could start nothing.
+    /// Held jobs and jobs that wait on others are passed over (back to
+    /// `UNEXPLAINED_LOOK_BACK` jobs): a cycle does not see them, so it
+    /// never gives them words (they are their hold and their dependencies),
+    /// and one such job last in line would make every cycle a whole one.
     pub fn newest_waits_unexplained(&self) -> bool {
         self.active
-            .last()
+            .iter()
+            .rev()
+            .take(UNEXPLAINED_LOOK_BACK)
+            .find(|id| {
+                !self
+                    .waiting
+                    .get(id)
+                    .is_some_and(|waiting| waiting.held || waiting.gated)
+            })
             .and_then(|id| self.jobs.get(id))
             .is_some_and(|job| job.state == JobState::Pending && self.words.reasons(job.id).is_none())
     }
