@@ -9,8 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
+/// What one `JobLogs` stream carries. Boxed: a channel keeps room for 32
+/// of its messages from the start, and a `Status` is large (5 KB a reader).
+type LogItem = Box<Result<pb::LogChunk, Status>>;
 /// The sending end of one `JobLogs` stream.
-type LogSender = mpsc::Sender<Result<pb::LogChunk, Status>>;
+type LogSender = mpsc::Sender<LogItem>;
 
 /// Chunks (up to 16 KiB each, as agents read them: 4 MiB in all; an agent
 /// older than gpoold may still send 64 KiB ones) a log reader may fall
@@ -29,7 +32,7 @@ pub struct LogRelay {
 impl LogRelay {
     /// A new request id for a read from `node`, and the receiving end of
     /// its stream.
-    pub fn open(&self, node: &str) -> (u64, mpsc::Receiver<Result<pb::LogChunk, Status>>) {
+    pub fn open(&self, node: &str) -> (u64, mpsc::Receiver<LogItem>) {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (sender, receiver) = mpsc::channel(LOG_BUFFER);
         self.streams
@@ -66,16 +69,16 @@ impl LogRelay {
         // One slot stays free for the message that ends the stream.
         if !data.data.is_empty() {
             if sender.capacity() > 1 {
-                dropped = sender.try_send(Ok(pb::LogChunk { data: data.data })).is_err();
+                dropped = sender.try_send(Box::new(Ok(pb::LogChunk { data: data.data }))).is_err();
             } else {
-                let _ = sender.try_send(Err(Status::resource_exhausted(format!(
+                let _ = sender.try_send(Box::new(Err(Status::resource_exhausted(format!(
                     "this reader fell more than {LOG_BUFFER} chunks behind the output of node {node} and was dropped; read again (e.g. without a pager)"
-                ))));
+                )))));
                 dropped = true;
             }
         }
         if !data.error.is_empty() && !dropped {
-            let _ = sender.try_send(Err(Status::failed_precondition(data.error)));
+            let _ = sender.try_send(Box::new(Err(Status::failed_precondition(data.error))));
         }
         let done = dropped || ends_itself;
         if done {

@@ -467,8 +467,9 @@ impl Pool for PoolService {
             self.logs.close(request_id);
             return Err(err.into());
         }
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
-            receiver,
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+            |chunk| *chunk,
         ))))
     }
 
