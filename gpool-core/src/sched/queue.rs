@@ -100,9 +100,11 @@ impl Queue {
 ///   changed (no longer covered by the team's guarantee, or behind the
 ///   backfill reservation), which is at most 4 tries a shape, and each
 ///   other job once;
-/// - a QoS keeps GPUs free: whether a job may take them depends on what
-///   its pool has free, so a job of a shape may start after one that could
-///   not;
+/// - a QoS keeps GPUs free: a job that would take kept GPUs waits without
+///   claiming the backfill reservation, but a later job of its shape that
+///   no longer fits at all (other shapes' starts decide when: however far
+///   past the window) claims it, and the reservation moves where later
+///   jobs go (the property test finds such queues);
 /// - the age weight is negative (older jobs would come last).
 pub fn window_gpus(
     nodes: &[NodeView],
