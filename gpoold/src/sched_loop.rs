@@ -85,6 +85,15 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
                 schedule_starts(&view, &policy, now)
             }
         });
+        if plan.needs_whole {
+            // Where a QoS keeps GPUs free, the window's plan may not be the
+            // whole queue's (`gpool_core::sched::window_gpus`).
+            let whole = {
+                let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+                state.cluster_view(now, false)
+            };
+            plan = tokio::task::block_in_place(|| schedule(&whole, &policy, now));
+        }
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
         let settled = starts.is_empty() && preemptions.is_empty();

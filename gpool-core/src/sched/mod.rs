@@ -499,12 +499,17 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     // depends on what is free in its pool.
     let mut failed: HashMap<ShapeKey, Reasons, FastHash> = HashMap::default();
     plan.complete = !view.windowed;
+    // Jobs that would have taken kept GPUs: in a windowed view, each must
+    // still fit once the cycle is done (see `window_gpus`).
+    let mut kept_from: Vec<&PendingJob> = Vec::new();
+    let still_fit = |kept_from: &[&PendingJob], index: &FreeIndex| kept_from.iter().all(|job| index.fits(job, policy));
     for (_, job, class) in order {
         // Free GPUs and possible reclaims only shrink within a cycle: once
         // both are gone, no later job starts or preempts.
         if !explain_all && !index.any_free() && !reclaim.may_act() {
             plan.complete = false;
             plan.reservation = None;
+            plan.needs_whole = view.windowed && !still_fit(&kept_from, &index);
             return plan;
         }
         let TeamRow { terms: team, used } = &mut teams.rows[class.team];
@@ -606,6 +611,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                     }
                 }
                 if into_reserve {
+                    kept_from.push(job);
                     plan.pending.push((job.id, reasons.into()));
                     continue;
                 }
@@ -668,6 +674,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
         }
     }
     plan.reservation = reservation.map(|r| (r.job, r.at, r.placement));
+    plan.needs_whole = view.windowed && !still_fit(&kept_from, &index);
     plan
 }
 

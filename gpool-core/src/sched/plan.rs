@@ -23,6 +23,11 @@ pub struct Plan {
     /// Every pending job was looked at (`pending` has all that wait), as
     /// `schedule` always does; `schedule_starts` may stop early.
     pub complete: bool,
+    /// A plan of a windowed view that may not be the whole queue's: a job
+    /// that would have taken GPUs kept for a QoS class no longer fits at
+    /// all, so a later job of its shape past the window may claim the
+    /// backfill reservation (`window_gpus`). The whole plan is then needed.
+    pub needs_whole: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -100,11 +100,17 @@ impl Queue {
 ///   changed (no longer covered by the team's guarantee, or behind the
 ///   backfill reservation), which is at most 4 tries a shape, and each
 ///   other job once;
-/// - a QoS keeps GPUs free: a job that would take kept GPUs waits without
-///   claiming the backfill reservation, but a later job of its shape that
-///   no longer fits at all (other shapes' starts decide when: however far
-///   past the window) claims it, and the reservation moves where later
-///   jobs go (the property test finds such queues);
+/// - a QoS keeps GPUs free and jobs may be preempted (a reclaim must leave
+///   what is kept, which depends on what the job's pool has free).
+///
+/// Without victims, a window where a QoS keeps GPUs free gives the whole
+/// queue's starts unless a job that would have taken kept GPUs no longer
+/// fits at all once the cycle is done: a later job of its shape, however
+/// far past the window, then fails to fit instead and may claim the
+/// backfill reservation, which moves where later jobs go. The plan says so
+/// (`Plan::needs_whole`). Otherwise the later jobs of its shape would take
+/// kept GPUs too (the free GPUs they see only shrink, and they still fit),
+/// and wait without a trace.
 /// - the age weight is negative (older jobs would come last).
 pub fn window_gpus(
     nodes: &[NodeView],
@@ -114,14 +120,14 @@ pub fn window_gpus(
     n_others: usize,
 ) -> Option<u64> {
     let sharing = &policy.sharing;
-    let reserves = sharing.qos.iter().any(|qos| qos.reserve_gpus > 0);
-    if reserves || sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
+    if sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
         return None;
     }
     let victims =
         sharing.qos.iter().any(|qos| qos.preempt_lower) || running.iter().any(|job| job.burst || job.preempting);
+    let reserves = sharing.qos.iter().any(|qos| qos.reserve_gpus > 0);
     let failed_tries = 4 * queue.shapes.len() + n_others;
-    if victims && failed_tries >= super::preempt::MAX_FAILED_RECLAIMS_PER_CYCLE {
+    if victims && (reserves || failed_tries >= super::preempt::MAX_FAILED_RECLAIMS_PER_CYCLE) {
         return None;
     }
     let up = nodes.iter().filter(|node| node.availability == Availability::Up);

@@ -787,11 +787,13 @@ proptest! {
     /// A starts-only cycle on the first jobs of each shape (`Queue::window`)
     /// starts and preempts what a full cycle on the whole queue does, with
     /// and without teams, victims (burst work, jobs being preempted, a QoS
-    /// that preempts lower classes) and an age weight, where the waste
+    /// that preempts lower classes), GPUs kept for a class (where no job
+    /// may be preempted, and unless the plan says it needs the whole
+    /// queue) and an age weight, where the waste
     /// budget does not stop a reclaim (see `queue.rs` for where it may);
     /// and the queue gives back every job it was given.
     #[test]
-    fn a_cycle_on_the_queues_window_starts_what_the_whole_queue_would(view in arb_queue_view()) {
+    fn a_cycle_on_the_queues_window_starts_what_the_whole_queue_would(view in arb_queue_view(), reserved in 1u32..6) {
         let mut no_preempting_qos = policy();
         no_preempting_qos.sharing.qos.iter_mut().for_each(|qos| qos.preempt_lower = false);
         let mut no_age = no_preempting_qos.clone();
@@ -807,12 +809,19 @@ proptest! {
             job.burst = false;
             job.preempting = false;
         });
+        // GPUs kept free for the top class (and so from burst work).
+        let mut reserve = no_preempting_qos.clone();
+        reserve.sharing.qos[2].reserve_gpus = reserved;
+        let mut default_reserve = Policy::default();
+        default_reserve.sharing.qos[0].reserve_gpus = reserved;
         for view in [&view, &no_victims] {
-            for policy in [&policy(), &no_preempting_qos, &no_age, &Policy::default()] {
+            let victims = view.running.iter().any(|job| job.burst || job.preempting);
+            for policy in [&policy(), &no_preempting_qos, &no_age, &Policy::default(), &reserve, &default_reserve] {
                 // At most 4 shapes: too few to spend the failed tries.
                 let gpus = window_gpus(&view.nodes, &view.running, policy, &queue, 0);
+                let reserves = policy.sharing.qos.iter().any(|qos| qos.reserve_gpus > 0);
                 let Some(gpus) = gpus else {
-                    prop_assert!(false, "no window");
+                    prop_assert!(reserves && victims, "no window");
                     continue;
                 };
                 let windowed = ClusterView {
@@ -822,6 +831,10 @@ proptest! {
                 };
                 let full = schedule(view, policy, NOW);
                 let starts = schedule_starts(&windowed, policy, NOW);
+                prop_assert!(reserves || !starts.needs_whole);
+                if starts.needs_whole {
+                    continue;
+                }
                 prop_assert_eq!(&starts.starts, &full.starts, "window of {} jobs of {}:\n{}", windowed.pending.len(), view.pending.len(), full);
                 prop_assert_eq!(&starts.preemptions, &full.preemptions, "window of {} jobs of {}:\n{}", windowed.pending.len(), view.pending.len(), full);
                 prop_assert!(!starts.complete);
@@ -874,7 +887,15 @@ fn a_window_holds_the_gpus_victims_hold_unless_many_shapes_could_spend_the_faile
         window_gpus(&view.nodes, &view.running, &Policy::default(), &queue, 1000),
         Some(2)
     );
+    // GPUs kept for a class: a window only where nothing may be preempted.
     let mut with_reserve = Policy::default();
     with_reserve.sharing.qos[0].reserve_gpus = 1;
-    assert_eq!(window_gpus(&view.nodes, &view.running, &with_reserve, &queue, 0), None);
+    assert_eq!(
+        window_gpus(&view.nodes, &view.running, &with_reserve, &queue, 0),
+        Some(2)
+    );
+    assert_eq!(
+        window_gpus(&burst.nodes, &burst.running, &with_reserve, &queue, 0),
+        None
+    );
 }
