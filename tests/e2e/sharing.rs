@@ -273,3 +273,29 @@ fn usage_and_refusals_speak_as_users_write() {
         run.stderr
     );
 }
+
+/// GPUs a QoS class keeps free stay free for it while a long queue of a
+/// lower class waits (the cycles that look at the first jobs of each shape
+/// alone keep them too), and the class takes them at once.
+#[test]
+fn gpus_kept_for_a_class_stay_free_for_it_under_a_queue() {
+    let mut cluster = Cluster::with_config(
+        "[[qos]]\nname = \"normal\"\n\n[[qos]]\nname = \"high\"\npriority = 10\nreserve_gpus = 1\n",
+    );
+    cluster.start_agent("n1", 3);
+    let queued: Vec<u64> = (0..6).map(|_| cluster.submit(&["--", "sleep", "60"])).collect();
+    for id in &queued[..2] {
+        cluster.wait_for_state(*id, "running");
+    }
+    for id in &queued[2..] {
+        wait_until("the kept GPU as its reason", Duration::from_secs(20), || {
+            let job = cluster.job(*id);
+            (job["reason_codes"][0] == "reserved").then_some(())
+        });
+    }
+    let high = cluster.submit(&["--qos", "high", "--", "sleep", "60"]);
+    cluster.wait_for_state(high, "running");
+    for id in &queued[2..] {
+        assert_eq!(cluster.job(*id)["state"], "pending");
+    }
+}
