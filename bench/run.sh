@@ -3,8 +3,9 @@
 # load average beside it. Usage: bench/run.sh [phase...]
 # Phases: submit-seq submit-par submit-phases api list schedule sharing agents
 # unchanged history nodes-down
-# (default: all), and history-100k (about five minutes), queue-100k
-# (about two minutes) and followers (about 40 seconds) when named.
+# (default: all), and history-100k (about five minutes), queue-100k and
+# queue-100k-kept (GPUs kept for a QoS class; about two minutes each) and
+# followers (about 40 seconds) when named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --workspace --bins

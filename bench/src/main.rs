@@ -58,9 +58,12 @@ fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a == "history-100k") {
         memory_with_history(4, 8, 25, 4_000)?;
     }
-    // Not in the default run: about two minutes.
+    // Not in the default run: about two minutes each.
     if args.iter().any(|a| a == "queue-100k") {
-        long_queue(4, 8, 100_000, 5_000)?;
+        long_queue(4, 8, 100_000, 5_000, "")?;
+    }
+    if args.iter().any(|a| a == "queue-100k-kept") {
+        long_queue(4, 8, 100_000, 5_000, KEPT_FOR_HIGH)?;
     }
     // Not in the default run: about 40 seconds, 1,200 CLI processes.
     if args.iter().any(|a| a == "followers") {
@@ -105,12 +108,33 @@ impl Controller {
 
     /// With more gpoold flags.
     fn start_with(state_dir: &Path, flags: &[&str]) -> anyhow::Result<Controller> {
+        let mut args: Vec<std::ffi::OsString> = ["--dev", "--dev-nodes", "0", "--listen", "127.0.0.1:0", "--state-dir"]
+            .map(Into::into)
+            .to_vec();
+        args.push(state_dir.into());
+        args.extend(flags.iter().map(Into::into));
+        Controller::spawn(state_dir, &args)
+    }
+
+    /// Not in dev mode: from a gpoold.toml with `policy` (teams, QoS
+    /// classes) added, on loopback.
+    fn start_with_policy(state_dir: &Path, policy: &str) -> anyhow::Result<Controller> {
+        let config = state_dir.join("gpoold.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\nstate_dir = {:?}\n{policy}",
+                state_dir.display().to_string()
+            ),
+        )?;
+        Controller::spawn(state_dir, &["--config".into(), config.into()])
+    }
+
+    fn spawn(state_dir: &Path, args: &[std::ffi::OsString]) -> anyhow::Result<Controller> {
         let addr_file = state_dir.join("gpoold.addr");
         let _ = std::fs::remove_file(&addr_file);
         let child = Command::new(binary("gpoold")?)
-            .args(["--dev", "--dev-nodes", "0", "--listen", "127.0.0.1:0", "--state-dir"])
-            .arg(state_dir)
-            .args(flags)
+            .args(args)
             .env("GPOOL_LOG", "warn")
             .env("XDG_RUNTIME_DIR", state_dir.join("run"))
             .stdout(Stdio::null())
@@ -749,14 +773,34 @@ fn count_lines(bytes: &[u8]) -> usize {
     bytes.iter().filter(|b| **b == b'\n').count()
 }
 
+/// Four GPUs kept free for a QoS class above the one the queue's jobs are
+/// in (`reserve_gpus`).
+const KEPT_FOR_HIGH: &str = "\n[[qos]]\nname = \"normal\"\n\n[[qos]]\nname = \"high\"\npriority = 10\nreserve_gpus = 4\n";
+
 /// A long queue: one batch file of `n_queued` jobs (time to submit it,
 /// gpoold's peak and settled memory), then how fast agents start the
-/// first `n_measured` of them, against a queue of 2,000.
-fn long_queue(n_agents: usize, n_gpus: u32, n_queued: usize, n_measured: usize) -> anyhow::Result<()> {
+/// first `n_measured` of them, against a queue of 2,000. `policy`: teams
+/// and QoS classes for gpoold.toml (empty: dev mode's defaults).
+fn long_queue(
+    n_agents: usize,
+    n_gpus: u32,
+    n_queued: usize,
+    n_measured: usize,
+    policy: &str,
+) -> anyhow::Result<()> {
     let shape = format!("{n_agents} agents x {n_gpus} GPUs");
+    let shape = if policy.is_empty() {
+        shape
+    } else {
+        format!("{shape}, 4 GPUs kept for a higher class")
+    };
     for n in [2_000, n_queued] {
         let dir = tempfile::tempdir()?;
-        let controller = Controller::start(dir.path())?;
+        let controller = if policy.is_empty() {
+            Controller::start(dir.path())?
+        } else {
+            Controller::start_with_policy(dir.path(), policy)?
+        };
         let batch = dir.path().join("batch.toml");
         write_true_batch(&batch, n)?;
         let started = Instant::now();
