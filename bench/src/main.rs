@@ -775,19 +775,14 @@ fn count_lines(bytes: &[u8]) -> usize {
 
 /// Four GPUs kept free for a QoS class above the one the queue's jobs are
 /// in (`reserve_gpus`).
-const KEPT_FOR_HIGH: &str = "\n[[qos]]\nname = \"normal\"\n\n[[qos]]\nname = \"high\"\npriority = 10\nreserve_gpus = 4\n";
+const KEPT_FOR_HIGH: &str =
+    "\n[[qos]]\nname = \"normal\"\n\n[[qos]]\nname = \"high\"\npriority = 10\nreserve_gpus = 4\n";
 
 /// A long queue: one batch file of `n_queued` jobs (time to submit it,
 /// gpoold's peak and settled memory), then how fast agents start the
 /// first `n_measured` of them, against a queue of 2,000. `policy`: teams
 /// and QoS classes for gpoold.toml (empty: dev mode's defaults).
-fn long_queue(
-    n_agents: usize,
-    n_gpus: u32,
-    n_queued: usize,
-    n_measured: usize,
-    policy: &str,
-) -> anyhow::Result<()> {
+fn long_queue(n_agents: usize, n_gpus: u32, n_queued: usize, n_measured: usize, policy: &str) -> anyhow::Result<()> {
     let shape = format!("{n_agents} agents x {n_gpus} GPUs");
     let shape = if policy.is_empty() {
         shape

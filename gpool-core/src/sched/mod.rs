@@ -502,6 +502,9 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     // Jobs that would have taken kept GPUs: in a windowed view, each must
     // still fit once the cycle is done (see `window_gpus`).
     let mut kept_from: Vec<&PendingJob> = Vec::new();
+    // Their reasons, each list once (no shape cache covers them): alike
+    // lists shared, as words keep each list once by its address.
+    let mut kept_reasons: HashMap<Vec<Reject>, Reasons, FastHash> = HashMap::default();
     let still_fit = |kept_from: &[&PendingJob], index: &FreeIndex| kept_from.iter().all(|job| index.fits(job, policy));
     for (_, job, class) in order {
         // Free GPUs and possible reclaims only shrink within a cycle: once
@@ -612,7 +615,11 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                 }
                 if into_reserve {
                     kept_from.push(job);
-                    plan.pending.push((job.id, reasons.into()));
+                    let shared = kept_reasons
+                        .entry(reasons)
+                        .or_insert_with_key(|reasons| Reasons::from(reasons.as_slice()))
+                        .clone();
+                    plan.pending.push((job.id, shared));
                     continue;
                 }
                 let reclaiming = matches!(reasons.first(), Some(Reject::Reclaiming { .. }));
