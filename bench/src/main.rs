@@ -123,8 +123,8 @@ impl Controller {
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:0\"\nstate_dir = {:?}\n{policy}",
-                state_dir.display().to_string()
+                "listen = \"127.0.0.1:0\"\nstate_dir = {}\n{policy}",
+                toml::Value::String(state_dir.display().to_string())
             ),
         )?;
         Controller::spawn(state_dir, &["--config".into(), config.into()])

@@ -88,10 +88,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         if plan.needs_whole {
             // Where a QoS keeps GPUs free, the window's plan may not be the
             // whole queue's (`gpool_core::sched::window_gpus`).
-            let whole = {
-                let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-                state.cluster_view(now, false)
-            };
+            let whole = whole_view(&handle, now);
             plan = tokio::task::block_in_place(|| schedule(&whole, &policy, now));
         }
         let starts = std::mem::take(&mut plan.starts);
@@ -107,8 +104,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             // change.
             let whole;
             let view = if view.windowed {
-                let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-                whole = state.cluster_view(now, false);
+                whole = whole_view(&handle, now);
                 &whole
             } else {
                 &view
@@ -138,4 +134,10 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let factor = if settled { IDLE_FACTOR } else { BUSY_FACTOR };
         tokio::time::sleep(compute * factor).await;
     }
+}
+
+/// A view of every waiting job, for a whole plan.
+fn whole_view(handle: &StateHandle, now: Timestamp) -> gpool_core::sched::ClusterView {
+    let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    state.cluster_view(now, false)
 }

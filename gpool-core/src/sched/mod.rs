@@ -499,8 +499,8 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     // depends on what is free in its pool.
     let mut failed: HashMap<ShapeKey, Reasons, FastHash> = HashMap::default();
     plan.complete = !view.windowed;
-    // Jobs that would have taken kept GPUs: in a windowed view, each must
-    // still fit once the cycle is done (see `window_gpus`).
+    // In a windowed view, the jobs that would have taken kept GPUs: each
+    // must still fit once the cycle is done (see `window_gpus`).
     let mut kept_from: Vec<&PendingJob> = Vec::new();
     // Their reasons, each list once (no shape cache covers them): alike
     // lists shared, as words keep each list once by its address.
@@ -512,7 +512,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
         if !explain_all && !index.any_free() && !reclaim.may_act() {
             plan.complete = false;
             plan.reservation = None;
-            plan.needs_whole = view.windowed && !still_fit(&kept_from, &index);
+            plan.needs_whole = !still_fit(&kept_from, &index);
             return plan;
         }
         let TeamRow { terms: team, used } = &mut teams.rows[class.team];
@@ -614,7 +614,9 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                     }
                 }
                 if into_reserve {
-                    kept_from.push(job);
+                    if view.windowed {
+                        kept_from.push(job);
+                    }
                     let shared = kept_reasons
                         .entry(reasons)
                         .or_insert_with_key(|reasons| Reasons::from(reasons.as_slice()))
@@ -681,7 +683,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
         }
     }
     plan.reservation = reservation.map(|r| (r.job, r.at, r.placement));
-    plan.needs_whole = view.windowed && !still_fit(&kept_from, &index);
+    plan.needs_whole = !still_fit(&kept_from, &index);
     plan
 }
 

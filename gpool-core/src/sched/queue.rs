@@ -101,7 +101,8 @@ impl Queue {
 ///   backfill reservation), which is at most 4 tries a shape, and each
 ///   other job once;
 /// - a QoS keeps GPUs free and jobs may be preempted (a reclaim must leave
-///   what is kept, which depends on what the job's pool has free).
+///   what is kept, which depends on what the job's pool has free);
+/// - the age weight is negative (older jobs would come last).
 ///
 /// Without victims, a window where a QoS keeps GPUs free gives the whole
 /// queue's starts unless a job that would have taken kept GPUs no longer
@@ -111,7 +112,6 @@ impl Queue {
 /// (`Plan::needs_whole`). Otherwise the later jobs of its shape would take
 /// kept GPUs too (the free GPUs they see only shrink, and they still fit),
 /// and wait without a trace.
-/// - the age weight is negative (older jobs would come last).
 pub fn window_gpus(
     nodes: &[NodeView],
     running: &[RunningJob],
