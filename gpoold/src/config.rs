@@ -78,6 +78,9 @@ pub struct Config {
     pub forget_nodes_after: Option<Duration>,
     /// Jobs that ended this long ago are removed; `None`: kept forever.
     pub keep_ended_jobs: Option<Duration>,
+    /// Ended jobs, and accounting records, moved from the database to a
+    /// sealed history file at a time (once it holds twice as many).
+    pub history_file_records: usize,
     pub accounting: Accounting,
     /// Where `/metrics` is served (Prometheus); `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
@@ -164,6 +167,8 @@ struct ConfigFile {
     forget_nodes_after: Option<toml::Spanned<String>>,
     #[serde(default)]
     keep_ended_jobs: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    history_file_records: Option<toml::Spanned<i64>>,
     #[serde(default)]
     metrics_listen: Option<toml::Spanned<String>>,
     #[serde(default)]
@@ -418,6 +423,21 @@ impl Config {
                     })?,
             ),
         };
+        let history_file_records = match parsed.history_file_records {
+            None => crate::state::store::RECORDS_PER_FILE,
+            Some(number) => usize::try_from(*number.get_ref())
+                .ok()
+                .filter(|number| (16..=1_000_000).contains(number))
+                .ok_or_else(|| {
+                    invalid(
+                        number.span().start,
+                        format!(
+                            "history_file_records: {} is not a number from 16 to 1000000",
+                            number.get_ref()
+                        ),
+                    )
+                })?,
+        };
         let metrics_listen = match parsed.metrics_listen {
             None => None,
             Some(text) => Some(text.get_ref().parse::<SocketAddr>().map_err(|_| {
@@ -552,6 +572,7 @@ impl Config {
             node_timeout,
             forget_nodes_after,
             keep_ended_jobs,
+            history_file_records,
             accounting,
             metrics_listen,
             straggler_after,

@@ -48,6 +48,8 @@ pub enum Error {
         key: String,
         reason: String,
     },
+    #[error("history file {file} cannot be read: {reason}")]
+    CorruptHistory { file: String, reason: String },
     #[error("state dir has schema version {found}; this gpoold reads up to version {supported}")]
     SchemaTooNew { found: u32, supported: u32 },
     #[error("gpoold is shutting down")]
@@ -84,7 +86,10 @@ impl From<Error> for Status {
             | Error::NotStarted(_)
             | Error::OutputDiscarded(_)
             | Error::NotRunning(_) => Code::FailedPrecondition,
-            Error::Storage(_) | Error::CorruptRecord { .. } | Error::SchemaTooNew { .. } => Code::Internal,
+            Error::Storage(_)
+            | Error::CorruptRecord { .. }
+            | Error::CorruptHistory { .. }
+            | Error::SchemaTooNew { .. } => Code::Internal,
         };
         Status::new(code, err.to_string())
     }

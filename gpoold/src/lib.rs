@@ -42,7 +42,7 @@ pub fn wall_clock() -> Timestamp {
 /// Runs the controller until `shutdown` resolves or a fatal error occurs.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     prepare_state_dir(&config.state_dir)?;
-    let (store, loaded) = state::store::Store::open(&config.state_dir)
+    let (store, loaded) = state::store::Store::open_sealing(&config.state_dir, config.history_file_records)
         .with_context(|| format!("state dir {}", config.state_dir.display()))?;
     let n_jobs = loaded.jobs.len();
     let security = Arc::new(security::Security::open(&config)?);
@@ -74,6 +74,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
 
     let accounting = store.accounting();
+    tokio::spawn(seal_periodically(store.sealer()));
     let (commands, inbox) = mpsc::channel(65_536);
     let handle = StateHandle {
         shared: Arc::new(RwLock::new(State::new(loaded, &config, security.token_key))),
@@ -406,6 +407,26 @@ fn prepare_state_dir(dir: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Moves old ended jobs and accounting records to history files, when
+/// due, every `SEAL_EVERY`, until gpoold stops.
+async fn seal_periodically(sealer: state::store::Sealer) {
+    let mut ticks = tokio::time::interval(SEAL_EVERY);
+    loop {
+        ticks.tick().await;
+        let sealer = sealer.clone();
+        match tokio::task::spawn_blocking(move || sealer.seal_due()).await {
+            Ok(Ok((0, 0))) => {}
+            Ok(Ok((jobs, attempts))) => {
+                tracing::debug!("{jobs} ended jobs and {attempts} accounting records moved to history files")
+            }
+            Ok(Err(err)) => tracing::warn!("moving old records to history files: {err}"),
+            Err(err) => tracing::warn!("moving old records to history files: {err}"),
+        }
+    }
+}
+
+const SEAL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Epoch flushes every 5 s: enough to free a burst's garbage.
 const SLED_EPOCH_FLUSHES: usize = 4096;

@@ -91,6 +91,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 node_timeout: args.node_timeout,
                 forget_nodes_after: Some(gpoold::config::DEFAULT_FORGET_NODES_AFTER),
                 keep_ended_jobs: Some(gpoold::config::DEFAULT_KEEP_ENDED_JOBS),
+                history_file_records: gpoold::state::store::RECORDS_PER_FILE,
                 accounting: Default::default(),
                 metrics_listen: args.metrics_listen,
                 straggler_after: gpoold::config::DEFAULT_STRAGGLER_AFTER,

@@ -195,7 +195,8 @@ impl State {
 
     /// Removes the ended jobs that ended before `before` from disk, but
     /// not those something that has not ended still needs (they are in
-    /// memory). Returns how many.
+    /// memory): from sled one by one, and a history file once all its jobs
+    /// ended before and none is needed. Returns how many.
     pub(super) fn forget_ended_before(&mut self, before: Timestamp, out: &mut Batch) -> Result<usize, Error> {
         let old = self.ended.ended_before(before)?;
         let mut n_removed = 0;
@@ -206,6 +207,9 @@ impl State {
             out.writes.push(Write::ForgetJob(id, ended_at));
             n_removed += 1;
         }
-        Ok(n_removed)
+        let in_files = self
+            .ended
+            .remove_files_before(before, |id| self.jobs.contains_key(&id))?;
+        Ok(n_removed + in_files as usize)
     }
 }

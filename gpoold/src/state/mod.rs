@@ -7,6 +7,7 @@
 
 mod access;
 mod agents;
+pub mod archive;
 mod arrays;
 mod health;
 mod history;

@@ -9,7 +9,12 @@
 //!
 //! A batch of writes is one sled transaction, or, past `MAX_AT_ONCE`
 //! records, a redo log in `redo` applied in parts (`Store::commit`).
+//!
+//! Old ended jobs and accounting records move on to sealed files in
+//! `history/` (`archive`), a file at a time (`Sealer`): sled's memory
+//! grows with every record it ever held, the files' does not.
 
+use super::archive::{Archive, Merged, Record};
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
 use gpool_core::array::task_ids;
@@ -23,6 +28,7 @@ use serde::Serialize;
 use sled::Transactional;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Schema of the whole database; a change migrates in `open`.
 /// Version 2 moved ended jobs from `jobs` to `ended`; version 3 moved each
@@ -57,7 +63,17 @@ pub struct Store {
     /// The redo log of a batch being written in parts (`commit_in_parts`);
     /// empty between batches.
     redo: sled::Tree,
+    /// Sealed files of ended jobs (each with its environment) and of
+    /// accounting records.
+    job_files: Arc<Archive>,
+    attempt_files: Arc<Archive>,
+    /// Records of each kind moved to one file, once sled holds twice as
+    /// many.
+    per_file: usize,
 }
+
+/// Records in one history file, by default.
+pub const RECORDS_PER_FILE: usize = 4096;
 
 /// A damaged entry of the redo log.
 fn corrupt_redo(key: &[u8], reason: String) -> Error {
@@ -107,6 +123,12 @@ pub struct Loaded {
 
 impl Store {
     pub fn open(dir: &Path) -> Result<(Store, Loaded), Error> {
+        Store::open_sealing(dir, RECORDS_PER_FILE)
+    }
+
+    /// As `open`, sealing `per_file` records to a history file at a time.
+    pub fn open_sealing(dir: &Path, per_file: usize) -> Result<(Store, Loaded), Error> {
+        let history = dir.join("history");
         let config = sled::Config::new()
             .path(dir.join("db"))
             // Reads are served from memory; sled's cache only helps loading.
@@ -126,12 +148,16 @@ impl Store {
             tokens: db.open_tree("tokens")?,
             attempts: db.open_tree("attempts")?,
             redo: db.open_tree("redo")?,
+            job_files: Arc::new(Archive::open(&history, "jobs")?),
+            attempt_files: Arc::new(Archive::open(&history, "attempts")?),
+            per_file: per_file.max(1),
             db,
         };
         // A tree later issues fill; opened now so the layout is fixed from v1.
         store.db.open_tree("events")?;
         store.check_schema()?;
         store.finish_interrupted_commit()?;
+        store.sealer().finish_interrupted_seals()?;
         let loaded = store.load()?;
         Ok((store, loaded))
     }
@@ -202,11 +228,7 @@ impl Store {
                 decode("jobs", &key, &value)
             })
             .collect::<Result<_, Error>>()?;
-        let ended = EndedJobs {
-            jobs: self.ended.clone(),
-            by_time: self.ended_by_time.clone(),
-            envs: self.envs.clone(),
-        };
+        let ended = self.ended_jobs();
         jobs.extend(ended.needed_by(&jobs)?);
         jobs.sort_unstable_by_key(|job| job.id);
         self.load_envs(&mut jobs)?;
@@ -428,14 +450,206 @@ impl Store {
 
     /// A handle on the accounting records, for reports.
     pub fn accounting(&self) -> Accounting {
-        Accounting(self.attempts.clone())
+        Accounting {
+            tree: self.attempts.clone(),
+            files: self.attempt_files.clone(),
+        }
+    }
+
+    fn ended_jobs(&self) -> EndedJobs {
+        EndedJobs {
+            jobs: self.ended.clone(),
+            by_time: self.ended_by_time.clone(),
+            envs: self.envs.clone(),
+            files: self.job_files.clone(),
+        }
+    }
+
+    /// A handle for the task that moves old records to history files.
+    pub fn sealer(&self) -> Sealer {
+        Sealer {
+            ended: self.ended_jobs(),
+            attempts: self.accounting(),
+            per_file: self.per_file,
+        }
     }
 }
 
-/// The accounting records on disk. Reports read them here, not from the
-/// state: they are never held in memory as a whole.
+/// Moves the oldest ended jobs and accounting records from sled to sealed
+/// files (`archive`), a file at a time, once sled holds twice as many as a
+/// file takes. It removes from sled only records it sealed that sled still
+/// holds unchanged (compare and swap), so it needs no lock against the
+/// state task, which may write an ended job again.
 #[derive(Clone)]
-pub struct Accounting(sled::Tree);
+pub struct Sealer {
+    ended: EndedJobs,
+    attempts: Accounting,
+    per_file: usize,
+}
+
+impl Sealer {
+    /// Seals what is due; returns how many ended jobs and accounting
+    /// records left sled.
+    pub fn seal_due(&self) -> Result<(usize, usize), Error> {
+        let mut moved = (0, 0);
+        while self.ended.by_time.iter().keys().take(2 * self.per_file).count() == 2 * self.per_file {
+            moved.0 += self.seal_jobs()?;
+        }
+        while self.attempts.tree.iter().keys().take(2 * self.per_file).count() == 2 * self.per_file {
+            moved.1 += self.seal_attempts()?;
+        }
+        Ok(moved)
+    }
+
+    /// The `per_file` jobs that ended first, each with its environment.
+    fn seal_jobs(&self) -> Result<usize, Error> {
+        let ended = &self.ended;
+        let mut records = Vec::with_capacity(self.per_file);
+        for key in ended.by_time.iter().keys().take(self.per_file) {
+            let key = key?;
+            let (at, id) = split_time_key(time_key_bytes("ended_by_time", &key)?);
+            let id = id.to_be_bytes();
+            match ended.jobs.get(id)? {
+                Some(value) => records.push(Record {
+                    key: id.to_vec(),
+                    at: at as i64,
+                    value: value.to_vec(),
+                    extra: ended.envs.get(id)?.map(|env| env.to_vec()),
+                }),
+                // Its record went past retention meanwhile.
+                None => {
+                    ended.by_time.compare_and_swap(&key, Some(&[]), None::<&[u8]>)?.ok();
+                }
+            }
+        }
+        records.sort_by(|a, b| a.key.cmp(&b.key));
+        // Ended twice (it ran again): the later end is the one in `ended`.
+        records.dedup_by(|later, earlier| {
+            let same = later.key == earlier.key;
+            if same && later.at > earlier.at {
+                std::mem::swap(later, earlier);
+            }
+            same
+        });
+        if records.is_empty() {
+            return Ok(0);
+        }
+        ended.files.seal(&records)?;
+        self.remove_sealed_jobs(&records)
+    }
+
+    /// Removes the sealed jobs from sled where sled still holds the same
+    /// record; returns how many.
+    fn remove_sealed_jobs(&self, records: &[Record]) -> Result<usize, Error> {
+        let ended = &self.ended;
+        let mut n_removed = 0;
+        for record in records {
+            if ended
+                .jobs
+                .compare_and_swap(&record.key, Some(&record.value), None::<&[u8]>)?
+                .is_err()
+            {
+                continue;
+            }
+            n_removed += 1;
+            let id = u64::from_be_bytes(record.key.as_slice().try_into().unwrap_or_default());
+            ended
+                .by_time
+                .compare_and_swap(time_key(Timestamp(record.at), id), Some(&[]), None::<&[u8]>)?
+                .ok();
+            if let Some(env) = &record.extra {
+                ended.envs.compare_and_swap(&record.key, Some(env), None::<&[u8]>)?.ok();
+            }
+        }
+        Ok(n_removed)
+    }
+
+    /// The `per_file` accounting records of the attempts that ended first.
+    fn seal_attempts(&self) -> Result<usize, Error> {
+        let records: Vec<Record> = self
+            .attempts
+            .tree
+            .iter()
+            .take(self.per_file)
+            .map(|entry| {
+                let (key, value) = entry?;
+                let (at, _) = split_time_key(time_key_bytes("attempts", &key)?);
+                Ok(Record {
+                    key: key.to_vec(),
+                    at: at as i64,
+                    value: value.to_vec(),
+                    extra: None,
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        self.attempts.files.seal(&records)?;
+        self.remove_sealed_attempts(&records)
+    }
+
+    fn remove_sealed_attempts(&self, records: &[Record]) -> Result<usize, Error> {
+        let mut n_removed = 0;
+        for record in records {
+            let swapped = self
+                .attempts
+                .tree
+                .compare_and_swap(&record.key, Some(&record.value), None::<&[u8]>)?;
+            n_removed += usize::from(swapped.is_ok());
+        }
+        Ok(n_removed)
+    }
+
+    /// A crash may have cut the last seal of each kind short after its
+    /// file was written: its records leave sled now.
+    fn finish_interrupted_seals(&self) -> Result<(), Error> {
+        if let Some(file) = self.ended.files.newest() {
+            let records: Vec<Record> = file.records_from(&[]).collect::<Result<_, _>>()?;
+            let n = self.remove_sealed_jobs(&records)?;
+            if n > 0 {
+                tracing::warn!("{n} ended jobs sealed in {} before a crash left sled now", file.name());
+            }
+        }
+        if let Some(file) = self.attempts.files.newest() {
+            let records: Vec<Record> = file.records_from(&[]).collect::<Result<_, _>>()?;
+            let n = self.remove_sealed_attempts(&records)?;
+            if n > 0 {
+                tracing::warn!(
+                    "{n} accounting records sealed in {} before a crash left sled now",
+                    file.name()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A 16-byte `time_key` read from `tree`.
+fn time_key_bytes(tree: &'static str, key: &[u8]) -> Result<[u8; 16], Error> {
+    <[u8; 16]>::try_from(key).map_err(|_| Error::CorruptRecord {
+        tree,
+        key: key_text(key),
+        reason: format!("{} bytes, expected 16", key.len()),
+    })
+}
+
+/// A record from sled, as the merge with history files takes it.
+fn sled_record(entry: sled::Result<(sled::IVec, sled::IVec)>) -> Result<Record, Error> {
+    let (key, value) = entry?;
+    Ok(Record {
+        key: key.to_vec(),
+        at: 0,
+        value: value.to_vec(),
+        extra: None,
+    })
+}
+
+/// The accounting records on disk, in sled and then in history files.
+/// Reports read them here, not from the state: they are never held in
+/// memory as a whole.
+#[derive(Clone)]
+pub struct Accounting {
+    tree: sled::Tree,
+    files: Arc<Archive>,
+}
 
 impl Accounting {
     /// Records of attempts that ended at or after `since` and started
@@ -447,8 +661,10 @@ impl Accounting {
         mut keep: impl FnMut(&AttemptRecord) -> bool,
     ) -> Result<Vec<AttemptRecord>, Error> {
         let mut found = Vec::new();
-        for entry in self.0.range(attempt_key(since, gpool_core::Epoch(0)).to_vec()..) {
-            let (key, value) = entry?;
+        let from = attempt_key(since, gpool_core::Epoch(0));
+        let in_sled = self.tree.range(from.to_vec()..).map(sled_record);
+        for entry in Merged::new(&self.files, &from, in_sled) {
+            let Record { key, value, .. } = entry?;
             let record: AttemptRecord = decode("attempts", &key, &value)?;
             if record.started_at < until && keep(&record) {
                 found.push(record);
@@ -457,21 +673,23 @@ impl Accounting {
         Ok(found)
     }
 
-    /// Removes the records of attempts that ended before `before`; returns
+    /// Removes the records of attempts that ended before `before` (in
+    /// history files, a whole file once all of its records did); returns
     /// how many.
     pub fn remove_ended_before(&self, before: Timestamp) -> Result<usize, Error> {
         let mut batch = sled::Batch::default();
         let mut n = 0;
         for key in self
-            .0
+            .tree
             .range(..attempt_key(before, gpool_core::Epoch(0)).to_vec())
             .keys()
         {
             batch.remove(key?);
             n += 1;
         }
-        self.0.apply_batch(batch)?;
-        Ok(n)
+        self.tree.apply_batch(batch)?;
+        let in_files = self.files.remove(|file| Ok(file.at.1 < before.0))?;
+        Ok(n + in_files as usize)
     }
 }
 
@@ -497,29 +715,39 @@ fn split_time_key(raw: [u8; 16]) -> (u64, u64) {
     (u64::from_be_bytes(at), u64::from_be_bytes(then))
 }
 
-/// The ended jobs on disk. `gpool show`, `jobs --all` and the rest read
-/// them here; they are not held in memory.
+/// The ended jobs on disk, in sled and then in history files. `gpool
+/// show`, `jobs --all` and the rest read them here; they are not held in
+/// memory. sled is looked at first: a record leaves it only once its file
+/// is published.
 #[derive(Clone)]
 pub struct EndedJobs {
     jobs: sled::Tree,
     by_time: sled::Tree,
     envs: sled::Tree,
+    files: Arc<Archive>,
 }
 
 impl EndedJobs {
     /// Ended job `id`, if it is on disk, without its environment.
     pub fn get(&self, id: JobId) -> Result<Option<Job>, Error> {
         let key = id.0.to_be_bytes();
-        self.jobs
-            .get(key)?
-            .map(|value| decode("ended", &key, &value))
-            .transpose()
+        if let Some(value) = self.jobs.get(key)? {
+            return decode("ended", &key, &value).map(Some);
+        }
+        match self.files.get(&key)? {
+            Some(record) => decode("ended", &key, &record.value).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// `job` as read from `ended`, with its environment.
     pub fn with_env(&self, mut job: Job) -> Result<Job, Error> {
         let key = job.id.0.to_be_bytes();
-        if let Some(value) = self.envs.get(key)? {
+        let value = match self.envs.get(key)? {
+            Some(value) => Some(value.to_vec()),
+            None => self.files.get(&key)?.and_then(|record| record.extra),
+        };
+        if let Some(value) = value {
             let env: Vec<(String, String)> = decode("envs", &key, &value)?;
             std::sync::Arc::make_mut(&mut job.spec).env = env.into();
         }
@@ -529,9 +757,11 @@ impl EndedJobs {
     /// The ended jobs from id `first` on, in id order, without their
     /// environments (a listing shows none).
     pub fn from(&self, first: JobId) -> impl Iterator<Item = Result<Job, Error>> {
-        self.jobs.range(first.0.to_be_bytes()..).map(|entry| {
-            let (key, value) = entry?;
-            decode("ended", &key, &value)
+        let key = first.0.to_be_bytes();
+        let in_sled = self.jobs.range(key..).map(sled_record);
+        Merged::new(&self.files, &key, in_sled).map(|entry| {
+            let record = entry?;
+            decode("ended", &record.key, &record.value)
         })
     }
 
@@ -539,13 +769,16 @@ impl EndedJobs {
     /// environment): the array a task of an ended array belongs to, or
     /// another task of it, if any.
     pub fn before(&self, id: JobId) -> Result<Option<Job>, Error> {
-        match self.jobs.range(..id.0.to_be_bytes()).next_back() {
-            Some(entry) => {
-                let (key, value) = entry?;
-                decode("ended", &key, &value).map(Some)
-            }
-            None => Ok(None),
-        }
+        let key = id.0.to_be_bytes();
+        let in_sled = self.jobs.range(..key).next_back().map(sled_record).transpose()?;
+        let in_files = self.files.last_below(&key)?;
+        let last = match (in_sled, in_files) {
+            (Some(in_sled), Some(in_files)) if in_files.key > in_sled.key => Some(in_files),
+            (None, in_files) => in_files,
+            (in_sled, _) => in_sled,
+        };
+        last.map(|record| decode("ended", &record.key, &record.value))
+            .transpose()
     }
 
     fn last(&self) -> Result<Option<Job>, Error> {
@@ -558,10 +791,17 @@ impl EndedJobs {
     fn needed_by(&self, jobs: &[Job]) -> Result<Vec<Job>, Error> {
         let mut needed: Vec<Job> = Vec::new();
         for job in jobs {
-            let tasks = task_ids(job.id, job.spec.array.as_ref().map_or(0, |spec| spec.len()));
-            for entry in self.jobs.range(tasks.start.0.to_be_bytes()..tasks.end.0.to_be_bytes()) {
-                let (key, value) = entry?;
-                needed.push(decode("ended", &key, &value)?);
+            let n_tasks = job.spec.array.as_ref().map_or(0, |spec| spec.len());
+            if n_tasks == 0 {
+                continue;
+            }
+            let tasks = task_ids(job.id, n_tasks);
+            for task in self.from(tasks.start) {
+                let task = task?;
+                if task.id >= tasks.end {
+                    break;
+                }
+                needed.push(task);
             }
         }
         let targets: std::collections::BTreeSet<JobId> = jobs
@@ -584,7 +824,27 @@ impl EndedJobs {
         Ok(needed)
     }
 
-    /// The ended jobs that ended before `before`, oldest first, and when.
+    /// Removes the history files whose jobs all ended before `before`,
+    /// but none that holds a job `needed` says is still needed (it goes
+    /// once it is not); returns how many jobs they held.
+    pub fn remove_files_before(&self, before: Timestamp, needed: impl Fn(JobId) -> bool) -> Result<u64, Error> {
+        self.files.remove(|file| {
+            if file.at.1 >= before.0 {
+                return Ok(false);
+            }
+            for record in file.records_from(&[]) {
+                let record = record?;
+                let id = u64::from_be_bytes(record.key.as_slice().try_into().unwrap_or_default());
+                if needed(JobId(id)) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    /// The ended jobs in sled that ended before `before`, oldest first,
+    /// and when.
     pub fn ended_before(&self, before: Timestamp) -> Result<Vec<(JobId, Timestamp)>, Error> {
         self.by_time
             .range(..time_key(before, 0))
@@ -966,12 +1226,7 @@ mod tests {
         records.job(&job(7, cancelled_at(9_000)));
         store.commit(records).expect("commit");
         assert!(store.jobs.get(7u64.to_be_bytes()).expect("read").is_none());
-        let ended = store.ended.clone();
-        let ended = EndedJobs {
-            jobs: ended,
-            by_time: store.ended_by_time.clone(),
-            envs: store.envs.clone(),
-        };
+        let ended = store.ended_jobs();
         assert_eq!(ended.before(JobId(8)).expect("read").map(|job| job.id), Some(JobId(7)));
         assert_eq!(ended.ended_before(Timestamp(9_001)).expect("read").len(), 1);
         let mut records = Records::default();
@@ -979,6 +1234,165 @@ mod tests {
         store.commit(records).expect("commit");
         assert!(ended.get(JobId(7)).expect("read").is_none());
         assert!(ended.ended_before(Timestamp(i64::MAX)).expect("read").is_empty());
+    }
+
+    /// Ended jobs 1..=n, job `id` with `ID=id` in its environment, ended at
+    /// `1000 * id` ms, written as the state task writes them.
+    fn ended_jobs_1_to(store: &Store, n: u64) {
+        let mut records = Records::default();
+        for id in 1..=n {
+            let mut job = job(id, JobState::Pending);
+            Arc::make_mut(&mut job.spec).env = vec![("ID".to_string(), id.to_string())].into();
+            records.job_env(&job);
+            job.state = cancelled_at(1000 * id as i64);
+            records.job(&job);
+        }
+        store.commit(records).expect("commit");
+    }
+
+    fn ids(jobs: impl Iterator<Item = Result<Job, Error>>) -> Vec<u64> {
+        jobs.map(|job| job.expect("read").id.0).collect()
+    }
+
+    #[test]
+    fn the_oldest_ended_jobs_move_to_a_history_file_and_read_back_the_same() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let (store, _) = Store::open_sealing(dir.path(), 16).expect("open");
+        ended_jobs_1_to(&store, 40);
+        let ended = store.ended_jobs();
+        let before: Vec<Job> = ended.from(JobId(0)).map(|job| job.expect("read")).collect();
+        // 40 is more than twice 16: the 16 that ended first move, once.
+        assert_eq!(store.sealer().seal_due().expect("seal"), (16, 0));
+        assert_eq!(store.ended.len(), 24);
+        assert_eq!(store.ended_by_time.len(), 24);
+        assert!(store.ended.get(16u64.to_be_bytes()).expect("read").is_none());
+        assert!(store.envs.get(16u64.to_be_bytes()).expect("read").is_none());
+        let after: Vec<Job> = ended.from(JobId(0)).map(|job| job.expect("read")).collect();
+        assert_eq!(after, before);
+        assert_eq!(ids(ended.from(JobId(15))), (15..=40).collect::<Vec<_>>());
+        let sealed = ended.get(JobId(7)).expect("read").expect("job 7");
+        assert_eq!(sealed, before[6]);
+        let env = ended.with_env(sealed).expect("read").spec.env.to_vec();
+        assert_eq!(env, [("ID".to_string(), "7".to_string())]);
+        assert_eq!(
+            ended.before(JobId(17)).expect("read").map(|job| job.id),
+            Some(JobId(16))
+        );
+        assert_eq!(
+            ended.before(JobId(16)).expect("read").map(|job| job.id),
+            Some(JobId(15))
+        );
+        assert_eq!(ended.before(JobId(1)).expect("read"), None);
+        // Retention: a file goes once all its jobs are past it, and not
+        // while one of them is still needed.
+        let keep = |needed: u64| move |id: JobId| id.0 == needed;
+        assert_eq!(
+            ended.remove_files_before(Timestamp(16_000), keep(0)).expect("remove"),
+            0
+        );
+        assert_eq!(
+            ended.remove_files_before(Timestamp(16_001), keep(3)).expect("remove"),
+            0
+        );
+        assert_eq!(
+            ended.remove_files_before(Timestamp(16_001), keep(0)).expect("remove"),
+            16
+        );
+        assert_eq!(ids(ended.from(JobId(0))), (17..=40).collect::<Vec<_>>());
+        assert!(ended.get(JobId(7)).expect("read").is_none());
+    }
+
+    #[test]
+    fn a_seal_a_crash_cut_short_is_finished_at_open_and_a_record_written_again_stays() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        {
+            let (store, _) = Store::open_sealing(dir.path(), 16).expect("open");
+            ended_jobs_1_to(&store, 20);
+            // The file is written and published; the crash comes before
+            // anything leaves sled.
+            let records: Vec<Record> = (1..=8u64)
+                .map(|id| {
+                    let key = id.to_be_bytes();
+                    Record {
+                        key: key.to_vec(),
+                        at: 1000 * id as i64,
+                        value: store.ended.get(key).expect("read").expect("ended").to_vec(),
+                        extra: store.envs.get(key).expect("read").map(|env| env.to_vec()),
+                    }
+                })
+                .collect();
+            store.job_files.seal(&records).expect("seal");
+            // Job 3 is written again before the removal: that one stays.
+            let mut again = job(3, cancelled_at(3000));
+            Arc::make_mut(&mut again.spec).name = "again".into();
+            let mut write = Records::default();
+            write.job(&again);
+            store.commit(write).expect("commit");
+            store.db.flush().expect("flush");
+        }
+        let (store, loaded) = Store::open_sealing(dir.path(), 16).expect("open again");
+        assert_eq!(store.ended.len(), 13, "jobs 3 and 9..=20 are left in sled");
+        assert_eq!(store.ended_by_time.len(), 13);
+        assert_eq!(ids(loaded.ended.from(JobId(0))), (1..=20).collect::<Vec<_>>());
+        let job_3 = loaded.ended.get(JobId(3)).expect("read").expect("job 3");
+        assert_eq!(job_3.spec.name, "again");
+        let job_5 = loaded.ended.get(JobId(5)).expect("read").expect("job 5");
+        assert_ne!(job_5.spec.name, "again");
+    }
+
+    #[test]
+    fn old_accounting_records_move_to_history_files_and_leave_a_file_at_a_time() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let (store, _) = Store::open_sealing(dir.path(), 16).expect("open");
+        let accounting = store.accounting();
+        let record = |n: u64| {
+            let mut record = AttemptRecord {
+                job: JobId(n),
+                display_id: n.to_string(),
+                attempt: 1,
+                epoch: gpool_core::Epoch(n),
+                user: "alice".into(),
+                team: "ml".into(),
+                project: "p".into(),
+                workload_type: "training".into(),
+                qos: String::new(),
+                pool: "default".into(),
+                gpus: Default::default(),
+                nodes: vec!["n1".into()],
+                started_at: Timestamp(0),
+                ended_at: Timestamp(0),
+                burst: false,
+                end: "completed".into(),
+                lost_gpu_secs: 0.0,
+                gpu_use: Default::default(),
+            };
+            record.ended_at = Timestamp(n as i64 * 10);
+            record
+        };
+        let mut records = Records::default();
+        for n in 1..=50 {
+            records.attempt(&record(n));
+        }
+        store.commit(records).expect("commit");
+        let all = accounting.read(Timestamp(0), Timestamp(1), |_| true).expect("read");
+        // Twice 16 are due twice: 50, then 34.
+        assert_eq!(store.sealer().seal_due().expect("seal"), (0, 32));
+        assert_eq!(store.attempts.len(), 18);
+        assert_eq!(
+            accounting.read(Timestamp(0), Timestamp(1), |_| true).expect("read"),
+            all
+        );
+        let window = accounting.read(Timestamp(155), Timestamp(1), |_| true).expect("read");
+        assert_eq!(
+            window.iter().map(|record| record.job.0).collect::<Vec<_>>(),
+            (16..=50).collect::<Vec<_>>()
+        );
+        // Records 1..=16 ended at 10..=160: their file goes with them.
+        assert_eq!(accounting.remove_ended_before(Timestamp(165)).expect("remove"), 16);
+        assert_eq!(
+            accounting.read(Timestamp(0), Timestamp(1), |_| true).expect("read"),
+            all[16..]
+        );
     }
 
     /// Records of `n` pending jobs from id 1, and the next job id after them.
