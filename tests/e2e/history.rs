@@ -93,10 +93,10 @@ fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelle
     assert!(missing.stderr.contains("987654"), "{}", missing.stderr);
 }
 
-#[test]
-fn ended_jobs_leave_memory_and_are_listed_and_shown_from_disk() {
-    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
-    cluster.start_agent("n1", 2);
+/// Ends the jobs `check_history` looks at: one done, one failed, an array
+/// of 4, and an array cancelled before any task ran (its blocker is
+/// cancelled while it runs). Returns the ids `check_history` takes.
+fn make_history(cluster: &Cluster) -> (u64, u64, u64, u64) {
     let done = cluster.submit(&["--env", "KEPT_VAR=done-env", "--", "sh", "-c", "echo from-done"]);
     let failed = cluster.submit(&["--", "sh", "-c", "exit 3"]);
     let array = cluster.submit(&["-a", "0-3", "--", "true"]);
@@ -113,6 +113,14 @@ fn ended_jobs_leave_memory_and_are_listed_and_shown_from_disk() {
         .ok();
     cluster.wait_for_state(cancelled, "cancelled");
     cluster.wait_for_state(blocker, "cancelled");
+    (done, failed, array, cancelled)
+}
+
+#[test]
+fn ended_jobs_leave_memory_and_are_listed_and_shown_from_disk() {
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\n");
+    cluster.start_agent("n1", 2);
+    let (done, failed, array, cancelled) = make_history(&cluster);
     wait_for_none_in_memory(&cluster);
     check_history(&cluster, done, failed, array, cancelled);
 
@@ -138,6 +146,72 @@ fn ended_jobs_leave_memory_and_are_listed_and_shown_from_disk() {
         0.0
     );
     check_history(&cluster, done, failed, array, cancelled);
+    let next = cluster.submit(&["--", "true"]);
+    assert_eq!(next, after_failed + 1);
+}
+
+/// The history files of `kind` in the state dir.
+fn history_files(cluster: &Cluster, kind: &str) -> usize {
+    std::fs::read_dir(cluster.state_dir().join("history"))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|entry| {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    name.starts_with(&format!("{kind}-")) && name.ends_with(".seg")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn attempts_on_record(cluster: &Cluster) -> u64 {
+    let report = cluster.gpool(&["report", "--output", "json"]).json();
+    report["total"]["attempts"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{report}"))
+}
+
+#[test]
+fn ended_jobs_in_history_files_are_listed_shown_and_depended_on_as_before() {
+    // sled keeps ended jobs and accounting records until it holds 32 of a
+    // kind; the 16 oldest then move to a history file.
+    let mut cluster = Cluster::with_config("metrics_listen = \"127.0.0.1:0\"\nhistory_file_records = 16\n");
+    cluster.start_agent("n1", 2);
+    let (done, failed, array, cancelled) = make_history(&cluster);
+    // Enough later jobs that the first ones move to history files.
+    let later = cluster.submit(&["-a", "0-49", "--", "true"]);
+    cluster.wait_for_state(later, "completed");
+    wait_until(
+        "two history files of jobs and two of attempts",
+        Duration::from_secs(20),
+        || (history_files(&cluster, "jobs") == 2 && history_files(&cluster, "attempts") == 2).then_some(()),
+    );
+    wait_for_none_in_memory(&cluster);
+    check_history(&cluster, done, failed, array, cancelled);
+    // Every attempt is charged: done, failed, the 4 tasks, the blocker and
+    // the 50 later tasks.
+    assert_eq!(attempts_on_record(&cluster), 57);
+    // A new dependency on a job in a history file is met, or never met.
+    let after_done = cluster.submit(&["-d", &format!("afterok:{done}"), "--", "true"]);
+    let after_failed = cluster.submit(&["-d", &format!("afterok:{failed}"), "--", "true"]);
+    cluster.wait_for_state(after_done, "completed");
+    cluster.wait_for_state(after_failed, "failed");
+    wait_for_none_in_memory(&cluster);
+    restart(&mut cluster);
+    check_history(&cluster, done, failed, array, cancelled);
+    assert_eq!(attempts_on_record(&cluster), 58);
+    let listed = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+    let ids: Vec<u64> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|job| job["id"].as_u64())
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(ids, sorted, "listed once each, in id order");
+    assert!((later..=later + 50).all(|id| ids.contains(&id)), "{ids:?}");
     let next = cluster.submit(&["--", "true"]);
     assert_eq!(next, after_failed + 1);
 }

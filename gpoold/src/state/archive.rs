@@ -614,13 +614,9 @@ impl<S: Iterator<Item = Result<Record, Error>>> Iterator for Merged<S> {
             let mut failed = None;
             for (n, (_, cursor)) in self.open.iter_mut().enumerate() {
                 match cursor.peek() {
-                    Some(Ok(record)) => {
-                        if least.is_none_or(|least| *record.key < *least) {
-                            least = Some(&record.key);
-                        }
-                    }
+                    Some(Ok(record)) if least.is_none_or(|least| *record.key < *least) => least = Some(&record.key),
                     Some(Err(_)) => failed = Some(n),
-                    None => {}
+                    _ => {}
                 }
             }
             if let Some(n) = failed {
@@ -670,7 +666,7 @@ mod tests {
             key: key.to_be_bytes().to_vec(),
             at,
             value: format!("job {key} at {at}").into_bytes(),
-            extra: (key % 3 == 0).then(|| vec![key as u8; (key % 7) as usize]),
+            extra: key.is_multiple_of(3).then(|| vec![key as u8; (key % 7) as usize]),
         }
     }
 
