@@ -79,7 +79,8 @@ pub struct Config {
     /// Jobs that ended this long ago are removed; `None`: kept forever.
     pub keep_ended_jobs: Option<Duration>,
     /// Ended jobs, and accounting records, moved from the database to a
-    /// sealed history file at a time (once it holds twice as many).
+    /// sealed history file at a time, once it holds 1,024 more (or twice as
+    /// many, where that is fewer).
     pub history_file_records: usize,
     pub accounting: Accounting,
     /// Where `/metrics` is served (Prometheus); `None`: not served.
@@ -860,6 +861,26 @@ mod tests {
         assert_eq!(pricing.price(&GpuModel::new("H100")), Some(4.10));
         assert_eq!(pricing.cost_center("ml", "ads-ranking"), "ads");
         assert_eq!(pricing.cost_center("nlp", "x"), "research");
+    }
+
+    #[test]
+    fn history_file_records_is_a_number_in_range() {
+        let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n";
+        for bad in ["15", "1000001", "-1"] {
+            let err = Config::parse("g.toml", &format!("{base}history_file_records = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!(
+                    "history_file_records: {bad} is not a number from 16 to 1000000"
+                )),
+                "{err}"
+            );
+        }
+        let config = Config::parse("g.toml", &format!("{base}history_file_records = 16\n")).unwrap();
+        assert_eq!(config.history_file_records, 16);
+        let config = Config::parse("g.toml", base).unwrap();
+        assert_eq!(config.history_file_records, crate::state::store::RECORDS_PER_FILE);
     }
 
     #[test]

@@ -151,74 +151,113 @@ fn read_record(bytes: &mut Reader<'_>) -> Result<Record, String> {
     Ok(Record { key, at, value, extra })
 }
 
-/// Creates `path` from `bytes` whole or not at all: written beside it,
-/// synced, renamed, and the directory synced.
-fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let partial = path.with_extension("partial");
-    let mut file = std::fs::File::create(&partial).map_err(|err| io_failed(&partial, err))?;
-    file.write_all(bytes).map_err(|err| io_failed(&partial, err))?;
-    file.sync_all().map_err(|err| io_failed(&partial, err))?;
-    std::fs::rename(&partial, path).map_err(|err| io_failed(path, err))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(dir)
-        .and_then(|dir| dir.sync_all())
-        .map_err(|err| io_failed(dir, err))
-}
-
 impl Segment {
-    /// Writes `records` (sorted by key, each key once, none longer than
-    /// `MAX_KEY`) to `path` and returns the sealed file.
-    fn write(path: PathBuf, seq: u64, records: &[Record]) -> Result<Segment, Error> {
-        let mut bytes = HEAD.to_vec();
+    /// Writes `records` (in key order, each key once, none longer than
+    /// `MAX_KEY`) to `path`, whole or not at all: to a file beside it,
+    /// synced, renamed, and the directory synced. A block at a time is in
+    /// memory. None where there were no records.
+    fn write(
+        path: PathBuf,
+        seq: u64,
+        records: impl Iterator<Item = Result<Record, Error>>,
+    ) -> Result<Option<Segment>, Error> {
+        let partial = path.with_extension("partial");
+        let written = Segment::write_to(&partial, path, seq, records);
+        if !matches!(written, Ok(Some(_))) {
+            let _ = std::fs::remove_file(&partial);
+        }
+        written
+    }
+
+    fn write_to(
+        partial: &Path,
+        path: PathBuf,
+        seq: u64,
+        records: impl Iterator<Item = Result<Record, Error>>,
+    ) -> Result<Option<Segment>, Error> {
+        let failed = |err| io_failed(partial, err);
+        let file = std::fs::File::create(partial).map_err(failed)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, file);
+        out.write_all(HEAD).map_err(failed)?;
+        let mut written = HEAD.len() as u64;
         let mut blocks = Vec::new();
-        for chunk in records.chunks(BLOCK) {
-            let offset = bytes.len();
-            for record in chunk {
-                put_record(&mut bytes, record);
-            }
+        let mut block = Vec::new();
+        let mut first_key = Vec::new();
+        let mut in_block = 0;
+        let mut n_records = 0u64;
+        let mut at = (i64::MAX, i64::MIN);
+        let mut last_key = Vec::new();
+        let mut end_block = |block: &mut Vec<u8>, first_key: &[u8], out: &mut std::io::BufWriter<std::fs::File>| {
+            out.write_all(block)?;
             blocks.push(Block {
-                first_key: chunk[0].key.clone().into_boxed_slice(),
-                offset: offset as u64,
-                len: (bytes.len() - offset) as u32,
-                hash: hash8(&bytes[offset..]),
+                first_key: first_key.into(),
+                offset: written,
+                len: block.len() as u32,
+                hash: hash8(block),
             });
+            written += block.len() as u64;
+            block.clear();
+            Ok::<_, std::io::Error>(())
+        };
+        for record in records {
+            let record = record?;
+            if in_block == 0 {
+                first_key.clone_from(&record.key);
+            }
+            put_record(&mut block, &record);
+            in_block += 1;
+            n_records += 1;
+            at = (at.0.min(record.at), at.1.max(record.at));
+            if in_block == BLOCK {
+                end_block(&mut block, &first_key, &mut out).map_err(failed)?;
+                in_block = 0;
+            }
+            last_key = record.key;
         }
-        let index_offset = bytes.len();
+        if n_records == 0 {
+            return Ok(None);
+        }
+        if in_block > 0 {
+            end_block(&mut block, &first_key, &mut out).map_err(failed)?;
+        }
+        let mut index = Vec::new();
         for block in &blocks {
-            bytes.push(block.first_key.len() as u8);
-            bytes.extend_from_slice(&block.first_key);
-            bytes.extend_from_slice(&block.offset.to_le_bytes());
-            bytes.extend_from_slice(&block.len.to_le_bytes());
-            bytes.extend_from_slice(&block.hash);
+            index.push(block.first_key.len() as u8);
+            index.extend_from_slice(&block.first_key);
+            index.extend_from_slice(&block.offset.to_le_bytes());
+            index.extend_from_slice(&block.len.to_le_bytes());
+            index.extend_from_slice(&block.hash);
         }
-        let index_len = bytes.len() - index_offset;
-        let index_hash = hash8(&bytes[index_offset..]);
-        let at = (
-            records.iter().map(|record| record.at).min().unwrap_or(0),
-            records.iter().map(|record| record.at).max().unwrap_or(0),
-        );
-        let last_key = records.last().map(|record| record.key.clone()).unwrap_or_default();
         let mut padded_key = [0u8; MAX_KEY];
         padded_key[..last_key.len()].copy_from_slice(&last_key);
-        bytes.extend_from_slice(&(index_offset as u64).to_le_bytes());
-        bytes.extend_from_slice(&(index_len as u32).to_le_bytes());
-        bytes.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(&(records.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(&at.0.to_le_bytes());
-        bytes.extend_from_slice(&at.1.to_le_bytes());
-        bytes.push(last_key.len() as u8);
-        bytes.extend_from_slice(&padded_key);
-        bytes.extend_from_slice(&index_hash);
-        bytes.extend_from_slice(TAIL);
-        write_whole(&path, &bytes)?;
-        Ok(Segment {
+        let mut footer = Vec::with_capacity(FOOTER_LEN);
+        footer.extend_from_slice(&written.to_le_bytes());
+        footer.extend_from_slice(&(index.len() as u32).to_le_bytes());
+        footer.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+        footer.extend_from_slice(&n_records.to_le_bytes());
+        footer.extend_from_slice(&at.0.to_le_bytes());
+        footer.extend_from_slice(&at.1.to_le_bytes());
+        footer.push(last_key.len() as u8);
+        footer.extend_from_slice(&padded_key);
+        footer.extend_from_slice(&hash8(&index));
+        footer.extend_from_slice(TAIL);
+        out.write_all(&index).map_err(failed)?;
+        out.write_all(&footer).map_err(failed)?;
+        let file = out.into_inner().map_err(|err| failed(err.into_error()))?;
+        file.sync_all().map_err(failed)?;
+        std::fs::rename(partial, &path).map_err(|err| io_failed(&path, err))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|err| io_failed(dir, err))?;
+        Ok(Some(Segment {
             path,
             seq,
             blocks: blocks.into_boxed_slice(),
             last_key: last_key.into_boxed_slice(),
-            n_records: records.len() as u64,
+            n_records,
             at,
-        })
+        }))
     }
 
     /// Reads a sealed file's footer and index.
@@ -510,16 +549,20 @@ impl Archive {
         Ok(best)
     }
 
-    /// Writes `records` (sorted by key, each key once) to a new file and
+    /// Writes `records` (in key order, each key once) to a new file and
     /// publishes it, then waits until every listing that began before has
     /// ended: from then on, every reader finds the records in the file.
-    pub fn seal(&self, records: &[Record]) -> Result<Arc<Segment>, Error> {
+    /// None where there were no records.
+    pub fn seal(&self, records: impl Iterator<Item = Result<Record, Error>>) -> Result<Option<Arc<Segment>>, Error> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.join(format!("{}-{seq:08}.seg", self.kind));
-        let file = Arc::new(Segment::write(path, seq, records)?);
+        let Some(file) = Segment::write(path, seq, records)? else {
+            return Ok(None);
+        };
+        let file = Arc::new(file);
         let version = self.change(|files| files.push(file.clone()));
         self.wait_for_listings_before(version);
-        Ok(file)
+        Ok(Some(file))
     }
 
     /// Removes the files `drop` picks, once no listing reads them; returns
@@ -681,7 +724,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let archive = Archive::open(dir.path(), "jobs").unwrap();
         let records: Vec<Record> = (0..300).map(|n| record(n * 2 + 10, 1000 + n as i64)).collect();
-        let file = archive.seal(&records).unwrap();
+        let file = archive.seal(records.iter().cloned().map(Ok)).unwrap().unwrap();
         assert_eq!(file.at, (1000, 1299));
         assert_eq!(file.blocks.len(), 5);
         for wanted in &records {
@@ -710,13 +753,9 @@ mod tests {
     fn a_merge_follows_key_order_and_prefers_sled_then_the_newest_file() {
         let dir = tempfile::tempdir().unwrap();
         let archive = Archive::open(dir.path(), "attempts").unwrap();
-        archive
-            .seal(&(0..200).map(|n| record(n, 1)).collect::<Vec<_>>())
-            .unwrap();
+        archive.seal((0..200).map(|n| Ok(record(n, 1)))).unwrap().unwrap();
         // A newer file that holds some keys again, and keys past the first.
-        archive
-            .seal(&(150..250).map(|n| record(n, 2)).collect::<Vec<_>>())
-            .unwrap();
+        archive.seal((150..250).map(|n| Ok(record(n, 2)))).unwrap().unwrap();
         let sled: Vec<Result<Record, Error>> = (240..260).map(|n| Ok(record(n, 3))).collect();
         let merged: Vec<Record> = Merged::new(&archive, &100u64.to_be_bytes(), sled.into_iter())
             .map(Result::unwrap)
@@ -737,9 +776,7 @@ mod tests {
     fn removing_a_file_waits_for_a_listing_that_reads_it() {
         let dir = tempfile::tempdir().unwrap();
         let archive = Arc::new(Archive::open(dir.path(), "jobs").unwrap());
-        archive
-            .seal(&(0..10).map(|n| record(n, 1)).collect::<Vec<_>>())
-            .unwrap();
+        archive.seal((0..10).map(|n| Ok(record(n, 1)))).unwrap().unwrap();
         let mut listing = Merged::new(&archive, &[], std::iter::empty());
         assert_eq!(keys(listing.by_ref().take(3)), [0, 1, 2]);
         let remover = {
@@ -759,9 +796,7 @@ mod tests {
     fn a_damaged_file_is_named_and_a_partial_one_removed() {
         let dir = tempfile::tempdir().unwrap();
         let archive = Archive::open(dir.path(), "jobs").unwrap();
-        let file = archive
-            .seal(&(0..100).map(|n| record(n, 1)).collect::<Vec<_>>())
-            .unwrap();
+        let file = archive.seal((0..100).map(|n| Ok(record(n, 1)))).unwrap().unwrap();
         let mut bytes = std::fs::read(&file.path).unwrap();
         bytes[HEAD.len() + 3] ^= 0xff;
         std::fs::write(&file.path, &bytes).unwrap();

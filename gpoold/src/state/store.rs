@@ -67,13 +67,18 @@ pub struct Store {
     /// accounting records.
     job_files: Arc<Archive>,
     attempt_files: Arc<Archive>,
-    /// Records of each kind moved to one file, once sled holds twice as
-    /// many.
+    /// Records of each kind moved to one file, once sled holds
+    /// `SLED_KEEPS` more (or twice as many, where that is fewer).
     per_file: usize,
 }
 
 /// Records in one history file, by default.
 pub const RECORDS_PER_FILE: usize = 4096;
+/// The newest records of each kind that stay in sled at most. sled's
+/// memory follows the most records it held at once (it keeps what it
+/// freed), so it seals small: holding up to 8,192 ended jobs instead of
+/// 5,120 cost gpoold about 4 MiB more for good.
+const SLED_KEEPS: usize = 1024;
 
 /// A damaged entry of the redo log.
 fn corrupt_redo(key: &[u8], reason: String) -> Error {
@@ -476,8 +481,8 @@ impl Store {
 }
 
 /// Moves the oldest ended jobs and accounting records from sled to sealed
-/// files (`archive`), a file at a time, once sled holds twice as many as a
-/// file takes. It removes from sled only records it sealed that sled still
+/// files (`archive`), a file at a time, once sled holds a file's worth
+/// more than it keeps (`SLED_KEEPS`). It removes from sled only records it sealed that sled still
 /// holds unchanged (compare and swap), so it needs no lock against the
 /// state task, which may write an ended job again.
 #[derive(Clone)]
@@ -491,59 +496,73 @@ impl Sealer {
     /// Seals what is due; returns how many ended jobs and accounting
     /// records left sled.
     pub fn seal_due(&self) -> Result<(usize, usize), Error> {
+        let due = self.per_file + self.per_file.min(SLED_KEEPS);
         let mut moved = (0, 0);
-        while self.ended.by_time.iter().keys().take(2 * self.per_file).count() == 2 * self.per_file {
-            moved.0 += self.seal_jobs()?;
+        // A round that moved nothing (every record written again meanwhile)
+        // waits for the next call.
+        while self.ended.by_time.iter().keys().take(due).count() == due {
+            match self.seal_jobs()? {
+                0 => break,
+                n => moved.0 += n,
+            }
         }
-        while self.attempts.tree.iter().keys().take(2 * self.per_file).count() == 2 * self.per_file {
-            moved.1 += self.seal_attempts()?;
+        while self.attempts.tree.iter().keys().take(due).count() == due {
+            match self.seal_attempts()? {
+                0 => break,
+                n => moved.1 += n,
+            }
         }
         Ok(moved)
     }
 
-    /// The `per_file` jobs that ended first, each with its environment.
+    /// The `per_file` jobs that ended first, each with its environment,
+    /// read from sled one at a time as the file is written.
     fn seal_jobs(&self) -> Result<usize, Error> {
         let ended = &self.ended;
-        let mut records = Vec::with_capacity(self.per_file);
+        let mut oldest: Vec<(u64, u64, sled::IVec)> = Vec::with_capacity(self.per_file);
         for key in ended.by_time.iter().keys().take(self.per_file) {
             let key = key?;
             let (at, id) = split_time_key(time_key_bytes("ended_by_time", &key)?);
+            oldest.push((id, at, key));
+        }
+        // Ended twice (it ran again): the later end is the one in `ended`.
+        oldest.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        oldest.dedup_by_key(|(id, _, _)| *id);
+        let mut gone = Vec::new();
+        let records = oldest.iter().filter_map(|(id, at, key)| {
             let id = id.to_be_bytes();
-            match ended.jobs.get(id)? {
-                Some(value) => records.push(Record {
+            let record = (|| {
+                let Some(value) = ended.jobs.get(id)? else {
+                    // Its record went past retention meanwhile.
+                    gone.push(key.clone());
+                    return Ok(None);
+                };
+                Ok(Some(Record {
                     key: id.to_vec(),
-                    at: at as i64,
+                    at: *at as i64,
                     value: value.to_vec(),
                     extra: ended.envs.get(id)?.map(|env| env.to_vec()),
-                }),
-                // Its record went past retention meanwhile.
-                None => {
-                    ended.by_time.compare_and_swap(&key, Some(&[]), None::<&[u8]>)?.ok();
-                }
-            }
-        }
-        records.sort_by(|a, b| a.key.cmp(&b.key));
-        // Ended twice (it ran again): the later end is the one in `ended`.
-        records.dedup_by(|later, earlier| {
-            let same = later.key == earlier.key;
-            if same && later.at > earlier.at {
-                std::mem::swap(later, earlier);
-            }
-            same
+                }))
+            })();
+            record.transpose()
         });
-        if records.is_empty() {
-            return Ok(0);
+        let file = ended.files.seal(records)?;
+        for key in gone {
+            ended.by_time.compare_and_swap(&key, Some(&[]), None::<&[u8]>)?.ok();
         }
-        ended.files.seal(&records)?;
-        self.remove_sealed_jobs(&records)
+        match file {
+            Some(file) => self.remove_sealed_jobs(file.records_from(&[])),
+            None => Ok(0),
+        }
     }
 
     /// Removes the sealed jobs from sled where sled still holds the same
     /// record; returns how many.
-    fn remove_sealed_jobs(&self, records: &[Record]) -> Result<usize, Error> {
+    fn remove_sealed_jobs(&self, records: impl Iterator<Item = Result<Record, Error>>) -> Result<usize, Error> {
         let ended = &self.ended;
         let mut n_removed = 0;
         for record in records {
+            let record = record?;
             if ended
                 .jobs
                 .compare_and_swap(&record.key, Some(&record.value), None::<&[u8]>)?
@@ -564,31 +583,29 @@ impl Sealer {
         Ok(n_removed)
     }
 
-    /// The `per_file` accounting records of the attempts that ended first.
+    /// The `per_file` accounting records of the attempts that ended first,
+    /// read from sled as the file is written.
     fn seal_attempts(&self) -> Result<usize, Error> {
-        let records: Vec<Record> = self
-            .attempts
-            .tree
-            .iter()
-            .take(self.per_file)
-            .map(|entry| {
-                let (key, value) = entry?;
-                let (at, _) = split_time_key(time_key_bytes("attempts", &key)?);
-                Ok(Record {
-                    key: key.to_vec(),
-                    at: at as i64,
-                    value: value.to_vec(),
-                    extra: None,
-                })
+        let records = self.attempts.tree.iter().take(self.per_file).map(|entry| {
+            let (key, value) = entry?;
+            let (at, _) = split_time_key(time_key_bytes("attempts", &key)?);
+            Ok(Record {
+                key: key.to_vec(),
+                at: at as i64,
+                value: value.to_vec(),
+                extra: None,
             })
-            .collect::<Result<_, Error>>()?;
-        self.attempts.files.seal(&records)?;
-        self.remove_sealed_attempts(&records)
+        });
+        match self.attempts.files.seal(records)? {
+            Some(file) => self.remove_sealed_attempts(file.records_from(&[])),
+            None => Ok(0),
+        }
     }
 
-    fn remove_sealed_attempts(&self, records: &[Record]) -> Result<usize, Error> {
+    fn remove_sealed_attempts(&self, records: impl Iterator<Item = Result<Record, Error>>) -> Result<usize, Error> {
         let mut n_removed = 0;
         for record in records {
+            let record = record?;
             let swapped = self
                 .attempts
                 .tree
@@ -602,15 +619,13 @@ impl Sealer {
     /// file was written: its records leave sled now.
     fn finish_interrupted_seals(&self) -> Result<(), Error> {
         if let Some(file) = self.ended.files.newest() {
-            let records: Vec<Record> = file.records_from(&[]).collect::<Result<_, _>>()?;
-            let n = self.remove_sealed_jobs(&records)?;
+            let n = self.remove_sealed_jobs(file.records_from(&[]))?;
             if n > 0 {
                 tracing::warn!("{n} ended jobs sealed in {} before a crash left sled now", file.name());
             }
         }
         if let Some(file) = self.attempts.files.newest() {
-            let records: Vec<Record> = file.records_from(&[]).collect::<Result<_, _>>()?;
-            let n = self.remove_sealed_attempts(&records)?;
+            let n = self.remove_sealed_attempts(file.records_from(&[]))?;
             if n > 0 {
                 tracing::warn!(
                     "{n} accounting records sealed in {} before a crash left sled now",
@@ -1321,7 +1336,7 @@ mod tests {
                     }
                 })
                 .collect();
-            store.job_files.seal(&records).expect("seal");
+            store.job_files.seal(records.into_iter().map(Ok)).expect("seal");
             // Job 3 is written again before the removal: that one stays.
             let mut again = job(3, cancelled_at(3000));
             Arc::make_mut(&mut again.spec).name = "again".into();
