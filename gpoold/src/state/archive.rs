@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 const HEAD: &[u8; 8] = b"GPHIST01";
@@ -67,6 +67,8 @@ pub struct Segment {
     pub n_records: u64,
     /// The earliest and latest `at` of its records.
     pub at: (i64, i64),
+    /// Removed past retention: gone from the disk is no error.
+    removed: AtomicBool,
 }
 
 fn damaged(path: &Path, reason: impl std::fmt::Display) -> Error {
@@ -201,6 +203,12 @@ impl Segment {
         };
         for record in records {
             let record = record?;
+            if record.key.len() > MAX_KEY || record.key <= last_key && n_records > 0 {
+                return Err(damaged(
+                    partial,
+                    "records to seal were out of key order, or a key was too long",
+                ));
+            }
             if in_block == 0 {
                 first_key.clone_from(&record.key);
             }
@@ -239,7 +247,7 @@ impl Segment {
         footer.extend_from_slice(&at.1.to_le_bytes());
         footer.push(last_key.len() as u8);
         footer.extend_from_slice(&padded_key);
-        footer.extend_from_slice(&hash8(&index));
+        footer.extend_from_slice(&hash8(&[&index[..], &footer[..]].concat()));
         footer.extend_from_slice(TAIL);
         out.write_all(&index).map_err(failed)?;
         out.write_all(&footer).map_err(failed)?;
@@ -257,6 +265,7 @@ impl Segment {
             last_key: last_key.into_boxed_slice(),
             n_records,
             at,
+            removed: AtomicBool::new(false),
         }))
     }
 
@@ -267,9 +276,17 @@ impl Segment {
         if size < (HEAD.len() + FOOTER_LEN) as u64 {
             return Err(damaged(&path, format!("{size} bytes, too short to be a history file")));
         }
+        let mut head = [0u8; HEAD.len()];
+        file.read_exact_at(&mut head, 0).map_err(|err| io_failed(&path, err))?;
+        if &head != HEAD {
+            return Err(damaged(&path, "no start mark: not a history file"));
+        }
         let mut footer = [0u8; FOOTER_LEN];
         file.read_exact_at(&mut footer, size - FOOTER_LEN as u64)
             .map_err(|err| io_failed(&path, err))?;
+        if footer[FOOTER_LEN - TAIL.len()..] != TAIL[..] {
+            return Err(damaged(&path, "no end mark: not a whole history file"));
+        }
         let parsed = (|| {
             let mut bytes = Reader(&footer);
             let index_offset = bytes.u64()?;
@@ -277,26 +294,32 @@ impl Segment {
             let n_blocks = bytes.u32()?;
             let n_records = bytes.u64()?;
             let at = (bytes.i64()?, bytes.i64()?);
-            let key_len = (bytes.u8()? as usize).min(MAX_KEY);
-            let last_key = bytes.take(MAX_KEY)?[..key_len].to_vec();
-            let index_hash: [u8; 8] = bytes.array()?;
-            if bytes.take(8)? != TAIL {
-                return Err("no end mark: not a whole history file".to_string());
+            let key_len = bytes.u8()? as usize;
+            if key_len > MAX_KEY {
+                return Err(format!("a last key of {key_len} bytes, more than {MAX_KEY}"));
             }
-            if index_offset + u64::from(index_len) + FOOTER_LEN as u64 != size {
+            let last_key = bytes.take(MAX_KEY)?[..key_len].to_vec();
+            let hash: [u8; 8] = bytes.array()?;
+            let ends = index_offset
+                .checked_add(u64::from(index_len))
+                .and_then(|end| end.checked_add(FOOTER_LEN as u64));
+            if index_offset < HEAD.len() as u64 || ends != Some(size) {
                 return Err(format!(
                     "its index ({index_len} bytes at {index_offset}) does not end at its footer"
                 ));
             }
-            Ok((index_offset, index_len, n_blocks, n_records, at, last_key, index_hash))
+            if n_blocks == 0 || n_records < u64::from(n_blocks) {
+                return Err(format!("{n_records} records in {n_blocks} blocks"));
+            }
+            Ok((index_offset, index_len, n_blocks, n_records, at, last_key, hash))
         })();
-        let (index_offset, index_len, n_blocks, n_records, at, last_key, index_hash) =
+        let (index_offset, index_len, n_blocks, n_records, at, last_key, hash) =
             parsed.map_err(|reason| damaged(&path, reason))?;
         let mut index = vec![0u8; index_len as usize];
         file.read_exact_at(&mut index, index_offset)
             .map_err(|err| io_failed(&path, err))?;
-        if hash8(&index) != index_hash {
-            return Err(damaged(&path, "its index does not match its hash"));
+        if hash8(&[&index[..], &footer[..FOOTER_LEN - 16]].concat()) != hash {
+            return Err(damaged(&path, "its index and footer do not match their hash"));
         }
         let mut bytes = Reader(&index);
         let blocks = (0..n_blocks)
@@ -310,6 +333,23 @@ impl Segment {
             })
             .collect::<Result<Box<[Block]>, String>>()
             .map_err(|reason| damaged(&path, format!("its index {reason}")))?;
+        if !bytes.0.is_empty() {
+            return Err(damaged(
+                &path,
+                format!("{} bytes past its index's last block", bytes.0.len()),
+            ));
+        }
+        let mut next_offset = HEAD.len() as u64;
+        for (n, block) in blocks.iter().enumerate() {
+            let in_order = n == 0 || blocks[n - 1].first_key < block.first_key;
+            if block.offset != next_offset || !in_order {
+                return Err(damaged(&path, format!("its index's block {n} is out of place")));
+            }
+            next_offset += u64::from(block.len);
+        }
+        if next_offset != index_offset || *last_key < *blocks[blocks.len() - 1].first_key {
+            return Err(damaged(&path, "its blocks do not end where its index begins"));
+        }
         Ok(Segment {
             path,
             seq,
@@ -317,7 +357,13 @@ impl Segment {
             last_key: last_key.into_boxed_slice(),
             n_records,
             at,
+            removed: AtomicBool::new(false),
         })
+    }
+
+    /// Its first and last keys.
+    pub fn key_range(&self) -> (&[u8], &[u8]) {
+        (&self.blocks[0].first_key, &self.last_key)
     }
 
     pub fn name(&self) -> String {
@@ -330,7 +376,9 @@ impl Segment {
         let block = &self.blocks[n];
         let file = match std::fs::File::open(&self.path) {
             Ok(file) => file,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound && self.removed.load(Ordering::Acquire) => {
+                return Ok(Vec::new())
+            }
             Err(err) => return Err(io_failed(&self.path, err)),
         };
         let mut bytes = vec![0u8; block.len as usize];
@@ -581,6 +629,7 @@ impl Archive {
         self.wait_for_listings_before(version);
         let mut n_records = 0;
         for file in dropped {
+            file.removed.store(true, Ordering::Release);
             std::fs::remove_file(&file.path).map_err(|err| io_failed(&file.path, err))?;
             n_records += file.n_records;
         }
@@ -814,5 +863,19 @@ mod tests {
             "{err}"
         );
         assert!(!dir.path().join("jobs-00000002.partial").exists());
+        // A changed count in the footer (here: of blocks) is caught by its hash.
+        bytes.push(b'D');
+        let n_blocks_at = bytes.len() - FOOTER_LEN + 12;
+        bytes[n_blocks_at] ^= 0x01;
+        std::fs::write(&file.path, &bytes).unwrap();
+        let err = Archive::open(dir.path(), "jobs").err().unwrap().to_string();
+        assert!(err.contains("do not match their hash"), "{err}");
+        // A file gone from under gpoold, not by retention, is an error.
+        std::fs::remove_file(&file.path).unwrap();
+        let err = archive.get(&5u64.to_be_bytes()).unwrap_err().to_string();
+        assert!(
+            err.contains("jobs-00000001.seg") && err.contains("No such file"),
+            "{err}"
+        );
     }
 }

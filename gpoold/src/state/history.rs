@@ -207,9 +207,16 @@ impl State {
             out.writes.push(Write::ForgetJob(id, ended_at));
             n_removed += 1;
         }
-        let in_files = self
-            .ended
-            .remove_files_before(before, |id| self.jobs.contains_key(&id))?;
+        // Under the state's write lock: no listing of ended jobs (they run
+        // under its read lock) is under way, so the removal waits for none.
+        let held = |ids| {
+            self.jobs
+                .range(ids)
+                .filter(|(_, job)| job.state.is_finished())
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        let in_files = self.ended.remove_files_before(before, held)?;
         Ok(n_removed + in_files as usize)
     }
 }

@@ -14,7 +14,7 @@
 //! `history/` (`archive`), a file at a time (`Sealer`): sled's memory
 //! grows with every record it ever held, the files' does not.
 
-use super::archive::{Archive, Merged, Record};
+use super::archive::{Archive, Merged, Record, Segment};
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
 use gpool_core::array::task_ids;
@@ -293,8 +293,15 @@ impl Store {
             std::collections::HashMap::new();
         for job in jobs.iter_mut() {
             let key = job.id.0.to_be_bytes();
-            // None: a job submitted with no environment at all.
-            let Some(value) = self.envs.get(key)? else { continue };
+            // None: a job submitted with no environment at all. A job read
+            // from a history file has its environment there.
+            let value = match self.envs.get(key)? {
+                Some(value) => value,
+                None => match self.job_files.get(&key)?.and_then(|record| record.extra) {
+                    Some(value) => value.into(),
+                    None => continue,
+                },
+            };
             let spec = std::sync::Arc::make_mut(&mut job.spec);
             if let Some(env) = decoded.get(&value) {
                 spec.env = env.clone();
@@ -529,19 +536,30 @@ impl Sealer {
         oldest.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         oldest.dedup_by_key(|(id, _, _)| *id);
         let mut gone = Vec::new();
-        let records = oldest.iter().filter_map(|(id, at, key)| {
+        let records = oldest.iter().filter_map(|(id, _, key)| {
             let id = id.to_be_bytes();
             let record = (|| {
                 let Some(value) = ended.jobs.get(id)? else {
-                    // Its record went past retention meanwhile.
+                    // Its record went past retention meanwhile, or was
+                    // sealed under a later end (`key` is a stale index).
                     gone.push(key.clone());
                     return Ok(None);
                 };
+                // The time of its record, not of an index entry an end
+                // before it left.
+                let job: Job = decode("ended", &id, &value)?;
+                let at = job.state.ended_at().map_or(0, |at| at.0);
+                // Sealed before and written again since: its environment
+                // left sled with the first seal.
+                let extra = match ended.envs.get(id)? {
+                    Some(env) => Some(env.to_vec()),
+                    None => ended.files.get(&id)?.and_then(|record| record.extra),
+                };
                 Ok(Some(Record {
                     key: id.to_vec(),
-                    at: *at as i64,
+                    at,
                     value: value.to_vec(),
-                    extra: ended.envs.get(id)?.map(|env| env.to_vec()),
+                    extra,
                 }))
             })();
             record.transpose()
@@ -551,34 +569,44 @@ impl Sealer {
             ended.by_time.compare_and_swap(&key, Some(&[]), None::<&[u8]>)?.ok();
         }
         match file {
-            Some(file) => self.remove_sealed_jobs(file.records_from(&[])),
+            Some(file) => self.remove_sealed_jobs(&file),
             None => Ok(0),
         }
     }
 
-    /// Removes the sealed jobs from sled where sled still holds the same
-    /// record; returns how many.
-    fn remove_sealed_jobs(&self, records: impl Iterator<Item = Result<Record, Error>>) -> Result<usize, Error> {
+    /// Removes the jobs sealed in `file` from sled, each with its index
+    /// entry and environment in one transaction, where sled still holds the
+    /// same record; returns how many.
+    fn remove_sealed_jobs(&self, file: &Arc<Segment>) -> Result<usize, Error> {
         let ended = &self.ended;
+        let trees = [&ended.jobs, &ended.by_time, &ended.envs];
         let mut n_removed = 0;
-        for record in records {
+        for record in file.records_from(&[]) {
             let record = record?;
-            if ended
-                .jobs
-                .compare_and_swap(&record.key, Some(&record.value), None::<&[u8]>)?
-                .is_err()
-            {
-                continue;
-            }
-            n_removed += 1;
-            let id = u64::from_be_bytes(record.key.as_slice().try_into().unwrap_or_default());
-            ended
-                .by_time
-                .compare_and_swap(time_key(Timestamp(record.at), id), Some(&[]), None::<&[u8]>)?
-                .ok();
-            if let Some(env) = &record.extra {
-                ended.envs.compare_and_swap(&record.key, Some(env), None::<&[u8]>)?.ok();
-            }
+            let id = sealed_job_id(file, &record)?;
+            let index_key = time_key(Timestamp(record.at), id.0);
+            let removed = trees[..]
+                .transaction(|views| {
+                    let [jobs, by_time, envs] = &views[..] else {
+                        unreachable!("three trees")
+                    };
+                    if jobs.get(&record.key)?.as_deref() != Some(record.value.as_slice()) {
+                        return Ok(false);
+                    }
+                    jobs.remove(record.key.as_slice())?;
+                    by_time.remove(&index_key[..])?;
+                    if record.extra.is_some() && envs.get(&record.key)?.map(|env| env.to_vec()) == record.extra {
+                        envs.remove(record.key.as_slice())?;
+                    }
+                    Ok(true)
+                })
+                .map_err(|err: sled::transaction::TransactionError<()>| match err {
+                    sled::transaction::TransactionError::Storage(err) => Error::from(err),
+                    sled::transaction::TransactionError::Abort(()) => {
+                        Error::Storage("a removal from sled was aborted".into())
+                    }
+                })?;
+            n_removed += usize::from(removed);
         }
         Ok(n_removed)
     }
@@ -597,14 +625,14 @@ impl Sealer {
             })
         });
         match self.attempts.files.seal(records)? {
-            Some(file) => self.remove_sealed_attempts(file.records_from(&[])),
+            Some(file) => self.remove_sealed_attempts(&file),
             None => Ok(0),
         }
     }
 
-    fn remove_sealed_attempts(&self, records: impl Iterator<Item = Result<Record, Error>>) -> Result<usize, Error> {
+    fn remove_sealed_attempts(&self, file: &Arc<Segment>) -> Result<usize, Error> {
         let mut n_removed = 0;
-        for record in records {
+        for record in file.records_from(&[]) {
             let record = record?;
             let swapped = self
                 .attempts
@@ -619,13 +647,13 @@ impl Sealer {
     /// file was written: its records leave sled now.
     fn finish_interrupted_seals(&self) -> Result<(), Error> {
         if let Some(file) = self.ended.files.newest() {
-            let n = self.remove_sealed_jobs(file.records_from(&[]))?;
+            let n = self.remove_sealed_jobs(&file)?;
             if n > 0 {
                 tracing::warn!("{n} ended jobs sealed in {} before a crash left sled now", file.name());
             }
         }
         if let Some(file) = self.attempts.files.newest() {
-            let n = self.remove_sealed_attempts(file.records_from(&[]))?;
+            let n = self.remove_sealed_attempts(&file)?;
             if n > 0 {
                 tracing::warn!(
                     "{n} accounting records sealed in {} before a crash left sled now",
@@ -635,6 +663,16 @@ impl Sealer {
         }
         Ok(())
     }
+}
+
+/// The id of a job's record in history file `file`.
+fn sealed_job_id(file: &Segment, record: &Record) -> Result<JobId, Error> {
+    <[u8; 8]>::try_from(record.key.as_slice())
+        .map(|key| JobId(u64::from_be_bytes(key)))
+        .map_err(|_| Error::CorruptHistory {
+            file: file.name(),
+            reason: format!("a job's key of {} bytes, expected 8", record.key.len()),
+        })
 }
 
 /// A 16-byte `time_key` read from `tree`.
@@ -840,17 +878,23 @@ impl EndedJobs {
     }
 
     /// Removes the history files whose jobs all ended before `before`,
-    /// but none that holds a job `needed` says is still needed (it goes
-    /// once it is not); returns how many jobs they held.
-    pub fn remove_files_before(&self, before: Timestamp, needed: impl Fn(JobId) -> bool) -> Result<u64, Error> {
+    /// but none that holds a job still needed: `held` gives the ended jobs
+    /// in memory with ids in a range, and each is looked up in the file
+    /// (such a file goes once it is not needed). Returns how many jobs the
+    /// files held.
+    pub fn remove_files_before(
+        &self,
+        before: Timestamp,
+        held: impl Fn(std::ops::RangeInclusive<JobId>) -> Vec<JobId>,
+    ) -> Result<u64, Error> {
         self.files.remove(|file| {
             if file.at.1 >= before.0 {
                 return Ok(false);
             }
-            for record in file.records_from(&[]) {
-                let record = record?;
-                let id = u64::from_be_bytes(record.key.as_slice().try_into().unwrap_or_default());
-                if needed(JobId(id)) {
+            let (first, last) = file.key_range();
+            let id = |key: &[u8]| <[u8; 8]>::try_from(key).map_or(0, u64::from_be_bytes);
+            for needed in held(JobId(id(first))..=JobId(id(last))) {
+                if file.get(&needed.0.to_be_bytes())?.is_some() {
                     return Ok(false);
                 }
             }
@@ -1254,8 +1298,12 @@ mod tests {
     /// Ended jobs 1..=n, job `id` with `ID=id` in its environment, ended at
     /// `1000 * id` ms, written as the state task writes them.
     fn ended_jobs_1_to(store: &Store, n: u64) {
+        ended_jobs_from_to(store, 1, n);
+    }
+
+    fn ended_jobs_from_to(store: &Store, first: u64, n: u64) {
         let mut records = Records::default();
-        for id in 1..=n {
+        for id in first..=n {
             let mut job = job(id, JobState::Pending);
             Arc::make_mut(&mut job.spec).env = vec![("ID".to_string(), id.to_string())].into();
             records.job_env(&job);
@@ -1298,22 +1346,47 @@ mod tests {
             Some(JobId(15))
         );
         assert_eq!(ended.before(JobId(1)).expect("read"), None);
+        // Sealed, then written again (an ended array whose task ends): the
+        // next seal keeps its environment, which left sled with the first.
+        let mut again = before[2].clone();
+        Arc::make_mut(&mut again.spec).name = "again".into();
+        let mut write = Records::default();
+        write.job(&again);
+        store.commit(write).expect("commit");
+        ended_jobs_from_to(&store, 41, 60);
+        // 45 in sled: job 3 (ended first) and 17..=31 move.
+        assert_eq!(store.sealer().seal_due().expect("seal"), (16, 0));
+        let job_3 = ended.get(JobId(3)).expect("read").expect("job 3");
+        assert_eq!(job_3.spec.name, "again");
+        let env = ended.with_env(job_3).expect("read").spec.env.to_vec();
+        assert_eq!(env, [("ID".to_string(), "3".to_string())]);
         // Retention: a file goes once all its jobs are past it, and not
         // while one of them is still needed.
-        let keep = |needed: u64| move |id: JobId| id.0 == needed;
+        let keep = |needed: u64| {
+            move |ids: std::ops::RangeInclusive<JobId>| {
+                ids.contains(&JobId(needed))
+                    .then_some(JobId(needed))
+                    .into_iter()
+                    .collect()
+            }
+        };
         assert_eq!(
             ended.remove_files_before(Timestamp(16_000), keep(0)).expect("remove"),
             0
         );
         assert_eq!(
-            ended.remove_files_before(Timestamp(16_001), keep(3)).expect("remove"),
+            ended.remove_files_before(Timestamp(16_001), keep(7)).expect("remove"),
             0
         );
         assert_eq!(
             ended.remove_files_before(Timestamp(16_001), keep(0)).expect("remove"),
             16
         );
-        assert_eq!(ids(ended.from(JobId(0))), (17..=40).collect::<Vec<_>>());
+        // Job 3 is in the later file too, as written again.
+        assert_eq!(
+            ids(ended.from(JobId(0))),
+            [3].into_iter().chain(17..=60).collect::<Vec<_>>()
+        );
         assert!(ended.get(JobId(7)).expect("read").is_none());
     }
 
