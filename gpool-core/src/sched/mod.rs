@@ -502,9 +502,10 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     // In a windowed view, the jobs that would have taken kept GPUs: each
     // must still fit once the cycle is done (see `window_gpus`).
     let mut kept_from: Vec<&PendingJob> = Vec::new();
-    // Their reasons, each list once (no shape cache covers them): alike
-    // lists shared, as words keep each list once by its address.
-    let mut kept_reasons: HashMap<Vec<Reject>, Reasons, FastHash> = HashMap::default();
+    // Reasons no shape cache covers (jobs held off kept GPUs, or that may
+    // preempt where GPUs are kept): each list once, alike lists shared, as
+    // words keep each list once by its address.
+    let mut alike_reasons: HashMap<Vec<Reject>, Reasons, FastHash> = HashMap::default();
     let still_fit = |kept_from: &[&PendingJob], index: &FreeIndex| kept_from.iter().all(|job| index.fits(job, policy));
     for (_, job, class) in order {
         // Free GPUs and possible reclaims only shrink within a cycle: once
@@ -617,7 +618,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                     if view.windowed {
                         kept_from.push(job);
                     }
-                    let shared = kept_reasons
+                    let shared = alike_reasons
                         .entry(reasons)
                         .or_insert_with_key(|reasons| Reasons::from(reasons.as_slice()))
                         .clone();
@@ -668,17 +669,26 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                 if !covered {
                     reasons.push(burst_reason(team, used, gpus));
                 }
-                let shared = Reasons::from(reasons.as_slice());
-                if cacheable && !reclaiming {
-                    failed.insert(shape, shared.clone());
-                }
-                // Only the first blocked job's own: not cached for its shape.
                 if no_estimate {
+                    if cacheable && !reclaiming {
+                        failed.insert(shape, Reasons::from(reasons.as_slice()));
+                    }
+                    // Only the first blocked job's own: not cached for its shape.
                     reasons.push(Reject::NoEstimate);
                     plan.pending.push((job.id, reasons.into()));
-                } else {
-                    plan.pending.push((job.id, shared));
+                    continue;
                 }
+                let shared = if cacheable && !reclaiming {
+                    let shared = Reasons::from(reasons.as_slice());
+                    failed.insert(shape, shared.clone());
+                    shared
+                } else {
+                    alike_reasons
+                        .entry(reasons)
+                        .or_insert_with_key(|reasons| Reasons::from(reasons.as_slice()))
+                        .clone()
+                };
+                plan.pending.push((job.id, shared));
             }
         }
     }

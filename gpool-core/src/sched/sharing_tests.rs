@@ -534,6 +534,28 @@ fn reserves_hold_gpus_for_higher_classes_and_from_burst_work() {
     );
 }
 
+#[test]
+fn alike_jobs_no_shape_cache_covers_share_one_list_of_reasons() {
+    // Jobs that may preempt, where GPUs are kept: each is tried, as what it
+    // may take depends on what is free; alike ones still share their
+    // reasons (words keep each list once by its address).
+    let mut policy = policy();
+    policy.sharing.qos[2].reserve_gpus = 2;
+    // Team a's jobs are within its guarantee; b's guaranteed job, which
+    // none may preempt, holds the node.
+    let jobs: String = (2..=51).map(|n| format!("j{n} team=a gpus=2\n")).collect();
+    let view = cluster_view_with("n1 2xh100", "r1 team=b on=n1:0-1", &jobs);
+    let plan = schedule(&view, &policy, NOW);
+    assert_eq!(plan.pending.len(), 50, "{plan}");
+    let (_, first) = &plan.pending[1];
+    for (id, reasons) in &plan.pending[1..] {
+        assert!(
+            std::sync::Arc::ptr_eq(first, reasons),
+            "{id}: {reasons:?} apart from {first:?}"
+        );
+    }
+}
+
 fn arb_backfill_view() -> impl Strategy<Value = ClusterView> {
     let running = proptest::collection::vec((1u32..=8, 1i64..4000), 0..8);
     let pending = proptest::collection::vec((1u32..=8, 1u32..=2, proptest::option::of(1u64..5000)), 1..10);
