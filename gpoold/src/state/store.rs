@@ -574,39 +574,36 @@ impl Sealer {
         }
     }
 
-    /// Removes the jobs sealed in `file` from sled, each with its index
-    /// entry and environment in one transaction, where sled still holds the
-    /// same record; returns how many.
+    /// Removes the jobs sealed in `file` from sled, with their index entries
+    /// and environments, where sled still holds the same record; returns
+    /// how many. The index entry goes first and comes back if the record
+    /// was written again meanwhile (the state task writes both at once), so
+    /// a record left in sled always has its entry.
     fn remove_sealed_jobs(&self, file: &Arc<Segment>) -> Result<usize, Error> {
         let ended = &self.ended;
-        let trees = [&ended.jobs, &ended.by_time, &ended.envs];
         let mut n_removed = 0;
         for record in file.records_from(&[]) {
             let record = record?;
             let id = sealed_job_id(file, &record)?;
             let index_key = time_key(Timestamp(record.at), id.0);
-            let removed = trees[..]
-                .transaction(|views| {
-                    let [jobs, by_time, envs] = &views[..] else {
-                        unreachable!("three trees")
-                    };
-                    if jobs.get(&record.key)?.as_deref() != Some(record.value.as_slice()) {
-                        return Ok(false);
-                    }
-                    jobs.remove(record.key.as_slice())?;
-                    by_time.remove(&index_key[..])?;
-                    if record.extra.is_some() && envs.get(&record.key)?.map(|env| env.to_vec()) == record.extra {
-                        envs.remove(record.key.as_slice())?;
-                    }
-                    Ok(true)
-                })
-                .map_err(|err: sled::transaction::TransactionError<()>| match err {
-                    sled::transaction::TransactionError::Storage(err) => Error::from(err),
-                    sled::transaction::TransactionError::Abort(()) => {
-                        Error::Storage("a removal from sled was aborted".into())
-                    }
-                })?;
-            n_removed += usize::from(removed);
+            let unindexed = ended
+                .by_time
+                .compare_and_swap(index_key, Some(&[]), None::<&[u8]>)?
+                .is_ok();
+            let removed = ended
+                .jobs
+                .compare_and_swap(&record.key, Some(&record.value), None::<&[u8]>)?
+                .is_ok();
+            if !removed {
+                if unindexed {
+                    ended.by_time.insert(index_key, &[])?;
+                }
+                continue;
+            }
+            n_removed += 1;
+            if let Some(env) = &record.extra {
+                ended.envs.compare_and_swap(&record.key, Some(env), None::<&[u8]>)?.ok();
+            }
         }
         Ok(n_removed)
     }
