@@ -28,6 +28,17 @@ fn wait_for_none_in_memory(cluster: &Cluster) {
     });
 }
 
+/// The ids `gpool jobs --all` lists, in its order.
+fn listed_ids(cluster: &Cluster) -> Vec<u64> {
+    let listed = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+    listed
+        .as_array()
+        .unwrap_or_else(|| panic!("a list: {listed}"))
+        .iter()
+        .filter_map(|job| job["id"].as_u64())
+        .collect()
+}
+
 /// The ended jobs the test made, as `show`, `jobs --all`, `cancel` and
 /// `logs` give them.
 fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelled: u64) {
@@ -48,13 +59,7 @@ fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelle
     assert_eq!(task["array_task_id"], 1, "{task}");
     assert_eq!(cluster.job(cancelled)["state"], "cancelled");
 
-    let listed = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
-    let ids: Vec<u64> = listed
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter_map(|job| job["id"].as_u64())
-        .collect();
+    let ids = listed_ids(cluster);
     let mut expected = vec![done, failed, array, cancelled];
     expected.extend((1..=4).map(|position| array + position));
     for id in &expected {
@@ -200,13 +205,7 @@ fn ended_jobs_in_history_files_are_listed_shown_and_depended_on_as_before() {
     restart(&mut cluster);
     check_history(&cluster, done, failed, array, cancelled);
     assert_eq!(attempts_on_record(&cluster), 58);
-    let listed = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
-    let ids: Vec<u64> = listed
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter_map(|job| job["id"].as_u64())
-        .collect();
+    let ids = listed_ids(&cluster);
     let mut sorted = ids.clone();
     sorted.sort_unstable();
     sorted.dedup();

@@ -3,14 +3,15 @@
 //!
 //! sled keeps an in-memory stub for every page of every tree, for good, and
 //! appends leave its leaves half full: each ended job cost about 90 bytes
-//! of memory for as long as it was kept. Once sled holds `hold + per_file`
-//! records of a kind, the oldest `per_file` go to one file of records
-//! sorted by key, which is never changed again; memory keeps only each
-//! file's block index (the first key of every `BLOCK` records).
+//! of memory for as long as it was kept. Once sled holds a file's worth of
+//! records of a kind more than it keeps (`store::Sealer`), the oldest go
+//! to one file of records sorted by key, which is never changed again;
+//! memory keeps only each file's block index (the first key of every
+//! `BLOCK` records).
 //!
 //! A seal, in order: the file is written, synced and renamed into place,
 //! and the directory synced; the file is published (readers look in it
-//! from then on); listings that began before it wait out; then each record
+//! from then on); listings that began before it are waited out; then each record
 //! leaves sled, but only if sled still holds the same bytes (a record
 //! written again meanwhile stays, and wins). A crash in between leaves a
 //! record in both places: readers take sled's, then the newest file's, and
@@ -35,7 +36,7 @@ const TAIL: &[u8; 8] = b"GPHISTND";
 /// Records per block: what one read brings in to find a record.
 const BLOCK: usize = 64;
 /// The longest key (a job id is 8 bytes, an accounting record's key 16).
-pub const MAX_KEY: usize = 16;
+const MAX_KEY: usize = 16;
 /// index offset, index length, blocks, records, first and last `at`, last
 /// key (its length and 16 bytes), index hash, `TAIL`.
 const FOOTER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8 + 1 + MAX_KEY + 8 + 8;
@@ -88,13 +89,14 @@ fn hash8(bytes: &[u8]) -> [u8; 8] {
     out
 }
 
-/// Reads what `put_*` wrote, naming what is short.
-struct Reader<'a>(&'a [u8]);
+/// Reads little-endian fields off the front of some bytes, saying what is
+/// short (history files here, the redo log in `store`).
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         if self.0.len() < n {
-            return Err(format!("ends {} bytes short", n - self.0.len()));
+            return Err(format!("cut short: {} bytes left, {n} expected", self.0.len()));
         }
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
@@ -105,10 +107,10 @@ impl<'a> Reader<'a> {
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(super) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    pub(super) fn u32(&mut self) -> Result<u32, String> {
         self.array().map(u32::from_le_bytes)
     }
     fn u64(&mut self) -> Result<u64, String> {

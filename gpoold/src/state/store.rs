@@ -14,7 +14,7 @@
 //! `history/` (`archive`), a file at a time (`Sealer`): sled's memory
 //! grows with every record it ever held, the files' does not.
 
-use super::archive::{Archive, Merged, Record, Segment};
+use super::archive::{Archive, Merged, Reader, Record, Segment};
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
 use gpool_core::array::task_ids;
@@ -77,7 +77,7 @@ pub const RECORDS_PER_FILE: usize = 4096;
 /// The newest records of each kind that stay in sled at most. sled's
 /// memory follows the most records it held at once (it keeps what it
 /// freed), so it seals small: holding up to 8,192 ended jobs instead of
-/// 5,120 cost gpoold about 4 MiB more for good.
+/// 5,120 cost gpoold about 3 MiB more for good.
 const SLED_KEEPS: usize = 1024;
 
 /// A damaged entry of the redo log.
@@ -489,9 +489,9 @@ impl Store {
 
 /// Moves the oldest ended jobs and accounting records from sled to sealed
 /// files (`archive`), a file at a time, once sled holds a file's worth
-/// more than it keeps (`SLED_KEEPS`). It removes from sled only records it sealed that sled still
-/// holds unchanged (compare and swap), so it needs no lock against the
-/// state task, which may write an ended job again.
+/// more than it keeps (`SLED_KEEPS`). It removes from sled only records it
+/// sealed that sled still holds unchanged (compare and swap), so it needs
+/// no lock against the state task, which may write an ended job again.
 #[derive(Clone)]
 pub struct Sealer {
     ended: EndedJobs,
@@ -584,7 +584,7 @@ impl Sealer {
         let mut n_removed = 0;
         for record in file.records_from(&[]) {
             let record = record?;
-            let id = sealed_job_id(file, &record)?;
+            let id = sealed_job_id(file, &record.key)?;
             let index_key = time_key(Timestamp(record.at), id.0);
             let unindexed = ended
                 .by_time
@@ -662,13 +662,13 @@ impl Sealer {
     }
 }
 
-/// The id of a job's record in history file `file`.
-fn sealed_job_id(file: &Segment, record: &Record) -> Result<JobId, Error> {
-    <[u8; 8]>::try_from(record.key.as_slice())
+/// The id a job's key in history file `file` names.
+fn sealed_job_id(file: &Segment, key: &[u8]) -> Result<JobId, Error> {
+    <[u8; 8]>::try_from(key)
         .map(|key| JobId(u64::from_be_bytes(key)))
         .map_err(|_| Error::CorruptHistory {
             file: file.name(),
-            reason: format!("a job's key of {} bytes, expected 8", record.key.len()),
+            reason: format!("a job's key of {} bytes, expected 8", key.len()),
         })
 }
 
@@ -889,8 +889,7 @@ impl EndedJobs {
                 return Ok(false);
             }
             let (first, last) = file.key_range();
-            let id = |key: &[u8]| <[u8; 8]>::try_from(key).map_or(0, u64::from_be_bytes);
-            for needed in held(JobId(id(first))..=JobId(id(last))) {
+            for needed in held(sealed_job_id(file, first)?..=sealed_job_id(file, last)?) {
                 if file.get(&needed.0.to_be_bytes())?.is_some() {
                     return Ok(false);
                 }
@@ -984,29 +983,19 @@ fn encode_part(entries: &[Entry]) -> Vec<u8> {
     bytes
 }
 
-fn decode_part(mut bytes: &[u8]) -> Result<Vec<Entry>, String> {
-    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
-        if bytes.len() < n {
-            return Err(format!("cut short: {} bytes left, {n} expected", bytes.len()));
-        }
-        let (taken, rest) = bytes.split_at(n);
-        *bytes = rest;
-        Ok(taken)
-    }
-    fn length(bytes: &mut &[u8]) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(take(bytes, 4)?.try_into().unwrap_or_default()))
-    }
+fn decode_part(bytes: &[u8]) -> Result<Vec<Entry>, String> {
+    let mut bytes = Reader(bytes);
     let mut entries = Vec::new();
-    while !bytes.is_empty() {
-        let tree = take(&mut bytes, 1)?[0];
+    while !bytes.0.is_empty() {
+        let tree = bytes.u8()?;
         let tree = *TreeId::ALL
             .get(usize::from(tree))
             .ok_or_else(|| format!("unknown tree {tree}"))?;
-        let key_len = length(&mut bytes)?;
-        let key = take(&mut bytes, key_len as usize)?.to_vec();
-        let value = match length(&mut bytes)? {
+        let key_len = bytes.u32()?;
+        let key = bytes.take(key_len as usize)?.to_vec();
+        let value = match bytes.u32()? {
             u32::MAX => None,
-            value_len => Some(take(&mut bytes, value_len as usize)?.to_vec()),
+            value_len => Some(bytes.take(value_len as usize)?.to_vec()),
         };
         entries.push((tree, key, value));
     }
