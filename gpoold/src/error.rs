@@ -50,6 +50,8 @@ pub enum Error {
     },
     #[error("history file {file} cannot be read: {reason}")]
     CorruptHistory { file: String, reason: String },
+    #[error("redo log {file} cannot be read: {reason}")]
+    CorruptRedo { file: String, reason: String },
     #[error("state dir has schema version {found}; this gpoold reads up to version {supported}")]
     SchemaTooNew { found: u32, supported: u32 },
     #[error("gpoold is shutting down")]
@@ -89,6 +91,7 @@ impl From<Error> for Status {
             Error::Storage(_)
             | Error::CorruptRecord { .. }
             | Error::CorruptHistory { .. }
+            | Error::CorruptRedo { .. }
             | Error::SchemaTooNew { .. } => Code::Internal,
         };
         Status::new(code, err.to_string())

@@ -83,7 +83,7 @@ fn io_failed(path: &Path, err: std::io::Error) -> Error {
     Error::Storage(format!("{}: {err}", path.display()))
 }
 
-fn hash8(bytes: &[u8]) -> [u8; 8] {
+pub(super) fn hash8(bytes: &[u8]) -> [u8; 8] {
     let mut out = [0u8; 8];
     out.copy_from_slice(&blake3::hash(bytes).as_bytes()[..8]);
     out

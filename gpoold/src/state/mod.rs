@@ -11,6 +11,7 @@ pub mod archive;
 mod arrays;
 mod health;
 mod history;
+pub mod redo;
 mod sharing;
 pub mod store;
 mod update;
@@ -1623,11 +1624,14 @@ fn node_reply(result: Result<(Node, Vec<Write>), Error>, reply: Reply<Node>, out
 }
 
 fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error> {
-    let mut records = store::Records::default();
+    // Encoded a part at a time: a large batch goes on to its redo log as
+    // it is encoded.
+    let mut commit = store.begin();
     // A job touched many times in a batch (an array's record as its tasks
     // end) is encoded once.
     let mut jobs_written = std::collections::HashSet::new();
     for write in writes {
+        let records = &mut commit.records;
         match write {
             Write::Job(id) if !jobs_written.insert(*id) => {}
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
@@ -1653,8 +1657,9 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
                 .for_each(|record| records.token(record)),
             Write::Attempt(record) => records.attempt(record),
         }
+        commit.spill_if_full()?;
     }
-    store.commit(records)
+    commit.finish()
 }
 
 /// The flusher: one blocking thread that makes a batch durable with one

@@ -8,13 +8,14 @@
 //! and are read from disk when asked for, so history costs no memory.
 //!
 //! A batch of writes is one sled transaction, or, past `MAX_AT_ONCE`
-//! records, a redo log in `redo` applied in parts (`Store::commit`).
+//! records, a redo log file applied in parts (`Commit`, `redo`).
 //!
 //! Old ended jobs and accounting records move on to sealed files in
 //! `history/` (`archive`), a file at a time (`Sealer`): sled's memory
 //! grows with every record it ever held, the files' does not.
 
 use super::archive::{Archive, Merged, Reader, Record, Segment};
+use super::redo::{self, RedoWriter};
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
 use gpool_core::array::task_ids;
@@ -60,9 +61,12 @@ pub struct Store {
     /// Accounting: one record per ended attempt, by end time and epoch
     /// (`attempt_key`); appended, never changed, removed past retention.
     attempts: sled::Tree,
-    /// The redo log of a batch being written in parts (`commit_in_parts`);
-    /// empty between batches.
+    /// Where gpoold kept a batch's redo log before it was a file
+    /// (`redo_path`); read at open, empty after.
     redo: sled::Tree,
+    /// The redo log of a batch being written in parts (`Commit`); absent
+    /// between batches.
+    redo_path: std::path::PathBuf,
     /// Sealed files of ended jobs (each with its environment) and of
     /// accounting records.
     job_files: Arc<Archive>,
@@ -153,6 +157,7 @@ impl Store {
             tokens: db.open_tree("tokens")?,
             attempts: db.open_tree("attempts")?,
             redo: db.open_tree("redo")?,
+            redo_path: dir.join("redo.log"),
             job_files: Arc::new(Archive::open(&history, "jobs")?),
             attempt_files: Arc::new(Archive::open(&history, "attempts")?),
             per_file: per_file.max(1),
@@ -330,13 +335,19 @@ impl Store {
 
     /// Writes every record of one state-task batch at once: after a crash
     /// either all of them are on disk or none (a batch of submitted jobs is
-    /// whole or absent). A batch of up to `MAX_AT_ONCE` records is one sled
-    /// transaction; a larger one goes through a redo log.
+    /// whole or absent). See `Commit`.
     pub fn commit(&self, records: Records) -> Result<(), Error> {
-        match records.entries.len() {
-            0 => Ok(()),
-            n if n <= MAX_AT_ONCE => self.apply(&records.entries),
-            _ => self.commit_in_parts(records.entries),
+        let mut commit = self.begin();
+        commit.records = records;
+        commit.finish()
+    }
+
+    /// A batch of writes, built up in `Commit::records`.
+    pub fn begin(&self) -> Commit<'_> {
+        Commit {
+            store: self,
+            records: Records::default(),
+            log: None,
         }
     }
 
@@ -370,37 +381,47 @@ impl Store {
             })
     }
 
-    /// A batch too large for one transaction (sled keeps every tree node a
-    /// transaction's writes replace until it ends: about 14 KB a job, 1.5 GB
-    /// for a 100,000-job file). Its parts go to the `redo` tree, then a mark
-    /// that the log is whole, flushed; then the parts are applied, one
-    /// transaction each, and flushed; then the log goes, in one transaction,
-    /// flushed (so no later write can land before the log is gone). A crash
-    /// before the mark leaves parts that `open` drops (nothing of the batch
-    /// was applied); after it, `open` applies the log again: each entry sets
-    /// or removes a whole record, so applying it twice is applying it once.
-    /// Each part's records are dropped once logged, and applied from the
-    /// log: the batch is held once, not twice (a 100,000-job file's records
-    /// are about 50 MB).
-    fn commit_in_parts(&self, entries: Vec<Entry>) -> Result<(), Error> {
-        let mut n_parts: u64 = 0;
-        let mut entries = entries.into_iter();
-        loop {
-            let part: Vec<Entry> = entries.by_ref().take(MAX_AT_ONCE).collect();
-            if part.is_empty() {
-                break;
+    /// Applies the redo log file if it is whole, a part per transaction,
+    /// makes that durable and removes the log (`redo`). How many records it
+    /// held; none where there was no log, or one a crash cut short before
+    /// it was whole (dropped: none of it was applied).
+    fn replay_redo(&self) -> Result<Option<usize>, Error> {
+        let mut n_records = 0;
+        let replayed = redo::replay(&self.redo_path, |part| {
+            let entries = decode_part(part).map_err(|reason| Error::CorruptRedo {
+                file: self.redo_path.display().to_string(),
+                reason,
+            })?;
+            n_records += entries.len();
+            self.apply(&entries)
+        })?;
+        match replayed {
+            redo::Replayed::NoLog => Ok(None),
+            redo::Replayed::Dropped(reason) => {
+                tracing::warn!(
+                    "dropped the redo log of a batch a crash cut short before it was whole ({reason}); none of it had been written"
+                );
+                Ok(None)
             }
-            self.redo.insert(n_parts.to_be_bytes(), encode_part(&part))?;
-            n_parts += 1;
+            redo::Replayed::Applied { .. } => {
+                self.db.flush()?;
+                redo::remove(&self.redo_path)?;
+                Ok(Some(n_records))
+            }
         }
-        self.redo.insert(REDO_WHOLE, &n_parts.to_be_bytes())?;
-        self.db.flush()?;
-        self.apply_redo(n_parts)?;
-        self.clear_redo()
     }
 
-    /// Applies the `n_parts` parts of the redo log, one transaction each,
-    /// then flushes; returns how many records they held.
+    /// Finishes the batch a crash cut short, if any: from the redo log
+    /// file, or from the `redo` tree, where gpoold kept the log before.
+    fn finish_interrupted_commit(&self) -> Result<(), Error> {
+        if let Some(n_records) = self.replay_redo()? {
+            tracing::warn!("finished writing a batch of {n_records} records that a crash cut short");
+        }
+        self.finish_interrupted_commit_in_sled()
+    }
+
+    /// Applies the `n_parts` parts of the redo log in the `redo` tree, one
+    /// transaction each, then flushes; returns how many records they held.
     fn apply_redo(&self, n_parts: u64) -> Result<usize, Error> {
         let mut n_records = 0;
         for n in 0..n_parts {
@@ -417,8 +438,9 @@ impl Store {
         Ok(n_records)
     }
 
-    /// Finishes the batch a crash cut short in `commit_in_parts`, if any.
-    fn finish_interrupted_commit(&self) -> Result<(), Error> {
+    /// Finishes a batch whose redo log a crash left in the `redo` tree
+    /// (where gpoold kept it before the log was a file), if any.
+    fn finish_interrupted_commit_in_sled(&self) -> Result<(), Error> {
         if self.redo.is_empty() {
             return Ok(());
         }
@@ -1008,6 +1030,68 @@ pub struct Records {
     entries: Vec<Entry>,
 }
 
+/// A batch of writes on its way to sled (`Store::begin`). Up to
+/// `MAX_AT_ONCE` records are one sled transaction. A larger batch would
+/// hold sled's every replaced tree node until it ends (about 14 KB a job,
+/// 1.5 GB for a 100,000-job file), so it goes through a redo log file
+/// instead (`redo`): its records move there a part at a time as they are
+/// added (`spill_if_full`), then the whole log is synced, applied a part
+/// per transaction, flushed, and removed. A crash before the log is whole
+/// leaves a log that `open` drops (nothing of the batch was applied);
+/// after, `open` applies the log again: each entry sets or removes a whole
+/// record, so applying it twice is applying it once. Neither gpoold nor
+/// sled holds such a batch whole: it is written as it is encoded.
+pub struct Commit<'a> {
+    store: &'a Store,
+    pub records: Records,
+    log: Option<RedoWriter>,
+}
+
+impl Commit<'_> {
+    /// Moves the records added so far to the redo log once they are more
+    /// than one transaction writes.
+    pub fn spill_if_full(&mut self) -> Result<(), Error> {
+        if self.records.entries.len() > MAX_AT_ONCE {
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    fn spill(&mut self) -> Result<(), Error> {
+        let log = match &mut self.log {
+            Some(log) => log,
+            None => self.log.insert(RedoWriter::create(&self.store.redo_path)?),
+        };
+        for part in self.records.entries.chunks(MAX_AT_ONCE) {
+            log.part(&encode_part(part))?;
+        }
+        self.records.entries.clear();
+        Ok(())
+    }
+
+    /// Writes the batch: whole, or (after a crash) not at all, or, once its
+    /// redo log is whole, whole at the next open.
+    pub fn finish(mut self) -> Result<(), Error> {
+        if self.log.is_none() && self.records.entries.len() <= MAX_AT_ONCE {
+            if self.records.entries.is_empty() {
+                return Ok(());
+            }
+            return self.store.apply(&self.records.entries);
+        }
+        self.spill()?;
+        if let Some(log) = self.log.take() {
+            log.finish()?;
+        }
+        match self.store.replay_redo()? {
+            Some(_) => Ok(()),
+            None => Err(Error::CorruptRedo {
+                file: self.store.redo_path.display().to_string(),
+                reason: "written whole, it read back cut short".into(),
+            }),
+        }
+    }
+}
+
 impl Records {
     /// A job's record: in `jobs` while it has not ended, then in `ended`
     /// (and its index).
@@ -1485,12 +1569,39 @@ mod tests {
         let n = 2 * MAX_AT_ONCE as u64 + 5;
         {
             let (store, _) = Store::open(dir.path()).expect("open");
-            store.commit(batch_of(n)).expect("commit");
-            assert!(store.redo.is_empty(), "the redo log is gone once the batch is written");
+            // As the state task adds them: spilled to the log as they come.
+            let mut commit = store.begin();
+            for records in batch_of(n).entries.chunks(7) {
+                commit.records.entries.extend_from_slice(records);
+                commit.spill_if_full().expect("spill");
+                assert!(
+                    commit.records.entries.len() <= MAX_AT_ONCE,
+                    "never more than a part held"
+                );
+            }
+            assert!(store.redo_path.exists(), "the log is started once a part is full");
+            commit.finish().expect("commit");
+            assert!(
+                !store.redo_path.exists(),
+                "the redo log is gone once the batch is written"
+            );
+            assert!(store.redo.is_empty());
         }
         let (_, loaded) = Store::open(dir.path()).expect("open again");
         assert_eq!(loaded.jobs.len() as u64, n);
         assert_eq!(loaded.next_job_id, n + 1);
+    }
+
+    #[test]
+    fn a_batch_of_one_transaction_needs_no_log() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let (store, _) = Store::open(dir.path()).expect("open");
+        let mut commit = store.begin();
+        commit.records = batch_of(MAX_AT_ONCE as u64 - 1);
+        commit.spill_if_full().expect("spill");
+        assert!(!store.redo_path.exists());
+        commit.finish().expect("commit");
+        assert_eq!(store.jobs.len(), MAX_AT_ONCE - 1);
     }
 
     #[test]
@@ -1502,8 +1613,38 @@ mod tests {
         for whole in [true, false] {
             let dir = tempfile::tempdir().expect("a temp dir");
             {
-                // As a crash leaves it: the log written, and of the batch
-                // only the first part applied.
+                // As a crash leaves it: the log written (with its whole
+                // mark or not), and, of a whole one, the first part applied.
+                let (store, _) = Store::open(dir.path()).expect("open");
+                let mut log = RedoWriter::create(&store.redo_path).expect("create");
+                for part in &parts {
+                    log.part(&encode_part(part)).expect("part");
+                }
+                if whole {
+                    log.finish().expect("finish");
+                    store.apply(parts[0]).expect("apply");
+                } else {
+                    drop(log);
+                }
+                store.db.flush().expect("flush");
+            }
+            let (store, loaded) = Store::open(dir.path()).expect("open again");
+            let expected = if whole { n } else { 0 };
+            assert_eq!(loaded.jobs.len() as u64, expected, "whole log: {whole}");
+            assert_eq!(loaded.next_job_id, expected + 1, "whole log: {whole}");
+            assert!(!store.redo_path.exists(), "whole log: {whole}");
+        }
+    }
+
+    #[test]
+    fn a_batch_cut_short_with_its_log_in_the_redo_tree_is_finished_at_open() {
+        let n = MAX_AT_ONCE as u64 + 3;
+        let entries = batch_of(n).entries;
+        let parts: Vec<&[Entry]> = entries.chunks(MAX_AT_ONCE).collect();
+        for whole in [true, false] {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            {
+                // As an earlier gpoold's crash leaves it.
                 let (store, _) = Store::open(dir.path()).expect("open");
                 for (n, part) in parts.iter().enumerate() {
                     store
@@ -1526,6 +1667,24 @@ mod tests {
             assert_eq!(loaded.next_job_id, expected + 1, "whole log: {whole}");
             assert!(store.redo.is_empty());
         }
+    }
+
+    #[test]
+    fn a_whole_redo_log_with_a_record_that_does_not_decode_names_the_file() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        {
+            let (store, _) = Store::open(dir.path()).expect("open");
+            let mut part = encode_part(&batch_of(2).entries);
+            part.truncate(part.len() - 3);
+            let mut log = RedoWriter::create(&store.redo_path).expect("create");
+            log.part(&part).expect("part");
+            log.finish().expect("finish");
+        }
+        let err = Store::open(dir.path())
+            .err()
+            .expect("a damaged log is refused")
+            .to_string();
+        assert!(err.contains("redo.log") && err.contains("cut short"), "{err}");
     }
 
     #[test]
