@@ -396,3 +396,66 @@ fn a_dependency_in_a_job_file_names_the_last_earlier_job_of_that_name() {
         "{err}"
     );
 }
+
+/// A `[[job]]` table of a generated job file: plain, named, depending on
+/// an earlier name, with a sub-table, a header with a comment, a
+/// multi-line string holding a header line, a bad job, a syntax error.
+fn job_table(kind: u8, n: usize) -> String {
+    match kind {
+        0 => format!("[[job]]\ncommand = [\"true\", \"{n}\"]\n"),
+        1 => format!("[[job]]\nname = \"j{}\"\ncommand = \"true\"\n", n % 3),
+        2 => format!("[[job]]\ncommand = \"true\"\ndependency = \"afterok:j{}\"\n", n % 3),
+        3 => format!("[[job]]\ncommand = \"true\"\n[job.env]\nN = \"{n}\"\n"),
+        4 => format!("[[job]] # job {n}\ncommand = \"true\"\n"),
+        5 => "[[job]]\ncommand = \"\"\"\necho\n[[job]]\n\"\"\"\n".to_string(),
+        6 => "[[job]]\ncommand = \"true\"\ngpus = 0\n".to_string(),
+        _ => "[[job]]\ncommand = = \"true\"\n".to_string(),
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn a_job_file_parsed_in_runs_gives_what_it_gives_parsed_whole(
+        kinds in proptest::collection::vec(proptest::prop_oneof![
+            8 => 0u8..6,
+            1 => 6u8..8,
+        ], 1..24),
+        per_run in 1usize..5,
+    ) {
+        let text: String = kinds
+            .iter()
+            .enumerate()
+            .map(|(n, kind)| job_table(*kind, n) + "\n")
+            .collect();
+        proptest::prop_assert_eq!(
+            parse_in_runs("jobs.toml", &text, per_run),
+            parse_in_runs("jobs.toml", &text, usize::MAX)
+        );
+    }
+}
+
+#[test]
+fn a_large_job_file_is_parsed_in_runs_with_errors_on_the_file_s_lines() {
+    let text: String = (0..3 * JOBS_PER_PARSE)
+        .map(|n| job_table(if n == 5 { 1 } else { 0 }, n) + "\n")
+        .collect();
+    assert_eq!(run_starts(&text, JOBS_PER_PARSE).len(), 3);
+    let specs = parse_job_file("jobs.toml", &text).expect("parses");
+    assert_eq!(specs.len(), 3 * JOBS_PER_PARSE);
+    assert_eq!(
+        specs[2 * JOBS_PER_PARSE + 7].command,
+        ["true", &(2 * JOBS_PER_PARSE + 7).to_string()]
+    );
+    // Each table before it is 2 lines and a blank one.
+    let bad_at = 2 * JOBS_PER_PARSE + 10;
+    let with = |kind| -> String {
+        (0..3 * JOBS_PER_PARSE)
+            .map(|n| job_table(if n == bad_at { kind } else { 0 }, n) + "\n")
+            .collect()
+    };
+    let err = parse_job_file("jobs.toml", &with(6)).expect_err("a bad job");
+    assert_eq!(err.line, Some(3 * bad_at + 1), "{err}");
+    assert!(err.message.starts_with(&format!("job {}: gpus", bad_at + 1)), "{err}");
+    let err = parse_job_file("jobs.toml", &with(7)).expect_err("a syntax error");
+    assert_eq!(err.line, Some(3 * bad_at + 2), "{err}");
+}
