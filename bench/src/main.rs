@@ -286,9 +286,7 @@ fn submit_phases(n: usize) -> anyhow::Result<()> {
     let submit_one = |client: &mut PoolClient<Channel>| {
         runtime.block_on(async {
             let reply = client
-                .submit_jobs(with_user(pb::SubmitJobsRequest {
-                    specs: vec![one_spec()],
-                }))
+                .submit_jobs(with_user(pb::SubmitJobsRequest::new(&[one_spec()])))
                 .await?;
             anyhow::ensure!(reply.get_ref().ids.len() == 1, "no id");
             Ok(())
@@ -417,7 +415,9 @@ fn api_throughput(n_clients: usize, jobs_per_request: usize, n_requests: usize) 
             tasks.spawn(async move {
                 for _ in 0..n_mine {
                     let specs = vec![one_spec(); jobs_per_request];
-                    let reply = client.submit_jobs(with_user(pb::SubmitJobsRequest { specs })).await?;
+                    let reply = client
+                        .submit_jobs(with_user(pb::SubmitJobsRequest::new(&specs)))
+                        .await?;
                     anyhow::ensure!(reply.get_ref().ids.len() == jobs_per_request, "short reply");
                 }
                 anyhow::Ok(())
@@ -451,9 +451,7 @@ fn list_memory_restart(n_jobs: usize) -> anyhow::Result<()> {
         let mut client = client(&controller.addr).await?;
         for _ in 0..n_jobs / 1000 {
             client
-                .submit_jobs(with_user(pb::SubmitJobsRequest {
-                    specs: vec![one_spec(); 1000],
-                }))
+                .submit_jobs(with_user(pb::SubmitJobsRequest::new(&vec![one_spec(); 1000])))
                 .await?;
         }
         anyhow::Ok(())
@@ -1080,10 +1078,8 @@ fn nodes_down_together(n_nodes: usize, gpus_per_node: u32) -> anyhow::Result<()>
         // Every GPU busy, and as many jobs again waiting.
         let n_jobs = n_nodes * gpus_per_node as usize * 2;
         for _ in 0..n_jobs / 1000 {
-            api.submit_jobs(with_user(pb::SubmitJobsRequest {
-                specs: vec![one_spec(); 1000],
-            }))
-            .await?;
+            api.submit_jobs(with_user(pb::SubmitJobsRequest::new(&vec![one_spec(); 1000])))
+                .await?;
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
         let submit_api = api.clone();
@@ -1094,10 +1090,8 @@ fn nodes_down_together(n_nodes: usize, gpus_per_node: u32) -> anyhow::Result<()>
                 let mut samples = Vec::new();
                 while Instant::now() < until {
                     let started = Instant::now();
-                    api.submit_jobs(with_user(pb::SubmitJobsRequest {
-                        specs: vec![one_spec()],
-                    }))
-                    .await?;
+                    api.submit_jobs(with_user(pb::SubmitJobsRequest::new(&[one_spec()])))
+                        .await?;
                     samples.push(started.elapsed());
                 }
                 anyhow::Ok(samples)

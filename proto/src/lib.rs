@@ -5,10 +5,13 @@
 #[rustfmt::skip]
 pub mod pb {
     include!("gen/gpool.v1.rs");
+    /// Held with its specs encoded (`submit`).
+    pub use crate::submit::SubmitJobsRequest;
 }
 
 pub mod convert;
 pub mod dial;
+pub mod submit;
 
 /// The largest request gpoold takes unless its config says otherwise
 /// (`max_message_size`): a batch of jobs, or anything else a client sends.

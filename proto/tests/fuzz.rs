@@ -79,7 +79,9 @@ fn decode_every_type(bytes: &[u8]) {
 fn convert_what_decodes(bytes: &[u8]) {
     if let Ok(request) = pb::SubmitJobsRequest::decode(bytes) {
         for spec in request.specs {
-            let _ = convert::spec_from_wire(spec).validate();
+            if let Ok(spec) = pb::JobSpec::decode(spec) {
+                let _ = convert::spec_from_wire(spec).validate();
+            }
         }
     }
     if let Ok(message) = pb::AgentMessage::decode(bytes) {
@@ -119,7 +121,7 @@ proptest! {
             nodes: 1,
             ..pb::JobSpec::default()
         };
-        let mut bytes = pb::SubmitJobsRequest { specs: vec![spec.clone(), spec] }.encode_to_vec();
+        let mut bytes = pb::SubmitJobsRequest::new(&[spec.clone(), spec]).encode_to_vec();
         for (at, value) in flips {
             let len = bytes.len();
             bytes[at.index(len)] = value;

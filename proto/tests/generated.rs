@@ -15,6 +15,8 @@ fn generated_code_is_up_to_date() {
         .build_client(true)
         // No `Client::connect` constructor: it would clash with AgentLink.Connect.
         .build_transport(false)
+        // Held with its specs encoded, decoded one at a time by gpoold.
+        .extern_path(".gpool.v1.SubmitJobsRequest", "crate::submit::SubmitJobsRequest")
         .emit_rerun_if_changed(false)
         .out_dir(out_dir.path())
         .compile_protos(&[crate_dir.join("gpool/v1/gpool.proto")], &[crate_dir.to_path_buf()])

@@ -218,9 +218,7 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     }
     let specs = specs_from_args(args)?;
     let mut conn = ctx.connect().await?;
-    let request = pb::SubmitJobsRequest {
-        specs: specs.iter().map(spec_to_wire).collect(),
-    };
+    let request = pb::SubmitJobsRequest::new(&specs.iter().map(spec_to_wire).collect::<Vec<_>>());
     let ids = conn
         .client
         .submit_jobs(request)

@@ -10,6 +10,7 @@ use gpool_core::JobId;
 use gpool_proto::convert::{job_to_wire_with, node_to_wire, spec_from_wire, state_to_wire};
 use gpool_proto::pb;
 use gpool_proto::pb::pool_server::Pool;
+use prost::Message;
 use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -265,31 +266,33 @@ impl Pool for PoolService {
     ) -> Result<Response<pb::SubmitJobsResponse>, Status> {
         let who = identity(&request)?;
         let caller = who.caller.clone();
-        let specs = request.into_inner().specs;
-        if let Some(bad) = specs
-            .iter()
-            .find(|spec| gpool_core::model::NvlinkNeed::parse(&spec.nvlink).is_err() && !spec.nvlink.is_empty())
-        {
-            return Err(Error::InvalidRequest {
-                field: "nvlink",
-                reason: format!("{:?} is not required, preferred or any", bad.nvlink),
+        let request = request.into_inner();
+        // Decoded a spec at a time, from the request's own buffer; a spec
+        // the same as the one before it (a file of alike jobs) is decoded,
+        // checked and held once.
+        let mut specs: Vec<std::sync::Arc<gpool_core::model::JobSpec>> = Vec::with_capacity(request.specs.len());
+        for (index, encoded) in request.specs.iter().enumerate() {
+            if let Some(last) = specs
+                .last()
+                .filter(|_| index > 0 && request.specs[index - 1] == *encoded)
+            {
+                specs.push(last.clone());
+                continue;
             }
-            .into());
+            let spec = pb::JobSpec::decode(encoded.clone()).map_err(|err| Error::InvalidRequest {
+                field: "specs",
+                reason: format!("spec {} of {}: {err}", index + 1, request.specs.len()),
+            })?;
+            if !spec.nvlink.is_empty() && gpool_core::model::NvlinkNeed::parse(&spec.nvlink).is_err() {
+                return Err(Error::InvalidRequest {
+                    field: "nvlink",
+                    reason: format!("{:?} is not required, preferred or any", spec.nvlink),
+                }
+                .into());
+            }
+            specs.push(std::sync::Arc::new(spec_from_wire(spec)));
         }
-        // A file of alike jobs becomes one spec, shared (a batch of 100,000
-        // is checked and held once).
-        let alike: Vec<bool> = std::iter::once(false)
-            .chain(specs.windows(2).map(|pair| pair[0] == pair[1]))
-            .collect();
-        let mut shared: Vec<std::sync::Arc<gpool_core::model::JobSpec>> = Vec::with_capacity(specs.len());
-        for (spec, alike) in specs.into_iter().zip(alike) {
-            let converted = match shared.last() {
-                Some(last) if alike => last.clone(),
-                _ => std::sync::Arc::new(spec_from_wire(spec)),
-            };
-            shared.push(converted);
-        }
-        let specs = shared;
+        drop(request);
         let result = self
             .state
             .call(|reply| Command::Submit { caller, specs, reply })

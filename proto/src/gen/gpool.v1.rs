@@ -628,12 +628,6 @@ pub struct PriorityFactors {
     pub nice: f64,
 }
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct SubmitJobsRequest {
-    #[prost(message, repeated, tag = "1")]
-    pub specs: ::prost::alloc::vec::Vec<JobSpec>,
-}
-#[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SubmitJobsResponse {
     #[prost(uint64, repeated, tag = "1")]
@@ -1523,7 +1517,7 @@ pub mod pool_client {
         /// either all specs are accepted or none is.
         pub async fn submit_jobs(
             &mut self,
-            request: impl tonic::IntoRequest<super::SubmitJobsRequest>,
+            request: impl tonic::IntoRequest<crate::submit::SubmitJobsRequest>,
         ) -> std::result::Result<
             tonic::Response<super::SubmitJobsResponse>,
             tonic::Status,
@@ -2000,7 +1994,7 @@ pub mod pool_server {
         /// either all specs are accepted or none is.
         async fn submit_jobs(
             &self,
-            request: tonic::Request<super::SubmitJobsRequest>,
+            request: tonic::Request<crate::submit::SubmitJobsRequest>,
         ) -> std::result::Result<
             tonic::Response<super::SubmitJobsResponse>,
             tonic::Status,
@@ -2238,7 +2232,9 @@ pub mod pool_server {
                 "/gpool.v1.Pool/SubmitJobs" => {
                     #[allow(non_camel_case_types)]
                     struct SubmitJobsSvc<T: Pool>(pub Arc<T>);
-                    impl<T: Pool> tonic::server::UnaryService<super::SubmitJobsRequest>
+                    impl<
+                        T: Pool,
+                    > tonic::server::UnaryService<crate::submit::SubmitJobsRequest>
                     for SubmitJobsSvc<T> {
                         type Response = super::SubmitJobsResponse;
                         type Future = BoxFuture<
@@ -2247,7 +2243,7 @@ pub mod pool_server {
                         >;
                         fn call(
                             &mut self,
-                            request: tonic::Request<super::SubmitJobsRequest>,
+                            request: tonic::Request<crate::submit::SubmitJobsRequest>,
                         ) -> Self::Future {
                             let inner = Arc::clone(&self.0);
                             let fut = async move {
