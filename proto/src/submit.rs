@@ -27,6 +27,17 @@ impl SubmitJobsRequest {
             specs: specs.into_iter().map(|spec| spec.encode_to_vec().into()).collect(),
         }
     }
+
+    /// From gpool-core specs, each converted and encoded in turn (a batch
+    /// is never held decoded twice).
+    pub fn from_specs<'a>(specs: impl IntoIterator<Item = &'a gpool_core::model::JobSpec>) -> SubmitJobsRequest {
+        SubmitJobsRequest {
+            specs: specs
+                .into_iter()
+                .map(|spec| crate::convert::spec_to_wire(spec).encode_to_vec().into())
+                .collect(),
+        }
+    }
 }
 
 impl Message for SubmitJobsRequest {

@@ -5,7 +5,6 @@ use crate::output;
 use crate::CliError;
 use gpool_core::spec::{parse_env_assignment, parse_job_file, CommandInput, JobSpecInput, OneOrMany};
 use gpool_core::JobSpec;
-use gpool_proto::convert::spec_to_wire;
 use gpool_proto::pb;
 use std::path::PathBuf;
 
@@ -218,7 +217,8 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     }
     let specs = specs_from_args(args)?;
     let mut conn = ctx.connect().await?;
-    let request = pb::SubmitJobsRequest::new(&specs.iter().map(spec_to_wire).collect::<Vec<_>>());
+    let request = pb::SubmitJobsRequest::from_specs(&specs);
+    drop(specs);
     let ids = conn
         .client
         .submit_jobs(request)
