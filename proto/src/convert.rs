@@ -14,6 +14,17 @@ pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
 
 /// As `spec_to_wire`; without its environment unless `with_env` (listings
 /// leave it out).
+/// A submit request of `specs`, each converted and encoded in turn (a
+/// batch is never held converted and encoded at once).
+pub fn submit_request<'a>(specs: impl IntoIterator<Item = &'a JobSpec>) -> pb::SubmitJobsRequest {
+    pb::SubmitJobsRequest {
+        specs: specs
+            .into_iter()
+            .map(|spec| prost::Message::encode_to_vec(&spec_to_wire(spec)).into())
+            .collect(),
+    }
+}
+
 pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
     pb::JobSpec {
         name: spec.name.clone(),

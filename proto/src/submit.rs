@@ -5,7 +5,8 @@
 //! one, by `extern_path`). A request of 100,000 specs is then one buffer
 //! that gpoold decodes a spec at a time, never 100,000 decoded specs at
 //! once, and a spec that repeats the one before it (a file of alike jobs)
-//! is not decoded again.
+//! is not decoded again. A field added to the message in the .proto must
+//! be added here too (`tests/generated.rs` checks the fields).
 
 use crate::pb;
 use prost::bytes::{Buf, BufMut, Bytes};
@@ -25,17 +26,6 @@ impl SubmitJobsRequest {
     pub fn new<'a>(specs: impl IntoIterator<Item = &'a pb::JobSpec>) -> SubmitJobsRequest {
         SubmitJobsRequest {
             specs: specs.into_iter().map(|spec| spec.encode_to_vec().into()).collect(),
-        }
-    }
-
-    /// From gpool-core specs, each converted and encoded in turn (a batch
-    /// is never held decoded twice).
-    pub fn from_specs<'a>(specs: impl IntoIterator<Item = &'a gpool_core::model::JobSpec>) -> SubmitJobsRequest {
-        SubmitJobsRequest {
-            specs: specs
-                .into_iter()
-                .map(|spec| crate::convert::spec_to_wire(spec).encode_to_vec().into())
-                .collect(),
         }
     }
 }

@@ -19,9 +19,11 @@ fn generated_code_is_up_to_date() {
         .extern_path(".gpool.v1.SubmitJobsRequest", "crate::submit::SubmitJobsRequest")
         .emit_rerun_if_changed(false)
         .out_dir(out_dir.path())
+        .file_descriptor_set_path(out_dir.path().join("gpool.fds"))
         .compile_protos(&[crate_dir.join("gpool/v1/gpool.proto")], &[crate_dir.to_path_buf()])
         .expect("protoc compiles gpool.proto");
     let fresh = std::fs::read_to_string(out_dir.path().join("gpool.v1.rs")).expect("generated file");
+    submit_request_is_as_held(&out_dir.path().join("gpool.fds"));
     let committed_path = crate_dir.join("src/gen/gpool.v1.rs");
     if std::env::var_os("GPOOL_BLESS").is_some() {
         std::fs::write(&committed_path, &fresh).expect("write generated code");
@@ -31,5 +33,29 @@ fn generated_code_is_up_to_date() {
     assert!(
         committed == fresh,
         "src/gen/gpool.v1.rs is stale: run `GPOOL_BLESS=1 cargo test -p gpool-proto --test generated`"
+    );
+}
+
+/// `SubmitJobsRequest` is written by hand (`src/submit.rs`), with the one
+/// field the .proto gives it: a field added there must be added here.
+fn submit_request_is_as_held(descriptors: &Path) {
+    use prost::Message;
+    let bytes = std::fs::read(descriptors).expect("descriptor set");
+    let set = prost_types::FileDescriptorSet::decode(bytes.as_slice()).expect("descriptor set decodes");
+    let message = set
+        .file
+        .iter()
+        .flat_map(|file| &file.message_type)
+        .find(|message| message.name() == "SubmitJobsRequest")
+        .expect("SubmitJobsRequest in gpool.proto");
+    let fields: Vec<(&str, i32, &str)> = message
+        .field
+        .iter()
+        .map(|field| (field.name(), field.number(), field.type_name()))
+        .collect();
+    assert_eq!(
+        fields,
+        [("specs", 1, ".gpool.v1.JobSpec")],
+        "SubmitJobsRequest changed in gpool.proto: change src/submit.rs to match"
     );
 }

@@ -5,7 +5,6 @@ use crate::output;
 use crate::CliError;
 use gpool_core::spec::{parse_env_assignment, parse_job_file, CommandInput, JobSpecInput, OneOrMany};
 use gpool_core::JobSpec;
-use gpool_proto::pb;
 use std::path::PathBuf;
 
 /// Exit code of `--wait` when the job ran out of time (as `timeout(1)`).
@@ -217,7 +216,7 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     }
     let specs = specs_from_args(args)?;
     let mut conn = ctx.connect().await?;
-    let request = pb::SubmitJobsRequest::from_specs(&specs);
+    let request = gpool_proto::convert::submit_request(&specs);
     drop(specs);
     let ids = conn
         .client

@@ -271,22 +271,27 @@ impl Pool for PoolService {
         // the same as the one before it (a file of alike jobs) is decoded,
         // checked and held once.
         let mut specs: Vec<std::sync::Arc<gpool_core::model::JobSpec>> = Vec::with_capacity(request.specs.len());
-        for (index, encoded) in request.specs.iter().enumerate() {
+        let n_specs = request.specs.len();
+        for (spec_idx, encoded) in request.specs.iter().enumerate() {
             if let Some(last) = specs
                 .last()
-                .filter(|_| index > 0 && request.specs[index - 1] == *encoded)
+                .filter(|_| spec_idx > 0 && request.specs[spec_idx - 1] == *encoded)
             {
                 specs.push(last.clone());
                 continue;
             }
             let spec = pb::JobSpec::decode(encoded.clone()).map_err(|err| Error::InvalidRequest {
                 field: "specs",
-                reason: format!("spec {} of {}: {err}", index + 1, request.specs.len()),
+                reason: format!("spec {} of {n_specs}: {err}", spec_idx + 1),
             })?;
             if !spec.nvlink.is_empty() && gpool_core::model::NvlinkNeed::parse(&spec.nvlink).is_err() {
                 return Err(Error::InvalidRequest {
                     field: "nvlink",
-                    reason: format!("{:?} is not required, preferred or any", spec.nvlink),
+                    reason: format!(
+                        "spec {} of {n_specs}: {:?} is not required, preferred or any",
+                        spec_idx + 1,
+                        spec.nvlink
+                    ),
                 }
                 .into());
             }

@@ -79,8 +79,17 @@ fn damaged(path: &Path, reason: impl std::fmt::Display) -> Error {
     }
 }
 
-fn io_failed(path: &Path, err: std::io::Error) -> Error {
+pub(super) fn io_failed(path: &Path, err: std::io::Error) -> Error {
     Error::Storage(format!("{}: {err}", path.display()))
+}
+
+/// Syncs the directory that holds `path`, so that a file's creation,
+/// rename or removal there is on disk.
+pub(super) fn sync_parent(path: &Path) -> Result<(), Error> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|err| io_failed(dir, err))
 }
 
 pub(super) fn hash8(bytes: &[u8]) -> [u8; 8] {
@@ -256,10 +265,7 @@ impl Segment {
         let file = out.into_inner().map_err(|err| failed(err.into_error()))?;
         file.sync_all().map_err(failed)?;
         std::fs::rename(partial, &path).map_err(|err| io_failed(&path, err))?;
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::File::open(dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|err| io_failed(dir, err))?;
+        sync_parent(&path)?;
         Ok(Some(Segment {
             path,
             seq,

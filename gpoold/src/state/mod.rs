@@ -11,7 +11,7 @@ pub mod archive;
 mod arrays;
 mod health;
 mod history;
-pub mod redo;
+mod redo;
 mod sharing;
 pub mod store;
 mod update;

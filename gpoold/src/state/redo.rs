@@ -9,39 +9,19 @@
 //! payload's length (u32, little-endian), the first 8 bytes of the
 //! payload's BLAKE3 hash, and the payload. A part's payload is a part of
 //! the batch as `store` encodes it; the last frame, the whole mark, holds
-//! the number of parts (u64). Nothing of a log is applied before its whole
-//! mark is synced, so a log found without one (a crash while it was
-//! written) is dropped: none of it reached sled.
+//! the number of parts (u64). Whether a log is to be applied is sled's to
+//! say (`store`): a log is applied only once it is synced whole.
 
-use super::archive::hash8;
+use super::archive::{hash8, io_failed, sync_parent};
 use crate::error::Error;
 use std::io::{BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 const PART: u8 = b'P';
 const WHOLE: u8 = b'W';
 /// Kind, length and hash.
 const FRAME_HEAD: usize = 13;
-
-fn io_failed(path: &Path, err: std::io::Error) -> Error {
-    Error::Storage(format!("{}: {err}", path.display()))
-}
-
-fn damaged(path: &Path, reason: impl std::fmt::Display) -> Error {
-    Error::CorruptRedo {
-        file: path.display().to_string(),
-        reason: reason.to_string(),
-    }
-}
-
-/// Syncs the directory that holds `path`, so that its creation or removal
-/// is on disk.
-fn sync_parent(path: &Path) -> Result<(), Error> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(dir)
-        .and_then(|dir| dir.sync_all())
-        .map_err(|err| io_failed(dir, err))
-}
 
 /// A redo log being written.
 pub struct RedoWriter {
@@ -52,9 +32,15 @@ pub struct RedoWriter {
 
 impl RedoWriter {
     /// Starts the log at `path`, over whatever an earlier failed batch left
-    /// there.
+    /// there. Readable by gpoold's user alone: it holds environments.
     pub fn create(path: &Path) -> Result<RedoWriter, Error> {
-        let file = std::fs::File::create(path).map_err(|err| io_failed(path, err))?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|err| io_failed(path, err))?;
         Ok(RedoWriter {
             path: path.to_path_buf(),
             out: BufWriter::with_capacity(1 << 16, file),
@@ -63,8 +49,13 @@ impl RedoWriter {
     }
 
     fn frame(&mut self, kind: u8, payload: &[u8]) -> Result<(), Error> {
-        let len = u32::try_from(payload.len())
-            .map_err(|_| damaged(&self.path, format!("a part of {} bytes, over 4 GiB", payload.len())))?;
+        let len = u32::try_from(payload.len()).map_err(|_| {
+            Error::Storage(format!(
+                "{}: a part of {} bytes, over 4 GiB",
+                self.path.display(),
+                payload.len()
+            ))
+        })?;
         let mut head = [0u8; FRAME_HEAD];
         head[0] = kind;
         head[1..5].copy_from_slice(&len.to_le_bytes());
@@ -138,6 +129,7 @@ fn read_frame(input: &mut impl Read) -> std::io::Result<Frame> {
     Ok(match (head[0], <[u8; 8]>::try_from(payload.as_slice())) {
         (PART, _) => Frame::Part(payload),
         (WHOLE, Ok(n_parts)) => Frame::Whole(u64::from_le_bytes(n_parts)),
+        (WHOLE, Err(_)) => Frame::Broken(format!("a whole mark of {len} bytes, not 8")),
         (kind, _) => Frame::Broken(format!("a frame of unknown kind {kind}")),
     })
 }
@@ -154,9 +146,9 @@ fn open_frames(path: &Path) -> Result<Option<BufReader<std::fs::File>>, Error> {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Replayed {
     NoLog,
-    /// A log without its whole mark, now removed: nothing of it had been
-    /// applied.
-    Dropped(String),
+    /// A log without its whole mark (cut short, or damaged), of which
+    /// nothing was handed to `apply`.
+    NotWhole(String),
     /// A whole log, each of its parts handed to `apply` in order. The log
     /// stays until `remove` (once what was applied is durable).
     Applied {
@@ -164,9 +156,9 @@ pub enum Replayed {
     },
 }
 
-/// Hands each part of the log at `path` to `apply`, in order, once it has
-/// read the whole log and found it whole.
-pub fn replay(path: &Path, mut apply: impl FnMut(&[u8]) -> Result<(), Error>) -> Result<Replayed, Error> {
+/// Hands each part of the log at `path` to `apply` with its number, in
+/// order, once it has read the whole log and found it whole.
+pub fn replay(path: &Path, mut apply: impl FnMut(u64, &[u8]) -> Result<(), Error>) -> Result<Replayed, Error> {
     let Some(mut frames) = open_frames(path)? else {
         return Ok(Replayed::NoLog);
     };
@@ -182,19 +174,18 @@ pub fn replay(path: &Path, mut apply: impl FnMut(&[u8]) -> Result<(), Error>) ->
         }
     };
     if let Some(reason) = not_whole {
-        remove(path)?;
-        return Ok(Replayed::Dropped(reason));
+        return Ok(Replayed::NotWhole(reason));
     }
     let Some(mut frames) = open_frames(path)? else {
         return Err(damaged(path, "it vanished while it was read"));
     };
-    for n in 0..n_parts {
+    for part_idx in 0..n_parts {
         match read_frame(&mut frames).map_err(read_failed)? {
-            Frame::Part(part) => apply(&part)?,
+            Frame::Part(part) => apply(part_idx, &part)?,
             _ => {
                 return Err(damaged(
                     path,
-                    format!("part {n} of {n_parts} changed while it was read"),
+                    format!("part {part_idx} of {n_parts} changed while it was read"),
                 ))
             }
         }
@@ -202,12 +193,19 @@ pub fn replay(path: &Path, mut apply: impl FnMut(&[u8]) -> Result<(), Error>) ->
     Ok(Replayed::Applied { n_parts })
 }
 
-/// Removes the log, durably: no later write may land before it is gone,
-/// or a crash could bring it back over them.
-pub fn remove(path: &Path) -> Result<(), Error> {
+/// A damaged or unreadable log, naming it.
+pub fn damaged(path: &Path, reason: impl std::fmt::Display) -> Error {
+    Error::CorruptRedo {
+        file: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Removes the log, durably; whether there was one.
+pub fn remove(path: &Path) -> Result<bool, Error> {
     match std::fs::remove_file(path) {
-        Ok(()) => sync_parent(path),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => sync_parent(path).map(|()| true),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(err) => Err(io_failed(path, err)),
     }
 }
@@ -228,7 +226,8 @@ mod tests {
 
     fn replayed(path: &Path) -> (Replayed, Vec<Vec<u8>>) {
         let mut parts = Vec::new();
-        let replayed = replay(path, |part| {
+        let replayed = replay(path, |part_idx, part| {
+            assert_eq!(part_idx as usize, parts.len());
             parts.push(part.to_vec());
             Ok(())
         })
@@ -249,21 +248,29 @@ mod tests {
     }
 
     #[test]
-    fn a_log_cut_anywhere_before_its_mark_is_dropped_unapplied() {
+    fn a_log_cut_anywhere_before_its_mark_is_not_whole_and_nothing_is_applied() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let path = written(dir.path(), &[b"first", b"second"]);
         let whole = std::fs::read(&path).expect("read");
         for cut in 0..whole.len() {
             std::fs::write(&path, &whole[..cut]).expect("write");
             let (replayed, parts) = replayed(&path);
-            assert!(matches!(replayed, Replayed::Dropped(_)), "cut at {cut}: {replayed:?}");
+            assert!(matches!(replayed, Replayed::NotWhole(_)), "cut at {cut}: {replayed:?}");
             assert!(parts.is_empty(), "cut at {cut}: nothing is applied");
-            assert!(!path.exists(), "cut at {cut}: the log is removed");
         }
     }
 
     #[test]
-    fn a_log_with_a_damaged_part_is_dropped_unapplied() {
+    fn the_log_is_readable_by_its_owner_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = written(dir.path(), &[b"first"]);
+        let mode = std::fs::metadata(&path).expect("metadata").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_log_with_a_damaged_part_is_not_whole_and_nothing_is_applied() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let path = written(dir.path(), &[b"first", b"second"]);
         let mut bytes = std::fs::read(&path).expect("read");
@@ -272,7 +279,7 @@ mod tests {
         bytes[at] ^= 0xff;
         std::fs::write(&path, &bytes).expect("write");
         let (replayed, parts) = replayed(&path);
-        assert_eq!(replayed, Replayed::Dropped("a frame does not match its hash".into()));
+        assert_eq!(replayed, Replayed::NotWhole("a frame does not match its hash".into()));
         assert!(parts.is_empty());
     }
 
@@ -281,7 +288,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temp dir");
         let path = written(dir.path(), &[b"first", b"second"]);
         let mut applied = 0;
-        let err = replay(&path, |_| {
+        let err = replay(&path, |_, _| {
             applied += 1;
             Err(Error::Storage("disk full".into()))
         })

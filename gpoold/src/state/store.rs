@@ -33,10 +33,14 @@ use std::sync::Arc;
 
 /// Schema of the whole database; a change migrates in `open`.
 /// Version 2 moved ended jobs from `jobs` to `ended`; version 3 moved each
-/// job's environment out of its record, to `envs`.
-pub const SCHEMA_VERSION: u32 = 3;
+/// job's environment out of its record, to `envs`; version 4 moved a large
+/// batch's redo log from the `redo` tree to a file (an older gpoold would
+/// not see the file, so it must refuse the state dir).
+pub const SCHEMA_VERSION: u32 = 4;
 const RECORD_VERSION: u8 = 1;
 const META_SCHEMA: &[u8] = b"schema_version";
+/// Present while the redo log file is to be applied (`Store::apply_redo_log`).
+const META_REDO_LOG: &[u8] = b"redo_log_to_apply";
 const META_NEXT_JOB_ID: &[u8] = b"next_job_id";
 const META_NEXT_EPOCH: &[u8] = b"next_epoch";
 
@@ -166,47 +170,52 @@ impl Store {
         // A tree later issues fill; opened now so the layout is fixed from v1.
         store.db.open_tree("events")?;
         store.check_schema()?;
-        store.finish_interrupted_commit()?;
         store.sealer().finish_interrupted_seals()?;
         let loaded = store.load()?;
         Ok((store, loaded))
     }
 
+    /// Refuses a newer schema; finishes a batch a crash cut short, in the
+    /// schema it was written in; then migrates.
     fn check_schema(&self) -> Result<(), Error> {
-        match self.meta.get(META_SCHEMA)? {
+        let found = match self.meta.get(META_SCHEMA)? {
+            None => None,
+            Some(raw) => Some(u32::from_be_bytes(raw.as_ref().try_into().map_err(|_| {
+                Error::CorruptRecord {
+                    tree: "meta",
+                    key: "schema_version".into(),
+                    reason: format!("{} bytes, expected 4", raw.len()),
+                }
+            })?)),
+        };
+        if let Some(found) = found.filter(|found| *found > SCHEMA_VERSION) {
+            return Err(Error::SchemaTooNew {
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        self.finish_interrupted_commit()?;
+        match found {
             None => {
                 self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
                 self.db.flush()?;
                 Ok(())
             }
-            Some(raw) => {
-                let found = u32::from_be_bytes(raw.as_ref().try_into().map_err(|_| Error::CorruptRecord {
-                    tree: "meta",
-                    key: "schema_version".into(),
-                    reason: format!("{} bytes, expected 4", raw.len()),
-                })?);
-                if found > SCHEMA_VERSION {
-                    return Err(Error::SchemaTooNew {
-                        found,
-                        supported: SCHEMA_VERSION,
-                    });
-                }
-                if found < SCHEMA_VERSION {
-                    self.migrate(found)?;
-                }
-                Ok(())
-            }
+            Some(found) if found < SCHEMA_VERSION => self.migrate(found),
+            Some(_) => Ok(()),
         }
     }
 
     /// From schema `found` to this one, in one transaction; the schema
     /// says so once that is on disk. To 2: ended jobs move from `jobs` to
     /// `ended`. To 3: each job's environment moves out of its record (which
-    /// is rewritten without it) to `envs`.
+    /// is rewritten without it) to `envs`. To 4: nothing moves.
     fn migrate(&self, found: u32) -> Result<(), Error> {
         let mut records = Records::default();
         let (mut n_moved, mut n_envs) = (0, 0);
-        for (tree, name) in [(&self.jobs, "jobs"), (&self.ended, "ended")] {
+        let trees = [(&self.jobs, "jobs"), (&self.ended, "ended")];
+        let rewritten = if found < 3 { trees.as_slice() } else { &[] };
+        for (tree, name) in rewritten {
             for entry in tree.iter() {
                 let (key, value) = entry?;
                 let job: Job = decode(name, &key, &value)?;
@@ -381,41 +390,71 @@ impl Store {
             })
     }
 
-    /// Applies the redo log file if it is whole, a part per transaction,
-    /// makes that durable and removes the log (`redo`). How many records it
-    /// held; none where there was no log, or one a crash cut short before
-    /// it was whole (dropped: none of it was applied).
+    /// Applies the redo log file of a batch, synced whole: first marks it
+    /// to be applied in `meta`, flushed with every write before it. A crash
+    /// before that leaves a log that `open` drops (nothing of it was
+    /// applied, and its batch was never acknowledged); after, one that
+    /// `open` applies again.
+    fn apply_redo_log(&self) -> Result<(), Error> {
+        self.meta.insert(META_REDO_LOG, &[])?;
+        self.db.flush()?;
+        match self.replay_redo()? {
+            Some(_) => Ok(()),
+            None => Err(redo::damaged(&self.redo_path, "written and synced, it was gone")),
+        }
+    }
+
+    /// Applies the redo log if it is marked to be applied, a part per
+    /// transaction, makes that durable, then removes the log and the mark
+    /// (durably too, before any later log can be written). How many
+    /// records it held; none where there was no log to apply. A log never
+    /// marked is removed unapplied.
     fn replay_redo(&self) -> Result<Option<usize>, Error> {
+        let path = &self.redo_path;
+        if !self.meta.contains_key(META_REDO_LOG)? {
+            if redo::remove(path)? {
+                tracing::warn!(
+                    "removed {}: the redo log of a batch that a crash cut short before it was applied (the batch was not acknowledged)",
+                    path.display()
+                );
+            }
+            return Ok(None);
+        }
         let mut n_records = 0;
-        let replayed = redo::replay(&self.redo_path, |part| {
-            let entries = decode_part(part).map_err(|reason| Error::CorruptRedo {
-                file: self.redo_path.display().to_string(),
-                reason,
-            })?;
+        let replayed = redo::replay(path, |part_idx, part| {
+            let entries =
+                decode_part(part).map_err(|reason| redo::damaged(path, format!("part {part_idx}: {reason}")))?;
             n_records += entries.len();
             self.apply(&entries)
         })?;
-        match replayed {
-            redo::Replayed::NoLog => Ok(None),
-            redo::Replayed::Dropped(reason) => {
-                tracing::warn!(
-                    "dropped the redo log of a batch a crash cut short before it was whole ({reason}); none of it had been written"
-                );
-                Ok(None)
+        let applied = match replayed {
+            redo::Replayed::NotWhole(reason) => {
+                return Err(redo::damaged(
+                    path,
+                    format!("it was synced whole and is partly applied, yet now {reason}"),
+                ))
             }
+            // Removed once what it held was flushed.
+            redo::Replayed::NoLog => None,
             redo::Replayed::Applied { .. } => {
                 self.db.flush()?;
-                redo::remove(&self.redo_path)?;
-                Ok(Some(n_records))
+                redo::remove(path)?;
+                Some(n_records)
             }
-        }
+        };
+        self.meta.remove(META_REDO_LOG)?;
+        self.db.flush()?;
+        Ok(applied)
     }
 
     /// Finishes the batch a crash cut short, if any: from the redo log
     /// file, or from the `redo` tree, where gpoold kept the log before.
     fn finish_interrupted_commit(&self) -> Result<(), Error> {
         if let Some(n_records) = self.replay_redo()? {
-            tracing::warn!("finished writing a batch of {n_records} records that a crash cut short");
+            tracing::warn!(
+                "finished writing a batch of {n_records} records that a crash cut short, from {}",
+                self.redo_path.display()
+            );
         }
         self.finish_interrupted_commit_in_sled()
     }
@@ -1048,29 +1087,31 @@ pub struct Commit<'a> {
 }
 
 impl Commit<'_> {
-    /// Moves the records added so far to the redo log once they are more
-    /// than one transaction writes.
+    /// Moves the whole parts of the records added so far to the redo log
+    /// once they are more than one transaction writes.
     pub fn spill_if_full(&mut self) -> Result<(), Error> {
         if self.records.entries.len() > MAX_AT_ONCE {
-            self.spill()?;
+            let n_whole = self.records.entries.len() / MAX_AT_ONCE * MAX_AT_ONCE;
+            self.spill(n_whole)?;
         }
         Ok(())
     }
 
-    fn spill(&mut self) -> Result<(), Error> {
+    /// Moves the first `n_entries` records to the redo log, in parts.
+    fn spill(&mut self, n_entries: usize) -> Result<(), Error> {
         let log = match &mut self.log {
             Some(log) => log,
             None => self.log.insert(RedoWriter::create(&self.store.redo_path)?),
         };
-        for part in self.records.entries.chunks(MAX_AT_ONCE) {
+        for part in self.records.entries[..n_entries].chunks(MAX_AT_ONCE) {
             log.part(&encode_part(part))?;
         }
-        self.records.entries.clear();
+        self.records.entries.drain(..n_entries);
         Ok(())
     }
 
     /// Writes the batch: whole, or (after a crash) not at all, or, once its
-    /// redo log is whole, whole at the next open.
+    /// redo log is marked to be applied, whole at the next open.
     pub fn finish(mut self) -> Result<(), Error> {
         if self.log.is_none() && self.records.entries.len() <= MAX_AT_ONCE {
             if self.records.entries.is_empty() {
@@ -1078,17 +1119,11 @@ impl Commit<'_> {
             }
             return self.store.apply(&self.records.entries);
         }
-        self.spill()?;
+        self.spill(self.records.entries.len())?;
         if let Some(log) = self.log.take() {
             log.finish()?;
         }
-        match self.store.replay_redo()? {
-            Some(_) => Ok(()),
-            None => Err(Error::CorruptRedo {
-                file: self.store.redo_path.display().to_string(),
-                reason: "written whole, it read back cut short".into(),
-            }),
-        }
+        self.store.apply_redo_log()
     }
 }
 
@@ -1604,36 +1639,57 @@ mod tests {
         assert_eq!(store.jobs.len(), MAX_AT_ONCE - 1);
     }
 
-    #[test]
-    fn a_batch_cut_short_is_finished_at_open_once_its_log_is_whole_and_dropped_before() {
-        let n = MAX_AT_ONCE as u64 + 3;
+    /// A crash's leftovers: the log of a batch of `n` jobs written (with
+    /// its whole mark or not), marked to be applied in `meta` or not, and
+    /// the first part applied where it was marked.
+    fn crash_with_a_log(dir: &Path, n: u64, whole: bool, marked: bool) {
         let entries = batch_of(n).entries;
         let parts: Vec<&[Entry]> = entries.chunks(MAX_AT_ONCE).collect();
-        assert_eq!(decode_part(&encode_part(parts[1])).expect("decode"), parts[1]);
-        for whole in [true, false] {
-            let dir = tempfile::tempdir().expect("a temp dir");
-            {
-                // As a crash leaves it: the log written (with its whole
-                // mark or not), and, of a whole one, the first part applied.
-                let (store, _) = Store::open(dir.path()).expect("open");
-                let mut log = RedoWriter::create(&store.redo_path).expect("create");
-                for part in &parts {
-                    log.part(&encode_part(part)).expect("part");
-                }
-                if whole {
-                    log.finish().expect("finish");
-                    store.apply(parts[0]).expect("apply");
-                } else {
-                    drop(log);
-                }
-                store.db.flush().expect("flush");
-            }
-            let (store, loaded) = Store::open(dir.path()).expect("open again");
-            let expected = if whole { n } else { 0 };
-            assert_eq!(loaded.jobs.len() as u64, expected, "whole log: {whole}");
-            assert_eq!(loaded.next_job_id, expected + 1, "whole log: {whole}");
-            assert!(!store.redo_path.exists(), "whole log: {whole}");
+        let (store, _) = Store::open(dir).expect("open");
+        let mut log = RedoWriter::create(&store.redo_path).expect("create");
+        for part in &parts {
+            log.part(&encode_part(part)).expect("part");
         }
+        if whole {
+            log.finish().expect("finish");
+        } else {
+            drop(log);
+        }
+        if marked {
+            store.meta.insert(META_REDO_LOG, &[]).expect("mark");
+            store.apply(parts[0]).expect("apply");
+        }
+        store.db.flush().expect("flush");
+    }
+
+    #[test]
+    fn a_batch_cut_short_is_finished_at_open_once_marked_and_dropped_before() {
+        let n = MAX_AT_ONCE as u64 + 3;
+        assert_eq!(
+            decode_part(&encode_part(&batch_of(n).entries[..3])).expect("decode"),
+            batch_of(n).entries[..3]
+        );
+        for (whole, marked, expected) in [(true, true, n), (true, false, 0), (false, false, 0)] {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            crash_with_a_log(dir.path(), n, whole, marked);
+            let (store, loaded) = Store::open(dir.path()).expect("open again");
+            let case = format!("whole log: {whole}, marked: {marked}");
+            assert_eq!(loaded.jobs.len() as u64, expected, "{case}");
+            assert_eq!(loaded.next_job_id, expected + 1, "{case}");
+            assert!(!store.redo_path.exists(), "{case}");
+            assert!(!store.meta.contains_key(META_REDO_LOG).expect("meta"), "{case}");
+        }
+    }
+
+    #[test]
+    fn a_marked_log_damaged_since_it_was_synced_is_refused_naming_it() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        crash_with_a_log(dir.path(), MAX_AT_ONCE as u64 + 3, false, true);
+        let err = Store::open(dir.path())
+            .err()
+            .expect("a half-applied batch is not dropped")
+            .to_string();
+        assert!(err.contains("redo.log") && err.contains("partly applied"), "{err}");
     }
 
     #[test]
@@ -1679,12 +1735,17 @@ mod tests {
             let mut log = RedoWriter::create(&store.redo_path).expect("create");
             log.part(&part).expect("part");
             log.finish().expect("finish");
+            store.meta.insert(META_REDO_LOG, &[]).expect("mark");
+            store.db.flush().expect("flush");
         }
         let err = Store::open(dir.path())
             .err()
             .expect("a damaged log is refused")
             .to_string();
-        assert!(err.contains("redo.log") && err.contains("cut short"), "{err}");
+        assert!(
+            err.contains("redo.log") && err.contains("part 0") && err.contains("cut short"),
+            "{err}"
+        );
     }
 
     #[test]
