@@ -138,7 +138,9 @@ fn submit_batches_until_refused(addr: String, dir: std::path::PathBuf, worker_id
     acked
 }
 
-const BATCH: usize = 500;
+/// Two records a job (its record and its environment): more than one sled
+/// transaction writes (1,024), so every batch goes through the redo log.
+const BATCH: usize = 600;
 
 /// `kill -9` at random moments during batch and single submits from
 /// parallel clients: every acknowledged submission is there in full after a
