@@ -15,7 +15,7 @@
 use super::archive::{hash8, io_failed, sync_parent};
 use crate::error::Error;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 const PART: u8 = b'P';
@@ -40,6 +40,9 @@ impl RedoWriter {
             .truncate(true)
             .mode(0o600)
             .open(path)
+            .map_err(|err| io_failed(path, err))?;
+        // A log left from before keeps its mode: set it.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(|err| io_failed(path, err))?;
         Ok(RedoWriter {
             path: path.to_path_buf(),
@@ -261,9 +264,11 @@ mod tests {
     }
 
     #[test]
-    fn the_log_is_readable_by_its_owner_alone() {
-        use std::os::unix::fs::PermissionsExt;
+    fn the_log_is_readable_by_its_owner_alone_even_over_an_older_file() {
         let dir = tempfile::tempdir().expect("a temp dir");
+        let older = dir.path().join("redo.log");
+        std::fs::write(&older, b"left over").expect("write");
+        std::fs::set_permissions(&older, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         let path = written(dir.path(), &[b"first"]);
         let mode = std::fs::metadata(&path).expect("metadata").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);

@@ -1074,9 +1074,10 @@ pub struct Records {
 /// hold sled's every replaced tree node until it ends (about 14 KB a job,
 /// 1.5 GB for a 100,000-job file), so it goes through a redo log file
 /// instead (`redo`): its records move there a part at a time as they are
-/// added (`spill_if_full`), then the whole log is synced, applied a part
-/// per transaction, flushed, and removed. A crash before the log is whole
-/// leaves a log that `open` drops (nothing of the batch was applied);
+/// added (`spill_if_full`), then the whole log is synced, marked to be
+/// applied, applied a part per transaction, flushed, and removed
+/// (`Store::apply_redo_log`). A crash before the mark leaves a log that
+/// `open` drops (nothing of the batch was applied, nor acknowledged);
 /// after, `open` applies the log again: each entry sets or removes a whole
 /// record, so applying it twice is applying it once. Neither gpoold nor
 /// sled holds such a batch whole: it is written as it is encoded.
@@ -1725,13 +1726,19 @@ mod tests {
         }
     }
 
+    /// A part of a redo log whose last record lacks its last bytes.
+    fn part_cut_short() -> Vec<u8> {
+        let mut part = encode_part(&batch_of(2).entries);
+        part.truncate(part.len() - 3);
+        part
+    }
+
     #[test]
     fn a_whole_redo_log_with_a_record_that_does_not_decode_names_the_file() {
         let dir = tempfile::tempdir().expect("a temp dir");
         {
             let (store, _) = Store::open(dir.path()).expect("open");
-            let mut part = encode_part(&batch_of(2).entries);
-            part.truncate(part.len() - 3);
+            let part = part_cut_short();
             let mut log = RedoWriter::create(&store.redo_path).expect("create");
             log.part(&part).expect("part");
             log.finish().expect("finish");
@@ -1753,8 +1760,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temp dir");
         {
             let (store, _) = Store::open(dir.path()).expect("open");
-            let mut part = encode_part(&batch_of(2).entries);
-            part.truncate(part.len() - 3);
+            let part = part_cut_short();
             store.redo.insert(0u64.to_be_bytes(), part).expect("insert");
             store.redo.insert(REDO_WHOLE, &2u64.to_be_bytes()).expect("insert");
             store.db.flush().expect("flush");
