@@ -672,6 +672,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
                 started_at: Timestamp(now.0 - 3_600_000 - (i as i64 % 7) * 60_000),
                 last_checkpoint_at: (i % 3 == 0).then_some(Timestamp(now.0 - 300_000)),
                 preempting: false,
+                preempted_for: None,
                 ends_at: Some(Timestamp(now.0 + (i as i64 % 24) * 3_600_000)),
             })
         })
@@ -713,6 +714,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
         pending,
         running,
         usage,
+        promised: Vec::new(),
         waste_budget_gpu_secs: 1e9,
         windowed: false,
     };

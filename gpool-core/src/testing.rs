@@ -7,7 +7,8 @@
 //! Jobs, one per line: `j1 gpus=8 nodes=2 type=h100,a100 prio=5 pool=p
 //! team=a qos=high at=SECS time=SECS` (`at`: submitted; `time`: limit).
 //! Running jobs, one per line: `r7 team=a qos=low burst on=n1:0-3+n2:0,2
-//! start=SECS ckpt=SECS ends=SECS preempting`; their GPUs are marked busy.
+//! start=SECS ckpt=SECS ends=SECS preempting for=j3`
+//! (`for=`: preempting, for pending job 3); their GPUs are marked busy.
 //! Malformed fixtures panic with the offending token: they are test code.
 
 use crate::ids::{JobId, Timestamp};
@@ -60,12 +61,17 @@ fn parse_running_job(line: &str) -> RunningJob {
         started_at: Timestamp(0),
         last_checkpoint_at: None,
         preempting: false,
+        preempted_for: None,
         ends_at: None,
     };
     for token in tokens {
         match token.split_once('=') {
             None if token == "burst" => job.burst = true,
             None if token == "preempting" => job.preempting = true,
+            Some(("for", value)) => {
+                job.preempting = true;
+                job.preempted_for = Some(JobId(value.trim_start_matches('j').parse().expect("for=jN")));
+            }
             Some(("team", value)) => job.team = value.into(),
             Some(("qos", value)) => job.qos = value.into(),
             Some(("pool", value)) => job.pool = value.into(),
@@ -108,6 +114,7 @@ pub fn cluster_view(nodes: &str, jobs: &str) -> ClusterView {
             .collect(),
         running: Vec::new(),
         usage: BTreeMap::new(),
+        promised: Vec::new(),
         waste_budget_gpu_secs: f64::INFINITY,
         windowed: false,
     }

@@ -7,7 +7,7 @@
 
 use crate::state::words::Words;
 use crate::state::{Command, StateHandle};
-use gpool_core::sched::{could_act, cycle_needed, schedule, schedule_starts, words_interval, LastCycle};
+use gpool_core::sched::{could_act, cycle, cycle_needed, schedule, words_interval, LastCycle};
 use gpool_core::Timestamp;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,19 +78,12 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         // due, or where nothing can start (the cycle then settles).
         // Otherwise the plan stops once nothing more can start, and looks
         // only at the first jobs of each shape (a `windowed` view).
+        // Where a QoS keeps GPUs free, the window's plan may not be the
+        // whole queue's (`gpool_core::sched::window_gpus`): `cycle::plan`
+        // then plans the whole queue, as `gpool sim` does.
         let mut plan = tokio::task::block_in_place(|| {
-            if words_due || !acts {
-                schedule(&view, &policy, now)
-            } else {
-                schedule_starts(&view, &policy, now)
-            }
+            cycle::plan(&view, &policy, now, words_due, &mut || whole_view(&handle, now))
         });
-        if plan.needs_whole {
-            // Where a QoS keeps GPUs free, the window's plan may not be the
-            // whole queue's (`gpool_core::sched::window_gpus`).
-            let whole = whole_view(&handle, now);
-            plan = tokio::task::block_in_place(|| schedule(&whole, &policy, now));
-        }
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
         let settled = starts.is_empty() && preemptions.is_empty();

@@ -14,6 +14,7 @@ mod history;
 mod jobs;
 mod metrics;
 mod placement;
+mod preemption;
 mod security;
 mod sharing;
 mod sim;

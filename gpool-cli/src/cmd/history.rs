@@ -151,6 +151,8 @@ fn as_trace(ended: &[pb::Job]) -> Vec<gpool_core::sim::TraceJob> {
                 gpu_types: spec.gpu_types.iter().map(|m| gpool_core::GpuModel::new(m)).collect(),
                 time_limit_secs: spec.time_limit.as_ref().map(|limit| limit.seconds),
                 checkpoint_every_secs: None,
+                qos: spec.qos.clone(),
+                checkpoint_on_signal: false,
             })
         })
         .collect();

@@ -14,7 +14,9 @@
 //! blocked jobs come with backfill).
 
 pub(super) mod backfill;
+pub mod cycle;
 mod index;
+pub mod invariants;
 mod plan;
 mod preempt;
 mod queue;
@@ -41,6 +43,10 @@ pub struct ClusterView {
     /// a copy.
     pub pending: Vec<Arc<PendingJob>>,
     pub running: Vec<RunningJob>,
+    /// Preempted attempts that ended (their GPUs free now) while the job
+    /// they were preempted for (`preempted_for`) still waits: their GPUs
+    /// are that job's, for a short while, and nobody else's.
+    pub promised: Vec<RunningJob>,
     /// Per team; attempts still running are not in it.
     pub usage: BTreeMap<String, Ledger>,
     /// GPU-seconds of work preemption may still throw away this hour.
@@ -70,6 +76,10 @@ pub struct RunningJob {
     pub last_checkpoint_at: Option<Timestamp>,
     /// Already told to checkpoint and end.
     pub preempting: bool,
+    /// The pending job it is being preempted for: while that job waits,
+    /// the GPUs this one frees are its, and nobody else's (so no new victim
+    /// is taken for it while these end).
+    pub preempted_for: Option<JobId>,
     /// When its time limit runs out; `None` if it has none.
     pub ends_at: Option<Timestamp>,
 }
@@ -476,6 +486,14 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
 
     let mut index = FreeIndex::build(&view.nodes, policy);
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now);
+    // GPUs promised to a waiting job are not free to others.
+    for promise in view
+        .promised
+        .iter()
+        .filter(|p| p.preempted_for.is_some_and(|j| reclaim.has_claim(j)))
+    {
+        index.remove(&promise.placement);
+    }
     // Backfill: the first job that cannot start (nor reclaim GPUs) gets a
     // reservation, from when running jobs' time limits free enough GPUs;
     // later jobs start ahead only if they end by then or stay off its GPUs
@@ -604,12 +622,23 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                         *of_free = kept;
                     }
                 }
-                if may_preempt {
-                    if let Some((n_jobs, placement)) = reclaim.plan(job, covered, keep, &mut plan.preemptions) {
+                if may_preempt || reclaim.has_claim(job.id) {
+                    let planned = reclaim.plan(job, covered, may_preempt, keep, &mut plan.preemptions);
+                    if let Some((n_jobs, placement)) = planned {
                         hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
                         used.in_use += gpus;
                         if let Some(cover) = &cover {
                             used.add(cover, gpus);
+                        }
+                        if n_jobs == 0 {
+                            // Its victims have ended: it starts on their GPUs.
+                            ends.push((ends_at, placement.clone()));
+                            plan.starts.push(Start {
+                                job: job.id,
+                                placement,
+                                burst: !covered,
+                            });
+                            continue;
                         }
                         reasons = vec![Reject::Reclaiming { n_jobs }];
                     }

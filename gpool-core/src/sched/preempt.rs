@@ -1,14 +1,23 @@
 //! Reclaiming GPUs by preemption.
 //!
 //! A job that may preempt (guaranteed, or of a QoS that preempts lower
-//! classes) and does not fit first counts on jobs already being preempted
-//! whose GPUs nobody claimed yet; then picks new victims: burst jobs (or
-//! jobs of a lower QoS), of the teams furthest over their fair share
-//! first, each team's in order of least work lost (since the last
-//! checkpoint), never one younger than its QoS `min_runtime`. Victims are
-//! chosen only if the whole job (every node of a gang, one GPU model) then
-//! fits, superfluous ones are given back, and the work lost stays within the
-//! hour's waste budget.
+//! classes) and does not fit first counts on what is already being freed:
+//! the GPUs promised to it (its victims that ended since), its own victims
+//! still in their grace, then jobs being preempted whose GPUs no waiting job
+//! was promised. Only then does it pick new victims: burst jobs (or jobs of
+//! a lower QoS), of the teams furthest over their fair share first, each
+//! team's in order of least work lost (since the last checkpoint), never
+//! one younger than its QoS `min_runtime`, and never work of its own team
+//! of its own QoS and shape (that would trade a job for its twin). Victims
+//! are chosen only if the whole job (every node of a gang, one GPU model)
+//! then fits on GPUs it may take, superfluous ones are given back, and the
+//! work lost stays within the hour's waste budget.
+//!
+//! The placement a reclaiming job gets is on its victims' GPUs (and on free
+//! GPUs only as far as the QoS reserves leave them to it): what a victim
+//! frees goes to the job it was taken for, never back into a reserve, so
+//! one victim serves one GPU of its job and a reserve never makes a job
+//! take more.
 
 use super::index::FreeIndex;
 use super::{ClusterView, FastHash, NodeView, PendingJob, Policy, Preemption, RunningJob};
@@ -42,8 +51,12 @@ pub(super) struct Reclaimer<'v> {
     /// The nodes with this cycle's starts marked busy.
     nodes: Vec<NodeView>,
     node_idx: HashMap<&'v str, usize, FastHash>,
-    /// Running jobs whose GPUs a waiting job already counts on.
-    claimed: HashSet<JobId>,
+    /// Running jobs (and promises) whose GPUs a waiting job already counts
+    /// on this cycle, by address: a promise may name a job that runs again.
+    claimed: HashSet<usize>,
+    /// Victims in their grace, and promises, whose GPUs belong to a job of
+    /// this view (by address): only that job may count on them.
+    owner: HashMap<usize, JobId, FastHash>,
     waste_budget: f64,
     /// Nodes with a free GPU now (the only ones, beside victims' nodes, a
     /// reclaiming job may use).
@@ -65,7 +78,8 @@ impl<'v> Reclaimer<'v> {
         fair: &'v BTreeMap<String, f64>,
         now: Timestamp,
     ) -> Reclaimer<'v> {
-        Reclaimer {
+        let owner = owners(view);
+        let mut reclaimer = Reclaimer {
             view,
             policy,
             now,
@@ -77,6 +91,7 @@ impl<'v> Reclaimer<'v> {
                 .map(|(i, n)| (n.name.as_str(), i))
                 .collect(),
             claimed: HashSet::new(),
+            owner,
             waste_budget: view.waste_budget_gpu_secs,
             with_free: view
                 .nodes
@@ -88,7 +103,8 @@ impl<'v> Reclaimer<'v> {
             n_reclaims: 0,
             n_failed: 0,
             victims_possible: policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
-                || view.running.iter().any(|r| r.preempting || r.burst),
+                || view.running.iter().any(|r| r.preempting || r.burst)
+                || !view.promised.is_empty(),
             by_cost: {
                 let mut keyed: Vec<(f64, f64, &RunningJob)> = view
                     .running
@@ -98,7 +114,21 @@ impl<'v> Reclaimer<'v> {
                 keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.id.cmp(&b.2.id)));
                 keyed.into_iter().map(|(_, _, r)| r).collect()
             },
+        };
+        // Promised GPUs are free, but no other job's: busy to everyone else.
+        for promise in &view.promised {
+            if reclaimer.owner.contains_key(&address(promise)) {
+                reclaimer.taken(&promise.placement);
+            }
         }
+        reclaimer
+    }
+
+    /// Whether GPUs are promised to `job` (by victims that ended, or that
+    /// end in their grace): it counts on them even where it may not take
+    /// new victims.
+    pub(super) fn has_claim(&self, job: JobId) -> bool {
+        self.owner.values().any(|owner| *owner == job)
     }
 
     /// Whether a later job might still reclaim GPUs this cycle.
@@ -130,23 +160,25 @@ impl<'v> Reclaimer<'v> {
         }
     }
 
-    /// Finds the running jobs whose end lets `job` start, adds the new
-    /// victims to `preemptions`, and returns how many jobs it waits for and
-    /// the placement it will get (whose free GPUs the caller must hold for
-    /// it); `None` if no allowed set of victims makes it fit, or the
-    /// cycle's tries are spent. A try that fails changes nothing but the
-    /// count of failed tries.
+    /// Finds the running jobs whose end lets `job` start (new victims only
+    /// if `new_victims`), adds the new victims to `preemptions`, and
+    /// returns how many running jobs it waits for and the placement it will
+    /// get (whose free GPUs the caller must hold for it; with 0 to wait
+    /// for, it starts there now, on GPUs promised to it); `None` if no
+    /// allowed set of victims makes it fit, or the cycle's tries are spent.
+    /// A try that fails changes nothing but the count of failed tries.
     pub(super) fn plan(
         &mut self,
         job: &PendingJob,
         guaranteed: bool,
+        new_victims: bool,
         keep: Option<Keep>,
         preemptions: &mut Vec<Preemption>,
     ) -> Option<(usize, Vec<NodePlacement>)> {
         if self.n_reclaims == MAX_RECLAIMS_PER_CYCLE || self.n_failed == MAX_FAILED_RECLAIMS_PER_CYCLE {
             return None;
         }
-        let planned = self.try_plan(job, guaranteed, keep, preemptions);
+        let planned = self.try_plan(job, guaranteed, new_victims, keep, preemptions);
         match planned {
             Some(_) => self.n_reclaims += 1,
             None => self.n_failed += 1,
@@ -158,16 +190,24 @@ impl<'v> Reclaimer<'v> {
         &mut self,
         job: &PendingJob,
         guaranteed: bool,
+        new_victims: bool,
         keep: Option<Keep>,
         preemptions: &mut Vec<Preemption>,
     ) -> Option<(usize, Vec<NodePlacement>)> {
         let sharing = &self.policy.sharing;
-        let ending: Vec<&'v RunningJob> = self
+        // What is being freed that this job may count on: its promises and
+        // its own victims first, then victims nobody waiting owns.
+        let may_count_on = |r: &&'v RunningJob| {
+            !self.claimed.contains(&address(r)) && self.owner.get(&address(r)).is_none_or(|owner| *owner == job.id)
+        };
+        let mut ending: Vec<&'v RunningJob> = self
             .view
-            .running
+            .promised
             .iter()
-            .filter(|r| r.preempting && !self.claimed.contains(&r.id))
+            .filter(|p| self.owner.get(&address(p)) == Some(&job.id) && !self.claimed.contains(&address(p)))
+            .chain(self.view.running.iter().filter(|r| r.preempting).filter(may_count_on))
             .collect();
+        ending.sort_by_key(|r| self.owner.get(&address(r)) != Some(&job.id));
         // Nodes the job has room on once the freed GPUs are free: kept up
         // to date as victims are added, so a placement check looks only at
         // them, never at every node with a free GPU again.
@@ -182,15 +222,27 @@ impl<'v> Reclaimer<'v> {
             .collect();
         if let Some((used, placement)) = self.fits(job, &ending, &freed_on, &with_room, keep) {
             self.claim(&used);
-            return Some((used.len(), placement));
+            return Some((self.n_running(&used), placement));
         }
+        if !new_victims {
+            return None;
+        }
+        let job_pool = pool.map(|pool| pool.name.as_str());
+        // Its own team's running twin: same QoS, pool, models and size.
+        let twin = |r: &RunningJob| {
+            r.team == job.shape.team.as_str()
+                && sharing.qos(&r.qos).map(|q| &q.name) == sharing.qos(&job.shape.qos).map(|q| &q.name)
+                && self.policy.pool(&r.pool).map(|p| p.name.as_str()) == job_pool
+                && r.gpu_types == job.shape.gpu_types
+                && r.gpus() == job.total_gpus()
+        };
         let job_qos = sharing.qos(&job.shape.qos).map_or(0, |qos| qos.priority);
         let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
         let candidates: Vec<&'v RunningJob> = self
             .by_cost
             .iter()
             .copied()
-            .filter(|r| !r.preempting && !self.claimed.contains(&r.id))
+            .filter(|r| !r.preempting && !self.claimed.contains(&address(r)) && !twin(r))
             .filter(|r| {
                 let victim_qos = sharing.qos(&r.qos);
                 let lower = victim_qos.map_or(0, |qos| qos.priority) < job_qos;
@@ -274,7 +326,14 @@ impl<'v> Reclaimer<'v> {
             lost_gpu_secs: r.lost_gpu_secs(self.now),
         }));
         self.claim(&used);
-        Some((used.len(), placement))
+        Some((self.n_running(&used), placement))
+    }
+
+    /// How many of `used` still run (the rest are promises: free already).
+    fn n_running(&self, used: &[&RunningJob]) -> usize {
+        used.iter()
+            .filter(|r| !self.view.promised.iter().any(|p| std::ptr::eq(p, **r)))
+            .count()
     }
 
     /// The GPUs `freed` jobs hold, by node.
@@ -359,7 +418,6 @@ impl<'v> Reclaimer<'v> {
         if freed.is_empty() {
             return None;
         }
-        let pool = self.policy.pool(&job.shape.pool);
         // The job did not fit before, so a node with freed GPUs must have
         // room now. A single-node job can only be on such a node; a gang
         // may use nodes with free GPUs too.
@@ -390,24 +448,43 @@ impl<'v> Reclaimer<'v> {
                 node
             })
             .collect();
-        let placement = FreeIndex::build(&nodes, self.policy).place(job, self.policy).ok()?;
-        if let Some(keep) = keep.filter(|keep| keep.kept > 0) {
-            // Every freed GPU of the pool counts toward what stays free.
-            let in_pool: u64 = freed
+        let freed_gpu = |node: &str, gpu: u32| {
+            self.node_idx
+                .get(node)
+                .and_then(|idx| freed_on.get(idx))
+                .is_some_and(|gpus| gpus.contains(&gpu))
+        };
+        let free_used = |placement: &[NodePlacement]| -> u64 {
+            placement
                 .iter()
-                .flat_map(|running| &running.placement)
-                .filter(|part| {
-                    self.node_idx
-                        .get(part.node.as_str())
-                        .is_some_and(|idx| pool.is_some_and(|pool| pool.selects(&self.nodes[*idx].labels)))
-                })
-                .map(|part| part.gpu_indices.len() as u64)
-                .sum();
-            if keep.pool_free_now + in_pool < job.total_gpus() + keep.kept {
-                return None;
+                .map(|part| part.gpu_indices.iter().filter(|g| !freed_gpu(&part.node, **g)).count() as u64)
+                .sum()
+        };
+        let place = |nodes: &[NodeView]| FreeIndex::build(nodes, self.policy).place(job, self.policy).ok();
+        let placement = match keep.filter(|keep| keep.kept > 0) {
+            None => place(&nodes)?,
+            // Kept GPUs stay free: the job may take free GPUs only as far
+            // as the pool has more than it keeps, else only freed ones.
+            Some(keep) => {
+                let allowance = keep.pool_free_now.saturating_sub(keep.kept);
+                match place(&nodes).filter(|placement| free_used(placement) <= allowance) {
+                    Some(placement) => placement,
+                    None => {
+                        let freed_only: Vec<NodeView> = nodes
+                            .iter()
+                            .map(|node| {
+                                let mut node = node.clone();
+                                for gpu in &mut node.gpus {
+                                    gpu.busy = !freed_gpu(&node.name, gpu.index);
+                                }
+                                node
+                            })
+                            .collect();
+                        place(&freed_only)?
+                    }
+                }
             }
-            return Some((freed.to_vec(), placement));
-        }
+        };
         let used = freed
             .iter()
             .filter(|running| {
@@ -426,9 +503,44 @@ impl<'v> Reclaimer<'v> {
     /// other job is placed on them this cycle.
     fn claim(&mut self, jobs: &[&'v RunningJob]) {
         for running in jobs {
-            self.claimed.insert(running.id);
+            self.claimed.insert(address(running));
         }
     }
+}
+
+/// A running job's (or promise's) identity within one cycle.
+fn address(job: &RunningJob) -> usize {
+    std::ptr::from_ref(job) as usize
+}
+
+/// Victims in their grace and promises whose GPUs belong to a job that
+/// waits in `view`: only that job counts on them.
+fn owners(view: &ClusterView) -> HashMap<usize, JobId, FastHash> {
+    let wanted: HashSet<JobId, FastHash> = view
+        .running
+        .iter()
+        .filter(|r| r.preempting)
+        .chain(&view.promised)
+        .filter_map(|r| r.preempted_for)
+        .collect();
+    if wanted.is_empty() {
+        return HashMap::default();
+    }
+    let waiting: HashSet<JobId, FastHash> = view
+        .pending
+        .iter()
+        .filter(|job| wanted.contains(&job.id))
+        .map(|job| job.id)
+        .collect();
+    view.running
+        .iter()
+        .filter(|r| r.preempting)
+        .chain(&view.promised)
+        .filter_map(|r| {
+            let owner = r.preempted_for.filter(|owner| waiting.contains(owner))?;
+            Some((address(r), owner))
+        })
+        .collect()
 }
 
 /// Whether `node`, of the job's pool, would have `gpus_per_node` free GPUs

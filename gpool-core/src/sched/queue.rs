@@ -78,6 +78,11 @@ impl Queue {
             .is_some_and(|jobs| jobs.contains_key(&(job.submitted_at, job.id)))
     }
 
+    /// Every job, shape by shape, each shape's oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<PendingJob>> {
+        self.shapes.values().flat_map(|jobs| jobs.values())
+    }
+
     /// The jobs of each shape a starts-only cycle that can hand out `gpus`
     /// GPUs looks at: as many as could take them, and one more.
     pub fn window(&self, gpus: u64) -> impl Iterator<Item = &Arc<PendingJob>> {

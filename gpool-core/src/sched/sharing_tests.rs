@@ -285,6 +285,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
             pending: pending.clone(),
             running: Vec::new(),
             usage: usage.clone(),
+            promised: Vec::new(),
             waste_budget_gpu_secs: f64::INFINITY,
             windowed: false,
         };
@@ -308,6 +309,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 started_at: now,
                 last_checkpoint_at: None,
                 preempting: false,
+                preempted_for: None,
                 ends_at: None,
             });
         }

@@ -1,13 +1,18 @@
 //! The discrete-event loop: arrivals, starts, completions, time limits,
 //! preemption signals and kills, on a virtual clock, with
-//! `sched::schedule` deciding every start and preemption exactly as
-//! gpoold's scheduling loop does.
+//! `sched::cycle` deciding every start and preemption exactly as gpoold's
+//! scheduling loop does (the same window of the queue, the same fallback
+//! to the whole queue). Between cycles it does what gpoold's state task
+//! does: victims work on through their grace (or checkpoint and exit when
+//! signalled), the GPUs of a victim that ended are promised to the job it
+//! was taken for, and preempted jobs wait again. In debug and test builds
+//! every plan is checked against `sched::invariants`.
 
 use super::outcome::{Collector, Outcome};
 use super::trace::TraceJob;
 use super::Setup;
 use crate::ids::{Epoch, JobId, Timestamp};
-use crate::sched::{schedule, ClusterView, JobShape, PendingJob, Plan, Preemption, Reject, RunningJob, Start};
+use crate::sched::{cycle, ClusterView, JobShape, PendingJob, Plan, Preemption, Queue, Reject, RunningJob, Start};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -58,7 +63,13 @@ struct Attempt {
     ends_at: Timestamp,
     timeout: bool,
     checkpoint_every_ms: Option<i64>,
+    /// It checkpointed and exited when signalled: nothing is lost.
+    checkpointed_on_signal: bool,
 }
+
+/// How long the GPUs of a victim that ended wait for the job it was taken
+/// for (gpoold's promise).
+const PROMISE_MS: i64 = 30_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
@@ -81,8 +92,14 @@ struct Sim<'a> {
     next_epoch: u64,
     events: BinaryHeap<Reverse<(Timestamp, Event)>>,
     recent_waste: VecDeque<(Timestamp, f64)>,
+    /// The waiting jobs by shape, as gpoold's queue keeps them (for the
+    /// window of a starts-only cycle); `view.pending` holds the same jobs.
+    queue: Queue,
+    /// GPUs of victims that ended, promised to the job each was taken for.
+    promises: Vec<(RunningJob, Timestamp)>,
+    /// When a cycle last explained every waiting job (gpoold's words).
+    explained_at: Option<Timestamp>,
     default_limit_secs: Option<u64>,
-    grace_ms: i64,
     out: Collector,
 }
 
@@ -110,8 +127,10 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
         next_epoch: 1,
         events: BinaryHeap::new(),
         recent_waste: VecDeque::new(),
+        queue: Queue::default(),
+        promises: Vec::new(),
+        explained_at: None,
         default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
-        grace_ms: default_qos.map_or(60, |qos| qos.grace_secs).min(sharing.max_grace_secs) as i64 * 1000,
         out: Collector::new(setup, jobs, options.bucket_secs),
     };
     let first = sim.now;
@@ -170,7 +189,7 @@ impl Sim<'_> {
         let pool = self.setup.team_pools.get(&job.team).cloned().unwrap_or_default();
         let shape = JobShape {
             team: job.team.as_str().into(),
-            qos: Default::default(),
+            qos: job.qos.as_str().into(),
             pool: pool.into(),
             gpu_types: job.gpu_types.clone(),
             gpus_per_node: job.gpus_per_node,
@@ -185,7 +204,9 @@ impl Sim<'_> {
             shape: Arc::new(shape),
         };
         self.out.queued(&pending);
-        self.view.pending.push(Arc::new(pending));
+        let pending = Arc::new(pending);
+        self.queue.insert(pending.clone());
+        self.view.pending.push(pending);
     }
 
     /// One scheduling cycle and its plan carried out; whether anything
@@ -204,8 +225,38 @@ impl Sim<'_> {
         }
         self.view.waste_budget_gpu_secs = self.setup.policy.sharing.waste_cap_gpu_hours_per_hour * 3600.0
             - self.recent_waste.iter().map(|(_, lost)| lost).sum::<f64>();
-        let (view, policy) = (&self.view, &self.setup.policy);
-        let plan = observer.cycle(&mut || schedule(view, policy, now));
+        self.view.promised = self.promised();
+        let policy = &self.setup.policy;
+        let explain = self
+            .explained_at
+            .is_none_or(|at| now.0 - at.0 >= crate::sched::WORDS_EVERY.as_millis() as i64);
+        if explain {
+            self.explained_at = Some(now);
+        }
+        // The view holds the queue's window, as gpoold's does, or all of it.
+        let window = cycle::window_for(&self.view.nodes, &self.view.running, policy, &self.queue, 0, explain);
+        let all = window.map(|gpus| {
+            let windowed: Vec<Arc<PendingJob>> = self.queue.window(gpus).cloned().collect();
+            std::mem::replace(&mut self.view.pending, windowed)
+        });
+        self.view.windowed = all.is_some();
+        let view = &self.view;
+        let plan = observer.cycle(&mut || {
+            cycle::plan(view, policy, now, explain, &mut || ClusterView {
+                pending: all.clone().unwrap_or_else(|| view.pending.clone()),
+                windowed: false,
+                ..view.clone()
+            })
+        });
+        if cfg!(debug_assertions) {
+            if let Err(broken) = crate::sched::invariants::check(view, policy, &plan) {
+                self.out.broke(now, broken);
+            }
+        }
+        if let Some(all) = all {
+            self.view.pending = all;
+            self.view.windowed = false;
+        }
         self.out.cycle();
         for (job, rejects) in &plan.pending {
             if let Some(Reject::Resources {
@@ -226,8 +277,10 @@ impl Sim<'_> {
         let started: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
         if !started.is_empty() {
             let mut starting: Vec<Arc<PendingJob>> = Vec::with_capacity(started.len());
+            let queue = &mut self.queue;
             self.view.pending.retain(|job| {
                 if started.contains(&job.id) {
+                    queue.remove(job);
                     starting.push(job.clone());
                     false
                 } else {
@@ -289,6 +342,7 @@ impl Sim<'_> {
             started_at: now,
             last_checkpoint_at: None,
             preempting: false,
+            preempted_for: None,
             ends_at: limit_ms.map(|limit| Timestamp(now.0 + limit)),
         };
         self.out.started(&job, &running, now);
@@ -298,6 +352,7 @@ impl Sim<'_> {
                 ends_at,
                 timeout,
                 checkpoint_every_ms: trace.checkpoint_every_secs.map(|secs| secs.max(1) as i64 * 1000),
+                checkpointed_on_signal: false,
             },
         );
         self.events.push(Reverse((ends_at, Event::End(job.id, epoch))));
@@ -305,9 +360,11 @@ impl Sim<'_> {
     }
 
     /// The preempted attempt gets its checkpoint signal now and is killed
-    /// when its grace runs out (unless it ends first).
+    /// when its grace (its QoS's) runs out, unless it ends first; a job that
+    /// checkpoints when signalled ends now.
     fn signal(&mut self, preemption: &Preemption) {
         let now = self.now;
+        let sharing = &self.setup.policy.sharing;
         let Some(running) = self
             .view
             .running
@@ -317,12 +374,46 @@ impl Sim<'_> {
             return;
         };
         running.preempting = true;
-        self.recent_waste.push_back((now, preemption.lost_gpu_secs));
-        let kill_at = Timestamp(now.0 + self.grace_ms);
-        if self.attempts.get(&running.id).is_some_and(|a| kill_at < a.ends_at) {
+        running.preempted_for = Some(preemption.for_job);
+        let on_signal = self.jobs[running.id.0 as usize - 1].checkpoint_on_signal;
+        let grace_secs = sharing.qos(&running.qos).map_or(60, |qos| qos.grace_secs);
+        let grace_ms = grace_secs.min(sharing.max_grace_secs) as i64 * 1000;
+        let kill_at = if on_signal { now } else { Timestamp(now.0 + grace_ms) };
+        self.recent_waste
+            .push_back((now, if on_signal { 0.0 } else { preemption.lost_gpu_secs }));
+        if let Some(attempt) = self.attempts.get_mut(&running.id).filter(|a| kill_at < a.ends_at) {
+            attempt.checkpointed_on_signal = on_signal;
             self.events
                 .push(Reverse((kill_at, Event::Kill(running.id, running.epoch))));
         }
+    }
+
+    /// The promises that still hold: their job waits and their GPUs are
+    /// free (those that no longer hold are dropped).
+    fn promised(&mut self) -> Vec<RunningJob> {
+        let now = self.now;
+        let waiting: HashSet<JobId> = self
+            .promises
+            .iter()
+            .filter_map(|(p, _)| p.preempted_for)
+            .filter(|id| self.view.pending.iter().any(|job| job.id == *id))
+            .collect();
+        let nodes = &self.view.nodes;
+        let node_index = &self.node_index;
+        let free = |p: &RunningJob| {
+            p.placement.iter().all(|part| {
+                node_index.get(&part.node).is_some_and(|i| {
+                    nodes[*i]
+                        .gpus
+                        .iter()
+                        .filter(|gpu| part.gpu_indices.contains(&gpu.index))
+                        .all(|gpu| !gpu.busy)
+                })
+            })
+        };
+        self.promises
+            .retain(|(p, until)| *until > now && p.preempted_for.is_some_and(|id| waiting.contains(&id)) && free(p));
+        self.promises.iter().map(|(p, _)| p.clone()).collect()
     }
 
     /// Takes the attempt `epoch` of `job` off its GPUs and charges its team.
@@ -330,6 +421,11 @@ impl Sim<'_> {
         let at = self.view.running.iter().position(|r| r.id == job && r.epoch == epoch)?;
         let running = self.view.running.swap_remove(at);
         let attempt = self.attempts.remove(&job)?;
+        if let Some(for_job) = running.preempted_for.filter(|_| running.preempting) {
+            let mut promise = running.clone();
+            promise.preempted_for = Some(for_job);
+            self.promises.push((promise, Timestamp(self.now.0 + PROMISE_MS)));
+        }
         for part in &running.placement {
             self.set_busy(&part.node, &part.gpu_indices, false);
         }
@@ -358,7 +454,11 @@ impl Sim<'_> {
         };
         let index = job.0 as usize - 1;
         let ran = now.0 - running.started_at.0;
-        let kept = attempt.checkpoint_every_ms.map_or(0, |every| ran / every * every);
+        let kept = if attempt.checkpointed_on_signal {
+            ran
+        } else {
+            attempt.checkpoint_every_ms.map_or(0, |every| ran / every * every)
+        };
         self.done_ms[index] += kept;
         self.out
             .preempted(&running, now, (ran - kept) as f64 / 1000.0 * running.gpus() as f64);

@@ -110,6 +110,11 @@ pub struct Outcome {
     /// Starts placed on a GPU that was taken or out of service (always 0:
     /// a check of the scheduler).
     pub overcommits: u64,
+    /// Plans that broke a scheduling invariant (`sched::invariants`,
+    /// checked in debug and test builds; always 0), and the first, in words.
+    pub invariant_violations: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_violation: Option<String>,
     pub teams: Vec<TeamOutcome>,
     #[serde(skip)]
     pub series: Series,
@@ -146,6 +151,8 @@ pub(super) struct Collector {
     n_fragmented: usize,
     cycles: u64,
     overcommits: u64,
+    violations: u64,
+    first_violation: Option<String>,
     first: Option<Timestamp>,
     bucket_ms: i64,
     series: Series,
@@ -192,6 +199,8 @@ impl Collector {
             n_fragmented: 0,
             cycles: 0,
             overcommits: 0,
+            violations: 0,
+            first_violation: None,
             first: None,
             bucket_ms: bucket_secs.max(1) as i64 * 1000,
             series: Series {
@@ -258,6 +267,13 @@ impl Collector {
 
     pub(super) fn overcommitted(&mut self) {
         self.overcommits += 1;
+    }
+
+    /// A plan broke an invariant.
+    pub(super) fn broke(&mut self, at: Timestamp, broken: String) {
+        self.violations += 1;
+        self.first_violation
+            .get_or_insert_with(|| format!("at {} ms: {broken}", at.0));
     }
 
     pub(super) fn cycle(&mut self) {
@@ -441,6 +457,8 @@ impl Collector {
             fragmentation_blocked_jobs: self.n_fragmented,
             cycles: self.cycles,
             overcommits: self.overcommits,
+            invariant_violations: self.violations,
+            first_violation: self.first_violation,
             teams,
             series: self.series,
         }

@@ -15,6 +15,8 @@ fn job(at: i64, secs: i64, gpus_per_node: u32, nodes: u32, team: &str) -> TraceJ
         gpu_types: Vec::new(),
         time_limit_secs: None,
         checkpoint_every_secs: None,
+        qos: String::new(),
+        checkpoint_on_signal: false,
     }
 }
 

@@ -22,6 +22,11 @@ pub struct TraceJob {
     pub time_limit_secs: Option<u64>,
     /// It writes a checkpoint this often; a preemption loses the work since.
     pub checkpoint_every_secs: Option<u64>,
+    /// Its QoS class (empty: the policy's default).
+    pub qos: String,
+    /// It writes a checkpoint and exits as soon as it is told to (its
+    /// checkpoint signal), instead of working on through its grace.
+    pub checkpoint_on_signal: bool,
 }
 
 impl TraceJob {
@@ -84,6 +89,37 @@ pub struct GpoolRow {
     pub time_limit: Option<u64>,
     #[serde(default, deserialize_with = "empty_is_none")]
     pub checkpoint_every: Option<u64>,
+    /// Its QoS class; empty: the policy's default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub qos: String,
+    /// It checkpoints and exits when signalled (true/false, 1/0).
+    #[serde(default, skip_serializing_if = "is_false", deserialize_with = "flag")]
+    pub checkpoint_on_signal: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+fn flag<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Field {
+        Bool(bool),
+        Number(u64),
+        Text(String),
+    }
+    match Option::<Field>::deserialize(deserializer)? {
+        None => Ok(false),
+        Some(Field::Bool(value)) => Ok(value),
+        Some(Field::Number(n)) if n <= 1 => Ok(n == 1),
+        Some(Field::Text(text)) => match text.trim() {
+            "" | "0" | "false" => Ok(false),
+            "1" | "true" => Ok(true),
+            other => Err(serde::de::Error::custom(format!("{other:?} is not true or false"))),
+        },
+        Some(Field::Number(n)) => Err(serde::de::Error::custom(format!("{n} is not true or false"))),
+    }
 }
 
 fn one() -> u32 {
@@ -123,6 +159,8 @@ impl GpoolRow {
             gpu_types: job.gpu_types.iter().map(GpuModel::as_str).collect::<Vec<_>>().join("|"),
             time_limit: job.time_limit_secs,
             checkpoint_every: job.checkpoint_every_secs,
+            qos: job.qos.clone(),
+            checkpoint_on_signal: job.checkpoint_on_signal,
         }
     }
 
@@ -172,6 +210,8 @@ impl GpoolRow {
                 .collect(),
             time_limit_secs: self.time_limit,
             checkpoint_every_secs: self.checkpoint_every,
+            qos: self.qos.trim().to_string(),
+            checkpoint_on_signal: self.checkpoint_on_signal,
         })
     }
 }
@@ -300,6 +340,8 @@ fn parse_philly(text: &str, node_gpus: u32) -> Result<Vec<TraceJob>, (usize, Str
             gpu_types: Vec::new(),
             time_limit_secs: None,
             checkpoint_every_secs: None,
+            qos: String::new(),
+            checkpoint_on_signal: false,
         });
     }
     Ok(jobs)

@@ -79,6 +79,13 @@ pub struct State {
     pub usage: BTreeMap<String, Ledger>,
     /// Preempted attempts and when their grace ends; rebuilt on start.
     preempt_deadlines: BTreeMap<JobId, (Epoch, Timestamp)>,
+    /// The job each preempted attempt in its grace was preempted for; not
+    /// durable (after a restart its GPUs go to whoever needs them first).
+    preempted_for: HashMap<JobId, JobId>,
+    /// GPUs of preempted attempts that ended while the job they were taken
+    /// for still waits: promised to it until it starts or the promise runs
+    /// out; not durable.
+    promises: Vec<sharing::Promise>,
     /// GPU-seconds lost to preemptions in the last hour; not durable.
     recent_waste: VecDeque<(Timestamp, f64)>,
     /// User token records by id.
@@ -463,6 +470,8 @@ impl State {
             last_compaction: None,
             usage: loaded.usage,
             preempt_deadlines: BTreeMap::new(),
+            preempted_for: HashMap::new(),
+            promises: Vec::new(),
             recent_waste: VecDeque::new(),
             tokens: loaded.tokens,
             token_key,
@@ -897,7 +906,15 @@ impl State {
         let singletons = self.singleton_holders(&gated);
         let running: Vec<&Job> = self.running().collect();
         let nodes = self.node_views(&running);
-        let running: Vec<_> = running.into_iter().filter_map(running_view).collect();
+        let running: Vec<_> = running
+            .into_iter()
+            .filter_map(running_view)
+            .map(|mut view| {
+                view.preempted_for = self.preempted_for.get(&view.id).copied().filter(|_| view.preempting);
+                view
+            })
+            .collect();
+        let promised = self.promised(&nodes);
         // The jobs beside those that wait on GPUs alone: held, gated,
         // arrays and their tasks.
         let mut others: Vec<Arc<PendingJob>> = Vec::new();
@@ -924,11 +941,14 @@ impl State {
         }
         // Tasks of arrays that ended on their own terms (none, normally).
         others.extend(pending_tasks.into_values().flatten());
-        let windowed = if starts_only && gpool_core::sched::could_act(&nodes, &running, &self.policy) {
-            gpool_core::sched::window_gpus(&nodes, &running, &self.policy, &self.queue, others.len())
-        } else {
-            None
-        };
+        let windowed = gpool_core::sched::cycle::window_for(
+            &nodes,
+            &running,
+            &self.policy,
+            &self.queue,
+            others.len(),
+            !starts_only,
+        );
         let mut pending: Vec<Arc<PendingJob>> = match windowed {
             Some(gpus) => self.queue.window(gpus).cloned().collect(),
             None => {
@@ -947,6 +967,7 @@ impl State {
             nodes,
             pending,
             running,
+            promised,
             usage: self.usage.clone(),
             waste_budget_gpu_secs: self.waste_budget(now),
             windowed: windowed.is_some(),

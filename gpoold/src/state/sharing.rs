@@ -88,6 +88,7 @@ impl State {
                 let gpus: u64 = placement.iter().map(|p| p.gpu_indices.len() as u64).sum();
                 let team = job.spec.team.to_string();
                 self.preempt_deadlines.remove(&id);
+                self.keep_promise(id, placement, now);
                 self.usage
                     .entry(team.clone())
                     .or_default()
@@ -267,6 +268,7 @@ impl State {
             let Some((signal, grace_secs)) = self.stop_and_requeue(preemption.victim, epoch, now, out) else {
                 continue;
             };
+            self.preempted_for.insert(preemption.victim, preemption.for_job);
             tracing::info!(
                 job = %preemption.victim,
                 for_job = %preemption.for_job,
@@ -345,6 +347,14 @@ impl State {
     /// `KILL_RESEND_MS` until the attempt has ended (its end removes the
     /// deadline).
     pub(super) fn enforce_preemption_grace(&mut self, now: Timestamp, out: &mut Batch) {
+        let jobs = &self.jobs;
+        self.promises.retain(|promise| {
+            promise.until > now
+                && is_pending(
+                    jobs.get(&promise.view.preempted_for.unwrap_or_default())
+                        .map(|job| &**job),
+                )
+        });
         let due: Vec<(JobId, Epoch)> = self
             .preempt_deadlines
             .iter()
@@ -429,6 +439,93 @@ impl State {
     }
 }
 
+/// GPUs a preempted attempt freed, promised to the job it was preempted for.
+#[derive(Debug, Clone)]
+pub struct Promise {
+    /// The ended attempt as the scheduler sees a victim: its placement, and
+    /// `preempted_for` the job they are promised to.
+    pub view: RunningJob,
+    pub until: Timestamp,
+}
+
+/// How long freed GPUs wait for the job they were taken for: it starts at
+/// the next cycle, within milliseconds, unless its standing changed.
+const PROMISE_MS: i64 = 30_000;
+
+/// Whether a job (or an array's task, which becomes a job only when it
+/// starts) may still be waiting: promises to it hold. The scheduler honours
+/// a promise only to a job its view holds as waiting.
+fn is_pending(job: Option<&Job>) -> bool {
+    job.is_none_or(|job| job.state == JobState::Pending)
+}
+
+impl State {
+    /// Attempt `placement` of `id` ended: where it was preempted for a job
+    /// that still waits, its GPUs are promised to that job.
+    fn keep_promise(&mut self, id: JobId, placement: &[gpool_core::model::NodePlacement], now: Timestamp) {
+        let Some(for_job) = self.preempted_for.remove(&id) else {
+            return;
+        };
+        if !is_pending(self.jobs.get(&for_job).map(|job| &**job)) {
+            return;
+        }
+        let Some(mut view) = self.jobs.get(&id).map(|job| ended_view(job, placement)) else {
+            return;
+        };
+        view.preempted_for = Some(for_job);
+        self.promises.push(Promise {
+            view,
+            until: Timestamp(now.0 + PROMISE_MS),
+        });
+    }
+
+    /// The promises the scheduler honours now: their job waits, and their
+    /// GPUs are free on a node that takes work.
+    pub(super) fn promised(&self, nodes: &[gpool_core::sched::NodeView]) -> Vec<RunningJob> {
+        self.promises
+            .iter()
+            .filter(|promise| {
+                is_pending(
+                    self.jobs
+                        .get(&promise.view.preempted_for.unwrap_or_default())
+                        .map(|job| &**job),
+                )
+            })
+            .filter(|promise| {
+                promise.view.placement.iter().all(|part| {
+                    nodes.iter().find(|node| node.name == part.node).is_some_and(|node| {
+                        node.availability == gpool_core::sched::Availability::Up
+                            && part
+                                .gpu_indices
+                                .iter()
+                                .all(|idx| node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy))
+                    })
+                })
+            })
+            .map(|promise| promise.view.clone())
+            .collect()
+    }
+}
+
+/// The view of `job`'s attempt on `placement`, which just ended.
+fn ended_view(job: &Job, placement: &[gpool_core::model::NodePlacement]) -> RunningJob {
+    RunningJob {
+        id: job.id,
+        epoch: Epoch(0),
+        team: job.spec.team.to_string(),
+        qos: job.spec.qos.to_string(),
+        pool: job.spec.pool.to_string(),
+        gpu_types: job.spec.gpu_types.clone(),
+        burst: true,
+        placement: placement.to_vec(),
+        started_at: Timestamp(0),
+        last_checkpoint_at: None,
+        preempting: true,
+        preempted_for: None,
+        ends_at: None,
+    }
+}
+
 /// A running job as the scheduler sees it; `None` for any other job.
 pub(super) fn running_view(job: &Job) -> Option<RunningJob> {
     match &job.state {
@@ -451,6 +548,7 @@ pub(super) fn running_view(job: &Job) -> Option<RunningJob> {
             started_at: *started_at,
             last_checkpoint_at: *last_checkpoint_at,
             preempting: preempted_at.is_some(),
+            preempted_for: None,
             ends_at: job
                 .spec
                 .time_limit_secs

@@ -1,0 +1,133 @@
+//! What a plan must never do, checked against the view it was made from:
+//! the simulator runs this on every cycle, and property tests on every
+//! plan they make.
+//!
+//! - No GPU is given twice, nor one that is busy, out of service, on a node
+//!   that takes no work, or promised to another waiting job.
+//! - A victim runs the attempt named, is not already being preempted, and
+//!   is burst work (or of a lower QoS than a job whose QoS preempts lower
+//!   classes); it is never its job's twin (same team, QoS, pool, models and
+//!   size); and its job does not start in the same plan.
+//! - A job never waits on more victims than it has GPUs: the victims a
+//!   cycle takes for it, those in their grace for it and the GPUs promised
+//!   to it by victims that ended, together, are at most its GPUs (each one
+//!   it waits on serves at least one of its GPUs).
+
+use super::{Availability, ClusterView, PendingJob, Plan, Policy};
+use crate::ids::JobId;
+use std::collections::{HashMap, HashSet};
+
+/// The first broken invariant of `plan`, in words; `Ok` if none is.
+pub fn check(view: &ClusterView, policy: &Policy, plan: &Plan) -> Result<(), String> {
+    let pending: HashMap<JobId, &PendingJob> = view.pending.iter().map(|job| (job.id, &**job)).collect();
+    check_starts(view, plan, &pending)?;
+    check_victims(view, policy, plan, &pending)
+}
+
+fn check_starts(view: &ClusterView, plan: &Plan, pending: &HashMap<JobId, &PendingJob>) -> Result<(), String> {
+    let promised: HashMap<(&str, u32), JobId> = view
+        .promised
+        .iter()
+        .filter_map(|p| Some((p.preempted_for.filter(|owner| pending.contains_key(owner))?, p)))
+        .flat_map(|(owner, p)| {
+            p.placement.iter().flat_map(move |part| {
+                part.gpu_indices
+                    .iter()
+                    .map(move |gpu| ((part.node.as_str(), *gpu), owner))
+            })
+        })
+        .collect();
+    let mut given: HashSet<(&str, u32)> = HashSet::new();
+    for start in &plan.starts {
+        for part in &start.placement {
+            let node = view
+                .nodes
+                .iter()
+                .find(|node| node.name == part.node)
+                .ok_or_else(|| format!("j{} starts on unknown node {}", start.job, part.node))?;
+            if node.availability != Availability::Up {
+                return Err(format!("j{} starts on {}, which takes no work", start.job, node.name));
+            }
+            for idx in &part.gpu_indices {
+                let free = node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy);
+                if !free {
+                    return Err(format!(
+                        "j{} starts on {}[{idx}], which is not free",
+                        start.job, node.name
+                    ));
+                }
+                if !given.insert((node.name.as_str(), *idx)) {
+                    return Err(format!("{}[{idx}] is given twice (j{})", node.name, start.job));
+                }
+                if let Some(owner) = promised
+                    .get(&(node.name.as_str(), *idx))
+                    .filter(|owner| **owner != start.job)
+                {
+                    return Err(format!(
+                        "j{} starts on {}[{idx}], which was freed for j{owner}",
+                        start.job, node.name
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_victims(
+    view: &ClusterView,
+    policy: &Policy,
+    plan: &Plan,
+    pending: &HashMap<JobId, &PendingJob>,
+) -> Result<(), String> {
+    let sharing = &policy.sharing;
+    let starting: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
+    let mut waits_on: HashMap<JobId, u64> = HashMap::new();
+    for r in view.running.iter().filter(|r| r.preempting).chain(&view.promised) {
+        if let Some(owner) = r.preempted_for.filter(|owner| pending.contains_key(owner)) {
+            *waits_on.entry(owner).or_default() += 1;
+        }
+    }
+    let mut seen = HashSet::new();
+    for preemption in &plan.preemptions {
+        let (victim_id, for_id) = (preemption.victim, preemption.for_job);
+        let victim = view
+            .running
+            .iter()
+            .find(|r| r.id == victim_id && r.epoch == preemption.epoch)
+            .ok_or_else(|| format!("victim j{victim_id} does not run attempt {}", preemption.epoch.0))?;
+        let job = pending
+            .get(&for_id)
+            .ok_or_else(|| format!("j{victim_id} is preempted for j{for_id}, which does not wait"))?;
+        if victim.preempting || !seen.insert(victim_id) {
+            return Err(format!("j{victim_id} is preempted again (for j{for_id})"));
+        }
+        if starting.contains(&for_id) {
+            return Err(format!("j{victim_id} is preempted for j{for_id}, which starts now"));
+        }
+        let qos_of = |name: &str| sharing.qos(name).map_or(0, |qos| qos.priority);
+        let lower = qos_of(&victim.qos) < qos_of(&job.shape.qos);
+        let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
+        if !(victim.burst || preempts_lower && lower) {
+            return Err(format!(
+                "j{victim_id} is guaranteed work of a class j{for_id} may not preempt"
+            ));
+        }
+        let twin = victim.team == job.shape.team.as_str()
+            && sharing.qos(&victim.qos).map(|q| &q.name) == sharing.qos(&job.shape.qos).map(|q| &q.name)
+            && policy.pool(&victim.pool).map(|p| &p.name) == policy.pool(&job.shape.pool).map(|p| &p.name)
+            && victim.gpu_types == job.shape.gpu_types
+            && victim.gpus() == job.total_gpus();
+        if twin {
+            return Err(format!("j{victim_id} is preempted for its twin j{for_id}"));
+        }
+        *waits_on.entry(for_id).or_default() += 1;
+    }
+    for (job_id, n_victims) in waits_on {
+        let gpus = pending.get(&job_id).map_or(0, |job| job.total_gpus());
+        if n_victims > gpus {
+            return Err(format!("j{job_id} waits on {n_victims} victims for its {gpus} GPU(s)"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! Taking lent GPUs back as a shared pool does it: the shipped gpoold.toml
+//! (teams with guarantees and `guaranteed_in`, QoS classes with a reserve),
+//! H100, A100 (tier=inference) and L4 nodes, an array of burst work that
+//! checkpoints when told, and another team's array within its guarantee.
+//! Then the same scenario replayed by `gpool sim`: the same victims.
+
+use crate::harness::cluster::{current_user, gpool_command, Cluster};
+use crate::harness::process::{binary, wait_until};
+use serde_json::Value;
+use std::time::Duration;
+
+/// The policy of the shipped config/gpoold.toml (pools, sharing, teams,
+/// QoS, health, accounting), with the tester among every team's members.
+fn shipped_policy() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gpoold.toml");
+    let text = std::fs::read_to_string(path).expect("config/gpoold.toml");
+    let from = text.find("[[pool]]").expect("the shipped config has pools");
+    let user = current_user();
+    text[from..]
+        .replace(
+            "members = [\"alice\", \"bob\"]",
+            &format!("members = [\"alice\", \"bob\", \"{user}\"]"),
+        )
+        .replace("members = [\"carol\"]", &format!("members = [\"carol\", \"{user}\"]"))
+}
+
+/// The fleet of the scenario: 28 GPUs.
+const NODES: [(&str, &str, u32, u64, &str); 4] = [
+    ("h100-a", "h100", 8, 81_559, ""),
+    ("h100-b", "h100", 8, 81_559, ""),
+    ("a100-a", "a100-80gb", 8, 81_920, "[labels]\ntier = \"inference\"\n"),
+    ("l4-a", "l4", 4, 23_034, ""),
+];
+
+fn agent_config(model: &str, count: u32, memory_mib: u64, labels: &str) -> String {
+    format!("{labels}\n[[simulated_gpu]]\nmodel = \"{model}\"\nmemory_mib = {memory_mib}\ncount = {count}\n")
+}
+
+/// Every task of the arrays as `gpool jobs -r` lists them, ended ones too.
+fn tasks(cluster: &Cluster) -> Vec<Value> {
+    let jobs = cluster.gpool(&["jobs", "-r", "--all", "--output", "json"]).json();
+    jobs.as_array().expect("a list").clone()
+}
+
+fn count(tasks: &[Value], team: &str, state: &str) -> usize {
+    tasks
+        .iter()
+        .filter(|t| t["team"] == team && t["state"] == state && t["array"].is_null())
+        .count()
+}
+
+fn preemptions(tasks: &[Value], team: &str) -> u64 {
+    tasks
+        .iter()
+        .filter(|t| t["team"] == team)
+        .map(|t| t["n_preemptions"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// nlp's 21 low-QoS 1-GPU tasks fill the fleet but for 7 GPUs (4 of them
+/// kept for QoS high); vision's 10 tasks then come, guaranteed 8. Vision
+/// starts 3 on free GPUs (leaving the 4 kept for `high`, as the shipped
+/// config says lower classes never take them) and takes exactly 5 back:
+/// one victim per GPU its guarantee still needs, never a second victim for
+/// a task whose first is still in its grace, and no victim's GPUs go to
+/// another nlp task or back to the reserve. Its 2 tasks beyond its
+/// guarantee wait as burst work.
+#[test]
+fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
+    let mut cluster = Cluster::with_config(&shipped_policy());
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    let gpool = binary("gpool").display().to_string();
+    let nlp_task = format!(
+        "trap 'echo step > \"$GPOOL_CHECKPOINT_DIR/state\"; {gpool} checkpoint; exit 0' USR1; \
+         touch nlp-$GPOOL_JOB_ID-$GPOOL_RESTART_COUNT; \
+         while [ ! -e release ]; do sleep 0.2; done"
+    );
+    cluster.submit(&[
+        "--team", "nlp", "--qos", "low", "-a", "0-20", "--", "sh", "-c", &nlp_task,
+    ]);
+    wait_until("nlp's 21 tasks to run", Duration::from_secs(60), || {
+        (count(&tasks(&cluster), "nlp", "running") == 21).then_some(())
+    });
+    let vision_task = "touch vision-$GPOOL_JOB_ID; while [ ! -e release ]; do sleep 0.2; done";
+    cluster.submit(&["--team", "vision", "-a", "0-9", "--", "sh", "-c", vision_task]);
+    wait_until("vision's 8 guaranteed tasks to run", Duration::from_secs(90), || {
+        (count(&tasks(&cluster), "vision", "running") == 8).then_some(())
+    });
+    // Cycles go on every few ms: time for any extra victim to show.
+    std::thread::sleep(Duration::from_secs(4));
+    let tasks = tasks(&cluster);
+    let listing: Vec<String> = tasks
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {} {} burst={} preempted={} array={}",
+                t["id"], t["team"], t["state"], t["burst"], t["n_preemptions"], t["array"]
+            )
+        })
+        .collect();
+    let listing = listing.join("\n");
+    assert_eq!(preemptions(&tasks, "nlp"), 5, "victims:\n{listing}");
+    assert_eq!(preemptions(&tasks, "vision"), 0);
+    assert_eq!(count(&tasks, "vision", "running"), 8, "{listing}");
+    let vision_array = tasks
+        .iter()
+        .find(|t| t["team"] == "vision" && !t["array"].is_null())
+        .expect("vision's array");
+    assert_eq!(vision_array["array"]["waiting"], 2, "{listing}");
+    let burst_vision = tasks
+        .iter()
+        .filter(|t| t["team"] == "vision" && t["state"] == "running" && t["burst"] == true)
+        .count();
+    assert_eq!(burst_vision, 0, "vision's running tasks are all guaranteed");
+    // The 5 victims wait again; the other 16 run their first attempt.
+    assert_eq!(count(&tasks, "nlp", "running"), 16, "{listing}");
+    assert_eq!(count(&tasks, "nlp", "pending"), 5, "{listing}");
+    // The 4 GPUs kept for QoS high are still free.
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let free: u64 = nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["gpus_free"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(free, 4, "{nodes}");
+    // Each victim's log line names the vision task it was taken for, one each.
+    let log = std::fs::read_to_string(cluster.dir.path().join("gpoold-1.log")).unwrap_or_default();
+    let mut for_jobs: Vec<String> = log
+        .lines()
+        .map(without_colours)
+        .filter(|line| line.contains("preempting:"))
+        .filter_map(|line| Some(line.split("for_job=").nth(1)?.split_whitespace().next()?.to_string()))
+        .collect();
+    let n_lines = for_jobs.len();
+    for_jobs.sort_unstable();
+    for_jobs.dedup();
+    assert_eq!((n_lines, for_jobs.len()), (5, 5), "one victim per vision task:\n{log}");
+    std::fs::write(cluster.dir.path().join("release"), "").expect("release");
+}
+
+/// `line` without its terminal colour sequences (ESC [ ... m).
+fn without_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for end in chars.by_ref() {
+                if end == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// The same scenario replayed by `gpool sim` under the shipped policy: the
+/// same 5 victims, and no plan that breaks a scheduling invariant.
+#[test]
+fn the_simulator_replays_the_reclaim_with_the_same_victims() {
+    let dir = Cluster::temp_dir();
+    let mut trace = String::from("submit,duration,team,qos,checkpoint_on_signal\n");
+    for _ in 0..21 {
+        trace += "2026-11-23T10:00:00Z,36000,nlp,low,true\n";
+    }
+    for _ in 0..10 {
+        trace += "2026-11-23T10:05:00Z,36000,vision,,false\n";
+    }
+    let trace_file = dir.path().join("trace.csv");
+    std::fs::write(&trace_file, trace).expect("trace");
+    let mut fleet = String::new();
+    for (node, model, count, _, labels) in NODES {
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            "labels = { tier = \"inference\" }\n".to_string()
+        };
+        fleet += &format!("[[nodes]]\ncount = 1\ngpus = {count}\nmodel = \"{model}\"\nprefix = \"{node}\"\n{labels}\n");
+    }
+    let cluster_file = dir.path().join("cluster.toml");
+    std::fs::write(&cluster_file, fleet).expect("cluster");
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gpoold.toml");
+    let run: crate::harness::cluster::Run = gpool_command(&[
+        "sim",
+        "--trace",
+        trace_file.to_str().expect("path"),
+        "--cluster",
+        cluster_file.to_str().expect("path"),
+        "--policy",
+        policy,
+        "--compare",
+        "gpool",
+        "--no-savings",
+        "--tick",
+        "5s",
+        "--output",
+        "json",
+    ])
+    .output()
+    .expect("run gpool sim")
+    .into();
+    run.ok();
+    let report = run.json();
+    let gpool = &report["policies"][0];
+    assert_eq!(gpool["invariant_violations"], 0, "{gpool}");
+    assert_eq!(gpool["preemptions"], 5, "{gpool}");
+    assert_eq!(gpool["overcommits"], 0, "{gpool}");
+}
