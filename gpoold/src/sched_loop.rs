@@ -86,6 +86,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         });
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
+        let holds = std::mem::take(&mut plan.holds);
         let settled = starts.is_empty() && preemptions.is_empty();
         if settled && !plan.complete && unexplained {
             // A cycle that changes nothing, after a job was submitted that
@@ -116,7 +117,13 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
             return;
         }
-        if !preemptions.is_empty() && handle.commands.send(Command::Preempt { preemptions }).await.is_err() {
+        if !preemptions.is_empty()
+            && handle
+                .commands
+                .send(Command::Preempt { preemptions, holds })
+                .await
+                .is_err()
+        {
             return;
         }
         if let Some(planned) = planned {

@@ -5,8 +5,9 @@
 //! - No GPU is given twice, nor one that is busy, out of service, on a node
 //!   that takes no work, or promised to another waiting job.
 //! - A victim runs the attempt named, is not already being preempted, and
-//!   is burst work (or of a lower QoS than a job whose QoS preempts lower
-//!   classes); it is never its job's twin (same team, QoS, pool, models and
+//!   is burst work of a class that may not preempt its job's (or of a
+//!   lower QoS than a job whose QoS preempts lower classes); it is never
+//!   its job's twin (same team, QoS, pool, models and
 //!   size); and its job does not start in the same plan.
 //! - A job never waits on more victims than it has GPUs: the victims a
 //!   cycle takes for it, those in their grace for it and the GPUs promised
@@ -108,10 +109,11 @@ fn check_victims(
         let qos_of = |name: &str| sharing.qos(name).map_or(0, |qos| qos.priority);
         let lower = qos_of(&victim.qos) < qos_of(&job.shape.qos);
         let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
-        if !(victim.burst || preempts_lower && lower) {
-            return Err(format!(
-                "j{victim_id} is guaranteed work of a class j{for_id} may not preempt"
-            ));
+        let outranks = sharing
+            .qos(&victim.qos)
+            .is_some_and(|qos| qos.preempt_lower && qos.priority > qos_of(&job.shape.qos));
+        if !(victim.burst && !outranks || preempts_lower && lower) {
+            return Err(format!("j{victim_id} is work of a class j{for_id} may not preempt"));
         }
         let twin = victim.team == job.shape.team.as_str()
             && sharing.qos(&victim.qos).map(|q| &q.name) == sharing.qos(&job.shape.qos).map(|q| &q.name)
@@ -126,7 +128,29 @@ fn check_victims(
     for (job_id, n_victims) in waits_on {
         let gpus = pending.get(&job_id).map_or(0, |job| job.total_gpus());
         if n_victims > gpus {
-            return Err(format!("j{job_id} waits on {n_victims} victims for its {gpus} GPU(s)"));
+            let of = |r: &super::RunningJob| format!("j{}{:?}", r.id, r.placement);
+            let in_grace: Vec<String> = view
+                .running
+                .iter()
+                .filter(|r| r.preempting && r.preempted_for == Some(job_id))
+                .map(of)
+                .collect();
+            let promised: Vec<String> = view
+                .promised
+                .iter()
+                .filter(|r| r.preempted_for == Some(job_id))
+                .map(of)
+                .collect();
+            let new: Vec<JobId> = plan
+                .preemptions
+                .iter()
+                .filter(|p| p.for_job == job_id)
+                .map(|p| p.victim)
+                .collect();
+            return Err(format!(
+                "j{job_id} waits on {n_victims} victims for its {gpus} GPU(s): in their grace {in_grace:?}, \
+                 promised {promised:?}, new {new:?}"
+            ));
         }
     }
     Ok(())

@@ -85,6 +85,27 @@ pub struct RunningJob {
 }
 
 impl RunningJob {
+    /// GPUs promised to `for_job` (`ClusterView::promised`): free now,
+    /// freed for it by `id` (a victim that ended), or held for it while
+    /// its victims end.
+    pub fn promise(id: JobId, for_job: JobId, placement: Vec<NodePlacement>) -> RunningJob {
+        RunningJob {
+            id,
+            epoch: crate::ids::Epoch(0),
+            team: String::new(),
+            qos: String::new(),
+            pool: String::new(),
+            gpu_types: Vec::new(),
+            burst: true,
+            placement,
+            started_at: Timestamp(0),
+            last_checkpoint_at: None,
+            preempting: true,
+            preempted_for: Some(for_job),
+            ends_at: None,
+        }
+    }
+
     pub fn gpus(&self) -> u64 {
         self.placement.iter().map(|p| p.gpu_indices.len() as u64).sum()
     }
@@ -640,6 +661,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                             });
                             continue;
                         }
+                        plan.holds.push((job.id, placement));
                         reasons = vec![Reject::Reclaiming { n_jobs }];
                     }
                 }

@@ -15,6 +15,11 @@ pub struct Plan {
     pub pending: Vec<(JobId, Reasons)>,
     /// Running jobs to checkpoint and end, so that waiting jobs can start.
     pub preemptions: Vec<Preemption>,
+    /// Each job that waits on victims, and the GPUs it will get there: its
+    /// victims' and free ones it holds. The free ones stay promised to it
+    /// while its victims end (the state keeps them from other jobs), so
+    /// that it never needs a victim more because another job took them.
+    pub holds: Vec<(JobId, Vec<NodePlacement>)>,
     /// Every pending job's priority and its factors, in the view's order.
     pub priorities: Vec<(JobId, Priority)>,
     /// The backfill reservation: the job, from when (its estimated start),

@@ -7,7 +7,9 @@
 //! was promised. Only then does it pick new victims: burst jobs (or jobs of
 //! a lower QoS), of the teams furthest over their fair share first, each
 //! team's in order of least work lost (since the last checkpoint), never
-//! one younger than its QoS `min_runtime`, and never work of its own team
+//! one younger than its QoS `min_runtime`, never burst work of a class
+//! that may preempt the job's own (it would take its GPUs back in turn, and
+//! the two would trade places every cycle), and never work of its own team
 //! of its own QoS and shape (that would trade a job for its twin). Victims
 //! are chosen only if the whole job (every node of a gang, one GPU model)
 //! then fits on GPUs it may take, superfluous ones are given back, and the
@@ -248,7 +250,11 @@ impl<'v> Reclaimer<'v> {
                 let lower = victim_qos.map_or(0, |qos| qos.priority) < job_qos;
                 let old_enough =
                     victim_qos.map_or(0, |qos| qos.min_runtime_secs) as i64 * 1000 <= self.now.0 - r.started_at.0;
-                old_enough && ((guaranteed && r.burst) || (preempts_lower && lower))
+                // Burst work of a class that may preempt this job's is not
+                // taken back for its guarantee: it would take it back in
+                // turn, and the two would trade places every cycle.
+                let outranks = victim_qos.is_some_and(|qos| qos.preempt_lower && qos.priority > job_qos);
+                old_enough && ((guaranteed && r.burst && !outranks) || (preempts_lower && lower))
             })
             .take(MAX_CANDIDATES)
             .collect();

@@ -97,6 +97,9 @@ struct Sim<'a> {
     queue: Queue,
     /// GPUs of victims that ended, promised to the job each was taken for.
     promises: Vec<(RunningJob, Timestamp)>,
+    /// Until when what is freed for each waiting job stays its: its last
+    /// victim's grace, and `PROMISE_MS` more.
+    claim_until: HashMap<JobId, Timestamp>,
     /// When a cycle last explained every waiting job (gpoold's words).
     explained_at: Option<Timestamp>,
     default_limit_secs: Option<u64>,
@@ -129,6 +132,7 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
         recent_waste: VecDeque::new(),
         queue: Queue::default(),
         promises: Vec::new(),
+        claim_until: HashMap::new(),
         explained_at: None,
         default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
         out: Collector::new(setup, jobs, options.bucket_secs),
@@ -294,6 +298,7 @@ impl Sim<'_> {
                 }
             }
         }
+        self.keep_holds(&plan.holds, &plan.preemptions);
         for preemption in plan.preemptions {
             self.signal(&preemption);
         }
@@ -302,6 +307,15 @@ impl Sim<'_> {
 
     fn start(&mut self, job: Arc<PendingJob>, start: Start) {
         let now = self.now;
+        // What was being freed for it is no longer its (gpoold's
+        // `claims_met`).
+        for running in &mut self.view.running {
+            if running.preempted_for == Some(job.id) {
+                running.preempted_for = None;
+            }
+        }
+        self.promises.retain(|(p, _)| p.preempted_for != Some(job.id));
+        self.claim_until.remove(&job.id);
         let index = job.id.0 as usize - 1;
         let trace = &self.jobs[index];
         for part in &start.placement {
@@ -388,6 +402,59 @@ impl Sim<'_> {
         }
     }
 
+    /// The free GPUs a job that now waits on new victims holds are
+    /// promised to it until its victims' grace is over (as gpoold's state
+    /// keeps them).
+    fn keep_holds(&mut self, holds: &[(JobId, Vec<crate::model::NodePlacement>)], preemptions: &[Preemption]) {
+        let sharing = &self.setup.policy.sharing;
+        for (job, placement) in holds {
+            let grace_secs = preemptions
+                .iter()
+                .filter(|p| p.for_job == *job)
+                .filter_map(|p| self.view.running.iter().find(|r| r.id == p.victim))
+                .map(|r| {
+                    sharing
+                        .qos(&r.qos)
+                        .map_or(60, |qos| qos.grace_secs)
+                        .min(sharing.max_grace_secs)
+                })
+                .max();
+            let Some(grace_secs) = grace_secs else {
+                continue;
+            };
+            let until = Timestamp(self.now.0 + grace_secs as i64 * 1000 + PROMISE_MS);
+            let claim = self.claim_until.entry(*job).or_default();
+            *claim = (*claim).max(until);
+            let promised = |node: &str, gpu: u32| {
+                self.promises.iter().any(|(p, _)| {
+                    p.placement
+                        .iter()
+                        .any(|part| part.node == node && part.gpu_indices.contains(&gpu))
+                })
+            };
+            let free: Vec<crate::model::NodePlacement> = placement
+                .iter()
+                .filter_map(|part| {
+                    let node = &self.view.nodes[*self.node_index.get(&part.node)?];
+                    let gpu_indices: Vec<u32> = part
+                        .gpu_indices
+                        .iter()
+                        .copied()
+                        .filter(|idx| node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy))
+                        .filter(|idx| !promised(&part.node, *idx))
+                        .collect();
+                    (!gpu_indices.is_empty()).then(|| crate::model::NodePlacement {
+                        node: part.node.clone(),
+                        gpu_indices,
+                    })
+                })
+                .collect();
+            if !free.is_empty() {
+                self.promises.push((RunningJob::promise(*job, *job, free), until));
+            }
+        }
+    }
+
     /// The promises that still hold: their job waits and their GPUs are
     /// free (those that no longer hold are dropped).
     fn promised(&mut self) -> Vec<RunningJob> {
@@ -422,9 +489,12 @@ impl Sim<'_> {
         let running = self.view.running.swap_remove(at);
         let attempt = self.attempts.remove(&job)?;
         if let Some(for_job) = running.preempted_for.filter(|_| running.preempting) {
-            let mut promise = running.clone();
-            promise.preempted_for = Some(for_job);
-            self.promises.push((promise, Timestamp(self.now.0 + PROMISE_MS)));
+            let until =
+                Timestamp(self.now.0 + PROMISE_MS).max(self.claim_until.get(&for_job).copied().unwrap_or_default());
+            self.promises.push((
+                RunningJob::promise(running.id, for_job, running.placement.clone()),
+                until,
+            ));
         }
         for part in &running.placement {
             self.set_busy(&part.node, &part.gpu_indices, false);

@@ -360,3 +360,141 @@ proptest! {
         }
     }
 }
+
+/// A shared pool of three kinds of node: H100s, A100s of pool `inference`
+/// (tier=inference) and L4s.
+fn mixed_fleet(n_h100: u32, n_a100: u32, n_l4: u32) -> Cluster {
+    let mut text = String::new();
+    for (count, gpus, model, prefix, labels) in [
+        (n_h100, 8, "h100", "h", ""),
+        (n_a100, 4, "a100", "a", "labels = { tier = \"inference\" }\n"),
+        (n_l4, 4, "l4", "l", ""),
+    ] {
+        if count > 0 {
+            text += &format!(
+                "[[nodes]]\ncount = {count}\ngpus = {gpus}\nmodel = \"{model}\"\nprefix = \"{prefix}\"\nlinks = \"nvswitch\"\n{labels}\n"
+            );
+        }
+    }
+    Cluster::parse("fleet.toml", &text).expect("a valid fleet")
+}
+
+/// Teams a (with a guarantee in pool `inference` too), b and c (none);
+/// QoS normal, high (preempts lower classes, keeps `reserve` GPUs) and low.
+fn shared_policy(guaranteed: [u32; 2], reserve: u32, min_runtime_secs: u64) -> crate::sched::Policy {
+    use crate::policy::{Qos, Team};
+    let mut policy = crate::sched::Policy::default();
+    policy.pools.push(PoolDef {
+        name: "inference".into(),
+        selector: [("tier".to_string(), "inference".to_string())].into(),
+    });
+    policy.sharing.teams = vec![
+        Team {
+            guaranteed_gpus: guaranteed[0],
+            guaranteed_in: [("inference".to_string(), 2)].into(),
+            shares: 2,
+            ..Team::unlisted("a")
+        },
+        Team {
+            guaranteed_gpus: guaranteed[1],
+            ..Team::unlisted("b")
+        },
+        Team::unlisted("c"),
+    ];
+    policy.sharing.qos = vec![
+        Qos {
+            priority: 10,
+            min_runtime_secs,
+            grace_secs: 120,
+            ..Qos::normal()
+        },
+        Qos {
+            name: "high".into(),
+            priority: 100,
+            preempt_lower: true,
+            reserve_gpus: reserve,
+            ..Qos::normal()
+        },
+        Qos {
+            name: "low".into(),
+            grace_secs: 300,
+            ..Qos::normal()
+        },
+    ];
+    policy.sharing.default_qos = "normal".into();
+    policy.sharing.waste_cap_gpu_hours_per_hour = 1000.0;
+    policy
+}
+
+/// Arrays of alike jobs: (at, duration, size, team, QoS, GPUs, models,
+/// pool, checkpoints when signalled).
+type ArraySpec = (i64, i64, usize, usize, usize, u32, usize, bool, bool);
+
+fn arrays_of(specs: &[ArraySpec]) -> Vec<TraceJob> {
+    let mut jobs = Vec::new();
+    for (at, secs, size, team, qos, gpus, models, inference, on_signal) in specs {
+        for _ in 0..*size {
+            let team = ["a", "b", "c"][*team];
+            let mut j = job(*at, *secs, *gpus, 1, team);
+            j.qos = ["", "high", "low"][*qos].into();
+            j.gpu_types = match models {
+                1 => vec![GpuModel::new("h100")],
+                2 => vec![GpuModel::new("l4")],
+                3 => vec![GpuModel::new("h100"), GpuModel::new("a100")],
+                _ => Vec::new(),
+            };
+            j.checkpoint_on_signal = *on_signal;
+            if *inference && team == "a" {
+                j.gpu_types.clear();
+            }
+            jobs.push(j);
+        }
+    }
+    jobs.sort_by_key(|j| j.submit);
+    jobs
+}
+
+fn arb_arrays() -> impl Strategy<Value = Vec<ArraySpec>> {
+    prop::collection::vec(
+        (
+            0i64..1200,
+            60i64..3000,
+            1usize..12,
+            0usize..3,
+            0usize..3,
+            prop::sample::select(vec![1u32, 1, 2, 4]),
+            0usize..4,
+            any::<bool>(),
+            any::<bool>(),
+        ),
+        1..8,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Over whole replays (victims in their grace, victims that end early
+    /// when they checkpoint, promises, requeues, windowed cycles), on mixed
+    /// fleets with teams, QoS classes and reserves: no plan breaks an
+    /// invariant of `sched::invariants`, no GPU is given twice, and every
+    /// job that fits the fleet ends.
+    #[test]
+    fn reclaims_take_only_what_is_owed_over_many_cycles(
+        arrays in arb_arrays(),
+        fleet in (1u32..3, 0u32..2, 0u32..2),
+        guaranteed in (0u32..10, 0u32..6),
+        reserve in 0u32..5,
+        min_runtime in prop::sample::select(vec![0u64, 600]),
+    ) {
+        let jobs = arrays_of(&arrays);
+        let cluster = mixed_fleet(fleet.0, fleet.1, fleet.2);
+        let policy = shared_policy([guaranteed.0, guaranteed.1], reserve, min_runtime);
+        let guarantees = [("a".to_string(), guaranteed.0), ("b".to_string(), guaranteed.1)].into();
+        let setup = pooled("gpool", &cluster, policy, &guarantees);
+        let options = Options { tick_secs: 5, bucket_secs: 600, pause_secs: 0 };
+        let outcome = simulate(&setup, &jobs, &options, &mut Quiet);
+        prop_assert_eq!(outcome.invariant_violations, 0, "{:?}", outcome.first_violation);
+        prop_assert_eq!(outcome.overcommits, 0);
+    }
+}

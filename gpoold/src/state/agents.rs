@@ -81,6 +81,7 @@ impl State {
                 continue;
             }
             self.next_epoch += 1;
+            self.claims_met(start.job);
             if let Some(job) = self.jobs.get(&start.job) {
                 let waited = (now.0 - job.submitted_at.0).max(0) as f64 / 1000.0;
                 self.metrics

@@ -86,6 +86,9 @@ pub struct State {
     /// for still waits: promised to it until it starts or the promise runs
     /// out; not durable.
     promises: Vec<sharing::Promise>,
+    /// Until when what is freed for each waiting job stays its: the end of
+    /// its last victim's grace, and a little more; not durable.
+    claim_until: HashMap<JobId, Timestamp>,
     /// GPU-seconds lost to preemptions in the last hour; not durable.
     recent_waste: VecDeque<(Timestamp, f64)>,
     /// User token records by id.
@@ -224,9 +227,11 @@ pub enum Command {
     Start {
         starts: Vec<Start>,
     },
-    /// The scheduling loop's preemptions.
+    /// The scheduling loop's preemptions, and the GPUs each job that waits
+    /// on them will get (`Plan::holds`).
     Preempt {
         preemptions: Vec<Preemption>,
+        holds: Vec<(JobId, Vec<gpool_core::model::NodePlacement>)>,
     },
     /// A re-read gpoold.toml: its policy and admins replace the old ones,
     /// and links of agents whose certificates are now `revoked` end.
@@ -472,6 +477,7 @@ impl State {
             preempt_deadlines: BTreeMap::new(),
             preempted_for: HashMap::new(),
             promises: Vec::new(),
+            claim_until: HashMap::new(),
             recent_waste: VecDeque::new(),
             tokens: loaded.tokens,
             token_key,
@@ -1565,7 +1571,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             state.lend_task_reasons_to_arrays();
         }
         Command::Start { starts } => state.start(starts, now, out),
-        Command::Preempt { preemptions } => state.preempt(preemptions, now, out),
+        Command::Preempt { preemptions, holds } => state.preempt(preemptions, holds, now, out),
         Command::Reload {
             caller,
             config,

@@ -10,6 +10,7 @@ use gpool_core::job_state::{JobEvent, JobState};
 use gpool_core::model::{GpuModel, GpuUse, Job};
 use gpool_core::sched::{Preemption, RunningJob};
 use gpool_core::{Epoch, JobId, Timestamp};
+use std::collections::HashMap;
 
 /// SIGUSR1 on Linux: the checkpoint signal of jobs that name none.
 pub const DEFAULT_CHECKPOINT_SIGNAL: i32 = 10;
@@ -251,7 +252,15 @@ impl State {
 
     /// The scheduler's preemptions that still hold: each victim gets its
     /// checkpoint signal now and is killed when its grace runs out.
-    pub(super) fn preempt(&mut self, preemptions: Vec<Preemption>, now: Timestamp, out: &mut Batch) {
+    pub(super) fn preempt(
+        &mut self,
+        preemptions: Vec<Preemption>,
+        holds: Vec<(JobId, Vec<gpool_core::model::NodePlacement>)>,
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
+        // The longest grace of each waiting job's new victims.
+        let mut graces: HashMap<JobId, u64> = HashMap::new();
         for preemption in preemptions {
             let Some(job) = self.jobs.get(&preemption.victim) else {
                 continue;
@@ -269,6 +278,8 @@ impl State {
                 continue;
             };
             self.preempted_for.insert(preemption.victim, preemption.for_job);
+            let grace = graces.entry(preemption.for_job).or_default();
+            *grace = (*grace).max(grace_secs);
             tracing::info!(
                 job = %preemption.victim,
                 for_job = %preemption.for_job,
@@ -280,6 +291,51 @@ impl State {
                 self.recent_waste.pop_front();
             }
             self.recent_waste.push_back((now, lost));
+        }
+        for (job, placement) in holds {
+            if let Some(grace_secs) = graces.get(&job) {
+                let until = Timestamp(now.0 + *grace_secs as i64 * 1000 + PROMISE_MS);
+                let claim = self.claim_until.entry(job).or_default();
+                *claim = (*claim).max(until);
+                self.hold_free_gpus(job, &placement, until);
+            }
+        }
+    }
+
+    /// The free GPUs of `placement`, which job `id` will get once its
+    /// victims end, are promised to it until `until`: no other job takes
+    /// them meanwhile, so it never needs another victim for them.
+    fn hold_free_gpus(&mut self, id: JobId, placement: &[gpool_core::model::NodePlacement], until: Timestamp) {
+        let holders = self.gpu_holders();
+        let promised = |node: &str, gpu: u32| {
+            self.promises.iter().any(|promise| {
+                promise
+                    .view
+                    .placement
+                    .iter()
+                    .any(|part| part.node == node && part.gpu_indices.contains(&gpu))
+            })
+        };
+        let free: Vec<gpool_core::model::NodePlacement> = placement
+            .iter()
+            .filter_map(|part| {
+                let gpu_indices: Vec<u32> = part
+                    .gpu_indices
+                    .iter()
+                    .copied()
+                    .filter(|gpu| !holders.contains_key(&(part.node.as_str(), *gpu)) && !promised(&part.node, *gpu))
+                    .collect();
+                (!gpu_indices.is_empty()).then(|| gpool_core::model::NodePlacement {
+                    node: part.node.clone(),
+                    gpu_indices,
+                })
+            })
+            .collect();
+        if !free.is_empty() {
+            self.promises.push(Promise {
+                view: RunningJob::promise(id, id, free),
+                until,
+            });
         }
     }
 
@@ -347,6 +403,7 @@ impl State {
     /// `KILL_RESEND_MS` until the attempt has ended (its end removes the
     /// deadline).
     pub(super) fn enforce_preemption_grace(&mut self, now: Timestamp, out: &mut Batch) {
+        self.claim_until.retain(|_, until| *until > now);
         let jobs = &self.jobs;
         self.promises.retain(|promise| {
             promise.until > now
@@ -469,14 +526,20 @@ impl State {
         if !is_pending(self.jobs.get(&for_job).map(|job| &**job)) {
             return;
         }
-        let Some(mut view) = self.jobs.get(&id).map(|job| ended_view(job, placement)) else {
-            return;
-        };
-        view.preempted_for = Some(for_job);
+        let until = self.claim_until.get(&for_job).copied().unwrap_or_default();
         self.promises.push(Promise {
-            view,
-            until: Timestamp(now.0 + PROMISE_MS),
+            view: RunningJob::promise(id, for_job, placement.to_vec()),
+            until: until.max(Timestamp(now.0 + PROMISE_MS)),
         });
+    }
+
+    /// Job `id` started: what was being freed for it is no longer its (its
+    /// victims still in their grace free GPUs for whoever needs them, and
+    /// if it is requeued later, it does not count on them again).
+    pub(super) fn claims_met(&mut self, id: JobId) {
+        self.preempted_for.retain(|_, for_job| *for_job != id);
+        self.promises.retain(|promise| promise.view.preempted_for != Some(id));
+        self.claim_until.remove(&id);
     }
 
     /// The promises the scheduler honours now: their job waits, and their
@@ -504,25 +567,6 @@ impl State {
             })
             .map(|promise| promise.view.clone())
             .collect()
-    }
-}
-
-/// The view of `job`'s attempt on `placement`, which just ended.
-fn ended_view(job: &Job, placement: &[gpool_core::model::NodePlacement]) -> RunningJob {
-    RunningJob {
-        id: job.id,
-        epoch: Epoch(0),
-        team: job.spec.team.to_string(),
-        qos: job.spec.qos.to_string(),
-        pool: job.spec.pool.to_string(),
-        gpu_types: job.spec.gpu_types.clone(),
-        burst: true,
-        placement: placement.to_vec(),
-        started_at: Timestamp(0),
-        last_checkpoint_at: None,
-        preempting: true,
-        preempted_for: None,
-        ends_at: None,
     }
 }
 
