@@ -50,6 +50,10 @@ pub(super) struct FreeIndex<'v> {
     /// Some node has a `switch` or `rack` label: gangs look for nodes that
     /// share one.
     locality: bool,
+    /// By model index: GPUs that jobs which name their models (and accept
+    /// this one) want or hold. A job that may take several models goes to
+    /// the one others need least (`with_demand`).
+    demand: Vec<u64>,
 }
 
 /// Labels that group nodes close on the network, nearest first: a gang
@@ -79,6 +83,7 @@ impl<'v> FreeIndex<'v> {
             locality: nodes
                 .iter()
                 .any(|node| LOCALITY_LABELS.iter().any(|key| node.labels.contains_key(*key))),
+            demand: Vec::new(),
         };
         for (node_idx, node) in nodes.iter().enumerate() {
             index.add_node(node_idx, node, policy);
@@ -134,6 +139,33 @@ impl<'v> FreeIndex<'v> {
                 model_idx,
                 memory_mib,
             });
+        }
+    }
+
+    /// Jobs that may take several models leave alone, as far as they can,
+    /// the models that jobs naming theirs need (`demand`: GPUs by model):
+    /// an any-model job on the few A10s would leave an A10-only job waiting
+    /// while other GPUs stand idle.
+    pub(super) fn with_demand(mut self, demand: &HashMap<&GpuModel, u64, FastHash>) -> FreeIndex<'v> {
+        self.demand = self
+            .models
+            .iter()
+            .map(|model| demand.get(model).copied().unwrap_or(0))
+            .collect();
+        self
+    }
+
+    /// How much other jobs need the GPUs of `model_idx` in pool
+    /// `pool_idx`: none (0.0), else the GPUs they want per GPU of it free.
+    fn pressure(&self, pool_idx: usize, model_idx: usize) -> f64 {
+        match self.demand.get(model_idx).copied().unwrap_or(0) {
+            0 => 0.0,
+            wanted => {
+                let free = self.pools[pool_idx].models[model_idx]
+                    .as_ref()
+                    .map_or(0, |buckets| buckets.total_free);
+                wanted as f64 / (free + 1) as f64
+            }
         }
     }
 
@@ -206,12 +238,19 @@ impl<'v> FreeIndex<'v> {
         };
         let pool_label = &policy.pools[pool_idx].name;
         let allowed = self.allowed_models(job, pool_idx, pool_label)?;
-        let mut best: Option<(u64, Vec<usize>)> = None;
+        // The model others need least, then the best fit (fewest free GPUs
+        // left on the groups taken).
+        let mut best: Option<((f64, u64), Vec<usize>)> = None;
         for model_idx in &allowed {
             let Some(found) = self.fitting_groups(pool_idx, *model_idx, job) else {
                 continue;
             };
-            let cost: u64 = found.iter().map(|g| self.groups[*g].free.len() as u64).sum();
+            let pressure = if allowed.len() > 1 {
+                self.pressure(pool_idx, *model_idx)
+            } else {
+                0.0
+            };
+            let cost = (pressure, found.iter().map(|g| self.groups[*g].free.len() as u64).sum());
             if best.as_ref().is_none_or(|(best_cost, _)| cost < *best_cost) {
                 best = Some((cost, found));
             }

@@ -505,7 +505,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     plan.priorities = priorities;
     order.sort_unstable_by_key(|(key, _, _)| *key);
 
-    let mut index = FreeIndex::build(&view.nodes, policy);
+    let mut index = FreeIndex::build(&view.nodes, policy).with_demand(&named_demand(view));
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now);
     // GPUs promised to a waiting job are not free to others.
     for promise in view
@@ -746,6 +746,20 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     plan.reservation = reservation.map(|r| (r.job, r.at, r.placement));
     plan.needs_whole = !still_fit(&kept_from, &index);
     plan
+}
+
+/// GPUs wanted (waiting) or held (running) by jobs that name their models,
+/// by model: what jobs that may take any model should leave alone.
+fn named_demand(view: &ClusterView) -> HashMap<&GpuModel, u64, FastHash> {
+    let mut demand: HashMap<&GpuModel, u64, FastHash> = HashMap::default();
+    let waiting = view.pending.iter().map(|job| (&job.shape.gpu_types, job.total_gpus()));
+    let running = view.running.iter().map(|job| (&job.gpu_types, job.gpus()));
+    for (models, gpus) in waiting.chain(running) {
+        for model in models.iter() {
+            *demand.entry(model).or_default() += gpus;
+        }
+    }
+    demand
 }
 
 /// Hashes the scheduler's own keys, which no caller chooses: fast, and

@@ -434,3 +434,36 @@ fn words_are_restated_at_most_every_half_second_and_at_most_a_fiftieth_of_the_ti
     assert_eq!(words_interval(Duration::from_millis(40)), Duration::from_secs(2));
     assert_eq!(words_interval(Duration::MAX), Duration::MAX);
 }
+
+#[test]
+fn jobs_that_take_any_model_leave_the_models_others_need() {
+    // The 4 A10s are the tightest fit for j1, but j2 can run only there:
+    // j1 takes a V100 instead, and both start.
+    check(
+        "a1 4xa10\nv1 8xv100 used=0-2",
+        "j1 gpus=1\nj2 gpus=4 type=a10",
+        expect![[r#"
+            start j1 v1[3]
+            start j2 a1[0-3]
+        "#]],
+    );
+    // With nobody naming A10s, the best fit wins again.
+    check(
+        "a1 4xa10\nv1 8xv100 used=0-2",
+        "j1 gpus=1\nj2 gpus=4 type=v100",
+        expect![[r#"
+            start j1 a1[0]
+            start j2 v1[3-6]
+        "#]],
+    );
+    // A job that names two models goes to the one fewer jobs need.
+    check(
+        "a1 4xa10\nh1 4xh100\nv1 8xv100 used=0-6",
+        "j1 gpus=1 type=a10,h100\nj2 gpus=2 type=h100\nj3 gpus=1 type=v100",
+        expect![[r#"
+            start j1 a1[0]
+            start j2 h1[0-1]
+            start j3 v1[7]
+        "#]],
+    );
+}

@@ -498,3 +498,74 @@ proptest! {
         prop_assert_eq!(outcome.overcommits, 0);
     }
 }
+
+/// Counts the starts of the cycles before `until_ms` of virtual time.
+struct StartsUntil {
+    until_ms: i64,
+    done_ms: i64,
+    n_starts: usize,
+}
+
+impl Observer for StartsUntil {
+    fn cycle(&mut self, run: &mut dyn FnMut() -> crate::sched::Plan) -> crate::sched::Plan {
+        let plan = run();
+        if self.done_ms < self.until_ms {
+            self.n_starts += plan.starts.len();
+        }
+        plan
+    }
+
+    fn progress(&mut self, done_ms: i64, _total_ms: i64) {
+        self.done_ms = done_ms;
+    }
+}
+
+/// A fleet with a few A10s among many V100s fills one 1-GPU job a second,
+/// a third of them A10-only, none ending: the GPUs filled reach the
+/// max-flow bound (the most jobs that could run on those GPUs at once,
+/// given which models each accepts) within 3%, and no A10-only job is left
+/// waiting while any-model jobs hold A10s and V100s stand free.
+#[test]
+fn a_fleet_with_a_scarce_model_fills_to_the_max_flow_bound() {
+    let cluster = Cluster::parse(
+        "fleet.toml",
+        "[[nodes]]\ncount = 10\ngpus = 4\nmodel = \"a10\"\nprefix = \"a\"\n\n[[nodes]]\ncount = 60\ngpus = 8\nmodel = \"v100\"\nprefix = \"v\"\n",
+    )
+    .expect("fleet");
+    let (n_a10, n_gpus) = (40usize, cluster.gpus() as usize);
+    let jobs: Vec<TraceJob> = (0..600)
+        .map(|i| {
+            let mut j = job(i, 900, 1, 1, "a");
+            if i % 3 == 2 {
+                j.gpu_types = vec![GpuModel::new("a10")];
+            }
+            j
+        })
+        .collect();
+    let n_a10_only = jobs.iter().filter(|j| !j.gpu_types.is_empty()).count();
+    let n_any = jobs.len() - n_a10_only;
+    // Max flow from jobs to the models they accept: A10-only jobs on A10s,
+    // any-model jobs on whatever is left.
+    let a10_only_placed = n_a10_only.min(n_a10);
+    let bound = a10_only_placed + n_any.min(n_gpus - a10_only_placed);
+    let guarantees = [("a".to_string(), 0)].into();
+    let setup = pooled("gpool", &cluster, crate::sched::Policy::default(), &guarantees);
+    let mut watch = StartsUntil {
+        until_ms: 600_000,
+        done_ms: 0,
+        n_starts: 0,
+    };
+    let options = Options {
+        tick_secs: 1,
+        bucket_secs: 600,
+        pause_secs: 0,
+    };
+    let outcome = simulate(&setup, &jobs[..], &options, &mut watch);
+    assert_eq!(outcome.invariant_violations, 0);
+    eprintln!("filled {} GPUs of {n_gpus}; max-flow bound {bound}", watch.n_starts);
+    assert!(
+        watch.n_starts as f64 >= bound as f64 * 0.97,
+        "{} of {n_gpus} GPUs filled; the max-flow bound is {bound}",
+        watch.n_starts
+    );
+}
