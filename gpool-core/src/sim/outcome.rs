@@ -120,6 +120,26 @@ pub struct Outcome {
     pub series: Series,
 }
 
+/// Whether `job` could have its GPUs of one node on `node` now: free GPUs
+/// of one model it accepts (MIG slices only where named), with the memory
+/// and on a node its requirements allow.
+fn fits_node(job: &PendingJob, node: &crate::sched::NodeView) -> bool {
+    if !job.allows_node(node) {
+        return false;
+    }
+    let mut by_model: HashMap<&crate::model::GpuModel, u32, foldhash::fast::RandomState> = HashMap::default();
+    for gpu in node.gpus.iter().filter(|gpu| !gpu.busy) {
+        let named = !job.shape.gpu_types.is_empty();
+        if gpu.model.accepted_by(&job.shape.gpu_types)
+            && (named || !gpu.model.is_mig_slice())
+            && job.allows_memory(gpu.memory_mib)
+        {
+            *by_model.entry(&gpu.model).or_default() += 1;
+        }
+    }
+    by_model.values().any(|n| *n >= job.shape.gpus_per_node)
+}
+
 /// Gathers the figures as the simulation runs.
 pub(super) struct Collector {
     policy_name: String,
@@ -312,20 +332,24 @@ impl Collector {
             self.startable = false;
             return;
         }
-        let mut shapes: HashSet<(&str, u32, u32), foldhash::fast::RandomState> = HashSet::default();
+        // One job of each shape: it fits where its pool has enough nodes
+        // with enough free GPUs of a model it accepts (and its memory and
+        // node requirements allow).
+        let mut shapes: HashMap<&crate::sched::JobShape, &PendingJob, foldhash::fast::RandomState> =
+            HashMap::default();
         for job in &view.pending {
-            let pool = if job.shape.pool.is_empty() {
-                policy.default_pool.as_str()
-            } else {
-                job.shape.pool.as_str()
-            };
-            shapes.insert((pool, job.shape.gpus_per_node, job.shape.nodes));
+            shapes.entry(&*job.shape).or_insert(&**job);
         }
-        self.startable = shapes.into_iter().any(|(pool, per_node, nodes)| {
-            pools
-                .iter()
-                .find(|(name, _)| name == pool)
-                .is_some_and(|(_, members)| members.iter().filter(|i| free[**i] >= per_node).count() >= nodes as usize)
+        self.startable = shapes.into_values().any(|job| {
+            let pool = policy.pool(&job.shape.pool).map(|pool| pool.name.as_str());
+            pools.iter().find(|(name, _)| Some(name.as_str()) == pool).is_some_and(|(_, members)| {
+                let fitting = members
+                    .iter()
+                    .filter(|i| free[**i] >= job.shape.gpus_per_node)
+                    .filter(|i| fits_node(job, &view.nodes[**i]))
+                    .count();
+                fitting >= job.shape.nodes as usize
+            })
         });
     }
 
