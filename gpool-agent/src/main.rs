@@ -11,6 +11,11 @@ struct Args {
     /// agent.toml (see config/agent.toml).
     #[arg(long)]
     config: PathBuf,
+    /// Print what this node would register (GPUs, their links, labels) and
+    /// one heartbeat's readings as JSON, then exit: a look at what NVML
+    /// (or the simulated GPUs) report, without a controller.
+    #[arg(long)]
+    discover: bool,
 }
 
 fn main() -> ExitCode {
@@ -21,6 +26,19 @@ fn main() -> ExitCode {
     let args = Args::parse();
     gpool_agent::memory::use_one_malloc_arena();
     gpool_agent::memory::return_free_memory_periodically("gpool-agent-trim", || {});
+    if args.discover {
+        return match AgentConfig::load(&args.config) {
+            Ok(config) => {
+                let report = gpool_agent::gpu::discovery_report(&config);
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("gpool-agent: {err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let outcome = AgentConfig::load(&args.config)
         .map_err(anyhow::Error::from)
         .and_then(|config| {

@@ -5,7 +5,8 @@
 //! time_limit_secs, command, workdir, submitted_at, started_at, ended_at
 //! (RFC 3339 UTC to the millisecond, or null), exit_code (or null), end_reason, reasons (why
 //! pending), attempt, placement ([{node, gpus}]), qos, burst (the running
-//! attempt may be preempted), n_preemptions, lost_gpu_secs, preempted_at
+//! attempt may be preempted), n_preemptions, lost_gpu_secs, requeue_cause
+//! (preempted, node_lost, gpu_fault, node_fault, requeued; or null), preempted_at
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
 //! holding the backfill reservation; else null), redacted (another user's
 //! job: command and workdir are empty), image (empty: on the host),
@@ -65,6 +66,8 @@ pub struct JobJson<'a> {
     burst: bool,
     n_preemptions: u32,
     lost_gpu_secs: u64,
+    /// Why its latest attempt went back to the queue (null: it never did).
+    requeue_cause: Option<&'a str>,
     preempted_at: Option<String>,
     last_checkpoint_at: Option<String>,
     estimated_start: Option<String>,
@@ -185,6 +188,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         burst: job.burst,
         n_preemptions: job.n_preemptions,
         lost_gpu_secs: job.lost_gpu_secs,
+        requeue_cause: (!job.requeue_cause.is_empty()).then_some(job.requeue_cause.as_str()),
         preempted_at: job.preempted_at_ms.map(rfc3339),
         last_checkpoint_at: job.last_checkpoint_at_ms.map(rfc3339),
         estimated_start: job.estimated_start_ms.map(rfc3339),

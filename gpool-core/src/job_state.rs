@@ -80,6 +80,9 @@ pub enum JobEvent {
     Preempt {
         epoch: Epoch,
         now: Timestamp,
+        /// An operator's `gpool requeue`, not the scheduler: not counted
+        /// as a preemption.
+        by_operator: bool,
     },
     /// The attempt reported a finished checkpoint.
     Checkpointed {
@@ -458,9 +461,17 @@ impl Job {
                 self.n_attempts += 1;
                 self.last_nodes = placement.iter().map(|part| part.node.clone()).collect();
             }
-            JobEvent::Preempt { now, .. } => {
+            JobEvent::Preempt {
+                now,
+                by_operator: false,
+                ..
+            } => {
                 self.n_preemptions += 1;
                 self.lost_gpu_secs += self.state.work_since_checkpoint(*now).round() as u64;
+                self.requeue_cause = Some(crate::model::RequeueCause::Preempted);
+            }
+            JobEvent::Preempt { by_operator: true, .. } => {
+                self.requeue_cause = Some(crate::model::RequeueCause::Requeued);
             }
             JobEvent::Lost {
                 requeue: true,

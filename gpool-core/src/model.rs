@@ -147,6 +147,37 @@ impl PoolDef {
     }
 }
 
+/// Why an attempt was sent back to the queue. Only `Preempted` counts as
+/// a preemption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequeueCause {
+    /// Its GPUs were taken back for another job.
+    Preempted,
+    /// Its node went silent or down, or was drained at once.
+    NodeLost,
+    /// A GPU of its attempt left service (an Xid, ECC, heat...).
+    GpuFault,
+    /// Its node left service for a fault (its health program, a node-wide
+    /// Xid).
+    NodeFault,
+    /// An operator's `gpool requeue`.
+    Requeued,
+}
+
+impl RequeueCause {
+    /// The stable snake_case name (the JSON's `requeue_cause`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequeueCause::Preempted => "preempted",
+            RequeueCause::NodeLost => "node_lost",
+            RequeueCause::GpuFault => "gpu_fault",
+            RequeueCause::NodeFault => "node_fault",
+            RequeueCause::Requeued => "requeued",
+        }
+    }
+}
+
 /// What a user asked for: validated by `JobSpec::validate` before it is stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -351,6 +382,9 @@ pub struct Job {
     /// Times it was preempted, and the GPU-seconds of work that lost.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub n_preemptions: u32,
+    /// Why its latest attempt went back to the queue, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_cause: Option<RequeueCause>,
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub lost_gpu_secs: u64,
     /// Attempts given up for lost (their node went silent) that may still

@@ -309,6 +309,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             n_attempts: 0,
             last_nodes: ThinVec::new(),
             n_preemptions: 0,
+            requeue_cause: None,
             lost_gpu_secs: 0,
             lost_attempts: ThinVec::new(),
             held: false,

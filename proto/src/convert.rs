@@ -334,6 +334,9 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
         burst,
         n_preemptions: job.n_preemptions,
         lost_gpu_secs: job.lost_gpu_secs,
+        requeue_cause: job
+            .requeue_cause
+            .map_or_else(String::new, |cause| cause.as_str().to_string()),
         preempted_at_ms,
         last_checkpoint_at_ms,
         hints: Vec::new(),

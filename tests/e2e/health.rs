@@ -91,6 +91,14 @@ fn an_xid_79_takes_out_only_its_gpu_requeues_the_job_elsewhere_and_the_gpu_retur
         (job["state"] == "running" && job["attempt"] == 2).then_some(job)
     });
     assert_eq!(moved["placement"][0]["node"], other);
+    // Requeued for the GPU's fault, not preempted: its events say why.
+    assert_eq!(moved["requeue_cause"], "gpu_fault", "{moved}");
+    assert_eq!(moved["n_preemptions"], 0, "{moved}");
+    let events = moved["events"].to_string();
+    assert!(
+        events.contains(&format!("of {first} left service: Xid 79")) && events.contains("requeued"),
+        "{events}"
+    );
     let health = cluster.gpool(&["health", &first]);
     let text = health.ok();
     assert!(text.contains("Xid 79 (GPU has fallen off the bus)"), "{text}");

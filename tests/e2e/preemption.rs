@@ -117,6 +117,12 @@ fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
     // The 5 victims wait again; the other 16 run their first attempt.
     assert_eq!(count(&tasks, "nlp", "running"), 16, "{listing}");
     assert_eq!(count(&tasks, "nlp", "pending"), 5, "{listing}");
+    // Each victim says why it waits again, and for whom it was preempted.
+    for victim in tasks.iter().filter(|t| t["n_preemptions"] == 1) {
+        assert_eq!(victim["requeue_cause"], "preempted", "{victim}");
+        assert!(victim["events"].to_string().contains("preempted for job"), "{victim}");
+        assert_eq!(victim["reason_codes"][0], "preempted", "{victim}");
+    }
     // The 4 GPUs kept for QoS high are still free.
     let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
     let free: u64 = nodes

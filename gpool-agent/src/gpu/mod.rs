@@ -129,6 +129,55 @@ pub fn discover(config: &AgentConfig) -> Discovered {
     }
 }
 
+/// What `gpool-agent --discover` prints: what this node would register
+/// (its GPUs, their links and its labels) and one heartbeat's readings,
+/// with how long each step took, as JSON.
+pub fn discovery_report(config: &AgentConfig) -> serde_json::Value {
+    let started = std::time::Instant::now();
+    let found = discover(config);
+    let discover_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let mut links = Vec::new();
+    for a in &found.gpus {
+        for b in found.gpus.iter().filter(|b| b.index > a.index) {
+            links.push(serde_json::json!([
+                a.index,
+                b.index,
+                format!("{:?}", found.topology.link(a.index, b.index))
+            ]));
+        }
+    }
+    let started = std::time::Instant::now();
+    let sampler = Sampler::new(found.source, &config.simulated_gpus);
+    let samples: Vec<serde_json::Value> = sampler
+        .samples()
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "index": s.index,
+                "utilization_pct": s.utilization_pct,
+                "memory_used_mib": s.memory_used_mib,
+                "temperature_c": s.temperature_c,
+                "power_w": s.power_w,
+                "ecc_corrected": s.ecc_corrected,
+                "ecc_uncorrected": s.ecc_uncorrected,
+                "sm_clock_mhz": s.sm_clock_mhz,
+                "remap_pending": s.remap_pending,
+                "remap_failure": s.remap_failure,
+            })
+        })
+        .collect();
+    let sample_ms = started.elapsed().as_secs_f64() * 1000.0;
+    serde_json::json!({
+        "source": format!("{:?}", found.source).to_ascii_lowercase(),
+        "gpus": found.gpus,
+        "links": links,
+        "labels": found.labels,
+        "samples": samples,
+        "discover_ms": discover_ms,
+        "sample_ms": sample_ms,
+    })
+}
+
 /// Reads per-GPU samples for heartbeats: from NVML for real GPUs, the
 /// values agent.toml declares for simulated ones.
 pub enum Sampler {

@@ -147,6 +147,7 @@ fn a_preempted_attempt_requeues_however_it_ends_and_counts_lost_work() {
         job.apply(&JobEvent::Preempt {
             epoch: Epoch(3),
             now: Timestamp(20_000),
+            by_operator: false,
         })
         .unwrap();
         // Two GPUs, six seconds since the checkpoint.
@@ -163,7 +164,8 @@ fn a_preempted_attempt_requeues_however_it_ends_and_counts_lost_work() {
         assert!(job
             .apply(&JobEvent::Preempt {
                 epoch: Epoch(3),
-                now: Timestamp(21_000)
+                now: Timestamp(21_000),
+                by_operator: false,
             })
             .is_err());
         job.apply(&end).unwrap();
@@ -244,6 +246,7 @@ fn only_lost_attempts_may_report_late() {
     job.apply(&JobEvent::Preempt {
         epoch: Epoch(1),
         now: Timestamp(20),
+        by_operator: false,
     })
     .unwrap();
     job.apply(&lost(1)).unwrap();
@@ -266,6 +269,7 @@ fn a_time_limit_end_is_a_failure_that_says_so() {
     job.apply(&JobEvent::TimedOut {
         epoch: Epoch(1),
         now: Timestamp(20),
+        by_operator: false,
     })
     .unwrap();
     assert_eq!(

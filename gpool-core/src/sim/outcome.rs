@@ -335,21 +335,23 @@ impl Collector {
         // One job of each shape: it fits where its pool has enough nodes
         // with enough free GPUs of a model it accepts (and its memory and
         // node requirements allow).
-        let mut shapes: HashMap<&crate::sched::JobShape, &PendingJob, foldhash::fast::RandomState> =
-            HashMap::default();
+        let mut shapes: HashMap<&crate::sched::JobShape, &PendingJob, foldhash::fast::RandomState> = HashMap::default();
         for job in &view.pending {
             shapes.entry(&*job.shape).or_insert(&**job);
         }
         self.startable = shapes.into_values().any(|job| {
             let pool = policy.pool(&job.shape.pool).map(|pool| pool.name.as_str());
-            pools.iter().find(|(name, _)| Some(name.as_str()) == pool).is_some_and(|(_, members)| {
-                let fitting = members
-                    .iter()
-                    .filter(|i| free[**i] >= job.shape.gpus_per_node)
-                    .filter(|i| fits_node(job, &view.nodes[**i]))
-                    .count();
-                fitting >= job.shape.nodes as usize
-            })
+            pools
+                .iter()
+                .find(|(name, _)| Some(name.as_str()) == pool)
+                .is_some_and(|(_, members)| {
+                    let fitting = members
+                        .iter()
+                        .filter(|i| free[**i] >= job.shape.gpus_per_node)
+                        .filter(|i| fits_node(job, &view.nodes[**i]))
+                        .count();
+                    fitting >= job.shape.nodes as usize
+                })
         });
     }
 

@@ -210,15 +210,9 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
         },
     };
     let (mut reasons, mut codes) = (reasons, codes);
-    if job.n_preemptions > 0 {
-        reasons.insert(
-            0,
-            format!(
-                "preempted ({} time(s)) and requeued: it runs again when it can",
-                job.n_preemptions
-            ),
-        );
-        codes.insert(0, "preempted".to_string());
+    if let Some((reason, code)) = requeue_words(job) {
+        reasons.insert(0, reason);
+        codes.insert(0, code.to_string());
     }
     let mut wire = job_to_wire_with(job, reasons, with_env);
     wire.reason_codes = codes;
@@ -239,6 +233,23 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
     wire.estimated_start_ms = state.words.estimated_start(job.id).map(|at| at.0);
     wire.queue_position = said.and_then(|said| said.position);
     wire
+}
+
+/// A requeued job's first reason, and its code: why its attempt went back.
+fn requeue_words(job: &gpool_core::Job) -> Option<(String, &'static str)> {
+    use gpool_core::model::RequeueCause;
+    let cause = job.requeue_cause?;
+    let words = match cause {
+        RequeueCause::Preempted => format!(
+            "preempted ({} time(s)) and requeued: it runs again when it can",
+            job.n_preemptions
+        ),
+        RequeueCause::NodeLost => "requeued: its node was lost (see its events)".to_string(),
+        RequeueCause::GpuFault => "requeued: a GPU of its attempt left service (see its events)".to_string(),
+        RequeueCause::NodeFault => "requeued: its node left service for a fault (see its events)".to_string(),
+        RequeueCause::Requeued => "requeued by an operator: it runs again when it can".to_string(),
+    };
+    Some((words, cause.as_str()))
 }
 
 fn outcomes_to_wire(outcomes: Vec<CancelOutcome>) -> pb::CancelJobsResponse {

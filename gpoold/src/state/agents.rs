@@ -3,6 +3,7 @@
 
 use super::{AgentConn, AgentEvent, AttemptOutcome, Batch, PendingReply, State, Write};
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
+use gpool_core::model::RequeueCause;
 use gpool_core::model::{Node, NodePlacement};
 use gpool_core::sched::Start;
 use gpool_core::{Epoch, JobId, Timestamp};
@@ -277,7 +278,8 @@ impl State {
             .collect();
         for (job_id, epoch) in vanished {
             tracing::warn!(job = %job_id, node = %name, "attempt is gone from its node; requeueing");
-            self.lose_attempt(job_id, epoch, false, now, out);
+            let why = format!("its attempt was gone from {name} when the agent came back");
+            self.lose_attempt(job_id, epoch, false, (RequeueCause::NodeLost, why), now, out);
         }
         self.apply_drift(&name, drift, now, out);
     }
@@ -295,7 +297,17 @@ impl State {
     /// all the attempt's ranks are killed.
     /// `silent`: its node stopped answering (the attempt may still report
     /// its end), rather than this controller ending it.
-    pub(super) fn lose_attempt(&mut self, job_id: JobId, epoch: Epoch, silent: bool, now: Timestamp, out: &mut Batch) {
+    /// Ends attempt `epoch` of `job_id` for a reason not its own (`cause`,
+    /// and `why` in words for its events) and requeues it where it allows.
+    pub(super) fn lose_attempt(
+        &mut self,
+        job_id: JobId,
+        epoch: Epoch,
+        silent: bool,
+        (cause, why): (RequeueCause, String),
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
         let Some(job) = self.jobs.get(&job_id) else { return };
         let placement = match &job.state {
             JobState::Running { placement, .. } => placement.clone(),
@@ -308,6 +320,13 @@ impl State {
             now,
         };
         if self.apply_event(job_id, &event, now, out) {
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                let requeued = job.state == JobState::Pending;
+                if requeued {
+                    job.requeue_cause = Some(cause);
+                }
+                job.record_event(now, if requeued { format!("{why}; requeued") } else { why });
+            }
             self.gang_exits.remove(&job_id);
             for part in placement {
                 out.messages.push((part.node, kill_message(job_id, epoch)));
@@ -317,13 +336,19 @@ impl State {
 
     /// Ends every attempt with a part on `node` (its node is down, or drained
     /// at once) and requeues their jobs.
-    pub(super) fn requeue_jobs_on(&mut self, node: &str, now: Timestamp, out: &mut Batch) {
+    pub(super) fn requeue_jobs_on(
+        &mut self,
+        node: &str,
+        (cause, why): (RequeueCause, &str),
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
         let attempts: Vec<(JobId, Epoch)> = self
             .active_jobs()
             .filter_map(|job| self.attempt_on(job.id, node).map(|epoch| (job.id, epoch)))
             .collect();
         for (job_id, epoch) in attempts {
-            self.lose_attempt(job_id, epoch, false, now, out);
+            self.lose_attempt(job_id, epoch, false, (cause, why.to_string()), now, out);
         }
     }
 
@@ -529,7 +554,8 @@ impl State {
                 })
                 .collect();
             for (job_id, epoch) in lost {
-                self.lose_attempt(job_id, epoch, true, now, out);
+                let why = format!("no heartbeat from its node for {} ms", self.node_timeout_ms);
+                self.lose_attempt(job_id, epoch, true, (RequeueCause::NodeLost, why), now, out);
             }
         }
         let Some(forget_after) = self.forget_nodes_after else {

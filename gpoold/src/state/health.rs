@@ -102,8 +102,9 @@ impl State {
                     by: TakenBy::Health,
                     last_fault_at: now,
                 });
+                let why = format!("{name} left service: {reason}");
                 self.log_health(name, None, Transition::Failed, reason, now, out);
-                self.requeue_jobs_on(name, now, out);
+                self.requeue_jobs_on(name, (gpool_core::model::RequeueCause::NodeFault, &why), now, out);
             }
             Change::StillFaulty => {
                 if let Some(drain) = node.health_drain.as_mut() {
@@ -236,7 +237,12 @@ impl State {
     fn requeue_jobs_on_gpu(&mut self, node: &str, index: u32, now: Timestamp, out: &mut Batch) {
         if let Some((job, epoch)) = self.attempt_on_gpu(node, index) {
             tracing::warn!(%job, node, gpu = index, "requeueing the attempt on a GPU out of service");
-            self.lose_attempt(job, epoch, false, now, out);
+            let why = match self.nodes.get(node).and_then(|n| n.gpus_out.get(&index)) {
+                Some(out_of_service) => format!("GPU {index} of {node} left service: {}", out_of_service.reason),
+                None => format!("GPU {index} of {node} left service"),
+            };
+            let cause = (gpool_core::model::RequeueCause::GpuFault, why);
+            self.lose_attempt(job, epoch, false, cause, now, out);
         }
     }
 

@@ -636,6 +636,7 @@ impl State {
                 n_attempts: 0,
                 last_nodes: ThinVec::new(),
                 n_preemptions: 0,
+                requeue_cause: None,
                 lost_gpu_secs: 0,
                 lost_attempts: ThinVec::new(),
                 held: false,
@@ -1543,7 +1544,8 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         } => {
             let drained = state.set_drain(&caller, &node, Some(reason));
             if at_once && drained.is_ok() {
-                state.requeue_jobs_on(&node, now, out);
+                let why = format!("{node} was drained at once");
+                state.requeue_jobs_on(&node, (gpool_core::model::RequeueCause::Requeued, &why), now, out);
             }
             node_reply(drained, reply, out)
         }

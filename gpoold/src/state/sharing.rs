@@ -274,7 +274,9 @@ impl State {
             }
             let epoch = *epoch;
             let lost = job.state.work_since_checkpoint(now);
-            let Some((signal, grace_secs)) = self.stop_and_requeue(preemption.victim, epoch, now, out) else {
+            let by = format!("preempted for job {}", preemption.for_job);
+            let Some((signal, grace_secs)) = self.stop_and_requeue(preemption.victim, epoch, (false, &by), now, out)
+            else {
                 continue;
             };
             self.preempted_for.insert(preemption.victim, preemption.for_job);
@@ -360,7 +362,7 @@ impl State {
         if preempting {
             return true;
         }
-        match self.stop_and_requeue(id, epoch, now, out) {
+        match self.stop_and_requeue(id, epoch, (true, &format!("requeued by {by}")), now, out) {
             Some((signal, grace_secs)) => {
                 tracing::info!(job = %id, by, "requeue: signal {signal}, {grace_secs} s to checkpoint");
                 true
@@ -372,7 +374,16 @@ impl State {
     /// Marks attempt `epoch` of `id` preempted, sends it its checkpoint
     /// signal and sets the end of its grace. The signal and grace, if it
     /// was running that attempt.
-    fn stop_and_requeue(&mut self, id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) -> Option<(i32, u64)> {
+    /// `why`: whether an operator asked (else the scheduler preempts), and
+    /// the words for the job's events.
+    fn stop_and_requeue(
+        &mut self,
+        id: JobId,
+        epoch: Epoch,
+        (by_operator, why): (bool, &str),
+        now: Timestamp,
+        out: &mut Batch,
+    ) -> Option<(i32, u64)> {
         let job = self.jobs.get(&id)?;
         let JobState::Running { placement, .. } = &job.state else {
             return None;
@@ -380,8 +391,20 @@ impl State {
         let placement = placement.clone();
         let signal = job.spec.checkpoint_signal.unwrap_or(DEFAULT_CHECKPOINT_SIGNAL);
         let grace_secs = self.grace_secs(id);
-        if !self.apply_event(id, &JobEvent::Preempt { epoch, now }, now, out) {
+        if !self.apply_event(
+            id,
+            &JobEvent::Preempt {
+                epoch,
+                now,
+                by_operator,
+            },
+            now,
+            out,
+        ) {
             return None;
+        }
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.record_event(now, format!("{why}: signal {signal}, {grace_secs} s to checkpoint"));
         }
         self.preempt_deadlines
             .insert(id, (epoch, Timestamp(now.0 + grace_secs as i64 * 1000)));

@@ -572,6 +572,11 @@ pub struct Job {
     /// step), oldest first.
     #[prost(message, repeated, tag = "32")]
     pub events: ::prost::alloc::vec::Vec<JobEventNote>,
+    /// Why its latest attempt was sent back to the queue: preempted,
+    /// node_lost, gpu_fault, node_fault or requeued (an operator's `gpool requeue`);
+    /// empty if it never was.
+    #[prost(string, tag = "33")]
+    pub requeue_cause: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
