@@ -231,9 +231,51 @@ pub struct Savings {
     pub extra_cost_per_hour: Option<f64>,
 }
 
+/// The jobs of `jobs` that no policy could ever start on `cluster` (no
+/// node, or not enough nodes, with enough GPUs of a model they accept), by
+/// index, with the reason.
+pub fn impossible(cluster: &Cluster, jobs: &[TraceJob]) -> Vec<(usize, String)> {
+    jobs.iter()
+        .enumerate()
+        .filter_map(|(idx, job)| {
+            let fitting = cluster
+                .nodes
+                .iter()
+                .filter(|node| {
+                    let mut by_model: BTreeMap<&GpuModel, u32> = BTreeMap::new();
+                    for gpu in node.gpus.iter().filter(|gpu| gpu.model.accepted_by(&job.gpu_types)) {
+                        *by_model.entry(&gpu.model).or_default() += 1;
+                    }
+                    by_model.values().any(|n| *n >= job.gpus_per_node)
+                })
+                .count();
+            (fitting < job.nodes as usize).then(|| {
+                let models = if job.gpu_types.is_empty() {
+                    "any model".to_string()
+                } else {
+                    job.gpu_types.iter().map(GpuModel::as_str).collect::<Vec<_>>().join("|")
+                };
+                (
+                    idx,
+                    format!(
+                        "wants {} GPU(s) of {models} on each of {} node(s); {fitting} node(s) of the cluster have that many",
+                        job.gpus_per_node, job.nodes
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The scales of the dedicated partitions the savings search tries before
+/// it narrows down: from the pool's own size to 8 times it.
+pub const SAVINGS_SCALES: [f64; 5] = [1.0, 1.25, 2.5, 5.0, 8.0];
+
 /// Grows every team's dedicated partition by the same factor until the
-/// mean queueing delay is no more than `target_mean_delay_secs`: doubling
-/// from 1.25 up to 8, then halving the gap 3 times.
+/// mean queueing delay is no more than `target_mean_delay_secs`: the scales
+/// of `SAVINGS_SCALES` in turn, then halving the gap to the first that
+/// does 3 times. `jobs` should hold no job `impossible` on the cluster
+/// (each would fail every scale).
 pub fn savings(
     cluster: &Cluster,
     guarantees: &BTreeMap<String, u32>,
@@ -242,7 +284,7 @@ pub fn savings(
     options: &Options,
     observer: &mut dyn Observer,
 ) -> Savings {
-    let (max_scale, refine) = (8.0, 3);
+    let refine = 3;
     let mut tried = Vec::new();
     let mut run = |scale: f64, tried: &mut Vec<(f64, f64)>| {
         let setup = dedicated(cluster, guarantees, scale);
@@ -251,18 +293,17 @@ pub fn savings(
         tried.push((scale, outcome.queue_delay.mean));
         (ok, setup.nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>())
     };
-    let (mut low, mut high) = (1.0, None);
-    let mut scale = 1.25;
-    while scale <= max_scale {
+    let (mut low, mut high) = (SAVINGS_SCALES[0], None);
+    for scale in SAVINGS_SCALES {
         let (ok, gpus) = run(scale, &mut tried);
         if ok {
             high = Some((scale, gpus));
             break;
         }
         low = scale;
-        scale *= 2.0;
     }
-    if let Some((mut best, mut best_gpus)) = high {
+    // Nothing to narrow where the first scale already does.
+    if let Some((mut best, mut best_gpus)) = high.filter(|(scale, _)| *scale > SAVINGS_SCALES[0]) {
         for _ in 0..refine {
             let middle = (low + best) / 2.0;
             let (ok, gpus) = run(middle, &mut tried);

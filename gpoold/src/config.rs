@@ -156,8 +156,12 @@ pub struct DevAgents {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
-    listen: toml::Spanned<String>,
-    state_dir: PathBuf,
+    /// Required of a controller's file (`Config::parse`); a file read only
+    /// for its policy (`Config::parse_policy`) may leave both out.
+    #[serde(default)]
+    listen: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    state_dir: Option<PathBuf>,
     #[serde(default)]
     default_pool: Option<toml::Spanned<String>>,
     #[serde(default)]
@@ -319,12 +323,41 @@ impl Config {
 
     /// Parses gpoold.toml text; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-        let invalid = |offset: usize, message: String| toml_text::invalid(file, text, offset, message);
         let parsed: ConfigFile = toml_text::parse(file, text)?;
-        let listen = parsed.listen.get_ref().parse::<SocketAddr>().map_err(|err| {
+        for (field, missing) in [
+            ("listen", parsed.listen.is_none()),
+            ("state_dir", parsed.state_dir.is_none()),
+        ] {
+            if missing {
+                return Err(toml_text::invalid(file, text, 0, format!("missing field `{field}`")));
+            }
+        }
+        Config::from_file(file, text, parsed)
+    }
+
+    /// Parses a gpoold.toml read only for its policy (`gpool sim`): pools,
+    /// teams, QoS classes, weights and prices. `listen` and `state_dir`
+    /// may be left out.
+    pub fn parse_policy(file: &str, text: &str) -> Result<Config, ConfigError> {
+        let mut parsed: ConfigFile = toml_text::parse(file, text)?;
+        parsed
+            .listen
+            .get_or_insert_with(|| toml::Spanned::new(0..0, "127.0.0.1:0".to_string()));
+        parsed.state_dir.get_or_insert_with(|| PathBuf::from("."));
+        Config::from_file(file, text, parsed)
+    }
+
+    fn from_file(file: &str, text: &str, mut parsed: ConfigFile) -> Result<Config, ConfigError> {
+        let invalid = |offset: usize, message: String| toml_text::invalid(file, text, offset, message);
+        let listen_field = parsed
+            .listen
+            .take()
+            .unwrap_or_else(|| toml::Spanned::new(0..0, String::new()));
+        let state_dir = parsed.state_dir.take().unwrap_or_default();
+        let listen = listen_field.get_ref().parse::<SocketAddr>().map_err(|err| {
             invalid(
-                parsed.listen.span().start,
-                format!("listen: {:?} is not host:port: {err}", parsed.listen.get_ref()),
+                listen_field.span().start,
+                format!("listen: {:?} is not host:port: {err}", listen_field.get_ref()),
             )
         })?;
         // Other hosts keep dialling the port they were given: a new one at
@@ -332,10 +365,10 @@ impl Config {
         // benchmarks) the bound port is in <state_dir>/gpoold.addr.
         if listen.port() == 0 && !listen.ip().is_loopback() {
             return Err(invalid(
-                parsed.listen.span().start,
+                listen_field.span().start,
                 format!(
                     "listen: {:?}: port 0 would be a new port at every start, while agents and users on other hosts keep dialling the old one; give a fixed port (port 0 is for loopback and gpoold --dev)",
-                    parsed.listen.get_ref()
+                    listen_field.get_ref()
                 ),
             ));
         }
@@ -511,7 +544,7 @@ impl Config {
                     key: tls.key,
                     ca: tls
                         .ca
-                        .unwrap_or_else(|| Config::ca_dir(&parsed.state_dir).join("ca.pem")),
+                        .unwrap_or_else(|| Config::ca_dir(&state_dir).join("ca.pem")),
                 })
             }
             // Loopback never leaves the host, and its callers are known by
@@ -580,7 +613,7 @@ impl Config {
             max_message_size,
             dev_agents: None,
             path: None,
-            socket: Some(parsed.socket.unwrap_or_else(|| parsed.state_dir.join("gpoold.sock"))),
+            socket: Some(parsed.socket.unwrap_or_else(|| state_dir.join("gpoold.sock"))),
             tls,
             plaintext_from: if parsed.insecure_plaintext {
                 plaintext_from
@@ -588,7 +621,7 @@ impl Config {
                 loopback_ranges()
             },
             insecure_plaintext: parsed.insecure_plaintext,
-            state_dir: parsed.state_dir,
+            state_dir,
         })
     }
 }
@@ -824,7 +857,11 @@ fn sharing_from_file(
             priority: class.priority,
             max_time_secs: duration(at, "qos.max_time", &class.max_time)?,
             preempt_lower: class.preempt_lower,
-            min_runtime_secs: duration(at, "qos.min_runtime", &class.min_runtime)?.unwrap_or(0),
+            // "0s": no minimum runtime, as leaving it out.
+            min_runtime_secs: match class.min_runtime.as_deref().map(str::trim) {
+                Some("0" | "0s" | "0m") => 0,
+                _ => duration(at, "qos.min_runtime", &class.min_runtime)?.unwrap_or(0),
+            },
             grace_secs: duration(at, "qos.grace", &class.grace)?.unwrap_or(60),
             reserve_gpus: class.reserve_gpus,
             name: class.name,

@@ -161,3 +161,56 @@ fn a_pools_history_exports_as_a_trace_that_sim_replays() {
     assert_eq!(report["trace"]["jobs"], 2);
     assert_eq!(policy(&report, "fifo")["completed"], 2);
 }
+
+/// A policy file written only for `gpool sim` needs no `listen` or
+/// `state_dir`, and takes `min_runtime = "0s"`; jobs no policy could start
+/// are named at load and left out of the savings search, which starts at
+/// the pool's own size.
+#[test]
+fn sim_names_impossible_jobs_and_takes_a_policy_only_file() {
+    let dir = Cluster::temp_dir();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[[team]]\nname = \"a\"\nguaranteed_gpus = 1\n\n[[team]]\nname = \"b\"\nguaranteed_gpus = 1\n\n[[qos]]\nname = \"normal\"\nmin_runtime = \"0s\"\n",
+    )
+    .unwrap();
+    let trace = dir.path().join("trace.csv");
+    std::fs::write(
+        &trace,
+        "submit,duration,gpus_per_node,nodes,team,gpu_types\n\
+         2026-11-23T10:00:00Z,100,1,1,a,\n\
+         2026-11-23T10:00:00Z,100,1,1,b,\n\
+         2026-11-23T10:00:10Z,100,4,1,a,\n\
+         2026-11-23T10:00:20Z,100,1,1,b,a10\n",
+    )
+    .unwrap();
+    let run: Run = gpool_command(&[
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--policy",
+        policy.to_str().unwrap(),
+    ])
+    .output()
+    .expect("run gpool sim")
+    .into();
+    let text = run.ok();
+    assert!(
+        run.stderr.contains("2 job(s)") && run.stderr.contains("can never start on this cluster"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("wants 4 GPU(s) of any model"), "{}", run.stderr);
+    assert!(run.stderr.contains("wants 1 GPU(s) of a10"), "{}", run.stderr);
+    // Dedicated partitions of 1 GPU per team already wait as little as
+    // the pool does on what can run: no saving is claimed.
+    assert!(
+        text.contains("x1.00") && text.contains("pooling saves no GPUs"),
+        "{text}"
+    );
+}

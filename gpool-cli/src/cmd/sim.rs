@@ -144,7 +144,7 @@ fn read(path: &Path, what: &str) -> Result<String, CliError> {
 /// A gpoold.toml's policy and per-model prices.
 fn load_policy(path: &Path) -> Result<(gpool_core::sched::Policy, gpool_core::accounting::Pricing), CliError> {
     let text = read(path, "--policy")?;
-    let config = gpoold::config::Config::parse(&path.display().to_string(), &text)
+    let config = gpoold::config::Config::parse_policy(&path.display().to_string(), &text)
         .map_err(|err| CliError::Usage(err.to_string()))?;
     Ok((config.policy, config.accounting.pricing))
 }
@@ -171,6 +171,25 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
     .map_err(|err| CliError::Usage(err.to_string()))?;
     if let Some(limit) = args.limit {
         jobs.truncate(limit.max(1));
+    }
+    // Jobs no policy could start here: said at once, and left out of the
+    // savings search (each would fail every scale).
+    let impossible = sim::impossible(&cluster, &jobs);
+    if !impossible.is_empty() {
+        eprintln!(
+            "gpool sim: {} job(s) of {trace_name} can never start on this cluster, under any policy:",
+            impossible.len()
+        );
+        for (idx, reason) in impossible.iter().take(5) {
+            eprintln!(
+                "  job {} (submitted {}): {reason}",
+                idx + 1,
+                output::rfc3339(jobs[*idx].submit.0)
+            );
+        }
+        if impossible.len() > 5 {
+            eprintln!("  and {} more", impossible.len() - 5);
+        }
     }
     if let Some(every) = args.checkpoint_every {
         if every.as_secs() == 0 {
@@ -258,10 +277,16 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
     let savings = match pooled {
         Some((pooled, _)) if !args.no_savings && args.compare.iter().any(|c| c == "dedicated") => {
             let mut watch = Watch::new("savings", &bars);
+            let possible: Vec<TraceJob> = jobs
+                .iter()
+                .enumerate()
+                .filter(|(idx, _)| impossible.binary_search_by_key(idx, |(i, _)| *i).is_err())
+                .map(|(_, job)| job.clone())
+                .collect();
             Some(sim::savings(
                 &cluster,
                 &guarantees,
-                &jobs,
+                &possible,
                 pooled.queue_delay.mean,
                 &options,
                 &mut watch,
@@ -289,6 +314,10 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
             "savings": savings,
             "currency": currency,
             "timing": results.iter().map(|(o, t)| (o.policy.clone(), t)).collect::<BTreeMap<_, _>>(),
+            "impossible_jobs": impossible
+                .iter()
+                .map(|(idx, reason)| serde_json::json!({"job": idx + 1, "reason": reason}))
+                .collect::<Vec<_>>(),
         });
         outln!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
         return Ok(());
@@ -423,6 +452,11 @@ fn print_tables(
     if let Some(savings) = savings {
         outln!("");
         match (savings.scale, savings.dedicated_gpus) {
+            (Some(scale), Some(_)) if scale <= 1.0 => outln!(
+                "Savings: dedicated partitions of the pool's own size (x1.00, {} GPUs) already match the pooled mean wait of {}: pooling saves no GPUs on this trace.",
+                savings.pooled_gpus,
+                human(savings.target_mean_delay_secs)
+            ),
             (Some(scale), Some(gpus)) => {
                 let cost = savings.extra_cost_per_hour.map_or_else(String::new, |cost| {
                     format!(
@@ -437,11 +471,17 @@ fn print_tables(
                     gpus.saturating_sub(savings.pooled_gpus)
                 );
             }
-            _ => outln!(
-                "Savings: dedicated partitions up to x8 the GPUs ({}) do not match the pooled mean wait of {}.",
-                savings.pooled_gpus * 8,
-                human(savings.target_mean_delay_secs)
-            ),
+            _ => {
+                let (low, high) = (
+                    savings.tried.first().map_or(1.0, |(scale, _)| *scale),
+                    savings.tried.last().map_or(1.0, |(scale, _)| *scale),
+                );
+                outln!(
+                    "Savings: dedicated partitions of x{low:.2} to x{high:.2} the GPUs (up to {}) do not match the pooled mean wait of {}.",
+                    (savings.pooled_gpus as f64 * high).round(),
+                    human(savings.target_mean_delay_secs)
+                )
+            }
         }
     }
 }

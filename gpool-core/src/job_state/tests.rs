@@ -269,7 +269,6 @@ fn a_time_limit_end_is_a_failure_that_says_so() {
     job.apply(&JobEvent::TimedOut {
         epoch: Epoch(1),
         now: Timestamp(20),
-        by_operator: false,
     })
     .unwrap();
     assert_eq!(

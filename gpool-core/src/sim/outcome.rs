@@ -52,13 +52,20 @@ pub struct TeamOutcome {
     pub burst_gpu_hours: f64,
     pub lost_gpu_hours: f64,
     pub preemptions: u64,
-    /// GPU-hours of its guarantee it asked for: over time, the smaller of
-    /// its demand (running and waiting GPUs) and its guarantee...
+    /// GPU-hours of its guarantee it asked for and could be given: over
+    /// time, its running GPUs (up to its guarantee) and the waiting jobs
+    /// that fit in what is left of it (smallest first; a job larger than
+    /// what is left is not owed)...
     pub asked_guarantee_gpu_hours: f64,
     /// ...and of those, how many it held.
     pub received_guarantee_gpu_hours: f64,
     /// `received / asked`; `None` when it never asked.
     pub guarantee_met: Option<f64>,
+    /// The measure before: its whole demand (running and waiting GPUs) up
+    /// to its guarantee, shapes that cannot fit in it included...
+    pub asked_demand_gpu_hours: f64,
+    /// ...and `received / asked_demand`.
+    pub guarantee_met_by_demand: Option<f64>,
 }
 
 /// Time series, one point per `bucket_secs`, each a time-weighted mean.
@@ -140,6 +147,20 @@ fn fits_node(job: &PendingJob, node: &crate::sched::NodeView) -> bool {
     by_model.values().any(|n| *n >= job.shape.gpus_per_node)
 }
 
+/// GPUs of waiting jobs (by size: how many) that fit together in `room`,
+/// smallest first.
+fn fitting(sizes: &BTreeMap<u64, u64>, room: u64) -> u64 {
+    let mut left = room;
+    for (size, count) in sizes {
+        if *size > left {
+            break;
+        }
+        let n = (*count).min(left / size);
+        left -= n * size;
+    }
+    room - left
+}
+
 /// Gathers the figures as the simulation runs.
 pub(super) struct Collector {
     policy_name: String,
@@ -161,7 +182,10 @@ pub(super) struct Collector {
     startable_ms: f64,
     startable_busy_gpu_ms: f64,
     asked_gpu_ms: Vec<f64>,
+    asked_demand_gpu_ms: Vec<f64>,
     received_gpu_ms: Vec<f64>,
+    /// Per team: the sizes (GPUs) of its waiting jobs, and how many of each.
+    waiting_sizes: Vec<BTreeMap<u64, u64>>,
     guaranteed_gpu_secs: Vec<f64>,
     burst_gpu_secs: Vec<f64>,
     lost_gpu_secs: Vec<f64>,
@@ -210,7 +234,9 @@ impl Collector {
             startable_ms: 0.0,
             startable_busy_gpu_ms: 0.0,
             asked_gpu_ms: vec![0.0; n],
+            asked_demand_gpu_ms: vec![0.0; n],
             received_gpu_ms: vec![0.0; n],
+            waiting_sizes: vec![BTreeMap::new(); n],
             guaranteed_gpu_secs: vec![0.0; n],
             burst_gpu_secs: vec![0.0; n],
             lost_gpu_secs: vec![0.0; n],
@@ -243,12 +269,19 @@ impl Collector {
     pub(super) fn queued(&mut self, job: &PendingJob) {
         let team = self.team(&job.shape.team);
         self.waiting[team] += job.total_gpus();
+        *self.waiting_sizes[team].entry(job.total_gpus()).or_default() += 1;
         self.queued_jobs += 1;
     }
 
     pub(super) fn started(&mut self, job: &PendingJob, running: &RunningJob, now: Timestamp) {
         let team = self.team(&job.shape.team);
         self.waiting[team] -= job.total_gpus();
+        if let Some(n) = self.waiting_sizes[team].get_mut(&job.total_gpus()) {
+            *n -= 1;
+            if *n == 0 {
+                self.waiting_sizes[team].remove(&job.total_gpus());
+            }
+        }
         self.queued_jobs -= 1;
         self.running[team] += running.gpus();
         self.busy += running.gpus();
@@ -370,8 +403,10 @@ impl Collector {
         for team in 0..self.teams.len() {
             let guarantee = self.guarantees[team];
             let demand = self.running[team] + self.waiting[team];
-            self.asked_gpu_ms[team] += demand.min(guarantee) as f64 * dt;
-            self.received_gpu_ms[team] += self.running[team].min(guarantee) as f64 * dt;
+            let held = self.running[team].min(guarantee);
+            self.asked_demand_gpu_ms[team] += demand.min(guarantee) as f64 * dt;
+            self.asked_gpu_ms[team] += (held + fitting(&self.waiting_sizes[team], guarantee - held)) as f64 * dt;
+            self.received_gpu_ms[team] += held as f64 * dt;
         }
         // Time-weighted sums per bucket, divided at the end.
         let mut at = from.0;
@@ -440,6 +475,7 @@ impl Collector {
         let teams: Vec<TeamOutcome> = (0..self.teams.len())
             .map(|t| {
                 let asked = self.asked_gpu_ms[t] / 3_600_000.0;
+                let asked_demand = self.asked_demand_gpu_ms[t] / 3_600_000.0;
                 let received = self.received_gpu_ms[t] / 3_600_000.0;
                 TeamOutcome {
                     team: self.teams[t].clone(),
@@ -454,7 +490,9 @@ impl Collector {
                     preemptions: self.preemptions[t],
                     asked_guarantee_gpu_hours: asked,
                     received_guarantee_gpu_hours: received,
-                    guarantee_met: (asked > 0.0).then(|| received / asked),
+                    guarantee_met: (asked > 0.0).then(|| (received / asked).min(1.0)),
+                    asked_demand_gpu_hours: asked_demand,
+                    guarantee_met_by_demand: (asked_demand > 0.0).then(|| received / asked_demand),
                 }
             })
             .collect();
