@@ -3,6 +3,10 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The most job ids one request (cancel, hold, update, wait...) may name:
+/// the CLI sends longer lists in several requests.
+pub const MAX_IDS_PER_REQUEST: usize = 10_000;
+
 /// A job's id: assigned by gpoold in submit order; an acknowledged id is
 /// never reused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -253,3 +253,43 @@ fn bad_controller_config_names_file_and_line() {
     );
     assert_refused(&Run::from(output), 1, "--listen: dev mode listens on loopback only");
 }
+
+/// A cancel naming a million ids that never existed is answered (each
+/// unknown), while the node's heartbeats go on: no node goes down and the
+/// running job keeps its first attempt. Ids of jobs not in memory are
+/// looked up off the state task, and ids past the last one given out
+/// without a look.
+#[test]
+fn a_cancel_of_a_million_unknown_ids_holds_nothing_up() {
+    let mut cluster = Cluster::with_node_timeout("4s");
+    cluster.start_agent("node-a", 2);
+    let id = cluster.submit(&["--", "sh", "-c", "sleep 120"]);
+    cluster.wait_for_state(id, "running");
+    // Ten ranges of 100,000 (the most one range may name): a million ids.
+    let ranges: Vec<String> = (0..10u64)
+        .map(|k| {
+            format!(
+                "{}-{}",
+                1_000_000_000 + k * 100_000,
+                1_000_000_000 + k * 100_000 + 99_999
+            )
+        })
+        .collect();
+    let mut args = vec!["cancel", "--output", "json"];
+    args.extend(ranges.iter().map(String::as_str));
+    let run = cluster.gpool(&args);
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    assert_eq!(run.code, 0, "stdout: {}\nstderr: {}", run.stdout, run.stderr);
+    let job = cluster.job(id);
+    assert_eq!(
+        (job["state"].as_str(), job["attempt"].as_u64()),
+        (Some("running"), Some(1)),
+        "{job}"
+    );
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    assert_eq!(nodes[0]["state"], "mixed", "up, one GPU busy: {nodes}");
+    // A listed id that never was is still named.
+    let unknown = cluster.gpool(&["cancel", "999999999"]);
+    assert_refused(&unknown, 1, "999999999");
+    cluster.gpool(&["cancel", &id.to_string()]).ok();
+}

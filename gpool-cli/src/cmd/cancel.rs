@@ -114,12 +114,7 @@ pub async fn run(ctx: &Ctx, refs: Vec<JobRef>, signal: Option<i32>, filter: Filt
         ..Default::default()
     };
     let mode = if signal.is_some() { Mode::Signal } else { Mode::Cancel };
-    let mut response = conn
-        .client
-        .cancel_jobs(request)
-        .await
-        .map_err(|s| conn.refused(s))?
-        .into_inner();
+    let mut response = send(&mut conn, request).await?;
     response.outcomes.retain(|o| {
         let ranged = in_ranges.iter().any(|(first, last)| (*first..=*last).contains(&o.id));
         !(ranged && o.state() == pb::JobState::Unspecified && o.error.contains("not found"))
@@ -216,13 +211,36 @@ async fn change(
     request: pb::CancelJobsRequest,
     mode: Mode,
 ) -> Result<u8, CliError> {
-    let response = conn
-        .client
-        .cancel_jobs(request)
-        .await
-        .map_err(|s| conn.refused(s))?
-        .into_inner();
+    let response = send(&mut conn, request).await?;
     report(ctx, response, mode)
+}
+
+/// Sends `request`, its ids at most `MAX_IDS_PER_REQUEST` at a time (a
+/// range of 100,000 ids is 10 requests), and gathers the outcomes.
+async fn send(
+    conn: &mut super::Connection,
+    request: pb::CancelJobsRequest,
+) -> Result<pb::CancelJobsResponse, CliError> {
+    let mut chunks: Vec<Vec<u64>> = request
+        .ids
+        .chunks(gpool_core::ids::MAX_IDS_PER_REQUEST)
+        .map(<[u64]>::to_vec)
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(Vec::new());
+    }
+    let mut merged = pb::CancelJobsResponse::default();
+    for ids in chunks {
+        let part = pb::CancelJobsRequest { ids, ..request.clone() };
+        let response = conn
+            .client
+            .cancel_jobs(part)
+            .await
+            .map_err(|s| conn.refused(s))?
+            .into_inner();
+        merged.outcomes.extend(response.outcomes);
+    }
+    Ok(merged)
 }
 
 /// Prints each id's outcome; 1 if any id was left alone.

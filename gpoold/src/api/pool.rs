@@ -104,6 +104,43 @@ impl PoolService {
         Ok(job_wire(&state, &job, caller, with_env))
     }
 
+    /// `ids` split into those of jobs in memory (and tasks of arrays in
+    /// memory), which the state task acts on, and the rest.
+    fn split_live(&self, ids: &[JobId]) -> (Vec<JobId>, Vec<JobId>) {
+        let state = self
+            .state
+            .shared
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        ids.iter()
+            .partition(|id| state.job(**id).is_some() || state.virtual_task(**id).is_some())
+    }
+
+    /// What a cancel (hold, signal...) of `ids`, none of them a job in
+    /// memory, comes to: unknown, refused, or ended already. Read a few at
+    /// a time under the state's read lock, on a blocking thread; ids past
+    /// the last one ever given out are unknown without a look.
+    async fn outcomes_off_task(&self, ids: Vec<JobId>, caller: &Caller, mode: CancelMode) -> Vec<CancelOutcome> {
+        const CHUNK: usize = 64;
+        let mut outcomes = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(CHUNK) {
+            let (shared, chunk, caller) = (self.state.shared.clone(), chunk.to_vec(), caller.clone());
+            let looked_up = tokio::task::spawn_blocking(move || {
+                let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+                chunk
+                    .into_iter()
+                    .map(|id| ended_outcome(&state, id, &caller, mode))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            match looked_up {
+                Ok(found) => outcomes.extend(found),
+                Err(err) => tracing::warn!("looking up ended jobs: {err}"),
+            }
+        }
+        outcomes
+    }
+
     /// Writes an audit line for `action` on `object`: always for admin
     /// actions, and for any request refused for want of permission.
     fn audit<T>(&self, who: &Identity, action: &str, object: &str, admin_action: bool, result: &Result<T, Status>) {
@@ -235,6 +272,55 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
     wire
 }
 
+/// Refuses a request naming more job ids than one may.
+fn check_id_count(n_ids: usize) -> Result<(), Status> {
+    if n_ids > gpool_core::ids::MAX_IDS_PER_REQUEST {
+        return Err(Error::InvalidRequest {
+            field: "ids",
+            reason: format!(
+                "{n_ids} job ids in one request; at most {} (send the rest in further requests)",
+                gpool_core::ids::MAX_IDS_PER_REQUEST
+            ),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// The outcome of cancelling (holding, signalling...) `id`, a job not in
+/// memory: it never was, the caller may not touch it, or it ended.
+fn ended_outcome(state: &crate::state::State, id: JobId, caller: &Caller, mode: CancelMode) -> CancelOutcome {
+    let unknown = CancelOutcome {
+        id,
+        refused: Some(Error::UnknownJob(id)),
+        ..CancelOutcome::default()
+    };
+    if id.0 >= state.next_job_id() {
+        return unknown;
+    }
+    let job = match state.find_job(id) {
+        Ok(Some(job)) => job,
+        Ok(None) => return unknown,
+        Err(err) => {
+            return CancelOutcome {
+                id,
+                refused: Some(err),
+                ..CancelOutcome::default()
+            }
+        }
+    };
+    let action = match mode {
+        CancelMode::Signal(_) => Action::SignalJob(job.auth_ref()),
+        _ => Action::CancelJob(job.auth_ref()),
+    };
+    CancelOutcome {
+        id,
+        state: Some(job.state.clone()),
+        refused: authorize(caller, &action).err().map(Error::from),
+        ..CancelOutcome::default()
+    }
+}
+
 /// A requeued job's first reason, and its code: why its attempt went back.
 fn requeue_words(job: &gpool_core::Job) -> Option<(String, &'static str)> {
     use gpool_core::model::RequeueCause;
@@ -349,17 +435,34 @@ impl Pool for PoolService {
             }
         };
         let ids: Vec<JobId> = request.ids.into_iter().map(JobId).collect();
+        check_id_count(ids.len())?;
         let object = ids.iter().map(|id| format!("job {id}")).collect::<Vec<_>>().join(" ");
-        let result = self
-            .state
-            .call(|reply| Command::Cancel {
-                caller,
-                ids,
-                mode,
-                reply,
-            })
-            .await
-            .map_err(Status::from);
+        // Ids of jobs that ended and left memory, or never were, are
+        // answered here, from disk, off the state task: only jobs in
+        // memory go to it, so a long list of old ids never holds up
+        // heartbeats or other requests.
+        let (live, elsewhere) = self.split_live(&ids);
+        let answered = self.outcomes_off_task(elsewhere, &caller, mode).await;
+        let result = if live.is_empty() && !ids.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.state
+                .call(|reply| Command::Cancel {
+                    caller,
+                    ids: live,
+                    mode,
+                    reply,
+                })
+                .await
+                .map_err(Status::from)
+        };
+        let result = result.map(|mut outcomes| {
+            outcomes.extend(answered);
+            let position: std::collections::HashMap<JobId, usize> =
+                ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+            outcomes.sort_by_key(|outcome| position.get(&outcome.id).copied().unwrap_or(usize::MAX));
+            outcomes
+        });
         let action = match mode {
             CancelMode::Signal(_) => "signal",
             CancelMode::Hold(true) => "hold",
@@ -691,8 +794,11 @@ impl Pool for PoolService {
         // Subscribed before the first read, so no change falls between.
         let mut changes = self.state.job_changes.subscribe();
         let mut unfinished = std::collections::BTreeSet::new();
-        let mut first = Vec::with_capacity(request.get_ref().ids.len());
-        for &id in &request.get_ref().ids {
+        check_id_count(request.get_ref().ids.len())?;
+        // Each job once, however often it is named.
+        let ids: std::collections::BTreeSet<u64> = request.get_ref().ids.iter().copied().collect();
+        let mut first = Vec::with_capacity(ids.len());
+        for id in ids {
             let job = self.job(JobId(id), &caller, false)?;
             if !is_finished(&job) {
                 unfinished.insert(JobId(id));

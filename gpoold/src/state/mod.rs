@@ -1278,6 +1278,11 @@ impl State {
     }
 
     /// The running jobs (a gang once), by id, from the index by node.
+    /// The id the next submitted job gets: no job has one as high.
+    pub fn next_job_id(&self) -> u64 {
+        self.next_job_id
+    }
+
     pub fn running(&self) -> impl Iterator<Item = &Job> {
         let ids: std::collections::BTreeSet<JobId> = self.running_on.values().flatten().copied().collect();
         ids.into_iter().filter_map(|id| self.job(id))
