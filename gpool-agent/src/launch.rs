@@ -40,6 +40,9 @@ pub struct Attempts {
     /// `gpool` command): `GPOOL_SERVER`, and `GPOOL_CA` where TLS is used.
     /// Their `GPOOL_TOKEN` comes with each Launch.
     controller_env: Vec<(String, String)>,
+    /// USER, LOGNAME, HOME and SHELL of this process's own account, for the
+    /// jobs it runs as itself (looked up once).
+    own_account: Vec<(String, String)>,
     /// The cgroups this host offers, and the node's GPU indices (all that
     /// an attempt's device rules keep it from, but its own).
     isolation: Isolation,
@@ -97,6 +100,7 @@ impl Attempts {
             node_gpus,
             container_runtime,
             controller_env,
+            own_account: crate::supervise::own_account(),
             users: Mutex::new(std::collections::HashMap::new()),
             node,
             spool_dir,
@@ -590,6 +594,12 @@ impl Attempts {
             .collect();
         if !in_container {
             with_gpool_on_path(&mut env);
+            // As a login would: the account's USER, LOGNAME, HOME and SHELL
+            // (the user's own where the job runs as one; the supervisor sets
+            // those), and a PATH where the job brought none.
+            if run_as.is_none() {
+                env.extend(self.own_account.iter().cloned());
+            }
         }
         let limits = crate::cgroup::Limits {
             mem_bytes: (launch.mem_bytes > 0).then_some(launch.mem_bytes),

@@ -198,6 +198,31 @@ pub struct RunAs {
     pub gid: u32,
     pub groups: Vec<u32>,
     pub home: PathBuf,
+    /// Its login shell (the job's `SHELL`).
+    #[serde(default)]
+    pub shell: PathBuf,
+}
+
+/// The variables a job gets from the account it runs as, as a login sets
+/// them: `USER`, `LOGNAME`, `HOME`, `SHELL`.
+pub fn account_env(name: &str, home: &std::path::Path, shell: &std::path::Path) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("USER".to_string(), name.to_string()),
+        ("LOGNAME".to_string(), name.to_string()),
+        ("HOME".to_string(), home.display().to_string()),
+    ];
+    if !shell.as_os_str().is_empty() {
+        env.push(("SHELL".to_string(), shell.display().to_string()));
+    }
+    env
+}
+
+/// This process's own account, for jobs it runs as itself.
+pub fn own_account() -> Vec<(String, String)> {
+    match nix::unistd::User::from_uid(nix::unistd::geteuid()) {
+        Ok(Some(user)) => account_env(&user.name, &user.dir, &user.shell),
+        _ => Vec::new(),
+    }
 }
 
 impl RunAs {
@@ -219,6 +244,7 @@ impl RunAs {
             gid: user.gid.as_raw(),
             groups: groups.iter().map(|g| g.as_raw()).collect(),
             home: user.dir,
+            shell: user.shell,
         }))
     }
 }
@@ -692,7 +718,11 @@ fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, St
         std::io::Write::write_all(&mut file, text.as_bytes())
             .map_err(|err| format!("{}: {err}", env_file.display()))?;
     } else {
-        command.envs(request.env.iter().map(|(name, value)| (name, value)));
+        // The job's own variables only: never this process's (the agent's
+        // environment, its credentials included).
+        command
+            .env_clear()
+            .envs(request.env.iter().map(|(name, value)| (name, value)));
     }
     if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
         command.current_dir(workdir);
@@ -700,10 +730,7 @@ fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, St
     let user_files = user_output_files(request)?;
     // A container runtime stays this process's user; it sets the job's.
     if let Some(user) = request.run_as.as_ref().filter(|_| request.container_cleanup.is_none()) {
-        command
-            .env("USER", &user.name)
-            .env("LOGNAME", &user.name)
-            .env("HOME", &user.home);
+        command.envs(account_env(&user.name, &user.home, &user.shell));
         let groups: Vec<Gid> = user.groups.iter().map(|g| Gid::from_raw(*g)).collect();
         let (uid, gid) = (Uid::from_raw(user.uid), Gid::from_raw(user.gid));
         let workdir = request.workdir.clone();

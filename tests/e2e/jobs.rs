@@ -740,3 +740,40 @@ fn ended_jobs_are_removed_after_their_retention_and_stay_removed() {
     assert_eq!(outcomes.as_array().map(Vec::len), Some(1), "{outcomes}");
     assert_eq!(outcomes[0]["id"], running);
 }
+
+/// A job starts from its own variables (the submitter's, as `--export`
+/// says), gpool's and CUDA's, and the account's USER, LOGNAME, HOME, SHELL
+/// and a PATH: never the agent's own environment, whose credentials stay
+/// the agent's, with `--export NONE` and without.
+#[test]
+fn a_job_never_gets_the_agents_environment() {
+    let mut cluster = Cluster::start();
+    cluster.agent_env = vec![
+        ("GPOOL_E2E_AGENT_MARKER".into(), "agent-only".into()),
+        ("AWS_SECRET_ACCESS_KEY".into(), "agent-aws-secret".into()),
+    ];
+    cluster.start_agent("node-a", 1);
+    for export in ["NONE", "ALL"] {
+        let file = format!("env-{export}");
+        let id = cluster.submit(&["--export", export, "--", "sh", "-c", &format!("env > {file}")]);
+        cluster.wait_for_state(id, "completed");
+        let env = std::fs::read_to_string(cluster.dir.path().join(&file)).expect("the job's env");
+        assert!(
+            !env.contains("agent-only") && !env.contains("agent-aws-secret"),
+            "--export {export}:\n{env}"
+        );
+        for name in [
+            "USER=",
+            "LOGNAME=",
+            "HOME=",
+            "PATH=",
+            "GPOOL_JOB_ID=",
+            "CUDA_VISIBLE_DEVICES=",
+        ] {
+            assert!(
+                env.lines().any(|line| line.starts_with(name)),
+                "--export {export}: no {name}\n{env}"
+            );
+        }
+    }
+}
