@@ -549,6 +549,16 @@ fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended 
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let now = boot_ms();
+        // Whatever else ends the attempt (its time limit's grace), the
+        // node's lease bounds it: once the lease runs out, the attempt is
+        // gone by the lease's grace, as a fenced one is, before gpoold
+        // requeues it elsewhere.
+        if let (Some((_, kill_at)), Some(fence)) = (ending.as_mut(), &request.fence) {
+            lease = Lease::read(&fence.lease_file).or(lease);
+            if let Some(lease) = lease.filter(|lease| now >= lease.until_ms) {
+                *kill_at = (*kill_at).min(lease.until_ms + fence.grace_ms.min(lease.grace_ms));
+            }
+        }
         match &ending {
             Some((_, kill_at)) if now >= *kill_at => {
                 kill_all_but_supervisor(own_pid, request.cgroup.as_ref());

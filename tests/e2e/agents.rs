@@ -853,3 +853,52 @@ fn a_job_over_its_memory_limit_ends_out_of_memory() {
         "{job}"
     );
 }
+
+/// A job that ignores its time limit's SIGTERM works on through the limit's
+/// grace; if its agent stops just then, the node's lease still ends it
+/// before gpoold gives the node up and starts the job elsewhere: the two
+/// attempts never run at once.
+#[test]
+fn the_lease_cuts_a_time_limits_grace_so_a_job_never_runs_twice() {
+    use nix::sys::signal::Signal;
+    let mut cluster = Cluster::with_node_timeout("4s");
+    let agent_a = cluster.start_agent("node-a", 1);
+    cluster.start_agent("node-b", 1);
+    cluster
+        .gpool(&["drain", "node-b", "--reason", "keep the first attempt on node-a"])
+        .ok();
+    let script = "trap 'echo term $GPOOL_ATTEMPT >> ticks' TERM; \
+                  while true; do echo \"tick $GPOOL_ATTEMPT $(date +%s%3N)\" >> ticks; sleep 0.1; done";
+    let id = cluster.submit(&["--time", "8s", "--", "sh", "-c", script]);
+    cluster.wait_for_state(id, "running");
+    cluster.gpool(&["resume", "node-b"]).ok();
+    // Its time limit's SIGTERM: the job works on; its agent stops now.
+    wait_until("the time limit's SIGTERM", Duration::from_secs(30), || {
+        read(&cluster, "ticks").contains("term 1").then_some(())
+    });
+    let agent_pid = cluster.agents[agent_a].pid();
+    nix::sys::signal::kill(agent_pid, Signal::SIGSTOP).expect("stop the agent");
+    let second = wait_until("attempt 2 to run on node-b", Duration::from_secs(30), || {
+        read(&cluster, "ticks").contains("tick 2 ").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    nix::sys::signal::kill(agent_pid, Signal::SIGCONT).expect("continue the agent");
+    let _ = second;
+    cluster.gpool(&["cancel", &id.to_string()]).ok();
+    let ticks = read(&cluster, "ticks");
+    let times = |attempt: &str| -> Vec<u64> {
+        ticks
+            .lines()
+            .filter_map(|line| line.strip_prefix(&format!("tick {attempt} ")))
+            .filter_map(|ms| ms.trim().parse().ok())
+            .collect()
+    };
+    let (first, second) = (times("1"), times("2"));
+    let last_of_first = first.iter().max().copied().expect("attempt 1 ticked");
+    let first_of_second = second.iter().min().copied().expect("attempt 2 ticked");
+    assert!(
+        last_of_first < first_of_second,
+        "attempt 1 ticked until {last_of_first}, attempt 2 from {first_of_second}: they overlap by {} ms",
+        last_of_first - first_of_second
+    );
+}
