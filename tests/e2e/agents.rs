@@ -878,12 +878,11 @@ fn the_lease_cuts_a_time_limits_grace_so_a_job_never_runs_twice() {
     });
     let agent_pid = cluster.agents[agent_a].pid();
     nix::sys::signal::kill(agent_pid, Signal::SIGSTOP).expect("stop the agent");
-    let second = wait_until("attempt 2 to run on node-b", Duration::from_secs(30), || {
+    wait_until("attempt 2 to run on node-b", Duration::from_secs(30), || {
         read(&cluster, "ticks").contains("tick 2 ").then_some(())
     });
     std::thread::sleep(Duration::from_secs(1));
     nix::sys::signal::kill(agent_pid, Signal::SIGCONT).expect("continue the agent");
-    let _ = second;
     cluster.gpool(&["cancel", &id.to_string()]).ok();
     let ticks = read(&cluster, "ticks");
     let times = |attempt: &str| -> Vec<u64> {
