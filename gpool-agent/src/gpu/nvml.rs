@@ -21,7 +21,7 @@ pub fn devices() -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlError> {
     for index in 0..n_devices {
         let device = nvml.device_by_index(index)?;
         let pci_bus_id = device.pci_info()?.bus_id;
-        let numa_node = device.numa_node_id().ok();
+        let numa_node = numa_node_of(&device);
         let compute_capability = device
             .cuda_compute_capability()
             .map(|cc| format!("{}.{}", cc.major, cc.minor))
@@ -61,6 +61,22 @@ pub fn devices() -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlError> {
         devices.push(slice);
     }
     Ok(devices)
+}
+
+/// NVML_AFFINITY_SCOPE_NODE of nvml.h: affinity by NUMA node.
+const AFFINITY_SCOPE_NODE: u32 = 0;
+
+/// The NUMA node the device's PCIe slot hangs off: NVML's memory affinity
+/// where it names one node (`nvidia-smi topo -m`'s "NUMA Affinity"), else
+/// the GPU's own NUMA id (GPUs whose memory is a NUMA node of its own).
+/// On an H100 SXM on x86 the GPU's own id is "N/A" and the affinity is the
+/// answer.
+fn numa_node_of(device: &nvml_wrapper::Device) -> Option<u32> {
+    let from_affinity = device.memory_affinity(1, AFFINITY_SCOPE_NODE).ok().and_then(|mask| {
+        let mask = *mask.first()?;
+        (mask.count_ones() == 1).then(|| mask.trailing_zeros())
+    });
+    from_affinity.or_else(|| device.numa_node_id().ok())
 }
 
 /// Node-wide facts for its labels: `nvidia.driver` (`550.54.15`),
