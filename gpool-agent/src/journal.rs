@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 const FILE: &str = "attempts.log";
@@ -241,7 +242,18 @@ fn rewrite(
         text.extend(serde_json::to_vec(&line).unwrap_or_default());
         text.push(b'\n');
     }
-    std::fs::write(&temp, text)
+    // Only the agent reads it: it names every user's jobs and their files.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temp)
+        .and_then(|mut file| {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            std::io::Write::write_all(&mut file, &text)
+        });
+    written
         .and_then(|()| std::fs::rename(&temp, path))
         .map_err(|err| format!("{}: cannot write: {err}", path.display()))?;
     std::fs::OpenOptions::new()

@@ -293,3 +293,23 @@ fn a_cancel_of_a_million_unknown_ids_holds_nothing_up() {
     assert_refused(&unknown, 1, "999999999");
     cluster.gpool(&["cancel", &id.to_string()]).ok();
 }
+
+/// A job file (or script) past what one submission may carry is refused
+/// at once, naming the file and the limit; `/dev/zero` is not read forever.
+/// The agent's journal of attempts is readable by the agent alone.
+#[test]
+fn endless_job_files_are_refused_and_the_agents_journal_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 1);
+    assert_refused(
+        &cluster.gpool(&["submit", "-f", "/dev/zero"]),
+        2,
+        "/dev/zero: larger than 16 MiB, the most one submission may carry",
+    );
+    let id = cluster.submit(&["--", "true"]);
+    cluster.wait_for_state(id, "completed");
+    let journal = cluster.spool_dir("node-a").join("attempts.log");
+    let mode = std::fs::metadata(&journal).expect("the journal").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", journal.display());
+}

@@ -158,12 +158,33 @@ pub struct SubmitArgs {
     pub script: bool,
 }
 
+/// The most a job file or batch script may hold: what one request to
+/// gpoold may carry (a larger one is refused at once, not read whole).
+const MAX_FILE_BYTES: u64 = gpool_proto::DEFAULT_MAX_MESSAGE_BYTES as u64;
+
+/// Reads a job file or script of at most `MAX_FILE_BYTES` (`/dev/zero`
+/// too is read only that far).
+fn read_bounded(path: &std::path::Path) -> Result<String, CliError> {
+    use std::io::Read;
+    let cannot = |err: std::io::Error| CliError::Usage(format!("{}: cannot read: {err}", path.display()));
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(cannot)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(CliError::Usage(format!(
+            "{}: larger than {} MiB, the most one submission may carry; split it into several files",
+            path.display(),
+            MAX_FILE_BYTES / (1024 * 1024)
+        )));
+    }
+    String::from_utf8(bytes).map_err(|err| CliError::Usage(format!("{}: not UTF-8 text: {err}", path.display())))
+}
+
 /// The command line of `gpool submit SCRIPT ARGS...` with the script's
 /// `#GPOOL` flags inserted right after `submit`, so that the flags given on
 /// the command line come later and win.
 pub fn with_script_directives(argv: Vec<String>, script: &str) -> Result<Vec<String>, CliError> {
-    let text =
-        std::fs::read_to_string(script).map_err(|err| CliError::Usage(format!("{script}: cannot read: {err}")))?;
+    let text = read_bounded(std::path::Path::new(script))?;
     let directives =
         gpool_core::spec::script_directives(&text).map_err(|reason| CliError::Usage(format!("{script}: {reason}")))?;
     // A script says how its job runs, never where gpool sends it (or
@@ -193,8 +214,7 @@ fn script_command(script: &[String]) -> Result<Vec<String>, CliError> {
         return Err(CliError::Usage("SCRIPT: missing".into()));
     };
     let absolute = std::path::absolute(path).map_err(|err| CliError::Usage(format!("{path}: {err}")))?;
-    let text =
-        std::fs::read_to_string(&absolute).map_err(|err| CliError::Usage(format!("{path}: cannot read: {err}")))?;
+    let text = read_bounded(&absolute)?;
     let mut command: Vec<String> = match text.lines().next().and_then(|line| line.strip_prefix("#!")) {
         Some(interpreter) => interpreter.split_whitespace().map(String::from).collect(),
         None => vec!["/bin/sh".to_string()],
@@ -268,8 +288,7 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
         .to_string();
     let mut specs = match &args.file {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|err| CliError::Usage(format!("{}: cannot read: {err}", path.display())))?;
+            let text = read_bounded(path)?;
             parse_job_file(&path.display().to_string(), &text).map_err(|err| CliError::Usage(err.to_string()))?
         }
         None => vec![input_from_flags(args)?

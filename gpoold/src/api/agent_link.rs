@@ -191,6 +191,33 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
             register.node, label.key
         )));
     }
+    // What an agent names is printed in tables, logs and the status page:
+    // no control characters (a newline would forge a line of its own).
+    let printable = |text: &str| !text.chars().any(char::is_control);
+    if let Some(label) = register
+        .labels
+        .iter()
+        .find(|label| !printable(&label.key) || !printable(&label.value))
+    {
+        return Err(invalid(&format!(
+            "node {}: label {:.63?} holds a control character",
+            register.node, label.key
+        )));
+    }
+    if let Some(gpu) = register.gpus.iter().find(|gpu| {
+        gpu.model.is_empty()
+            || gpu.model.len() > 64
+            || !printable(&gpu.model)
+            || !printable(&gpu.uuid)
+            || !printable(&gpu.pci_bus_id)
+            || gpu.uuid.len() > 128
+            || gpu.pci_bus_id.len() > 64
+    }) {
+        return Err(invalid(&format!(
+            "node {}: GPU {}: its model ({:.64?}), UUID and PCI bus id must be printable, the model 1 to 64 bytes",
+            register.node, gpu.index, gpu.model
+        )));
+    }
     if register.gpus.len() > 4096 || register.links.len() > 65_536 {
         return Err(invalid(&format!(
             "node {}: {} GPUs and {} links, more than a node has",
@@ -242,4 +269,37 @@ fn event_from_wire(event: pb::JobEvent) -> Option<AgentEvent> {
         epoch: Epoch(event.epoch),
         outcome,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register(model: &str, label: (&str, &str)) -> pb::Register {
+        pb::Register {
+            node: "n1".into(),
+            gpus: vec![pb::Gpu {
+                index: 0,
+                uuid: "GPU-1".into(),
+                model: model.into(),
+                memory_mib: 1,
+                ..Default::default()
+            }],
+            labels: vec![pb::Label {
+                key: label.0.into(),
+                value: label.1.into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn names_with_control_characters_are_refused_at_register() {
+        assert!(node_from_register(register("h100", ("rack", "r1"))).is_ok());
+        let forged = node_from_register(register("h100\nnode n9 up", ("rack", "r1"))).unwrap_err();
+        assert!(forged.message().contains("must be printable"), "{}", forged.message());
+        let label = node_from_register(register("h100", ("rack", "r1\u{1b}[2J"))).unwrap_err();
+        assert!(label.message().contains("control character"), "{}", label.message());
+        assert!(node_from_register(register("", ("rack", "r1"))).is_err());
+    }
 }
