@@ -4,7 +4,11 @@
 //! Pure: gpoold feeds it each heartbeat and the time. A fault takes the GPU
 //! out of service and its attempts are requeued; after a quiet period with
 //! no fault, and a passing probe (the node's health program, where one
-//! runs), it returns by itself. An operator's pin never returns by itself.
+//! runs), it returns by itself. A fault that only a GPU reset (or a reboot)
+//! clears, as NVIDIA documents for Xid 79, 48, 95 and the like, keeps it
+//! out until an operator resumes it (`[health] reset_faults_return` lets
+//! those return by themselves too). An operator's pin never returns by
+//! itself.
 
 use crate::ids::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -60,6 +64,15 @@ pub fn classify_xid(xid: u32) -> (XidClass, &'static str) {
     }
 }
 
+/// Whether NVIDIA documents Xid `xid` as needing a GPU reset (or a reboot)
+/// before the GPU can be trusted again: the reset-required class, a GPU
+/// fallen off the bus, double-bit and uncontained ECC errors, failed row
+/// remapping, NVLink and GSP failures, failed initialisation.
+pub fn xid_needs_reset(xid: u32) -> bool {
+    matches!(classify_xid(xid).0, XidClass::ResetRequired)
+        || matches!(xid, 48 | 64 | 74 | 79 | 95 | 140 | 143 | 144..=150)
+}
+
 /// The operator's thresholds (`[health]` in gpoold.toml).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthPolicy {
@@ -73,6 +86,9 @@ pub struct HealthPolicy {
     /// A GPU missing from its node's readings this long is a fault (one
     /// unreadable heartbeat is not).
     pub missing_for_ms: i64,
+    /// Faults that need a GPU reset return by themselves after the quiet
+    /// period too (default: they wait for an operator's resume).
+    pub reset_faults_return: bool,
 }
 
 impl Default for HealthPolicy {
@@ -82,6 +98,7 @@ impl Default for HealthPolicy {
             hot_for_ms: 60_000,
             quiet_ms: 10 * 60_000,
             missing_for_ms: 10_000,
+            reset_faults_return: false,
         }
     }
 }
@@ -118,6 +135,8 @@ pub struct Assessment {
     pub job_faults: Vec<String>,
     /// Xids that say nothing of its health: kept in the log.
     pub notes: Vec<String>,
+    /// One of `faults` needs a GPU reset: it stays out until resumed.
+    pub needs_reset: bool,
 }
 
 impl GpuWatch {
@@ -138,6 +157,7 @@ impl GpuWatch {
         };
         self.missing_since = None;
         for xid in &reading.xids {
+            assessment.needs_reset |= xid_needs_reset(*xid);
             let (class, meaning) = classify_xid(*xid);
             let text = format!("Xid {xid} ({meaning})");
             match class {
@@ -158,9 +178,11 @@ impl GpuWatch {
         self.ecc_uncorrected = Some(reading.ecc_uncorrected);
         if reading.remap_failure {
             assessment.faults.push("row remapping failed".into());
+            assessment.needs_reset = true;
         }
         if reading.remap_pending {
             assessment.faults.push("row remap pending a GPU reset".into());
+            assessment.needs_reset = true;
         }
         if reading.temperature_c >= policy.max_temperature_c {
             let since = *self.hot_since.get_or_insert(now);
@@ -187,6 +209,9 @@ pub enum TakenBy {
     Health,
     /// `gpool drain --gpu`: it returns only on `gpool resume --gpu`.
     Operator,
+    /// A fault only a GPU reset (or a reboot) clears: it returns on `gpool
+    /// resume --gpu`, once the operator reset it.
+    UntilReset,
 }
 
 /// A GPU (or a node) out of service, and why.
@@ -229,6 +254,7 @@ pub fn decide(
         // (a resume then leaves it out until it is quiet).
         Some(out) if out.by == TakenBy::Operator && !faults.is_empty() => Change::StillFaulty,
         Some(out) if out.by == TakenBy::Operator => Change::Keep,
+        Some(out) if out.by == TakenBy::UntilReset && !policy.reset_faults_return && faults.is_empty() => Change::Keep,
         Some(_) if !faults.is_empty() => Change::StillFaulty,
         Some(out) if probe_passed && now.0 - out.last_fault_at.0 >= policy.quiet_ms => Change::Return,
         Some(_) => Change::Keep,

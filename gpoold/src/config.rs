@@ -207,6 +207,7 @@ struct HealthFile {
     hot_for: Option<String>,
     quiet_period: Option<String>,
     missing_for: Option<String>,
+    reset_faults_return: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -594,6 +595,7 @@ impl Config {
                     hot_for_ms: duration_ms("hot_for", &declared.hot_for, defaults.hot_for_ms)?,
                     quiet_ms: duration_ms("quiet_period", &declared.quiet_period, defaults.quiet_ms)?,
                     missing_for_ms: duration_ms("missing_for", &declared.missing_for, defaults.missing_for_ms)?,
+                    reset_faults_return: declared.reset_faults_return.unwrap_or(defaults.reset_faults_return),
                 }
             }
         };

@@ -52,7 +52,7 @@ fn placement(cluster: &Cluster, id: u64) -> (String, Vec<u64>) {
 }
 
 #[test]
-fn an_xid_79_takes_out_only_its_gpu_requeues_the_job_elsewhere_and_the_gpu_returns() {
+fn an_xid_79_takes_out_only_its_gpu_requeues_the_job_elsewhere_and_the_gpu_waits_for_a_reset() {
     let mut cluster = Cluster::with_config("[health]\nquiet_period = \"4s\"\n");
     cluster.start_agent("n1", 2);
     cluster.start_agent("n2", 2);
@@ -82,7 +82,10 @@ fn an_xid_79_takes_out_only_its_gpu_requeues_the_job_elsewhere_and_the_gpu_retur
         let gpu = gpu(&cluster, &first, gpus[0]);
         (!gpu["out_of_service"].is_null()).then_some(gpu)
     });
-    assert_eq!(out["out_of_service"]["reason"], "Xid 79 (GPU has fallen off the bus)");
+    assert_eq!(
+        out["out_of_service"]["reason"],
+        "Xid 79 (GPU has fallen off the bus); out until an operator resets it and runs `gpool resume`"
+    );
     assert_eq!(out["out_of_service"]["by_operator"], false);
     assert!(gpu(&cluster, &first, gpus[1])["out_of_service"].is_null());
     assert_ne!(node_state(&cluster, &first)["state"], "drained", "only the GPU is out");
@@ -104,7 +107,14 @@ fn an_xid_79_takes_out_only_its_gpu_requeues_the_job_elsewhere_and_the_gpu_retur
     assert!(text.contains("Xid 79 (GPU has fallen off the bus)"), "{text}");
     assert!(text.contains("failed") && text.contains("job_fault"), "{text}");
 
-    // Quiet for the quiet period: it returns by itself.
+    // Quiet for longer than the quiet period, it stays out: a GPU fallen
+    // off the bus needs a reset. The operator's resume brings it back.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        !gpu(&cluster, &first, gpus[0])["out_of_service"].is_null(),
+        "it waits for a reset"
+    );
+    cluster.gpool(&["resume", &first, "--gpu", &gpus[0].to_string()]).ok();
     wait_until("the GPU to return", Duration::from_secs(30), || {
         gpu(&cluster, &first, gpus[0])["out_of_service"].is_null().then_some(())
     });

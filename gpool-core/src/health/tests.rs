@@ -252,3 +252,32 @@ fn drift_names_the_gpus_that_left_and_joined() {
     );
     assert!(drift(&before, &before).is_empty());
 }
+
+#[test]
+fn faults_that_need_a_reset_stay_out_until_resumed() {
+    for xid in [79, 48, 95, 64, 119, 154] {
+        assert!(xid_needs_reset(xid), "Xid {xid}");
+    }
+    for xid in [13, 31, 92, 94, 63] {
+        assert!(!xid_needs_reset(xid), "Xid {xid}");
+    }
+    let mut watch = GpuWatch::default();
+    let policy = HealthPolicy::default();
+    let said = watch.assess(Some(&reading(40, 0, &[79])), &policy, at(0));
+    assert!(said.needs_reset && !said.faults.is_empty());
+    let out = OutOfService {
+        reason: said.faults.join("; "),
+        since: at(0),
+        by: TakenBy::UntilReset,
+        last_fault_at: at(0),
+    };
+    // Quiet for ten quiet periods, probe passing: still out...
+    let later = at(10 * policy.quiet_ms / 1000);
+    assert_eq!(decide(Some(&out), &[], true, &policy, later), Change::Keep);
+    // ...unless the operator lets such faults return by themselves.
+    let lenient = HealthPolicy {
+        reset_faults_return: true,
+        ..HealthPolicy::default()
+    };
+    assert_eq!(decide(Some(&out), &[], true, &lenient, later), Change::Return);
+}

@@ -127,6 +127,12 @@ pub struct Outcome {
     pub series: Series,
 }
 
+/// A job that takes any GPU: its node's free count says whether it fits
+/// (nodes of one model each, without MIG slices, as most are).
+fn plain(job: &PendingJob) -> bool {
+    job.shape.gpu_types.is_empty() && job.shape.requires.is_none()
+}
+
 /// Whether `job` could have its GPUs of one node on `node` now: free GPUs
 /// of one model it accepts (MIG slices only where named), with the memory
 /// and on a node its requirements allow.
@@ -381,7 +387,7 @@ impl Collector {
                     let fitting = members
                         .iter()
                         .filter(|i| free[**i] >= job.shape.gpus_per_node)
-                        .filter(|i| fits_node(job, &view.nodes[**i]))
+                        .filter(|i| plain(job) || fits_node(job, &view.nodes[**i]))
                         .count();
                     fitting >= job.shape.nodes as usize
                 })

@@ -82,7 +82,14 @@ impl State {
             }
             let current = self.nodes.get(node).and_then(|n| n.gpus_out.get(&index));
             let change = health::decide(current, &assessment.faults, probe_passed, &self.health_policy, now);
-            self.apply_gpu_change(node, index, change, &assessment.faults, now, out);
+            self.apply_gpu_change(
+                node,
+                index,
+                change,
+                (&assessment.faults, assessment.needs_reset),
+                now,
+                out,
+            );
         }
     }
 
@@ -129,21 +136,31 @@ impl State {
         name: &str,
         index: u32,
         change: Change,
-        faults: &[String],
+        (faults, needs_reset): (&[String], bool),
         now: Timestamp,
         out: &mut Batch,
     ) {
         let Some(node) = self.nodes.get_mut(name) else { return };
+        // A fault only a GPU reset clears keeps it out until resumed.
+        let (by, until) = if needs_reset && !self.health_policy.reset_faults_return {
+            (
+                TakenBy::UntilReset,
+                "; out until an operator resets it and runs `gpool resume`",
+            )
+        } else {
+            (TakenBy::Health, "")
+        };
         match change {
             Change::Keep => {}
             Change::TakeOut(reason) => {
+                let reason = format!("{reason}{until}");
                 tracing::warn!(node = name, gpu = index, %reason, "GPU out of service");
                 node.gpus_out.insert(
                     index,
                     OutOfService {
                         reason: reason.clone(),
                         since: now,
-                        by: TakenBy::Health,
+                        by,
                         last_fault_at: now,
                     },
                 );
@@ -158,6 +175,11 @@ impl State {
                 // taken the GPU out); later ones only keep it quiet-less.
                 let first_while_pinned = gpu.by == TakenBy::Operator && gpu.last_fault_at == gpu.since;
                 gpu.last_fault_at = now;
+                // Out for a fault that passes, and now one that does not.
+                if gpu.by == TakenBy::Health && by == TakenBy::UntilReset {
+                    gpu.by = by;
+                    gpu.reason = format!("{}{until}", faults.join("; "));
+                }
                 out.writes.push(Write::NodeFaultSeen(name.to_string()));
                 if first_while_pinned {
                     let reason = format!("{} (while drained)", faults.join("; "));
