@@ -660,7 +660,7 @@ fn submit_attach_prints_the_output_and_exits_with_the_code() {
 }
 
 #[test]
-fn a_requeued_job_says_it_was_preempted_and_keeps_each_attempts_output() {
+fn a_requeued_job_says_an_operator_requeued_it_and_keeps_each_attempts_output() {
     let mut cluster = Cluster::start();
     cluster.start_agent("n1", 1);
     let job = cluster.submit(&["--", "sh", "-c", "echo attempt $GPOOL_ATTEMPT; sleep 30"]);
@@ -674,9 +674,12 @@ fn a_requeued_job_says_it_was_preempted_and_keeps_each_attempts_output() {
     assert!(requeued.contains("is being requeued"), "{requeued}");
     let pending = wait_until("the job back in the queue", Duration::from_secs(20), || {
         let shown = cluster.job(job);
-        (shown["state"] == "pending" && shown["reason_codes"][0] == "preempted").then_some(shown)
+        (shown["state"] == "pending" && shown["reason_codes"][0] == "requeued").then_some(shown)
     });
-    assert_eq!(pending["n_preemptions"], 1, "{pending}");
+    // An operator's requeue is not a preemption: it says so, and for whom.
+    assert_eq!(pending["n_preemptions"], 0, "{pending}");
+    assert_eq!(pending["requeue_cause"], "requeued", "{pending}");
+    assert!(pending["events"].to_string().contains("requeued by"), "{pending}");
     cluster.gpool(&["resume", "n1"]).ok();
     wait_until("a second attempt", Duration::from_secs(20), || {
         let shown = cluster.job(job);

@@ -80,8 +80,15 @@ fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
     cluster.submit(&[
         "--team", "nlp", "--qos", "low", "-a", "0-20", "--", "sh", "-c", &nlp_task,
     ]);
+    // Running, and each has set its checkpoint trap (a signal before that
+    // would be lost on the shell).
     wait_until("nlp's 21 tasks to run", Duration::from_secs(60), || {
-        (count(&tasks(&cluster), "nlp", "running") == 21).then_some(())
+        let started = std::fs::read_dir(cluster.dir.path())
+            .ok()?
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("nlp-"))
+            .count();
+        (started == 21 && count(&tasks(&cluster), "nlp", "running") == 21).then_some(())
     });
     let vision_task = "touch vision-$GPOOL_JOB_ID; while [ ! -e release ]; do sleep 0.2; done";
     cluster.submit(&["--team", "vision", "-a", "0-9", "--", "sh", "-c", vision_task]);

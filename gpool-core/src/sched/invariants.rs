@@ -20,9 +20,15 @@ use std::collections::{HashMap, HashSet};
 
 /// The first broken invariant of `plan`, in words; `Ok` if none is.
 pub fn check(view: &ClusterView, policy: &Policy, plan: &Plan) -> Result<(), String> {
+    // Jobs whose claims the plan let go of own nothing this cycle.
     let pending: HashMap<JobId, &PendingJob> = view.pending.iter().map(|job| (job.id, &**job)).collect();
-    check_starts(view, plan, &pending)?;
-    check_victims(view, policy, plan, &pending)
+    let owning: HashMap<JobId, &PendingJob> = pending
+        .iter()
+        .filter(|(id, _)| !plan.released_claims.contains(id))
+        .map(|(id, job)| (*id, *job))
+        .collect();
+    check_starts(view, plan, &owning)?;
+    check_victims(view, policy, plan, &pending, &owning)
 }
 
 fn check_starts(view: &ClusterView, plan: &Plan, pending: &HashMap<JobId, &PendingJob>) -> Result<(), String> {
@@ -80,12 +86,13 @@ fn check_victims(
     policy: &Policy,
     plan: &Plan,
     pending: &HashMap<JobId, &PendingJob>,
+    owning: &HashMap<JobId, &PendingJob>,
 ) -> Result<(), String> {
     let sharing = &policy.sharing;
     let starting: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
     let mut waits_on: HashMap<JobId, u64> = HashMap::new();
     for r in view.running.iter().filter(|r| r.preempting).chain(&view.promised) {
-        if let Some(owner) = r.preempted_for.filter(|owner| pending.contains_key(owner)) {
+        if let Some(owner) = r.preempted_for.filter(|owner| owning.contains_key(owner)) {
             *waits_on.entry(owner).or_default() += 1;
         }
     }

@@ -506,7 +506,24 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     order.sort_unstable_by_key(|(key, _, _)| *key);
 
     let mut index = FreeIndex::build(&view.nodes, policy).with_demand(&named_demand(view));
-    let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now);
+    // What is being freed for a waiting job stays its while it may still
+    // reclaim GPUs (within its guarantee, or of a class that preempts);
+    // one that lost that standing leaves its victims to whoever needs them.
+    let claimants = preempt::claimants(view);
+    let entitled: std::collections::HashSet<JobId, FastHash> = order
+        .iter()
+        .filter(|(key, job, class)| {
+            let covered = key.0 >> 127 == 0;
+            !claimants.is_empty() && claimants.contains(&job.id) && (covered || class.preempt_lower)
+        })
+        .map(|(_, job, _)| job.id)
+        .collect();
+    plan.released_claims = order
+        .iter()
+        .map(|(_, job, _)| job.id)
+        .filter(|id| claimants.contains(id) && !entitled.contains(id))
+        .collect();
+    let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now, &entitled);
     // GPUs promised to a waiting job are not free to others.
     for promise in view
         .promised
@@ -746,6 +763,37 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     plan.reservation = reservation.map(|r| (r.job, r.at, r.placement));
     plan.needs_whole = !still_fit(&kept_from, &index);
     plan
+}
+
+/// The GPUs of a reclaiming job's placement that a hold promises it (those
+/// `takeable`: free, and promised to nobody yet), by node; the state task
+/// and the simulator record them alike.
+pub fn held_free(placement: &[NodePlacement], takeable: impl Fn(&str, u32) -> bool) -> Vec<NodePlacement> {
+    placement
+        .iter()
+        .filter_map(|part| {
+            let gpu_indices: Vec<u32> = part
+                .gpu_indices
+                .iter()
+                .copied()
+                .filter(|gpu| takeable(&part.node, *gpu))
+                .collect();
+            (!gpu_indices.is_empty()).then(|| NodePlacement {
+                node: part.node.clone(),
+                gpu_indices,
+            })
+        })
+        .collect()
+}
+
+/// Whether GPU `gpu` of `node` is in one of `promised`'s placements.
+pub fn is_promised(promised: &[&RunningJob], node: &str, gpu: u32) -> bool {
+    promised.iter().any(|promise| {
+        promise
+            .placement
+            .iter()
+            .any(|part| part.node == node && part.gpu_indices.contains(&gpu))
+    })
 }
 
 /// GPUs wanted (waiting) or held (running) by jobs that name their models,

@@ -20,6 +20,10 @@ pub struct Plan {
     /// while its victims end (the state keeps them from other jobs), so
     /// that it never needs a victim more because another job took them.
     pub holds: Vec<(JobId, Vec<NodePlacement>)>,
+    /// Waiting jobs something was being freed for that may no longer
+    /// reclaim GPUs (beyond their guarantee now): what was freed for them
+    /// went to whoever needed it this cycle.
+    pub released_claims: Vec<JobId>,
     /// Every pending job's priority and its factors, in the view's order.
     pub priorities: Vec<(JobId, Priority)>,
     /// The backfill reservation: the job, from when (its estimated start),

@@ -79,8 +79,9 @@ impl<'v> Reclaimer<'v> {
         policy: &'v Policy,
         fair: &'v BTreeMap<String, f64>,
         now: Timestamp,
+        entitled: &HashSet<JobId, FastHash>,
     ) -> Reclaimer<'v> {
-        let owner = owners(view);
+        let owner = owners(view, entitled);
         let mut reclaimer = Reclaimer {
             view,
             policy,
@@ -519,25 +520,24 @@ fn address(job: &RunningJob) -> usize {
     std::ptr::from_ref(job) as usize
 }
 
-/// Victims in their grace and promises whose GPUs belong to a job that
-/// waits in `view`: only that job counts on them.
-fn owners(view: &ClusterView) -> HashMap<usize, JobId, FastHash> {
-    let wanted: HashSet<JobId, FastHash> = view
-        .running
+/// The jobs something is being freed for (victims in their grace, or
+/// promises).
+pub(super) fn claimants(view: &ClusterView) -> HashSet<JobId, FastHash> {
+    view.running
         .iter()
         .filter(|r| r.preempting)
         .chain(&view.promised)
         .filter_map(|r| r.preempted_for)
-        .collect();
-    if wanted.is_empty() {
+        .collect()
+}
+
+/// Victims in their grace and promises whose GPUs belong to a job that
+/// waits in `view` and may still reclaim GPUs (`entitled`): only that job
+/// counts on them.
+fn owners(view: &ClusterView, waiting: &HashSet<JobId, FastHash>) -> HashMap<usize, JobId, FastHash> {
+    if waiting.is_empty() {
         return HashMap::default();
     }
-    let waiting: HashSet<JobId, FastHash> = view
-        .pending
-        .iter()
-        .filter(|job| wanted.contains(&job.id))
-        .map(|job| job.id)
-        .collect();
     view.running
         .iter()
         .filter(|r| r.preempting)

@@ -425,30 +425,14 @@ impl Sim<'_> {
             let until = Timestamp(self.now.0 + grace_secs as i64 * 1000 + PROMISE_MS);
             let claim = self.claim_until.entry(*job).or_default();
             *claim = (*claim).max(until);
-            let promised = |node: &str, gpu: u32| {
-                self.promises.iter().any(|(p, _)| {
-                    p.placement
-                        .iter()
-                        .any(|part| part.node == node && part.gpu_indices.contains(&gpu))
-                })
-            };
-            let free: Vec<crate::model::NodePlacement> = placement
-                .iter()
-                .filter_map(|part| {
-                    let node = &self.view.nodes[*self.node_index.get(&part.node)?];
-                    let gpu_indices: Vec<u32> = part
-                        .gpu_indices
-                        .iter()
-                        .copied()
-                        .filter(|idx| node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy))
-                        .filter(|idx| !promised(&part.node, *idx))
-                        .collect();
-                    (!gpu_indices.is_empty()).then(|| crate::model::NodePlacement {
-                        node: part.node.clone(),
-                        gpu_indices,
-                    })
-                })
-                .collect();
+            let promised: Vec<&RunningJob> = self.promises.iter().map(|(p, _)| p).collect();
+            let free = crate::sched::held_free(placement, |node, idx| {
+                let free_now = self
+                    .node_index
+                    .get(node)
+                    .is_some_and(|i| self.view.nodes[*i].gpus.iter().any(|gpu| gpu.index == idx && !gpu.busy));
+                free_now && !crate::sched::is_promised(&promised, node, idx)
+            });
             if !free.is_empty() {
                 self.promises.push((RunningJob::promise(*job, *job, free), until));
             }

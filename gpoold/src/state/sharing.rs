@@ -309,30 +309,10 @@ impl State {
     /// them meanwhile, so it never needs another victim for them.
     fn hold_free_gpus(&mut self, id: JobId, placement: &[gpool_core::model::NodePlacement], until: Timestamp) {
         let holders = self.gpu_holders();
-        let promised = |node: &str, gpu: u32| {
-            self.promises.iter().any(|promise| {
-                promise
-                    .view
-                    .placement
-                    .iter()
-                    .any(|part| part.node == node && part.gpu_indices.contains(&gpu))
-            })
-        };
-        let free: Vec<gpool_core::model::NodePlacement> = placement
-            .iter()
-            .filter_map(|part| {
-                let gpu_indices: Vec<u32> = part
-                    .gpu_indices
-                    .iter()
-                    .copied()
-                    .filter(|gpu| !holders.contains_key(&(part.node.as_str(), *gpu)) && !promised(&part.node, *gpu))
-                    .collect();
-                (!gpu_indices.is_empty()).then(|| gpool_core::model::NodePlacement {
-                    node: part.node.clone(),
-                    gpu_indices,
-                })
-            })
-            .collect();
+        let promised: Vec<&RunningJob> = self.promises.iter().map(|promise| &promise.view).collect();
+        let free = gpool_core::sched::held_free(placement, |node, gpu| {
+            !holders.contains_key(&(node, gpu)) && !gpool_core::sched::is_promised(&promised, node, gpu)
+        });
         if !free.is_empty() {
             self.promises.push(Promise {
                 view: RunningJob::promise(id, id, free),
