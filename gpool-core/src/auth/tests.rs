@@ -291,3 +291,20 @@ fn owners_shorten_and_admins_lengthen_a_pending_job() {
     assert!(err.reason.contains("only its owner"), "{err}");
     assert!(authorize(&admin("root"), &update(true, Some(1_000))).is_ok());
 }
+
+#[test]
+fn token_refusals_reveal_nothing_of_what_exists() {
+    // A token id that does not exist reads as a wrong one.
+    assert_eq!(TokenError::Unknown(9).to_string(), TokenError::Wrong(9).to_string());
+    // A forged job token is wrong, whether or not its job runs.
+    let forged = [0u8; 32];
+    for running in [None, Some(Epoch(3))] {
+        assert_eq!(
+            check_job_token(&KEY, JobId(5), Epoch(3), &forged, running, "alice"),
+            Err(TokenError::WrongJobToken {
+                job: JobId(5),
+                epoch: Epoch(3)
+            })
+        );
+    }
+}

@@ -46,7 +46,8 @@ pub struct TokenRecord {
 pub enum TokenError {
     #[error("the token is malformed: {0}")]
     Malformed(String),
-    #[error("token {0} does not exist")]
+    /// Said as a wrong one is: a caller learns nothing of which ids exist.
+    #[error("token {0} is wrong")]
     Unknown(u64),
     #[error("token {0} is wrong")]
     Wrong(u64),
