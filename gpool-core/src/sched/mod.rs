@@ -765,6 +765,23 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     plan
 }
 
+/// How long what is freed for a waiting job stays its past its last
+/// victim's grace (and a victim's GPUs at least, once it ended): it starts
+/// at the next cycle, within milliseconds, unless its standing changed.
+pub const PROMISE_MS: i64 = 30_000;
+
+/// Until when a job's claims hold once a victim with `grace_secs` of grace
+/// is signalled at `now`.
+pub fn claim_until(now: Timestamp, grace_secs: u64) -> Timestamp {
+    Timestamp(now.0 + grace_secs as i64 * 1000 + PROMISE_MS)
+}
+
+/// Until when the GPUs of a victim that ended at `now` are promised: its
+/// job's claims (`claim_until`), and at least `PROMISE_MS`.
+pub fn promise_until(now: Timestamp, claims_until: Option<Timestamp>) -> Timestamp {
+    claims_until.unwrap_or_default().max(Timestamp(now.0 + PROMISE_MS))
+}
+
 /// The GPUs of a reclaiming job's placement that a hold promises it (those
 /// `takeable`: free, and promised to nobody yet), by node; the state task
 /// and the simulator record them alike.

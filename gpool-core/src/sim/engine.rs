@@ -67,10 +67,6 @@ struct Attempt {
     checkpointed_on_signal: bool,
 }
 
-/// How long the GPUs of a victim that ended wait for the job it was taken
-/// for (gpoold's promise).
-const PROMISE_MS: i64 = 30_000;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     /// The attempt completes, or reaches its time limit.
@@ -98,7 +94,7 @@ struct Sim<'a> {
     /// GPUs of victims that ended, promised to the job each was taken for.
     promises: Vec<(RunningJob, Timestamp)>,
     /// Until when what is freed for each waiting job stays its: its last
-    /// victim's grace, and `PROMISE_MS` more.
+    /// victim's grace, and `sched::PROMISE_MS` more.
     claim_until: HashMap<JobId, Timestamp>,
     /// When a cycle last explained every waiting job (gpoold's words).
     explained_at: Option<Timestamp>,
@@ -422,7 +418,7 @@ impl Sim<'_> {
             let Some(grace_secs) = grace_secs else {
                 continue;
             };
-            let until = Timestamp(self.now.0 + grace_secs as i64 * 1000 + PROMISE_MS);
+            let until = crate::sched::claim_until(self.now, grace_secs);
             let claim = self.claim_until.entry(*job).or_default();
             *claim = (*claim).max(until);
             let promised: Vec<&RunningJob> = self.promises.iter().map(|(p, _)| p).collect();
@@ -473,8 +469,7 @@ impl Sim<'_> {
         let running = self.view.running.swap_remove(at);
         let attempt = self.attempts.remove(&job)?;
         if let Some(for_job) = running.preempted_for.filter(|_| running.preempting) {
-            let until =
-                Timestamp(self.now.0 + PROMISE_MS).max(self.claim_until.get(&for_job).copied().unwrap_or_default());
+            let until = crate::sched::promise_until(self.now, self.claim_until.get(&for_job).copied());
             self.promises.push((
                 RunningJob::promise(running.id, for_job, running.placement.clone()),
                 until,

@@ -11,6 +11,7 @@ pub mod archive;
 mod arrays;
 mod health;
 mod history;
+mod promises;
 mod redo;
 mod sharing;
 pub mod store;
@@ -85,7 +86,7 @@ pub struct State {
     /// GPUs of preempted attempts that ended while the job they were taken
     /// for still waits: promised to it until it starts or the promise runs
     /// out; not durable.
-    promises: Vec<sharing::Promise>,
+    promises: Vec<promises::Promise>,
     /// Until when what is freed for each waiting job stays its: the end of
     /// its last victim's grace, and a little more; not durable.
     claim_until: HashMap<JobId, Timestamp>,

@@ -296,28 +296,11 @@ impl State {
         }
         for (job, placement) in holds {
             if let Some(grace_secs) = graces.get(&job) {
-                let until = Timestamp(now.0 + *grace_secs as i64 * 1000 + PROMISE_MS);
+                let until = gpool_core::sched::claim_until(now, *grace_secs);
                 let claim = self.claim_until.entry(job).or_default();
                 *claim = (*claim).max(until);
                 self.hold_free_gpus(job, &placement, until);
             }
-        }
-    }
-
-    /// The free GPUs of `placement`, which job `id` will get once its
-    /// victims end, are promised to it until `until`: no other job takes
-    /// them meanwhile, so it never needs another victim for them.
-    fn hold_free_gpus(&mut self, id: JobId, placement: &[gpool_core::model::NodePlacement], until: Timestamp) {
-        let holders = self.gpu_holders();
-        let promised: Vec<&RunningJob> = self.promises.iter().map(|promise| &promise.view).collect();
-        let free = gpool_core::sched::held_free(placement, |node, gpu| {
-            !holders.contains_key(&(node, gpu)) && !gpool_core::sched::is_promised(&promised, node, gpu)
-        });
-        if !free.is_empty() {
-            self.promises.push(Promise {
-                view: RunningJob::promise(id, id, free),
-                until,
-            });
         }
     }
 
@@ -406,15 +389,7 @@ impl State {
     /// `KILL_RESEND_MS` until the attempt has ended (its end removes the
     /// deadline).
     pub(super) fn enforce_preemption_grace(&mut self, now: Timestamp, out: &mut Batch) {
-        self.claim_until.retain(|_, until| *until > now);
-        let jobs = &self.jobs;
-        self.promises.retain(|promise| {
-            promise.until > now
-                && is_pending(
-                    jobs.get(&promise.view.preempted_for.unwrap_or_default())
-                        .map(|job| &**job),
-                )
-        });
+        self.expire_promises(now);
         let due: Vec<(JobId, Epoch)> = self
             .preempt_deadlines
             .iter()
@@ -496,80 +471,6 @@ impl State {
             self.kill_attempt(id, epoch, out);
         }
         Ok(CheckpointOutcome { preempted })
-    }
-}
-
-/// GPUs a preempted attempt freed, promised to the job it was preempted for.
-#[derive(Debug, Clone)]
-pub struct Promise {
-    /// The ended attempt as the scheduler sees a victim: its placement, and
-    /// `preempted_for` the job they are promised to.
-    pub view: RunningJob,
-    pub until: Timestamp,
-}
-
-/// How long freed GPUs wait for the job they were taken for: it starts at
-/// the next cycle, within milliseconds, unless its standing changed.
-const PROMISE_MS: i64 = 30_000;
-
-/// Whether a job (or an array's task, which becomes a job only when it
-/// starts) may still be waiting: promises to it hold. The scheduler honours
-/// a promise only to a job its view holds as waiting.
-fn is_pending(job: Option<&Job>) -> bool {
-    job.is_none_or(|job| job.state == JobState::Pending)
-}
-
-impl State {
-    /// Attempt `placement` of `id` ended: where it was preempted for a job
-    /// that still waits, its GPUs are promised to that job.
-    fn keep_promise(&mut self, id: JobId, placement: &[gpool_core::model::NodePlacement], now: Timestamp) {
-        let Some(for_job) = self.preempted_for.remove(&id) else {
-            return;
-        };
-        if !is_pending(self.jobs.get(&for_job).map(|job| &**job)) {
-            return;
-        }
-        let until = self.claim_until.get(&for_job).copied().unwrap_or_default();
-        self.promises.push(Promise {
-            view: RunningJob::promise(id, for_job, placement.to_vec()),
-            until: until.max(Timestamp(now.0 + PROMISE_MS)),
-        });
-    }
-
-    /// Job `id` started: what was being freed for it is no longer its (its
-    /// victims still in their grace free GPUs for whoever needs them, and
-    /// if it is requeued later, it does not count on them again).
-    pub(super) fn claims_met(&mut self, id: JobId) {
-        self.preempted_for.retain(|_, for_job| *for_job != id);
-        self.promises.retain(|promise| promise.view.preempted_for != Some(id));
-        self.claim_until.remove(&id);
-    }
-
-    /// The promises the scheduler honours now: their job waits, and their
-    /// GPUs are free on a node that takes work.
-    pub(super) fn promised(&self, nodes: &[gpool_core::sched::NodeView]) -> Vec<RunningJob> {
-        self.promises
-            .iter()
-            .filter(|promise| {
-                is_pending(
-                    self.jobs
-                        .get(&promise.view.preempted_for.unwrap_or_default())
-                        .map(|job| &**job),
-                )
-            })
-            .filter(|promise| {
-                promise.view.placement.iter().all(|part| {
-                    nodes.iter().find(|node| node.name == part.node).is_some_and(|node| {
-                        node.availability == gpool_core::sched::Availability::Up
-                            && part
-                                .gpu_indices
-                                .iter()
-                                .all(|idx| node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy))
-                    })
-                })
-            })
-            .map(|promise| promise.view.clone())
-            .collect()
     }
 }
 
