@@ -34,6 +34,7 @@ pub enum Isolation {
         devices: PathBuf,
         memory: Option<PathBuf>,
         cpu: Option<PathBuf>,
+        pids: Option<PathBuf>,
     },
     /// cgroup v2: `cgroup.kill` ends every process; device rules would need
     /// a BPF program, and limits a delegated subtree, neither of which
@@ -49,6 +50,8 @@ pub struct Limits {
     pub mem_bytes: Option<u64>,
     /// CPUs, as a quota of this many CPU-seconds per second.
     pub cpus: Option<u32>,
+    /// Processes and threads (pids.max).
+    pub pids: Option<u64>,
 }
 
 /// The CPU quota period, microseconds.
@@ -74,6 +77,7 @@ impl Isolation {
                     devices,
                     memory: parent_in("memory", "memory.limit_in_bytes"),
                     cpu: parent_in("cpu", "cpu.cfs_quota_us"),
+                    pids: parent_in("pids", "pids.max"),
                 },
                 None => Isolation::None(format!(
                     "cannot create a cgroup under {}",
@@ -115,7 +119,12 @@ impl Isolation {
     ) -> Option<AttemptCgroup> {
         let name = format!("{scope}-{job_id}.{epoch}");
         match self {
-            Isolation::V1 { devices, memory, cpu } => {
+            Isolation::V1 {
+                devices,
+                memory,
+                cpu,
+                pids,
+            } => {
                 let mut cgroup = AttemptCgroup {
                     dirs: vec![devices.join(&name)],
                     settings: node_gpus
@@ -144,6 +153,12 @@ impl Isolation {
                             (u64::from(cpus) * CPU_PERIOD_US).to_string(),
                         ),
                     ]);
+                }
+                if let (Some(pids), Some(max)) = (pids, limits.pids) {
+                    cgroup.dirs.push(pids.join(&name));
+                    cgroup
+                        .settings
+                        .push((pids.join(&name).join("pids.max"), max.to_string()));
                 }
                 Some(cgroup)
             }
@@ -395,17 +410,20 @@ mod tests {
             devices: "/cg/devices/gpool".into(),
             memory: Some("/cg/memory/box/gpool".into()),
             cpu: None,
+            pids: Some("/cg/pids/gpool".into()),
         };
         let limits = Limits {
             mem_bytes: Some(1 << 30),
             cpus: Some(4),
+            pids: Some(512),
         };
         let cgroup = v1.rules_for("a1", (7, 3), (&[0, 2], &[0, 1, 2, 3]), limits).unwrap();
         assert_eq!(
             cgroup.dirs,
             [
                 PathBuf::from("/cg/devices/gpool/a1-7.3"),
-                PathBuf::from("/cg/memory/box/gpool/a1-7.3")
+                PathBuf::from("/cg/memory/box/gpool/a1-7.3"),
+                PathBuf::from("/cg/pids/gpool/a1-7.3")
             ]
         );
         let settings: Vec<String> = cgroup
@@ -419,6 +437,7 @@ mod tests {
                 "/cg/devices/gpool/a1-7.3/devices.deny c 195:1 rwm",
                 "/cg/devices/gpool/a1-7.3/devices.deny c 195:3 rwm",
                 "/cg/memory/box/gpool/a1-7.3/memory.limit_in_bytes 1073741824",
+                "/cg/pids/gpool/a1-7.3/pids.max 512",
             ],
             "no cpu hierarchy: no CPU quota"
         );

@@ -8,14 +8,35 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// agent.toml's defaults for a node's disk and its attempts' caps.
+pub const DEFAULT_MIN_SPOOL_FREE: u64 = 1 << 30;
+pub const DEFAULT_MAX_OUTPUT: u64 = 10 << 30;
+pub const DEFAULT_KEEP_JOB_FILES: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const DEFAULT_MAX_PIDS: u64 = 32_768;
+
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// gpoold's address, `host:port`.
     pub controller: String,
     pub node_name: String,
     pub labels: BTreeMap<String, String>,
-    /// Job output, checkpoints and the agent's own state.
+    /// Job output and checkpoints.
     pub spool_dir: PathBuf,
+    /// The lease, the journal of attempts and their exit records (default:
+    /// `spool_dir`); a small filesystem of its own keeps them apart from
+    /// job output.
+    pub state_dir: PathBuf,
+    /// The node drains itself while its spool has less free than this.
+    pub min_spool_free: u64,
+    /// The most an attempt's stdout or stderr may hold; past it the job
+    /// is ended with that reason.
+    pub max_output: u64,
+    /// Job output files are removed this long after they were last
+    /// written (their job ended).
+    pub keep_job_files: Duration,
+    /// The most processes and threads one attempt may have (its cgroup's
+    /// pids.max, where cgroups are in use).
+    pub max_pids: u64,
     pub heartbeat_interval: Duration,
     pub simulated_gpus: Vec<SimulatedGpu>,
     /// How the simulated GPUs are connected (empty: all `system`).
@@ -104,6 +125,11 @@ struct AgentFile {
     #[serde(default)]
     labels: BTreeMap<String, String>,
     spool_dir: PathBuf,
+    state_dir: Option<PathBuf>,
+    min_spool_free: Option<toml::Spanned<String>>,
+    max_output: Option<toml::Spanned<String>>,
+    keep_job_files: Option<toml::Spanned<String>>,
+    max_pids: Option<toml::Spanned<u64>>,
     heartbeat_interval: Option<toml::Spanned<String>>,
     #[serde(default)]
     simulated_gpu: Vec<SimulatedGpu>,
@@ -153,6 +179,35 @@ impl AgentConfig {
                         ),
                     )
                 })?,
+        };
+        let size = |field: &str, given: Option<toml::Spanned<String>>, default: u64| match given {
+            None => Ok(default),
+            Some(spanned) => gpool_core::spec::parse_size(spanned.get_ref())
+                .map_err(|reason| invalid(spanned.span().start, format!("{field}: {reason}"))),
+        };
+        let min_spool_free = size("min_spool_free", parsed.min_spool_free, DEFAULT_MIN_SPOOL_FREE)?;
+        let max_output = size("max_output", parsed.max_output, DEFAULT_MAX_OUTPUT)?;
+        let keep_job_files = match parsed.keep_job_files {
+            None => DEFAULT_KEEP_JOB_FILES,
+            Some(spanned) => humantime::parse_duration(spanned.get_ref())
+                .ok()
+                .filter(|keep| !keep.is_zero())
+                .ok_or_else(|| {
+                    invalid(
+                        spanned.span().start,
+                        format!("keep_job_files: {:?} is not a duration such as 7d", spanned.get_ref()),
+                    )
+                })?,
+        };
+        let max_pids = match parsed.max_pids {
+            None => DEFAULT_MAX_PIDS,
+            Some(spanned) if *spanned.get_ref() >= 16 => spanned.into_inner(),
+            Some(spanned) => {
+                return Err(invalid(
+                    spanned.span().start,
+                    format!("max_pids: {} is too few for any job (at least 16)", spanned.get_ref()),
+                ))
+            }
         };
         // What gpoold takes in a Register.
         if parsed.labels.len() > 64 {
@@ -306,7 +361,12 @@ impl AgentConfig {
             controller: parsed.controller,
             node_name,
             labels: parsed.labels,
+            state_dir: parsed.state_dir.unwrap_or_else(|| parsed.spool_dir.clone()),
             spool_dir: parsed.spool_dir,
+            min_spool_free,
+            max_output,
+            keep_job_files,
+            max_pids,
             heartbeat_interval,
             simulated_gpus: parsed.simulated_gpu,
             simulated_topology,

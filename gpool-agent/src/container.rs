@@ -65,6 +65,9 @@ impl ContainerJob<'_> {
         if let Some(cpus) = self.limits.cpus {
             args.extend(["--cpus".to_string(), cpus.to_string()]);
         }
+        if let Some(pids) = self.limits.pids {
+            args.extend(["--pids-limit".to_string(), pids.to_string()]);
+        }
         args.push(self.image.to_string());
         args.extend(self.command.iter().cloned());
         args
@@ -163,6 +166,7 @@ mod tests {
             limits: crate::cgroup::Limits {
                 mem_bytes: Some(1 << 30),
                 cpus: Some(8),
+                pids: Some(4096),
             },
         };
         assert_eq!(
@@ -170,7 +174,8 @@ mod tests {
             "run --rm --sig-proxy=true --network host --security-opt=no-new-privileges --cap-drop=all \
              --name gpool-ab-7-3 --user 1000:100 --workdir /work \
              --volume /spool/checkpoints/7:/spool/checkpoints/7 --device nvidia.com/gpu=2 \
-             --env-file /spool/jobs/7.1.env --memory 1073741824 --cpus 8 registry.example/ml:1 python train.py"
+             --env-file /spool/jobs/7.1.env --memory 1073741824 --cpus 8 --pids-limit 4096 \
+             registry.example/ml:1 python train.py"
         );
         assert_eq!(
             job.cleanup_args().join(" "),

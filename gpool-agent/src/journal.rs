@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 const FILE: &str = "attempts.log";
 /// Rewrite once the journal holds this many lines more than live attempts.
 const COMPACT_SLACK: usize = 4096;
+/// Space reserved past the journal's end, so appends land on a full disk.
+const RESERVE_BYTES: u64 = 1 << 20;
 /// An end sent on a live link counts as delivered after this long (a link
 /// that broke meanwhile re-registers, and Register carries it again).
 const REPORTED_AFTER_MS: i64 = 10 * 60 * 1000;
@@ -73,6 +75,12 @@ pub struct Journal {
     /// stays here until its time comes and is then passed over.
     by_age: VecDeque<(i64, u64, u64)>,
     lines: usize,
+    /// The file's length, and how far space is reserved for it.
+    len: u64,
+    reserved_to: u64,
+    /// A line could not be written: the file is behind what this holds,
+    /// until a rewrite catches it up.
+    behind: bool,
 }
 
 impl Journal {
@@ -85,17 +93,55 @@ impl Journal {
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => (BTreeMap::new(), BTreeMap::new()),
             Err(err) => return Err(format!("{}: cannot read: {err}", path.display())),
         };
-        let file = rewrite(&path, &live, &ended)?;
+        let (file, len) = rewrite(&path, &live, &ended)?;
         let mut by_age: Vec<(i64, u64, u64)> = ended.values().map(|r| (r.at_ms, r.job_id, r.epoch)).collect();
         by_age.sort_unstable();
-        Ok(Journal {
+        let mut journal = Journal {
             path,
             file,
             lines: live.len() + ended.len(),
             live,
             ended,
             by_age: by_age.into(),
-        })
+            len,
+            reserved_to: len,
+            behind: false,
+        };
+        journal.reserve();
+        Ok(journal)
+    }
+
+    /// Reserves space past the end, so the next appends need no new block.
+    fn reserve(&mut self) {
+        match crate::spool::reserve(&self.file, self.len, RESERVE_BYTES) {
+            Ok(()) => self.reserved_to = self.len + RESERVE_BYTES,
+            Err(err) => tracing::debug!("{}: cannot reserve space: {err}", self.path.display()),
+        }
+    }
+
+    /// Whether lines are missing from the file (a full disk): they are
+    /// written with the next line, or by `catch_up`.
+    pub fn is_behind(&self) -> bool {
+        self.behind
+    }
+
+    /// Rewrites the file from what this holds, once a write failed.
+    pub fn catch_up(&mut self) {
+        if !self.behind {
+            return;
+        }
+        match rewrite(&self.path, &self.live, &self.ended) {
+            Ok((file, len)) => {
+                tracing::info!("{}: rewritten in full", self.path.display());
+                self.file = file;
+                self.len = len;
+                self.reserved_to = len;
+                self.lines = self.live.len() + self.ended.len();
+                self.behind = false;
+                self.reserve();
+            }
+            Err(err) => tracing::debug!("{err}"),
+        }
     }
 
     pub fn live(&self) -> &BTreeMap<u64, AttemptRecord> {
@@ -103,8 +149,9 @@ impl Journal {
     }
 
     pub fn started(&mut self, record: AttemptRecord) {
-        self.append(&Line::Started(record.clone()));
+        let line = Line::Started(record.clone());
         self.live.insert(record.job_id, record);
+        self.append(&line);
     }
 
     /// Ends of attempts gpoold may not have yet.
@@ -124,13 +171,14 @@ impl Journal {
             outcome: outcome.to_string(),
             at_ms: now_ms,
         };
-        self.append(&Line::Ended {
+        let line = Line::Ended {
             job_id,
             epoch,
             outcome: Some(record.outcome.clone()),
             at_ms: now_ms,
-        });
+        };
         self.ended.insert(job_id, record);
+        self.append(&line);
         self.by_age.push_back((now_ms, job_id, epoch));
         let mut old = Vec::new();
         while let Some(&(at_ms, job_id, epoch)) = self.by_age.front() {
@@ -156,23 +204,41 @@ impl Journal {
         }
     }
 
+    /// Writes `line`, a change this already holds.
     fn append(&mut self, line: &Line) {
+        // A rewrite writes this line too: it is in `live` or `ended`.
+        if self.behind {
+            self.catch_up();
+            return;
+        }
         let kept = self.live.len() + self.ended.len();
         if self.lines > kept + COMPACT_SLACK {
-            match rewrite(&self.path, &self.live, &self.ended) {
-                Ok(file) => {
-                    self.file = file;
-                    self.lines = kept;
-                }
-                Err(err) => tracing::error!("{err}"),
+            self.behind = true;
+            self.catch_up();
+            if !self.behind {
+                return;
             }
+            // No room for a rewrite: append into the reserved space.
+            self.behind = false;
         }
         let mut bytes = serde_json::to_vec(line).unwrap_or_default();
         bytes.push(b'\n');
+        if self.len + bytes.len() as u64 > self.reserved_to {
+            self.reserve();
+        }
         // One write per line, so a crash leaves at most a torn last line.
         match self.file.write_all(&bytes) {
-            Ok(()) => self.lines += 1,
-            Err(err) => tracing::error!("{}: cannot append: {err}", self.path.display()),
+            Ok(()) => {
+                self.lines += 1;
+                self.len += bytes.len() as u64;
+            }
+            Err(err) => {
+                tracing::error!(
+                    "{}: cannot append: {err}; kept in memory until it can be written",
+                    self.path.display()
+                );
+                self.behind = true;
+            }
         }
     }
 }
@@ -221,12 +287,13 @@ fn fold(path: &Path, text: &str) -> Folded {
 }
 
 /// Writes the live attempts to a new file that replaces the journal
-/// (temp file, then rename) and returns it open for appending.
+/// (temp file, then rename) and returns it open for appending, with its
+/// length.
 fn rewrite(
     path: &Path,
     live: &BTreeMap<u64, AttemptRecord>,
     ended: &BTreeMap<u64, EndedRecord>,
-) -> Result<std::fs::File, String> {
+) -> Result<(std::fs::File, u64), String> {
     let temp = path.with_extension("log.tmp");
     let mut text = Vec::new();
     let lines = ended
@@ -253,13 +320,15 @@ fn rewrite(
             file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
             std::io::Write::write_all(&mut file, &text)
         });
-    written
-        .and_then(|()| std::fs::rename(&temp, path))
-        .map_err(|err| format!("{}: cannot write: {err}", path.display()))?;
-    std::fs::OpenOptions::new()
+    if let Err(err) = written.and_then(|()| std::fs::rename(&temp, path)) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(format!("{}: cannot write: {err}", path.display()));
+    }
+    let file = std::fs::OpenOptions::new()
         .append(true)
         .open(path)
-        .map_err(|err| format!("{}: cannot open: {err}", path.display()))
+        .map_err(|err| format!("{}: cannot open: {err}", path.display()))?;
+    Ok((file, text.len() as u64))
 }
 
 #[cfg(test)]

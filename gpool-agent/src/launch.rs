@@ -3,9 +3,11 @@
 //! `CUDA_VISIBLE_DEVICES`, output to files in the spool dir, time limit
 //! enforced, killed as a whole group. The running attempts are kept in the
 //! journal (`journal.rs`), so a restarted agent re-adopts them. An attempt's
-//! output goes to `<spool>/jobs/<job>.<attempt>.{out,err}`, its exit record
-//! to a reused slot `<spool>/exits/<n>`, its checkpoints to
-//! `<spool>/checkpoints/<job>/`.
+//! output goes to `<spool>/jobs/<job>.<attempt>.{out,err}` (up to the
+//! node's `max_output`), its checkpoints to `<spool>/checkpoints/<job>/`,
+//! its exit record to a reused slot `<state>/exits/<n>`. The state dir
+//! (the spool unless agent.toml names another) also holds the lease and
+//! the journal.
 
 use crate::cgroup::Isolation;
 use crate::journal::{AttemptRecord as RunningAttempt, Journal};
@@ -28,10 +30,29 @@ const BACKSTOP_SLACK_MS: i64 = 5_000;
 /// A job's grace after its checkpoint signal when it names none.
 const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
+/// Where an agent keeps attempts' files, and their caps (agent.toml).
+#[derive(Debug, Clone)]
+pub struct SpoolDirs {
+    pub spool_dir: PathBuf,
+    pub state_dir: PathBuf,
+    /// The node drains itself while the spool has less free than this.
+    pub min_spool_free: u64,
+    pub max_output: u64,
+    pub max_pids: u64,
+}
+
 /// The attempts this node runs, and the events they produce.
 pub struct Attempts {
     node: String,
     spool_dir: PathBuf,
+    /// The lease, the journal and the exit slots.
+    state_dir: PathBuf,
+    /// Each attempt's cap on its stdout and on its stderr, in bytes.
+    max_output: u64,
+    /// Each attempt's cap on its processes and threads (cgroup pids.max).
+    max_pids: u64,
+    /// Watches the spool's free space; what it said last (empty: room).
+    space: Mutex<(crate::spool::SpaceWatch, String)>,
     /// `gpool-supervise`, started from next to this process's binary.
     spawner: Mutex<Spawner>,
     /// Jobs run as their submitter only when the agent runs as root.
@@ -76,7 +97,7 @@ impl Attempts {
     pub fn new(
         node: String,
         controller_env: Vec<(String, String)>,
-        spool_dir: PathBuf,
+        dirs: SpoolDirs,
         (isolation, node_gpus, container_runtime): (Isolation, crate::gpu::GpuDevices, String),
         events: mpsc::UnboundedSender<pb::JobEvent>,
     ) -> Result<Arc<Attempts>, String> {
@@ -89,10 +110,20 @@ impl Attempts {
                 exe.display()
             ));
         }
-        let journal = Journal::open(&spool_dir)?;
-        for dir in ["jobs", "exits", "checkpoints"] {
+        let SpoolDirs {
+            spool_dir,
+            state_dir,
+            min_spool_free,
+            max_output,
+            max_pids,
+        } = dirs;
+        create_dir(&state_dir)?;
+        let journal = Journal::open(&state_dir)?;
+        create_dir(&state_dir.join("exits"))?;
+        for dir in ["jobs", "checkpoints"] {
             create_dir(&spool_dir.join(dir))?;
         }
+        let space = crate::spool::SpaceWatch::new(spool_dir.join("jobs"), min_spool_free);
         Ok(Arc::new(Attempts {
             as_root: nix::unistd::geteuid().is_root(),
             cgroup_scope: crate::cgroup::scope_of(&spool_dir),
@@ -104,6 +135,10 @@ impl Attempts {
             users: Mutex::new(std::collections::HashMap::new()),
             node,
             spool_dir,
+            state_dir,
+            max_output,
+            max_pids,
+            space: Mutex::new((space, String::new())),
             spawner: Mutex::new(Spawner::new(supervisor)),
             journal: Mutex::new(journal),
             queued: Mutex::new(std::collections::HashMap::new()),
@@ -115,9 +150,9 @@ impl Attempts {
         }))
     }
 
-    /// `<spool>/lease`: until when this node may run requeueable attempts.
+    /// `<state>/lease`: until when this node may run requeueable attempts.
     fn lease_file(&self) -> PathBuf {
-        self.spool_dir.join("lease")
+        self.state_dir.join("lease")
     }
 
     /// gpoold answered a heartbeat sent at `sent_boot_ms`: requeueable
@@ -130,6 +165,37 @@ impl Attempts {
         if let Err(err) = lease.write(&self.lease_file()) {
             tracing::error!("cannot renew the lease in {}: {err}", self.lease_file().display());
         }
+    }
+
+    /// Once a heartbeat: reads the spool's free space (why it is short,
+    /// or empty while it has room), and catches the journal up with what
+    /// a full disk kept it from writing.
+    pub fn upkeep(&self) -> String {
+        let short = {
+            let mut space = self.space.lock().unwrap_or_else(|p| p.into_inner());
+            let short = space.0.check();
+            if short != space.1 {
+                if short.is_empty() {
+                    tracing::info!("the spool has room again");
+                } else {
+                    tracing::warn!("{short}: new attempts are refused, and gpoold drains this node");
+                }
+                space.1 = short.clone();
+            }
+            short
+        };
+        self.journal().catch_up();
+        short
+    }
+
+    /// The ids of the jobs with an attempt here.
+    pub fn live_jobs(&self) -> std::collections::BTreeSet<u64> {
+        self.journal().live().keys().copied().collect()
+    }
+
+    /// `<spool>/jobs`: attempts' output.
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.spool_dir.join("jobs")
     }
 
     /// What Register reports.
@@ -267,6 +333,21 @@ impl Attempts {
             None => {}
         }
         let (job_id, epoch) = (launch.job_id, launch.epoch);
+        let short = self.space.lock().unwrap_or_else(|p| p.into_inner()).1.clone();
+        if !short.is_empty() {
+            // Nothing of it runs: gpoold puts it back in the queue.
+            tracing::warn!(job = job_id, epoch, "launch refused: {short}");
+            let _ = self.events.send(pb::JobEvent {
+                job_id,
+                epoch,
+                outcome: Some(pb::job_event::Outcome::FailedToStart(format!(
+                    "node {} refused it: {short}",
+                    self.node
+                ))),
+                cause: pb::EndCause::NodeRefused as i32,
+            });
+            return;
+        }
         match self.spawn(&launch) {
             Ok((pgid, exit_file)) => {
                 tracing::info!(job = job_id, epoch, pid = pgid, "attempt {} started", launch.attempt);
@@ -390,6 +471,15 @@ impl Attempts {
         }
         let mut file = match opened {
             Ok(file) => file,
+            // An attempt that wrote nothing leaves no file (nor does one
+            // whose output was pruned): it reads as empty.
+            Err(err)
+                if err.kind() == std::io::ErrorKind::NotFound
+                    && !self.may_write_more(request.job_id, request.epoch, asked) =>
+            {
+                let _ = outbound.send(message(Vec::new(), true, String::new())).await;
+                return;
+            }
             Err(err) => {
                 let error = format!("{} on {}: {err}", path.display(), self.node);
                 let _ = outbound.send(message(Vec::new(), true, error)).await;
@@ -608,6 +698,7 @@ impl Attempts {
                     .cpus_per_gpu
                     .saturating_mul(launch.gpu_indices.len().max(1) as u32)
             }),
+            pids: Some(self.max_pids),
         };
         let env_file = in_container.then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "env"));
         let (program, args, workdir, cleanup) = if let Some(env_file) = &env_file {
@@ -655,6 +746,7 @@ impl Attempts {
             container_cleanup: cleanup,
             container_env_file: env_file,
             time_limit_ms: launch.time_limit.map(|limit| limit.seconds.saturating_mul(1000)),
+            max_output: Some(self.max_output),
             fence: launch.requeue.then(|| crate::supervise::Fence {
                 lease_file: self.lease_file(),
                 signal: if launch.checkpoint_signal > 0 {
@@ -698,6 +790,14 @@ impl Attempts {
     }
 }
 
+/// What a new exit slot holds until its first record: room for one
+/// (no record parses from it).
+const EXIT_SLOT_ROOM: [u8; 512] = {
+    let mut room = [b' '; 512];
+    room[511] = b'\n';
+    room
+};
+
 /// How long a follower waits for an attempt this agent does not run yet
 /// (its Launch may be on its way) to create its output file.
 const LAUNCH_PATIENCE: Duration = Duration::from_secs(5);
@@ -736,13 +836,21 @@ impl Attempts {
 
     /// The lowest-numbered exit slot no running attempt holds.
     fn free_exit_slot(&self) -> PathBuf {
-        let exits = self.spool_dir.join("exits");
+        let exits = self.state_dir.join("exits");
         let journal = self.journal();
         let held: std::collections::BTreeSet<&Path> = journal.live().values().map(|a| a.exit_file.as_path()).collect();
-        (0..)
+        let slot = (0..)
             .map(|slot| exits.join(slot.to_string()))
             .find(|path| !held.contains(path.as_path()))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        // A new slot is made with room for its record, so the supervisor
+        // writes it in place even on a spool a job has filled.
+        if !slot.exists() {
+            if let Err(err) = std::fs::write(&slot, EXIT_SLOT_ROOM) {
+                tracing::warn!("{}: cannot make an exit slot: {err}", slot.display());
+            }
+        }
+        slot
     }
 }
 
@@ -759,6 +867,7 @@ fn end_event(job_id: u64, epoch: u64, ended: Ended) -> pb::JobEvent {
         Ended::Killed(code) => (Outcome::ExitCode(code), pb::EndCause::Killed),
         Ended::KilledBy(signal) => (Outcome::Signal(signal), pb::EndCause::Killed),
         Ended::OutOfMemory => (Outcome::Signal(Signal::SIGKILL as i32), pb::EndCause::OutOfMemory),
+        Ended::OutputLimit => (Outcome::Signal(Signal::SIGKILL as i32), pb::EndCause::OutputLimit),
     };
     pb::JobEvent {
         job_id,

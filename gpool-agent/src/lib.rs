@@ -9,6 +9,7 @@ pub mod journal;
 pub mod launch;
 pub mod link;
 pub mod memory;
+pub mod spool;
 pub mod supervise;
 
 use config::AgentConfig;
@@ -57,7 +58,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let attempts = launch::Attempts::new(
         config.node_name.clone(),
         controller_env,
-        config.spool_dir.clone(),
+        launch::SpoolDirs {
+            spool_dir: config.spool_dir.clone(),
+            state_dir: config.state_dir.clone(),
+            min_spool_free: config.min_spool_free,
+            max_output: config.max_output,
+            max_pids: config.max_pids,
+        },
         (
             isolation,
             node_gpus,
@@ -67,6 +74,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     )
     .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;
     attempts.recover();
+    let pruning = tokio::spawn(prune_job_files(attempts.clone(), config.keep_job_files));
     let health = std::sync::Arc::new(gpu::health::Health::default());
     if source == gpu::Source::Nvml {
         gpu::nvml::watch_xids(health.clone());
@@ -90,7 +98,29 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     if let Some(task) = health_program {
         task.abort();
     }
+    pruning.abort();
     Ok(())
+}
+
+/// How often old job output is looked for.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes job output last written longer than `keep` ago (jobs with an
+/// attempt here keep theirs), now and every ten minutes, off the link's
+/// thread.
+async fn prune_job_files(attempts: std::sync::Arc<launch::Attempts>, keep: std::time::Duration) {
+    let mut every = tokio::time::interval(PRUNE_EVERY);
+    loop {
+        every.tick().await;
+        let (dir, live) = (attempts.jobs_dir(), attempts.live_jobs());
+        let removed = tokio::task::spawn_blocking(move || spool::prune(&dir, keep, &live)).await;
+        if let Ok(removed @ 1..) = removed {
+            tracing::info!(
+                "removed {removed} job output files older than {}",
+                humantime::format_duration(keep)
+            );
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT: the shutdown future of the binaries.

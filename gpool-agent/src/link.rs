@@ -171,7 +171,9 @@ async fn serve_once(
                     sent.pop_front();
                 }
                 sent.push_back((seq, crate::supervise::boot_ms()));
-                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(info.health.heartbeat(info.sampler.samples(), seq))) };
+                let mut beat = info.health.heartbeat(info.sampler.samples(), seq);
+                beat.spool_short = attempts.upkeep();
+                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(beat)) };
                 if let Err(mpsc::error::SendError(unsent)) = control.send(message).await {
                     if let Some(pb::agent_message::Msg::Heartbeat(heartbeat)) = unsent.msg {
                         info.health.unsent(heartbeat);

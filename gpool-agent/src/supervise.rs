@@ -42,6 +42,8 @@ pub enum Ended {
     KilledBy(i32),
     /// The OOM killer of its memory limit ended it.
     OutOfMemory,
+    /// Its supervisor ended it when its output passed `max_output`.
+    OutputLimit,
 }
 
 impl Ended {
@@ -56,6 +58,7 @@ impl Ended {
             Ended::Killed(code) => format!("killed {code}"),
             Ended::KilledBy(signal) => format!("killedby {signal}"),
             Ended::OutOfMemory => "oom -".into(),
+            Ended::OutputLimit => "output -".into(),
         }
     }
 
@@ -71,6 +74,7 @@ impl Ended {
             "killed" => rest.parse().ok().map(Ended::Killed),
             "killedby" => rest.parse().ok().map(Ended::KilledBy),
             "oom" => Some(Ended::OutOfMemory),
+            "output" => Some(Ended::OutputLimit),
             _ => None,
         }
     }
@@ -130,6 +134,10 @@ pub struct LaunchRequest {
     /// agent is down).
     #[serde(default)]
     pub time_limit_ms: Option<u64>,
+    /// The most its stdout or its stderr file may hold: past it the job
+    /// is ended, its file cut there with a line that says so.
+    #[serde(default)]
+    pub max_output: Option<u64>,
     /// A requeueable attempt: the supervisor stops it when the node's
     /// lease runs out.
     #[serde(default)]
@@ -159,8 +167,10 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// One fixed-width line, so each renewal overwrites the last in place
+    /// (and supervisors of an earlier release read it as before).
     pub fn to_line(self) -> String {
-        format!("{} {}\n", self.until_ms, self.grace_ms)
+        format!("{:020} {:020}\n", self.until_ms, self.grace_ms)
     }
 
     pub fn parse(text: &str) -> Option<Lease> {
@@ -171,15 +181,24 @@ impl Lease {
         })
     }
 
+    /// The lease, once two reads in a row agree: a read that caught a
+    /// renewal half written is not taken for a lease.
     pub fn read(path: &Path) -> Option<Lease> {
-        Lease::parse(&std::fs::read_to_string(path).ok()?)
+        let mut last = std::fs::read_to_string(path).ok()?;
+        for _ in 0..3 {
+            let now = std::fs::read_to_string(path).ok()?;
+            if now == last {
+                return Lease::parse(&now);
+            }
+            last = now;
+        }
+        None
     }
 
-    /// Replaces the lease file at once (readers never see half of it).
+    /// Overwrites the lease file in place: a renewal needs no new block,
+    /// so a spool a job has filled never stops the lease.
     pub fn write(self, path: &Path) -> std::io::Result<()> {
-        let next = path.with_extension("next");
-        std::fs::write(&next, self.to_line())?;
-        std::fs::rename(&next, path)
+        crate::spool::write_in_place(path, self.to_line().as_bytes())
     }
 }
 
@@ -451,11 +470,13 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
                 let ended = run_to_end(request, child);
                 // A job its memory limit killed ran out of memory, whatever
                 // its exit says (a shell reports its child's SIGKILL as 137).
-                let out_of_memory = !matches!(ended, Ended::Code(0) | Ended::Fenced | Ended::TimedOut)
-                    && request
-                        .cgroup
-                        .as_ref()
-                        .is_some_and(crate::cgroup::AttemptCgroup::oom_killed);
+                let out_of_memory = !matches!(
+                    ended,
+                    Ended::Code(0) | Ended::Fenced | Ended::TimedOut | Ended::OutputLimit
+                ) && request
+                    .cgroup
+                    .as_ref()
+                    .is_some_and(crate::cgroup::AttemptCgroup::oom_killed);
                 let ended = if out_of_memory { Ended::OutOfMemory } else { ended };
                 // What the job left behind (detached or not) ends with it.
                 if let Some(cgroup) = &request.cgroup {
@@ -475,6 +496,17 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
         },
         Err(reason) => Ended::FailedToStart(reason),
     };
+    if let Some(cap) = request.max_output.filter(|_| ended == Ended::OutputLimit) {
+        for path in output_files(request) {
+            cut_output(path, cap);
+        }
+    }
+    // Empty output is not kept: a missing file reads as empty.
+    for path in [&request.stdout, &request.stderr].into_iter().flatten() {
+        if std::fs::metadata(path).is_ok_and(|meta| meta.len() == 0) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
     // A checkpoint dir the attempt left empty goes (one a job wrote to
     // stays for its next attempt), before the record: attempts are fenced,
     // so a next attempt starts only once this one is known to be over,
@@ -484,13 +516,7 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
     // agent's recovery can, while this process still runs) finds no valid
     // line and looks again once this process is gone.
     let record = format!("{} {} {}\n", request.job_id, request.epoch, ended.to_line());
-    let code = match std::fs::write(&request.exit_file, record) {
-        Ok(()) => 0,
-        Err(err) => {
-            eprintln!("{SUPERVISOR_BIN}: {}: {err}", request.exit_file.display());
-            1
-        }
-    };
+    write_exit_record(&request.exit_file, record.as_bytes());
     if let Some(cgroup) = &request.cgroup {
         if born_in_first {
             let _ = cgroup.dirs.first().map(|first| crate::cgroup::leave(first));
@@ -510,7 +536,58 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
     }
     // SAFETY: ends this process at once, as a forked child should (no
     // atexit handlers or buffers of the spawner to run twice).
-    unsafe { nix::libc::_exit(code) }
+    unsafe { nix::libc::_exit(0) }
+}
+
+/// Writes the exit record over its slot (in place: the agent made the
+/// slot with room for it), and on a full disk tries again every second
+/// until it lands: the agent learns how the attempt ended from this
+/// record alone, so it is never given up.
+fn write_exit_record(exit_file: &Path, record: &[u8]) {
+    let mut told = false;
+    while let Err(err) = crate::spool::write_in_place(exit_file, record) {
+        if !told {
+            eprintln!(
+                "{SUPERVISOR_BIN}: {}: {err}; trying again every second",
+                exit_file.display()
+            );
+            told = true;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// The files the job's stdout and stderr go to.
+fn output_files(request: &LaunchRequest) -> impl Iterator<Item = &PathBuf> {
+    [
+        request.user_stdout.as_ref().or(request.stdout.as_ref()),
+        request.user_stderr.as_ref().or(request.stderr.as_ref()),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// Whether an output file of the job holds more than `cap` bytes.
+fn output_over(request: &LaunchRequest, cap: u64) -> bool {
+    output_files(request).any(|path| std::fs::metadata(path).is_ok_and(|meta| meta.len() > cap))
+}
+
+/// Cuts an output file the job overfilled back to `cap` bytes and says so
+/// at its end (cutting frees the space the line needs).
+fn cut_output(path: &Path, cap: u64) {
+    use std::io::Seek;
+    let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(path) else {
+        return;
+    };
+    if file.metadata().is_ok_and(|meta| meta.len() > cap) && file.set_len(cap).is_ok() {
+        let line = format!(
+            "\n[gpool: output cut at max_output ({}); the job was ended]\n",
+            crate::spool::human_bytes(cap)
+        );
+        let _ = file
+            .seek(std::io::SeekFrom::End(0))
+            .and_then(|_| file.write_all(line.as_bytes()));
+    }
 }
 
 /// Grace between SIGTERM and SIGKILL when a time limit runs out.
@@ -576,7 +653,12 @@ fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended 
                     (Some(fence), Some(lease)) if now >= lease.until_ms => Some((fence, lease)),
                     _ => None,
                 };
-                if let Some((fence, lease)) = fenced {
+                let over_output = request.max_output.is_some_and(|cap| output_over(request, cap));
+                if over_output {
+                    // Output at this rate fills the disk in seconds: no grace.
+                    kill_all_but_supervisor(own_pid, request.cgroup.as_ref());
+                    ending = Some((Ended::OutputLimit, now));
+                } else if let Some((fence, lease)) = fenced {
                     let signal =
                         nix::sys::signal::Signal::try_from(fence.signal).unwrap_or(nix::sys::signal::Signal::SIGTERM);
                     let _ = nix::sys::signal::killpg(nix::unistd::getpgrp(), signal);
@@ -886,6 +968,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lease_is_renewed_in_place_and_reads_as_the_last_release_wrote_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lease");
+        let first = Lease {
+            until_ms: 5_000,
+            grace_ms: 30_000,
+        };
+        first.write(&path).unwrap();
+        let next = Lease {
+            until_ms: 123_456_789,
+            grace_ms: 10_000,
+        };
+        next.write(&path).unwrap();
+        assert_eq!(Lease::read(&path), Some(next));
+        assert_eq!(first.to_line().len(), next.to_line().len(), "fixed width");
+        // The earlier release's line, and its way of reading ours.
+        assert_eq!(Lease::parse("5000 30000\n"), Some(first));
+        let (until, grace) = next
+            .to_line()
+            .trim_end()
+            .split_once(' ')
+            .map(|(u, g)| (u.parse::<u64>(), g.parse::<u64>()))
+            .unwrap();
+        assert_eq!((until, grace), (Ok(123_456_789), Ok(10_000)));
+    }
+
+    #[test]
     fn exit_lines_round_trip() {
         for ended in [
             Ended::Code(0),
@@ -898,6 +1007,7 @@ mod tests {
             Ended::Killed(0),
             Ended::KilledBy(15),
             Ended::OutOfMemory,
+            Ended::OutputLimit,
         ] {
             assert_eq!(Ended::parse(&ended.to_line()), Some(ended));
         }

@@ -339,7 +339,6 @@ fn dev_agent_configs(
             gpool_agent::config::AgentConfig {
                 controller: controller.to_string(),
                 spool_dir: state_dir.join("spool").join(&node_name),
-                node_name,
                 labels: Default::default(),
                 heartbeat_interval: std::time::Duration::from_secs(1),
                 simulated_gpus,
@@ -354,6 +353,13 @@ fn dev_agent_configs(
                 container_runtime: "podman".into(),
                 cgroups: true,
                 health_program: None,
+                state_dir: state_dir.join("spool").join(&node_name),
+                // A laptop's disk is smaller than a GPU server's.
+                min_spool_free: 64 << 20,
+                max_output: gpool_agent::config::DEFAULT_MAX_OUTPUT,
+                keep_job_files: gpool_agent::config::DEFAULT_KEEP_JOB_FILES,
+                max_pids: gpool_agent::config::DEFAULT_MAX_PIDS,
+                node_name,
             }
         })
         .collect()

@@ -589,7 +589,7 @@ fn jobs_get_gpus_joined_by_nvlink() {
 
 /// Where the node offers cgroups, a job may open only its own GPUs' device
 /// nodes (fake ones here, made with mknod), gets its --mem and
-/// --cpus-per-gpu as cgroup limits, and the processes it detaches (setsid)
+/// --cpus-per-gpu (and the node's max_pids) as cgroup limits, and the processes it detaches (setsid)
 /// die with it when it is cancelled. It is the node's second job, so its
 /// supervisor was waiting in a cgroup made ahead: the job is born in that
 /// one, renamed for its attempt, and nothing of it is left at the end.
@@ -627,6 +627,8 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
                   cat /sys/fs/cgroup/memory$m/memory.limit_in_bytes > mem-limit; \
                   c=$(grep -E '^[0-9]+:(cpu|cpu,cpuacct):' /proc/self/cgroup | cut -d: -f3); \
                   cat /sys/fs/cgroup/cpu$c/cpu.cfs_quota_us > cpu-quota; \
+                  p=$(grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3); \
+                  cat /sys/fs/cgroup/pids$p/pids.max > pids-max; \
                   setsid sh -c 'echo $$ > escaped.pid; exec sleep 300' & \
                   i=0; while [ ! -s escaped.pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; \
                   touch started-fence; sleep 300";
@@ -649,6 +651,11 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
     }
     if std::path::Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
         assert_eq!(read(&cluster, "cpu-quota").trim(), "200000", "2 CPUs for its 1 GPU");
+    }
+    if std::path::Path::new("/sys/fs/cgroup/pids/pids.max").exists()
+        || std::path::Path::new("/sys/fs/cgroup/pids/cgroup.procs").exists()
+    {
+        assert_eq!(read(&cluster, "pids-max").trim(), "32768", "the node's max_pids");
     }
     let escaped: i32 = read(&cluster, "escaped.pid").trim().parse().expect("the detached pid");
     let devices_cgroup = read(&cluster, "devices-cgroup").trim().to_string();

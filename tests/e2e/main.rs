@@ -7,6 +7,7 @@ mod accounting;
 mod agents;
 mod arrays;
 mod bad_input;
+mod disk;
 mod durability;
 mod faults;
 mod health;

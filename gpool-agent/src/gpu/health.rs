@@ -91,6 +91,7 @@ impl Health {
             seq,
             xids: std::mem::take(&mut faults.xids),
             health_check: faults.check.clone(),
+            spool_short: String::new(),
         }
     }
 

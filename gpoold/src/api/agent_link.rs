@@ -94,6 +94,7 @@ impl AgentLink for AgentLinkService {
                         // An Xid storm is cut short (the agent caps it too).
                         xids: heartbeat.xids.into_iter().take(256).collect(),
                         health_check: heartbeat.health_check,
+                        spool_short: heartbeat.spool_short.chars().take(512).collect(),
                     },
                     Some(pb::agent_message::Msg::JobEvent(event)) => match event_from_wire(event) {
                         Some(event) => Command::AgentJobEvent {
@@ -249,16 +250,20 @@ fn event_from_wire(event: pb::JobEvent) -> Option<AgentEvent> {
     let cause = event.cause();
     let outcome = match (event.outcome?, cause) {
         (pb::job_event::Outcome::Started(_), _) => AttemptOutcome::Started,
+        (pb::job_event::Outcome::FailedToStart(reason), pb::EndCause::NodeRefused) => AttemptOutcome::Refused(reason),
         (pb::job_event::Outcome::FailedToStart(reason), _) => AttemptOutcome::FailedToStart(reason),
+        (_, pb::EndCause::OutputLimit) => AttemptOutcome::OutputLimit,
         (_, pb::EndCause::TimeLimit) => AttemptOutcome::TimedOut,
         (_, pb::EndCause::Fenced) => AttemptOutcome::Fenced,
         (_, pb::EndCause::OutOfMemory) => AttemptOutcome::OutOfMemory,
-        (pb::job_event::Outcome::ExitCode(code), pb::EndCause::Killed | pb::EndCause::Vanished) => {
-            AttemptOutcome::Stopped(ExitStatus::Code(code))
-        }
-        (pb::job_event::Outcome::Signal(signal), pb::EndCause::Killed | pb::EndCause::Vanished) => {
-            AttemptOutcome::Stopped(ExitStatus::Signal(signal.clamp(0, 127)))
-        }
+        (
+            pb::job_event::Outcome::ExitCode(code),
+            pb::EndCause::Killed | pb::EndCause::Vanished | pb::EndCause::NodeRefused,
+        ) => AttemptOutcome::Stopped(ExitStatus::Code(code)),
+        (
+            pb::job_event::Outcome::Signal(signal),
+            pb::EndCause::Killed | pb::EndCause::Vanished | pb::EndCause::NodeRefused,
+        ) => AttemptOutcome::Stopped(ExitStatus::Signal(signal.clamp(0, 127))),
         (pb::job_event::Outcome::ExitCode(code), pb::EndCause::Own) => AttemptOutcome::Exited(ExitStatus::Code(code)),
         (pb::job_event::Outcome::Signal(signal), pb::EndCause::Own) => {
             AttemptOutcome::Exited(ExitStatus::Signal(signal.clamp(0, 127)))

@@ -334,6 +334,41 @@ impl State {
         }
     }
 
+    /// `node` would not start attempt `epoch` of `job_id` (its spool is
+    /// full): nothing of it ran, so it goes back to the queue whether or
+    /// not it may be requeued, and its other ranks are stopped.
+    fn refused_launch(
+        &mut self,
+        job_id: JobId,
+        epoch: Epoch,
+        node: &str,
+        reason: &str,
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
+        let Some(job) = self.jobs.get(&job_id) else { return };
+        let placement = match &job.state {
+            JobState::Running { placement, .. } => placement.clone(),
+            _ => return,
+        };
+        let event = JobEvent::Lost {
+            epoch,
+            requeue: true,
+            silent: false,
+            now,
+        };
+        if self.apply_event(job_id, &event, now, out) {
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                job.requeue_cause = Some(RequeueCause::NodeFault);
+                job.record_event(now, format!("{reason}; requeued"));
+            }
+            self.gang_exits.remove(&job_id);
+            for part in placement.into_iter().filter(|part| part.node != node) {
+                out.messages.push((part.node, kill_message(job_id, epoch)));
+            }
+        }
+    }
+
     /// Ends every attempt with a part on `node` (its node is down, or drained
     /// at once) and requeues their jobs.
     pub(super) fn requeue_jobs_on(
@@ -413,6 +448,8 @@ impl State {
                 | AttemptOutcome::TimedOut
                 | AttemptOutcome::OutOfMemory
                 | AttemptOutcome::FailedToStart(_)
+                | AttemptOutcome::Refused(_)
+                | AttemptOutcome::OutputLimit
                 | AttemptOutcome::Fenced => {
                     tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored")
                 }
@@ -431,6 +468,7 @@ impl State {
                 ..
             }
         );
+        let mut note = None;
         let job_event = match event.outcome {
             AttemptOutcome::Started => return,
             AttemptOutcome::Exited(ExitStatus::Code(0)) if !preempted => {
@@ -456,6 +494,20 @@ impl State {
                 reason: format!("on {node}: {reason}"),
                 now,
             },
+            AttemptOutcome::Refused(reason) => {
+                self.refused_launch(event.job, event.epoch, node, &reason, now, out);
+                return;
+            }
+            AttemptOutcome::OutputLimit => {
+                note = Some(format!(
+                    "on {node}: its output passed the node's max_output, and the node ended it"
+                ));
+                JobEvent::Exited {
+                    epoch: event.epoch,
+                    status: ExitStatus::Signal(9),
+                    now,
+                }
+            }
             AttemptOutcome::TimedOut => JobEvent::TimedOut {
                 epoch: event.epoch,
                 now,
@@ -478,6 +530,9 @@ impl State {
             JobState::Running { placement, .. } => placement.clone(),
             _ => Vec::new(),
         };
+        if let (Some(note), Some(job)) = (note, self.jobs.get_mut(&event.job)) {
+            job.record_event(now, note);
+        }
         if self.apply_event(event.job, &job_event, now, out) {
             self.gang_exits.remove(&event.job);
             // One rank failing ends the whole gang.

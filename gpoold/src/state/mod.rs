@@ -277,6 +277,8 @@ pub enum Command {
         seq: u64,
         xids: Vec<pb::XidEvent>,
         health_check: Option<pb::HealthCheck>,
+        /// Why the node's spool is short of space; empty while it has room.
+        spool_short: String,
     },
     AgentJobEvent {
         node: String,
@@ -320,6 +322,11 @@ pub enum AttemptOutcome {
     OutOfMemory,
     /// The node stopped it when its lease from this controller ran out.
     Fenced,
+    /// The node would not start it for a reason of the node's own (its
+    /// spool is full): nothing ran, and the job goes back to the queue.
+    Refused(String),
+    /// The node ended it when its output passed the node's max_output.
+    OutputLimit,
 }
 
 /// What `Command::Cancel` does to each job.
@@ -1626,11 +1633,13 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             seq,
             xids,
             health_check,
+            spool_short,
         } => {
             if state.is_current_link(&node, conn_id) {
                 state.heartbeat(&node, conn_id);
                 state.grant_lease(&node, seq);
                 state.assess_health(&node, &samples, &xids, health_check, now, out);
+                state.assess_spool(&node, &spool_short, now, out);
                 state.count_gpu_use(&node, &samples);
                 state.gpu_samples.insert(node.clone(), samples);
                 state.find_stragglers(&node, now, out);

@@ -1004,6 +1004,11 @@ pub struct Heartbeat {
     /// The latest run of the health program, where one is configured.
     #[prost(message, optional, tag = "4")]
     pub health_check: ::core::option::Option<HealthCheck>,
+    /// Why the node's spool is short of space (empty while it is not): gpoold
+    /// drains the node with this reason while it lasts, and lifts that drain
+    /// once the spool has room again. Its jobs keep running.
+    #[prost(string, tag = "5")]
+    pub spool_short: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -1409,6 +1414,12 @@ pub enum EndCause {
     Vanished = 4,
     /// The OOM killer of its memory limit (cgroup) ended it.
     OutOfMemory = 5,
+    /// The node could not start it for a reason of the node's own (its spool
+    /// is short of space): nothing of it ran, and gpoold requeues it. The
+    /// outcome is failed_to_start with the reason.
+    NodeRefused = 6,
+    /// Its stdout or stderr passed the node's max_output: the node ended it.
+    OutputLimit = 7,
 }
 impl EndCause {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -1423,6 +1434,8 @@ impl EndCause {
             Self::Killed => "END_CAUSE_KILLED",
             Self::Vanished => "END_CAUSE_VANISHED",
             Self::OutOfMemory => "END_CAUSE_OUT_OF_MEMORY",
+            Self::NodeRefused => "END_CAUSE_NODE_REFUSED",
+            Self::OutputLimit => "END_CAUSE_OUTPUT_LIMIT",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -1434,6 +1447,8 @@ impl EndCause {
             "END_CAUSE_KILLED" => Some(Self::Killed),
             "END_CAUSE_VANISHED" => Some(Self::Vanished),
             "END_CAUSE_OUT_OF_MEMORY" => Some(Self::OutOfMemory),
+            "END_CAUSE_NODE_REFUSED" => Some(Self::NodeRefused),
+            "END_CAUSE_OUTPUT_LIMIT" => Some(Self::OutputLimit),
             _ => None,
         }
     }
