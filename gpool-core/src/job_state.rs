@@ -408,6 +408,25 @@ impl JobEvent {
         }
     }
 
+    /// When it happened, for the events that say.
+    pub fn now(&self) -> Option<Timestamp> {
+        match self {
+            JobEvent::Start { now, .. }
+            | JobEvent::Preempt { now, .. }
+            | JobEvent::Checkpointed { now, .. }
+            | JobEvent::Exited { now, .. }
+            | JobEvent::FailedToStart { now, .. }
+            | JobEvent::TimedOut { now, .. }
+            | JobEvent::OutOfMemory { now, .. }
+            | JobEvent::LateExit { now, .. }
+            | JobEvent::Lost { now, .. }
+            | JobEvent::Cancel { now, .. }
+            | JobEvent::DependencyNeverMet { now, .. }
+            | JobEvent::ArrayEnded { now, .. } => Some(*now),
+            JobEvent::Hold { .. } => None,
+        }
+    }
+
     /// The attempt an event reports on; `None` for events from users and the
     /// scheduler.
     pub fn epoch(&self) -> Option<Epoch> {
@@ -447,7 +466,28 @@ impl Job {
             self.held = *held;
             return Ok(());
         }
-        let next = self.state.apply(event)?;
+        let mut next = self.state.apply(event)?;
+        if let (JobState::Running { started_at, .. }, JobState::Pending, Some(now)) = (&self.state, &next, event.now())
+        {
+            let ran_ms = (now.0 - started_at.0).max(0) as u64;
+            match self.time_left_secs() {
+                // Its limit ran out before it was lost or taken back: it
+                // would have been ended for it, so it ends so, and is not
+                // run again.
+                Some(left) if ran_ms >= left.saturating_mul(1000) => {
+                    next = JobState::Timeout {
+                        started_at: *started_at,
+                        ended_at: now,
+                    }
+                }
+                // A job that checkpoints resumes: its next attempt gets
+                // what is left. One that does not starts over, with its
+                // whole limit.
+                // A second begun is a second spent.
+                _ if self.spec.checkpoint_signal.is_some() => self.used_secs += ran_ms.div_ceil(1000),
+                _ => {}
+            }
+        }
         match event {
             JobEvent::Start { placement, .. } => {
                 if self.n_attempts > 0 && !self.last_nodes.is_empty() {
@@ -500,6 +540,13 @@ impl Job {
             self.lost_attempts.clear();
         }
         Ok(())
+    }
+
+    /// What is left of its time limit for its next (or current) attempt.
+    pub fn time_left_secs(&self) -> Option<u64> {
+        self.spec
+            .time_limit_secs
+            .map(|limit| limit.saturating_sub(self.used_secs))
     }
 
     /// A lost attempt's own end becomes the job's, whether the job waits

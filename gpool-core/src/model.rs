@@ -387,6 +387,11 @@ pub struct Job {
     pub requeue_cause: Option<RequeueCause>,
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub lost_gpu_secs: u64,
+    /// Seconds of its time limit spent by earlier attempts: a job that
+    /// checkpoints resumes where it was, so its limit spans its attempts
+    /// (`Job::time_left_secs`).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub used_secs: u64,
     /// Attempts given up for lost (their node went silent) that may still
     /// report how they ended; newest last, at most `MAX_LOST_ATTEMPTS`.
     #[serde(default, skip_serializing_if = "ThinVec::is_empty")]

@@ -311,6 +311,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             n_preemptions: 0,
             requeue_cause: None,
             lost_gpu_secs: 0,
+            used_secs: 0,
             lost_attempts: ThinVec::new(),
             held: false,
             array: None,

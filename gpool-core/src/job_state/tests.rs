@@ -305,3 +305,98 @@ fn lost_attempts_are_bounded() {
     assert_eq!(job.lost_attempts.len(), crate::model::MAX_LOST_ATTEMPTS);
     assert_eq!(job.lost_attempts.last().unwrap().epoch, Epoch(10));
 }
+
+fn limited(limit_secs: u64, checkpoints: bool) -> Job {
+    let mut job = job_builder(JobId(1)).build();
+    let spec = std::sync::Arc::make_mut(&mut job.spec);
+    spec.time_limit_secs = Some(limit_secs);
+    spec.checkpoint_signal = checkpoints.then_some(10);
+    job
+}
+
+fn lost_at(epoch: u64, now_ms: i64) -> JobEvent {
+    JobEvent::Lost {
+        epoch: Epoch(epoch),
+        requeue: true,
+        silent: true,
+        now: Timestamp(now_ms),
+    }
+}
+
+/// A requeued job that checkpoints resumes, so its next attempt gets what
+/// is left of its limit; one that does not starts over with all of it.
+#[test]
+fn a_requeue_gives_a_job_that_checkpoints_only_what_is_left_of_its_limit() {
+    for (checkpoints, left_after) in [(true, 60), (false, 100)] {
+        let mut job = limited(100, checkpoints);
+        assert_eq!(job.time_left_secs(), Some(100));
+        job.apply(&start(1, 0)).unwrap();
+        job.apply(&lost_at(1, 40_000)).unwrap();
+        assert_eq!(job.state, JobState::Pending);
+        assert_eq!(job.time_left_secs(), Some(left_after), "checkpoints: {checkpoints}");
+    }
+    assert_eq!(job_builder(JobId(2)).build().time_left_secs(), None);
+}
+
+/// An attempt whose limit ran out before it was lost (its node went away
+/// in the limit's grace) or taken back is not run again: the job ends as
+/// timed out.
+#[test]
+fn an_attempt_lost_after_its_limit_ran_out_ends_the_job_as_timed_out() {
+    for checkpoints in [true, false] {
+        let mut job = limited(10, checkpoints);
+        job.apply(&start(1, 1_000)).unwrap();
+        job.apply(&lost_at(1, 15_000)).unwrap();
+        assert_eq!(
+            job.state,
+            JobState::Timeout {
+                started_at: Timestamp(1_000),
+                ended_at: Timestamp(15_000)
+            }
+        );
+    }
+    // Preempted, then ended in its grace after the limit: the same.
+    let mut job = limited(30, true);
+    job.apply(&start(1, 0)).unwrap();
+    job.apply(&lost_at(1, 20_000)).unwrap();
+    job.apply(&start(2, 25_000)).unwrap();
+    job.apply(&JobEvent::Preempt {
+        epoch: Epoch(2),
+        now: Timestamp(30_000),
+        by_operator: false,
+    })
+    .unwrap();
+    job.apply(&JobEvent::Exited {
+        epoch: Epoch(2),
+        status: ExitStatus::Code(0),
+        now: Timestamp(36_000),
+    })
+    .unwrap();
+    assert!(matches!(job.state, JobState::Timeout { .. }), "{:?}", job.state);
+}
+
+proptest::proptest! {
+    /// However often a job that checkpoints is requeued, its attempts
+    /// together never run longer than its limit before it ends.
+    #[test]
+    fn a_checkpointing_jobs_attempts_stay_within_its_limit(runs in proptest::collection::vec(0i64..50_000, 1..20)) {
+        let mut job = limited(60, true);
+        let mut now = 0;
+        let mut total_ms = 0;
+        for (n, ran) in runs.into_iter().enumerate() {
+            let epoch = n as u64 + 1;
+            if job.state != JobState::Pending {
+                break;
+            }
+            let left = job.time_left_secs().unwrap();
+            job.apply(&start(epoch, now)).unwrap();
+            // The supervisor ends an attempt at its limit.
+            let ran = ran.min(left as i64 * 1000);
+            now += ran;
+            total_ms += ran;
+            job.apply(&lost_at(epoch, now)).unwrap();
+            now += 1_000;
+        }
+        proptest::prop_assert!(total_ms <= 60_000);
+    }
+}

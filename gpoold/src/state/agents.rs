@@ -173,7 +173,7 @@ impl State {
                         .collect(),
                     workdir: job.spec.workdir.clone(),
                     gpu_indices: part.gpu_indices.clone(),
-                    time_limit: job.spec.time_limit_secs.map(|seconds| pb::Duration { seconds }),
+                    time_limit: job.time_left_secs().map(|seconds| pb::Duration { seconds }),
                     num_nodes: placement.len() as u32,
                     node_rank: rank as u32,
                     master_addr: master_addr.clone(),

@@ -289,6 +289,7 @@ fn task_of(array: &Job, id: JobId, index: u32) -> Job {
         n_preemptions: 0,
         requeue_cause: None,
         lost_gpu_secs: 0,
+        used_secs: 0,
         lost_attempts: ThinVec::new(),
         // A task that becomes a job while its array is held is held too.
         held: array.held,

@@ -646,6 +646,7 @@ impl State {
                 n_preemptions: 0,
                 requeue_cause: None,
                 lost_gpu_secs: 0,
+                used_secs: 0,
                 lost_attempts: ThinVec::new(),
                 held: false,
                 array: n_tasks.map(|_| Default::default()),
