@@ -60,7 +60,7 @@ impl AgentLink for AgentLinkService {
             });
             return Err(Status::permission_denied(reason));
         }
-        let (outbox, outbox_receiver) = tokio::sync::mpsc::unbounded_channel();
+        let (outbox, outbound) = crate::state::Outbox::new();
         // Weak: the link's stream still ends when the state drops the link.
         let stop_logs = outbox.downgrade();
         let conn_id = self.next_conn_id.fetch_add(1, Ordering::Relaxed);
@@ -131,8 +131,7 @@ impl AgentLink for AgentLinkService {
                 })
                 .await;
         });
-        let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(outbox_receiver);
-        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(outbound, Ok))))
+        Ok(Response::new(Box::pin(outbound)))
     }
 }
 

@@ -650,7 +650,7 @@ impl State {
     /// A reply for the flusher that hands Launch and Kill messages to the
     /// agents' links once their batch is durable.
     pub(super) fn deliver_after_flush(&self, messages: Vec<(String, pb::ControllerMessage)>) -> PendingReply {
-        let outboxes: HashMap<String, tokio::sync::mpsc::UnboundedSender<pb::ControllerMessage>> = messages
+        let outboxes: HashMap<String, super::Outbox> = messages
             .iter()
             .filter_map(|(node, _)| self.links.get(node).map(|conn| (node.clone(), conn.outbox.clone())))
             .collect();
@@ -674,7 +674,8 @@ impl State {
             .ok_or_else(|| crate::error::Error::NodeNotLinked(node.to_string()))?;
         conn.outbox
             .send(message)
-            .map_err(|_| crate::error::Error::NodeNotLinked(node.to_string()))
+            .then_some(())
+            .ok_or_else(|| crate::error::Error::NodeNotLinked(node.to_string()))
     }
 
     /// Whether `node` has a connected agent.
