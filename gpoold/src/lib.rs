@@ -214,10 +214,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             let _ = stopping_for_unix.wait_for(|stopping| *stopping).await;
         };
         tonic::transport::Server::builder()
+            .layer(tower::util::MapResponseLayer::new(api::undecodable_is_invalid))
             .add_service(pool.clone())
             .serve_with_incoming_shutdown(incoming, shutdown)
     });
     let router = tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(api::undecodable_is_invalid))
         .add_service(pool)
         .add_service(agent_link);
     let served: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = match tls {

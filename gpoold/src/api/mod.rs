@@ -309,3 +309,42 @@ pub fn identity<T>(request: &Request<T>) -> Result<Identity, Status> {
 pub fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
     identity(request).map(|identity| identity.caller)
 }
+
+/// A request whose message cannot be decoded is the caller's mistake:
+/// INVALID_ARGUMENT, not the INTERNAL that tonic's decoder answers (which
+/// reads as gpoold's own fault, and which clients may retry). The refusal
+/// comes before any handler runs, so it is in the response's headers.
+pub fn undecodable_is_invalid<B>(mut response: tonic::codegen::http::Response<B>) -> tonic::codegen::http::Response<B> {
+    const INTERNAL: &str = "13";
+    let headers = response.headers_mut();
+    let undecodable = headers.get("grpc-status").is_some_and(|status| status == INTERNAL)
+        && headers
+            .get("grpc-message")
+            .and_then(|message| message.to_str().ok())
+            .is_some_and(|message| message.starts_with("failed%20to%20decode") || message.starts_with("failed to decode"));
+    if undecodable {
+        headers.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from(tonic::Code::InvalidArgument as i32),
+        );
+    }
+    response
+}
+
+#[cfg(test)]
+mod decode_tests {
+    use tonic::codegen::http::Response;
+
+    #[test]
+    fn only_undecodable_requests_become_invalid_argument() {
+        let refusal = |status: &str, message: &str| {
+            let mut response = Response::new(());
+            response.headers_mut().insert("grpc-status", status.parse().unwrap());
+            response.headers_mut().insert("grpc-message", message.parse().unwrap());
+            super::undecodable_is_invalid(response).headers()["grpc-status"].clone()
+        };
+        assert_eq!(refusal("13", "failed%20to%20decode%20Protobuf%20message"), "3");
+        assert_eq!(refusal("13", "the store failed"), "13");
+        assert_eq!(refusal("7", "failed%20to%20decode"), "7");
+    }
+}
