@@ -77,7 +77,7 @@ impl Isolation {
                     devices,
                     memory: parent_in("memory", "memory.limit_in_bytes"),
                     cpu: parent_in("cpu", "cpu.cfs_quota_us"),
-                    pids: parent_in("pids", "pids.max"),
+                    pids: parent_in("pids", "cgroup.procs"),
                 },
                 None => Isolation::None(format!(
                     "cannot create a cgroup under {}",

@@ -76,9 +76,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let accounting = store.accounting();
     tokio::spawn(seal_periodically(store.sealer()));
     let (commands, inbox) = mpsc::channel(65_536);
+    let (agent_commands, agent_inbox) = mpsc::channel(65_536);
     let handle = StateHandle {
         shared: Arc::new(RwLock::new(State::new(loaded, &config, security.token_key))),
         commands,
+        agent_commands,
         job_changes: broadcast::channel(1024).0,
         sched_wakeup: Arc::new(Notify::new()),
     };
@@ -95,7 +97,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         handle.shared.clone(),
         notifiers,
         store,
-        inbox,
+        (agent_inbox, inbox),
         flush_sender,
         wall_clock,
     ));

@@ -118,13 +118,13 @@ impl AgentLink for AgentLinkService {
                     }
                     Some(pb::agent_message::Msg::Register(_)) | None => continue,
                 };
-                if state.commands.send(command).await.is_err() {
+                if state.agent_commands.send(command).await.is_err() {
                     return;
                 }
             }
             tracing::info!(node = %node_name, "agent link closed");
             let _ = state
-                .commands
+                .agent_commands
                 .send(Command::AgentGone {
                     node: node_name,
                     conn_id,

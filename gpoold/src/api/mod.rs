@@ -321,7 +321,9 @@ pub fn undecodable_is_invalid<B>(mut response: tonic::codegen::http::Response<B>
         && headers
             .get("grpc-message")
             .and_then(|message| message.to_str().ok())
-            .is_some_and(|message| message.starts_with("failed%20to%20decode") || message.starts_with("failed to decode"));
+            .is_some_and(|message| {
+                message.starts_with("failed%20to%20decode") || message.starts_with("failed to decode")
+            });
     if undecodable {
         headers.insert(
             "grpc-status",

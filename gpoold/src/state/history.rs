@@ -149,8 +149,8 @@ impl State {
     }
 
     /// Drops from memory the ended jobs nothing needs any more; called once
-    /// their records are written (under the same lock, so a reader finds
-    /// each job in one place or the other).
+    /// their records are written (a reader finds each job in memory until
+    /// then, and in the store after).
     pub fn evict_ended(&mut self) {
         let candidates = std::mem::take(&mut self.to_evict);
         let mut n_evicted = 0;

@@ -1476,6 +1476,9 @@ impl State {
 pub struct StateHandle {
     pub shared: SharedState,
     pub commands: mpsc::Sender<Command>,
+    /// For agents' links: what comes this way is applied ahead of
+    /// `commands`.
+    pub agent_commands: mpsc::Sender<Command>,
     /// Ids of jobs whose state changed.
     pub job_changes: broadcast::Sender<JobId>,
     /// Woken when something happened that the scheduler should look at.
@@ -1526,28 +1529,61 @@ pub async fn run_state_task(
     shared: SharedState,
     notifiers: Notifiers,
     store: Store,
-    mut inbox: mpsc::Receiver<Command>,
+    (mut agent_inbox, mut inbox): (mpsc::Receiver<Command>, mpsc::Receiver<Command>),
     flusher: std::sync::mpsc::Sender<Vec<PendingReply>>,
     clock: fn() -> Timestamp,
 ) -> Result<(), Error> {
     let mut notifiers = notifiers;
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut closed = false;
+    let (mut agents_gone, mut callers_gone) = (false, false);
+    let mut evict_due = false;
     loop {
-        let n_received = tokio::select! {
-            n_received = inbox.recv_many(&mut batch, MAX_BATCH) => n_received,
-            _ = notifiers.stop.wait_for(|stop| *stop), if !closed => {
-                inbox.close();
-                closed = true;
-                continue;
+        // What agents said goes first (heartbeats keep nodes alive, and
+        // their leases; job events free GPUs), then API work to fill the
+        // batch: a queue of API commands never holds a heartbeat up.
+        while batch.len() < MAX_BATCH {
+            match agent_inbox.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
             }
-        };
-        if n_received == 0 {
-            return Ok(());
+        }
+        while batch.len() < MAX_BATCH {
+            match inbox.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            if agents_gone && callers_gone {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                command = agent_inbox.recv(), if !agents_gone => match command {
+                    Some(command) => batch.push(command),
+                    None => agents_gone = true,
+                },
+                command = inbox.recv(), if !callers_gone => match command {
+                    Some(command) => batch.push(command),
+                    None => callers_gone = true,
+                },
+                _ = notifiers.stop.wait_for(|stop| *stop), if !closed => {
+                    inbox.close();
+                    agent_inbox.close();
+                    closed = true;
+                }
+            }
+            continue;
         }
         let now = clock();
         let mut out = Batch::default();
         let mut state = shared.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Ended jobs leave memory once their records are written: those of
+        // the batch before (a reader finds each in one place or the other).
+        if evict_due {
+            state.evict_ended();
+        }
         let mut may_change_schedule = false;
         for command in batch.drain(..) {
             may_change_schedule |= command.may_change_schedule();
@@ -1557,10 +1593,13 @@ pub async fn run_state_task(
         if schedule_changed {
             state.sched_generation += 1;
         }
+        drop(state);
+        // Records are encoded and written under a read lock: API readers go
+        // on meanwhile, and nothing else writes the state (this task is its
+        // only writer).
+        let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
         let written = write_all(&store, &state, &out.writes);
-        if written.is_ok() {
-            state.evict_ended();
-        }
+        evict_due = written.is_ok();
         if !out.messages.is_empty() {
             out.replies
                 .push(state.deliver_after_flush(std::mem::take(&mut out.messages)));
