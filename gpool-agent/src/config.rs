@@ -55,6 +55,20 @@ pub struct AgentConfig {
     pub cgroups: bool,
     /// `[health_check]`: run on a timer; a failure drains the node.
     pub health_program: Option<crate::gpu::health::HealthProgram>,
+    /// The NVML library to load: `nvml_library` in agent.toml, else
+    /// `GPOOL_NVML_LIBRARY`, else the driver's `libnvidia-ml.so.1`.
+    pub nvml_library: PathBuf,
+}
+
+/// The driver's NVML, found through the dynamic loader's path.
+pub const DEFAULT_NVML_LIBRARY: &str = "libnvidia-ml.so.1";
+
+/// Where NVML comes from when agent.toml does not say: the environment,
+/// else the driver's library.
+pub fn nvml_library_from_env() -> PathBuf {
+    std::env::var_os("GPOOL_NVML_LIBRARY")
+        .filter(|path| !path.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_NVML_LIBRARY), PathBuf::from)
 }
 
 impl AgentConfig {
@@ -140,6 +154,7 @@ struct AgentFile {
     cert: Option<toml::Spanned<PathBuf>>,
     key: Option<toml::Spanned<PathBuf>>,
     health_check: Option<toml::Spanned<HealthCheckFile>>,
+    nvml_library: Option<PathBuf>,
 }
 
 /// `[health_check]`: the operator's health program.
@@ -353,6 +368,7 @@ impl AgentConfig {
             }
         };
         Ok(AgentConfig {
+            nvml_library: parsed.nvml_library.unwrap_or_else(nvml_library_from_env),
             health_program,
             cgroups: parsed.cgroups.unwrap_or(true),
             container_runtime,

@@ -77,7 +77,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let pruning = tokio::spawn(prune_job_files(attempts.clone(), config.keep_job_files));
     let health = std::sync::Arc::new(gpu::health::Health::default());
     if source == gpu::Source::Nvml {
-        gpu::nvml::watch_xids(health.clone());
+        gpu::nvml::watch_xids(config.nvml_library.clone(), health.clone());
     }
     let health_program = config
         .health_program
@@ -86,7 +86,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let info = link::NodeInfo {
         health,
         name: config.node_name.clone(),
-        sampler: gpu::Sampler::new(source, &config.simulated_gpus),
+        sampler: gpu::Sampler::start(
+            gpu::Reader::new(source, &config.simulated_gpus, &config.nvml_library),
+            config.heartbeat_interval,
+        ),
         gpus,
         labels,
         topology,

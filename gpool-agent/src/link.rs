@@ -37,13 +37,14 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let orders = start_orders(attempts.clone());
     let mut backoff = MIN_BACKOFF;
     // Events not yet delivered: they ride on the next Register.
     let mut undelivered = Vec::new();
     loop {
         let outcome = tokio::select! {
             () = &mut shutdown => return,
-            outcome = serve_once(&controller, &tls, &info, &attempts, &mut events, &mut undelivered) => outcome,
+            outcome = serve_once(&controller, &tls, &info, (&attempts, &orders), &mut events, &mut undelivered) => outcome,
         };
         match outcome {
             Ok(()) => {
@@ -85,7 +86,7 @@ async fn serve_once(
     controller: &Address,
     tls: &ClientTls,
     info: &NodeInfo,
-    attempts: &Arc<Attempts>,
+    (attempts, orders): (&Arc<Attempts>, &Orders),
     events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
     undelivered: &mut Vec<pb::JobEvent>,
 ) -> Result<(), String> {
@@ -152,7 +153,7 @@ async fn serve_once(
                         }
                     }
                 }
-                Some(message) => obey(message, attempts, &bulk, &info.health),
+                Some(message) => obey(message, (attempts, orders), &bulk, &info.health),
                 None => return Ok(()),
             },
             Some(event) = events.recv() => {
@@ -171,8 +172,10 @@ async fn serve_once(
                     sent.pop_front();
                 }
                 sent.push_back((seq, crate::supervise::boot_ms()));
-                let mut beat = info.health.heartbeat(info.sampler.samples(), seq);
+                let latest = info.sampler.latest();
+                let mut beat = info.health.heartbeat(latest.samples, seq);
                 beat.spool_short = attempts.upkeep();
+                beat.readings_stuck = latest.stuck;
                 let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(beat)) };
                 if let Err(mpsc::error::SendError(unsent)) = control.send(message).await {
                     if let Some(pb::agent_message::Msg::Heartbeat(heartbeat)) = unsent.msg {
@@ -201,24 +204,55 @@ fn prioritized(
     })
 }
 
+/// Launches, kills and signals for attempts, in the order gpoold sent
+/// them.
+type Orders = mpsc::UnboundedSender<pb::ControllerMessage>;
+
+/// Carries out `Orders` one at a time on the blocking pool, off the link's
+/// task: a launch looks its user up (NSS, which may hang on a directory
+/// server) and waits for the spawner, and none of that may hold up the
+/// heartbeats that keep the node's lease.
+fn start_orders(attempts: Arc<Attempts>) -> Orders {
+    let (orders, mut pending) = mpsc::unbounded_channel::<pb::ControllerMessage>();
+    tokio::spawn(async move {
+        while let Some(order) = pending.recv().await {
+            let attempts = attempts.clone();
+            let done = tokio::task::spawn_blocking(move || match order.msg {
+                Some(pb::controller_message::Msg::Launch(launch)) => attempts.launch(launch),
+                Some(pb::controller_message::Msg::Kill(kill)) => attempts.kill(
+                    kill.job_id,
+                    kill.epoch,
+                    Duration::from_secs(u64::from(kill.grace_seconds)),
+                ),
+                Some(pb::controller_message::Msg::Signal(signal)) => {
+                    attempts.signal(signal.job_id, signal.epoch, signal.signal)
+                }
+                _ => {}
+            });
+            if let Err(err) = done.await {
+                tracing::error!("an order to the node's attempts failed: {err}");
+            }
+        }
+    });
+    orders
+}
+
 fn obey(
     message: pb::ControllerMessage,
-    attempts: &Arc<Attempts>,
+    (attempts, orders): (&Arc<Attempts>, &Orders),
     bulk: &mpsc::Sender<pb::AgentMessage>,
     health: &crate::gpu::health::Health,
 ) {
     match message.msg {
         Some(pb::controller_message::Msg::Inject(inject)) => health.inject(&inject),
-        Some(pb::controller_message::Msg::Launch(launch)) => attempts.launch(launch),
-        Some(pb::controller_message::Msg::Kill(kill)) => attempts.kill(
-            kill.job_id,
-            kill.epoch,
-            Duration::from_secs(u64::from(kill.grace_seconds)),
-        ),
-        Some(pb::controller_message::Msg::ReadLog(request)) => attempts.stream_log(request, bulk.clone()),
-        Some(pb::controller_message::Msg::Signal(signal)) => {
-            attempts.signal(signal.job_id, signal.epoch, signal.signal)
+        Some(
+            pb::controller_message::Msg::Launch(_)
+            | pb::controller_message::Msg::Kill(_)
+            | pb::controller_message::Msg::Signal(_),
+        ) => {
+            let _ = orders.send(message);
         }
+        Some(pb::controller_message::Msg::ReadLog(request)) => attempts.stream_log(request, bulk.clone()),
         Some(pb::controller_message::Msg::StopLog(stop)) => attempts.stop_log(stop.request_id),
         Some(pb::controller_message::Msg::Lease(_)) | None => {}
     }

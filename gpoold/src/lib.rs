@@ -319,7 +319,9 @@ fn dev_agent_configs(
     state_dir: &Path,
     controller: &str,
 ) -> Vec<gpool_agent::config::AgentConfig> {
-    let real_gpus = gpool_agent::gpu::nvml::devices().is_ok_and(|devices| !devices.is_empty());
+    let real_gpus = gpool_agent::gpu::nvml::open(&gpool_agent::config::nvml_library_from_env())
+        .and_then(|nvml| gpool_agent::gpu::nvml::devices(&nvml))
+        .is_ok_and(|devices| !devices.is_empty());
     let n_nodes = if real_gpus { 1 } else { dev.n_nodes };
     (1..=n_nodes)
         .map(|node_idx| {
@@ -363,6 +365,7 @@ fn dev_agent_configs(
                 max_output: gpool_agent::config::DEFAULT_MAX_OUTPUT,
                 keep_job_files: gpool_agent::config::DEFAULT_KEEP_JOB_FILES,
                 max_pids: gpool_agent::config::DEFAULT_MAX_PIDS,
+                nvml_library: gpool_agent::config::nvml_library_from_env(),
                 node_name,
             }
         })

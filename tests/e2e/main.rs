@@ -14,6 +14,7 @@ mod health;
 mod history;
 mod jobs;
 mod metrics;
+mod nvml;
 mod placement;
 mod preemption;
 mod security;

@@ -92,6 +92,7 @@ impl Health {
             xids: std::mem::take(&mut faults.xids),
             health_check: faults.check.clone(),
             spool_short: String::new(),
+            readings_stuck: String::new(),
         }
     }
 

@@ -93,7 +93,8 @@ pub struct Discovered {
 }
 
 /// The node's GPUs and how they are connected: simulated ones when
-/// agent.toml declares any (tests and dev machines), else NVML's, else none.
+/// agent.toml declares any (tests and dev machines), else NVML's (the
+/// driver's library, or the one agent.toml names), else none.
 pub fn discover(config: &AgentConfig) -> Discovered {
     let (gpus, topology, source, mut labels) = if !config.simulated_gpus.is_empty() {
         (
@@ -103,17 +104,20 @@ pub fn discover(config: &AgentConfig) -> Discovered {
             Default::default(),
         )
     } else {
-        match nvml::devices() {
-            Ok(devices) => {
-                let topology = nvml::topology(&devices).unwrap_or_else(|err| {
+        match nvml::open(&config.nvml_library).and_then(|nvml| Ok((nvml::devices(&nvml)?, nvml))) {
+            Ok((devices, nvml)) => {
+                let topology = nvml::topology(&nvml, &devices).unwrap_or_else(|err| {
                     tracing::warn!("cannot read the GPU topology from NVML ({err}); placing without it");
                     Topology::default()
                 });
                 let gpus = devices.iter().map(gpu_from_raw).collect();
-                (gpus, topology, Source::Nvml, nvml::node_labels())
+                (gpus, topology, Source::Nvml, nvml::node_labels(&nvml))
             }
             Err(err) => {
-                tracing::warn!("no NVML ({err}) and no [[simulated_gpu]] in the config: this node offers no GPU");
+                tracing::warn!(
+                    "no NVML ({}: {err}) and no [[simulated_gpu]] in the config: this node offers no GPU",
+                    config.nvml_library.display()
+                );
                 (Vec::new(), Topology::default(), Source::None, Default::default())
             }
         }
@@ -147,9 +151,9 @@ pub fn discovery_report(config: &AgentConfig) -> serde_json::Value {
         }
     }
     let started = std::time::Instant::now();
-    let sampler = Sampler::new(found.source, &config.simulated_gpus);
-    let samples: Vec<serde_json::Value> = sampler
-        .samples()
+    let reader = Reader::new(found.source, &config.simulated_gpus, &config.nvml_library);
+    let samples: Vec<serde_json::Value> = reader
+        .read()
         .iter()
         .map(|s| {
             serde_json::json!({
@@ -178,9 +182,9 @@ pub fn discovery_report(config: &AgentConfig) -> serde_json::Value {
     })
 }
 
-/// Reads per-GPU samples for heartbeats: from NVML for real GPUs, the
-/// values agent.toml declares for simulated ones.
-pub enum Sampler {
+/// Reads per-GPU samples: from NVML for real GPUs, the values agent.toml
+/// declares for simulated ones.
+pub enum Reader {
     Nvml(Box<nvml_wrapper::Nvml>),
     /// Each GPU's index and what agent.toml says its samples report.
     Simulated(Vec<(u32, SimulatedLoad)>),
@@ -195,15 +199,15 @@ pub struct SimulatedLoad {
     pub ecc_uncorrected: u64,
 }
 
-impl Sampler {
+impl Reader {
     /// Samples are of whole GPUs (a MIG slice's are its parent's), by
     /// their physical index: `declared` are agent.toml's simulated GPUs, in
     /// the order that gave them theirs.
-    pub fn new(source: Source, declared: &[crate::config::SimulatedGpu]) -> Sampler {
+    pub fn new(source: Source, declared: &[crate::config::SimulatedGpu], library: &std::path::Path) -> Reader {
         match source {
-            Source::Nvml => match nvml_wrapper::Nvml::init() {
-                Ok(nvml) => Sampler::Nvml(Box::new(nvml)),
-                Err(_) => Sampler::Simulated(Vec::new()),
+            Source::Nvml => match nvml::open(library) {
+                Ok(nvml) => Reader::Nvml(Box::new(nvml)),
+                Err(_) => Reader::Simulated(Vec::new()),
             },
             Source::Simulated | Source::None => {
                 let loads = declared.iter().flat_map(|entry| {
@@ -214,15 +218,15 @@ impl Sampler {
                         ecc_uncorrected: entry.ecc_uncorrected,
                     })
                 });
-                Sampler::Simulated((0..).zip(loads).collect())
+                Reader::Simulated((0..).zip(loads).collect())
             }
         }
     }
 
-    pub fn samples(&self) -> Vec<gpool_proto::pb::GpuSample> {
+    pub fn read(&self) -> Vec<gpool_proto::pb::GpuSample> {
         match self {
-            Sampler::Nvml(nvml) => nvml::samples(nvml),
-            Sampler::Simulated(gpus) => gpus
+            Reader::Nvml(nvml) => nvml::samples(nvml),
+            Reader::Simulated(gpus) => gpus
                 .iter()
                 .map(|(index, load)| gpool_proto::pb::GpuSample {
                     index: *index,
@@ -238,6 +242,77 @@ impl Sampler {
                 })
                 .collect(),
         }
+    }
+}
+
+/// Reads samples on a thread of its own, every `every`, so that a GPU
+/// whose NVML calls hang (one fallen off the bus) never holds up the
+/// link's heartbeats, and with them the node's lease and its jobs.
+pub struct Sampler {
+    latest: std::sync::Arc<std::sync::Mutex<Readings>>,
+    every: std::time::Duration,
+}
+
+#[derive(Default)]
+struct Readings {
+    samples: Vec<gpool_proto::pb::GpuSample>,
+    /// When the latest read ended.
+    read_at: Option<std::time::Instant>,
+    /// When the read under way began.
+    reading_since: Option<std::time::Instant>,
+}
+
+/// What the link sends of the latest readings.
+pub struct Latest {
+    /// The latest read, if it is recent; else none.
+    pub samples: Vec<gpool_proto::pb::GpuSample>,
+    /// Why readings stopped, once a read has been under way for longer
+    /// than `STUCK_AFTER`; empty otherwise.
+    pub stuck: String,
+}
+
+/// A read under way this long is stuck (NVML answers in milliseconds).
+pub const STUCK_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Sampler {
+    pub fn start(reader: Reader, every: std::time::Duration) -> Sampler {
+        let latest = std::sync::Arc::new(std::sync::Mutex::new(Readings::default()));
+        let shared = latest.clone();
+        let spawned = std::thread::Builder::new()
+            .name("gpu-sampler".into())
+            .spawn(move || loop {
+                shared.lock().unwrap_or_else(|p| p.into_inner()).reading_since = Some(std::time::Instant::now());
+                let samples = reader.read();
+                {
+                    let mut readings = shared.lock().unwrap_or_else(|p| p.into_inner());
+                    readings.samples = samples;
+                    readings.read_at = Some(std::time::Instant::now());
+                    readings.reading_since = None;
+                }
+                std::thread::sleep(every);
+            });
+        if let Err(err) = spawned {
+            tracing::warn!("cannot start the GPU sampler: {err}; heartbeats carry no readings");
+        }
+        Sampler { latest, every }
+    }
+
+    /// The latest readings, never waiting for a read under way.
+    pub fn latest(&self) -> Latest {
+        let readings = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh_for = self.every * 3 + std::time::Duration::from_secs(1);
+        let samples = match readings.read_at {
+            Some(at) if at.elapsed() <= fresh_for => readings.samples.clone(),
+            _ => Vec::new(),
+        };
+        let stuck = match readings.reading_since {
+            Some(since) if since.elapsed() >= STUCK_AFTER => format!(
+                "GPU readings have not come back for {} s (an NVML call hangs: a GPU may have fallen off the bus)",
+                since.elapsed().as_secs()
+            ),
+            _ => String::new(),
+        };
+        Latest { samples, stuck }
     }
 }
 

@@ -10,11 +10,16 @@ use nvml_wrapper::Nvml;
 /// NVML_DEVICE_MIG_ENABLE of nvml.h.
 const MIG_ENABLED: u32 = 1;
 
+/// Loads and initialises the NVML at `library` (the driver's
+/// `libnvidia-ml.so.1`, or a stand-in).
+pub fn open(library: &std::path::Path) -> Result<Nvml, nvml_wrapper::error::NvmlError> {
+    Nvml::builder().lib_path(library.as_os_str()).init()
+}
+
 /// Every device NVML sees, or why NVML is not usable here. A GPU in MIG
 /// mode is left out and its slices are listed instead, with indices after
 /// the whole GPUs' (which keep NVML's indices).
-pub fn devices() -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlError> {
-    let nvml = Nvml::init()?;
+pub fn devices(nvml: &Nvml) -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlError> {
     let n_devices = nvml.device_count()?;
     let mut devices = Vec::with_capacity(n_devices as usize);
     let mut slices = Vec::new();
@@ -81,9 +86,8 @@ fn numa_node_of(device: &nvml_wrapper::Device) -> Option<u32> {
 
 /// Node-wide facts for its labels: `nvidia.driver` (`550.54.15`),
 /// `nvidia.cuda` (`12.4`: the newest CUDA the driver runs).
-pub fn node_labels() -> std::collections::BTreeMap<String, String> {
+pub fn node_labels(nvml: &Nvml) -> std::collections::BTreeMap<String, String> {
     let mut labels = std::collections::BTreeMap::new();
-    let Ok(nvml) = Nvml::init() else { return labels };
     if let Ok(driver) = nvml.sys_driver_version() {
         labels.insert("nvidia.driver".to_string(), driver);
     }
@@ -97,29 +101,40 @@ pub fn node_labels() -> std::collections::BTreeMap<String, String> {
 }
 
 /// The links between every pair of devices: NVLink where an active link of
-/// one reaches the other's PCI bus id, else the PCIe path NVML reports. A
-/// pair NVML cannot place is left out (and counts as `system`).
-pub fn topology(devices: &[RawDevice]) -> Result<Topology, nvml_wrapper::error::NvmlError> {
-    let nvml = Nvml::init()?;
+/// one reaches the other's PCI bus id, or where both reach the node's
+/// NVSwitch fabric (a DGX: every GPU's links go to NVSwitches, which join
+/// them all); else the PCIe path NVML reports. A pair NVML cannot place is
+/// left out (and counts as `system`).
+pub fn topology(nvml: &Nvml, devices: &[RawDevice]) -> Result<Topology, nvml_wrapper::error::NvmlError> {
     // MIG slices have no peer links of their own.
     let devices: Vec<&RawDevice> = devices.iter().filter(|raw| raw.mig_parent.is_none()).collect();
     let mut nvlink_peers: Vec<Vec<String>> = Vec::with_capacity(devices.len());
+    let mut on_nvswitch: Vec<bool> = Vec::with_capacity(devices.len());
     for raw in &devices {
         let device = nvml.device_by_index(raw.index)?;
-        let peers = (0..NVLINK_MAX_LINKS)
-            .filter_map(|link| {
-                let link = device.link_wrapper_for(link);
-                // A GPU without NVLink answers NotSupported: no peers.
-                link.is_active().ok().filter(|active| *active)?;
-                link.remote_pci_info().ok().map(|pci| pci.bus_id)
-            })
-            .collect();
+        let mut peers = Vec::new();
+        let mut switched = false;
+        for link in 0..NVLINK_MAX_LINKS {
+            let link = device.link_wrapper_for(link);
+            // A GPU without NVLink answers NotSupported: no peers.
+            if !link.is_active().is_ok_and(|active| active) {
+                continue;
+            }
+            // Drivers before the device type answer only the remote bus.
+            if remote_is_nvswitch(nvml, &device, link.link()) {
+                switched = true;
+            } else if let Ok(pci) = link.remote_pci_info() {
+                peers.push(pci.bus_id);
+            }
+        }
         nvlink_peers.push(peers);
+        on_nvswitch.push(switched);
     }
     let mut links = Vec::new();
     for (i, a) in devices.iter().enumerate() {
         for (j, b) in devices.iter().enumerate().skip(i + 1) {
-            let by_nvlink = nvlink_peers[i].iter().any(|peer| same_bus(peer, &b.pci_bus_id))
+            let by_nvlink = (on_nvswitch[i] && on_nvswitch[j])
+                || nvlink_peers[i].iter().any(|peer| same_bus(peer, &b.pci_bus_id))
                 || nvlink_peers[j].iter().any(|peer| same_bus(peer, &a.pci_bus_id));
             let link = if by_nvlink {
                 Some(Link::Nvlink)
@@ -145,6 +160,24 @@ pub fn topology(devices: &[RawDevice]) -> Result<Topology, nvml_wrapper::error::
         }
     }
     Ok(Topology::new(links))
+}
+
+/// NVML_NVLINK_DEVICE_TYPE_SWITCH of nvml.h.
+const NVLINK_DEVICE_TYPE_SWITCH: u32 = 2;
+
+/// Whether `link` of `device` goes to an NVSwitch. Called through the raw
+/// symbol: nvml-wrapper 0.13's `remote_device_type` hands NVML a temporary
+/// and so always answers Unknown.
+fn remote_is_nvswitch(nvml: &Nvml, device: &nvml_wrapper::Device, link: u32) -> bool {
+    let lib = nvml.lib();
+    if lib.nvmlDeviceGetNvLinkRemoteDeviceType.is_err() {
+        return false;
+    }
+    let mut kind = 0;
+    // SAFETY: the symbol is loaded (checked above), the device handle is
+    // live for as long as `nvml`, and the out-pointer is a local.
+    let status = unsafe { lib.nvmlDeviceGetNvLinkRemoteDeviceType(device.handle(), link, &mut kind) };
+    status == 0 && kind == NVLINK_DEVICE_TYPE_SWITCH
 }
 
 /// NVML_NVLINK_MAX_LINKS of nvml.h: links per device NVML may report.
@@ -225,9 +258,9 @@ fn remapped_rows(nvml: &Nvml, device: &nvml_wrapper::Device) -> Option<Remap> {
 /// Watches NVML's critical Xid events on every device, for as long as the
 /// agent runs, handing each to `health` (on a thread of its own: the wait
 /// blocks).
-pub fn watch_xids(health: std::sync::Arc<super::health::Health>) {
+pub fn watch_xids(library: std::path::PathBuf, health: std::sync::Arc<super::health::Health>) {
     let spawned = std::thread::Builder::new().name("nvml-xid".into()).spawn(move || {
-        if let Err(err) = xid_loop(&health) {
+        if let Err(err) = xid_loop(&library, &health) {
             tracing::warn!("cannot watch NVML's Xid events ({err}); Xids go unreported");
         }
     });
@@ -236,11 +269,11 @@ pub fn watch_xids(health: std::sync::Arc<super::health::Health>) {
     }
 }
 
-fn xid_loop(health: &super::health::Health) -> Result<(), nvml_wrapper::error::NvmlError> {
+fn xid_loop(library: &std::path::Path, health: &super::health::Health) -> Result<(), nvml_wrapper::error::NvmlError> {
     use nvml_wrapper::bitmasks::event::EventTypes;
     use nvml_wrapper::enums::event::XidError;
     use nvml_wrapper::error::NvmlError;
-    let nvml = Nvml::init()?;
+    let nvml = open(library)?;
     let n_devices = nvml.device_count()?;
     // A device that cannot be watched (lost, or without event support)
     // leaves the others watched. A failed registration consumes the set, so

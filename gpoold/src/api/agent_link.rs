@@ -95,6 +95,7 @@ impl AgentLink for AgentLinkService {
                         xids: heartbeat.xids.into_iter().take(256).collect(),
                         health_check: heartbeat.health_check,
                         spool_short: heartbeat.spool_short.chars().take(512).collect(),
+                        readings_stuck: heartbeat.readings_stuck.chars().take(512).collect(),
                     },
                     Some(pb::agent_message::Msg::JobEvent(event)) => match event_from_wire(event) {
                         Some(event) => Command::AgentJobEvent {

@@ -13,6 +13,8 @@ use gpool_proto::pb;
 
 /// How a drain for a full spool begins, which tells it from an operator's.
 pub const SPOOL_DRAIN: &str = "spool full: ";
+/// How a drain for stuck GPU readings begins.
+pub const READINGS_DRAIN: &str = "GPU readings stuck: ";
 
 impl State {
     /// Reads one heartbeat of `node` for faults: GPUs (or the node) with a
@@ -96,29 +98,30 @@ impl State {
         }
     }
 
-    /// The node's agent says its spool is short of space, or has room
-    /// again: the node is drained with that reason while it lasts (its
-    /// jobs run on; only new work is kept off), and the drain is lifted
-    /// once the spool has room, unless an operator drained it meanwhile.
-    pub(super) fn assess_spool(&mut self, name: &str, short: &str, now: Timestamp, out: &mut Batch) {
+    /// The node's agent says something keeps new work off it (its spool
+    /// is short of space, its GPU readings are stuck), or that it is over:
+    /// the node is drained with that reason while it lasts (its jobs run
+    /// on; only new work is kept off), and the drain is lifted once it is
+    /// over, unless an operator drained the node meanwhile.
+    pub(super) fn assess_agent_drain(&mut self, name: &str, prefix: &str, why: &str, now: Timestamp, out: &mut Batch) {
         let Some(node) = self.nodes.get_mut(name) else { return };
         let drained_for_it = node
             .drain_reason
             .as_deref()
-            .is_some_and(|reason| reason.starts_with(SPOOL_DRAIN));
-        let reason = if !short.is_empty() && node.drain_reason.is_none() {
-            node.drain_reason = Some(format!("{SPOOL_DRAIN}{short}"));
-            tracing::warn!(node = name, "drained: {short}");
-            format!("drained: {short}")
-        } else if short.is_empty() && drained_for_it {
+            .is_some_and(|reason| reason.starts_with(prefix));
+        let note = if !why.is_empty() && node.drain_reason.is_none() {
+            node.drain_reason = Some(format!("{prefix}{why}"));
+            tracing::warn!(node = name, "drained: {why}");
+            format!("drained: {why}")
+        } else if why.is_empty() && drained_for_it {
             node.drain_reason = None;
-            tracing::info!(node = name, "its spool has room again: drain lifted");
-            "its spool has room again: drain lifted".to_string()
+            tracing::info!(node = name, "{prefix}over: drain lifted");
+            format!("{prefix}over: drain lifted")
         } else {
             return;
         };
         out.writes.push(Write::Node(name.to_string()));
-        self.log_health(name, None, Transition::Note, reason, now, out);
+        self.log_health(name, None, Transition::Note, note, now, out);
     }
 
     fn apply_node_change(&mut self, name: &str, change: Change, now: Timestamp, out: &mut Batch) {

@@ -360,6 +360,8 @@ pub enum Command {
         health_check: Option<pb::HealthCheck>,
         /// Why the node's spool is short of space; empty while it has room.
         spool_short: String,
+        /// Why its GPU readings stopped; empty while they come.
+        readings_stuck: String,
     },
     AgentJobEvent {
         node: String,
@@ -1755,12 +1757,14 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             xids,
             health_check,
             spool_short,
+            readings_stuck,
         } => {
             if state.is_current_link(&node, conn_id) {
                 state.heartbeat(&node, conn_id);
                 state.grant_lease(&node, seq);
                 state.assess_health(&node, &samples, &xids, health_check, now, out);
-                state.assess_spool(&node, &spool_short, now, out);
+                state.assess_agent_drain(&node, health::SPOOL_DRAIN, &spool_short, now, out);
+                state.assess_agent_drain(&node, health::READINGS_DRAIN, &readings_stuck, now, out);
                 state.count_gpu_use(&node, &samples);
                 state.gpu_samples.insert(node.clone(), samples);
                 state.find_stragglers(&node, now, out);

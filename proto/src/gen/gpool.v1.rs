@@ -1009,6 +1009,11 @@ pub struct Heartbeat {
     /// once the spool has room again. Its jobs keep running.
     #[prost(string, tag = "5")]
     pub spool_short: ::prost::alloc::string::String,
+    /// Why the node's GPU readings stopped (an NVML call hangs); empty while
+    /// they come. gpoold drains the node with this reason while it lasts; its
+    /// jobs keep running, and its heartbeats (read apart) go on.
+    #[prost(string, tag = "6")]
+    pub readings_stuck: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -15,10 +15,23 @@ pub fn binary(name: &str) -> PathBuf {
     let path = profile_dir.join(name);
     assert!(
         path.exists(),
-        "{} is missing: build the binaries first (cargo build --workspace --bins)",
+        "{} is missing: build the workspace first (cargo build --workspace)",
         path.display()
     );
     path
+}
+
+/// The stand-in NVML library this workspace builds
+/// (target/<profile>/libgpool_nvml_standin.so).
+pub fn nvml_standin() -> PathBuf {
+    binary("libgpool_nvml_standin.so")
+}
+
+/// A fixture of the stand-in NVML library: a node's GPUs as a file.
+pub fn nvml_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../nvml-standin/fixtures")
+        .join(format!("{name}.toml"))
 }
 
 pub struct Process {
