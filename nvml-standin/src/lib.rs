@@ -26,9 +26,37 @@ use std::time::{Duration, Instant};
 pub const FIXTURE_ENV: &str = "GPOOL_NVML_STANDIN";
 
 struct Loaded {
-    fixture: Fixture,
+    path: String,
+    /// The file as last read, with its modification time; read again
+    /// when that changes (at most every `RELOAD_EVERY`), so a test can
+    /// raise an ECC count, add an Xid or a fault while the agent runs.
+    fixture: Mutex<(std::sync::Arc<Fixture>, Option<std::time::SystemTime>, Instant)>,
     /// The first init: faults and Xids are timed from it.
     started: Instant,
+}
+
+const RELOAD_EVERY: Duration = Duration::from_millis(100);
+
+impl Loaded {
+    fn fixture(&self) -> std::sync::Arc<Fixture> {
+        let mut held = self.fixture.lock().unwrap_or_else(|p| p.into_inner());
+        if held.2.elapsed() >= RELOAD_EVERY {
+            held.2 = Instant::now();
+            let modified = std::fs::metadata(&self.path).and_then(|meta| meta.modified()).ok();
+            if modified != held.1 {
+                match Fixture::load(&self.path) {
+                    // The GPUs stay those of the first read; what they say
+                    // (counters, Xids, faults) follows the file.
+                    Ok(fixture) if fixture.gpu.len() == held.0.gpu.len() => {
+                        *held = (std::sync::Arc::new(fixture), modified, Instant::now());
+                    }
+                    Ok(_) => eprintln!("nvml stand-in: {}: the number of GPUs may not change", self.path),
+                    Err(err) => eprintln!("nvml stand-in: {err}"),
+                }
+            }
+        }
+        held.0.clone()
+    }
 }
 
 static LOADED: OnceLock<Result<Loaded, String>> = OnceLock::new();
@@ -76,15 +104,13 @@ impl Handle {
 
 /// Runs `answer` for `call` once the library is initialised, after the
 /// fault the file sets for it (a hang, then an error or the answer).
-fn gate(call: &str, gpu: Option<usize>, answer: impl FnOnce(&'static Loaded) -> u32) -> sys::nvmlReturn_t {
+fn gate(call: &str, gpu: Option<usize>, answer: impl FnOnce(&'static Loaded, &Fixture) -> u32) -> sys::nvmlReturn_t {
     let loaded = match loaded() {
         Ok(loaded) => loaded,
         Err(err) => return err,
     };
-    if let Some(fault) = loaded
-        .fixture
-        .fault_for(call, gpu.map(|gpu| gpu as u32), since_start(loaded))
-    {
+    let fixture = loaded.fixture();
+    if let Some(fault) = fixture.fault_for(call, gpu.map(|gpu| gpu as u32), since_start(loaded)) {
         if let Some(hang_ms) = fault.hang_ms {
             std::thread::sleep(Duration::from_millis(hang_ms));
         }
@@ -92,22 +118,18 @@ fn gate(call: &str, gpu: Option<usize>, answer: impl FnOnce(&'static Loaded) -> 
             return error;
         }
     }
-    answer(loaded)
+    answer(loaded, &fixture)
 }
 
 /// `gate` for a call on one device.
-fn on_device(
-    call: &str,
-    device: sys::nvmlDevice_t,
-    answer: impl FnOnce(&'static Loaded, Handle) -> u32,
-) -> sys::nvmlReturn_t {
+fn on_device(call: &str, device: sys::nvmlDevice_t, answer: impl FnOnce(&Fixture, Handle) -> u32) -> sys::nvmlReturn_t {
     let Ok(loaded) = loaded() else {
         return code::UNINITIALIZED;
     };
-    let Some(handle) = Handle::of(device, &loaded.fixture) else {
+    let Some(handle) = Handle::of(device, &loaded.fixture()) else {
         return code::INVALID_ARGUMENT;
     };
-    gate(call, Some(handle.gpu), |loaded| answer(loaded, handle))
+    gate(call, Some(handle.gpu), |_, fixture| answer(fixture, handle))
 }
 
 unsafe fn put<T>(out: *mut T, value: T) -> u32 {
@@ -158,8 +180,10 @@ fn pci_info(bus_id: &str) -> sys::nvmlPciInfo_t {
 pub extern "C" fn nvmlInit_v2() -> sys::nvmlReturn_t {
     let loaded = LOADED.get_or_init(|| {
         let path = std::env::var(FIXTURE_ENV).map_err(|_| format!("{FIXTURE_ENV} is not set"))?;
+        let modified = std::fs::metadata(&path).and_then(|meta| meta.modified()).ok();
         Fixture::load(&path).map(|fixture| Loaded {
-            fixture,
+            fixture: Mutex::new((std::sync::Arc::new(fixture), modified, Instant::now())),
+            path,
             started: Instant::now(),
         })
     });
@@ -210,15 +234,15 @@ pub extern "C" fn nvmlErrorString(result: sys::nvmlReturn_t) -> *const c_char {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> sys::nvmlReturn_t {
-    gate("nvmlSystemGetDriverVersion", None, |loaded| {
-        put_str(version, length, &loaded.fixture.driver_version)
+    gate("nvmlSystemGetDriverVersion", None, |_, fixture| {
+        put_str(version, length, &fixture.driver_version)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> sys::nvmlReturn_t {
-    gate("nvmlSystemGetCudaDriverVersion_v2", None, |loaded| {
-        put(version, loaded.fixture.cuda_version)
+    gate("nvmlSystemGetCudaDriverVersion_v2", None, |_, fixture| {
+        put(version, fixture.cuda_version)
     })
 }
 
@@ -229,8 +253,8 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> sys::nvmlReturn_t {
-    gate("nvmlDeviceGetCount_v2", None, |loaded| {
-        put(count, loaded.fixture.gpu.len() as c_uint)
+    gate("nvmlDeviceGetCount_v2", None, |_, fixture| {
+        put(count, fixture.gpu.len() as c_uint)
     })
 }
 
@@ -239,8 +263,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut sys::nvmlDevice_t,
 ) -> sys::nvmlReturn_t {
-    gate("nvmlDeviceGetHandleByIndex_v2", Some(index as usize), |loaded| {
-        if index as usize >= loaded.fixture.gpu.len() {
+    gate("nvmlDeviceGetHandleByIndex_v2", Some(index as usize), |_, fixture| {
+        if index as usize >= fixture.gpu.len() {
             return code::INVALID_ARGUMENT;
         }
         let handle = Handle {
@@ -266,8 +290,8 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetName", device, |loaded, handle| {
-        let gpu = &loaded.fixture.gpu[handle.gpu];
+    on_device("nvmlDeviceGetName", device, |fixture, handle| {
+        let gpu = &fixture.gpu[handle.gpu];
         match handle.slot {
             None => put_str(name, length, &gpu.name),
             Some(slot) => put_str(name, length, &format!("{} MIG {}", gpu.name, gpu.mig[slot as usize])),
@@ -281,8 +305,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetUUID", device, |loaded, handle| {
-        let gpu = &loaded.fixture.gpu[handle.gpu];
+    on_device("nvmlDeviceGetUUID", device, |fixture, handle| {
+        let gpu = &fixture.gpu[handle.gpu];
         match handle.slot {
             None => put_str(uuid, length, &gpu.uuid),
             Some(slot) => {
@@ -298,8 +322,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: sys::nvmlDevice_t,
     pci: *mut sys::nvmlPciInfo_t,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetPciInfo_v3", device, |loaded, handle| {
-        put(pci, pci_info(&loaded.fixture.gpu[handle.gpu].pci_bus_id))
+    on_device("nvmlDeviceGetPciInfo_v3", device, |fixture, handle| {
+        put(pci, pci_info(&fixture.gpu[handle.gpu].pci_bus_id))
     })
 }
 
@@ -308,11 +332,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: sys::nvmlDevice_t,
     memory: *mut sys::nvmlMemory_v2_t,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetMemoryInfo_v2", device, |loaded, handle| {
+    on_device("nvmlDeviceGetMemoryInfo_v2", device, |fixture, handle| {
         if memory.is_null() {
             return code::INVALID_ARGUMENT;
         }
-        let gpu = &loaded.fixture.gpu[handle.gpu];
+        let gpu = &fixture.gpu[handle.gpu];
         let total_mib = match handle.slot {
             None => gpu.memory_mib,
             Some(slot) => fixture::mig_memory_mib(&gpu.mig[slot as usize]).unwrap_or(0),
@@ -337,8 +361,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: sys::nvmlDevice_t,
     memory: *mut sys::nvmlMemory_t,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetMemoryInfo", device, |loaded, handle| {
-        let gpu = &loaded.fixture.gpu[handle.gpu];
+    on_device("nvmlDeviceGetMemoryInfo", device, |fixture, handle| {
+        let gpu = &fixture.gpu[handle.gpu];
         let (total, used) = (gpu.memory_mib << 20, gpu.memory_used_mib << 20);
         put(
             memory,
@@ -357,8 +381,8 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     major: *mut c_int,
     minor: *mut c_int,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetCudaComputeCapability", device, |loaded, handle| {
-        let cc = &loaded.fixture.gpu[handle.gpu].compute_capability;
+    on_device("nvmlDeviceGetCudaComputeCapability", device, |fixture, handle| {
+        let cc = &fixture.gpu[handle.gpu].compute_capability;
         let (high, low) = cc.split_once('.').unwrap_or((cc, "0"));
         let status = put(major, high.parse().unwrap_or(0));
         if status != code::SUCCESS {
@@ -375,8 +399,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryAffinity(
     node_set: *mut c_ulong,
     _scope: c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetMemoryAffinity", device, |loaded, handle| {
-        match loaded.fixture.gpu[handle.gpu].numa_node {
+    on_device("nvmlDeviceGetMemoryAffinity", device, |fixture, handle| {
+        match fixture.gpu[handle.gpu].numa_node {
             None => code::NOT_SUPPORTED,
             Some(_) if node_set_size == 0 || node_set.is_null() => code::INVALID_ARGUMENT,
             Some(node) if node >= c_ulong::BITS => code::NOT_SUPPORTED,
@@ -403,8 +427,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetMigMode", device, |loaded, handle| {
-        let mode = c_uint::from(!loaded.fixture.gpu[handle.gpu].mig.is_empty());
+    on_device("nvmlDeviceGetMigMode", device, |fixture, handle| {
+        let mode = c_uint::from(!fixture.gpu[handle.gpu].mig.is_empty());
         let status = put(current, mode);
         if status != code::SUCCESS {
             return status;
@@ -418,8 +442,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: sys::nvmlDevice_t,
     count: *mut c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetMaxMigDeviceCount", device, |loaded, handle| {
-        if loaded.fixture.gpu[handle.gpu].mig.is_empty() {
+    on_device("nvmlDeviceGetMaxMigDeviceCount", device, |fixture, handle| {
+        if fixture.gpu[handle.gpu].mig.is_empty() {
             return code::NOT_SUPPORTED;
         }
         put(count, fixture::MAX_MIG_SLOTS)
@@ -432,9 +456,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_device: *mut sys::nvmlDevice_t,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetMigDeviceHandleByIndex", device, |loaded, handle| {
+    on_device("nvmlDeviceGetMigDeviceHandleByIndex", device, |fixture, handle| {
         // Slots past the instances made are empty.
-        if index as usize >= loaded.fixture.gpu[handle.gpu].mig.len() {
+        if index as usize >= fixture.gpu[handle.gpu].mig.len() {
             return code::NOT_FOUND;
         }
         let slice = Handle {
@@ -453,8 +477,8 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     link: c_uint,
     active: *mut c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetNvLinkState", device, |loaded, handle| {
-        match loaded.fixture.nvlink(handle.gpu, link) {
+    on_device("nvmlDeviceGetNvLinkState", device, |fixture, handle| {
+        match fixture.nvlink(handle.gpu, link) {
             None => code::NOT_SUPPORTED,
             Some(found) => put(active, c_uint::from(found != NvLink::Inactive)),
         }
@@ -470,11 +494,11 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     on_device(
         "nvmlDeviceGetNvLinkRemotePciInfo_v2",
         device,
-        |loaded, handle| match loaded.fixture.nvlink(handle.gpu, link) {
+        |fixture, handle| match fixture.nvlink(handle.gpu, link) {
             None => code::NOT_SUPPORTED,
             Some(NvLink::Inactive) => code::NOT_FOUND,
             Some(NvLink::Switch) => put(pci, pci_info(fixture::NVSWITCH_BUS_ID)),
-            Some(NvLink::Gpu(peer)) => put(pci, pci_info(&loaded.fixture.gpu[peer].pci_bus_id)),
+            Some(NvLink::Gpu(peer)) => put(pci, pci_info(&fixture.gpu[peer].pci_bus_id)),
         },
     )
 }
@@ -488,7 +512,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
     on_device(
         "nvmlDeviceGetNvLinkRemoteDeviceType",
         device,
-        |loaded, handle| match loaded.fixture.nvlink(handle.gpu, link) {
+        |fixture, handle| match fixture.nvlink(handle.gpu, link) {
             None => code::NOT_SUPPORTED,
             Some(NvLink::Inactive) => code::NOT_FOUND,
             Some(NvLink::Switch) => put(kind, sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH),
@@ -506,9 +530,9 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
     on_device(
         "nvmlDeviceGetTopologyCommonAncestor",
         first,
-        |loaded, a| match Handle::of(second, &loaded.fixture) {
+        |fixture, a| match Handle::of(second, fixture) {
             None => code::INVALID_ARGUMENT,
-            Some(b) => put(level, loaded.fixture.common_ancestor(a.gpu, b.gpu)),
+            Some(b) => put(level, fixture.common_ancestor(a.gpu, b.gpu)),
         },
     )
 }
@@ -520,8 +544,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: sys::nvmlDevice_t,
     rates: *mut sys::nvmlUtilization_t,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetUtilizationRates", device, |loaded, handle| {
-        let gpu = loaded.fixture.gpu[handle.gpu].utilization_pct;
+    on_device("nvmlDeviceGetUtilizationRates", device, |fixture, handle| {
+        let gpu = fixture.gpu[handle.gpu].utilization_pct;
         put(rates, sys::nvmlUtilization_t { gpu, memory: gpu / 2 })
     })
 }
@@ -532,8 +556,8 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     _sensor: c_uint,
     temperature: *mut c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetTemperature", device, |loaded, handle| {
-        put(temperature, loaded.fixture.gpu[handle.gpu].temperature_c)
+    on_device("nvmlDeviceGetTemperature", device, |fixture, handle| {
+        put(temperature, fixture.gpu[handle.gpu].temperature_c)
     })
 }
 
@@ -542,8 +566,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: sys::nvmlDevice_t,
     milliwatts: *mut c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetPowerUsage", device, |loaded, handle| {
-        put(milliwatts, loaded.fixture.gpu[handle.gpu].power_w * 1000)
+    on_device("nvmlDeviceGetPowerUsage", device, |fixture, handle| {
+        put(milliwatts, fixture.gpu[handle.gpu].power_w * 1000)
     })
 }
 
@@ -553,8 +577,8 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     _clock: c_uint,
     mhz: *mut c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetClockInfo", device, |loaded, handle| {
-        put(mhz, loaded.fixture.gpu[handle.gpu].sm_clock_mhz)
+    on_device("nvmlDeviceGetClockInfo", device, |fixture, handle| {
+        put(mhz, fixture.gpu[handle.gpu].sm_clock_mhz)
     })
 }
 
@@ -568,8 +592,8 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     _counter: c_uint,
     count: *mut c_ulonglong,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetTotalEccErrors", device, |loaded, handle| {
-        let gpu = &loaded.fixture.gpu[handle.gpu];
+    on_device("nvmlDeviceGetTotalEccErrors", device, |fixture, handle| {
+        let gpu = &fixture.gpu[handle.gpu];
         put(
             count,
             if error_type == UNCORRECTED {
@@ -589,8 +613,8 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     pending: *mut c_uint,
     failed: *mut c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetRemappedRows", device, |loaded, handle| {
-        let Some(rows) = loaded.fixture.gpu[handle.gpu].remapped_rows else {
+    on_device("nvmlDeviceGetRemappedRows", device, |fixture, handle| {
+        let Some(rows) = fixture.gpu[handle.gpu].remapped_rows else {
             return code::NOT_SUPPORTED;
         };
         for (out, value) in [
@@ -613,11 +637,8 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
     device: sys::nvmlDevice_t,
     pending: *mut c_uint,
 ) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetRetiredPagesPendingStatus", device, |loaded, handle| {
-        put(
-            pending,
-            c_uint::from(loaded.fixture.gpu[handle.gpu].retired_pages_pending),
-        )
+    on_device("nvmlDeviceGetRetiredPagesPendingStatus", device, |fixture, handle| {
+        put(pending, c_uint::from(fixture.gpu[handle.gpu].retired_pages_pending))
     })
 }
 
@@ -627,7 +648,8 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
 const XID_CRITICAL: c_ulonglong = 0x8;
 
 /// An event set: the GPUs registered with it, and which of the file's Xids
-/// it has delivered.
+/// it has delivered (by their place in the file: Xids are added at its
+/// end).
 struct EventSet {
     gpus: Mutex<Vec<usize>>,
     delivered: Mutex<Vec<bool>>,
@@ -635,10 +657,10 @@ struct EventSet {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut sys::nvmlEventSet_t) -> sys::nvmlReturn_t {
-    gate("nvmlEventSetCreate", None, |loaded| {
+    gate("nvmlEventSetCreate", None, |_, _| {
         let created = Box::new(EventSet {
             gpus: Mutex::new(Vec::new()),
-            delivered: Mutex::new(vec![false; loaded.fixture.xid.len()]),
+            delivered: Mutex::new(Vec::new()),
         });
         let raw = Box::into_raw(created).cast();
         let status = put(set, raw);
@@ -674,7 +696,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut sys::nvmlEventData_t,
     timeout_ms: c_uint,
 ) -> sys::nvmlReturn_t {
-    gate("nvmlEventSetWait_v2", None, |loaded| {
+    gate("nvmlEventSetWait_v2", None, |loaded, _| {
         if set.is_null() || data.is_null() {
             return code::INVALID_ARGUMENT;
         }
@@ -682,10 +704,13 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         let until = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
         loop {
             let now = since_start(loaded);
+            let fixture = loaded.fixture();
             let gpus = set.gpus.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let mut delivered = set.delivered.lock().unwrap_or_else(|p| p.into_inner());
-            let due = loaded
-                .fixture
+            if delivered.len() < fixture.xid.len() {
+                delivered.resize(fixture.xid.len(), false);
+            }
+            let due = fixture
                 .xid
                 .iter()
                 .enumerate()

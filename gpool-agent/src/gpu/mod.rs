@@ -223,13 +223,22 @@ impl Reader {
         }
     }
 
-    pub fn read(&self) -> Vec<gpool_proto::pb::GpuSample> {
+    /// The indices of the GPUs to read.
+    pub fn indices(&self) -> Vec<u32> {
         match self {
-            Reader::Nvml(nvml) => nvml::samples(nvml),
-            Reader::Simulated(gpus) => gpus
-                .iter()
-                .map(|(index, load)| gpool_proto::pb::GpuSample {
-                    index: *index,
+            Reader::Nvml(nvml) => (0..nvml.device_count().unwrap_or(0)).collect(),
+            Reader::Simulated(gpus) => gpus.iter().map(|(index, _)| *index).collect(),
+        }
+    }
+
+    /// The readings of GPU `index`; `None` when it cannot be read.
+    pub fn read_one(&self, index: u32) -> Option<gpool_proto::pb::GpuSample> {
+        match self {
+            Reader::Nvml(nvml) => nvml::sample(nvml, index),
+            Reader::Simulated(gpus) => {
+                let (_, load) = gpus.iter().find(|(at, _)| *at == index)?;
+                Some(gpool_proto::pb::GpuSample {
+                    index,
                     utilization_pct: load.utilization_pct,
                     memory_used_mib: load.memory_used_mib,
                     temperature_c: 35,
@@ -240,79 +249,162 @@ impl Reader {
                     sm_clock_mhz: 1_980,
                     ..gpool_proto::pb::GpuSample::default()
                 })
-                .collect(),
+            }
         }
+    }
+
+    /// Every GPU's readings, one after the other.
+    pub fn read(&self) -> Vec<gpool_proto::pb::GpuSample> {
+        self.indices()
+            .into_iter()
+            .filter_map(|index| self.read_one(index))
+            .collect()
     }
 }
 
 /// Reads samples on a thread of its own, every `every`, so that a GPU
 /// whose NVML calls hang (one fallen off the bus) never holds up the
-/// link's heartbeats, and with them the node's lease and its jobs.
+/// link's heartbeats, and with them the node's lease and its jobs. A read
+/// of one GPU that takes longer than `CALL_DEADLINE` leaves that GPU
+/// behind: a new thread reads the others (the GPU then goes missing from
+/// the readings, and gpoold takes it out of service), and the GPU is read
+/// again once its call returns.
 pub struct Sampler {
-    latest: std::sync::Arc<std::sync::Mutex<Readings>>,
+    shared: std::sync::Arc<SamplerShared>,
     every: std::time::Duration,
+}
+
+struct SamplerShared {
+    reader: Reader,
+    readings: std::sync::Mutex<Readings>,
 }
 
 #[derive(Default)]
 struct Readings {
     samples: Vec<gpool_proto::pb::GpuSample>,
-    /// When the latest read ended.
+    /// When the latest round of reads ended.
     read_at: Option<std::time::Instant>,
-    /// When the read under way began.
-    reading_since: Option<std::time::Instant>,
+    /// The read under way: of which GPU (none: listing them), since when.
+    reading: Option<(Option<u32>, std::time::Instant)>,
+    /// Bumped when a thread is left behind; only the thread of the
+    /// current generation reads on.
+    generation: u64,
+    /// GPUs whose read hangs: left out until their call returns.
+    left_behind: std::collections::BTreeSet<u32>,
 }
 
 /// What the link sends of the latest readings.
 pub struct Latest {
-    /// The latest read, if it is recent; else none.
+    /// The latest round of reads, if it is recent; else none.
     pub samples: Vec<gpool_proto::pb::GpuSample>,
-    /// Why readings stopped, once a read has been under way for longer
-    /// than `STUCK_AFTER`; empty otherwise.
+    /// Why readings stopped, once listing the GPUs has been under way for
+    /// longer than `STUCK_AFTER`; empty otherwise.
     pub stuck: String,
 }
 
-/// A read under way this long is stuck (NVML answers in milliseconds).
+/// A read of one GPU under way this long leaves it behind (NVML answers
+/// in milliseconds).
+pub const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Listing the GPUs under way this long: every reading has stopped.
 pub const STUCK_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Sampler {
     pub fn start(reader: Reader, every: std::time::Duration) -> Sampler {
-        let latest = std::sync::Arc::new(std::sync::Mutex::new(Readings::default()));
-        let shared = latest.clone();
-        let spawned = std::thread::Builder::new()
-            .name("gpu-sampler".into())
-            .spawn(move || loop {
-                shared.lock().unwrap_or_else(|p| p.into_inner()).reading_since = Some(std::time::Instant::now());
-                let samples = reader.read();
-                {
-                    let mut readings = shared.lock().unwrap_or_else(|p| p.into_inner());
-                    readings.samples = samples;
-                    readings.read_at = Some(std::time::Instant::now());
-                    readings.reading_since = None;
-                }
-                std::thread::sleep(every);
-            });
-        if let Err(err) = spawned {
-            tracing::warn!("cannot start the GPU sampler: {err}; heartbeats carry no readings");
-        }
-        Sampler { latest, every }
+        let shared = std::sync::Arc::new(SamplerShared {
+            reader,
+            readings: std::sync::Mutex::new(Readings::default()),
+        });
+        spawn_reads(shared.clone(), 0, every);
+        Sampler { shared, every }
     }
 
-    /// The latest readings, never waiting for a read under way.
+    /// The latest readings, never waiting for a read under way; leaves a
+    /// GPU whose read hangs behind.
     pub fn latest(&self) -> Latest {
-        let readings = self.latest.lock().unwrap_or_else(|p| p.into_inner());
-        let fresh_for = self.every * 3 + std::time::Duration::from_secs(1);
+        let mut readings = self.shared.readings.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((Some(gpu), since)) = readings.reading {
+            if since.elapsed() >= CALL_DEADLINE {
+                tracing::warn!(
+                    gpu,
+                    "NVML has not answered a read of this GPU for {} s: reading the others without it",
+                    since.elapsed().as_secs()
+                );
+                readings.left_behind.insert(gpu);
+                readings.generation += 1;
+                readings.reading = None;
+                spawn_reads(self.shared.clone(), readings.generation, self.every);
+            }
+        }
+        let fresh_for = self.every * 3 + CALL_DEADLINE;
         let samples = match readings.read_at {
             Some(at) if at.elapsed() <= fresh_for => readings.samples.clone(),
             _ => Vec::new(),
         };
-        let stuck = match readings.reading_since {
-            Some(since) if since.elapsed() >= STUCK_AFTER => format!(
-                "GPU readings have not come back for {} s (an NVML call hangs: a GPU may have fallen off the bus)",
+        let stuck = match readings.reading {
+            Some((None, since)) if since.elapsed() >= STUCK_AFTER => format!(
+                "GPU readings have not come back for {} s (NVML does not answer)",
                 since.elapsed().as_secs()
             ),
             _ => String::new(),
         };
         Latest { samples, stuck }
+    }
+}
+
+/// The reading thread of `generation`: reads every GPU not left behind,
+/// every `every`, until a newer generation replaces it.
+fn spawn_reads(shared: std::sync::Arc<SamplerShared>, generation: u64, every: std::time::Duration) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("gpu-sampler-{generation}"))
+        .spawn(move || loop {
+            let current = |shared: &SamplerShared| {
+                let readings = shared.readings.lock().unwrap_or_else(|p| p.into_inner());
+                readings.generation == generation
+            };
+            let mark = |gpu: Option<u32>| {
+                let mut readings = shared.readings.lock().unwrap_or_else(|p| p.into_inner());
+                if readings.generation == generation {
+                    readings.reading = Some((gpu, std::time::Instant::now()));
+                }
+            };
+            mark(None);
+            let indices = shared.reader.indices();
+            let mut samples = Vec::with_capacity(indices.len());
+            for index in indices {
+                let left_behind = shared
+                    .readings
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .left_behind
+                    .contains(&index);
+                if left_behind {
+                    continue;
+                }
+                mark(Some(index));
+                let sample = shared.reader.read_one(index);
+                if !current(&shared) {
+                    // Left behind on this GPU: it answered at last, so the
+                    // current thread reads it again from its next round.
+                    let mut readings = shared.readings.lock().unwrap_or_else(|p| p.into_inner());
+                    readings.left_behind.remove(&index);
+                    tracing::info!(gpu = index, "NVML answers a read of this GPU again");
+                    return;
+                }
+                samples.extend(sample);
+            }
+            {
+                let mut readings = shared.readings.lock().unwrap_or_else(|p| p.into_inner());
+                if readings.generation != generation {
+                    return;
+                }
+                readings.samples = samples;
+                readings.read_at = Some(std::time::Instant::now());
+                readings.reading = None;
+            }
+            std::thread::sleep(every);
+        });
+    if let Err(err) = spawned {
+        tracing::warn!("cannot start a GPU reading thread: {err}; heartbeats carry no readings");
     }
 }
 

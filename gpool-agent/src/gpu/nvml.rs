@@ -196,33 +196,28 @@ pub fn same_bus(x: &str, y: &str) -> bool {
     bus_device(x) == bus_device(y)
 }
 
-/// One heartbeat's readings of every device; a device that cannot be read
-/// is left out (and so shows no sample).
-pub fn samples(nvml: &Nvml) -> Vec<pb::GpuSample> {
-    let n_devices = nvml.device_count().unwrap_or(0);
-    (0..n_devices)
-        .filter_map(|index| {
-            let device = nvml.device_by_index(index).ok()?;
-            let remap = remapped_rows(nvml, &device);
-            Some(pb::GpuSample {
-                index,
-                utilization_pct: device.utilization_rates().map_or(0, |u| u.gpu),
-                memory_used_mib: device.memory_info().map_or(0, |m| m.used / (1024 * 1024)),
-                temperature_c: device.temperature(TemperatureSensor::Gpu).unwrap_or(0),
-                power_w: device.power_usage().map_or(0, |milliwatts| milliwatts / 1000),
-                ecc_corrected: device
-                    .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-                    .unwrap_or(0),
-                ecc_uncorrected: device
-                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-                    .unwrap_or(0),
-                sm_clock_mhz: device.clock_info(Clock::SM).unwrap_or(0),
-                remap_failure: remap.is_some_and(|r| r.failed),
-                // Older GPUs retire pages instead of remapping rows.
-                remap_pending: remap.map_or_else(|| device.are_pages_pending_retired().unwrap_or(false), |r| r.pending),
-            })
-        })
-        .collect()
+/// The readings of device `index`; `None` when it cannot be read (and so
+/// shows no sample).
+pub fn sample(nvml: &Nvml, index: u32) -> Option<pb::GpuSample> {
+    let device = nvml.device_by_index(index).ok()?;
+    let remap = remapped_rows(nvml, &device);
+    Some(pb::GpuSample {
+        index,
+        utilization_pct: device.utilization_rates().map_or(0, |u| u.gpu),
+        memory_used_mib: device.memory_info().map_or(0, |m| m.used / (1024 * 1024)),
+        temperature_c: device.temperature(TemperatureSensor::Gpu).unwrap_or(0),
+        power_w: device.power_usage().map_or(0, |milliwatts| milliwatts / 1000),
+        ecc_corrected: device
+            .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+            .unwrap_or(0),
+        ecc_uncorrected: device
+            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .unwrap_or(0),
+        sm_clock_mhz: device.clock_info(Clock::SM).unwrap_or(0),
+        remap_failure: remap.is_some_and(|r| r.failed),
+        // Older GPUs retire pages instead of remapping rows.
+        remap_pending: remap.map_or_else(|| device.are_pages_pending_retired().unwrap_or(false), |r| r.pending),
+    })
 }
 
 /// Row remapping state (A100 and later).
