@@ -73,6 +73,9 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
         links: gpool_proto::convert::topology_to_wire(&info.topology),
         running: attempts.running(),
         ended,
+        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|id| id.trim().to_string())
+            .unwrap_or_default(),
     };
     pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Register(register)),

@@ -324,6 +324,24 @@ impl fmt::Display for Drift {
     }
 }
 
+/// The GPUs a reboot brings back: those out until a reset, when the node's
+/// boot id changed (a reboot resets every GPU). Unknown boot ids (an agent
+/// of an earlier release) tell nothing.
+pub fn reset_by_reboot(
+    known_boot: &str,
+    new_boot: &str,
+    gpus_out: &std::collections::BTreeMap<u32, OutOfService>,
+) -> Vec<u32> {
+    if known_boot.is_empty() || new_boot.is_empty() || known_boot == new_boot {
+        return Vec::new();
+    }
+    gpus_out
+        .iter()
+        .filter(|(_, out)| out.by == TakenBy::UntilReset)
+        .map(|(index, _)| *index)
+        .collect()
+}
+
 /// What changed from `before` to `after`: a GPU is the same while its index
 /// and UUID are.
 pub fn drift(before: &[crate::model::Gpu], after: &[crate::model::Gpu]) -> Vec<Drift> {

@@ -99,6 +99,10 @@ pub struct Node {
     /// GPU and node health transitions, newest last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub health_log: Vec<crate::health::HealthEvent>,
+    /// The kernel's id of the node's current boot, as its agent reported:
+    /// a new one means the node rebooted (which resets its GPUs).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
 }
 
 /// A node's state as operators see it, derived from drain, liveness and load.

@@ -262,6 +262,7 @@ pub fn node(name: &str, n_gpus: u32, model: &str) -> Node {
         gpus_out: Default::default(),
         health_drain: None,
         health_log: Vec::new(),
+        boot_id: String::new(),
     }
 }
 

@@ -281,3 +281,27 @@ fn faults_that_need_a_reset_stay_out_until_resumed() {
     };
     assert_eq!(decide(Some(&out), &[], true, &lenient, later), Change::Return);
 }
+
+/// A new boot id brings back the GPUs that waited for a reset, and only
+/// those; the same boot, or an agent that names none, brings back nothing.
+#[test]
+fn a_reboot_brings_back_only_what_waited_for_a_reset() {
+    let out = |by| OutOfService {
+        reason: "x".into(),
+        since: Timestamp(0),
+        by,
+        last_fault_at: Timestamp(0),
+    };
+    let gpus_out: std::collections::BTreeMap<u32, OutOfService> = [
+        (0, out(TakenBy::UntilReset)),
+        (1, out(TakenBy::Health)),
+        (2, out(TakenBy::Operator)),
+        (3, out(TakenBy::UntilReset)),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(reset_by_reboot("boot-a", "boot-b", &gpus_out), vec![0, 3]);
+    assert!(reset_by_reboot("boot-a", "boot-a", &gpus_out).is_empty());
+    assert!(reset_by_reboot("", "boot-b", &gpus_out).is_empty());
+    assert!(reset_by_reboot("boot-a", "", &gpus_out).is_empty());
+}

@@ -237,6 +237,12 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
         gpus_out: Default::default(),
         health_drain: None,
         health_log: Vec::new(),
+        boot_id: register
+            .boot_id
+            .chars()
+            .filter(char::is_ascii_graphic)
+            .take(64)
+            .collect(),
     };
     let running = register
         .running

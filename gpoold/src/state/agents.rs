@@ -219,6 +219,7 @@ impl State {
         out: &mut Batch,
     ) {
         let name = node.name.clone();
+        let mut reset_by_reboot = Vec::new();
         // GPUs that left or joined since the node's last registration.
         let drift = self
             .nodes
@@ -237,16 +238,31 @@ impl State {
                 };
                 uuid_of(&node.gpus).is_some_and(|uuid| uuid_of(&known.gpus) == Some(uuid))
             };
+            // A reboot resets the GPUs: faults that waited for a reset are
+            // over (the next readings tell whether the GPU is sound).
+            let reset = gpool_core::health::reset_by_reboot(&known.boot_id, &node.boot_id, &known.gpus_out);
             node.gpus_out = known
                 .gpus_out
                 .iter()
-                .filter(|(index, _)| same_device(**index))
+                .filter(|(index, _)| same_device(**index) && !reset.contains(index))
                 .map(|(index, out)| (*index, out.clone()))
                 .collect();
+            reset_by_reboot = reset;
         }
         node.alive = true;
         self.nodes.insert(name.clone(), node);
         out.writes.push(Write::Node(name.clone()));
+        for gpu in reset_by_reboot {
+            let note = "the node rebooted, which reset this GPU: back in service".to_string();
+            self.log_health(
+                &name,
+                Some(gpu),
+                gpool_core::health::Transition::Returned,
+                note,
+                now,
+                out,
+            );
+        }
         let conn_id = conn.id;
         self.links.insert(name.clone(), conn);
         self.last_seen.insert(name.clone(), std::time::Instant::now());

@@ -227,7 +227,7 @@ impl State {
     }
 
     /// Keeps `reason` in the node's health log (and writes the node).
-    fn log_health(
+    pub(super) fn log_health(
         &mut self,
         name: &str,
         gpu: Option<u32>,

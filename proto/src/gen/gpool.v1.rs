@@ -939,6 +939,10 @@ pub struct Register {
     pub ended: ::prost::alloc::vec::Vec<JobEvent>,
     #[prost(message, repeated, tag = "6")]
     pub links: ::prost::alloc::vec::Vec<GpuLink>,
+    /// The kernel's boot id (/proc/sys/kernel/random/boot_id): a new one
+    /// tells gpoold the node rebooted, which resets its GPUs.
+    #[prost(string, tag = "7")]
+    pub boot_id: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
