@@ -746,7 +746,10 @@ impl Attempts {
             container_cleanup: cleanup,
             container_env_file: env_file,
             time_limit_ms: launch.time_limit.map(|limit| limit.seconds.saturating_mul(1000)),
-            max_output: Some(self.max_output),
+            max_output: Some(match launch.max_output_bytes {
+                0 => self.max_output,
+                asked => asked.min(self.max_output),
+            }),
             fence: launch.requeue.then(|| crate::supervise::Fence {
                 lease_file: self.lease_file(),
                 signal: if launch.checkpoint_signal > 0 {

@@ -10,7 +10,7 @@
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
 //! holding the backfill reservation; else null), redacted (another user's
 //! job: command and workdir are empty), image (empty: on the host),
-//! mem_bytes and cpus_per_gpu (or null), reason_codes (one stable
+//! mem_bytes, cpus_per_gpu and max_output_bytes (or null), reason_codes (one stable
 //! snake_case code per reason), node_list, array_job_id and array_task_id
 //! (an array's task; else null), array (an array's record: indices,
 //! max_parallel, tasks, waiting_indices, waiting, running, ended,
@@ -50,6 +50,7 @@ pub struct JobJson<'a> {
     image: &'a str,
     mem_bytes: Option<u64>,
     cpus_per_gpu: Option<u32>,
+    max_output_bytes: Option<u64>,
     submitted_at: String,
     started_at: Option<String>,
     ended_at: Option<String>,
@@ -167,6 +168,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         image: &spec.image,
         mem_bytes: (spec.mem_bytes > 0).then_some(spec.mem_bytes),
         cpus_per_gpu: (spec.cpus_per_gpu > 0).then_some(spec.cpus_per_gpu),
+        max_output_bytes: (spec.max_output_bytes > 0).then_some(spec.max_output_bytes),
         submitted_at: rfc3339_ms(job.submitted_at_ms),
         started_at: job.started_at_ms.map(rfc3339_ms),
         ended_at: job.ended_at_ms.map(rfc3339_ms),

@@ -236,6 +236,10 @@ pub struct JobSpec {
     /// Memory limit on each node (its cgroup's), bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_bytes: Option<u64>,
+    /// The most its stdout or stderr may hold on a node, bytes (under the
+    /// node's own `max_output`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
     /// CPU limit: this many CPUs for each GPU (its cgroup's CPU quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus_per_gpu: Option<u32>,

@@ -107,6 +107,8 @@ pub struct JobSpecInput {
     pub image: Option<String>,
     /// Memory limit per node: `64G`, `512M`, `1T` or bytes.
     pub mem: Option<String>,
+    /// The most its stdout or stderr may hold on a node: `1G`, `100M`.
+    pub max_output: Option<String>,
     /// CPUs per GPU (a CPU quota).
     pub cpus_per_gpu: Option<i64>,
     /// `afterok:ID[:ID],afterany:NAME,afternotok:ID,singleton`; in a job
@@ -202,6 +204,10 @@ impl JobSpecInput {
             image: self.image.unwrap_or_default(),
             mem_bytes: match self.mem.as_deref() {
                 Some(text) => Some(parse_size(text).map_err(|reason| spec_error("mem", reason))?),
+                None => None,
+            },
+            max_output_bytes: match self.max_output.as_deref() {
+                Some(text) => Some(parse_size(text).map_err(|reason| spec_error("max_output", reason))?),
                 None => None,
             },
             cpus_per_gpu: match self.cpus_per_gpu {

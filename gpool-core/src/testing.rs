@@ -296,6 +296,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 grace_secs: None,
                 image: String::new(),
                 mem_bytes: None,
+                max_output_bytes: None,
                 cpus_per_gpu: None,
                 dependencies: Vec::new(),
                 singleton: false,

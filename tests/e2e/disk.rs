@@ -103,7 +103,8 @@ fn a_job_that_fills_the_spool_drains_its_node_and_spares_its_neighbour() {
     assert!(nodes[0]["drain_reason"].is_null(), "{nodes}");
 }
 
-/// A job whose output passes the node's max_output is ended (no grace),
+/// A job whose output passes the node's max_output (or its own
+/// --max-output) is ended (no grace),
 /// its file cut at the cap with a line that says why, and `gpool show`
 /// tells it. A job that writes nothing leaves no output file, and its log
 /// reads as empty.
@@ -125,6 +126,22 @@ fn output_past_max_output_ends_its_job_and_empty_output_leaves_no_file() {
     let marker = b"\n[gpool: output cut at max_output (1.0 MiB); the job was ended]\n";
     assert_eq!(text.len(), (1 << 20) + marker.len());
     assert!(text.ends_with(marker));
+
+    // A job's own --max-output is a lower cap than its node's.
+    cluster.gpool(&["resume", "node-a"]).ok();
+    cluster.gpool(&["drain", "node-b", "--reason", "now node-a"]).ok();
+    let capped = cluster.submit(&["--max-output", "2M", "--", "sh", "-c", "yes; sleep 600"]);
+    let ended = cluster.wait_for_state(capped, "failed");
+    assert_eq!(ended["max_output_bytes"], 2 << 20, "{ended}");
+    let out = cluster.spool_dir("node-a").join(format!("jobs/{capped}.1.out"));
+    let size = std::fs::metadata(&out).map(|meta| meta.len()).unwrap_or(0);
+    assert!(
+        (2 << 20..(2 << 20) + 200).contains(&size),
+        "{} holds {size} bytes",
+        out.display()
+    );
+    cluster.gpool(&["resume", "node-b"]).ok();
+    cluster.gpool(&["drain", "node-a", "--reason", "back to node-b"]).ok();
 
     let quiet = cluster.submit(&["--", "true"]);
     cluster.wait_for_state(quiet, "completed");

@@ -80,6 +80,10 @@ pub struct SubmitArgs {
     /// Memory limit on each node (64G, 512M): the job's cgroup's.
     #[arg(long, value_name = "SIZE")]
     mem: Option<String>,
+    /// The most its stdout or stderr may hold on a node (10G, 500M); past
+    /// it the job is ended. The node's max_output caps it too.
+    #[arg(long, value_name = "SIZE")]
+    max_output: Option<String>,
     /// CPUs for each of the job's GPUs (a CPU quota in its cgroup).
     #[arg(long, value_name = "N")]
     cpus_per_gpu: Option<i64>,
@@ -368,6 +372,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         grace: args.grace,
         image: args.image,
         mem: args.mem,
+        max_output: args.max_output,
         cpus_per_gpu: args.cpus_per_gpu,
         dependency: args.dependency,
         array: args.array,

@@ -183,6 +183,7 @@ impl State {
                     user: job.user.to_string(),
                     image: job.spec.image.clone(),
                     mem_bytes: job.spec.mem_bytes.unwrap_or(0),
+                    max_output_bytes: job.spec.max_output_bytes.unwrap_or(0),
                     cpus_per_gpu: job.spec.cpus_per_gpu.unwrap_or(0),
                     requeue: job.spec.requeue,
                     // The signal and grace preemption would give it.

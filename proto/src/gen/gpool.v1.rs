@@ -419,6 +419,10 @@ pub struct JobSpec {
     pub nodelist: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     #[prost(string, repeated, tag = "31")]
     pub exclude: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The most its stdout or stderr may hold on a node (bytes; 0: the node's
+    /// max_output); the node's own cap still holds.
+    #[prost(uint64, tag = "32")]
+    pub max_output_bytes: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -1194,6 +1198,9 @@ pub struct Launch {
     pub stderr_path: ::prost::alloc::string::String,
     #[prost(string, tag = "25")]
     pub job_name: ::prost::alloc::string::String,
+    /// The job's cap on its output (bytes; 0: the node's max_output alone).
+    #[prost(uint64, tag = "26")]
+    pub max_output_bytes: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
