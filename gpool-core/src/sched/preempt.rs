@@ -315,6 +315,15 @@ impl<'v> Reclaimer<'v> {
             }
         }
         let (used, placement) = used;
+        // New victims only with every GPU already freed for this job in use:
+        // a claim left aside would make it wait on more than it needs.
+        let leaves_a_claim = ending
+            .iter()
+            .filter(|r| self.owner.get(&address(r)) == Some(&job.id))
+            .any(|owned| !used.iter().any(|u| std::ptr::eq(*u, *owned)));
+        if leaves_a_claim {
+            return None;
+        }
         let victims: Vec<&RunningJob> = chosen
             .iter()
             .zip(&keep)
