@@ -726,7 +726,8 @@ impl Attempts {
             let cleanup = job.cleanup_args();
             (self.container_runtime.clone(), job.run_args(), None, Some(cleanup))
         } else {
-            (launch.command[0].clone(), launch.command[1..].to_vec(), workdir, None)
+            let command = self.with_script_copy(launch, run_as.as_ref())?;
+            (command[0].clone(), command[1..].to_vec(), workdir, None)
         };
         // Opened by the job's user after the switch: a container runtime
         // stays the agent's user, so its jobs get none.
@@ -835,6 +836,41 @@ impl Attempts {
         let run_as = RunAs::lookup(user).map_err(|err| format!("{err} (node {})", self.node))?;
         users.insert(user.to_string(), (std::time::Instant::now(), run_as.clone()));
         Ok(run_as)
+    }
+
+    /// The command of `launch`, with a batch script's copy (as it was at
+    /// submit, written to `<spool>/jobs/<job>.<attempt>.script`, the job's
+    /// user's) in place of the script's path.
+    fn with_script_copy(&self, launch: &pb::Launch, run_as: Option<&RunAs>) -> Result<Vec<String>, String> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut command = launch.command.clone();
+        let Some(script) = &launch.script else {
+            return Ok(command);
+        };
+        let Some(word) = command.get_mut(script.at as usize) else {
+            return Err(format!(
+                "the batch script's place ({}) is not in the command",
+                script.at
+            ));
+        };
+        let path = attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "script");
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o700)
+            .open(&path)
+            .and_then(|mut file| {
+                file.set_permissions(std::fs::Permissions::from_mode(0o700))?;
+                std::io::Write::write_all(&mut file, script.text.as_bytes())
+            })
+            .and_then(|()| match run_as {
+                Some(user) => std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid)),
+                None => Ok(()),
+            });
+        written.map_err(|err| format!("{}: cannot write the batch script: {err}", path.display()))?;
+        *word = path.display().to_string();
+        Ok(command)
     }
 
     /// The lowest-numbered exit slot no running attempt holds.

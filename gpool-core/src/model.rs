@@ -182,6 +182,17 @@ impl RequeueCause {
     }
 }
 
+/// A batch script's text, and where in the command its path stands (the
+/// node puts its copy's path there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchScript {
+    pub text: String,
+    pub at: u32,
+}
+
+/// The most a batch script may hold (Slurm's default is 4 MB too).
+pub const MAX_SCRIPT_BYTES: usize = 4 << 20;
+
 /// What a user asked for: validated by `JobSpec::validate` before it is stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -240,6 +251,10 @@ pub struct JobSpec {
     /// node's own `max_output`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
+    /// A batch script as it was at submit (`gpool submit SCRIPT`): the node
+    /// runs this copy, so later edits or a deleted file change nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<BatchScript>,
     /// CPU limit: this many CPUs for each GPU (its cgroup's CPU quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus_per_gpu: Option<u32>,

@@ -109,6 +109,9 @@ pub struct JobSpecInput {
     pub mem: Option<String>,
     /// The most its stdout or stderr may hold on a node: `1G`, `100M`.
     pub max_output: Option<String>,
+    /// A batch script's text (`gpool submit SCRIPT`, never a job file).
+    #[serde(skip)]
+    pub script: Option<crate::model::BatchScript>,
     /// CPUs per GPU (a CPU quota).
     pub cpus_per_gpu: Option<i64>,
     /// `afterok:ID[:ID],afterany:NAME,afternotok:ID,singleton`; in a job
@@ -210,6 +213,7 @@ impl JobSpecInput {
                 Some(text) => Some(parse_size(text).map_err(|reason| spec_error("max_output", reason))?),
                 None => None,
             },
+            script: self.script,
             cpus_per_gpu: match self.cpus_per_gpu {
                 Some(cpus) => Some(count_field("cpus_per_gpu", cpus, MAX_CPUS_PER_GPU)?),
                 None => None,
@@ -380,6 +384,21 @@ impl JobSpec {
     /// it receives, whatever the client checked).
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_command(&self.command)?;
+        if let Some(script) = &self.script {
+            if script.at as usize >= self.command.len() {
+                return Err(spec_error("script", "names no word of the command"));
+            }
+            if script.text.len() > crate::model::MAX_SCRIPT_BYTES {
+                return Err(spec_error(
+                    "script",
+                    format!(
+                        "{} bytes, more than {} MiB",
+                        script.text.len(),
+                        crate::model::MAX_SCRIPT_BYTES >> 20
+                    ),
+                ));
+            }
+        }
         validate_name(&self.name)?;
         if !(1..=MAX_GPUS_PER_NODE).contains(&self.gpus_per_node) {
             return Err(spec_error(

@@ -297,6 +297,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 image: String::new(),
                 mem_bytes: None,
                 max_output_bytes: None,
+                script: None,
                 cpus_per_gpu: None,
                 dependencies: Vec::new(),
                 singleton: false,

@@ -48,6 +48,10 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
         image: spec.image.clone(),
         mem_bytes: spec.mem_bytes.unwrap_or(0),
         max_output_bytes: spec.max_output_bytes.unwrap_or(0),
+        script: spec.script.as_ref().map(|script| pb::BatchScript {
+            text: script.text.clone(),
+            at: script.at,
+        }),
         cpus_per_gpu: spec.cpus_per_gpu.unwrap_or(0),
         dependencies: spec.dependencies.iter().map(dependency_to_wire).collect(),
         singleton: spec.singleton,
@@ -186,6 +190,10 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         image: spec.image,
         mem_bytes: (spec.mem_bytes != 0).then_some(spec.mem_bytes),
         max_output_bytes: (spec.max_output_bytes != 0).then_some(spec.max_output_bytes),
+        script: spec.script.map(|script| gpool_core::model::BatchScript {
+            text: script.text,
+            at: script.at,
+        }),
         cpus_per_gpu: (spec.cpus_per_gpu != 0).then_some(spec.cpus_per_gpu),
         dependencies: spec.dependencies.iter().map(dependency_from_wire).collect(),
         singleton: spec.singleton,

@@ -58,6 +58,28 @@ fn bad_flags_name_the_field() {
         "--state: unknown state \"done\"",
     );
     assert_refused(&cluster.gpool(&["show", "abc"]), 2, "invalid value 'abc'");
+    // A flag gpool does not know is refused, never run as the command;
+    // Slurm's words get gpool's.
+    assert_refused(
+        &cluster.gpool(&["submit", "--gres", "gpu:2", "--", "true"]),
+        2,
+        "unknown flag --gres: gpool asks for GPUs with --gpus N (per node)",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--gpu", "2", "--", "true"]),
+        2,
+        "unknown flag --gpu: did you mean --gpus?",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--partition=big", "--", "true"]),
+        2,
+        "unknown flag --partition=big: gpool's partitions are pools (--pool)",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--frobnicate", "--", "true"]),
+        2,
+        "unknown flag --frobnicate (gpool submit --help lists the flags)",
+    );
     let file = cluster.dir.path().join("one.toml");
     std::fs::write(&file, "[[job]]\ncommand = [\"true\"]\n").unwrap();
     assert_refused(

@@ -317,6 +317,29 @@ fn jobs_get_the_submitting_shells_environment_and_gpool_on_their_path() {
     assert!(output_of(named).starts_with("FOO=set-here SSH=unset\n"));
 }
 
+/// A batch script is copied at submit, as Slurm does: edited or deleted
+/// while its job waits, the job still runs what was submitted.
+#[test]
+fn a_batch_script_runs_as_it_was_at_submit() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    cluster.gpool(&["drain", "n1", "--reason", "hold the job back"]).ok();
+    let script = cluster.dir.path().join("step.sh");
+    std::fs::write(&script, "#!/bin/sh\n#GPOOL --gpus 1\necho \"submitted version $1\"\n").unwrap();
+    let path = script.display().to_string();
+    let run = cluster.gpool(&["submit", "--output", "json", &path, "one"]);
+    let id = run.json()["ids"][0]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    std::fs::write(&script, "#!/bin/sh\necho 'edited version\n").unwrap();
+    std::fs::remove_file(&script).unwrap();
+    cluster.gpool(&["resume", "n1"]).ok();
+    let job = cluster.wait_for_state(id, "completed");
+    assert_eq!(job["command"][1], path, "the command still names the script: {job}");
+    let output = cluster.gpool(&["logs", &id.to_string()]).ok().to_string();
+    assert_eq!(output, "submitted version one\n");
+}
+
 #[test]
 fn a_batch_script_runs_with_its_gpool_lines_as_flags() {
     let mut cluster = Cluster::start();

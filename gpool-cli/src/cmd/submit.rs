@@ -211,9 +211,10 @@ pub fn with_script_directives(argv: Vec<String>, script: &str) -> Result<Vec<Str
     Ok(with)
 }
 
-/// How a script runs: by its `#!` interpreter (or /bin/sh) on its absolute
-/// path, so it needs no execute bit.
-fn script_command(script: &[String]) -> Result<Vec<String>, CliError> {
+/// How a script runs: by its `#!` interpreter (or /bin/sh) on a copy of it
+/// as it is now (later edits change nothing), so it needs no execute bit;
+/// the command names its absolute path, where the node puts the copy.
+fn script_command(script: &[String]) -> Result<(Vec<String>, gpool_core::model::BatchScript), CliError> {
     let [path, args @ ..] = script else {
         return Err(CliError::Usage("SCRIPT: missing".into()));
     };
@@ -226,9 +227,10 @@ fn script_command(script: &[String]) -> Result<Vec<String>, CliError> {
     if command.is_empty() {
         command.push("/bin/sh".to_string());
     }
+    let at = command.len() as u32;
     command.push(absolute.display().to_string());
     command.extend(args.iter().cloned());
-    Ok(command)
+    Ok((command, gpool_core::model::BatchScript { text, at }))
 }
 
 pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
@@ -325,7 +327,37 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
     Ok(specs)
 }
 
+/// Why a word where the command goes, which looks like a flag, is refused:
+/// a flag gpool does not know (clap leaves it in the command), named with
+/// gpool's word for what a Slurm user meant.
+fn unknown_flag(flag: &str) -> String {
+    let name = flag.split_once('=').map_or(flag, |(name, _)| name);
+    let hint = match name {
+        "--gres" | "--gpus-per-task" | "--gpus-per-node" | "--tres-per-node" => {
+            ": gpool asks for GPUs with --gpus N (per node) and a model with --gpu-type (Slurm's --gres gpu:h100:2 is --gpus 2 --gpu-type h100)"
+        }
+        "--gpu" | "--ngpus" | "--num-gpus" => ": did you mean --gpus?",
+        "--partition" | "-p" => ": gpool's partitions are pools (--pool)",
+        "--account" | "-A" => ": gpool charges teams (--team) and projects (--project)",
+        "--job-name" => ": did you mean --name?",
+        "--time-limit" | "--walltime" => ": did you mean --time?",
+        "--mem-per-gpu" | "--mem-per-cpu" => ": gpool limits memory per node (--mem)",
+        _ => " (gpool submit --help lists the flags)",
+    };
+    format!("unknown flag {flag}{hint}; to run a command, put it after `--`")
+}
+
 fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
+    // A word before `--` that looks like a flag is one gpool does not know:
+    // it must never become the command the job runs.
+    if let Some(flag) = args
+        .command
+        .first()
+        .filter(|word| word.len() > 1 && word.starts_with('-'))
+    {
+        return Err(CliError::Usage(unknown_flag(flag)));
+    }
+    let mut snapshot = None;
     if args.script {
         let Some(script) = args.command.first() else {
             return Err(CliError::Usage(
@@ -337,7 +369,9 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
                 .file_name()
                 .map(|name| name.to_string_lossy().into_owned());
         }
-        args.command = script_command(&args.command)?;
+        let (command, script) = script_command(&args.command)?;
+        args.command = command;
+        snapshot = Some(script);
     }
     if args.command.is_empty() {
         return Err(CliError::Usage(
@@ -373,6 +407,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         image: args.image,
         mem: args.mem,
         max_output: args.max_output,
+        script: snapshot,
         cpus_per_gpu: args.cpus_per_gpu,
         dependency: args.dependency,
         array: args.array,

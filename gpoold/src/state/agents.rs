@@ -184,6 +184,10 @@ impl State {
                     image: job.spec.image.clone(),
                     mem_bytes: job.spec.mem_bytes.unwrap_or(0),
                     max_output_bytes: job.spec.max_output_bytes.unwrap_or(0),
+                    script: job.spec.script.as_ref().map(|script| pb::BatchScript {
+                        text: script.text.clone(),
+                        at: script.at,
+                    }),
                     cpus_per_gpu: job.spec.cpus_per_gpu.unwrap_or(0),
                     requeue: job.spec.requeue,
                     // The signal and grace preemption would give it.

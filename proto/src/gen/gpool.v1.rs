@@ -423,6 +423,19 @@ pub struct JobSpec {
     /// max_output); the node's own cap still holds.
     #[prost(uint64, tag = "32")]
     pub max_output_bytes: u64,
+    /// A batch script as it was at submit; absent for other jobs.
+    #[prost(message, optional, tag = "33")]
+    pub script: ::core::option::Option<BatchScript>,
+}
+/// A batch script's text, and the index of its path in the command (the
+/// node runs a copy of the text there).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BatchScript {
+    #[prost(string, tag = "1")]
+    pub text: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub at: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -1201,6 +1214,10 @@ pub struct Launch {
     /// The job's cap on its output (bytes; 0: the node's max_output alone).
     #[prost(uint64, tag = "26")]
     pub max_output_bytes: u64,
+    /// A batch script's text as it was at submit: the node writes it to a
+    /// file of the attempt and runs that in place of command\[script.at\].
+    #[prost(message, optional, tag = "27")]
+    pub script: ::core::option::Option<BatchScript>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
