@@ -73,7 +73,7 @@ fn bad_flags_name_the_field() {
     assert_refused(
         &cluster.gpool(&["submit", "--partition=big", "--", "true"]),
         2,
-        "unknown flag --partition=big: gpool's partitions are pools (--pool)",
+        "unknown flag --partition=big: gpool's partitions are pools (--pool, -p)",
     );
     assert_refused(
         &cluster.gpool(&["submit", "--frobnicate", "--", "true"]),

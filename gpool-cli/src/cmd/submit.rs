@@ -337,7 +337,7 @@ fn unknown_flag(flag: &str) -> String {
             ": gpool asks for GPUs with --gpus N (per node) and a model with --gpu-type (Slurm's --gres gpu:h100:2 is --gpus 2 --gpu-type h100)"
         }
         "--gpu" | "--ngpus" | "--num-gpus" => ": did you mean --gpus?",
-        "--partition" | "-p" => ": gpool's partitions are pools (--pool)",
+        "--partition" => ": gpool's partitions are pools (--pool, -p)",
         "--account" | "-A" => ": gpool charges teams (--team) and projects (--project)",
         "--job-name" => ": did you mean --name?",
         "--time-limit" | "--walltime" => ": did you mean --time?",
