@@ -329,6 +329,28 @@ impl State {
         now: Timestamp,
         out: &mut Batch,
     ) {
+        self.end_lost(job_id, epoch, (None, silent), (cause, why), now, out);
+    }
+
+    /// `node` would not start attempt `epoch` of `job_id` (its spool is
+    /// full): nothing of it ran, so it goes back to the queue whether or
+    /// not it may be requeued, and its other ranks are stopped.
+    fn refused_launch(&mut self, job_id: JobId, epoch: Epoch, reason: &str, now: Timestamp, out: &mut Batch) {
+        let why = (RequeueCause::NodeFault, reason.to_string());
+        self.end_lost(job_id, epoch, (Some(true), false), why, now, out);
+    }
+
+    /// Ends a lost attempt: requeued as `requeue` says (`None`: as the job
+    /// allows), its ranks stopped.
+    fn end_lost(
+        &mut self,
+        job_id: JobId,
+        epoch: Epoch,
+        (requeue, silent): (Option<bool>, bool),
+        (cause, why): (RequeueCause, String),
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
         let Some(job) = self.jobs.get(&job_id) else { return };
         let placement = match &job.state {
             JobState::Running { placement, .. } => placement.clone(),
@@ -336,7 +358,7 @@ impl State {
         };
         let event = JobEvent::Lost {
             epoch,
-            requeue: job.spec.requeue,
+            requeue: requeue.unwrap_or(job.spec.requeue),
             silent,
             now,
         };
@@ -350,41 +372,6 @@ impl State {
             }
             self.gang_exits.remove(&job_id);
             for part in placement {
-                out.messages.push((part.node, kill_message(job_id, epoch)));
-            }
-        }
-    }
-
-    /// `node` would not start attempt `epoch` of `job_id` (its spool is
-    /// full): nothing of it ran, so it goes back to the queue whether or
-    /// not it may be requeued, and its other ranks are stopped.
-    fn refused_launch(
-        &mut self,
-        job_id: JobId,
-        epoch: Epoch,
-        node: &str,
-        reason: &str,
-        now: Timestamp,
-        out: &mut Batch,
-    ) {
-        let Some(job) = self.jobs.get(&job_id) else { return };
-        let placement = match &job.state {
-            JobState::Running { placement, .. } => placement.clone(),
-            _ => return,
-        };
-        let event = JobEvent::Lost {
-            epoch,
-            requeue: true,
-            silent: false,
-            now,
-        };
-        if self.apply_event(job_id, &event, now, out) {
-            if let Some(job) = self.jobs.get_mut(&job_id) {
-                job.requeue_cause = Some(RequeueCause::NodeFault);
-                job.record_event(now, format!("{reason}; requeued"));
-            }
-            self.gang_exits.remove(&job_id);
-            for part in placement.into_iter().filter(|part| part.node != node) {
                 out.messages.push((part.node, kill_message(job_id, epoch)));
             }
         }
@@ -516,7 +503,7 @@ impl State {
                 now,
             },
             AttemptOutcome::Refused(reason) => {
-                self.refused_launch(event.job, event.epoch, node, &reason, now, out);
+                self.refused_launch(event.job, event.epoch, &reason, now, out);
                 return;
             }
             AttemptOutcome::OutputLimit => {
