@@ -318,16 +318,6 @@ impl TeamUse {
             Cover::General => self.guaranteed_in_use += gpus,
         }
     }
-
-    fn sub(&mut self, cover: &Cover, gpus: u64) {
-        match cover {
-            Cover::Entry(key) => {
-                let held = self.guaranteed_in.entry(key.clone()).or_default();
-                *held = held.saturating_sub(gpus);
-            }
-            Cover::General => self.guaranteed_in_use = self.guaranteed_in_use.saturating_sub(gpus),
-        }
-    }
 }
 
 /// Whether a cycle over `nodes` and `running` could start or preempt
@@ -533,21 +523,6 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
         .map(|(_, job, _)| job.id)
         .filter(|id| claimants.contains(id) && !entitled.contains(id))
         .collect();
-    // What is being freed for an entitled job counts as its team's from
-    // the start of the cycle, so a job of the same team ahead of it does
-    // not take victims of its own for the same part of the guarantee; the
-    // job itself takes its share back before it is weighed.
-    let claimed = preempt::claimed_gpus(view, &entitled);
-    let mut precharged: HashMap<JobId, (Cover, u64), FastHash> = HashMap::default();
-    for (_, job, class) in order.iter().filter(|(_, job, _)| claimed.contains_key(&job.id)) {
-        let TeamRow { terms, used } = &mut teams.rows[class.team];
-        let gpus = claimed[&job.id].min(job.total_gpus());
-        if let Some(cover) = class.coverage(terms, used, job) {
-            used.in_use += gpus;
-            used.add(&cover, gpus);
-            precharged.insert(job.id, (cover, gpus));
-        }
-    }
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now, &entitled);
     // GPUs promised to a waiting job are not free to others.
     for promise in view
@@ -598,10 +573,6 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
             return plan;
         }
         let TeamRow { terms: team, used } = &mut teams.rows[class.team];
-        if let Some((cover, gpus)) = precharged.remove(&job.id) {
-            used.in_use -= gpus;
-            used.sub(&cover, gpus);
-        }
         let gpus = job.total_gpus();
         if let Some(max_gpus) = team.max_gpus {
             if used.in_use + gpus > u64::from(max_gpus) {

@@ -540,18 +540,6 @@ pub(super) fn claimants(view: &ClusterView) -> HashSet<JobId, FastHash> {
         .collect()
 }
 
-/// The GPUs being freed for each of `entitled` (its victims in their grace
-/// and its promises).
-pub(super) fn claimed_gpus(view: &ClusterView, entitled: &HashSet<JobId, FastHash>) -> HashMap<JobId, u64, FastHash> {
-    let mut claimed: HashMap<JobId, u64, FastHash> = HashMap::default();
-    for r in view.running.iter().filter(|r| r.preempting).chain(&view.promised) {
-        if let Some(owner) = r.preempted_for.filter(|owner| entitled.contains(owner)) {
-            *claimed.entry(owner).or_default() += r.gpus();
-        }
-    }
-    claimed
-}
-
 /// Victims in their grace and promises whose GPUs belong to a job that
 /// waits in `view` and may still reclaim GPUs (`entitled`): only that job
 /// counts on them.
