@@ -516,6 +516,19 @@ impl Config {
         };
         let pools: Vec<String> = policy.pools.iter().map(|pool| pool.name.clone()).collect();
         policy.sharing = sharing_from_file(parsed.sharing, parsed.team, parsed.qos, &pools, &invalid)?;
+        // A cost centre names teams of this file (a misspelt one would
+        // charge nobody there, silently).
+        if let Some((team, center)) = accounting
+            .pricing
+            .team_centers
+            .iter()
+            .find(|(team, _)| !policy.sharing.teams.iter().any(|known| &known.name == *team))
+        {
+            return Err(invalid(
+                0,
+                format!("accounting.cost_centers.{center}.teams: {team:?} is not a [[team]] of this file"),
+            ));
+        }
         let plaintext_from = parsed
             .plaintext_from
             .iter()
@@ -938,6 +951,10 @@ mod tests {
             (
                 "[accounting.cost_centers.a]\nteams = [\"ml\"]\n[accounting.cost_centers.b]\nteams = [\"ml\"]\n",
                 "accounting.cost_centers.b.teams: \"ml\" is in cost centre \"a\" too",
+            ),
+            (
+                "[accounting.cost_centers.a]\nteams = [\"nobody\"]\n",
+                "accounting.cost_centers.a.teams: \"nobody\" is not a [[team]] of this file",
             ),
         ] {
             let err = Config::parse("g.toml", &format!("{base}{extra}"))
