@@ -341,7 +341,10 @@ fn a_batch_script_runs_as_it_was_at_submit() {
     // The daemons' logs, off a terminal (journald, a file), carry no
     // colour codes.
     let agent_log = cluster.agents[0].log_tail(10_000);
-    assert!(agent_log.contains("registered") && !agent_log.contains('\u{1b}'), "{agent_log}");
+    assert!(
+        agent_log.contains("registered") && !agent_log.contains('\u{1b}'),
+        "{agent_log}"
+    );
     assert!(!cluster.controller().log_tail(10_000).contains('\u{1b}'));
 }
 
