@@ -267,6 +267,19 @@ fn completions_load_in_bash_and_man_pages_are_written() {
         "{said} {}",
         String::from_utf8_lossy(&loaded.stderr)
     );
+    // A flag with a few words offers those words, not file names.
+    let offered = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && COMP_WORDS=(gpool submit --nvlink '') && COMP_CWORD=3 && _gpool gpool '' --nvlink && echo \"${{COMPREPLY[*]}}\"",
+            script.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&offered.stdout).trim(),
+        "required preferred any"
+    );
 
     let man = dir.path().join("man1");
     let output = gpool_command(&["man", "--out", &man.display().to_string()])

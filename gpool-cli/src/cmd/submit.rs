@@ -113,7 +113,7 @@ pub struct SubmitArgs {
     min_gpu_memory: Option<String>,
     /// required: only GPUs all joined by NVLink; preferred: those where
     /// some are free; any (default).
-    #[arg(long, value_name = "required|preferred|any")]
+    #[arg(long, value_name = "required|preferred|any", value_parser = ["required", "preferred", "any"])]
     nvlink: Option<String>,
     /// Node labels that must all match: key=value[,key=value].
     #[arg(long, short = 'C', value_name = "K=V,...")]
