@@ -622,8 +622,9 @@ pub fn print_job_details(job: &pb::Job) {
     for var in &spec.env {
         lines.push(("env", format!("{}={}", var.name, var.value)));
     }
+    // The longest key ("to start sooner:") still gets a space after it.
     for (key, value) in lines {
-        outln!("{:<16}{value}", format!("{key}:"));
+        outln!("{:<17}{value}", format!("{key}:"));
     }
 }
 

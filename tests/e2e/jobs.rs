@@ -45,7 +45,7 @@ fn submit_list_show_cancel() {
         "{shown}"
     );
     let text = cluster.gpool(&["show", &first.to_string()]);
-    assert!(text.ok().contains("why pending:    no nodes"), "{}", text.stdout);
+    assert!(text.ok().contains("why pending:     no nodes"), "{}", text.stdout);
     assert!(text.stdout.contains("env:            EPOCHS=3"), "{}", text.stdout);
 
     // Cancel: the first time ends it, the second says it had ended.

@@ -279,6 +279,9 @@ impl Reject {
                 }
             }
             Reject::Resources {
+                n_nodes_with_enough: 0, ..
+            } => "wait for running jobs to end".to_string(),
+            Reject::Resources {
                 n_nodes_with_enough, ..
             } => format!(
                 "use at most {} (that many have the GPUs free now), or wait for running jobs to end",

@@ -467,3 +467,22 @@ fn jobs_that_take_any_model_leave_the_models_others_need() {
         "#]],
     );
 }
+
+/// A gang that no node has room for is told to wait, not to "use at most
+/// 0 nodes"; one that some nodes fit is told how many.
+#[test]
+fn a_gang_with_no_room_anywhere_is_told_to_wait() {
+    let resources = |n_nodes_with_enough| Reject::Resources {
+        gpus_per_node: 8,
+        nodes: 4,
+        total_free: 12,
+        max_free_on_one_node: 4,
+        n_nodes_with_enough,
+        kept: 0,
+    };
+    assert_eq!(resources(0).hint().as_deref(), Some("wait for running jobs to end"));
+    assert_eq!(
+        resources(2).hint().as_deref(),
+        Some("use at most 2 nodes (that many have the GPUs free now), or wait for running jobs to end")
+    );
+}
