@@ -46,7 +46,7 @@ fn submit_list_show_cancel() {
     );
     let text = cluster.gpool(&["show", &first.to_string()]);
     assert!(text.ok().contains("why pending:     no nodes"), "{}", text.stdout);
-    assert!(text.stdout.contains("env:            EPOCHS=3"), "{}", text.stdout);
+    assert!(text.stdout.contains("env:             EPOCHS=3"), "{}", text.stdout);
 
     // Cancel: the first time ends it, the second says it had ended.
     let cancelled = cluster
