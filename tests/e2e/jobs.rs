@@ -18,6 +18,12 @@ fn submit_list_show_cancel() {
     let jobs = cluster.gpool(&["jobs", "--output", "json"]).json();
     let jobs = jobs.as_array().expect("array");
     assert_eq!(jobs.len(), 2);
+    // -j: only the jobs named, as squeue -j.
+    let picked = cluster
+        .gpool(&["jobs", "-j", &second.to_string(), "--output", "json"])
+        .json();
+    assert_eq!(picked.as_array().map(|jobs| jobs.len()), Some(1), "{picked}");
+    assert_eq!(picked[0]["id"], second);
     let job = &jobs[0];
     assert_eq!(job["id"], first);
     assert_eq!(job["name"], "train");

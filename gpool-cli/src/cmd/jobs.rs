@@ -27,6 +27,10 @@ pub struct JobsArgs {
     /// Only jobs of this name.
     #[arg(long, short = 'n')]
     name: Option<String>,
+    /// Only these jobs (comma-separated ids; an array's id takes in its
+    /// tasks), as squeue -j.
+    #[arg(long = "jobs", short = 'j', value_delimiter = ',', value_name = "ID,...")]
+    ids: Vec<u64>,
     /// Only your own jobs (as gpoold knows you).
     #[arg(long, conflicts_with = "user")]
     me: bool,
@@ -173,10 +177,13 @@ pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
         all: args.all || args.since.is_some(),
     };
     let since = args.since;
+    let ids = args.ids.clone();
     let wanted = |job: &pb::Job| {
-        args.name
-            .as_ref()
-            .is_none_or(|name| job.spec.as_ref().is_some_and(|spec| &spec.name == name))
+        (ids.is_empty() || ids.contains(&job.id) || (job.array_job_id != 0 && ids.contains(&job.array_job_id)))
+            && args
+                .name
+                .as_ref()
+                .is_none_or(|name| job.spec.as_ref().is_some_and(|spec| &spec.name == name))
             && since.is_none_or(|since| job.submitted_at_ms >= since || job.ended_at_ms.is_some_and(|at| at >= since))
     };
     let sort = match args.sort.as_deref() {
