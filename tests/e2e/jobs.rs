@@ -539,6 +539,16 @@ fn a_held_job_waits_until_released() {
     let run = cluster.gpool(&["hold", &id.to_string(), "424242"]);
     assert_eq!(run.code, 1, "one id was left alone: {}", run.stderr);
     assert!(run.stdout.contains(&format!("job {id} held")), "{}", run.stdout);
+    // Each answer says what changed, and names a task as it was named.
+    let again = cluster.gpool(&["hold", &id.to_string()]).ok().to_string();
+    assert_eq!(again.trim(), format!("job {id} was held already"));
+    let array = cluster.submit(&["-a", "0-1", "--", "true"]);
+    let task = cluster.gpool(&["hold", &format!("{array}_1")]).ok().to_string();
+    assert_eq!(task.trim(), format!("job {array}_1 held"));
+    let released = cluster.gpool(&["release", &format!("{array}_1")]).ok().to_string();
+    assert_eq!(released.trim(), format!("job {array}_1 released"));
+    let not_held = cluster.gpool(&["release", &format!("{array}_1")]).ok().to_string();
+    assert_eq!(not_held.trim(), format!("job {array}_1 was not held"));
     cluster.start_agent("n1", 1);
     std::thread::sleep(Duration::from_secs(1));
     let job = cluster.job(id);

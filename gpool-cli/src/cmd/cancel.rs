@@ -84,7 +84,7 @@ impl Filter {
 /// id was left alone (no such job, or not the caller's).
 pub async fn run(ctx: &Ctx, refs: Vec<JobRef>, signal: Option<i32>, filter: Filter) -> Result<u8, CliError> {
     let mut conn = ctx.connect().await?;
-    let mut ids = conn.resolve(&refs).await?;
+    let (mut ids, names) = conn.resolve_named(&refs).await?;
     // Ids of a range that name no job are passed over quietly.
     let in_ranges: Vec<(u64, u64)> = refs
         .iter()
@@ -119,7 +119,7 @@ pub async fn run(ctx: &Ctx, refs: Vec<JobRef>, signal: Option<i32>, filter: Filt
         let ranged = in_ranges.iter().any(|(first, last)| (*first..=*last).contains(&o.id));
         !(ranged && o.state() == pb::JobState::Unspecified && o.error.contains("not found"))
     });
-    report(ctx, response, mode)
+    report(ctx, response, mode, &names)
 }
 
 /// `gpool hold ID...` (`hold` true) and `gpool release ID...`: pending jobs
@@ -131,23 +131,25 @@ pub async fn hold(ctx: &Ctx, ids: Vec<JobRef>, hold: bool) -> Result<u8, CliErro
     } else {
         pb::HoldChange::Release
     };
+    let (ids, names) = conn.resolve_named(&ids).await?;
     let request = pb::CancelJobsRequest {
-        ids: conn.resolve(&ids).await?,
+        ids,
         hold: change.into(),
         ..Default::default()
     };
-    self::change(ctx, conn, request, Mode::Hold).await
+    self::change(ctx, conn, request, Mode::Hold, &names).await
 }
 
 /// `gpool requeue ID...`.
 pub async fn requeue(ctx: &Ctx, ids: Vec<JobRef>) -> Result<u8, CliError> {
     let mut conn = ctx.connect().await?;
+    let (ids, names) = conn.resolve_named(&ids).await?;
     let request = pb::CancelJobsRequest {
-        ids: conn.resolve(&ids).await?,
+        ids,
         requeue: true,
         ..Default::default()
     };
-    change(ctx, conn, request, Mode::Requeue).await
+    change(ctx, conn, request, Mode::Requeue, &names).await
 }
 
 #[derive(clap::Args)]
@@ -181,8 +183,9 @@ pub async fn update(ctx: &Ctx, args: UpdateArgs) -> Result<u8, CliError> {
         ));
     }
     let mut conn = ctx.connect().await?;
+    let ids_named = conn.resolve_named(&args.ids).await?;
     let request = pb::UpdateJobsRequest {
-        ids: conn.resolve(&args.ids).await?,
+        ids: ids_named.0,
         time_limit,
         priority: args.priority,
         max_parallel: args.max_parallel,
@@ -193,7 +196,7 @@ pub async fn update(ctx: &Ctx, args: UpdateArgs) -> Result<u8, CliError> {
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
-    report(ctx, response, Mode::Update)
+    report(ctx, response, Mode::Update, &ids_named.1)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -210,9 +213,10 @@ async fn change(
     mut conn: super::Connection,
     request: pb::CancelJobsRequest,
     mode: Mode,
+    names: &std::collections::HashMap<u64, String>,
 ) -> Result<u8, CliError> {
     let response = send(&mut conn, request).await?;
-    report(ctx, response, mode)
+    report(ctx, response, mode, names)
 }
 
 /// Sends `request`, its ids at most `MAX_IDS_PER_REQUEST` at a time (a
@@ -243,8 +247,14 @@ async fn send(
     Ok(merged)
 }
 
-/// Prints each id's outcome; 1 if any id was left alone.
-fn report(ctx: &Ctx, response: pb::CancelJobsResponse, mode: Mode) -> Result<u8, CliError> {
+/// Prints each id's outcome (an array task by the name it was given by);
+/// 1 if any id was left alone.
+fn report(
+    ctx: &Ctx,
+    response: pb::CancelJobsResponse,
+    mode: Mode,
+    names: &std::collections::HashMap<u64, String>,
+) -> Result<u8, CliError> {
     let code = u8::from(response.outcomes.iter().any(|o| !o.error.is_empty()));
     if ctx.json() {
         let outcomes: Vec<_> = response
@@ -267,17 +277,22 @@ fn report(ctx: &Ctx, response: pb::CancelJobsResponse, mode: Mode) -> Result<u8,
         return Ok(code);
     }
     for outcome in response.outcomes {
-        let id = outcome.id;
+        let id = names
+            .get(&outcome.id)
+            .cloned()
+            .unwrap_or_else(|| outcome.id.to_string());
         let state = state_name(outcome.state());
         if !outcome.error.is_empty() {
             eprintln!("gpool: job {id} left alone: {}", outcome.error);
             continue;
         }
         match mode {
-            Mode::Hold => match (outcome.held, outcome.state()) {
-                (true, _) => outln!("job {id} held"),
-                (false, pb::JobState::Pending) => outln!("job {id} released"),
-                (false, _) => outln!("job {id} is {state}: only pending jobs are held"),
+            Mode::Hold => match (outcome.held, outcome.state(), outcome.updated) {
+                (true, _, true) => outln!("job {id} held"),
+                (true, _, false) => outln!("job {id} was held already"),
+                (false, pb::JobState::Pending, true) => outln!("job {id} released"),
+                (false, pb::JobState::Pending, false) => outln!("job {id} was not held"),
+                (false, _, _) => outln!("job {id} is {state}: only pending jobs are held"),
             },
             Mode::Signal if outcome.signalled => outln!("signalled job {id}"),
             Mode::Signal => outln!("job {id} is not running ({state})"),

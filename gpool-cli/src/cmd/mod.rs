@@ -99,6 +99,22 @@ pub fn parse_job_ref(text: &str) -> Result<JobRef, String> {
 impl Connection {
     /// The ids gpoold knows the jobs by: a task's is reserved after its
     /// array's, at its position among the array's indices.
+    /// As `resolve`, with the name each array task was given by (`74_3`),
+    /// so that answers name it as its user did.
+    pub async fn resolve_named(
+        &mut self,
+        refs: &[JobRef],
+    ) -> Result<(Vec<u64>, std::collections::HashMap<u64, String>), CliError> {
+        let ids = self.resolve(refs).await?;
+        let mut names = std::collections::HashMap::new();
+        for job_ref in refs.iter().filter(|job_ref| matches!(job_ref, JobRef::Task { .. })) {
+            if let Some(id) = self.resolve(std::slice::from_ref(job_ref)).await?.first() {
+                names.insert(*id, job_ref.to_string());
+            }
+        }
+        Ok((ids, names))
+    }
+
     pub async fn resolve(&mut self, refs: &[JobRef]) -> Result<Vec<u64>, CliError> {
         let mut arrays: std::collections::HashMap<u64, gpool_core::array::ArraySpec> = Default::default();
         let mut ids = Vec::with_capacity(refs.len());

@@ -823,6 +823,7 @@ impl State {
                 outcome.requeued |= applied.requeued;
                 if target == *id {
                     outcome.held = applied.held;
+                    outcome.updated = applied.updated;
                 }
             }
             outcome.state = self.state_of(*id);
@@ -854,8 +855,10 @@ impl State {
         match (mode, &running) {
             (CancelMode::Hold(hold), _) => {
                 // Only a pending job is held or released; others as they are.
+                let before = job.held;
                 self.apply_event(id, &JobEvent::Hold { held: hold }, now, out);
                 outcome.held = self.jobs.get(&id).is_some_and(|job| job.held);
+                outcome.updated = outcome.held != before;
             }
             (CancelMode::Signal(signal), Some((epoch, placement))) => {
                 for part in placement {
