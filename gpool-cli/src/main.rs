@@ -75,6 +75,10 @@ enum Command {
         /// Job id (123, or 123_4 for task 4 of array 123).
         #[arg(value_parser = cmd::parse_job_ref)]
         id: cmd::JobRef,
+        /// Print every variable of the job's environment (the table
+        /// otherwise counts them; JSON always has them).
+        #[arg(long)]
+        env: bool,
     },
     /// Print a job's output (rank 0's for a gang; its latest attempt).
     Logs {
@@ -508,7 +512,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         }
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
-        Command::Show { id } => cmd::jobs::show(&ctx, id).await.map(|()| 0),
+        Command::Show { id, env } => cmd::jobs::show(&ctx, id, env).await.map(|()| 0),
         Command::Cancel { ids, signal, filter } => cmd::cancel::run(&ctx, ids, signal, filter).await,
         Command::Requeue { ids } => cmd::cancel::requeue(&ctx, ids).await,
         Command::Update(args) => cmd::cancel::update(&ctx, args).await,

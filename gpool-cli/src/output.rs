@@ -474,7 +474,9 @@ fn placement_text(job: &pb::Job) -> String {
     parts.join(" ")
 }
 
-pub fn print_job_details(job: &pb::Job) {
+/// `gpool show`: the job's environment only counted unless `with_env`
+/// (an exported shell environment is dozens of lines).
+pub fn print_job_details(job: &pb::Job, with_env: bool) {
     let spec = spec(job);
     let or_dash = |text: &str| {
         if text.is_empty() {
@@ -619,8 +621,15 @@ pub fn print_job_details(job: &pb::Job) {
     for hint in &job.hints {
         lines.push(("to start sooner", hint.clone()));
     }
-    for var in &spec.env {
-        lines.push(("env", format!("{}={}", var.name, var.value)));
+    if with_env {
+        for var in &spec.env {
+            lines.push(("env", format!("{}={}", var.name, var.value)));
+        }
+    } else if !spec.env.is_empty() {
+        lines.push((
+            "env",
+            format!("{} variables (gpool show --env {} lists them)", spec.env.len(), job.id),
+        ));
     }
     // The longest key ("to start sooner:") still gets a space after it.
     for (key, value) in lines {

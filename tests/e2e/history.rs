@@ -85,7 +85,7 @@ fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelle
         cancel.stderr
     );
     // Its environment is kept apart from its record, and shown with it.
-    let text = cluster.gpool(&["show", &done.to_string()]);
+    let text = cluster.gpool(&["show", "--env", &done.to_string()]);
     assert!(text.ok().contains("KEPT_VAR=done-env"), "{}", text.stdout);
     // The output is on the node: after a restart, once its agent is back.
     let logs = wait_until("the job's output from its node", Duration::from_secs(30), || {
@@ -301,6 +301,6 @@ fn array_tasks_run_with_their_arrays_environment_after_a_restart() {
     assert_eq!(record["array"]["not_completed"], 0, "{record}");
     // A task that ended and left memory is shown with its environment.
     wait_for_none_in_memory(&cluster);
-    let text = cluster.gpool(&["show", &(array + 4).to_string()]);
+    let text = cluster.gpool(&["show", "--env", &(array + 4).to_string()]);
     assert!(text.ok().contains("KEPT_VAR=array-env"), "{}", text.stdout);
 }

@@ -52,7 +52,11 @@ fn submit_list_show_cancel() {
     );
     let text = cluster.gpool(&["show", &first.to_string()]);
     assert!(text.ok().contains("why pending:     no nodes"), "{}", text.stdout);
-    assert!(text.stdout.contains("env:             EPOCHS=3"), "{}", text.stdout);
+    // The environment is counted, and listed on asking.
+    assert!(text.stdout.contains("variables (gpool show --env"), "{}", text.stdout);
+    assert!(!text.stdout.contains("EPOCHS=3"), "{}", text.stdout);
+    let text = cluster.gpool(&["show", "--env", &first.to_string()]);
+    assert!(text.ok().contains("env:             EPOCHS=3"), "{}", text.stdout);
 
     // Cancel: the first time ends it, the second says it had ended.
     let cancelled = cluster

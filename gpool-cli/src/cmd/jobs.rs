@@ -281,12 +281,12 @@ pub async fn fetch(ctx: &Ctx, id: super::JobRef) -> Result<pb::Job, CliError> {
         .into_inner())
 }
 
-pub async fn show(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
+pub async fn show(ctx: &Ctx, id: super::JobRef, with_env: bool) -> Result<(), CliError> {
     let job = fetch(ctx, id).await?;
     if ctx.json() {
         output::print_json(&output::job_json(&job));
     } else {
-        output::print_job_details(&job);
+        output::print_job_details(&job, with_env);
     }
     Ok(())
 }
