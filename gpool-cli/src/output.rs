@@ -19,7 +19,8 @@
 //! peak_utilization_pct, peak_memory_used_mib, idle}, or null),
 //! stragglers ([{node, index, utilization_pct, median_pct, since}]),
 //! events ([{at, text}]: stragglers flagged and back in step).
-//! JSON node object: name, state, gpus_total, gpus_free, gpu_model, labels,
+//! JSON node object: name, state, gpus_total, gpus_free (0 unless the node
+//! takes work), gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
 use gpool_proto::convert::state_name;
@@ -695,7 +696,7 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "name": node.name,
         "state": node_state(node),
         "gpus_total": node.gpus.len(),
-        "gpus_free": node.gpus.iter().filter(|gpu| is_free(gpu)).count(),
+        "gpus_free": n_free(node),
         "gpus_out_of_service": node.gpus.iter().filter(|gpu| gpu.out_of_service.is_some()).count(),
         "gpu_model": gpu_models(node),
         "pools": node.pools,
@@ -715,7 +716,7 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
         .iter()
         .map(|node| {
             let labels: Vec<String> = node.labels.iter().map(|l| format!("{}={}", l.key, l.value)).collect();
-            let n_free = node.gpus.iter().filter(|gpu| is_free(gpu)).count();
+            let n_free = n_free(node);
             let n_out = node.gpus.iter().filter(|gpu| gpu.out_of_service.is_some()).count();
             vec![
                 node.name.clone(),
@@ -767,6 +768,15 @@ fn requirement_words(spec: &pb::JobSpec) -> Vec<String> {
 /// Free and in service: a job may be placed on it.
 fn is_free(gpu: &pb::Gpu) -> bool {
     gpu.job_id == 0 && gpu.out_of_service.is_none()
+}
+
+/// GPUs that could take work now: none on a node that is down, drained
+/// or draining.
+fn n_free(node: &pb::Node) -> usize {
+    if node.state() != pb::NodeState::Up {
+        return 0;
+    }
+    node.gpus.iter().filter(|gpu| is_free(gpu)).count()
 }
 
 /// The node's drain reason, then each GPU out of service and why.

@@ -85,6 +85,9 @@ fn a_job_that_fills_the_spool_drains_its_node_and_spares_its_neighbour() {
         reason.starts_with("spool full: ") && reason.contains("min_spool_free 4.0 MiB"),
         "{reason}"
     );
+    // A drained node offers no free GPU, whatever is idle on it.
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    assert_eq!(nodes[0]["gpus_free"], 0, "{nodes}");
     // The neighbour ends by itself, once, with its own exit code.
     let done = cluster.wait_for_state(neighbour, "completed");
     assert_eq!(done["exit_code"], 0, "{done}");
