@@ -303,6 +303,22 @@ pub fn expand_output_pattern(pattern: &str, fields: &OutputFields<'_>) -> String
     out
 }
 
+/// The first `%` field of `pattern` that `expand_output_pattern` does not
+/// know (a lone `%` at the end counts as one), if any.
+pub fn unknown_pattern_field(pattern: &str) -> Option<String> {
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            match chars.next() {
+                Some('j' | 'A' | 'a' | 'n' | 't' | 'u' | 'x' | '%') => {}
+                Some(other) => return Some(other.to_string()),
+                None => return Some(String::new()),
+            }
+        }
+    }
+    None
+}
+
 /// What `expand_output_pattern` fills in.
 pub struct OutputFields<'a> {
     pub job: u64,
@@ -393,6 +409,11 @@ mod tests {
             expand_output_pattern("/shared/%u/%x-%A_%a.%j.%n.%t.%%.%q.log%", &fields),
             "/shared/ana/train-12_4.17.n1.2.%.%q.log%"
         );
+        // Submit refuses such patterns, naming the field.
+        assert_eq!(unknown_pattern_field("%x-%j.out"), None);
+        assert_eq!(unknown_pattern_field("100%%.log"), None);
+        assert_eq!(unknown_pattern_field("%x-%q.out").as_deref(), Some("q"));
+        assert_eq!(unknown_pattern_field("run%").as_deref(), Some(""));
     }
 
     proptest! {

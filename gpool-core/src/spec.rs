@@ -519,6 +519,14 @@ fn validate_output_path(field: &str, path: &str) -> Result<(), SpecError> {
     if path.contains(['\0', '\n']) {
         return Err(spec_error(field, "a path has no NUL or newline characters"));
     }
+    if let Some(unknown) = crate::array::unknown_pattern_field(path) {
+        return Err(spec_error(
+            field,
+            format!(
+                "%{unknown} in {path:?} is not a pattern field (%j job, %A array, %a task, %n node, %t rank, %u user, %x name, %% a %)"
+            ),
+        ));
+    }
     Ok(())
 }
 

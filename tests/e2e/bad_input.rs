@@ -76,6 +76,11 @@ fn bad_flags_name_the_field() {
         "unknown flag --partition=big: gpool's partitions are pools (--pool, -p)",
     );
     assert_refused(
+        &cluster.gpool(&["submit", "-o", "%x-%q.out", "--", "true"]),
+        2,
+        "stdout: %q in \"%x-%q.out\" is not a pattern field",
+    );
+    assert_refused(
         &cluster.gpool(&["submit", "--frobnicate", "--", "true"]),
         2,
         "unknown flag --frobnicate (gpool submit --help lists the flags)",
