@@ -819,6 +819,17 @@ fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, St
     if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
         command.current_dir(workdir);
     }
+    // A missing directory is said as such, not as a command that cannot
+    // run (the files are opened by the job's user, just before the exec).
+    for path in [&request.user_stdout, &request.user_stderr].into_iter().flatten() {
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty() && !dir.is_dir()) {
+            return Err(format!(
+                "the directory of its output file {} does not exist: {}",
+                path.display(),
+                dir.display()
+            ));
+        }
+    }
     let user_files = user_output_files(request)?;
     // A container runtime stays this process's user; it sets the job's.
     if let Some(user) = request.run_as.as_ref().filter(|_| request.container_cleanup.is_none()) {

@@ -844,3 +844,20 @@ fn a_job_never_gets_the_agents_environment() {
         }
     }
 }
+
+/// An output file in a directory that does not exist fails the job with
+/// that reason, not as a command that cannot run.
+#[test]
+fn a_missing_output_directory_is_named_as_such() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    let missing = cluster.dir.path().join("no-such-dir");
+    let pattern = format!("{}/%j.out", missing.display());
+    let id = cluster.submit(&["-o", &pattern, "--", "echo", "hi"]);
+    let job = cluster.wait_for_state(id, "failed");
+    let reason = job["end_reason"].as_str().unwrap_or_default().to_string();
+    assert!(
+        reason.contains(&format!("does not exist: {}", missing.display())) && !reason.contains("cannot run"),
+        "{reason}"
+    );
+}
