@@ -20,7 +20,8 @@
 //! stragglers ([{node, index, utilization_pct, median_pct, since}]),
 //! events ([{at, text}]: stragglers flagged and back in step).
 //! JSON node object: name, state, gpus_total, gpus_free (0 unless the node
-//! takes work), gpu_model, labels,
+//! takes work), drained_by and drained_at (an operator's drain; else null),
+//! gpu_model, labels,
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
 use gpool_proto::convert::state_name;
@@ -703,6 +704,8 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "labels": labels,
         "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
         "drained_by_health": node.drained_by_health,
+        "drained_by": (!node.drained_by.is_empty()).then_some(&node.drained_by),
+        "drained_at": (node.drained_at_ms != 0).then(|| rfc3339(node.drained_at_ms)),
         "health_check": node.health_check.as_ref().map(health_check_json),
         "gpus": gpus,
         "links": node.links.iter().map(|l| serde_json::json!({
@@ -783,7 +786,12 @@ fn n_free(node: &pb::Node) -> usize {
 fn node_reasons(node: &pb::Node) -> String {
     let mut reasons: Vec<String> = Vec::new();
     if !node.drain_reason.is_empty() {
-        reasons.push(node.drain_reason.clone());
+        if node.drained_by.is_empty() {
+            reasons.push(node.drain_reason.clone());
+        } else {
+            let at = rfc3339(node.drained_at_ms);
+            reasons.push(format!("{} (by {}, {at})", node.drain_reason, node.drained_by));
+        }
     }
     for gpu in &node.gpus {
         if let Some(out) = &gpu.out_of_service {

@@ -83,6 +83,9 @@ pub struct Node {
     pub labels: BTreeMap<String, String>,
     /// Set by `gpool drain`: no new work is placed here.
     pub drain_reason: Option<String>,
+    /// Who drained it (`gpool drain`), and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_by: Option<(String, Timestamp)>,
     /// False once heartbeats stopped for longer than the node timeout.
     pub alive: bool,
     /// How its GPUs are connected, as its agent reported.

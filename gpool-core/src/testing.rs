@@ -257,6 +257,7 @@ pub fn node(name: &str, n_gpus: u32, model: &str) -> Node {
             .collect(),
         labels: BTreeMap::new(),
         drain_reason: None,
+        drained_by: None,
         alive: true,
         topology: Default::default(),
         gpus_out: Default::default(),

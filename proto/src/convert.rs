@@ -410,6 +410,12 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
         health_log: node.health_log.iter().map(health_event_to_wire).collect(),
         drained_by_health: node.health_drain.is_some(),
         health_check: None,
+        drained_by: node
+            .drained_by
+            .as_ref()
+            .map(|(user, _)| user.clone())
+            .unwrap_or_default(),
+        drained_at_ms: node.drained_by.as_ref().map_or(0, |(_, at)| at.0),
     }
 }
 

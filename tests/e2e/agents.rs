@@ -235,6 +235,21 @@ fn drained_node_takes_no_new_jobs() {
     assert_eq!(cluster.job(second)["state"], "pending", "{reason}");
     let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
     assert_eq!(nodes[0]["drain_reason"], "fan failure");
+    // A drain records who and when.
+    assert_eq!(
+        nodes[0]["drained_by"],
+        crate::harness::cluster::current_user(),
+        "{nodes}"
+    );
+    assert!(
+        nodes[0]["drained_at"].as_str().is_some_and(|at| at.starts_with("20")),
+        "{nodes}"
+    );
+    let table = cluster.gpool(&["nodes"]).ok().to_string();
+    assert!(
+        table.contains(&format!("fan failure (by {}", crate::harness::cluster::current_user())),
+        "{table}"
+    );
 
     cluster.gpool(&["resume", "node-a"]).ok();
     let job = cluster.wait_for_state(second, "running");

@@ -232,6 +232,7 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
         gpus: register.gpus.into_iter().map(gpu_from_wire).collect(),
         labels: labels_from_wire(register.labels),
         drain_reason: None,
+        drained_by: None,
         alive: true,
         topology: topology_from_wire(&register.links),
         gpus_out: Default::default(),

@@ -233,6 +233,7 @@ impl State {
             .unwrap_or_default();
         if let Some(known) = self.nodes.get(&name) {
             node.drain_reason = known.drain_reason.clone();
+            node.drained_by = known.drained_by.clone();
             node.health_drain = known.health_drain.clone();
             node.health_log = known.health_log.clone();
             // GPUs still there (same index, same device) stay out of

@@ -903,13 +903,20 @@ impl State {
             .ok_or_else(|| Error::UnknownNode(name.to_string()))
     }
 
-    fn set_drain(&mut self, caller: &Caller, name: &str, reason: Option<String>) -> Result<(Node, Vec<Write>), Error> {
+    fn set_drain(
+        &mut self,
+        caller: &Caller,
+        name: &str,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<(Node, Vec<Write>), Error> {
         let node = self.node_to_drain(caller, name, reason.is_some())?;
         if reason.is_none() {
             // A resume also ends a drain by the node's health program (it
             // drains again if the program still fails).
             node.health_drain = None;
         }
+        node.drained_by = reason.is_some().then(|| (caller.user.clone(), now));
         node.drain_reason = reason;
         Ok((node.clone(), vec![Write::Node(name.to_string())]))
     }
@@ -1681,7 +1688,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             gpu: None,
             reply,
         } => {
-            let drained = state.set_drain(&caller, &node, Some(reason));
+            let drained = state.set_drain(&caller, &node, Some(reason), now);
             if at_once && drained.is_ok() {
                 let why = format!("{node} was drained at once");
                 state.requeue_jobs_on(&node, (gpool_core::model::RequeueCause::Requeued, &why), now, out);
@@ -1706,7 +1713,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             node,
             gpu: None,
             reply,
-        } => node_reply(state.set_drain(&caller, &node, None), reply, out),
+        } => node_reply(state.set_drain(&caller, &node, None, now), reply, out),
         Command::Planned(words) => {
             state.words = *words;
             state.lend_task_reasons_to_arrays();

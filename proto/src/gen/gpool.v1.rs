@@ -852,6 +852,12 @@ pub struct Node {
     /// The latest run of its health program, where one is configured.
     #[prost(message, optional, tag = "10")]
     pub health_check: ::core::option::Option<HealthCheck>,
+    /// Who drained it with `gpool drain`, and when (Unix ms); empty and 0
+    /// for drains of its own (health, a full spool) and undrained nodes.
+    #[prost(string, tag = "11")]
+    pub drained_by: ::prost::alloc::string::String,
+    #[prost(int64, tag = "12")]
+    pub drained_at_ms: i64,
 }
 /// The path between GPUs `a` and `b` of one node (node-local indices).
 #[allow(clippy::all)]
