@@ -442,6 +442,55 @@ impl CliError {
     }
 }
 
+/// What every man page adds to clap's: EXIT STATUS and ENVIRONMENT (the
+/// README's tables, in roff).
+const MAN_SECTIONS: &str = r#".SH "EXIT STATUS"
+.TP
+0
+Success.
+.TP
+1
+The controller refused or failed the request (an unknown job id, a permission); for cancel, some id was left alone.
+.TP
+2
+Bad usage or input: a flag, a job file, a spec the controller refused.
+.TP
+69
+The controller could not be reached (the address tried is printed).
+.TP
+124, 125, 126, 130
+submit \-\-wait: the job ran out of time, was cancelled, failed without an exit code, or waiting was interrupted; otherwise the job's own exit code (128+N for signal N).
+.TP
+141
+Standard output was closed before gpool was done.
+.SH ENVIRONMENT
+.TP
+GPOOL_SERVER
+The controller's address (HOST:PORT, https://HOST:PORT or unix:PATH), as \-\-server.
+.TP
+GPOOL_TOKEN
+The caller's token (else ~/.config/gpool/token).
+.TP
+GPOOL_CA
+The cluster CA that the controller's certificate must chain to (else ~/.config/gpool/ca.pem).
+.TP
+GPOOL_TIMEOUT
+How long to wait for an answer, as \-\-timeout (default 30s).
+"#;
+
+/// Appends `MAN_SECTIONS` to every page `clap_mangen` wrote in `dir`.
+fn add_man_sections(dir: &std::path::Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == "1") {
+            let mut page = std::fs::read_to_string(&path)?;
+            page.push_str(MAN_SECTIONS);
+            std::fs::write(&path, page)?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
     let mut cli = Cli::parse_from(&argv);
@@ -507,6 +556,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             std::fs::create_dir_all(&out).map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
             clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &out)
                 .map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
+            add_man_sections(&out).map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
             outln!("man pages written to {}", out.display());
             Ok(0)
         }

@@ -299,6 +299,10 @@ fn completions_load_in_bash_and_man_pages_are_written() {
     for page in ["gpool.1", "gpool-submit.1", "gpool-admin-node-remove.1"] {
         let text = std::fs::read_to_string(man.join(page)).unwrap_or_default();
         assert!(text.contains(".TH"), "{page}: {text:.200}");
+        assert!(
+            text.contains(".SH \"EXIT STATUS\"") && text.contains(".SH ENVIRONMENT") && text.contains("GPOOL_SERVER"),
+            "{page}"
+        );
     }
 }
 
