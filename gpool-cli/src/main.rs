@@ -510,6 +510,24 @@ fn main() -> ExitCode {
         };
         cli = Cli::parse_from(with);
         if let Command::Submit(args) = &mut cli.command {
+            // A flag gpool does not know, from a #GPOOL line: named with
+            // its line.
+            if let Some(flag) = args
+                .command
+                .first()
+                .filter(|word| word.len() > 1 && word.starts_with('-'))
+            {
+                let line = std::fs::read_to_string(&script).ok().and_then(|text| {
+                    text.lines()
+                        .position(|line| {
+                            line.trim_start().starts_with("#GPOOL") && line.split_whitespace().any(|word| word == flag)
+                        })
+                        .map(|index| index + 1)
+                });
+                let at = line.map_or_else(|| script.clone(), |line| format!("{script}:{line}"));
+                eprintln!("gpool: {at}: #GPOOL {}", cmd::submit::unknown_flag(flag));
+                return ExitCode::from(2);
+            }
             // The directives must leave the script where it was: a word or
             // a flag without its value there would run something else.
             if args.command.first() != Some(&script) {

@@ -878,7 +878,7 @@ impl RunsError {
             RunsError::Toml { at, err } => JobFileError {
                 file: file.to_string(),
                 line: err.span().map(|span| line_of(text, at + span.start)),
-                message: err.message().to_string(),
+                message: crate::toml_text::message_of(&err, text.get(at..).unwrap_or_default()),
             },
             RunsError::File(err) => err,
         }

@@ -34,14 +34,37 @@ pub fn parse<T: DeserializeOwned>(file: &str, text: &str) -> Result<T, ConfigErr
             file,
             text,
             err.span().map_or(0, |span| span.start),
-            err.message().to_string(),
+            message_of(&err, text),
         )
     })
+}
+
+/// The parser's message, with the key named where it names none (its
+/// "duplicate key" points at the key but does not say which).
+pub fn message_of(err: &toml::de::Error, text: &str) -> String {
+    let message = err.message().trim().to_string();
+    let key = err
+        .span()
+        .and_then(|span| text.get(span))
+        .map(str::trim)
+        .filter(|key| !key.is_empty() && key.len() <= 64 && !key.contains('\n'));
+    match key {
+        Some(key) if message == "duplicate key" => format!("duplicate key `{key}`"),
+        _ => message,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duplicate_key_is_named() {
+        let err = parse::<toml::Table>("f.toml", "a = 1\nb = 2\nb = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("f.toml:3") && err.contains("duplicate key `b`"), "{err}");
+    }
 
     #[test]
     fn lines_count_from_one() {

@@ -119,6 +119,14 @@ fn bad_job_files_name_file_line_and_field() {
         run.stderr
     );
 
+    let twice = dir.join("twice.toml");
+    std::fs::write(&twice, "[[job]]\ncommand = [\"true\"]\ngpus = 1\ngpus = 2\n").unwrap();
+    assert_refused(
+        &cluster.gpool(&["submit", "-f", twice.to_str().unwrap()]),
+        2,
+        "twice.toml:4: duplicate key `gpus`",
+    );
+
     let invalid = dir.join("invalid.toml");
     std::fs::write(
         &invalid,

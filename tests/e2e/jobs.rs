@@ -417,6 +417,11 @@ fn a_batch_script_runs_with_its_gpool_lines_as_flags() {
         ),
         ("#GPOOL -t", "must be whole flags"),
         ("#GPOOL sleep", "must be whole flags"),
+        // A flag gpool does not know is named, with its line.
+        (
+            "#GPOOL --gres gpu:2",
+            "bad.sh:2: #GPOOL unknown flag --gres: gpool asks for GPUs with --gpus N",
+        ),
     ] {
         let bad = cluster.dir.path().join("bad.sh");
         std::fs::write(&bad, format!("#!/bin/sh\n{line}\ntrue\n")).unwrap();

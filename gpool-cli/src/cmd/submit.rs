@@ -330,7 +330,7 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
 /// Why a word where the command goes, which looks like a flag, is refused:
 /// a flag gpool does not know (clap leaves it in the command), named with
 /// gpool's word for what a Slurm user meant.
-fn unknown_flag(flag: &str) -> String {
+pub fn unknown_flag(flag: &str) -> String {
     let name = flag.split_once('=').map_or(flag, |(name, _)| name);
     let hint = match name {
         "--gres" | "--gpus-per-task" | "--gpus-per-node" | "--tres-per-node" => {
