@@ -75,6 +75,29 @@ fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelle
         "{completed}"
     );
 
+    // gpool history as sacct: by state and id, from a plain date, with
+    // GPU-hours in the JSON.
+    let today = &chrono_free_today();
+    let failed_only = cluster
+        .gpool(&["history", "--since", today, "--state", "failed", "--output", "json"])
+        .json();
+    let listed: Vec<u64> = failed_only
+        .as_array()
+        .map(|jobs| jobs.iter().filter_map(|job| job["id"].as_u64()).collect())
+        .unwrap_or_default();
+    assert!(listed.contains(&failed), "{failed_only}");
+    let jobs = failed_only.as_array().expect("jobs");
+    assert!(
+        jobs.iter()
+            .all(|job| job["state"] == "failed" && job["gpu_hours"].is_number()),
+        "{failed_only}"
+    );
+    let picked = cluster
+        .gpool(&["history", "--since", today, "-j", &done.to_string(), "--output", "json"])
+        .json();
+    assert_eq!(picked.as_array().map(Vec::len), Some(1), "{picked}");
+    assert_eq!(picked[0]["id"], done);
+
     let cancel = cluster.gpool(&["cancel", &done.to_string()]);
     assert!(
         cancel
@@ -303,4 +326,13 @@ fn array_tasks_run_with_their_arrays_environment_after_a_restart() {
     wait_for_none_in_memory(&cluster);
     let text = cluster.gpool(&["show", "--env", &(array + 4).to_string()]);
     assert!(text.ok().contains("KEPT_VAR=array-env"), "{}", text.stdout);
+}
+
+/// Today's date in UTC (`2026-11-27`), from the system clock.
+fn chrono_free_today() -> String {
+    let output = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .expect("date(1)");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
 }

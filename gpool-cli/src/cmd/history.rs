@@ -24,6 +24,14 @@ pub struct HistoryArgs {
     /// Only this team's jobs.
     #[arg(long)]
     team: Option<String>,
+    /// Only jobs that ended in these states (comma-separated), as sacct
+    /// --state.
+    #[arg(long, short = 's', value_delimiter = ',')]
+    state: Vec<String>,
+    /// Only these jobs (comma-separated ids; an array's id takes in its
+    /// tasks), as sacct -j.
+    #[arg(long = "jobs", short = 'j', value_delimiter = ',', value_name = "ID,...")]
+    ids: Vec<u64>,
     /// Print the jobs as a trace in gpool's CSV format (submit time, run
     /// time, GPUs, team, ...), which `gpool sim --trace` replays under
     /// another policy.
@@ -31,13 +39,22 @@ pub struct HistoryArgs {
     export_trace: bool,
 }
 
-/// A moment as unix ms: `1h` (that long ago) or an RFC 3339 time.
+/// A moment as unix ms: `1h` (that long ago), a date (`2026-11-01`, its
+/// midnight) or a time (`2026-11-23T10:00`, `2026-11-23 10:00:00`), in UTC.
 pub fn parse_moment(text: &str) -> Result<i64, String> {
     let now = std::time::SystemTime::now();
-    let at = match humantime::parse_duration(text) {
+    let trimmed = text.trim();
+    // A plain date means its midnight; a time without seconds, :00.
+    let written = match trimmed.len() {
+        10 => format!("{trimmed}T00:00:00Z"),
+        16 => format!("{trimmed}:00"),
+        _ => trimmed.to_string(),
+    };
+    let at = match humantime::parse_duration(trimmed) {
         Ok(ago) => now.checked_sub(ago).ok_or_else(|| format!("{text:?} is before 1970"))?,
-        Err(_) => humantime::parse_rfc3339_weak(text)
-            .map_err(|_| format!("{text:?} is neither a duration (1h, 7d) nor a time (2026-11-23T10:00:00Z)"))?,
+        Err(_) => humantime::parse_rfc3339_weak(&written).map_err(|_| {
+            format!("{text:?} is neither a duration (1h, 7d), a date (2026-11-01) nor a time (2026-11-23T10:00, UTC)")
+        })?,
     };
     Ok(at
         .duration_since(std::time::UNIX_EPOCH)
@@ -63,14 +80,26 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
+    let states = args
+        .state
+        .iter()
+        .map(|name| {
+            gpool_proto::convert::state_from_name(name).ok_or_else(|| {
+                CliError::Usage(format!(
+                    "--state: unknown state {name:?} (completed, failed, cancelled, timeout, node_fail, out_of_memory)"
+                ))
+            })
+        })
+        .collect::<Result<Vec<pb::JobState>, _>>()?;
+    let ids = args.ids.clone();
+    let wanted = |job: &pb::Job| {
+        job.ended_at_ms.is_some_and(|at| at >= args.since && at <= until)
+            && (states.is_empty() || states.contains(&job.state()))
+            && (ids.is_empty() || ids.contains(&job.id) || (job.array_job_id != 0 && ids.contains(&job.array_job_id)))
+    };
     let mut ended = Vec::new();
     while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
-        ended.extend(
-            chunk
-                .jobs
-                .into_iter()
-                .filter(|job| job.ended_at_ms.is_some_and(|at| at >= args.since && at <= until)),
-        );
+        ended.extend(chunk.jobs.into_iter().filter(|job| wanted(job)));
     }
     ended.sort_by_key(|job| (job.ended_at_ms, job.id));
     if args.export_trace {
@@ -79,7 +108,11 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
     }
     if ctx.json() {
         let mut printer = output::JsonArrayPrinter::new();
-        ended.iter().for_each(|job| printer.push(&output::job_json(job)));
+        for job in &ended {
+            let mut record = serde_json::to_value(output::job_json(job)).unwrap_or_default();
+            record["gpu_hours"] = serde_json::json!((gpu_hours(job) * 100.0).round() / 100.0);
+            printer.push(&record);
+        }
         printer.finish();
         return Ok(());
     }
@@ -87,16 +120,6 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
         .iter()
         .map(|job| {
             let spec = job.spec.clone().unwrap_or_default();
-            // An array's record used no GPUs itself: its tasks are listed.
-            let gpus = if job.array.is_some() {
-                0
-            } else {
-                u64::from(spec.gpus) * u64::from(spec.nodes.max(1))
-            };
-            let secs = match (job.started_at_ms, job.ended_at_ms) {
-                (Some(start), Some(end)) => (end - start).max(0) as f64 / 1000.0,
-                _ => 0.0,
-            };
             vec![
                 crate::cmd::display_id(job),
                 spec.name,
@@ -104,7 +127,7 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
                 spec.team,
                 state_name(job.state()).to_string(),
                 job.exit_code.map_or_else(|| "-".to_string(), |code| code.to_string()),
-                format!("{:.2}", gpus as f64 * secs / 3600.0),
+                format!("{:.2}", gpu_hours(job)),
                 job.ended_at_ms.map_or_else(String::new, output::rfc3339),
                 if job.last_nodes.is_empty() {
                     "-".to_string()
@@ -129,6 +152,22 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
         rows,
     );
     Ok(())
+}
+
+/// The GPU-hours of a job's last attempt (the table's GPU-HOURS, the JSON's
+/// `gpu_hours`); an array's record used none itself (its tasks are listed).
+fn gpu_hours(job: &pb::Job) -> f64 {
+    let spec = job.spec.clone().unwrap_or_default();
+    let gpus = if job.array.is_some() {
+        0
+    } else {
+        u64::from(spec.gpus) * u64::from(spec.nodes.max(1))
+    };
+    let secs = match (job.started_at_ms, job.ended_at_ms) {
+        (Some(start), Some(end)) => (end - start).max(0) as f64 / 1000.0,
+        _ => 0.0,
+    };
+    gpus as f64 * secs / 3600.0
 }
 
 /// Ended jobs that ran, as a trace: each arrives when it was submitted and
