@@ -204,7 +204,14 @@ fn tasks_are_acted_on_alone_or_with_their_array() {
         (text == "err\n").then_some(())
     });
     let logs = cluster.gpool(&["logs", &format!("{array}_0")]);
-    assert!(logs.stderr.contains("writes its stdout to"), "{}", logs.stderr);
+    // Named as its node wrote it, not as the pattern.
+    let written = out.join(format!("{array}_0.n1.out"));
+    assert!(
+        logs.stderr
+            .contains(&format!("writes its stdout to {} on n1", written.display())),
+        "{}",
+        logs.stderr
+    );
 
     // Requeue the running task: it goes back and runs again.
     let requeued = cluster

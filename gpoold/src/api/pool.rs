@@ -1005,11 +1005,30 @@ impl PoolService {
             ("stdout", &job.spec.stdout_path)
         };
         if !file.is_empty() {
+            // Where it went, as its node expanded the pattern (the node is
+            // known once the job started).
+            let node = job.last_nodes.get(rank as usize).map(|node| node.as_str());
+            let fields = gpool_core::array::OutputFields {
+                job: id.0,
+                array: job.array_task.as_ref().map(|task| task.array.0),
+                task_index: job.array_task.as_ref().map(|task| task.index),
+                node: node.unwrap_or("%n"),
+                rank,
+                user: &job.user,
+                name: &job.spec.name,
+            };
+            let expanded = gpool_core::array::expand_output_pattern(file, &fields);
+            let path = match std::path::Path::new(&expanded) {
+                path if path.is_absolute() || job.spec.workdir.is_empty() => path.to_path_buf(),
+                path => std::path::Path::new(&job.spec.workdir).join(path),
+            };
+            let on = node.map_or_else(String::new, |node| format!(" on {node}"));
             return Err(Error::InvalidRequest {
                 field: "id",
                 reason: format!(
-                    "job {} writes its {stream} to {file} (-{}, expanded on its nodes): read it there",
+                    "job {} writes its {stream} to {}{on} (-{} {file}): read it there",
                     job.display_id(),
+                    path.display(),
                     if stderr { "e" } else { "o" }
                 ),
             }
