@@ -89,6 +89,15 @@ fn waiting_on_a_batch_returns_when_all_ended_with_the_first_failure() {
         "stderr: {}",
         run.stderr
     );
+    // Off a terminal, each change of state is a line with the job's name,
+    // so a failure is named when it happens.
+    assert!(
+        run.stderr
+            .contains(&format!("gpool: job {} (exit) failed: exited with code 5", ids[1]))
+            && run.stderr.contains("ended]"),
+        "stderr: {}",
+        run.stderr
+    );
 }
 
 #[test]

@@ -294,7 +294,8 @@ pub async fn show(ctx: &Ctx, id: super::JobRef, with_env: bool) -> Result<(), Cl
 /// Follows the jobs until all have ended; returns the exit code `--wait`
 /// exits with: that of the first job (in `ids` order) that did not
 /// complete, else 0. On a terminal, one job shows a spinner with its state,
-/// several a bar of how many have ended.
+/// several a bar of how many have ended; elsewhere each change of a job's
+/// state is a line on stderr.
 pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError> {
     // Taken from here on, so an early Ctrl-C is answered too.
     let mut interrupted = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
@@ -361,6 +362,17 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
                 bar.set_position(n_ended);
                 bar.set_message(format!("{n_not_completed} not completed"));
             }
+        } else if last.get(&job.id).is_none_or(|before| before.state != job.state) {
+            // Off a terminal (CI logs, journald): a line per change of
+            // state, with the job's name, so a failure is named when it
+            // happens.
+            let name = job.spec.as_ref().map_or("", |spec| spec.name.as_str());
+            eprintln!(
+                "gpool: job {} ({name}) {} [{n_ended}/{} ended]",
+                super::display_id(&job),
+                describe(&job),
+                ids.len()
+            );
         }
         last.insert(job.id, job);
     }
