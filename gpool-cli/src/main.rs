@@ -149,6 +149,9 @@ enum Command {
         /// Job ids (an array's id waits for all its tasks).
         #[arg(required = true, value_parser = cmd::parse_job_ref)]
         ids: Vec<cmd::JobRef>,
+        /// The first job that does not complete cancels the rest.
+        #[arg(long)]
+        fail_fast: bool,
     },
     /// List nodes and their GPUs.
     Nodes {
@@ -589,10 +592,10 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Sim(args) => cmd::sim::run(*args, ctx.json()).map(|()| 0),
         Command::Hold { ids } => cmd::cancel::hold(&ctx, ids, true).await,
         Command::Release { ids } => cmd::cancel::hold(&ctx, ids, false).await,
-        Command::Wait { ids } => {
+        Command::Wait { ids, fail_fast } => {
             let mut conn = ctx.connect().await?;
             let ids = conn.resolve(&ids).await?;
-            cmd::jobs::wait_for(&mut conn, &ids).await
+            cmd::jobs::wait_for(&mut conn, &ids, fail_fast).await
         }
         Command::Logs {
             id,

@@ -100,6 +100,34 @@ fn waiting_on_a_batch_returns_when_all_ended_with_the_first_failure() {
     );
 }
 
+/// `--wait --fail-fast`: the first job that fails cancels the others, and
+/// gpool exits with the failed job's code, not a cancelled one's.
+#[test]
+fn fail_fast_cancels_the_rest_at_the_first_failure() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 2);
+    let file = cluster.dir.path().join("batch.toml");
+    let jobs = ["sleep 300", "sleep 0.3; exit 7", "sleep 300", "true"];
+    let text: String = jobs.iter().map(|job| format!("[[job]]\ncommand = {job:?}\n")).collect();
+    std::fs::write(&file, text).unwrap();
+    let started = std::time::Instant::now();
+    let run = cluster.gpool(&["submit", "-f", file.to_str().unwrap(), "--wait", "--fail-fast"]);
+    assert_eq!(run.code, 7, "stderr: {}", run.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the sleepers were cancelled"
+    );
+    let ids: Vec<u64> = run.stdout.lines().map(|line| line.parse().unwrap()).collect();
+    assert!(run.stderr.contains("cancelling the"), "{}", run.stderr);
+    let states: Vec<String> = ids
+        .iter()
+        .map(|id| cluster.job(*id)["state"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(states[0], "cancelled", "{states:?}");
+    assert_eq!(states[1], "failed", "{states:?}");
+    assert_eq!(states[2], "cancelled", "{states:?}");
+}
+
 #[test]
 fn concurrent_jobs_on_one_node_get_disjoint_gpus() {
     let mut cluster = Cluster::start();

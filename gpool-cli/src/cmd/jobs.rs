@@ -296,7 +296,7 @@ pub async fn show(ctx: &Ctx, id: super::JobRef, with_env: bool) -> Result<(), Cl
 /// complete, else 0. On a terminal, one job shows a spinner with its state,
 /// several a bar of how many have ended; elsewhere each change of a job's
 /// state is a line on stderr.
-pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError> {
+pub async fn wait_for(conn: &mut Connection, ids: &[u64], fail_fast: bool) -> Result<u8, CliError> {
     // Taken from here on, so an early Ctrl-C is answered too.
     let mut interrupted = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|err| CliError::Refused(format!("cannot watch for Ctrl-C: {err}")))?;
@@ -324,6 +324,7 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
     let mut last: std::collections::BTreeMap<u64, pb::Job> = std::collections::BTreeMap::new();
     let mut n_ended = 0;
     let mut n_not_completed = 0;
+    let mut failed_first: Option<u64> = None;
     loop {
         let job = tokio::select! {
             job = stream.message() => match job.map_err(|s| conn.refused(s))? {
@@ -354,6 +355,31 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
         if ended(&job) {
             n_ended += 1;
             n_not_completed += u64::from(job.state() != pb::JobState::Completed);
+        }
+        // --fail-fast: the first job that did not complete cancels the rest
+        // (the wait goes on until they have ended).
+        if fail_fast && failed_first.is_none() && ended(&job) && job.state() != pb::JobState::Completed {
+            failed_first = Some(job.id);
+            let rest: Vec<u64> = ids
+                .iter()
+                .copied()
+                .filter(|id| *id != job.id && !last.get(id).is_some_and(ended))
+                .collect();
+            if !rest.is_empty() {
+                eprintln!(
+                    "gpool: job {} {}; cancelling the {} others (--fail-fast)",
+                    super::display_id(&job),
+                    describe(&job),
+                    rest.len()
+                );
+                for chunk in rest.chunks(gpool_core::ids::MAX_IDS_PER_REQUEST) {
+                    let request = pb::CancelJobsRequest {
+                        ids: chunk.to_vec(),
+                        ..Default::default()
+                    };
+                    conn.client.cancel_jobs(request).await.map_err(|s| conn.refused(s))?;
+                }
+            }
         }
         if let Some(bar) = &progress {
             if ids.len() == 1 {
@@ -399,7 +425,9 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64]) -> Result<u8, CliError
         };
         if code != 0 {
             eprintln!("gpool: job {id} {}", describe(job));
-            if first_code == 0 {
+            // With --fail-fast, the job that failed first speaks, not one
+            // it had cancelled.
+            if first_code == 0 || failed_first == Some(*id) {
                 first_code = code;
             }
         }

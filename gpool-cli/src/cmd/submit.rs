@@ -133,7 +133,7 @@ pub struct SubmitArgs {
             "time", "env", "workdir", "priority", "pool", "no_requeue",
             "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
             "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
-            "nodelist", "exclude",
+            "nodelist", "exclude", "max_output",
         ]
     )]
     file: Option<PathBuf>,
@@ -148,6 +148,9 @@ pub struct SubmitArgs {
     /// several jobs, that of the first one that did not complete).
     #[arg(long)]
     wait: bool,
+    /// With --wait: the first job that does not complete cancels the rest.
+    #[arg(long, requires = "wait")]
+    fail_fast: bool,
     /// As --wait, printing the job's stdout as it runs (the id goes to
     /// stderr); one job only.
     #[arg(long, conflicts_with = "file")]
@@ -234,7 +237,7 @@ fn script_command(script: &[String]) -> Result<(Vec<String>, gpool_core::model::
 }
 
 pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
-    let (wait, attach) = (args.wait || args.attach, args.attach);
+    let (wait, attach, fail_fast) = (args.wait || args.attach, args.attach, args.fail_fast);
     if attach && args.array.is_some() {
         return Err(CliError::Usage(
             "--attach follows one job, and an array has many tasks: use --wait".into(),
@@ -270,7 +273,7 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
             eprintln!("gpool: not attached to job {}: {err}", ids[0]);
         }
     }
-    super::jobs::wait_for(&mut conn, &ids).await
+    super::jobs::wait_for(&mut conn, &ids, fail_fast).await
 }
 
 fn parse_export(text: &str) -> Result<gpool_core::spec::Export, String> {
