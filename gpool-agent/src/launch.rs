@@ -698,7 +698,7 @@ impl Attempts {
                     .cpus_per_gpu
                     .saturating_mul(launch.gpu_indices.len().max(1) as u32)
             }),
-            pids: Some(self.max_pids),
+            pids: (self.max_pids > 0).then_some(self.max_pids),
         };
         let env_file = in_container.then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "env"));
         let (program, args, workdir, cleanup) = if let Some(env_file) = &env_file {

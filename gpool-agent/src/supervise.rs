@@ -496,8 +496,10 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
         },
         Err(reason) => Ended::FailedToStart(reason),
     };
+    // Only the spool's files are cut: this process is root here, and a
+    // user's own `-o` path may by now lead anywhere (a symlink).
     if let Some(cap) = request.max_output.filter(|_| ended == Ended::OutputLimit) {
-        for path in output_files(request) {
+        for path in [&request.stdout, &request.stderr].into_iter().flatten() {
             cut_output(path, cap);
         }
     }

@@ -324,6 +324,19 @@ impl fmt::Display for Drift {
     }
 }
 
+/// A node's drain for something its agent reports (a full spool, stuck GPU
+/// readings), told by the reason's `prefix` from an operator's: the new
+/// drain reason when it changes (`Some(None)`: lifted), `None` when it
+/// stays. It drains only an undrained node (an operator's reason stays),
+/// and lifts only its own drain.
+pub fn agent_drain(current: Option<&str>, prefix: &str, why: &str) -> Option<Option<String>> {
+    match current {
+        None if !why.is_empty() => Some(Some(format!("{prefix}{why}"))),
+        Some(reason) if why.is_empty() && reason.starts_with(prefix) => Some(None),
+        _ => None,
+    }
+}
+
 /// The GPUs a reboot brings back: those out until a reset, when the node's
 /// boot id changed (a reboot resets every GPU). Unknown boot ids (an agent
 /// of an earlier release) tell nothing.

@@ -14,7 +14,9 @@
 //! given length); that is the caller's side of each `unsafe` call.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+pub mod events;
 pub mod fixture;
+pub mod samples;
 
 use fixture::{code, Fixture, NvLink};
 use nvml_wrapper_sys::bindings as sys;
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 /// The environment variable that names the fixture file.
 pub const FIXTURE_ENV: &str = "GPOOL_NVML_STANDIN";
 
-struct Loaded {
+pub(crate) struct Loaded {
     path: String,
     /// The file as last read, with its modification time; read again
     /// when that changes (at most every `RELOAD_EVERY`), so a test can
@@ -38,7 +40,7 @@ struct Loaded {
 const RELOAD_EVERY: Duration = Duration::from_millis(100);
 
 impl Loaded {
-    fn fixture(&self) -> std::sync::Arc<Fixture> {
+    pub(crate) fn fixture(&self) -> std::sync::Arc<Fixture> {
         let mut held = self.fixture.lock().unwrap_or_else(|p| p.into_inner());
         if held.2.elapsed() >= RELOAD_EVERY {
             held.2 = Instant::now();
@@ -63,7 +65,7 @@ static LOADED: OnceLock<Result<Loaded, String>> = OnceLock::new();
 /// Inits not yet shut down.
 static INITS: Mutex<u32> = Mutex::new(0);
 
-fn loaded() -> Result<&'static Loaded, u32> {
+pub(crate) fn loaded() -> Result<&'static Loaded, u32> {
     if *INITS.lock().unwrap_or_else(|p| p.into_inner()) == 0 {
         return Err(code::UNINITIALIZED);
     }
@@ -73,19 +75,19 @@ fn loaded() -> Result<&'static Loaded, u32> {
         .ok_or(code::UNINITIALIZED)
 }
 
-fn since_start(loaded: &Loaded) -> u64 {
+pub(crate) fn since_start(loaded: &Loaded) -> u64 {
     loaded.started.elapsed().as_millis() as u64
 }
 
 /// A GPU (by its index in the file) or one of its MIG slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Handle {
-    gpu: usize,
-    slot: Option<u32>,
+pub(crate) struct Handle {
+    pub(crate) gpu: usize,
+    pub(crate) slot: Option<u32>,
 }
 
 impl Handle {
-    fn to_device(self) -> sys::nvmlDevice_t {
+    pub(crate) fn to_device(self) -> sys::nvmlDevice_t {
         let slot = self.slot.map_or(0, |slot| slot as usize + 1);
         (((self.gpu + 1) << 8) | slot) as sys::nvmlDevice_t
     }
@@ -104,7 +106,11 @@ impl Handle {
 
 /// Runs `answer` for `call` once the library is initialised, after the
 /// fault the file sets for it (a hang, then an error or the answer).
-fn gate(call: &str, gpu: Option<usize>, answer: impl FnOnce(&'static Loaded, &Fixture) -> u32) -> sys::nvmlReturn_t {
+pub(crate) fn gate(
+    call: &str,
+    gpu: Option<usize>,
+    answer: impl FnOnce(&'static Loaded, &Fixture) -> u32,
+) -> sys::nvmlReturn_t {
     let loaded = match loaded() {
         Ok(loaded) => loaded,
         Err(err) => return err,
@@ -122,7 +128,11 @@ fn gate(call: &str, gpu: Option<usize>, answer: impl FnOnce(&'static Loaded, &Fi
 }
 
 /// `gate` for a call on one device.
-fn on_device(call: &str, device: sys::nvmlDevice_t, answer: impl FnOnce(&Fixture, Handle) -> u32) -> sys::nvmlReturn_t {
+pub(crate) fn on_device(
+    call: &str,
+    device: sys::nvmlDevice_t,
+    answer: impl FnOnce(&Fixture, Handle) -> u32,
+) -> sys::nvmlReturn_t {
     let Ok(loaded) = loaded() else {
         return code::UNINITIALIZED;
     };
@@ -132,7 +142,7 @@ fn on_device(call: &str, device: sys::nvmlDevice_t, answer: impl FnOnce(&Fixture
     gate(call, Some(handle.gpu), |_, fixture| answer(fixture, handle))
 }
 
-unsafe fn put<T>(out: *mut T, value: T) -> u32 {
+pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> u32 {
     if out.is_null() {
         return code::INVALID_ARGUMENT;
     }
@@ -535,219 +545,6 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
             Some(b) => put(level, fixture.common_ancestor(a.gpu, b.gpu)),
         },
     )
-}
-
-// ---- Samples and health ----
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
-    device: sys::nvmlDevice_t,
-    rates: *mut sys::nvmlUtilization_t,
-) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetUtilizationRates", device, |fixture, handle| {
-        let gpu = fixture.gpu[handle.gpu].utilization_pct;
-        put(rates, sys::nvmlUtilization_t { gpu, memory: gpu / 2 })
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetTemperature(
-    device: sys::nvmlDevice_t,
-    _sensor: c_uint,
-    temperature: *mut c_uint,
-) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetTemperature", device, |fixture, handle| {
-        put(temperature, fixture.gpu[handle.gpu].temperature_c)
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
-    device: sys::nvmlDevice_t,
-    milliwatts: *mut c_uint,
-) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetPowerUsage", device, |fixture, handle| {
-        put(milliwatts, fixture.gpu[handle.gpu].power_w * 1000)
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
-    device: sys::nvmlDevice_t,
-    _clock: c_uint,
-    mhz: *mut c_uint,
-) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetClockInfo", device, |fixture, handle| {
-        put(mhz, fixture.gpu[handle.gpu].sm_clock_mhz)
-    })
-}
-
-/// NVML_MEMORY_ERROR_TYPE_UNCORRECTED of nvml.h.
-const UNCORRECTED: c_uint = 1;
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
-    device: sys::nvmlDevice_t,
-    error_type: c_uint,
-    _counter: c_uint,
-    count: *mut c_ulonglong,
-) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetTotalEccErrors", device, |fixture, handle| {
-        let gpu = &fixture.gpu[handle.gpu];
-        put(
-            count,
-            if error_type == UNCORRECTED {
-                gpu.ecc_uncorrected
-            } else {
-                gpu.ecc_corrected
-            },
-        )
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
-    device: sys::nvmlDevice_t,
-    corrected: *mut c_uint,
-    uncorrected: *mut c_uint,
-    pending: *mut c_uint,
-    failed: *mut c_uint,
-) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetRemappedRows", device, |fixture, handle| {
-        let Some(rows) = fixture.gpu[handle.gpu].remapped_rows else {
-            return code::NOT_SUPPORTED;
-        };
-        for (out, value) in [
-            (corrected, rows.corrected),
-            (uncorrected, rows.uncorrected),
-            (pending, c_uint::from(rows.pending)),
-            (failed, c_uint::from(rows.failed)),
-        ] {
-            let status = put(out, value);
-            if status != code::SUCCESS {
-                return status;
-            }
-        }
-        code::SUCCESS
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
-    device: sys::nvmlDevice_t,
-    pending: *mut c_uint,
-) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceGetRetiredPagesPendingStatus", device, |fixture, handle| {
-        put(pending, c_uint::from(fixture.gpu[handle.gpu].retired_pages_pending))
-    })
-}
-
-// ---- Events ----
-
-/// nvmlEventTypeXidCriticalError of nvml.h.
-const XID_CRITICAL: c_ulonglong = 0x8;
-
-/// An event set: the GPUs registered with it, and which of the file's Xids
-/// it has delivered (by their place in the file: Xids are added at its
-/// end).
-struct EventSet {
-    gpus: Mutex<Vec<usize>>,
-    delivered: Mutex<Vec<bool>>,
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut sys::nvmlEventSet_t) -> sys::nvmlReturn_t {
-    gate("nvmlEventSetCreate", None, |_, _| {
-        let created = Box::new(EventSet {
-            gpus: Mutex::new(Vec::new()),
-            delivered: Mutex::new(Vec::new()),
-        });
-        let raw = Box::into_raw(created).cast();
-        let status = put(set, raw);
-        if status != code::SUCCESS {
-            drop(Box::from_raw(raw.cast::<EventSet>()));
-        }
-        status
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
-    device: sys::nvmlDevice_t,
-    types: c_ulonglong,
-    set: sys::nvmlEventSet_t,
-) -> sys::nvmlReturn_t {
-    on_device("nvmlDeviceRegisterEvents", device, |_, handle| {
-        if set.is_null() {
-            return code::INVALID_ARGUMENT;
-        }
-        if types & XID_CRITICAL == 0 {
-            return code::NOT_SUPPORTED;
-        }
-        let set = &*set.cast::<EventSet>();
-        set.gpus.lock().unwrap_or_else(|p| p.into_inner()).push(handle.gpu);
-        code::SUCCESS
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetWait_v2(
-    set: sys::nvmlEventSet_t,
-    data: *mut sys::nvmlEventData_t,
-    timeout_ms: c_uint,
-) -> sys::nvmlReturn_t {
-    gate("nvmlEventSetWait_v2", None, |loaded, _| {
-        if set.is_null() || data.is_null() {
-            return code::INVALID_ARGUMENT;
-        }
-        let set = &*set.cast::<EventSet>();
-        let until = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
-        loop {
-            let now = since_start(loaded);
-            let fixture = loaded.fixture();
-            let gpus = set.gpus.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let mut delivered = set.delivered.lock().unwrap_or_else(|p| p.into_inner());
-            if delivered.len() < fixture.xid.len() {
-                delivered.resize(fixture.xid.len(), false);
-            }
-            let due = fixture
-                .xid
-                .iter()
-                .enumerate()
-                .find(|(k, xid)| !delivered[*k] && xid.after_ms <= now && gpus.contains(&(xid.gpu as usize)));
-            if let Some((k, xid)) = due {
-                delivered[k] = true;
-                let device = Handle {
-                    gpu: xid.gpu as usize,
-                    slot: None,
-                };
-                return put(
-                    data,
-                    sys::nvmlEventData_t {
-                        device: device.to_device(),
-                        eventType: XID_CRITICAL,
-                        eventData: xid.xid,
-                        gpuInstanceId: 0,
-                        computeInstanceId: 0,
-                    },
-                );
-            }
-            drop(delivered);
-            if Instant::now() >= until {
-                return code::TIMEOUT;
-            }
-            std::thread::sleep(Duration::from_millis(10).min(until.saturating_duration_since(Instant::now())));
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetFree(set: sys::nvmlEventSet_t) -> sys::nvmlReturn_t {
-    if set.is_null() {
-        return code::INVALID_ARGUMENT;
-    }
-    drop(Box::from_raw(set.cast::<EventSet>()));
-    code::SUCCESS
 }
 
 #[cfg(test)]

@@ -331,15 +331,22 @@ fn freeze(agent: nix::unistd::Pid, job: nix::unistd::Pid, signal: nix::sys::sign
     nix::sys::signal::killpg(group, signal).expect("signal the job's group");
 }
 
-#[test]
-fn silent_node_goes_down_and_its_job_never_runs_twice() {
-    use nix::sys::signal::Signal;
+/// Two one-GPU nodes under a 4 s node timeout, node-b drained so that a
+/// job's first attempt lands on node-a; returns node-a's agent index.
+fn first_attempt_on_node_a() -> (Cluster, usize) {
     let mut cluster = Cluster::with_node_timeout("4s");
     let agent_a = cluster.start_agent("node-a", 1);
     cluster.start_agent("node-b", 1);
     cluster
         .gpool(&["drain", "node-b", "--reason", "keep the first attempt on node-a"])
         .ok();
+    (cluster, agent_a)
+}
+
+#[test]
+fn silent_node_goes_down_and_its_job_never_runs_twice() {
+    use nix::sys::signal::Signal;
+    let (cluster, agent_a) = first_attempt_on_node_a();
     let script = format!(
         "echo start $GPOOL_ATTEMPT $GPOOL_NODE $$ >> marker; {}; echo end $GPOOL_ATTEMPT >> marker",
         wait_for_file("release")
@@ -652,7 +659,9 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
         return;
     }
     let mut cluster = Cluster::start();
-    cluster.start_agent("node-a", 2);
+    let top = format!("controller = \"{}\"\nmax_pids = 4096\n", cluster.addr);
+    cluster.spawn_agent("node-a", 2, &top, "", None);
+    cluster.wait_for_registered("node-a");
     let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
     let isolation = nodes[0]["labels"]["isolation"].as_str().unwrap_or_default().to_string();
     if isolation == "none" {
@@ -707,7 +716,7 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
     if std::path::Path::new("/sys/fs/cgroup/pids/pids.max").exists()
         || std::path::Path::new("/sys/fs/cgroup/pids/cgroup.procs").exists()
     {
-        assert_eq!(read(&cluster, "pids-max").trim(), "32768", "the node's max_pids");
+        assert_eq!(read(&cluster, "pids-max").trim(), "4096", "the node's max_pids");
     }
     let escaped: i32 = read(&cluster, "escaped.pid").trim().parse().expect("the detached pid");
     let devices_cgroup = read(&cluster, "devices-cgroup").trim().to_string();
@@ -921,12 +930,7 @@ fn a_job_over_its_memory_limit_ends_out_of_memory() {
 #[test]
 fn the_lease_cuts_a_time_limits_grace_so_a_job_never_runs_twice() {
     use nix::sys::signal::Signal;
-    let mut cluster = Cluster::with_node_timeout("4s");
-    let agent_a = cluster.start_agent("node-a", 1);
-    cluster.start_agent("node-b", 1);
-    cluster
-        .gpool(&["drain", "node-b", "--reason", "keep the first attempt on node-a"])
-        .ok();
+    let (mut cluster, agent_a) = first_attempt_on_node_a();
     let script = "trap 'echo term $GPOOL_ATTEMPT >> ticks' TERM; \
                   while true; do echo \"tick $GPOOL_ATTEMPT $(date +%s%3N)\" >> ticks; sleep 0.1; done";
     let id = cluster.submit(&["--time", "8s", "--", "sh", "-c", script]);

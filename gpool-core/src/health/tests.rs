@@ -305,3 +305,18 @@ fn a_reboot_brings_back_only_what_waited_for_a_reset() {
     assert!(reset_by_reboot("", "boot-b", &gpus_out).is_empty());
     assert!(reset_by_reboot("boot-a", "", &gpus_out).is_empty());
 }
+
+/// An agent's drain takes only an undrained node and lifts only itself.
+#[test]
+fn an_agents_drain_leaves_an_operators_alone() {
+    let full = "spool full: ";
+    assert_eq!(
+        agent_drain(None, full, "2 MiB free"),
+        Some(Some("spool full: 2 MiB free".into()))
+    );
+    assert_eq!(agent_drain(None, full, ""), None);
+    assert_eq!(agent_drain(Some("spool full: 2 MiB free"), full, ""), Some(None));
+    assert_eq!(agent_drain(Some("spool full: 2 MiB free"), full, "1 MiB free"), None);
+    assert_eq!(agent_drain(Some("fan failure"), full, "2 MiB free"), None);
+    assert_eq!(agent_drain(Some("fan failure"), full, ""), None);
+}

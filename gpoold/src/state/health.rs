@@ -105,21 +105,15 @@ impl State {
     /// over, unless an operator drained the node meanwhile.
     pub(super) fn assess_agent_drain(&mut self, name: &str, prefix: &str, why: &str, now: Timestamp, out: &mut Batch) {
         let Some(node) = self.nodes.get_mut(name) else { return };
-        let drained_for_it = node
-            .drain_reason
-            .as_deref()
-            .is_some_and(|reason| reason.starts_with(prefix));
-        let note = if !why.is_empty() && node.drain_reason.is_none() {
-            node.drain_reason = Some(format!("{prefix}{why}"));
-            tracing::warn!(node = name, "drained: {why}");
-            format!("drained: {why}")
-        } else if why.is_empty() && drained_for_it {
-            node.drain_reason = None;
-            tracing::info!(node = name, "{prefix}over: drain lifted");
-            format!("{prefix}over: drain lifted")
-        } else {
+        let Some(reason) = health::agent_drain(node.drain_reason.as_deref(), prefix, why) else {
             return;
         };
+        let note = match &reason {
+            Some(_) => format!("drained: {why}"),
+            None => format!("{prefix}over: drain lifted"),
+        };
+        tracing::info!(node = name, "{note}");
+        node.drain_reason = reason;
         out.writes.push(Write::Node(name.to_string()));
         self.log_health(name, None, Transition::Note, note, now, out);
     }
