@@ -20,7 +20,7 @@ pub mod samples;
 
 use fixture::{code, Fixture, NvLink};
 use nvml_wrapper_sys::bindings as sys;
-use std::os::raw::{c_char, c_int, c_uint, c_ulong, c_ulonglong};
+use std::os::raw::{c_char, c_int, c_uint, c_ulong};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 

@@ -930,7 +930,7 @@ fn a_job_over_its_memory_limit_ends_out_of_memory() {
 #[test]
 fn the_lease_cuts_a_time_limits_grace_so_a_job_never_runs_twice() {
     use nix::sys::signal::Signal;
-    let (mut cluster, agent_a) = first_attempt_on_node_a();
+    let (cluster, agent_a) = first_attempt_on_node_a();
     let script = "trap 'echo term $GPOOL_ATTEMPT >> ticks' TERM; \
                   while true; do echo \"tick $GPOOL_ATTEMPT $(date +%s%3N)\" >> ticks; sleep 0.1; done";
     let id = cluster.submit(&["--time", "8s", "--", "sh", "-c", script]);
