@@ -126,14 +126,32 @@ async fn prune_job_files(attempts: std::sync::Arc<launch::Attempts>, keep: std::
     }
 }
 
-/// Resolves on SIGTERM or SIGINT: the shutdown future of the binaries.
-pub async fn terminate_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+/// Starts listening for SIGTERM and SIGINT at once and returns the future
+/// that resolves on the first of them: the shutdown future of the binaries.
+/// Call it first thing in `main`. A signal after that is never missed (tokio's
+/// own listener drops one that lands while it subscribes, and the process
+/// then runs on), and one before it ends the process as it would anyway.
+pub fn terminate_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let (sender, received) = tokio::sync::oneshot::channel::<()>();
+    let listening = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).and_then(|mut signals| {
+        std::thread::Builder::new().name("signals".into()).spawn(move || {
+            let mut sender = Some(sender);
+            // Later signals are taken too, and change nothing: the shutdown
+            // under way goes on.
+            for _ in signals.forever() {
+                if let Some(sender) = sender.take() {
+                    let _ = sender.send(());
+                }
+            }
+        })
+    });
+    if let Err(err) = listening {
+        eprintln!("cannot listen for SIGTERM and SIGINT: {err}; stop this process with SIGKILL");
+    }
+    async move {
+        if received.await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }

@@ -41,6 +41,7 @@ fn main() -> ExitCode {
             }
         };
     }
+    let shutdown = gpool_agent::terminate_signal();
     let outcome = AgentConfig::load(&args.config)
         .map_err(anyhow::Error::from)
         .and_then(|config| {
@@ -48,7 +49,7 @@ fn main() -> ExitCode {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            runtime.block_on(gpool_agent::run(config, gpool_agent::terminate_signal()))
+            runtime.block_on(gpool_agent::run(config, shutdown))
         });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

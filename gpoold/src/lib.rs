@@ -40,7 +40,12 @@ pub fn wall_clock() -> Timestamp {
 }
 
 /// Runs the controller until `shutdown` resolves or a fatal error occurs.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+/// `hangups` are the SIGHUPs that reload the config file, if there is one.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    hangups: tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> anyhow::Result<()> {
     prepare_state_dir(&config.state_dir)?;
     let (store, loaded) = state::store::Store::open_sealing(&config.state_dir, config.history_file_records)
         .with_context(|| format!("state dir {}", config.state_dir.display()))?;
@@ -133,7 +138,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let reload_task = config
         .path
         .clone()
-        .map(|path| tokio::spawn(reload_on_sighup(handle.clone(), security.clone(), path)));
+        .map(|path| tokio::spawn(reload_on_sighup(handle.clone(), security.clone(), path, hangups)));
     let pool = PoolServer::new(api::pool::PoolService {
         state: handle.clone(),
         logs: logs.clone(),
@@ -394,14 +399,34 @@ pub async fn reload_policy(
     Ok(summary)
 }
 
+/// Starts listening for SIGHUP at once: the receiver gets one message per
+/// signal. Call it first thing in `main`, as `gpool_agent::terminate_signal`:
+/// a SIGHUP before it would end the process.
+pub fn hangup_signal() -> tokio::sync::mpsc::UnboundedReceiver<()> {
+    let (sender, hangups) = tokio::sync::mpsc::unbounded_channel();
+    let listening = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP]).and_then(|mut signals| {
+        std::thread::Builder::new().name("sighup".into()).spawn(move || {
+            for _ in signals.forever() {
+                if sender.send(()).is_err() {
+                    return;
+                }
+            }
+        })
+    });
+    if let Err(err) = listening {
+        eprintln!("cannot listen for SIGHUP: {err}; reload the policy with `gpool admin reload`");
+    }
+    hangups
+}
+
 /// Re-reads gpoold.toml on every SIGHUP; a bad file is logged with its
 /// line and field, and the old policy stays.
-async fn reload_on_sighup(handle: StateHandle, security: Arc<security::Security>, path: std::path::PathBuf) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP; reload the policy with `gpool admin reload`");
-        return;
-    };
+async fn reload_on_sighup(
+    handle: StateHandle,
+    security: Arc<security::Security>,
+    path: std::path::PathBuf,
+    mut hangups: tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
     while hangups.recv().await.is_some() {
         if let Err(err) = reload_policy(&handle, &security, &path, None).await {
             tracing::error!("SIGHUP: policy not reloaded, the old one stays: {err:#}");

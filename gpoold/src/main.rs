@@ -49,7 +49,15 @@ fn main() -> ExitCode {
         // Colours only for a person at a terminal, not in journald or files.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(Args::parse()) {
+    let args = Args::parse();
+    let shutdown = gpool_agent::terminate_signal();
+    // SIGHUP reloads a config file; without one it ends gpoold as it would
+    // any process whose terminal closes.
+    let hangups = match args.config {
+        Some(_) => gpoold::hangup_signal(),
+        None => tokio::sync::mpsc::unbounded_channel().1,
+    };
+    match run(args, shutdown, hangups) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("gpoold: {err:#}");
@@ -58,7 +66,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+fn run(
+    args: Args,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    hangups: tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> anyhow::Result<()> {
     let mut temp_state_dir = None;
     let config = match (args.config, args.dev) {
         (Some(path), _) => Config::load(&path)?,
@@ -117,7 +129,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let outcome = runtime.block_on(gpoold::run(config, gpool_agent::terminate_signal()));
+    let outcome = runtime.block_on(gpoold::run(config, shutdown, hangups));
     drop(temp_state_dir);
     outcome
 }

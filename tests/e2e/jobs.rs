@@ -217,7 +217,11 @@ fn a_second_dev_controller_leaves_the_first_ones_address_alone() {
         first.addr,
         "overwritten"
     );
-    assert!(second.stop(), "the second controller stops on SIGTERM");
+    assert!(
+        second.stop(),
+        "the second controller stops on SIGTERM: {}",
+        second.log_tail(20)
+    );
     assert_eq!(
         std::fs::read_to_string(&pointer).unwrap().trim(),
         first.addr,
