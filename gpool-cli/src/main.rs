@@ -2,10 +2,10 @@
 //!
 //! Exit codes: 0 success; 1 the request failed; 2 bad usage or input;
 //! 69 the controller could not be reached; 141 stdout was closed early.
-//! `submit --wait` exits with the job's own exit code (128+N when a signal
-//! N killed it), 124 when it ran out of time, 125 when it was cancelled,
-//! 126 when it failed without an exit code of its own, and 130 when the
-//! user stopped waiting.
+//! `submit --wait` and `gpool wait` exit with 3 when a job failed, 124 when
+//! one ran out of time, 125 when one was cancelled (the first such job in
+//! submit order decides), and 130 when the user stopped waiting;
+//! `submit --attach` exits with the job's own code, as srun does.
 
 /// `println!`, except that a closed stdout (`gpool show 1 | head -1`) ends
 /// gpool quietly with exit code 141, as SIGPIPE ends other Unix tools,
@@ -143,8 +143,8 @@ enum Command {
         #[arg(required = true, value_parser = cmd::parse_job_ref)]
         ids: Vec<cmd::JobRef>,
     },
-    /// Wait for jobs to end; exit as `submit --wait` does (the code of the
-    /// first job, in the order given, that did not complete).
+    /// Wait for jobs to end; exit as `submit --wait` does (3, 124 or 125
+    /// for the first job, in the order given, that did not complete).
     Wait {
         /// Job ids (an array's id waits for all its tasks).
         #[arg(required = true, value_parser = cmd::parse_job_ref)]
@@ -461,8 +461,8 @@ Bad usage or input: a flag, a job file, a spec the controller refused.
 69
 The controller could not be reached (the address tried is printed).
 .TP
-124, 125, 126, 130
-submit \-\-wait: the job ran out of time, was cancelled, failed without an exit code, or waiting was interrupted; otherwise the job's own exit code (128+N for signal N).
+3, 124, 125, 130
+submit \-\-wait and wait: a job failed (exited non\-zero, was killed, never started, lost its node), ran out of time, or was cancelled (the first such job in submit order decides), or waiting was interrupted. submit \-\-attach exits with the job's own code instead (128+N for signal N), as srun does.
 .TP
 141
 Standard output was closed before gpool was done.
@@ -595,7 +595,12 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Wait { ids, fail_fast } => {
             let mut conn = ctx.connect().await?;
             let ids = conn.resolve(&ids).await?;
-            cmd::jobs::wait_for(&mut conn, &ids, fail_fast).await
+            let how = cmd::jobs::Waiting {
+                fail_fast,
+                own_code: false,
+                json: ctx.json(),
+            };
+            cmd::jobs::wait_for(&mut conn, &ids, how).await
         }
         Command::Logs {
             id,

@@ -39,7 +39,7 @@ fn read(cluster: &Cluster, name: &str) -> String {
 }
 
 #[test]
-fn wait_returns_the_job_exit_code_and_output_lands_in_the_spool() {
+fn wait_exits_3_for_a_failed_job_and_output_lands_in_the_spool() {
     let mut cluster = Cluster::start();
     cluster.start_agent("node-a", 2);
     let run = cluster.gpool(&[
@@ -50,7 +50,8 @@ fn wait_returns_the_job_exit_code_and_output_lands_in_the_spool() {
         "-c",
         "echo hello from $GPOOL_NODE; exit 7",
     ]);
-    assert_eq!(run.code, 7, "stderr: {}", run.stderr);
+    // gpool's code for a failed job, never the job's own (7 here).
+    assert_eq!(run.code, 3, "stderr: {}", run.stderr);
     let id: u64 = run.stdout.trim().parse().expect("job id on stdout");
     let job = cluster.job(id);
     assert_eq!(
@@ -76,7 +77,7 @@ fn waiting_on_a_batch_returns_when_all_ended_with_the_first_failure() {
     let text: String = jobs.iter().map(|job| format!("[[job]]\ncommand = {job:?}\n")).collect();
     std::fs::write(&file, text).unwrap();
     let run = cluster.gpool(&["submit", "-f", file.to_str().unwrap(), "--wait"]);
-    assert_eq!(run.code, 5, "stderr: {}", run.stderr);
+    assert_eq!(run.code, 3, "stderr: {}", run.stderr);
     let ids: Vec<u64> = run.stdout.lines().map(|line| line.parse().unwrap()).collect();
     assert_eq!(ids.len(), jobs.len(), "stdout: {}", run.stdout);
     let states: Vec<String> = ids
@@ -101,7 +102,7 @@ fn waiting_on_a_batch_returns_when_all_ended_with_the_first_failure() {
 }
 
 /// `--wait --fail-fast`: the first job that fails cancels the others, and
-/// gpool exits with the failed job's code, not a cancelled one's.
+/// gpool exits as for a failed job (3), not as for a cancelled one (125).
 #[test]
 fn fail_fast_cancels_the_rest_at_the_first_failure() {
     let mut cluster = Cluster::start();
@@ -112,7 +113,7 @@ fn fail_fast_cancels_the_rest_at_the_first_failure() {
     std::fs::write(&file, text).unwrap();
     let started = std::time::Instant::now();
     let run = cluster.gpool(&["submit", "-f", file.to_str().unwrap(), "--wait", "--fail-fast"]);
-    assert_eq!(run.code, 7, "stderr: {}", run.stderr);
+    assert_eq!(run.code, 3, "stderr: {}", run.stderr);
     assert!(
         started.elapsed() < Duration::from_secs(60),
         "the sleepers were cancelled"
@@ -126,6 +127,72 @@ fn fail_fast_cancels_the_rest_at_the_first_failure() {
     assert_eq!(states[0], "cancelled", "{states:?}");
     assert_eq!(states[1], "failed", "{states:?}");
     assert_eq!(states[2], "cancelled", "{states:?}");
+}
+
+/// The README's CI step, run as written: a 200-job batch with one failing
+/// job prints progress into the log, names the failed job and fails with
+/// gpool's code for a failed job.
+#[test]
+fn the_readmes_ci_step_names_the_failed_job_of_a_200_job_batch() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("node-a", 4);
+    cluster.start_agent("node-b", 4);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let after = &readme[readme
+        .find("A CI step that submits a batch")
+        .expect("the CI step in the README")..];
+    let script = after
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("its sh block");
+    assert!(script.lines().count() <= 10, "{script}");
+    let text: String = (0..200)
+        .map(|i| match i {
+            137 => "[[job]]\nname = \"shard-137\"\ncommand = \"exit 2\"\n".to_string(),
+            _ => format!("[[job]]\nname = \"shard-{i}\"\ncommand = \"true\"\n"),
+        })
+        .collect();
+    std::fs::write(cluster.dir.path().join("batch.toml"), text).unwrap();
+    let bin_dir = crate::harness::process::binary("gpool").parent().unwrap().to_path_buf();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let run: crate::harness::cluster::Run = std::process::Command::new("sh")
+        .args(["-c", script])
+        .current_dir(cluster.dir.path())
+        .env("PATH", path)
+        .env("GPOOL_SERVER", &cluster.cli_server)
+        .output()
+        .expect("run sh")
+        .into();
+    assert_eq!(run.code, 3, "stdout: {}\nstderr: {}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("shard-137: failed exited with code 2"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        run.stdout.lines().count(),
+        1,
+        "only the failed job is named: {}",
+        run.stdout
+    );
+    // Progress went to the log as it happened, a line per change of state.
+    assert!(
+        run.stderr.contains("(shard-137) failed: exited with code 2 ["),
+        "{}",
+        run.stderr
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cluster.dir.path().join("result.json")).unwrap()).unwrap();
+    assert_eq!(summary["jobs"].as_array().map(Vec::len), Some(200));
+    assert_eq!(summary["exit_code"], 3);
+    assert_eq!(summary["jobs"][5]["state"], "completed");
+    assert!(
+        summary["jobs"][5]["elapsed_secs"].as_f64().is_some(),
+        "{}",
+        summary["jobs"][5]
+    );
+    assert_eq!(summary["jobs"][5]["nodes"].as_array().map(Vec::len), Some(1));
 }
 
 #[test]

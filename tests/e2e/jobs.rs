@@ -441,9 +441,9 @@ fn gpool_wait_exits_as_submit_wait_does() {
     let mut cluster = Cluster::start();
     cluster.start_agent("n1", 2);
     let ok = cluster.submit(&["--", "true"]);
-    let bad = cluster.submit(&["--", "sh", "-c", "exit 3"]);
+    let bad = cluster.submit(&["--", "sh", "-c", "exit 9"]);
     let run = cluster.gpool(&["wait", &ok.to_string(), &bad.to_string()]);
-    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.code, 3, "gpool's code for a failed job: {}", run.stderr);
     assert!(run.stderr.contains(&format!("job {bad} failed")), "{}", run.stderr);
     assert_eq!(cluster.gpool(&["wait", &ok.to_string()]).code, 0);
     let run = cluster.gpool(&["wait", "9999"]);

@@ -1,7 +1,7 @@
 //! `gpool jobs`, `gpool show`, and following a job until it ends.
 
 use super::{Connection, Ctx};
-use crate::cmd::submit::{EXIT_CANCELLED, EXIT_FAILED_TO_START, EXIT_INTERRUPTED, EXIT_TIMEOUT};
+use crate::cmd::submit::{EXIT_CANCELLED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TIMEOUT};
 use crate::output;
 use crate::CliError;
 use gpool_proto::convert::{state_from_name, state_name};
@@ -291,12 +291,23 @@ pub async fn show(ctx: &Ctx, id: super::JobRef, with_env: bool) -> Result<(), Cl
     Ok(())
 }
 
+/// How `--wait` (and `gpool wait`) waits, and what it prints and exits with.
+pub struct Waiting {
+    /// The first job that does not complete cancels the rest.
+    pub fail_fast: bool,
+    /// Exit with the job's own code (`--attach`, as srun), not gpool's.
+    pub own_code: bool,
+    /// Print a JSON summary of every job on stdout at the end.
+    pub json: bool,
+}
+
 /// Follows the jobs until all have ended; returns the exit code `--wait`
 /// exits with: that of the first job (in `ids` order) that did not
 /// complete, else 0. On a terminal, one job shows a spinner with its state,
 /// several a bar of how many have ended; elsewhere each change of a job's
 /// state is a line on stderr.
-pub async fn wait_for(conn: &mut Connection, ids: &[u64], fail_fast: bool) -> Result<u8, CliError> {
+pub async fn wait_for(conn: &mut Connection, ids: &[u64], how: Waiting) -> Result<u8, CliError> {
+    let fail_fast = how.fail_fast;
     // Taken from here on, so an early Ctrl-C is answered too.
     let mut interrupted = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|err| CliError::Refused(format!("cannot watch for Ctrl-C: {err}")))?;
@@ -348,6 +359,9 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64], fail_fast: bool) -> Re
                         left.join(" "),
                         left.join(" ")
                     );
+                }
+                if how.json {
+                    print_summary(ids, &last, EXIT_INTERRUPTED);
                 }
                 return Ok(EXIT_INTERRUPTED);
             }
@@ -413,9 +427,9 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64], fail_fast: bool) -> Re
         let code = match job.state() {
             pb::JobState::Completed => 0,
             pb::JobState::Cancelled => EXIT_CANCELLED,
-            pb::JobState::Failed => job.exit_code.map_or(EXIT_FAILED_TO_START, failed_exit_code),
             pb::JobState::Timeout => EXIT_TIMEOUT,
-            pb::JobState::NodeFail | pb::JobState::OutOfMemory => EXIT_FAILED_TO_START,
+            pb::JobState::Failed if how.own_code => job.exit_code.map_or(EXIT_FAILED, own_exit_code),
+            pb::JobState::Failed | pb::JobState::NodeFail | pb::JobState::OutOfMemory => EXIT_FAILED,
             other => {
                 return Err(CliError::Refused(format!(
                     "job {id}: watch ended while {}",
@@ -432,7 +446,72 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64], fail_fast: bool) -> Re
             }
         }
     }
+    if how.json {
+        print_summary(ids, &last, first_code);
+    }
     Ok(first_code)
+}
+
+/// `--wait --output json`: each job's outcome, in submit order, and the
+/// exit code gpool exits with.
+fn print_summary(ids: &[u64], last: &std::collections::BTreeMap<u64, pb::Job>, exit_code: u8) {
+    let jobs: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|id| match last.get(id) {
+            Some(job) => {
+                let spec = job.spec.as_ref();
+                let elapsed_secs = job
+                    .started_at_ms
+                    .map(|started| (job.ended_at_ms.unwrap_or(started) - started).max(0) as f64 / 1000.0);
+                serde_json::json!({
+                    "id": id,
+                    "name": spec.map_or("", |spec| spec.name.as_str()),
+                    "state": state_name(job.state()),
+                    "exit_code": job.exit_code,
+                    "reason": job.end_reason,
+                    "nodes": job.last_nodes,
+                    "elapsed_secs": elapsed_secs,
+                })
+            }
+            None => serde_json::json!({ "id": id, "state": "unknown" }),
+        })
+        .collect();
+    let failed: Vec<u64> = ids
+        .iter()
+        .copied()
+        .filter(|id| {
+            last.get(id)
+                .is_some_and(|job| ended(job) && job.state() != pb::JobState::Completed)
+        })
+        .collect();
+    output::print_json(&serde_json::json!({
+        "ids": ids,
+        "exit_code": exit_code,
+        "not_completed": failed,
+        "jobs": jobs,
+    }));
+}
+
+/// Ids as a person reads them: runs of consecutive ids as `first-last`.
+pub fn id_list(ids: &[u64]) -> String {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &id in ids {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == id => *last = id,
+            _ => runs.push((id, id)),
+        }
+    }
+    let runs: Vec<String> = runs
+        .iter()
+        .map(|&(first, last)| {
+            if first == last {
+                first.to_string()
+            } else {
+                format!("{first}-{last}")
+            }
+        })
+        .collect();
+    format!("job{} {}", if ids.len() == 1 { "" } else { "s" }, runs.join(" "))
 }
 
 fn ended(job: &pb::Job) -> bool {
@@ -447,8 +526,8 @@ fn ended(job: &pb::Job) -> bool {
     )
 }
 
-/// A failed job's code as a process exit code: its low byte, never 0.
-fn failed_exit_code(code: i32) -> u8 {
+/// A failed job's own code as a process exit code: its low byte, never 0.
+fn own_exit_code(code: i32) -> u8 {
     match (code & 0xff) as u8 {
         0 => 1,
         low => low,

@@ -7,15 +7,16 @@ use gpool_core::spec::{parse_env_assignment, parse_job_file, CommandInput, JobSp
 use gpool_core::JobSpec;
 use std::path::PathBuf;
 
-/// Exit code of `--wait` when the job ran out of time (as `timeout(1)`).
+/// Exit code of `--wait` when a job failed: it exited non-zero, a signal
+/// ended it, it never started, its node was lost or it ran out of memory.
+/// (`--attach` exits with the job's own code instead, as srun does.)
+pub const EXIT_FAILED: u8 = 3;
+/// Exit code of `--wait` when a job ran out of time (as `timeout(1)`).
 pub const EXIT_TIMEOUT: u8 = 124;
+/// Exit code of `--wait` when a job was cancelled.
+pub const EXIT_CANCELLED: u8 = 125;
 /// Exit code of `--wait` when the user stopped waiting (128 + SIGINT).
 pub const EXIT_INTERRUPTED: u8 = 130;
-/// Exit code of `--wait` when the job was cancelled.
-pub const EXIT_CANCELLED: u8 = 125;
-/// Exit code of `--wait` when the job failed without an exit code (never
-/// started, node lost).
-pub const EXIT_FAILED_TO_START: u8 = 126;
 
 #[derive(clap::Args)]
 // A flag given twice (in a script's #GPOOL line, then on the command line)
@@ -144,15 +145,16 @@ pub struct SubmitArgs {
     /// a job file's jobs (-f) none unless --export is given.
     #[arg(long, value_name = "ALL|NONE|NAMES", value_parser = parse_export)]
     export: Option<gpool_core::spec::Export>,
-    /// Follow the jobs until they end and exit with the job's exit code (of
-    /// several jobs, that of the first one that did not complete).
+    /// Follow the jobs until they end: exit 0 when all completed, else 3
+    /// (failed), 124 (timeout) or 125 (cancelled) for the first one that
+    /// did not; with --output json, a summary of every job on stdout.
     #[arg(long)]
     wait: bool,
     /// With --wait: the first job that does not complete cancels the rest.
     #[arg(long, requires = "wait")]
     fail_fast: bool,
     /// As --wait, printing the job's stdout as it runs (the id goes to
-    /// stderr); one job only.
+    /// stderr), and exiting with the job's own code, as srun; one job only.
     #[arg(long, conflicts_with = "file")]
     attach: bool,
     /// `-- CMD ARGS...`: the command to run. Without `--`: a batch script
@@ -256,6 +258,9 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
         .ids;
     if attach {
         eprintln!("gpool: job {} submitted; its output follows", ids[0]);
+    } else if ctx.json() && wait {
+        // One JSON document: the summary once all have ended.
+        eprintln!("gpool: submitted {}", super::jobs::id_list(&ids));
     } else if ctx.json() {
         output::print_json(&serde_json::json!({ "ids": ids }));
     } else {
@@ -273,7 +278,12 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
             eprintln!("gpool: not attached to job {}: {err}", ids[0]);
         }
     }
-    super::jobs::wait_for(&mut conn, &ids, fail_fast).await
+    let how = super::jobs::Waiting {
+        fail_fast,
+        own_code: attach,
+        json: ctx.json(),
+    };
+    super::jobs::wait_for(&mut conn, &ids, how).await
 }
 
 fn parse_export(text: &str) -> Result<gpool_core::spec::Export, String> {
