@@ -7,6 +7,8 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+pub mod gpus;
+
 /// Most GPUs per node and nodes per gang a spec may ask for.
 pub const MAX_GPUS_PER_NODE: u32 = 1024;
 pub const MAX_NODES: u32 = 1024;

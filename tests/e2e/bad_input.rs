@@ -61,9 +61,25 @@ fn bad_flags_name_the_field() {
     // A flag gpool does not know is refused, never run as the command;
     // Slurm's words get gpool's.
     assert_refused(
-        &cluster.gpool(&["submit", "--gres", "gpu:2", "--", "true"]),
+        &cluster.gpool(&["submit", "--gpus-per-task", "2", "--", "true"]),
         2,
-        "unknown flag --gres: gpool asks for GPUs with --gpus N (per node)",
+        "unknown flag --gpus-per-task: gpool asks for GPUs with --gpus (the job's total)",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "--gres", "nvme:1", "--", "true"]),
+        2,
+        "gpool schedules GPUs only: give gpu:N or gpu:MODEL:N",
+    );
+    // -G is the job's total, as Slurm's: spread evenly, or refused.
+    assert_refused(
+        &cluster.gpool(&["submit", "-G", "6", "-N", "4", "--", "true"]),
+        2,
+        "--gpus 6 over 4 nodes: each node of a gang gets the same number; give a multiple of 4",
+    );
+    assert_refused(
+        &cluster.gpool(&["submit", "-G", "h100:2", "--gpu-type", "l4", "--", "true"]),
+        2,
+        "--gpu-type l4 and the GPU model h100 of --gpus: give the model once",
     );
     assert_refused(
         &cluster.gpool(&["submit", "--gpu", "2", "--", "true"]),
@@ -90,7 +106,7 @@ fn bad_flags_name_the_field() {
     assert_refused(
         &cluster.gpool(&["submit", "-f", file.to_str().unwrap(), "--gpus", "4"]),
         2,
-        "'--file <FILE>' cannot be used with '--gpus <GPUS>'",
+        "'--file <FILE>' cannot be used with '--gpus <[MODEL:]N>'",
     );
     // Nothing of the above reached the queue.
     let all = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();

@@ -187,6 +187,32 @@ fn dev_mode_runs_jobs_on_in_process_agents() {
     assert_eq!(run.code, 0, "stderr: {}", run.stderr);
 }
 
+/// `-G` as Slurm means it: the job's total, spread over its nodes;
+/// `--gres gpu:MODEL:N` and `--gpus-per-node` per node.
+#[test]
+fn slurm_gpu_flags_mean_what_they_mean_in_slurm() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    cluster.start_agent("n2", 2);
+    let gang = cluster.gpool(&["submit", "-G", "h100:4", "-N", "2", "--wait", "--", "true"]);
+    assert_eq!(gang.code, 0, "{}", gang.stderr);
+    let job = cluster.job(gang.stdout.trim().parse().unwrap());
+    assert_eq!((job["gpus"].as_u64(), job["gpus_total"].as_u64()), (Some(2), Some(4)));
+    assert_eq!(job["gpu_types"], serde_json::json!(["h100"]));
+    assert_eq!(job["node_list"].as_array().map(Vec::len), Some(2), "{job}");
+    for flags in [["--gres", "gpu:h100:2"], ["--gpus-per-node", "2"]] {
+        let mut args = vec!["-N", "2"];
+        args.extend(flags);
+        args.extend(["--", "true"]);
+        let job = cluster.job(cluster.submit(&args));
+        assert_eq!(
+            (job["gpus"].as_u64(), job["gpus_total"].as_u64()),
+            (Some(2), Some(4)),
+            "{flags:?}"
+        );
+    }
+}
+
 #[test]
 fn a_second_dev_controller_leaves_the_first_ones_address_alone() {
     let first = Cluster::start();
@@ -423,8 +449,8 @@ fn a_batch_script_runs_with_its_gpool_lines_as_flags() {
         ("#GPOOL sleep", "must be whole flags"),
         // A flag gpool does not know is named, with its line.
         (
-            "#GPOOL --gres gpu:2",
-            "bad.sh:2: #GPOOL unknown flag --gres: gpool asks for GPUs with --gpus N",
+            "#GPOOL --gpus-per-task 2",
+            "bad.sh:2: #GPOOL unknown flag --gpus-per-task: gpool asks for GPUs with --gpus",
         ),
     ] {
         let bad = cluster.dir.path().join("bad.sh");

@@ -3,6 +3,7 @@
 use super::Ctx;
 use crate::output;
 use crate::CliError;
+use gpool_core::spec::gpus::GpuRequest;
 use gpool_core::spec::{parse_env_assignment, parse_job_file, CommandInput, JobSpecInput, OneOrMany};
 use gpool_core::JobSpec;
 use std::path::PathBuf;
@@ -23,9 +24,16 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 // takes the later value.
 #[command(args_override_self = true)]
 pub struct SubmitArgs {
-    /// GPUs per node.
-    #[arg(long, short = 'G', allow_negative_numbers = true)]
-    gpus: Option<i64>,
+    /// The job's GPUs, all its nodes together (as Slurm's -G): N or MODEL:N
+    /// (h100:8); with -N, each node gets an equal share.
+    #[arg(long, short = 'G', value_name = "[MODEL:]N", allow_hyphen_values = true, value_parser = GpuRequest::parse)]
+    gpus: Option<GpuRequest>,
+    /// GPUs on each node: N or MODEL:N.
+    #[arg(long, value_name = "[MODEL:]N", allow_hyphen_values = true, value_parser = GpuRequest::parse, conflicts_with = "gpus")]
+    gpus_per_node: Option<GpuRequest>,
+    /// Slurm's generic resources, GPUs only: gpu:N or gpu:MODEL:N per node.
+    #[arg(long, value_name = "gpu[:MODEL]:N", value_parser = GpuRequest::parse_gres, conflicts_with_all = ["gpus", "gpus_per_node"])]
+    gres: Option<GpuRequest>,
     /// Nodes (a gang: all start together or none does).
     #[arg(long, short = 'N', allow_negative_numbers = true)]
     nodes: Option<i64>,
@@ -130,7 +138,7 @@ pub struct SubmitArgs {
         short = 'f',
         long = "file",
         conflicts_with_all = [
-            "command", "gpus", "nodes", "gpu_type", "name", "team", "project", "workload_type",
+            "command", "gpus", "gpus_per_node", "gres", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
             "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
             "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
@@ -346,8 +354,8 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
 pub fn unknown_flag(flag: &str) -> String {
     let name = flag.split_once('=').map_or(flag, |(name, _)| name);
     let hint = match name {
-        "--gres" | "--gpus-per-task" | "--gpus-per-node" | "--tres-per-node" => {
-            ": gpool asks for GPUs with --gpus N (per node) and a model with --gpu-type (Slurm's --gres gpu:h100:2 is --gpus 2 --gpu-type h100)"
+        "--gpus-per-task" | "--tres-per-node" | "--tres-per-task" => {
+            ": gpool asks for GPUs with --gpus (the job's total), --gpus-per-node or --gres gpu:MODEL:N"
         }
         "--gpu" | "--ngpus" | "--num-gpus" => ": did you mean --gpus?",
         "--partition" => ": gpool's partitions are pools (--pool, -p)",
@@ -398,12 +406,30 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         .map(|text| parse_env_assignment(text))
         .collect::<Result<_, _>>()
         .map_err(|err| CliError::Usage(err.to_string()))?;
+    let per_node = gpool_core::spec::gpus::per_node(
+        args.gpus.as_ref(),
+        args.gpus_per_node.or(args.gres).as_ref(),
+        args.nodes,
+    )
+    .map_err(CliError::Usage)?;
+    let (gpus, model) = match per_node {
+        Some(GpuRequest { model, count }) => (Some(count), model),
+        None => (None, None),
+    };
+    let gpu_type = match (args.gpu_type, model) {
+        (Some(types), Some(model)) if types != model => {
+            return Err(CliError::Usage(format!(
+                "--gpu-type {types} and the GPU model {model} of --gpus: give the model once"
+            )))
+        }
+        (types, model) => types.or(model),
+    };
     Ok(JobSpecInput {
         name: args.name,
         command: Some(CommandInput::Argv(args.command)),
-        gpus: args.gpus,
+        gpus,
         nodes: args.nodes,
-        gpu_type: args.gpu_type.map(OneOrMany::One),
+        gpu_type: gpu_type.map(OneOrMany::One),
         team: args.team,
         project: args.project,
         workload_type: args.workload_type,
