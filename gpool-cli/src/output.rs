@@ -376,20 +376,57 @@ pub const DEFAULT_JOB_COLUMNS: &str = "id,name,user,team,state,gpus,nodes,submit
 #[derive(Debug, Clone)]
 pub struct Columns(pub Vec<&'static str>);
 
+/// The columns `gpool history --format` takes besides the jobs table's,
+/// with their headers: what sacct users reach for.
+pub const HISTORY_COLUMNS: &[(&str, &str)] = &[
+    ("gpu_hours", "GPU-HOURS"),
+    ("ended", "ENDED"),
+    ("node_list", "NODELIST"),
+    ("max_gpu_mem", "MAXGPUMEM"),
+    ("gpu_util", "GPU-UTIL"),
+];
+
+/// `gpool history`'s columns unless --format names others.
+pub const DEFAULT_HISTORY_COLUMNS: &str = "id,name,user,team,state,exit,gpu_hours,ended,node_list";
+
+/// Slurm's names for columns (sacct/squeue --format), lower-cased.
+const SLURM_COLUMN_NAMES: &[(&str, &str)] = &[
+    ("jobid", "id"),
+    ("jobname", "name"),
+    ("account", "team"),
+    ("partition", "pool"),
+    ("exitcode", "exit"),
+    ("nodelist", "node_list"),
+    ("timelimit", "limit"),
+    ("submit", "submitted"),
+    ("end", "ended"),
+];
+
 /// Parses `id,name,state`: known column names, at least one.
 pub fn parse_job_columns(text: &str) -> Result<Columns, String> {
+    parse_columns(text, &[JOB_COLUMNS])
+}
+
+/// As `parse_job_columns`, with the history's own columns too.
+pub fn parse_history_columns(text: &str) -> Result<Columns, String> {
+    parse_columns(text, &[JOB_COLUMNS, HISTORY_COLUMNS])
+}
+
+fn parse_columns(text: &str, tables: &[&[(&'static str, &str)]]) -> Result<Columns, String> {
+    let known = || tables.iter().flat_map(|table| table.iter().map(|(column, _)| *column));
     text.split(',')
         .map(str::trim)
         .filter(|name| !name.is_empty())
         .map(|name| {
-            JOB_COLUMNS
+            let lower = name.to_ascii_lowercase();
+            let name_meant = SLURM_COLUMN_NAMES
                 .iter()
-                .find(|(column, _)| column.eq_ignore_ascii_case(name))
-                .map(|(column, _)| *column)
-                .ok_or_else(|| {
-                    let known: Vec<&str> = JOB_COLUMNS.iter().map(|(column, _)| *column).collect();
-                    format!("{name:?} is not a column ({})", known.join(", "))
-                })
+                .find(|(slurm, _)| *slurm == lower)
+                .map_or(lower.as_str(), |(_, ours)| *ours);
+            known().find(|column| *column == name_meant).ok_or_else(|| {
+                let names: Vec<&str> = known().collect();
+                format!("{name:?} is not a column ({})", names.join(", "))
+            })
         })
         .collect::<Result<Vec<_>, _>>()
         .and_then(|columns| {
@@ -435,6 +472,22 @@ pub fn job_cell(job: &pb::Job, column: &str, now_ms: i64) -> String {
         "qos" => spec.qos.clone(),
         "pool" => spec.pool.clone(),
         "exit" => job.exit_code.map_or("-".into(), |code| code.to_string()),
+        "gpu_hours" => format!("{:.2}", gpu_hours(job)),
+        "ended" => job.ended_at_ms.map_or("-".into(), rfc3339),
+        "node_list" => match job.last_nodes.is_empty() {
+            true => "-".into(),
+            false => job.last_nodes.join(","),
+        },
+        "max_gpu_mem" => job
+            .gpu_use
+            .as_ref()
+            .filter(|used| used.samples > 0)
+            .map_or("-".into(), |used| format!("{}M", used.peak_memory_used_mib)),
+        "gpu_util" => job
+            .gpu_use
+            .as_ref()
+            .filter(|used| used.samples > 0)
+            .map_or("-".into(), |used| format!("{:.0}%", used.mean_utilization_pct)),
         "reason" => match job.state() {
             pb::JobState::Pending => job.pending_reasons.first().cloned().unwrap_or_default(),
             pb::JobState::Running => placement_text(job),
@@ -442,6 +495,22 @@ pub fn job_cell(job: &pb::Job, column: &str, now_ms: i64) -> String {
         },
         _ => String::new(),
     }
+}
+
+/// The GPU-hours of a job's last attempt (history's GPU-HOURS, its JSON's
+/// `gpu_hours`); an array's record used none itself (its tasks are listed).
+pub fn gpu_hours(job: &pb::Job) -> f64 {
+    let spec = spec(job);
+    let gpus = if job.array.is_some() {
+        0
+    } else {
+        u64::from(spec.gpus) * u64::from(spec.nodes.max(1))
+    };
+    let secs = match (job.started_at_ms, job.ended_at_ms) {
+        (Some(start), Some(end)) => (end - start).max(0) as f64 / 1000.0,
+        _ => 0.0,
+    };
+    gpus as f64 * secs / 3600.0
 }
 
 pub fn print_jobs_table(jobs: &[pb::Job], columns: &[&str]) {
@@ -453,6 +522,7 @@ pub fn print_jobs_table(jobs: &[pb::Job], columns: &[&str]) {
         .map(|column| {
             JOB_COLUMNS
                 .iter()
+                .chain(HISTORY_COLUMNS)
                 .find(|(name, _)| name == column)
                 .map_or(*column, |(_, header)| *header)
         })

@@ -97,6 +97,33 @@ fn check_history(cluster: &Cluster, done: u64, failed: u64, array: u64, cancelle
         .json();
     assert_eq!(picked.as_array().map(Vec::len), Some(1), "{picked}");
     assert_eq!(picked[0]["id"], done);
+    // --format, in gpool's words or sacct's.
+    let table = cluster
+        .gpool(&[
+            "history",
+            "--since",
+            today,
+            "-j",
+            &done.to_string(),
+            "--format",
+            "JobID,State,ExitCode,elapsed,gpu_hours,NodeList,max_gpu_mem",
+        ])
+        .ok()
+        .to_string();
+    let lines: Vec<Vec<&str>> = table.lines().map(|line| line.split_whitespace().collect()).collect();
+    assert_eq!(
+        lines[0],
+        ["ID", "STATE", "EXIT", "ELAPSED", "GPU-HOURS", "NODELIST", "MAXGPUMEM"],
+        "{table}"
+    );
+    assert_eq!(lines[1][..3], [done.to_string().as_str(), "completed", "0"], "{table}");
+    let refused = cluster.gpool(&["history", "--format", "id,maxrss"]);
+    assert_eq!(refused.code, 2);
+    assert!(
+        refused.stderr.contains("\"maxrss\" is not a column"),
+        "{}",
+        refused.stderr
+    );
 
     let cancel = cluster.gpool(&["cancel", &done.to_string()]);
     assert!(

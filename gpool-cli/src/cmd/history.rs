@@ -3,7 +3,6 @@
 use super::Ctx;
 use crate::output;
 use crate::{write_stdout, CliError};
-use gpool_proto::convert::state_name;
 use gpool_proto::pb;
 
 #[derive(clap::Args)]
@@ -32,6 +31,12 @@ pub struct HistoryArgs {
     /// tasks), as sacct -j.
     #[arg(long = "jobs", short = 'j', value_delimiter = ',', value_name = "ID,...")]
     ids: Vec<u64>,
+    /// Columns, comma-separated: those of `gpool jobs --format`, and
+    /// gpu_hours, ended, node_list, max_gpu_mem (peak GPU memory used),
+    /// gpu_util (mean); sacct's names (JobID, JobName, ExitCode, NodeList,
+    /// Elapsed...) work too.
+    #[arg(long, value_name = "COLUMNS", default_value = output::DEFAULT_HISTORY_COLUMNS, value_parser = output::parse_history_columns)]
+    format: output::Columns,
     /// Print the jobs as a trace in gpool's CSV format (submit time, run
     /// time, GPUs, team, ...), which `gpool sim --trace` replays under
     /// another policy.
@@ -110,64 +115,14 @@ pub async fn run(ctx: &Ctx, args: HistoryArgs) -> Result<(), CliError> {
         let mut printer = output::JsonArrayPrinter::new();
         for job in &ended {
             let mut record = serde_json::to_value(output::job_json(job)).unwrap_or_default();
-            record["gpu_hours"] = serde_json::json!((gpu_hours(job) * 100.0).round() / 100.0);
+            record["gpu_hours"] = serde_json::json!((output::gpu_hours(job) * 100.0).round() / 100.0);
             printer.push(&record);
         }
         printer.finish();
         return Ok(());
     }
-    let rows = ended
-        .iter()
-        .map(|job| {
-            let spec = job.spec.clone().unwrap_or_default();
-            vec![
-                crate::cmd::display_id(job),
-                spec.name,
-                job.user.clone(),
-                spec.team,
-                state_name(job.state()).to_string(),
-                job.exit_code.map_or_else(|| "-".to_string(), |code| code.to_string()),
-                format!("{:.2}", gpu_hours(job)),
-                job.ended_at_ms.map_or_else(String::new, output::rfc3339),
-                if job.last_nodes.is_empty() {
-                    "-".to_string()
-                } else {
-                    job.last_nodes.join(",")
-                },
-            ]
-        })
-        .collect();
-    output::print_table(
-        &[
-            "ID",
-            "NAME",
-            "USER",
-            "TEAM",
-            "STATE",
-            "EXIT",
-            "GPU-HOURS",
-            "ENDED",
-            "NODES",
-        ],
-        rows,
-    );
+    output::print_jobs_table(&ended, &args.format.0);
     Ok(())
-}
-
-/// The GPU-hours of a job's last attempt (the table's GPU-HOURS, the JSON's
-/// `gpu_hours`); an array's record used none itself (its tasks are listed).
-fn gpu_hours(job: &pb::Job) -> f64 {
-    let spec = job.spec.clone().unwrap_or_default();
-    let gpus = if job.array.is_some() {
-        0
-    } else {
-        u64::from(spec.gpus) * u64::from(spec.nodes.max(1))
-    };
-    let secs = match (job.started_at_ms, job.ended_at_ms) {
-        (Some(start), Some(end)) => (end - start).max(0) as f64 / 1000.0,
-        _ => 0.0,
-    };
-    gpus as f64 * secs / 3600.0
 }
 
 /// Ended jobs that ran, as a trace: each arrives when it was submitted and
