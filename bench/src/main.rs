@@ -660,6 +660,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             (0..2).map(move |half| RunningJob {
                 id: JobId((10_000_000 + i * 2 + half) as u64),
                 epoch: gpool_core::Epoch(1),
+                user: format!("user-{}", (i * 2 + half) % 50),
                 team: format!("team-{}", (i * 2 + half) % n_teams as usize),
                 qos: if half == 0 { "normal".into() } else { "low".into() },
                 pool: String::new(),
@@ -683,6 +684,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
             shape: std::sync::Arc::new(JobShape {
                 team: format!("team-{}", i % n_teams as usize).into(),
+                user: format!("user-{}", i % n_teams as usize).into(),
                 qos: ["normal", "high", "low"][i % 3].into(),
                 pool: Default::default(),
                 gpu_types: if i % 7 == 0 {

@@ -32,6 +32,21 @@ pub struct Team {
     /// Users who manage the team's jobs (cancel, signal, read) as its leads.
     #[serde(default)]
     pub leads: Vec<String>,
+    /// Caps on each user's jobs in this team.
+    #[serde(default)]
+    pub user_limits: UserLimits,
+}
+
+/// Caps on one user's jobs, as Slurm's association and QoS limits have
+/// them (MaxJobs, MaxTRESPerUser=gres/gpu, MaxSubmitJobs). `None`: no cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserLimits {
+    /// Jobs running at once.
+    pub max_jobs: Option<u32>,
+    /// GPUs held at once.
+    pub max_gpus: Option<u32>,
+    /// Jobs pending and running together: a submit past it is refused.
+    pub max_submit: Option<u32>,
 }
 
 impl Team {
@@ -46,6 +61,7 @@ impl Team {
             max_gpus: None,
             members: Vec::new(),
             leads: Vec::new(),
+            user_limits: UserLimits::default(),
         }
     }
 }
@@ -68,6 +84,9 @@ pub struct Qos {
     /// work, never take them.
     #[serde(default)]
     pub reserve_gpus: u32,
+    /// Caps on each user's jobs of this class (Slurm's MaxTRESPerUser).
+    #[serde(default)]
+    pub user_limits: UserLimits,
 }
 
 impl Qos {
@@ -80,6 +99,7 @@ impl Qos {
             min_runtime_secs: 0,
             grace_secs: 60,
             reserve_gpus: 0,
+            user_limits: UserLimits::default(),
         }
     }
 }
@@ -299,6 +319,8 @@ pub struct Sharing {
     pub max_grace_secs: u64,
     /// The highest `--priority` a user who is not an admin may give.
     pub max_user_priority: i32,
+    /// Caps on each user's jobs across the pool.
+    pub user_limits: UserLimits,
 }
 
 impl Default for Sharing {
@@ -314,11 +336,21 @@ impl Default for Sharing {
             waste_cap_gpu_hours_per_hour: f64::INFINITY,
             max_grace_secs: 3600,
             max_user_priority: 100,
+            user_limits: UserLimits::default(),
         }
     }
 }
 
 impl Sharing {
+    /// The per-user caps of team `name` (none for a team no `[[team]]` names).
+    pub fn team_limits(&self, name: &str) -> UserLimits {
+        self.teams
+            .iter()
+            .find(|team| team.name == name)
+            .map(|team| team.user_limits)
+            .unwrap_or_default()
+    }
+
     /// The team called `name`. A team no `[[team]]` names has one share
     /// and no guarantee; where no team is configured at all, every job runs
     /// guaranteed (nothing is burst work, nothing is preempted).

@@ -52,6 +52,7 @@ fn parse_running_job(line: &str) -> RunningJob {
     let mut job = RunningJob {
         id: JobId(id.expect("running line starts with rN")),
         epoch: crate::ids::Epoch(1),
+        user: "user".into(),
         team: "default".into(),
         qos: String::new(),
         pool: String::new(),
@@ -73,6 +74,7 @@ fn parse_running_job(line: &str) -> RunningJob {
                 job.preempted_for = Some(JobId(value.trim_start_matches('j').parse().expect("for=jN")));
             }
             Some(("team", value)) => job.team = value.into(),
+            Some(("user", value)) => job.user = value.into(),
             Some(("qos", value)) => job.qos = value.into(),
             Some(("pool", value)) => job.pool = value.into(),
             Some(("type", value)) => job.gpu_types = value.split(',').map(GpuModel::new).collect(),
@@ -184,6 +186,7 @@ pub fn parse_index_list(list: &str) -> Vec<u32> {
 pub fn one_gpu_shape(team: &str) -> JobShape {
     JobShape {
         team: team.into(),
+        user: "user".into(),
         qos: Default::default(),
         pool: Default::default(),
         gpu_types: Vec::new(),
@@ -212,6 +215,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "type" => job.gpu_types = value.split(',').map(GpuModel::new).collect(),
             "pool" => job.pool = value.into(),
             "team" => job.team = value.into(),
+            "user" => job.user = value.into(),
             "qos" => job.qos = value.into(),
             "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
             "at" => submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),

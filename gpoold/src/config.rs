@@ -2,7 +2,7 @@
 
 use gpool_core::model::GpuModel;
 use gpool_core::model::PoolDef;
-use gpool_core::policy::{Period, Qos, Sharing, Team, Weights};
+use gpool_core::policy::{Period, Qos, Sharing, Team, UserLimits, Weights};
 use gpool_core::sched::Policy;
 use gpool_core::spec::parse_duration;
 use gpool_core::toml_text;
@@ -251,6 +251,9 @@ struct SharingFile {
     max_grace: Option<String>,
     default_qos: Option<String>,
     max_user_priority: Option<i32>,
+    max_jobs_per_user: Option<u32>,
+    max_gpus_per_user: Option<u32>,
+    max_submit_per_user: Option<u32>,
     weights: Option<WeightsFile>,
 }
 
@@ -281,6 +284,9 @@ struct TeamFile {
     members: Vec<String>,
     #[serde(default)]
     leads: Vec<String>,
+    max_jobs_per_user: Option<u32>,
+    max_gpus_per_user: Option<u32>,
+    max_submit_per_user: Option<u32>,
 }
 
 fn one_share() -> u32 {
@@ -300,6 +306,9 @@ struct QosFile {
     grace: Option<String>,
     #[serde(default)]
     reserve_gpus: u32,
+    max_jobs_per_user: Option<u32>,
+    max_gpus_per_user: Option<u32>,
+    max_submit_per_user: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -777,6 +786,11 @@ fn sharing_from_file(
         if let Some(default_qos) = file.default_qos {
             sharing.default_qos = default_qos;
         }
+        sharing.user_limits = UserLimits {
+            max_jobs: file.max_jobs_per_user,
+            max_gpus: file.max_gpus_per_user,
+            max_submit: file.max_submit_per_user,
+        };
         if let Some(weights) = file.weights {
             let weight = |field: &str, value: Option<f64>, default: f64| -> Result<f64, ConfigError> {
                 match value {
@@ -851,6 +865,11 @@ fn sharing_from_file(
             max_gpus: team.max_gpus,
             members: team.members,
             leads: team.leads,
+            user_limits: UserLimits {
+                max_jobs: team.max_jobs_per_user,
+                max_gpus: team.max_gpus_per_user,
+                max_submit: team.max_submit_per_user,
+            },
         });
     }
     if !qos.is_empty() {
@@ -879,6 +898,11 @@ fn sharing_from_file(
             },
             grace_secs: duration(at, "qos.grace", &class.grace)?.unwrap_or(60),
             reserve_gpus: class.reserve_gpus,
+            user_limits: UserLimits {
+                max_jobs: class.max_jobs_per_user,
+                max_gpus: class.max_gpus_per_user,
+                max_submit: class.max_submit_per_user,
+            },
             name: class.name,
         });
     }

@@ -26,6 +26,9 @@ pub enum Error {
     Denied(#[from] Denied),
     #[error("{}{source}", spec_position(*index, *of))]
     SubmitDenied { index: usize, of: usize, source: Denied },
+    /// A per-user cap (`max_submit_per_user`) refuses the request.
+    #[error("{0}")]
+    OverLimit(String),
     #[error("token {0} does not exist")]
     UnknownToken(u64),
     #[error("node {node:?} still runs {jobs}: cancel them, or drain it with --now, before removing it")]
@@ -82,6 +85,7 @@ impl From<Error> for Status {
             Error::Infeasible { .. } => Code::FailedPrecondition,
             Error::Denied(_) | Error::SubmitDenied { .. } => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
+            Error::OverLimit(_) => Code::ResourceExhausted,
             Error::ShuttingDown => Code::Unavailable,
             Error::NodeBusy { .. }
             | Error::NodeNotLinked(_)

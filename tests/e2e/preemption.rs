@@ -224,3 +224,67 @@ fn the_simulator_replays_the_reclaim_with_the_same_victims() {
     assert_eq!(gpool["preemptions"], 5, "{gpool}");
     assert_eq!(gpool["overcommits"], 0, "{gpool}");
 }
+
+/// Per-user caps in config mode: the shipped config with nlp capping each
+/// user at 2 running jobs and the pool at 12 jobs pending or running per
+/// user. An nlp array and separate nlp jobs run 2 at a time, the rest
+/// waiting with `user_cap`; the same user's vision job starts beside them;
+/// a submit past max_submit_per_user is refused whole, naming the cap.
+#[test]
+fn per_user_caps_hold_jobs_back_and_refuse_a_submit_past_max_submit() {
+    let policy = shipped_policy()
+        .replace("guaranteed_gpus = 4\n", "guaranteed_gpus = 4\nmax_jobs_per_user = 2\n")
+        .replace("max_submit_per_user = 100000", "max_submit_per_user = 12");
+    assert!(policy.contains("max_jobs_per_user = 2") && policy.contains("max_submit_per_user = 12"));
+    let mut cluster = Cluster::with_config(&policy);
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    let array = cluster.submit(&["--team", "nlp", "-a", "0-4", "--", "sh", "-c", hold]);
+    let separate: Vec<u64> = (0..3)
+        .map(|_| cluster.submit(&["--team", "nlp", "--", "sh", "-c", hold]))
+        .collect();
+    let vision = cluster.submit(&["--team", "vision", "--", "sh", "-c", hold]);
+    cluster.wait_for_state(vision, "running");
+    let running = || {
+        tasks(&cluster)
+            .iter()
+            .filter(|job| job["team"] == "nlp" && job["state"] == "running" && job["array"].is_null())
+            .count()
+    };
+    wait_until("2 nlp jobs to run", Duration::from_secs(20), || {
+        (running() == 2).then_some(())
+    });
+    // Several cycles later, still 2: the cap holds, whatever is free.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(running(), 2);
+    let waiting = separate
+        .iter()
+        .copied()
+        .find(|id| cluster.job(*id)["state"] == "pending")
+        .expect("a separate nlp job waits");
+    let why = cluster.gpool(&["why", "--output", "json", &waiting.to_string()]).json();
+    assert_eq!(why["reason_codes"], serde_json::json!(["user_cap"]), "{why}");
+    let said = cluster.gpool(&["why", &waiting.to_string()]).ok().to_string();
+    assert!(said.contains("runs 2 of at most 2 jobs in team nlp"), "{said}");
+
+    // 9 jobs now (5 tasks, 3 jobs, 1 vision): 4 more pass 12, 3 do not.
+    let refused = cluster.gpool(&["submit", "--team", "vision", "-a", "0-3", "--", "true"]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("max_submit_per_user: user")
+            && refused
+                .stderr
+                .contains("has 9 jobs pending or running and may have at most 12; these 4 would make 13"),
+        "{}",
+        refused.stderr
+    );
+    let fits = cluster.gpool(&["submit", "--team", "vision", "-a", "0-2", "--", "true"]);
+    assert_eq!(fits.code, 0, "{}", fits.stderr);
+
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    for id in separate.iter().chain([&vision, &array]) {
+        cluster.wait_for_state(*id, "completed");
+    }
+}

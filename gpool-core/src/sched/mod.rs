@@ -17,6 +17,7 @@ pub(super) mod backfill;
 pub mod cycle;
 mod index;
 pub mod invariants;
+pub mod limits;
 mod plan;
 mod preempt;
 mod queue;
@@ -63,6 +64,7 @@ pub struct RunningJob {
     /// The running attempt's epoch (a preemption names it, so a later
     /// attempt is never the one preempted).
     pub epoch: crate::ids::Epoch,
+    pub user: String,
     pub team: String,
     pub qos: String,
     /// Its pool (empty: the default pool) and acceptable GPU models, which
@@ -92,6 +94,7 @@ impl RunningJob {
         RunningJob {
             id,
             epoch: crate::ids::Epoch(0),
+            user: String::new(),
             team: String::new(),
             qos: String::new(),
             pool: String::new(),
@@ -160,6 +163,8 @@ pub struct JobShape {
     /// Names are kept inline (up to 24 bytes): a cycle reads every pending
     /// job's, and a name on the heap is a cache miss each.
     pub team: CompactString,
+    /// Who submitted it (per-user caps count by it).
+    pub user: CompactString,
     /// Empty means the default QoS.
     pub qos: CompactString,
     /// Empty means the policy's default pool.
@@ -177,10 +182,11 @@ pub struct JobShape {
 }
 
 impl JobShape {
-    /// The shape of a job that asks for `spec`.
-    pub fn of(spec: &crate::model::JobSpec) -> JobShape {
+    /// The shape of a job of `user` that asks for `spec`.
+    pub fn of(spec: &crate::model::JobSpec, user: &str) -> JobShape {
         JobShape {
             team: spec.team.clone(),
+            user: user.into(),
             qos: spec.qos.clone(),
             pool: spec.pool.clone(),
             gpu_types: spec.gpu_types.clone(),
@@ -563,6 +569,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     // words keep each list once by its address.
     let mut alike_reasons: HashMap<Vec<Reject>, Reasons, FastHash> = HashMap::default();
     let still_fit = |kept_from: &[&PendingJob], index: &FreeIndex| kept_from.iter().all(|job| index.fits(job, policy));
+    let mut user_use = limits::UserUse::of(sharing, &view.running);
     for (_, job, class) in order {
         // Free GPUs and possible reclaims only shrink within a cycle: once
         // both are gone, no later job starts or preempts.
@@ -584,6 +591,11 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                 plan.pending.push((job.id, Reasons::from([cap])));
                 continue;
             }
+        }
+        let asks = &job.shape;
+        if let Some(cap) = user_use.check(sharing, &asks.user, &asks.team, &asks.qos, gpus) {
+            plan.pending.push((job.id, Reasons::from([cap])));
+            continue;
         }
         let cover = class.coverage(team, used, job);
         let covered = cover.is_some();
@@ -645,6 +657,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                 reclaim.taken(&placement);
                 ends.push((ends_at, placement.clone()));
                 used.in_use += gpus;
+                user_use.add(sharing, &asks.user, &asks.team, &asks.qos, gpus);
                 if let Some(cover) = &cover {
                     used.add(cover, gpus);
                 }
@@ -665,6 +678,7 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                     if let Some((n_jobs, placement)) = planned {
                         hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
                         used.in_use += gpus;
+                        user_use.add(sharing, &asks.user, &asks.team, &asks.qos, gpus);
                         if let Some(cover) = &cover {
                             used.add(cover, gpus);
                         }

@@ -95,6 +95,17 @@ pub enum Reject {
         max_gpus: u32,
         in_use: u64,
     },
+    /// Its user is at one of their caps (pool-wide, in its team, or in its
+    /// QoS class).
+    UserCap {
+        user: String,
+        /// "" (pool-wide), " in team T" or " in QoS Q".
+        scope: String,
+        /// "jobs" or "GPUs".
+        what: &'static str,
+        max: u64,
+        in_use: u64,
+    },
     /// Starting it now would delay the job that holds the reservation.
     BehindReservation {
         job: JobId,
@@ -202,6 +213,7 @@ impl Reject {
             Reject::Requirements { .. } => "requirements",
             Reject::NoGpuModel { .. } => "gpu_model_unavailable",
             Reject::TeamCap { .. } => "team_cap",
+            Reject::UserCap { .. } => "user_cap",
             Reject::BehindReservation { .. } => "behind_reservation",
             Reject::Reserved { .. } => "reserved",
             Reject::NoEstimate => "no_estimate",
@@ -229,6 +241,7 @@ impl Reject {
             }
             Reject::NoGpuModel { .. } => "add nodes with GPUs to the pool".to_string(),
             Reject::TeamCap { team, .. } => format!("wait for team {team}'s running jobs to end"),
+            Reject::UserCap { user, .. } => format!("wait for user {user}'s running jobs to end"),
             Reject::BehindReservation { .. } => {
                 "give it a --time short enough to end before the reservation".to_string()
             }
@@ -336,6 +349,13 @@ impl fmt::Display for Reject {
                 max_gpus,
                 in_use,
             } => write!(f, "team {team} is at its cap: {in_use} of at most {max_gpus} GPUs in use"),
+            Reject::UserCap {
+                user,
+                scope,
+                what,
+                max,
+                in_use,
+            } => write!(f, "user {user} runs {in_use} of at most {max} {what}{scope}"),
             Reject::BehindReservation { job, in_secs } => write!(
                 f,
                 "it would delay job {job}, which has GPUs reserved from {} from now",

@@ -298,6 +298,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 .map(|j| j.shape.team.clone())
                 .unwrap_or_default();
             running.push(RunningJob {
+                user: "user".into(),
                 id: start.job,
                 epoch: crate::ids::Epoch(1),
                 team: team.to_string(),

@@ -189,6 +189,7 @@ impl Sim<'_> {
         let pool = self.setup.team_pools.get(&job.team).cloned().unwrap_or_default();
         let shape = JobShape {
             team: job.team.as_str().into(),
+            user: job.user.as_str().into(),
             qos: job.qos.as_str().into(),
             pool: pool.into(),
             gpu_types: job.gpu_types.clone(),
@@ -343,6 +344,7 @@ impl Sim<'_> {
         let running = RunningJob {
             id: job.id,
             epoch,
+            user: job.shape.user.to_string(),
             team: job.shape.team.to_string(),
             qos: job.shape.qos.to_string(),
             pool: job.shape.pool.to_string(),

@@ -569,3 +569,22 @@ fn a_fleet_with_a_scarce_model_fills_to_the_max_flow_bound() {
         watch.n_starts
     );
 }
+
+/// Per-user caps hold in the simulator as in gpoold (the same cycle): one
+/// user's six 100 s jobs run two at a time on 8 free GPUs, while another
+/// user's job starts at once.
+#[test]
+fn a_users_max_jobs_holds_in_the_simulator() {
+    let cluster = Cluster::uniform(1, 8, "h100");
+    let mut jobs: Vec<TraceJob> = (0..6).map(|_| job(0, 100, 1, 1, "a")).collect();
+    let mut other = job(0, 100, 1, 1, "a");
+    other.user = "b".into();
+    jobs.push(other);
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let mut policy = sharing_policy(&cluster, &guarantees);
+    policy.sharing.user_limits.max_jobs = Some(2);
+    let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
+    // Waits 0, 0, 100, 100, 200, 200 for user a; 0 for b.
+    assert_eq!(delays(&outcome), (600.0 / 7.0, 200.0, 7));
+    assert_eq!(outcome.completed, 7);
+}

@@ -166,7 +166,7 @@ impl State {
         // Its tasks have its shape (the array's own view has it).
         let shape = match self.waiting.get(&array.id) {
             Some(entry) => entry.view.shape.clone(),
-            None => Arc::new(JobShape::of(&array.spec)),
+            None => Arc::new(JobShape::of(&array.spec, &array.user)),
         };
         for id in waiting {
             into.push(Arc::new(pending_view(id, array, shape.clone())));

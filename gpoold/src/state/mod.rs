@@ -424,7 +424,7 @@ impl Waiting {
 
     /// `queue`: where the job finds its shape if jobs there share it.
     fn of(job: &Job, queue: &Queue) -> Waiting {
-        let shape = JobShape::of(&job.spec);
+        let shape = JobShape::of(&job.spec, &job.user);
         let shape = queue.shape(&shape).cloned().unwrap_or_else(|| Arc::new(shape));
         Waiting {
             view: Arc::new(arrays::pending_view(job.id, job, shape)),
@@ -553,6 +553,33 @@ impl State {
         state
     }
 
+    /// Refuses a submit that would take `user` past a `max_submit_per_user`:
+    /// their jobs pending or running (each task of an array) and `adding`.
+    fn check_submit_caps(&self, user: &str, adding: &[Arc<JobSpec>]) -> Result<(), Error> {
+        let n_jobs = |spec: &JobSpec| spec.array.as_ref().map_or(1, |array| u64::from(array.len()));
+        let adding: Vec<(&str, &str, u64)> = adding
+            .iter()
+            .map(|spec| (spec.team.as_str(), spec.qos.as_str(), n_jobs(spec)))
+            .collect();
+        let held = self
+            .jobs
+            .values()
+            .filter(|job| job.user == user && !job.state.is_finished())
+            .map(|job| {
+                // An array's tasks not yet jobs of their own; those that
+                // are count as the jobs they are.
+                let n = match &job.array {
+                    Some(progress) => n_jobs(&job.spec).saturating_sub(u64::from(progress.materialized)),
+                    None => 1,
+                };
+                (job.spec.team.as_str(), job.spec.qos.as_str(), n)
+            });
+        match gpool_core::sched::limits::submit_refusal(&self.policy.sharing, user, held, &adding) {
+            Some(reason) => Err(Error::OverLimit(reason)),
+            None => Ok(()),
+        }
+    }
+
     fn submit(
         &mut self,
         caller: &Caller,
@@ -630,6 +657,7 @@ impl State {
             last = Some((given, spec.clone()));
             checked.push(spec);
         }
+        self.check_submit_caps(&caller.user, &checked)?;
         let mut ids = Vec::with_capacity(checked.len());
         let mut writes = Vec::with_capacity(checked.len() + 1);
         for spec in checked {

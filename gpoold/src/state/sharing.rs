@@ -487,6 +487,7 @@ pub(super) fn running_view(job: &Job) -> Option<RunningJob> {
         } => Some(RunningJob {
             id: job.id,
             epoch: *epoch,
+            user: job.user.to_string(),
             team: job.spec.team.to_string(),
             qos: job.spec.qos.to_string(),
             pool: job.spec.pool.to_string(),
