@@ -258,6 +258,9 @@ pub struct JobSpec {
     /// runs this copy, so later edits or a deleted file change nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<BatchScript>,
+    /// Where to say that it started or ended (`--notify`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<Notify>,
     /// CPU limit: this many CPUs for each GPU (its cgroup's CPU quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus_per_gpu: Option<u32>,
@@ -280,6 +283,133 @@ pub struct JobSpec {
     /// Where it may run beyond its pool and GPU models.
     #[serde(default, skip_serializing_if = "Requirements::is_empty")]
     pub requires: Requirements,
+}
+
+/// Where and when gpoold says a job started or ended: a webhook
+/// (`http://`, `https://`: a JSON POST) or a mailbox (`mail:ADDR`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Notify {
+    pub to: String,
+    pub on_start: bool,
+    /// Every end, whatever its state.
+    pub on_end: bool,
+    /// Ends other than `completed` (implied by `on_end`).
+    pub on_fail: bool,
+}
+
+#[cfg(test)]
+mod notify_tests {
+    use super::*;
+
+    #[test]
+    fn targets_and_events_parse_and_pools_admit_what_they_allow() {
+        let hook = Notify::parse("https://hooks.example.com/x", Some("start,fail")).unwrap();
+        assert!(hook.is_webhook() && hook.on_start && hook.on_fail && !hook.on_end);
+        assert!(Notify::parse("mail:ops@example.com", None).unwrap().on_end);
+        for bad in ["ftp://x", "mail:nobody", "mail:-oQ@x", "https://a b", ""] {
+            assert!(Notify::parse(bad, None).is_err(), "{bad}");
+        }
+        assert!(Notify::parse("https://x", Some("later"))
+            .unwrap_err()
+            .contains("\"later\""));
+        let rules = NotifyRules {
+            webhooks: vec!["https://hooks.example.com/".into()],
+            sendmail: None,
+        };
+        assert_eq!(rules.admit(&hook), Ok(()));
+        let elsewhere = Notify::parse("http://169.254.169.254/latest", None).unwrap();
+        assert!(rules
+            .admit(&elsewhere)
+            .unwrap_err()
+            .contains("not under an allowed prefix"));
+        let mail = Notify::parse("mail:ops@example.com", None).unwrap();
+        assert!(rules.admit(&mail).unwrap_err().contains("[notify] sendmail"));
+        assert!(NotifyRules::default()
+            .admit(&hook)
+            .unwrap_err()
+            .contains("[notify] webhooks"));
+    }
+}
+
+impl Notify {
+    /// The most bytes of a `--notify` target.
+    pub const MAX_TARGET_BYTES: usize = 2048;
+
+    /// `--notify TO --notify-on start,end,fail` (`all`: the three; the
+    /// default: `end`).
+    pub fn parse(to: &str, on: Option<&str>) -> Result<Notify, String> {
+        let to = to.trim();
+        let is_mail = to.strip_prefix("mail:").is_some_and(|addr| {
+            let addr = addr.trim();
+            addr.contains('@') && !addr.starts_with('-') && !addr.chars().any(|c| c.is_whitespace() || c == ',')
+        });
+        let is_web = (to.starts_with("http://") || to.starts_with("https://")) && !to.chars().any(char::is_whitespace);
+        if !is_mail && !is_web {
+            return Err(format!(
+                "{to:?} is neither a webhook (http://... or https://...) nor a mailbox (mail:user@example.com)"
+            ));
+        }
+        if to.len() > Self::MAX_TARGET_BYTES {
+            return Err(format!("longer than {} bytes", Self::MAX_TARGET_BYTES));
+        }
+        let mut notify = Notify {
+            to: to.to_string(),
+            on_start: false,
+            on_end: false,
+            on_fail: false,
+        };
+        for word in on.unwrap_or("end").split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match word.to_ascii_lowercase().as_str() {
+                "start" | "begin" => notify.on_start = true,
+                "end" => notify.on_end = true,
+                "fail" => notify.on_fail = true,
+                "all" => (notify.on_start, notify.on_end, notify.on_fail) = (true, true, true),
+                other => return Err(format!("notify_on: {other:?} is not start, end, fail or all")),
+            }
+        }
+        if !(notify.on_start || notify.on_end || notify.on_fail) {
+            return Err("notify_on: name start, end, fail or all".into());
+        }
+        Ok(notify)
+    }
+
+    /// A webhook (else a mailbox).
+    pub fn is_webhook(&self) -> bool {
+        !self.to.starts_with("mail:")
+    }
+}
+
+/// What `--notify` may name in a pool (`[notify]` of gpoold.toml): a
+/// webhook under one of `webhooks` (gpoold posts from inside the
+/// network: each allowed prefix is the operator's choice), a mailbox where
+/// a sendmail program is set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NotifyRules {
+    pub webhooks: Vec<String>,
+    pub sendmail: Option<String>,
+}
+
+impl NotifyRules {
+    /// Why `notify` is refused here, if it is.
+    pub fn admit(&self, notify: &Notify) -> Result<(), String> {
+        if !notify.is_webhook() {
+            return match self.sendmail {
+                Some(_) => Ok(()),
+                None => Err("this pool sends no mail: an admin sets [notify] sendmail in gpoold.toml".into()),
+            };
+        }
+        if self
+            .webhooks
+            .iter()
+            .any(|prefix| notify.to.starts_with(prefix.as_str()))
+        {
+            return Ok(());
+        }
+        Err(match self.webhooks.as_slice() {
+            [] => "this pool posts to no webhook: an admin lists the allowed URL prefixes in [notify] webhooks of gpoold.toml".to_string(),
+            allowed => format!("{:?} is not under an allowed prefix ({})", notify.to, allowed.join(", ")),
+        })
+    }
 }
 
 /// How much a job needs its GPUs on a node joined by NVLink.

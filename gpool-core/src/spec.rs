@@ -114,6 +114,11 @@ pub struct JobSpecInput {
     /// A batch script's text (`gpool submit SCRIPT`, never a job file).
     #[serde(skip)]
     pub script: Option<crate::model::BatchScript>,
+    /// Where to say it started or ended: `https://...` (a JSON POST) or
+    /// `mail:ADDR`.
+    pub notify: Option<String>,
+    /// When: `start`, `end`, `fail`, `all` (comma-separated; default `end`).
+    pub notify_on: Option<String>,
     /// CPUs per GPU (a CPU quota).
     pub cpus_per_gpu: Option<i64>,
     /// `afterok:ID[:ID],afterany:NAME,afternotok:ID,singleton`; in a job
@@ -216,6 +221,13 @@ impl JobSpecInput {
                 None => None,
             },
             script: self.script,
+            notify: match (self.notify.as_deref(), self.notify_on.as_deref()) {
+                (Some(to), on) => {
+                    Some(crate::model::Notify::parse(to, on).map_err(|reason| spec_error("notify", reason))?)
+                }
+                (None, Some(_)) => return Err(spec_error("notify_on", "give --notify too: where to say it")),
+                (None, None) => None,
+            },
             cpus_per_gpu: match self.cpus_per_gpu {
                 Some(cpus) => Some(count_field("cpus_per_gpu", cpus, MAX_CPUS_PER_GPU)?),
                 None => None,
@@ -386,6 +398,10 @@ impl JobSpec {
     /// it receives, whatever the client checked).
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_command(&self.command)?;
+        if let Some(notify) = &self.notify {
+            // As it came over the wire: the target as --notify takes it.
+            crate::model::Notify::parse(&notify.to, Some("all")).map_err(|reason| spec_error("notify", reason))?;
+        }
         if let Some(script) = &self.script {
             if script.at as usize >= self.command.len() {
                 return Err(spec_error("script", "names no word of the command"));

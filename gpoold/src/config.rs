@@ -107,6 +107,8 @@ pub struct Config {
     /// `[health]`: when a GPU's heat is a fault, and how long a GPU or node
     /// stays out after its last fault.
     pub health: gpool_core::health::HealthPolicy,
+    /// `[notify]`: where `--notify` may post or mail.
+    pub notify: gpool_core::model::NotifyRules,
 }
 
 /// Loopback, IPv4 and IPv6.
@@ -198,6 +200,17 @@ struct ConfigFile {
     accounting: Option<toml::Spanned<AccountingFile>>,
     #[serde(default)]
     health: Option<toml::Spanned<HealthFile>>,
+    #[serde(default)]
+    notify: Option<NotifyFile>,
+}
+
+/// `[notify]`: what a job's `--notify` may name.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NotifyFile {
+    #[serde(default)]
+    webhooks: Vec<String>,
+    sendmail: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -621,8 +634,15 @@ impl Config {
                 }
             }
         };
+        let notify = parsed
+            .notify
+            .map_or_else(Default::default, |file| gpool_core::model::NotifyRules {
+                webhooks: file.webhooks,
+                sendmail: file.sendmail,
+            });
         Ok(Config {
             health,
+            notify,
             listen,
             dev: false,
             policy,

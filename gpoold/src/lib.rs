@@ -5,6 +5,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod notify;
 pub mod reports;
 pub mod sched_loop;
 pub mod security;
@@ -114,6 +115,7 @@ pub async fn run(
         .clone();
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock, metrics.clone()));
     let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
+    tokio::spawn(notify::run(handle.clone()));
     let reports = reports::Reports {
         state: handle.shared.clone(),
         records: accounting,

@@ -122,6 +122,11 @@ fn run(
                 plaintext_from: gpoold::config::loopback_ranges(),
                 insecure_plaintext: false,
                 health: Default::default(),
+                // Dev mode is one user on loopback: any webhook.
+                notify: gpool_core::model::NotifyRules {
+                    webhooks: vec!["http://".into(), "https://".into()],
+                    sendmail: None,
+                },
             }
         }
     };

@@ -52,6 +52,12 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
             text: script.text.clone(),
             at: script.at,
         }),
+        notify: spec.notify.as_ref().map(|notify| pb::Notify {
+            to: notify.to.clone(),
+            on_start: notify.on_start,
+            on_end: notify.on_end,
+            on_fail: notify.on_fail,
+        }),
         cpus_per_gpu: spec.cpus_per_gpu.unwrap_or(0),
         dependencies: spec.dependencies.iter().map(dependency_to_wire).collect(),
         singleton: spec.singleton,
@@ -193,6 +199,12 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         script: spec.script.map(|script| gpool_core::model::BatchScript {
             text: script.text,
             at: script.at,
+        }),
+        notify: spec.notify.map(|notify| gpool_core::model::Notify {
+            to: notify.to,
+            on_start: notify.on_start,
+            on_end: notify.on_end,
+            on_fail: notify.on_fail,
         }),
         cpus_per_gpu: (spec.cpus_per_gpu != 0).then_some(spec.cpus_per_gpu),
         dependencies: spec.dependencies.iter().map(dependency_from_wire).collect(),

@@ -1,5 +1,5 @@
 //! End-to-end tests: the real gpoold and gpool binaries on loopback ports in
-//! temp dirs. Build the binaries first: `cargo build --workspace --bins`.
+//! temp dirs. Build the binaries first: `cargo build --workspace`.
 
 mod harness;
 
@@ -14,6 +14,7 @@ mod health;
 mod history;
 mod jobs;
 mod metrics;
+mod notify;
 mod nvml;
 mod placement;
 mod preemption;

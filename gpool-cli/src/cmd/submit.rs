@@ -133,6 +133,13 @@ pub struct SubmitArgs {
     /// Never these nodes: NODE[,NODE...] (-x, as Slurm's).
     #[arg(long, short = 'x', value_name = "NODES")]
     exclude: Option<String>,
+    /// Say when the job starts or ends: a webhook (https://..., a JSON POST)
+    /// or a mailbox (mail:ADDR), as the pool's gpoold.toml allows.
+    #[arg(long, value_name = "URL|mail:ADDR")]
+    notify: Option<String>,
+    /// On which events: start, end, fail, all (comma-separated; default end).
+    #[arg(long, value_name = "EVENTS", requires = "notify")]
+    notify_on: Option<String>,
     /// Submit every [[job]] of this TOML file in one request.
     #[arg(
         short = 'f',
@@ -142,7 +149,7 @@ pub struct SubmitArgs {
             "time", "env", "workdir", "priority", "pool", "no_requeue",
             "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
             "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
-            "nodelist", "exclude", "max_output",
+            "nodelist", "exclude", "max_output", "notify", "notify_on",
         ]
     )]
     file: Option<PathBuf>,
@@ -447,6 +454,8 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         mem: args.mem,
         max_output: args.max_output,
         script: snapshot,
+        notify: args.notify,
+        notify_on: args.notify_on,
         cpus_per_gpu: args.cpus_per_gpu,
         dependency: args.dependency,
         array: args.array,

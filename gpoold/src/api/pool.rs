@@ -184,7 +184,7 @@ fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, with_env: boo
     wire
 }
 
-fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
+pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
     let mut wire = job_wire_of_state(state, job, with_env);
     wire.array = state.array_info(job);
     wire.stragglers = state

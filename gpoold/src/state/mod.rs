@@ -55,6 +55,8 @@ pub struct State {
     /// What the latest scheduling cycle said of the jobs that wait.
     pub words: words::Words,
     pub policy: Policy,
+    /// Where `--notify` may post or mail.
+    pub notify_rules: gpool_core::model::NotifyRules,
     admins: Vec<String>,
     /// The epoch the next attempt gets.
     next_epoch: u64,
@@ -473,6 +475,7 @@ impl State {
             next_job_id: loaded.next_job_id,
             words: words::Words::default(),
             policy: config.policy.clone(),
+            notify_rules: config.notify.clone(),
             admins: config.admins.clone(),
             next_epoch: loaded.next_epoch,
             links: HashMap::new(),
@@ -623,6 +626,13 @@ impl State {
                 })?;
             spec.validate()
                 .map_err(|source| Error::InvalidSpec { index, of, source })?;
+            if let Some(notify) = &spec.notify {
+                self.notify_rules.admit(notify).map_err(|reason| Error::InvalidSpec {
+                    index,
+                    of,
+                    source: gpool_core::spec::spec_error("notify", reason),
+                })?;
+            }
             // Dependencies name jobs that exist, or earlier jobs of this
             // request (whose ids are known from here on).
             for dependency in &mut spec.dependencies {
@@ -930,6 +940,7 @@ impl State {
         );
         tracing::info!("policy reloaded: {summary}");
         self.policy = config.policy;
+        self.notify_rules = config.notify;
         self.admins = config.admins;
         self.keep_ended_jobs = config.keep_ended_jobs;
         self.health_policy = config.health.clone();

@@ -426,6 +426,23 @@ pub struct JobSpec {
     /// A batch script as it was at submit; absent for other jobs.
     #[prost(message, optional, tag = "33")]
     pub script: ::core::option::Option<BatchScript>,
+    /// Where and when gpoold says it started or ended (--notify).
+    #[prost(message, optional, tag = "34")]
+    pub notify: ::core::option::Option<Notify>,
+}
+/// Where gpoold says that a job started or ended, and on which events.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Notify {
+    /// <http://...,> <https://...> (a JSON POST) or mail:ADDR.
+    #[prost(string, tag = "1")]
+    pub to: ::prost::alloc::string::String,
+    #[prost(bool, tag = "2")]
+    pub on_start: bool,
+    #[prost(bool, tag = "3")]
+    pub on_end: bool,
+    #[prost(bool, tag = "4")]
+    pub on_fail: bool,
 }
 /// A batch script's text, and the index of its path in the command (the
 /// node runs a copy of the text there).
