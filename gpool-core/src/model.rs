@@ -258,6 +258,9 @@ pub struct JobSpec {
     /// runs this copy, so later edits or a deleted file change nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<BatchScript>,
+    /// Not before this (`--begin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin: Option<Begin>,
     /// Where to say that it started or ended (`--notify`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<Notify>,
@@ -300,6 +303,21 @@ pub struct Notify {
 #[cfg(test)]
 mod notify_tests {
     use super::*;
+
+    #[test]
+    fn begin_times_parse_as_slurm_users_write_them() {
+        let submitted = crate::ids::Timestamp(1_000_000);
+        assert_eq!(Begin::parse("now+1h").unwrap().at(submitted).0, 1_000_000 + 3_600_000);
+        assert_eq!(Begin::parse("90s").unwrap(), Begin::AfterSecs(90));
+        assert_eq!(Begin::parse("now").unwrap(), Begin::AfterSecs(0));
+        let day = Begin::parse("2026-11-28").unwrap();
+        assert_eq!(
+            day.at(submitted),
+            Begin::parse("2026-11-28T00:00").unwrap().at(submitted)
+        );
+        assert_eq!(day, Begin::At(crate::ids::Timestamp(1_795_824_000_000)));
+        assert!(Begin::parse("tomorrow").unwrap_err().contains("\"tomorrow\""));
+    }
 
     #[test]
     fn targets_and_events_parse_and_pools_admit_what_they_allow() {
@@ -376,6 +394,56 @@ impl Notify {
     /// A webhook (else a mailbox).
     pub fn is_webhook(&self) -> bool {
         !self.to.starts_with("mail:")
+    }
+}
+
+/// When a job may start at the earliest (`--begin`): a moment, or a time
+/// after its submission (resolved by gpoold, whose clock it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Begin {
+    At(crate::ids::Timestamp),
+    AfterSecs(u64),
+}
+
+impl Begin {
+    /// `now+1h`, `1h30m` (after submission), `2026-11-28` (its midnight)
+    /// or `2026-11-28T16:00[:00][Z]`, in UTC.
+    pub fn parse(text: &str) -> Result<Begin, String> {
+        let trimmed = text.trim();
+        let relative = trimmed.strip_prefix("now+").unwrap_or(trimmed);
+        if trimmed == "now" {
+            return Ok(Begin::AfterSecs(0));
+        }
+        if let Ok(after) = humantime::parse_duration(relative) {
+            return Ok(Begin::AfterSecs(after.as_secs()));
+        }
+        let written = match trimmed.len() {
+            10 => format!("{trimmed}T00:00:00Z"),
+            16 => format!("{trimmed}:00"),
+            _ => trimmed.to_string(),
+        };
+        let at = humantime::parse_rfc3339_weak(&written).map_err(|_| {
+            format!("{text:?} is neither a time from now (now+1h, 30m) nor a date or time (2026-11-28, 2026-11-28T16:00, UTC)")
+        })?;
+        let ms = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| format!("{text:?} is before 1970"))?;
+        Ok(Begin::At(crate::ids::Timestamp(
+            ms.as_millis().min(i64::MAX as u128) as i64
+        )))
+    }
+
+    /// The moment it stands for, for a job submitted at `submitted_at`.
+    pub fn at(&self, submitted_at: crate::ids::Timestamp) -> crate::ids::Timestamp {
+        match self {
+            Begin::At(at) => *at,
+            Begin::AfterSecs(secs) => crate::ids::Timestamp(
+                submitted_at
+                    .0
+                    .saturating_add((*secs).min(i64::MAX as u64 / 1000) as i64 * 1000),
+            ),
+        }
     }
 }
 

@@ -114,6 +114,8 @@ pub struct JobSpecInput {
     /// A batch script's text (`gpool submit SCRIPT`, never a job file).
     #[serde(skip)]
     pub script: Option<crate::model::BatchScript>,
+    /// Not before: `now+1h`, `30m`, `2026-11-28`, `2026-11-28T16:00` (UTC).
+    pub begin: Option<String>,
     /// Where to say it started or ended: `https://...` (a JSON POST) or
     /// `mail:ADDR`.
     pub notify: Option<String>,
@@ -221,6 +223,10 @@ impl JobSpecInput {
                 None => None,
             },
             script: self.script,
+            begin: match self.begin.as_deref() {
+                Some(text) => Some(crate::model::Begin::parse(text).map_err(|reason| spec_error("begin", reason))?),
+                None => None,
+            },
             notify: match (self.notify.as_deref(), self.notify_on.as_deref()) {
                 (Some(to), on) => {
                     Some(crate::model::Notify::parse(to, on).map_err(|reason| spec_error("notify", reason))?)

@@ -303,6 +303,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 mem_bytes: None,
                 max_output_bytes: None,
                 script: None,
+                begin: None,
                 notify: None,
                 cpus_per_gpu: None,
                 dependencies: Vec::new(),

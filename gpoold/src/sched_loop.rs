@@ -35,19 +35,25 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
     let mut words_every = words_interval(Duration::ZERO);
     let mut last: Option<LastCycle> = None;
     let mut wait = PERIOD;
+    // The earliest --begin of a waiting job still ahead: a cycle then,
+    // though nothing else changed.
+    let mut next_begin: Option<Timestamp> = None;
     loop {
-        let on_timer = tokio::time::timeout(wait, handle.sched_wakeup.notified())
+        let until_begin = next_begin.map(|at| Duration::from_millis((at.0 - clock().0).max(0) as u64));
+        let on_timer = tokio::time::timeout(wait.min(until_begin.unwrap_or(wait)), handle.sched_wakeup.notified())
             .await
             .is_err();
         wait = PERIOD;
         let started = Instant::now();
         let now = clock();
-        let words_due = words_at.is_none_or(|at| at.elapsed() >= words_every);
+        let begun = next_begin.is_some_and(|at| at <= now);
+        let words_due = begun || words_at.is_none_or(|at| at.elapsed() >= words_every);
         let (view, policy, generation, unexplained) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
             let generation = state.sched_generation;
+            next_begin = state.next_begin(now);
             let words_age = words_at.map(|at| at.elapsed());
-            if !cycle_needed(last.as_ref(), generation, on_timer, words_age) {
+            if !begun && !cycle_needed(last.as_ref(), generation, on_timer, words_age) {
                 drop(state);
                 metrics.unchanged_cycle_seconds.observe(started.elapsed().as_secs_f64());
                 continue;

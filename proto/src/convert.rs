@@ -52,6 +52,15 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
             text: script.text.clone(),
             at: script.at,
         }),
+        begin_at_ms: match spec.begin {
+            Some(gpool_core::model::Begin::At(at)) => at.0,
+            _ => 0,
+        },
+        begin_after_secs: match spec.begin {
+            Some(gpool_core::model::Begin::AfterSecs(secs)) => secs,
+            _ => 0,
+        },
+        begin_now: spec.begin == Some(gpool_core::model::Begin::AfterSecs(0)),
         notify: spec.notify.as_ref().map(|notify| pb::Notify {
             to: notify.to.clone(),
             on_start: notify.on_start,
@@ -200,6 +209,11 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
             text: script.text,
             at: script.at,
         }),
+        begin: match (spec.begin_at_ms, spec.begin_after_secs, spec.begin_now) {
+            (0, 0, false) => None,
+            (0, secs, _) => Some(gpool_core::model::Begin::AfterSecs(secs)),
+            (ms, _, _) => Some(gpool_core::model::Begin::At(gpool_core::Timestamp(ms))),
+        },
         notify: spec.notify.map(|notify| gpool_core::model::Notify {
             to: notify.to,
             on_start: notify.on_start,

@@ -900,3 +900,30 @@ fn a_missing_output_directory_is_named_as_such() {
         "{reason}"
     );
 }
+
+/// `--begin` as Slurm's: the job waits with `begin_time` until then, and
+/// starts then though nothing else in the pool changes.
+#[test]
+fn a_job_with_begin_waits_until_then_and_starts_on_its_own() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let later = cluster.submit(&["--begin", "now+3s", "--", "true"]);
+    let far = cluster.submit(&["-b", "2099-01-01", "--", "true"]);
+    let past = cluster.submit(&["--begin", "2020-01-01T10:00", "--", "true"]);
+    cluster.wait_for_state(past, "completed");
+    let why = cluster.gpool(&["why", "--output", "json", &later.to_string()]).json();
+    assert_eq!(why["reason_codes"], serde_json::json!(["begin_time"]), "{why}");
+    let said = cluster.gpool(&["why", &far.to_string()]).ok().to_string();
+    assert!(said.contains("not before 2099-01-01T00:00:00Z (--begin)"), "{said}");
+    let job = cluster.wait_for_state(later, "completed");
+    let (submitted, started) = (
+        humantime::parse_rfc3339_weak(job["submitted_at"].as_str().unwrap()).unwrap(),
+        humantime::parse_rfc3339_weak(job["started_at"].as_str().unwrap()).unwrap(),
+    );
+    let after = started.duration_since(submitted).unwrap();
+    assert!(after >= Duration::from_millis(2_900), "started {after:?} after submit");
+    assert_eq!(cluster.job(far)["state"], "pending");
+    let bad = cluster.gpool(&["submit", "--begin", "tomorrow", "--", "true"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("begin: \"tomorrow\" is neither"), "{}", bad.stderr);
+}

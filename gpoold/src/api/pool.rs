@@ -217,16 +217,30 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
         gpool_core::deps::DepState::Waiting(reason) => Some(reason),
         _ => None,
     };
-    let (reasons, codes) = match waits_for {
-        Some(reason) => (vec![reason], vec!["dependency".to_string()]),
-        None if job.held => (
+    let begins = job
+        .spec
+        .begin
+        .map(|begin| begin.at(job.submitted_at))
+        .filter(|at| *at > crate::wall_clock());
+    let (reasons, codes) = match (begins, waits_for) {
+        (Some(at), _) => {
+            let at = humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(at.0.max(0) as u64),
+            );
+            (
+                vec![format!("not before {at} (--begin)")],
+                vec!["begin_time".to_string()],
+            )
+        }
+        (None, Some(reason)) => (vec![reason], vec!["dependency".to_string()]),
+        (None, None) if job.held => (
             vec![format!(
                 "held: `gpool release {}` lets it be scheduled",
                 job.display_id()
             )],
             vec!["held".to_string()],
         ),
-        None if state.array_at_limit(job).is_some() => {
+        (None, None) if state.array_at_limit(job).is_some() => {
             let (array, max) = state.array_at_limit(job).unwrap_or_default();
             (
                 vec![format!(
@@ -235,7 +249,7 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
                 vec!["array_limit".to_string()],
             )
         }
-        None => match state.words.reasons(job.id) {
+        (None, None) => match state.words.reasons(job.id) {
             Some(words) => (
                 words.reasons.clone(),
                 words.codes.iter().map(|code| code.to_string()).collect(),

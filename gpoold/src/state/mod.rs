@@ -433,9 +433,14 @@ impl Waiting {
             held: job.held,
             array: job.array.is_some(),
             task_of: job.array_task.map(|task| task.array),
-            gated: !job.spec.dependencies.is_empty() || job.spec.singleton,
+            gated: !job.spec.dependencies.is_empty() || job.spec.singleton || job.spec.begin.is_some(),
         }
     }
+}
+
+/// Its `--begin` (if any) has come.
+pub fn begun(job: &Job, now: Timestamp) -> bool {
+    job.spec.begin.is_none_or(|begin| begin.at(job.submitted_at) <= now)
 }
 
 /// Everything one batch of commands produced.
@@ -991,7 +996,10 @@ impl State {
         let mut pending_tasks: HashMap<JobId, Vec<Arc<PendingJob>>> = HashMap::new();
         for (id, waiting) in self.not_plain.iter().filter_map(|id| self.waiting.get_key_value(id)) {
             let ready = !waiting.held
-                && (!waiting.gated || self.job(*id).is_some_and(|job| self.dependencies_met(job, &singletons)));
+                && (!waiting.gated
+                    || self
+                        .job(*id)
+                        .is_some_and(|job| begun(job, now) && self.dependencies_met(job, &singletons)));
             match (waiting.array, waiting.task_of) {
                 (true, _) => arrays.extend(self.job(*id).map(|job| (job, ready))),
                 (false, _) if !ready => {}
@@ -1343,6 +1351,22 @@ impl State {
     /// The id the next submitted job gets: no job has one as high.
     pub fn next_job_id(&self) -> u64 {
         self.next_job_id
+    }
+
+    /// The earliest `--begin` still ahead of `now` among waiting jobs: the
+    /// scheduler wakes then, though nothing else changed.
+    pub fn next_begin(&self, now: Timestamp) -> Option<Timestamp> {
+        self.not_plain
+            .iter()
+            .filter(|id| {
+                self.waiting
+                    .get(id)
+                    .is_some_and(|waiting| waiting.gated && !waiting.held)
+            })
+            .filter_map(|id| self.job(*id))
+            .filter_map(|job| job.spec.begin.map(|begin| begin.at(job.submitted_at)))
+            .filter(|at| *at > now)
+            .min()
     }
 
     pub fn running(&self) -> impl Iterator<Item = &Job> {

@@ -429,6 +429,14 @@ pub struct JobSpec {
     /// Where and when gpoold says it started or ended (--notify).
     #[prost(message, optional, tag = "34")]
     pub notify: ::core::option::Option<Notify>,
+    /// Not before (--begin): a moment (unix ms), or seconds after submission;
+    /// 0 and 0: no such time.
+    #[prost(int64, tag = "35")]
+    pub begin_at_ms: i64,
+    #[prost(uint64, tag = "36")]
+    pub begin_after_secs: u64,
+    #[prost(bool, tag = "37")]
+    pub begin_now: bool,
 }
 /// Where gpoold says that a job started or ended, and on which events.
 #[allow(clippy::all)]
