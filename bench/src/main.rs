@@ -685,6 +685,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             shape: std::sync::Arc::new(JobShape {
                 team: format!("team-{}", i % n_teams as usize).into(),
                 user: format!("user-{}", i % n_teams as usize).into(),
+                reservation: Default::default(),
                 qos: ["normal", "high", "low"][i % 3].into(),
                 pool: Default::default(),
                 gpu_types: if i % 7 == 0 {

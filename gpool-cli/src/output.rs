@@ -772,6 +772,9 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "gpu_model": gpu_models(node),
         "pools": node.pools,
         "labels": labels,
+        "reservations": node.reservations.iter().map(|r| serde_json::json!({
+            "name": r.name, "start": rfc3339(r.start_ms), "end": rfc3339(r.end_ms),
+        })).collect::<Vec<_>>(),
         "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
         "drained_by_health": node.drained_by_health,
         "drained_by": (!node.drained_by.is_empty()).then_some(&node.drained_by),
@@ -868,6 +871,14 @@ fn node_reasons(node: &pb::Node) -> String {
             let pinned = if out.by_operator { ", drained" } else { "" };
             reasons.push(format!("GPU {}{pinned}: {}", gpu.index, out.reason));
         }
+    }
+    for reservation in &node.reservations {
+        reasons.push(format!(
+            "reserved for {} from {} to {}",
+            reservation.name,
+            rfc3339(reservation.start_ms),
+            rfc3339(reservation.end_ms)
+        ));
     }
     reasons.join("; ")
 }

@@ -258,6 +258,10 @@ pub struct JobSpec {
     /// runs this copy, so later edits or a deleted file change nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<BatchScript>,
+    /// The reservation it runs in (`--reservation`): only its nodes, only
+    /// while it is open. Empty: none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reservation: String,
     /// Not before this (`--begin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub begin: Option<Begin>,

@@ -116,6 +116,8 @@ pub struct JobSpecInput {
     pub script: Option<crate::model::BatchScript>,
     /// Not before: `now+1h`, `30m`, `2026-11-28`, `2026-11-28T16:00` (UTC).
     pub begin: Option<String>,
+    /// The reservation it runs in: only its nodes, only while it is open.
+    pub reservation: Option<String>,
     /// Where to say it started or ended: `https://...` (a JSON POST) or
     /// `mail:ADDR`.
     pub notify: Option<String>,
@@ -223,6 +225,15 @@ impl JobSpecInput {
                 None => None,
             },
             script: self.script,
+            reservation: match self.reservation {
+                Some(name) if !name_ok_for_reservation(&name) => {
+                    return Err(spec_error(
+                        "reservation",
+                        format!("{name:?} is not a reservation's name"),
+                    ))
+                }
+                name => name.unwrap_or_default(),
+            },
             begin: match self.begin.as_deref() {
                 Some(text) => Some(crate::model::Begin::parse(text).map_err(|reason| spec_error("begin", reason))?),
                 None => None,
@@ -404,6 +415,12 @@ impl JobSpec {
     /// it receives, whatever the client checked).
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_command(&self.command)?;
+        if !self.reservation.is_empty() && !name_ok_for_reservation(&self.reservation) {
+            return Err(spec_error(
+                "reservation",
+                format!("{:?} is not a reservation's name", self.reservation),
+            ));
+        }
         if let Some(notify) = &self.notify {
             // As it came over the wire: the target as --notify takes it.
             crate::model::Notify::parse(&notify.to, Some("all")).map_err(|reason| spec_error("notify", reason))?;
@@ -693,6 +710,15 @@ fn validate_workdir(workdir: &str) -> Result<(), SpecError> {
         ));
     }
     Ok(())
+}
+
+/// A name as `[[reservation]]` gives them: letters, digits, `.`, `_`, `-`.
+fn name_ok_for_reservation(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_IDENT_LEN
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// `K=V` as given to `--env`.

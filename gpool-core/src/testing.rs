@@ -187,6 +187,7 @@ pub fn one_gpu_shape(team: &str) -> JobShape {
     JobShape {
         team: team.into(),
         user: "user".into(),
+        reservation: Default::default(),
         qos: Default::default(),
         pool: Default::default(),
         gpu_types: Vec::new(),
@@ -303,6 +304,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 mem_bytes: None,
                 max_output_bytes: None,
                 script: None,
+                reservation: String::new(),
                 begin: None,
                 notify: None,
                 cpus_per_gpu: None,

@@ -7,6 +7,7 @@ use gpool_core::sched::Policy;
 use gpool_core::spec::parse_duration;
 use gpool_core::toml_text;
 pub use gpool_core::toml_text::ConfigError;
+use gpool_core::Timestamp;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -202,6 +203,25 @@ struct ConfigFile {
     health: Option<toml::Spanned<HealthFile>>,
     #[serde(default)]
     notify: Option<NotifyFile>,
+    #[serde(default)]
+    reservation: Vec<toml::Spanned<ReservationFile>>,
+}
+
+/// `[[reservation]]`: nodes kept for a window.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReservationFile {
+    name: String,
+    nodes: Vec<String>,
+    /// `2026-12-01T08:00:00Z` (UTC).
+    start: String,
+    /// How long, or until when.
+    duration: Option<String>,
+    end: Option<String>,
+    #[serde(default)]
+    users: Vec<String>,
+    #[serde(default)]
+    teams: Vec<String>,
 }
 
 /// `[notify]`: what a job's `--notify` may name.
@@ -538,6 +558,19 @@ impl Config {
         };
         let pools: Vec<String> = policy.pools.iter().map(|pool| pool.name.clone()).collect();
         policy.sharing = sharing_from_file(parsed.sharing, parsed.team, parsed.qos, &pools, &invalid)?;
+        policy.reservations = parsed
+            .reservation
+            .into_iter()
+            .map(|spanned| reservation_from_file(spanned, &invalid))
+            .collect::<Result<_, _>>()?;
+        for (i, reservation) in policy.reservations.iter().enumerate() {
+            if policy.reservations[..i].iter().any(|r| r.name == reservation.name) {
+                return Err(invalid(
+                    0,
+                    format!("reservation.name: {:?} is given twice", reservation.name),
+                ));
+            }
+        }
         // A cost centre names teams of this file (a misspelt one would
         // charge nobody there, silently).
         if let Some((team, center)) = accounting
@@ -668,6 +701,78 @@ impl Config {
             state_dir,
         })
     }
+}
+
+/// One `[[reservation]]`, checked: a name, nodes, and a window that ends
+/// after it starts.
+fn reservation_from_file(
+    spanned: toml::Spanned<ReservationFile>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<gpool_core::sched::reservations::Reservation, ConfigError> {
+    let at = spanned.span().start;
+    let file = spanned.into_inner();
+    let name = file.name;
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !name_ok {
+        return Err(invalid(
+            at,
+            format!("reservation.name: {name:?} is not letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    if file.nodes.is_empty() {
+        return Err(invalid(
+            at,
+            format!("reservation.nodes: reservation {name} names no node"),
+        ));
+    }
+    let moment = |field: &str, text: &str| -> Result<Timestamp, ConfigError> {
+        match gpool_core::model::Begin::parse(text) {
+            Ok(gpool_core::model::Begin::At(at)) => Ok(at),
+            _ => Err(invalid(
+                at,
+                format!("reservation.{field}: {text:?} is not a date or time such as 2026-12-01T08:00:00Z"),
+            )),
+        }
+    };
+    let start = moment("start", &file.start)?;
+    let end = match (&file.duration, &file.end) {
+        (Some(duration), None) => {
+            let secs = humantime::parse_duration(duration)
+                .map_err(|_| {
+                    invalid(
+                        at,
+                        format!("reservation.duration: {duration:?} is not a duration such as 4h"),
+                    )
+                })?
+                .as_secs();
+            Timestamp(start.0.saturating_add(secs.min(i64::MAX as u64 / 1000) as i64 * 1000))
+        }
+        (None, Some(end)) => moment("end", end)?,
+        _ => {
+            return Err(invalid(
+                at,
+                format!("reservation.duration: reservation {name} needs a duration or an end, one of them"),
+            ))
+        }
+    };
+    if end <= start {
+        return Err(invalid(
+            at,
+            format!("reservation.end: reservation {name} ends before it starts"),
+        ));
+    }
+    Ok(gpool_core::sched::reservations::Reservation {
+        name,
+        nodes: file.nodes,
+        start,
+        end,
+        users: file.users,
+        teams: file.teams,
+    })
 }
 
 /// The `[accounting]` table, checked: prices are finite and not negative,
@@ -1057,6 +1162,18 @@ mod tests {
             (
                 "[[team]]\nname = \"a\"\nguaranteed_gpus = 8\nmax_gpus = 4\n",
                 "g.toml:3: team.max_gpus: team a caps at 4 GPUs, below its 8 guaranteed",
+            ),
+            (
+                "[[reservation]]\nname = \"m\"\nnodes = [\"n1\"]\nstart = \"2026-12-01T08:00:00Z\"\nend = \"2026-12-01T07:00:00Z\"\n",
+                "g.toml:3: reservation.end: reservation m ends before it starts",
+            ),
+            (
+                "[[reservation]]\nname = \"m\"\nnodes = [\"n1\"]\nstart = \"soon\"\nduration = \"1h\"\n",
+                "g.toml:3: reservation.start: \"soon\" is not a date or time",
+            ),
+            (
+                "[[reservation]]\nname = \"m\"\nnodes = [\"n1\"]\nstart = \"2026-12-01\"\n",
+                "g.toml:3: reservation.duration: reservation m needs a duration or an end",
             ),
             (
                 "[[qos]]\nname = \"x\"\nmax_time = \"soon\"\n",

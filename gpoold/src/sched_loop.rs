@@ -35,8 +35,8 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
     let mut words_every = words_interval(Duration::ZERO);
     let mut last: Option<LastCycle> = None;
     let mut wait = PERIOD;
-    // The earliest --begin of a waiting job still ahead: a cycle then,
-    // though nothing else changed.
+    // The next --begin of a waiting job, or reservation opening or
+    // closing: a cycle then, though nothing else changed.
     let mut next_begin: Option<Timestamp> = None;
     loop {
         let until_begin = next_begin.map(|at| Duration::from_millis((at.0 - clock().0).max(0) as u64));
@@ -51,7 +51,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let (view, policy, generation, unexplained) = {
             let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
             let generation = state.sched_generation;
-            next_begin = state.next_begin(now);
+            next_begin = state.next_timed_change(now);
             let words_age = words_at.map(|at| at.elapsed());
             if !begun && !cycle_needed(last.as_ref(), generation, on_timer, words_age) {
                 drop(state);

@@ -52,6 +52,7 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
             text: script.text.clone(),
             at: script.at,
         }),
+        reservation: spec.reservation.clone(),
         begin_at_ms: match spec.begin {
             Some(gpool_core::model::Begin::At(at)) => at.0,
             _ => 0,
@@ -209,6 +210,7 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
             text: script.text,
             at: script.at,
         }),
+        reservation: spec.reservation,
         begin: match (spec.begin_at_ms, spec.begin_after_secs, spec.begin_now) {
             (0, 0, false) => None,
             (0, secs, _) => Some(gpool_core::model::Begin::AfterSecs(secs)),
@@ -442,6 +444,7 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
             .map(|(user, _)| user.clone())
             .unwrap_or_default(),
         drained_at_ms: node.drained_by.as_ref().map_or(0, |(_, at)| at.0),
+        reservations: Vec::new(),
     }
 }
 

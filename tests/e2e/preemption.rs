@@ -288,3 +288,105 @@ fn per_user_caps_hold_jobs_back_and_refuse_a_submit_past_max_submit() {
         cluster.wait_for_state(*id, "completed");
     }
 }
+
+/// Reservations in config mode: the shipped config with a maintenance
+/// window on the L4 node an hour ahead and an event open now on an H100
+/// node for team vision. `gpool nodes` shows both; vision's job in the
+/// event runs there; nlp may not join it; an L4 job whose limit (the
+/// default class's 2 days) reaches into the window waits, saying so, and
+/// one of 30 minutes runs; an unknown reservation is refused by name.
+#[test]
+fn reservations_keep_their_nodes_for_their_jobs_and_windows() {
+    let at = |from_now_secs: i64| {
+        let now = std::time::SystemTime::now();
+        let moment = if from_now_secs >= 0 {
+            now + Duration::from_secs(from_now_secs as u64)
+        } else {
+            now - Duration::from_secs((-from_now_secs) as u64)
+        };
+        humantime::format_rfc3339_seconds(moment).to_string()
+    };
+    let policy = format!(
+        "{}\n[[reservation]]\nname = \"maint\"\nnodes = [\"l4-a\"]\nstart = \"{}\"\nduration = \"2h\"\n\n\
+         [[reservation]]\nname = \"event\"\nnodes = [\"h100-b\"]\nstart = \"{}\"\nend = \"{}\"\nteams = [\"vision\"]\n",
+        shipped_policy(),
+        at(3600),
+        at(-60),
+        at(7200)
+    );
+    let mut cluster = Cluster::with_config(&policy);
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    let nodes = cluster.gpool(&["nodes"]).ok().to_string();
+    assert!(
+        nodes
+            .lines()
+            .any(|l| l.starts_with("l4-a") && l.contains("reserved for maint from")),
+        "{nodes}"
+    );
+    assert!(
+        nodes
+            .lines()
+            .any(|l| l.starts_with("h100-b") && l.contains("reserved for event from")),
+        "{nodes}"
+    );
+
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    let inside = cluster.submit(&[
+        "--team",
+        "vision",
+        "--reservation",
+        "event",
+        "-G",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        hold,
+    ]);
+    let job = cluster.wait_for_state(inside, "running");
+    assert_eq!(job["node_list"], serde_json::json!(["h100-b"]), "{job}");
+    let refused = cluster.gpool(&["submit", "--team", "nlp", "--reservation", "event", "--", "true"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("reservation: user")
+            && refused
+                .stderr
+                .contains("(team nlp) is not among reservation event's users or teams"),
+        "{}",
+        refused.stderr
+    );
+    let unknown = cluster.gpool(&["submit", "--reservation", "nope", "--", "true"]);
+    assert_eq!(unknown.code, 2);
+    assert!(
+        unknown
+            .stderr
+            .contains("no reservation is named \"nope\" (maint, event)"),
+        "{}",
+        unknown.stderr
+    );
+
+    // Outside both: an L4 job with the default 2-day limit would reach into
+    // the window; one of 30 minutes ends before it.
+    let long = cluster.submit(&["--team", "nlp", "--gpu-type", "l4", "--", "sh", "-c", hold]);
+    let short = cluster.submit(&["--team", "nlp", "--gpu-type", "l4", "-t", "30m", "--", "sh", "-c", hold]);
+    let job = cluster.wait_for_state(short, "running");
+    assert_eq!(job["node_list"], serde_json::json!(["l4-a"]), "{job}");
+    let why = wait_until("the long job's words", Duration::from_secs(20), || {
+        let why = cluster.gpool(&["why", "--output", "json", &long.to_string()]).json();
+        (why["reason_codes"][0] == "node_reservation").then_some(why)
+    });
+    assert!(
+        why["reasons"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("2 nodes reserved for event (open), maint (from 5"),
+        "{why}"
+    );
+    assert_eq!(cluster.job(long)["state"], "pending");
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    for id in [inside, short] {
+        cluster.wait_for_state(id, "completed");
+    }
+}

@@ -133,6 +133,10 @@ pub struct SubmitArgs {
     /// Never these nodes: NODE[,NODE...] (-x, as Slurm's).
     #[arg(long, short = 'x', value_name = "NODES")]
     exclude: Option<String>,
+    /// Run in this reservation (`[[reservation]]` of gpoold.toml): only on
+    /// its nodes, only while it is open.
+    #[arg(long, value_name = "NAME")]
+    reservation: Option<String>,
     /// Not before: now+1h, 30m (after submission), 2026-11-28 or
     /// 2026-11-28T16:00 (UTC), as Slurm's --begin.
     #[arg(long, short = 'b', value_name = "TIME")]
@@ -153,7 +157,7 @@ pub struct SubmitArgs {
             "time", "env", "workdir", "priority", "pool", "no_requeue",
             "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
             "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
-            "nodelist", "exclude", "max_output", "notify", "notify_on", "begin",
+            "nodelist", "exclude", "max_output", "notify", "notify_on", "begin", "reservation",
         ]
     )]
     file: Option<PathBuf>,
@@ -459,6 +463,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         max_output: args.max_output,
         script: snapshot,
         begin: args.begin,
+        reservation: args.reservation,
         notify: args.notify,
         notify_on: args.notify_on,
         cpus_per_gpu: args.cpus_per_gpu,

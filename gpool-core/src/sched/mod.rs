@@ -21,6 +21,7 @@ pub mod limits;
 mod plan;
 mod preempt;
 mod queue;
+pub mod reservations;
 
 pub use plan::{Plan, Preemption, Reasons, Reject, Start};
 pub use queue::{window_gpus, Queue};
@@ -165,6 +166,8 @@ pub struct JobShape {
     pub team: CompactString,
     /// Who submitted it (per-user caps count by it).
     pub user: CompactString,
+    /// The reservation it runs in (`--reservation`); empty: none.
+    pub reservation: CompactString,
     /// Empty means the default QoS.
     pub qos: CompactString,
     /// Empty means the policy's default pool.
@@ -187,6 +190,7 @@ impl JobShape {
         JobShape {
             team: spec.team.clone(),
             user: user.into(),
+            reservation: spec.reservation.as_str().into(),
             qos: spec.qos.clone(),
             pool: spec.pool.clone(),
             gpu_types: spec.gpu_types.clone(),
@@ -240,6 +244,8 @@ pub struct Policy {
     pub pools: Vec<PoolDef>,
     pub default_pool: String,
     pub sharing: Sharing,
+    /// Nodes kept for a window (`[[reservation]]`).
+    pub reservations: Vec<reservations::Reservation>,
 }
 
 impl Default for Policy {
@@ -252,6 +258,7 @@ impl Default for Policy {
             }],
             default_pool: "default".into(),
             sharing: Sharing::default(),
+            reservations: Vec::new(),
         }
     }
 }
@@ -411,6 +418,31 @@ pub fn schedule_starts(view: &ClusterView, policy: &Policy, now: Timestamp) -> P
 }
 
 fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: bool) -> Plan {
+    let Some(applied) = reservations::apply(view, &policy.reservations, now) else {
+        return plan_view(view, policy, now, explain_all);
+    };
+    let mut plan = plan_view(&applied.view, policy, now, explain_all);
+    // Jobs kept off reserved nodes say so first; those whose reservation
+    // is closed wait for it.
+    for (id, reasons) in &mut plan.pending {
+        if let Some(kept_off) = applied.kept_off.get(id) {
+            *reasons = std::iter::once(kept_off.clone())
+                .chain(reasons.iter().cloned())
+                .collect();
+        }
+    }
+    if explain_all || !plan.complete {
+        plan.pending.extend(
+            applied
+                .closed
+                .into_iter()
+                .map(|(id, reason)| (id, Reasons::from([reason]))),
+        );
+    }
+    plan
+}
+
+fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: bool) -> Plan {
     debug_assert!(!(explain_all && view.windowed), "a whole plan of a windowed view");
     let sharing = &policy.sharing;
     let period_start = sharing.period.start(now, &sharing.time_zone);

@@ -106,6 +106,18 @@ pub enum Reject {
         max: u64,
         in_use: u64,
     },
+    /// Nodes of reservations are kept from it: its run would reach into
+    /// their windows (each name with its start, seconds from now; 0: open).
+    NodesReserved {
+        windows: Vec<(String, u64)>,
+        n_nodes: usize,
+    },
+    /// It runs in a reservation that is not open: `opens_in_secs` from now,
+    /// or never again (ended, or gone).
+    ReservationClosed {
+        name: String,
+        opens_in_secs: Option<u64>,
+    },
     /// Starting it now would delay the job that holds the reservation.
     BehindReservation {
         job: JobId,
@@ -214,6 +226,8 @@ impl Reject {
             Reject::NoGpuModel { .. } => "gpu_model_unavailable",
             Reject::TeamCap { .. } => "team_cap",
             Reject::UserCap { .. } => "user_cap",
+            Reject::NodesReserved { .. } => "node_reservation",
+            Reject::ReservationClosed { .. } => "reservation",
             Reject::BehindReservation { .. } => "behind_reservation",
             Reject::Reserved { .. } => "reserved",
             Reject::NoEstimate => "no_estimate",
@@ -242,6 +256,10 @@ impl Reject {
             Reject::NoGpuModel { .. } => "add nodes with GPUs to the pool".to_string(),
             Reject::TeamCap { team, .. } => format!("wait for team {team}'s running jobs to end"),
             Reject::UserCap { user, .. } => format!("wait for user {user}'s running jobs to end"),
+            Reject::NodesReserved { windows, .. } if windows.iter().any(|(_, in_secs)| *in_secs > 0) => {
+                "give it a --time that ends it before the reservation opens".to_string()
+            }
+            Reject::NodesReserved { .. } | Reject::ReservationClosed { .. } => return None,
             Reject::BehindReservation { .. } => {
                 "give it a --time short enough to end before the reservation".to_string()
             }
@@ -356,6 +374,28 @@ impl fmt::Display for Reject {
                 max,
                 in_use,
             } => write!(f, "user {user} runs {in_use} of at most {max} {what}{scope}"),
+            Reject::NodesReserved { windows, n_nodes } => {
+                let windows: Vec<String> = windows
+                    .iter()
+                    .map(|(name, in_secs)| match in_secs {
+                        0 => format!("{name} (open)"),
+                        secs => format!("{name} (from {} from now)", humanize_secs(*secs)),
+                    })
+                    .collect();
+                write!(
+                    f,
+                    "{} reserved for {}: only a job whose time limit ends it before a window opens runs there",
+                    plural(*n_nodes as u64, "node", "nodes"),
+                    windows.join(", ")
+                )
+            }
+            Reject::ReservationClosed {
+                name,
+                opens_in_secs: Some(secs),
+            } => write!(f, "reservation {name} opens in {}", humanize_secs(*secs)),
+            Reject::ReservationClosed { name, opens_in_secs: None } => {
+                write!(f, "reservation {name} has ended or does not exist")
+            }
             Reject::BehindReservation { job, in_secs } => write!(
                 f,
                 "it would delay job {job}, which has GPUs reserved from {} from now",

@@ -138,6 +138,7 @@ fn pools_select_nodes_by_label() {
         ],
         default_pool: "default".into(),
         sharing: Default::default(),
+        reservations: Vec::new(),
     };
     let view = cluster_view(
         "n1 8xh100\nn2 4xl4 tier=infer",
@@ -226,6 +227,7 @@ proptest! {
             ],
             default_pool: "default".into(),
             sharing: Default::default(),
+            reservations: Vec::new(),
         };
         let plan = schedule(&view, &policy, Timestamp(0));
         prop_assert_eq!(&plan, &schedule(&view, &policy, Timestamp(0)));

@@ -145,12 +145,21 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
     loop {
         let arrival = jobs.get(next_arrival).map(|job| job.submit);
         let event = sim.events.peek().map(|Reverse((at, _))| *at);
+        // A reservation that opens or closes changes where jobs may run.
+        let window = setup
+            .policy
+            .reservations
+            .iter()
+            .flat_map(|r| [r.start, r.end])
+            .filter(|at| *at > sim.now)
+            .min();
         // Ticks only while jobs wait and the last cycle did something or
         // something else will happen (a queue that can never start stops).
         let tick = (!(sim.view.pending.is_empty() || idle && arrival.is_none() && event.is_none()))
             .then_some(Timestamp(last_cycle.0 + tick_ms));
         let paused = due.then_some(Timestamp(last_cycle.0 + pause_ms));
-        let Some(at) = [arrival, event, tick, paused].into_iter().flatten().min() else {
+        let window = window.filter(|_| !sim.view.pending.is_empty());
+        let Some(at) = [arrival, event, tick, paused, window].into_iter().flatten().min() else {
             break;
         };
         sim.out.advance(sim.now, at);
@@ -190,6 +199,7 @@ impl Sim<'_> {
         let shape = JobShape {
             team: job.team.as_str().into(),
             user: job.user.as_str().into(),
+            reservation: Default::default(),
             qos: job.qos.as_str().into(),
             pool: pool.into(),
             gpu_types: job.gpu_types.clone(),

@@ -588,3 +588,30 @@ fn a_users_max_jobs_holds_in_the_simulator() {
     assert_eq!(delays(&outcome), (600.0 / 7.0, 200.0, 7));
     assert_eq!(outcome.completed, 7);
 }
+
+/// A reservation holds in the simulator as in gpoold: a maintenance window
+/// on the only node from 100 s to 3700 s keeps a 1000 s job (limit 1000 s)
+/// submitted at 0 off it until the window closes, while a 50 s job (limit
+/// 60 s) runs at once, before the window.
+#[test]
+fn a_maintenance_window_holds_in_the_simulator() {
+    let cluster = Cluster::uniform(1, 8, "h100");
+    let jobs = [
+        limited(job(0, 1000, 8, 1, "a"), 1000),
+        limited(job(0, 50, 8, 1, "a"), 60),
+    ];
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let mut policy = sharing_policy(&cluster, &guarantees);
+    policy.reservations = vec![crate::sched::reservations::Reservation {
+        name: "maint".into(),
+        nodes: cluster.nodes.iter().map(|node| node.name.clone()).collect(),
+        start: Timestamp(100_000),
+        end: Timestamp(3_700_000),
+        users: Vec::new(),
+        teams: Vec::new(),
+    }];
+    let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
+    // Waits: 3700 s for the long job, 0 for the short one.
+    assert_eq!(delays(&outcome), (1850.0, 3700.0, 2));
+    assert_eq!(outcome.completed, 2);
+}

@@ -1127,6 +1127,18 @@ fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a Node>) -> Ve
                 .filter(|pool| pool.selects(&node.labels))
                 .map(|pool| pool.name.clone())
                 .collect();
+            let now = crate::wall_clock();
+            wire.reservations = state
+                .policy
+                .reservations
+                .iter()
+                .filter(|r| r.end > now && r.nodes.contains(&node.name))
+                .map(|r| pb::NodeReservation {
+                    name: r.name.clone(),
+                    start_ms: r.start.0,
+                    end_ms: r.end.0,
+                })
+                .collect();
             wire
         })
         .collect()

@@ -561,6 +561,30 @@ impl State {
         state
     }
 
+    /// Why `caller` may not submit `spec` into its reservation, if so: it
+    /// names none that is still to come or open, or one whose users and
+    /// teams leave them out (admins too: a maintenance window names none).
+    fn admit_into_reservation(&self, spec: &JobSpec, caller: &Caller, now: Timestamp) -> Result<(), String> {
+        let name = &spec.reservation;
+        let Some(reservation) = self.policy.reservations.iter().find(|r| &r.name == name) else {
+            let known: Vec<&str> = self.policy.reservations.iter().map(|r| r.name.as_str()).collect();
+            return Err(match known.as_slice() {
+                [] => format!("no reservation is named {name:?} (gpoold.toml has none)"),
+                known => format!("no reservation is named {name:?} ({})", known.join(", ")),
+            });
+        };
+        if reservation.end <= now {
+            return Err(format!("reservation {name} has ended"));
+        }
+        if !reservation.admits(&caller.user, &spec.team) {
+            return Err(format!(
+                "user {} (team {}) is not among reservation {name}'s users or teams",
+                caller.user, spec.team
+            ));
+        }
+        Ok(())
+    }
+
     /// Refuses a submit that would take `user` past a `max_submit_per_user`:
     /// their jobs pending or running (each task of an array) and `adding`.
     fn check_submit_caps(&self, user: &str, adding: &[Arc<JobSpec>]) -> Result<(), Error> {
@@ -631,6 +655,14 @@ impl State {
                 })?;
             spec.validate()
                 .map_err(|source| Error::InvalidSpec { index, of, source })?;
+            if !spec.reservation.is_empty() {
+                self.admit_into_reservation(&spec, caller, now)
+                    .map_err(|reason| Error::InvalidSpec {
+                        index,
+                        of,
+                        source: gpool_core::spec::spec_error("reservation", reason),
+                    })?;
+            }
             if let Some(notify) = &spec.notify {
                 self.notify_rules.admit(notify).map_err(|reason| Error::InvalidSpec {
                     index,
@@ -1353,10 +1385,12 @@ impl State {
         self.next_job_id
     }
 
-    /// The earliest `--begin` still ahead of `now` among waiting jobs: the
-    /// scheduler wakes then, though nothing else changed.
-    pub fn next_begin(&self, now: Timestamp) -> Option<Timestamp> {
-        self.not_plain
+    /// The next moment ahead of `now` when waiting jobs may start though
+    /// nothing else changes: the earliest `--begin` among them, or a
+    /// reservation opening or closing. The scheduler wakes then.
+    pub fn next_timed_change(&self, now: Timestamp) -> Option<Timestamp> {
+        let begin = self
+            .not_plain
             .iter()
             .filter(|id| {
                 self.waiting
@@ -1366,7 +1400,18 @@ impl State {
             .filter_map(|id| self.job(*id))
             .filter_map(|job| job.spec.begin.map(|begin| begin.at(job.submitted_at)))
             .filter(|at| *at > now)
-            .min()
+            .min();
+        let window = (!self.waiting.is_empty())
+            .then(|| {
+                self.policy
+                    .reservations
+                    .iter()
+                    .flat_map(|r| [r.start, r.end])
+                    .filter(|at| *at > now)
+                    .min()
+            })
+            .flatten();
+        begin.into_iter().chain(window).min()
     }
 
     pub fn running(&self) -> impl Iterator<Item = &Job> {

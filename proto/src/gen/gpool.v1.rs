@@ -437,6 +437,9 @@ pub struct JobSpec {
     pub begin_after_secs: u64,
     #[prost(bool, tag = "37")]
     pub begin_now: bool,
+    /// The reservation it runs in (--reservation); empty: none.
+    #[prost(string, tag = "38")]
+    pub reservation: ::prost::alloc::string::String,
 }
 /// Where gpoold says that a job started or ended, and on which events.
 #[allow(clippy::all)]
@@ -883,6 +886,19 @@ pub struct Node {
     pub drained_by: ::prost::alloc::string::String,
     #[prost(int64, tag = "12")]
     pub drained_at_ms: i64,
+    /// Reservations ([reservation](reservation)) that keep it, open or ahead.
+    #[prost(message, repeated, tag = "13")]
+    pub reservations: ::prost::alloc::vec::Vec<NodeReservation>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeReservation {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(int64, tag = "2")]
+    pub start_ms: i64,
+    #[prost(int64, tag = "3")]
+    pub end_ms: i64,
 }
 /// The path between GPUs `a` and `b` of one node (node-local indices).
 #[allow(clippy::all)]

@@ -1,0 +1,247 @@
+//! Reservations: nodes kept for a window (a maintenance, an event) from
+//! everyone but the jobs submitted into them (`--reservation NAME`).
+//!
+//! Applied to a cycle's view before it is planned, by gpoold and `gpool
+//! sim` alike: a job outside a reservation may use its nodes only if its
+//! time limit ends it before the window opens; a job inside one uses only
+//! its nodes, and only while it is open.
+
+use super::{ClusterView, JobShape, PendingJob, Reject};
+use crate::ids::{JobId, Timestamp};
+use crate::model::Requirements;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Nodes kept from `start` to `end` for the jobs submitted into it, by
+/// the users and teams it names (none: a maintenance window, no jobs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub name: String,
+    pub nodes: Vec<String>,
+    pub start: Timestamp,
+    pub end: Timestamp,
+    pub users: Vec<String>,
+    pub teams: Vec<String>,
+}
+
+impl Reservation {
+    pub fn is_open(&self, now: Timestamp) -> bool {
+        self.start <= now && now < self.end
+    }
+
+    /// Whether `user` may submit a job of `team` into it.
+    pub fn admits(&self, user: &str, team: &str) -> bool {
+        self.users.iter().any(|u| u == user) || self.teams.iter().any(|t| t == team)
+    }
+}
+
+/// A view with reservations applied, and why jobs they touch wait.
+pub struct Applied {
+    pub view: ClusterView,
+    /// Jobs that may not run now at all (their reservation is closed).
+    pub closed: Vec<(JobId, Reject)>,
+    /// Jobs kept off reserved nodes: said first if they wait.
+    pub kept_off: HashMap<JobId, Reject>,
+}
+
+/// `view` as jobs may use it at `now` under `reservations`; `None` where
+/// none bears on it (no reservation that has not ended).
+pub fn apply(view: &ClusterView, reservations: &[Reservation], now: Timestamp) -> Option<Applied> {
+    let live: Vec<&Reservation> = reservations.iter().filter(|r| r.end > now).collect();
+    let members = view.pending.iter().any(|job| !job.shape.reservation.is_empty());
+    if live.is_empty() && !members {
+        return None;
+    }
+    let mut applied = Applied {
+        view: ClusterView {
+            pending: Vec::with_capacity(view.pending.len()),
+            ..view.clone()
+        },
+        closed: Vec::new(),
+        kept_off: HashMap::new(),
+    };
+    // Jobs of one shape get one new shape (a queue of alike jobs costs one).
+    let mut reshaped: HashMap<*const JobShape, Reshaped> = HashMap::new();
+    for job in &view.pending {
+        let outcome = reshaped
+            .entry(Arc::as_ptr(&job.shape))
+            .or_insert_with(|| reshape(&job.shape, &live, reservations, now));
+        match outcome {
+            Err(closed) => applied.closed.push((job.id, closed.clone())),
+            Ok((shape, kept_off)) => {
+                if let Some(reason) = kept_off {
+                    applied.kept_off.insert(job.id, reason.clone());
+                }
+                if Arc::ptr_eq(shape, &job.shape) {
+                    applied.view.pending.push(job.clone());
+                } else {
+                    applied.view.pending.push(Arc::new(PendingJob {
+                        shape: shape.clone(),
+                        ..(**job).clone()
+                    }));
+                }
+            }
+        }
+    }
+    Some(applied)
+}
+
+/// A job's shape as reservations leave it, and why it is kept off their
+/// nodes; or why it may not run at all now.
+type Reshaped = Result<(Arc<JobShape>, Option<Reject>), Reject>;
+
+/// The shape a job of `shape` has at `now`: kept to its reservation's
+/// nodes, or off the nodes of reservations its run would reach into.
+fn reshape(shape: &Arc<JobShape>, live: &[&Reservation], all: &[Reservation], now: Timestamp) -> Reshaped {
+    let mut requires = shape.requires.as_deref().cloned().unwrap_or_default();
+    if !shape.reservation.is_empty() {
+        let Some(own) = all.iter().find(|r| r.name == shape.reservation.as_str()) else {
+            return Err(Reject::ReservationClosed {
+                name: shape.reservation.to_string(),
+                opens_in_secs: None,
+            });
+        };
+        if !own.is_open(now) {
+            return Err(Reject::ReservationClosed {
+                name: own.name.clone(),
+                opens_in_secs: (own.start > now).then(|| ((own.start.0 - now.0) / 1000) as u64),
+            });
+        }
+        requires.nodelist = if requires.nodelist.is_empty() {
+            own.nodes.clone()
+        } else {
+            requires
+                .nodelist
+                .iter()
+                .filter(|n| own.nodes.contains(n))
+                .cloned()
+                .collect()
+        };
+        if requires.nodelist.is_empty() {
+            // Of the nodes it named, none is the reservation's.
+            requires.nodelist = vec![String::new()];
+        }
+        return Ok((with_requires(shape, requires), None));
+    }
+    // Its run, as far as its limit lets anyone know.
+    let ends = shape
+        .time_limit_secs
+        .map(|secs| Timestamp(now.0.saturating_add(secs as i64 * 1000)));
+    let reached: Vec<&&Reservation> = live.iter().filter(|r| ends.is_none_or(|end| end > r.start)).collect();
+    if reached.is_empty() {
+        return Ok((shape.clone(), None));
+    }
+    let mut in_order = reached.clone();
+    in_order.sort_by_key(|r| (r.start, r.name.clone()));
+    let reason = Reject::NodesReserved {
+        windows: in_order
+            .iter()
+            .map(|r| (r.name.clone(), ((r.start.0 - now.0).max(0) / 1000) as u64))
+            .collect(),
+        n_nodes: in_order.iter().map(|r| r.nodes.len()).sum(),
+    };
+    for reservation in &reached {
+        for node in &reservation.nodes {
+            if !requires.exclude.contains(node) {
+                requires.exclude.push(node.clone());
+            }
+        }
+    }
+    Ok((with_requires(shape, requires), Some(reason)))
+}
+
+fn with_requires(shape: &JobShape, requires: Requirements) -> Arc<JobShape> {
+    Arc::new(JobShape {
+        requires: (!requires.is_empty()).then(|| Arc::new(requires)),
+        ..shape.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::{schedule, schedule_starts, Policy};
+    use crate::testing::cluster_view;
+
+    fn maintenance(start_secs: i64) -> Reservation {
+        Reservation {
+            name: "maint".into(),
+            nodes: vec!["n1".into()],
+            start: Timestamp(start_secs * 1000),
+            end: Timestamp((start_secs + 3600) * 1000),
+            users: Vec::new(),
+            teams: Vec::new(),
+        }
+    }
+
+    /// Before the window: a job that ends before it may use the node, one
+    /// without a limit (or a longer one) goes elsewhere or waits, saying
+    /// why; both plan kinds agree.
+    #[test]
+    fn a_window_ahead_takes_only_jobs_that_end_before_it() {
+        let policy = Policy {
+            reservations: vec![maintenance(3600)],
+            ..Policy::default()
+        };
+        let view = cluster_view(
+            "n1 4xh100\nn2 2xh100",
+            "j1 gpus=4 time=600\nj2 gpus=4\nj3 gpus=2 time=7200\nj4 gpus=2",
+        );
+        let now = Timestamp(0);
+        for plan in [schedule(&view, &policy, now), schedule_starts(&view, &policy, now)] {
+            let started: Vec<(u64, String)> = plan
+                .starts
+                .iter()
+                .map(|s| (s.job.0, s.placement[0].node.clone()))
+                .collect();
+            assert_eq!(started, [(1, "n1".to_string()), (3, "n2".to_string())], "{plan}");
+        }
+        let plan = schedule(&view, &policy, now);
+        let (_, reasons) = plan.pending.iter().find(|(id, _)| id.0 == 2).expect("j2 waits");
+        assert_eq!(reasons[0].code(), "node_reservation");
+        assert!(
+            reasons[0]
+                .to_string()
+                .starts_with("1 node reserved for maint (from 1 h 0 min from now): only a job"),
+            "{}",
+            reasons[0]
+        );
+    }
+
+    /// In the window: only its jobs use its nodes; its jobs wait while it
+    /// is closed, and never go elsewhere.
+    #[test]
+    fn an_open_window_is_its_jobs_alone() {
+        let mut open = maintenance(0);
+        open.name = "event".into();
+        open.users = vec!["user".into()];
+        let policy = Policy {
+            reservations: vec![open.clone()],
+            ..Policy::default()
+        };
+        let mut view = cluster_view("n1 4xh100\nn2 4xh100", "j1 gpus=4\nj2 gpus=4\nj3 gpus=4");
+        let inside = |job: &Arc<PendingJob>| {
+            Arc::new(PendingJob {
+                shape: Arc::new(JobShape {
+                    reservation: "event".into(),
+                    ..(*job.shape).clone()
+                }),
+                ..(**job).clone()
+            })
+        };
+        view.pending[0] = inside(&view.pending[0]);
+        view.pending[2] = inside(&view.pending[2]);
+        let plan = schedule(&view, &policy, Timestamp(10_000));
+        let started: Vec<(u64, String)> = plan
+            .starts
+            .iter()
+            .map(|s| (s.job.0, s.placement[0].node.clone()))
+            .collect();
+        // j1 takes the reserved node; j2 the other; j3 waits for n1, not n2.
+        assert_eq!(started, [(1, "n1".to_string()), (2, "n2".to_string())], "{plan}");
+        let plan = schedule(&view, &policy, Timestamp(3_700_000));
+        let (_, reasons) = plan.pending.iter().find(|(id, _)| id.0 == 1).expect("closed: j1 waits");
+        assert_eq!(reasons[0].to_string(), "reservation event has ended or does not exist");
+        assert!(plan.starts.iter().all(|s| s.job.0 == 2), "{plan}");
+    }
+}
