@@ -246,7 +246,7 @@ fn gang_starts_on_both_nodes_or_neither() {
     let blocker = cluster.submit(&["--gpus", "1", "--", "sh", "-c", &hold()]);
     cluster.wait_for_state(blocker, "running");
     let script = "echo $GPOOL_NODE_RANK $GPOOL_NUM_NODES $MASTER_ADDR $MASTER_PORT $GPOOL_NODE > rank-$GPOOL_NODE_RANK";
-    let gang = cluster.submit(&["--gpus", "2", "--nodes", "2", "--", "sh", "-c", script]);
+    let gang = cluster.submit(&["--gpus-per-node", "2", "--nodes", "2", "--", "sh", "-c", script]);
     let pending = wait_until("the gang's pending reason", Duration::from_secs(10), || {
         let job = cluster.job(gang);
         job["reasons"][0]

@@ -678,11 +678,12 @@ fn logs_of_each_rank_of_a_gang() {
     let mut cluster = Cluster::start();
     cluster.start_agent("n1", 1);
     cluster.start_agent("n2", 1);
+    // -G is the job's total, as in Slurm: 1 on each of 2 nodes.
     let id = cluster.submit(&[
         "--nodes",
         "2",
         "--gpus",
-        "1",
+        "2",
         "--",
         "sh",
         "-c",
