@@ -928,3 +928,42 @@ fn a_job_with_begin_waits_until_then_and_starts_on_its_own() {
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("begin: \"tomorrow\" is neither"), "{}", bad.stderr);
 }
+
+/// `gpool jobs --start`, as squeue --start: every waiting job that can get
+/// an estimate gets one, played forward over running jobs' time limits,
+/// not only the one the backfill reservation is for.
+#[test]
+fn every_waiting_job_gets_an_estimated_start() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 2);
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    let running = cluster.submit(&["-G", "2", "-t", "1h", "--", "sh", "-c", hold]);
+    cluster.wait_for_state(running, "running");
+    let second = cluster.submit(&["-G", "1", "-t", "30m", "--", "true"]);
+    let third = cluster.submit(&["-G", "2", "-t", "10m", "--", "true"]);
+    let estimate = |id: u64| -> Option<std::time::SystemTime> {
+        let job = cluster.job(id);
+        humantime::parse_rfc3339_weak(job["estimated_start"].as_str()?).ok()
+    };
+    let (second_at, third_at) = wait_until("both estimates", Duration::from_secs(30), || {
+        Some((estimate(second)?, estimate(third)?))
+    });
+    // The second at the first's end (an hour on), the third 30 min later.
+    let gap = third_at.duration_since(second_at).expect("the third after the second");
+    assert!(gap.as_secs().abs_diff(1800) <= 2, "{gap:?}");
+    let from_now = second_at.duration_since(std::time::SystemTime::now()).expect("ahead");
+    assert!(from_now.as_secs() > 3500 && from_now.as_secs() <= 3600, "{from_now:?}");
+    let table = cluster.gpool(&["jobs", "--start"]).ok().to_string();
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("ID") && lines[0].contains("START"), "{table}");
+    assert!(
+        lines[1].starts_with(&second.to_string()) && lines[1].contains('~'),
+        "{table}"
+    );
+    assert!(
+        lines[2].starts_with(&third.to_string()) && lines[2].contains('~'),
+        "{table}"
+    );
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    cluster.wait_for_state(third, "completed");
+}

@@ -57,6 +57,11 @@ pub struct JobsArgs {
     /// reason.
     #[arg(long, value_name = "COLUMNS", default_value = crate::output::DEFAULT_JOB_COLUMNS, value_parser = crate::output::parse_job_columns)]
     format: crate::output::Columns,
+    /// Waiting jobs with when each should start (as squeue --start): the
+    /// scheduler plays running jobs' time limits forward; `-` where no
+    /// start can be foreseen.
+    #[arg(long, conflicts_with_all = ["state", "format", "all", "since"])]
+    start: bool,
 }
 
 /// A sort key: a column and whether it goes down.
@@ -152,7 +157,14 @@ fn waiting_tasks(array: &pb::Job, info: &pb::ArrayInfo) -> Vec<pb::Job> {
 /// Rows the table shows unless --limit says otherwise.
 const TABLE_LIMIT: usize = 200;
 
-pub async fn run(ctx: &Ctx, args: JobsArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, mut args: JobsArgs) -> Result<(), CliError> {
+    if args.start {
+        args.state = vec!["pending".into()];
+        args.format = crate::output::Columns(vec![
+            "id", "name", "user", "team", "gpus", "start", "position", "reason",
+        ]);
+        args.sort.get_or_insert_with(|| "position".into());
+    }
     let states = args
         .state
         .iter()

@@ -15,6 +15,7 @@
 
 pub(super) mod backfill;
 pub mod cycle;
+pub mod estimate;
 mod index;
 pub mod invariants;
 pub mod limits;

@@ -65,6 +65,8 @@ pub struct Words {
     lent: HashMap<JobId, JobId>,
     /// When the job the backfill reservation is for should start.
     estimated_start: Option<(JobId, Timestamp)>,
+    /// When others should (`gpool_core::sched::estimate`), where known.
+    estimates: HashMap<JobId, Timestamp>,
 }
 
 impl Words {
@@ -135,7 +137,14 @@ impl Words {
             jobs,
             lent: HashMap::new(),
             estimated_start: reservation.map(|(job, at, _)| (job, at)),
+            estimates: HashMap::new(),
         }
+    }
+
+    /// With each waiting job's estimated start, as played forward.
+    pub fn with_estimates(mut self, estimates: HashMap<JobId, Timestamp>) -> Words {
+        self.estimates = estimates;
+        self
     }
 
     /// What the cycle said of job `id` (or of the task an array waits for).
@@ -162,8 +171,13 @@ impl Words {
         self.lists.get(self.entry(id)?.list as usize)
     }
 
+    /// The backfill reservation's start for its job; else the start the
+    /// cycle played forward gives (none for a job that could start now).
     pub fn estimated_start(&self, id: JobId) -> Option<Timestamp> {
-        self.estimated_start.filter(|(job, _)| *job == id).map(|(_, at)| at)
+        self.estimated_start
+            .filter(|(job, _)| *job == id)
+            .map(|(_, at)| at)
+            .or_else(|| self.estimates.get(&id).copied())
     }
 
     /// The ids the cycle said something of, in order.

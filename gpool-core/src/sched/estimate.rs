@@ -1,0 +1,118 @@
+//! When each waiting job should start (`gpool jobs --start`, as Slurm's
+//! `squeue --start`): the cycle is played forward over running jobs' time
+//! limits, on the same scheduling code, as if nothing new came and no job
+//! ended early or was preempted.
+
+use super::{schedule_starts, ClusterView, Policy, RunningJob};
+use crate::ids::{JobId, Timestamp};
+use std::collections::HashMap;
+
+/// Each job waiting in `view` that starts within `max_steps` job ends, with
+/// when (jobs that could start now get `now`). Jobs behind one without a
+/// time limit, or that start only by preempting, get none.
+pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: usize) -> HashMap<JobId, Timestamp> {
+    let mut view = ClusterView {
+        windowed: false,
+        ..view.clone()
+    };
+    let mut estimates = HashMap::new();
+    let mut at = now;
+    for _ in 0..max_steps {
+        let plan = schedule_starts(&view, policy, at);
+        let started: HashMap<JobId, _> = plan.starts.into_iter().map(|start| (start.job, start)).collect();
+        let mut waiting = Vec::with_capacity(view.pending.len());
+        for job in std::mem::take(&mut view.pending) {
+            let Some(start) = started.get(&job.id) else {
+                waiting.push(job);
+                continue;
+            };
+            estimates.insert(job.id, at);
+            for part in &start.placement {
+                set_busy(&mut view, &part.node, &part.gpu_indices, true);
+            }
+            view.running.push(RunningJob {
+                id: job.id,
+                epoch: crate::ids::Epoch(0),
+                user: job.shape.user.to_string(),
+                team: job.shape.team.to_string(),
+                qos: job.shape.qos.to_string(),
+                pool: job.shape.pool.to_string(),
+                gpu_types: job.shape.gpu_types.clone(),
+                burst: start.burst,
+                placement: start.placement.clone(),
+                started_at: at,
+                last_checkpoint_at: None,
+                preempting: false,
+                preempted_for: None,
+                ends_at: job
+                    .shape
+                    .time_limit_secs
+                    .map(|secs| Timestamp(at.0 + secs as i64 * 1000)),
+            });
+        }
+        view.pending = waiting;
+        if view.pending.is_empty() {
+            break;
+        }
+        // On to the next end of a running job with a limit.
+        let Some(next) = view
+            .running
+            .iter()
+            .filter_map(|job| job.ends_at)
+            .filter(|end| *end > at)
+            .min()
+        else {
+            break;
+        };
+        at = next;
+        let (ended, running): (Vec<RunningJob>, Vec<RunningJob>) = std::mem::take(&mut view.running)
+            .into_iter()
+            .partition(|job| job.ends_at.is_some_and(|end| end <= at));
+        view.running = running;
+        for job in ended {
+            for part in &job.placement {
+                set_busy(&mut view, &part.node, &part.gpu_indices, false);
+            }
+        }
+        // Promises end with their victims: all ended by now in this play.
+        view.promised.clear();
+    }
+    estimates
+}
+
+fn set_busy(view: &mut ClusterView, node: &str, gpus: &[u32], busy: bool) {
+    if let Some(node) = view.nodes.iter_mut().find(|n| n.name == node) {
+        for index in gpus {
+            if let Some(gpu) = node.gpus.get_mut(*index as usize) {
+                gpu.busy = busy;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::cluster_view_with;
+
+    #[test]
+    fn each_waiting_job_gets_the_start_its_turn_comes() {
+        // 4 GPUs, all busy: r1 (2 GPUs) ends at 100 s, r2 (2) at 300 s.
+        // j3 (2 GPUs, 200 s) starts at 100 and ends at 300; j4 (4 GPUs,
+        // 50 s) starts at 300, taking all 4; j5 (1 GPU) at its end, 350.
+        let view = cluster_view_with(
+            "n1 4xh100",
+            "r1 on=n1:0-1 ends=100\nr2 on=n1:2-3 ends=300",
+            "j3 gpus=2 time=200 at=1\nj4 gpus=4 time=50 at=2\nj5 gpus=1 at=3",
+        );
+        let estimates = starts(&view, &Policy::default(), Timestamp(0), 100);
+        let secs = |id: u64| estimates.get(&JobId(id)).map(|at| at.0 / 1000);
+        assert_eq!((secs(3), secs(4), secs(5)), (Some(100), Some(300), Some(350)));
+    }
+
+    #[test]
+    fn behind_a_job_without_a_limit_there_is_no_estimate() {
+        let view = cluster_view_with("n1 2xh100", "r1 on=n1:0-1", "j2 gpus=1 time=10 at=1");
+        assert!(starts(&view, &Policy::default(), Timestamp(0), 100).is_empty());
+    }
+}
