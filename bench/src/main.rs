@@ -684,7 +684,6 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
             submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
             shape: std::sync::Arc::new(JobShape {
                 team: format!("team-{}", i % n_teams as usize).into(),
-                user: format!("user-{}", i % n_teams as usize).into(),
                 reservation: Default::default(),
                 qos: ["normal", "high", "low"][i % 3].into(),
                 pool: Default::default(),
@@ -699,6 +698,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
                 time_limit_secs: Some(600 * (1 + i as u64 % 12)),
                 requires: None,
             }),
+            user: format!("user-{}", i % 50).into(),
         })
         .map(std::sync::Arc::new)
         .collect();

@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod config;
 pub mod container;
 pub mod gpu;
+pub mod host;
 pub mod journal;
 pub mod launch;
 pub mod link;
@@ -94,6 +95,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         labels,
         topology,
         heartbeat_interval: config.heartbeat_interval,
+        cpus: host::cpus(),
+        memory_bytes: host::memory_bytes(),
     };
     let controller = gpool_proto::dial::Address::parse(&config.controller)
         .map_err(|reason| anyhow::anyhow!("controller: {reason}"))?;

@@ -24,6 +24,9 @@ pub struct NodeInfo {
     pub sampler: crate::gpu::Sampler,
     /// Xid events, injected faults and the health program's latest run.
     pub health: Arc<crate::gpu::health::Health>,
+    /// Its CPUs and memory (bytes).
+    pub cpus: u32,
+    pub memory_bytes: u64,
 }
 
 /// Keeps the link up until `shutdown` resolves. Job events that could not
@@ -76,6 +79,8 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
         boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|id| id.trim().to_string())
             .unwrap_or_default(),
+        cpus: info.cpus,
+        memory_bytes: info.memory_bytes,
     };
     pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Register(register)),

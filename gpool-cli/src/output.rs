@@ -772,6 +772,8 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "gpu_model": gpu_models(node),
         "pools": node.pools,
         "labels": labels,
+        "cpus": (node.cpus > 0).then_some(node.cpus),
+        "memory_bytes": (node.memory_bytes > 0).then_some(node.memory_bytes),
         "reservations": node.reservations.iter().map(|r| serde_json::json!({
             "name": r.name, "start": rfc3339(r.start_ms), "end": rfc3339(r.end_ms),
         })).collect::<Vec<_>>(),

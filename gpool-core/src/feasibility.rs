@@ -63,12 +63,66 @@ pub enum Infeasible {
         "requirements: {detail}, counting only the nodes and GPUs that its min_gpu_memory, nvlink, constraint, nodelist and exclude allow"
     )]
     Requirements { detail: String },
+    #[error("mem: no node of pool {pool:?} has {wanted} of memory; the most is {largest}")]
+    TooMuchMemory {
+        pool: String,
+        wanted: String,
+        largest: String,
+    },
+    #[error(
+        "cpus_per_gpu: {cpus_per_gpu} CPUs for each of {gpus_per_node} GPUs is {wanted} CPUs on a node; no node of pool {pool:?} has that many (the most: {largest})"
+    )]
+    TooManyCpus {
+        pool: String,
+        cpus_per_gpu: u32,
+        gpus_per_node: u32,
+        wanted: u64,
+        largest: u32,
+    },
     #[error("nvlink: no node of pool {pool:?} has {gpus_per_node} GPUs all joined by NVLink; the most is {largest}")]
     NoNvlinkSet {
         pool: String,
         gpus_per_node: u32,
         largest: u32,
     },
+}
+
+/// The job's memory and CPUs per node against the largest allowed node of
+/// its pool, where every such node said what it has (an agent of an
+/// earlier release reports neither, and could be large enough).
+fn check_host_resources(spec: &JobSpec, pool: &crate::model::PoolDef, nodes: &[Node]) -> Result<(), Infeasible> {
+    let allowed: Vec<&Node> = nodes
+        .iter()
+        .filter(|node| pool.selects(&node.labels) && spec.requires.allows_node(&node.name, &node.labels))
+        .collect();
+    let gib = |bytes: u64| format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64);
+    if let Some(wanted) = spec
+        .mem_bytes
+        .filter(|_| allowed.iter().all(|node| node.memory_bytes > 0))
+    {
+        let largest = allowed.iter().map(|node| node.memory_bytes).max().unwrap_or(0);
+        if !allowed.is_empty() && wanted > largest {
+            return Err(Infeasible::TooMuchMemory {
+                pool: pool.name.clone(),
+                wanted: gib(wanted),
+                largest: gib(largest),
+            });
+        }
+    }
+    if let Some(cpus_per_gpu) = spec.cpus_per_gpu.filter(|_| allowed.iter().all(|node| node.cpus > 0)) {
+        let wanted = u64::from(cpus_per_gpu) * u64::from(spec.gpus_per_node.max(1));
+        let largest = allowed.iter().map(|node| node.cpus).max().unwrap_or(0);
+        if !allowed.is_empty() && wanted > u64::from(largest) {
+            return Err(Infeasible::TooManyCpus {
+                pool: pool.name.clone(),
+                cpus_per_gpu,
+                gpus_per_node: spec.gpus_per_node,
+                wanted,
+                largest,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The job's node requirements against the known nodes: names it gives
@@ -167,6 +221,7 @@ fn check_spec(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result<(), Inf
         return Ok(());
     }
     check_node_requirements(spec, pool, nodes)?;
+    check_host_resources(spec, pool, nodes)?;
     if spec.gpus_per_node > 1 {
         if let Some(slice) = spec.gpu_types.iter().find(|model| model.is_mig_slice()) {
             return Err(Infeasible::MigSlices {

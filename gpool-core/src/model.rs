@@ -106,6 +106,12 @@ pub struct Node {
     /// a new one means the node rebooted (which resets its GPUs).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub boot_id: String,
+    /// CPUs and memory (bytes) its agent reported; 0: not known (an agent
+    /// of an earlier release).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub cpus: u32,
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub memory_bytes: u64,
 }
 
 /// A node's state as operators see it, derived from drain, liveness and load.
@@ -321,6 +327,10 @@ mod notify_tests {
         );
         assert_eq!(day, Begin::At(crate::ids::Timestamp(1_795_824_000_000)));
         assert!(Begin::parse("tomorrow").unwrap_err().contains("\"tomorrow\""));
+        assert!(Begin::parse("10000y").unwrap_err().contains("more than a year"));
+        assert!(Begin::AfterSecs(u64::MAX).check().is_err());
+        assert!(Begin::At(crate::ids::Timestamp(i64::MAX)).check().is_err());
+        assert!(day.check().is_ok());
     }
 
     #[test]
@@ -350,6 +360,27 @@ mod notify_tests {
             .admit(&hook)
             .unwrap_err()
             .contains("[notify] webhooks"));
+        // Lookalikes of an allowed prefix are not under it.
+        let loose = NotifyRules {
+            webhooks: vec![
+                "https://hooks.example.com".into(),
+                "https://ci.example.com/hooks".into(),
+            ],
+            sendmail: None,
+        };
+        for (url, allowed) in [
+            ("https://hooks.example.com/x", true),
+            ("https://HOOKS.example.com", true),
+            ("https://ci.example.com/hooks/gpool?x=1", true),
+            ("https://hooks.example.com@10.0.0.5/", false),
+            ("https://hooks.example.com.evil.net/", false),
+            ("http://hooks.example.com/x", false),
+            ("https://ci.example.com/hooksmith", false),
+            ("https://hooks.example.com:8443/", false),
+        ] {
+            let target = Notify::parse(url, None).unwrap();
+            assert_eq!(loose.admit(&target).is_ok(), allowed, "{url}");
+        }
     }
 }
 
@@ -411,6 +442,25 @@ pub enum Begin {
 }
 
 impl Begin {
+    /// The longest wait after submission `--begin` takes: a year.
+    pub const MAX_AFTER_SECS: u64 = 366 * 24 * 3600;
+    /// The latest moment any gpool time may be: 9999-12-31T23:59:59Z
+    /// (later ones have no RFC 3339 form).
+    pub const LATEST_MS: i64 = 253_402_300_799_000;
+
+    /// Refuses a time past what gpool can show (as from the wire).
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Begin::AfterSecs(secs) if *secs > Self::MAX_AFTER_SECS => {
+                Err(format!("{secs} seconds after submission is more than a year"))
+            }
+            Begin::At(at) if !(0..=Self::LATEST_MS).contains(&at.0) => {
+                Err(format!("{} ms since 1970 is not a moment from 1970 to 9999", at.0))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `now+1h`, `1h30m` (after submission), `2026-11-28` (its midnight)
     /// or `2026-11-28T16:00[:00][Z]`, in UTC.
     pub fn parse(text: &str) -> Result<Begin, String> {
@@ -420,6 +470,9 @@ impl Begin {
             return Ok(Begin::AfterSecs(0));
         }
         if let Ok(after) = humantime::parse_duration(relative) {
+            if after.as_secs() > Self::MAX_AFTER_SECS {
+                return Err(format!("{text:?} is more than a year from now"));
+            }
             return Ok(Begin::AfterSecs(after.as_secs()));
         }
         let written = match trimmed.len() {
@@ -470,11 +523,7 @@ impl NotifyRules {
                 None => Err("this pool sends no mail: an admin sets [notify] sendmail in gpoold.toml".into()),
             };
         }
-        if self
-            .webhooks
-            .iter()
-            .any(|prefix| notify.to.starts_with(prefix.as_str()))
-        {
+        if self.webhooks.iter().any(|prefix| under_prefix(&notify.to, prefix)) {
             return Ok(());
         }
         Err(match self.webhooks.as_slice() {
@@ -482,6 +531,46 @@ impl NotifyRules {
             allowed => format!("{:?} is not under an allowed prefix ({})", notify.to, allowed.join(", ")),
         })
     }
+}
+
+/// An http(s) URL's scheme, host (and port, lower-cased) and the rest;
+/// `None` for another scheme, or a user name before the host (which would
+/// make `https://allowed.example@elsewhere/` look allowed).
+fn url_parts(url: &str) -> Option<(&str, String, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme != "http" && scheme != "https" {
+        return None;
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    if authority.is_empty() || authority.contains(['@', '\\']) {
+        return None;
+    }
+    Some((scheme, authority.to_ascii_lowercase(), path))
+}
+
+/// `url` is on the prefix's scheme and host, and under its path (at a
+/// path boundary: `/hooks` takes `/hooks/x`, not `/hooksmith`).
+fn under_prefix(url: &str, prefix: &str) -> bool {
+    let Some((scheme, host, path)) = url_parts(url) else {
+        return false;
+    };
+    // `https://` alone: any host of that scheme.
+    if let Some(any_of) = prefix.strip_suffix("://") {
+        return scheme == any_of;
+    }
+    let Some((prefix_scheme, prefix_host, prefix_path)) = url_parts(prefix) else {
+        return false;
+    };
+    let Some(rest) = path.strip_prefix(prefix_path) else {
+        return false;
+    };
+    scheme == prefix_scheme
+        && host == prefix_host
+        && (prefix_path.is_empty()
+            || prefix_path.ends_with('/')
+            || rest.is_empty()
+            || rest.starts_with(['/', '?', '#']))
 }
 
 /// How much a job needs its GPUs on a node joined by NVLink.

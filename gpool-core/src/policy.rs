@@ -342,6 +342,14 @@ impl Default for Sharing {
 }
 
 impl Sharing {
+    /// Whether any per-user cap on running jobs or held GPUs is set.
+    pub fn has_running_caps(&self) -> bool {
+        let capped = |limits: &UserLimits| limits.max_jobs.is_some() || limits.max_gpus.is_some();
+        capped(&self.user_limits)
+            || self.teams.iter().any(|team| capped(&team.user_limits))
+            || self.qos.iter().any(|qos| capped(&qos.user_limits))
+    }
+
     /// The per-user caps of team `name` (none for a team no `[[team]]` names).
     pub fn team_limits(&self, name: &str) -> UserLimits {
         self.teams

@@ -415,6 +415,9 @@ impl JobSpec {
     /// it receives, whatever the client checked).
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_command(&self.command)?;
+        if let Some(begin) = &self.begin {
+            begin.check().map_err(|reason| spec_error("begin", reason))?;
+        }
         if !self.reservation.is_empty() && !name_ok_for_reservation(&self.reservation) {
             return Err(spec_error(
                 "reservation",

@@ -186,7 +186,6 @@ pub fn parse_index_list(list: &str) -> Vec<u32> {
 pub fn one_gpu_shape(team: &str) -> JobShape {
     JobShape {
         team: team.into(),
-        user: "user".into(),
         reservation: Default::default(),
         qos: Default::default(),
         pool: Default::default(),
@@ -207,6 +206,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
         .and_then(|t| t.parse().ok());
     let mut job = one_gpu_shape("default");
     let mut submitted_at = Timestamp(0);
+    let mut user = compact_str::CompactString::from("user");
     for token in tokens {
         let (key, value) = token.split_once('=').expect("job fixture token is key=value");
         match key {
@@ -216,7 +216,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "type" => job.gpu_types = value.split(',').map(GpuModel::new).collect(),
             "pool" => job.pool = value.into(),
             "team" => job.team = value.into(),
-            "user" => job.user = value.into(),
+            "user" => user = value.into(),
             "qos" => job.qos = value.into(),
             "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
             "at" => submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
@@ -237,6 +237,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
         id: JobId(id.expect("job line starts with jN")),
         submitted_at,
         shape: std::sync::Arc::new(job),
+        user,
     }
 }
 
@@ -269,6 +270,8 @@ pub fn node(name: &str, n_gpus: u32, model: &str) -> Node {
         health_drain: None,
         health_log: Vec::new(),
         boot_id: String::new(),
+        cpus: 0,
+        memory_bytes: 0,
     }
 }
 

@@ -563,6 +563,20 @@ impl Config {
             .into_iter()
             .map(|spanned| reservation_from_file(spanned, &invalid))
             .collect::<Result<_, _>>()?;
+        if let Some((reservation, team)) = policy.reservations.iter().find_map(|r| {
+            r.teams
+                .iter()
+                .find(|team| !policy.sharing.teams.iter().any(|known| &known.name == *team))
+                .map(|team| (r, team))
+        }) {
+            return Err(invalid(
+                0,
+                format!(
+                    "reservation.teams: reservation {} names {team:?}, which is not a [[team]] of this file",
+                    reservation.name
+                ),
+            ));
+        }
         for (i, reservation) in policy.reservations.iter().enumerate() {
             if policy.reservations[..i].iter().any(|r| r.name == reservation.name) {
                 return Err(invalid(
@@ -763,6 +777,12 @@ fn reservation_from_file(
         return Err(invalid(
             at,
             format!("reservation.end: reservation {name} ends before it starts"),
+        ));
+    }
+    if end.0 > gpool_core::model::Begin::LATEST_MS {
+        return Err(invalid(
+            at,
+            format!("reservation.end: reservation {name} ends after the year 9999"),
         ));
     }
     Ok(gpool_core::sched::reservations::Reservation {

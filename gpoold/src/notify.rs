@@ -32,6 +32,9 @@ struct Said {
 pub async fn run(handle: StateHandle) {
     let mut changes = handle.job_changes.subscribe();
     let mut said: HashMap<JobId, Said> = HashMap::new();
+    // Attempts that started before this gpoold did were told of by the
+    // one before (or their post was lost with it): not told again.
+    let since = crate::wall_clock().0;
     loop {
         let id = match changes.recv().await {
             Ok(id) => id,
@@ -65,7 +68,8 @@ pub async fn run(handle: StateHandle) {
             }
         } else if state == pb::JobState::Running && entry.started < job.attempt {
             entry.started = job.attempt;
-            notify.on_start.then_some("start")
+            let new = job.started_at_ms.is_some_and(|at| at >= since);
+            (notify.on_start && new).then_some("start")
         } else {
             None
         };
@@ -151,8 +155,11 @@ async fn deliver(notify: Notify, sendmail: Option<String>, event: &'static str, 
 fn send(notify: &Notify, sendmail: Option<&str>, body: &serde_json::Value) -> Result<(), String> {
     match notify.to.strip_prefix("mail:") {
         None => {
+            // No redirects: a receiver under an allowed prefix must not
+            // send gpoold's post anywhere else.
             let agent = ureq::Agent::config_builder()
                 .timeout_global(Some(POST_TIMEOUT))
+                .max_redirects(0)
                 .http_status_as_error(true)
                 .build()
                 .new_agent();

@@ -111,14 +111,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             };
             plan = tokio::task::block_in_place(|| schedule(view, &policy, now));
         }
-        let planned = ((settled && plan.complete) || words_due).then(|| {
-            let estimates = tokio::task::block_in_place(|| estimated_starts(&view, &plan, &policy, now));
-            let planned = Command::Planned(Box::new(Words::of_plan(plan).with_estimates(estimates)));
-            words_at = Some(Instant::now());
-            // The whole cycle: its words cost most of it.
-            words_every = words_interval(started.elapsed());
-            planned
-        });
+        let words_plan = ((settled && plan.complete) || words_due).then_some(plan);
         let compute = started.elapsed();
         metrics.cycle_seconds.observe(compute.as_secs_f64());
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
@@ -133,7 +126,14 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         {
             return;
         }
-        if let Some(planned) = planned {
+        if let Some(plan) = words_plan {
+            // After the starts: playing the queue forward for its
+            // estimates costs up to ESTIMATE_STEPS cycles.
+            let estimates = tokio::task::block_in_place(|| estimated_starts(&view, &plan, &policy, now));
+            let planned = Command::Planned(Box::new(Words::of_plan(plan).with_estimates(estimates)));
+            words_at = Some(Instant::now());
+            // The whole cycle: its words cost most of it.
+            words_every = words_interval(started.elapsed());
             if handle.commands.send(planned).await.is_err() {
                 return;
             }

@@ -445,6 +445,8 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
             .unwrap_or_default(),
         drained_at_ms: node.drained_by.as_ref().map_or(0, |(_, at)| at.0),
         reservations: Vec::new(),
+        cpus: node.cpus,
+        memory_bytes: node.memory_bytes,
     }
 }
 

@@ -160,3 +160,34 @@ fn a_mig_slice_job_gets_its_mig_uuid_and_the_parent_is_never_offered_whole() {
         two.stderr
     );
 }
+
+/// Agents report their CPUs and memory: a job asking more of either than
+/// any node has is refused at submit, naming the field and the most there
+/// is, instead of being accepted and run.
+#[test]
+fn memory_and_cpus_no_node_has_are_refused_at_submit() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 8);
+    wait_until("n1 to report its CPUs", Duration::from_secs(20), || {
+        let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+        (nodes[0]["cpus"].as_u64()? > 0 && nodes[0]["memory_bytes"].as_u64()? > 0).then_some(())
+    });
+    let mem = cluster.gpool(&["submit", "--mem", "5000T", "--", "true"]);
+    assert_eq!(mem.code, 2, "{}", mem.stderr);
+    assert!(
+        mem.stderr.contains("mem: no node of pool \"default\" has")
+            && mem.stderr.contains("GiB of memory; the most is"),
+        "{}",
+        mem.stderr
+    );
+    let cpus = cluster.gpool(&["submit", "--cpus-per-gpu", "1000", "-G", "8", "--", "true"]);
+    assert_eq!(cpus.code, 2, "{}", cpus.stderr);
+    assert!(
+        cpus.stderr
+            .contains("is 8000 CPUs on a node; no node of pool \"default\" has that many"),
+        "{}",
+        cpus.stderr
+    );
+    let fits = cluster.gpool(&["submit", "--cpus-per-gpu", "1", "--mem", "64M", "--wait", "--", "true"]);
+    assert_eq!(fits.code, 0, "{}", fits.stderr);
+}

@@ -234,7 +234,7 @@ fn the_simulator_replays_the_reclaim_with_the_same_victims() {
 fn per_user_caps_hold_jobs_back_and_refuse_a_submit_past_max_submit() {
     let policy = shipped_policy()
         .replace("guaranteed_gpus = 4\n", "guaranteed_gpus = 4\nmax_jobs_per_user = 2\n")
-        .replace("max_submit_per_user = 100000", "max_submit_per_user = 12");
+        .replace("# max_submit_per_user = 100000", "max_submit_per_user = 12");
     assert!(policy.contains("max_jobs_per_user = 2") && policy.contains("max_submit_per_user = 12"));
     let mut cluster = Cluster::with_config(&policy);
     for (node, model, count, memory_mib, labels) in NODES {
@@ -333,6 +333,9 @@ fn reservations_keep_their_nodes_for_their_jobs_and_windows() {
     );
 
     let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    // Inside a window, a job must end by its close: the default class's
+    // 2-day limit would not.
+    let outlasting = cluster.submit(&["--team", "vision", "--reservation", "event", "--", "true"]);
     let inside = cluster.submit(&[
         "--team",
         "vision",
@@ -340,6 +343,8 @@ fn reservations_keep_their_nodes_for_their_jobs_and_windows() {
         "event",
         "-G",
         "2",
+        "-t",
+        "1h",
         "--",
         "sh",
         "-c",
@@ -353,7 +358,7 @@ fn reservations_keep_their_nodes_for_their_jobs_and_windows() {
         refused.stderr.contains("reservation: user")
             && refused
                 .stderr
-                .contains("(team nlp) is not among reservation event's users or teams"),
+                .contains("(team nlp) is neither among reservation event's users nor a member of its teams"),
         "{}",
         refused.stderr
     );
@@ -385,6 +390,11 @@ fn reservations_keep_their_nodes_for_their_jobs_and_windows() {
         "{why}"
     );
     assert_eq!(cluster.job(long)["state"], "pending");
+    wait_until("the outlasting job's words", Duration::from_secs(20), || {
+        let why = cluster.gpool(&["why", &outlasting.to_string()]).ok().to_string();
+        why.contains("its time limit would keep it running after reservation event closes")
+            .then_some(())
+    });
     std::fs::write(cluster.dir.path().join("release"), "").unwrap();
     for id in [inside, short] {
         cluster.wait_for_state(id, "completed");

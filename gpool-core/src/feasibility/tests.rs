@@ -188,3 +188,35 @@ fn requirements_that_shrink_the_fit_are_named_and_mig_slices_go_one_per_node() {
         Ok(())
     );
 }
+
+#[test]
+fn memory_and_cpus_past_every_node_are_refused_where_nodes_said_theirs() {
+    let host = |name: &str, cpus: u32, gib: u64| Node {
+        cpus,
+        memory_bytes: gib << 30,
+        ..node(name, 8, "h100")
+    };
+    let nodes = [host("n1", 64, 512), host("n2", 128, 1024)];
+    let mut big = spec(8, 1, &[]);
+    big.mem_bytes = Some(5000 << 30);
+    assert_eq!(
+        check_feasible(&big, &Policy::default(), &nodes)
+            .unwrap_err()
+            .to_string(),
+        "mem: no node of pool \"default\" has 5000.0 GiB of memory; the most is 1024.0 GiB"
+    );
+    big.mem_bytes = Some(1000 << 30);
+    assert_eq!(check_feasible(&big, &Policy::default(), &nodes), Ok(()));
+    big.cpus_per_gpu = Some(1000);
+    assert_eq!(
+        check_feasible(&big, &Policy::default(), &nodes).unwrap_err().to_string(),
+        "cpus_per_gpu: 1000 CPUs for each of 8 GPUs is 8000 CPUs on a node; no node of pool \"default\" has that many (the most: 128)"
+    );
+    big.cpus_per_gpu = Some(16);
+    assert_eq!(check_feasible(&big, &Policy::default(), &nodes), Ok(()));
+    // A node that said nothing (an earlier agent) may be large enough.
+    let mut unknown = nodes.to_vec();
+    unknown.push(node("n3", 8, "h100"));
+    big.cpus_per_gpu = Some(1000);
+    assert_eq!(check_feasible(&big, &Policy::default(), &unknown), Ok(()));
+}

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 /// when (jobs that could start now get `now`). Jobs behind one without a
 /// time limit, or that start only by preempting, get none.
 pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: usize) -> HashMap<JobId, Timestamp> {
+    // Reservations open and close on their own: steps of the play too.
+    let windows: Vec<Timestamp> = policy.reservations.iter().flat_map(|r| [r.start, r.end]).collect();
     let mut view = ClusterView {
         windowed: false,
         ..view.clone()
@@ -33,7 +35,7 @@ pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: us
             view.running.push(RunningJob {
                 id: job.id,
                 epoch: crate::ids::Epoch(0),
-                user: job.shape.user.to_string(),
+                user: job.user.to_string(),
                 team: job.shape.team.to_string(),
                 qos: job.shape.qos.to_string(),
                 pool: job.shape.pool.to_string(),
@@ -54,11 +56,13 @@ pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: us
         if view.pending.is_empty() {
             break;
         }
-        // On to the next end of a running job with a limit.
+        // On to the next end of a running job with a limit, or the next
+        // window that opens or closes.
         let Some(next) = view
             .running
             .iter()
             .filter_map(|job| job.ends_at)
+            .chain(windows.iter().copied())
             .filter(|end| *end > at)
             .min()
         else {
@@ -82,10 +86,9 @@ pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: us
 
 fn set_busy(view: &mut ClusterView, node: &str, gpus: &[u32], busy: bool) {
     if let Some(node) = view.nodes.iter_mut().find(|n| n.name == node) {
-        for index in gpus {
-            if let Some(gpu) = node.gpus.get_mut(*index as usize) {
-                gpu.busy = busy;
-            }
+        // The view holds GPUs in service only: by index, not position.
+        for gpu in node.gpus.iter_mut().filter(|gpu| gpus.contains(&gpu.index)) {
+            gpu.busy = busy;
         }
     }
 }

@@ -3,7 +3,7 @@
 //! whether one more job keeps them within every cap.
 
 use super::{Reject, RunningJob};
-use crate::policy::{Sharing, UserLimits};
+use crate::policy::Sharing;
 use compact_str::CompactString;
 use std::collections::HashMap;
 
@@ -26,10 +26,7 @@ pub struct UserUse {
 impl UserUse {
     /// What `running` holds, counted for the caps `sharing` sets.
     pub fn of(sharing: &Sharing, running: &[RunningJob]) -> UserUse {
-        let capped = |limits: &UserLimits| limits.max_jobs.is_some() || limits.max_gpus.is_some();
-        let off = !capped(&sharing.user_limits)
-            && !sharing.teams.iter().any(|team| capped(&team.user_limits))
-            && !sharing.qos.iter().any(|qos| capped(&qos.user_limits));
+        let off = !sharing.has_running_caps();
         let mut used = UserUse {
             counts: HashMap::new(),
             off,
@@ -74,42 +71,67 @@ impl UserUse {
             return None;
         }
         let keys = Self::keys(sharing, user, team, qos);
-        let limits = [
-            (sharing.user_limits, String::new()),
-            (sharing.team_limits(team), format!(" in team {team}")),
-            (
-                sharing
-                    .qos
-                    .iter()
-                    .find(|q| q.name == keys[2].1)
-                    .map(|q| q.user_limits)
-                    .unwrap_or_default(),
-                format!(" in QoS {}", keys[2].1),
-            ),
-        ];
-        for (key, (limits, scope)) in keys.iter().zip(limits) {
+        let qos_limits = sharing
+            .qos
+            .iter()
+            .find(|q| q.name == keys[2].1)
+            .map(|q| q.user_limits)
+            .unwrap_or_default();
+        let limits = [sharing.user_limits, sharing.team_limits(team), qos_limits];
+        for (at, (key, limits)) in keys.iter().zip(limits).enumerate() {
             let (jobs, held) = self.counts.get(key).copied().unwrap_or_default();
-            if let Some(max) = limits.max_jobs.filter(|max| jobs + 1 > u64::from(*max)) {
-                return Some(Reject::UserCap {
-                    user: user.to_string(),
-                    scope: scope.clone(),
-                    what: "jobs",
-                    max: max.into(),
-                    in_use: jobs,
-                });
-            }
-            if let Some(max) = limits.max_gpus.filter(|max| held + gpus > u64::from(*max)) {
+            let over_jobs = limits
+                .max_jobs
+                .filter(|max| jobs + 1 > u64::from(*max))
+                .map(|max| ("jobs", max, jobs));
+            let over_gpus = limits
+                .max_gpus
+                .filter(|max| held + gpus > u64::from(*max))
+                .map(|max| ("GPUs", max, held));
+            if let Some((what, max, in_use)) = over_jobs.or(over_gpus) {
+                // Words only for a job a cap holds back.
+                let scope = match at {
+                    0 => String::new(),
+                    1 => format!(" in team {team}"),
+                    _ => format!(" in QoS {}", keys[2].1),
+                };
                 return Some(Reject::UserCap {
                     user: user.to_string(),
                     scope,
-                    what: "GPUs",
+                    what,
                     max: max.into(),
-                    in_use: held,
+                    in_use,
                 });
             }
         }
         None
     }
+}
+
+/// Why a job of `gpus` GPUs in `team` and `qos` could never start under
+/// the per-user GPU caps, if so: it alone asks for more than one allows.
+pub fn never_within_caps(sharing: &Sharing, team: &str, qos: &str, gpus: u64) -> Option<String> {
+    let qos = if qos.is_empty() {
+        sharing.default_qos.as_str()
+    } else {
+        qos
+    };
+    let qos_cap = sharing
+        .qos
+        .iter()
+        .find(|q| q.name == qos)
+        .and_then(|q| q.user_limits.max_gpus);
+    [
+        (sharing.user_limits.max_gpus, String::new()),
+        (sharing.team_limits(team).max_gpus, format!(" of team {team}")),
+        (qos_cap, format!(" of QoS {qos}")),
+    ]
+    .into_iter()
+    .find_map(|(max, scope)| {
+        let max = max?;
+        (gpus > u64::from(max))
+            .then(|| format!("{gpus} GPUs is more than max_gpus_per_user{scope} ({max}): it could never start"))
+    })
 }
 
 /// Why a submit of `adding` more jobs by one user is refused, if it is:
@@ -175,7 +197,7 @@ pub fn submit_refusal<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Qos, Team};
+    use crate::policy::{Qos, Team, UserLimits};
 
     fn sharing() -> Sharing {
         let mut vision = Team::unlisted("vision");
@@ -264,6 +286,17 @@ mod tests {
             refused.starts_with("max_submit_per_user: user alice has 560"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn a_job_larger_than_a_gpu_cap_could_never_start() {
+        let sharing = sharing();
+        assert_eq!(never_within_caps(&sharing, "vision", "", 4), None);
+        assert_eq!(
+            never_within_caps(&sharing, "vision", "", 8).as_deref(),
+            Some("8 GPUs is more than max_gpus_per_user of team vision (4): it could never start")
+        );
+        assert_eq!(never_within_caps(&sharing, "nlp", "high", 64), None);
     }
 
     #[test]

@@ -156,6 +156,9 @@ pub struct PendingJob {
     pub id: JobId,
     pub submitted_at: Timestamp,
     pub shape: Arc<JobShape>,
+    /// Who submitted it (per-user caps count by it). Not part of its
+    /// shape: a queue of many users' alike jobs stays one shape.
+    pub user: CompactString,
 }
 
 /// What a pending job asks for. Jobs of one shape differ to a cycle in age
@@ -165,8 +168,6 @@ pub struct JobShape {
     /// Names are kept inline (up to 24 bytes): a cycle reads every pending
     /// job's, and a name on the heap is a cache miss each.
     pub team: CompactString,
-    /// Who submitted it (per-user caps count by it).
-    pub user: CompactString,
     /// The reservation it runs in (`--reservation`); empty: none.
     pub reservation: CompactString,
     /// Empty means the default QoS.
@@ -186,11 +187,10 @@ pub struct JobShape {
 }
 
 impl JobShape {
-    /// The shape of a job of `user` that asks for `spec`.
-    pub fn of(spec: &crate::model::JobSpec, user: &str) -> JobShape {
+    /// The shape of a job that asks for `spec`.
+    pub fn of(spec: &crate::model::JobSpec) -> JobShape {
         JobShape {
             team: spec.team.clone(),
-            user: user.into(),
             reservation: spec.reservation.as_str().into(),
             qos: spec.qos.clone(),
             pool: spec.pool.clone(),
@@ -432,14 +432,13 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
                 .collect();
         }
     }
-    if explain_all || !plan.complete {
-        plan.pending.extend(
-            applied
-                .closed
-                .into_iter()
-                .map(|(id, reason)| (id, Reasons::from([reason]))),
-        );
-    }
+    // Always said: a starts-only plan that is complete gives the words.
+    plan.pending.extend(
+        applied
+            .closed
+            .into_iter()
+            .map(|(id, reason)| (id, Reasons::from([reason]))),
+    );
     plan
 }
 
@@ -626,7 +625,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
             }
         }
         let asks = &job.shape;
-        if let Some(cap) = user_use.check(sharing, &asks.user, &asks.team, &asks.qos, gpus) {
+        if let Some(cap) = user_use.check(sharing, &job.user, &asks.team, &asks.qos, gpus) {
             plan.pending.push((job.id, Reasons::from([cap])));
             continue;
         }
@@ -690,7 +689,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
                 reclaim.taken(&placement);
                 ends.push((ends_at, placement.clone()));
                 used.in_use += gpus;
-                user_use.add(sharing, &asks.user, &asks.team, &asks.qos, gpus);
+                user_use.add(sharing, &job.user, &asks.team, &asks.qos, gpus);
                 if let Some(cover) = &cover {
                     used.add(cover, gpus);
                 }
@@ -711,7 +710,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
                     if let Some((n_jobs, placement)) = planned {
                         hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
                         used.in_use += gpus;
-                        user_use.add(sharing, &asks.user, &asks.team, &asks.qos, gpus);
+                        user_use.add(sharing, &job.user, &asks.team, &asks.qos, gpus);
                         if let Some(cover) = &cover {
                             used.add(cover, gpus);
                         }

@@ -118,6 +118,12 @@ pub enum Reject {
         name: String,
         opens_in_secs: Option<u64>,
     },
+    /// It runs in a reservation, and its time limit (or the lack of one)
+    /// would keep it running after the window closes.
+    OutlastsReservation {
+        name: String,
+        closes_in_secs: u64,
+    },
     /// Starting it now would delay the job that holds the reservation.
     BehindReservation {
         job: JobId,
@@ -227,7 +233,7 @@ impl Reject {
             Reject::TeamCap { .. } => "team_cap",
             Reject::UserCap { .. } => "user_cap",
             Reject::NodesReserved { .. } => "node_reservation",
-            Reject::ReservationClosed { .. } => "reservation",
+            Reject::ReservationClosed { .. } | Reject::OutlastsReservation { .. } => "reservation",
             Reject::BehindReservation { .. } => "behind_reservation",
             Reject::Reserved { .. } => "reserved",
             Reject::NoEstimate => "no_estimate",
@@ -259,6 +265,7 @@ impl Reject {
             Reject::NodesReserved { windows, .. } if windows.iter().any(|(_, in_secs)| *in_secs > 0) => {
                 "give it a --time that ends it before the reservation opens".to_string()
             }
+            Reject::OutlastsReservation { .. } => "give it a --time that ends it before the window closes".to_string(),
             Reject::NodesReserved { .. } | Reject::ReservationClosed { .. } => return None,
             Reject::BehindReservation { .. } => {
                 "give it a --time short enough to end before the reservation".to_string()
@@ -393,6 +400,11 @@ impl fmt::Display for Reject {
                 name,
                 opens_in_secs: Some(secs),
             } => write!(f, "reservation {name} opens in {}", humanize_secs(*secs)),
+            Reject::OutlastsReservation { name, closes_in_secs } => write!(
+                f,
+                "its time limit would keep it running after reservation {name} closes, in {}",
+                humanize_secs(*closes_in_secs)
+            ),
             Reject::ReservationClosed { name, opens_in_secs: None } => {
                 write!(f, "reservation {name} has ended or does not exist")
             }

@@ -107,7 +107,8 @@ impl Queue {
 ///   other job once;
 /// - a QoS keeps GPUs free and jobs may be preempted (a reclaim must leave
 ///   what is kept, which depends on what the job's pool has free);
-/// - the age weight is negative (older jobs would come last).
+/// - the age weight is negative (older jobs would come last);
+/// - per-user caps on running jobs or GPUs are set.
 ///
 /// Without victims, a window where a QoS keeps GPUs free gives the whole
 /// queue's starts unless a job that would have taken kept GPUs no longer
@@ -126,6 +127,11 @@ pub fn window_gpus(
 ) -> Option<u64> {
     let sharing = &policy.sharing;
     if sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
+        return None;
+    }
+    // Jobs of one shape differ by user, and a capped user's may fill the
+    // window while another's past it could start.
+    if sharing.has_running_caps() {
         return None;
     }
     let victims =

@@ -29,9 +29,15 @@ impl Reservation {
         self.start <= now && now < self.end
     }
 
-    /// Whether `user` may submit a job of `team` into it.
-    pub fn admits(&self, user: &str, team: &str) -> bool {
-        self.users.iter().any(|u| u == user) || self.teams.iter().any(|t| t == team)
+    /// Whether `user` may submit a job of `team` into it: they are among
+    /// its users, or a member or lead of one of its teams (naming a team
+    /// is not enough: a team without members takes anyone's jobs).
+    pub fn admits(&self, user: &str, team: &str, sharing: &crate::policy::Sharing) -> bool {
+        self.users.iter().any(|u| u == user)
+            || (self.teams.iter().any(|t| t == team)
+                && sharing.teams.iter().any(|t| {
+                    t.name == team && (t.members.iter().any(|m| m == user) || t.leads.iter().any(|l| l == user))
+                }))
     }
 }
 
@@ -94,6 +100,11 @@ type Reshaped = Result<(Arc<JobShape>, Option<Reject>), Reject>;
 /// nodes, or off the nodes of reservations its run would reach into.
 fn reshape(shape: &Arc<JobShape>, live: &[&Reservation], all: &[Reservation], now: Timestamp) -> Reshaped {
     let mut requires = shape.requires.as_deref().cloned().unwrap_or_default();
+    // Its run, as far as its limit lets anyone know.
+    let ends = shape
+        .time_limit_secs
+        .map(|secs| Timestamp(now.0.saturating_add(secs as i64 * 1000)));
+    let mut own_name = "";
     if !shape.reservation.is_empty() {
         let Some(own) = all.iter().find(|r| r.name == shape.reservation.as_str()) else {
             return Err(Reject::ReservationClosed {
@@ -105,6 +116,13 @@ fn reshape(shape: &Arc<JobShape>, live: &[&Reservation], all: &[Reservation], no
             return Err(Reject::ReservationClosed {
                 name: own.name.clone(),
                 opens_in_secs: (own.start > now).then(|| ((own.start.0 - now.0) / 1000) as u64),
+            });
+        }
+        // It must be done when the window closes.
+        if ends.is_none_or(|end| end > own.end) {
+            return Err(Reject::OutlastsReservation {
+                name: own.name.clone(),
+                closes_in_secs: ((own.end.0 - now.0) / 1000) as u64,
             });
         }
         requires.nodelist = if requires.nodelist.is_empty() {
@@ -121,15 +139,15 @@ fn reshape(shape: &Arc<JobShape>, live: &[&Reservation], all: &[Reservation], no
             // Of the nodes it named, none is the reservation's.
             requires.nodelist = vec![String::new()];
         }
-        return Ok((with_requires(shape, requires), None));
+        own_name = own.name.as_str();
     }
-    // Its run, as far as its limit lets anyone know.
-    let ends = shape
-        .time_limit_secs
-        .map(|secs| Timestamp(now.0.saturating_add(secs as i64 * 1000)));
-    let reached: Vec<&&Reservation> = live.iter().filter(|r| ends.is_none_or(|end| end > r.start)).collect();
+    // Other windows its run would reach into keep their nodes from it.
+    let reached: Vec<&&Reservation> = live
+        .iter()
+        .filter(|r| r.name != own_name && ends.is_none_or(|end| end > r.start))
+        .collect();
     if reached.is_empty() {
-        return Ok((shape.clone(), None));
+        return Ok((with_requires(shape, requires), None));
     }
     let mut in_order = reached.clone();
     in_order.sort_by_key(|r| (r.start, r.name.clone()));
@@ -150,10 +168,17 @@ fn reshape(shape: &Arc<JobShape>, live: &[&Reservation], all: &[Reservation], no
     Ok((with_requires(shape, requires), Some(reason)))
 }
 
-fn with_requires(shape: &JobShape, requires: Requirements) -> Arc<JobShape> {
+fn with_requires(shape: &Arc<JobShape>, requires: Requirements) -> Arc<JobShape> {
+    if shape
+        .requires
+        .as_deref()
+        .map_or(requires.is_empty(), |had| *had == requires)
+    {
+        return shape.clone();
+    }
     Arc::new(JobShape {
         requires: (!requires.is_empty()).then(|| Arc::new(requires)),
-        ..shape.clone()
+        ..(**shape).clone()
     })
 }
 
@@ -219,7 +244,10 @@ mod tests {
             reservations: vec![open.clone()],
             ..Policy::default()
         };
-        let mut view = cluster_view("n1 4xh100\nn2 4xh100", "j1 gpus=4\nj2 gpus=4\nj3 gpus=4");
+        let mut view = cluster_view(
+            "n1 4xh100\nn2 4xh100",
+            "j1 gpus=4 time=600\nj2 gpus=4\nj3 gpus=4 time=600",
+        );
         let inside = |job: &Arc<PendingJob>| {
             Arc::new(PendingJob {
                 shape: Arc::new(JobShape {

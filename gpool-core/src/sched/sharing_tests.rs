@@ -276,6 +276,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 id: JobId(next_id + i as u64 + if *team == "a" { 0 } else { 8 }),
                 submitted_at: now,
                 shape: std::sync::Arc::new(crate::testing::one_gpu_shape(team)),
+                user: "user".into(),
             })
             .map(std::sync::Arc::new)
             .collect();

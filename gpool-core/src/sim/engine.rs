@@ -198,7 +198,6 @@ impl Sim<'_> {
         let pool = self.setup.team_pools.get(&job.team).cloned().unwrap_or_default();
         let shape = JobShape {
             team: job.team.as_str().into(),
-            user: job.user.as_str().into(),
             reservation: Default::default(),
             qos: job.qos.as_str().into(),
             pool: pool.into(),
@@ -213,6 +212,7 @@ impl Sim<'_> {
             id: JobId(index as u64 + 1),
             submitted_at: job.submit,
             shape: Arc::new(shape),
+            user: job.user.as_str().into(),
         };
         self.out.queued(&pending);
         let pending = Arc::new(pending);
@@ -354,7 +354,7 @@ impl Sim<'_> {
         let running = RunningJob {
             id: job.id,
             epoch,
-            user: job.shape.user.to_string(),
+            user: job.user.to_string(),
             team: job.shape.team.to_string(),
             qos: job.shape.qos.to_string(),
             pool: job.shape.pool.to_string(),

@@ -244,6 +244,8 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
             .filter(char::is_ascii_graphic)
             .take(64)
             .collect(),
+        cpus: register.cpus,
+        memory_bytes: register.memory_bytes,
     };
     let running = register
         .running

@@ -166,7 +166,7 @@ impl State {
         // Its tasks have its shape (the array's own view has it).
         let shape = match self.waiting.get(&array.id) {
             Some(entry) => entry.view.shape.clone(),
-            None => Arc::new(JobShape::of(&array.spec, &array.user)),
+            None => Arc::new(JobShape::of(&array.spec)),
         };
         for id in waiting {
             into.push(Arc::new(pending_view(id, array, shape.clone())));
@@ -307,6 +307,7 @@ pub fn pending_view(id: JobId, job: &Job, shape: Arc<JobShape>) -> PendingJob {
         id,
         submitted_at: job.submitted_at,
         shape,
+        user: job.user.clone(),
     }
 }
 

@@ -426,7 +426,7 @@ impl Waiting {
 
     /// `queue`: where the job finds its shape if jobs there share it.
     fn of(job: &Job, queue: &Queue) -> Waiting {
-        let shape = JobShape::of(&job.spec, &job.user);
+        let shape = JobShape::of(&job.spec);
         let shape = queue.shape(&shape).cloned().unwrap_or_else(|| Arc::new(shape));
         Waiting {
             view: Arc::new(arrays::pending_view(job.id, job, shape)),
@@ -576,9 +576,9 @@ impl State {
         if reservation.end <= now {
             return Err(format!("reservation {name} has ended"));
         }
-        if !reservation.admits(&caller.user, &spec.team) {
+        if !reservation.admits(&caller.user, &spec.team, &self.policy.sharing) {
             return Err(format!(
-                "user {} (team {}) is not among reservation {name}'s users or teams",
+                "user {} (team {}) is neither among reservation {name}'s users nor a member of its teams",
                 caller.user, spec.team
             ));
         }
@@ -655,6 +655,18 @@ impl State {
                 })?;
             spec.validate()
                 .map_err(|source| Error::InvalidSpec { index, of, source })?;
+            if let Some(reason) = gpool_core::sched::limits::never_within_caps(
+                &self.policy.sharing,
+                &spec.team,
+                &spec.qos,
+                spec.total_gpus(),
+            ) {
+                return Err(Error::InvalidSpec {
+                    index,
+                    of,
+                    source: gpool_core::spec::spec_error("gpus", reason),
+                });
+            }
             if !spec.reservation.is_empty() {
                 self.admit_into_reservation(&spec, caller, now)
                     .map_err(|reason| Error::InvalidSpec {

@@ -889,6 +889,11 @@ pub struct Node {
     /// Reservations ([reservation](reservation)) that keep it, open or ahead.
     #[prost(message, repeated, tag = "13")]
     pub reservations: ::prost::alloc::vec::Vec<NodeReservation>,
+    /// Its CPUs and memory (bytes), as its agent reported; 0: not known.
+    #[prost(uint32, tag = "14")]
+    pub cpus: u32,
+    #[prost(uint64, tag = "15")]
+    pub memory_bytes: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -1007,6 +1012,11 @@ pub struct Register {
     /// tells gpoold the node rebooted, which resets its GPUs.
     #[prost(string, tag = "7")]
     pub boot_id: ::prost::alloc::string::String,
+    /// Its CPUs (online) and memory (bytes, MemTotal); 0: not known.
+    #[prost(uint32, tag = "8")]
+    pub cpus: u32,
+    #[prost(uint64, tag = "9")]
+    pub memory_bytes: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
