@@ -49,15 +49,7 @@ pub async fn run(handle: StateHandle) {
         };
         let entry = said.entry(id).or_default();
         let state = job.state();
-        let ended = matches!(
-            state,
-            pb::JobState::Completed
-                | pb::JobState::Failed
-                | pb::JobState::Cancelled
-                | pb::JobState::Timeout
-                | pb::JobState::NodeFail
-                | pb::JobState::OutOfMemory
-        );
+        let ended = gpool_proto::convert::is_ended(state);
         let event = if ended && !entry.ended {
             entry.ended = true;
             let failed = state != pb::JobState::Completed;

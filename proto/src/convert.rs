@@ -269,6 +269,19 @@ pub fn state_to_wire(state: &JobState) -> pb::JobState {
     }
 }
 
+/// Whether a job in `state` has ended (for good, whatever how).
+pub fn is_ended(state: pb::JobState) -> bool {
+    matches!(
+        state,
+        pb::JobState::Completed
+            | pb::JobState::Failed
+            | pb::JobState::Cancelled
+            | pb::JobState::Timeout
+            | pb::JobState::NodeFail
+            | pb::JobState::OutOfMemory
+    )
+}
+
 /// The lowercase name the CLI prints and its JSON carries.
 pub fn state_name(state: pb::JobState) -> &'static str {
     match state {

@@ -527,15 +527,7 @@ pub fn id_list(ids: &[u64]) -> String {
 }
 
 fn ended(job: &pb::Job) -> bool {
-    matches!(
-        job.state(),
-        pb::JobState::Completed
-            | pb::JobState::Failed
-            | pb::JobState::Cancelled
-            | pb::JobState::Timeout
-            | pb::JobState::NodeFail
-            | pb::JobState::OutOfMemory
-    )
+    gpool_proto::convert::is_ended(job.state())
 }
 
 /// A failed job's own code as a process exit code: its low byte, never 0.

@@ -32,25 +32,13 @@ pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: us
             for part in &start.placement {
                 set_busy(&mut view, &part.node, &part.gpu_indices, true);
             }
-            view.running.push(RunningJob {
-                id: job.id,
-                epoch: crate::ids::Epoch(0),
-                user: job.user.to_string(),
-                team: job.shape.team.to_string(),
-                qos: job.shape.qos.to_string(),
-                pool: job.shape.pool.to_string(),
-                gpu_types: job.shape.gpu_types.clone(),
-                burst: start.burst,
-                placement: start.placement.clone(),
-                started_at: at,
-                last_checkpoint_at: None,
-                preempting: false,
-                preempted_for: None,
-                ends_at: job
-                    .shape
-                    .time_limit_secs
-                    .map(|secs| Timestamp(at.0 + secs as i64 * 1000)),
-            });
+            view.running.push(RunningJob::started(
+                &job,
+                crate::ids::Epoch(0),
+                start.burst,
+                start.placement.clone(),
+                at,
+            ));
         }
         view.pending = waiting;
         if view.pending.is_empty() {

@@ -89,6 +89,36 @@ pub struct RunningJob {
 }
 
 impl RunningJob {
+    /// `job` as it runs from `at` on `placement` (its limit ends it, if it
+    /// has one): how the simulator and the start estimates see a start.
+    pub fn started(
+        job: &PendingJob,
+        epoch: crate::ids::Epoch,
+        burst: bool,
+        placement: Vec<NodePlacement>,
+        at: Timestamp,
+    ) -> RunningJob {
+        RunningJob {
+            id: job.id,
+            epoch,
+            user: job.user.to_string(),
+            team: job.shape.team.to_string(),
+            qos: job.shape.qos.to_string(),
+            pool: job.shape.pool.to_string(),
+            gpu_types: job.shape.gpu_types.clone(),
+            burst,
+            placement,
+            started_at: at,
+            last_checkpoint_at: None,
+            preempting: false,
+            preempted_for: None,
+            ends_at: job
+                .shape
+                .time_limit_secs
+                .map(|secs| Timestamp(at.0.saturating_add(secs as i64 * 1000))),
+        }
+    }
+
     /// GPUs promised to `for_job` (`ClusterView::promised`): free now,
     /// freed for it by `id` (a victim that ended), or held for it while
     /// its victims end.

@@ -351,22 +351,7 @@ impl Sim<'_> {
         };
         let epoch = Epoch(self.next_epoch);
         self.next_epoch += 1;
-        let running = RunningJob {
-            id: job.id,
-            epoch,
-            user: job.user.to_string(),
-            team: job.shape.team.to_string(),
-            qos: job.shape.qos.to_string(),
-            pool: job.shape.pool.to_string(),
-            gpu_types: job.shape.gpu_types.clone(),
-            burst: start.burst,
-            placement: start.placement,
-            started_at: now,
-            last_checkpoint_at: None,
-            preempting: false,
-            preempted_for: None,
-            ends_at: limit_ms.map(|limit| Timestamp(now.0 + limit)),
-        };
+        let running = RunningJob::started(&job, epoch, start.burst, start.placement, now);
         self.out.started(&job, &running, now);
         self.attempts.insert(
             job.id,

@@ -1170,13 +1170,5 @@ fn valid_user_name(user: String) -> Result<String, Error> {
 }
 
 fn is_finished(job: &pb::Job) -> bool {
-    matches!(
-        job.state(),
-        pb::JobState::Completed
-            | pb::JobState::Failed
-            | pb::JobState::Cancelled
-            | pb::JobState::Timeout
-            | pb::JobState::NodeFail
-            | pb::JobState::OutOfMemory
-    )
+    gpool_proto::convert::is_ended(job.state())
 }
