@@ -10,7 +10,8 @@
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
 //! holding the backfill reservation; else null), redacted (another user's
 //! job: command and workdir are empty), image (empty: on the host),
-//! mem_bytes, cpus_per_gpu and max_output_bytes (or null), reason_codes (one stable
+//! mem_bytes, cpus_per_gpu, max_output_bytes, begin, reservation and notify
+//! ({to, on}) (or null), reason_codes (one stable
 //! snake_case code per reason), node_list, array_job_id and array_task_id
 //! (an array's task; else null), array (an array's record: indices,
 //! max_parallel, tasks, waiting_indices, waiting, running, ended,
@@ -53,6 +54,10 @@ pub struct JobJson<'a> {
     mem_bytes: Option<u64>,
     cpus_per_gpu: Option<u32>,
     max_output_bytes: Option<u64>,
+    /// `--begin`: the moment, or seconds after submission.
+    begin: Option<String>,
+    reservation: Option<&'a str>,
+    notify: Option<NotifyJson<'a>>,
     submitted_at: String,
     started_at: Option<String>,
     ended_at: Option<String>,
@@ -148,6 +153,35 @@ fn spec(job: &pb::Job) -> &pb::JobSpec {
         .unwrap_or_else(|| EMPTY_SPEC.get_or_init(pb::JobSpec::default))
 }
 
+/// `--notify` in a job object.
+#[derive(Serialize)]
+pub struct NotifyJson<'a> {
+    to: &'a str,
+    on: Vec<&'static str>,
+}
+
+fn notify_events(notify: &pb::Notify) -> Vec<&'static str> {
+    [
+        (notify.on_start, "start"),
+        (notify.on_end, "end"),
+        (notify.on_fail, "fail"),
+    ]
+    .into_iter()
+    .filter_map(|(on, event)| on.then_some(event))
+    .collect()
+}
+
+/// When a job with `--begin` may start, as a moment.
+fn begin_text(spec: &pb::JobSpec, submitted_at_ms: i64) -> Option<String> {
+    match (spec.begin_at_ms, spec.begin_after_secs, spec.begin_now) {
+        (0, 0, false) => None,
+        (0, secs, _) => Some(rfc3339(
+            submitted_at_ms.saturating_add(secs.min(i64::MAX as u64 / 1000) as i64 * 1000),
+        )),
+        (at, _, _) => Some(rfc3339(at)),
+    }
+}
+
 pub fn job_json(job: &pb::Job) -> JobJson<'_> {
     let spec = spec(job);
     JobJson {
@@ -171,6 +205,12 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         mem_bytes: (spec.mem_bytes > 0).then_some(spec.mem_bytes),
         cpus_per_gpu: (spec.cpus_per_gpu > 0).then_some(spec.cpus_per_gpu),
         max_output_bytes: (spec.max_output_bytes > 0).then_some(spec.max_output_bytes),
+        begin: begin_text(spec, job.submitted_at_ms),
+        reservation: (!spec.reservation.is_empty()).then_some(spec.reservation.as_str()),
+        notify: spec.notify.as_ref().map(|notify| NotifyJson {
+            to: &notify.to,
+            on: notify_events(notify),
+        }),
         submitted_at: rfc3339_ms(job.submitted_at_ms),
         started_at: job.started_at_ms.map(rfc3339_ms),
         ended_at: job.ended_at_ms.map(rfc3339_ms),
@@ -602,6 +642,18 @@ pub fn print_job_details(job: &pb::Job, with_env: bool) {
     let requires = requirement_words(spec);
     if !requires.is_empty() {
         lines.push(("requires", requires.join("; ")));
+    }
+    if let Some(begin) = begin_text(spec, job.submitted_at_ms) {
+        lines.push(("not before", begin));
+    }
+    if !spec.reservation.is_empty() {
+        lines.push(("reservation", spec.reservation.clone()));
+    }
+    if let Some(notify) = &spec.notify {
+        lines.push((
+            "notify",
+            format!("{} on {}", notify.to, notify_events(notify).join(",")),
+        ));
     }
     if let Some(info) = &job.array {
         lines.push((

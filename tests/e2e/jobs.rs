@@ -916,6 +916,12 @@ fn a_job_with_begin_waits_until_then_and_starts_on_its_own() {
     assert_eq!(why["reason_codes"], serde_json::json!(["begin_time"]), "{why}");
     let said = cluster.gpool(&["why", &far.to_string()]).ok().to_string();
     assert!(said.contains("not before 2099-01-01T00:00:00Z (--begin)"), "{said}");
+    assert_eq!(cluster.job(far)["begin"], "2099-01-01T00:00:00Z");
+    let shown = cluster.gpool(&["show", &far.to_string()]).ok().to_string();
+    assert!(
+        shown.contains("not before") && shown.contains("2099-01-01T00:00:00"),
+        "{shown}"
+    );
     let job = cluster.wait_for_state(later, "completed");
     let (submitted, started) = (
         humantime::parse_rfc3339_weak(job["submitted_at"].as_str().unwrap()).unwrap(),

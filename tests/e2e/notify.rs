@@ -107,6 +107,10 @@ fn a_webhook_gets_the_start_and_end_of_each_job_that_asks() {
     assert_eq!(of(ok), ["start running", "end completed"], "{events:?}");
     assert_eq!(of(bad), ["fail failed"], "{events:?}");
     assert!(of(quiet).is_empty(), "{events:?}");
+    assert_eq!(
+        cluster.job(ok)["notify"],
+        serde_json::json!({"to": receiver.url, "on": ["start", "end"]})
+    );
     let end = events
         .iter()
         .find(|event| event["job"]["id"] == ok && event["event"] == "end")
