@@ -1,0 +1,385 @@
+//! The state task: applies commands in batches, writes what they touched
+//! to sled, and hands their replies to the flusher, which answers them once
+//! a flush covers them.
+
+use super::*;
+
+/// Handles the API and the scheduling loop use to reach the state task.
+#[derive(Clone)]
+pub struct StateHandle {
+    pub shared: SharedState,
+    pub commands: mpsc::Sender<Command>,
+    /// For agents' links: what comes this way is applied ahead of
+    /// `commands`.
+    pub agent_commands: mpsc::Sender<Command>,
+    /// Ids of jobs whose state changed.
+    pub job_changes: broadcast::Sender<JobId>,
+    /// Woken when something happened that the scheduler should look at.
+    pub sched_wakeup: Arc<Notify>,
+}
+
+impl StateHandle {
+    pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(make(reply)).await.map_err(|_| Error::ShuttingDown)?;
+        answer.await.map_err(|_| Error::ShuttingDown)?
+    }
+}
+
+impl Command {
+    /// Whether applying it may change what a scheduling cycle sees, beside
+    /// what it writes (`Write::seen_by_scheduler`): not so for the
+    /// scheduler's own words, heartbeats, tokens, messages to agents, and
+    /// ticks (a heartbeat or tick that changes anything writes it).
+    fn may_change_schedule(&self) -> bool {
+        !matches!(
+            self,
+            Command::Planned(_)
+                | Command::AgentHeartbeat { .. }
+                | Command::CreateToken { .. }
+                | Command::RevokeToken { .. }
+                | Command::Tick
+                | Command::ToAgent { .. }
+        )
+    }
+}
+
+/// Most commands applied between two flushes.
+const MAX_BATCH: usize = 4096;
+
+/// How the state task talks to the rest besides replies. It holds no sender
+/// of its own inbox: it ends once every `StateHandle` is gone, or once `stop`
+/// turns true (then it refuses new commands and finishes the queued ones).
+pub struct Notifiers {
+    pub job_changes: broadcast::Sender<JobId>,
+    pub sched_wakeup: Arc<Notify>,
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The state task: applies commands in batches, writes them to sled, and
+/// hands replies to the flusher. Returns when every sender is gone.
+pub async fn run_state_task(
+    shared: SharedState,
+    notifiers: Notifiers,
+    store: Store,
+    (mut agent_inbox, mut inbox): (mpsc::Receiver<Command>, mpsc::Receiver<Command>),
+    flusher: std::sync::mpsc::Sender<Vec<PendingReply>>,
+    clock: fn() -> Timestamp,
+) -> Result<(), Error> {
+    let mut notifiers = notifiers;
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut closed = false;
+    let (mut agents_gone, mut callers_gone) = (false, false);
+    let mut evict_due = false;
+    loop {
+        // What agents said goes first (heartbeats keep nodes alive, and
+        // their leases; job events free GPUs), then API work to fill the
+        // batch: a queue of API commands never holds a heartbeat up.
+        while batch.len() < MAX_BATCH {
+            match agent_inbox.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
+            }
+        }
+        while batch.len() < MAX_BATCH {
+            match inbox.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            if agents_gone && callers_gone {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                command = agent_inbox.recv(), if !agents_gone => match command {
+                    Some(command) => batch.push(command),
+                    None => agents_gone = true,
+                },
+                command = inbox.recv(), if !callers_gone => match command {
+                    Some(command) => batch.push(command),
+                    None => callers_gone = true,
+                },
+                _ = notifiers.stop.wait_for(|stop| *stop), if !closed => {
+                    inbox.close();
+                    agent_inbox.close();
+                    closed = true;
+                }
+            }
+            continue;
+        }
+        let now = clock();
+        let mut out = Batch::default();
+        let mut state = shared.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Ended jobs leave memory once their records are written: those of
+        // the batch before (a reader finds each in one place or the other).
+        if evict_due {
+            state.evict_ended();
+        }
+        let mut may_change_schedule = false;
+        for command in batch.drain(..) {
+            may_change_schedule |= command.may_change_schedule();
+            apply_command(&mut state, command, now, &mut out);
+        }
+        let schedule_changed = may_change_schedule || out.writes.iter().any(Write::seen_by_scheduler);
+        if schedule_changed {
+            state.sched_generation += 1;
+        }
+        drop(state);
+        // Records are encoded and written under a read lock: API readers go
+        // on meanwhile, and nothing else writes the state (this task is its
+        // only writer).
+        let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let written = write_all(&store, &state, &out.writes);
+        evict_due = written.is_ok();
+        if !out.messages.is_empty() {
+            out.replies
+                .push(state.deliver_after_flush(std::mem::take(&mut out.messages)));
+        }
+        drop(state);
+        if let Err(err) = written {
+            for reply in out.replies {
+                reply(Err(Error::Storage(err.to_string())));
+            }
+            return Err(err);
+        }
+        if !out.changed.is_empty() {
+            // Watchers hear of a change only once it is durable.
+            let job_changes = notifiers.job_changes.clone();
+            let changed = std::mem::take(&mut out.changed);
+            out.replies.push(Box::new(move |flushed: Result<(), Error>| {
+                if flushed.is_ok() {
+                    changed.into_iter().for_each(|id| drop(job_changes.send(id)));
+                }
+            }));
+        }
+        if schedule_changed {
+            notifiers.sched_wakeup.notify_one();
+        }
+        if !out.replies.is_empty() && flusher.send(out.replies).is_err() {
+            return Err(Error::Storage("the flusher stopped".into()));
+        }
+    }
+}
+
+fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut Batch) {
+    match command {
+        Command::Submit { caller, specs, reply } => match state.submit(&caller, specs, now) {
+            Ok((ids, writes)) => {
+                out.writes.extend(writes);
+                out.replies.push(deferred(reply, ids));
+            }
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Cancel {
+            caller,
+            ids,
+            mode,
+            reply,
+        } => match state.cancel(&caller, &ids, mode, now, out) {
+            Ok(outcomes) => out.replies.push(deferred(reply, outcomes)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Update {
+            caller,
+            ids,
+            change,
+            reply,
+        } => match state.update(&caller, &ids, change, out) {
+            Ok(outcomes) => out.replies.push(deferred(reply, outcomes)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Drain {
+            caller,
+            node,
+            reason,
+            at_once,
+            gpu: Some(gpu),
+            reply,
+        } => match state.set_gpu_drain(&caller, &node, gpu, Some((reason, at_once)), now, out) {
+            Ok(node) => out.replies.push(deferred(reply, node)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Drain {
+            caller,
+            node,
+            reason,
+            at_once,
+            gpu: None,
+            reply,
+        } => {
+            let drained = state.set_drain(&caller, &node, Some(reason), now);
+            if at_once && drained.is_ok() {
+                let why = format!("{node} was drained at once");
+                state.requeue_jobs_on(&node, (gpool_core::model::RequeueCause::Requeued, &why), now, out);
+            }
+            node_reply(drained, reply, out)
+        }
+        Command::RemoveNode { caller, node, reply } => match state.remove_node(&caller, &node, out) {
+            Ok(()) => out.replies.push(deferred(reply, node)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Resume {
+            caller,
+            node,
+            gpu: Some(gpu),
+            reply,
+        } => match state.set_gpu_drain(&caller, &node, gpu, None, now, out) {
+            Ok(node) => out.replies.push(deferred(reply, node)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Resume {
+            caller,
+            node,
+            gpu: None,
+            reply,
+        } => node_reply(state.set_drain(&caller, &node, None, now), reply, out),
+        Command::Planned(words) => {
+            state.words = *words;
+            state.lend_task_reasons_to_arrays();
+        }
+        Command::Start { starts } => state.start(starts, now, out),
+        Command::Preempt { preemptions, holds } => state.preempt(preemptions, holds, now, out),
+        Command::Reload {
+            caller,
+            config,
+            revoked,
+            reply,
+        } => drop(reply.send(state.reload(caller.as_ref(), *config, &revoked))),
+        Command::CreateToken { caller, request, reply } => match state.create_token(&caller, request, now) {
+            Ok((record, text, writes)) => {
+                out.writes.extend(writes);
+                out.replies.push(deferred(reply, (record, text)));
+            }
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::RevokeToken { caller, id, reply } => match state.revoke_token(&caller, id, now) {
+            Ok((record, writes)) => {
+                out.writes.extend(writes);
+                out.replies.push(deferred(reply, record));
+            }
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::Checkpoint {
+            caller,
+            job,
+            attempt,
+            reply,
+        } => match state.checkpoint(&caller, job, attempt, now, out) {
+            Ok(outcome) => out.replies.push(deferred(reply, outcome)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
+        Command::AgentRegister {
+            node,
+            running,
+            ended,
+            conn,
+            reply,
+        } => {
+            state.register_agent(node, running, ended, conn, now, out);
+            out.replies.push(deferred(reply, ()));
+        }
+        Command::AgentHeartbeat {
+            node,
+            conn_id,
+            samples,
+            seq,
+            xids,
+            health_check,
+            spool_short,
+            readings_stuck,
+        } => {
+            if state.is_current_link(&node, conn_id) {
+                state.heartbeat(&node, conn_id);
+                state.grant_lease(&node, seq);
+                state.assess_health(&node, &samples, &xids, health_check, now, out);
+                state.assess_agent_drain(&node, health::SPOOL_DRAIN, &spool_short, now, out);
+                state.assess_agent_drain(&node, health::READINGS_DRAIN, &readings_stuck, now, out);
+                state.count_gpu_use(&node, &samples);
+                state.gpu_samples.insert(node.clone(), samples);
+                state.find_stragglers(&node, now, out);
+            }
+        }
+        Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),
+        Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id),
+        Command::Tick => {
+            state.end_unmeetable_dependencies(now, out);
+            state.mark_silent_nodes_down(now, out);
+            state.enforce_preemption_grace(now, out);
+            state.remove_old_ended_jobs(now, out);
+        }
+        Command::ToAgent { node, message, reply } => drop(reply.send(state.send_now(&node, message))),
+    }
+}
+
+fn node_reply(result: Result<(Node, Vec<Write>), Error>, reply: Reply<Node>, out: &mut Batch) {
+    match result {
+        Ok((node, writes)) => {
+            out.writes.extend(writes);
+            out.replies.push(deferred(reply, node));
+        }
+        Err(err) => drop(reply.send(Err(err))),
+    }
+}
+
+fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error> {
+    // Encoded a part at a time: a large batch goes on to its redo log as
+    // it is encoded.
+    let mut commit = store.begin();
+    // A job touched many times in a batch (an array's record as its tasks
+    // end) is encoded once.
+    let mut jobs_written = std::collections::HashSet::new();
+    for write in writes {
+        let records = &mut commit.records;
+        match write {
+            Write::Job(id) if !jobs_written.insert(*id) => {}
+            Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
+            Write::JobEnv(id) => state.jobs.get(id).into_iter().for_each(|job| records.job_env(job)),
+            Write::Node(name) | Write::NodeFaultSeen(name) => {
+                state.nodes.get(name).into_iter().for_each(|node| records.node(node))
+            }
+            Write::ForgetNode(name) => records.remove_node(name),
+            // Brought back into memory since (a new dependency): kept.
+            Write::ForgetJob(id, _) if state.jobs.contains_key(id) => {}
+            Write::ForgetJob(id, ended_at) => records.remove_job(*id, *ended_at),
+            Write::NextJobId => records.next_job_id(state.next_job_id),
+            Write::NextEpoch => records.next_epoch(state.next_epoch),
+            Write::Usage(team) => state
+                .usage
+                .get(team)
+                .into_iter()
+                .for_each(|ledger| records.usage(team, ledger)),
+            Write::Token(id) => state
+                .tokens
+                .get(id)
+                .into_iter()
+                .for_each(|record| records.token(record)),
+            Write::Attempt(record) => records.attempt(record),
+        }
+        commit.spill_if_full()?;
+    }
+    commit.finish()
+}
+
+/// The flusher: one blocking thread that makes a batch durable with one
+/// `flush`, then answers it. Returns the error that stopped it, if any.
+pub fn run_flusher(db: sled::Db, batches: std::sync::mpsc::Receiver<Vec<PendingReply>>) -> Result<(), Error> {
+    while let Ok(first) = batches.recv() {
+        let mut replies = first;
+        while let Ok(more) = batches.try_recv() {
+            replies.extend(more);
+        }
+        match db.flush() {
+            Ok(_) => replies.into_iter().for_each(|reply| reply(Ok(()))),
+            Err(err) => {
+                let message = err.to_string();
+                replies
+                    .into_iter()
+                    .for_each(|reply| reply(Err(Error::Storage(message.clone()))));
+                return Err(Error::Storage(message));
+            }
+        }
+    }
+    Ok(())
+}

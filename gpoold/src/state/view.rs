@@ -1,0 +1,206 @@
+//! The scheduler's view of the state: what each cycle plans from, and the
+//! entries of waiting jobs kept up to date for it.
+
+use super::*;
+
+impl State {
+    /// The scheduler's input: nodes with busy GPUs marked, the queue, the
+    /// running jobs, the teams' usage and the hour's waste budget. For a
+    /// cycle that only starts and preempts jobs (`starts_only`: no words on
+    /// why jobs wait), of the jobs that wait on GPUs alone only those of
+    /// each shape it could start, where that gives the same starts and
+    /// preemptions (`gpool_core::sched::window_gpus`); the view then says
+    /// it is `windowed`.
+    pub fn cluster_view(&self, now: Timestamp, starts_only: bool) -> ClusterView {
+        #[cfg(debug_assertions)]
+        self.check_waiting();
+        // Jobs with dependencies or singletons are looked at each cycle
+        // (their state depends on others'); the rest only by their view.
+        let gated: Vec<&Job> = self
+            .not_plain
+            .iter()
+            .filter(|id| self.waiting.get(id).is_some_and(|waiting| waiting.gated))
+            .filter_map(|id| self.job(*id))
+            .collect();
+        let singletons = self.singleton_holders(&gated);
+        let running: Vec<&Job> = self.running().collect();
+        let nodes = self.node_views(&running);
+        let running: Vec<_> = running
+            .into_iter()
+            .filter_map(running_view)
+            .map(|mut view| {
+                view.preempted_for = self.preempted_for.get(&view.id).copied().filter(|_| view.preempting);
+                view
+            })
+            .collect();
+        let promised = self.promised(&nodes);
+        // The jobs beside those that wait on GPUs alone: held, gated,
+        // arrays and their tasks.
+        let mut others: Vec<Arc<PendingJob>> = Vec::new();
+        let mut arrays: Vec<(&Job, bool)> = Vec::new();
+        let mut pending_tasks: HashMap<JobId, Vec<Arc<PendingJob>>> = HashMap::new();
+        for (id, waiting) in self.not_plain.iter().filter_map(|id| self.waiting.get_key_value(id)) {
+            let ready = !waiting.held
+                && (!waiting.gated
+                    || self
+                        .job(*id)
+                        .is_some_and(|job| begun(job, now) && self.dependencies_met(job, &singletons)));
+            match (waiting.array, waiting.task_of) {
+                (true, _) => arrays.extend(self.job(*id).map(|job| (job, ready))),
+                (false, _) if !ready => {}
+                (false, Some(array)) => pending_tasks.entry(array).or_default().push(waiting.view.clone()),
+                (false, None) => others.push(waiting.view.clone()),
+            }
+        }
+        // Tasks that are not jobs yet, for all arrays together, at most
+        // `ARRAY_VIEW_BUDGET`, shared out evenly: the cycle's cost stays
+        // bounded however many arrays wait, and every array is seen.
+        let n_ready = arrays.iter().filter(|(_, ready)| *ready).count().max(1);
+        let window = (arrays::ARRAY_VIEW_BUDGET / n_ready).clamp(arrays::ARRAY_VIEW_MIN, arrays::ARRAY_VIEW_WINDOW);
+        for (array, ready) in arrays {
+            let tasks = pending_tasks.remove(&array.id).unwrap_or_default();
+            self.array_view(array, ready, tasks, window, &mut others);
+        }
+        // Tasks of arrays that ended on their own terms (none, normally).
+        others.extend(pending_tasks.into_values().flatten());
+        let windowed = gpool_core::sched::cycle::window_for(
+            &nodes,
+            &running,
+            &self.policy,
+            &self.queue,
+            others.len(),
+            !starts_only,
+        );
+        let mut pending: Vec<Arc<PendingJob>> = match windowed {
+            Some(gpus) => self.queue.window(gpus).cloned().collect(),
+            None => {
+                let mut all = Vec::with_capacity(self.waiting.len());
+                all.extend(
+                    self.waiting
+                        .values()
+                        .filter(|waiting| waiting.plain())
+                        .map(|waiting| waiting.view.clone()),
+                );
+                all
+            }
+        };
+        pending.append(&mut others);
+        ClusterView {
+            nodes,
+            pending,
+            running,
+            promised,
+            usage: self.usage.clone(),
+            waste_budget_gpu_secs: self.waste_budget(now),
+            windowed: windowed.is_some(),
+        }
+    }
+
+    /// Brings job `id`'s entry in `waiting` up to date: after anything
+    /// that may change a pending job's view, hold or state.
+    pub(super) fn refresh_waiting(&mut self, id: JobId) {
+        let old = match self.jobs.get(&id).filter(|job| job.state == JobState::Pending) {
+            Some(job) => self.waiting.insert(id, Waiting::of(job, &self.queue)),
+            None => self.waiting.remove(&id),
+        };
+        if let Some(old) = old {
+            if old.plain() {
+                self.queue.remove(&old.view);
+            } else {
+                self.not_plain.remove(&id);
+            }
+        }
+        if let Some(new) = self.waiting.get(&id) {
+            if new.plain() {
+                self.queue.insert(new.view.clone());
+            } else {
+                self.not_plain.insert(id);
+            }
+        }
+    }
+
+    /// In debug builds (every test's gpoold), each cycle checks `waiting`
+    /// against the jobs themselves.
+    #[cfg(debug_assertions)]
+    fn check_waiting(&self) {
+        let expected: BTreeMap<JobId, Waiting> = self
+            .active_jobs()
+            .filter(|job| job.state == JobState::Pending)
+            .map(|job| (job.id, Waiting::of(job, &self.queue)))
+            .collect();
+        let ids = expected.keys().chain(self.waiting.keys());
+        if let Some(id) = ids.into_iter().find(|id| expected.get(id) != self.waiting.get(id)) {
+            panic!(
+                "the scheduler's copy of pending job {id} is stale: {:?}, the job gives {:?}",
+                self.waiting.get(id),
+                expected.get(id)
+            );
+        }
+        for (id, waiting) in &self.waiting {
+            let filed = if waiting.plain() {
+                self.queue.contains(&waiting.view)
+            } else {
+                self.not_plain.contains(id)
+            };
+            assert!(filed, "waiting job {id} is missing from the scheduler's queue");
+        }
+        assert_eq!(
+            self.queue.len() + self.not_plain.len(),
+            self.waiting.len(),
+            "the scheduler's queue holds jobs that do not wait"
+        );
+    }
+
+    /// The nodes as the scheduler sees them, with the GPUs of `running`
+    /// busy; nothing is launched where no agent is linked right now.
+    pub(super) fn node_views(&self, running: &[&Job]) -> Vec<NodeView> {
+        let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
+        for job in running {
+            if let JobState::Running { placement, .. } = &job.state {
+                for part in placement {
+                    busy.entry(part.node.as_str()).or_default().extend(&part.gpu_indices);
+                }
+            }
+        }
+        self.nodes
+            .values()
+            .map(|node| {
+                let mut view = NodeView::from_node(node, busy.get(node.name.as_str()).map_or(&[], Vec::as_slice));
+                if !self.is_linked(&node.name) {
+                    view.availability = gpool_core::sched::Availability::Down;
+                }
+                view
+            })
+            .collect()
+    }
+
+    /// Whether a scheduling cycle could start or preempt anything now
+    /// (`gpool_core::sched::could_act`), looking at nodes and running jobs
+    /// only: the pending queue is not read.
+    pub fn cycle_could_act(&self) -> bool {
+        let running: Vec<&Job> = self.running().collect();
+        let running_views: Vec<_> = running.iter().copied().filter_map(running_view).collect();
+        gpool_core::sched::could_act(&self.node_views(&running), &running_views, &self.policy)
+    }
+
+    /// Whether the newest job waits with no word yet on why (it was just
+    /// submitted): then a cycle runs even where it could start nothing.
+    /// Held jobs and jobs that wait on others are passed over (back to
+    /// `UNEXPLAINED_LOOK_BACK` jobs): a cycle does not see them, so it
+    /// never gives them words (they are their hold and their dependencies),
+    /// and one such job last in line would make every cycle a whole one.
+    pub fn newest_waits_unexplained(&self) -> bool {
+        self.active
+            .iter()
+            .rev()
+            .take(UNEXPLAINED_LOOK_BACK)
+            .find(|id| {
+                !self
+                    .waiting
+                    .get(id)
+                    .is_some_and(|waiting| waiting.held || waiting.gated)
+            })
+            .and_then(|id| self.jobs.get(id))
+            .is_some_and(|job| job.state == JobState::Pending && self.words.reasons(job.id).is_none())
+    }
+}
