@@ -2,7 +2,7 @@
 //! `main` only parses flags.
 
 pub mod api;
-pub mod config;
+pub use gpool_config as config;
 pub mod error;
 pub mod metrics;
 pub mod notify;

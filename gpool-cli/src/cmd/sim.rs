@@ -144,7 +144,7 @@ fn read(path: &Path, what: &str) -> Result<String, CliError> {
 /// A gpoold.toml's policy and per-model prices.
 fn load_policy(path: &Path) -> Result<(gpool_core::sched::Policy, gpool_core::accounting::Pricing), CliError> {
     let text = read(path, "--policy")?;
-    let config = gpoold::config::Config::parse_policy(&path.display().to_string(), &text)
+    let config = gpool_config::Config::parse_policy(&path.display().to_string(), &text)
         .map_err(|err| CliError::Usage(err.to_string()))?;
     Ok((config.policy, config.accounting.pricing))
 }

@@ -81,7 +81,7 @@ pub struct Store {
 }
 
 /// Records in one history file, by default.
-pub const RECORDS_PER_FILE: usize = 4096;
+pub use gpool_config::RECORDS_PER_FILE;
 /// The newest records of each kind that stay in sled at most. sled's
 /// memory follows the most records it held at once (it keeps what it
 /// freed), so it seals small: holding up to 8,192 ended jobs instead of

@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How long an agent may be silent before its node is down.
+/// Ended jobs and accounting records per sealed history file, unless
+/// `history_file_records` says otherwise.
+pub const RECORDS_PER_FILE: usize = 4096;
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The shortest node timeout: its last quarter, the fencing margin (see
 /// ARCHITECTURE.md), must be at least a second.
@@ -501,7 +504,7 @@ impl Config {
             ),
         };
         let history_file_records = match parsed.history_file_records {
-            None => crate::state::store::RECORDS_PER_FILE,
+            None => RECORDS_PER_FILE,
             Some(number) => usize::try_from(*number.get_ref())
                 .ok()
                 .filter(|number| (16..=1_000_000).contains(number))
@@ -1101,7 +1104,7 @@ mod tests {
         let config = Config::parse("g.toml", &format!("{base}history_file_records = 16\n")).unwrap();
         assert_eq!(config.history_file_records, 16);
         let config = Config::parse("g.toml", base).unwrap();
-        assert_eq!(config.history_file_records, crate::state::store::RECORDS_PER_FILE);
+        assert_eq!(config.history_file_records, RECORDS_PER_FILE);
     }
 
     #[test]
