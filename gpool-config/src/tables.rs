@@ -1,0 +1,347 @@
+//! The policy's tables of gpoold.toml, each checked: `[[reservation]]`,
+//! `[accounting]`, and `[sharing]` with its `[[team]]`s and `[[qos]]`.
+
+use super::*;
+
+/// One `[[reservation]]`, checked: a name, nodes, and a window that ends
+/// after it starts.
+pub(super) fn reservation_from_file(
+    spanned: toml::Spanned<ReservationFile>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<gpool_core::sched::reservations::Reservation, ConfigError> {
+    let at = spanned.span().start;
+    let file = spanned.into_inner();
+    let name = file.name;
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !name_ok {
+        return Err(invalid(
+            at,
+            format!("reservation.name: {name:?} is not letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    if file.nodes.is_empty() {
+        return Err(invalid(
+            at,
+            format!("reservation.nodes: reservation {name} names no node"),
+        ));
+    }
+    let moment = |field: &str, text: &str| -> Result<Timestamp, ConfigError> {
+        match gpool_core::model::Begin::parse(text) {
+            Ok(gpool_core::model::Begin::At(at)) => Ok(at),
+            _ => Err(invalid(
+                at,
+                format!("reservation.{field}: {text:?} is not a date or time such as 2026-12-01T08:00:00Z"),
+            )),
+        }
+    };
+    let start = moment("start", &file.start)?;
+    let end = match (&file.duration, &file.end) {
+        (Some(duration), None) => {
+            let secs = humantime::parse_duration(duration)
+                .map_err(|_| {
+                    invalid(
+                        at,
+                        format!("reservation.duration: {duration:?} is not a duration such as 4h"),
+                    )
+                })?
+                .as_secs();
+            Timestamp(start.0.saturating_add(secs.min(i64::MAX as u64 / 1000) as i64 * 1000))
+        }
+        (None, Some(end)) => moment("end", end)?,
+        _ => {
+            return Err(invalid(
+                at,
+                format!("reservation.duration: reservation {name} needs a duration or an end, one of them"),
+            ))
+        }
+    };
+    if end <= start {
+        return Err(invalid(
+            at,
+            format!("reservation.end: reservation {name} ends before it starts"),
+        ));
+    }
+    if end.0 > gpool_core::model::Begin::LATEST_MS {
+        return Err(invalid(
+            at,
+            format!("reservation.end: reservation {name} ends after the year 9999"),
+        ));
+    }
+    Ok(gpool_core::sched::reservations::Reservation {
+        name,
+        nodes: file.nodes,
+        start,
+        end,
+        users: file.users,
+        teams: file.teams,
+    })
+}
+
+/// The `[accounting]` table, checked: prices are finite and not negative,
+/// a team or project has one cost centre.
+pub(super) fn accounting_from_file(
+    file: toml::Spanned<AccountingFile>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Accounting, ConfigError> {
+    let at = file.span().start;
+    let file = file.into_inner();
+    let mut accounting = Accounting::default();
+    if let Some(keep) = file.keep {
+        accounting.keep = match keep.get_ref().as_str() {
+            "forever" => None,
+            text => Some(
+                humantime::parse_duration(text)
+                    .ok()
+                    .filter(|age| *age >= Duration::from_secs(1))
+                    .ok_or_else(|| {
+                        invalid(
+                            keep.span().start,
+                            format!("accounting.keep: {text:?} is not \"forever\" or a duration such as 400d"),
+                        )
+                    })?,
+            ),
+        };
+    }
+    if let Some(currency) = file.currency {
+        accounting.pricing.currency = currency;
+    }
+    if let Some(percentile) = file.savings_percentile {
+        if !(percentile > 0.0 && percentile <= 100.0) {
+            return Err(invalid(
+                at,
+                format!("accounting.savings_percentile: {percentile} is not above 0 and at most 100"),
+            ));
+        }
+        accounting.savings.percentile = percentile;
+    }
+    for (model, price) in file.prices {
+        if !price.is_finite() || price < 0.0 {
+            return Err(invalid(
+                at,
+                format!("accounting.prices.{model}: {price} is not a price (a number, 0 or more, per GPU-hour)"),
+            ));
+        }
+        accounting.pricing.per_gpu_hour.insert(GpuModel::new(&model), price);
+    }
+    for (center, members) in file.cost_centers {
+        for (kind, names, map) in [
+            ("teams", members.teams, &mut accounting.pricing.team_centers),
+            ("projects", members.projects, &mut accounting.pricing.project_centers),
+        ] {
+            for name in names {
+                if let Some(other) = map.insert(name.clone(), center.clone()) {
+                    return Err(invalid(
+                        at,
+                        format!("accounting.cost_centers.{center}.{kind}: {name:?} is in cost centre {other:?} too"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(accounting)
+}
+
+/// The `[sharing]`, `[[team]]` and `[[qos]]` tables as the scheduler's
+/// `Sharing`; `invalid(offset, message)` makes an error at a line.
+pub(super) fn sharing_from_file(
+    file: Option<toml::Spanned<SharingFile>>,
+    teams: Vec<toml::Spanned<TeamFile>>,
+    qos: Vec<toml::Spanned<QosFile>>,
+    policy_pools: &[String],
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Sharing, ConfigError> {
+    let mut sharing = Sharing::default();
+    let name_ok = |name: &str| {
+        !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
+    let duration = |offset: usize, field: &str, text: &Option<String>| -> Result<Option<u64>, ConfigError> {
+        match text {
+            None => Ok(None),
+            Some(text) => parse_duration(text)
+                .map(Some)
+                .map_err(|reason| invalid(offset, format!("{field}: {reason}"))),
+        }
+    };
+    if let Some(spanned) = file {
+        let at = spanned.span().start;
+        let file = spanned.into_inner();
+        if let Some(period) = &file.period {
+            sharing.period = match period.as_str() {
+                "day" => Period::Day,
+                "week" => Period::Week,
+                "month" => Period::Month,
+                other => {
+                    return Err(invalid(
+                        at,
+                        format!("sharing.period: {other:?} is not day, week or month"),
+                    ))
+                }
+            };
+        }
+        if let Some(zone) = &file.time_zone {
+            sharing.time_zone = jiff::tz::TimeZone::get(zone)
+                .map_err(|err| invalid(at, format!("sharing.time_zone: {zone:?}: {err}")))?;
+        }
+        if let Some(half_life) = duration(at, "sharing.half_life", &file.half_life)? {
+            sharing.half_life_secs = half_life as f64;
+        }
+        if let Some(cap) = file.waste_cap_gpu_hours_per_hour {
+            if cap.is_nan() || cap < 0.0 {
+                return Err(invalid(
+                    at,
+                    format!("sharing.waste_cap_gpu_hours_per_hour: {cap} is not zero or more"),
+                ));
+            }
+            sharing.waste_cap_gpu_hours_per_hour = cap;
+        }
+        if let Some(max_grace) = duration(at, "sharing.max_grace", &file.max_grace)? {
+            sharing.max_grace_secs = max_grace;
+        }
+        if let Some(max_user_priority) = file.max_user_priority {
+            if max_user_priority < 0 {
+                return Err(invalid(
+                    at,
+                    format!("sharing.max_user_priority: {max_user_priority} is not zero or more"),
+                ));
+            }
+            sharing.max_user_priority = max_user_priority;
+        }
+        if let Some(default_qos) = file.default_qos {
+            sharing.default_qos = default_qos;
+        }
+        sharing.user_limits = UserLimits {
+            max_jobs: file.max_jobs_per_user,
+            max_gpus: file.max_gpus_per_user,
+            max_submit: file.max_submit_per_user,
+        };
+        if let Some(weights) = file.weights {
+            let weight = |field: &str, value: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+                match value {
+                    Some(value) if value.is_nan() || value < 0.0 => Err(invalid(
+                        at,
+                        format!("sharing.weights.{field}: {value} is not zero or more"),
+                    )),
+                    Some(value) => Ok(value),
+                    None => Ok(default),
+                }
+            };
+            let defaults = sharing.weights;
+            sharing.weights = Weights {
+                qos: weight("qos", weights.qos, defaults.qos)?,
+                fair_share: weight("fair_share", weights.fair_share, defaults.fair_share)?,
+                age: weight("age", weights.age, defaults.age)?,
+                size: weight("size", weights.size, defaults.size)?,
+                max_age_secs: duration(at, "sharing.weights.max_age", &weights.max_age)?
+                    .unwrap_or(defaults.max_age_secs),
+            };
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for spanned in teams {
+        let at = spanned.span().start;
+        let team = spanned.into_inner();
+        if !name_ok(&team.name) || !seen.insert(team.name.clone()) {
+            return Err(invalid(
+                at,
+                format!(
+                    "team.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
+                    team.name
+                ),
+            ));
+        }
+        if team.shares == 0 {
+            return Err(invalid(
+                at,
+                format!("team.shares: team {} needs at least 1 share", team.name),
+            ));
+        }
+        if let Some(max_gpus) = team.max_gpus.filter(|max| *max < team.guaranteed_gpus) {
+            return Err(invalid(
+                at,
+                format!(
+                    "team.max_gpus: team {} caps at {max_gpus} GPUs, below its {} guaranteed",
+                    team.name, team.guaranteed_gpus
+                ),
+            ));
+        }
+        sharing.teams.push(Team {
+            name: team.name,
+            shares: team.shares,
+            guaranteed_gpus: team.guaranteed_gpus,
+            guaranteed_in: team
+                .guaranteed_in
+                .into_iter()
+                .map(|(key, gpus)| {
+                    // A pool name as written; anything else is a GPU model.
+                    let pool = policy_pools.contains(&key);
+                    (
+                        if pool {
+                            key
+                        } else {
+                            GpuModel::new(&key).as_str().to_string()
+                        },
+                        gpus,
+                    )
+                })
+                .collect(),
+            gpu_hours: team.gpu_hours,
+            max_gpus: team.max_gpus,
+            members: team.members,
+            leads: team.leads,
+            user_limits: UserLimits {
+                max_jobs: team.max_jobs_per_user,
+                max_gpus: team.max_gpus_per_user,
+                max_submit: team.max_submit_per_user,
+            },
+        });
+    }
+    if !qos.is_empty() {
+        sharing.qos.clear();
+    }
+    for spanned in qos {
+        let at = spanned.span().start;
+        let class = spanned.into_inner();
+        if !name_ok(&class.name) || sharing.qos.iter().any(|q| q.name == class.name) {
+            return Err(invalid(
+                at,
+                format!(
+                    "qos.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
+                    class.name
+                ),
+            ));
+        }
+        sharing.qos.push(Qos {
+            priority: class.priority,
+            max_time_secs: duration(at, "qos.max_time", &class.max_time)?,
+            preempt_lower: class.preempt_lower,
+            // "0s": no minimum runtime, as leaving it out.
+            min_runtime_secs: match class.min_runtime.as_deref().map(str::trim) {
+                Some("0" | "0s" | "0m") => 0,
+                _ => duration(at, "qos.min_runtime", &class.min_runtime)?.unwrap_or(0),
+            },
+            grace_secs: duration(at, "qos.grace", &class.grace)?.unwrap_or(60),
+            reserve_gpus: class.reserve_gpus,
+            user_limits: UserLimits {
+                max_jobs: class.max_jobs_per_user,
+                max_gpus: class.max_gpus_per_user,
+                max_submit: class.max_submit_per_user,
+            },
+            name: class.name,
+        });
+    }
+    if sharing.qos(&sharing.default_qos).is_none() {
+        return Err(invalid(
+            0,
+            format!("sharing.default_qos: no [[qos]] is named {:?}", sharing.default_qos),
+        ));
+    }
+    Ok(sharing)
+}

@@ -1,0 +1,186 @@
+//! gpoold.toml's checks, each refusal naming its line and field.
+
+use super::*;
+
+#[test]
+fn every_example_config_parses() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+    let path = dir.join("gpoold.toml");
+    let config = Config::load(&path).unwrap_or_else(|err| panic!("{err}"));
+    assert!(config.policy.pool("").is_some());
+    let sharing = &config.policy.sharing;
+    assert_eq!(sharing.team("vision").guaranteed_gpus, 8);
+    let vision = sharing.team("vision");
+    assert_eq!(vision.guaranteed_in.get("inference"), Some(&2));
+    assert_eq!(vision.guaranteed_in.get("a100-80gb"), Some(&4));
+    assert_eq!(sharing.team_of_user("carol"), Some("nlp"));
+    assert!(sharing.qos("high").is_some_and(|q| q.preempt_lower));
+    assert_eq!(sharing.qos("").map(|q| q.name.as_str()), Some("normal"));
+    let pricing = &config.accounting.pricing;
+    assert_eq!(pricing.price(&GpuModel::new("H100")), Some(4.10));
+    assert_eq!(pricing.cost_center("ml", "ads-ranking"), "ads");
+    assert_eq!(pricing.cost_center("nlp", "x"), "research");
+}
+
+#[test]
+fn history_file_records_is_a_number_in_range() {
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n";
+    for bad in ["15", "1000001", "-1"] {
+        let err = Config::parse("g.toml", &format!("{base}history_file_records = {bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "history_file_records: {bad} is not a number from 16 to 1000000"
+            )),
+            "{err}"
+        );
+    }
+    let config = Config::parse("g.toml", &format!("{base}history_file_records = 16\n")).unwrap();
+    assert_eq!(config.history_file_records, 16);
+    let config = Config::parse("g.toml", base).unwrap();
+    assert_eq!(config.history_file_records, RECORDS_PER_FILE);
+}
+
+#[test]
+fn accounting_errors_name_the_field() {
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[accounting]\n";
+    for (extra, expected) in [
+        (
+            "[accounting.prices]\nh100 = -1.0\n",
+            "accounting.prices.h100: -1 is not a price",
+        ),
+        ("keep = \"soon\"\n", "accounting.keep: \"soon\" is not"),
+        (
+            "savings_percentile = 0.0\n",
+            "accounting.savings_percentile: 0 is not above 0",
+        ),
+        (
+            "[accounting.cost_centers.a]\nteams = [\"ml\"]\n[accounting.cost_centers.b]\nteams = [\"ml\"]\n",
+            "accounting.cost_centers.b.teams: \"ml\" is in cost centre \"a\" too",
+        ),
+        (
+            "[accounting.cost_centers.a]\nteams = [\"nobody\"]\n",
+            "accounting.cost_centers.a.teams: \"nobody\" is not a [[team]] of this file",
+        ),
+    ] {
+        let err = Config::parse("g.toml", &format!("{base}{extra}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{err}");
+    }
+    let config = Config::parse("g.toml", &format!("{base}keep = \"forever\"\n")).unwrap();
+    assert_eq!(config.accounting.keep, None);
+}
+
+#[test]
+fn health_errors_name_the_field() {
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[health]\n";
+    for (extra, expected) in [
+        (
+            "quiet_period = \"soon\"\n",
+            "health.quiet_period: \"soon\" is not a duration such as 10m",
+        ),
+        (
+            "max_temperature_c = 20\n",
+            "health.max_temperature_c: 20 is not from 40 to 150",
+        ),
+        ("hot_for = \"1x\"\n", "health.hot_for: \"1x\""),
+        ("missing = \"1s\"\n", "unknown field `missing`"),
+    ] {
+        let err = Config::parse("g.toml", &format!("{base}{extra}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{err}");
+    }
+    let config = Config::parse(
+        "g.toml",
+        &format!("{base}quiet_period = \"30s\"\nmissing_for = \"5s\"\n"),
+    )
+    .unwrap();
+    assert_eq!((config.health.quiet_ms, config.health.missing_for_ms), (30_000, 5_000));
+}
+
+#[test]
+fn sharing_errors_name_the_line_and_field() {
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n";
+    let cases = [
+        (
+            "[sharing]\nperiod = \"year\"\n",
+            "g.toml:3: sharing.period: \"year\" is not day, week or month",
+        ),
+        (
+            "[sharing]\ntime_zone = \"Mars/Olympus\"\n",
+            "g.toml:3: sharing.time_zone: \"Mars/Olympus\"",
+        ),
+        (
+            "\n[[team]]\nname = \"a\"\nshares = 0\n",
+            "g.toml:4: team.shares: team a needs at least 1 share",
+        ),
+        (
+            "[[team]]\nname = \"a\"\nguaranteed_gpus = 8\nmax_gpus = 4\n",
+            "g.toml:3: team.max_gpus: team a caps at 4 GPUs, below its 8 guaranteed",
+        ),
+        (
+            "[[reservation]]\nname = \"m\"\nnodes = [\"n1\"]\nstart = \"2026-12-01T08:00:00Z\"\nend = \"2026-12-01T07:00:00Z\"\n",
+            "g.toml:3: reservation.end: reservation m ends before it starts",
+        ),
+        (
+            "[[reservation]]\nname = \"m\"\nnodes = [\"n1\"]\nstart = \"soon\"\nduration = \"1h\"\n",
+            "g.toml:3: reservation.start: \"soon\" is not a date or time",
+        ),
+        (
+            "[[reservation]]\nname = \"m\"\nnodes = [\"n1\"]\nstart = \"2026-12-01\"\n",
+            "g.toml:3: reservation.duration: reservation m needs a duration or an end",
+        ),
+        (
+            "[[qos]]\nname = \"x\"\nmax_time = \"soon\"\n",
+            "g.toml:3: qos.max_time: \"soon\" is not a duration",
+        ),
+        (
+            "[sharing]\ndefault_qos = \"gold\"\n",
+            "g.toml:1: sharing.default_qos: no [[qos]] is named \"gold\"",
+        ),
+        ("[[team]]\nname = \"a\"\ngpus = 3\n", "g.toml:5: unknown field `gpus`"),
+    ];
+    for (extra, expected) in cases {
+        let err = Config::parse("g.toml", &format!("{base}{extra}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with(expected), "{extra:?} gave {err:?}");
+    }
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    let err = Config::parse("g.toml", "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\nlisen = 3\n").unwrap_err();
+    assert_eq!(
+        err.to_string().split(',').next().unwrap(),
+        "g.toml:3: unknown field `lisen`"
+    );
+    let err = Config::parse("g.toml", "state_dir = \"/x\"\nlisten = \"0.0.0.0:0\"\n").unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("g.toml:2: listen: \"0.0.0.0:0\": port 0 would be a new port"),
+        "{err}"
+    );
+    assert!(Config::parse("g.toml", "state_dir = \"/x\"\nlisten = \"127.0.0.1:0\"\n").is_ok());
+    let err = Config::parse(
+        "g.toml",
+        "node_timeout = \"1s\"\nlisten = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("shortest node timeout, 4s"), "{err}");
+    let err = Config::parse("g.toml", "state_dir = \"/x\"\nlisten = \"nowhere\"\n").unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("g.toml:2: listen: \"nowhere\" is not host:port"),
+        "{err}"
+    );
+    let err = Config::parse(
+        "g.toml",
+        "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\ndefault_pool = \"big\"\n",
+    )
+    .unwrap_err();
+    assert_eq!(err.to_string(), "g.toml:3: default_pool: no [[pool]] is named \"big\"");
+}
