@@ -32,9 +32,15 @@ pub fn write_stdout(text: std::fmt::Arguments) {
 /// Exit code when stdout was closed early (128 + SIGPIPE).
 pub const EXIT_CLOSED_STDOUT: u8 = 141;
 
+#[cfg(test)]
+mod cli_tests;
 mod client;
 mod cmd;
+mod error;
+mod man;
 mod output;
+
+pub use error::CliError;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -384,116 +390,6 @@ fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(text).map_err(|err| format!("{text:?} is not a duration such as 30s, or 0: {err}"))
 }
 
-/// Everything that ends a `gpool` run early, mapped to an exit code once.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    #[error("{0}")]
-    Usage(String),
-    #[error("cannot reach gpoold at {addr}: {reason}")]
-    Unreachable { addr: String, reason: String },
-    #[error("{0}")]
-    Refused(String),
-}
-
-impl CliError {
-    fn exit_code(&self) -> u8 {
-        match self {
-            CliError::Refused(_) => 1,
-            CliError::Usage(_) => 2,
-            CliError::Unreachable { .. } => 69,
-        }
-    }
-
-    /// A gRPC error from the controller at `addr`.
-    pub fn from_status(addr: &str, status: tonic::Status) -> CliError {
-        let message = status.message();
-        if status.code() == tonic::Code::Cancelled && message.contains("Timeout expired") {
-            return CliError::Unreachable {
-                addr: addr.to_string(),
-                reason: "no answer within the timeout (--timeout, GPOOL_TIMEOUT)".into(),
-            };
-        }
-        // The connection was made, then the call broke: what answers there
-        // closed it, or does not speak gRPC over HTTP/2.
-        let broken = "the connection broke before an answer: is the address gpoold's (gRPC over HTTP/2), and does it accept you?";
-        if message.contains("protocol error") || message.contains("frame with invalid size") {
-            return CliError::Unreachable {
-                addr: addr.to_string(),
-                reason: format!("{broken} ({message})"),
-            };
-        }
-        match status.code() {
-            tonic::Code::Unavailable | tonic::Code::Unknown if message.contains("tcp connect") => {
-                CliError::Unreachable {
-                    addr: addr.to_string(),
-                    reason: message.to_string(),
-                }
-            }
-            tonic::Code::Unavailable | tonic::Code::Unknown if message.contains("transport") => CliError::Unreachable {
-                addr: addr.to_string(),
-                reason: format!("{broken} ({message})"),
-            },
-            tonic::Code::Unavailable | tonic::Code::Cancelled => CliError::Unreachable {
-                addr: addr.to_string(),
-                reason: format!("{broken} ({message})"),
-            },
-            tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
-                CliError::Usage(format!("refused: {}", status.message()))
-            }
-            _ => CliError::Refused(status.message().to_string()),
-        }
-    }
-}
-
-/// What every man page adds to clap's: EXIT STATUS and ENVIRONMENT (the
-/// README's tables, in roff).
-const MAN_SECTIONS: &str = r#".SH "EXIT STATUS"
-.TP
-0
-Success.
-.TP
-1
-The controller refused or failed the request (an unknown job id, a permission); for cancel, some id was left alone.
-.TP
-2
-Bad usage or input: a flag, a job file, a spec the controller refused.
-.TP
-69
-The controller could not be reached (the address tried is printed).
-.TP
-3, 124, 125, 130
-submit \-\-wait and wait: a job failed (exited non\-zero, was killed, never started, lost its node), ran out of time, or was cancelled (the first such job in submit order decides), or waiting was interrupted. submit \-\-attach exits with the job's own code instead (128+N for signal N), as srun does.
-.TP
-141
-Standard output was closed before gpool was done.
-.SH ENVIRONMENT
-.TP
-GPOOL_SERVER
-The controller's address (HOST:PORT, https://HOST:PORT or unix:PATH), as \-\-server.
-.TP
-GPOOL_TOKEN
-The caller's token (else ~/.config/gpool/token).
-.TP
-GPOOL_CA
-The cluster CA that the controller's certificate must chain to (else ~/.config/gpool/ca.pem).
-.TP
-GPOOL_TIMEOUT
-How long to wait for an answer, as \-\-timeout (default 30s).
-"#;
-
-/// Appends `MAN_SECTIONS` to every page `clap_mangen` wrote in `dir`.
-fn add_man_sections(dir: &std::path::Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|ext| ext == "1") {
-            let mut page = std::fs::read_to_string(&path)?;
-            page.push_str(MAN_SECTIONS);
-            std::fs::write(&path, page)?;
-        }
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
     let mut cli = Cli::parse_from(&argv);
@@ -577,7 +473,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             std::fs::create_dir_all(&out).map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
             clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &out)
                 .map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
-            add_man_sections(&out).map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
+            man::add_man_sections(&out).map_err(|err| CliError::Usage(format!("--out {}: {err}", out.display())))?;
             outln!("man pages written to {}", out.display());
             Ok(0)
         }
@@ -678,76 +574,5 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Usage { team } => cmd::sharing::usage(&ctx, team).await.map(|()| 0),
         Command::Checkpoint { job, attempt } => cmd::checkpoint::run(&ctx, job, attempt).await.map(|()| 0),
         Command::Resume { node, gpu } => cmd::nodes::drain(&ctx, node, gpu, None).await.map(|()| 0),
-    }
-}
-
-#[cfg(test)]
-mod cli_tests {
-    use super::Cli;
-    use clap::{CommandFactory, Parser};
-
-    /// Every command, flag and argument says what it is for, in `--help`
-    /// and in the man pages alike.
-    #[test]
-    fn everything_has_a_help_line() {
-        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
-            let path = format!("{path} {}", command.get_name());
-            if command.get_about().is_none() && path != " gpool" {
-                missing.push(path.clone());
-            }
-            for arg in command.get_arguments() {
-                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
-                if !builtin && arg.get_help().is_none() {
-                    missing.push(format!("{path} {}", arg.get_id()));
-                }
-            }
-            for sub in command.get_subcommands() {
-                walk(sub, &path, missing);
-            }
-        }
-        let mut missing = Vec::new();
-        walk(&Cli::command(), "", &mut missing);
-        assert!(missing.is_empty(), "without a help line: {missing:#?}");
-    }
-
-    #[test]
-    fn a_script_takes_its_arguments_and_later_flags_win() {
-        let cli = Cli::try_parse_from(["gpool", "submit", "-G", "2", "job.sh", "--lr", "1", "-G"]).unwrap();
-        let super::Command::Submit(args) = cli.command else {
-            panic!()
-        };
-        assert_eq!(args.command, ["job.sh", "--lr", "1", "-G"]);
-        let cli = Cli::try_parse_from(["gpool", "submit", "--gpus", "1", "--gpus", "2", "--", "true"]);
-        assert!(cli.is_ok(), "{:?}", cli.err());
-        assert!(Cli::try_parse_from(["gpool", "submit", "-f", "x.toml", "job.sh"]).is_err());
-    }
-
-    #[test]
-    fn slurm_short_flags() {
-        let cli = Cli::try_parse_from([
-            "gpool",
-            "submit",
-            "-J",
-            "train",
-            "-t",
-            "2h",
-            "-N",
-            "2",
-            "-G",
-            "4",
-            "-p",
-            "big",
-            "-q",
-            "high",
-            "-a",
-            "0-9%2",
-            "-o",
-            "out/%A_%a.log",
-            "-e",
-            "err/%j.log",
-            "--",
-            "true",
-        ]);
-        assert!(cli.is_ok(), "{:?}", cli.err());
     }
 }
