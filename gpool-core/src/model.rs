@@ -337,6 +337,12 @@ mod notify_tests {
     fn targets_and_events_parse_and_pools_admit_what_they_allow() {
         let hook = Notify::parse("https://hooks.example.com/x", Some("start,fail")).unwrap();
         assert!(hook.is_webhook() && hook.on_start && hook.on_fail && !hook.on_end);
+        assert_eq!(hook.event(Change::Started), Some("start"));
+        assert_eq!(hook.event(Change::Ended { completed: false }), Some("fail"));
+        assert_eq!(hook.event(Change::Ended { completed: true }), None);
+        let ends = Notify::parse("https://hooks.example.com/x", None).unwrap();
+        assert_eq!(ends.event(Change::Ended { completed: true }), Some("end"));
+        assert_eq!(ends.event(Change::Started), None);
         assert!(Notify::parse("mail:ops@example.com", None).unwrap().on_end);
         for bad in ["ftp://x", "mail:nobody", "mail:-oQ@x", "https://a b", ""] {
             assert!(Notify::parse(bad, None).is_err(), "{bad}");
@@ -384,7 +390,25 @@ mod notify_tests {
     }
 }
 
+/// What happened to a job, as `--notify` tells of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Started,
+    Ended { completed: bool },
+}
+
 impl Notify {
+    /// The event to send for `change`, if the job asked for one: `start`,
+    /// `end` (every end), or `fail` (an end other than completed, where
+    /// only failures were asked for).
+    pub fn event(&self, change: Change) -> Option<&'static str> {
+        match change {
+            Change::Started => self.on_start.then_some("start"),
+            Change::Ended { .. } if self.on_end => Some("end"),
+            Change::Ended { completed } => (self.on_fail && !completed).then_some("fail"),
+        }
+    }
+
     /// The most bytes of a `--notify` target.
     pub const MAX_TARGET_BYTES: usize = 2048;
 

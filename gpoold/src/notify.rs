@@ -8,7 +8,7 @@
 //! flood (said in the log).
 
 use crate::state::StateHandle;
-use gpool_core::model::Notify;
+use gpool_core::model::{Change, Notify};
 use gpool_core::JobId;
 use gpool_proto::convert::state_name;
 use gpool_proto::pb;
@@ -52,16 +52,14 @@ pub async fn run(handle: StateHandle) {
         let ended = gpool_proto::convert::is_ended(state);
         let event = if ended && !entry.ended {
             entry.ended = true;
-            let failed = state != pb::JobState::Completed;
-            match (notify.on_end, notify.on_fail && failed) {
-                (true, _) => Some("end"),
-                (false, true) => Some("fail"),
-                (false, false) => None,
-            }
+            notify.event(Change::Ended {
+                completed: state == pb::JobState::Completed,
+            })
         } else if state == pb::JobState::Running && entry.started < job.attempt {
             entry.started = job.attempt;
+            // Not one that started before this gpoold did.
             let new = job.started_at_ms.is_some_and(|at| at >= since);
-            (notify.on_start && new).then_some("start")
+            notify.event(Change::Started).filter(|_| new)
         } else {
             None
         };

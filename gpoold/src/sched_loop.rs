@@ -129,7 +129,8 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         if let Some(plan) = words_plan {
             // After the starts: playing the queue forward for its
             // estimates costs up to ESTIMATE_STEPS cycles.
-            let estimates = tokio::task::block_in_place(|| estimated_starts(&view, &plan, &policy, now));
+            let estimates =
+                tokio::task::block_in_place(|| gpool_core::sched::estimate::of_plan(&view, &plan, &policy, now));
             let planned = Command::Planned(Box::new(Words::of_plan(plan).with_estimates(estimates)));
             words_at = Some(Instant::now());
             // The whole cycle: its words cost most of it.
@@ -141,42 +142,6 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let factor = if settled { IDLE_FACTOR } else { BUSY_FACTOR };
         tokio::time::sleep(compute * factor).await;
     }
-}
-
-/// Jobs played forward for their estimated starts: the first ones by
-/// priority, so the cost stays bounded however long the queue.
-const ESTIMATED_JOBS: usize = 2_000;
-/// Job ends played forward.
-const ESTIMATE_STEPS: usize = 64;
-
-/// When the first `ESTIMATED_JOBS` waiting jobs by priority should start,
-/// the ones that start now left out (the cycle starts them).
-fn estimated_starts(
-    view: &gpool_core::sched::ClusterView,
-    plan: &gpool_core::sched::Plan,
-    policy: &gpool_core::sched::Policy,
-    now: Timestamp,
-) -> std::collections::HashMap<gpool_core::JobId, Timestamp> {
-    if view.pending.is_empty() || view.windowed {
-        return Default::default();
-    }
-    let mut pending = view.pending.clone();
-    if pending.len() > ESTIMATED_JOBS {
-        let priority: std::collections::HashMap<_, f64> =
-            plan.priorities.iter().map(|(id, p)| (*id, p.total)).collect();
-        pending.sort_by(|a, b| {
-            let of = |id| priority.get(&id).copied().unwrap_or(f64::MIN);
-            of(b.id).total_cmp(&of(a.id)).then(a.id.cmp(&b.id))
-        });
-        pending.truncate(ESTIMATED_JOBS);
-    }
-    let bounded = gpool_core::sched::ClusterView {
-        pending,
-        ..view.clone()
-    };
-    let mut estimates = gpool_core::sched::estimate::starts(&bounded, policy, now, ESTIMATE_STEPS);
-    estimates.retain(|_, at| *at > now);
-    estimates
 }
 
 /// A view of every waiting job, for a whole plan.

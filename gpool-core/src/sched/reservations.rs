@@ -41,6 +41,35 @@ impl Reservation {
     }
 }
 
+/// Why a job of `team` by `user` may not be submitted into reservation
+/// `name`, if so: no reservation of that name is still to come or open, or
+/// its users and teams leave them out (admins too: a maintenance window
+/// names none).
+pub fn admit(
+    reservations: &[Reservation],
+    name: &str,
+    (user, team): (&str, &str),
+    sharing: &crate::policy::Sharing,
+    now: Timestamp,
+) -> Result<(), String> {
+    let Some(reservation) = reservations.iter().find(|r| r.name == name) else {
+        let known: Vec<&str> = reservations.iter().map(|r| r.name.as_str()).collect();
+        return Err(match known.as_slice() {
+            [] => format!("no reservation is named {name:?} (gpoold.toml has none)"),
+            known => format!("no reservation is named {name:?} ({})", known.join(", ")),
+        });
+    };
+    if reservation.end <= now {
+        return Err(format!("reservation {name} has ended"));
+    }
+    if !reservation.admits(user, team, sharing) {
+        return Err(format!(
+            "user {user} (team {team}) is neither among reservation {name}'s users nor a member of its teams"
+        ));
+    }
+    Ok(())
+}
+
 /// A view with reservations applied, and why jobs they touch wait.
 pub struct Applied {
     pub view: ClusterView,
@@ -231,6 +260,30 @@ mod tests {
             "{}",
             reasons[0]
         );
+    }
+
+    #[test]
+    fn only_its_users_and_team_members_submit_into_it() {
+        let mut event = maintenance(100);
+        event.name = "event".into();
+        event.users = vec!["carol".into()];
+        event.teams = vec!["vision".into()];
+        let mut vision = crate::policy::Team::unlisted("vision");
+        vision.members = vec!["alice".into()];
+        let sharing = crate::policy::Sharing {
+            teams: vec![vision, crate::policy::Team::unlisted("nlp")],
+            ..Default::default()
+        };
+        let now = Timestamp(0);
+        let all = [event];
+        assert_eq!(admit(&all, "event", ("carol", "nlp"), &sharing, now), Ok(()));
+        assert_eq!(admit(&all, "event", ("alice", "vision"), &sharing, now), Ok(()));
+        let err = admit(&all, "event", ("bob", "vision"), &sharing, now).unwrap_err();
+        assert!(err.contains("user bob (team vision) is neither"), "{err}");
+        let err = admit(&all, "nope", ("carol", "nlp"), &sharing, now).unwrap_err();
+        assert_eq!(err, "no reservation is named \"nope\" (event)");
+        let err = admit(&all, "event", ("carol", "nlp"), &sharing, Timestamp(10_000_000)).unwrap_err();
+        assert_eq!(err, "reservation event has ended");
     }
 
     /// In the window: only its jobs use its nodes; its jobs wait while it

@@ -5,30 +5,6 @@
 use super::*;
 
 impl State {
-    /// Why `caller` may not submit `spec` into its reservation, if so: it
-    /// names none that is still to come or open, or one whose users and
-    /// teams leave them out (admins too: a maintenance window names none).
-    fn admit_into_reservation(&self, spec: &JobSpec, caller: &Caller, now: Timestamp) -> Result<(), String> {
-        let name = &spec.reservation;
-        let Some(reservation) = self.policy.reservations.iter().find(|r| &r.name == name) else {
-            let known: Vec<&str> = self.policy.reservations.iter().map(|r| r.name.as_str()).collect();
-            return Err(match known.as_slice() {
-                [] => format!("no reservation is named {name:?} (gpoold.toml has none)"),
-                known => format!("no reservation is named {name:?} ({})", known.join(", ")),
-            });
-        };
-        if reservation.end <= now {
-            return Err(format!("reservation {name} has ended"));
-        }
-        if !reservation.admits(&caller.user, &spec.team, &self.policy.sharing) {
-            return Err(format!(
-                "user {} (team {}) is neither among reservation {name}'s users nor a member of its teams",
-                caller.user, spec.team
-            ));
-        }
-        Ok(())
-    }
-
     /// Refuses a submit that would take `user` past a `max_submit_per_user`:
     /// their jobs pending or running (each task of an array) and `adding`.
     fn check_submit_caps(&self, user: &str, adding: &[Arc<JobSpec>]) -> Result<(), Error> {
@@ -112,12 +88,18 @@ impl State {
                 });
             }
             if !spec.reservation.is_empty() {
-                self.admit_into_reservation(&spec, caller, now)
-                    .map_err(|reason| Error::InvalidSpec {
-                        index,
-                        of,
-                        source: gpool_core::spec::spec_error("reservation", reason),
-                    })?;
+                gpool_core::sched::reservations::admit(
+                    &self.policy.reservations,
+                    &spec.reservation,
+                    (&caller.user, &spec.team),
+                    &self.policy.sharing,
+                    now,
+                )
+                .map_err(|reason| Error::InvalidSpec {
+                    index,
+                    of,
+                    source: gpool_core::spec::spec_error("reservation", reason),
+                })?;
             }
             if let Some(notify) = &spec.notify {
                 self.notify_rules.admit(notify).map_err(|reason| Error::InvalidSpec {
