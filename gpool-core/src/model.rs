@@ -835,6 +835,30 @@ pub struct LostAttempt {
 }
 
 impl Job {
+    /// A job just submitted by `user`: pending, never run.
+    pub fn pending(id: JobId, spec: std::sync::Arc<JobSpec>, user: &str, submitted_at: Timestamp) -> Job {
+        Job {
+            id,
+            spec,
+            user: user.into(),
+            submitted_at,
+            state: JobState::Pending,
+            n_attempts: 0,
+            last_nodes: ThinVec::new(),
+            n_preemptions: 0,
+            requeue_cause: None,
+            lost_gpu_secs: 0,
+            used_secs: 0,
+            lost_attempts: ThinVec::new(),
+            held: false,
+            array: None,
+            array_task: None,
+            past_attempts: ThinVec::new(),
+            gpu_use: None,
+            events: ThinVec::new(),
+        }
+    }
+
     /// Keeps `text` in the job's history, dropping the oldest beyond
     /// `MAX_JOB_EVENTS`.
     pub fn record_event(&mut self, at: Timestamp, text: String) {

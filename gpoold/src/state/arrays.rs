@@ -5,7 +5,7 @@
 use super::{Batch, State, Write};
 use gpool_core::array::{task_id, task_ids, ArraySpec, ArrayTask};
 use gpool_core::job_state::{JobEvent, JobState};
-use gpool_core::model::{Job, ThinVec};
+use gpool_core::model::Job;
 use gpool_core::sched::{JobShape, PendingJob};
 use gpool_core::{JobId, Timestamp};
 use gpool_proto::pb;
@@ -279,25 +279,10 @@ fn task_of(array: &Job, id: JobId, index: u32) -> Job {
     let mut spec = (*array.spec).clone();
     spec.array = None;
     Job {
-        id,
-        spec: Arc::new(spec),
-        user: array.user.clone(),
-        submitted_at: array.submitted_at,
-        state: JobState::Pending,
-        n_attempts: 0,
-        last_nodes: ThinVec::new(),
-        n_preemptions: 0,
-        requeue_cause: None,
-        lost_gpu_secs: 0,
-        used_secs: 0,
-        lost_attempts: ThinVec::new(),
         // A task that becomes a job while its array is held is held too.
         held: array.held,
-        array: None,
         array_task: Some(ArrayTask { array: array.id, index }),
-        past_attempts: ThinVec::new(),
-        gpu_use: None,
-        events: ThinVec::new(),
+        ..Job::pending(id, Arc::new(spec), &array.user, array.submitted_at)
     }
 }
 

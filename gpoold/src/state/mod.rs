@@ -36,7 +36,7 @@ use gpool_core::auth::{authorize, Action, Caller};
 use gpool_core::deps::{dependency_state, DepState, DepTarget};
 use gpool_core::feasibility::check_feasible;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
-use gpool_core::model::{Job, JobSpec, Node, ThinVec};
+use gpool_core::model::{Job, JobSpec, Node};
 use gpool_core::policy::{Ledger, Refusal};
 use gpool_core::sched::{ClusterView, JobShape, NodeView, PendingJob, Policy, Preemption, Queue, Start};
 use gpool_core::{Epoch, JobId, Timestamp};

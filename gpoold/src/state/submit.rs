@@ -153,24 +153,8 @@ impl State {
                 self.arrays.insert(id, n_tasks);
             }
             let job = Job {
-                id,
-                spec,
-                user: caller.user.as_str().into(),
-                submitted_at: now,
-                state: JobState::Pending,
-                n_attempts: 0,
-                last_nodes: ThinVec::new(),
-                n_preemptions: 0,
-                requeue_cause: None,
-                lost_gpu_secs: 0,
-                used_secs: 0,
-                lost_attempts: ThinVec::new(),
-                held: false,
                 array: n_tasks.map(|_| Default::default()),
-                array_task: None,
-                past_attempts: ThinVec::new(),
-                gpu_use: None,
-                events: ThinVec::new(),
+                ..Job::pending(id, spec, &caller.user, now)
             };
             self.jobs.insert(id, Box::new(job));
             self.active.insert(id);
