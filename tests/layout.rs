@@ -16,7 +16,7 @@ const OVER_THE_LIMIT: &[(&str, usize)] = &[
     ("gpool-agent/src/supervise.rs", 1041),
     ("gpoold/src/state/mod.rs", 992),
     ("gpoold/src/state/archive.rs", 889),
-    ("gpool-core/src/model.rs", 871),
+    ("gpool-core/src/model.rs", 623),
     ("gpool-core/src/spec.rs", 868),
     ("gpool-core/src/policy.rs", 797),
     ("gpool-config/src/lib.rs", 727),
