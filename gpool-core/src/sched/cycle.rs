@@ -3,7 +3,8 @@
 //! which plan is made of it (starts only, or every job explained), and the
 //! whole queue's plan where the window's would not do (`Plan::needs_whole`).
 //! The daemon and the simulator call these two functions and nothing else
-//! of `sched` to decide, so a replay shows what gpoold would do.
+//! of `sched` to decide, so a replay shows what gpoold would do. When a
+//! cycle is due at all is here too (`cycle_needed`).
 
 use super::{
     could_act, schedule, schedule_starts, window_gpus, ClusterView, NodeView, Plan, Policy, Queue, RunningJob,
@@ -50,4 +51,60 @@ pub fn plan(
         return schedule(&whole(), policy, now);
     }
     plan
+}
+
+/// What the scheduling loop keeps of its last full cycle: the generation of
+/// the state it saw (bumped by every change the scheduler could see) and
+/// whether that state let a cycle act (`could_act`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastCycle {
+    pub generation: u64,
+    pub could_act: bool,
+}
+
+/// How old the words on why jobs wait (priorities, places, reasons) may
+/// grow while nothing changes and nothing could start: only the age and
+/// fair-share terms of priorities move then.
+pub const RESTATE_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// While cycles start or preempt jobs, the words on why each waiting job
+/// waits (its reasons, priority and place) are restated at most this often.
+pub const WORDS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+/// ...and at most this share of the time goes to stating them: with a
+/// long queue (100,000 jobs wait) they cost tens of ms, which every 500 ms
+/// would take the time cycles need to start jobs.
+pub const WORDS_SHARE: u32 = 50;
+
+/// How long after words that took `cost` to state the next are due:
+/// `WORDS_EVERY`, or `cost` times `WORDS_SHARE` where that is longer.
+pub fn words_interval(cost: std::time::Duration) -> std::time::Duration {
+    WORDS_EVERY.max(cost.saturating_mul(WORDS_SHARE))
+}
+
+/// Whether a cycle must run now, or may be skipped because nothing changed
+/// since `last`. A change (a new `generation`) always runs one. With the
+/// state unchanged:
+/// - where the last cycle could start or preempt something, time alone may
+///   change the outcome (minimum runtimes run out, budgets and waste caps
+///   refill, fair shares decay), so the periodic cycle (`on_timer`) runs;
+///   a wake-up with nothing new is skipped;
+/// - where it could not (no free GPU, no possible victim), time cannot
+///   make it: the cycle runs only to restate the words once they are
+///   `RESTATE_IDLE_AFTER` old (`words_age`; `None`: never stated).
+pub fn cycle_needed(
+    last: Option<&LastCycle>,
+    generation: u64,
+    on_timer: bool,
+    words_age: Option<std::time::Duration>,
+) -> bool {
+    match last {
+        Some(last) if last.generation == generation => {
+            if last.could_act {
+                on_timer
+            } else {
+                words_age.is_none_or(|age| age >= RESTATE_IDLE_AFTER)
+            }
+        }
+        _ => true,
+    }
 }

@@ -15,9 +15,11 @@
 
 pub(super) mod backfill;
 pub mod cycle;
+pub use cycle::{cycle_needed, words_interval, LastCycle, RESTATE_IDLE_AFTER, WORDS_EVERY, WORDS_SHARE};
 pub mod estimate;
 mod index;
 pub mod invariants;
+mod lent;
 pub mod limits;
 mod plan;
 mod preempt;
@@ -376,62 +378,6 @@ pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy) ->
     free || running.iter().any(|job| job.burst) || policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
 }
 
-/// What the scheduling loop keeps of its last full cycle: the generation of
-/// the state it saw (bumped by every change the scheduler could see) and
-/// whether that state let a cycle act (`could_act`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LastCycle {
-    pub generation: u64,
-    pub could_act: bool,
-}
-
-/// How old the words on why jobs wait (priorities, places, reasons) may
-/// grow while nothing changes and nothing could start: only the age and
-/// fair-share terms of priorities move then.
-pub const RESTATE_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// While cycles start or preempt jobs, the words on why each waiting job
-/// waits (its reasons, priority and place) are restated at most this often.
-pub const WORDS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-/// ...and at most this share of the time goes to stating them: with a
-/// long queue (100,000 jobs wait) they cost tens of ms, which every 500 ms
-/// would take the time cycles need to start jobs.
-pub const WORDS_SHARE: u32 = 50;
-
-/// How long after words that took `cost` to state the next are due:
-/// `WORDS_EVERY`, or `cost` times `WORDS_SHARE` where that is longer.
-pub fn words_interval(cost: std::time::Duration) -> std::time::Duration {
-    WORDS_EVERY.max(cost.saturating_mul(WORDS_SHARE))
-}
-
-/// Whether a cycle must run now, or may be skipped because nothing changed
-/// since `last`. A change (a new `generation`) always runs one. With the
-/// state unchanged:
-/// - where the last cycle could start or preempt something, time alone may
-///   change the outcome (minimum runtimes run out, budgets and waste caps
-///   refill, fair shares decay), so the periodic cycle (`on_timer`) runs;
-///   a wake-up with nothing new is skipped;
-/// - where it could not (no free GPU, no possible victim), time cannot
-///   make it: the cycle runs only to restate the words once they are
-///   `RESTATE_IDLE_AFTER` old (`words_age`; `None`: never stated).
-pub fn cycle_needed(
-    last: Option<&LastCycle>,
-    generation: u64,
-    on_timer: bool,
-    words_age: Option<std::time::Duration>,
-) -> bool {
-    match last {
-        Some(last) if last.generation == generation => {
-            if last.could_act {
-                on_timer
-            } else {
-                words_age.is_none_or(|age| age >= RESTATE_IDLE_AFTER)
-            }
-        }
-        _ => true,
-    }
-}
-
 /// Decides which pending jobs start now and where, and which running jobs
 /// to preempt for them, and why each other job waits. The same inputs give
 /// the same plan.
@@ -592,6 +538,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         .filter(|id| claimants.contains(id) && !entitled.contains(id))
         .collect();
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now, &entitled);
+    let mut lent = lent::Lent::of(view, policy);
     // GPUs promised to a waiting job are not free to others.
     for promise in view
         .promised
@@ -669,11 +616,14 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
             .sum();
         // The class that may take every kept GPU, if changing to it helps:
         // burst work never takes kept GPUs, whatever its class.
-        let higher_class = reserves
+        let higher = reserves
             .iter()
             .filter(|(priority, n, _)| covered && *priority > qos_priority && *n > 0)
-            .max_by_key(|(priority, _, _)| *priority)
-            .map(|(_, _, name)| name.to_string());
+            .max_by_key(|(priority, _, _)| *priority);
+        let higher_class = higher.map(|(_, _, name)| name.to_string());
+        // Guaranteed work may take kept GPUs that lent ones back (`lent`);
+        // a reclaiming job leaves them all, as its victims lend no more.
+        let kept_now = higher.map_or(kept, |(top, _, _)| lent.unbacked(job, policy, kept, *top));
         let keep = (kept > 0).then(|| preempt::Keep {
             pool_free_now: index.pool_free(job, policy),
             kept,
@@ -681,7 +631,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         let may_preempt = covered || class.preempt_lower;
         // It fits only by taking GPUs kept for others: it may reclaim burst
         // GPUs instead, if it may preempt, and holds no reservation.
-        let into_reserve = keep.is_some_and(|keep| keep.pool_free_now < gpus + keep.kept) && index.fits(job, policy);
+        let into_reserve = keep.is_some_and(|keep| keep.pool_free_now < gpus + kept_now) && index.fits(job, policy);
         let ends_at = job
             .shape
             .time_limit_secs
@@ -707,7 +657,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         }
         let placed = match masked.as_mut() {
             _ if into_reserve => Err(vec![Reject::Reserved {
-                gpus: kept,
+                gpus: kept_now,
                 higher_class: higher_class.clone(),
             }]),
             Some(masked) if goes_around => masked.place(job, policy).inspect(|placement| index.remove(placement)),
@@ -732,11 +682,13 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
             Err(mut reasons) => {
                 for reason in &mut reasons {
                     if let Reject::Resources { kept: of_free, .. } = reason {
-                        *of_free = kept;
+                        *of_free = kept_now;
                     }
                 }
                 if may_preempt || reclaim.has_claim(job.id) {
+                    let victims_before = plan.preemptions.len();
                     let planned = reclaim.plan(job, covered, may_preempt, keep, &mut plan.preemptions);
+                    lent.preempted(&plan.preemptions[victims_before..]);
                     if let Some((n_jobs, placement)) = planned {
                         hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
                         used.in_use += gpus;

@@ -643,18 +643,43 @@ fn free_gpus_a_reclaiming_job_counts_on_are_held_for_it() {
 }
 
 #[test]
-fn guaranteed_work_reclaims_burst_gpus_rather_than_take_a_reserve() {
+fn guaranteed_work_takes_kept_gpus_only_as_far_as_lent_ones_back_them() {
     let mut policy = policy();
     policy.sharing.qos[2].reserve_gpus = 2;
-    // 2 free, both kept for `high`: a's guaranteed job frees r1's instead.
+    // 2 free, both kept for `high`, and 2 lent to c's burst job, which
+    // `high` would take back: a's guaranteed job starts on the kept GPUs
+    // rather than preempt r1 now.
     check(
         &policy,
         "n1 4xh100",
         "r1 team=c burst on=n1:2-3",
         "j2 team=a gpus=2",
         expect![[r#"
-            preempt j1 for j2 (loses 20000 GPU-seconds)
-            pending j2: preempting 1 running job to make room for it
+            start j2 n1[0-1]
+        "#]],
+    );
+    // 1 lent backs 1 of the 2 kept: the first 1-GPU job starts, the second
+    // takes r1's GPU back rather than leave `high` nothing, now or after a
+    // grace.
+    check(
+        &policy,
+        "n1 4xh100",
+        "r1 team=c burst on=n1:3\nr2 team=b on=n1:2",
+        "j3 team=a gpus=1\nj4 team=a gpus=1",
+        expect![[r#"
+            start j3 n1[0]
+            preempt j1 for j4 (loses 10000 GPU-seconds)
+            pending j4: preempting 1 running job to make room for it
+        "#]],
+    );
+    // Burst work never takes kept GPUs, lent ones or not.
+    check(
+        &policy,
+        "n1 4xh100",
+        "r1 team=c burst on=n1:2-3",
+        "j2 team=c gpus=1",
+        expect![[r#"
+            pending j2: the free GPUs are the 2 GPUs kept for higher QoS classes (or for guaranteed work)
         "#]],
     );
 }
