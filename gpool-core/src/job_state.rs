@@ -84,6 +84,13 @@ pub enum JobEvent {
         /// as a preemption.
         by_operator: bool,
     },
+    /// The scheduler no longer needs a preempted attempt's GPUs (the job
+    /// they were taken for started elsewhere): it runs on as before, and
+    /// the preemption is not counted.
+    Rescind {
+        epoch: Epoch,
+        now: Timestamp,
+    },
     /// The attempt reported a finished checkpoint.
     Checkpointed {
         epoch: Epoch,
@@ -312,6 +319,13 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
             }
             next
         }
+        JobEvent::Rescind { .. } if preempted_at.is_some() => {
+            let mut next = running.clone();
+            if let JobState::Running { preempted_at, .. } = &mut next {
+                *preempted_at = None;
+            }
+            next
+        }
         JobEvent::Checkpointed { now, .. } => {
             let mut next = running.clone();
             if let JobState::Running { last_checkpoint_at, .. } = &mut next {
@@ -381,73 +395,13 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
         JobEvent::Start { .. }
         | JobEvent::Cancel { .. }
         | JobEvent::Preempt { .. }
+        | JobEvent::Rescind { .. }
         | JobEvent::LateExit { .. }
         | JobEvent::Hold { .. }
         | JobEvent::ArrayEnded { .. }
         | JobEvent::DependencyNeverMet { .. } => return None,
     };
     Some(next)
-}
-
-impl JobEvent {
-    pub fn name(&self) -> &'static str {
-        match self {
-            JobEvent::Start { .. } => "start",
-            JobEvent::Exited { .. } => "exited",
-            JobEvent::FailedToStart { .. } => "failed-to-start",
-            JobEvent::Lost { .. } => "lost",
-            JobEvent::Cancel { .. } => "cancel",
-            JobEvent::Preempt { .. } => "preempt",
-            JobEvent::Checkpointed { .. } => "checkpointed",
-            JobEvent::TimedOut { .. } => "timed-out",
-            JobEvent::OutOfMemory { .. } => "out-of-memory",
-            JobEvent::LateExit { .. } => "late-exit",
-            JobEvent::DependencyNeverMet { .. } => "dependency-never-met",
-            JobEvent::Hold { .. } => "hold",
-            JobEvent::ArrayEnded { .. } => "array-ended",
-        }
-    }
-
-    /// When it happened, for the events that say.
-    pub fn now(&self) -> Option<Timestamp> {
-        match self {
-            JobEvent::Start { now, .. }
-            | JobEvent::Preempt { now, .. }
-            | JobEvent::Checkpointed { now, .. }
-            | JobEvent::Exited { now, .. }
-            | JobEvent::FailedToStart { now, .. }
-            | JobEvent::TimedOut { now, .. }
-            | JobEvent::OutOfMemory { now, .. }
-            | JobEvent::LateExit { now, .. }
-            | JobEvent::Lost { now, .. }
-            | JobEvent::Cancel { now, .. }
-            | JobEvent::DependencyNeverMet { now, .. }
-            | JobEvent::ArrayEnded { now, .. } => Some(*now),
-            JobEvent::Hold { .. } => None,
-        }
-    }
-
-    /// The attempt an event reports on; `None` for events from users and the
-    /// scheduler.
-    pub fn epoch(&self) -> Option<Epoch> {
-        match self {
-            JobEvent::Exited { epoch, .. }
-            | JobEvent::FailedToStart { epoch, .. }
-            | JobEvent::Lost { epoch, .. }
-            | JobEvent::Preempt { epoch, .. }
-            | JobEvent::Checkpointed { epoch, .. }
-            | JobEvent::TimedOut { epoch, .. }
-            | JobEvent::OutOfMemory { epoch, .. } => Some(*epoch),
-            // Not the running attempt's: `Job::apply` matches it against
-            // the lost ones.
-            JobEvent::Start { .. }
-            | JobEvent::Cancel { .. }
-            | JobEvent::LateExit { .. }
-            | JobEvent::Hold { .. }
-            | JobEvent::ArrayEnded { .. }
-            | JobEvent::DependencyNeverMet { .. } => None,
-        }
-    }
 }
 
 impl Job {
@@ -488,6 +442,21 @@ impl Job {
                 _ => {}
             }
         }
+        // A preemption counts once it takes effect: the attempt ended and
+        // the job waits again. The work since its last checkpoint before
+        // the signal is lost (none if it checkpointed in its grace).
+        if let (
+            JobState::Running {
+                preempted_at: Some(at), ..
+            },
+            JobState::Pending,
+        ) = (&self.state, &next)
+        {
+            if self.requeue_cause == Some(crate::model::RequeueCause::Preempted) {
+                self.n_preemptions += 1;
+                self.lost_gpu_secs += self.state.work_since_checkpoint(*at).round() as u64;
+            }
+        }
         match event {
             JobEvent::Start { placement, .. } => {
                 if self.n_attempts > 0 && !self.last_nodes.is_empty() {
@@ -501,15 +470,10 @@ impl Job {
                 self.n_attempts += 1;
                 self.last_nodes = placement.iter().map(|part| part.node.clone()).collect();
             }
-            JobEvent::Preempt {
-                now,
-                by_operator: false,
-                ..
-            } => {
-                self.n_preemptions += 1;
-                self.lost_gpu_secs += self.state.work_since_checkpoint(*now).round() as u64;
+            JobEvent::Preempt { by_operator: false, .. } => {
                 self.requeue_cause = Some(crate::model::RequeueCause::Preempted);
             }
+            JobEvent::Rescind { .. } => self.requeue_cause = None,
             JobEvent::Preempt { by_operator: true, .. } => {
                 self.requeue_cause = Some(crate::model::RequeueCause::Requeued);
             }
@@ -585,5 +549,6 @@ impl fmt::Display for JobState {
     }
 }
 
+mod events;
 #[cfg(test)]
 mod tests;

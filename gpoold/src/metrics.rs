@@ -29,6 +29,8 @@ pub struct Metrics {
     /// From submit to start, for each start, by team.
     pub queue_wait_seconds: Family<Labels, Histogram>,
     pub preemptions: Counter,
+    /// Preemptions withdrawn in their grace: the GPUs were no longer needed.
+    pub rescinded_preemptions: Counter,
     /// Work since the last checkpoint that preemptions threw away.
     pub preempted_gpu_seconds: Counter<f64, AtomicU64>,
 }
@@ -43,6 +45,7 @@ impl Default for Metrics {
             // 10 ms to about 2 days.
             queue_wait_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 4.0, 14))),
             preemptions: Counter::default(),
+            rescinded_preemptions: Counter::default(),
             preempted_gpu_seconds: Counter::default(),
         }
     }
@@ -314,6 +317,11 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         metrics.queue_wait_seconds.clone(),
     );
     registry.register("preemptions", "Attempts preempted", metrics.preemptions.clone());
+    registry.register(
+        "rescinded_preemptions",
+        "Preemptions withdrawn in their grace, their GPUs no longer needed: the attempt ran on",
+        metrics.rescinded_preemptions.clone(),
+    );
     registry.register(
         "preempted_gpu_seconds",
         "GPU-seconds of work since the last checkpoint that preemptions threw away",

@@ -93,7 +93,8 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let starts = std::mem::take(&mut plan.starts);
         let preemptions = std::mem::take(&mut plan.preemptions);
         let holds = std::mem::take(&mut plan.holds);
-        let settled = starts.is_empty() && preemptions.is_empty();
+        let rescinds = std::mem::take(&mut plan.rescinds);
+        let settled = starts.is_empty() && preemptions.is_empty() && rescinds.is_empty();
         if settled && !plan.complete && unexplained {
             // A cycle that changes nothing, after a job was submitted that
             // has no words yet, hands them over: from the whole plan (the
@@ -117,10 +118,14 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
             return;
         }
-        if !preemptions.is_empty()
+        if !(preemptions.is_empty() && rescinds.is_empty())
             && handle
                 .commands
-                .send(Command::Preempt { preemptions, holds })
+                .send(Command::Preempt {
+                    preemptions,
+                    holds,
+                    rescinds,
+                })
                 .await
                 .is_err()
         {

@@ -158,6 +158,88 @@ fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
 
+/// A victim is taken for a vision job; before its grace is over another
+/// GPU frees up and the vision job starts there. Nothing needs the
+/// victim's GPU any more, so its preemption is withdrawn: it runs on in its
+/// first attempt, not counted as preempted, and its events say why.
+#[test]
+fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
+    let mut cluster = Cluster::with_config(&shipped_policy());
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    // nlp's tasks checkpoint when signalled and run on (5 min of grace in
+    // QoS low), each until its own release file or the common one.
+    let nlp_task = "trap 'touch signalled-$GPOOL_JOB_ID' USR1; touch nlp-$GPOOL_JOB_ID-$GPOOL_RESTART_COUNT; \
+                    while [ ! -e release-$GPOOL_JOB_ID ] && [ ! -e release ]; do sleep 0.2; done";
+    // 24 GPUs for nlp (4 of them guaranteed); the 4 kept for QoS high go
+    // to 4 vision tasks within its guarantee, backed by nlp's 20 lent.
+    cluster.submit(&[
+        "--team", "nlp", "--qos", "low", "-a", "0-23", "--", "sh", "-c", nlp_task,
+    ]);
+    let started = |cluster: &Cluster| {
+        std::fs::read_dir(cluster.dir.path())
+            .map(|dir| {
+                dir.filter_map(Result::ok)
+                    .filter(|entry| entry.file_name().to_string_lossy().starts_with("nlp-"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    wait_until("nlp's 24 tasks to run", Duration::from_secs(60), || {
+        (started(&cluster) == 24 && count(&tasks(&cluster), "nlp", "running") == 24).then_some(())
+    });
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    cluster.submit(&["--team", "vision", "-a", "0-3", "--", "sh", "-c", hold]);
+    wait_until("vision's 4 tasks to fill the fleet", Duration::from_secs(30), || {
+        (count(&tasks(&cluster), "vision", "running") == 4).then_some(())
+    });
+    let vision = cluster.submit(&["--team", "vision", "--", "sh", "-c", hold]);
+    let victim = wait_until("a victim for vision's job", Duration::from_secs(30), || {
+        let victim = std::fs::read_dir(cluster.dir.path())
+            .ok()?
+            .filter_map(Result::ok)
+            .find_map(|entry| {
+                Some(
+                    entry
+                        .file_name()
+                        .to_string_lossy()
+                        .strip_prefix("signalled-")?
+                        .to_string(),
+                )
+            })?;
+        victim.parse::<u64>().ok()
+    });
+    // Another nlp task ends: vision's job starts on its GPU.
+    let other = tasks(&cluster)
+        .iter()
+        .filter(|t| t["team"] == "nlp" && t["state"] == "running" && t["array"].is_null())
+        .filter_map(|t| t["id"].as_u64())
+        .find(|id| *id != victim)
+        .expect("another nlp task");
+    std::fs::write(cluster.dir.path().join(format!("release-{other}")), "").expect("release one");
+    cluster.wait_for_state(vision, "running");
+    let shown = wait_until("the preemption to be withdrawn", Duration::from_secs(20), || {
+        let shown = cluster.gpool(&["show", &victim.to_string(), "--output", "json"]).json();
+        shown["events"]
+            .to_string()
+            .contains("preemption withdrawn")
+            .then_some(shown)
+    });
+    assert_eq!(shown["state"], "running", "{shown}");
+    assert_eq!(shown["n_preemptions"].as_u64().unwrap_or(0), 0, "{shown}");
+    assert!(shown["requeue_cause"].is_null(), "{shown}");
+    // Well past the cycles that could have killed it: still its first attempt.
+    std::thread::sleep(Duration::from_secs(2));
+    let tasks = tasks(&cluster);
+    assert_eq!(preemptions(&tasks, "nlp"), 0);
+    assert_eq!(count(&tasks, "nlp", "running"), 23);
+    assert!(!cluster.dir.path().join(format!("nlp-{victim}-1")).exists());
+    let log = std::fs::read_to_string(cluster.dir.path().join("gpoold-1.log")).unwrap_or_default();
+    assert!(log.contains("preemption withdrawn"), "{log}");
+    std::fs::write(cluster.dir.path().join("release"), "").expect("release");
+}
+
 /// `line` without its terminal colour sequences (ESC [ ... m).
 fn without_colours(line: &str) -> String {
     let mut plain = String::with_capacity(line.len());

@@ -150,8 +150,8 @@ fn a_preempted_attempt_requeues_however_it_ends_and_counts_lost_work() {
             by_operator: false,
         })
         .unwrap();
-        // Two GPUs, six seconds since the checkpoint.
-        assert_eq!((job.n_preemptions, job.lost_gpu_secs), (1, 12));
+        // Counted once it takes effect, when the attempt ends.
+        assert_eq!((job.n_preemptions, job.lost_gpu_secs), (0, 0));
         assert!(matches!(
             job.state,
             JobState::Running {
@@ -170,6 +170,9 @@ fn a_preempted_attempt_requeues_however_it_ends_and_counts_lost_work() {
             .is_err());
         job.apply(&end).unwrap();
         assert_eq!(job.state, JobState::Pending, "after {end:?}");
+        // Two GPUs, six seconds since the checkpoint before the signal.
+        assert_eq!((job.n_preemptions, job.lost_gpu_secs), (1, 12));
+        assert_eq!(job.requeue_cause, Some(crate::model::RequeueCause::Preempted));
     }
     // Without a preemption, a checkpoint changes nothing else.
     let mut job = job_builder(JobId(2)).build();
@@ -181,6 +184,51 @@ fn a_preempted_attempt_requeues_however_it_ends_and_counts_lost_work() {
     .unwrap();
     job.apply(&exited(4, ExitStatus::Code(0))).unwrap();
     assert!(matches!(job.state, JobState::Completed { .. }));
+}
+
+#[test]
+fn a_rescinded_preemption_runs_on_uncounted_and_may_come_again() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(3, 10_000)).unwrap();
+    let preempt = |at: i64| JobEvent::Preempt {
+        epoch: Epoch(3),
+        now: Timestamp(at),
+        by_operator: false,
+    };
+    let rescind = JobEvent::Rescind {
+        epoch: Epoch(3),
+        now: Timestamp(25_000),
+    };
+    // Nothing to rescind before a preemption.
+    assert!(job.apply(&rescind).is_err());
+    job.apply(&preempt(20_000)).unwrap();
+    job.apply(&rescind).unwrap();
+    assert!(matches!(job.state, JobState::Running { preempted_at: None, .. }));
+    assert_eq!((job.n_preemptions, job.lost_gpu_secs, job.requeue_cause), (0, 0, None));
+    // Taken again later, it counts once, from its start (no checkpoint).
+    job.apply(&preempt(30_000)).unwrap();
+    job.apply(&exited(3, ExitStatus::Code(0))).unwrap();
+    assert_eq!(job.state, JobState::Pending);
+    assert_eq!((job.n_preemptions, job.lost_gpu_secs), (1, 40));
+}
+
+#[test]
+fn a_checkpoint_in_the_grace_loses_nothing() {
+    let mut job = job_builder(JobId(1)).build();
+    job.apply(&start(3, 10_000)).unwrap();
+    job.apply(&JobEvent::Preempt {
+        epoch: Epoch(3),
+        now: Timestamp(20_000),
+        by_operator: false,
+    })
+    .unwrap();
+    job.apply(&JobEvent::Checkpointed {
+        epoch: Epoch(3),
+        now: Timestamp(21_000),
+    })
+    .unwrap();
+    job.apply(&exited(3, ExitStatus::Code(0))).unwrap();
+    assert_eq!((job.n_preemptions, job.lost_gpu_secs), (1, 0));
 }
 
 fn lost(epoch: u64) -> JobEvent {

@@ -13,6 +13,9 @@
 //!   cycle takes for it, those in their grace for it and the GPUs promised
 //!   to it by victims that ended, together, are at most its GPUs (each one
 //!   it waits on serves at least one of its GPUs).
+//! - A rescinded victim is in its grace, was taken for a job that no
+//!   longer owns it (started, or let go of its claims), and no job of the
+//!   plan waits on its GPUs.
 
 use super::{Availability, ClusterView, PendingJob, Plan, Policy};
 use crate::ids::JobId;
@@ -28,7 +31,37 @@ pub fn check(view: &ClusterView, policy: &Policy, plan: &Plan) -> Result<(), Str
         .map(|(id, job)| (*id, *job))
         .collect();
     check_starts(view, plan, &owning)?;
-    check_victims(view, policy, plan, &pending, &owning)
+    check_victims(view, policy, plan, &pending, &owning)?;
+    check_rescinds(view, plan, &owning)
+}
+
+fn check_rescinds(view: &ClusterView, plan: &Plan, owning: &HashMap<JobId, &PendingJob>) -> Result<(), String> {
+    for (id, epoch) in &plan.rescinds {
+        let victim = view
+            .running
+            .iter()
+            .find(|r| r.id == *id && r.epoch == *epoch && r.preempting)
+            .ok_or_else(|| format!("j{id} is rescinded but not in its grace"))?;
+        match victim.preempted_for {
+            None => return Err(format!("j{id} is rescinded but was not taken for a job")),
+            Some(owner) if owning.contains_key(&owner) => {
+                return Err(format!("j{id} is rescinded while j{owner} still counts on it"))
+            }
+            Some(_) => {}
+        }
+        for (job, held) in &plan.holds {
+            let shared = held.iter().any(|h| {
+                victim
+                    .placement
+                    .iter()
+                    .any(|v| v.node == h.node && v.gpu_indices.iter().any(|g| h.gpu_indices.contains(g)))
+            });
+            if shared {
+                return Err(format!("j{id} is rescinded while j{job} waits on its GPUs"));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_starts(view: &ClusterView, plan: &Plan, pending: &HashMap<JobId, &PendingJob>) -> Result<(), String> {

@@ -789,7 +789,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         }
     }
     plan.reservation = reservation.map(|r| (r.job, r.at, r.placement));
-    plan.needs_whole = !still_fit(&kept_from, &index);
+    (plan.needs_whole, plan.rescinds) = (!still_fit(&kept_from, &index), reclaim.unneeded());
     plan
 }
 

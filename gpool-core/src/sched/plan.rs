@@ -24,6 +24,11 @@ pub struct Plan {
     /// reclaim GPUs (beyond their guarantee now): what was freed for them
     /// went to whoever needed it this cycle.
     pub released_claims: Vec<JobId>,
+    /// Victims in their grace that no waiting job needs any more (the job
+    /// they were taken for started elsewhere, or gave up its claims, and
+    /// no other job counted on them this cycle): they run on, unharmed,
+    /// as if never preempted (attempt named by its epoch).
+    pub rescinds: Vec<(JobId, crate::ids::Epoch)>,
     /// Every pending job's priority and its factors, in the view's order.
     pub priorities: Vec<(JobId, Priority)>,
     /// The backfill reservation: the job, from when (its estimated start),
@@ -192,6 +197,9 @@ impl fmt::Display for Plan {
                 "preempt j{} for j{} (loses {:.0} GPU-seconds)",
                 preemption.victim, preemption.for_job, preemption.lost_gpu_secs
             )?;
+        }
+        for (victim, _) in &self.rescinds {
+            writeln!(f, "rescind the preemption of j{victim}")?;
         }
         for (job, reasons) in &self.pending {
             let words: Vec<String> = reasons.iter().map(Reject::to_string).collect();

@@ -21,7 +21,7 @@
 //! one victim serves one GPU of its job and a reserve never makes a job
 //! take more.
 
-use super::index::FreeIndex;
+use super::index::{room_on, FreeIndex};
 use super::{ClusterView, FastHash, NodeView, PendingJob, Policy, Preemption, RunningJob};
 use crate::ids::{JobId, Timestamp};
 use crate::model::NodePlacement;
@@ -132,6 +132,28 @@ impl<'v> Reclaimer<'v> {
     /// new victims.
     pub(super) fn has_claim(&self, job: JobId) -> bool {
         self.owner.values().any(|owner| *owner == job)
+    }
+
+    /// Victims in their grace that no waiting job owns and none counted on
+    /// this cycle: nothing needs their GPUs, so their preemption is
+    /// withdrawn. None where the view holds only the queue's window (the
+    /// job they were taken for may wait past it) or the cycle's tries ran
+    /// out (a job not tried might have counted on them).
+    pub(super) fn unneeded(&self) -> Vec<(JobId, crate::ids::Epoch)> {
+        if self.view.windowed
+            || self.n_reclaims == MAX_RECLAIMS_PER_CYCLE
+            || self.n_failed == MAX_FAILED_RECLAIMS_PER_CYCLE
+        {
+            return Vec::new();
+        }
+        let owned = |r: &RunningJob| self.owner.contains_key(&address(r)) || self.claimed.contains(&address(r));
+        self.view
+            .running
+            .iter()
+            // Taken for a job (an operator's requeue names none).
+            .filter(|r| r.preempting && r.preempted_for.is_some() && !owned(r))
+            .map(|r| (r.id, r.epoch))
+            .collect()
     }
 
     /// Whether a later job might still reclaim GPUs this cycle.
@@ -556,49 +578,4 @@ fn owners(view: &ClusterView, waiting: &HashSet<JobId, FastHash>) -> HashMap<usi
             Some((address(r), owner))
         })
         .collect()
-}
-
-/// Whether `node`, of the job's pool, would have `gpus_per_node` free GPUs
-/// of one acceptable model once its GPUs `extra` are freed too.
-pub(super) fn room_on(job: &PendingJob, pool: Option<&crate::model::PoolDef>, node: &NodeView, extra: &[u32]) -> bool {
-    if node.availability != super::Availability::Up
-        || !pool.is_some_and(|pool| pool.selects(&node.labels))
-        || !job.allows_node(node)
-    {
-        return false;
-    }
-    let usable = |gpu: &super::GpuView| {
-        (!gpu.busy || extra.contains(&gpu.index))
-            && gpu.model.accepted_by(&job.shape.gpu_types)
-            && job.allows_memory(gpu.memory_mib)
-    };
-    let wanted = job.shape.gpus_per_node as usize;
-    // Most nodes have one model: counting is enough, without NVLink needs.
-    if job.nvlink() != crate::model::NvlinkNeed::Required {
-        let mut usable_gpus = node.gpus.iter().filter(|gpu| usable(gpu));
-        if let Some(first) = usable_gpus.next() {
-            let mut count = 1;
-            let one_model = usable_gpus.all(|gpu| {
-                count += 1;
-                gpu.model == first.model
-            });
-            if one_model {
-                return count >= wanted;
-            }
-        }
-    }
-    let mut by_model: Vec<(&crate::model::GpuModel, Vec<u32>)> = Vec::new();
-    for gpu in &node.gpus {
-        if usable(gpu) {
-            match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
-                Some((_, free)) => free.push(gpu.index),
-                None => by_model.push((&gpu.model, vec![gpu.index])),
-            }
-        }
-    }
-    by_model.iter().any(|(_, free)| {
-        free.len() >= wanted
-            && (job.nvlink() != crate::model::NvlinkNeed::Required
-                || super::nvlink_set_in(&node.topology, free, wanted))
-    })
 }

@@ -685,6 +685,40 @@ fn guaranteed_work_takes_kept_gpus_only_as_far_as_lent_ones_back_them() {
 }
 
 #[test]
+fn a_victim_no_waiting_job_needs_is_rescinded_unless_another_counts_on_it() {
+    // r1 was taken for j9, which no longer waits (it started elsewhere):
+    // nothing needs its GPUs, so it runs on.
+    check(
+        &policy(),
+        "n1 4xh100",
+        "r1 team=c burst on=n1:2-3 for=j9\nr2 team=a on=n1:0-1",
+        "",
+        expect![[r#"
+            rescind the preemption of j1
+        "#]],
+    );
+    // b's guaranteed job needs 2 GPUs: it counts on r1 (no new victim,
+    // nothing rescinded).
+    check(
+        &policy(),
+        "n1 4xh100",
+        "r1 team=c burst on=n1:2-3 for=j9\nr2 team=a on=n1:0-1",
+        "j3 team=b gpus=2",
+        expect![[r#"
+            pending j3: preempting 1 running job to make room for it
+        "#]],
+    );
+    // An operator's requeue (taken for no job) is never rescinded.
+    check(
+        &policy(),
+        "n1 4xh100",
+        "r1 team=c burst on=n1:2-3 preempting",
+        "",
+        expect![""],
+    );
+}
+
+#[test]
 fn guarantees_per_pool_and_per_gpu_model() {
     let mut policy = policy();
     policy.pools.push(crate::model::PoolDef {

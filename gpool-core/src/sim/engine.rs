@@ -65,6 +65,10 @@ struct Attempt {
     checkpoint_every_ms: Option<i64>,
     /// It checkpointed and exited when signalled: nothing is lost.
     checkpointed_on_signal: bool,
+    /// Preempted: when its grace ends, and the waste charged when it was
+    /// signalled. A `Kill` event holds only at this time: a rescinded
+    /// preemption clears it.
+    kill_at: Option<(Timestamp, (Timestamp, f64))>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -309,18 +313,18 @@ impl Sim<'_> {
         for preemption in plan.preemptions {
             self.signal(&preemption);
         }
+        for (victim, epoch) in plan.rescinds {
+            self.rescind(victim, epoch);
+        }
         changed
     }
 
     fn start(&mut self, job: Arc<PendingJob>, start: Start) {
         let now = self.now;
         // What was being freed for it is no longer its (gpoold's
-        // `claims_met`).
-        for running in &mut self.view.running {
-            if running.preempted_for == Some(job.id) {
-                running.preempted_for = None;
-            }
-        }
+        // `claims_met`): victims still in their grace name it, a job that
+        // no longer waits, so the next plan rescinds them unless another
+        // job counts on them.
         self.promises.retain(|(p, _)| p.preempted_for != Some(job.id));
         self.claim_until.remove(&job.id);
         let index = job.id.0 as usize - 1;
@@ -360,6 +364,7 @@ impl Sim<'_> {
                 timeout,
                 checkpoint_every_ms: trace.checkpoint_every_secs.map(|secs| secs.max(1) as i64 * 1000),
                 checkpointed_on_signal: false,
+                kill_at: None,
             },
         );
         self.events.push(Reverse((ends_at, Event::End(job.id, epoch))));
@@ -386,12 +391,35 @@ impl Sim<'_> {
         let grace_secs = sharing.qos(&running.qos).map_or(60, |qos| qos.grace_secs);
         let grace_ms = grace_secs.min(sharing.max_grace_secs) as i64 * 1000;
         let kill_at = if on_signal { now } else { Timestamp(now.0 + grace_ms) };
-        self.recent_waste
-            .push_back((now, if on_signal { 0.0 } else { preemption.lost_gpu_secs }));
+        let waste = (now, if on_signal { 0.0 } else { preemption.lost_gpu_secs });
+        self.recent_waste.push_back(waste);
         if let Some(attempt) = self.attempts.get_mut(&running.id).filter(|a| kill_at < a.ends_at) {
             attempt.checkpointed_on_signal = on_signal;
+            attempt.kill_at = Some((kill_at, waste));
             self.events
                 .push(Reverse((kill_at, Event::Kill(running.id, running.epoch))));
+        }
+    }
+
+    /// A victim in its grace is not needed any more: it runs on, and its
+    /// kill and the waste it was charged are called off.
+    fn rescind(&mut self, victim: JobId, epoch: Epoch) {
+        let Some(running) = self
+            .view
+            .running
+            .iter_mut()
+            .find(|r| r.id == victim && r.epoch == epoch && r.preempting)
+        else {
+            return;
+        };
+        running.preempting = false;
+        running.preempted_for = None;
+        if let Some(attempt) = self.attempts.get_mut(&victim) {
+            if let Some((_, waste)) = attempt.kill_at.take() {
+                if let Some(i) = self.recent_waste.iter().position(|w| *w == waste) {
+                    self.recent_waste.remove(i);
+                }
+            }
         }
     }
 
@@ -495,6 +523,13 @@ impl Sim<'_> {
     /// checkpoint is lost, and the job waits again, keeping its submit time.
     fn kill(&mut self, job: JobId, epoch: Epoch) {
         let now = self.now;
+        if self
+            .attempts
+            .get(&job)
+            .is_none_or(|a| a.kill_at.is_none_or(|(at, _)| at != now))
+        {
+            return;
+        }
         let Some((running, attempt)) = self.stop(job, epoch) else {
             return;
         };

@@ -91,9 +91,8 @@ pub struct State {
     /// The job each preempted attempt in its grace was preempted for; not
     /// durable (after a restart its GPUs go to whoever needs them first).
     preempted_for: HashMap<JobId, JobId>,
-    /// GPUs of preempted attempts that ended while the job they were taken
-    /// for still waits: promised to it until it starts or the promise runs
-    /// out; not durable.
+    /// GPUs of preempted attempts that ended while their job still waits:
+    /// promised to it until it starts or the promise runs out; not durable.
     promises: Vec<promises::Promise>,
     /// Until when what is freed for each waiting job stays its: the end of
     /// its last victim's grace, and a little more; not durable.
@@ -236,11 +235,12 @@ pub enum Command {
     Start {
         starts: Vec<Start>,
     },
-    /// The scheduling loop's preemptions, and the GPUs each job that waits
-    /// on them will get (`Plan::holds`).
+    /// The loop's preemptions, the GPUs each job that waits on them will
+    /// get (`Plan::holds`) and the victims no job needs (`Plan::rescinds`).
     Preempt {
         preemptions: Vec<Preemption>,
         holds: Vec<(JobId, Vec<gpool_core::model::NodePlacement>)>,
+        rescinds: Vec<(JobId, gpool_core::Epoch)>,
     },
     /// A re-read gpoold.toml: its policy and admins replace the old ones,
     /// and links of agents whose certificates are now `revoked` end.

@@ -78,11 +78,11 @@ impl State {
         });
     }
 
-    /// Job `id` started: what was being freed for it is no longer its (its
-    /// victims still in their grace free GPUs for whoever needs them, and
-    /// if it is requeued later, it does not count on them again).
+    /// Job `id` started: what was being freed for it is no longer its. Its
+    /// victims still in their grace keep its name, a job that no longer
+    /// waits: the next plan rescinds them unless another job counts on
+    /// them.
     pub(super) fn claims_met(&mut self, id: JobId) {
-        self.preempted_for.retain(|_, for_job| *for_job != id);
         self.promises.retain(|promise| promise.view.preempted_for != Some(id));
         self.claim_until.remove(&id);
     }

@@ -304,6 +304,43 @@ impl State {
         }
     }
 
+    /// The scheduler's rescinds: victims in their grace whose GPUs no
+    /// waiting job needs any more run on, as if never preempted. Only a
+    /// preemption of the scheduler's whose kill has not been sent yet
+    /// (never an operator's requeue).
+    pub(super) fn rescind(&mut self, rescinds: Vec<(JobId, Epoch)>, now: Timestamp, out: &mut Batch) {
+        for (id, epoch) in rescinds {
+            let Some(JobState::Running {
+                epoch: running,
+                preempted_at: Some(at),
+                ..
+            }) = self.jobs.get(&id).map(|job| &job.state)
+            else {
+                continue;
+            };
+            let grace_over = Timestamp(at.0 + self.grace_secs(id) as i64 * 1000);
+            let killing = self.preempt_deadlines.get(&id) != Some(&(epoch, grace_over)) || grace_over <= now;
+            if *running != epoch || killing {
+                continue;
+            }
+            let Some(for_job) = self.preempted_for.remove(&id) else {
+                continue;
+            };
+            if !self.apply_event(id, &JobEvent::Rescind { epoch, now }, now, out) {
+                continue;
+            }
+            self.preempt_deadlines.remove(&id);
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.record_event(
+                    now,
+                    format!("preemption withdrawn: job {for_job} no longer needs its GPUs; it runs on"),
+                );
+            }
+            tracing::info!(job = %id, %for_job, "preemption withdrawn: its GPUs are no longer needed");
+            self.metrics.rescinded_preemptions.inc();
+        }
+    }
+
     /// `gpool requeue`: the running attempt `epoch` of `id` is stopped as a
     /// preemption stops it (its checkpoint signal and grace), and the job
     /// goes back to the queue. True if it is on its way back.

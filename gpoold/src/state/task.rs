@@ -240,7 +240,14 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             state.lend_task_reasons_to_arrays();
         }
         Command::Start { starts } => state.start(starts, now, out),
-        Command::Preempt { preemptions, holds } => state.preempt(preemptions, holds, now, out),
+        Command::Preempt {
+            preemptions,
+            holds,
+            rescinds,
+        } => {
+            state.preempt(preemptions, holds, now, out);
+            state.rescind(rescinds, now, out);
+        }
         Command::Reload {
             caller,
             config,
