@@ -19,6 +19,7 @@ pub mod sched;
 pub mod sim;
 pub mod spec;
 pub mod stragglers;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod toml_text;
 pub mod topology;
