@@ -10,13 +10,13 @@
 //! open for large jobs; within the node, the best-connected GPUs (NVLink
 //! before PCIe, `Topology::choose`). A gang (`nodes > 1`) gets `gpus_per_node` GPUs on
 //! each of `nodes` distinct nodes of one model, or nothing. A job that does
-//! not fit is skipped and the next one is tried (greedy; reservations for
-//! blocked jobs come with backfill).
+//! not fit is skipped and the next one is tried (greedy, with backfill).
 
 pub(super) mod backfill;
 pub mod cycle;
 pub use cycle::{cycle_needed, words_interval, LastCycle, RESTATE_IDLE_AFTER, WORDS_EVERY, WORDS_SHARE};
 pub mod estimate;
+pub mod gates;
 mod index;
 pub mod invariants;
 mod lent;

@@ -213,55 +213,31 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
     if job.state != gpool_core::JobState::Pending {
         return job_to_wire_with(job, Vec::new(), with_env);
     }
-    let waits_for = match state.dependency_state_of(job) {
-        gpool_core::deps::DepState::Waiting(reason) => Some(reason),
-        _ => None,
-    };
-    let begins = job
-        .spec
-        .begin
-        .map(|begin| begin.at(job.submitted_at))
-        .filter(|at| *at > crate::wall_clock());
-    let (reasons, codes) = match (begins, waits_for) {
-        (Some(at), _) => {
-            let at = humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_millis(at.0.max(0) as u64),
-            );
-            (
-                vec![format!("not before {at} (--begin)")],
-                vec!["begin_time".to_string()],
-            )
-        }
-        (None, Some(reason)) => (vec![reason], vec!["dependency".to_string()]),
-        (None, None) if job.held => (
-            vec![format!(
-                "held: `gpool release {}` lets it be scheduled",
-                job.display_id()
-            )],
-            vec!["held".to_string()],
-        ),
-        (None, None) if state.array_at_limit(job).is_some() => {
-            let (array, max) = state.array_at_limit(job).unwrap_or_default();
-            (
-                vec![format!(
-                    "array {array} runs at most {max} tasks at once (%{max}), and {max} run; `gpool update {array} --max-parallel N` changes it"
-                )],
-                vec!["array_limit".to_string()],
-            )
-        }
-        (None, None) => match state.words.reasons(job.id) {
-            Some(words) => (
-                words.reasons.clone(),
-                words.codes.iter().map(|code| code.to_string()).collect(),
-            ),
-            None => (
-                vec!["waiting for the next scheduling cycle".to_string()],
-                vec!["not_yet_scheduled".to_string()],
-            ),
+    use gpool_core::sched::gates::{self, Facts, Gate};
+    let facts = Facts {
+        begins: job
+            .spec
+            .begin
+            .map(|begin| begin.at(job.submitted_at))
+            .filter(|at| *at > crate::wall_clock()),
+        dependency: match state.dependency_state_of(job) {
+            gpool_core::deps::DepState::Waiting(reason) => Some(reason),
+            _ => None,
         },
+        held: job.held,
+        array_limit: state.array_at_limit(job),
+        planned: state.words.reasons(job.id).is_some(),
+    };
+    let (reasons, codes) = match (Gate::of(job, facts), state.words.reasons(job.id)) {
+        (Some(gate), _) => (vec![gate.words()], vec![gate.code().to_string()]),
+        (None, Some(words)) => (
+            words.reasons.clone(),
+            words.codes.iter().map(|code| code.to_string()).collect(),
+        ),
+        (None, None) => (Vec::new(), Vec::new()),
     };
     let (mut reasons, mut codes) = (reasons, codes);
-    if let Some((reason, code)) = requeue_words(job) {
+    if let Some((reason, code)) = gates::requeued(job) {
         reasons.insert(0, reason);
         codes.insert(0, code.to_string());
     }
@@ -333,23 +309,6 @@ fn ended_outcome(state: &crate::state::State, id: JobId, caller: &Caller, mode: 
         refused: authorize(caller, &action).err().map(Error::from),
         ..CancelOutcome::default()
     }
-}
-
-/// A requeued job's first reason, and its code: why its attempt went back.
-fn requeue_words(job: &gpool_core::Job) -> Option<(String, &'static str)> {
-    use gpool_core::model::RequeueCause;
-    let cause = job.requeue_cause?;
-    let words = match cause {
-        RequeueCause::Preempted => format!(
-            "preempted ({} time(s)) and requeued: it runs again when it can",
-            job.n_preemptions
-        ),
-        RequeueCause::NodeLost => "requeued: its node was lost (see its events)".to_string(),
-        RequeueCause::GpuFault => "requeued: a GPU of its attempt left service (see its events)".to_string(),
-        RequeueCause::NodeFault => "requeued: its node left service for a fault (see its events)".to_string(),
-        RequeueCause::Requeued => "requeued by an operator: it runs again when it can".to_string(),
-    };
-    Some((words, cause.as_str()))
 }
 
 fn outcomes_to_wire(outcomes: Vec<CancelOutcome>) -> pb::CancelJobsResponse {
