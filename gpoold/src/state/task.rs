@@ -29,13 +29,21 @@ impl StateHandle {
 impl Command {
     /// Whether applying it may change what a scheduling cycle sees, beside
     /// what it writes (`Write::seen_by_scheduler`): not so for the
-    /// scheduler's own words, heartbeats, tokens, messages to agents, and
-    /// ticks (a heartbeat or tick that changes anything writes it).
+    /// scheduler's own words, heartbeats, an attempt's report that it
+    /// started (the cycle placed it already), tokens, messages to agents,
+    /// and ticks (a heartbeat or tick that changes anything writes it).
     fn may_change_schedule(&self) -> bool {
         !matches!(
             self,
             Command::Planned(_)
                 | Command::AgentHeartbeat { .. }
+                | Command::AgentJobEvent {
+                    event: AgentEvent {
+                        outcome: AttemptOutcome::Started,
+                        ..
+                    },
+                    ..
+                }
                 | Command::CreateToken { .. }
                 | Command::RevokeToken { .. }
                 | Command::Tick
@@ -389,4 +397,31 @@ pub fn run_flusher(db: sled::Db, batches: std::sync::mpsc::Receiver<Vec<PendingR
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AgentEvent, AttemptOutcome};
+    use super::Command;
+    use gpool_core::job_state::ExitStatus;
+    use gpool_core::{Epoch, JobId};
+
+    fn report(outcome: AttemptOutcome) -> Command {
+        Command::AgentJobEvent {
+            node: "n1".into(),
+            conn_id: 1,
+            event: AgentEvent {
+                job: JobId(1),
+                epoch: Epoch(1),
+                outcome,
+            },
+        }
+    }
+
+    #[test]
+    fn an_attempt_that_started_wakes_no_cycle_and_one_that_ended_does() {
+        assert!(!report(AttemptOutcome::Started).may_change_schedule());
+        assert!(report(AttemptOutcome::Exited(ExitStatus::Code(0))).may_change_schedule());
+        assert!(report(AttemptOutcome::FailedToStart("x".into())).may_change_schedule());
+    }
 }
