@@ -80,7 +80,9 @@ pub async fn run(
     write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
 
     let accounting = store.accounting();
-    tokio::spawn(seal_periodically(store.sealer()));
+    // Tasks that run as long as gpoold does, ended with it.
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(seal_periodically(store.sealer()));
     let (commands, inbox) = mpsc::channel(65_536);
     let (agent_commands, agent_inbox) = mpsc::channel(65_536);
     let handle = StateHandle {
@@ -115,12 +117,12 @@ pub async fn run(
         .clone();
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock, metrics.clone()));
     let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
-    tokio::spawn(notify::run(handle.clone()));
+    background.spawn(notify::run(handle.clone()));
     let reports = reports::Reports {
         state: handle.shared.clone(),
         records: accounting,
     };
-    tokio::spawn(reports.clone().prune_periodically());
+    background.spawn(reports.clone().prune_periodically());
     // sled frees the tree nodes its writes replaced only once an epoch of
     // its collector has passed, which takes further sled calls (none come
     // while the pool is quiet): each flush advances the epoch where no
@@ -201,7 +203,7 @@ pub async fn run(
         let bound = listener.local_addr()?;
         write_addr_file(&config.state_dir.join(METRICS_ADDR_FILE), &bound.to_string())?;
         tracing::info!("metrics on http://{bound}/metrics");
-        tokio::spawn(metrics::serve(
+        background.spawn(metrics::serve(
             listener,
             handle.shared.clone(),
             metrics,
@@ -294,6 +296,7 @@ pub async fn run(
     if let Some(socket) = &config.socket {
         let _ = std::fs::remove_file(socket);
     }
+    background.shutdown().await;
     sched_task.abort();
     liveness_task.abort();
     let _ = sched_task.await;

@@ -353,7 +353,10 @@ pub async fn serve(
 ) {
     use http_body_util::Full;
     use hyper::body::Bytes;
+    // Connections are owned: they end with the listener.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         if *shutdown.borrow() {
             return;
         }
@@ -374,7 +377,7 @@ pub async fn serve(
             }
         };
         let (shared, metrics, status_page) = (shared.clone(), metrics.clone(), status_page.clone());
-        tokio::spawn(async move {
+        connections.spawn(async move {
             // The owner of a loopback peer's socket is who the status page
             // shows itself to, as the API does.
             let connection = crate::security::loopback::PlainTcp::new(stream, remote);

@@ -30,6 +30,8 @@ struct Said {
 
 /// Follows job changes until gpoold stops, sending what jobs asked for.
 pub async fn run(handle: StateHandle) {
+    // Owned: they end with this task (gpoold aborts it at shutdown).
+    let mut deliveries = tokio::task::JoinSet::new();
     let mut changes = handle.job_changes.subscribe();
     let mut said: HashMap<JobId, Said> = HashMap::new();
     // Attempts that started before this gpoold did were told of by the
@@ -74,8 +76,10 @@ pub async fn run(handle: StateHandle) {
                 .notify_rules
                 .sendmail
                 .clone();
-            tokio::spawn(deliver(notify, sendmail, event, job));
+            deliveries.spawn(deliver(notify, sendmail, event, job));
         }
+        // Deliveries that are done leave the set.
+        while deliveries.try_join_next().is_some() {}
     }
 }
 
