@@ -9,12 +9,12 @@ const MAX_LINES: usize = 600;
 
 /// Files over the limit, and the most lines each may have.
 const OVER_THE_LIMIT: &[(&str, usize)] = &[
-    ("gpoold/src/api/pool.rs", 1133),
+    ("gpoold/src/api/pool.rs", 1121),
     ("bench/src/main.rs", 1129),
     ("gpool-agent/src/launch.rs", 1094),
     ("gpool-core/src/sched/mod.rs", 1011),
     ("gpool-agent/src/supervise.rs", 1041),
-    ("gpoold/src/state/mod.rs", 992),
+    ("gpoold/src/state/mod.rs", 944),
     ("gpoold/src/state/archive.rs", 889),
     ("gpool-core/src/model.rs", 623),
     ("gpool-core/src/spec.rs", 868),

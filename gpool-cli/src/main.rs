@@ -198,6 +198,9 @@ enum Command {
     /// Sysadmin commands.
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Nodes kept for a window: create (admins), delete, list.
+    #[command(subcommand)]
+    Reservation(cmd::reservation::ReservationCommand),
     /// Why a job waits (or runs as burst work), what would make it start
     /// sooner, and its priority.
     Why {
@@ -512,6 +515,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             .await
             .map(|()| 0),
         Command::Health { node } => cmd::nodes::health(&ctx, node).await.map(|()| 0),
+        Command::Reservation(command) => cmd::reservation::run(&ctx, command).await.map(|()| 0),
         Command::Admin(AdminCommand::Inject {
             node,
             gpu,

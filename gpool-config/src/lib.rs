@@ -7,7 +7,6 @@ use gpool_core::sched::Policy;
 use gpool_core::spec::parse_duration;
 use gpool_core::toml_text;
 pub use gpool_core::toml_text::ConfigError;
-use gpool_core::Timestamp;
 
 mod tables;
 #[cfg(test)]

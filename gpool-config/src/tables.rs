@@ -11,74 +11,18 @@ pub(super) fn reservation_from_file(
 ) -> Result<gpool_core::sched::reservations::Reservation, ConfigError> {
     let at = spanned.span().start;
     let file = spanned.into_inner();
-    let name = file.name;
-    let name_ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if !name_ok {
-        return Err(invalid(
-            at,
-            format!("reservation.name: {name:?} is not letters, digits, '.', '_' and '-'"),
-        ));
-    }
-    if file.nodes.is_empty() {
-        return Err(invalid(
-            at,
-            format!("reservation.nodes: reservation {name} names no node"),
-        ));
-    }
-    let moment = |field: &str, text: &str| -> Result<Timestamp, ConfigError> {
-        match gpool_core::model::Begin::parse(text) {
-            Ok(gpool_core::model::Begin::At(at)) => Ok(at),
-            _ => Err(invalid(
-                at,
-                format!("reservation.{field}: {text:?} is not a date or time such as 2026-12-01T08:00:00Z"),
-            )),
-        }
-    };
-    let start = moment("start", &file.start)?;
-    let end = match (&file.duration, &file.end) {
-        (Some(duration), None) => {
-            let secs = humantime::parse_duration(duration)
-                .map_err(|_| {
-                    invalid(
-                        at,
-                        format!("reservation.duration: {duration:?} is not a duration such as 4h"),
-                    )
-                })?
-                .as_secs();
-            Timestamp(start.0.saturating_add(secs.min(i64::MAX as u64 / 1000) as i64 * 1000))
-        }
-        (None, Some(end)) => moment("end", end)?,
-        _ => {
-            return Err(invalid(
-                at,
-                format!("reservation.duration: reservation {name} needs a duration or an end, one of them"),
-            ))
-        }
-    };
-    if end <= start {
-        return Err(invalid(
-            at,
-            format!("reservation.end: reservation {name} ends before it starts"),
-        ));
-    }
-    if end.0 > gpool_core::model::Begin::LATEST_MS {
-        return Err(invalid(
-            at,
-            format!("reservation.end: reservation {name} ends after the year 9999"),
-        ));
-    }
-    Ok(gpool_core::sched::reservations::Reservation {
-        name,
+    let definition = gpool_core::sched::reservations::Definition {
+        name: file.name,
         nodes: file.nodes,
-        start,
-        end,
+        start: file.start,
+        duration: file.duration,
+        end: file.end,
         users: file.users,
         teams: file.teams,
-    })
+    };
+    // Times in gpoold.toml are dates, never relative to a moment.
+    gpool_core::sched::reservations::Reservation::define(definition, None)
+        .map_err(|(field, reason)| invalid(at, format!("reservation.{field}: {reason}")))
 }
 
 /// The `[accounting]` table, checked: prices are finite and not negative,

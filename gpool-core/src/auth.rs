@@ -100,6 +100,8 @@ pub enum Action<'a> {
     RemoveNode(&'a str),
     ReloadPolicy,
     ManageTokens,
+    /// Create or delete reservations (`gpool reservation`).
+    ManageReservations,
     /// The whole pool's costs against dedicated GPUs (`gpool report
     /// savings`).
     ViewPoolSavings,
@@ -124,6 +126,7 @@ impl fmt::Display for Action<'_> {
             Action::RemoveNode(node) => write!(f, "remove node {node}"),
             Action::ReloadPolicy => write!(f, "reload the policy"),
             Action::ManageTokens => write!(f, "manage access tokens"),
+            Action::ManageReservations => write!(f, "manage reservations"),
             Action::ViewPoolSavings => write!(f, "see the pool's costs and savings"),
             Action::InjectFault(node) => write!(f, "inject a GPU fault on node {node}"),
         }
@@ -211,6 +214,7 @@ pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
         | Action::RemoveNode(_)
         | Action::ReloadPolicy
         | Action::ManageTokens
+        | Action::ManageReservations
         | Action::ViewPoolSavings
         | Action::InjectFault(_) => refused("only admins may".to_string()),
     }

@@ -88,7 +88,7 @@ fn notifying_job(handle: &StateHandle, id: JobId) -> Option<(Notify, pb::Job)> {
     let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
     let job = state.find_job(id).ok()??;
     let notify = job.spec.notify.clone()?;
-    let wire = crate::api::pool::job_wire_in_full(&state, &job, false);
+    let wire = crate::api::job_wire::job_wire_in_full(&state, &job, false);
     Some((notify, wire))
 }
 

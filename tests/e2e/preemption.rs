@@ -375,6 +375,127 @@ fn per_user_caps_hold_jobs_back_and_refuse_a_submit_past_max_submit() {
     }
 }
 
+/// `gpool reservation create` as an admin would use it on the shipped
+/// config: an event on an H100 node for team vision from now, beside
+/// gpoold.toml's maintenance window. Vision's job in it runs there; nlp's
+/// job that would outlast it goes elsewhere; it survives a kill -9 of
+/// gpoold; gpoold.toml's cannot be deleted from the CLI; once deleted,
+/// jobs may not join it. Bad input names the field.
+#[test]
+fn an_admin_creates_and_deletes_a_reservation_that_survives_a_restart() {
+    let policy = format!(
+        "{}\n[[reservation]]\nname = \"maint\"\nnodes = [\"l4-a\"]\nstart = \"2099-01-01T00:00:00Z\"\nduration = \"2h\"\n",
+        shipped_policy()
+    );
+    let mut cluster = Cluster::with_config(&policy);
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    let made = cluster
+        .gpool(&[
+            "reservation",
+            "create",
+            "event",
+            "--nodes",
+            "h100-b",
+            "--start",
+            "now",
+            "--duration",
+            "4h",
+            "--teams",
+            "vision",
+            "--output",
+            "json",
+        ])
+        .json();
+    assert_eq!(made[0]["name"], "event", "{made}");
+    assert_eq!(made[0]["from"], "created", "{made}");
+    for (args, expected) in [
+        (vec!["event", "--nodes", "h100-a"], "name: reservation event exists"),
+        (
+            vec!["e2", "--nodes", "nope-1"],
+            "nodes: node nope-1 is not known to gpoold",
+        ),
+        (
+            vec!["e3", "--nodes", "h100-a", "--start", "soon"],
+            "start: \"soon\" is not a date or time",
+        ),
+        (
+            vec!["bad name", "--nodes", "h100-a"],
+            "name: \"bad name\" is not letters",
+        ),
+    ] {
+        let mut full = vec!["reservation", "create"];
+        full.extend(&args);
+        if !args.contains(&"--start") {
+            full.extend(["--start", "now"]);
+        }
+        full.extend(["--duration", "1h"]);
+        let refused = cluster.gpool(&full);
+        assert_ne!(refused.code, 0, "{args:?}");
+        assert!(refused.stderr.contains(expected), "{args:?}: {}", refused.stderr);
+    }
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    let inside = cluster.submit(&[
+        "--team",
+        "vision",
+        "--reservation",
+        "event",
+        "-G",
+        "2",
+        "-t",
+        "1h",
+        "--",
+        "sh",
+        "-c",
+        hold,
+    ]);
+    let job = cluster.wait_for_state(inside, "running");
+    assert_eq!(job["node_list"], serde_json::json!(["h100-b"]), "{job}");
+    // An H100 job outside it, limited past its close, goes to the other H100.
+    let outside = cluster.submit(&["--team", "nlp", "--gpu-type", "h100", "-G", "8", "--", "sh", "-c", hold]);
+    let job = cluster.wait_for_state(outside, "running");
+    assert_eq!(job["node_list"], serde_json::json!(["h100-a"]), "{job}");
+
+    cluster.controller().kill9();
+    cluster.start_controller();
+    let listed = wait_until("gpoold back with both reservations", Duration::from_secs(20), || {
+        let run = cluster.gpool(&["reservation", "list", "--output", "json"]);
+        (run.code == 0).then(|| run.json())
+    });
+    let names: Vec<(&str, &str)> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap_or(""), r["from"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(names, [("maint", "gpoold.toml"), ("event", "created")], "{listed}");
+    let table = cluster.gpool(&["reservation", "list"]).ok().to_string();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("event") && l.contains("h100-b") && l.contains("vision")),
+        "{table}"
+    );
+
+    let kept = cluster.gpool(&["reservation", "delete", "maint"]);
+    assert_ne!(kept.code, 0);
+    assert!(
+        kept.stderr.contains("reservation maint is gpoold.toml's"),
+        "{}",
+        kept.stderr
+    );
+    cluster.gpool(&["reservation", "delete", "event"]).ok();
+    let late = cluster.gpool(&["submit", "--team", "vision", "--reservation", "event", "--", "true"]);
+    assert_ne!(late.code, 0);
+    assert!(
+        late.stderr.contains("no reservation is named \"event\""),
+        "{}",
+        late.stderr
+    );
+    std::fs::write(cluster.dir.path().join("release"), "").expect("release");
+}
+
 /// Reservations in config mode: the shipped config with a maintenance
 /// window on the L4 node an hour ahead and an event open now on an H100
 /// node for team vision. `gpool nodes` shows both; vision's job in the

@@ -9,6 +9,7 @@ pub mod logs;
 pub mod nodes;
 pub mod pki;
 pub mod report;
+pub mod reservation;
 pub mod sharing;
 pub mod sim;
 pub mod submit;

@@ -254,7 +254,7 @@ proptest! {
     #[test]
     fn nobody_but_an_admin_runs_the_pool(user in "[a-z]{1,8}", teams in proptest::collection::vec("[a-z]{1,4}", 0..3)) {
         let caller = Caller { user, admin: false, led_teams: teams };
-        for action in [Action::DrainNode("n"), Action::ResumeNode("n"), Action::ReloadPolicy, Action::ManageTokens, Action::InjectFault("n")] {
+        for action in [Action::DrainNode("n"), Action::ResumeNode("n"), Action::ReloadPolicy, Action::ManageTokens, Action::ManageReservations, Action::InjectFault("n")] {
             prop_assert!(authorize(&caller, &action).is_err());
         }
     }

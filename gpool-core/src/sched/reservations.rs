@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 /// Nodes kept from `start` to `end` for the jobs submitted into it, by
 /// the users and teams it names (none: a maintenance window, no jobs).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Reservation {
     pub name: String,
     pub nodes: Vec<String>,
@@ -24,7 +24,78 @@ pub struct Reservation {
     pub teams: Vec<String>,
 }
 
+/// A reservation as written (gpoold.toml's `[[reservation]]`, or `gpool
+/// reservation create`): times as text, an end or a duration.
+#[derive(Debug, Clone)]
+pub struct Definition {
+    pub name: String,
+    pub nodes: Vec<String>,
+    /// `2026-12-01T08:00:00Z`, or `now`.
+    pub start: String,
+    pub duration: Option<String>,
+    pub end: Option<String>,
+    pub users: Vec<String>,
+    pub teams: Vec<String>,
+}
+
 impl Reservation {
+    /// The reservation `definition` names, else the field at fault
+    /// (`name`, `nodes`, `start`, `end`, `duration`) and why. Times may be
+    /// relative to `now` (`now`, `now+2h`) where one is given, else only
+    /// dates (a config file's).
+    pub fn define(definition: Definition, now: Option<Timestamp>) -> Result<Reservation, (&'static str, String)> {
+        let Definition { name, nodes, .. } = &definition;
+        let name_ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !name_ok {
+            return Err(("name", format!("{name:?} is not letters, digits, '.', '_' and '-'")));
+        }
+        if nodes.is_empty() {
+            return Err(("nodes", format!("reservation {name} names no node")));
+        }
+        let moment = |field: &'static str, text: &str| match (crate::model::Begin::parse(text), now) {
+            (Ok(crate::model::Begin::At(at)), _) => Ok(at),
+            (Ok(begin), Some(now)) => Ok(begin.at(now)),
+            _ => Err((
+                field,
+                format!("{text:?} is not a date or time such as 2026-12-01T08:00:00Z"),
+            )),
+        };
+        let start = moment("start", &definition.start)?;
+        let end = match (&definition.duration, &definition.end) {
+            (Some(duration), None) => {
+                let secs = humantime::parse_duration(duration)
+                    .map_err(|_| ("duration", format!("{duration:?} is not a duration such as 4h")))?
+                    .as_secs();
+                Timestamp(start.0.saturating_add(secs.min(i64::MAX as u64 / 1000) as i64 * 1000))
+            }
+            (None, Some(end)) => moment("end", end)?,
+            _ => {
+                return Err((
+                    "duration",
+                    format!("reservation {name} needs a duration or an end, one of them"),
+                ))
+            }
+        };
+        if end <= start {
+            return Err(("end", format!("reservation {name} ends before it starts")));
+        }
+        if end.0 > crate::model::Begin::LATEST_MS {
+            return Err(("end", format!("reservation {name} ends after the year 9999")));
+        }
+        Ok(Reservation {
+            name: definition.name,
+            nodes: definition.nodes,
+            start,
+            end,
+            users: definition.users,
+            teams: definition.teams,
+        })
+    }
+
     pub fn is_open(&self, now: Timestamp) -> bool {
         self.start <= now && now < self.end
     }
@@ -216,6 +287,42 @@ mod tests {
     use super::*;
     use crate::sched::{schedule, schedule_starts, Policy};
     use crate::testing::cluster_view;
+
+    #[test]
+    fn a_definition_is_checked_and_times_may_be_relative_only_where_a_moment_is_given() {
+        let definition = |start: &str, duration: Option<&str>| Definition {
+            name: "event".into(),
+            nodes: vec!["n1".into()],
+            start: start.into(),
+            duration: duration.map(str::to_string),
+            end: None,
+            users: Vec::new(),
+            teams: vec!["vision".into()],
+        };
+        let now = Timestamp(1_800_000_000_000);
+        let made = Reservation::define(definition("now+1h", Some("2h")), Some(now)).expect("valid");
+        assert_eq!(
+            (made.start, made.end),
+            (Timestamp(now.0 + 3_600_000), Timestamp(now.0 + 10_800_000))
+        );
+        // A config file's times are dates.
+        let refused = Reservation::define(definition("now", Some("2h")), None).unwrap_err();
+        assert_eq!(refused.0, "start");
+        let refused = Reservation::define(definition("now", None), Some(now)).unwrap_err();
+        assert_eq!(
+            refused,
+            (
+                "duration",
+                "reservation event needs a duration or an end, one of them".to_string()
+            )
+        );
+        let mut nameless = definition("now", Some("1h"));
+        nameless.name = "a b".into();
+        assert_eq!(Reservation::define(nameless, Some(now)).unwrap_err().0, "name");
+        let mut nodeless = definition("now", Some("1h"));
+        nodeless.nodes.clear();
+        assert_eq!(Reservation::define(nodeless, Some(now)).unwrap_err().0, "nodes");
+    }
 
     fn maintenance(start_secs: i64) -> Reservation {
         Reservation {

@@ -1,5 +1,6 @@
 //! The Pool service: what the CLI calls.
 
+use super::job_wire::job_wire;
 use super::{caller, identity, Identity};
 use crate::error::Error;
 use crate::security::{AuditEntry, Security};
@@ -7,7 +8,7 @@ use crate::state::{CancelMode, CancelOutcome, Command, JobUpdate, NewToken, Shar
 use gpool_core::auth::{authorize, Action, Caller, Role};
 use gpool_core::model::Node;
 use gpool_core::JobId;
-use gpool_proto::convert::{job_to_wire_with, node_to_wire, spec_from_wire, state_to_wire};
+use gpool_proto::convert::{node_to_wire, spec_from_wire, state_to_wire};
 use gpool_proto::pb;
 use gpool_proto::pb::pool_server::Pool;
 use prost::Message;
@@ -164,102 +165,38 @@ impl PoolService {
     }
 }
 
-/// A job as `caller` may see it: in full if they may read it, else as a
-/// queue entry (no command, environment or workdir); a pending one with
-/// the reasons, hints and priority of the latest scheduling cycle.
-fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, with_env: bool) -> pb::Job {
-    let mut wire = job_wire_in_full(state, job, with_env);
-    if authorize(caller, &Action::ReadJob(job.auth_ref())).is_err() {
-        if let Some(spec) = wire.spec.as_mut() {
-            spec.command.clear();
-            spec.env.clear();
-            spec.workdir.clear();
-            spec.stdout_path.clear();
-            spec.stderr_path.clear();
-        }
-        // A failed start's reason names the program and workdir.
-        wire.end_reason.clear();
-        wire.redacted = true;
+impl PoolService {
+    /// Applies `change` for `who` (audited as `action` of `object`).
+    async fn change_reservation(
+        &self,
+        who: &Identity,
+        change: crate::state::ReservationChange,
+        action: &str,
+        object: &str,
+    ) -> Result<Response<pb::Reservation>, Status> {
+        let caller = who.caller.clone();
+        let result = self
+            .state
+            .call(|reply| Command::Reservation { caller, change, reply })
+            .await
+            .map_err(Status::from);
+        self.audit(who, action, object, true, &result);
+        Ok(Response::new(reservation_to_wire(&result?, true)))
     }
-    wire
 }
 
-pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
-    let mut wire = job_wire_of_state(state, job, with_env);
-    wire.array = state.array_info(job);
-    wire.stragglers = state
-        .stragglers
-        .get(&job.id)
-        .into_iter()
-        .flatten()
-        .map(|straggler| pb::Straggler {
-            node: straggler.gpu.node.clone(),
-            index: straggler.gpu.index,
-            utilization_pct: straggler.utilization_pct,
-            median_pct: straggler.median_pct,
-            since_ms: straggler.since.0,
-        })
-        .collect();
-    // A running attempt's use so far counts with the ended ones'.
-    if let Some(live) = state.gpu_use_live.get(&job.id) {
-        let mut used = job.gpu_use.as_deref().copied().unwrap_or_default();
-        used.merge(live);
-        wire.gpu_use = gpool_proto::convert::gpu_use_to_wire(&used);
+/// A reservation on the wire; `created`: made by `gpool reservation
+/// create` (else gpoold.toml's).
+fn reservation_to_wire(r: &gpool_core::sched::reservations::Reservation, created: bool) -> pb::Reservation {
+    pb::Reservation {
+        name: r.name.clone(),
+        nodes: r.nodes.clone(),
+        start_ms: r.start.0,
+        end_ms: r.end.0,
+        users: r.users.clone(),
+        teams: r.teams.clone(),
+        created,
     }
-    wire
-}
-
-fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
-    if job.state != gpool_core::JobState::Pending {
-        return job_to_wire_with(job, Vec::new(), with_env);
-    }
-    use gpool_core::sched::gates::{self, Facts, Gate};
-    let facts = Facts {
-        begins: job
-            .spec
-            .begin
-            .map(|begin| begin.at(job.submitted_at))
-            .filter(|at| *at > crate::wall_clock()),
-        dependency: match state.dependency_state_of(job) {
-            gpool_core::deps::DepState::Waiting(reason) => Some(reason),
-            _ => None,
-        },
-        held: job.held,
-        array_limit: state.array_at_limit(job),
-        planned: state.words.reasons(job.id).is_some(),
-    };
-    let (reasons, codes) = match (Gate::of(job, facts), state.words.reasons(job.id)) {
-        (Some(gate), _) => (vec![gate.words()], vec![gate.code().to_string()]),
-        (None, Some(words)) => (
-            words.reasons.clone(),
-            words.codes.iter().map(|code| code.to_string()).collect(),
-        ),
-        (None, None) => (Vec::new(), Vec::new()),
-    };
-    let (mut reasons, mut codes) = (reasons, codes);
-    if let Some((reason, code)) = gates::requeued(job) {
-        reasons.insert(0, reason);
-        codes.insert(0, code.to_string());
-    }
-    let mut wire = job_to_wire_with(job, reasons, with_env);
-    wire.reason_codes = codes;
-    wire.hints = state
-        .words
-        .reasons(job.id)
-        .map(|words| words.hints.clone())
-        .unwrap_or_default();
-    let said = state.words.of(job.id);
-    wire.priority = said.and_then(|said| said.priority).map(|p| pb::PriorityFactors {
-        total: p.total,
-        qos: p.qos,
-        fair_share: p.fair_share,
-        age: p.age,
-        size: p.size,
-        nice: p.nice,
-    });
-    wire.estimated_start_ms = state.words.estimated_start(job.id).map(|at| at.0);
-    wire.queue_position = said.and_then(|said| said.position);
-    wire
 }
 
 /// Refuses a request naming more job ids than one may.
@@ -881,6 +818,57 @@ impl Pool for PoolService {
             .map_err(Status::from);
         self.audit(&who, "remove", &object, true, &result);
         Ok(Response::new(pb::RemoveNodeResponse { name: result? }))
+    }
+
+    async fn create_reservation(
+        &self,
+        request: Request<pb::CreateReservationRequest>,
+    ) -> Result<Response<pb::Reservation>, Status> {
+        let who = identity(&request)?;
+        let request = request.into_inner();
+        let object = format!("reservation {}", request.name);
+        let none_if_empty = |text: String| (!text.is_empty()).then_some(text);
+        let definition = gpool_core::sched::reservations::Definition {
+            name: request.name,
+            nodes: request.nodes,
+            start: request.start,
+            duration: none_if_empty(request.duration),
+            end: none_if_empty(request.end),
+            users: request.users,
+            teams: request.teams,
+        };
+        let change = crate::state::ReservationChange::Create(definition);
+        self.change_reservation(&who, change, "create", &object).await
+    }
+
+    async fn delete_reservation(
+        &self,
+        request: Request<pb::DeleteReservationRequest>,
+    ) -> Result<Response<pb::Reservation>, Status> {
+        let who = identity(&request)?;
+        let name = request.into_inner().name;
+        let object = format!("reservation {name}");
+        let change = crate::state::ReservationChange::Delete(name);
+        self.change_reservation(&who, change, "delete", &object).await
+    }
+
+    async fn list_reservations(
+        &self,
+        request: Request<pb::ListReservationsRequest>,
+    ) -> Result<Response<pb::ListReservationsResponse>, Status> {
+        identity(&request)?;
+        let state = self
+            .state
+            .shared
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let reservations = state
+            .policy
+            .reservations
+            .iter()
+            .map(|r| reservation_to_wire(r, state.is_created_reservation(&r.name)))
+            .collect();
+        Ok(Response::new(pb::ListReservationsResponse { reservations }))
     }
 
     async fn resume_node(&self, request: Request<pb::ResumeNodeRequest>) -> Result<Response<pb::Node>, Status> {

@@ -11,9 +11,12 @@ pub mod archive;
 mod arrays;
 mod health;
 mod history;
+mod nodes;
 mod outbox;
 mod promises;
 mod redo;
+mod reservations;
+pub use reservations::ReservationChange;
 mod sharing;
 pub mod store;
 mod submit;
@@ -88,6 +91,8 @@ pub struct State {
     pub usage: BTreeMap<String, Ledger>,
     /// Preempted attempts and when their grace ends; rebuilt on start.
     preempt_deadlines: BTreeMap<JobId, (Epoch, Timestamp)>,
+    /// Reservations made at run time; `policy` holds them too.
+    created_reservations: Vec<gpool_core::sched::reservations::Reservation>,
     /// The job each preempted attempt in its grace was preempted for; not
     /// durable (after a restart its GPUs go to whoever needs them first).
     preempted_for: HashMap<JobId, JobId>,
@@ -227,6 +232,11 @@ pub enum Command {
         caller: Caller,
         node: String,
         reply: Reply<String>,
+    },
+    Reservation {
+        caller: Caller,
+        change: ReservationChange,
+        reply: Reply<gpool_core::sched::reservations::Reservation>,
     },
     /// The scheduling loop's latest reasons, hints and priorities for
     /// pending jobs.
@@ -386,6 +396,8 @@ enum Write {
     NextEpoch,
     Usage(String),
     Token(u64),
+    /// The reservations made at run time, as one record.
+    Reservations,
     /// An attempt's accounting record (appended, never changed).
     Attempt(Box<gpool_core::accounting::AttemptRecord>),
 }
@@ -484,6 +496,7 @@ impl State {
             next_job_id: loaded.next_job_id,
             words: words::Words::default(),
             policy: config.policy.clone(),
+            created_reservations: loaded.reservations,
             notify_rules: config.notify.clone(),
             admins: config.admins.clone(),
             next_epoch: loaded.next_epoch,
@@ -562,70 +575,8 @@ impl State {
             }
         }
         state.restore_preempt_deadlines();
+        state.add_created_reservations();
         state
-    }
-
-    /// Node `name`, once `caller` may drain it (`draining`) or resume it.
-    fn node_to_drain(&mut self, caller: &Caller, name: &str, draining: bool) -> Result<&mut Node, Error> {
-        let action = if draining {
-            Action::DrainNode(name)
-        } else {
-            Action::ResumeNode(name)
-        };
-        authorize(caller, &action)?;
-        self.nodes
-            .get_mut(name)
-            .ok_or_else(|| Error::UnknownNode(name.to_string()))
-    }
-
-    fn set_drain(
-        &mut self,
-        caller: &Caller,
-        name: &str,
-        reason: Option<String>,
-        now: Timestamp,
-    ) -> Result<(Node, Vec<Write>), Error> {
-        let node = self.node_to_drain(caller, name, reason.is_some())?;
-        if reason.is_none() {
-            // A resume also ends a drain by the node's health program (it
-            // drains again if the program still fails).
-            node.health_drain = None;
-        }
-        node.drained_by = reason.is_some().then(|| (caller.user.clone(), now));
-        node.drain_reason = reason;
-        Ok((node.clone(), vec![Write::Node(name.to_string())]))
-    }
-
-    /// Forgets `name`, refused while attempts hold its GPUs. An agent that
-    /// registers again brings the node back.
-    fn remove_node(&mut self, caller: &Caller, name: &str, out: &mut Batch) -> Result<(), Error> {
-        authorize(caller, &Action::RemoveNode(name))?;
-        if !self.nodes.contains_key(name) {
-            return Err(Error::UnknownNode(name.to_string()));
-        }
-        let holding: Vec<String> = self
-            .jobs
-            .values()
-            .filter(|job| match &job.state {
-                JobState::Running { placement, .. } => placement.iter().any(|part| part.node == name),
-                _ => false,
-            })
-            .map(|job| job.id.to_string())
-            .collect();
-        if !holding.is_empty() {
-            let jobs = if holding.len() == 1 {
-                format!("job {}", holding[0])
-            } else {
-                format!("jobs {}", holding.join(", "))
-            };
-            return Err(Error::NodeBusy {
-                node: name.to_string(),
-                jobs,
-            });
-        }
-        self.forget_node(name, out);
-        tracing::info!(node = name, by = %caller.user, "node removed");
-        Ok(())
     }
 
     /// Takes the policy and admins of a re-read config (listen address and
@@ -656,6 +607,7 @@ impl State {
         );
         tracing::info!("policy reloaded: {summary}");
         self.policy = config.policy;
+        self.add_created_reservations();
         self.notify_rules = config.notify;
         self.admins = config.admins;
         self.keep_ended_jobs = config.keep_ended_jobs;

@@ -224,6 +224,10 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             }
             node_reply(drained, reply, out)
         }
+        Command::Reservation { caller, change, reply } => match state.change_reservation(&caller, change, now, out) {
+            Ok(reservation) => out.replies.push(deferred(reply, reservation)),
+            Err(err) => drop(reply.send(Err(err))),
+        },
         Command::RemoveNode { caller, node, reply } => match state.remove_node(&caller, &node, out) {
             Ok(()) => out.replies.push(deferred(reply, node)),
             Err(err) => drop(reply.send(Err(err))),
@@ -371,6 +375,7 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
                 .into_iter()
                 .for_each(|record| records.token(record)),
             Write::Attempt(record) => records.attempt(record),
+            Write::Reservations => records.reservations(&state.created_reservations),
         }
         commit.spill_if_full()?;
     }

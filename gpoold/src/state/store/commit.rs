@@ -213,6 +213,14 @@ impl Records {
         ));
     }
 
+    pub fn reservations(&mut self, reservations: &[gpool_core::sched::reservations::Reservation]) {
+        self.entries.push((
+            TreeId::Meta,
+            super::META_RESERVATIONS.to_vec(),
+            Some(encode(&reservations)),
+        ));
+    }
+
     pub fn next_job_id(&mut self, next_job_id: u64) {
         self.entries.push((
             TreeId::Meta,

@@ -42,6 +42,9 @@ const META_SCHEMA: &[u8] = b"schema_version";
 /// Present while the redo log file is to be applied (`Store::apply_redo_log`).
 const META_REDO_LOG: &[u8] = b"redo_log_to_apply";
 const META_NEXT_JOB_ID: &[u8] = b"next_job_id";
+/// The reservations `gpool reservation create` made (gpoold.toml's are
+/// not stored), as one record.
+const META_RESERVATIONS: &[u8] = b"reservations";
 const META_NEXT_EPOCH: &[u8] = b"next_epoch";
 
 pub struct Store {
@@ -132,6 +135,7 @@ pub struct Loaded {
     pub next_epoch: u64,
     pub usage: BTreeMap<String, Ledger>,
     pub tokens: BTreeMap<u64, TokenRecord>,
+    pub reservations: Vec<gpool_core::sched::reservations::Reservation>,
 }
 
 impl Store {
@@ -289,6 +293,10 @@ impl Store {
                 Ok((record.id, record))
             })
             .collect::<Result<_, Error>>()?;
+        let reservations = match self.meta.get(META_RESERVATIONS)? {
+            Some(value) => decode("meta", META_RESERVATIONS, &value)?,
+            None => Vec::new(),
+        };
         Ok(Loaded {
             jobs,
             ended,
@@ -297,6 +305,7 @@ impl Store {
             next_epoch,
             usage,
             tokens,
+            reservations,
         })
     }
 

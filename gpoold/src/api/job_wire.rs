@@ -1,0 +1,105 @@
+//! Jobs as the wire shows them: what a caller may see of a job, and a
+//! waiting job's reasons, hints, priority and estimated start.
+
+use crate::state::State;
+use gpool_core::auth::{authorize, Action, Caller};
+use gpool_proto::convert::job_to_wire_with;
+use gpool_proto::pb;
+
+/// A job as `caller` may see it: in full if they may read it, else as a
+/// queue entry (no command, environment or workdir); a pending one with
+/// the reasons, hints and priority of the latest scheduling cycle.
+pub(crate) fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, with_env: bool) -> pb::Job {
+    let mut wire = job_wire_in_full(state, job, with_env);
+    if authorize(caller, &Action::ReadJob(job.auth_ref())).is_err() {
+        if let Some(spec) = wire.spec.as_mut() {
+            spec.command.clear();
+            spec.env.clear();
+            spec.workdir.clear();
+            spec.stdout_path.clear();
+            spec.stderr_path.clear();
+        }
+        // A failed start's reason names the program and workdir.
+        wire.end_reason.clear();
+        wire.redacted = true;
+    }
+    wire
+}
+
+pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
+    let mut wire = job_wire_of_state(state, job, with_env);
+    wire.array = state.array_info(job);
+    wire.stragglers = state
+        .stragglers
+        .get(&job.id)
+        .into_iter()
+        .flatten()
+        .map(|straggler| pb::Straggler {
+            node: straggler.gpu.node.clone(),
+            index: straggler.gpu.index,
+            utilization_pct: straggler.utilization_pct,
+            median_pct: straggler.median_pct,
+            since_ms: straggler.since.0,
+        })
+        .collect();
+    // A running attempt's use so far counts with the ended ones'.
+    if let Some(live) = state.gpu_use_live.get(&job.id) {
+        let mut used = job.gpu_use.as_deref().copied().unwrap_or_default();
+        used.merge(live);
+        wire.gpu_use = gpool_proto::convert::gpu_use_to_wire(&used);
+    }
+    wire
+}
+
+fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
+    if job.state != gpool_core::JobState::Pending {
+        return job_to_wire_with(job, Vec::new(), with_env);
+    }
+    use gpool_core::sched::gates::{self, Facts, Gate};
+    let facts = Facts {
+        begins: job
+            .spec
+            .begin
+            .map(|begin| begin.at(job.submitted_at))
+            .filter(|at| *at > crate::wall_clock()),
+        dependency: match state.dependency_state_of(job) {
+            gpool_core::deps::DepState::Waiting(reason) => Some(reason),
+            _ => None,
+        },
+        held: job.held,
+        array_limit: state.array_at_limit(job),
+        planned: state.words.reasons(job.id).is_some(),
+    };
+    let (reasons, codes) = match (Gate::of(job, facts), state.words.reasons(job.id)) {
+        (Some(gate), _) => (vec![gate.words()], vec![gate.code().to_string()]),
+        (None, Some(words)) => (
+            words.reasons.clone(),
+            words.codes.iter().map(|code| code.to_string()).collect(),
+        ),
+        (None, None) => (Vec::new(), Vec::new()),
+    };
+    let (mut reasons, mut codes) = (reasons, codes);
+    if let Some((reason, code)) = gates::requeued(job) {
+        reasons.insert(0, reason);
+        codes.insert(0, code.to_string());
+    }
+    let mut wire = job_to_wire_with(job, reasons, with_env);
+    wire.reason_codes = codes;
+    wire.hints = state
+        .words
+        .reasons(job.id)
+        .map(|words| words.hints.clone())
+        .unwrap_or_default();
+    let said = state.words.of(job.id);
+    wire.priority = said.and_then(|said| said.priority).map(|p| pb::PriorityFactors {
+        total: p.total,
+        qos: p.qos,
+        fair_share: p.fair_share,
+        age: p.age,
+        size: p.size,
+        nice: p.nice,
+    });
+    wire.estimated_start_ms = state.words.estimated_start(job.id).map(|at| at.0);
+    wire.queue_position = said.and_then(|said| said.position);
+    wire
+}

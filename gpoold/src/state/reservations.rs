@@ -1,0 +1,85 @@
+//! Reservations made at run time (`gpool reservation create`): kept in the
+//! store, beside gpoold.toml's, and seen by the scheduler with them.
+
+use super::{Batch, State, Write};
+use crate::error::Error;
+use gpool_core::auth::{authorize, Action, Caller};
+use gpool_core::sched::reservations::{Definition, Reservation};
+use gpool_core::Timestamp;
+
+/// A change to the reservations made at run time.
+#[derive(Debug)]
+pub enum ReservationChange {
+    Create(Definition),
+    Delete(String),
+}
+
+impl State {
+    /// Whether reservation `name` was made at run time (else it is
+    /// gpoold.toml's).
+    pub fn is_created_reservation(&self, name: &str) -> bool {
+        self.created_reservations.iter().any(|r| r.name == name)
+    }
+
+    /// gpoold.toml's reservations (in `policy`), then those made at run
+    /// time whose names the file does not take.
+    pub(super) fn add_created_reservations(&mut self) {
+        let from_config = self.policy.reservations.clone();
+        let created = self
+            .created_reservations
+            .iter()
+            .filter(|created| from_config.iter().all(|r| r.name != created.name));
+        self.policy.reservations.extend(created.cloned());
+    }
+
+    /// Creates or deletes a reservation made at run time (admins only);
+    /// returns it.
+    pub(super) fn change_reservation(
+        &mut self,
+        caller: &Caller,
+        change: ReservationChange,
+        now: Timestamp,
+        out: &mut Batch,
+    ) -> Result<Reservation, Error> {
+        authorize(caller, &Action::ManageReservations)?;
+        let invalid = |field: &'static str, reason: String| Error::InvalidRequest { field, reason };
+        let changed = match change {
+            ReservationChange::Create(definition) => {
+                let reservation =
+                    Reservation::define(definition, Some(now)).map_err(|(field, reason)| invalid(field, reason))?;
+                if self.policy.reservations.iter().any(|r| r.name == reservation.name) {
+                    return Err(invalid("name", format!("reservation {} exists", reservation.name)));
+                }
+                if let Some(unknown) = reservation.nodes.iter().find(|node| !self.nodes.contains_key(*node)) {
+                    return Err(invalid("nodes", format!("node {unknown} is not known to gpoold")));
+                }
+                if reservation.end <= now {
+                    return Err(invalid(
+                        "end",
+                        format!("reservation {} would end in the past", reservation.name),
+                    ));
+                }
+                self.created_reservations.push(reservation.clone());
+                self.policy.reservations.push(reservation.clone());
+                tracing::info!(name = %reservation.name, by = %caller.user, "reservation created");
+                reservation
+            }
+            ReservationChange::Delete(name) => {
+                let Some(at) = self.created_reservations.iter().position(|r| r.name == name) else {
+                    let reason = if self.policy.reservations.iter().any(|r| r.name == name) {
+                        format!("reservation {name} is gpoold.toml's: remove it there and reload")
+                    } else {
+                        format!("no reservation {name}")
+                    };
+                    return Err(invalid("name", reason));
+                };
+                let reservation = self.created_reservations.remove(at);
+                self.policy.reservations.retain(|r| r.name != name);
+                tracing::info!(name = %reservation.name, by = %caller.user, "reservation deleted");
+                reservation
+            }
+        };
+        out.writes.push(Write::Reservations);
+        Ok(changed)
+    }
+}
