@@ -375,6 +375,29 @@ fn per_user_caps_hold_jobs_back_and_refuse_a_submit_past_max_submit() {
     }
 }
 
+/// Vision's 2-GPU job of an hour, submitted into reservation `event` on
+/// h100-b, runs there.
+fn runs_in_the_event(cluster: &Cluster, hold: &str) -> u64 {
+    let args = [
+        "--team",
+        "vision",
+        "--reservation",
+        "event",
+        "-G",
+        "2",
+        "-t",
+        "1h",
+        "--",
+        "sh",
+        "-c",
+        hold,
+    ];
+    let inside = cluster.submit(&args);
+    let job = cluster.wait_for_state(inside, "running");
+    assert_eq!(job["node_list"], serde_json::json!(["h100-b"]), "{job}");
+    inside
+}
+
 /// `gpool reservation create` as an admin would use it on the shipped
 /// config: an event on an H100 node for team vision from now, beside
 /// gpoold.toml's maintenance window. Vision's job in it runs there; nlp's
@@ -436,22 +459,7 @@ fn an_admin_creates_and_deletes_a_reservation_that_survives_a_restart() {
         assert!(refused.stderr.contains(expected), "{args:?}: {}", refused.stderr);
     }
     let hold = "while [ ! -e release ]; do sleep 0.2; done";
-    let inside = cluster.submit(&[
-        "--team",
-        "vision",
-        "--reservation",
-        "event",
-        "-G",
-        "2",
-        "-t",
-        "1h",
-        "--",
-        "sh",
-        "-c",
-        hold,
-    ]);
-    let job = cluster.wait_for_state(inside, "running");
-    assert_eq!(job["node_list"], serde_json::json!(["h100-b"]), "{job}");
+    runs_in_the_event(&cluster, hold);
     // An H100 job outside it, limited past its close, goes to the other H100.
     let outside = cluster.submit(&["--team", "nlp", "--gpu-type", "h100", "-G", "8", "--", "sh", "-c", hold]);
     let job = cluster.wait_for_state(outside, "running");
@@ -543,22 +551,7 @@ fn reservations_keep_their_nodes_for_their_jobs_and_windows() {
     // Inside a window, a job must end by its close: the default class's
     // 2-day limit would not.
     let outlasting = cluster.submit(&["--team", "vision", "--reservation", "event", "--", "true"]);
-    let inside = cluster.submit(&[
-        "--team",
-        "vision",
-        "--reservation",
-        "event",
-        "-G",
-        "2",
-        "-t",
-        "1h",
-        "--",
-        "sh",
-        "-c",
-        hold,
-    ]);
-    let job = cluster.wait_for_state(inside, "running");
-    assert_eq!(job["node_list"], serde_json::json!(["h100-b"]), "{job}");
+    let inside = runs_in_the_event(&cluster, hold);
     let refused = cluster.gpool(&["submit", "--team", "nlp", "--reservation", "event", "--", "true"]);
     assert_eq!(refused.code, 2, "{}", refused.stderr);
     assert!(

@@ -36,7 +36,10 @@ pub enum ReservationCommand {
     },
     /// Delete a reservation made with `create` (admins); gpoold.toml's
     /// stay until removed there.
-    Delete { name: String },
+    Delete {
+        /// The reservation's name, as `list` shows it.
+        name: String,
+    },
     /// Every reservation, gpoold.toml's and those made with `create`.
     List,
 }
