@@ -326,6 +326,17 @@ impl State {
             let Some(for_job) = self.preempted_for.remove(&id) else {
                 continue;
             };
+            // The waste it was charged comes back to the hour's budget (unless
+            // a checkpoint since changed what it would have lost: then it stays).
+            let (at, lost) = (
+                *at,
+                self.jobs
+                    .get(&id)
+                    .map_or(0.0, |job| job.state.work_since_checkpoint(*at)),
+            );
+            if let Some(charged) = self.recent_waste.iter().position(|waste| *waste == (at, lost)) {
+                self.recent_waste.remove(charged);
+            }
             if !self.apply_event(id, &JobEvent::Rescind { epoch, now }, now, out) {
                 continue;
             }
