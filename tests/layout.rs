@@ -14,7 +14,7 @@ const OVER_THE_LIMIT: &[(&str, usize)] = &[
     ("gpool-agent/src/launch.rs", 1094),
     ("gpool-core/src/sched/mod.rs", 1011),
     ("gpool-agent/src/supervise.rs", 1041),
-    ("gpoold/src/state/mod.rs", 944),
+    ("gpoold/src/state/mod.rs", 948),
     ("gpoold/src/state/archive.rs", 889),
     ("gpool-core/src/model.rs", 623),
     ("gpool-core/src/spec.rs", 868),

@@ -160,22 +160,23 @@ fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
 
 /// A victim is taken for a vision job; before its grace is over another
 /// GPU frees up and the vision job starts there. Nothing needs the
-/// victim's GPU any more, so its preemption is withdrawn: it runs on in its
-/// first attempt, not counted as preempted, and its events say why.
+/// victim's GPU any more, so its preemption is withdrawn: it is not killed
+/// when its grace ends, runs on in its first attempt, is not counted as
+/// preempted, and its events say why.
 #[test]
 fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
     let mut cluster = Cluster::with_config(&shipped_policy());
     for (node, model, count, memory_mib, labels) in NODES {
         cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
     }
-    // nlp's tasks checkpoint when signalled and run on (5 min of grace in
-    // QoS low), each until its own release file or the common one.
+    // nlp's tasks checkpoint when signalled and run on (a grace of 4 s of
+    // their own), each until its own release file or the common one.
     let nlp_task = "trap 'touch signalled-$GPOOL_JOB_ID' USR1; touch nlp-$GPOOL_JOB_ID-$GPOOL_RESTART_COUNT; \
                     while [ ! -e release-$GPOOL_JOB_ID ] && [ ! -e release ]; do sleep 0.2; done";
     // 24 GPUs for nlp (4 of them guaranteed); the 4 kept for QoS high go
     // to 4 vision tasks within its guarantee, backed by nlp's 20 lent.
     cluster.submit(&[
-        "--team", "nlp", "--qos", "low", "-a", "0-23", "--", "sh", "-c", nlp_task,
+        "--team", "nlp", "--qos", "low", "--grace", "4s", "-a", "0-23", "--", "sh", "-c", nlp_task,
     ]);
     let started = |cluster: &Cluster| {
         std::fs::read_dir(cluster.dir.path())
@@ -224,6 +225,15 @@ fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
         shown["events"]
             .to_string()
             .contains("preemption withdrawn")
+            .then_some(shown)
+    });
+    assert_eq!(shown["state"], "running", "{shown}");
+    // Its grace ends: it is not killed.
+    let shown = wait_until("its grace to end", Duration::from_secs(20), || {
+        let shown = cluster.gpool(&["show", &victim.to_string(), "--output", "json"]).json();
+        shown["events"]
+            .to_string()
+            .contains("grace over with its preemption withdrawn: it runs on")
             .then_some(shown)
     });
     assert_eq!(shown["state"], "running", "{shown}");

@@ -11,7 +11,7 @@
 //! class does not come. Burst work itself never takes kept GPUs.
 
 use super::{ClusterView, FastHash, PendingJob, Policy, Preemption};
-use crate::ids::JobId;
+use crate::ids::{JobId, Timestamp};
 use std::collections::HashMap;
 
 /// Burst GPUs by pool and QoS priority, less this cycle's victims.
@@ -23,9 +23,10 @@ pub(super) struct Lent {
 }
 
 impl Lent {
-    /// What `view` lends out: burst work not already being preempted.
-    /// Empty where no QoS keeps GPUs (nothing to back).
-    pub(super) fn of(view: &ClusterView, policy: &Policy) -> Lent {
+    /// What `view` lends out at `now`: burst work not already being
+    /// preempted and past its QoS `min_runtime` (younger work cannot be
+    /// taken back yet). Empty where no QoS keeps GPUs (nothing to back).
+    pub(super) fn of(view: &ClusterView, policy: &Policy, now: Timestamp) -> Lent {
         let mut lent = Lent {
             by_pool: Vec::new(),
             jobs: HashMap::default(),
@@ -37,7 +38,11 @@ impl Lent {
             let Some(pool) = policy.pool(&running.pool) else {
                 continue;
             };
-            let priority = policy.sharing.qos(&running.qos).map_or(0, |qos| qos.priority);
+            let qos = policy.sharing.qos(&running.qos);
+            if qos.is_some_and(|qos| qos.min_runtime_secs as i64 * 1000 > now.0 - running.started_at.0) {
+                continue;
+            }
+            let priority = qos.map_or(0, |qos| qos.priority);
             let gpus = running.gpus();
             lent.add(&pool.name, priority, gpus as i64);
             lent.jobs.insert(running.id, (pool.name.clone(), priority, gpus));

@@ -538,7 +538,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         .filter(|id| claimants.contains(id) && !entitled.contains(id))
         .collect();
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now, &entitled);
-    let mut lent = lent::Lent::of(view, policy);
+    let mut lent = lent::Lent::of(view, policy, now);
     // GPUs promised to a waiting job are not free to others.
     for promise in view
         .promised

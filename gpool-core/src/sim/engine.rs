@@ -69,6 +69,8 @@ struct Attempt {
     /// signalled. A `Kill` event holds only at this time: a rescinded
     /// preemption clears it.
     kill_at: Option<(Timestamp, (Timestamp, f64))>,
+    /// Its preemption was rescinded in the grace: it runs on past it.
+    withdrawn: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -365,6 +367,7 @@ impl Sim<'_> {
                 checkpoint_every_ms: trace.checkpoint_every_secs.map(|secs| secs.max(1) as i64 * 1000),
                 checkpointed_on_signal: false,
                 kill_at: None,
+                withdrawn: false,
             },
         );
         self.events.push(Reverse((ends_at, Event::End(job.id, epoch))));
@@ -387,6 +390,15 @@ impl Sim<'_> {
         };
         running.preempting = true;
         running.preempted_for = Some(preemption.for_job);
+        // Taken again in a grace that was withdrawn: the signal went out
+        // then, and its grace still ends when it was to.
+        if let Some(attempt) = self.attempts.get_mut(&running.id).filter(|a| a.withdrawn) {
+            attempt.withdrawn = false;
+            if let Some((_, waste)) = attempt.kill_at {
+                self.recent_waste.push_back(waste);
+            }
+            return;
+        }
         let on_signal = self.jobs[running.id.0 as usize - 1].checkpoint_on_signal;
         let grace_secs = sharing.qos(&running.qos).map_or(60, |qos| qos.grace_secs);
         let grace_ms = grace_secs.min(sharing.max_grace_secs) as i64 * 1000;
@@ -401,8 +413,11 @@ impl Sim<'_> {
         }
     }
 
-    /// A victim in its grace is not needed any more: it runs on, and its
-    /// kill and the waste it was charged are called off.
+    /// A victim in its grace is not needed any more: it was signalled, so
+    /// it is still requeued if it ends within its grace (as gpoold does),
+    /// but it is not killed when the grace is over, and the waste it was
+    /// charged is given back. Trace jobs that checkpoint on the signal
+    /// have ended by then.
     fn rescind(&mut self, victim: JobId, epoch: Epoch) {
         let Some(running) = self
             .view
@@ -415,7 +430,8 @@ impl Sim<'_> {
         running.preempting = false;
         running.preempted_for = None;
         if let Some(attempt) = self.attempts.get_mut(&victim) {
-            if let Some((_, waste)) = attempt.kill_at.take() {
+            attempt.withdrawn = true;
+            if let Some((_, waste)) = attempt.kill_at {
                 if let Some(i) = self.recent_waste.iter().position(|w| *w == waste) {
                     self.recent_waste.remove(i);
                 }
@@ -528,6 +544,11 @@ impl Sim<'_> {
             .get(&job)
             .is_none_or(|a| a.kill_at.is_none_or(|(at, _)| at != now))
         {
+            return;
+        }
+        if let Some(attempt) = self.attempts.get_mut(&job).filter(|a| a.withdrawn) {
+            // Its grace is over and nobody needs its GPUs: it runs on.
+            (attempt.withdrawn, attempt.kill_at) = (false, None);
             return;
         }
         let Some((running, attempt)) = self.stop(job, epoch) else {

@@ -91,6 +91,9 @@ pub struct State {
     pub usage: BTreeMap<String, Ledger>,
     /// Preempted attempts and when their grace ends; rebuilt on start.
     preempt_deadlines: BTreeMap<JobId, (Epoch, Timestamp)>,
+    /// Preempted attempts whose preemption was withdrawn in their grace
+    /// (`State::rescind`): not killed when it ends; not durable.
+    withdrawn: std::collections::HashSet<JobId>,
     /// Reservations made at run time; `policy` holds them too.
     created_reservations: Vec<gpool_core::sched::reservations::Reservation>,
     /// The job each preempted attempt in its grace was preempted for; not
@@ -497,6 +500,7 @@ impl State {
             words: words::Words::default(),
             policy: config.policy.clone(),
             created_reservations: loaded.reservations,
+            withdrawn: Default::default(),
             notify_rules: config.notify.clone(),
             admins: config.admins.clone(),
             next_epoch: loaded.next_epoch,

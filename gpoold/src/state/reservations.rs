@@ -22,14 +22,20 @@ impl State {
     }
 
     /// gpoold.toml's reservations (in `policy`), then those made at run
-    /// time whose names the file does not take.
+    /// time. One the file now names too is dropped: the file's stands (the
+    /// stored list follows at its next change).
     pub(super) fn add_created_reservations(&mut self) {
-        let from_config = self.policy.reservations.clone();
-        let created = self
-            .created_reservations
-            .iter()
-            .filter(|created| from_config.iter().all(|r| r.name != created.name));
-        self.policy.reservations.extend(created.cloned());
+        let from_config: Vec<String> = self.policy.reservations.iter().map(|r| r.name.clone()).collect();
+        self.created_reservations.retain(|created| {
+            let shadowed = from_config.contains(&created.name);
+            if shadowed {
+                tracing::warn!(name = %created.name, "gpoold.toml now names this reservation: its own replaces the one made with `gpool reservation create`");
+            }
+            !shadowed
+        });
+        self.policy
+            .reservations
+            .extend(self.created_reservations.iter().cloned());
     }
 
     /// Creates or deletes a reservation made at run time (admins only);

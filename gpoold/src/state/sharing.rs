@@ -89,6 +89,7 @@ impl State {
                 let gpus: u64 = placement.iter().map(|p| p.gpu_indices.len() as u64).sum();
                 let team = job.spec.team.to_string();
                 self.preempt_deadlines.remove(&id);
+                self.withdrawn.remove(&id);
                 self.keep_promise(id, placement, now);
                 self.usage
                     .entry(team.clone())
@@ -273,6 +274,18 @@ impl State {
                 continue;
             }
             let epoch = *epoch;
+            if self.withdrawn.remove(&preemption.victim) {
+                // Taken again while its withdrawn grace runs: the signal went
+                // out then, and the grace still ends as it was to.
+                self.preempted_for.insert(preemption.victim, preemption.for_job);
+                if let Some(job) = self.jobs.get_mut(&preemption.victim) {
+                    job.record_event(now, format!("preempted again, for job {}", preemption.for_job));
+                    out.writes.push(Write::Job(preemption.victim));
+                }
+                let grace = graces.entry(preemption.for_job).or_default();
+                *grace = (*grace).max(self.grace_secs(preemption.victim));
+                continue;
+            }
             let lost = job.state.work_since_checkpoint(now);
             let by = format!("preempted for job {}", preemption.for_job);
             let Some((signal, grace_secs)) = self.stop_and_requeue(preemption.victim, epoch, (false, &by), now, out)
@@ -305,9 +318,12 @@ impl State {
     }
 
     /// The scheduler's rescinds: victims in their grace whose GPUs no
-    /// waiting job needs any more run on, as if never preempted. Only a
-    /// preemption of the scheduler's whose kill has not been sent yet
-    /// (never an operator's requeue).
+    /// waiting job needs any more. The attempt was signalled, so one that
+    /// ends within its grace still goes back to the queue (it may have
+    /// checkpointed and exited, as asked); one still running when the grace
+    /// is over runs on, never killed (`enforce_preemption_grace`). Only a
+    /// preemption of the scheduler's whose kill has not been sent (never an
+    /// operator's requeue). Its waste goes back to the hour's budget.
     pub(super) fn rescind(&mut self, rescinds: Vec<(JobId, Epoch)>, now: Timestamp, out: &mut Batch) {
         for (id, epoch) in rescinds {
             let Some(JobState::Running {
@@ -320,14 +336,13 @@ impl State {
             };
             let grace_over = Timestamp(at.0 + self.grace_secs(id) as i64 * 1000);
             let killing = self.preempt_deadlines.get(&id) != Some(&(epoch, grace_over)) || grace_over <= now;
-            if *running != epoch || killing {
+            if *running != epoch || killing || self.withdrawn.contains(&id) {
                 continue;
             }
             let Some(for_job) = self.preempted_for.remove(&id) else {
                 continue;
             };
-            // The waste it was charged comes back to the hour's budget (unless
-            // a checkpoint since changed what it would have lost: then it stays).
+            // Unless a checkpoint since changed what it would have lost.
             let (at, lost) = (
                 *at,
                 self.jobs
@@ -337,18 +352,31 @@ impl State {
             if let Some(charged) = self.recent_waste.iter().position(|waste| *waste == (at, lost)) {
                 self.recent_waste.remove(charged);
             }
-            if !self.apply_event(id, &JobEvent::Rescind { epoch, now }, now, out) {
-                continue;
-            }
-            self.preempt_deadlines.remove(&id);
+            self.withdrawn.insert(id);
             if let Some(job) = self.jobs.get_mut(&id) {
                 job.record_event(
                     now,
-                    format!("preemption withdrawn: job {for_job} no longer needs its GPUs; it runs on"),
+                    format!(
+                        "preemption withdrawn: job {for_job} no longer needs its GPUs; it runs on past its grace \
+                         (if it ends before, it goes back to the queue)"
+                    ),
                 );
+                out.writes.push(Write::Job(id));
             }
             tracing::info!(job = %id, %for_job, "preemption withdrawn: its GPUs are no longer needed");
             self.metrics.rescinded_preemptions.inc();
+        }
+    }
+
+    /// A withdrawn preemption's grace is over with its attempt running: the
+    /// attempt runs on, as if never preempted (`JobEvent::Rescind`).
+    fn withdrawn_grace_over(&mut self, id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) {
+        self.preempt_deadlines.remove(&id);
+        if self.apply_event(id, &JobEvent::Rescind { epoch, now }, now, out) {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.record_event(now, "grace over with its preemption withdrawn: it runs on".to_string());
+            }
+            tracing::info!(job = %id, "grace over with the preemption withdrawn: the attempt runs on");
         }
     }
 
@@ -371,6 +399,14 @@ impl State {
             })
         );
         if preempting {
+            // A withdrawn preemption stands again, as the operator's.
+            if self.withdrawn.remove(&id) {
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.requeue_cause = Some(gpool_core::model::RequeueCause::Requeued);
+                    job.record_event(now, format!("requeued by {by}: its grace ends as it was to"));
+                    out.writes.push(Write::Job(id));
+                }
+            }
             return true;
         }
         match self.stop_and_requeue(id, epoch, (true, &format!("requeued by {by}")), now, out) {
@@ -445,6 +481,10 @@ impl State {
             .map(|(id, (epoch, _))| (*id, *epoch))
             .collect();
         for (id, epoch) in due {
+            if self.withdrawn.remove(&id) {
+                self.withdrawn_grace_over(id, epoch, now, out);
+                continue;
+            }
             self.preempt_deadlines
                 .insert(id, (epoch, Timestamp(now.0 + KILL_RESEND_MS)));
             tracing::info!(job = %id, "grace over: ending the preempted attempt");
@@ -474,9 +514,10 @@ impl State {
                 _ => None,
             })
             .collect();
+        // A deadline already kept (a kill sent, on a reload) stays.
         for (id, epoch, at) in under_way {
             let deadline = Timestamp(at.0 + self.grace_secs(id) as i64 * 1000);
-            self.preempt_deadlines.insert(id, (epoch, deadline));
+            self.preempt_deadlines.entry(id).or_insert((epoch, deadline));
         }
     }
 
@@ -512,7 +553,7 @@ impl State {
                 ..
             })
         );
-        if preempted {
+        if preempted && !self.withdrawn.contains(&id) {
             self.preempt_deadlines
                 .insert(id, (epoch, Timestamp(now.0 + KILL_RESEND_MS)));
             tracing::info!(job = %id, "checkpoint done: ending the preempted attempt now");

@@ -29,6 +29,8 @@ impl State {
             .into_iter()
             .filter_map(running_view)
             .map(|mut view| {
+                // A withdrawn preemption: it runs on, and may be taken again.
+                view.preempting &= !self.withdrawn.contains(&view.id);
                 view.preempted_for = self.preempted_for.get(&view.id).copied().filter(|_| view.preempting);
                 view
             })
