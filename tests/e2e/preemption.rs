@@ -158,13 +158,13 @@ fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
 
-/// A victim is taken for a vision job; before its grace is over another
-/// GPU frees up and the vision job starts there. Nothing needs the
-/// victim's GPU any more, so its preemption is withdrawn: it is not killed
-/// when its grace ends, runs on in its first attempt, is not counted as
-/// preempted, and its events say why.
-#[test]
-fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
+/// The shipped config; 24 nlp low-QoS tasks that trap USR1 and run on
+/// (with `grace` of their own), each until its own release file or the
+/// common one; 4 vision tasks on the GPUs kept for QoS high. A fifth vision
+/// job takes an nlp victim; another nlp task then ends and the vision job
+/// starts on its GPU, so the victim's preemption is withdrawn. Returns the
+/// cluster and the victim's id, once its events say so.
+fn withdrawn_victim(grace: &str) -> (Cluster, u64) {
     let mut cluster = Cluster::with_config(&shipped_policy());
     for (node, model, count, memory_mib, labels) in NODES {
         cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
@@ -176,7 +176,7 @@ fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
     // 24 GPUs for nlp (4 of them guaranteed); the 4 kept for QoS high go
     // to 4 vision tasks within its guarantee, backed by nlp's 20 lent.
     cluster.submit(&[
-        "--team", "nlp", "--qos", "low", "--grace", "4s", "-a", "0-23", "--", "sh", "-c", nlp_task,
+        "--team", "nlp", "--qos", "low", "--grace", grace, "-a", "0-23", "--", "sh", "-c", nlp_task,
     ]);
     let started = |cluster: &Cluster| {
         std::fs::read_dir(cluster.dir.path())
@@ -220,13 +220,25 @@ fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
         .expect("another nlp task");
     std::fs::write(cluster.dir.path().join(format!("release-{other}")), "").expect("release one");
     cluster.wait_for_state(vision, "running");
-    let shown = wait_until("the preemption to be withdrawn", Duration::from_secs(20), || {
+    wait_until("the preemption to be withdrawn", Duration::from_secs(20), || {
         let shown = cluster.gpool(&["show", &victim.to_string(), "--output", "json"]).json();
         shown["events"]
             .to_string()
             .contains("preemption withdrawn")
-            .then_some(shown)
+            .then_some(())
     });
+    (cluster, victim)
+}
+
+/// A victim is taken for a vision job; before its grace is over another
+/// GPU frees up and the vision job starts there. Nothing needs the
+/// victim's GPU any more, so its preemption is withdrawn: it is not killed
+/// when its grace ends, runs on in its first attempt, is not counted as
+/// preempted, and its events say why.
+#[test]
+fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
+    let (cluster, victim) = withdrawn_victim("4s");
+    let shown = cluster.gpool(&["show", &victim.to_string(), "--output", "json"]).json();
     assert_eq!(shown["state"], "running", "{shown}");
     // Its grace ends: it is not killed.
     let shown = wait_until("its grace to end", Duration::from_secs(20), || {
@@ -247,6 +259,26 @@ fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
     assert!(!cluster.dir.path().join(format!("nlp-{victim}-1")).exists());
     let log = std::fs::read_to_string(cluster.dir.path().join("gpoold-1.log")).unwrap_or_default();
     assert!(log.contains("preemption withdrawn"), "{log}");
+    std::fs::write(cluster.dir.path().join("release"), "").expect("release");
+}
+
+/// A withdrawn preemption does not undo the signal: a victim that
+/// checkpoints and exits within its grace (as asked) goes back to the
+/// queue, counted as preempted, and runs again; it is never taken for
+/// completed.
+#[test]
+fn a_victim_that_exits_within_a_withdrawn_grace_is_requeued_not_completed() {
+    let (cluster, victim) = withdrawn_victim("60s");
+    std::fs::write(cluster.dir.path().join(format!("release-{victim}")), "").expect("release the victim");
+    let shown = wait_until("the victim to run again", Duration::from_secs(30), || {
+        let shown = cluster.gpool(&["show", &victim.to_string(), "--output", "json"]).json();
+        (shown["state"] != "running" || shown["attempt"] != 1).then_some(shown)
+    });
+    // Back in the queue, or already in its next attempt (which, finding
+    // its release file, may have completed): never completed in attempt 1.
+    let attempt = shown["attempt"].as_u64().unwrap_or(0);
+    assert!(shown["state"] == "pending" || attempt >= 2, "{shown}");
+    assert_eq!(shown["n_preemptions"], 1, "{shown}");
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
 
