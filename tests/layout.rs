@@ -17,7 +17,7 @@ const OVER_THE_LIMIT: &[(&str, usize)] = &[
     ("gpoold/src/state/mod.rs", 948),
     ("gpoold/src/state/archive.rs", 889),
     ("gpool-core/src/model.rs", 623),
-    ("gpool-core/src/spec.rs", 868),
+    ("gpool-core/src/spec.rs", 866),
     ("gpool-core/src/policy.rs", 797),
     ("gpool-config/src/lib.rs", 727),
     ("gpoold/src/state/agents.rs", 694),

@@ -112,8 +112,9 @@ pub struct JobSpecInput {
     pub grace: Option<String>,
     /// An OCI image to run the command in.
     pub image: Option<String>,
-    /// Memory limit per node: `64G`, `512M`, `1T` or bytes.
+    /// Memory limit per node: `64G`, `512M`, `1T` or bytes; or per GPU.
     pub mem: Option<String>,
+    pub mem_per_gpu: Option<String>,
     /// The most its stdout or stderr may hold on a node: `1G`, `100M`.
     pub max_output: Option<String>,
     /// A batch script's text (`gpool submit SCRIPT`, never a job file).
@@ -221,10 +222,7 @@ impl JobSpecInput {
                 None => None,
             },
             image: self.image.unwrap_or_default(),
-            mem_bytes: match self.mem.as_deref() {
-                Some(text) => Some(parse_size(text).map_err(|reason| spec_error("mem", reason))?),
-                None => None,
-            },
+            mem_bytes: memory_per_node(self.mem.as_deref(), self.mem_per_gpu.as_deref(), self.gpus.unwrap_or(1))?,
             max_output_bytes: match self.max_output.as_deref() {
                 Some(text) => Some(parse_size(text).map_err(|reason| spec_error("max_output", reason))?),
                 None => None,

@@ -188,6 +188,18 @@ fn memory_and_cpus_no_node_has_are_refused_at_submit() {
         "{}",
         cpus.stderr
     );
+    // Per GPU: 800T times 8 GPUs on the node.
+    let per_gpu = cluster.gpool(&["submit", "--mem-per-gpu", "800T", "-G", "8", "--", "true"]);
+    assert_eq!(per_gpu.code, 2, "{}", per_gpu.stderr);
+    assert!(
+        per_gpu.stderr.contains("mem: no node of pool \"default\" has"),
+        "{}",
+        per_gpu.stderr
+    );
+    let both = cluster.gpool(&["submit", "--mem", "1G", "--mem-per-gpu", "1G", "--", "true"]);
+    assert_eq!(both.code, 2, "{}", both.stderr);
     let fits = cluster.gpool(&["submit", "--cpus-per-gpu", "1", "--mem", "64M", "--wait", "--", "true"]);
+    assert_eq!(fits.code, 0, "{}", fits.stderr);
+    let fits = cluster.gpool(&["submit", "--mem-per-gpu", "32M", "-G", "2", "--wait", "--", "true"]);
     assert_eq!(fits.code, 0, "{}", fits.stderr);
 }

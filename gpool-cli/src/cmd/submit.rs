@@ -89,6 +89,10 @@ pub struct SubmitArgs {
     /// Memory limit on each node (64G, 512M): the job's cgroup's.
     #[arg(long, value_name = "SIZE")]
     mem: Option<String>,
+    /// Memory limit per GPU (16G): times its GPUs on each node, instead
+    /// of --mem (as Slurm's).
+    #[arg(long, value_name = "SIZE", conflicts_with = "mem")]
+    mem_per_gpu: Option<String>,
     /// The most its stdout or stderr may hold on a node (10G, 500M); past
     /// it the job is ended. The node's max_output caps it too.
     #[arg(long, value_name = "SIZE")]
@@ -155,7 +159,7 @@ pub struct SubmitArgs {
         conflicts_with_all = [
             "command", "gpus", "gpus_per_node", "gres", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
-            "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "cpus_per_gpu",
+            "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "mem_per_gpu", "cpus_per_gpu",
             "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
             "nodelist", "exclude", "max_output", "notify", "notify_on", "begin", "reservation",
         ]
@@ -460,6 +464,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         grace: args.grace,
         image: args.image,
         mem: args.mem,
+        mem_per_gpu: args.mem_per_gpu,
         max_output: args.max_output,
         script: snapshot,
         begin: args.begin,

@@ -459,3 +459,36 @@ fn a_large_job_file_is_parsed_in_runs_with_errors_on_the_file_s_lines() {
     let err = parse_job_file("jobs.toml", &with(7)).expect_err("a syntax error");
     assert_eq!(err.line, Some(3 * bad_at + 2), "{err}");
 }
+
+#[test]
+fn memory_is_per_node_or_per_gpu_never_both() {
+    let with = |mem: Option<&str>, per_gpu: Option<&str>, gpus: i64| JobSpecInput {
+        mem: mem.map(str::to_string),
+        mem_per_gpu: per_gpu.map(str::to_string),
+        gpus: Some(gpus),
+        ..input(&["true"])
+    };
+    assert_eq!(
+        with(Some("64G"), None, 4).into_spec().unwrap().mem_bytes,
+        Some(64 << 30)
+    );
+    assert_eq!(
+        with(None, Some("16G"), 4).into_spec().unwrap().mem_bytes,
+        Some(64 << 30)
+    );
+    let both = with(Some("64G"), Some("16G"), 4).into_spec().unwrap_err();
+    assert!(
+        both.to_string()
+            .contains("mem_per_gpu: give mem or mem_per_gpu, not both"),
+        "{both}"
+    );
+    let bad = with(None, Some("lots"), 1).into_spec().unwrap_err();
+    assert!(bad.to_string().starts_with("mem_per_gpu:"), "{bad}");
+    // In a job file too.
+    let jobs = parse_job_file(
+        "jobs.toml",
+        "[[job]]\ncommand = [\"true\"]\ngpus = 2\nmem_per_gpu = \"8G\"\n",
+    )
+    .unwrap();
+    assert_eq!(jobs[0].mem_bytes, Some(16 << 30));
+}

@@ -131,3 +131,22 @@ pub(super) fn parse_slurm_duration(text: &str) -> Option<u64> {
         .checked_add(minutes.checked_mul(60)?)?
         .checked_add(seconds)
 }
+
+/// A job's memory limit per node: `mem` (per node, as Slurm's `--mem`) or
+/// `mem_per_gpu` times its GPUs per node (`--mem-per-gpu`), not both.
+pub fn memory_per_node(
+    mem: Option<&str>,
+    per_gpu: Option<&str>,
+    gpus_per_node: i64,
+) -> Result<Option<u64>, super::SpecError> {
+    let size = |field: &str, text: &str| parse_size(text).map_err(|reason| super::spec_error(field, reason));
+    match (mem, per_gpu) {
+        (Some(_), Some(_)) => Err(super::spec_error("mem_per_gpu", "give mem or mem_per_gpu, not both")),
+        (Some(text), None) => size("mem", text).map(Some),
+        (None, Some(text)) => {
+            let per_gpu = size("mem_per_gpu", text)?;
+            Ok(Some(per_gpu.saturating_mul(gpus_per_node.max(1) as u64)))
+        }
+        (None, None) => Ok(None),
+    }
+}
