@@ -96,6 +96,27 @@ impl Reservation {
         })
     }
 
+    /// Whether a reservation made at run time may join `existing` at `now`:
+    /// its name is free, `known` knows each of its nodes, and it has not
+    /// ended; else the field at fault and why.
+    pub fn may_join(
+        &self,
+        existing: &[Reservation],
+        known: &dyn Fn(&str) -> bool,
+        now: Timestamp,
+    ) -> Result<(), (&'static str, String)> {
+        if existing.iter().any(|r| r.name == self.name) {
+            return Err(("name", format!("reservation {} exists", self.name)));
+        }
+        if let Some(unknown) = self.nodes.iter().find(|node| !known(node.as_str())) {
+            return Err(("nodes", format!("node {unknown} is not known to gpoold")));
+        }
+        if self.end <= now {
+            return Err(("end", format!("reservation {} would end in the past", self.name)));
+        }
+        Ok(())
+    }
+
     pub fn is_open(&self, now: Timestamp) -> bool {
         self.start <= now && now < self.end
     }
@@ -319,6 +340,15 @@ mod tests {
         let mut nameless = definition("now", Some("1h"));
         nameless.name = "a b".into();
         assert_eq!(Reservation::define(nameless, Some(now)).unwrap_err().0, "name");
+        // Joining those in force: a free name, known nodes, not ended.
+        let known = |node: &str| node == "n1";
+        assert_eq!(made.may_join(&[], &known, now), Ok(()));
+        assert_eq!(
+            made.may_join(std::slice::from_ref(&made), &known, now).unwrap_err().0,
+            "name"
+        );
+        assert_eq!(made.may_join(&[], &|_: &str| false, now).unwrap_err().0, "nodes");
+        assert_eq!(made.may_join(&[], &known, made.end).unwrap_err().0, "end");
         let mut nodeless = definition("now", Some("1h"));
         nodeless.nodes.clear();
         assert_eq!(Reservation::define(nodeless, Some(now)).unwrap_err().0, "nodes");

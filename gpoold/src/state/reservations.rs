@@ -53,18 +53,10 @@ impl State {
             ReservationChange::Create(definition) => {
                 let reservation =
                     Reservation::define(definition, Some(now)).map_err(|(field, reason)| invalid(field, reason))?;
-                if self.policy.reservations.iter().any(|r| r.name == reservation.name) {
-                    return Err(invalid("name", format!("reservation {} exists", reservation.name)));
-                }
-                if let Some(unknown) = reservation.nodes.iter().find(|node| !self.nodes.contains_key(*node)) {
-                    return Err(invalid("nodes", format!("node {unknown} is not known to gpoold")));
-                }
-                if reservation.end <= now {
-                    return Err(invalid(
-                        "end",
-                        format!("reservation {} would end in the past", reservation.name),
-                    ));
-                }
+                let known = |node: &str| self.nodes.contains_key(node);
+                reservation
+                    .may_join(&self.policy.reservations, &known, now)
+                    .map_err(|(field, reason)| invalid(field, reason))?;
                 self.created_reservations.push(reservation.clone());
                 self.policy.reservations.push(reservation.clone());
                 tracing::info!(name = %reservation.name, by = %caller.user, "reservation created");
