@@ -1,7 +1,8 @@
 //! Each attempt in a cgroup of its own, where the host offers one: its
 //! processes stay countable however they detach (setsid, double fork), so
 //! the end of the attempt ends them all; and with the cgroup v1 `devices`
-//! controller, the attempt may open only its own GPUs' device nodes.
+//! controller (or, on cgroup v2, a BPF device filter: `device_filter`),
+//! the attempt may open only its own GPUs' device nodes.
 //!
 //! The agent decides (`Isolation::detect`, `rules_for`); the supervisor
 //! acts (`enter`, `sweep`), as root, before the job drops to its user.
@@ -36,10 +37,15 @@ pub enum Isolation {
         cpu: Option<PathBuf>,
         pids: Option<PathBuf>,
     },
-    /// cgroup v2: `cgroup.kill` ends every process; device rules would need
-    /// a BPF program, and limits a delegated subtree, neither of which
-    /// gpool sets up.
-    V2 { parent: PathBuf },
+    /// cgroup v2: `cgroup.kill` ends every process, and a BPF program
+    /// attached to the attempt's cgroup keeps it off the other GPUs where
+    /// the kernel lets the agent load one (`device_filter` says why not
+    /// otherwise). Limits would need a delegated subtree, which gpool does
+    /// not set up.
+    V2 {
+        parent: PathBuf,
+        device_filter: Result<(), String>,
+    },
     /// No cgroup the agent may use; the reason says why.
     None(String),
 }
@@ -87,7 +93,10 @@ impl Isolation {
         }
         if root.join("cgroup.controllers").exists() {
             return match parent_in("", "cgroup.procs") {
-                Some(parent) => Isolation::V2 { parent },
+                Some(parent) => {
+                    let device_filter = probe_device_filter(&parent);
+                    Isolation::V2 { parent, device_filter }
+                }
                 None => Isolation::None(format!("cannot create a cgroup under {}", root.display())),
             };
         }
@@ -101,6 +110,9 @@ impl Isolation {
     pub fn label(&self) -> &'static str {
         match self {
             Isolation::V1 { .. } => "cgroup-devices",
+            Isolation::V2 {
+                device_filter: Ok(()), ..
+            } => "cgroup-devices",
             Isolation::V2 { .. } => "cgroup-no-devices",
             Isolation::None(_) => "none",
         }
@@ -118,6 +130,7 @@ impl Isolation {
         limits: Limits,
     ) -> Option<AttemptCgroup> {
         let name = format!("{scope}-{job_id}.{epoch}");
+        let other_gpus = node_gpus.iter().copied().filter(|gpu| !own_gpus.contains(gpu));
         match self {
             Isolation::V1 {
                 devices,
@@ -127,9 +140,7 @@ impl Isolation {
             } => {
                 let mut cgroup = AttemptCgroup {
                     dirs: vec![devices.join(&name)],
-                    settings: node_gpus
-                        .iter()
-                        .filter(|gpu| !own_gpus.contains(gpu))
+                    settings: other_gpus
                         .map(|gpu| {
                             (
                                 devices.join(&name).join("devices.deny"),
@@ -137,6 +148,7 @@ impl Isolation {
                             )
                         })
                         .collect(),
+                    deny_devices: Vec::new(),
                 };
                 if let (Some(memory), Some(bytes)) = (memory, limits.mem_bytes) {
                     cgroup.dirs.push(memory.join(&name));
@@ -162,13 +174,27 @@ impl Isolation {
                 }
                 Some(cgroup)
             }
-            Isolation::V2 { parent } => Some(AttemptCgroup {
+            Isolation::V2 { parent, device_filter } => Some(AttemptCgroup {
                 dirs: vec![parent.join(&name)],
                 settings: Vec::new(),
+                deny_devices: match device_filter {
+                    Ok(()) => other_gpus.map(|gpu| (NVIDIA_MAJOR, gpu)).collect(),
+                    Err(_) => Vec::new(),
+                },
             }),
             Isolation::None(_) => None,
         }
     }
+}
+
+/// Whether a BPF device filter can be attached under `parent`: tried once,
+/// at start, on a cgroup made for the purpose.
+fn probe_device_filter(parent: &Path) -> Result<(), String> {
+    let probe = parent.join(format!("probe-{}", std::process::id()));
+    std::fs::create_dir_all(&probe).map_err(|err| format!("{}: {err}", probe.display()))?;
+    let attached = crate::device_filter::attach(&probe, &[(NVIDIA_MAJOR, 0)]);
+    let _ = std::fs::remove_dir(&probe);
+    attached
 }
 
 /// This process's path in the hierarchy of `controller` ("" for cgroup
@@ -203,6 +229,10 @@ pub struct AttemptCgroup {
     pub dirs: Vec<PathBuf>,
     /// Files to write once the directories exist: device rules, limits.
     pub settings: Vec<(PathBuf, String)>,
+    /// Character devices (major, minor) the first directory's BPF device
+    /// filter refuses (cgroup v2; empty: no filter).
+    #[serde(default)]
+    pub deny_devices: Vec<(u32, u32)>,
 }
 
 impl AttemptCgroup {
@@ -228,6 +258,9 @@ impl AttemptCgroup {
             std::io::Write::write_all(&mut writer, value.as_bytes())
                 .map_err(|err| format!("{}: {err}", path.display()))?;
             open = Some((path, file));
+        }
+        if let (false, Some(dir)) = (self.deny_devices.is_empty(), self.dirs.first()) {
+            crate::device_filter::attach(dir, &self.deny_devices)?;
         }
         Ok(())
     }
@@ -443,12 +476,26 @@ mod tests {
         );
         let v2 = Isolation::V2 {
             parent: "/cg/gpool".into(),
+            device_filter: Ok(()),
         };
-        assert!(v2
+        let cgroup = v2.rules_for("a1", (7, 3), (&[0, 2], &[0, 1, 2, 3]), limits).unwrap();
+        assert!(cgroup.settings.is_empty(), "no limits on cgroup v2");
+        assert_eq!(
+            cgroup.deny_devices,
+            vec![(195, 1), (195, 3)],
+            "the filter refuses the other GPUs"
+        );
+        let without = Isolation::V2 {
+            parent: "/cg/gpool".into(),
+            device_filter: Err("no BPF".into()),
+        };
+        assert!(without
             .rules_for("a1", (7, 3), (&[0], &[0, 1]), limits)
             .unwrap()
-            .settings
+            .deny_devices
             .is_empty());
+        assert_eq!(without.label(), "cgroup-no-devices");
+        assert_eq!(v2.label(), "cgroup-devices");
         assert_eq!(
             Isolation::None("no".into()).rules_for("a1", (7, 3), (&[0], &[0, 1]), limits),
             None

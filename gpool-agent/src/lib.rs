@@ -4,6 +4,7 @@
 pub mod cgroup;
 pub mod config;
 pub mod container;
+pub mod device_filter;
 pub mod gpu;
 pub mod host;
 pub mod journal;
@@ -39,8 +40,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         cgroup::Isolation::V1 { .. } => {
             tracing::info!("each attempt runs in its own cgroup, with only its own GPUs' device nodes")
         }
-        cgroup::Isolation::V2 { .. } => tracing::warn!(
-            "each attempt runs in its own cgroup (cgroup v2), but GPU device nodes are not restricted: that needs cgroup v1 devices"
+        cgroup::Isolation::V2 { device_filter: Ok(()), .. } => tracing::info!(
+            "each attempt runs in its own cgroup (cgroup v2), with only its own GPUs' device nodes (a BPF device filter)"
+        ),
+        cgroup::Isolation::V2 { device_filter: Err(reason), .. } => tracing::warn!(
+            "each attempt runs in its own cgroup (cgroup v2), but GPU device nodes are not restricted: {reason}"
         ),
         cgroup::Isolation::None(reason) => tracing::warn!(
             "no cgroup isolation: {reason}; jobs can open any GPU's device node, and processes a job detaches may outlive it"

@@ -714,7 +714,8 @@ fn jobs_get_gpus_joined_by_nvlink() {
 }
 
 /// Where the node offers cgroups, a job may open only its own GPUs' device
-/// nodes (fake ones here, made with mknod), gets its --mem and
+/// nodes (fake ones here, made with mknod; cgroup v1 devices rules, or a
+/// BPF device filter on cgroup v2), gets its --mem and
 /// --cpus-per-gpu (and the node's max_pids) as cgroup limits, and the processes it detaches (setsid)
 /// die with it when it is cancelled. It is the node's second job, so its
 /// supervisor was waiting in a cgroup made ahead: the job is born in that
@@ -749,7 +750,7 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
         .expect("mknod a fake GPU device node");
     }
     let script = "echo $CUDA_VISIBLE_DEVICES > visible; \
-                  grep -E '^[0-9]+:devices:' /proc/self/cgroup | cut -d: -f3 > devices-cgroup; \
+                  { grep -E '^[0-9]+:devices:' /proc/self/cgroup || grep '^0::' /proc/self/cgroup; } | cut -d: -f3 > devices-cgroup; \
                   for i in 0 1; do (exec 3< nvidia$i) 2> open$i.err; done; \
                   m=$(grep -E '^[0-9]+:memory:' /proc/self/cgroup | cut -d: -f3); \
                   cat /sys/fs/cgroup/memory$m/memory.limit_in_bytes > mem-limit; \
@@ -814,7 +815,12 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
         },
     );
     if isolation == "cgroup-devices" {
-        let attempt_dir = format!("/sys/fs/cgroup/devices{devices_cgroup}");
+        // cgroup v1's devices hierarchy, or v2's (with a BPF device filter).
+        let attempt_dir = if std::path::Path::new("/sys/fs/cgroup/devices/devices.allow").exists() {
+            format!("/sys/fs/cgroup/devices{devices_cgroup}")
+        } else {
+            format!("/sys/fs/cgroup{devices_cgroup}")
+        };
         wait_until("the attempt's cgroup to be removed", Duration::from_secs(30), || {
             (!std::path::Path::new(&attempt_dir).exists()).then_some(())
         });
