@@ -651,6 +651,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
                 })
                 .collect(),
             topology: Default::default(),
+            host: None,
         })
         .collect();
     // Every node but each tenth runs two 4-GPU jobs, odd ones burst work.
@@ -687,16 +688,13 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
                 reservation: Default::default(),
                 qos: ["normal", "high", "low"][i % 3].into(),
                 pool: Default::default(),
-                gpu_types: if i % 7 == 0 {
-                    vec![GpuModel::new(models[i % 3])]
-                } else {
-                    Vec::new()
-                },
+                gpu_types: (i % 7 == 0).then(|| GpuModel::new(models[i % 3])).into_iter().collect(),
                 gpus_per_node: [1, 2, 4, 8][i % 4],
                 nodes: if i % 20 == 0 { 2 } else { 1 },
                 priority: 0,
                 time_limit_secs: Some(600 * (1 + i as u64 % 12)),
                 requires: None,
+                host: None,
             }),
             user: format!("user-{}", i % 50).into(),
         })

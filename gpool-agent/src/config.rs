@@ -40,6 +40,11 @@ pub struct AgentConfig {
     /// The most processes and threads one attempt may have (its cgroup's
     /// pids.max, where cgroups are in use).
     pub max_pids: u64,
+    /// CPUs and memory (bytes) jobs may be given on this node, as Slurm's
+    /// `CPUs` and `RealMemory`: the host's own unless agent.toml says
+    /// less (to keep some for the system).
+    pub cpus: u32,
+    pub memory_bytes: u64,
     pub heartbeat_interval: Duration,
     pub simulated_gpus: Vec<SimulatedGpu>,
     /// How the simulated GPUs are connected (empty: all `system`).
@@ -147,6 +152,8 @@ struct AgentFile {
     max_output: Option<toml::Spanned<String>>,
     keep_job_files: Option<toml::Spanned<String>>,
     max_pids: Option<toml::Spanned<u64>>,
+    cpus: Option<toml::Spanned<u32>>,
+    memory: Option<toml::Spanned<String>>,
     heartbeat_interval: Option<toml::Spanned<String>>,
     #[serde(default)]
     simulated_gpu: Vec<SimulatedGpu>,
@@ -229,6 +236,28 @@ impl AgentConfig {
                     ),
                 ))
             }
+        };
+        let cpus = match parsed.cpus {
+            None => crate::host::cpus(),
+            Some(spanned) if *spanned.get_ref() > 0 => spanned.into_inner(),
+            Some(spanned) => {
+                return Err(invalid(
+                    spanned.span().start,
+                    "cpus: 0 would leave jobs none; leave it out for the host's own".to_string(),
+                ))
+            }
+        };
+        let memory_bytes = match parsed.memory {
+            None => crate::host::memory_bytes(),
+            Some(spanned) => match size("memory", Some(spanned.clone()), 0)? {
+                0 => {
+                    return Err(invalid(
+                        spanned.span().start,
+                        "memory: 0 would leave jobs none; leave it out for the host's own".to_string(),
+                    ))
+                }
+                bytes => bytes,
+            },
         };
         // What gpoold takes in a Register.
         if parsed.labels.len() > 64 {
@@ -389,6 +418,8 @@ impl AgentConfig {
             max_output,
             keep_job_files,
             max_pids,
+            cpus,
+            memory_bytes,
             heartbeat_interval,
             simulated_gpus: parsed.simulated_gpu,
             simulated_topology,

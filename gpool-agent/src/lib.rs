@@ -99,8 +99,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         labels,
         topology,
         heartbeat_interval: config.heartbeat_interval,
-        cpus: host::cpus(),
-        memory_bytes: host::memory_bytes(),
+        cpus: config.cpus,
+        memory_bytes: config.memory_bytes,
     };
     let controller = gpool_proto::dial::Address::parse(&config.controller)
         .map_err(|reason| anyhow::anyhow!("controller: {reason}"))?;

@@ -131,6 +131,7 @@ fn parse_node_view(line: &str) -> NodeView {
         availability: Availability::Up,
         gpus: Vec::new(),
         topology: Default::default(),
+        host: None,
     };
     for token in tokens {
         if let Some((count, model)) = token.split_once('x').filter(|(c, _)| c.parse::<u32>().is_ok()) {
@@ -154,6 +155,24 @@ fn parse_node_view(line: &str) -> NodeView {
             for gpu in &mut node.gpus {
                 gpu.memory_mib = mib.parse().expect("gpumem (MiB)");
             }
+        } else if let Some(cpus) = token.strip_prefix("cpus=") {
+            node.host.get_or_insert_with(Default::default).total.cpus = cpus.parse().expect("cpus");
+        } else if let Some(gib) = token.strip_prefix("memgib=") {
+            node.host.get_or_insert_with(Default::default).total.memory_bytes =
+                gib.parse::<u64>().expect("memgib") << 30;
+        } else if let Some(hold) = token.strip_prefix("hold=") {
+            // hold=GPUS:CPUS:MEMGIB, what a running attempt on GPUS holds.
+            let mut parts = hold.split(':');
+            let gpus = parse_index_list(parts.next().expect("hold=GPUS:CPUS:MEMGIB"));
+            let cpus = parts.next().map_or(0, |c| c.parse().expect("hold cpus"));
+            let memory_bytes = parts.next().map_or(0, |m| m.parse::<u64>().expect("hold memgib") << 30);
+            node.host
+                .get_or_insert_with(Default::default)
+                .held
+                .push(crate::sched::HostHold {
+                    gpus,
+                    ask: crate::sched::HostAsk { cpus, memory_bytes },
+                });
         } else if token == "drain" {
             node.availability = Availability::Draining;
         } else if token == "down" {
@@ -195,6 +214,7 @@ pub fn one_gpu_shape(team: &str) -> JobShape {
         priority: 0,
         time_limit_secs: None,
         requires: None,
+        host: None,
     }
 }
 
@@ -220,6 +240,11 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "qos" => job.qos = value.into(),
             "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
             "at" => submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
+            "cpus" => job.host.get_or_insert_with(Default::default).cpus = value.parse().expect("cpus (per node)"),
+            "memgib" => {
+                job.host.get_or_insert_with(Default::default).memory_bytes =
+                    value.parse::<u64>().expect("memgib (per node)") << 30
+            }
             "mingpumem" => requires(&mut job).min_gpu_memory_mib = value.parse().expect("mingpumem (MiB)"),
             "nvlink" => {
                 requires(&mut job).nvlink = crate::model::NvlinkNeed::parse(value).expect("nvlink");

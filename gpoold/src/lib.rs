@@ -375,6 +375,8 @@ fn dev_agent_configs(
                 max_output: gpool_agent::config::DEFAULT_MAX_OUTPUT,
                 keep_job_files: gpool_agent::config::DEFAULT_KEEP_JOB_FILES,
                 max_pids: gpool_agent::config::DEFAULT_MAX_PIDS,
+                cpus: gpool_agent::host::cpus(),
+                memory_bytes: gpool_agent::host::memory_bytes(),
                 nvml_library: gpool_agent::config::nvml_library_from_env(),
                 node_name,
             }

@@ -203,3 +203,59 @@ fn memory_and_cpus_no_node_has_are_refused_at_submit() {
     let fits = cluster.gpool(&["submit", "--mem-per-gpu", "32M", "-G", "2", "--wait", "--", "true"]);
     assert_eq!(fits.code, 0, "{}", fits.stderr);
 }
+
+/// CPUs and memory are shared out as GPUs are (agent.toml's `cpus` and
+/// `memory` say what each node gives): a job that asks for CPUs goes where
+/// they are free, not only where its GPUs fit best, and waits, saying so,
+/// while no node has them, though GPUs are free; jobs that ask for none
+/// still take those GPUs.
+#[test]
+fn a_job_waits_for_cpus_the_nodes_have_given_out_though_gpus_are_free() {
+    let mut cluster = Cluster::start();
+    for node in ["n1", "n2"] {
+        let top = format!("controller = \"{}\"\ncpus = 8\nmemory = \"32G\"\n", cluster.addr);
+        cluster.spawn_agent(node, 4, &top, "", None);
+        cluster.wait_for_registered(node);
+    }
+    wait_until("both nodes to report 8 CPUs", Duration::from_secs(20), || {
+        let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+        let nodes = nodes.as_array()?;
+        (nodes.len() == 2 && nodes.iter().all(|n| n["cpus"] == 8)).then_some(())
+    });
+    // 6 of one node's 8 CPUs.
+    let a = cluster.submit(&["--cpus-per-gpu", "6", "--", "sleep", "300"]);
+    cluster.wait_for_state(a, "running");
+    let a_node = node_of(&cluster, a);
+    // Best fit alone would put it beside a (3 GPUs free there, 4 on the
+    // other node), where only 2 CPUs are left.
+    let b = cluster.submit(&["--gpus", "2", "--cpus-per-gpu", "3", "--", "sleep", "300"]);
+    cluster.wait_for_state(b, "running");
+    assert_ne!(node_of(&cluster, b), a_node, "b goes where its 6 CPUs are free");
+    // 4 CPUs: each node has 2 left.
+    let c = cluster.submit(&["--cpus-per-gpu", "4", "--mem", "1G", "--", "true"]);
+    let reason = wait_until("c to say why it waits", Duration::from_secs(20), || {
+        let job = cluster.job(c);
+        let reasons = job["reasons"]
+            .as_array()?
+            .iter()
+            .filter_map(|r| r.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        (!reasons.is_empty()).then_some(reasons)
+    });
+    assert!(
+        reason.contains("4 free CPUs and 1.0 GiB of free memory on each node"),
+        "{reason}"
+    );
+    assert_eq!(cluster.job(c)["state"], "pending");
+    let d = cluster.submit(&["--gpus", "2", "--wait", "--", "true"]);
+    assert_eq!(
+        cluster.job(d)["state"],
+        "completed",
+        "a job that asks for no CPUs takes free GPUs"
+    );
+    cluster.gpool(&["cancel", &a.to_string()]).ok();
+    cluster.wait_for_state(c, "completed");
+    assert_eq!(node_of(&cluster, c), a_node, "c gets the CPUs a gave back");
+    cluster.gpool(&["cancel", &b.to_string()]).ok();
+}

@@ -1,7 +1,7 @@
 //! Free GPUs indexed by pool, model and free count, so that finding the
 //! best-fitting node for a job costs a few set lookups, not a node scan.
 
-use super::{Availability, FastHash, NodeView, PendingJob, Reject};
+use super::{Availability, FastHash, HostAsk, NodeView, PendingJob, Reject};
 use crate::model::{GpuModel, NodePlacement, NvlinkNeed};
 use crate::sched::Policy;
 use std::collections::{BTreeSet, HashMap};
@@ -54,6 +54,8 @@ pub(super) struct FreeIndex<'v> {
     /// this one) want or hold. A job that may take several models goes to
     /// the one others need least (`with_demand`).
     demand: Vec<u64>,
+    /// By node position: its free CPUs and memory (`None`: not known).
+    host_free: Vec<Option<HostAsk>>,
 }
 
 /// Labels that group nodes close on the network, nearest first: a gang
@@ -84,6 +86,7 @@ impl<'v> FreeIndex<'v> {
                 .iter()
                 .any(|node| LOCALITY_LABELS.iter().any(|key| node.labels.contains_key(*key))),
             demand: Vec::new(),
+            host_free: nodes.iter().map(|node| node.host_free(&[])).collect(),
         };
         for (node_idx, node) in nodes.iter().enumerate() {
             index.add_node(node_idx, node, policy);
@@ -172,10 +175,7 @@ impl<'v> FreeIndex<'v> {
     /// Places `job` and takes its GPUs out of the index, or says why not.
     pub(super) fn place(&mut self, job: &PendingJob, policy: &Policy) -> Result<Vec<NodePlacement>, Vec<Reject>> {
         let groups = self.find(job, policy)?;
-        Ok(groups
-            .into_iter()
-            .map(|g| self.take(g, job.shape.gpus_per_node))
-            .collect())
+        Ok(groups.into_iter().map(|g| self.take(g, job)).collect())
     }
 
     /// Whether `job` would fit now, taking nothing.
@@ -203,13 +203,15 @@ impl<'v> FreeIndex<'v> {
             })
     }
 
-    /// Takes GPUs placed elsewhere (from another index) out of this one.
-    pub(super) fn remove(&mut self, placement: &[NodePlacement]) {
+    /// Takes GPUs placed elsewhere (from another index) out of this one,
+    /// with the CPUs and memory `host` of the job placed (per node).
+    pub(super) fn remove(&mut self, placement: &[NodePlacement], host: Option<HostAsk>) {
         for part in placement {
-            let Some(node_idx) = self.node_idx_by_name.get(part.node.as_str()) else {
+            let Some(node_idx) = self.node_idx_by_name.get(part.node.as_str()).copied() else {
                 continue;
             };
-            for group_idx in self.groups_of_node.get(node_idx).cloned().unwrap_or_default() {
+            self.take_host(node_idx, host);
+            for group_idx in self.groups_of_node.get(&node_idx).cloned().unwrap_or_default() {
                 let group = &mut self.groups[group_idx];
                 let old_free = group.free.len();
                 group.free.retain(|gpu| !part.gpu_indices.contains(gpu));
@@ -325,7 +327,7 @@ impl<'v> FreeIndex<'v> {
             let mut found = Vec::with_capacity(n_nodes);
             for bucket in buckets.by_free.iter().skip(wanted) {
                 for group_idx in bucket {
-                    if job.shape.requires.is_some() && !self.group_allows(*group_idx, job, *need_nvlink) {
+                    if job.narrowed() && !self.group_allows(*group_idx, job, *need_nvlink) {
                         continue;
                     }
                     found.push(*group_idx);
@@ -349,7 +351,7 @@ impl<'v> FreeIndex<'v> {
             .skip(job.shape.gpus_per_node as usize)
             .flatten()
             .copied()
-            .filter(|group_idx| job.shape.requires.is_none() || self.group_allows(*group_idx, job, need_nvlink))
+            .filter(|group_idx| !job.narrowed() || self.group_allows(*group_idx, job, need_nvlink))
             .collect();
         if candidates.len() < n_nodes {
             return None;
@@ -378,16 +380,28 @@ impl<'v> FreeIndex<'v> {
     }
 
     /// The job's requirements let it have `job.shape.gpus_per_node` GPUs of the
-    /// group (with NVLink between them where `need_nvlink`).
+    /// group (with NVLink between them where `need_nvlink`), and its node
+    /// has the CPUs and memory it asks for free.
     fn group_allows(&self, group_idx: usize, job: &PendingJob, need_nvlink: bool) -> bool {
         let group = &self.groups[group_idx];
         let node = &self.nodes[group.node_idx];
         job.allows_node(node)
             && job.allows_memory(group.memory_mib)
+            && job.allows_host(self.host_free[group.node_idx])
             && (!need_nvlink || super::nvlink_set_in(&node.topology, &group.free, job.shape.gpus_per_node as usize))
     }
 
-    fn take(&mut self, group_idx: usize, n_gpus: u32) -> NodePlacement {
+    /// The CPUs and memory `host` are no longer free on the node.
+    fn take_host(&mut self, node_idx: usize, host: Option<HostAsk>) {
+        if let (Some(ask), Some(Some(free))) = (host, self.host_free.get_mut(node_idx)) {
+            *free = free.less(ask);
+        }
+    }
+
+    fn take(&mut self, group_idx: usize, job: &PendingJob) -> NodePlacement {
+        let n_gpus = job.shape.gpus_per_node;
+        let node_idx = self.groups[group_idx].node_idx;
+        self.take_host(node_idx, job.shape.host);
         let group = &mut self.groups[group_idx];
         let old_free = group.free.len();
         let taken = self.nodes[group.node_idx].topology.choose(&group.free, n_gpus as usize);
@@ -411,14 +425,17 @@ impl<'v> FreeIndex<'v> {
         let wanted = job.shape.gpus_per_node as usize;
         let (mut total_free, mut max_free, mut n_with_enough) = (0u64, 0usize, 0usize);
         for buckets in allowed.iter().filter_map(|m| pool.models[*m].as_ref()) {
-            if job.shape.requires.is_some() {
+            if job.narrowed() {
                 // Only the groups its requirements allow count.
                 let need_nvlink = job.nvlink() == NvlinkNeed::Required;
                 let (mut free, mut enough) = (0, 0);
                 for group_idx in buckets.by_free.iter().flatten() {
                     let group = &self.groups[*group_idx];
                     let node = &self.nodes[group.node_idx];
-                    if !job.allows_node(node) || !job.allows_memory(group.memory_mib) {
+                    if !job.allows_node(node)
+                        || !job.allows_memory(group.memory_mib)
+                        || !job.allows_host(self.host_free[group.node_idx])
+                    {
                         continue;
                     }
                     let usable = if need_nvlink {
@@ -452,9 +469,9 @@ impl<'v> FreeIndex<'v> {
             n_nodes_with_enough: n_with_enough,
             kept: 0,
         }];
-        if let Some(requires) = job.shape.requires.as_deref() {
+        if job.narrowed() {
             rejects.push(Reject::Requirements {
-                what: requirement_words(requires),
+                what: narrowing_words(job),
             });
         }
         rejects.extend(self.unavailable_note(pool_idx, pool_label));
@@ -473,6 +490,33 @@ impl<'v> FreeIndex<'v> {
 
 /// `GPUs of at least 40960 MiB, NVLink required, labels rack=r1, only on
 /// n1,n2, not on n3`.
+/// What narrows where a job may run, in words: its requirements, and its
+/// CPUs and memory per node.
+fn narrowing_words(job: &PendingJob) -> String {
+    let mut words: Vec<String> = job
+        .shape
+        .requires
+        .as_deref()
+        .map(requirement_words)
+        .into_iter()
+        .collect();
+    if let Some(ask) = job.shape.host {
+        let mut host = Vec::new();
+        if ask.cpus > 0 {
+            host.push(format!("{} free CPUs", ask.cpus));
+        }
+        if ask.memory_bytes > 0 {
+            host.push(format!(
+                "{:.1} GiB of free memory",
+                ask.memory_bytes as f64 / (1u64 << 30) as f64
+            ));
+        }
+        words.push(format!("{} on each node", host.join(" and ")));
+    }
+    words.retain(|w| !w.is_empty());
+    words.join(", ")
+}
+
 fn requirement_words(requires: &crate::model::Requirements) -> String {
     let mut words = Vec::new();
     if requires.min_gpu_memory_mib > 0 {
@@ -510,6 +554,9 @@ pub(super) fn room_on(job: &PendingJob, pool: Option<&crate::model::PoolDef>, no
         || !pool.is_some_and(|pool| pool.selects(&node.labels))
         || !job.allows_node(node)
     {
+        return false;
+    }
+    if !job.allows_host(node.host_free(extra)) {
         return false;
     }
     let usable = |gpu: &super::GpuView| {

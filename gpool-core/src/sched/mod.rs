@@ -21,6 +21,8 @@ mod index;
 pub mod invariants;
 mod lent;
 pub mod limits;
+mod node_view;
+pub use node_view::{Availability, GpuView, HostAsk, HostHold, HostView, NodeView};
 mod plan;
 mod preempt;
 mod queue;
@@ -30,7 +32,7 @@ pub use plan::{Plan, Preemption, Reasons, Reject, Start};
 pub use queue::{window_gpus, Queue};
 
 use crate::ids::{JobId, Timestamp};
-use crate::model::{GpuModel, Node, NodePlacement, PoolDef};
+use crate::model::{GpuModel, NodePlacement, PoolDef};
 use crate::policy::{Ledger, PriorityInputs, Sharing};
 use crate::topology::Topology;
 use compact_str::CompactString;
@@ -155,31 +157,6 @@ impl RunningJob {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Availability {
-    Up,
-    Draining,
-    Down,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeView {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub availability: Availability,
-    pub gpus: Vec<GpuView>,
-    pub topology: Topology,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuView {
-    pub index: u32,
-    pub model: GpuModel,
-    pub memory_mib: u64,
-    /// Held by a running attempt.
-    pub busy: bool,
-}
-
 /// The part of a pending job the scheduler needs: its id and age, and its
 /// shape, which jobs submitted alike may share (gpoold's queue of jobs that
 /// wait on GPUs alone holds one for a batch of 100,000 identical jobs).
@@ -216,6 +193,8 @@ pub struct JobShape {
     pub time_limit_secs: Option<u64>,
     /// Its requirements on nodes and GPUs; `None`: none.
     pub requires: Option<Arc<crate::model::Requirements>>,
+    /// CPUs and memory it takes on each node; `None`: none asked.
+    pub host: Option<HostAsk>,
 }
 
 impl JobShape {
@@ -232,6 +211,7 @@ impl JobShape {
             priority: spec.priority,
             time_limit_secs: spec.time_limit_secs,
             requires: (!spec.requires.is_empty()).then(|| Arc::new(spec.requires.clone())),
+            host: HostAsk::of(spec),
         }
     }
 }
@@ -247,6 +227,21 @@ impl PendingJob {
             .requires
             .as_deref()
             .is_none_or(|requires| requires.allows_node(&node.name, &node.labels))
+    }
+
+    /// Its requirements or its CPU and memory asks narrow the nodes and
+    /// GPUs it may have.
+    pub fn narrowed(&self) -> bool {
+        self.shape.requires.is_some() || self.shape.host.is_some()
+    }
+
+    /// Its CPU and memory asks fit what `free` leaves (`None`: a node
+    /// that reports neither).
+    pub fn allows_host(&self, free: Option<HostAsk>) -> bool {
+        match (self.shape.host, free) {
+            (Some(ask), Some(free)) => ask.fits_in(free),
+            _ => true,
+        }
     }
 
     /// Its requirements let it have a GPU with `memory_mib` of memory.
@@ -305,35 +300,6 @@ impl Policy {
             name
         };
         self.pools.iter().find(|pool| pool.name == name)
-    }
-}
-
-impl NodeView {
-    /// The scheduler's view of a node; `busy` lists the GPU indices running
-    /// attempts hold.
-    pub fn from_node(node: &Node, busy: &[u32]) -> NodeView {
-        let availability = if !node.alive {
-            Availability::Down
-        } else if node.drain_reason.is_some() {
-            Availability::Draining
-        } else {
-            Availability::Up
-        };
-        NodeView {
-            name: node.name.clone(),
-            labels: node.labels.clone(),
-            availability,
-            gpus: node
-                .gpus_in_service()
-                .map(|gpu| GpuView {
-                    index: gpu.index,
-                    model: gpu.model.clone(),
-                    memory_mib: gpu.memory_mib,
-                    busy: busy.contains(&gpu.index),
-                })
-                .collect(),
-            topology: node.topology.clone(),
-        }
     }
 }
 
@@ -545,7 +511,8 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         .iter()
         .filter(|p| p.preempted_for.is_some_and(|j| reclaim.has_claim(j)))
     {
-        index.remove(&promise.placement);
+        let claimant = view.pending.iter().find(|job| Some(job.id) == promise.preempted_for);
+        index.remove(&promise.placement, claimant.and_then(|job| job.shape.host));
     }
     // Backfill: the first job that cannot start (nor reclaim GPUs) gets a
     // reservation, from when running jobs' time limits free enough GPUs;
@@ -660,8 +627,12 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
                 gpus: kept_now,
                 higher_class: higher_class.clone(),
             }]),
-            Some(masked) if goes_around => masked.place(job, policy).inspect(|placement| index.remove(placement)),
-            Some(masked) => index.place(job, policy).inspect(|placement| masked.remove(placement)),
+            Some(masked) if goes_around => masked
+                .place(job, policy)
+                .inspect(|placement| index.remove(placement, job.shape.host)),
+            Some(masked) => index
+                .place(job, policy)
+                .inspect(|placement| masked.remove(placement, job.shape.host)),
             None => index.place(job, policy),
         };
         match placed {
@@ -690,7 +661,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
                     let planned = reclaim.plan(job, covered, may_preempt, keep, &mut plan.preemptions);
                     lent.preempted(&plan.preemptions[victims_before..]);
                     if let Some((n_jobs, placement)) = planned {
-                        hold(&placement, &mut index, masked.as_mut(), &mut reclaim);
+                        hold((&placement, job.shape.host), &mut index, masked.as_mut(), &mut reclaim);
                         used.in_use += gpus;
                         user_use.add(sharing, &job.user, &asks.team, &asks.qos, gpus);
                         if let Some(cover) = &cover {
@@ -753,7 +724,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
                         // less this cycle's starts and holds), as
                         // `reclaim.nodes()` does.
                         let mut without_reserved = index.clone();
-                        without_reserved.remove(&placement);
+                        without_reserved.remove(&placement, job.shape.host);
                         masked = Some(without_reserved);
                         reservation = Some(backfill::Reservation {
                             job: job.id,
@@ -944,14 +915,14 @@ fn order_key(covered: bool, priority: f64, job: &PendingJob) -> (u128, u64) {
 /// Holds the free GPUs of a reclaiming job's placement for it, so that no
 /// later job of this cycle takes them.
 fn hold(
-    placement: &[NodePlacement],
+    (placement, host): (&[NodePlacement], Option<HostAsk>),
     index: &mut FreeIndex,
     masked: Option<&mut FreeIndex>,
     reclaim: &mut preempt::Reclaimer,
 ) {
-    index.remove(placement);
+    index.remove(placement, host);
     if let Some(masked) = masked {
-        masked.remove(placement);
+        masked.remove(placement, host);
     }
     reclaim.taken(placement);
 }

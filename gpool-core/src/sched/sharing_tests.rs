@@ -984,3 +984,19 @@ fn a_window_holds_the_gpus_victims_hold_unless_many_shapes_could_spend_the_faile
         None
     );
 }
+
+#[test]
+fn a_job_short_of_cpus_reclaims_the_victim_whose_cpus_it_needs() {
+    // GPUs 6-7 are free but hold 2 CPUs: b's job needs 8. Ending r2 would
+    // free 2 more, not enough; r1's 12 are.
+    check(
+        &policy(),
+        "n1 8xh100 cpus=16 memgib=64 hold=0-3:12:0 hold=4-5:2:0",
+        "r1 team=a burst on=n1:0-3 start=9000\nr2 team=a burst on=n1:4-5 start=9000",
+        "j3 team=b gpus=2 cpus=8",
+        expect![[r#"
+            preempt j1 for j3 (loses 4000 GPU-seconds)
+            pending j3: preempting 1 running job to make room for it
+        "#]],
+    );
+}

@@ -180,6 +180,14 @@ fn arb_view() -> impl Strategy<Value = ClusterView> {
                     if !used.is_empty() {
                         line += &format!(" used={}", used.join(","));
                     }
+                    // Half the nodes report CPUs and memory; their busy
+                    // GPUs' attempts hold some.
+                    if i % 2 == 0 {
+                        line += " cpus=16 memgib=64";
+                        if !used.is_empty() {
+                            line += &format!(" hold={}:4:8", used.join(","));
+                        }
+                    }
                     line += match avail {
                         0 => " drain",
                         1 => " down",
@@ -209,6 +217,12 @@ fn arb_view() -> impl Strategy<Value = ClusterView> {
                     }
                     if *model_idx < 3 {
                         line += &format!(" type={}", models[*model_idx]);
+                    }
+                    if i % 2 == 0 {
+                        line += &format!(" cpus={}", gpus * 4);
+                    }
+                    if i % 3 == 0 {
+                        line += " memgib=20";
                     }
                     line
                 })
@@ -258,6 +272,21 @@ proptest! {
             }
             prop_assert_eq!(models.len(), 1);
             prop_assert!(job.shape.gpu_types.is_empty() || job.shape.gpu_types.iter().any(|m| models.contains(m)));
+        }
+        // No node gives out more CPUs or memory than it has free.
+        let mut asked: BTreeMap<&str, HostAsk> = BTreeMap::new();
+        for start in &plan.starts {
+            for part in &start.placement {
+                let ask = jobs[&start.job].shape.host.unwrap_or_default();
+                let sum = asked.entry(part.node.as_str()).or_default();
+                sum.cpus += ask.cpus;
+                sum.memory_bytes += ask.memory_bytes;
+            }
+        }
+        for (node, sum) in asked {
+            if let Some(free) = nodes[node].host_free(&[]) {
+                prop_assert!(sum.fits_in(free), "{node}: {sum:?} given out, {free:?} free");
+            }
         }
         // Every other job is pending with a reason.
         prop_assert_eq!(plan.starts.len() + plan.pending.len(), view.pending.len());
@@ -486,5 +515,23 @@ fn a_gang_with_no_room_anywhere_is_told_to_wait() {
     assert_eq!(
         resources(2).hint().as_deref(),
         Some("use at most 2 nodes (that many have the GPUs free now), or wait for running jobs to end")
+    );
+}
+
+#[test]
+fn cpus_and_memory_of_a_node_are_shared_out_as_its_gpus_are() {
+    // n1 has 8 of its 16 CPUs and 48 of its 64 GiB free (a running attempt
+    // on GPUs 0-1 holds the rest); n3 reports neither, so is not held to
+    // them. j1 takes n1's last CPUs, so j2 goes to n2.
+    check(
+        "n1 8xh100 cpus=16 memgib=64 used=0-1 hold=0-1:8:16\nn2 8xh100 cpus=32 memgib=256\nn3 4xl4",
+        "j1 gpus=2 cpus=8 type=h100\nj2 gpus=2 cpus=12 type=h100\nj3 gpus=1 memgib=200 type=h100\nj4 gpus=1 memgib=100 type=h100\nj5 gpus=1 cpus=64",
+        expect![[r#"
+            start j1 n1[2-3]
+            start j2 n2[0-1]
+            start j3 n2[2]
+            start j5 n3[0]
+            pending j4: wants 1 GPU on one node; none is free; counting only what its requirements allow: 100.0 GiB of free memory on each node; no start time can be foreseen: not every running job in its way has a time limit
+        "#]],
     );
 }

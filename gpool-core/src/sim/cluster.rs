@@ -114,6 +114,7 @@ impl Cluster {
                         })
                         .collect(),
                     topology: topology.clone(),
+                    host: None,
                 });
             }
         }

@@ -213,6 +213,7 @@ impl Sim<'_> {
             priority: 0,
             time_limit_secs: job.time_limit_secs.or(self.default_limit_secs),
             requires: None,
+            host: None,
         };
         let pending = PendingJob {
             id: JobId(index as u64 + 1),

@@ -157,10 +157,20 @@ impl State {
     /// busy; nothing is launched where no agent is linked right now.
     pub(super) fn node_views(&self, running: &[&Job]) -> Vec<NodeView> {
         let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
+        let mut held: HashMap<&str, Vec<gpool_core::sched::HostHold>> = HashMap::new();
         for job in running {
             if let JobState::Running { placement, .. } = &job.state {
+                let ask = gpool_core::sched::HostAsk::of(&job.spec);
                 for part in placement {
                     busy.entry(part.node.as_str()).or_default().extend(&part.gpu_indices);
+                    if let Some(ask) = ask {
+                        held.entry(part.node.as_str())
+                            .or_default()
+                            .push(gpool_core::sched::HostHold {
+                                gpus: part.gpu_indices.clone(),
+                                ask,
+                            });
+                    }
                 }
             }
         }
@@ -168,6 +178,9 @@ impl State {
             .values()
             .map(|node| {
                 let mut view = NodeView::from_node(node, busy.get(node.name.as_str()).map_or(&[], Vec::as_slice));
+                if let (Some(host), Some(holds)) = (view.host.as_mut(), held.remove(node.name.as_str())) {
+                    host.held = holds;
+                }
                 if !self.is_linked(&node.name) {
                     view.availability = gpool_core::sched::Availability::Down;
                 }

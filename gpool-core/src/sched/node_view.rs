@@ -1,0 +1,135 @@
+//! The nodes as the scheduler sees them: their GPUs, which are busy, and
+//! the CPUs and memory their agents report with what running attempts
+//! hold of them.
+
+use crate::model::{GpuModel, JobSpec, Node};
+use crate::topology::Topology;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability {
+    Up,
+    Draining,
+    Down,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub availability: Availability,
+    pub gpus: Vec<GpuView>,
+    pub topology: Topology,
+    /// Its CPUs and memory, where its agent reports them; `None`: jobs'
+    /// CPU and memory asks are not held against it.
+    pub host: Option<HostView>,
+}
+
+/// CPUs and memory: what a job takes on each of its nodes, or what a node
+/// has free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostAsk {
+    pub cpus: u64,
+    pub memory_bytes: u64,
+}
+
+impl HostAsk {
+    /// What `spec` takes on each node: `--cpus-per-gpu` times its GPUs
+    /// there, and `--mem` (`--mem-per-gpu` made per node); `None` where it
+    /// asks for neither.
+    pub fn of(spec: &JobSpec) -> Option<HostAsk> {
+        let ask = HostAsk {
+            cpus: u64::from(spec.cpus_per_gpu.unwrap_or(0)) * u64::from(spec.gpus_per_node.max(1)),
+            memory_bytes: spec.mem_bytes.unwrap_or(0),
+        };
+        (ask != HostAsk::default()).then_some(ask)
+    }
+
+    pub fn fits_in(&self, free: HostAsk) -> bool {
+        self.cpus <= free.cpus && self.memory_bytes <= free.memory_bytes
+    }
+
+    pub fn less(self, taken: HostAsk) -> HostAsk {
+        HostAsk {
+            cpus: self.cpus.saturating_sub(taken.cpus),
+            memory_bytes: self.memory_bytes.saturating_sub(taken.memory_bytes),
+        }
+    }
+}
+
+/// A node's CPUs and memory, and what its running attempts hold of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostView {
+    pub total: HostAsk,
+    pub held: Vec<HostHold>,
+}
+
+/// What one running attempt holds on a node, by the GPUs it holds there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostHold {
+    pub gpus: Vec<u32>,
+    pub ask: HostAsk,
+}
+
+impl NodeView {
+    /// Its free CPUs and memory once the attempts on the GPUs `freed` end
+    /// (`None`: not known, so not limiting). An attempt's hold ends with
+    /// its GPUs: where every GPU it holds is free in the view (or freed),
+    /// so a view that frees GPUs (a victim, a time limit's end) frees the
+    /// CPUs and memory of their attempts with them.
+    pub fn host_free(&self, freed: &[u32]) -> Option<HostAsk> {
+        let host = self.host.as_ref()?;
+        let released = |gpu: &u32| freed.contains(gpu) || self.gpus.iter().any(|view| view.index == *gpu && !view.busy);
+        Some(
+            host.held
+                .iter()
+                .filter(|hold| !hold.gpus.iter().all(released))
+                .fold(host.total, |free, hold| free.less(hold.ask)),
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuView {
+    pub index: u32,
+    pub model: GpuModel,
+    pub memory_mib: u64,
+    /// Held by a running attempt.
+    pub busy: bool,
+}
+
+impl NodeView {
+    /// The scheduler's view of a node; `busy` lists the GPU indices running
+    /// attempts hold.
+    pub fn from_node(node: &Node, busy: &[u32]) -> NodeView {
+        let availability = if !node.alive {
+            Availability::Down
+        } else if node.drain_reason.is_some() {
+            Availability::Draining
+        } else {
+            Availability::Up
+        };
+        NodeView {
+            name: node.name.clone(),
+            labels: node.labels.clone(),
+            availability,
+            gpus: node
+                .gpus_in_service()
+                .map(|gpu| GpuView {
+                    index: gpu.index,
+                    model: gpu.model.clone(),
+                    memory_mib: gpu.memory_mib,
+                    busy: busy.contains(&gpu.index),
+                })
+                .collect(),
+            topology: node.topology.clone(),
+            host: (node.cpus > 0 && node.memory_bytes > 0).then(|| HostView {
+                total: HostAsk {
+                    cpus: u64::from(node.cpus),
+                    memory_bytes: node.memory_bytes,
+                },
+                held: Vec::new(),
+            }),
+        }
+    }
+}
