@@ -1,7 +1,6 @@
 //! gpoold.toml, and the settings of a run (from the file or from `--dev`).
 
 use gpool_core::model::GpuModel;
-use gpool_core::model::PoolDef;
 use gpool_core::policy::{Period, Qos, Sharing, Team, UserLimits, Weights};
 use gpool_core::sched::Policy;
 use gpool_core::spec::parse_duration;
@@ -352,14 +351,6 @@ struct QosFile {
     max_submit_per_user: Option<u32>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PoolFile {
-    name: String,
-    #[serde(default)]
-    selector: BTreeMap<String, String>,
-}
-
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
@@ -447,11 +438,8 @@ impl Config {
             policy.pools = parsed
                 .pool
                 .into_iter()
-                .map(|pool| PoolDef {
-                    name: pool.name,
-                    selector: pool.selector,
-                })
-                .collect();
+                .map(|pool| pool.into_def(&invalid))
+                .collect::<Result<_, _>>()?;
             policy.default_pool = policy.pools[0].name.clone();
         }
         if let Some(default_pool) = parsed.default_pool {

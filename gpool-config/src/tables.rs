@@ -1,5 +1,6 @@
-//! The policy's tables of gpoold.toml, each checked: `[[reservation]]`,
-//! `[accounting]`, and `[sharing]` with its `[[team]]`s and `[[qos]]`.
+//! The policy's tables of gpoold.toml, each checked: `[[pool]]`,
+//! `[[reservation]]`, `[accounting]`, and `[sharing]` with its `[[team]]`s
+//! and `[[qos]]`.
 
 use super::*;
 
@@ -288,4 +289,66 @@ pub(super) fn sharing_from_file(
         ));
     }
     Ok(sharing)
+}
+
+/// One `[[pool]]`: a name, the node labels it selects, and what its jobs
+/// get where they ask for nothing (as Slurm's `DefCpuPerGPU` and
+/// `DefMemPerGPU`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PoolFile {
+    pub(super) name: String,
+    #[serde(default)]
+    selector: BTreeMap<String, String>,
+    default_cpus_per_gpu: Option<toml::Spanned<u32>>,
+    default_mem_per_gpu: Option<toml::Spanned<String>>,
+}
+
+impl PoolFile {
+    pub(super) fn into_def(
+        self,
+        invalid: &dyn Fn(usize, String) -> ConfigError,
+    ) -> Result<gpool_core::model::PoolDef, ConfigError> {
+        let cpus_per_gpu = match self.default_cpus_per_gpu {
+            Some(cpus) if *cpus.get_ref() == 0 => {
+                return Err(invalid(
+                    cpus.span().start,
+                    format!(
+                        "pool.default_cpus_per_gpu: pool {:?}: at least 1 (leave it out for none)",
+                        self.name
+                    ),
+                ))
+            }
+            cpus => cpus.map(toml::Spanned::into_inner),
+        };
+        let mem_per_gpu_bytes = match self.default_mem_per_gpu {
+            None => None,
+            Some(size) => match gpool_core::spec::parse_size(size.get_ref()) {
+                Ok(bytes) if bytes > 0 => Some(bytes),
+                Ok(_) => {
+                    return Err(invalid(
+                        size.span().start,
+                        format!(
+                            "pool.default_mem_per_gpu: pool {:?}: more than 0 (leave it out for none)",
+                            self.name
+                        ),
+                    ))
+                }
+                Err(reason) => {
+                    return Err(invalid(
+                        size.span().start,
+                        format!("pool.default_mem_per_gpu: pool {:?}: {reason}", self.name),
+                    ))
+                }
+            },
+        };
+        Ok(gpool_core::model::PoolDef {
+            name: self.name,
+            selector: self.selector,
+            defaults: gpool_core::model::PoolDefaults {
+                cpus_per_gpu,
+                mem_per_gpu_bytes,
+            },
+        })
+    }
 }

@@ -184,3 +184,28 @@ fn errors_name_file_line_and_field() {
     .unwrap_err();
     assert_eq!(err.to_string(), "g.toml:3: default_pool: no [[pool]] is named \"big\"");
 }
+
+#[test]
+fn a_pool_gives_its_jobs_default_cpus_and_memory() {
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[[pool]]\nname = \"default\"\n";
+    let config = Config::parse(
+        "g.toml",
+        &format!("{base}default_cpus_per_gpu = 4\ndefault_mem_per_gpu = \"16G\"\n"),
+    )
+    .unwrap();
+    let defaults = config.policy.pools[0].defaults;
+    assert_eq!(defaults.cpus_per_gpu, Some(4));
+    assert_eq!(defaults.mem_per_gpu_bytes, Some(16 << 30));
+    let err = Config::parse("g.toml", &format!("{base}default_cpus_per_gpu = 0\n")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("g.toml:5: pool.default_cpus_per_gpu: pool \"default\": at least 1"),
+        "{err}"
+    );
+    let err = Config::parse("g.toml", &format!("{base}default_mem_per_gpu = \"lots\"\n")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("g.toml:5: pool.default_mem_per_gpu: pool \"default\""),
+        "{err}"
+    );
+}

@@ -9,6 +9,8 @@ pub use thin_vec::ThinVec;
 
 mod notify;
 pub use notify::{Begin, Change, Notify, NotifyRules};
+mod pool;
+pub use pool::{PoolDef, PoolDefaults};
 
 /// A GPU model as the scheduler matches it: a lowercase name such as `h100`,
 /// `a100-40gb`, `l4` or a MIG profile like `h100-1g.10gb`. Matching is exact
@@ -145,21 +147,6 @@ impl Node {
     /// Its GPUs that take work when the node does (not out of service).
     pub fn gpus_in_service(&self) -> impl Iterator<Item = &Gpu> {
         self.gpus.iter().filter(|gpu| !self.gpus_out.contains_key(&gpu.index))
-    }
-}
-
-/// A pool (partition): the nodes whose labels carry every `selector` pair.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PoolDef {
-    pub name: String,
-    pub selector: BTreeMap<String, String>,
-}
-
-impl PoolDef {
-    pub fn selects(&self, node_labels: &BTreeMap<String, String>) -> bool {
-        self.selector
-            .iter()
-            .all(|(key, value)| node_labels.get(key) == Some(value))
     }
 }
 

@@ -199,6 +199,7 @@ pub fn dedicated(cluster: &Cluster, guarantees: &BTreeMap<String, u32>, scale: f
             .map(|team| PoolDef {
                 name: team.clone(),
                 selector: BTreeMap::from([("team".to_string(), team.clone())]),
+                defaults: Default::default(),
             })
             .collect(),
         default_pool: sizes.keys().next().cloned().unwrap_or_default(),

@@ -259,3 +259,45 @@ fn a_job_waits_for_cpus_the_nodes_have_given_out_though_gpus_are_free() {
     assert_eq!(node_of(&cluster, c), a_node, "c gets the CPUs a gave back");
     cluster.gpool(&["cancel", &b.to_string()]).ok();
 }
+
+/// A pool's `default_cpus_per_gpu` and `default_mem_per_gpu` (Slurm's
+/// `DefCpuPerGPU`, `DefMemPerGPU`) are what its jobs get where they ask for
+/// nothing themselves, and are placed as their own asks would be.
+#[test]
+fn a_pools_defaults_give_jobs_cpus_and_memory_they_did_not_ask_for() {
+    let mut cluster =
+        Cluster::with_config("[[pool]]\nname = \"default\"\ndefault_cpus_per_gpu = 3\ndefault_mem_per_gpu = \"1G\"\n");
+    let top = format!("controller = \"{}\"\ncpus = 8\nmemory = \"32G\"\n", cluster.addr);
+    cluster.spawn_agent("n1", 4, &top, "", None);
+    cluster.wait_for_registered("n1");
+    let first = cluster.submit(&["--gpus", "2", "--time", "10m", "--", "sleep", "300"]);
+    cluster.wait_for_state(first, "running");
+    let job = cluster.job(first);
+    assert_eq!(job["cpus_per_gpu"], 3, "{job}");
+    assert_eq!(job["mem_bytes"], 2u64 << 30, "1G for each of its 2 GPUs");
+    // 6 more CPUs: 2 are left, though 2 GPUs are free.
+    let second = cluster.submit(&["--gpus", "2", "--", "true"]);
+    wait_until("the second job to say why it waits", Duration::from_secs(20), || {
+        let reasons = cluster.job(second)["reasons"].to_string();
+        reasons.contains("6 free CPUs").then_some(())
+    });
+    // Its own ask stands over the pool's (it ends before the second job
+    // could start, so backfill lets it ahead).
+    let third = cluster.submit(&[
+        "--gpus",
+        "2",
+        "--cpus-per-gpu",
+        "1",
+        "--mem",
+        "1G",
+        "--time",
+        "1m",
+        "--wait",
+        "--",
+        "true",
+    ]);
+    assert_eq!(cluster.job(third)["state"], "completed");
+    assert_eq!(cluster.job(third)["mem_bytes"], 1u64 << 30);
+    cluster.gpool(&["cancel", &first.to_string()]).ok();
+    cluster.wait_for_state(second, "completed");
+}

@@ -220,3 +220,19 @@ fn memory_and_cpus_past_every_node_are_refused_where_nodes_said_theirs() {
     big.cpus_per_gpu = Some(1000);
     assert_eq!(check_feasible(&big, &Policy::default(), &unknown), Ok(()));
 }
+
+#[test]
+fn a_pools_defaults_fill_in_only_what_the_job_leaves_out() {
+    let defaults = crate::model::PoolDefaults {
+        cpus_per_gpu: Some(4),
+        mem_per_gpu_bytes: Some(16 << 30),
+    };
+    let mut own_cpus = spec(2, 1, &[]);
+    own_cpus.cpus_per_gpu = Some(1);
+    defaults.apply(&mut own_cpus);
+    assert_eq!((own_cpus.cpus_per_gpu, own_cpus.mem_bytes), (Some(1), Some(32 << 30)));
+    let mut own_mem = spec(2, 1, &[]);
+    own_mem.mem_bytes = Some(1 << 30);
+    defaults.apply(&mut own_mem);
+    assert_eq!((own_mem.cpus_per_gpu, own_mem.mem_bytes), (Some(4), Some(1 << 30)));
+}

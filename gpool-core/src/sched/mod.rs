@@ -283,6 +283,7 @@ impl Default for Policy {
             pools: vec![PoolDef {
                 name: "default".into(),
                 selector: BTreeMap::new(),
+                defaults: Default::default(),
             }],
             default_pool: "default".into(),
             sharing: Sharing::default(),
@@ -610,6 +611,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         let shape = ShapeKey {
             class: std::ptr::from_ref(class) as usize,
             requires: job.shape.requires.as_deref(),
+            host: job.shape.host,
             gpus_per_node: job.shape.gpus_per_node,
             nodes: job.shape.nodes,
             covered,
@@ -837,6 +839,8 @@ struct ShapeKey<'v> {
     class: usize,
     /// Jobs with requirements are alike only if they have the same.
     requires: Option<&'v crate::model::Requirements>,
+    /// And the same CPU and memory asks.
+    host: Option<HostAsk>,
     gpus_per_node: u32,
     nodes: u32,
     covered: bool,

@@ -262,7 +262,7 @@ impl Reject {
             }
             Reject::SomeNodesUnavailable { .. } => return None,
             Reject::Requirements { .. } => {
-                "relax its requirements (--min-gpu-memory, --nvlink, --constraint, --nodelist, --exclude)".to_string()
+                "relax its requirements (--min-gpu-memory, --nvlink, --constraint, --nodelist, --exclude, --cpus-per-gpu, --mem)".to_string()
             }
             Reject::NoGpuModel { available, .. } if !available.is_empty() => {
                 format!("accept another GPU model: {}", models(available))

@@ -724,6 +724,7 @@ fn guarantees_per_pool_and_per_gpu_model() {
     policy.pools.push(crate::model::PoolDef {
         name: "infer".into(),
         selector: [("tier".to_string(), "infer".to_string())].into(),
+        defaults: Default::default(),
     });
     policy.sharing.teams[2].guaranteed_in = [("infer".to_string(), 2), ("a100".to_string(), 2)].into();
     // Team c has no general guarantee: 2 GPUs in pool infer, 2 A100s.

@@ -130,10 +130,12 @@ fn pools_select_nodes_by_label() {
             PoolDef {
                 name: "default".into(),
                 selector: BTreeMap::new(),
+                defaults: Default::default(),
             },
             PoolDef {
                 name: "infer".into(),
                 selector: [("tier".to_string(), "infer".to_string())].into(),
+                defaults: Default::default(),
             },
         ],
         default_pool: "default".into(),
@@ -236,8 +238,8 @@ proptest! {
     fn plans_are_safe_and_deterministic(view in arb_view()) {
         let policy = Policy {
             pools: vec![
-                PoolDef { name: "default".into(), selector: BTreeMap::new() },
-                PoolDef { name: "x".into(), selector: [("tier".to_string(), "x".to_string())].into() },
+                PoolDef { name: "default".into(), selector: BTreeMap::new(), defaults: Default::default() },
+                PoolDef { name: "x".into(), selector: [("tier".to_string(), "x".to_string())].into(), defaults: Default::default() },
             ],
             default_pool: "default".into(),
             sharing: Default::default(),
@@ -532,6 +534,19 @@ fn cpus_and_memory_of_a_node_are_shared_out_as_its_gpus_are() {
             start j3 n2[2]
             start j5 n3[0]
             pending j4: wants 1 GPU on one node; none is free; counting only what its requirements allow: 100.0 GiB of free memory on each node; no start time can be foreseen: not every running job in its way has a time limit
+        "#]],
+    );
+}
+
+#[test]
+fn a_job_is_not_judged_by_an_alike_job_that_asked_for_more_cpus() {
+    // j1 and j2 differ only in CPUs: j1's failure says nothing of j2.
+    check(
+        "n1 4xh100 cpus=8 memgib=64 used=0-1 hold=0-1:6:0",
+        "j1 gpus=2 cpus=6\nj2 gpus=2 cpus=2",
+        expect![[r#"
+            start j2 n1[2-3]
+            pending j1: wants 2 GPUs on one node; none is free; counting only what its requirements allow: 6 free CPUs on each node; no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }

@@ -387,6 +387,7 @@ fn shared_policy(guaranteed: [u32; 2], reserve: u32, min_runtime_secs: u64) -> c
     policy.pools.push(PoolDef {
         name: "inference".into(),
         selector: [("tier".to_string(), "inference".to_string())].into(),
+        defaults: Default::default(),
     });
     policy.sharing.teams = vec![
         Team {

@@ -134,6 +134,9 @@ impl State {
                 };
                 dependency.target = DepTarget::Job(target);
             }
+            if let Some(pool) = self.policy.pool(&spec.pool) {
+                pool.defaults.apply(&mut spec);
+            }
             check_feasible(&spec, &self.policy, &nodes).map_err(|source| Error::Infeasible { index, of, source })?;
             request_ids.push(JobId(next_id));
             next_id += 1 + spec.array.as_ref().map_or(0, |array| u64::from(array.len()));
