@@ -45,6 +45,12 @@ struct GroupFile {
     /// Price of one GPU-hour of this model.
     #[serde(default)]
     price_per_gpu_hour: Option<f64>,
+    /// CPUs and memory (a size, `512G`) of each node, given out to jobs
+    /// that ask for them; leave both out for nodes not held to them.
+    #[serde(default)]
+    cpus: Option<u64>,
+    #[serde(default)]
+    memory: Option<String>,
 }
 
 /// How a node's GPUs are connected.
@@ -86,6 +92,20 @@ impl Cluster {
             if model.as_str().is_empty() {
                 return Err(invalid("nodes.model: empty".into()));
             }
+            let memory = match &group.memory {
+                None => None,
+                Some(size) => {
+                    Some(crate::spec::parse_size(size).map_err(|reason| invalid(format!("nodes.memory: {reason}")))?)
+                }
+            };
+            // A node that gives only one of them is not held to the other.
+            let host = (group.cpus.is_some() || memory.is_some()).then(|| crate::sched::HostView {
+                total: crate::sched::HostAsk {
+                    cpus: group.cpus.unwrap_or(u64::MAX),
+                    memory_bytes: memory.unwrap_or(u64::MAX),
+                },
+                held: Vec::new(),
+            });
             let template = group.links.as_deref().unwrap_or("pcie");
             let topology = links(template, group.gpus)
                 .ok_or_else(|| invalid(format!("nodes.links: {template:?} is not nvswitch, pairs or pcie")))?;
@@ -114,7 +134,7 @@ impl Cluster {
                         })
                         .collect(),
                     topology: topology.clone(),
-                    host: None,
+                    host: host.clone(),
                 });
             }
         }

@@ -213,7 +213,7 @@ impl Sim<'_> {
             priority: 0,
             time_limit_secs: job.time_limit_secs.or(self.default_limit_secs),
             requires: None,
-            host: None,
+            host: job.host,
         };
         let pending = PendingJob {
             id: JobId(index as u64 + 1),
@@ -348,7 +348,7 @@ impl Sim<'_> {
             if taken {
                 self.out.overcommitted();
             }
-            self.set_busy(&part.node, &part.gpu_indices, true);
+            self.set_busy(&part.node, &part.gpu_indices, Some(job.shape.host));
         }
         let remaining = (trace.duration_ms - self.done_ms[index]).max(0);
         let limit_ms = job.shape.time_limit_secs.map(|secs| secs as i64 * 1000);
@@ -518,7 +518,7 @@ impl Sim<'_> {
             ));
         }
         for part in &running.placement {
-            self.set_busy(&part.node, &part.gpu_indices, false);
+            self.set_busy(&part.node, &part.gpu_indices, None);
         }
         self.view.usage.entry(running.team.clone()).or_default().charge(
             running.gpus(),
@@ -569,10 +569,19 @@ impl Sim<'_> {
         self.arrive(index, &jobs[index]);
     }
 
-    fn set_busy(&mut self, node: &str, gpus: &[u32], busy: bool) {
+    /// Marks `gpus` busy for a start, with the CPUs and memory it asks for
+    /// (`Some`), or free at an end, with theirs (`None`).
+    fn set_busy(&mut self, node: &str, gpus: &[u32], started: Option<Option<crate::sched::HostAsk>>) {
         if let Some(view) = self.node_index.get(node).map(|i| &mut self.view.nodes[*i]) {
             for gpu in view.gpus.iter_mut().filter(|gpu| gpus.contains(&gpu.index)) {
-                gpu.busy = busy;
+                gpu.busy = started.is_some();
+            }
+            if let Some(host) = view.host.as_mut() {
+                host.held.retain(|hold| !hold.gpus.iter().any(|gpu| gpus.contains(gpu)));
+                host.held.extend(started.flatten().map(|ask| crate::sched::HostHold {
+                    gpus: gpus.to_vec(),
+                    ask,
+                }));
             }
         }
     }

@@ -17,6 +17,7 @@ fn job(at: i64, secs: i64, gpus_per_node: u32, nodes: u32, team: &str) -> TraceJ
         checkpoint_every_secs: None,
         qos: String::new(),
         checkpoint_on_signal: false,
+        host: None,
     }
 }
 
@@ -615,4 +616,27 @@ fn a_maintenance_window_holds_in_the_simulator() {
     // Waits: 3700 s for the long job, 0 for the short one.
     assert_eq!(delays(&outcome), (1850.0, 3700.0, 2));
     assert_eq!(outcome.completed, 2);
+}
+
+/// CPUs and memory hold in the simulator as in gpoold: a cluster file's
+/// `cpus` per node and a trace's `cpus_per_gpu` keep a second job off the
+/// node's free GPUs until the first gives its CPUs back.
+#[test]
+fn cpus_a_node_gave_out_hold_in_the_simulator() {
+    let cluster = Cluster::parse(
+        "c.toml",
+        "[[nodes]]\ncount = 1\ngpus = 8\nmodel = \"h100\"\ncpus = 16\n",
+    )
+    .unwrap();
+    let trace = "submit,duration,gpus_per_node,team,cpus_per_gpu\n0,100,2,a,6\n0,100,2,a,4\n0,100,2,a,\n";
+    let jobs = crate::sim::trace::parse(crate::sim::trace::Format::GpoolCsv, "t.csv", trace, 8).unwrap();
+    assert_eq!(jobs[0].host.map(|ask| ask.cpus), Some(12), "6 for each of its 2 GPUs");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let policy = sharing_policy(&cluster, &guarantees);
+    let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
+    // 12 of 16 CPUs go to the first job: the second (8) waits 100 s, the
+    // third, which asks for none, starts at once.
+    assert_eq!(delays(&outcome), (100.0 / 3.0, 100.0, 3));
+    assert_eq!(outcome.completed, 3);
+    assert_eq!(outcome.overcommits, 0);
 }

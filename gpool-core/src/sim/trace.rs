@@ -27,6 +27,9 @@ pub struct TraceJob {
     /// It writes a checkpoint and exits as soon as it is told to (its
     /// checkpoint signal), instead of working on through its grace.
     pub checkpoint_on_signal: bool,
+    /// CPUs and memory on each node (`cpus_per_gpu` and `mem_per_gpu`
+    /// times its GPUs there); `None`: none asked.
+    pub host: Option<crate::sched::HostAsk>,
 }
 
 impl TraceJob {
@@ -95,6 +98,11 @@ pub struct GpoolRow {
     /// It checkpoints and exits when signalled (true/false, 1/0).
     #[serde(default, skip_serializing_if = "is_false", deserialize_with = "flag")]
     pub checkpoint_on_signal: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_is_none")]
+    pub cpus_per_gpu: Option<u64>,
+    /// Bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_is_none")]
+    pub mem_per_gpu: Option<u64>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -161,6 +169,8 @@ impl GpoolRow {
             checkpoint_every: job.checkpoint_every_secs,
             qos: job.qos.clone(),
             checkpoint_on_signal: job.checkpoint_on_signal,
+            cpus_per_gpu: job.host.map(|ask| ask.cpus / u64::from(job.gpus_per_node)),
+            mem_per_gpu: job.host.map(|ask| ask.memory_bytes / u64::from(job.gpus_per_node)),
         }
     }
 
@@ -212,6 +222,10 @@ impl GpoolRow {
             checkpoint_every_secs: self.checkpoint_every,
             qos: self.qos.trim().to_string(),
             checkpoint_on_signal: self.checkpoint_on_signal,
+            host: (self.cpus_per_gpu.is_some() || self.mem_per_gpu.is_some()).then(|| crate::sched::HostAsk {
+                cpus: self.cpus_per_gpu.unwrap_or(0) * u64::from(self.gpus_per_node),
+                memory_bytes: self.mem_per_gpu.unwrap_or(0) * u64::from(self.gpus_per_node),
+            }),
         })
     }
 }
@@ -342,6 +356,7 @@ fn parse_philly(text: &str, node_gpus: u32) -> Result<Vec<TraceJob>, (usize, Str
             checkpoint_every_secs: None,
             qos: String::new(),
             checkpoint_on_signal: false,
+            host: None,
         });
     }
     Ok(jobs)
