@@ -10,18 +10,17 @@ const MAX_LINES: usize = 600;
 /// Files over the limit, and the most lines each may have.
 const OVER_THE_LIMIT: &[(&str, usize)] = &[
     ("gpoold/src/api/pool.rs", 1121),
-    ("bench/src/main.rs", 1127),
+    ("bench/src/main.rs", 1128),
     ("gpool-agent/src/launch.rs", 1094),
-    ("gpool-core/src/sched/mod.rs", 986),
+    ("gpool-core/src/sched/mod.rs", 999),
     ("gpool-agent/src/supervise.rs", 1041),
     ("gpoold/src/state/mod.rs", 948),
     ("gpoold/src/state/archive.rs", 889),
-    ("gpool-core/src/model.rs", 610),
-    ("gpool-core/src/spec.rs", 866),
+    ("gpool-core/src/model.rs", 613),
+    ("gpool-core/src/spec.rs", 863),
     ("gpool-core/src/policy.rs", 797),
     ("gpool-config/src/lib.rs", 714),
     ("gpoold/src/state/agents.rs", 694),
-    ("proto/src/convert.rs", 619),
 ];
 
 /// Test code and generated code are not counted (`path` is relative to

@@ -695,6 +695,7 @@ fn sharing_cycle(n_nodes: usize, n_pending: usize) {
                 time_limit_secs: Some(600 * (1 + i as u64 % 12)),
                 requires: None,
                 host: None,
+                exclusive: false,
             }),
             user: format!("user-{}", i % 50).into(),
         })

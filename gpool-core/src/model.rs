@@ -273,6 +273,9 @@ pub struct JobSpec {
     /// Runs only while no other job of its user and name runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub singleton: bool,
+    /// Its nodes run nothing else: it takes every GPU of each.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclusive: bool,
     /// A job array's task indices (`--array`); the record is the array's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<Box<crate::array::ArraySpec>>,

@@ -41,6 +41,15 @@ pub struct SpecError {
     pub reason: String,
 }
 
+/// `text`, where given, parsed by `parse`; its error names `field`.
+fn optional<T>(
+    field: &str,
+    text: Option<&str>,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Option<T>, SpecError> {
+    text.map(parse).transpose().map_err(|reason| spec_error(field, reason))
+}
+
 pub fn spec_error(field: &str, reason: impl Into<String>) -> SpecError {
     SpecError {
         field: field.to_string(),
@@ -131,6 +140,8 @@ pub struct JobSpecInput {
     pub notify_on: Option<String>,
     /// CPUs per GPU (a CPU quota).
     pub cpus_per_gpu: Option<i64>,
+    /// Its nodes run nothing else: it takes every GPU of each.
+    pub exclusive: Option<bool>,
     /// `afterok:ID[:ID],afterany:NAME,afternotok:ID,singleton`; in a job
     /// file, NAME is an earlier `[[job]]` of the same file.
     pub dependency: Option<String>,
@@ -188,10 +199,7 @@ impl JobSpecInput {
             Some(name) => name,
             None => default_name(&command),
         };
-        let time_limit_secs = match self.time.as_deref() {
-            Some(text) => Some(parse_duration(text).map_err(|reason| spec_error("time", reason))?),
-            None => None,
-        };
+        let time_limit_secs = optional("time", self.time.as_deref(), parse_duration)?;
         let spec = JobSpec {
             name,
             command,
@@ -213,20 +221,11 @@ impl JobSpecInput {
             requeue: self.requeue.unwrap_or(true),
             discard_output: self.discard_output.unwrap_or(false),
             qos: self.qos.unwrap_or_default().into(),
-            checkpoint_signal: match self.checkpoint_signal.as_deref() {
-                Some(text) => Some(parse_signal(text).map_err(|reason| spec_error("checkpoint_signal", reason))?),
-                None => None,
-            },
-            grace_secs: match self.grace.as_deref() {
-                Some(text) => Some(parse_duration(text).map_err(|reason| spec_error("grace", reason))?),
-                None => None,
-            },
+            checkpoint_signal: optional("checkpoint_signal", self.checkpoint_signal.as_deref(), parse_signal)?,
+            grace_secs: optional("grace", self.grace.as_deref(), parse_duration)?,
             image: self.image.unwrap_or_default(),
             mem_bytes: memory_per_node(self.mem.as_deref(), self.mem_per_gpu.as_deref(), self.gpus.unwrap_or(1))?,
-            max_output_bytes: match self.max_output.as_deref() {
-                Some(text) => Some(parse_size(text).map_err(|reason| spec_error("max_output", reason))?),
-                None => None,
-            },
+            max_output_bytes: optional("max_output", self.max_output.as_deref(), parse_size)?,
             script: self.script,
             reservation: match self.reservation {
                 Some(name) if !name_ok_for_reservation(&name) => {
@@ -237,10 +236,7 @@ impl JobSpecInput {
                 }
                 name => name.unwrap_or_default(),
             },
-            begin: match self.begin.as_deref() {
-                Some(text) => Some(crate::model::Begin::parse(text).map_err(|reason| spec_error("begin", reason))?),
-                None => None,
-            },
+            begin: optional("begin", self.begin.as_deref(), crate::model::Begin::parse)?,
             notify: match (self.notify.as_deref(), self.notify_on.as_deref()) {
                 (Some(to), on) => {
                     Some(crate::model::Notify::parse(to, on).map_err(|reason| spec_error("notify", reason))?)
@@ -254,6 +250,7 @@ impl JobSpecInput {
             },
             dependencies,
             singleton,
+            exclusive: self.exclusive.unwrap_or(false),
             array: match self.array.as_deref() {
                 Some(text) => Some(Box::new(crate::array::ArraySpec::parse(text)?)),
                 None => None,

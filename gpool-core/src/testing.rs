@@ -215,6 +215,7 @@ pub fn one_gpu_shape(team: &str) -> JobShape {
         time_limit_secs: None,
         requires: None,
         host: None,
+        exclusive: false,
     }
 }
 
@@ -240,6 +241,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "qos" => job.qos = value.into(),
             "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
             "at" => submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
+            "exclusive" => job.exclusive = value == "yes",
             "cpus" => job.host.get_or_insert_with(Default::default).cpus = value.parse().expect("cpus (per node)"),
             "memgib" => {
                 job.host.get_or_insert_with(Default::default).memory_bytes =
@@ -338,6 +340,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 cpus_per_gpu: None,
                 dependencies: Vec::new(),
                 singleton: false,
+                exclusive: false,
                 array: None,
                 stdout_path: String::new(),
                 stderr_path: String::new(),

@@ -8,6 +8,8 @@ use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeSt
 use gpool_core::topology::{GpuLink, Link, Topology};
 use std::collections::BTreeMap;
 
+pub use crate::states::{is_ended, state_from_name, state_name, state_to_wire};
+
 pub fn spec_to_wire(spec: &JobSpec) -> pb::JobSpec {
     spec_to_wire_with(spec, true)
 }
@@ -71,6 +73,7 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
         cpus_per_gpu: spec.cpus_per_gpu.unwrap_or(0),
         dependencies: spec.dependencies.iter().map(dependency_to_wire).collect(),
         singleton: spec.singleton,
+        exclusive: spec.exclusive,
         array: spec.array.as_ref().map(|array| pb::ArraySpec {
             ranges: array
                 .ranges
@@ -225,6 +228,7 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         cpus_per_gpu: (spec.cpus_per_gpu != 0).then_some(spec.cpus_per_gpu),
         dependencies: spec.dependencies.iter().map(dependency_from_wire).collect(),
         singleton: spec.singleton,
+        exclusive: spec.exclusive,
         array: spec.array.map(|array| {
             Box::new(ArraySpec {
                 ranges: array
@@ -254,63 +258,6 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
             exclude: spec.exclude,
         },
     }
-}
-
-pub fn state_to_wire(state: &JobState) -> pb::JobState {
-    match state {
-        JobState::Pending => pb::JobState::Pending,
-        JobState::Running { .. } => pb::JobState::Running,
-        JobState::Completed { .. } => pb::JobState::Completed,
-        JobState::Failed { .. } => pb::JobState::Failed,
-        JobState::Cancelled { .. } => pb::JobState::Cancelled,
-        JobState::Timeout { .. } => pb::JobState::Timeout,
-        JobState::NodeFail { .. } => pb::JobState::NodeFail,
-        JobState::OutOfMemory { .. } => pb::JobState::OutOfMemory,
-    }
-}
-
-/// Whether a job in `state` has ended (for good, whatever how).
-pub fn is_ended(state: pb::JobState) -> bool {
-    matches!(
-        state,
-        pb::JobState::Completed
-            | pb::JobState::Failed
-            | pb::JobState::Cancelled
-            | pb::JobState::Timeout
-            | pb::JobState::NodeFail
-            | pb::JobState::OutOfMemory
-    )
-}
-
-/// The lowercase name the CLI prints and its JSON carries.
-pub fn state_name(state: pb::JobState) -> &'static str {
-    match state {
-        pb::JobState::Unspecified => "unknown",
-        pb::JobState::Pending => "pending",
-        pb::JobState::Running => "running",
-        pb::JobState::Completed => "completed",
-        pb::JobState::Failed => "failed",
-        pb::JobState::Cancelled => "cancelled",
-        pb::JobState::Timeout => "timeout",
-        pb::JobState::NodeFail => "node_fail",
-        pb::JobState::OutOfMemory => "out_of_memory",
-    }
-}
-
-/// Parses a state name as users type it (`--state running`).
-pub fn state_from_name(name: &str) -> Option<pb::JobState> {
-    [
-        pb::JobState::Pending,
-        pb::JobState::Running,
-        pb::JobState::Completed,
-        pb::JobState::Failed,
-        pb::JobState::Cancelled,
-        pb::JobState::Timeout,
-        pb::JobState::NodeFail,
-        pb::JobState::OutOfMemory,
-    ]
-    .into_iter()
-    .find(|state| state_name(*state) == name.to_ascii_lowercase())
 }
 
 fn placement_to_wire(placement: &[NodePlacement]) -> Vec<pb::Placement> {

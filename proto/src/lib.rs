@@ -1,5 +1,6 @@
 //! gpool-proto: the gpool.v1 wire contract (generated code) and its
-//! conversions to gpool-core types, which live in `convert` and nowhere else.
+//! conversions to gpool-core types, which live in `convert` (and `states`,
+//! which it re-exports) and nowhere else.
 
 #[allow(clippy::all, clippy::pedantic)]
 #[rustfmt::skip]
@@ -11,6 +12,7 @@ pub mod pb {
 
 pub mod convert;
 pub mod dial;
+mod states;
 pub mod submit;
 
 /// The largest request gpoold takes unless its config says otherwise

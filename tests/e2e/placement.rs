@@ -301,3 +301,48 @@ fn a_pools_defaults_give_jobs_cpus_and_memory_they_did_not_ask_for() {
     cluster.gpool(&["cancel", &first.to_string()]).ok();
     cluster.wait_for_state(second, "completed");
 }
+
+/// `--exclusive` (as Slurm's): the job waits for a node with nothing
+/// running, takes every GPU of it (its CUDA_VISIBLE_DEVICES lists them
+/// all), and no other job joins it while it runs.
+#[test]
+fn an_exclusive_job_gets_a_whole_idle_node_to_itself() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 4);
+    cluster.start_agent("n2", 4);
+    let busy = cluster.submit(&["--", "sleep", "300"]);
+    cluster.wait_for_state(busy, "running");
+    let busy_node = node_of(&cluster, busy);
+    let whole = cluster.submit(&[
+        "--exclusive",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES > whole-visible; sleep 300",
+    ]);
+    cluster.wait_for_state(whole, "running");
+    assert_ne!(node_of(&cluster, whole), busy_node, "only the idle node");
+    let visible = wait_until("the exclusive job's GPUs", Duration::from_secs(20), || {
+        std::fs::read_to_string(cluster.dir.path().join("whole-visible")).ok()
+    });
+    assert_eq!(visible.trim(), "0,1,2,3", "every GPU of its node");
+    let job = cluster.job(whole);
+    assert_eq!(job["exclusive"], true, "{job}");
+    // Another job goes beside `busy`, never beside `whole`.
+    let beside = cluster.submit(&["--gpus", "2", "--wait", "--", "true"]);
+    assert_eq!(node_of(&cluster, beside), busy_node);
+    let second = cluster.submit(&["--exclusive", "--", "true"]);
+    let reasons = wait_until(
+        "the second exclusive job to say why it waits",
+        Duration::from_secs(20),
+        || {
+            let reasons = cluster.job(second)["reasons"].to_string();
+            reasons.contains("--exclusive").then_some(reasons)
+        },
+    );
+    assert!(reasons.contains("nodes with nothing else running"), "{reasons}");
+    cluster.gpool(&["cancel", &busy.to_string()]).ok();
+    cluster.wait_for_state(second, "completed");
+    assert_eq!(node_of(&cluster, second), busy_node);
+    cluster.gpool(&["cancel", &whole.to_string()]).ok();
+}

@@ -100,6 +100,10 @@ pub struct SubmitArgs {
     /// CPUs for each of the job's GPUs (a CPU quota in its cgroup).
     #[arg(long, value_name = "N")]
     cpus_per_gpu: Option<i64>,
+    /// Its nodes run nothing else: it waits for idle nodes and takes every
+    /// GPU of each (GPU-hours are charged for them all), as Slurm's.
+    #[arg(long)]
+    exclusive: bool,
     /// Jobs to wait for: afterok:ID[:ID...] (completed), afterany:ID (ended),
     /// afternotok:ID (ended without completing), singleton (no other job
     /// of yours with this name runs), comma-separated. A job whose
@@ -159,7 +163,7 @@ pub struct SubmitArgs {
         conflicts_with_all = [
             "command", "gpus", "gpus_per_node", "gres", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
-            "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "mem_per_gpu", "cpus_per_gpu",
+            "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "mem_per_gpu", "cpus_per_gpu", "exclusive",
             "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
             "nodelist", "exclude", "max_output", "notify", "notify_on", "begin", "reservation",
         ]
@@ -472,6 +476,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         notify: args.notify,
         notify_on: args.notify_on,
         cpus_per_gpu: args.cpus_per_gpu,
+        exclusive: Some(args.exclusive),
         dependency: args.dependency,
         array: args.array,
         stdout: args.stdout,

@@ -23,6 +23,7 @@ pub struct JobJson<'a> {
     image: &'a str,
     mem_bytes: Option<u64>,
     cpus_per_gpu: Option<u32>,
+    exclusive: bool,
     max_output_bytes: Option<u64>,
     /// `--begin`: the moment, or seconds after submission.
     begin: Option<String>,
@@ -174,6 +175,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         image: &spec.image,
         mem_bytes: (spec.mem_bytes > 0).then_some(spec.mem_bytes),
         cpus_per_gpu: (spec.cpus_per_gpu > 0).then_some(spec.cpus_per_gpu),
+        exclusive: spec.exclusive,
         max_output_bytes: (spec.max_output_bytes > 0).then_some(spec.max_output_bytes),
         begin: begin_text(spec, job.submitted_at_ms),
         reservation: (!spec.reservation.is_empty()).then_some(spec.reservation.as_str()),

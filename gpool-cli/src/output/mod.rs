@@ -10,7 +10,7 @@
 //! and last_checkpoint_at (RFC 3339 or null), estimated_start (the job
 //! holding the backfill reservation; else null), redacted (another user's
 //! job: command and workdir are empty), image (empty: on the host),
-//! mem_bytes, cpus_per_gpu, max_output_bytes, begin, reservation and notify
+//! mem_bytes, cpus_per_gpu, exclusive, max_output_bytes, begin, reservation and notify
 //! ({to, on}) (or null), reason_codes (one stable
 //! snake_case code per reason), node_list, array_job_id and array_task_id
 //! (an array's task; else null), array (an array's record: indices,

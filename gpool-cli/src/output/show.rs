@@ -22,7 +22,19 @@ pub fn print_job_details(job: &pb::Job, with_env: bool) {
         ("project", or_dash(&spec.project)),
         ("workload type", or_dash(&spec.workload_type)),
         ("pool", or_dash(&spec.pool)),
-        ("gpus", format!("{} per node x {} node(s)", spec.gpus, spec.nodes)),
+        (
+            "gpus",
+            format!(
+                "{} per node x {} node(s){}",
+                spec.gpus,
+                spec.nodes,
+                if spec.exclusive {
+                    ", exclusive: every GPU of each node"
+                } else {
+                    ""
+                }
+            ),
+        ),
         (
             "gpu types",
             if spec.gpu_types.is_empty() {

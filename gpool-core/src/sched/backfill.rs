@@ -1,8 +1,8 @@
 //! Reservations for backfill: when would a blocked job start, and on which
 //! GPUs, if running jobs end by their time limits?
 
-use super::index::room_on;
 use super::index::FreeIndex;
+use super::node_view::room_on;
 use super::{NodeView, PendingJob, Policy};
 use crate::ids::{JobId, Timestamp};
 use crate::model::NodePlacement;

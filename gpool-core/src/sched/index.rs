@@ -17,6 +17,8 @@ struct Group {
     model_idx: usize,
     /// The least memory of its GPUs (MiB).
     memory_mib: u64,
+    /// Its GPUs, free or not.
+    size: usize,
 }
 
 /// Groups of one model in one pool, bucketed by how many GPUs they have free.
@@ -113,10 +115,12 @@ impl<'v> FreeIndex<'v> {
         // Per model: whether the node has it, its free GPUs, and the least
         // memory of its GPUs (one lookup per GPU: this runs every cycle).
         let mut by_model: Vec<Option<(Vec<u32>, u64)>> = vec![None; self.models.len()];
+        let mut size = vec![0; self.models.len()];
         for gpu in &node.gpus {
-            let (free, memory_mib) =
-                by_model[self.model_idx_by_name[&gpu.model]].get_or_insert_with(|| (Vec::new(), u64::MAX));
+            let model_idx = self.model_idx_by_name[&gpu.model];
+            let (free, memory_mib) = by_model[model_idx].get_or_insert_with(|| (Vec::new(), u64::MAX));
             *memory_mib = (*memory_mib).min(gpu.memory_mib);
+            size[model_idx] += 1;
             if !gpu.busy {
                 free.push(gpu.index);
             }
@@ -141,6 +145,7 @@ impl<'v> FreeIndex<'v> {
                 pool_idxs: pool_idxs.clone(),
                 model_idx,
                 memory_mib,
+                size: size[model_idx],
             });
         }
     }
@@ -178,6 +183,30 @@ impl<'v> FreeIndex<'v> {
         Ok(groups.into_iter().map(|g| self.take(g, job)).collect())
     }
 
+    /// Nothing runs on the node: every GPU of it is free.
+    fn idle(&self, node_idx: usize) -> bool {
+        self.groups_of_node.get(&node_idx).is_some_and(|groups| {
+            groups
+                .iter()
+                .all(|g| self.groups[*g].free.len() == self.groups[*g].size)
+        })
+    }
+
+    /// No GPU of the node is free any more (an exclusive job runs there).
+    fn close(&mut self, node_idx: usize) {
+        for group_idx in self.groups_of_node.get(&node_idx).cloned().unwrap_or_default() {
+            let group = &mut self.groups[group_idx];
+            let old_free = std::mem::take(&mut group.free).len();
+            for pool_idx in &group.pool_idxs {
+                if let Some(buckets) = self.pools[*pool_idx].models[group.model_idx].as_mut() {
+                    buckets.by_free[old_free].remove(&group_idx);
+                    buckets.insert(group_idx, 0);
+                    buckets.total_free -= old_free as u64;
+                }
+            }
+        }
+    }
+
     /// Whether `job` would fit now, taking nothing.
     pub(super) fn fits(&self, job: &PendingJob, policy: &Policy) -> bool {
         self.find(job, policy).is_ok()
@@ -205,12 +234,16 @@ impl<'v> FreeIndex<'v> {
 
     /// Takes GPUs placed elsewhere (from another index) out of this one,
     /// with the CPUs and memory `host` of the job placed (per node).
-    pub(super) fn remove(&mut self, placement: &[NodePlacement], host: Option<HostAsk>) {
+    pub(super) fn remove(&mut self, placement: &[NodePlacement], (host, exclusive): (Option<HostAsk>, bool)) {
         for part in placement {
             let Some(node_idx) = self.node_idx_by_name.get(part.node.as_str()).copied() else {
                 continue;
             };
             self.take_host(node_idx, host);
+            if exclusive {
+                self.close(node_idx);
+                continue;
+            }
             for group_idx in self.groups_of_node.get(&node_idx).cloned().unwrap_or_default() {
                 let group = &mut self.groups[group_idx];
                 let old_free = group.free.len();
@@ -388,6 +421,7 @@ impl<'v> FreeIndex<'v> {
         job.allows_node(node)
             && job.allows_memory(group.memory_mib)
             && job.allows_host(self.host_free[group.node_idx])
+            && (!job.shape.exclusive || self.idle(group.node_idx))
             && (!need_nvlink || super::nvlink_set_in(&node.topology, &group.free, job.shape.gpus_per_node as usize))
     }
 
@@ -399,8 +433,17 @@ impl<'v> FreeIndex<'v> {
     }
 
     fn take(&mut self, group_idx: usize, job: &PendingJob) -> NodePlacement {
-        let n_gpus = job.shape.gpus_per_node;
         let node_idx = self.groups[group_idx].node_idx;
+        if job.shape.exclusive {
+            let placement = NodePlacement {
+                node: self.nodes[node_idx].name.clone(),
+                gpu_indices: self.groups[group_idx].free.clone(),
+            };
+            self.take_host(node_idx, job.shape.host);
+            self.close(node_idx);
+            return placement;
+        }
+        let n_gpus = job.shape.gpus_per_node;
         self.take_host(node_idx, job.shape.host);
         let group = &mut self.groups[group_idx];
         let old_free = group.free.len();
@@ -435,6 +478,7 @@ impl<'v> FreeIndex<'v> {
                     if !job.allows_node(node)
                         || !job.allows_memory(group.memory_mib)
                         || !job.allows_host(self.host_free[group.node_idx])
+                        || (job.shape.exclusive && !self.idle(group.node_idx))
                     {
                         continue;
                     }
@@ -513,6 +557,9 @@ fn narrowing_words(job: &PendingJob) -> String {
         }
         words.push(format!("{} on each node", host.join(" and ")));
     }
+    if job.shape.exclusive {
+        words.push("nodes with nothing else running (--exclusive)".into());
+    }
     words.retain(|w| !w.is_empty());
     words.join(", ")
 }
@@ -545,52 +592,4 @@ impl ModelBuckets {
         }
         self.by_free[n_free].insert(group_idx);
     }
-}
-
-/// Whether `node`, of the job's pool, would have `gpus_per_node` free GPUs
-/// of one acceptable model once its GPUs `extra` are freed too.
-pub(super) fn room_on(job: &PendingJob, pool: Option<&crate::model::PoolDef>, node: &NodeView, extra: &[u32]) -> bool {
-    if node.availability != super::Availability::Up
-        || !pool.is_some_and(|pool| pool.selects(&node.labels))
-        || !job.allows_node(node)
-    {
-        return false;
-    }
-    if !job.allows_host(node.host_free(extra)) {
-        return false;
-    }
-    let usable = |gpu: &super::GpuView| {
-        (!gpu.busy || extra.contains(&gpu.index))
-            && gpu.model.accepted_by(&job.shape.gpu_types)
-            && job.allows_memory(gpu.memory_mib)
-    };
-    let wanted = job.shape.gpus_per_node as usize;
-    // Most nodes have one model: counting is enough, without NVLink needs.
-    if job.nvlink() != crate::model::NvlinkNeed::Required {
-        let mut usable_gpus = node.gpus.iter().filter(|gpu| usable(gpu));
-        if let Some(first) = usable_gpus.next() {
-            let mut count = 1;
-            let one_model = usable_gpus.all(|gpu| {
-                count += 1;
-                gpu.model == first.model
-            });
-            if one_model {
-                return count >= wanted;
-            }
-        }
-    }
-    let mut by_model: Vec<(&crate::model::GpuModel, Vec<u32>)> = Vec::new();
-    for gpu in &node.gpus {
-        if usable(gpu) {
-            match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
-                Some((_, free)) => free.push(gpu.index),
-                None => by_model.push((&gpu.model, vec![gpu.index])),
-            }
-        }
-    }
-    by_model.iter().any(|(_, free)| {
-        free.len() >= wanted
-            && (job.nvlink() != crate::model::NvlinkNeed::Required
-                || super::nvlink_set_in(&node.topology, free, wanted))
-    })
 }

@@ -195,6 +195,8 @@ pub struct JobShape {
     pub requires: Option<Arc<crate::model::Requirements>>,
     /// CPUs and memory it takes on each node; `None`: none asked.
     pub host: Option<HostAsk>,
+    /// Only idle nodes, and every GPU of each (`--exclusive`).
+    pub exclusive: bool,
 }
 
 impl JobShape {
@@ -212,6 +214,7 @@ impl JobShape {
             time_limit_secs: spec.time_limit_secs,
             requires: (!spec.requires.is_empty()).then(|| Arc::new(spec.requires.clone())),
             host: HostAsk::of(spec),
+            exclusive: spec.exclusive,
         }
     }
 }
@@ -232,7 +235,7 @@ impl PendingJob {
     /// Its requirements or its CPU and memory asks narrow the nodes and
     /// GPUs it may have.
     pub fn narrowed(&self) -> bool {
-        self.shape.requires.is_some() || self.shape.host.is_some()
+        self.shape.requires.is_some() || self.shape.host.is_some() || self.shape.exclusive
     }
 
     /// Its CPU and memory asks fit what `free` leaves (`None`: a node
@@ -513,7 +516,10 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         .filter(|p| p.preempted_for.is_some_and(|j| reclaim.has_claim(j)))
     {
         let claimant = view.pending.iter().find(|job| Some(job.id) == promise.preempted_for);
-        index.remove(&promise.placement, claimant.and_then(|job| job.shape.host));
+        index.remove(
+            &promise.placement,
+            claimant.map_or((None, false), |job| (job.shape.host, job.shape.exclusive)),
+        );
     }
     // Backfill: the first job that cannot start (nor reclaim GPUs) gets a
     // reservation, from when running jobs' time limits free enough GPUs;
@@ -612,6 +618,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
             class: std::ptr::from_ref(class) as usize,
             requires: job.shape.requires.as_deref(),
             host: job.shape.host,
+            exclusive: job.shape.exclusive,
             gpus_per_node: job.shape.gpus_per_node,
             nodes: job.shape.nodes,
             covered,
@@ -631,10 +638,10 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
             }]),
             Some(masked) if goes_around => masked
                 .place(job, policy)
-                .inspect(|placement| index.remove(placement, job.shape.host)),
+                .inspect(|placement| index.remove(placement, (job.shape.host, job.shape.exclusive))),
             Some(masked) => index
                 .place(job, policy)
-                .inspect(|placement| masked.remove(placement, job.shape.host)),
+                .inspect(|placement| masked.remove(placement, (job.shape.host, job.shape.exclusive))),
             None => index.place(job, policy),
         };
         match placed {
@@ -663,7 +670,12 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
                     let planned = reclaim.plan(job, covered, may_preempt, keep, &mut plan.preemptions);
                     lent.preempted(&plan.preemptions[victims_before..]);
                     if let Some((n_jobs, placement)) = planned {
-                        hold((&placement, job.shape.host), &mut index, masked.as_mut(), &mut reclaim);
+                        hold(
+                            (&placement, (job.shape.host, job.shape.exclusive)),
+                            &mut index,
+                            masked.as_mut(),
+                            &mut reclaim,
+                        );
                         used.in_use += gpus;
                         user_use.add(sharing, &job.user, &asks.team, &asks.qos, gpus);
                         if let Some(cover) = &cover {
@@ -726,7 +738,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
                         // less this cycle's starts and holds), as
                         // `reclaim.nodes()` does.
                         let mut without_reserved = index.clone();
-                        without_reserved.remove(&placement, job.shape.host);
+                        without_reserved.remove(&placement, (job.shape.host, job.shape.exclusive));
                         masked = Some(without_reserved);
                         reservation = Some(backfill::Reservation {
                             job: job.id,
@@ -839,8 +851,9 @@ struct ShapeKey<'v> {
     class: usize,
     /// Jobs with requirements are alike only if they have the same.
     requires: Option<&'v crate::model::Requirements>,
-    /// And the same CPU and memory asks.
+    /// And the same CPU and memory asks, and exclusivity.
     host: Option<HostAsk>,
+    exclusive: bool,
     gpus_per_node: u32,
     nodes: u32,
     covered: bool,
@@ -919,7 +932,7 @@ fn order_key(covered: bool, priority: f64, job: &PendingJob) -> (u128, u64) {
 /// Holds the free GPUs of a reclaiming job's placement for it, so that no
 /// later job of this cycle takes them.
 fn hold(
-    (placement, host): (&[NodePlacement], Option<HostAsk>),
+    (placement, host): (&[NodePlacement], (Option<HostAsk>, bool)),
     index: &mut FreeIndex,
     masked: Option<&mut FreeIndex>,
     reclaim: &mut preempt::Reclaimer,

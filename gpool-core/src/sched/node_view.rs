@@ -133,3 +133,58 @@ impl NodeView {
         }
     }
 }
+
+/// Whether `node`, of the job's pool, would have `gpus_per_node` free GPUs
+/// of one acceptable model once its GPUs `extra` are freed too.
+pub(super) fn room_on(
+    job: &super::PendingJob,
+    pool: Option<&crate::model::PoolDef>,
+    node: &NodeView,
+    extra: &[u32],
+) -> bool {
+    if node.availability != Availability::Up
+        || !pool.is_some_and(|pool| pool.selects(&node.labels))
+        || !job.allows_node(node)
+    {
+        return false;
+    }
+    if !job.allows_host(node.host_free(extra))
+        || (job.shape.exclusive && node.gpus.iter().any(|gpu| gpu.busy && !extra.contains(&gpu.index)))
+    {
+        return false;
+    }
+    let usable = |gpu: &GpuView| {
+        (!gpu.busy || extra.contains(&gpu.index))
+            && gpu.model.accepted_by(&job.shape.gpu_types)
+            && job.allows_memory(gpu.memory_mib)
+    };
+    let wanted = job.shape.gpus_per_node as usize;
+    // Most nodes have one model: counting is enough, without NVLink needs.
+    if job.nvlink() != crate::model::NvlinkNeed::Required {
+        let mut usable_gpus = node.gpus.iter().filter(|gpu| usable(gpu));
+        if let Some(first) = usable_gpus.next() {
+            let mut count = 1;
+            let one_model = usable_gpus.all(|gpu| {
+                count += 1;
+                gpu.model == first.model
+            });
+            if one_model {
+                return count >= wanted;
+            }
+        }
+    }
+    let mut by_model: Vec<(&crate::model::GpuModel, Vec<u32>)> = Vec::new();
+    for gpu in &node.gpus {
+        if usable(gpu) {
+            match by_model.iter_mut().find(|(model, _)| *model == &gpu.model) {
+                Some((_, free)) => free.push(gpu.index),
+                None => by_model.push((&gpu.model, vec![gpu.index])),
+            }
+        }
+    }
+    by_model.iter().any(|(_, free)| {
+        free.len() >= wanted
+            && (job.nvlink() != crate::model::NvlinkNeed::Required
+                || super::nvlink_set_in(&node.topology, free, wanted))
+    })
+}

@@ -21,7 +21,8 @@
 //! one victim serves one GPU of its job and a reserve never makes a job
 //! take more.
 
-use super::index::{room_on, FreeIndex};
+use super::index::FreeIndex;
+use super::node_view::room_on;
 use super::{ClusterView, FastHash, NodeView, PendingJob, Policy, Preemption, RunningJob};
 use crate::ids::{JobId, Timestamp};
 use crate::model::NodePlacement;

@@ -226,6 +226,9 @@ fn arb_view() -> impl Strategy<Value = ClusterView> {
                     if i % 3 == 0 {
                         line += " memgib=20";
                     }
+                    if i % 7 == 3 {
+                        line += " exclusive=yes";
+                    }
                     line
                 })
                 .collect();
@@ -251,6 +254,7 @@ proptest! {
         let jobs: BTreeMap<JobId, &PendingJob> = view.pending.iter().map(|j| (j.id, &**j)).collect();
         let nodes: BTreeMap<&str, &NodeView> = view.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let mut held: HashSet<(String, u32)> = HashSet::new();
+        let mut exclusive_nodes: HashSet<String> = HashSet::new();
         for start in &plan.starts {
             let job = jobs[&start.job];
             // Whole gang, distinct nodes, exact GPU count, one acceptable model.
@@ -264,7 +268,14 @@ proptest! {
                 if job.shape.pool == "x" {
                     prop_assert_eq!(node.labels.get("tier").map(String::as_str), Some("x"));
                 }
-                prop_assert_eq!(part.gpu_indices.len(), job.shape.gpus_per_node as usize);
+                if job.shape.exclusive {
+                    // A node with nothing running, all of whose GPUs of the model it takes.
+                    prop_assert!(node.gpus.iter().all(|gpu| !gpu.busy), "an exclusive job on a busy node");
+                    prop_assert!(part.gpu_indices.len() >= job.shape.gpus_per_node as usize);
+                    prop_assert!(exclusive_nodes.insert(part.node.clone()));
+                } else {
+                    prop_assert_eq!(part.gpu_indices.len(), job.shape.gpus_per_node as usize);
+                }
                 for gpu_idx in &part.gpu_indices {
                     let gpu = &node.gpus[*gpu_idx as usize];
                     prop_assert!(!gpu.busy, "GPU already busy");
@@ -274,6 +285,13 @@ proptest! {
             }
             prop_assert_eq!(models.len(), 1);
             prop_assert!(job.shape.gpu_types.is_empty() || job.shape.gpu_types.iter().any(|m| models.contains(m)));
+        }
+        // Nothing else starts on a node an exclusive job took.
+        for start in &plan.starts {
+            let exclusive = jobs[&start.job].shape.exclusive;
+            for part in start.placement.iter().filter(|_| !exclusive) {
+                prop_assert!(!exclusive_nodes.contains(&part.node), "a job joined an exclusive one");
+            }
         }
         // No node gives out more CPUs or memory than it has free.
         let mut asked: BTreeMap<&str, HostAsk> = BTreeMap::new();
@@ -547,6 +565,21 @@ fn a_job_is_not_judged_by_an_alike_job_that_asked_for_more_cpus() {
         expect![[r#"
             start j2 n1[2-3]
             pending j1: wants 2 GPUs on one node; none is free; counting only what its requirements allow: 6 free CPUs on each node; no start time can be foreseen: not every running job in its way has a time limit
+        "#]],
+    );
+}
+
+#[test]
+fn an_exclusive_job_takes_a_whole_idle_node_and_nothing_joins_it() {
+    // n1 runs something; j1 takes the smallest idle node whole, then j2
+    // finds no idle node left; j3 may not join j1 on n2.
+    check(
+        "n1 8xh100 used=0\nn2 4xh100\nn3 8xh100 used=0-3",
+        "j1 gpus=1 exclusive=yes\nj2 gpus=2 exclusive=yes\nj3 gpus=4 only=n2,n3",
+        expect![[r#"
+            start j1 n2[0-3]
+            start j3 n3[4-7]
+            pending j2: wants 2 GPUs on one node; none is free; counting only what its requirements allow: nodes with nothing else running (--exclusive); no start time can be foreseen: not every running job in its way has a time limit
         "#]],
     );
 }

@@ -214,6 +214,7 @@ impl Sim<'_> {
             time_limit_secs: job.time_limit_secs.or(self.default_limit_secs),
             requires: None,
             host: job.host,
+            exclusive: false,
         };
         let pending = PendingJob {
             id: JobId(index as u64 + 1),

@@ -449,6 +449,9 @@ pub struct JobSpec {
     /// It runs only while no other job of its user and name runs.
     #[prost(bool, tag = "23")]
     pub singleton: bool,
+    /// Its nodes run nothing else, and it gets every GPU of each (--exclusive).
+    #[prost(bool, tag = "39")]
+    pub exclusive: bool,
     /// Present for a job array: its task indices.
     #[prost(message, optional, tag = "24")]
     pub array: ::core::option::Option<ArraySpec>,
