@@ -642,3 +642,103 @@ fn reservations_keep_their_nodes_for_their_jobs_and_windows() {
         cluster.wait_for_state(id, "completed");
     }
 }
+
+/// CPUs and whole nodes in the shipped config's pool: nlp's low-QoS array
+/// of 2-GPU tasks asking 8 CPUs each fills the H100 nodes' CPUs (16 each)
+/// while half their GPUs stay free, and its last tasks wait for CPUs;
+/// vision's `--exclusive` job takes the L4 node whole; vision's guaranteed
+/// job that asks for CPUs takes back exactly one burst task, the one whose
+/// CPUs it needs, and runs where it freed them.
+#[test]
+fn a_guaranteed_job_short_of_cpus_takes_back_one_burst_task_beside_an_exclusive_job() {
+    let mut cluster = Cluster::with_config(&shipped_policy());
+    for (node, model, count, memory_mib, labels) in NODES.iter().filter(|n| n.0 != "a100-a") {
+        let top = format!(
+            "controller = \"{}\"\ncpus = {}\nmemory = \"64G\"\n",
+            cluster.addr,
+            if *model == "l4" { 8 } else { 16 }
+        );
+        cluster.spawn_agent(node, 0, &top, &agent_config(model, *count, *memory_mib, labels), None);
+        cluster.wait_for_registered(node);
+    }
+    let gpool = binary("gpool").display().to_string();
+    let nlp_task = format!(
+        "trap '{gpool} checkpoint; exit 0' USR1; touch nlp-$GPOOL_JOB_ID-$GPOOL_RESTART_COUNT; \
+         while [ ! -e release ]; do sleep 0.2; done"
+    );
+    cluster.submit(&[
+        "--team",
+        "nlp",
+        "--qos",
+        "low",
+        "-a",
+        "0-5",
+        "--gpus",
+        "2",
+        "--cpus-per-gpu",
+        "4",
+        "--gpu-type",
+        "h100",
+        "--",
+        "sh",
+        "-c",
+        &nlp_task,
+    ]);
+    wait_until(
+        "4 nlp tasks to run, 2 to wait for CPUs",
+        Duration::from_secs(60),
+        || {
+            let tasks = tasks(&cluster);
+            let started = std::fs::read_dir(cluster.dir.path())
+                .ok()?
+                .filter_map(Result::ok)
+                .filter(|entry| entry.file_name().to_string_lossy().starts_with("nlp-"))
+                .count();
+            // The array's record speaks for its waiting tasks.
+            let array = tasks.iter().find(|t| t["team"] == "nlp" && !t["array"].is_null())?;
+            let waiting_for_cpus =
+                array["array"]["waiting"] == 2 && array["reasons"].to_string().contains("8 free CPUs on each node");
+            (started == 4 && count(&tasks, "nlp", "running") == 4 && waiting_for_cpus).then_some(())
+        },
+    );
+    let whole = cluster.submit(&[
+        "--team",
+        "vision",
+        "--exclusive",
+        "--gpu-type",
+        "l4",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES > l4-visible; while [ ! -e release ]; do sleep 0.2; done",
+    ]);
+    cluster.wait_for_state(whole, "running");
+    let visible = wait_until("the exclusive job's GPUs", Duration::from_secs(20), || {
+        std::fs::read_to_string(cluster.dir.path().join("l4-visible")).ok()
+    });
+    assert_eq!(visible.trim(), "0,1,2,3", "every L4 of the node");
+    // 8 H100 GPUs are free, but no CPUs beside them.
+    let reclaiming = cluster.submit(&[
+        "--team",
+        "vision",
+        "--gpus",
+        "2",
+        "--cpus-per-gpu",
+        "4",
+        "--gpu-type",
+        "h100",
+        "--",
+        "sh",
+        "-c",
+        "while [ ! -e release ]; do sleep 0.2; done",
+    ]);
+    cluster.wait_for_state(reclaiming, "running");
+    std::thread::sleep(Duration::from_secs(3));
+    let tasks = tasks(&cluster);
+    assert_eq!(preemptions(&tasks, "nlp"), 1, "one victim: {tasks:?}");
+    let victim = tasks.iter().find(|t| t["n_preemptions"] == 1).expect("the victim");
+    assert_eq!(victim["requeue_cause"], "preempted", "{victim}");
+    let job = cluster.job(reclaiming);
+    assert_eq!(job["burst"], false, "vision's job runs guaranteed: {job}");
+    std::fs::write(cluster.dir.path().join("release"), "").expect("release");
+}
