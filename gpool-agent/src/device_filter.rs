@@ -136,18 +136,27 @@ fn bpf<T>(command: libc::c_long, attr: &mut T) -> std::io::Result<i64> {
 pub fn attach(dir: &Path, deny: &[(u32, u32)]) -> Result<(), String> {
     let program = program(deny);
     let license = c"GPL";
-    let mut log = vec![0u8; 4096];
-    let mut load = LoadAttr {
-        prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
-        insn_cnt: program.len() as u32,
-        insns: program.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
-        ..LoadAttr::default()
+    let load = |log: &mut [u8]| {
+        let mut attr = LoadAttr {
+            prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
+            insn_cnt: program.len() as u32,
+            insns: program.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level: u32::from(!log.is_empty()),
+            log_size: log.len() as u32,
+            // No log: no buffer at all (the kernel refuses one without a level).
+            log_buf: if log.is_empty() { 0 } else { log.as_mut_ptr() as u64 },
+            ..LoadAttr::default()
+        };
+        bpf(BPF_PROG_LOAD, &mut attr)
     };
-    let prog = bpf(BPF_PROG_LOAD, &mut load).map_err(|err| {
+    // Without a log first: a verifier's log that fills its buffer fails
+    // the load of a good program (ENOSPC). Only a refused program is
+    // loaded again for the verifier's words.
+    let prog = load(&mut []).map_err(|err| {
+        let mut log = vec![0u8; 1 << 16];
+        // SAFETY: a descriptor the kernel returned to us alone, closed here.
+        drop(load(&mut log).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as i32) }));
         let said = String::from_utf8_lossy(&log);
         let said = said.trim_end_matches('\0').trim();
         if said.is_empty() {
@@ -248,7 +257,9 @@ mod tests {
             )
             .unwrap();
         }
-        attach(&cgroup, &[(195, 1)]).unwrap();
+        // Every other minor of a 64-GPU node: no verifier's log to fill.
+        let others: Vec<(u32, u32)> = (1..64).map(|minor| (195, minor)).collect();
+        attach(&cgroup, &others).unwrap();
         let procs = cgroup.join("cgroup.procs");
         let opened = |minor: u32| {
             let mut command = std::process::Command::new("sh");

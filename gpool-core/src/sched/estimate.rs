@@ -60,7 +60,7 @@ pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: us
             };
             estimates.insert(job.id, at);
             for part in &start.placement {
-                set_busy(&mut view, &part.node, &part.gpu_indices, true);
+                set_busy(&mut view, &part.node, &part.gpu_indices, Some(job.shape.host));
             }
             view.running.push(RunningJob::started(
                 &job,
@@ -93,7 +93,7 @@ pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: us
         view.running = running;
         for job in ended {
             for part in &job.placement {
-                set_busy(&mut view, &part.node, &part.gpu_indices, false);
+                set_busy(&mut view, &part.node, &part.gpu_indices, None);
             }
         }
         // Promises end with their victims: all ended by now in this play.
@@ -102,11 +102,13 @@ pub fn starts(view: &ClusterView, policy: &Policy, now: Timestamp, max_steps: us
     estimates
 }
 
-fn set_busy(view: &mut ClusterView, node: &str, gpus: &[u32], busy: bool) {
+/// Marks `gpus` busy for a start, with the CPUs and memory it asks for
+/// (`Some`), or free at an end, with theirs (`None`).
+fn set_busy(view: &mut ClusterView, node: &str, gpus: &[u32], started: Option<Option<crate::sched::HostAsk>>) {
     if let Some(node) = view.nodes.iter_mut().find(|n| n.name == node) {
-        // The view holds GPUs in service only: by index, not position.
-        for gpu in node.gpus.iter_mut().filter(|gpu| gpus.contains(&gpu.index)) {
-            gpu.busy = busy;
+        match started {
+            Some(ask) => node.occupy(gpus, ask),
+            None => node.release(gpus),
         }
     }
 }

@@ -183,13 +183,17 @@ impl<'v> FreeIndex<'v> {
         Ok(groups.into_iter().map(|g| self.take(g, job)).collect())
     }
 
-    /// Nothing runs on the node: every GPU of it is free.
+    /// Nothing runs on the node: every GPU of it is free, and no attempt
+    /// holds its CPUs or memory (one on a GPU out of service).
     fn idle(&self, node_idx: usize) -> bool {
         self.groups_of_node.get(&node_idx).is_some_and(|groups| {
             groups
                 .iter()
                 .all(|g| self.groups[*g].free.len() == self.groups[*g].size)
-        })
+        }) && self.nodes[node_idx]
+            .host
+            .as_ref()
+            .is_none_or(|host| host.held.is_empty())
     }
 
     /// No GPU of the node is free any more (an exclusive job runs there).

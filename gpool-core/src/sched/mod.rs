@@ -509,17 +509,17 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         .collect();
     let mut reclaim = preempt::Reclaimer::new(view, policy, &fair, now, &entitled);
     let mut lent = lent::Lent::of(view, policy, now);
-    // GPUs promised to a waiting job are not free to others.
+    // GPUs promised to a waiting job are not free to others (CPUs: `hold`).
     for promise in view
         .promised
         .iter()
         .filter(|p| p.preempted_for.is_some_and(|j| reclaim.has_claim(j)))
     {
-        let claimant = view.pending.iter().find(|job| Some(job.id) == promise.preempted_for);
-        index.remove(
-            &promise.placement,
-            claimant.map_or((None, false), |job| (job.shape.host, job.shape.exclusive)),
-        );
+        let excl = view
+            .pending
+            .iter()
+            .any(|j| Some(j.id) == promise.preempted_for && j.shape.exclusive);
+        index.remove(&promise.placement, (None, excl));
     }
     // Backfill: the first job that cannot start (nor reclaim GPUs) gets a
     // reservation, from when running jobs' time limits free enough GPUs;
@@ -646,7 +646,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         };
         match placed {
             Ok(placement) => {
-                reclaim.taken(&placement);
+                reclaim.taken(&placement, job.shape.host);
                 ends.push((ends_at, placement.clone()));
                 used.in_use += gpus;
                 user_use.add(sharing, &job.user, &asks.team, &asks.qos, gpus);
@@ -941,7 +941,7 @@ fn hold(
     if let Some(masked) = masked {
         masked.remove(placement, host);
     }
-    reclaim.taken(placement);
+    reclaim.taken(placement, host.0);
 }
 
 /// Which guarantee `gpus` more GPUs of `team` in `pool`, of `gpu_types`,

@@ -45,6 +45,26 @@ impl HostAsk {
         (ask != HostAsk::default()).then_some(ask)
     }
 
+    /// `ask` with what it leaves out (0) from `defaults`, a pool's, as
+    /// gpoold fills them in at submit.
+    pub fn or_defaults(ask: Option<HostAsk>, defaults: &crate::model::PoolDefaults, gpus: u32) -> Option<HostAsk> {
+        let ask = ask.unwrap_or_default();
+        let per_node = |per_gpu: Option<u64>| per_gpu.unwrap_or(0).saturating_mul(u64::from(gpus.max(1)));
+        let filled = HostAsk {
+            cpus: if ask.cpus > 0 {
+                ask.cpus
+            } else {
+                per_node(defaults.cpus_per_gpu.map(u64::from))
+            },
+            memory_bytes: if ask.memory_bytes > 0 {
+                ask.memory_bytes
+            } else {
+                per_node(defaults.mem_per_gpu_bytes)
+            },
+        };
+        (filled != HostAsk::default()).then_some(filled)
+    }
+
     pub fn fits_in(&self, free: HostAsk) -> bool {
         self.cpus <= free.cpus && self.memory_bytes <= free.memory_bytes
     }
@@ -72,6 +92,31 @@ pub struct HostHold {
 }
 
 impl NodeView {
+    /// Marks `gpus` busy for an attempt that holds `ask` of the node's CPUs
+    /// and memory (beside what attempts still ending on them hold).
+    pub fn occupy(&mut self, gpus: &[u32], ask: Option<HostAsk>) {
+        for gpu in self.gpus.iter_mut().filter(|gpu| gpus.contains(&gpu.index)) {
+            gpu.busy = true;
+        }
+        if let (Some(host), Some(ask)) = (self.host.as_mut(), ask) {
+            host.held.push(HostHold {
+                gpus: gpus.to_vec(),
+                ask,
+            });
+        }
+    }
+
+    /// Marks `gpus` free, with the CPUs and memory of the attempt on them.
+    pub fn release(&mut self, gpus: &[u32]) {
+        // The view holds GPUs in service only: by index, not position.
+        for gpu in self.gpus.iter_mut().filter(|gpu| gpus.contains(&gpu.index)) {
+            gpu.busy = false;
+        }
+        if let Some(host) = self.host.as_mut() {
+            host.held.retain(|hold| !hold.gpus.iter().any(|gpu| gpus.contains(gpu)));
+        }
+    }
+
     /// Its free CPUs and memory once the attempts on the GPUs `freed` end
     /// (`None`: not known, so not limiting). An attempt's hold ends with
     /// its GPUs: where every GPU it holds is free in the view (or freed),
@@ -149,7 +194,13 @@ pub(super) fn room_on(
         return false;
     }
     if !job.allows_host(node.host_free(extra))
-        || (job.shape.exclusive && node.gpus.iter().any(|gpu| gpu.busy && !extra.contains(&gpu.index)))
+        || (job.shape.exclusive
+            && (node.gpus.iter().any(|gpu| gpu.busy && !extra.contains(&gpu.index))
+                || node.host.as_ref().is_some_and(|host| {
+                    host.held
+                        .iter()
+                        .any(|hold| !hold.gpus.iter().all(|gpu| extra.contains(gpu)))
+                })))
     {
         return false;
     }

@@ -122,7 +122,7 @@ impl<'v> Reclaimer<'v> {
         // Promised GPUs are free, but no other job's: busy to everyone else.
         for promise in &view.promised {
             if reclaimer.owner.contains_key(&address(promise)) {
-                reclaimer.taken(&promise.placement);
+                reclaimer.taken(&promise.placement, None);
             }
         }
         reclaimer
@@ -169,16 +169,12 @@ impl<'v> Reclaimer<'v> {
         &self.nodes
     }
 
-    /// Records a start of this cycle.
-    pub(super) fn taken(&mut self, placement: &[NodePlacement]) {
+    /// Records a start of this cycle, with the CPUs and memory it takes.
+    pub(super) fn taken(&mut self, placement: &[NodePlacement], host: Option<crate::sched::HostAsk>) {
         for part in placement {
             if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
                 let node = &mut self.nodes[*node_idx];
-                for gpu in &mut node.gpus {
-                    if part.gpu_indices.contains(&gpu.index) {
-                        gpu.busy = true;
-                    }
-                }
+                node.occupy(&part.gpu_indices, host);
                 if node.gpus.iter().all(|gpu| gpu.busy) {
                     self.with_free.remove(node_idx);
                 }

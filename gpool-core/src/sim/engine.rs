@@ -206,14 +206,17 @@ impl Sim<'_> {
             team: job.team.as_str().into(),
             reservation: Default::default(),
             qos: job.qos.as_str().into(),
-            pool: pool.into(),
+            pool: pool.as_str().into(),
             gpu_types: job.gpu_types.clone(),
             gpus_per_node: job.gpus_per_node,
             nodes: job.nodes,
             priority: 0,
             time_limit_secs: job.time_limit_secs.or(self.default_limit_secs),
             requires: None,
-            host: job.host,
+            host: match self.setup.policy.pool(&pool) {
+                Some(def) => crate::sched::HostAsk::or_defaults(job.host, &def.defaults, job.gpus_per_node),
+                None => job.host,
+            },
             exclusive: false,
         };
         let pending = PendingJob {
@@ -574,15 +577,9 @@ impl Sim<'_> {
     /// (`Some`), or free at an end, with theirs (`None`).
     fn set_busy(&mut self, node: &str, gpus: &[u32], started: Option<Option<crate::sched::HostAsk>>) {
         if let Some(view) = self.node_index.get(node).map(|i| &mut self.view.nodes[*i]) {
-            for gpu in view.gpus.iter_mut().filter(|gpu| gpus.contains(&gpu.index)) {
-                gpu.busy = started.is_some();
-            }
-            if let Some(host) = view.host.as_mut() {
-                host.held.retain(|hold| !hold.gpus.iter().any(|gpu| gpus.contains(gpu)));
-                host.held.extend(started.flatten().map(|ask| crate::sched::HostHold {
-                    gpus: gpus.to_vec(),
-                    ask,
-                }));
+            match started {
+                Some(ask) => view.occupy(gpus, ask),
+                None => view.release(gpus),
             }
         }
     }

@@ -639,4 +639,13 @@ fn cpus_a_node_gave_out_hold_in_the_simulator() {
     assert_eq!(delays(&outcome), (100.0 / 3.0, 100.0, 3));
     assert_eq!(outcome.completed, 3);
     assert_eq!(outcome.overcommits, 0);
+    // A pool's default_cpus_per_gpu holds too: the third job, which asks
+    // for none, takes 6 for each GPU (12), so it waits for the first and
+    // then for the second (8 + 12 > 16): waits 0, 100 and 200 s.
+    let mut policy = sharing_policy(&cluster, &guarantees);
+    for pool in &mut policy.pools {
+        pool.defaults.cpus_per_gpu = Some(6);
+    }
+    let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
+    assert_eq!(delays(&outcome), (100.0, 200.0, 3));
 }

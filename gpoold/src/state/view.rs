@@ -158,9 +158,14 @@ impl State {
     pub(super) fn node_views(&self, running: &[&Job]) -> Vec<NodeView> {
         let mut busy: HashMap<&str, Vec<u32>> = HashMap::new();
         let mut held: HashMap<&str, Vec<gpool_core::sched::HostHold>> = HashMap::new();
+        // Nodes an --exclusive job runs on: all their GPUs are busy.
+        let mut whole: std::collections::HashSet<&str> = std::collections::HashSet::new();
         for job in running {
             if let JobState::Running { placement, .. } = &job.state {
                 let ask = gpool_core::sched::HostAsk::of(&job.spec);
+                if job.spec.exclusive {
+                    whole.extend(placement.iter().map(|part| part.node.as_str()));
+                }
                 for part in placement {
                     busy.entry(part.node.as_str()).or_default().extend(&part.gpu_indices);
                     if let Some(ask) = ask {
@@ -180,6 +185,9 @@ impl State {
                 let mut view = NodeView::from_node(node, busy.get(node.name.as_str()).map_or(&[], Vec::as_slice));
                 if let (Some(host), Some(holds)) = (view.host.as_mut(), held.remove(node.name.as_str())) {
                     host.held = holds;
+                }
+                if whole.contains(node.name.as_str()) {
+                    view.gpus.iter_mut().for_each(|gpu| gpu.busy = true);
                 }
                 if !self.is_linked(&node.name) {
                     view.availability = gpool_core::sched::Availability::Down;
