@@ -9,7 +9,7 @@ const MAX_LINES: usize = 600;
 
 /// Files over the limit, and the most lines each may have.
 const OVER_THE_LIMIT: &[(&str, usize)] = &[
-    ("gpoold/src/api/pool.rs", 1121),
+    ("gpoold/src/api/pool.rs", 1112),
     ("bench/src/main.rs", 1128),
     ("gpool-agent/src/launch.rs", 1094),
     ("gpool-core/src/sched/mod.rs", 999),

@@ -20,6 +20,7 @@ pub(super) fn reservation_from_file(
         end: file.end,
         users: file.users,
         teams: file.teams,
+        gpus: 0,
     };
     // Times in gpoold.toml are dates, never relative to a moment.
     gpool_core::sched::reservations::Reservation::define(definition, None)

@@ -130,6 +130,21 @@ fn dependency_from_wire(dependency: &pb::Dependency) -> Dependency {
     }
 }
 
+/// A reservation to make, as `gpool reservation create` asks for it.
+pub fn reservation_from_wire(request: pb::CreateReservationRequest) -> gpool_core::sched::reservations::Definition {
+    let none_if_empty = |text: String| (!text.is_empty()).then_some(text);
+    gpool_core::sched::reservations::Definition {
+        name: request.name,
+        nodes: request.nodes,
+        start: request.start,
+        duration: none_if_empty(request.duration),
+        end: none_if_empty(request.end),
+        users: request.users,
+        teams: request.teams,
+        gpus: request.gpus,
+    }
+}
+
 pub fn env_to_wire(env: &[(String, String)]) -> Vec<pb::EnvVar> {
     env.iter()
         .map(|(name, value)| pb::EnvVar {

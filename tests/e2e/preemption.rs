@@ -500,6 +500,43 @@ fn an_admin_creates_and_deletes_a_reservation_that_survives_a_restart() {
         assert_ne!(refused.code, 0, "{args:?}");
         assert!(refused.stderr.contains(expected), "{args:?}: {}", refused.stderr);
     }
+    // By GPU count: the fewest nodes free for the window (h100-b is the
+    // event's): the largest, then the smallest that covers the rest.
+    let by_gpus = cluster
+        .gpool(&[
+            "reservation",
+            "create",
+            "gpu12",
+            "--gpus",
+            "12",
+            "--start",
+            "now",
+            "--duration",
+            "1h",
+            "--output",
+            "json",
+        ])
+        .json();
+    assert_eq!(by_gpus[0]["nodes"], serde_json::json!(["a100-a", "l4-a"]), "{by_gpus}");
+    let too_many = cluster.gpool(&[
+        "reservation",
+        "create",
+        "big",
+        "--gpus",
+        "100",
+        "--start",
+        "now",
+        "--duration",
+        "1h",
+    ]);
+    assert!(
+        too_many
+            .stderr
+            .contains("gpus: only 8 GPUs are on nodes free for the window; 100 were asked"),
+        "{}",
+        too_many.stderr
+    );
+    cluster.gpool(&["reservation", "delete", "gpu12"]).ok();
     let hold = "while [ ! -e release ]; do sleep 0.2; done";
     runs_in_the_event(&cluster, hold);
     // An H100 job outside it, limited past its close, goes to the other H100.

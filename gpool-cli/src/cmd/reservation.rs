@@ -16,8 +16,17 @@ pub enum ReservationCommand {
         /// Letters, digits, '.', '_' and '-'.
         name: String,
         /// The nodes it keeps (comma-separated or repeated).
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            required_unless_present = "gpus",
+            conflicts_with = "gpus"
+        )]
         nodes: Vec<String>,
+        /// Or this many GPUs: gpoold keeps the fewest nodes that have them,
+        /// up, undrained and in no other reservation of the window.
+        #[arg(long, value_name = "N")]
+        gpus: Option<u32>,
         /// When it opens: a date (2026-12-01T08:00:00Z), `now` or `now+2h`.
         #[arg(long)]
         start: String,
@@ -55,8 +64,10 @@ pub async fn run(ctx: &Ctx, command: ReservationCommand) -> Result<(), CliError>
             end,
             users,
             teams,
+            gpus,
         } => {
             let request = pb::CreateReservationRequest {
+                gpus: gpus.unwrap_or(0),
                 name,
                 nodes,
                 start,

@@ -36,6 +36,8 @@ pub struct Definition {
     pub end: Option<String>,
     pub users: Vec<String>,
     pub teams: Vec<String>,
+    /// Instead of `nodes`: this many GPUs, on nodes `choose_nodes` picks.
+    pub gpus: u32,
 }
 
 impl Reservation {
@@ -53,8 +55,10 @@ impl Reservation {
         if !name_ok {
             return Err(("name", format!("{name:?} is not letters, digits, '.', '_' and '-'")));
         }
-        if nodes.is_empty() {
-            return Err(("nodes", format!("reservation {name} names no node")));
+        match (nodes.is_empty(), definition.gpus) {
+            (true, 0) => return Err(("nodes", format!("reservation {name} names no node (or GPU count)"))),
+            (false, gpus) if gpus > 0 => return Err(("gpus", "give nodes or a GPU count, not both".into())),
+            _ => {}
         }
         let moment = |field: &'static str, text: &str| match (crate::model::Begin::parse(text), now) {
             (Ok(crate::model::Begin::At(at)), _) => Ok(at),
@@ -114,6 +118,46 @@ impl Reservation {
         if self.end <= now {
             return Err(("end", format!("reservation {} would end in the past", self.name)));
         }
+        Ok(())
+    }
+
+    /// Its nodes, for a reservation of `gpus` GPUs: nodes that are up, not
+    /// drained and in no other reservation overlapping its window, the
+    /// largest first, the last the smallest that covers what is left (then
+    /// by name); else why not.
+    pub fn choose_nodes(
+        &mut self,
+        gpus: u32,
+        nodes: &[&crate::model::Node],
+        existing: &[Reservation],
+    ) -> Result<(), (&'static str, String)> {
+        let taken = |node: &str| {
+            existing
+                .iter()
+                .any(|r| r.start < self.end && self.start < r.end && r.nodes.iter().any(|n| n == node))
+        };
+        let mut free: Vec<(u32, &str)> = nodes
+            .iter()
+            .filter(|node| node.alive && node.drain_reason.is_none() && !taken(&node.name))
+            .map(|node| (node.gpus_in_service().count() as u32, node.name.as_str()))
+            .filter(|(n, _)| *n > 0)
+            .collect();
+        free.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+        let mut left = gpus;
+        while left > 0 {
+            // The smallest node that covers the rest, else the largest.
+            let pick = free.iter().rposition(|(n, _)| *n >= left).unwrap_or(0);
+            let Some((n, name)) = (pick < free.len()).then(|| free.remove(pick)) else {
+                let had = gpus - left;
+                return Err((
+                    "gpus",
+                    format!("only {had} GPUs are on nodes free for the window; {gpus} were asked"),
+                ));
+            };
+            self.nodes.push(name.to_string());
+            left = left.saturating_sub(n);
+        }
+        self.nodes.sort();
         Ok(())
     }
 
@@ -319,6 +363,7 @@ mod tests {
             end: None,
             users: Vec::new(),
             teams: vec!["vision".into()],
+            gpus: 0,
         };
         let now = Timestamp(1_800_000_000_000);
         let made = Reservation::define(definition("now+1h", Some("2h")), Some(now)).expect("valid");
@@ -461,5 +506,36 @@ mod tests {
         let (_, reasons) = plan.pending.iter().find(|(id, _)| id.0 == 1).expect("closed: j1 waits");
         assert_eq!(reasons[0].to_string(), "reservation event has ended or does not exist");
         assert!(plan.starts.iter().all(|s| s.job.0 == 2), "{plan}");
+    }
+
+    #[test]
+    fn a_reservation_by_gpu_count_takes_the_fewest_free_nodes() {
+        use crate::testing::node;
+        let mut down = node("n4", 8, "h100");
+        down.alive = false;
+        let mut drained = node("n5", 8, "h100");
+        drained.drain_reason = Some("maintenance".into());
+        let nodes = [node("n1", 8, "h100"), node("n2", 4, "l4"), node("n3", 8, "a100"), down, drained];
+        let nodes: Vec<&crate::model::Node> = nodes.iter().collect();
+        let window = |name: &str, nodes: &[&str], start: i64, end: i64| Reservation {
+            name: name.into(),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            start: Timestamp(start),
+            end: Timestamp(end),
+            users: Vec::new(),
+            teams: Vec::new(),
+        };
+        // n3 is another reservation's in an overlapping window; one that
+        // has closed by then leaves n1 free.
+        let existing = [window("a", &["n3"], 0, 2000), window("b", &["n1"], 0, 500)];
+        let mut wanted = window("w", &[], 1000, 3000);
+        wanted.choose_nodes(10, &nodes, &existing).unwrap();
+        assert_eq!(wanted.nodes, ["n1", "n2"], "8, then the smallest that covers 2");
+        let mut small = window("s", &[], 1000, 3000);
+        small.choose_nodes(3, &nodes, &existing).unwrap();
+        assert_eq!(small.nodes, ["n2"]);
+        let mut big = window("g", &[], 1000, 3000);
+        let err = big.choose_nodes(13, &nodes, &existing).unwrap_err();
+        assert_eq!(err, ("gpus", "only 12 GPUs are on nodes free for the window; 13 were asked".to_string()));
     }
 }

@@ -827,16 +827,7 @@ impl Pool for PoolService {
         let who = identity(&request)?;
         let request = request.into_inner();
         let object = format!("reservation {}", request.name);
-        let none_if_empty = |text: String| (!text.is_empty()).then_some(text);
-        let definition = gpool_core::sched::reservations::Definition {
-            name: request.name,
-            nodes: request.nodes,
-            start: request.start,
-            duration: none_if_empty(request.duration),
-            end: none_if_empty(request.end),
-            users: request.users,
-            teams: request.teams,
-        };
+        let definition = gpool_proto::convert::reservation_from_wire(request);
         let change = crate::state::ReservationChange::Create(definition);
         self.change_reservation(&who, change, "create", &object).await
     }

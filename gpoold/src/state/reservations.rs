@@ -51,8 +51,15 @@ impl State {
         let invalid = |field: &'static str, reason: String| Error::InvalidRequest { field, reason };
         let changed = match change {
             ReservationChange::Create(definition) => {
-                let reservation =
+                let gpus = definition.gpus;
+                let mut reservation =
                     Reservation::define(definition, Some(now)).map_err(|(field, reason)| invalid(field, reason))?;
+                if gpus > 0 {
+                    let nodes: Vec<&gpool_core::model::Node> = self.nodes.values().collect();
+                    reservation
+                        .choose_nodes(gpus, &nodes, &self.policy.reservations)
+                        .map_err(|(field, reason)| invalid(field, reason))?;
+                }
                 let known = |node: &str| self.nodes.contains_key(node);
                 reservation
                     .may_join(&self.policy.reservations, &known, now)

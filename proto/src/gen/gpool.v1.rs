@@ -18,6 +18,10 @@ pub struct CreateReservationRequest {
     pub users: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     #[prost(string, repeated, tag = "7")]
     pub teams: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Instead of nodes: this many GPUs, on the fewest nodes gpoold finds up,
+    /// undrained and in no other reservation of the window.
+    #[prost(uint32, tag = "8")]
+    pub gpus: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
