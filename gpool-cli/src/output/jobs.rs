@@ -386,7 +386,11 @@ pub fn job_cell(job: &pb::Job, column: &str, now_ms: i64) -> String {
         "team" => spec.team.clone(),
         "project" => spec.project.clone(),
         "state" => state_name(job.state()).to_string(),
-        "gpus" => spec.gpus.to_string(),
+        // An exclusive job's GPUs are its nodes' (all of each), once placed.
+        "gpus" => match job.placement.iter().map(|p| p.gpu_indices.len()).max() {
+            Some(held) if spec.exclusive => held.to_string(),
+            _ => spec.gpus.to_string(),
+        },
         "nodes" => spec.nodes.to_string(),
         "submitted" => rfc3339(job.submitted_at_ms),
         "start" => match (job.started_at_ms, job.estimated_start_ms) {

@@ -515,7 +515,13 @@ mod tests {
         down.alive = false;
         let mut drained = node("n5", 8, "h100");
         drained.drain_reason = Some("maintenance".into());
-        let nodes = [node("n1", 8, "h100"), node("n2", 4, "l4"), node("n3", 8, "a100"), down, drained];
+        let nodes = [
+            node("n1", 8, "h100"),
+            node("n2", 4, "l4"),
+            node("n3", 8, "a100"),
+            down,
+            drained,
+        ];
         let nodes: Vec<&crate::model::Node> = nodes.iter().collect();
         let window = |name: &str, nodes: &[&str], start: i64, end: i64| Reservation {
             name: name.into(),
@@ -536,6 +542,12 @@ mod tests {
         assert_eq!(small.nodes, ["n2"]);
         let mut big = window("g", &[], 1000, 3000);
         let err = big.choose_nodes(13, &nodes, &existing).unwrap_err();
-        assert_eq!(err, ("gpus", "only 12 GPUs are on nodes free for the window; 13 were asked".to_string()));
+        assert_eq!(
+            err,
+            (
+                "gpus",
+                "only 12 GPUs are on nodes free for the window; 13 were asked".to_string()
+            )
+        );
     }
 }
