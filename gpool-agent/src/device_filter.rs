@@ -259,7 +259,16 @@ mod tests {
         }
         // Every other minor of a 64-GPU node: no verifier's log to fill.
         let others: Vec<(u32, u32)> = (1..64).map(|minor| (195, minor)).collect();
-        attach(&cgroup, &others).unwrap();
+        if let Err(err) = attach(&cgroup, &others) {
+            let _ = std::fs::remove_dir(&cgroup);
+            // A sandbox that forbids bpf(2) to root (seccomp): the agent
+            // then says so and labels the node cgroup-no-devices.
+            if err.contains("Operation not permitted") || err.contains("Function not implemented") {
+                eprintln!("skipped: this host refuses BPF programs: {err}");
+                return;
+            }
+            panic!("{err}");
+        }
         let procs = cgroup.join("cgroup.procs");
         let opened = |minor: u32| {
             let mut command = std::process::Command::new("sh");
