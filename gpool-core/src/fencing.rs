@@ -20,9 +20,55 @@ pub fn lease_terms(node_timeout_ms: i64) -> LeaseTerms {
     }
 }
 
+/// Whether an agent that registers as a node may take the node's link
+/// over. Yes where no link is live (`silent_ms`: how long the link gpoold
+/// has has been silent, `None` for none) past what its lease and grace let
+/// its attempts run, or where the same boot registers again (its agent
+/// restarted). No where an agent of another boot (another host) still
+/// holds it: two agents share the node name, and taking the node from the
+/// one that runs its attempts would run them twice.
+pub fn may_take_over(
+    silent_ms: Option<i64>,
+    held_by_boot: &str,
+    boot: &str,
+    node_timeout_ms: i64,
+) -> Result<(), String> {
+    let terms = lease_terms(node_timeout_ms);
+    let runs_for_ms = i64::from(terms.fence_after_ms) + i64::from(terms.grace_ms);
+    match silent_ms {
+        Some(silent) if silent < runs_for_ms && !held_by_boot.is_empty() && held_by_boot != boot => Err(format!(
+            "the node is held by an agent of another boot ({held_by_boot}, heard from {}s ago), not this one ({boot}): \
+             do two hosts share this node_name? this agent may register once that one has been silent for {}s",
+            silent / 1000,
+            runs_for_ms / 1000
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_of_another_boot_may_not_take_a_live_node_over() {
+        let timeout = 30_000;
+        assert!(may_take_over(None, "boot-a", "boot-b", timeout).is_ok(), "no link");
+        assert!(
+            may_take_over(Some(1_000), "boot-a", "boot-a", timeout).is_ok(),
+            "the agent restarted"
+        );
+        let err = may_take_over(Some(1_000), "boot-a", "boot-b", timeout).unwrap_err();
+        assert!(err.contains("do two hosts share this node_name?"), "{err}");
+        // Past the lease and its grace (15 s + 7.5 s) the other agent has
+        // stopped its attempts: a node that rebooted takes its name back.
+        assert!(may_take_over(Some(22_500), "boot-a", "boot-b", timeout).is_ok());
+        assert!(may_take_over(Some(22_499), "boot-a", "boot-b", timeout).is_err());
+        assert!(
+            may_take_over(Some(1_000), "", "boot-b", timeout).is_ok(),
+            "an agent that gave no boot id"
+        );
+    }
 
     #[test]
     fn stopped_before_the_node_is_given_up_with_a_quarter_to_spare() {

@@ -2,9 +2,10 @@
 //! and their Launch messages, attempt events, and nodes that go silent.
 
 use super::{AgentConn, AgentEvent, AttemptOutcome, Batch, PendingReply, State, Write};
+use crate::error::Error;
 use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
+use gpool_core::model::Node;
 use gpool_core::model::RequeueCause;
-use gpool_core::model::{Node, NodePlacement};
 use gpool_core::sched::Start;
 use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
@@ -140,76 +141,6 @@ impl State {
         })
     }
 
-    fn launch_messages(
-        &self,
-        job_id: JobId,
-        epoch: Epoch,
-        placement: &[NodePlacement],
-    ) -> Vec<(String, pb::ControllerMessage)> {
-        let Some(job) = self.jobs.get(&job_id) else {
-            return Vec::new();
-        };
-        let master_addr = placement
-            .first()
-            .and_then(|rank0| self.links.get(&rank0.node))
-            .map_or_else(String::new, |conn| conn.ip.clone());
-        placement
-            .iter()
-            .enumerate()
-            .map(|(rank, part)| {
-                let launch = pb::Launch {
-                    job_id: job_id.0,
-                    epoch: epoch.0,
-                    attempt: job.n_attempts,
-                    command: job.spec.command.clone(),
-                    env: gpool_proto::convert::env_to_wire(&job.spec.env)
-                        .into_iter()
-                        .chain([pb::EnvVar {
-                            // Lets `gpool` inside the job act as its owner,
-                            // for as long as this attempt runs.
-                            name: "GPOOL_TOKEN".into(),
-                            value: gpool_core::auth::token::job_token_text(&self.token_key, job_id, epoch),
-                        }])
-                        .collect(),
-                    workdir: job.spec.workdir.clone(),
-                    gpu_indices: part.gpu_indices.clone(),
-                    time_limit: job.time_left_secs().map(|seconds| pb::Duration { seconds }),
-                    num_nodes: placement.len() as u32,
-                    node_rank: rank as u32,
-                    master_addr: master_addr.clone(),
-                    // A port per job, below the ephemeral range.
-                    master_port: 20_000 + (job_id.0 % 10_000) as u32,
-                    discard_output: job.spec.discard_output,
-                    user: job.user.to_string(),
-                    image: job.spec.image.clone(),
-                    mem_bytes: job.spec.mem_bytes.unwrap_or(0),
-                    max_output_bytes: job.spec.max_output_bytes.unwrap_or(0),
-                    script: job.spec.script.as_ref().map(|script| pb::BatchScript {
-                        text: script.text.clone(),
-                        at: script.at,
-                    }),
-                    cpus_per_gpu: job.spec.cpus_per_gpu.unwrap_or(0),
-                    requeue: job.spec.requeue,
-                    // The signal and grace preemption would give it.
-                    checkpoint_signal: job
-                        .spec
-                        .checkpoint_signal
-                        .unwrap_or(super::sharing::DEFAULT_CHECKPOINT_SIGNAL),
-                    grace_seconds: self.grace_secs(job_id).min(u64::from(u32::MAX)) as u32,
-                    array_job_id: job.array_task.map_or(0, |task| task.array.0),
-                    array_task_index: job.array_task.map(|task| task.index),
-                    stdout_path: job.spec.stdout_path.clone(),
-                    stderr_path: job.spec.stderr_path.clone(),
-                    job_name: job.spec.name.clone(),
-                };
-                let message = pb::ControllerMessage {
-                    msg: Some(pb::controller_message::Msg::Launch(launch)),
-                };
-                (part.node.clone(), message)
-            })
-            .collect()
-    }
-
     /// An agent (re)connected: record its node, apply what ended while it was
     /// away, then reconcile. Attempts it runs that are not wanted are killed;
     /// attempts this controller thinks run there but the agent neither runs
@@ -222,8 +153,23 @@ impl State {
         conn: AgentConn,
         now: Timestamp,
         out: &mut Batch,
-    ) {
+    ) -> Result<(), Error> {
         let name = node.name.clone();
+        let silent_ms = self
+            .links
+            .contains_key(&name)
+            .then(|| self.last_seen.get(&name).map(|seen| seen.elapsed().as_millis() as i64))
+            .flatten();
+        let held_by = self.nodes.get(&name).map_or("", |known| known.boot_id.as_str());
+        gpool_core::fencing::may_take_over(silent_ms, held_by, &node.boot_id, self.node_timeout_ms).map_err(
+            |reason| {
+                tracing::warn!(node = %name, "refusing an agent's registration: {reason}");
+                Error::InvalidRequest {
+                    field: "node",
+                    reason: format!("node {name}: {reason}"),
+                }
+            },
+        )?;
         let mut reset_by_reboot = Vec::new();
         // GPUs that left or joined since the node's last registration.
         let drift = self
@@ -304,6 +250,7 @@ impl State {
             self.lose_attempt(job_id, epoch, false, (RequeueCause::NodeLost, why), now, out);
         }
         self.apply_drift(&name, drift, now, out);
+        Ok(())
     }
 
     /// The epoch of `job`'s running attempt if it has a part on `node`.

@@ -11,6 +11,7 @@ pub mod archive;
 mod arrays;
 mod health;
 mod history;
+mod launch_wire;
 mod nodes;
 mod outbox;
 mod promises;
@@ -77,8 +78,7 @@ pub struct State {
     /// Nodes of running gangs whose rank already exited 0; not durable.
     gang_exits: HashMap<JobId, std::collections::HashSet<String>>,
     node_timeout_ms: i64,
-    /// When each down node went down (since this controller started); not
-    /// durable.
+    /// When each down node went down (since this controller started); not durable.
     down_since: HashMap<String, std::time::Instant>,
     forget_nodes_after: Option<std::time::Duration>,
     /// Ended jobs are removed this long after they ended; `None`: never.

@@ -295,10 +295,10 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             ended,
             conn,
             reply,
-        } => {
-            state.register_agent(node, running, ended, conn, now, out);
-            out.replies.push(deferred(reply, ()));
-        }
+        } => match state.register_agent(node, running, ended, conn, now, out) {
+            Ok(()) => out.replies.push(deferred(reply, ())),
+            Err(err) => drop(reply.send(Err(err))),
+        },
         Command::AgentHeartbeat {
             node,
             conn_id,
