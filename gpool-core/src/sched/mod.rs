@@ -647,6 +647,12 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
         match placed {
             Ok(placement) => {
                 reclaim.taken(&placement, job.shape.host);
+                // An exclusive job holds every GPU of its nodes.
+                let gpus = placement
+                    .iter()
+                    .map(|p| p.gpu_indices.len() as u64)
+                    .sum::<u64>()
+                    .max(gpus);
                 ends.push((ends_at, placement.clone()));
                 used.in_use += gpus;
                 user_use.add(sharing, &job.user, &asks.team, &asks.qos, gpus);
@@ -670,7 +676,7 @@ fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: b
                     let planned = reclaim.plan(job, covered, may_preempt, keep, &mut plan.preemptions);
                     lent.preempted(&plan.preemptions[victims_before..]);
                     if let Some((n_jobs, placement)) = planned {
-                        hold(
+                        preempt::hold(
                             (&placement, (job.shape.host, job.shape.exclusive)),
                             &mut index,
                             masked.as_mut(),
@@ -927,21 +933,6 @@ fn order_key(covered: bool, priority: f64, job: &PendingJob) -> (u128, u64) {
         (u128::from(!covered) << 127) | (u128::from(!ascending) << 63) | u128::from(submitted >> 1),
         (submitted << 63) | (job.id.0 & (u64::MAX >> 1)),
     )
-}
-
-/// Holds the free GPUs of a reclaiming job's placement for it, so that no
-/// later job of this cycle takes them.
-fn hold(
-    (placement, host): (&[NodePlacement], (Option<HostAsk>, bool)),
-    index: &mut FreeIndex,
-    masked: Option<&mut FreeIndex>,
-    reclaim: &mut preempt::Reclaimer,
-) {
-    index.remove(placement, host);
-    if let Some(masked) = masked {
-        masked.remove(placement, host);
-    }
-    reclaim.taken(placement, host.0);
 }
 
 /// Which guarantee `gpus` more GPUs of `team` in `pool`, of `gpu_types`,

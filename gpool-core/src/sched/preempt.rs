@@ -576,3 +576,18 @@ fn owners(view: &ClusterView, waiting: &HashSet<JobId, FastHash>) -> HashMap<usi
         })
         .collect()
 }
+
+/// Holds the free GPUs of a reclaiming job's placement for it, so that no
+/// later job of this cycle takes them.
+pub(super) fn hold(
+    (placement, host): (&[NodePlacement], (Option<crate::sched::HostAsk>, bool)),
+    index: &mut FreeIndex,
+    masked: Option<&mut FreeIndex>,
+    reclaim: &mut Reclaimer,
+) {
+    index.remove(placement, host);
+    if let Some(masked) = masked {
+        masked.remove(placement, host);
+    }
+    reclaim.taken(placement, host.0);
+}

@@ -1001,3 +1001,21 @@ fn a_job_short_of_cpus_reclaims_the_victim_whose_cpus_it_needs() {
         "#]],
     );
 }
+
+#[test]
+fn an_exclusive_job_counts_every_gpu_of_its_node_against_its_teams_cap() {
+    // Team c may hold 8 GPUs: j1 asks for 1 but takes the 8 of n1, so j2
+    // is over c's cap in the same cycle, though n2 has GPUs free.
+    let mut policy = policy();
+    policy.sharing.teams[2].max_gpus = Some(8);
+    check(
+        &policy,
+        "n1 8xh100\nn2 8xh100 used=0",
+        "",
+        "j1 team=c gpus=1 exclusive=yes\nj2 team=c gpus=1",
+        expect![[r#"
+            start j1 n1[0-7] (burst)
+            pending j2: team c is at its cap: 8 of at most 8 GPUs in use
+        "#]],
+    );
+}
