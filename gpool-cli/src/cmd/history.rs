@@ -147,10 +147,7 @@ fn as_trace(ended: &[pb::Job]) -> Vec<gpool_core::sim::TraceJob> {
                 checkpoint_every_secs: None,
                 qos: spec.qos.clone(),
                 checkpoint_on_signal: false,
-                host: (spec.cpus_per_gpu > 0 || spec.mem_bytes > 0).then(|| gpool_core::sched::HostAsk {
-                    cpus: u64::from(spec.cpus_per_gpu) * u64::from(spec.gpus.max(1)),
-                    memory_bytes: spec.mem_bytes,
-                }),
+                host: gpool_core::sched::HostAsk::of(&gpool_proto::convert::spec_from_wire(spec.clone())),
             })
         })
         .collect();
