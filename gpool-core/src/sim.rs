@@ -16,7 +16,7 @@ pub mod trace;
 pub use cluster::Cluster;
 pub use engine::{simulate, Observer, Options, Quiet};
 pub use outcome::{Dist, Outcome, Series, TeamOutcome};
-pub use trace::{Format, TraceJob};
+pub use trace::{Format, OnSignal, TraceJob};
 
 use crate::model::{GpuModel, PoolDef};
 use crate::policy::{Qos, Sharing, Team, Weights};

@@ -282,6 +282,43 @@ fn a_victim_that_exits_within_a_withdrawn_grace_is_requeued_not_completed() {
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
 
+/// A victim that does not handle its checkpoint signal (as most scripts
+/// do not) ends at it, as SIGUSR1's default action ends a process: its
+/// GPU is free at once, and the job it was taken for starts long before
+/// the victim's 60-second grace is over. `gpool sim` models trace jobs
+/// that say nothing else this way (`on_signal = exit`).
+#[test]
+fn a_victim_without_a_signal_handler_frees_its_gpu_at_once() {
+    let mut cluster = Cluster::with_config(&shipped_policy());
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    let nlp_task = "touch nlp-$GPOOL_JOB_ID-$GPOOL_RESTART_COUNT; while [ ! -e release ]; do sleep 0.2; done";
+    cluster.submit(&[
+        "--team", "nlp", "--qos", "low", "--grace", "60s", "-a", "0-23", "--", "sh", "-c", nlp_task,
+    ]);
+    wait_until("nlp's 24 tasks to run", Duration::from_secs(60), || {
+        (count(&tasks(&cluster), "nlp", "running") == 24).then_some(())
+    });
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    cluster.submit(&["--team", "vision", "-a", "0-3", "--", "sh", "-c", hold]);
+    wait_until("vision's 4 tasks to fill the fleet", Duration::from_secs(30), || {
+        (count(&tasks(&cluster), "vision", "running") == 4).then_some(())
+    });
+    let submitted = std::time::Instant::now();
+    let vision = cluster.submit(&["--team", "vision", "--", "sh", "-c", hold]);
+    cluster.wait_for_state(vision, "running");
+    let took = submitted.elapsed();
+    assert!(took < Duration::from_secs(45), "vision's job waited {took:?}");
+    let tasks = tasks(&cluster);
+    assert_eq!(preemptions(&tasks, "nlp"), 1);
+    let victim = tasks.iter().find(|t| t["n_preemptions"] == 1).expect("the victim");
+    assert_eq!(victim["requeue_cause"], "preempted", "{victim}");
+    let events = victim["events"].to_string();
+    assert!(events.contains("signal 10, 60 s to checkpoint"), "{events}");
+    std::fs::write(cluster.dir.path().join("release"), "").expect("release");
+}
+
 /// `line` without its terminal colour sequences (ESC [ ... m).
 fn without_colours(line: &str) -> String {
     let mut plain = String::with_capacity(line.len());

@@ -146,7 +146,7 @@ fn as_trace(ended: &[pb::Job]) -> Vec<gpool_core::sim::TraceJob> {
                 time_limit_secs: spec.time_limit.as_ref().map(|limit| limit.seconds),
                 checkpoint_every_secs: None,
                 qos: spec.qos.clone(),
-                checkpoint_on_signal: false,
+                on_signal: None,
                 host: gpool_core::sched::HostAsk::of(&gpool_proto::convert::spec_from_wire(spec.clone())),
             })
         })

@@ -47,6 +47,13 @@ pub struct SimArgs {
     /// preemption loses the work since); default: they write none.
     #[arg(long, value_parser = humantime::parse_duration)]
     checkpoint_every: Option<Duration>,
+    /// What jobs whose trace does not say do when preempted: `exit` (as a
+    /// process with no handler for its checkpoint signal does; the work
+    /// since its last checkpoint is lost and its GPUs are free at once),
+    /// `checkpoint` (it saves and exits) or `work_on` (it works on until
+    /// its grace is over).
+    #[arg(long, default_value = "exit", value_parser = parse_on_signal)]
+    on_signal: gpool_core::sim::OnSignal,
     /// While jobs wait, a cycle also runs this often on the virtual clock
     /// (besides one at every arrival and end), so that time-based decisions
     /// (age, budgets, minimum runtime before preemption) are taken at most
@@ -198,6 +205,9 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
         for job in jobs.iter_mut().filter(|job| job.checkpoint_every_secs.is_none()) {
             job.checkpoint_every_secs = Some(every.as_secs());
         }
+    }
+    for job in jobs.iter_mut().filter(|job| job.on_signal.is_none()) {
+        job.on_signal = Some(args.on_signal);
     }
     let (gpool_policy, guarantees, cluster) = match &args.policy {
         Some(path) => {
@@ -487,3 +497,8 @@ fn print_tables(
 }
 
 mod plot;
+
+fn parse_on_signal(text: &str) -> Result<gpool_core::sim::OnSignal, String> {
+    gpool_core::sim::OnSignal::parse(text)
+        .ok_or_else(|| format!("{text:?} is not {}", gpool_core::sim::OnSignal::WORDS))
+}

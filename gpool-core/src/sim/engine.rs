@@ -3,13 +3,13 @@
 //! `sched::cycle` deciding every start and preemption exactly as gpoold's
 //! scheduling loop does (the same window of the queue, the same fallback
 //! to the whole queue). Between cycles it does what gpoold's state task
-//! does: victims work on through their grace (or checkpoint and exit when
-//! signalled), the GPUs of a victim that ended are promised to the job it
+//! does: victims end at their checkpoint signal (saving their work or
+//! not) or work on through their grace, the GPUs of a victim that ended are promised to the job it
 //! was taken for, and preempted jobs wait again. In debug and test builds
 //! every plan is checked against `sched::invariants`.
 
 use super::outcome::{Collector, Outcome};
-use super::trace::TraceJob;
+use super::trace::{OnSignal, TraceJob};
 use super::Setup;
 use crate::ids::{Epoch, JobId, Timestamp};
 use crate::sched::{cycle, ClusterView, JobShape, PendingJob, Plan, Preemption, Queue, Reject, RunningJob, Start};
@@ -379,9 +379,9 @@ impl Sim<'_> {
         self.view.running.push(running);
     }
 
-    /// The preempted attempt gets its checkpoint signal now and is killed
-    /// when its grace (its QoS's) runs out, unless it ends first; a job that
-    /// checkpoints when signalled ends now.
+    /// The preempted attempt gets its checkpoint signal now. A job that
+    /// works on through it is killed when its grace (its QoS's) runs out,
+    /// unless it ends first; any other ends now, saving its work or not.
     fn signal(&mut self, preemption: &Preemption) {
         let now = self.now;
         let sharing = &self.setup.policy.sharing;
@@ -404,14 +404,18 @@ impl Sim<'_> {
             }
             return;
         }
-        let on_signal = self.jobs[running.id.0 as usize - 1].checkpoint_on_signal;
+        let on_signal = self.jobs[running.id.0 as usize - 1].on_signal.unwrap_or_default();
         let grace_secs = sharing.qos(&running.qos).map_or(60, |qos| qos.grace_secs);
         let grace_ms = grace_secs.min(sharing.max_grace_secs) as i64 * 1000;
-        let kill_at = if on_signal { now } else { Timestamp(now.0 + grace_ms) };
-        let waste = (now, if on_signal { 0.0 } else { preemption.lost_gpu_secs });
+        let kill_at = match on_signal {
+            OnSignal::WorkOn => Timestamp(now.0 + grace_ms),
+            OnSignal::Exit | OnSignal::Checkpoint => now,
+        };
+        let checkpointed = on_signal == OnSignal::Checkpoint;
+        let waste = (now, if checkpointed { 0.0 } else { preemption.lost_gpu_secs });
         self.recent_waste.push_back(waste);
         if let Some(attempt) = self.attempts.get_mut(&running.id).filter(|a| kill_at < a.ends_at) {
-            attempt.checkpointed_on_signal = on_signal;
+            attempt.checkpointed_on_signal = checkpointed;
             attempt.kill_at = Some((kill_at, waste));
             self.events
                 .push(Reverse((kill_at, Event::Kill(running.id, running.epoch))));
@@ -421,8 +425,8 @@ impl Sim<'_> {
     /// A victim in its grace is not needed any more: it was signalled, so
     /// it is still requeued if it ends within its grace (as gpoold does),
     /// but it is not killed when the grace is over, and the waste it was
-    /// charged is given back. Trace jobs that checkpoint on the signal
-    /// have ended by then.
+    /// charged is given back. Only jobs that work on through the signal
+    /// are still running then.
     fn rescind(&mut self, victim: JobId, epoch: Epoch) {
         let Some(running) = self
             .view

@@ -16,7 +16,8 @@ fn job(at: i64, secs: i64, gpus_per_node: u32, nodes: u32, team: &str) -> TraceJ
         time_limit_secs: None,
         checkpoint_every_secs: None,
         qos: String::new(),
-        checkpoint_on_signal: false,
+        // The grace's own mechanics are what most tests here look at.
+        on_signal: Some(OnSignal::WorkOn),
         host: None,
     }
 }
@@ -165,6 +166,47 @@ fn a_guaranteed_job_reclaims_gpus_by_preemption_and_the_victim_resumes_from_its_
 }
 
 #[test]
+fn a_victim_that_does_not_handle_its_signal_frees_its_gpus_at_once() {
+    // The scenario above, but b's jobs do what a process with no handler
+    // for SIGUSR1 does (the trace's default): the victim ends at 705 and
+    // loses the 5 GPU-seconds since its checkpoint at 700; a starts at 705
+    // without waiting the grace; the victim resumes at 805 for its last
+    // 300 s and ends at 1105. Each job says what it does when preempted.
+    for (on_signal, a_wait, lost, b_done) in [
+        (None, 0.0, 5.0, 1105.0),
+        (Some(OnSignal::Exit), 0.0, 5.0, 1105.0),
+        (Some(OnSignal::Checkpoint), 0.0, 0.0, 1100.0),
+        (Some(OnSignal::WorkOn), 10.0, 15.0, 1115.0),
+    ] {
+        let mut b1 = job(0, 1000, 1, 1, "b");
+        b1.checkpoint_every_secs = Some(100);
+        b1.on_signal = on_signal;
+        let b2 = b1.clone();
+        let jobs = [b1, b2, job(705, 100, 1, 1, "a")];
+        let cluster = Cluster::uniform(1, 2, "l4");
+        let guarantees = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 0)]);
+        let mut policy = sharing_policy(&cluster, &guarantees);
+        policy.sharing.qos = vec![crate::policy::Qos {
+            grace_secs: 10,
+            min_runtime_secs: 0,
+            ..crate::policy::Qos::normal()
+        }];
+        policy.sharing.waste_cap_gpu_hours_per_hour = f64::INFINITY;
+        let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
+        assert_eq!(outcome.preemptions, 1, "{on_signal:?}");
+        assert!(
+            (outcome.lost_gpu_hours * 3600.0 - lost).abs() < 1e-6,
+            "{on_signal:?}: {}",
+            outcome.lost_gpu_hours * 3600.0
+        );
+        let a = outcome.teams.iter().find(|t| t.team == "a").unwrap();
+        assert_eq!(a.queue_delay.mean, a_wait, "{on_signal:?}");
+        let b = outcome.teams.iter().find(|t| t.team == "b").unwrap();
+        assert_eq!(b.completion_time.max, b_done, "{on_signal:?}");
+    }
+}
+
+#[test]
 fn a_gang_waits_for_whole_nodes_while_a_small_job_starts() {
     // 2 nodes x 4 GPUs. One GPU is taken until 100; the 2x4 gang (at 1)
     // waits for it; a 1-GPU job (at 2, 10 s) starts at once.
@@ -278,6 +320,35 @@ fn gpool_traces_round_trip_and_name_bad_fields() {
     assert_eq!(
         trace::parse(Format::GpoolJsonl, "t.jsonl", &line, 8).unwrap(),
         vec![original]
+    );
+    let said = "submit,duration,team,on_signal,checkpoint_on_signal\n0,1,a,,\n0,1,a,exit,\n0,1,a,work_on,0\n0,1,a,,true\n0,1,a,checkpoint,1\n";
+    let on: Vec<Option<OnSignal>> = trace::parse(Format::GpoolCsv, "t.csv", said, 8)
+        .unwrap()
+        .iter()
+        .map(|j| j.on_signal)
+        .collect();
+    use OnSignal::*;
+    assert_eq!(on, [None, Some(Exit), Some(WorkOn), Some(Checkpoint), Some(Checkpoint)]);
+    let err = trace::parse(
+        Format::GpoolCsv,
+        "t.csv",
+        "submit,duration,team,on_signal\n0,1,a,ignore\n",
+        8,
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(err, "t.csv:2: on_signal: \"ignore\" is not exit, checkpoint or work_on");
+    let err = trace::parse(
+        Format::GpoolCsv,
+        "t.csv",
+        "submit,duration,team,on_signal,checkpoint_on_signal\n0,1,a,exit,true\n",
+        8,
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        "t.csv:2: on_signal: \"exit\" contradicts checkpoint_on_signal = true"
     );
     let bad = "submit,duration,team\nyesterday,10,a\n";
     let err = trace::parse(Format::GpoolCsv, "t.csv", bad, 8).unwrap_err().to_string();
@@ -430,7 +501,7 @@ fn shared_policy(guaranteed: [u32; 2], reserve: u32, min_runtime_secs: u64) -> c
 
 /// Arrays of alike jobs: (at, duration, size, team, QoS, GPUs, models,
 /// pool, checkpoints when signalled).
-type ArraySpec = (i64, i64, usize, usize, usize, u32, usize, bool, bool);
+type ArraySpec = (i64, i64, usize, usize, usize, u32, usize, bool, usize);
 
 fn arrays_of(specs: &[ArraySpec]) -> Vec<TraceJob> {
     let mut jobs = Vec::new();
@@ -445,7 +516,7 @@ fn arrays_of(specs: &[ArraySpec]) -> Vec<TraceJob> {
                 3 => vec![GpuModel::new("h100"), GpuModel::new("a100")],
                 _ => Vec::new(),
             };
-            j.checkpoint_on_signal = *on_signal;
+            j.on_signal = Some([OnSignal::Exit, OnSignal::Checkpoint, OnSignal::WorkOn][*on_signal]);
             if *inference && team == "a" {
                 j.gpu_types.clear();
             }
@@ -467,7 +538,7 @@ fn arb_arrays() -> impl Strategy<Value = Vec<ArraySpec>> {
             prop::sample::select(vec![1u32, 1, 2, 4]),
             0usize..4,
             any::<bool>(),
-            any::<bool>(),
+            0usize..3,
         ),
         1..8,
     )

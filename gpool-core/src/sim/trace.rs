@@ -24,12 +24,50 @@ pub struct TraceJob {
     pub checkpoint_every_secs: Option<u64>,
     /// Its QoS class (empty: the policy's default).
     pub qos: String,
-    /// It writes a checkpoint and exits as soon as it is told to (its
-    /// checkpoint signal), instead of working on through its grace.
-    pub checkpoint_on_signal: bool,
+    /// What it does when preempted; `None`: the trace does not say, and
+    /// it does what a process with no handler for its checkpoint signal
+    /// does ([`OnSignal::Exit`]).
+    pub on_signal: Option<OnSignal>,
     /// CPUs and memory on each node (`cpus_per_gpu` and `mem_per_gpu`
     /// times its GPUs there); `None`: none asked.
     pub host: Option<crate::sched::HostAsk>,
+}
+
+/// What a preempted job does when gpool sends it its checkpoint signal
+/// (SIGUSR1 unless it asks for another) to the whole attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnSignal {
+    /// It ends at once, as a process that does not handle the signal does
+    /// (the default action of SIGUSR1 and SIGTERM): the work since its
+    /// last periodic checkpoint is lost, and its GPUs are free at once.
+    #[default]
+    Exit,
+    /// It writes a checkpoint and exits: nothing is lost.
+    Checkpoint,
+    /// It catches the signal and works on until its grace is over (or it
+    /// ends): the work since its last periodic checkpoint is lost then.
+    WorkOn,
+}
+
+impl OnSignal {
+    pub const WORDS: &'static str = "exit, checkpoint or work_on";
+
+    pub fn parse(text: &str) -> Option<OnSignal> {
+        match text.trim() {
+            "exit" => Some(OnSignal::Exit),
+            "checkpoint" => Some(OnSignal::Checkpoint),
+            "work_on" | "work-on" => Some(OnSignal::WorkOn),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnSignal::Exit => "exit",
+            OnSignal::Checkpoint => "checkpoint",
+            OnSignal::WorkOn => "work_on",
+        }
+    }
 }
 
 impl TraceJob {
@@ -95,7 +133,11 @@ pub struct GpoolRow {
     /// Its QoS class; empty: the policy's default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub qos: String,
-    /// It checkpoints and exits when signalled (true/false, 1/0).
+    /// What it does when preempted: `exit`, `checkpoint` or `work_on`;
+    /// empty: the trace does not say.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub on_signal: String,
+    /// The older spelling of `on_signal = checkpoint` (true/false, 1/0).
     #[serde(default, skip_serializing_if = "is_false", deserialize_with = "flag")]
     pub checkpoint_on_signal: bool,
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_is_none")]
@@ -168,7 +210,8 @@ impl GpoolRow {
             time_limit: job.time_limit_secs,
             checkpoint_every: job.checkpoint_every_secs,
             qos: job.qos.clone(),
-            checkpoint_on_signal: job.checkpoint_on_signal,
+            on_signal: job.on_signal.map_or_else(String::new, |on| on.as_str().to_string()),
+            checkpoint_on_signal: false,
             cpus_per_gpu: job.host.map(|ask| ask.cpus / u64::from(job.gpus_per_node)),
             mem_per_gpu: job.host.map(|ask| ask.memory_bytes / u64::from(job.gpus_per_node)),
         }
@@ -192,6 +235,20 @@ impl GpoolRow {
         if self.team.trim().is_empty() {
             return Err("team: empty".into());
         }
+        let on_signal = match (self.on_signal.trim(), self.checkpoint_on_signal) {
+            ("", false) => None,
+            ("", true) => Some(OnSignal::Checkpoint),
+            (text, checkpoint) => match OnSignal::parse(text) {
+                Some(on) if !checkpoint || on == OnSignal::Checkpoint => Some(on),
+                Some(on) => {
+                    return Err(format!(
+                        "on_signal: {:?} contradicts checkpoint_on_signal = true",
+                        on.as_str()
+                    ))
+                }
+                None => return Err(format!("on_signal: {text:?} is not {}", OnSignal::WORDS)),
+            },
+        };
         if self.checkpoint_every == Some(0) {
             return Err("checkpoint_every: 0 is not a period (leave it empty for none)".into());
         }
@@ -221,7 +278,7 @@ impl GpoolRow {
             time_limit_secs: self.time_limit,
             checkpoint_every_secs: self.checkpoint_every,
             qos: self.qos.trim().to_string(),
-            checkpoint_on_signal: self.checkpoint_on_signal,
+            on_signal,
             host: (self.cpus_per_gpu.is_some() || self.mem_per_gpu.is_some()).then(|| crate::sched::HostAsk {
                 cpus: self.cpus_per_gpu.unwrap_or(0) * u64::from(self.gpus_per_node),
                 memory_bytes: self.mem_per_gpu.unwrap_or(0) * u64::from(self.gpus_per_node),
@@ -355,7 +412,7 @@ fn parse_philly(text: &str, node_gpus: u32) -> Result<Vec<TraceJob>, (usize, Str
             time_limit_secs: None,
             checkpoint_every_secs: None,
             qos: String::new(),
-            checkpoint_on_signal: false,
+            on_signal: None,
             host: None,
         });
     }
