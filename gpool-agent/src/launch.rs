@@ -21,6 +21,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+mod io;
+pub use io::{input_fifo, open_input_fifo};
+
 /// Grace between SIGTERM and SIGKILL for a stale attempt of a job that
 /// has a newer one waiting to start here.
 const STALE_GRACE: Duration = Duration::from_secs(10);
@@ -86,6 +89,10 @@ pub struct Attempts {
     /// follower that came before its attempt was running knows when to
     /// stop waiting for it.
     recent_ends: Mutex<std::collections::VecDeque<(u64, u64)>>,
+    /// The input FIFO of each interactive attempt this agent started,
+    /// held open (read and write) from before its supervisor opens it, so
+    /// that keys typed as it starts wait in the pipe.
+    terminals: Mutex<std::collections::HashMap<(u64, u64), std::fs::File>>,
 }
 
 /// How many ended attempts `recent_ends` remembers.
@@ -145,6 +152,7 @@ impl Attempts {
             events,
             tasks: Mutex::new(JoinSet::new()),
             log_reads: Mutex::new(std::collections::HashMap::new()),
+            terminals: Mutex::new(std::collections::HashMap::new()),
             recent_ends: Mutex::new(std::collections::VecDeque::new()),
             killed: Mutex::new(std::collections::HashSet::new()),
         }))
@@ -248,6 +256,10 @@ impl Attempts {
         };
         self.journal()
             .ended(attempt.job_id, attempt.epoch, &ended.to_line(), now_ms());
+        self.terminals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(attempt.job_id, attempt.epoch));
         {
             let mut recent = self.recent_ends.lock().unwrap_or_else(|p| p.into_inner());
             if recent.len() == RECENT_ENDS {
@@ -364,7 +376,13 @@ impl Attempts {
                 let attempts = self.clone();
                 self.spawn_task(async move { attempts.watch(attempt).await });
             }
-            Err(reason) => self.send(job_id, epoch, pb::job_event::Outcome::FailedToStart(reason)),
+            Err(reason) => {
+                self.terminals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&(job_id, epoch));
+                self.send(job_id, epoch, pb::job_event::Outcome::FailedToStart(reason));
+            }
         }
     }
 
@@ -401,134 +419,6 @@ impl Attempts {
                 signal_group(pgid, signal);
             }
             Err(_) => tracing::warn!(job = job_id, "signal {signal} is not a signal here; not sent"),
-        }
-    }
-
-    /// Sends the output file of an attempt back over the link as LogData,
-    /// following it while the attempt runs if asked.
-    pub fn stream_log(self: &Arc<Self>, request: pb::ReadLog, outbound: mpsc::Sender<pb::AgentMessage>) {
-        let suffix = if request.stderr { "err" } else { "out" };
-        let path = attempt_file(&self.spool_dir, request.job_id, request.attempt, suffix);
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        self.log_reads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(request.request_id, stop.clone());
-        let attempts = self.clone();
-        self.spawn_task(async move {
-            let request_id = request.request_id;
-            attempts.send_log(request, path, outbound, &stop).await;
-            attempts
-                .log_reads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&request_id);
-        });
-    }
-
-    /// gpoold no longer wants the output of log read `request_id`.
-    pub fn stop_log(&self, request_id: u64) {
-        if let Some(stop) = self
-            .log_reads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&request_id)
-        {
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    async fn send_log(
-        &self,
-        request: pb::ReadLog,
-        path: PathBuf,
-        outbound: mpsc::Sender<pb::AgentMessage>,
-        stop: &std::sync::atomic::AtomicBool,
-    ) {
-        use tokio::io::AsyncReadExt;
-        let message = |data: Vec<u8>, eof: bool, error: String| pb::AgentMessage {
-            msg: Some(pb::agent_message::Msg::LogData(pb::LogData {
-                request_id: request.request_id,
-                data,
-                eof,
-                error,
-            })),
-        };
-        // The supervisor creates the file just after the attempt starts: a
-        // follower may come first, even before this agent has the attempt
-        // running (its Launch is still being spawned).
-        let asked = std::time::Instant::now();
-        let mut opened = tokio::fs::File::open(&path).await;
-        while request.follow
-            && opened
-                .as_ref()
-                .is_err_and(|err| err.kind() == std::io::ErrorKind::NotFound)
-            && self.may_write_more(request.job_id, request.epoch, asked)
-            && !stop.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            opened = tokio::fs::File::open(&path).await;
-        }
-        let mut file = match opened {
-            Ok(file) => file,
-            // An attempt that wrote nothing leaves no file (nor does one
-            // whose output was pruned): it reads as empty.
-            Err(err)
-                if err.kind() == std::io::ErrorKind::NotFound
-                    && !self.may_write_more(request.job_id, request.epoch, asked) =>
-            {
-                let _ = outbound.send(message(Vec::new(), true, String::new())).await;
-                return;
-            }
-            Err(err) => {
-                let error = format!("{} on {}: {err}", path.display(), self.node);
-                let _ = outbound.send(message(Vec::new(), true, error)).await;
-                return;
-            }
-        };
-        // 16 KiB a read (and as much in tokio's file): a follower costs the
-        // node little while it waits, and a long file still comes in few
-        // messages.
-        let mut buffer = vec![0u8; 16 * 1024];
-        // After the attempt ends, one more pass picks up its last bytes.
-        let mut last_pass = false;
-        loop {
-            if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                tracing::info!(
-                    job = request.job_id,
-                    "log read {} stopped: its reader is gone",
-                    request.request_id
-                );
-                return;
-            }
-            let n_read = match file.read(&mut buffer).await {
-                Ok(n_read) => n_read,
-                Err(err) => {
-                    let _ = outbound
-                        .send(message(Vec::new(), true, format!("{}: {err}", path.display())))
-                        .await;
-                    return;
-                }
-            };
-            if n_read > 0 {
-                if outbound
-                    .send(message(buffer[..n_read].to_vec(), false, String::new()))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                continue;
-            }
-            let running = self.may_write_more(request.job_id, request.epoch, asked);
-            if request.follow && running {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            } else if request.follow && !last_pass {
-                last_pass = true;
-            } else {
-                let _ = outbound.send(message(Vec::new(), true, String::new())).await;
-                return;
-            }
         }
     }
 
@@ -734,6 +624,20 @@ impl Attempts {
         if in_container && !(launch.stdout_path.is_empty() && launch.stderr_path.is_empty()) {
             return Err("a container job's output stays in the spool: -o/-e are for jobs on the host".into());
         }
+        if launch.pty.is_some() && (in_container || launch.discard_output || !launch.stdout_path.is_empty()) {
+            return Err("an interactive job runs on the host, its terminal's output in the spool".into());
+        }
+        if launch.pty.is_some() {
+            // Keys typed before this Launch came made it already.
+            let mut terminals = self.terminals.lock().unwrap_or_else(|p| p.into_inner());
+            if let std::collections::hash_map::Entry::Vacant(entry) = terminals.entry((launch.job_id, launch.epoch)) {
+                entry.insert(open_input_fifo(&input_fifo(
+                    &self.spool_dir,
+                    launch.job_id,
+                    launch.epoch,
+                ))?);
+            }
+        }
         let user_stdout = self.output_file(launch, &launch.stdout_path)?;
         let user_stderr = self.output_file(launch, &launch.stderr_path)?;
         let request = LaunchRequest {
@@ -750,6 +654,11 @@ impl Attempts {
             max_output: Some(match launch.max_output_bytes {
                 0 => self.max_output,
                 asked => asked.min(self.max_output),
+            }),
+            pty: launch.pty.map(|size| crate::terminal::Pty {
+                rows: size.rows.clamp(1, u32::from(u16::MAX)) as u16,
+                cols: size.cols.clamp(1, u32::from(u16::MAX)) as u16,
+                input: input_fifo(&self.spool_dir, launch.job_id, launch.epoch),
             }),
             fence: launch.requeue.then(|| crate::supervise::Fence {
                 lease_file: self.lease_file(),

@@ -13,6 +13,7 @@ pub mod link;
 pub mod memory;
 pub mod spool;
 pub mod supervise;
+pub mod terminal;
 
 use config::AgentConfig;
 use std::future::Future;

@@ -262,6 +262,7 @@ fn obey(
         }
         Some(pb::controller_message::Msg::ReadLog(request)) => attempts.stream_log(request, bulk.clone()),
         Some(pb::controller_message::Msg::StopLog(stop)) => attempts.stop_log(stop.request_id),
+        Some(pb::controller_message::Msg::Input(input)) => attempts.type_in(input),
         Some(pb::controller_message::Msg::Lease(_)) | None => {}
     }
 }

@@ -19,6 +19,10 @@ use std::io::{BufRead, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+
+mod group;
+pub use group::kill_all_but_supervisor;
+use group::{group_members, ChildExit};
 /// The supervisor's binary, installed next to gpool-agent (and gpoold).
 pub const SUPERVISOR_BIN: &str = "gpool-supervise";
 
@@ -142,6 +146,10 @@ pub struct LaunchRequest {
     /// lease runs out.
     #[serde(default)]
     pub fence: Option<Fence>,
+    /// An interactive attempt: it runs on a terminal of its own, whose
+    /// output goes to `stdout` (`stderr` is not used).
+    #[serde(default)]
+    pub pty: Option<crate::terminal::Pty>,
 }
 
 /// How a supervisor stops its attempt when the node's lease runs out.
@@ -277,7 +285,23 @@ pub enum LaunchReply {
     Refused(String),
 }
 
-extern "C" fn ignore(_: nix::libc::c_int) {}
+/// What a supervisor does with a signal it outlives: an interactive job,
+/// which leads a session of its own, is passed it (the rest of a job is in
+/// the supervisor's group and got it already). SIGTERM, which ends an
+/// attempt, comes with a hangup there: an interactive shell ignores
+/// SIGTERM, and ends (with what it runs) when its terminal hangs up.
+extern "C" fn outlive(signal: nix::libc::c_int) {
+    let session = crate::terminal::JOB_SESSION.load(std::sync::atomic::Ordering::Relaxed);
+    if session > 0 {
+        // SAFETY: kill(2) is async-signal-safe.
+        unsafe {
+            nix::libc::kill(-session, signal);
+            if signal == nix::libc::SIGTERM {
+                nix::libc::kill(-session, nix::libc::SIGHUP);
+            }
+        }
+    }
+}
 
 /// The spawner: serves launch requests until its stdin closes. Once it
 /// knows where attempts' cgroups go (from the first request that has one),
@@ -435,8 +459,8 @@ fn become_supervisor() {
     // Our own job must be waited for, not reaped by the kernel.
     let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
     // A handler (unlike SIG_IGN) is reset by exec, so the job gets defaults.
-    let outlive = SigAction::new(SigHandler::Handler(ignore), SaFlags::SA_RESTART, SigSet::empty());
-    // SAFETY: SIG_DFL runs no code; `ignore` does nothing, so it is
+    let outlive = SigAction::new(SigHandler::Handler(outlive), SaFlags::SA_RESTART, SigSet::empty());
+    // SAFETY: SIG_DFL runs no code; `outlive` only calls kill(2), which is
     // async-signal-safe.
     unsafe {
         let _ = sigaction(Signal::SIGCHLD, &default);
@@ -465,9 +489,20 @@ fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
         (None, _) => false,
     };
     let ended = match prepare(request, usize::from(born_in_first)) {
-        Ok(mut command) => match command.spawn().map_err(|err| with_output_files(request, err)) {
+        Ok((mut command, terminal)) => match command.spawn().map_err(|err| with_output_files(request, err)) {
             Ok(child) => {
+                // The terminal's slave side is the job's alone from here.
+                drop(command);
+                let relayed = terminal.map(|(terminal, out)| {
+                    crate::terminal::JOB_SESSION.store(child.id() as i32, std::sync::atomic::Ordering::Relaxed);
+                    terminal.relay(out)
+                });
                 let ended = run_to_end(request, child);
+                // Its last output is written before its end is recorded
+                // (a process it left holding the terminal is not waited for).
+                if let Some(relayed) = relayed {
+                    let _ = relayed.recv_timeout(std::time::Duration::from_secs(2));
+                }
                 // A job its memory limit killed ran out of memory, whatever
                 // its exit says (a shell reports its child's SIGKILL as 137).
                 let out_of_memory = !matches!(
@@ -674,81 +709,10 @@ fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended 
     }
 }
 
-/// A pidfd on the supervisor's child, to wait for its exit with a timeout
-/// (a plain sleep where no pidfd can be had).
-struct ChildExit(Option<std::os::fd::OwnedFd>);
-
-impl ChildExit {
-    fn open(pid: i32) -> ChildExit {
-        use std::os::fd::FromRawFd;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
-        let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-        // SAFETY: a new fd nothing else owns.
-        ChildExit((fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }))
-    }
-
-    /// Returns when the child exited or after `timeout_ms`.
-    fn wait(&self, timeout_ms: u64) {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        use std::os::fd::AsFd;
-        match &self.0 {
-            Some(fd) => {
-                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-                let _ = poll(
-                    &mut fds,
-                    PollTimeout::try_from(timeout_ms as i32).unwrap_or(PollTimeout::MAX),
-                );
-            }
-            None => std::thread::sleep(std::time::Duration::from_millis(timeout_ms.min(50))),
-        }
-    }
-}
-
-/// SIGKILL to every process of the attempt except its supervisor (the
-/// group's leader): the rest of its process group, and all of its cgroup
-/// (which the supervisor is not in).
-pub fn kill_all_but_supervisor(pgid: i32, cgroup: Option<&crate::cgroup::AttemptCgroup>) {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
-    if pgid <= 0 {
-        return;
-    }
-    let mut pids = cgroup.map(crate::cgroup::AttemptCgroup::pids).unwrap_or_default();
-    pids.extend(group_members(pgid));
-    for pid in pids.into_iter().filter(|pid| *pid != pgid) {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-    }
-}
-
-/// The live processes of group `pgid` other than its leader.
-fn group_members(pgid: i32) -> Vec<i32> {
-    let mut pids = Vec::new();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            // After "(comm) ": state, ppid, pgrp.
-            let mut fields = stat
-                .rsplit_once(") ")
-                .map(|(_, rest)| rest.split(' '))
-                .into_iter()
-                .flatten();
-            let state = fields.next();
-            let pgrp = fields.nth(1);
-            if pid != pgid && state != Some("Z") && pgrp == Some(pgid.to_string().as_str()) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
-
 /// The job's command: its user, output files and checkpoint directory.
 /// It joins its cgroup's directories from the `first_to_enter`th on (it is
 /// born in those before).
-fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, String> {
+fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<(Command, Option<Interactive>), String> {
     use nix::unistd::{Gid, Uid};
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
@@ -769,8 +733,8 @@ fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, St
             .map_err(|err| format!("{}: {err}", request.checkpoint_dir.display()))?;
         owned_by_user(&request.checkpoint_dir)?;
     }
-    let output = |path: &Option<PathBuf>| -> Result<Stdio, String> {
-        let Some(path) = path else { return Ok(Stdio::null()) };
+    let open_output = |path: &Option<PathBuf>| -> Result<Option<std::fs::File>, String> {
+        let Some(path) = path else { return Ok(None) };
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -782,7 +746,10 @@ fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, St
         file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(|err| format!("{}: {err}", path.display()))?;
         owned_by_user(path)?;
-        Ok(Stdio::from(file))
+        Ok(Some(file))
+    };
+    let output = |path: &Option<PathBuf>| -> Result<Stdio, String> {
+        Ok(open_output(path)?.map_or_else(Stdio::null, Stdio::from))
     };
     let mut command = Command::new(&request.program);
     if let Some(cgroup) = &request.cgroup {
@@ -795,11 +762,31 @@ fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, St
             command.pre_exec(move || cgroup.enter_from(first_to_enter));
         }
     }
-    command
-        .args(&request.args)
-        .stdin(Stdio::null())
-        .stdout(output(&request.stdout)?)
-        .stderr(output(&request.stderr)?);
+    command.args(&request.args);
+    let interactive = match &request.pty {
+        Some(pty) => {
+            let owner = request.run_as.as_ref().map(|user| (user.uid, user.gid));
+            let terminal = crate::terminal::Terminal::open(pty, owner)?;
+            command
+                .stdin(terminal.stdio()?)
+                .stdout(terminal.stdio()?)
+                .stderr(terminal.stdio()?);
+            // SAFETY: runs in the forked child before exec, after its
+            // stdin became the terminal; setsid and ioctl are
+            // async-signal-safe.
+            unsafe {
+                command.pre_exec(crate::terminal::take_terminal);
+            }
+            Some((terminal, open_output(&request.stdout)?))
+        }
+        None => {
+            command
+                .stdin(Stdio::null())
+                .stdout(output(&request.stdout)?)
+                .stderr(output(&request.stderr)?);
+            None
+        }
+    };
     if let Some(env_file) = &request.container_env_file {
         let text = crate::container::env_file_text(&request.env)?;
         let mut file = std::fs::OpenOptions::new()
@@ -879,8 +866,11 @@ fn prepare(request: &LaunchRequest, first_to_enter: usize) -> Result<Command, St
             });
         }
     }
-    Ok(command)
+    Ok((command, interactive))
 }
+
+/// An interactive attempt's terminal, and the file its output goes to.
+type Interactive = (crate::terminal::Terminal, Option<std::fs::File>);
 
 /// A failed start, naming the job's own output files (which its user
 /// could not open, perhaps).

@@ -17,7 +17,25 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
-pub type Interceptor = Box<dyn FnMut(Request<()>) -> Result<Request<()>, Status> + Send>;
+/// Names the caller on every request: the user (which a dev controller
+/// trusts) and the token, where there is one. A client cloned for a second
+/// stream keeps them.
+#[derive(Clone)]
+pub struct Interceptor {
+    user: MetadataValue<tonic::metadata::Ascii>,
+    bearer: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl tonic::service::Interceptor for Interceptor {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        request.metadata_mut().insert(USER_METADATA_KEY, self.user.clone());
+        if let Some(bearer) = &self.bearer {
+            request.metadata_mut().insert("authorization", bearer.clone());
+        }
+        Ok(request)
+    }
+}
+
 pub type Client = PoolClient<InterceptedService<Channel, Interceptor>>;
 
 /// The local socket of a controller installed with the example config.
@@ -100,13 +118,10 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
     let user_value: MetadataValue<_> = user
         .parse()
         .map_err(|_| CliError::Usage(format!("user name {user:?} cannot be sent")))?;
-    let interceptor: Interceptor = Box::new(move |mut request: Request<()>| {
-        request.metadata_mut().insert(USER_METADATA_KEY, user_value.clone());
-        if let Some(bearer) = &bearer {
-            request.metadata_mut().insert("authorization", bearer.clone());
-        }
-        Ok(request)
-    });
+    let interceptor = Interceptor {
+        user: user_value,
+        bearer,
+    };
     Ok(PoolClient::with_interceptor(channel, interceptor).max_decoding_message_size(gpool_proto::MAX_REPLY_BYTES))
 }
 

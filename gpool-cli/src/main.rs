@@ -5,7 +5,7 @@
 //! `submit --wait` and `gpool wait` exit with 3 when a job failed, 124 when
 //! one ran out of time, 125 when one was cancelled (the first such job in
 //! submit order decides), and 130 when the user stopped waiting;
-//! `submit --attach` exits with the job's own code, as srun does.
+//! `submit --attach`, `run` and `alloc` exit with the job's own code, as srun and salloc do.
 
 /// `println!`, except that a closed stdout (`gpool show 1 | head -1`) ends
 /// gpool quietly with exit code 141, as SIGPIPE ends other Unix tools,
@@ -74,6 +74,16 @@ pub enum Output {
 enum Command {
     /// Submit a job (or every [[job]] of a file with -f) and print its id.
     Submit(Box<cmd::submit::SubmitArgs>),
+    /// Hold GPUs and open a shell on the node on a terminal relayed to this
+    /// one, as salloc: the job's GPUs are in its CUDA_VISIBLE_DEVICES, and
+    /// the allocation ends with the shell (`exit`), whose code it returns.
+    /// `-- CMD ARGS...` runs that instead of your shell. The submit flags
+    /// apply (-G, --team, --qos, --time, ...).
+    Alloc(Box<cmd::submit::SubmitArgs>),
+    /// Run a command and follow its output, exiting with its code, as
+    /// srun; with --pty, on a terminal relayed to this one. The submit
+    /// flags apply.
+    Run(Box<cmd::submit::SubmitArgs>),
     /// List jobs (pending and running unless --all or --state).
     Jobs(cmd::jobs::JobsArgs),
     /// Show everything about one job, including why it is pending.
@@ -481,6 +491,8 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             Ok(0)
         }
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
+        Command::Alloc(args) => cmd::terminal::alloc(&ctx, *args).await,
+        Command::Run(args) => cmd::terminal::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id, env } => cmd::jobs::show(&ctx, id, env).await.map(|()| 0),
         Command::Cancel { ids, signal, filter } => cmd::cancel::run(&ctx, ids, signal, filter).await,
@@ -498,6 +510,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
                 fail_fast,
                 own_code: false,
                 json: ctx.json(),
+                quiet: false,
             };
             cmd::jobs::wait_for(&mut conn, &ids, how).await
         }

@@ -17,7 +17,7 @@ Bad usage or input: a flag, a job file, a spec the controller refused.
 The controller could not be reached (the address tried is printed).
 .TP
 3, 124, 125, 130
-submit \-\-wait and wait: a job failed (exited non\-zero, was killed, never started, lost its node), ran out of time, or was cancelled (the first such job in submit order decides), or waiting was interrupted. submit \-\-attach exits with the job's own code instead (128+N for signal N), as srun does.
+submit \-\-wait and wait: a job failed (exited non\-zero, was killed, never started, lost its node), ran out of time, or was cancelled (the first such job in submit order decides), or waiting was interrupted. submit \-\-attach, run and alloc exit with the job's own code instead (128+N for signal N), as srun and salloc do.
 .TP
 141
 Standard output was closed before gpool was done.

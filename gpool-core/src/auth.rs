@@ -76,6 +76,9 @@ pub enum Action<'a> {
     CancelJob(JobRef<'a>),
     SignalJob(JobRef<'a>),
     CheckpointJob(JobRef<'a>),
+    /// Typing at an interactive job's terminal: that runs commands as its
+    /// owner, so only its owner (or an admin) may, not a team lead.
+    TypeInto(JobRef<'a>),
     /// Submitting to `team` (whose `members` are given; empty is open to
     /// all) at `priority`, where users may go up to `max_user_priority`
     /// (lower is always allowed: it only makes their own job wait).
@@ -119,6 +122,7 @@ impl fmt::Display for Action<'_> {
             Action::CancelJob(j) => job(f, "cancel", j),
             Action::SignalJob(j) => job(f, "signal", j),
             Action::CheckpointJob(j) => job(f, "report a checkpoint of", j),
+            Action::TypeInto(j) => job(f, "type at the terminal of", j),
             Action::Submit { team, priority, .. } => write!(f, "submit to team {team} at priority {priority}"),
             Action::UpdateJob { job: j, .. } => job(f, "update", j),
             Action::DrainNode(node) => write!(f, "drain node {node}"),
@@ -170,6 +174,13 @@ pub fn authorize(caller: &Caller, action: &Action) -> Result<(), Denied> {
                 Ok(())
             } else {
                 refused(format!("only its owner, a lead of team {} or an admin may", job.team))
+            }
+        }
+        Action::TypeInto(job) => {
+            if job.owner == caller.user {
+                Ok(())
+            } else {
+                refused("only its owner or an admin may".into())
             }
         }
         Action::Submit {

@@ -11,6 +11,8 @@ mod notify;
 pub use notify::{Begin, Change, Notify, NotifyRules};
 mod pool;
 pub use pool::{PoolDef, PoolDefaults};
+mod requirements;
+pub use requirements::{NvlinkNeed, Requirements, TerminalSize};
 
 /// A GPU model as the scheduler matches it: a lowercase name such as `h100`,
 /// `a100-40gb`, `l4` or a MIG profile like `h100-1g.10gb`. Matching is exact
@@ -276,6 +278,10 @@ pub struct JobSpec {
     /// Its nodes run nothing else: it takes every GPU of each.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exclusive: bool,
+    /// An interactive job (`gpool alloc`, `gpool run --pty`): it runs on a
+    /// terminal of its own on its node, of this size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<TerminalSize>,
     /// A job array's task indices (`--array`); the record is the array's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<Box<crate::array::ArraySpec>>,
@@ -289,83 +295,6 @@ pub struct JobSpec {
     /// Where it may run beyond its pool and GPU models.
     #[serde(default, skip_serializing_if = "Requirements::is_empty")]
     pub requires: Requirements,
-}
-
-/// How much a job needs its GPUs on a node joined by NVLink.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NvlinkNeed {
-    /// Whatever is free (well-connected GPUs are still chosen first).
-    #[default]
-    Any,
-    /// NVLink-joined GPUs where some are free, others otherwise.
-    Preferred,
-    /// Only GPUs all joined by NVLink to each other.
-    Required,
-}
-
-impl NvlinkNeed {
-    pub fn parse(text: &str) -> Result<NvlinkNeed, String> {
-        match text {
-            "any" => Ok(NvlinkNeed::Any),
-            "preferred" => Ok(NvlinkNeed::Preferred),
-            "required" => Ok(NvlinkNeed::Required),
-            other => Err(format!("{other:?} is not required, preferred or any")),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NvlinkNeed::Any => "any",
-            NvlinkNeed::Preferred => "preferred",
-            NvlinkNeed::Required => "required",
-        }
-    }
-}
-
-/// A job's requirements on nodes and GPUs (`--min-gpu-memory`, `--nvlink`,
-/// `--constraint`, `--nodelist`, `--exclude`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Requirements {
-    /// Each GPU has at least this much memory (MiB); 0: any.
-    #[serde(default)]
-    pub min_gpu_memory_mib: u64,
-    #[serde(default)]
-    pub nvlink: NvlinkNeed,
-    /// Node labels that must all match (`key=value`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub constraints: BTreeMap<String, String>,
-    /// Only these nodes (empty: any).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nodelist: Vec<String>,
-    /// Never these nodes.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub exclude: Vec<String>,
-}
-
-impl Requirements {
-    pub fn is_empty(&self) -> bool {
-        self.min_gpu_memory_mib == 0
-            && self.nvlink == NvlinkNeed::default()
-            && self.constraints.is_empty()
-            && self.nodelist.is_empty()
-            && self.exclude.is_empty()
-    }
-
-    /// The node's name and labels allow the job there.
-    pub fn allows_node(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
-        (self.nodelist.is_empty() || self.nodelist.iter().any(|n| n == name))
-            && !self.exclude.iter().any(|n| n == name)
-            && self
-                .constraints
-                .iter()
-                .all(|(key, value)| labels.get(key) == Some(value))
-    }
-
-    /// A GPU with `memory_mib` of memory is big enough.
-    pub fn allows_memory(&self, memory_mib: u64) -> bool {
-        memory_mib >= self.min_gpu_memory_mib
-    }
 }
 
 fn yes() -> bool {

@@ -341,6 +341,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 dependencies: Vec::new(),
                 singleton: false,
                 exclusive: false,
+                pty: None,
                 array: None,
                 stdout_path: String::new(),
                 stderr_path: String::new(),

@@ -12,6 +12,7 @@ mod durability;
 mod faults;
 mod health;
 mod history;
+mod interactive;
 mod jobs;
 mod metrics;
 mod notify;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// The policy of the shipped config/gpoold.toml (pools, sharing, teams,
 /// QoS, health, accounting), with the tester among every team's members.
-fn shipped_policy() -> String {
+pub(crate) fn shipped_policy() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/gpoold.toml");
     let text = std::fs::read_to_string(path).expect("config/gpoold.toml");
     let from = text.find("[[pool]]").expect("the shipped config has pools");
@@ -25,14 +25,14 @@ fn shipped_policy() -> String {
 }
 
 /// The fleet of the scenario: 28 GPUs.
-const NODES: [(&str, &str, u32, u64, &str); 4] = [
+pub(crate) const NODES: [(&str, &str, u32, u64, &str); 4] = [
     ("h100-a", "h100", 8, 81_559, ""),
     ("h100-b", "h100", 8, 81_559, ""),
     ("a100-a", "a100-80gb", 8, 81_920, "[labels]\ntier = \"inference\"\n"),
     ("l4-a", "l4", 4, 23_034, ""),
 ];
 
-fn agent_config(model: &str, count: u32, memory_mib: u64, labels: &str) -> String {
+pub(crate) fn agent_config(model: &str, count: u32, memory_mib: u64, labels: &str) -> String {
     format!("{labels}\n[[simulated_gpu]]\nmodel = \"{model}\"\nmemory_mib = {memory_mib}\ncount = {count}\n")
 }
 

@@ -311,6 +311,9 @@ pub struct Waiting {
     pub own_code: bool,
     /// Print a JSON summary of every job on stdout at the end.
     pub json: bool,
+    /// Say nothing while waiting (no spinner, no line per change): the
+    /// terminal was the job's until now.
+    pub quiet: bool,
 }
 
 /// Follows the jobs until all have ended; returns the exit code `--wait`
@@ -323,7 +326,7 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64], how: Waiting) -> Resul
     // Taken from here on, so an early Ctrl-C is answered too.
     let mut interrupted = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|err| CliError::Refused(format!("cannot watch for Ctrl-C: {err}")))?;
-    let progress = std::io::stderr().is_terminal().then(|| {
+    let progress = (std::io::stderr().is_terminal() && !how.quiet).then(|| {
         let (bar, template) = match ids {
             [id] => (
                 ProgressBar::new_spinner().with_prefix(format!("job {id}")),
@@ -414,7 +417,7 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64], how: Waiting) -> Resul
                 bar.set_position(n_ended);
                 bar.set_message(format!("{n_not_completed} not completed"));
             }
-        } else if last.get(&job.id).is_none_or(|before| before.state != job.state) {
+        } else if !how.quiet && last.get(&job.id).is_none_or(|before| before.state != job.state) {
             // Off a terminal (CI logs, journald): a line per change of
             // state, with the job's name, so a failure is named when it
             // happens.

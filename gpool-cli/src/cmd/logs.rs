@@ -7,7 +7,7 @@ use gpool_proto::pb;
 use std::io::Write;
 
 /// Returns once job `id` has left the queue (started, or ended unstarted).
-async fn wait_until_started(conn: &mut super::Connection, id: u64) -> Result<(), CliError> {
+pub(super) async fn wait_until_started(conn: &mut super::Connection, id: u64) -> Result<(), CliError> {
     let mut changes = conn
         .client
         .watch_jobs(pb::WatchJobsRequest { ids: vec![id] })

@@ -13,6 +13,7 @@ pub mod reservation;
 pub mod sharing;
 pub mod sim;
 pub mod submit;
+pub mod terminal;
 
 use crate::client::{self, Client};
 use crate::{CliError, Output};

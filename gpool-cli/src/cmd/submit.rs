@@ -187,7 +187,11 @@ pub struct SubmitArgs {
     /// As --wait, printing the job's stdout as it runs (the id goes to
     /// stderr), and exiting with the job's own code, as srun; one job only.
     #[arg(long, conflicts_with = "file")]
-    attach: bool,
+    pub attach: bool,
+    /// Run on a terminal of its own on the node, relayed to this one until
+    /// it ends (as srun --pty), and exit with its code. Not requeued.
+    #[arg(long, conflicts_with_all = ["file", "array", "stdout", "stderr", "discard_output", "image"])]
+    pub pty: bool,
     /// `-- CMD ARGS...`: the command to run. Without `--`: a batch script
     /// and its arguments, whose `#GPOOL` lines give flags (the command
     /// line's win); it runs from where it is, so nodes must see that path.
@@ -276,7 +280,13 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
             "--attach follows one job, and an array has many tasks: use --wait".into(),
         ));
     }
-    let specs = specs_from_args(args)?;
+    let pty = args.pty.then(super::terminal::size);
+    let mut specs = specs_from_args(args)?;
+    for spec in specs.iter_mut().filter(|_| pty.is_some()) {
+        spec.pty = pty;
+        // A shell that starts again elsewhere is not the session it was.
+        spec.requeue = false;
+    }
     let mut conn = ctx.connect().await?;
     let request = gpool_proto::convert::submit_request(&specs);
     drop(specs);
@@ -287,6 +297,10 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
         .map_err(|s| conn.refused(s))?
         .into_inner()
         .ids;
+    if pty.is_some() {
+        eprintln!("gpool: job {} submitted; waiting for it to start", ids[0]);
+        return super::terminal::session(&mut conn, ids[0]).await;
+    }
     if attach {
         eprintln!("gpool: job {} submitted; its output follows", ids[0]);
     } else if ctx.json() && wait {
@@ -313,6 +327,7 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
         fail_fast,
         own_code: attach,
         json: ctx.json(),
+        quiet: false,
     };
     super::jobs::wait_for(&mut conn, &ids, how).await
 }

@@ -53,6 +53,20 @@ fn users_manage_their_own_jobs_leads_their_teams_and_admins_all() {
 }
 
 #[test]
+fn only_its_owner_or_an_admin_types_at_an_interactive_job() {
+    let a_job = job("alice", "nlp");
+    let action = Action::TypeInto(a_job);
+    assert!(authorize(&Caller::user("alice"), &action).is_ok());
+    assert!(authorize(&admin("root"), &action).is_ok());
+    let err = authorize(&lead("carol", "nlp"), &action).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "user carol may not type at the terminal of job 7 of user alice (team nlp): only its owner or an admin may"
+    );
+    assert!(authorize(&Caller::user("bob"), &action).is_err());
+}
+
+#[test]
 fn only_admins_run_the_pool() {
     for action in [
         Action::DrainNode("n1"),

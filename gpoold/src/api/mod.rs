@@ -1,6 +1,7 @@
 //! The gRPC services and the one interceptor that establishes who calls.
 
 pub mod agent_link;
+mod job_io;
 pub mod job_wire;
 pub mod pool;
 

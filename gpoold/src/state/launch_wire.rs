@@ -68,6 +68,10 @@ impl State {
                     stdout_path: job.spec.stdout_path.clone(),
                     stderr_path: job.spec.stderr_path.clone(),
                     job_name: job.spec.name.clone(),
+                    pty: job.spec.pty.map(|size| pb::TerminalSize {
+                        rows: size.rows.into(),
+                        cols: size.cols.into(),
+                    }),
                 };
                 let message = pb::ControllerMessage {
                     msg: Some(pb::controller_message::Msg::Launch(launch)),

@@ -1,0 +1,128 @@
+//! `gpool alloc` and `gpool run --pty`: this terminal relayed to an
+//! interactive job's on its node (through gpoold and the node's agent)
+//! until the job ends. What is typed goes as it comes (WriteInput), in raw
+//! mode, so Ctrl-C, Ctrl-D and the arrow keys reach the job; what the job
+//! writes comes back as its followed output (JobLogs).
+
+use crate::CliError;
+use gpool_core::model::TerminalSize;
+use gpool_proto::pb;
+use std::io::Read;
+
+/// `gpool alloc`: the submit flags, on a terminal; without a command,
+/// the node's account shell (the agent sets SHELL), interactive.
+pub async fn alloc(ctx: &super::Ctx, mut args: super::submit::SubmitArgs) -> Result<u8, CliError> {
+    args.pty = true;
+    if args.command.is_empty() {
+        args.command = ["/bin/sh", "-c", "exec \"${SHELL:-/bin/sh}\" -i"]
+            .map(String::from)
+            .to_vec();
+    }
+    super::submit::run(ctx, args).await
+}
+
+/// `gpool run`: the submit flags, followed (`--attach`) or on a terminal
+/// (`--pty`).
+pub async fn run(ctx: &super::Ctx, mut args: super::submit::SubmitArgs) -> Result<u8, CliError> {
+    args.attach |= !args.pty;
+    super::submit::run(ctx, args).await
+}
+
+/// The size of this process's terminal (24×80 off a terminal).
+pub fn size() -> TerminalSize {
+    let mut size = nix::libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    for fd in [0, 1, 2] {
+        // SAFETY: TIOCGWINSZ writes one winsize into `size`.
+        if unsafe { nix::libc::ioctl(fd, nix::libc::TIOCGWINSZ, &mut size) } == 0 && size.ws_row > 0 {
+            return TerminalSize {
+                rows: size.ws_row,
+                cols: size.ws_col.max(1),
+            };
+        }
+    }
+    TerminalSize { rows: 24, cols: 80 }
+}
+
+/// This terminal in raw mode while it lives (none off a terminal): keys go
+/// to the job as typed, and its terminal echoes them.
+struct Raw(Option<nix::sys::termios::Termios>);
+
+impl Raw {
+    fn enter() -> Raw {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        let stdin = std::io::stdin();
+        let Ok(saved) = tcgetattr(&stdin) else {
+            return Raw(None);
+        };
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        match tcsetattr(&stdin, SetArg::TCSADRAIN, &raw) {
+            Ok(()) => Raw(Some(saved)),
+            Err(_) => Raw(None),
+        }
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            let _ = nix::sys::termios::tcsetattr(std::io::stdin(), nix::sys::termios::SetArg::TCSADRAIN, saved);
+        }
+    }
+}
+
+/// Relays this terminal to job `id`'s from when it starts until it ends,
+/// and returns its exit code (as srun and salloc do).
+pub async fn session(conn: &mut super::Connection, id: u64) -> Result<u8, CliError> {
+    super::logs::wait_until_started(conn, id).await?;
+    eprintln!("gpool: job {id} has started; this terminal is its until it ends");
+    let raw = Raw::enter();
+    let on_terminal = raw.0.is_some();
+    let (typed, mut keys) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    // A blocking read of stdin on a thread of its own: it ends with the
+    // process.
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin();
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stdin.read(&mut buffer) {
+                Ok(0) | Err(_) => {
+                    // Piped input's end is typed as Ctrl-D.
+                    if !on_terminal {
+                        let _ = typed.blocking_send(vec![4]);
+                    }
+                    return;
+                }
+                Ok(n) => {
+                    if typed.blocking_send(buffer[..n].to_vec()).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let mut client = conn.client.clone();
+    let typing = tokio::spawn(async move {
+        while let Some(data) = keys.recv().await {
+            if client.write_input(pb::WriteInputRequest { id, data }).await.is_err() {
+                return;
+            }
+        }
+    });
+    let streamed = super::logs::stream(conn, id, (true, false), (0, 0), None).await;
+    typing.abort();
+    drop(raw);
+    streamed?;
+    let how = super::jobs::Waiting {
+        fail_fast: false,
+        own_code: true,
+        json: false,
+        quiet: true,
+    };
+    super::jobs::wait_for(conn, &[id], how).await
+}

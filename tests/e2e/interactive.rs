@@ -1,0 +1,190 @@
+//! Interactive sessions as a Slurm user opens them: `gpool alloc` (salloc)
+//! gives a shell on a node on a terminal relayed to the user's own, with
+//! the job's GPUs in CUDA_VISIBLE_DEVICES; keys (Ctrl-C too) reach it, and
+//! the allocation ends with the shell. The CLI runs on a pseudo-terminal
+//! this test holds, as in a person's shell.
+
+use crate::harness::cluster::{gpool_command, Cluster};
+use crate::harness::process::wait_until;
+use crate::preemption::{agent_config, shipped_policy, NODES};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+/// `gpool ARGS` on a terminal of its own, as typed at a shell.
+struct OnTerminal {
+    master: std::fs::File,
+    child: std::process::Child,
+    seen: String,
+}
+
+impl OnTerminal {
+    fn start(cluster: &Cluster, args: &[&str]) -> OnTerminal {
+        use std::os::unix::process::CommandExt;
+        let size = nix::pty::Winsize {
+            ws_row: 40,
+            ws_col: 120,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pair = nix::pty::openpty(Some(&size), None).expect("a pseudo-terminal");
+        let stdio = || std::process::Stdio::from(pair.slave.try_clone().expect("dup"));
+        let mut command = gpool_command(args);
+        command
+            .current_dir(cluster.dir.path())
+            .env("GPOOL_SERVER", &cluster.cli_server)
+            .stdin(stdio())
+            .stdout(stdio())
+            .stderr(stdio());
+        // SAFETY: setsid and ioctl in the forked child, before exec.
+        unsafe {
+            command.pre_exec(|| {
+                nix::unistd::setsid()?;
+                if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().expect("run gpool");
+        drop(pair.slave);
+        OnTerminal {
+            master: pair.master.into(),
+            child,
+            seen: String::new(),
+        }
+    }
+
+    fn type_keys(&mut self, keys: &str) {
+        self.master.write_all(keys.as_bytes()).expect("type");
+    }
+
+    /// Reads the terminal until `text` shows; returns all it showed.
+    fn wait_for(&mut self, text: &str, within: Duration) -> String {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let deadline = Instant::now() + within;
+        let mut buffer = [0u8; 4096];
+        while !self.seen.contains(text) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{text:?} did not show within {within:?}; the terminal showed:\n{}",
+                self.seen
+            );
+            let mut fds = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::from(100u16));
+            if fds[0].revents().is_some_and(|events| !events.is_empty()) {
+                match self.master.read(&mut buffer) {
+                    Ok(0) | Err(_) => {
+                        panic!("the terminal closed before {text:?} showed; it showed:\n{}", self.seen)
+                    }
+                    Ok(n) => self.seen.push_str(&String::from_utf8_lossy(&buffer[..n])),
+                }
+            }
+        }
+        self.seen.clone()
+    }
+
+    /// gpool's exit code, once it has ended.
+    fn exit_code(mut self) -> i32 {
+        let status = wait_until("gpool to end", Duration::from_secs(30), || {
+            self.child.try_wait().ok().flatten()
+        });
+        status.code().unwrap_or(-1)
+    }
+}
+
+/// The job id `gpool alloc` announced.
+fn job_id(seen: &str) -> String {
+    let after = seen.split("gpool: job ").nth(1).expect("an announced job");
+    after.split_whitespace().next().expect("an id").to_string()
+}
+
+#[test]
+fn gpool_alloc_gives_a_shell_on_a_node_with_its_gpus_that_ends_with_it() {
+    let cluster = Cluster::dev_default();
+    let mut session = OnTerminal::start(&cluster, &["alloc", "-G", "2", "--time", "10m"]);
+    let seen = session.wait_for("this terminal is its", Duration::from_secs(30));
+    let id = job_id(&seen);
+    // The shell runs on the node with the job's two GPUs, on a terminal.
+    session.type_keys("echo \"GPUS=[$CUDA_VISIBLE_DEVICES] ON=[$GPOOL_NODE] JOB=[$GPOOL_JOB_ID]\"; tty\r");
+    let seen = session.wait_for(&format!("JOB=[{id}]"), Duration::from_secs(20));
+    let line = seen
+        .lines()
+        .rfind(|line| line.starts_with("GPUS=["))
+        .expect("the shell's answer");
+    let gpus = line
+        .split("GPUS=[")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .unwrap_or("");
+    assert_eq!(gpus.split(',').count(), 2, "{line}");
+    assert!(line.contains("ON=[dev-"), "{line}");
+    session.wait_for("/dev/pts/", Duration::from_secs(10));
+    // gpoold sees it running with its GPUs while the shell lives.
+    let shown = cluster.gpool(&["show", &id, "--output", "json"]).json();
+    assert_eq!(shown["state"], "running", "{shown}");
+    // Ctrl-C reaches what the shell runs, not the session.
+    let typed = Instant::now();
+    session.type_keys("sleep 600\r");
+    std::thread::sleep(Duration::from_millis(300));
+    session.type_keys("\x03");
+    session.type_keys("echo $((6 * 7))done\r");
+    session.wait_for("42done", Duration::from_secs(20));
+    assert!(typed.elapsed() < Duration::from_secs(20));
+    // `exit 3` ends the shell, the job and the allocation, with its code.
+    session.type_keys("exit 3\r");
+    assert_eq!(session.exit_code(), 3);
+    let shown = cluster.gpool(&["show", &id, "--output", "json"]).json();
+    assert_eq!(shown["state"], "failed", "{shown}");
+    assert_eq!(shown["exit_code"], 3, "{shown}");
+}
+
+/// The shipped config's pool: a member of vision asks for an L4 session
+/// (`--gpu-type l4`) and lands on the L4 node; a cancel from another
+/// shell ends the session with gpool's cancelled code; shapes a terminal
+/// cannot have are refused at submit, naming why.
+#[test]
+fn an_interactive_session_in_a_team_lands_on_its_model_and_ends_when_cancelled() {
+    let mut cluster = Cluster::with_config(&shipped_policy());
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    let mut session = OnTerminal::start(
+        &cluster,
+        &[
+            "alloc",
+            "--team",
+            "vision",
+            "--gpu-type",
+            "l4",
+            "-G",
+            "1",
+            "--",
+            "sh",
+            "-i",
+        ],
+    );
+    let seen = session.wait_for("this terminal is its", Duration::from_secs(30));
+    let id = job_id(&seen);
+    session.type_keys("echo \"ON=[$GPOOL_NODE]\"\r");
+    session.wait_for("ON=[l4-a]", Duration::from_secs(20));
+    // Cancelled from another shell: the session ends, with gpool's code.
+    assert_eq!(cluster.gpool(&["cancel", &id]).code, 0);
+    assert_eq!(session.exit_code(), 125);
+    // Shapes a terminal cannot have.
+    let refused = cluster.gpool(&["alloc", "--team", "vision", "-N", "2", "-G", "2"]);
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("pty") && refused.stderr.contains("gang on several nodes"),
+        "{}",
+        refused.stderr
+    );
+    let refused = cluster.gpool(&["alloc", "--team", "vision", "-a", "0-3"]);
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("pty: an interactive job cannot have an array"),
+        "{}",
+        refused.stderr
+    );
+}
