@@ -124,6 +124,7 @@ fn gpool_alloc_gives_a_shell_on_a_node_with_its_gpus_that_ends_with_it() {
     // gpoold sees it running with its GPUs while the shell lives.
     let shown = cluster.gpool(&["show", &id, "--output", "json"]).json();
     assert_eq!(shown["state"], "running", "{shown}");
+    assert_eq!(shown["name"], "interactive", "{shown}");
     // Ctrl-C reaches what the shell runs, not the session.
     let typed = Instant::now();
     session.type_keys("sleep 600\r");

@@ -42,7 +42,7 @@ pub struct SubmitArgs {
     gpu_type: Option<String>,
     /// The job's name (default: its program's name).
     #[arg(long, short = 'J')]
-    name: Option<String>,
+    pub name: Option<String>,
     /// The team it runs for (its guarantee and its fair share).
     #[arg(long)]
     team: Option<String>,

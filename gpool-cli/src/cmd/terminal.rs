@@ -10,13 +10,15 @@ use gpool_proto::pb;
 use std::io::Read;
 
 /// `gpool alloc`: the submit flags, on a terminal; without a command,
-/// the node's account shell (the agent sets SHELL), interactive.
+/// the node's account shell (the agent sets SHELL), interactive, in a job
+/// named `interactive` unless -J names it.
 pub async fn alloc(ctx: &super::Ctx, mut args: super::submit::SubmitArgs) -> Result<u8, CliError> {
     args.pty = true;
     if args.command.is_empty() {
         args.command = ["/bin/sh", "-c", "exec \"${SHELL:-/bin/sh}\" -i"]
             .map(String::from)
             .to_vec();
+        args.name.get_or_insert_with(|| "interactive".into());
     }
     super::submit::run(ctx, args).await
 }
