@@ -12,7 +12,6 @@ const OVER_THE_LIMIT: &[(&str, usize)] = &[
     ("gpoold/src/api/pool.rs", 1038),
     ("bench/src/main.rs", 1128),
     ("gpool-agent/src/launch.rs", 1003),
-    ("gpool-core/src/sched/mod.rs", 990),
     ("gpool-agent/src/supervise.rs", 1031),
     ("gpoold/src/state/mod.rs", 948),
     ("gpoold/src/state/archive.rs", 889),

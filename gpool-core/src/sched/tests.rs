@@ -1,5 +1,6 @@
 //! Scheduler tests: fixtures in, plan snapshots out, plus safety properties.
 
+use super::teams::order_key;
 use super::*;
 use crate::testing::cluster_view;
 use expect_test::{expect, Expect};
