@@ -10,14 +10,8 @@ const MAX_LINES: usize = 600;
 /// Files over the limit, and the most lines each may have.
 const OVER_THE_LIMIT: &[(&str, usize)] = &[
     ("gpoold/src/api/pool.rs", 1038),
-    ("bench/src/main.rs", 1128),
-    ("gpool-agent/src/launch.rs", 1003),
-    ("gpool-agent/src/supervise.rs", 1031),
     ("gpoold/src/state/mod.rs", 948),
     ("gpoold/src/state/archive.rs", 889),
-    ("gpool-core/src/spec.rs", 716),
-    ("gpool-core/src/policy.rs", 797),
-    ("gpool-config/src/lib.rs", 714),
     ("gpoold/src/state/agents.rs", 641),
 ];
 

@@ -1,5 +1,6 @@
 //! Tests for spec parsing and validation: every refusal names its field.
 
+use super::job_file::{parse_in_runs, run_starts, JOBS_PER_PARSE};
 use super::*;
 
 fn input(command: &[&str]) -> JobSpecInput {

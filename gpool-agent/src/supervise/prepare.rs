@@ -1,0 +1,200 @@
+//! The job's command as a supervisor prepares it: its user, its cgroup,
+//! its terminal or output files, its environment and its `-o/-e` files.
+
+use super::*;
+use std::process::{Command, Stdio};
+
+/// The job's command: its user, output files and checkpoint directory.
+/// It joins its cgroup's directories from the `first_to_enter`th on (it is
+/// born in those before).
+pub(super) fn prepare(
+    request: &LaunchRequest,
+    first_to_enter: usize,
+) -> Result<(Command, Option<Interactive>), String> {
+    use nix::unistd::{Gid, Uid};
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let owned_by_user = |path: &Path| -> Result<(), String> {
+        match &request.run_as {
+            Some(user) => nix::unistd::chown(path, Some(Uid::from_raw(user.uid)), Some(Gid::from_raw(user.gid)))
+                .map_err(|err| format!("{}: cannot give it to {}: {err}", path.display(), user.name)),
+            None => Ok(()),
+        }
+    };
+    // The job's files are its user's alone: 0700 and 0600, whatever the
+    // umask (no other user reads them through the spool).
+    if !request.checkpoint_dir.is_dir() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&request.checkpoint_dir)
+            .map_err(|err| format!("{}: {err}", request.checkpoint_dir.display()))?;
+        owned_by_user(&request.checkpoint_dir)?;
+    }
+    let open_output = |path: &Option<PathBuf>| -> Result<Option<std::fs::File>, String> {
+        let Some(path) = path else { return Ok(None) };
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+        // An earlier attempt's file of the same name keeps its mode: set it.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+        owned_by_user(path)?;
+        Ok(Some(file))
+    };
+    let output = |path: &Option<PathBuf>| -> Result<Stdio, String> {
+        Ok(open_output(path)?.map_or_else(Stdio::null, Stdio::from))
+    };
+    let mut command = Command::new(&request.program);
+    if let Some(cgroup) = &request.cgroup {
+        cgroup.create()?;
+        let cgroup = cgroup.clone();
+        // SAFETY: runs in the forked child of this single-threaded process
+        // before exec, and before the user switch registered below (joining
+        // a cgroup takes root).
+        unsafe {
+            command.pre_exec(move || cgroup.enter_from(first_to_enter));
+        }
+    }
+    command.args(&request.args);
+    let interactive = match &request.pty {
+        Some(pty) => {
+            let owner = request.run_as.as_ref().map(|user| (user.uid, user.gid));
+            let terminal = crate::terminal::Terminal::open(pty, owner)?;
+            command
+                .stdin(terminal.stdio()?)
+                .stdout(terminal.stdio()?)
+                .stderr(terminal.stdio()?);
+            // SAFETY: runs in the forked child before exec, after its
+            // stdin became the terminal; setsid and ioctl are
+            // async-signal-safe.
+            unsafe {
+                command.pre_exec(crate::terminal::take_terminal);
+            }
+            Some((terminal, open_output(&request.stdout)?))
+        }
+        None => {
+            command
+                .stdin(Stdio::null())
+                .stdout(output(&request.stdout)?)
+                .stderr(output(&request.stderr)?);
+            None
+        }
+    };
+    if let Some(env_file) = &request.container_env_file {
+        let text = crate::container::env_file_text(&request.env)?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(env_file)
+            .map_err(|err| format!("{}: {err}", env_file.display()))?;
+        std::io::Write::write_all(&mut file, text.as_bytes())
+            .map_err(|err| format!("{}: {err}", env_file.display()))?;
+    } else {
+        // The job's own variables only: never this process's (the agent's
+        // environment, its credentials included).
+        command
+            .env_clear()
+            .envs(request.env.iter().map(|(name, value)| (name, value)));
+    }
+    if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
+        command.current_dir(workdir);
+    }
+    // A missing directory is said as such, not as a command that cannot
+    // run (the files are opened by the job's user, just before the exec).
+    for path in [&request.user_stdout, &request.user_stderr].into_iter().flatten() {
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty() && !dir.is_dir()) {
+            return Err(format!(
+                "the directory of its output file {} does not exist: {}",
+                path.display(),
+                dir.display()
+            ));
+        }
+    }
+    let user_files = user_output_files(request)?;
+    // A container runtime stays this process's user; it sets the job's.
+    if let Some(user) = request.run_as.as_ref().filter(|_| request.container_cleanup.is_none()) {
+        command.envs(account_env(&user.name, &user.home, &user.shell));
+        let groups: Vec<Gid> = user.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+        let (uid, gid) = (Uid::from_raw(user.uid), Gid::from_raw(user.gid));
+        let workdir = request.workdir.clone();
+        // SAFETY: runs in the forked child of this single-threaded process
+        // before exec. The working directory is entered as the user, so
+        // that the user's own access rights (root-squashed NFS homes, 0700
+        // directories) decide.
+        unsafe {
+            command.pre_exec(move || {
+                nix::unistd::setgroups(&groups)?;
+                nix::unistd::setgid(gid)?;
+                nix::unistd::setuid(uid)?;
+                if let Some(workdir) = &workdir {
+                    nix::unistd::chdir(workdir.as_path())?;
+                }
+                Ok(())
+            });
+        }
+    }
+    if !user_files.is_empty() {
+        let flags = if request.append_output {
+            nix::fcntl::OFlag::O_APPEND
+        } else {
+            nix::fcntl::OFlag::O_TRUNC
+        } | nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_CREAT;
+        // SAFETY: runs in the forked child before exec, after the user
+        // switch above (so the job's user opens its own files, with its
+        // own rights); open and dup2 are async-signal-safe, and the paths
+        // were made before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                for (path, target) in &user_files {
+                    let fd = nix::fcntl::open(path.as_c_str(), flags, nix::sys::stat::Mode::from_bits_truncate(0o644))?;
+                    if fd != *target {
+                        nix::unistd::dup2(fd, *target)?;
+                        nix::unistd::close(fd)?;
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+    Ok((command, interactive))
+}
+
+/// An interactive attempt's terminal, and the file its output goes to.
+pub(super) type Interactive = (crate::terminal::Terminal, Option<std::fs::File>);
+
+/// A failed start, naming the job's own output files (which its user
+/// could not open, perhaps).
+pub(super) fn with_output_files(request: &LaunchRequest, err: std::io::Error) -> String {
+    let files: Vec<String> = [&request.user_stdout, &request.user_stderr]
+        .into_iter()
+        .flatten()
+        .map(|path| path.display().to_string())
+        .collect();
+    if files.is_empty() {
+        err.to_string()
+    } else {
+        format!("{err} (or opening its output file {})", files.join(" or "))
+    }
+}
+
+/// The `-o/-e` files as C strings with the descriptor each replaces.
+fn user_output_files(request: &LaunchRequest) -> Result<Vec<(std::ffi::CString, i32)>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    [(&request.user_stdout, 1), (&request.user_stderr, 2)]
+        .into_iter()
+        .filter_map(|(path, fd)| Some((path.as_ref()?, fd)))
+        .map(|(path, fd)| {
+            std::ffi::CString::new(path.as_os_str().as_bytes())
+                .map(|path| (path, fd))
+                .map_err(|_| format!("{}: a path has no NUL", path.display()))
+        })
+        .collect()
+}

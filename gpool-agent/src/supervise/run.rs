@@ -1,0 +1,252 @@
+//! A supervisor's run of one attempt: its job run to the end (time limit,
+//! lease, output cap), then its output cut and tidied, its exit record
+//! written and its cgroup and container removed.
+
+use super::group::{group_members, ChildExit};
+use super::prepare::{prepare, with_output_files};
+use super::*;
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+
+/// How long a supervisor keeps killing what is left in the attempt's cgroup.
+const CGROUP_SWEEP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The supervisor, in the forked child: sets the attempt up, runs the job,
+/// records how it ended, exits. Whatever the spawner did on the way here
+/// (opening files, creating directories) it does not wait for. With `warm`
+/// (the cgroup it waited in), that cgroup becomes the attempt's first and
+/// the job is born in it; the supervisor leaves it once the end is
+/// recorded.
+pub(super) fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
+    let born_in_first = match (warm, &request.cgroup) {
+        (Some(warm), Some(cgroup)) => warm
+            .become_first_of(cgroup)
+            .map_err(crate::cgroup::Warm::discard)
+            .is_ok(),
+        (Some(warm), None) => {
+            warm.discard();
+            false
+        }
+        (None, _) => false,
+    };
+    let ended = match prepare(request, usize::from(born_in_first)) {
+        Ok((mut command, terminal)) => match command.spawn().map_err(|err| with_output_files(request, err)) {
+            Ok(child) => {
+                // The terminal's slave side is the job's alone from here.
+                drop(command);
+                let relayed = terminal.map(|(terminal, out)| {
+                    crate::terminal::JOB_SESSION.store(child.id() as i32, std::sync::atomic::Ordering::Relaxed);
+                    terminal.relay(out)
+                });
+                let ended = run_to_end(request, child);
+                // Its last output is written before its end is recorded
+                // (a process it left holding the terminal is not waited for).
+                if let Some(relayed) = relayed {
+                    let _ = relayed.recv_timeout(std::time::Duration::from_secs(2));
+                }
+                // A job its memory limit killed ran out of memory, whatever
+                // its exit says (a shell reports its child's SIGKILL as 137).
+                let out_of_memory = !matches!(
+                    ended,
+                    Ended::Code(0) | Ended::Fenced | Ended::TimedOut | Ended::OutputLimit
+                ) && request
+                    .cgroup
+                    .as_ref()
+                    .is_some_and(crate::cgroup::AttemptCgroup::oom_killed);
+                let ended = if out_of_memory { Ended::OutOfMemory } else { ended };
+                // What the job left behind (detached or not) ends with it.
+                if let Some(cgroup) = &request.cgroup {
+                    cgroup.sweep(CGROUP_SWEEP_PATIENCE);
+                }
+                ended
+            }
+            Err(err) => Ended::FailedToStart(match (&request.run_as, &request.workdir) {
+                (Some(user), Some(workdir)) => format!(
+                    "cannot run {:?} as {} in {}: {err}",
+                    request.program,
+                    user.name,
+                    workdir.display()
+                ),
+                _ => format!("cannot run {:?}: {err}", request.program),
+            }),
+        },
+        Err(reason) => Ended::FailedToStart(reason),
+    };
+    // Only the spool's files are cut: this process is root here, and a
+    // user's own `-o` path may by now lead anywhere (a symlink).
+    if let Some(cap) = request.max_output.filter(|_| ended == Ended::OutputLimit) {
+        for path in [&request.stdout, &request.stderr].into_iter().flatten() {
+            cut_output(path, cap);
+        }
+    }
+    // Empty output is not kept: a missing file reads as empty.
+    for path in [&request.stdout, &request.stderr].into_iter().flatten() {
+        if std::fs::metadata(path).is_ok_and(|meta| meta.len() == 0) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    // A checkpoint dir the attempt left empty goes (one a job wrote to
+    // stays for its next attempt), before the record: attempts are fenced,
+    // so a next attempt starts only once this one is known to be over,
+    // and this never takes the dir from under it.
+    let _ = std::fs::remove_dir(&request.checkpoint_dir);
+    // One short write: a reader that catches it half written (only the
+    // agent's recovery can, while this process still runs) finds no valid
+    // line and looks again once this process is gone.
+    let record = format!("{} {} {}\n", request.job_id, request.epoch, ended.to_line());
+    write_exit_record(&request.exit_file, record.as_bytes());
+    if let Some(cgroup) = &request.cgroup {
+        if born_in_first {
+            let _ = cgroup.dirs.first().map(|first| crate::cgroup::leave(first));
+        }
+        cgroup.remove();
+    }
+    if let Some(env_file) = &request.container_env_file {
+        let _ = std::fs::remove_file(env_file);
+    }
+    if let Some([program, args @ ..]) = request.container_cleanup.as_deref() {
+        let _ = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    // SAFETY: ends this process at once, as a forked child should (no
+    // atexit handlers or buffers of the spawner to run twice).
+    unsafe { nix::libc::_exit(0) }
+}
+
+/// Writes the exit record over its slot (in place: the agent made the
+/// slot with room for it), and on a full disk tries again every second
+/// until it lands: the agent learns how the attempt ended from this
+/// record alone, so it is never given up.
+fn write_exit_record(exit_file: &Path, record: &[u8]) {
+    let mut told = false;
+    while let Err(err) = crate::spool::write_in_place(exit_file, record) {
+        if !told {
+            eprintln!(
+                "{SUPERVISOR_BIN}: {}: {err}; trying again every second",
+                exit_file.display()
+            );
+            told = true;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// The files the job's stdout and stderr go to.
+fn output_files(request: &LaunchRequest) -> impl Iterator<Item = &PathBuf> {
+    [
+        request.user_stdout.as_ref().or(request.stdout.as_ref()),
+        request.user_stderr.as_ref().or(request.stderr.as_ref()),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// Whether an output file of the job holds more than `cap` bytes.
+fn output_over(request: &LaunchRequest, cap: u64) -> bool {
+    output_files(request).any(|path| std::fs::metadata(path).is_ok_and(|meta| meta.len() > cap))
+}
+
+/// Cuts an output file the job overfilled back to `cap` bytes and says so
+/// at its end (cutting frees the space the line needs).
+fn cut_output(path: &Path, cap: u64) {
+    use std::io::Seek;
+    let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(path) else {
+        return;
+    };
+    if file.metadata().is_ok_and(|meta| meta.len() > cap) && file.set_len(cap).is_ok() {
+        let line = format!(
+            "\n[gpool: output cut at max_output ({}); the job was ended]\n",
+            crate::spool::human_bytes(cap)
+        );
+        let _ = file
+            .seek(std::io::SeekFrom::End(0))
+            .and_then(|_| file.write_all(line.as_bytes()));
+    }
+}
+
+/// Grace between SIGTERM and SIGKILL when a time limit runs out.
+pub const TIME_LIMIT_GRACE_MS: u64 = 10_000;
+/// How often a supervisor looks at the lease and the time limit.
+const CHECK_EVERY_MS: u64 = 200;
+
+/// Waits for the job, ending it when its time limit or the node's lease
+/// runs out: its signal first, then SIGKILL to everything of the attempt
+/// but this process once the grace is over.
+fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended {
+    let started = boot_ms();
+    let exited = ChildExit::open(child.id() as i32);
+    // Why we are ending it, and when SIGKILL follows.
+    let mut ending: Option<(Ended, u64)> = None;
+    let mut lease = request.fence.as_ref().and_then(|fence| Lease::read(&fence.lease_file));
+    let own_pid = nix::unistd::getpid().as_raw();
+    let mut status = None;
+    loop {
+        if status.is_none() {
+            exited.wait(CHECK_EVERY_MS);
+            status = child.try_wait().ok().flatten();
+        }
+        if let Some(status) = status {
+            // Being ended, the attempt is over only when nothing of it is
+            // left (a leader that dies first leaves the rest to the grace).
+            let rest_gone = ending.is_none() || group_members(own_pid).is_empty();
+            if rest_gone {
+                return match (&ending, status.code(), status.signal()) {
+                    (Some((cause, _)), _, _) => cause.clone(),
+                    (None, Some(code), _) => Ended::Code(code),
+                    (None, None, Some(signal)) => Ended::Signal(signal),
+                    (None, None, None) => Ended::FailedToStart("no exit status".into()),
+                };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let now = boot_ms();
+        // Whatever else ends the attempt (its time limit's grace), the
+        // node's lease bounds it: once the lease runs out, the attempt is
+        // gone by the lease's grace, as a fenced one is, before gpoold
+        // requeues it elsewhere.
+        if let (Some((_, kill_at)), Some(fence)) = (ending.as_mut(), &request.fence) {
+            lease = Lease::read(&fence.lease_file).or(lease);
+            if let Some(lease) = lease.filter(|lease| now >= lease.until_ms) {
+                *kill_at = (*kill_at).min(lease.until_ms + fence.grace_ms.min(lease.grace_ms));
+            }
+        }
+        match &ending {
+            Some((_, kill_at)) if now >= *kill_at => {
+                kill_all_but_supervisor(own_pid, request.cgroup.as_ref());
+            }
+            Some(_) => {}
+            None => {
+                let over_time = request
+                    .time_limit_ms
+                    .is_some_and(|limit| now >= started.saturating_add(limit));
+                if let Some(fence) = &request.fence {
+                    // A lease file being replaced may be missing for a moment.
+                    lease = Lease::read(&fence.lease_file).or(lease);
+                }
+                let fenced = match (&request.fence, lease) {
+                    (Some(fence), Some(lease)) if now >= lease.until_ms => Some((fence, lease)),
+                    _ => None,
+                };
+                let over_output = request.max_output.is_some_and(|cap| output_over(request, cap));
+                if over_output {
+                    // Output at this rate fills the disk in seconds: no grace.
+                    kill_all_but_supervisor(own_pid, request.cgroup.as_ref());
+                    ending = Some((Ended::OutputLimit, now));
+                } else if let Some((fence, lease)) = fenced {
+                    let signal =
+                        nix::sys::signal::Signal::try_from(fence.signal).unwrap_or(nix::sys::signal::Signal::SIGTERM);
+                    let _ = nix::sys::signal::killpg(nix::unistd::getpgrp(), signal);
+                    ending = Some((Ended::Fenced, now + fence.grace_ms.min(lease.grace_ms)));
+                } else if over_time {
+                    let _ = nix::sys::signal::killpg(nix::unistd::getpgrp(), nix::sys::signal::Signal::SIGTERM);
+                    ending = Some((Ended::TimedOut, now + TIME_LIMIT_GRACE_MS));
+                }
+            }
+        }
+    }
+}
