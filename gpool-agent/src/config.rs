@@ -190,145 +190,21 @@ impl AgentConfig {
     pub fn parse(file: &str, text: &str) -> Result<AgentConfig, ConfigError> {
         let invalid = |offset: usize, message: String| toml_text::invalid(file, text, offset, message);
         let parsed: AgentFile = toml_text::parse(file, text)?;
-        let heartbeat_interval = match parsed.heartbeat_interval {
-            None => Duration::from_secs(2),
-            Some(spanned) => humantime::parse_duration(spanned.get_ref())
-                .ok()
-                .filter(|interval| !interval.is_zero())
-                .ok_or_else(|| {
-                    invalid(
-                        spanned.span().start,
-                        format!(
-                            "heartbeat_interval: {:?} is not a duration such as 2s",
-                            spanned.get_ref()
-                        ),
-                    )
-                })?,
-        };
-        let size = |field: &str, given: Option<toml::Spanned<String>>, default: u64| match given {
-            None => Ok(default),
-            Some(spanned) => gpool_core::spec::parse_size(spanned.get_ref())
-                .map_err(|reason| invalid(spanned.span().start, format!("{field}: {reason}"))),
-        };
-        let min_spool_free = size("min_spool_free", parsed.min_spool_free, DEFAULT_MIN_SPOOL_FREE)?;
-        let max_output = size("max_output", parsed.max_output, DEFAULT_MAX_OUTPUT)?;
-        let keep_job_files = match parsed.keep_job_files {
-            None => DEFAULT_KEEP_JOB_FILES,
-            Some(spanned) => humantime::parse_duration(spanned.get_ref())
-                .ok()
-                .filter(|keep| !keep.is_zero())
-                .ok_or_else(|| {
-                    invalid(
-                        spanned.span().start,
-                        format!("keep_job_files: {:?} is not a duration such as 7d", spanned.get_ref()),
-                    )
-                })?,
-        };
-        let max_pids = match parsed.max_pids {
-            None => DEFAULT_MAX_PIDS,
-            Some(spanned) if *spanned.get_ref() >= 16 || *spanned.get_ref() == 0 => spanned.into_inner(),
-            Some(spanned) => {
-                return Err(invalid(
-                    spanned.span().start,
-                    format!(
-                        "max_pids: {} is too few for any job (at least 16; 0: no limit)",
-                        spanned.get_ref()
-                    ),
-                ))
-            }
-        };
-        let cpus = match parsed.cpus {
-            None => crate::host::cpus(),
-            Some(spanned) if *spanned.get_ref() > 0 => spanned.into_inner(),
-            Some(spanned) => {
-                return Err(invalid(
-                    spanned.span().start,
-                    "cpus: 0 would leave jobs none; leave it out for the host's own".to_string(),
-                ))
-            }
-        };
-        let memory_bytes = match parsed.memory {
-            None => crate::host::memory_bytes(),
-            Some(spanned) => match size("memory", Some(spanned.clone()), 0)? {
-                0 => {
-                    return Err(invalid(
-                        spanned.span().start,
-                        "memory: 0 would leave jobs none; leave it out for the host's own".to_string(),
-                    ))
-                }
-                bytes => bytes,
-            },
-        };
-        // What gpoold takes in a Register.
-        if parsed.labels.len() > 64 {
-            return Err(invalid(
-                0,
-                format!("labels: {} labels, more than 64", parsed.labels.len()),
-            ));
-        }
-        if let Some((key, _)) = parsed
-            .labels
-            .iter()
-            .find(|(key, value)| key.is_empty() || key.len() > 63 || value.len() > 253)
-        {
-            return Err(invalid(
-                0,
-                format!("labels: {key:.63?} needs a key of 1 to 63 bytes and a value of at most 253"),
-            ));
-        }
-        for gpu in &parsed.simulated_gpu {
-            if gpu.utilization_pct > 100 || gpu.memory_used_mib > gpu.memory_mib {
-                return Err(invalid(
-                    0,
-                    format!(
-                        "simulated_gpu: model {:?}: utilization_pct is at most 100, memory_used_mib at most memory_mib",
-                        gpu.model
-                    ),
-                ));
-            }
-            if let Some(bad) = gpu
-                .mig
-                .iter()
-                .find(|profile| crate::gpu::simulated::mig_memory_mib(profile).is_none())
-            {
-                return Err(invalid(
-                    0,
-                    format!(
-                        "simulated_gpu: model {:?}: mig: {bad:?} is not a MIG profile such as 3g.20gb",
-                        gpu.model
-                    ),
-                ));
-            }
-            if gpu.count == 0 || gpu.model.trim().is_empty() {
-                return Err(invalid(
-                    0,
-                    format!(
-                        "simulated_gpu: model {:?} needs a name and a count of at least 1",
-                        gpu.model
-                    ),
-                ));
-            }
-        }
-        let n_simulated: u32 = parsed.simulated_gpu.iter().map(|gpu| gpu.count).sum();
-        let simulated_topology = match parsed.simulated_topology {
-            None => Topology::default(),
-            Some(spanned) => {
-                let declared = spanned.get_ref();
-                for (field, groups) in [("nvlink", &declared.nvlink), ("pcie_switch", &declared.pcie_switch)] {
-                    if let Some(bad) = groups.iter().flatten().find(|index| **index >= n_simulated) {
-                        return Err(invalid(
-                            spanned.span().start,
-                            format!(
-                                "simulated_topology.{field}: GPU {bad} is not one of the {n_simulated} simulated GPUs (indices from 0)"
-                            ),
-                        ));
-                    }
-                }
-                let mut links = group_links(&declared.nvlink, Link::Nvlink);
-                links.extend(group_links(&declared.pcie_switch, Link::PcieSwitch));
-                Topology::new(links)
-            }
-        };
+        let heartbeat_interval = heartbeat_interval_from_file(parsed.heartbeat_interval, &invalid)?;
+        let min_spool_free = size_from_file(
+            "min_spool_free",
+            parsed.min_spool_free,
+            DEFAULT_MIN_SPOOL_FREE,
+            &invalid,
+        )?;
+        let max_output = size_from_file("max_output", parsed.max_output, DEFAULT_MAX_OUTPUT, &invalid)?;
+        let keep_job_files = keep_job_files_from_file(parsed.keep_job_files, &invalid)?;
+        let max_pids = max_pids_from_file(parsed.max_pids, &invalid)?;
+        let cpus = cpus_from_file(parsed.cpus, &invalid)?;
+        let memory_bytes = memory_from_file(parsed.memory, &invalid)?;
+        check_labels(&parsed.labels, &invalid)?;
+        check_simulated_gpus(&parsed.simulated_gpu, &invalid)?;
+        let simulated_topology = topology_from_file(parsed.simulated_topology, &parsed.simulated_gpu, &invalid)?;
         let node_name = match parsed.node_name {
             Some(name) if !name.trim().is_empty() => name,
             _ => nix::unistd::gethostname()
@@ -336,72 +212,9 @@ impl AgentConfig {
                 .and_then(|name| name.into_string().ok())
                 .unwrap_or_else(|| "localhost".into()),
         };
-        let cert = match (parsed.cert, parsed.key) {
-            (Some(cert), Some(key)) => Some((cert.into_inner(), key.into_inner())),
-            (None, None) => None,
-            (Some(spanned), None) | (None, Some(spanned)) => {
-                return Err(invalid(
-                    spanned.span().start,
-                    "cert, key: give both the node's certificate and its key, or neither".into(),
-                ))
-            }
-        };
-        if cert.is_some() && parsed.ca.is_none() {
-            return Err(invalid(
-                0,
-                "ca: a client certificate needs the cluster CA to check gpoold's".into(),
-            ));
-        }
-        let container_runtime = match parsed.container_runtime {
-            None => "podman".to_string(),
-            Some(spanned) => {
-                let runtime = spanned.get_ref();
-                let name = Path::new(runtime)
-                    .file_name()
-                    .and_then(|name| name.to_str())
-                    .unwrap_or("");
-                if !matches!(name, "podman" | "docker") {
-                    return Err(invalid(
-                        spanned.span().start,
-                        format!("container_runtime: {runtime:?} is not podman or docker (or a path to one)"),
-                    ));
-                }
-                spanned.into_inner()
-            }
-        };
-        let health_program = match parsed.health_check {
-            None => None,
-            Some(spanned) => {
-                let offset = spanned.span().start;
-                let declared = spanned.into_inner();
-                let duration = |field: &str, given: &Option<String>, default: Duration| match given {
-                    None => Ok(default),
-                    Some(text) => humantime::parse_duration(text)
-                        .ok()
-                        .filter(|d| !d.is_zero())
-                        .ok_or_else(|| {
-                            invalid(
-                                offset,
-                                format!("health_check.{field}: {text:?} is not a duration such as 30s"),
-                            )
-                        }),
-                };
-                if !declared.program.is_absolute() {
-                    return Err(invalid(
-                        offset,
-                        format!(
-                            "health_check.program: {} is not an absolute path",
-                            declared.program.display()
-                        ),
-                    ));
-                }
-                Some(crate::gpu::health::HealthProgram {
-                    interval: duration("interval", &declared.interval, Duration::from_secs(60))?,
-                    timeout: duration("timeout", &declared.timeout, Duration::from_secs(60))?,
-                    program: declared.program,
-                })
-            }
-        };
+        let cert = cert_from_file(parsed.cert, parsed.key, parsed.ca.is_some(), &invalid)?;
+        let container_runtime = container_runtime_from_file(parsed.container_runtime, &invalid)?;
+        let health_program = health_check_from_file(parsed.health_check, &invalid)?;
         Ok(AgentConfig {
             nvml_library: parsed.nvml_library.unwrap_or_else(nvml_library_from_env),
             health_program,
@@ -425,6 +238,297 @@ impl AgentConfig {
             simulated_topology,
         })
     }
+}
+
+/// `heartbeat_interval`: a duration above zero (default 2s).
+fn heartbeat_interval_from_file(
+    given: Option<toml::Spanned<String>>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Duration, ConfigError> {
+    Ok(match given {
+        None => Duration::from_secs(2),
+        Some(spanned) => humantime::parse_duration(spanned.get_ref())
+            .ok()
+            .filter(|interval| !interval.is_zero())
+            .ok_or_else(|| {
+                invalid(
+                    spanned.span().start,
+                    format!(
+                        "heartbeat_interval: {:?} is not a duration such as 2s",
+                        spanned.get_ref()
+                    ),
+                )
+            })?,
+    })
+}
+
+/// A size field such as `min_spool_free` (`10G`), in bytes; `default` where left out.
+fn size_from_file(
+    field: &str,
+    given: Option<toml::Spanned<String>>,
+    default: u64,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<u64, ConfigError> {
+    match given {
+        None => Ok(default),
+        Some(spanned) => gpool_core::spec::parse_size(spanned.get_ref())
+            .map_err(|reason| invalid(spanned.span().start, format!("{field}: {reason}"))),
+    }
+}
+
+/// `keep_job_files`: a duration above zero (default 7 days).
+fn keep_job_files_from_file(
+    given: Option<toml::Spanned<String>>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Duration, ConfigError> {
+    Ok(match given {
+        None => DEFAULT_KEEP_JOB_FILES,
+        Some(spanned) => humantime::parse_duration(spanned.get_ref())
+            .ok()
+            .filter(|keep| !keep.is_zero())
+            .ok_or_else(|| {
+                invalid(
+                    spanned.span().start,
+                    format!("keep_job_files: {:?} is not a duration such as 7d", spanned.get_ref()),
+                )
+            })?,
+    })
+}
+
+/// `max_pids`: 0 (no limit) or at least 16.
+fn max_pids_from_file(
+    given: Option<toml::Spanned<u64>>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<u64, ConfigError> {
+    Ok(match given {
+        None => DEFAULT_MAX_PIDS,
+        Some(spanned) if *spanned.get_ref() >= 16 || *spanned.get_ref() == 0 => spanned.into_inner(),
+        Some(spanned) => {
+            return Err(invalid(
+                spanned.span().start,
+                format!(
+                    "max_pids: {} is too few for any job (at least 16; 0: no limit)",
+                    spanned.get_ref()
+                ),
+            ))
+        }
+    })
+}
+
+/// `cpus`: at least 1; the host's own where left out.
+fn cpus_from_file(
+    given: Option<toml::Spanned<u32>>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<u32, ConfigError> {
+    Ok(match given {
+        None => crate::host::cpus(),
+        Some(spanned) if *spanned.get_ref() > 0 => spanned.into_inner(),
+        Some(spanned) => {
+            return Err(invalid(
+                spanned.span().start,
+                "cpus: 0 would leave jobs none; leave it out for the host's own".to_string(),
+            ))
+        }
+    })
+}
+
+/// `memory`: a size above zero, in bytes; the host's own where left out.
+fn memory_from_file(
+    given: Option<toml::Spanned<String>>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<u64, ConfigError> {
+    Ok(match given {
+        None => crate::host::memory_bytes(),
+        Some(spanned) => match size_from_file("memory", Some(spanned.clone()), 0, invalid)? {
+            0 => {
+                return Err(invalid(
+                    spanned.span().start,
+                    "memory: 0 would leave jobs none; leave it out for the host's own".to_string(),
+                ))
+            }
+            bytes => bytes,
+        },
+    })
+}
+
+/// `[labels]`: at most 64, each key 1 to 63 bytes and each value at most 253.
+fn check_labels(
+    labels: &BTreeMap<String, String>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    // What gpoold takes in a Register.
+    if labels.len() > 64 {
+        return Err(invalid(0, format!("labels: {} labels, more than 64", labels.len())));
+    }
+    if let Some((key, _)) = labels
+        .iter()
+        .find(|(key, value)| key.is_empty() || key.len() > 63 || value.len() > 253)
+    {
+        return Err(invalid(
+            0,
+            format!("labels: {key:.63?} needs a key of 1 to 63 bytes and a value of at most 253"),
+        ));
+    }
+    Ok(())
+}
+
+/// Each `[[simulated_gpu]]`: samples in range, MIG profiles known, a name and a count.
+fn check_simulated_gpus(
+    gpus: &[SimulatedGpu],
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    for gpu in gpus {
+        if gpu.utilization_pct > 100 || gpu.memory_used_mib > gpu.memory_mib {
+            return Err(invalid(
+                0,
+                format!(
+                    "simulated_gpu: model {:?}: utilization_pct is at most 100, memory_used_mib at most memory_mib",
+                    gpu.model
+                ),
+            ));
+        }
+        if let Some(bad) = gpu
+            .mig
+            .iter()
+            .find(|profile| crate::gpu::simulated::mig_memory_mib(profile).is_none())
+        {
+            return Err(invalid(
+                0,
+                format!(
+                    "simulated_gpu: model {:?}: mig: {bad:?} is not a MIG profile such as 3g.20gb",
+                    gpu.model
+                ),
+            ));
+        }
+        if gpu.count == 0 || gpu.model.trim().is_empty() {
+            return Err(invalid(
+                0,
+                format!(
+                    "simulated_gpu: model {:?} needs a name and a count of at least 1",
+                    gpu.model
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `[simulated_topology]` as a `Topology`, each index one of the simulated GPUs.
+fn topology_from_file(
+    given: Option<toml::Spanned<SimulatedTopology>>,
+    gpus: &[SimulatedGpu],
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Topology, ConfigError> {
+    let n_simulated: u32 = gpus.iter().map(|gpu| gpu.count).sum();
+    Ok(match given {
+        None => Topology::default(),
+        Some(spanned) => {
+            let declared = spanned.get_ref();
+            for (field, groups) in [("nvlink", &declared.nvlink), ("pcie_switch", &declared.pcie_switch)] {
+                if let Some(bad) = groups.iter().flatten().find(|index| **index >= n_simulated) {
+                    return Err(invalid(
+                        spanned.span().start,
+                        format!(
+                            "simulated_topology.{field}: GPU {bad} is not one of the {n_simulated} simulated GPUs (indices from 0)"
+                        ),
+                    ));
+                }
+            }
+            let mut links = group_links(&declared.nvlink, Link::Nvlink);
+            links.extend(group_links(&declared.pcie_switch, Link::PcieSwitch));
+            Topology::new(links)
+        }
+    })
+}
+
+/// `cert` and `key`: both or neither, and with them a `ca`.
+fn cert_from_file(
+    cert: Option<toml::Spanned<PathBuf>>,
+    key: Option<toml::Spanned<PathBuf>>,
+    has_ca: bool,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Option<(PathBuf, PathBuf)>, ConfigError> {
+    let cert = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert.into_inner(), key.into_inner())),
+        (None, None) => None,
+        (Some(spanned), None) | (None, Some(spanned)) => {
+            return Err(invalid(
+                spanned.span().start,
+                "cert, key: give both the node's certificate and its key, or neither".into(),
+            ))
+        }
+    };
+    if cert.is_some() && !has_ca {
+        return Err(invalid(
+            0,
+            "ca: a client certificate needs the cluster CA to check gpoold's".into(),
+        ));
+    }
+    Ok(cert)
+}
+
+/// `container_runtime`: podman or docker, or a path to one (default podman).
+fn container_runtime_from_file(
+    given: Option<toml::Spanned<String>>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<String, ConfigError> {
+    Ok(match given {
+        None => "podman".to_string(),
+        Some(spanned) => {
+            let runtime = spanned.get_ref();
+            let name = Path::new(runtime)
+                .file_name()
+                .and_then(|name| name.to_str())
+                .unwrap_or("");
+            if !matches!(name, "podman" | "docker") {
+                return Err(invalid(
+                    spanned.span().start,
+                    format!("container_runtime: {runtime:?} is not podman or docker (or a path to one)"),
+                ));
+            }
+            spanned.into_inner()
+        }
+    })
+}
+
+/// `[health_check]`: an absolute program path, then its interval and timeout.
+fn health_check_from_file(
+    given: Option<toml::Spanned<HealthCheckFile>>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Option<crate::gpu::health::HealthProgram>, ConfigError> {
+    Ok(match given {
+        None => None,
+        Some(spanned) => {
+            let offset = spanned.span().start;
+            let declared = spanned.into_inner();
+            let duration = |field: &str, given: &Option<String>, default: Duration| match given {
+                None => Ok(default),
+                Some(text) => humantime::parse_duration(text)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        invalid(
+                            offset,
+                            format!("health_check.{field}: {text:?} is not a duration such as 30s"),
+                        )
+                    }),
+            };
+            if !declared.program.is_absolute() {
+                return Err(invalid(
+                    offset,
+                    format!(
+                        "health_check.program: {} is not an absolute path",
+                        declared.program.display()
+                    ),
+                ));
+            }
+            Some(crate::gpu::health::HealthProgram {
+                interval: duration("interval", &declared.interval, Duration::from_secs(60))?,
+                timeout: duration("timeout", &declared.timeout, Duration::from_secs(60))?,
+                program: declared.program,
+            })
+        }
+    })
 }
 
 #[cfg(test)]

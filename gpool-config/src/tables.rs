@@ -101,187 +101,20 @@ pub(super) fn sharing_from_file(
     invalid: &dyn Fn(usize, String) -> ConfigError,
 ) -> Result<Sharing, ConfigError> {
     let mut sharing = Sharing::default();
-    let name_ok = |name: &str| {
-        !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-    };
-    let duration = |offset: usize, field: &str, text: &Option<String>| -> Result<Option<u64>, ConfigError> {
-        match text {
-            None => Ok(None),
-            Some(text) => parse_duration(text)
-                .map(Some)
-                .map_err(|reason| invalid(offset, format!("{field}: {reason}"))),
-        }
-    };
     if let Some(spanned) = file {
-        let at = spanned.span().start;
-        let file = spanned.into_inner();
-        if let Some(period) = &file.period {
-            sharing.period = match period.as_str() {
-                "day" => Period::Day,
-                "week" => Period::Week,
-                "month" => Period::Month,
-                other => {
-                    return Err(invalid(
-                        at,
-                        format!("sharing.period: {other:?} is not day, week or month"),
-                    ))
-                }
-            };
-        }
-        if let Some(zone) = &file.time_zone {
-            sharing.time_zone = jiff::tz::TimeZone::get(zone)
-                .map_err(|err| invalid(at, format!("sharing.time_zone: {zone:?}: {err}")))?;
-        }
-        if let Some(half_life) = duration(at, "sharing.half_life", &file.half_life)? {
-            sharing.half_life_secs = half_life as f64;
-        }
-        if let Some(cap) = file.waste_cap_gpu_hours_per_hour {
-            if cap.is_nan() || cap < 0.0 {
-                return Err(invalid(
-                    at,
-                    format!("sharing.waste_cap_gpu_hours_per_hour: {cap} is not zero or more"),
-                ));
-            }
-            sharing.waste_cap_gpu_hours_per_hour = cap;
-        }
-        if let Some(max_grace) = duration(at, "sharing.max_grace", &file.max_grace)? {
-            sharing.max_grace_secs = max_grace;
-        }
-        if let Some(max_user_priority) = file.max_user_priority {
-            if max_user_priority < 0 {
-                return Err(invalid(
-                    at,
-                    format!("sharing.max_user_priority: {max_user_priority} is not zero or more"),
-                ));
-            }
-            sharing.max_user_priority = max_user_priority;
-        }
-        if let Some(default_qos) = file.default_qos {
-            sharing.default_qos = default_qos;
-        }
-        sharing.user_limits = UserLimits {
-            max_jobs: file.max_jobs_per_user,
-            max_gpus: file.max_gpus_per_user,
-            max_submit: file.max_submit_per_user,
-        };
-        if let Some(weights) = file.weights {
-            let weight = |field: &str, value: Option<f64>, default: f64| -> Result<f64, ConfigError> {
-                match value {
-                    Some(value) if value.is_nan() || value < 0.0 => Err(invalid(
-                        at,
-                        format!("sharing.weights.{field}: {value} is not zero or more"),
-                    )),
-                    Some(value) => Ok(value),
-                    None => Ok(default),
-                }
-            };
-            let defaults = sharing.weights;
-            sharing.weights = Weights {
-                qos: weight("qos", weights.qos, defaults.qos)?,
-                fair_share: weight("fair_share", weights.fair_share, defaults.fair_share)?,
-                age: weight("age", weights.age, defaults.age)?,
-                size: weight("size", weights.size, defaults.size)?,
-                max_age_secs: duration(at, "sharing.weights.max_age", &weights.max_age)?
-                    .unwrap_or(defaults.max_age_secs),
-            };
-        }
+        sharing_table(&mut sharing, spanned, invalid)?;
     }
     let mut seen = std::collections::HashSet::new();
     for spanned in teams {
-        let at = spanned.span().start;
-        let team = spanned.into_inner();
-        if !name_ok(&team.name) || !seen.insert(team.name.clone()) {
-            return Err(invalid(
-                at,
-                format!(
-                    "team.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
-                    team.name
-                ),
-            ));
-        }
-        if team.shares == 0 {
-            return Err(invalid(
-                at,
-                format!("team.shares: team {} needs at least 1 share", team.name),
-            ));
-        }
-        if let Some(max_gpus) = team.max_gpus.filter(|max| *max < team.guaranteed_gpus) {
-            return Err(invalid(
-                at,
-                format!(
-                    "team.max_gpus: team {} caps at {max_gpus} GPUs, below its {} guaranteed",
-                    team.name, team.guaranteed_gpus
-                ),
-            ));
-        }
-        sharing.teams.push(Team {
-            name: team.name,
-            shares: team.shares,
-            guaranteed_gpus: team.guaranteed_gpus,
-            guaranteed_in: team
-                .guaranteed_in
-                .into_iter()
-                .map(|(key, gpus)| {
-                    // A pool name as written; anything else is a GPU model.
-                    let pool = policy_pools.contains(&key);
-                    (
-                        if pool {
-                            key
-                        } else {
-                            GpuModel::new(&key).as_str().to_string()
-                        },
-                        gpus,
-                    )
-                })
-                .collect(),
-            gpu_hours: team.gpu_hours,
-            max_gpus: team.max_gpus,
-            members: team.members,
-            leads: team.leads,
-            user_limits: UserLimits {
-                max_jobs: team.max_jobs_per_user,
-                max_gpus: team.max_gpus_per_user,
-                max_submit: team.max_submit_per_user,
-            },
-        });
+        let team = team_from_file(spanned, &mut seen, policy_pools, invalid)?;
+        sharing.teams.push(team);
     }
     if !qos.is_empty() {
         sharing.qos.clear();
     }
     for spanned in qos {
-        let at = spanned.span().start;
-        let class = spanned.into_inner();
-        if !name_ok(&class.name) || sharing.qos.iter().any(|q| q.name == class.name) {
-            return Err(invalid(
-                at,
-                format!(
-                    "qos.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
-                    class.name
-                ),
-            ));
-        }
-        sharing.qos.push(Qos {
-            priority: class.priority,
-            max_time_secs: duration(at, "qos.max_time", &class.max_time)?,
-            preempt_lower: class.preempt_lower,
-            // "0s": no minimum runtime, as leaving it out.
-            min_runtime_secs: match class.min_runtime.as_deref().map(str::trim) {
-                Some("0" | "0s" | "0m") => 0,
-                _ => duration(at, "qos.min_runtime", &class.min_runtime)?.unwrap_or(0),
-            },
-            grace_secs: duration(at, "qos.grace", &class.grace)?.unwrap_or(60),
-            reserve_gpus: class.reserve_gpus,
-            user_limits: UserLimits {
-                max_jobs: class.max_jobs_per_user,
-                max_gpus: class.max_gpus_per_user,
-                max_submit: class.max_submit_per_user,
-            },
-            name: class.name,
-        });
+        let class = qos_from_file(spanned, &sharing.qos, invalid)?;
+        sharing.qos.push(class);
     }
     if sharing.qos(&sharing.default_qos).is_none() {
         return Err(invalid(
@@ -290,6 +123,225 @@ pub(super) fn sharing_from_file(
         ));
     }
     Ok(sharing)
+}
+
+/// Whether a team's or QoS's name is 1 to 64 letters, digits, '.', '_' and '-'.
+fn name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// An optional duration in seconds; a bad one is an error naming `field` at `offset`.
+fn optional_duration(
+    offset: usize,
+    field: &str,
+    text: &Option<String>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Option<u64>, ConfigError> {
+    match text {
+        None => Ok(None),
+        Some(text) => parse_duration(text)
+            .map(Some)
+            .map_err(|reason| invalid(offset, format!("{field}: {reason}"))),
+    }
+}
+
+/// The `[sharing]` table into `sharing`, field by field: period, time zone,
+/// half-life, waste cap, grace, user priority, default QoS, limits, weights.
+fn sharing_table(
+    sharing: &mut Sharing,
+    spanned: toml::Spanned<SharingFile>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let at = spanned.span().start;
+    let file = spanned.into_inner();
+    if let Some(period) = &file.period {
+        sharing.period = match period.as_str() {
+            "day" => Period::Day,
+            "week" => Period::Week,
+            "month" => Period::Month,
+            other => {
+                return Err(invalid(
+                    at,
+                    format!("sharing.period: {other:?} is not day, week or month"),
+                ))
+            }
+        };
+    }
+    if let Some(zone) = &file.time_zone {
+        sharing.time_zone =
+            jiff::tz::TimeZone::get(zone).map_err(|err| invalid(at, format!("sharing.time_zone: {zone:?}: {err}")))?;
+    }
+    if let Some(half_life) = optional_duration(at, "sharing.half_life", &file.half_life, invalid)? {
+        sharing.half_life_secs = half_life as f64;
+    }
+    if let Some(cap) = file.waste_cap_gpu_hours_per_hour {
+        if cap.is_nan() || cap < 0.0 {
+            return Err(invalid(
+                at,
+                format!("sharing.waste_cap_gpu_hours_per_hour: {cap} is not zero or more"),
+            ));
+        }
+        sharing.waste_cap_gpu_hours_per_hour = cap;
+    }
+    if let Some(max_grace) = optional_duration(at, "sharing.max_grace", &file.max_grace, invalid)? {
+        sharing.max_grace_secs = max_grace;
+    }
+    if let Some(max_user_priority) = file.max_user_priority {
+        if max_user_priority < 0 {
+            return Err(invalid(
+                at,
+                format!("sharing.max_user_priority: {max_user_priority} is not zero or more"),
+            ));
+        }
+        sharing.max_user_priority = max_user_priority;
+    }
+    if let Some(default_qos) = file.default_qos {
+        sharing.default_qos = default_qos;
+    }
+    sharing.user_limits = UserLimits {
+        max_jobs: file.max_jobs_per_user,
+        max_gpus: file.max_gpus_per_user,
+        max_submit: file.max_submit_per_user,
+    };
+    if let Some(weights) = file.weights {
+        sharing.weights = weights_from_file(at, weights, sharing.weights, invalid)?;
+    }
+    Ok(())
+}
+
+/// `[sharing.weights]`: each weight zero or more, unset ones from `defaults`.
+fn weights_from_file(
+    at: usize,
+    weights: WeightsFile,
+    defaults: Weights,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Weights, ConfigError> {
+    let weight = |field: &str, value: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+        match value {
+            Some(value) if value.is_nan() || value < 0.0 => Err(invalid(
+                at,
+                format!("sharing.weights.{field}: {value} is not zero or more"),
+            )),
+            Some(value) => Ok(value),
+            None => Ok(default),
+        }
+    };
+    Ok(Weights {
+        qos: weight("qos", weights.qos, defaults.qos)?,
+        fair_share: weight("fair_share", weights.fair_share, defaults.fair_share)?,
+        age: weight("age", weights.age, defaults.age)?,
+        size: weight("size", weights.size, defaults.size)?,
+        max_age_secs: optional_duration(at, "sharing.weights.max_age", &weights.max_age, invalid)?
+            .unwrap_or(defaults.max_age_secs),
+    })
+}
+
+/// One `[[team]]`, checked: a new, well-formed name, at least 1 share, and
+/// a cap no lower than its guarantee.
+fn team_from_file(
+    spanned: toml::Spanned<TeamFile>,
+    seen: &mut std::collections::HashSet<String>,
+    policy_pools: &[String],
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Team, ConfigError> {
+    let at = spanned.span().start;
+    let team = spanned.into_inner();
+    if !name_ok(&team.name) || !seen.insert(team.name.clone()) {
+        return Err(invalid(
+            at,
+            format!(
+                "team.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
+                team.name
+            ),
+        ));
+    }
+    if team.shares == 0 {
+        return Err(invalid(
+            at,
+            format!("team.shares: team {} needs at least 1 share", team.name),
+        ));
+    }
+    if let Some(max_gpus) = team.max_gpus.filter(|max| *max < team.guaranteed_gpus) {
+        return Err(invalid(
+            at,
+            format!(
+                "team.max_gpus: team {} caps at {max_gpus} GPUs, below its {} guaranteed",
+                team.name, team.guaranteed_gpus
+            ),
+        ));
+    }
+    Ok(Team {
+        name: team.name,
+        shares: team.shares,
+        guaranteed_gpus: team.guaranteed_gpus,
+        guaranteed_in: team
+            .guaranteed_in
+            .into_iter()
+            .map(|(key, gpus)| {
+                // A pool name as written; anything else is a GPU model.
+                let pool = policy_pools.contains(&key);
+                (
+                    if pool {
+                        key
+                    } else {
+                        GpuModel::new(&key).as_str().to_string()
+                    },
+                    gpus,
+                )
+            })
+            .collect(),
+        gpu_hours: team.gpu_hours,
+        max_gpus: team.max_gpus,
+        members: team.members,
+        leads: team.leads,
+        user_limits: UserLimits {
+            max_jobs: team.max_jobs_per_user,
+            max_gpus: team.max_gpus_per_user,
+            max_submit: team.max_submit_per_user,
+        },
+    })
+}
+
+/// One `[[qos]]`, checked: a well-formed name not among `earlier`, and its
+/// durations (max time, min runtime, grace).
+fn qos_from_file(
+    spanned: toml::Spanned<QosFile>,
+    earlier: &[Qos],
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Qos, ConfigError> {
+    let at = spanned.span().start;
+    let class = spanned.into_inner();
+    if !name_ok(&class.name) || earlier.iter().any(|q| q.name == class.name) {
+        return Err(invalid(
+            at,
+            format!(
+                "qos.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
+                class.name
+            ),
+        ));
+    }
+    Ok(Qos {
+        priority: class.priority,
+        max_time_secs: optional_duration(at, "qos.max_time", &class.max_time, invalid)?,
+        preempt_lower: class.preempt_lower,
+        // "0s": no minimum runtime, as leaving it out.
+        min_runtime_secs: match class.min_runtime.as_deref().map(str::trim) {
+            Some("0" | "0s" | "0m") => 0,
+            _ => optional_duration(at, "qos.min_runtime", &class.min_runtime, invalid)?.unwrap_or(0),
+        },
+        grace_secs: optional_duration(at, "qos.grace", &class.grace, invalid)?.unwrap_or(60),
+        reserve_gpus: class.reserve_gpus,
+        user_limits: UserLimits {
+            max_jobs: class.max_jobs_per_user,
+            max_gpus: class.max_gpus_per_user,
+            max_submit: class.max_submit_per_user,
+        },
+        name: class.name,
+    })
 }
 
 /// One `[[pool]]`: a name, the node labels it selects, and what its jobs

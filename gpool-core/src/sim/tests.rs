@@ -127,18 +127,17 @@ fn backfill_runs_a_short_job_ahead_but_not_a_long_one() {
     assert_eq!(outcome.timed_out, 0);
 }
 
-#[test]
-fn a_guaranteed_job_reclaims_gpus_by_preemption_and_the_victim_resumes_from_its_checkpoint() {
-    // 2 GPUs; a is guaranteed both, b nothing. b's two jobs (1000 s,
-    // checkpoint every 100 s) run as burst work from 0. a's job at 705
-    // preempts one: signalled at 705, killed at 715 (grace 10 s), it keeps
-    // the 700 s it checkpointed and loses 15 GPU-seconds. a runs 715..815;
-    // the victim resumes at 815 for its last 300 s and ends at 1115.
-    let mut b1 = job(0, 1000, 1, 1, "b");
-    b1.checkpoint_every_secs = Some(100);
-    let mut b2 = b1.clone();
-    b2.submit = Timestamp(0);
-    let jobs = [b1, b2, job(705, 100, 1, 1, "a")];
+/// 2 L4 GPUs; a is guaranteed both, b nothing. b's two 1000 s jobs
+/// (checkpoint every 100 s; `on_signal`, where given, says what they do
+/// when preempted) run as burst work from 0; a's 100 s job comes at 705.
+/// Grace 10 s, no minimum runtime, no cap on waste.
+fn one_reclaim(on_signal: Option<Option<OnSignal>>) -> Outcome {
+    let mut b = job(0, 1000, 1, 1, "b");
+    b.checkpoint_every_secs = Some(100);
+    if let Some(on_signal) = on_signal {
+        b.on_signal = on_signal;
+    }
+    let jobs = [b.clone(), b, job(705, 100, 1, 1, "a")];
     let cluster = Cluster::uniform(1, 2, "l4");
     let guarantees = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 0)]);
     let mut policy = sharing_policy(&cluster, &guarantees);
@@ -148,7 +147,17 @@ fn a_guaranteed_job_reclaims_gpus_by_preemption_and_the_victim_resumes_from_its_
         ..crate::policy::Qos::normal()
     }];
     policy.sharing.waste_cap_gpu_hours_per_hour = f64::INFINITY;
-    let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
+    run(&pooled("gpool", &cluster, policy, &guarantees), &jobs)
+}
+
+#[test]
+fn a_guaranteed_job_reclaims_gpus_by_preemption_and_the_victim_resumes_from_its_checkpoint() {
+    // 2 GPUs; a is guaranteed both, b nothing. b's two jobs (1000 s,
+    // checkpoint every 100 s) run as burst work from 0. a's job at 705
+    // preempts one: signalled at 705, killed at 715 (grace 10 s), it keeps
+    // the 700 s it checkpointed and loses 15 GPU-seconds. a runs 715..815;
+    // the victim resumes at 815 for its last 300 s and ends at 1115.
+    let outcome = one_reclaim(None);
     assert_eq!(outcome.preemptions, 1);
     assert!(
         (outcome.lost_gpu_hours * 3600.0 - 15.0).abs() < 1e-6,
@@ -178,21 +187,7 @@ fn a_victim_that_does_not_handle_its_signal_frees_its_gpus_at_once() {
         (Some(OnSignal::Checkpoint), 0.0, 0.0, 1100.0),
         (Some(OnSignal::WorkOn), 10.0, 15.0, 1115.0),
     ] {
-        let mut b1 = job(0, 1000, 1, 1, "b");
-        b1.checkpoint_every_secs = Some(100);
-        b1.on_signal = on_signal;
-        let b2 = b1.clone();
-        let jobs = [b1, b2, job(705, 100, 1, 1, "a")];
-        let cluster = Cluster::uniform(1, 2, "l4");
-        let guarantees = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 0)]);
-        let mut policy = sharing_policy(&cluster, &guarantees);
-        policy.sharing.qos = vec![crate::policy::Qos {
-            grace_secs: 10,
-            min_runtime_secs: 0,
-            ..crate::policy::Qos::normal()
-        }];
-        policy.sharing.waste_cap_gpu_hours_per_hour = f64::INFINITY;
-        let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
+        let outcome = one_reclaim(Some(on_signal));
         assert_eq!(outcome.preemptions, 1, "{on_signal:?}");
         assert!(
             (outcome.lost_gpu_hours * 3600.0 - lost).abs() < 1e-6,
