@@ -301,6 +301,8 @@ impl JobState {
 }
 
 /// The state after an event of the running attempt itself.
+// Long by design: the transition table of a running attempt, one arm per
+// event, kept in one place so that every transition can be read at once.
 fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
     let JobState::Running {
         started_at,
@@ -406,6 +408,8 @@ fn running_changed(running: &JobState, event: &JobEvent) -> Option<JobState> {
 
 impl Job {
     /// The only writer of `Job::state`.
+    // Long by design: the job's transition table, one arm per state and
+    // event, kept whole as the one writer.
     pub fn apply(&mut self, event: &JobEvent) -> Result<(), IllegalTransition> {
         if let JobEvent::LateExit { epoch, status, now } = event {
             return self.apply_late_exit(*epoch, *status, *now);

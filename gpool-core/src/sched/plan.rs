@@ -253,6 +253,7 @@ impl Reject {
     }
 
     /// What would make the job start sooner, where something would.
+    // Long by design: one arm per reason.
     pub fn hint(&self) -> Option<String> {
         let hint = match self {
             Reject::UnknownPool { .. } => "submit it to a pool that exists".to_string(),
@@ -339,6 +340,8 @@ impl Reject {
 }
 
 impl fmt::Display for Reject {
+    // Long by design: one arm per reason, each its sentence, side by side
+    // with `code` and `hint` above.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Reject::UnknownPool { pool } => write!(f, "unknown pool {pool:?}"),
