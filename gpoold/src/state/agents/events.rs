@@ -1,0 +1,162 @@
+//! Attempt events from agents: a start, an exit, a failure or refusal to
+//! start, a fence; and a lost attempt's late report of how it ended.
+
+use super::kill_message;
+use crate::state::{AgentEvent, AttemptOutcome, Batch, State};
+use gpool_core::job_state::{ExitStatus, JobEvent, JobState};
+use gpool_core::{Epoch, JobId, Timestamp};
+
+impl State {
+    /// An attempt's report. Reports from attempts that are not the job's
+    /// current one are refused (and a stale attempt that started is killed).
+    pub(in crate::state) fn agent_event(
+        &mut self,
+        node: &str,
+        conn_id: u64,
+        event: AgentEvent,
+        now: Timestamp,
+        out: &mut Batch,
+    ) {
+        // Only the node's current link speaks for it (not one that was
+        // replaced, or ended because its certificate was revoked).
+        if !self.is_current_link(node, conn_id) {
+            tracing::warn!(node, job = %event.job, "event from a link that no longer speaks for the node ignored");
+            return;
+        }
+        self.heartbeat(node, conn_id);
+        let current = self.attempt_on(event.job, node);
+        if current != Some(event.epoch) {
+            match &event.outcome {
+                AttemptOutcome::Started => out
+                    .messages
+                    .push((node.to_string(), kill_message(event.job, event.epoch))),
+                // Only an exit code is surely the job's own end: a signal
+                // may have come from the node going away.
+                AttemptOutcome::Exited(status @ ExitStatus::Code(_)) => {
+                    self.late_exit(event.job, event.epoch, *status, now, out)
+                }
+                AttemptOutcome::Exited(ExitStatus::Signal(_))
+                | AttemptOutcome::Stopped(_)
+                | AttemptOutcome::TimedOut
+                | AttemptOutcome::OutOfMemory
+                | AttemptOutcome::FailedToStart(_)
+                | AttemptOutcome::Refused(_)
+                | AttemptOutcome::OutputLimit
+                | AttemptOutcome::Fenced => {
+                    tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored")
+                }
+            }
+            return;
+        }
+        let Some(job) = self.jobs.get(&event.job) else {
+            return;
+        };
+        let n_nodes = job.spec.nodes;
+        // A preempted attempt ends at its first rank's exit.
+        let preempted = matches!(
+            job.state,
+            JobState::Running {
+                preempted_at: Some(_),
+                ..
+            }
+        );
+        let mut note = None;
+        let job_event = match event.outcome {
+            AttemptOutcome::Started => return,
+            AttemptOutcome::Exited(ExitStatus::Code(0)) if !preempted => {
+                // Counted per node: one node reporting twice ends nothing.
+                let done = self.gang_exits.entry(event.job).or_default();
+                done.insert(node.to_string());
+                if (done.len() as u32) < n_nodes {
+                    return;
+                }
+                JobEvent::Exited {
+                    epoch: event.epoch,
+                    status: ExitStatus::Code(0),
+                    now,
+                }
+            }
+            AttemptOutcome::Exited(status) | AttemptOutcome::Stopped(status) => JobEvent::Exited {
+                epoch: event.epoch,
+                status,
+                now,
+            },
+            AttemptOutcome::FailedToStart(reason) => JobEvent::FailedToStart {
+                epoch: event.epoch,
+                reason: format!("on {node}: {reason}"),
+                now,
+            },
+            AttemptOutcome::Refused(reason) => {
+                self.refused_launch(event.job, event.epoch, &reason, now, out);
+                return;
+            }
+            AttemptOutcome::OutputLimit => {
+                note = Some(format!(
+                    "on {node}: its output passed the node's max_output, and the node ended it"
+                ));
+                JobEvent::Exited {
+                    epoch: event.epoch,
+                    status: ExitStatus::Signal(9),
+                    now,
+                }
+            }
+            AttemptOutcome::TimedOut => JobEvent::TimedOut {
+                epoch: event.epoch,
+                now,
+            },
+            AttemptOutcome::OutOfMemory => JobEvent::OutOfMemory {
+                epoch: event.epoch,
+                now,
+            },
+            // The node lost this controller for longer than its lease (and
+            // came back before the node timeout): the job goes back to the
+            // queue, as it would have after the timeout.
+            AttemptOutcome::Fenced => JobEvent::Lost {
+                epoch: event.epoch,
+                requeue: true,
+                silent: false,
+                now,
+            },
+        };
+        let placement = match &job.state {
+            JobState::Running { placement, .. } => placement.clone(),
+            _ => Vec::new(),
+        };
+        if let (Some(note), Some(job)) = (note, self.jobs.get_mut(&event.job)) {
+            job.record_event(now, note);
+        }
+        if self.apply_event(event.job, &job_event, now, out) {
+            self.gang_exits.remove(&event.job);
+            // One rank failing ends the whole gang.
+            for part in placement.into_iter().filter(|part| part.node != node) {
+                out.messages.push((part.node, kill_message(event.job, event.epoch)));
+            }
+        }
+    }
+
+    /// A lost attempt of `job` (its node was given up, the job requeued)
+    /// reports how it ended while away. A single-node job ends with that
+    /// result; a newer attempt it runs is stopped. A gang's late rank is
+    /// not enough to know how the gang ended, so it is ignored.
+    fn late_exit(&mut self, job_id: JobId, epoch: Epoch, status: ExitStatus, now: Timestamp, out: &mut Batch) {
+        let Some(job) = self.jobs.get(&job_id) else { return };
+        if job.spec.nodes != 1 || !job.lost_attempts.iter().any(|lost| lost.epoch == epoch) {
+            tracing::debug!(job = %job_id, %epoch, "stale attempt event ignored");
+            return;
+        }
+        let newer = match &job.state {
+            JobState::Running { epoch, placement, .. } => Some((*epoch, placement.clone())),
+            _ => None,
+        };
+        let event = JobEvent::LateExit { epoch, status, now };
+        if self.apply_event(job_id, &event, now, out) {
+            tracing::info!(job = %job_id, %epoch, "a lost attempt reported its end late: the job ends with it");
+            if let Some((newer_epoch, placement)) = newer {
+                self.gang_exits.remove(&job_id);
+                for part in placement {
+                    out.messages.push((part.node, kill_message(job_id, newer_epoch)));
+                }
+            }
+        }
+    }
+}
