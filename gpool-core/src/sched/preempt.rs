@@ -47,6 +47,20 @@ pub(super) struct Keep {
     pub kept: u64,
 }
 
+/// One job's reclaim as it goes: what is being freed that it may count
+/// on, the GPUs freed on each node (by index), and the nodes it has room
+/// on once they are free.
+struct Search<'v> {
+    ending: Vec<&'v RunningJob>,
+    freed_on: HashMap<usize, Vec<u32>, FastHash>,
+    with_room: HashSet<usize, FastHash>,
+    pool: Option<&'v crate::model::PoolDef>,
+    keep: Option<Keep>,
+}
+
+/// Where a job fits: the freed jobs it uses, and its placement.
+type Fit<'v> = (Vec<&'v RunningJob>, Vec<NodePlacement>);
+
 pub(super) struct Reclaimer<'v> {
     view: &'v ClusterView,
     policy: &'v Policy,
@@ -216,9 +230,24 @@ impl<'v> Reclaimer<'v> {
         keep: Option<Keep>,
         preemptions: &mut Vec<Preemption>,
     ) -> Option<(usize, Vec<NodePlacement>)> {
-        let sharing = &self.policy.sharing;
-        // What is being freed that this job may count on: its promises and
-        // its own victims first, then victims nobody waiting owns.
+        let mut search = self.search(job, keep);
+        if let Some((used, placement)) = self.fits(job, &search.ending, &search.freed_on, &search.with_room, keep) {
+            self.claim(&used);
+            return Some((self.n_running(&used), placement));
+        }
+        if !new_victims {
+            return None;
+        }
+        let candidates = self.candidates(job, guaranteed);
+        let (chosen, used) = self.add_victims(job, &mut search, candidates)?;
+        let (used, kept) = self.give_back(job, &mut search, &chosen, used);
+        self.commit(job, &search.ending, (&chosen, &kept), used, preemptions)
+    }
+
+    /// Where `job`'s reclaim starts: what is being freed that it may count
+    /// on (its promises and its own victims first, then victims nobody
+    /// waiting owns), and the nodes it has room on once that is free.
+    fn search(&self, job: &PendingJob, keep: Option<Keep>) -> Search<'v> {
         let may_count_on = |r: &&'v RunningJob| {
             !self.claimed.contains(&address(r)) && self.owner.get(&address(r)).is_none_or(|owner| *owner == job.id)
         };
@@ -234,22 +263,30 @@ impl<'v> Reclaimer<'v> {
         // to date as victims are added, so a placement check looks only at
         // them, never at every node with a free GPU again.
         let pool = self.policy.pool(&job.shape.pool);
-        let mut freed_on = self.freed_on(&ending);
-        let mut with_room: HashSet<usize, FastHash> = self
+        let freed_on = self.freed_on(&ending);
+        let with_room = self
             .with_free
             .iter()
             .chain(freed_on.keys())
             .copied()
             .filter(|node_idx| self.has_room(job, pool, *node_idx, &freed_on))
             .collect();
-        if let Some((used, placement)) = self.fits(job, &ending, &freed_on, &with_room, keep) {
-            self.claim(&used);
-            return Some((self.n_running(&used), placement));
+        Search {
+            ending,
+            freed_on,
+            with_room,
+            pool,
+            keep,
         }
-        if !new_victims {
-            return None;
-        }
-        let job_pool = pool.map(|pool| pool.name.as_str());
+    }
+
+    /// The running jobs `job` may take back, cheapest first: burst work
+    /// for its guarantee, lower classes where its QoS preempts them; never
+    /// its own team's running twin, nor work younger than its QoS's
+    /// `min_runtime`.
+    fn candidates(&self, job: &PendingJob, guaranteed: bool) -> Vec<&'v RunningJob> {
+        let sharing = &self.policy.sharing;
+        let job_pool = self.policy.pool(&job.shape.pool).map(|pool| pool.name.as_str());
         // Its own team's running twin: same QoS, pool, models and size.
         let twin = |r: &RunningJob| {
             r.team == job.shape.team.as_str()
@@ -260,8 +297,7 @@ impl<'v> Reclaimer<'v> {
         };
         let job_qos = sharing.qos(&job.shape.qos).map_or(0, |qos| qos.priority);
         let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
-        let candidates: Vec<&'v RunningJob> = self
-            .by_cost
+        self.by_cost
             .iter()
             .copied()
             .filter(|r| !r.preempting && !self.claimed.contains(&address(r)) && !twin(r))
@@ -277,63 +313,93 @@ impl<'v> Reclaimer<'v> {
                 old_enough && ((guaranteed && r.burst && !outranks) || (preempts_lower && lower))
             })
             .take(MAX_CANDIDATES)
-            .collect();
-        // Add victims until the job fits. Only nodes a new victim frees GPUs
-        // on can change the answer, so the full placement check runs only
-        // when one of them now has room (and, for a gang, enough nodes do).
+            .collect()
+    }
+
+    /// Adds victims until the job fits: the victims chosen and where it
+    /// fits, or `None`. Only nodes a new victim frees GPUs on can change
+    /// the answer, so the full placement check runs only when one of them
+    /// now has room (and, for a gang, enough nodes do).
+    fn add_victims(
+        &self,
+        job: &PendingJob,
+        search: &mut Search<'v>,
+        candidates: Vec<&'v RunningJob>,
+    ) -> Option<(Vec<&'v RunningJob>, Fit<'v>)> {
         let mut chosen: Vec<&'v RunningJob> = Vec::new();
-        let mut fitted = None;
         for candidate in candidates {
             chosen.push(candidate);
-            self.add_freed(&mut freed_on, candidate);
-            let (gained, any_room) = self.recheck_room(job, pool, candidate, &freed_on, &mut with_room);
+            self.add_freed(&mut search.freed_on, candidate);
+            let (gained, any_room) =
+                self.recheck_room(job, search.pool, candidate, &search.freed_on, &mut search.with_room);
             let changed = gained || (job.shape.nodes == 1 && any_room);
             // With GPUs to keep free, any victim in the pool may be the one
             // that was missing.
-            if (!changed && keep.is_none()) || with_room.len() < job.shape.nodes as usize {
+            if (!changed && search.keep.is_none()) || search.with_room.len() < job.shape.nodes as usize {
                 continue;
             }
-            let freed: Vec<&RunningJob> = ending.iter().chain(&chosen).copied().collect();
-            if let Some(used) = self.fits(job, &freed, &freed_on, &with_room, keep) {
-                fitted = Some(used);
-                break;
+            let freed: Vec<&RunningJob> = search.ending.iter().chain(&chosen).copied().collect();
+            if let Some(used) = self.fits(job, &freed, &search.freed_on, &search.with_room, search.keep) {
+                return Some((chosen, used));
             }
         }
-        let mut used = fitted?;
-        // Give back victims the job turned out not to need, costliest first.
-        // Only the given-back victim's nodes change, so each try looks again
-        // at them alone.
+        None
+    }
+
+    /// Gives back victims the job turned out not to need, costliest first:
+    /// where it fits then, and which of `chosen` it keeps. Only the
+    /// given-back victim's nodes change, so each try looks again at them
+    /// alone.
+    fn give_back(
+        &self,
+        job: &PendingJob,
+        search: &mut Search<'v>,
+        chosen: &[&'v RunningJob],
+        mut used: Fit<'v>,
+    ) -> (Fit<'v>, Vec<bool>) {
         let mut by_cost: Vec<usize> = (0..chosen.len()).collect();
         by_cost.sort_by(|a, b| {
             chosen[*b]
                 .lost_gpu_secs(self.now)
                 .total_cmp(&chosen[*a].lost_gpu_secs(self.now))
         });
-        let keep_free = keep;
         let mut keep = vec![true; chosen.len()];
         for drop_idx in by_cost {
             keep[drop_idx] = false;
             let dropped = chosen[drop_idx];
-            self.unfree(&mut freed_on, dropped);
-            let mut room = with_room.clone();
-            self.recheck_room(job, pool, dropped, &freed_on, &mut room);
-            let freed: Vec<&RunningJob> = ending
+            self.unfree(&mut search.freed_on, dropped);
+            let mut room = search.with_room.clone();
+            self.recheck_room(job, search.pool, dropped, &search.freed_on, &mut room);
+            let freed: Vec<&RunningJob> = search
+                .ending
                 .iter()
                 .copied()
                 .chain(chosen.iter().zip(&keep).filter(|(_, k)| **k).map(|(r, _)| *r))
                 .collect();
-            match self.fits(job, &freed, &freed_on, &room, keep_free) {
+            match self.fits(job, &freed, &search.freed_on, &room, search.keep) {
                 Some(fewer) => {
                     used = fewer;
-                    with_room = room;
+                    search.with_room = room;
                 }
                 None => {
                     keep[drop_idx] = true;
-                    self.add_freed(&mut freed_on, dropped);
+                    self.add_freed(&mut search.freed_on, dropped);
                 }
             }
         }
-        let (used, placement) = used;
+        (used, keep)
+    }
+
+    /// Takes the victims `job` needs, within the waste budget: their
+    /// preemptions, and how many jobs it waits on where it will run.
+    fn commit(
+        &mut self,
+        job: &PendingJob,
+        ending: &[&'v RunningJob],
+        (chosen, keep): (&[&'v RunningJob], &[bool]),
+        (used, placement): Fit<'v>,
+        preemptions: &mut Vec<Preemption>,
+    ) -> Option<(usize, Vec<NodePlacement>)> {
         // New victims only with every GPU already freed for this job in use:
         // a claim left aside would make it wait on more than it needs.
         let leaves_a_claim = ending
@@ -345,7 +411,7 @@ impl<'v> Reclaimer<'v> {
         }
         let victims: Vec<&RunningJob> = chosen
             .iter()
-            .zip(&keep)
+            .zip(keep)
             .filter(|(r, k)| **k && used.iter().any(|u| u.id == r.id))
             .map(|(r, _)| *r)
             .collect();
