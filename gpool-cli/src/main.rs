@@ -474,6 +474,8 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         output: cli.output,
         timeout: (!cli.timeout.is_zero()).then_some(cli.timeout),
     };
+    // Long on purpose: one arm per subcommand (admin's included), most of
+    // them one call into `cmd`; split up, it would only add indirection.
     match cli.command {
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();

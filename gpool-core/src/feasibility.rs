@@ -222,6 +222,17 @@ fn check_spec(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result<(), Inf
     }
     check_node_requirements(spec, pool, nodes)?;
     check_host_resources(spec, pool, nodes)?;
+    check_slices_and_memory(spec, pool, nodes)?;
+    let (acceptable, n_without_nvlink) = model_counts(spec, pool, nodes);
+    if acceptable.is_empty() {
+        return Err(no_such_model(spec, &pool.name, nodes, pool));
+    }
+    check_counts(spec, pool, &acceptable, n_without_nvlink)
+}
+
+/// MIG slices come one to a job per node, and some acceptable GPU has the
+/// memory the job asks for.
+fn check_slices_and_memory(spec: &JobSpec, pool: &crate::model::PoolDef, nodes: &[Node]) -> Result<(), Infeasible> {
     if spec.gpus_per_node > 1 {
         if let Some(slice) = spec.gpu_types.iter().find(|model| model.is_mig_slice()) {
             return Err(Infeasible::MigSlices {
@@ -247,8 +258,18 @@ fn check_spec(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result<(), Inf
             });
         }
     }
-    // For every model: how many GPUs of it each allowed node of the pool
-    // could give the job.
+    Ok(())
+}
+
+/// For each acceptable model, how many GPUs of it each allowed node of the
+/// pool could give the job (most first), and the most GPUs of an
+/// acceptable model any node has, NVLink or not.
+fn model_counts<'n>(
+    spec: &JobSpec,
+    pool: &crate::model::PoolDef,
+    nodes: &'n [Node],
+) -> (Vec<(&'n GpuModel, Vec<u32>)>, u32) {
+    let acceptable_model = |model: &GpuModel| model.accepted_by(&spec.gpu_types);
     let mut per_node_counts: BTreeMap<&GpuModel, Vec<u32>> = BTreeMap::new();
     let mut n_without_nvlink = 0;
     for node in nodes
@@ -279,9 +300,18 @@ fn check_spec(spec: &JobSpec, policy: &Policy, nodes: &[Node]) -> Result<(), Inf
             (model, counts)
         })
         .collect();
-    if acceptable.is_empty() {
-        return Err(no_such_model(spec, &pool.name, nodes, pool));
-    }
+    (acceptable, n_without_nvlink)
+}
+
+/// Some acceptable model has enough nodes with room for the job, or why
+/// none does: no NVLink set that large, too many GPUs for one node, or
+/// too many nodes.
+fn check_counts(
+    spec: &JobSpec,
+    pool: &crate::model::PoolDef,
+    acceptable: &[(&GpuModel, Vec<u32>)],
+    n_without_nvlink: u32,
+) -> Result<(), Infeasible> {
     let fits = |counts: &Vec<u32>| counts.iter().filter(|c| **c >= spec.gpus_per_node).count();
     if acceptable.iter().any(|(_, counts)| fits(counts) >= spec.nodes as usize) {
         return Ok(());

@@ -1,14 +1,13 @@
 //! `gpool jobs`, `gpool show`, and following a job until it ends.
 
 use super::{Connection, Ctx};
-use crate::cmd::submit::{EXIT_CANCELLED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TIMEOUT};
+use crate::cmd::submit::EXIT_INTERRUPTED;
 use crate::output;
 use crate::CliError;
 use gpool_proto::convert::{state_from_name, state_name};
 use gpool_proto::pb;
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::IsTerminal;
-use std::time::Duration;
+
+mod wait;
 
 #[derive(clap::Args)]
 pub struct JobsArgs {
@@ -159,44 +158,20 @@ const TABLE_LIMIT: usize = 200;
 
 pub async fn run(ctx: &Ctx, mut args: JobsArgs) -> Result<(), CliError> {
     if args.start {
-        args.state = vec!["pending".into()];
-        args.format = crate::output::Columns(vec![
-            "id", "name", "user", "team", "gpus", "start", "position", "reason",
-        ]);
-        args.sort.get_or_insert_with(|| "position".into());
+        start_view(&mut args);
     }
-    let states = args
-        .state
-        .iter()
-        .map(|name| {
-            state_from_name(name).map(i32::from).ok_or_else(|| {
-                CliError::Usage(format!(
-                    "--state: unknown state {name:?} (pending, running, completed, failed, cancelled, timeout, node_fail, out_of_memory)"
-                ))
-            })
-        })
-        .collect::<Result<Vec<i32>, _>>()?;
+    let states = parse_states(&args.state)?;
     let mut conn = ctx.connect().await?;
     let user = if args.me {
         conn.my_name().await?
     } else {
-        args.user.unwrap_or_default()
+        args.user.clone().unwrap_or_default()
     };
     let request = pb::ListJobsRequest {
         states,
-        team: args.team.unwrap_or_default(),
+        team: args.team.clone().unwrap_or_default(),
         user,
         all: args.all || args.since.is_some(),
-    };
-    let since = args.since;
-    let ids = args.ids.clone();
-    let wanted = |job: &pb::Job| {
-        (ids.is_empty() || ids.contains(&job.id) || (job.array_job_id != 0 && ids.contains(&job.array_job_id)))
-            && args
-                .name
-                .as_ref()
-                .is_none_or(|name| job.spec.as_ref().is_some_and(|spec| &spec.name == name))
-            && since.is_none_or(|since| job.submitted_at_ms >= since || job.ended_at_ms.is_some_and(|at| at >= since))
     };
     let sort = match args.sort.as_deref() {
         Some(text) => Some(parse_sort(text)?),
@@ -214,71 +189,144 @@ pub async fn run(ctx: &Ctx, mut args: JobsArgs) -> Result<(), CliError> {
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
-    if ctx.json() && sort.is_some() {
-        let mut jobs = Vec::new();
-        while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
-            jobs.extend(chunk.jobs.into_iter().filter(|job| wanted(job)));
-        }
-        sort_jobs(&mut jobs, sort.as_deref().unwrap_or_default());
-        let mut printer = output::JsonArrayPrinter::new();
-        for job in jobs.iter().take(limit) {
-            printer.push(&output::job_json(job));
-        }
-        printer.finish();
-    } else if ctx.json() {
-        // Printed as the chunks arrive: the array never sits whole in memory.
-        let mut printer = output::JsonArrayPrinter::new();
-        let mut n_printed = 0;
-        while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
-            for job in chunk.jobs.iter().filter(|job| wanted(job)) {
-                if n_printed < limit {
-                    printer.push(&output::job_json(job));
-                    n_printed += 1;
-                }
+    match sort {
+        Some(keys) if ctx.json() => print_sorted_json(&mut chunks, &conn, &args, &keys, limit).await,
+        None if ctx.json() => print_streamed_json(&mut chunks, &conn, &args, limit).await,
+        sort => print_table(&mut chunks, &conn, &args, sort.as_deref(), limit).await,
+    }
+}
+
+/// The chunks of jobs `gpool jobs` lists, as they arrive.
+type JobChunks = tonic::codec::Streaming<pb::ListJobsResponse>;
+
+/// `--start`: waiting jobs by queue position, with the columns that say when each should start.
+fn start_view(args: &mut JobsArgs) {
+    args.state = vec!["pending".into()];
+    args.format = crate::output::Columns(vec![
+        "id", "name", "user", "team", "gpus", "start", "position", "reason",
+    ]);
+    args.sort.get_or_insert_with(|| "position".into());
+}
+
+/// The states --state names, as the wire has them.
+fn parse_states(names: &[String]) -> Result<Vec<i32>, CliError> {
+    names
+        .iter()
+        .map(|name| {
+            state_from_name(name).map(i32::from).ok_or_else(|| {
+                CliError::Usage(format!(
+                    "--state: unknown state {name:?} (pending, running, completed, failed, cancelled, timeout, node_fail, out_of_memory)"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Whether a listed job is one of --jobs, of --name and since --since.
+fn wanted(args: &JobsArgs, job: &pb::Job) -> bool {
+    let (ids, since) = (&args.ids, args.since);
+    (ids.is_empty() || ids.contains(&job.id) || (job.array_job_id != 0 && ids.contains(&job.array_job_id)))
+        && args
+            .name
+            .as_ref()
+            .is_none_or(|name| job.spec.as_ref().is_some_and(|spec| &spec.name == name))
+        && since.is_none_or(|since| job.submitted_at_ms >= since || job.ended_at_ms.is_some_and(|at| at >= since))
+}
+
+/// `--output json --sort`: all the wanted jobs, sorted, then cut to the limit.
+async fn print_sorted_json(
+    chunks: &mut JobChunks,
+    conn: &Connection,
+    args: &JobsArgs,
+    keys: &[SortKey],
+    limit: usize,
+) -> Result<(), CliError> {
+    let mut jobs = Vec::new();
+    while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+        jobs.extend(chunk.jobs.into_iter().filter(|job| wanted(args, job)));
+    }
+    sort_jobs(&mut jobs, keys);
+    let mut printer = output::JsonArrayPrinter::new();
+    for job in jobs.iter().take(limit) {
+        printer.push(&output::job_json(job));
+    }
+    printer.finish();
+    Ok(())
+}
+
+/// `--output json`: the wanted jobs up to the limit.
+async fn print_streamed_json(
+    chunks: &mut JobChunks,
+    conn: &Connection,
+    args: &JobsArgs,
+    limit: usize,
+) -> Result<(), CliError> {
+    // Printed as the chunks arrive: the array never sits whole in memory.
+    let mut printer = output::JsonArrayPrinter::new();
+    let mut n_printed = 0;
+    while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+        for job in chunk.jobs.iter().filter(|job| wanted(args, job)) {
+            if n_printed < limit {
+                printer.push(&output::job_json(job));
+                n_printed += 1;
             }
-        }
-        printer.finish();
-    } else {
-        let mut jobs = Vec::new();
-        let mut by_state: std::collections::BTreeMap<&'static str, usize> = std::collections::BTreeMap::new();
-        let mut n_matching = 0;
-        while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
-            for job in chunk.jobs.into_iter().filter(|job| wanted(job)) {
-                // An array's record stands for its tasks that are not jobs
-                // yet; once all are, the tasks speak for themselves.
-                let rows = match &job.array {
-                    Some(info) if job.state() == pb::JobState::Pending && info.waiting == 0 => Vec::new(),
-                    Some(info) if args.expand_arrays && info.waiting > 0 => waiting_tasks(&job, info),
-                    _ => vec![job],
-                };
-                for job in rows {
-                    n_matching += 1;
-                    *by_state.entry(state_name(job.state())).or_default() += 1;
-                    // Sorted: all are kept, then cut to the limit.
-                    if jobs.len() < limit || sort.is_some() {
-                        jobs.push(job);
-                    }
-                }
-            }
-        }
-        if let Some(keys) = &sort {
-            sort_jobs(&mut jobs, keys);
-            jobs.truncate(limit);
-        }
-        output::print_jobs_table(&jobs, &args.format.0);
-        // A summary, so that a long queue stays readable.
-        if n_matching > 1 {
-            let counts: Vec<String> = by_state.iter().map(|(state, n)| format!("{n} {state}")).collect();
-            let more = n_matching - jobs.len();
-            let more = if more > 0 {
-                format!("; {more} more not shown (--limit 0 shows all)")
-            } else {
-                String::new()
-            };
-            outln!("{n_matching} jobs: {}{more}", counts.join(", "));
         }
     }
+    printer.finish();
     Ok(())
+}
+
+/// The table of the wanted jobs (sorted, up to the limit), then a line counting them by state.
+async fn print_table(
+    chunks: &mut JobChunks,
+    conn: &Connection,
+    args: &JobsArgs,
+    sort: Option<&[SortKey]>,
+    limit: usize,
+) -> Result<(), CliError> {
+    let mut jobs = Vec::new();
+    let mut by_state: std::collections::BTreeMap<&'static str, usize> = std::collections::BTreeMap::new();
+    let mut n_matching = 0;
+    while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+        for job in chunk.jobs.into_iter().filter(|job| wanted(args, job)) {
+            for job in table_rows(job, args.expand_arrays) {
+                n_matching += 1;
+                *by_state.entry(state_name(job.state())).or_default() += 1;
+                // Sorted: all are kept, then cut to the limit.
+                if jobs.len() < limit || sort.is_some() {
+                    jobs.push(job);
+                }
+            }
+        }
+    }
+    if let Some(keys) = sort {
+        sort_jobs(&mut jobs, keys);
+        jobs.truncate(limit);
+    }
+    output::print_jobs_table(&jobs, &args.format.0);
+    // A summary, so that a long queue stays readable.
+    if n_matching > 1 {
+        let counts: Vec<String> = by_state.iter().map(|(state, n)| format!("{n} {state}")).collect();
+        let more = n_matching - jobs.len();
+        let more = if more > 0 {
+            format!("; {more} more not shown (--limit 0 shows all)")
+        } else {
+            String::new()
+        };
+        outln!("{n_matching} jobs: {}{more}", counts.join(", "));
+    }
+    Ok(())
+}
+
+/// The table's rows for one listed job: none, itself, or (`-r`) an array's waiting tasks.
+fn table_rows(job: pb::Job, expand_arrays: bool) -> Vec<pb::Job> {
+    // An array's record stands for its tasks that are not jobs
+    // yet; once all are, the tasks speak for themselves.
+    match &job.array {
+        Some(info) if job.state() == pb::JobState::Pending && info.waiting == 0 => Vec::new(),
+        Some(info) if expand_arrays && info.waiting > 0 => waiting_tasks(&job, info),
+        _ => vec![job],
+    }
 }
 
 /// One job, as the controller shows it now.
@@ -322,35 +370,17 @@ pub struct Waiting {
 /// several a bar of how many have ended; elsewhere each change of a job's
 /// state is a line on stderr.
 pub async fn wait_for(conn: &mut Connection, ids: &[u64], how: Waiting) -> Result<u8, CliError> {
-    let fail_fast = how.fail_fast;
     // Taken from here on, so an early Ctrl-C is answered too.
     let mut interrupted = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|err| CliError::Refused(format!("cannot watch for Ctrl-C: {err}")))?;
-    let progress = (std::io::stderr().is_terminal() && !how.quiet).then(|| {
-        let (bar, template) = match ids {
-            [id] => (
-                ProgressBar::new_spinner().with_prefix(format!("job {id}")),
-                "{spinner} {prefix}: {msg} ({elapsed})",
-            ),
-            _ => (
-                ProgressBar::new(ids.len() as u64),
-                "{spinner} {bar:30} {pos}/{len} jobs ended, {msg} ({elapsed})",
-            ),
-        };
-        bar.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner()));
-        bar.enable_steady_tick(Duration::from_millis(120));
-        bar
-    });
+    let progress = wait::progress_bar(ids, how.quiet);
     let mut stream = conn
         .client
         .watch_jobs(pb::WatchJobsRequest { ids: ids.to_vec() })
         .await
         .map_err(|s| conn.refused(s))?
         .into_inner();
-    let mut last: std::collections::BTreeMap<u64, pb::Job> = std::collections::BTreeMap::new();
-    let mut n_ended = 0;
-    let mut n_not_completed = 0;
-    let mut failed_first: Option<u64> = None;
+    let mut seen = wait::Seen::default();
     loop {
         let job = tokio::select! {
             job = stream.message() => match job.map_err(|s| conn.refused(s))? {
@@ -358,111 +388,29 @@ pub async fn wait_for(conn: &mut Connection, ids: &[u64], how: Waiting) -> Resul
                 None => break,
             },
             _ = interrupted.recv() => {
-                if let Some(bar) = &progress {
-                    bar.finish_and_clear();
-                }
-                // Waiting stops; the jobs do not.
-                let left: Vec<String> = ids
-                    .iter()
-                    .filter(|id| !last.get(id).is_some_and(ended))
-                    .map(u64::to_string)
-                    .collect();
-                if !left.is_empty() {
-                    let them = if left.len() == 1 { "it" } else { "them" };
-                    eprintln!(
-                        "gpool: stopped waiting; job {} still in the pool: `gpool cancel {}` ends {them}",
-                        left.join(" "),
-                        left.join(" ")
-                    );
-                }
-                if how.json {
-                    print_summary(ids, &last, EXIT_INTERRUPTED);
-                }
+                wait::stop_waiting(ids, &seen.last, progress.as_ref(), how.json);
                 return Ok(EXIT_INTERRUPTED);
             }
         };
         if ended(&job) {
-            n_ended += 1;
-            n_not_completed += u64::from(job.state() != pb::JobState::Completed);
+            seen.n_ended += 1;
+            seen.n_not_completed += u64::from(job.state() != pb::JobState::Completed);
         }
         // --fail-fast: the first job that did not complete cancels the rest
         // (the wait goes on until they have ended).
-        if fail_fast && failed_first.is_none() && ended(&job) && job.state() != pb::JobState::Completed {
-            failed_first = Some(job.id);
-            let rest: Vec<u64> = ids
-                .iter()
-                .copied()
-                .filter(|id| *id != job.id && !last.get(id).is_some_and(ended))
-                .collect();
-            if !rest.is_empty() {
-                eprintln!(
-                    "gpool: job {} {}; cancelling the {} others (--fail-fast)",
-                    super::display_id(&job),
-                    describe(&job),
-                    rest.len()
-                );
-                for chunk in rest.chunks(gpool_core::ids::MAX_IDS_PER_REQUEST) {
-                    let request = pb::CancelJobsRequest {
-                        ids: chunk.to_vec(),
-                        ..Default::default()
-                    };
-                    conn.client.cancel_jobs(request).await.map_err(|s| conn.refused(s))?;
-                }
-            }
+        if how.fail_fast && seen.failed_first.is_none() && ended(&job) && job.state() != pb::JobState::Completed {
+            seen.failed_first = Some(job.id);
+            wait::cancel_the_rest(conn, ids, &job, &seen.last).await?;
         }
-        if let Some(bar) = &progress {
-            if ids.len() == 1 {
-                bar.set_message(describe(&job));
-            } else {
-                bar.set_position(n_ended);
-                bar.set_message(format!("{n_not_completed} not completed"));
-            }
-        } else if !how.quiet && last.get(&job.id).is_none_or(|before| before.state != job.state) {
-            // Off a terminal (CI logs, journald): a line per change of
-            // state, with the job's name, so a failure is named when it
-            // happens.
-            let name = job.spec.as_ref().map_or("", |spec| spec.name.as_str());
-            eprintln!(
-                "gpool: job {} ({name}) {} [{n_ended}/{} ended]",
-                super::display_id(&job),
-                describe(&job),
-                ids.len()
-            );
-        }
-        last.insert(job.id, job);
+        wait::show_progress(progress.as_ref(), ids, &job, &seen, how.quiet);
+        seen.last.insert(job.id, job);
     }
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
-    let mut first_code = 0;
-    for id in ids {
-        let job = last
-            .get(id)
-            .ok_or_else(|| CliError::Refused(format!("job {id}: the controller ended the watch without news")))?;
-        let code = match job.state() {
-            pb::JobState::Completed => 0,
-            pb::JobState::Cancelled => EXIT_CANCELLED,
-            pb::JobState::Timeout => EXIT_TIMEOUT,
-            pb::JobState::Failed if how.own_code => job.exit_code.map_or(EXIT_FAILED, own_exit_code),
-            pb::JobState::Failed | pb::JobState::NodeFail | pb::JobState::OutOfMemory => EXIT_FAILED,
-            other => {
-                return Err(CliError::Refused(format!(
-                    "job {id}: watch ended while {}",
-                    state_name(other)
-                )))
-            }
-        };
-        if code != 0 {
-            eprintln!("gpool: job {id} {}", describe(job));
-            // With --fail-fast, the job that failed first speaks, not one
-            // it had cancelled.
-            if first_code == 0 || failed_first == Some(*id) {
-                first_code = code;
-            }
-        }
-    }
+    let first_code = wait::exit_code(ids, &seen, how.own_code)?;
     if how.json {
-        print_summary(ids, &last, first_code);
+        print_summary(ids, &seen.last, first_code);
     }
     Ok(first_code)
 }

@@ -157,7 +157,55 @@ fn load_policy(path: &Path) -> Result<(gpool_core::sched::Policy, gpool_core::ac
 }
 
 pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
-    let cluster = match (&args.cluster, args.nodes) {
+    let cluster = load_cluster(&args)?;
+    let trace_name = args.trace.display().to_string();
+    let mut jobs = load_trace(&args, &trace_name, &cluster)?;
+    // Jobs no policy could start here: said at once, and left out of the
+    // savings search (each would fail every scale).
+    let impossible = sim::impossible(&cluster, &jobs);
+    warn_impossible(&trace_name, &jobs, &impossible);
+    apply_job_defaults(&args, &mut jobs)?;
+    let (gpool_policy, guarantees, cluster) = policy_and_guarantees(&args, cluster, &jobs)?;
+    let span_secs = span_ms(&jobs) / 1000;
+    let options = sim::Options {
+        tick_secs: args.tick.as_secs().max(1),
+        // About 600 points over the trace, at least a minute each.
+        bucket_secs: (span_secs as u64 / 600).max(60),
+        pause_secs: args.pause.as_secs(),
+    };
+    let setups = setups(&args.compare, &cluster, &gpool_policy, &guarantees)?;
+    let bars = indicatif::MultiProgress::new();
+    let results = replay_all(&setups, &jobs, &options, &bars);
+    let savings = savings_target(&args, &results)
+        .map(|target| search_savings(&cluster, &guarantees, &jobs, &impossible, target, &options, &bars));
+    if let Some(dir) = &args.plot {
+        plot::write_all(dir, &results.iter().map(|(o, _)| o).collect::<Vec<_>>(), &guarantees)
+            .map_err(|err| CliError::Usage(format!("--plot {}: {err}", dir.display())))?;
+    }
+    let currency = currency(&args);
+    let report = Report {
+        trace_name: &trace_name,
+        jobs: &jobs,
+        cluster: &cluster,
+        results: &results,
+        savings: savings.as_ref(),
+        currency: &currency,
+        impossible: &impossible,
+    };
+    if json {
+        print_json_report(&report);
+        return Ok(());
+    }
+    tables::print_tables(&report);
+    if let Some(dir) = &args.plot {
+        outln!("\ncharts written to {}", dir.display());
+    }
+    Ok(())
+}
+
+/// The cluster of --cluster, or of --nodes and --gpus-per-node.
+fn load_cluster(args: &SimArgs) -> Result<Cluster, CliError> {
+    Ok(match (&args.cluster, args.nodes) {
         (Some(path), _) => Cluster::parse(&path.display().to_string(), &read(path, "--cluster")?)
             .map_err(|err| CliError::Usage(err.to_string()))?,
         (None, Some(n)) if n > 0 && args.gpus_per_node > 0 => Cluster::uniform(n, args.gpus_per_node, &args.model),
@@ -166,12 +214,15 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
                 "give --cluster FILE, or --nodes N (at least 1) with --gpus-per-node".into(),
             ))
         }
-    };
-    let trace_name = args.trace.display().to_string();
-    let format = sim::Format::parse(&args.format, &trace_name).map_err(CliError::Usage)?;
+    })
+}
+
+/// The jobs of --trace, in its --format, cut to --limit.
+fn load_trace(args: &SimArgs, trace_name: &str, cluster: &Cluster) -> Result<Vec<TraceJob>, CliError> {
+    let format = sim::Format::parse(&args.format, trace_name).map_err(CliError::Usage)?;
     let mut jobs = sim::trace::parse(
         format,
-        &trace_name,
+        trace_name,
         &read(&args.trace, "--trace")?,
         cluster.max_gpus_per_node(),
     )
@@ -179,9 +230,11 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
     if let Some(limit) = args.limit {
         jobs.truncate(limit.max(1));
     }
-    // Jobs no policy could start here: said at once, and left out of the
-    // savings search (each would fail every scale).
-    let impossible = sim::impossible(&cluster, &jobs);
+    Ok(jobs)
+}
+
+/// Names on stderr (the first five of) the jobs that can never start.
+fn warn_impossible(trace_name: &str, jobs: &[TraceJob], impossible: &[(usize, String)]) {
     if !impossible.is_empty() {
         eprintln!(
             "gpool sim: {} job(s) of {trace_name} can never start on this cluster, under any policy:",
@@ -198,6 +251,10 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
             eprintln!("  and {} more", impossible.len() - 5);
         }
     }
+}
+
+/// Gives jobs whose trace does not say --checkpoint-every and --on-signal.
+fn apply_job_defaults(args: &SimArgs, jobs: &mut [TraceJob]) -> Result<(), CliError> {
     if let Some(every) = args.checkpoint_every {
         if every.as_secs() == 0 {
             return Err(CliError::Usage("--checkpoint-every: at least 1s".into()));
@@ -209,7 +266,16 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
     for job in jobs.iter_mut().filter(|job| job.on_signal.is_none()) {
         job.on_signal = Some(args.on_signal);
     }
-    let (gpool_policy, guarantees, cluster) = match &args.policy {
+    Ok(())
+}
+
+/// The `gpool` policy, teams' guarantees and (priced) cluster: from --policy, else by the trace's demand.
+fn policy_and_guarantees(
+    args: &SimArgs,
+    cluster: Cluster,
+    jobs: &[TraceJob],
+) -> Result<(gpool_core::sched::Policy, BTreeMap<String, u32>, Cluster), CliError> {
+    Ok(match &args.policy {
         Some(path) => {
             let (policy, pricing) = load_policy(path)?;
             let guarantees: BTreeMap<String, u32> = policy
@@ -221,29 +287,36 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
             (policy, guarantees, sim::with_prices(cluster, &pricing.per_gpu_hour))
         }
         None => {
-            let guarantees = sim::guarantees_by_demand(&jobs, cluster.gpus());
+            let guarantees = sim::guarantees_by_demand(jobs, cluster.gpus());
             (sim::sharing_policy(&cluster, &guarantees), guarantees, cluster)
         }
-    };
-    let span_secs = (jobs.last().map_or(0, |j| j.submit.0) - jobs.first().map_or(0, |j| j.submit.0)) / 1000;
-    let options = sim::Options {
-        tick_secs: args.tick.as_secs().max(1),
-        // About 600 points over the trace, at least a minute each.
-        bucket_secs: (span_secs as u64 / 600).max(60),
-        pause_secs: args.pause.as_secs(),
-    };
+    })
+}
+
+/// Milliseconds from the trace's first submission to its last.
+fn span_ms(jobs: &[TraceJob]) -> i64 {
+    jobs.last().map_or(0, |j| j.submit.0) - jobs.first().map_or(0, |j| j.submit.0)
+}
+
+/// The setups --compare names, in its order.
+fn setups(
+    compare: &[String],
+    cluster: &Cluster,
+    gpool_policy: &gpool_core::sched::Policy,
+    guarantees: &BTreeMap<String, u32>,
+) -> Result<Vec<sim::Setup>, CliError> {
     let mut setups = Vec::new();
-    for name in &args.compare {
+    for name in compare {
         setups.push(match name.as_str() {
-            "dedicated" => sim::dedicated(&cluster, &guarantees, 1.0),
-            "fifo" => sim::fifo(&cluster, &guarantees),
-            "gpool" => sim::pooled("gpool", &cluster, gpool_policy.clone(), &guarantees),
+            "dedicated" => sim::dedicated(cluster, guarantees, 1.0),
+            "fifo" => sim::fifo(cluster, guarantees),
+            "gpool" => sim::pooled("gpool", cluster, gpool_policy.clone(), guarantees),
             file if file.ends_with(".toml") => {
                 let (policy, _) = load_policy(Path::new(file))?;
                 let label = Path::new(file)
                     .file_stem()
                     .map_or_else(|| file.to_string(), |stem| stem.to_string_lossy().into_owned());
-                sim::pooled(&label, &cluster, policy, &guarantees)
+                sim::pooled(&label, cluster, policy, guarantees)
             }
             other => {
                 return Err(CliError::Usage(format!(
@@ -252,9 +325,18 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
             }
         });
     }
+    Ok(setups)
+}
+
+/// Replays the trace under every setup, each with its progress bar.
+fn replay_all(
+    setups: &[sim::Setup],
+    jobs: &[TraceJob],
+    options: &sim::Options,
+    bars: &indicatif::MultiProgress,
+) -> Vec<(Outcome, Timing)> {
     // Each policy replays on a thread of its own (the outcomes do not
     // depend on it), as many at once as there are cores.
-    let bars = indicatif::MultiProgress::new();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut results: Vec<(Outcome, Timing)> = Vec::new();
     for batch in setups.chunks(threads) {
@@ -262,8 +344,7 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
             let handles: Vec<_> = batch
                 .iter()
                 .map(|setup| {
-                    let mut watch = Watch::new(&setup.name, &bars);
-                    let (jobs, options) = (&jobs, &options);
+                    let mut watch = Watch::new(&setup.name, bars);
                     scope.spawn(move || {
                         let started = Instant::now();
                         let outcome = sim::simulate(setup, jobs, options, &mut watch);
@@ -279,224 +360,101 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
             }
         });
     }
+    results
+}
+
+/// The pooled mean wait that dedicated partitions must match, if the savings search is to run.
+fn savings_target(args: &SimArgs, results: &[(Outcome, Timing)]) -> Option<f64> {
     let pooled = results.iter().find(|(o, _)| o.policy == "gpool").or_else(|| {
         results
             .iter()
             .find(|(o, _)| o.policy != "dedicated" && o.policy != "fifo")
     });
-    let savings = match pooled {
+    match pooled {
         Some((pooled, _)) if !args.no_savings && args.compare.iter().any(|c| c == "dedicated") => {
-            let mut watch = Watch::new("savings", &bars);
-            let possible: Vec<TraceJob> = jobs
-                .iter()
-                .enumerate()
-                .filter(|(idx, _)| impossible.binary_search_by_key(idx, |(i, _)| *i).is_err())
-                .map(|(_, job)| job.clone())
-                .collect();
-            Some(sim::savings(
-                &cluster,
-                &guarantees,
-                &possible,
-                pooled.queue_delay.mean,
-                &options,
-                &mut watch,
-            ))
-            .inspect(|_| {
-                watch.finish(Duration::ZERO);
-            })
+            Some(pooled.queue_delay.mean)
         }
         _ => None,
-    };
-    if let Some(dir) = &args.plot {
-        plot::write_all(dir, &results.iter().map(|(o, _)| o).collect::<Vec<_>>(), &guarantees)
-            .map_err(|err| CliError::Usage(format!("--plot {}: {err}", dir.display())))?;
-    }
-    let currency = args
-        .policy
-        .as_deref()
-        .and_then(|path| load_policy(path).ok())
-        .map_or_else(|| "USD".to_string(), |(_, pricing)| pricing.currency);
-    if json {
-        let value = serde_json::json!({
-            "trace": { "file": trace_name, "jobs": jobs.len(), "span_hours": span_secs as f64 / 3600.0 },
-            "cluster": { "nodes": cluster.nodes.len(), "gpus": cluster.gpus() },
-            "policies": results.iter().map(|(o, _)| o).collect::<Vec<_>>(),
-            "savings": savings,
-            "currency": currency,
-            "timing": results.iter().map(|(o, t)| (o.policy.clone(), t)).collect::<BTreeMap<_, _>>(),
-            "impossible_jobs": impossible
-                .iter()
-                .map(|(idx, reason)| serde_json::json!({"job": idx + 1, "reason": reason}))
-                .collect::<Vec<_>>(),
-        });
-        outln!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
-        return Ok(());
-    }
-    print_tables(&jobs, &cluster, &results, savings.as_ref(), &currency);
-    if let Some(dir) = &args.plot {
-        outln!("\ncharts written to {}", dir.display());
-    }
-    Ok(())
-}
-
-/// `3.2h`, `41m`, `12s`.
-fn human(secs: f64) -> String {
-    if secs >= 2.0 * 86400.0 {
-        format!("{:.1}d", secs / 86400.0)
-    } else if secs >= 3600.0 {
-        format!("{:.1}h", secs / 3600.0)
-    } else if secs >= 60.0 {
-        format!("{:.0}m", secs / 60.0)
-    } else {
-        format!("{secs:.0}s")
     }
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.1}%", x * 100.0)
-}
-
-fn print_tables(
-    jobs: &[TraceJob],
+/// How many dedicated GPUs match the pooled mean wait, over the jobs that can start.
+fn search_savings(
     cluster: &Cluster,
-    results: &[(Outcome, Timing)],
-    savings: Option<&Savings>,
-    currency: &str,
-) {
-    let span = (jobs.last().map_or(0, |j| j.submit.0) - jobs.first().map_or(0, |j| j.submit.0)) as f64 / 1000.0;
-    outln!(
-        "{} jobs over {} on {} nodes, {} GPUs",
-        jobs.len(),
-        human(span),
-        cluster.nodes.len(),
-        cluster.gpus()
-    );
-    let mut header = vec!["".to_string()];
-    header.extend(results.iter().map(|(o, _)| o.policy.clone()));
-    type Row = (&'static str, fn(&Outcome, &Timing) -> String);
-    let rows: Vec<Row> = vec![
-        ("GPUs", |o, _| o.gpus.to_string()),
-        ("GPU allocation", |o, _| pct(o.allocation)),
-        ("allocation while a waiting job fits", |o, _| {
-            o.allocation_while_startable.map_or("-".into(), pct)
-        }),
-        ("hours a waiting job fits", |o, _| format!("{:.0}", o.hours_startable)),
-        ("queueing delay, mean", |o, _| human(o.queue_delay.mean)),
-        ("queueing delay, median", |o, _| human(o.queue_delay.median)),
-        ("queueing delay, p95", |o, _| human(o.queue_delay.p95)),
-        ("queueing delay, p99", |o, _| human(o.queue_delay.p99)),
-        ("completion time, mean", |o, _| human(o.completion_time.mean)),
-        ("completion time, p99", |o, _| human(o.completion_time.p99)),
-        ("jobs completed", |o, _| o.completed.to_string()),
-        ("jobs timed out", |o, _| o.timed_out.to_string()),
-        ("jobs never started", |o, _| o.never_started.to_string()),
-        ("GPU-hours delivered", |o, _| format!("{:.0}", o.delivered_gpu_hours)),
-        ("  of them burst", |o, _| format!("{:.0}", o.burst_gpu_hours)),
-        ("preemptions", |o, _| o.preemptions.to_string()),
-        ("GPU-hours lost to preemption", |o, _| {
-            format!(
-                "{:.0} ({:.2}%)",
-                o.lost_gpu_hours,
-                o.lost_gpu_hours / o.delivered_gpu_hours.max(1e-9) * 100.0
-            )
-        }),
-        ("jobs blocked by fragmentation", |o, _| {
-            o.fragmentation_blocked_jobs.to_string()
-        }),
-        ("teams with >= 95% of guarantee", |o, _| {
-            let asking: Vec<&sim::TeamOutcome> = o.teams.iter().filter(|t| t.guarantee_met.is_some()).collect();
-            let met = asking
-                .iter()
-                .filter(|t| t.guarantee_met.is_some_and(|m| m >= 0.95))
-                .count();
-            format!("{met} of {}", asking.len())
-        }),
-        ("scheduling cycles", |_, t| t.cycles.to_string()),
-        ("cycle time, mean", |_, t| format!("{:.2} ms", t.cycle_mean_ms)),
-        ("cycle time, p99", |_, t| format!("{:.2} ms", t.cycle_p99_ms)),
-        ("cycle time, max", |_, t| format!("{:.1} ms", t.cycle_max_ms)),
-        ("replay time", |_, t| format!("{:.1} s", t.replay_secs)),
-    ];
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|(label, value)| {
-            let mut row = vec![label.to_string()];
-            row.extend(results.iter().map(|(o, t)| value(o, t)));
-            row
-        })
-        .collect();
-    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    output::print_table(&header_refs, table);
-
-    outln!("\nPer team: guarantee, mean queueing delay, and the share of its guarantee it got while asking");
-    let mut team_header = vec!["TEAM".to_string(), "GUARANTEE".into(), "JOBS".into()];
-    for (o, _) in results {
-        team_header.push(format!("WAIT {}", o.policy));
-        team_header.push(format!("GOT {}", o.policy));
-    }
-    let teams = results.first().map(|(o, _)| o.teams.clone()).unwrap_or_default();
-    let team_rows: Vec<Vec<String>> = teams
+    guarantees: &BTreeMap<String, u32>,
+    jobs: &[TraceJob],
+    impossible: &[(usize, String)],
+    target_mean_delay_secs: f64,
+    options: &sim::Options,
+    bars: &indicatif::MultiProgress,
+) -> Savings {
+    let mut watch = Watch::new("savings", bars);
+    let possible: Vec<TraceJob> = jobs
         .iter()
         .enumerate()
-        .map(|(i, team)| {
-            let mut row = vec![
-                team.team.clone(),
-                team.guaranteed_gpus.to_string(),
-                team.jobs.to_string(),
-            ];
-            for (o, _) in results {
-                let t = &o.teams[i];
-                row.push(if t.never_started > 0 {
-                    format!("{} ({} never)", human(t.queue_delay.mean), t.never_started)
-                } else {
-                    human(t.queue_delay.mean)
-                });
-                row.push(t.guarantee_met.map_or("-".into(), pct));
-            }
-            row
-        })
+        .filter(|(idx, _)| impossible.binary_search_by_key(idx, |(i, _)| *i).is_err())
+        .map(|(_, job)| job.clone())
         .collect();
-    let team_header_refs: Vec<&str> = team_header.iter().map(String::as_str).collect();
-    output::print_table(&team_header_refs, team_rows);
+    let savings = sim::savings(
+        cluster,
+        guarantees,
+        &possible,
+        target_mean_delay_secs,
+        options,
+        &mut watch,
+    );
+    watch.finish(Duration::ZERO);
+    savings
+}
 
-    if let Some(savings) = savings {
-        outln!("");
-        match (savings.scale, savings.dedicated_gpus) {
-            (Some(scale), Some(_)) if scale <= 1.0 => outln!(
-                "Savings: dedicated partitions of the pool's own size (x1.00, {} GPUs) already match the pooled mean wait of {}: pooling saves no GPUs on this trace.",
-                savings.pooled_gpus,
-                human(savings.target_mean_delay_secs)
-            ),
-            (Some(scale), Some(gpus)) => {
-                let cost = savings.extra_cost_per_hour.map_or_else(String::new, |cost| {
-                    format!(
-                        ", {cost:.0} {currency} more per hour ({:.0} {currency} over the trace)",
-                        cost * span / 3600.0
-                    )
-                });
-                outln!(
-                    "Savings: dedicated partitions need {gpus} GPUs (x{scale:.2}) to match the pooled mean wait of {}; pooling does it with {}: {} GPUs fewer{cost}.",
-                    human(savings.target_mean_delay_secs),
-                    savings.pooled_gpus,
-                    gpus.saturating_sub(savings.pooled_gpus)
-                );
-            }
-            _ => {
-                let (low, high) = (
-                    savings.tried.first().map_or(1.0, |(scale, _)| *scale),
-                    savings.tried.last().map_or(1.0, |(scale, _)| *scale),
-                );
-                outln!(
-                    "Savings: dedicated partitions of x{low:.2} to x{high:.2} the GPUs (up to {}) do not match the pooled mean wait of {}.",
-                    (savings.pooled_gpus as f64 * high).round(),
-                    human(savings.target_mean_delay_secs)
-                )
-            }
-        }
-    }
+/// The currency of --policy's prices (USD without one).
+fn currency(args: &SimArgs) -> String {
+    args.policy
+        .as_deref()
+        .and_then(|path| load_policy(path).ok())
+        .map_or_else(|| "USD".to_string(), |(_, pricing)| pricing.currency)
+}
+
+/// What `gpool sim` found, for the tables or the JSON report.
+struct Report<'a> {
+    trace_name: &'a str,
+    jobs: &'a [TraceJob],
+    cluster: &'a Cluster,
+    results: &'a [(Outcome, Timing)],
+    savings: Option<&'a Savings>,
+    currency: &'a str,
+    impossible: &'a [(usize, String)],
+}
+
+/// `--output json`: the whole report as one JSON object.
+fn print_json_report(report: &Report) {
+    let Report {
+        trace_name,
+        jobs,
+        cluster,
+        results,
+        savings,
+        currency,
+        impossible,
+    } = report;
+    let span_secs = span_ms(jobs) / 1000;
+    let value = serde_json::json!({
+        "trace": { "file": trace_name, "jobs": jobs.len(), "span_hours": span_secs as f64 / 3600.0 },
+        "cluster": { "nodes": cluster.nodes.len(), "gpus": cluster.gpus() },
+        "policies": results.iter().map(|(o, _)| o).collect::<Vec<_>>(),
+        "savings": savings,
+        "currency": currency,
+        "timing": results.iter().map(|(o, t)| (o.policy.clone(), t)).collect::<BTreeMap<_, _>>(),
+        "impossible_jobs": impossible
+            .iter()
+            .map(|(idx, reason)| serde_json::json!({"job": idx + 1, "reason": reason}))
+            .collect::<Vec<_>>(),
+    });
+    outln!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
 }
 
 mod plot;
+mod tables;
 
 fn parse_on_signal(text: &str) -> Result<gpool_core::sim::OnSignal, String> {
     gpool_core::sim::OnSignal::parse(text)

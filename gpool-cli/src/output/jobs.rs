@@ -153,6 +153,7 @@ pub(super) fn begin_text(spec: &pb::JobSpec, submitted_at_ms: i64) -> Option<Str
     }
 }
 
+/// A job as `--output json` prints it.
 pub fn job_json(job: &pb::Job) -> JobJson<'_> {
     let spec = spec(job);
     JobJson {
@@ -179,10 +180,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         max_output_bytes: (spec.max_output_bytes > 0).then_some(spec.max_output_bytes),
         begin: begin_text(spec, job.submitted_at_ms),
         reservation: (!spec.reservation.is_empty()).then_some(spec.reservation.as_str()),
-        notify: spec.notify.as_ref().map(|notify| NotifyJson {
-            to: &notify.to,
-            on: notify_events(notify),
-        }),
+        notify: spec.notify.as_ref().map(notify_json),
         submitted_at: rfc3339_ms(job.submitted_at_ms),
         started_at: job.started_at_ms.map(rfc3339_ms),
         ended_at: job.ended_at_ms.map(rfc3339_ms),
@@ -192,14 +190,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         reason_codes: &job.reason_codes,
         node_list: &job.last_nodes,
         attempt: job.attempt,
-        placement: job
-            .placement
-            .iter()
-            .map(|p| PlacementJson {
-                node: &p.node,
-                gpus: &p.gpu_indices,
-            })
-            .collect(),
+        placement: placement_json(job),
         qos: &spec.qos,
         burst: job.burst,
         n_preemptions: job.n_preemptions,
@@ -211,61 +202,107 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         redacted: job.redacted,
         array_job_id: job.array_task_index.map(|_| job.array_job_id),
         array_task_id: job.array_task_index,
-        array: job.array.as_ref().map(|info| ArrayJson {
-            indices: array_indices(spec),
-            max_parallel: spec
-                .array
-                .as_ref()
-                .and_then(|a| (a.max_parallel > 0).then_some(a.max_parallel)),
-            tasks: info.tasks,
-            waiting_indices: &info.waiting_indices,
-            waiting: info.waiting,
-            running: info.running,
-            ended: info.ended,
-            not_completed: info.not_completed,
-        }),
+        array: job.array.as_ref().map(|info| array_json(info, spec)),
         stdout_path: (!spec.stdout_path.is_empty()).then_some(spec.stdout_path.as_str()),
         stderr_path: (!spec.stderr_path.is_empty()).then_some(spec.stderr_path.as_str()),
         min_gpu_memory_mib: (spec.min_gpu_memory_mib != 0).then_some(spec.min_gpu_memory_mib),
-        nvlink: if spec.nvlink.is_empty() {
-            "any"
-        } else {
-            spec.nvlink.as_str()
-        },
-        constraint: spec
-            .constraints
-            .iter()
-            .map(|l| (l.key.as_str(), l.value.as_str()))
-            .collect(),
+        nvlink: nvlink_json(spec),
+        constraint: constraint_json(spec),
         nodelist: &spec.nodelist,
         exclude: &spec.exclude,
-        gpu_use: job.gpu_use.as_ref().map(|used| GpuUseJson {
-            samples: used.samples,
-            mean_utilization_pct: (used.mean_utilization_pct * 10.0).round() / 10.0,
-            peak_utilization_pct: used.peak_utilization_pct,
-            peak_memory_used_mib: used.peak_memory_used_mib,
-            idle: idle_allocation(used),
-        }),
-        stragglers: job
-            .stragglers
-            .iter()
-            .map(|straggler| StragglerJson {
-                node: &straggler.node,
-                index: straggler.index,
-                utilization_pct: straggler.utilization_pct,
-                median_pct: straggler.median_pct,
-                since: rfc3339(straggler.since_ms),
-            })
-            .collect(),
-        events: job
-            .events
-            .iter()
-            .map(|event| EventJson {
-                at: rfc3339_ms(event.at_ms),
-                text: &event.text,
-            })
-            .collect(),
+        gpu_use: job.gpu_use.as_ref().map(gpu_use_json),
+        stragglers: stragglers_json(job),
+        events: events_json(job),
     }
+}
+
+/// `notify`: whom `--notify` mails, and on which events.
+fn notify_json(notify: &pb::Notify) -> NotifyJson<'_> {
+    NotifyJson {
+        to: &notify.to,
+        on: notify_events(notify),
+    }
+}
+
+/// `placement`: each node of the job and its GPUs there.
+fn placement_json(job: &pb::Job) -> Vec<PlacementJson<'_>> {
+    job.placement
+        .iter()
+        .map(|p| PlacementJson {
+            node: &p.node,
+            gpus: &p.gpu_indices,
+        })
+        .collect()
+}
+
+/// `array`: an array's record, its indices and how its tasks stand.
+fn array_json<'a>(info: &'a pb::ArrayInfo, spec: &pb::JobSpec) -> ArrayJson<'a> {
+    ArrayJson {
+        indices: array_indices(spec),
+        max_parallel: spec
+            .array
+            .as_ref()
+            .and_then(|a| (a.max_parallel > 0).then_some(a.max_parallel)),
+        tasks: info.tasks,
+        waiting_indices: &info.waiting_indices,
+        waiting: info.waiting,
+        running: info.running,
+        ended: info.ended,
+        not_completed: info.not_completed,
+    }
+}
+
+/// `nvlink`: what the job asks of NVLink, `any` where it asks nothing.
+fn nvlink_json(spec: &pb::JobSpec) -> &str {
+    if spec.nvlink.is_empty() {
+        "any"
+    } else {
+        spec.nvlink.as_str()
+    }
+}
+
+/// `constraint`: the node labels the job asks for, by key.
+fn constraint_json(spec: &pb::JobSpec) -> BTreeMap<&str, &str> {
+    spec.constraints
+        .iter()
+        .map(|l| (l.key.as_str(), l.value.as_str()))
+        .collect()
+}
+
+/// `gpu_use`: the job's GPU use from its nodes' samples.
+fn gpu_use_json(used: &pb::GpuUse) -> GpuUseJson {
+    GpuUseJson {
+        samples: used.samples,
+        mean_utilization_pct: (used.mean_utilization_pct * 10.0).round() / 10.0,
+        peak_utilization_pct: used.peak_utilization_pct,
+        peak_memory_used_mib: used.peak_memory_used_mib,
+        idle: idle_allocation(used),
+    }
+}
+
+/// `stragglers`: the GPUs lagging far behind the job's others.
+fn stragglers_json(job: &pb::Job) -> Vec<StragglerJson<'_>> {
+    job.stragglers
+        .iter()
+        .map(|straggler| StragglerJson {
+            node: &straggler.node,
+            index: straggler.index,
+            utilization_pct: straggler.utilization_pct,
+            median_pct: straggler.median_pct,
+            since: rfc3339(straggler.since_ms),
+        })
+        .collect()
+}
+
+/// `events`: the job's history besides its state, oldest first.
+fn events_json(job: &pb::Job) -> Vec<EventJson<'_>> {
+    job.events
+        .iter()
+        .map(|event| EventJson {
+            at: rfc3339_ms(event.at_ms),
+            text: &event.text,
+        })
+        .collect()
 }
 
 /// A job that holds GPUs and does not use them (gpool-core's rule).

@@ -2,18 +2,38 @@
 
 use super::*;
 
+/// One line of `gpool show`: its key and its value.
+type Line = (&'static str, String);
+
 /// `gpool show`: the job's environment only counted unless `with_env`
 /// (an exported shell environment is dozens of lines).
 pub fn print_job_details(job: &pb::Job, with_env: bool) {
     let spec = spec(job);
-    let or_dash = |text: &str| {
-        if text.is_empty() {
-            "-".to_string()
-        } else {
-            text.to_string()
-        }
-    };
-    let mut lines = vec![
+    let mut lines = identity_lines(job, spec);
+    lines.extend(request_lines(job, spec));
+    lines.extend(timeline_lines(job));
+    lines.extend(option_lines(job, spec));
+    lines.extend(run_lines(job));
+    lines.extend(scheduling_lines(job, spec));
+    lines.extend(env_lines(job, spec, with_env));
+    // The longest key ("to start sooner:") still gets a space after it.
+    for (key, value) in lines {
+        outln!("{:<17}{value}", format!("{key}:"));
+    }
+}
+
+/// `-` for an empty text.
+fn or_dash(text: &str) -> String {
+    if text.is_empty() {
+        "-".to_string()
+    } else {
+        text.to_string()
+    }
+}
+
+/// Which job it is and whose: id, name, state, user, team, project, workload type, pool.
+fn identity_lines(job: &pb::Job, spec: &pb::JobSpec) -> Vec<Line> {
+    vec![
         ("id", crate::cmd::display_id(job)),
         ("name", spec.name.clone()),
         ("state", state_name(job.state()).to_string()),
@@ -22,6 +42,12 @@ pub fn print_job_details(job: &pb::Job, with_env: bool) {
         ("project", or_dash(&spec.project)),
         ("workload type", or_dash(&spec.workload_type)),
         ("pool", or_dash(&spec.pool)),
+    ]
+}
+
+/// What it asks for: GPUs, GPU types, priority, time limit, command, workdir.
+fn request_lines(job: &pb::Job, spec: &pb::JobSpec) -> Vec<Line> {
+    vec![
         (
             "gpus",
             format!(
@@ -59,11 +85,22 @@ pub fn print_job_details(job: &pb::Job, with_env: bool) {
             },
         ),
         ("workdir", or_dash(&spec.workdir)),
+    ]
+}
+
+/// When it was submitted, started and ended, and its attempts.
+fn timeline_lines(job: &pb::Job) -> Vec<Line> {
+    vec![
         ("submitted", rfc3339(job.submitted_at_ms)),
         ("started", job.started_at_ms.map_or("-".into(), rfc3339)),
         ("ended", job.ended_at_ms.map_or("-".into(), rfc3339)),
         ("attempts", job.attempt.to_string()),
-    ];
+    ]
+}
+
+/// The options it was submitted with (each only where set), and its placement.
+fn option_lines(job: &pb::Job, spec: &pb::JobSpec) -> Vec<Line> {
+    let mut lines = Vec::new();
     if job.array_task_index.is_some() {
         lines.push(("job id", job.id.to_string()));
     }
@@ -105,6 +142,12 @@ pub fn print_job_details(job: &pb::Job, with_env: bool) {
     if !job.placement.is_empty() {
         lines.push(("placement", placement_text(job)));
     }
+    lines
+}
+
+/// How its run went: events, stragglers, GPU use, exit code, end reason.
+fn run_lines(job: &pb::Job) -> Vec<Line> {
+    let mut lines = Vec::new();
     for event in &job.events {
         lines.push(("event", format!("{} {}", rfc3339(event.at_ms), event.text)));
     }
@@ -144,7 +187,12 @@ pub fn print_job_details(job: &pb::Job, with_env: bool) {
     if !job.end_reason.is_empty() {
         lines.push(("end reason", job.end_reason.clone()));
     }
-    lines.push(("qos", or_dash(&spec.qos)));
+    lines
+}
+
+/// What the scheduler makes of it: QoS, class, preemptions, priority, expected start, why it waits.
+fn scheduling_lines(job: &pb::Job, spec: &pb::JobSpec) -> Vec<Line> {
+    let mut lines = vec![("qos", or_dash(&spec.qos))];
     if job.state() == pb::JobState::Running {
         let class = if job.burst { "burst (preemptible)" } else { "guaranteed" };
         lines.push(("runs as", class.to_string()));
@@ -173,6 +221,12 @@ pub fn print_job_details(job: &pb::Job, with_env: bool) {
     for hint in &job.hints {
         lines.push(("to start sooner", hint.clone()));
     }
+    lines
+}
+
+/// Its environment: every variable with `with_env`, else how many there are.
+fn env_lines(job: &pb::Job, spec: &pb::JobSpec, with_env: bool) -> Vec<Line> {
+    let mut lines = Vec::new();
     if with_env {
         for var in &spec.env {
             lines.push(("env", format!("{}={}", var.name, var.value)));
@@ -183,8 +237,5 @@ pub fn print_job_details(job: &pb::Job, with_env: bool) {
             format!("{} variables (gpool show --env {} lists them)", spec.env.len(), job.id),
         ));
     }
-    // The longest key ("to start sooner:") still gets a space after it.
-    for (key, value) in lines {
-        outln!("{:<17}{value}", format!("{key}:"));
-    }
+    lines
 }

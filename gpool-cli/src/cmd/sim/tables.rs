@@ -1,0 +1,178 @@
+//! `gpool sim`'s report as tables: the policies side by side, the teams
+//! under each policy, and the savings.
+
+use super::{span_ms, Report, Timing};
+use crate::output;
+use gpool_core::sim::{self, Outcome, Savings};
+
+/// `3.2h`, `41m`, `12s`.
+fn human(secs: f64) -> String {
+    if secs >= 2.0 * 86400.0 {
+        format!("{:.1}d", secs / 86400.0)
+    } else if secs >= 3600.0 {
+        format!("{:.1}h", secs / 3600.0)
+    } else if secs >= 60.0 {
+        format!("{:.0}m", secs / 60.0)
+    } else {
+        format!("{secs:.0}s")
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+/// The human report: the trace, the policy table, the team table and the savings.
+pub(super) fn print_tables(report: &Report) {
+    let (jobs, cluster, results) = (report.jobs, report.cluster, report.results);
+    let span = span_ms(jobs) as f64 / 1000.0;
+    outln!(
+        "{} jobs over {} on {} nodes, {} GPUs",
+        jobs.len(),
+        human(span),
+        cluster.nodes.len(),
+        cluster.gpus()
+    );
+    print_policy_table(results);
+    print_team_table(results);
+    if let Some(savings) = report.savings {
+        print_savings(savings, report.currency, span);
+    }
+}
+
+/// A row of the policy table: its label, and its cell for a policy.
+type Row = (&'static str, fn(&Outcome, &Timing) -> String);
+
+/// The policy table: one column per policy, one row per figure.
+fn print_policy_table(results: &[(Outcome, Timing)]) {
+    let mut header = vec!["".to_string()];
+    header.extend(results.iter().map(|(o, _)| o.policy.clone()));
+    let table: Vec<Vec<String>> = policy_rows()
+        .iter()
+        .map(|(label, value)| {
+            let mut row = vec![label.to_string()];
+            row.extend(results.iter().map(|(o, t)| value(o, t)));
+            row
+        })
+        .collect();
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    output::print_table(&header_refs, table);
+}
+
+/// The policy table's rows, in order.
+fn policy_rows() -> Vec<Row> {
+    vec![
+        ("GPUs", |o, _| o.gpus.to_string()),
+        ("GPU allocation", |o, _| pct(o.allocation)),
+        ("allocation while a waiting job fits", |o, _| {
+            o.allocation_while_startable.map_or("-".into(), pct)
+        }),
+        ("hours a waiting job fits", |o, _| format!("{:.0}", o.hours_startable)),
+        ("queueing delay, mean", |o, _| human(o.queue_delay.mean)),
+        ("queueing delay, median", |o, _| human(o.queue_delay.median)),
+        ("queueing delay, p95", |o, _| human(o.queue_delay.p95)),
+        ("queueing delay, p99", |o, _| human(o.queue_delay.p99)),
+        ("completion time, mean", |o, _| human(o.completion_time.mean)),
+        ("completion time, p99", |o, _| human(o.completion_time.p99)),
+        ("jobs completed", |o, _| o.completed.to_string()),
+        ("jobs timed out", |o, _| o.timed_out.to_string()),
+        ("jobs never started", |o, _| o.never_started.to_string()),
+        ("GPU-hours delivered", |o, _| format!("{:.0}", o.delivered_gpu_hours)),
+        ("  of them burst", |o, _| format!("{:.0}", o.burst_gpu_hours)),
+        ("preemptions", |o, _| o.preemptions.to_string()),
+        ("GPU-hours lost to preemption", |o, _| {
+            format!(
+                "{:.0} ({:.2}%)",
+                o.lost_gpu_hours,
+                o.lost_gpu_hours / o.delivered_gpu_hours.max(1e-9) * 100.0
+            )
+        }),
+        ("jobs blocked by fragmentation", |o, _| {
+            o.fragmentation_blocked_jobs.to_string()
+        }),
+        ("teams with >= 95% of guarantee", |o, _| {
+            let asking: Vec<&sim::TeamOutcome> = o.teams.iter().filter(|t| t.guarantee_met.is_some()).collect();
+            let met = asking
+                .iter()
+                .filter(|t| t.guarantee_met.is_some_and(|m| m >= 0.95))
+                .count();
+            format!("{met} of {}", asking.len())
+        }),
+        ("scheduling cycles", |_, t| t.cycles.to_string()),
+        ("cycle time, mean", |_, t| format!("{:.2} ms", t.cycle_mean_ms)),
+        ("cycle time, p99", |_, t| format!("{:.2} ms", t.cycle_p99_ms)),
+        ("cycle time, max", |_, t| format!("{:.1} ms", t.cycle_max_ms)),
+        ("replay time", |_, t| format!("{:.1} s", t.replay_secs)),
+    ]
+}
+
+/// The team table: each team's guarantee, and its wait and share under each policy.
+fn print_team_table(results: &[(Outcome, Timing)]) {
+    outln!("\nPer team: guarantee, mean queueing delay, and the share of its guarantee it got while asking");
+    let mut team_header = vec!["TEAM".to_string(), "GUARANTEE".into(), "JOBS".into()];
+    for (o, _) in results {
+        team_header.push(format!("WAIT {}", o.policy));
+        team_header.push(format!("GOT {}", o.policy));
+    }
+    let teams = results.first().map(|(o, _)| o.teams.clone()).unwrap_or_default();
+    let team_rows: Vec<Vec<String>> = teams
+        .iter()
+        .enumerate()
+        .map(|(i, team)| {
+            let mut row = vec![
+                team.team.clone(),
+                team.guaranteed_gpus.to_string(),
+                team.jobs.to_string(),
+            ];
+            for (o, _) in results {
+                let t = &o.teams[i];
+                row.push(if t.never_started > 0 {
+                    format!("{} ({} never)", human(t.queue_delay.mean), t.never_started)
+                } else {
+                    human(t.queue_delay.mean)
+                });
+                row.push(t.guarantee_met.map_or("-".into(), pct));
+            }
+            row
+        })
+        .collect();
+    let team_header_refs: Vec<&str> = team_header.iter().map(String::as_str).collect();
+    output::print_table(&team_header_refs, team_rows);
+}
+
+/// The savings line: the GPUs dedicated partitions need to match the pooled wait, and their cost.
+fn print_savings(savings: &Savings, currency: &str, span: f64) {
+    outln!("");
+    match (savings.scale, savings.dedicated_gpus) {
+        (Some(scale), Some(_)) if scale <= 1.0 => outln!(
+            "Savings: dedicated partitions of the pool's own size (x1.00, {} GPUs) already match the pooled mean wait of {}: pooling saves no GPUs on this trace.",
+            savings.pooled_gpus,
+            human(savings.target_mean_delay_secs)
+        ),
+        (Some(scale), Some(gpus)) => {
+            let cost = savings.extra_cost_per_hour.map_or_else(String::new, |cost| {
+                format!(
+                    ", {cost:.0} {currency} more per hour ({:.0} {currency} over the trace)",
+                    cost * span / 3600.0
+                )
+            });
+            outln!(
+                "Savings: dedicated partitions need {gpus} GPUs (x{scale:.2}) to match the pooled mean wait of {}; pooling does it with {}: {} GPUs fewer{cost}.",
+                human(savings.target_mean_delay_secs),
+                savings.pooled_gpus,
+                gpus.saturating_sub(savings.pooled_gpus)
+            );
+        }
+        _ => {
+            let (low, high) = (
+                savings.tried.first().map_or(1.0, |(scale, _)| *scale),
+                savings.tried.last().map_or(1.0, |(scale, _)| *scale),
+            );
+            outln!(
+                "Savings: dedicated partitions of x{low:.2} to x{high:.2} the GPUs (up to {}) do not match the pooled mean wait of {}.",
+                (savings.pooled_gpus as f64 * high).round(),
+                human(savings.target_mean_delay_secs)
+            )
+        }
+    }
+}
