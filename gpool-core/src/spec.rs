@@ -225,23 +225,9 @@ impl JobSpecInput {
             mem_bytes: memory_per_node(self.mem.as_deref(), self.mem_per_gpu.as_deref(), self.gpus.unwrap_or(1))?,
             max_output_bytes: optional("max_output", self.max_output.as_deref(), parse_size)?,
             script: self.script,
-            reservation: match self.reservation {
-                Some(name) if !name_ok_for_reservation(&name) => {
-                    return Err(spec_error(
-                        "reservation",
-                        format!("{name:?} is not a reservation's name"),
-                    ))
-                }
-                name => name.unwrap_or_default(),
-            },
+            reservation: reservation_of(self.reservation)?,
             begin: optional("begin", self.begin.as_deref(), crate::model::Begin::parse)?,
-            notify: match (self.notify.as_deref(), self.notify_on.as_deref()) {
-                (Some(to), on) => {
-                    Some(crate::model::Notify::parse(to, on).map_err(|reason| spec_error("notify", reason))?)
-                }
-                (None, Some(_)) => return Err(spec_error("notify_on", "give --notify too: where to say it")),
-                (None, None) => None,
-            },
+            notify: notify_of(self.notify.as_deref(), self.notify_on.as_deref())?,
             cpus_per_gpu: match self.cpus_per_gpu {
                 Some(cpus) => Some(count_field("cpus_per_gpu", cpus, MAX_CPUS_PER_GPU)?),
                 None => None,
@@ -256,19 +242,11 @@ impl JobSpecInput {
             },
             stdout_path: self.stdout.unwrap_or_default(),
             stderr_path: self.stderr.unwrap_or_default(),
-            requires: Requirements {
-                min_gpu_memory_mib: match self.min_gpu_memory.as_deref() {
-                    Some(text) => parse_gpu_memory(text).map_err(|reason| spec_error("min_gpu_memory", reason))?,
-                    None => 0,
-                },
-                nvlink: match self.nvlink.as_deref() {
-                    Some(text) => NvlinkNeed::parse(text.trim()).map_err(|reason| spec_error("nvlink", reason))?,
-                    None => NvlinkNeed::Any,
-                },
-                constraints: parse_constraints(&names(self.constraint))?,
-                nodelist: names(self.nodelist),
-                exclude: names(self.exclude),
-            },
+            requires: requirements_of(
+                (self.min_gpu_memory.as_deref(), self.nvlink.as_deref()),
+                self.constraint,
+                (self.nodelist, self.exclude),
+            )?,
         };
         spec.validate()?;
         Ok(spec)
@@ -359,6 +337,50 @@ fn count_field(field: &str, value: i64, max: u32) -> Result<u32, SpecError> {
 
 /// Most names in `--nodelist`, `--exclude` or `--constraint`.
 pub const MAX_REQUIREMENT_ITEMS: usize = 256;
+
+/// `--reservation`: a name as `[[reservation]]` gives them, or none.
+fn reservation_of(name: Option<String>) -> Result<String, SpecError> {
+    match name {
+        Some(name) if !name_ok_for_reservation(&name) => Err(spec_error(
+            "reservation",
+            format!("{name:?} is not a reservation's name"),
+        )),
+        name => Ok(name.unwrap_or_default()),
+    }
+}
+
+/// `--notify` and `--notify-on` (which needs `--notify`).
+fn notify_of(to: Option<&str>, on: Option<&str>) -> Result<Option<crate::model::Notify>, SpecError> {
+    match (to, on) {
+        (Some(to), on) => Ok(Some(
+            crate::model::Notify::parse(to, on).map_err(|reason| spec_error("notify", reason))?,
+        )),
+        (None, Some(_)) => Err(spec_error("notify_on", "give --notify too: where to say it")),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `--min-gpu-memory`, `--nvlink`, `--constraint`, `--nodelist` and
+/// `--exclude`, checked in that order.
+fn requirements_of(
+    (min_gpu_memory, nvlink): (Option<&str>, Option<&str>),
+    constraint: Option<OneOrMany>,
+    (nodelist, exclude): (Option<OneOrMany>, Option<OneOrMany>),
+) -> Result<Requirements, SpecError> {
+    Ok(Requirements {
+        min_gpu_memory_mib: match min_gpu_memory {
+            Some(text) => parse_gpu_memory(text).map_err(|reason| spec_error("min_gpu_memory", reason))?,
+            None => 0,
+        },
+        nvlink: match nvlink {
+            Some(text) => NvlinkNeed::parse(text.trim()).map_err(|reason| spec_error("nvlink", reason))?,
+            None => NvlinkNeed::Any,
+        },
+        constraints: parse_constraints(&names(constraint))?,
+        nodelist: names(nodelist),
+        exclude: names(exclude),
+    })
+}
 
 /// `K=V` as given to `--env`.
 pub fn parse_env_assignment(text: &str) -> Result<(String, String), SpecError> {

@@ -9,6 +9,7 @@ pub mod notify;
 pub mod reports;
 pub mod sched_loop;
 pub mod security;
+mod startup;
 pub mod state;
 pub mod status_page;
 
@@ -60,22 +61,7 @@ pub async fn run(
     // The dev pointer first: whoever waits for the address file then finds
     // the pointer written too.
     if config.dev {
-        let pointer = gpool_proto::dev_address_file();
-        // A dev controller that already answers keeps the pointer: the CLI
-        // goes on finding it, and this one is reached with --server.
-        let running = std::fs::read_to_string(&pointer)
-            .ok()
-            .map(|text| text.trim().to_string())
-            .filter(|other| other != &addr.to_string())
-            .filter(|other| std::net::TcpStream::connect(other).is_ok());
-        if let Some(other) = running {
-            tracing::warn!(
-                "another dev controller answers at {other} ({}); gpool finds that one: reach this one with --server {addr}",
-                pointer.display()
-            );
-        } else if let Err(err) = write_addr_file(&pointer, &addr.to_string()) {
-            tracing::warn!("cannot record the dev address in {}: {err:#}", pointer.display());
-        }
+        startup::point_dev_address(addr);
     }
     write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
 
@@ -83,98 +69,22 @@ pub async fn run(
     // Tasks that run as long as gpoold does, ended with it.
     let mut background = tokio::task::JoinSet::new();
     background.spawn(seal_periodically(store.sealer()));
-    let (commands, inbox) = mpsc::channel(65_536);
-    let (agent_commands, agent_inbox) = mpsc::channel(65_536);
-    let handle = StateHandle {
-        shared: Arc::new(RwLock::new(State::new(loaded, &config, security.token_key))),
-        commands,
-        agent_commands,
-        job_changes: broadcast::channel(1024).0,
-        sched_wakeup: Arc::new(Notify::new()),
-    };
-    let (flush_sender, flush_receiver) = std::sync::mpsc::channel();
-    let db = store.db();
-    let flusher = tokio::task::spawn_blocking(move || state::run_flusher(db, flush_receiver));
-    let (stop_state_task, stop) = tokio::sync::watch::channel(false);
-    let notifiers = state::Notifiers {
-        job_changes: handle.job_changes.clone(),
-        sched_wakeup: handle.sched_wakeup.clone(),
-        stop,
-    };
-    let mut state_task = tokio::spawn(state::run_state_task(
-        handle.shared.clone(),
-        notifiers,
-        store,
-        (agent_inbox, inbox),
-        flush_sender,
-        wall_clock,
-    ));
-    let metrics = handle
-        .shared
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .metrics
-        .clone();
-    let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock, metrics.clone()));
-    let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
-    background.spawn(notify::run(handle.clone()));
-    let reports = reports::Reports {
-        state: handle.shared.clone(),
-        records: accounting,
-    };
-    background.spawn(reports.clone().prune_periodically());
-    // sled frees the tree nodes its writes replaced only once an epoch of
-    // its collector has passed, which takes further sled calls (none come
-    // while the pool is quiet): each flush advances the epoch where no
-    // thread is inside sled and frees a few expired bags of garbage.
-    gpool_agent::memory::return_free_memory_periodically("gpoold-trim", || {
-        for _ in 0..SLED_EPOCH_FLUSHES {
-            crossbeam_epoch::pin().flush();
-        }
-    });
-    handle.sched_wakeup.notify_one();
+    let mut core = startup::start_core(store, loaded, &config, &security, accounting, &mut background);
 
     tracing::info!(
         "gpoold listening on {addr} with {n_jobs} jobs in memory (those not ended, and what they need) from {}",
         config.state_dir.display()
     );
-    let logs = api::LogRelay::default();
     let reload_task = config
         .path
         .clone()
-        .map(|path| tokio::spawn(reload_on_sighup(handle.clone(), security.clone(), path, hangups)));
-    let pool = PoolServer::new(api::pool::PoolService {
-        state: handle.clone(),
-        logs: logs.clone(),
-        config_path: config.path.clone(),
-        security: security.clone(),
-        reports: reports.clone(),
-    })
-    .max_decoding_message_size(config.max_message_size)
-    // Replies (a page of job listings) may be larger than any request.
-    .max_encoding_message_size(gpool_proto::MAX_REPLY_BYTES);
-    let pool = InterceptedService::new(pool, api::authenticate(security.clone(), handle.shared.clone()));
-    let agent_link = AgentLinkServer::new(api::agent_link::AgentLinkService {
-        state: handle.clone(),
-        next_conn_id: std::sync::atomic::AtomicU64::new(1),
-        logs,
-        security: security.clone(),
-    })
-    .max_decoding_message_size(config.max_message_size);
-    let agent_link = InterceptedService::new(agent_link, api::authenticate_agent(security.clone()));
-    let mut accept_tasks = tokio::task::JoinSet::new();
-    let unix_listener = config.socket.as_deref().map(security::listen::bind_unix).transpose()?;
-    match (&tls, config.dev) {
-        (Some(_), _) => tracing::info!("TCP listener: TLS; agents need client certificates of the cluster CA"),
-        (None, _) if !config.insecure_plaintext => {
-            tracing::warn!("TCP listener: plaintext on loopback only; callers are known by their socket's uid")
-        }
-        (None, _) => tracing::warn!(
-            "TCP listener: PLAINTEXT (insecure_plaintext) from {:?}: nothing is encrypted and agents are not authenticated",
-            config.plaintext_from
-        ),
-    }
-    let mut dev_agent_tasks = tokio::task::JoinSet::new();
+        .map(|path| tokio::spawn(reload_on_sighup(core.handle.clone(), security.clone(), path, hangups)));
+    let mut tasks = startup::Tasks {
+        accept: tokio::task::JoinSet::new(),
+        dev_agents: tokio::task::JoinSet::new(),
+        background,
+        reload: reload_task,
+    };
     // On shutdown the server stops accepting and lets open requests finish;
     // clients that keep connections open get SHUTDOWN_GRACE, no more.
     let (stopping_sender, stopping) = tokio::sync::watch::channel(false);
@@ -183,142 +93,23 @@ pub async fn run(
         shutdown.await;
         let _ = stopping_sender.send(true);
     };
-    if let Some(dev_agents) = &config.dev_agents {
-        for agent_config in dev_agent_configs(dev_agents, &config.state_dir, &addr.to_string()) {
-            let mut stopping = stopping.clone();
-            let shutdown = async move {
-                let _ = stopping.wait_for(|stopping| *stopping).await;
-            };
-            dev_agent_tasks.spawn(async move {
-                if let Err(err) = gpool_agent::run(agent_config, shutdown).await {
-                    tracing::error!("dev agent: {err:#}");
-                }
-            });
-        }
-    }
-    if let Some(metrics_addr) = config.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(metrics_addr)
-            .await
-            .with_context(|| format!("metrics_listen: cannot bind {metrics_addr}"))?;
-        let bound = listener.local_addr()?;
-        write_addr_file(&config.state_dir.join(METRICS_ADDR_FILE), &bound.to_string())?;
-        tracing::info!("metrics on http://{bound}/metrics");
-        background.spawn(metrics::serve(
-            listener,
-            handle.shared.clone(),
-            metrics,
-            status_page::StatusPage {
-                security: security.clone(),
-                reports: reports.clone(),
-            },
-            stopping.clone(),
-        ));
-    }
-    let mut stopping_for_unix = stopping.clone();
-    let unix_served = unix_listener.map(|listener| {
-        tracing::info!(
-            "local users connect through {}",
-            config.socket.as_deref().unwrap_or(Path::new("")).display()
-        );
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        let shutdown = async move {
-            let _ = stopping_for_unix.wait_for(|stopping| *stopping).await;
-        };
-        tonic::transport::Server::builder()
-            .layer(tower::util::MapResponseLayer::new(api::undecodable_is_invalid))
-            .add_service(pool.clone())
-            .serve_with_incoming_shutdown(incoming, shutdown)
-    });
-    let router = tonic::transport::Server::builder()
-        .layer(tower::util::MapResponseLayer::new(api::undecodable_is_invalid))
-        .add_service(pool)
-        .add_service(agent_link);
-    let served: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = match tls {
-        Some(tls) => {
-            let incoming = security::listen::accept_tls(listener, tls, security.clone(), &mut accept_tasks);
-            Box::pin(
-                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
-            )
-        }
-        None => {
-            let incoming = security::listen::accept_plain(
-                listener,
-                config.plaintext_from.clone(),
-                config.insecure_plaintext,
-                &mut accept_tasks,
-            );
-            Box::pin(
-                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
-            )
-        }
-    };
-    let served = async move {
-        match unix_served {
-            Some(unix_served) => {
-                let (tcp, unix) = tokio::join!(served, unix_served);
-                tcp.and(unix)
-            }
-            None => served.await,
-        }
-    };
+    let served = startup::serve(
+        &config,
+        &core,
+        &security,
+        (listener, addr, tls),
+        (&stopping, shutdown),
+        (&mut tasks.accept, &mut tasks.dev_agents, &mut tasks.background),
+    )
+    .await?;
     let mut stopping_for_grace = stopping.clone();
     let grace_over = async move {
         let _ = stopping_for_grace.wait_for(|stopping| *stopping).await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
-    // A store or flusher failure is fatal: memory would run ahead of disk.
-    let mut state_task_ended = false;
-    let outcome = tokio::select! {
-        ended = &mut state_task => {
-            state_task_ended = true;
-            match ended {
-                Ok(Ok(())) => Err(anyhow::anyhow!("the state task stopped")),
-                Ok(Err(err)) => Err(anyhow::Error::new(err).context("state store")),
-                Err(err) => Err(anyhow::Error::new(err).context("state task")),
-            }
-        }
-        served = served => served.context("gRPC server"),
-        () = grace_over => {
-            tracing::warn!("clients kept connections open for {SHUTDOWN_GRACE:?} after shutdown; closing them");
-            Ok(())
-        }
-        flushed = flusher => match flushed {
-            Ok(Ok(())) => Err(anyhow::anyhow!("the flusher stopped")),
-            Ok(Err(err)) => Err(anyhow::Error::new(err).context("state store")),
-            Err(err) => Err(anyhow::Error::new(err).context("flusher thread")),
-        },
-    };
-    // The state task finishes what was queued and ends, and with it the
-    // flusher (runtime shutdown waits for that blocking thread).
-    let _ = stopping_sender_for_agents.send(true);
-    while dev_agent_tasks.join_next().await.is_some() {}
-    accept_tasks.shutdown().await;
-    if let Some(socket) = &config.socket {
-        let _ = std::fs::remove_file(socket);
-    }
-    background.shutdown().await;
-    sched_task.abort();
-    liveness_task.abort();
-    let _ = sched_task.await;
-    let _ = liveness_task.await;
-    if let Some(reload_task) = reload_task {
-        reload_task.abort();
-        let _ = reload_task.await;
-    }
-    drop(handle);
-    let _ = stop_state_task.send(true);
-    if !state_task_ended {
-        if let Ok(Err(err)) = state_task.await {
-            tracing::error!("state task: {err}");
-        }
-    }
-    if config.dev {
-        // Another dev controller may have written it since.
-        let pointer = gpool_proto::dev_address_file();
-        if std::fs::read_to_string(&pointer).is_ok_and(|text| text.trim() == addr.to_string()) {
-            let _ = std::fs::remove_file(pointer);
-        }
-    }
+    let (outcome, state_task_ended) =
+        startup::until_end(&mut core.state_task, served, grace_over, &mut core.flusher).await;
+    startup::shut_down(core, state_task_ended, tasks, stopping_sender_for_agents, &config, addr).await;
     outcome
 }
 

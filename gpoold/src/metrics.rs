@@ -55,21 +55,35 @@ impl Default for Metrics {
 /// counters and histograms so far.
 pub fn render(state: &State, metrics: &Metrics) -> String {
     let mut registry = Registry::with_prefix("gpool");
-    let gauge = |registry: &mut Registry, name: &str, help: &str| {
-        let family = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        registry.register(name, help, family.clone());
-        family
-    };
+    render_capacity(&mut registry, state);
+    render_gpu_samples(&mut registry, state);
+    render_jobs_and_teams(&mut registry, state);
+    render_usage(&mut registry, state);
+    register_recorded(&mut registry, metrics);
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    text
+}
 
+/// Registers a family of gauges under `name` and hands it back to be filled.
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Family<Labels, Gauge<f64, AtomicU64>> {
+    let family = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+/// GPUs by model, pool and state; nodes by state; startable jobs by pool.
+fn render_capacity(registry: &mut Registry, state: &State) {
     // GPUs by model, pool and state; nodes by state.
     let gpus = gauge(
-        &mut registry,
+        registry,
         "gpus",
         "GPUs by model, pool and state (allocated, idle, unavailable: on nodes down, drained or draining)",
     );
-    let nodes = gauge(&mut registry, "nodes", "Nodes by state");
+    let nodes = gauge(registry, "nodes", "Nodes by state");
     let startable = gauge(
-        &mut registry,
+        registry,
         "startable_jobs",
         "Jobs of 1, 2, 4 or 8 GPUs (gpus=node: whole-node gangs) that could start now on each pool's free GPUs",
     );
@@ -127,7 +141,15 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         }
     }
 
-    for (pool, counts) in &startable_by_pool {
+    set_startable(&startable, &startable_by_pool);
+}
+
+/// Sets the startable-jobs gauges from each pool's counts.
+fn set_startable(
+    startable: &Family<Labels, Gauge<f64, AtomicU64>>,
+    startable_by_pool: &BTreeMap<String, gpool_core::fragmentation::Startable>,
+) {
+    for (pool, counts) in startable_by_pool {
         let sizes = gpool_core::fragmentation::SIZES.iter().map(u32::to_string);
         for (size, count) in sizes
             .chain(["node".to_string()])
@@ -138,26 +160,21 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
                 .set(*count as f64);
         }
     }
+}
 
+/// Each GPU's latest heartbeat sample.
+fn render_gpu_samples(registry: &mut Registry, state: &State) {
     // Each GPU's latest heartbeat sample.
     let utilization = gauge(
-        &mut registry,
+        registry,
         "gpu_utilization_ratio",
         "GPU utilisation (0 to 1), latest sample",
     );
-    let memory = gauge(
-        &mut registry,
-        "gpu_memory_used_bytes",
-        "GPU memory in use, latest sample",
-    );
-    let temperature = gauge(
-        &mut registry,
-        "gpu_temperature_celsius",
-        "GPU temperature, latest sample",
-    );
-    let power = gauge(&mut registry, "gpu_power_watts", "GPU power draw, latest sample");
+    let memory = gauge(registry, "gpu_memory_used_bytes", "GPU memory in use, latest sample");
+    let temperature = gauge(registry, "gpu_temperature_celsius", "GPU temperature, latest sample");
+    let power = gauge(registry, "gpu_power_watts", "GPU power draw, latest sample");
     let ecc = gauge(
-        &mut registry,
+        registry,
         "gpu_ecc_errors",
         "Volatile ECC errors of a GPU since its driver loaded (kind: corrected, uncorrected), latest sample",
     );
@@ -194,11 +211,14 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
             }
         }
     }
+}
 
+/// Jobs that have not ended, GPUs in use, stragglers and guarantees, by team.
+fn render_jobs_and_teams(registry: &mut Registry, state: &State) {
     // Jobs that have not ended, by state and team, and GPUs in use by team.
-    let jobs = gauge(&mut registry, "jobs", "Pending and running jobs by state and team");
+    let jobs = gauge(registry, "jobs", "Pending and running jobs by state and team");
     let team_gpus = gauge(
-        &mut registry,
+        registry,
         "team_gpus_in_use",
         "GPUs running attempts hold, by team and ledger (guaranteed or burst)",
     );
@@ -228,7 +248,7 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
     );
     in_memory.set(state.jobs.len() as f64);
     let stragglers = gauge(
-        &mut registry,
+        registry,
         "straggler_gpus",
         "GPUs of running jobs that have lagged far behind their job's other GPUs for straggler_after, by team",
     );
@@ -252,7 +272,7 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         }
     }
     let guaranteed = gauge(
-        &mut registry,
+        registry,
         "team_guaranteed_gpus",
         "Each configured team's guaranteed GPUs",
     );
@@ -261,30 +281,29 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
             .get_or_create(&vec![("team", team.name.clone())])
             .set(f64::from(team.guaranteed_gpus));
     }
+}
 
+/// Each team's GPU-hours this period against its budget, and its fair share.
+fn render_usage(registry: &mut Registry, state: &State) {
     // Each team's GPU-hours this period against its budget, and its fair
     // share, as `gpool usage` reports them.
     let report = state.usage_report(crate::wall_clock());
     let gpu_hours = gauge(
-        &mut registry,
+        registry,
         "team_gpu_hours",
         "GPU-hours this budget period, by team and ledger (guaranteed or burst), running attempts included",
     );
     let budget = gauge(
-        &mut registry,
+        registry,
         "team_gpu_hours_budget",
         "Each team's GPU-hours budget per period",
     );
     let budget_left = gauge(
-        &mut registry,
+        registry,
         "team_gpu_hours_budget_left",
         "GPU-hours left of each team's budget",
     );
-    let fair_share = gauge(
-        &mut registry,
-        "team_fair_share",
-        "Each team's fair-share factor (0 to 1)",
-    );
+    let fair_share = gauge(registry, "team_fair_share", "Each team's fair-share factor (0 to 1)");
     for team in report {
         let labels = |ledger: &str| vec![("team", team.team.clone()), ("ledger", ledger.to_string())];
         gpu_hours
@@ -300,7 +319,10 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         }
         fair_share.get_or_create(&labels).set(team.fair_share);
     }
+}
 
+/// The counters and histograms recorded as things happened.
+fn register_recorded(registry: &mut Registry, metrics: &Metrics) {
     registry.register(
         "scheduling_cycle_seconds",
         "Time each scheduling cycle took to compute",
@@ -327,10 +349,6 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
         "GPU-seconds of work since the last checkpoint that preemptions threw away",
         metrics.preempted_gpu_seconds.clone(),
     );
-    let mut text = String::new();
-    // Writing to a String cannot fail.
-    let _ = encode(&mut text, &registry);
-    text
 }
 
 fn node_state_name(state: NodeState) -> &'static str {
@@ -351,8 +369,6 @@ pub async fn serve(
     status_page: crate::status_page::StatusPage,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    use http_body_util::Full;
-    use hyper::body::Bytes;
     // Connections are owned: they end with the listener.
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -376,61 +392,87 @@ pub async fn serve(
                 continue;
             }
         };
-        let (shared, metrics, status_page) = (shared.clone(), metrics.clone(), status_page.clone());
-        connections.spawn(async move {
-            // The owner of a loopback peer's socket is who the status page
-            // shows itself to, as the API does.
-            let connection = crate::security::loopback::PlainTcp::new(stream, remote);
-            let local_uid = connection.info.local_uid;
-            let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                let (shared, metrics, status_page) = (shared.clone(), metrics.clone(), status_page.clone());
-                async move {
-                    let path = request.uri().path();
-                    if request.method() == hyper::Method::GET && (path == "/status" || path == "/") {
-                        let header = |name: &str| request.headers().get(name).and_then(|value| value.to_str().ok());
-                        let answer = status_page
-                            .answer(
-                                request.uri().query(),
-                                local_uid,
-                                header("authorization"),
-                                header("cookie"),
-                                &remote.to_string(),
-                            )
-                            .await;
-                        let mut response = hyper::Response::builder().status(answer.status);
-                        for (name, value) in answer.headers {
-                            response = response.header(name, value);
-                        }
-                        return response.body(Full::new(Bytes::from(answer.body)));
-                    }
-                    let response = if request.method() == hyper::Method::GET && path == "/metrics" {
-                        let text = {
-                            let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-                            render(&state, &metrics)
-                        };
-                        hyper::Response::builder()
-                            .header(
-                                "content-type",
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )
-                            .body(Full::new(Bytes::from(text)))
-                    } else {
-                        hyper::Response::builder()
-                            .status(hyper::StatusCode::NOT_FOUND)
-                            .body(Full::new(Bytes::from_static(
-                                b"gpoold serves /metrics and /status here\n",
-                            )))
-                    };
-                    response
-                }
-            });
-            let io = hyper_util::rt::TokioIo::new(connection.stream);
-            if let Err(err) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await
-            {
-                tracing::debug!("metrics connection: {err}");
-            }
-        });
+        connections.spawn(serve_connection(
+            stream,
+            remote,
+            shared.clone(),
+            metrics.clone(),
+            status_page.clone(),
+        ));
     }
+}
+
+/// Serves one connection's requests until it closes.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    remote: std::net::SocketAddr,
+    shared: SharedState,
+    metrics: Arc<Metrics>,
+    status_page: crate::status_page::StatusPage,
+) {
+    // The owner of a loopback peer's socket is who the status page
+    // shows itself to, as the API does.
+    let connection = crate::security::loopback::PlainTcp::new(stream, remote);
+    let local_uid = connection.info.local_uid;
+    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let (shared, metrics, status_page) = (shared.clone(), metrics.clone(), status_page.clone());
+        answer_request(request, shared, metrics, status_page, local_uid, remote)
+    });
+    let io = hyper_util::rt::TokioIo::new(connection.stream);
+    if let Err(err) = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, service)
+        .await
+    {
+        tracing::debug!("metrics connection: {err}");
+    }
+}
+
+/// The answer to one request: the status page, the metrics, or 404.
+async fn answer_request(
+    request: hyper::Request<hyper::body::Incoming>,
+    shared: SharedState,
+    metrics: Arc<Metrics>,
+    status_page: crate::status_page::StatusPage,
+    local_uid: Option<u32>,
+    remote: std::net::SocketAddr,
+) -> Result<hyper::Response<http_body_util::Full<hyper::body::Bytes>>, hyper::http::Error> {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let path = request.uri().path();
+    if request.method() == hyper::Method::GET && (path == "/status" || path == "/") {
+        let header = |name: &str| request.headers().get(name).and_then(|value| value.to_str().ok());
+        let answer = status_page
+            .answer(
+                request.uri().query(),
+                local_uid,
+                header("authorization"),
+                header("cookie"),
+                &remote.to_string(),
+            )
+            .await;
+        let mut response = hyper::Response::builder().status(answer.status);
+        for (name, value) in answer.headers {
+            response = response.header(name, value);
+        }
+        return response.body(Full::new(Bytes::from(answer.body)));
+    }
+    let response = if request.method() == hyper::Method::GET && path == "/metrics" {
+        let text = {
+            let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            render(&state, &metrics)
+        };
+        hyper::Response::builder()
+            .header(
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .body(Full::new(Bytes::from(text)))
+    } else {
+        hyper::Response::builder()
+            .status(hyper::StatusCode::NOT_FOUND)
+            .body(Full::new(Bytes::from_static(
+                b"gpoold serves /metrics and /status here\n",
+            )))
+    };
+    response
 }

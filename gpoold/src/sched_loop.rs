@@ -25,6 +25,7 @@ const IDLE_FACTOR: u32 = 4;
 /// the time). Scheduling then takes at most half a core.
 const BUSY_FACTOR: u32 = 1;
 
+/// Runs scheduling cycles until the state task is gone.
 pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<crate::metrics::Metrics>) {
     // Why each waiting job waits, its priority and its place in the queue
     // are rendered and handed to the state when due (`words_interval` of
@@ -48,95 +49,46 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let now = clock();
         let begun = next_begin.is_some_and(|at| at <= now);
         let words_due = begun || words_at.is_none_or(|at| at.elapsed() >= words_every);
-        let (view, policy, generation, unexplained) = {
-            let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let generation = state.sched_generation;
-            next_begin = state.next_timed_change(now);
-            let words_age = words_at.map(|at| at.elapsed());
-            if !begun && !cycle_needed(last.as_ref(), generation, on_timer, words_age) {
-                drop(state);
+        let (view, policy, generation, unexplained) = match look(
+            &handle,
+            now,
+            (begun, words_due, on_timer),
+            last.as_ref(),
+            words_at,
+            words_every,
+        ) {
+            Look::Unchanged { next } => {
+                next_begin = next;
                 metrics.unchanged_cycle_seconds.observe(started.elapsed().as_secs_f64());
                 continue;
             }
-            // With no free GPU and no possible victim, a cycle could only
-            // restate why jobs wait: that waits until it is due, however
-            // long the queue (a full pool under a flood of submissions and
-            // ends costs a look at its nodes per change), unless a job just
-            // submitted has no word yet.
-            if !words_due && !state.newest_waits_unexplained() && !state.cycle_could_act() {
-                wait = words_at.map_or(Duration::ZERO, |at| words_every.saturating_sub(at.elapsed()));
+            Look::Later { next, wait: later } => {
+                next_begin = next;
+                wait = later;
                 continue;
             }
-            let unexplained = state.newest_waits_unexplained();
-            (
-                state.cluster_view(now, !words_due),
-                state.policy.clone(),
-                generation,
-                unexplained,
-            )
+            Look::Cycle { next, view } => {
+                next_begin = next;
+                *view
+            }
         };
         let acts = could_act(&view.nodes, &view.running, &policy);
         last = Some(LastCycle {
             generation,
             could_act: acts,
         });
-        // The words are handed over from a whole plan only: when they are
-        // due, or where nothing can start (the cycle then settles).
-        // Otherwise the plan stops once nothing more can start, and looks
-        // only at the first jobs of each shape (a `windowed` view).
-        // Where a QoS keeps GPUs free, the window's plan may not be the
-        // whole queue's (`gpool_core::sched::window_gpus`): `cycle::plan`
-        // then plans the whole queue, as `gpool sim` does.
-        let mut plan = tokio::task::block_in_place(|| {
-            cycle::plan(&view, &policy, now, words_due, &mut || whole_view(&handle, now))
-        });
-        let starts = std::mem::take(&mut plan.starts);
-        let preemptions = std::mem::take(&mut plan.preemptions);
-        let holds = std::mem::take(&mut plan.holds);
-        let rescinds = std::mem::take(&mut plan.rescinds);
-        let settled = starts.is_empty() && preemptions.is_empty() && rescinds.is_empty();
-        if settled && !plan.complete && unexplained {
-            // A cycle that changes nothing, after a job was submitted that
-            // has no words yet, hands them over: from the whole plan (the
-            // same starts and preemptions: none), of the whole queue.
-            // Otherwise they wait until due: where a job may be preempted,
-            // a full pool runs a cycle at every change (a job that ends),
-            // and a whole plan each time would cost the whole queue per
-            // change.
-            let whole;
-            let view = if view.windowed {
-                whole = whole_view(&handle, now);
-                &whole
-            } else {
-                &view
-            };
-            plan = tokio::task::block_in_place(|| schedule(view, &policy, now));
-        }
+        let (plan, actions) = plan_cycle(&handle, &view, &policy, now, (words_due, unexplained));
+        let settled = actions.settled();
         let words_plan = ((settled && plan.complete) || words_due).then_some(plan);
         let compute = started.elapsed();
         metrics.cycle_seconds.observe(compute.as_secs_f64());
-        if !starts.is_empty() && handle.commands.send(Command::Start { starts }).await.is_err() {
-            return;
-        }
-        if !(preemptions.is_empty() && rescinds.is_empty())
-            && handle
-                .commands
-                .send(Command::Preempt {
-                    preemptions,
-                    holds,
-                    rescinds,
-                })
-                .await
-                .is_err()
-        {
+        if !actions.send(&handle).await {
             return;
         }
         if let Some(plan) = words_plan {
             // After the starts: playing the queue forward for its
             // estimates costs up to ESTIMATE_STEPS cycles.
-            let estimates =
-                tokio::task::block_in_place(|| gpool_core::sched::estimate::of_plan(&view, &plan, &policy, now));
-            let planned = Command::Planned(Box::new(Words::of_plan(plan).with_estimates(estimates)));
+            let planned = words_command(&view, plan, &policy, now);
             words_at = Some(Instant::now());
             // The whole cycle: its words cost most of it.
             words_every = words_interval(started.elapsed());
@@ -147,6 +99,166 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let factor = if settled { IDLE_FACTOR } else { BUSY_FACTOR };
         tokio::time::sleep(compute * factor).await;
     }
+}
+
+/// What a look at the state under its read lock found. Each has the next
+/// timed change (`next_begin`).
+enum Look {
+    /// Nothing changed since the last cycle: none runs.
+    Unchanged { next: Option<Timestamp> },
+    /// A cycle could only restate why jobs wait: it waits `wait`.
+    Later { next: Option<Timestamp>, wait: Duration },
+    /// A cycle runs on this view, policy, generation, and whether the
+    /// newest waiting job has no words yet.
+    Cycle {
+        next: Option<Timestamp>,
+        view: Box<(gpool_core::sched::ClusterView, gpool_core::sched::Policy, u64, bool)>,
+    },
+}
+
+/// Looks at the state (under its read lock) to decide whether a cycle runs,
+/// and takes its view if so.
+fn look(
+    handle: &StateHandle,
+    now: Timestamp,
+    (begun, words_due, on_timer): (bool, bool, bool),
+    last: Option<&LastCycle>,
+    words_at: Option<Instant>,
+    words_every: Duration,
+) -> Look {
+    let state = handle.shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let generation = state.sched_generation;
+    let next = state.next_timed_change(now);
+    let words_age = words_at.map(|at| at.elapsed());
+    if !begun && !cycle_needed(last, generation, on_timer, words_age) {
+        return Look::Unchanged { next };
+    }
+    // With no free GPU and no possible victim, a cycle could only
+    // restate why jobs wait: that waits until it is due, however
+    // long the queue (a full pool under a flood of submissions and
+    // ends costs a look at its nodes per change), unless a job just
+    // submitted has no word yet.
+    if !words_due && !state.newest_waits_unexplained() && !state.cycle_could_act() {
+        let wait = words_at.map_or(Duration::ZERO, |at| words_every.saturating_sub(at.elapsed()));
+        return Look::Later { next, wait };
+    }
+    let unexplained = state.newest_waits_unexplained();
+    Look::Cycle {
+        next,
+        view: Box::new((
+            state.cluster_view(now, !words_due),
+            state.policy.clone(),
+            generation,
+            unexplained,
+        )),
+    }
+}
+
+/// Plans a cycle: the plan (for its words) and the actions taken out of it.
+fn plan_cycle(
+    handle: &StateHandle,
+    view: &gpool_core::sched::ClusterView,
+    policy: &gpool_core::sched::Policy,
+    now: Timestamp,
+    (words_due, unexplained): (bool, bool),
+) -> (gpool_core::sched::Plan, Actions) {
+    // The words are handed over from a whole plan only: when they are
+    // due, or where nothing can start (the cycle then settles).
+    // Otherwise the plan stops once nothing more can start, and looks
+    // only at the first jobs of each shape (a `windowed` view).
+    // Where a QoS keeps GPUs free, the window's plan may not be the
+    // whole queue's (`gpool_core::sched::window_gpus`): `cycle::plan`
+    // then plans the whole queue, as `gpool sim` does.
+    let mut plan =
+        tokio::task::block_in_place(|| cycle::plan(view, policy, now, words_due, &mut || whole_view(handle, now)));
+    let actions = Actions {
+        starts: std::mem::take(&mut plan.starts),
+        preemptions: std::mem::take(&mut plan.preemptions),
+        holds: std::mem::take(&mut plan.holds),
+        rescinds: std::mem::take(&mut plan.rescinds),
+    };
+    if actions.settled() && !plan.complete && unexplained {
+        // A cycle that changes nothing, after a job was submitted that
+        // has no words yet, hands them over: from the whole plan (the
+        // same starts and preemptions: none), of the whole queue.
+        // Otherwise they wait until due: where a job may be preempted,
+        // a full pool runs a cycle at every change (a job that ends),
+        // and a whole plan each time would cost the whole queue per
+        // change.
+        plan = whole_plan(handle, view, policy, now);
+    }
+    (plan, actions)
+}
+
+/// The whole plan, of every waiting job (`view` may be windowed).
+fn whole_plan(
+    handle: &StateHandle,
+    view: &gpool_core::sched::ClusterView,
+    policy: &gpool_core::sched::Policy,
+    now: Timestamp,
+) -> gpool_core::sched::Plan {
+    let whole;
+    let view = if view.windowed {
+        whole = whole_view(handle, now);
+        &whole
+    } else {
+        view
+    };
+    tokio::task::block_in_place(|| schedule(view, policy, now))
+}
+
+/// What a cycle's plan has the state task do.
+struct Actions {
+    starts: Vec<gpool_core::sched::Start>,
+    preemptions: Vec<gpool_core::sched::Preemption>,
+    holds: Vec<(gpool_core::JobId, Vec<gpool_core::NodePlacement>)>,
+    rescinds: Vec<(gpool_core::JobId, gpool_core::Epoch)>,
+}
+
+impl Actions {
+    /// Whether the cycle changes nothing: no start, preemption or rescind.
+    fn settled(&self) -> bool {
+        self.starts.is_empty() && self.preemptions.is_empty() && self.rescinds.is_empty()
+    }
+
+    /// Sends the starts and preemptions to the state task; false once it
+    /// is gone.
+    async fn send(self, handle: &StateHandle) -> bool {
+        if !self.starts.is_empty()
+            && handle
+                .commands
+                .send(Command::Start { starts: self.starts })
+                .await
+                .is_err()
+        {
+            return false;
+        }
+        if !(self.preemptions.is_empty() && self.rescinds.is_empty())
+            && handle
+                .commands
+                .send(Command::Preempt {
+                    preemptions: self.preemptions,
+                    holds: self.holds,
+                    rescinds: self.rescinds,
+                })
+                .await
+                .is_err()
+        {
+            return false;
+        }
+        true
+    }
+}
+
+/// The words of a whole plan, with the estimates of playing the queue forward.
+fn words_command(
+    view: &gpool_core::sched::ClusterView,
+    plan: gpool_core::sched::Plan,
+    policy: &gpool_core::sched::Policy,
+    now: Timestamp,
+) -> Command {
+    let estimates = tokio::task::block_in_place(|| gpool_core::sched::estimate::of_plan(view, &plan, policy, now));
+    Command::Planned(Box::new(Words::of_plan(plan).with_estimates(estimates)))
 }
 
 /// A view of every waiting job, for a whole plan.

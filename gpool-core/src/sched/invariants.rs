@@ -121,7 +121,6 @@ fn check_victims(
     pending: &HashMap<JobId, &PendingJob>,
     owning: &HashMap<JobId, &PendingJob>,
 ) -> Result<(), String> {
-    let sharing = &policy.sharing;
     let starting: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
     let mut waits_on: HashMap<JobId, u64> = HashMap::new();
     for r in view.running.iter().filter(|r| r.preempting).chain(&view.promised) {
@@ -146,52 +145,66 @@ fn check_victims(
         if starting.contains(&for_id) {
             return Err(format!("j{victim_id} is preempted for j{for_id}, which starts now"));
         }
-        let qos_of = |name: &str| sharing.qos(name).map_or(0, |qos| qos.priority);
-        let lower = qos_of(&victim.qos) < qos_of(&job.shape.qos);
-        let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
-        let outranks = sharing
-            .qos(&victim.qos)
-            .is_some_and(|qos| qos.preempt_lower && qos.priority > qos_of(&job.shape.qos));
-        if !(victim.burst && !outranks || preempts_lower && lower) {
-            return Err(format!("j{victim_id} is work of a class j{for_id} may not preempt"));
-        }
-        let twin = victim.team == job.shape.team.as_str()
-            && sharing.qos(&victim.qos).map(|q| &q.name) == sharing.qos(&job.shape.qos).map(|q| &q.name)
-            && policy.pool(&victim.pool).map(|p| &p.name) == policy.pool(&job.shape.pool).map(|p| &p.name)
-            && victim.gpu_types == job.shape.gpu_types
-            && victim.gpus() == job.total_gpus();
-        if twin {
-            return Err(format!("j{victim_id} is preempted for its twin j{for_id}"));
-        }
+        may_take(policy, victim, job)?;
         *waits_on.entry(for_id).or_default() += 1;
     }
     for (job_id, n_victims) in waits_on {
         let gpus = pending.get(&job_id).map_or(0, |job| job.total_gpus());
         if n_victims > gpus {
-            let of = |r: &super::RunningJob| format!("j{}{:?}", r.id, r.placement);
-            let in_grace: Vec<String> = view
-                .running
-                .iter()
-                .filter(|r| r.preempting && r.preempted_for == Some(job_id))
-                .map(of)
-                .collect();
-            let promised: Vec<String> = view
-                .promised
-                .iter()
-                .filter(|r| r.preempted_for == Some(job_id))
-                .map(of)
-                .collect();
-            let new: Vec<JobId> = plan
-                .preemptions
-                .iter()
-                .filter(|p| p.for_job == job_id)
-                .map(|p| p.victim)
-                .collect();
-            return Err(format!(
-                "j{job_id} waits on {n_victims} victims for its {gpus} GPU(s): in their grace {in_grace:?}, \
-                 promised {promised:?}, new {new:?}"
-            ));
+            return Err(too_many_victims(view, plan, job_id, (n_victims, gpus)));
         }
     }
     Ok(())
+}
+
+/// `job` may take `victim` back: burst work it does not rank below, or a
+/// lower class where its QoS preempts them; never its own team's twin.
+fn may_take(policy: &Policy, victim: &super::RunningJob, job: &PendingJob) -> Result<(), String> {
+    let sharing = &policy.sharing;
+    let (victim_id, for_id) = (victim.id, job.id);
+    let qos_of = |name: &str| sharing.qos(name).map_or(0, |qos| qos.priority);
+    let lower = qos_of(&victim.qos) < qos_of(&job.shape.qos);
+    let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
+    let outranks = sharing
+        .qos(&victim.qos)
+        .is_some_and(|qos| qos.preempt_lower && qos.priority > qos_of(&job.shape.qos));
+    if !(victim.burst && !outranks || preempts_lower && lower) {
+        return Err(format!("j{victim_id} is work of a class j{for_id} may not preempt"));
+    }
+    let twin = victim.team == job.shape.team.as_str()
+        && sharing.qos(&victim.qos).map(|q| &q.name) == sharing.qos(&job.shape.qos).map(|q| &q.name)
+        && policy.pool(&victim.pool).map(|p| &p.name) == policy.pool(&job.shape.pool).map(|p| &p.name)
+        && victim.gpu_types == job.shape.gpu_types
+        && victim.gpus() == job.total_gpus();
+    if twin {
+        return Err(format!("j{victim_id} is preempted for its twin j{for_id}"));
+    }
+    Ok(())
+}
+
+/// Says which victims job `job_id` waits on, beyond its GPUs.
+fn too_many_victims(view: &ClusterView, plan: &Plan, job_id: JobId, (n_victims, gpus): (u64, u64)) -> String {
+    let of = |r: &super::RunningJob| format!("j{}{:?}", r.id, r.placement);
+    let in_grace: Vec<String> = view
+        .running
+        .iter()
+        .filter(|r| r.preempting && r.preempted_for == Some(job_id))
+        .map(of)
+        .collect();
+    let promised: Vec<String> = view
+        .promised
+        .iter()
+        .filter(|r| r.preempted_for == Some(job_id))
+        .map(of)
+        .collect();
+    let new: Vec<JobId> = plan
+        .preemptions
+        .iter()
+        .filter(|p| p.for_job == job_id)
+        .map(|p| p.victim)
+        .collect();
+    format!(
+        "j{job_id} waits on {n_victims} victims for its {gpus} GPU(s): in their grace {in_grace:?}, \
+         promised {promised:?}, new {new:?}"
+    )
 }

@@ -535,20 +535,7 @@ impl<'v> Reclaimer<'v> {
         }
         // Then the real placement, on the nodes that could take part.
         candidates.sort_unstable();
-        let nodes: Vec<NodeView> = candidates
-            .iter()
-            .map(|node_idx| {
-                let mut node = self.nodes[*node_idx].clone();
-                if let Some(extra) = freed_on.get(node_idx) {
-                    for gpu in &mut node.gpus {
-                        if extra.contains(&gpu.index) {
-                            gpu.busy = false;
-                        }
-                    }
-                }
-                node
-            })
-            .collect();
+        let nodes = self.with_freed(&candidates, freed_on);
         let freed_gpu = |node: &str, gpu: u32| {
             self.node_idx
                 .get(node)
@@ -586,18 +573,25 @@ impl<'v> Reclaimer<'v> {
                 }
             }
         };
-        let used = freed
+        Some((used_by(freed, &placement), placement))
+    }
+
+    /// The nodes `candidates` (by index), with the GPUs freed on them free.
+    fn with_freed(&self, candidates: &[usize], freed_on: &HashMap<usize, Vec<u32>, FastHash>) -> Vec<NodeView> {
+        candidates
             .iter()
-            .filter(|running| {
-                running.placement.iter().any(|part| {
-                    placement
-                        .iter()
-                        .any(|p| p.node == part.node && p.gpu_indices.iter().any(|g| part.gpu_indices.contains(g)))
-                })
+            .map(|node_idx| {
+                let mut node = self.nodes[*node_idx].clone();
+                if let Some(extra) = freed_on.get(node_idx) {
+                    for gpu in &mut node.gpus {
+                        if extra.contains(&gpu.index) {
+                            gpu.busy = false;
+                        }
+                    }
+                }
+                node
             })
-            .copied()
-            .collect();
-        Some((used, placement))
+            .collect()
     }
 
     /// The jobs' GPUs are spoken for: nobody else counts on them, and no
@@ -656,4 +650,19 @@ pub(super) fn hold(
         masked.remove(placement, host);
     }
     reclaim.taken(placement, host.0);
+}
+
+/// The jobs of `freed` whose GPUs `placement` uses.
+fn used_by<'v>(freed: &[&'v RunningJob], placement: &[NodePlacement]) -> Vec<&'v RunningJob> {
+    freed
+        .iter()
+        .filter(|running| {
+            running.placement.iter().any(|part| {
+                placement
+                    .iter()
+                    .any(|p| p.node == part.node && p.gpu_indices.iter().any(|g| part.gpu_indices.contains(g)))
+            })
+        })
+        .copied()
+        .collect()
 }

@@ -111,34 +111,7 @@ struct Sim<'a> {
 /// Replays `jobs` (sorted by submit time) on `setup`'s nodes under its
 /// policy. Deterministic: the same inputs give the same outcome.
 pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &mut dyn Observer) -> Outcome {
-    let sharing = &setup.policy.sharing;
-    let default_qos = sharing.qos(&sharing.default_qos);
-    let mut sim = Sim {
-        setup,
-        jobs,
-        now: jobs.first().map_or(Timestamp(0), |job| job.submit),
-        view: ClusterView {
-            nodes: setup.nodes.clone(),
-            ..ClusterView::default()
-        },
-        node_index: setup
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| (node.name.clone(), i))
-            .collect(),
-        attempts: HashMap::default(),
-        done_ms: vec![0; jobs.len()],
-        next_epoch: 1,
-        events: BinaryHeap::new(),
-        recent_waste: VecDeque::new(),
-        queue: Queue::default(),
-        promises: Vec::new(),
-        claim_until: HashMap::new(),
-        explained_at: None,
-        default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
-        out: Collector::new(setup, jobs, options.bucket_secs),
-    };
+    let mut sim = Sim::new(setup, jobs, options);
     let first = sim.now;
     let last_submit = jobs.last().map_or(first, |job| job.submit);
     let tick_ms = options.tick_secs.max(1) as i64 * 1000;
@@ -151,20 +124,12 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
     loop {
         let arrival = jobs.get(next_arrival).map(|job| job.submit);
         let event = sim.events.peek().map(|Reverse((at, _))| *at);
-        // A reservation that opens or closes changes where jobs may run.
-        let window = setup
-            .policy
-            .reservations
-            .iter()
-            .flat_map(|r| [r.start, r.end])
-            .filter(|at| *at > sim.now)
-            .min();
         // Ticks only while jobs wait and the last cycle did something or
         // something else will happen (a queue that can never start stops).
         let tick = (!(sim.view.pending.is_empty() || idle && arrival.is_none() && event.is_none()))
             .then_some(Timestamp(last_cycle.0 + tick_ms));
         let paused = due.then_some(Timestamp(last_cycle.0 + pause_ms));
-        let window = window.filter(|_| !sim.view.pending.is_empty());
+        let window = sim.next_window().filter(|_| !sim.view.pending.is_empty());
         let Some(at) = [arrival, event, tick, paused, window].into_iter().flatten().min() else {
             break;
         };
@@ -200,6 +165,115 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
 }
 
 impl Sim<'_> {
+    /// A replay of `jobs` under `setup`, at the first job's submit time.
+    fn new<'a>(setup: &'a Setup, jobs: &'a [TraceJob], options: &Options) -> Sim<'a> {
+        let sharing = &setup.policy.sharing;
+        let default_qos = sharing.qos(&sharing.default_qos);
+        Sim {
+            setup,
+            jobs,
+            now: jobs.first().map_or(Timestamp(0), |job| job.submit),
+            view: ClusterView {
+                nodes: setup.nodes.clone(),
+                ..ClusterView::default()
+            },
+            node_index: setup
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| (node.name.clone(), i))
+                .collect(),
+            attempts: HashMap::default(),
+            done_ms: vec![0; jobs.len()],
+            next_epoch: 1,
+            events: BinaryHeap::new(),
+            recent_waste: VecDeque::new(),
+            queue: Queue::default(),
+            promises: Vec::new(),
+            claim_until: HashMap::new(),
+            explained_at: None,
+            default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
+            out: Collector::new(setup, jobs, options.bucket_secs),
+        }
+    }
+
+    /// What a cycle sees besides the queue, as of now: the running jobs'
+    /// last checkpoints, the waste budget of the last hour, and the GPUs
+    /// promised to waiting jobs.
+    fn refresh_view(&mut self) {
+        let now = self.now;
+        for running in &mut self.view.running {
+            if let Some(every) = self.attempts.get(&running.id).and_then(|a| a.checkpoint_every_ms) {
+                let checkpoints = (now.0 - running.started_at.0) / every;
+                running.last_checkpoint_at =
+                    (checkpoints > 0).then(|| Timestamp(running.started_at.0 + checkpoints * every));
+            }
+        }
+        while self.recent_waste.front().is_some_and(|(at, _)| now.0 - at.0 > HOUR_MS) {
+            self.recent_waste.pop_front();
+        }
+        self.view.waste_budget_gpu_secs = self.setup.policy.sharing.waste_cap_gpu_hours_per_hour * 3600.0
+            - self.recent_waste.iter().map(|(_, lost)| lost).sum::<f64>();
+        self.view.promised = self.promised();
+    }
+
+    /// Counts the waiting jobs that enough free GPUs would fit, were they
+    /// in one place.
+    fn count_fragmented(&mut self, plan: &Plan) {
+        for (job, rejects) in &plan.pending {
+            if let Some(Reject::Resources {
+                total_free,
+                kept,
+                gpus_per_node,
+                nodes,
+                ..
+            }) = rejects.first()
+            {
+                let gpus = u64::from(*gpus_per_node) * u64::from(*nodes);
+                if total_free.saturating_sub(*kept) >= gpus {
+                    self.out.fragmented(*job);
+                }
+            }
+        }
+    }
+
+    /// The plan's starts leave the queue and run.
+    fn start_all(&mut self, starts: Vec<Start>) {
+        let started: HashSet<JobId> = starts.iter().map(|start| start.job).collect();
+        if started.is_empty() {
+            return;
+        }
+        let mut starting: Vec<Arc<PendingJob>> = Vec::with_capacity(started.len());
+        let queue = &mut self.queue;
+        self.view.pending.retain(|job| {
+            if started.contains(&job.id) {
+                queue.remove(job);
+                starting.push(job.clone());
+                false
+            } else {
+                true
+            }
+        });
+        let mut by_id: HashMap<JobId, Arc<PendingJob>> = starting.into_iter().map(|job| (job.id, job)).collect();
+        for start in starts {
+            if let Some(job) = by_id.remove(&start.job) {
+                self.start(job, start);
+            }
+        }
+    }
+
+    /// When a reservation next opens or closes (which changes where jobs
+    /// may run).
+    fn next_window(&self) -> Option<Timestamp> {
+        self.setup
+            .policy
+            .reservations
+            .iter()
+            .flat_map(|r| [r.start, r.end])
+            .filter(|at| *at > self.now)
+            .min()
+    }
+
     fn arrive(&mut self, index: usize, job: &TraceJob) {
         let pool = self.setup.team_pools.get(&job.team).cloned().unwrap_or_default();
         let shape = JobShape {
@@ -235,19 +309,7 @@ impl Sim<'_> {
     /// started or was preempted.
     fn cycle(&mut self, observer: &mut dyn Observer) -> bool {
         let now = self.now;
-        for running in &mut self.view.running {
-            if let Some(every) = self.attempts.get(&running.id).and_then(|a| a.checkpoint_every_ms) {
-                let checkpoints = (now.0 - running.started_at.0) / every;
-                running.last_checkpoint_at =
-                    (checkpoints > 0).then(|| Timestamp(running.started_at.0 + checkpoints * every));
-            }
-        }
-        while self.recent_waste.front().is_some_and(|(at, _)| now.0 - at.0 > HOUR_MS) {
-            self.recent_waste.pop_front();
-        }
-        self.view.waste_budget_gpu_secs = self.setup.policy.sharing.waste_cap_gpu_hours_per_hour * 3600.0
-            - self.recent_waste.iter().map(|(_, lost)| lost).sum::<f64>();
-        self.view.promised = self.promised();
+        self.refresh_view();
         let policy = &self.setup.policy;
         let explain = self
             .explained_at
@@ -280,42 +342,9 @@ impl Sim<'_> {
             self.view.windowed = false;
         }
         self.out.cycle();
-        for (job, rejects) in &plan.pending {
-            if let Some(Reject::Resources {
-                total_free,
-                kept,
-                gpus_per_node,
-                nodes,
-                ..
-            }) = rejects.first()
-            {
-                let gpus = u64::from(*gpus_per_node) * u64::from(*nodes);
-                if total_free.saturating_sub(*kept) >= gpus {
-                    self.out.fragmented(*job);
-                }
-            }
-        }
+        self.count_fragmented(&plan);
         let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
-        let started: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
-        if !started.is_empty() {
-            let mut starting: Vec<Arc<PendingJob>> = Vec::with_capacity(started.len());
-            let queue = &mut self.queue;
-            self.view.pending.retain(|job| {
-                if started.contains(&job.id) {
-                    queue.remove(job);
-                    starting.push(job.clone());
-                    false
-                } else {
-                    true
-                }
-            });
-            let mut by_id: HashMap<JobId, Arc<PendingJob>> = starting.into_iter().map(|job| (job.id, job)).collect();
-            for start in plan.starts {
-                if let Some(job) = by_id.remove(&start.job) {
-                    self.start(job, start);
-                }
-            }
-        }
+        self.start_all(plan.starts);
         self.keep_holds(&plan.holds, &plan.preemptions);
         for preemption in plan.preemptions {
             self.signal(&preemption);

@@ -436,12 +436,9 @@ impl Collector {
         }
     }
 
-    pub(super) fn finish(mut self, end: Timestamp, waiting: impl Iterator<Item = JobId>) -> Outcome {
-        let never: HashSet<JobId> = waiting.collect();
-        let start = self.first.unwrap_or(end);
-        let span_ms = (end.0 - start.0).max(1) as f64;
+    /// The series as shares: of the GPUs (allocation) and of each bucket.
+    fn series_as_shares(&mut self, gpus: f64) {
         let bucket_ms = self.bucket_ms as f64;
-        let gpus = self.total_gpus.max(1) as f64;
         for value in &mut self.series.allocation {
             *value /= bucket_ms * gpus;
         }
@@ -453,32 +450,53 @@ impl Collector {
                 *value /= bucket_ms;
             }
         }
+    }
+
+    /// Each team's waits and completion times, jobs and jobs never
+    /// started (of those still waiting, `never`), and the jobs that ended.
+    fn times(&self, never: &HashSet<JobId>) -> Times {
         let secs = |a: Timestamp, b: Timestamp| (b.0 - a.0) as f64 / 1000.0;
-        let mut delays: Vec<Vec<f64>> = vec![Vec::new(); self.teams.len()];
-        let mut completions: Vec<Vec<f64>> = vec![Vec::new(); self.teams.len()];
-        let mut jobs = vec![0; self.teams.len()];
-        let mut never_started = vec![0; self.teams.len()];
-        let (mut completed, mut timed_out) = (0, 0);
+        let n_teams = self.teams.len();
+        let mut times = Times {
+            delays: vec![Vec::new(); n_teams],
+            completions: vec![Vec::new(); n_teams],
+            jobs: vec![0; n_teams],
+            never_started: vec![0; n_teams],
+            completed: 0,
+            timed_out: 0,
+        };
         for (i, submitted) in self.submitted.iter().enumerate() {
             let team = self.job_team[i];
-            jobs[team] += 1;
+            times.jobs[team] += 1;
             if never.contains(&JobId(i as u64 + 1)) && self.first_start[i].is_none() {
-                never_started[team] += 1;
+                times.never_started[team] += 1;
             }
             if let Some(started) = self.first_start[i] {
-                delays[team].push(secs(*submitted, started));
+                times.delays[team].push(secs(*submitted, started));
             }
             if let Some((ended, timeout)) = self.ended[i] {
-                completions[team].push(secs(*submitted, ended));
+                times.completions[team].push(secs(*submitted, ended));
                 if timeout {
-                    timed_out += 1;
+                    times.timed_out += 1;
                 } else {
-                    completed += 1;
+                    times.completed += 1;
                 }
             }
         }
+        times
+    }
+
+    /// Each team's figures.
+    fn team_outcomes(&self, times: &Times) -> Vec<TeamOutcome> {
         let hours = |gpu_secs: f64| gpu_secs / 3600.0;
-        let teams: Vec<TeamOutcome> = (0..self.teams.len())
+        let Times {
+            delays,
+            completions,
+            jobs,
+            never_started,
+            ..
+        } = times;
+        (0..self.teams.len())
             .map(|t| {
                 let asked = self.asked_gpu_ms[t] / 3_600_000.0;
                 let asked_demand = self.asked_demand_gpu_ms[t] / 3_600_000.0;
@@ -501,9 +519,27 @@ impl Collector {
                     guarantee_met_by_demand: (asked_demand > 0.0).then(|| received / asked_demand),
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    pub(super) fn finish(mut self, end: Timestamp, waiting: impl Iterator<Item = JobId>) -> Outcome {
+        let never: HashSet<JobId> = waiting.collect();
+        let start = self.first.unwrap_or(end);
+        let span_ms = (end.0 - start.0).max(1) as f64;
+        let gpus = self.total_gpus.max(1) as f64;
+        self.series_as_shares(gpus);
+        let times = self.times(&never);
+        let teams = self.team_outcomes(&times);
         let guaranteed: f64 = teams.iter().map(|t| t.guaranteed_gpu_hours).sum();
         let burst: f64 = teams.iter().map(|t| t.burst_gpu_hours).sum();
+        let Times {
+            delays,
+            completions,
+            never_started,
+            completed,
+            timed_out,
+            ..
+        } = times;
         Outcome {
             policy: self.policy_name,
             nodes: self.nodes,
@@ -533,4 +569,14 @@ impl Collector {
             series: self.series,
         }
     }
+}
+
+/// What became of each team's jobs, and of all that ended.
+struct Times {
+    delays: Vec<Vec<f64>>,
+    completions: Vec<Vec<f64>>,
+    jobs: Vec<usize>,
+    never_started: Vec<usize>,
+    completed: usize,
+    timed_out: usize,
 }

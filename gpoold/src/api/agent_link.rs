@@ -48,17 +48,7 @@ impl AgentLink for AgentLinkService {
         let (node, running) = node_from_register(register)?;
         let node_name = node.name.clone();
         if let Err(reason) = gpool_core::auth::agent_speaks_for(agent.cert_node.as_deref(), &node_name) {
-            tracing::warn!(peer = %agent.peer, "register refused: {reason}");
-            self.security.audit(&crate::security::AuditEntry {
-                at: crate::security::now_text(),
-                caller: agent.cert_node.as_deref().unwrap_or(""),
-                via: "agent certificate",
-                peer: &agent.peer,
-                action: "agent register",
-                object: &node_name,
-                outcome: format!("refused: {reason}"),
-            });
-            return Err(Status::permission_denied(reason));
+            return Err(self.refuse_register(&agent, &node_name, reason));
         }
         let (outbox, outbound) = crate::state::Outbox::new();
         // Weak: the link's stream still ends when the state drops the link.
@@ -83,57 +73,88 @@ impl AgentLink for AgentLinkService {
         let state = self.state.clone();
         let logs = self.logs.clone();
         // Ends when the agent closes its stream or the link breaks.
-        tokio::spawn(async move {
-            while let Ok(Some(message)) = inbound.message().await {
-                let command = match message.msg {
-                    Some(pb::agent_message::Msg::Heartbeat(heartbeat)) => Command::AgentHeartbeat {
-                        node: node_name.clone(),
-                        conn_id,
-                        samples: heartbeat.samples,
-                        seq: heartbeat.seq,
-                        // An Xid storm is cut short (the agent caps it too).
-                        xids: heartbeat.xids.into_iter().take(256).collect(),
-                        health_check: heartbeat.health_check,
-                        spool_short: heartbeat.spool_short.chars().take(512).collect(),
-                        readings_stuck: heartbeat.readings_stuck.chars().take(512).collect(),
-                    },
-                    Some(pb::agent_message::Msg::JobEvent(event)) => match event_from_wire(event) {
-                        Some(event) => Command::AgentJobEvent {
-                            node: node_name.clone(),
-                            conn_id,
-                            event,
-                        },
-                        None => continue,
-                    },
-                    Some(pb::agent_message::Msg::LogData(data)) => {
-                        let request_id = data.request_id;
-                        if logs.deliver(&node_name, data) {
-                            if let Some(outbox) = stop_logs.upgrade() {
-                                let stop = pb::StopLog { request_id };
-                                let _ = outbox.send(pb::ControllerMessage {
-                                    msg: Some(pb::controller_message::Msg::StopLog(stop)),
-                                });
-                            }
-                        }
-                        continue;
-                    }
-                    Some(pb::agent_message::Msg::Register(_)) | None => continue,
-                };
-                if state.agent_commands.send(command).await.is_err() {
-                    return;
-                }
-            }
-            tracing::info!(node = %node_name, "agent link closed");
-            let _ = state
-                .agent_commands
-                .send(Command::AgentGone {
-                    node: node_name,
-                    conn_id,
-                })
-                .await;
-        });
+        tokio::spawn(relay_agent_messages(
+            inbound, state, logs, stop_logs, node_name, conn_id,
+        ));
         Ok(Response::new(Box::pin(outbound)))
     }
+}
+
+impl AgentLinkService {
+    /// Logs and audits a Register refused to a certificate that does not
+    /// speak for `node_name`: the status to answer.
+    fn refuse_register(&self, agent: &super::AgentIdentity, node_name: &str, reason: String) -> Status {
+        tracing::warn!(peer = %agent.peer, "register refused: {reason}");
+        self.security.audit(&crate::security::AuditEntry {
+            at: crate::security::now_text(),
+            caller: agent.cert_node.as_deref().unwrap_or(""),
+            via: "agent certificate",
+            peer: &agent.peer,
+            action: "agent register",
+            object: node_name,
+            outcome: format!("refused: {reason}"),
+        });
+        Status::permission_denied(reason)
+    }
+}
+
+/// Hands what an agent says on its link to the state task until the link
+/// closes, then tells the state the agent is gone.
+async fn relay_agent_messages(
+    mut inbound: Streaming<pb::AgentMessage>,
+    state: StateHandle,
+    logs: super::LogRelay,
+    stop_logs: crate::state::WeakOutbox,
+    node_name: String,
+    conn_id: u64,
+) {
+    while let Ok(Some(message)) = inbound.message().await {
+        let command = match message.msg {
+            Some(pb::agent_message::Msg::Heartbeat(heartbeat)) => Command::AgentHeartbeat {
+                node: node_name.clone(),
+                conn_id,
+                samples: heartbeat.samples,
+                seq: heartbeat.seq,
+                // An Xid storm is cut short (the agent caps it too).
+                xids: heartbeat.xids.into_iter().take(256).collect(),
+                health_check: heartbeat.health_check,
+                spool_short: heartbeat.spool_short.chars().take(512).collect(),
+                readings_stuck: heartbeat.readings_stuck.chars().take(512).collect(),
+            },
+            Some(pb::agent_message::Msg::JobEvent(event)) => match event_from_wire(event) {
+                Some(event) => Command::AgentJobEvent {
+                    node: node_name.clone(),
+                    conn_id,
+                    event,
+                },
+                None => continue,
+            },
+            Some(pb::agent_message::Msg::LogData(data)) => {
+                let request_id = data.request_id;
+                if logs.deliver(&node_name, data) {
+                    if let Some(outbox) = stop_logs.upgrade() {
+                        let stop = pb::StopLog { request_id };
+                        let _ = outbox.send(pb::ControllerMessage {
+                            msg: Some(pb::controller_message::Msg::StopLog(stop)),
+                        });
+                    }
+                }
+                continue;
+            }
+            Some(pb::agent_message::Msg::Register(_)) | None => continue,
+        };
+        if state.agent_commands.send(command).await.is_err() {
+            return;
+        }
+    }
+    tracing::info!(node = %node_name, "agent link closed");
+    let _ = state
+        .agent_commands
+        .send(Command::AgentGone {
+            node: node_name,
+            conn_id,
+        })
+        .await;
 }
 
 fn invalid(reason: &str) -> Status {
@@ -155,78 +176,9 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
     if !name_ok {
         return Err(invalid(&format!("node name {:?} is not a host name", register.node)));
     }
-    let mut seen = HashSet::new();
-    for gpu in &register.gpus {
-        if gpu.index > 4096 || !seen.insert(gpu.index) {
-            return Err(invalid(&format!(
-                "node {}: GPU index {} is repeated or out of range",
-                register.node, gpu.index
-            )));
-        }
-    }
-    if let Some(link) = register
-        .links
-        .iter()
-        .find(|l| !seen.contains(&l.a) || !seen.contains(&l.b))
-    {
-        return Err(invalid(&format!(
-            "node {}: topology links GPU {} and GPU {}, which it does not report",
-            register.node, link.a, link.b
-        )));
-    }
-    const MAX_LABELS: usize = 64;
-    if register.labels.len() > MAX_LABELS {
-        return Err(invalid(&format!(
-            "node {}: {} labels, more than the limit of {MAX_LABELS}",
-            register.node,
-            register.labels.len()
-        )));
-    }
-    if let Some(label) = register
-        .labels
-        .iter()
-        .find(|label| label.key.is_empty() || label.key.len() > 63 || label.value.len() > 253)
-    {
-        return Err(invalid(&format!(
-            "node {}: label {:.63?} must have a key of 1 to 63 bytes and a value of at most 253",
-            register.node, label.key
-        )));
-    }
-    // What an agent names is printed in tables, logs and the status page:
-    // no control characters (a newline would forge a line of its own).
-    let printable = |text: &str| !text.chars().any(char::is_control);
-    if let Some(label) = register
-        .labels
-        .iter()
-        .find(|label| !printable(&label.key) || !printable(&label.value))
-    {
-        return Err(invalid(&format!(
-            "node {}: label {:.63?} holds a control character",
-            register.node, label.key
-        )));
-    }
-    if let Some(gpu) = register.gpus.iter().find(|gpu| {
-        gpu.model.is_empty()
-            || gpu.model.len() > 64
-            || !printable(&gpu.model)
-            || !printable(&gpu.uuid)
-            || !printable(&gpu.pci_bus_id)
-            || gpu.uuid.len() > 128
-            || gpu.pci_bus_id.len() > 64
-    }) {
-        return Err(invalid(&format!(
-            "node {}: GPU {}: its model ({:.64?}), UUID and PCI bus id must be printable, the model 1 to 64 bytes",
-            register.node, gpu.index, gpu.model
-        )));
-    }
-    if register.gpus.len() > 4096 || register.links.len() > 65_536 {
-        return Err(invalid(&format!(
-            "node {}: {} GPUs and {} links, more than a node has",
-            register.node,
-            register.gpus.len(),
-            register.links.len()
-        )));
-    }
+    check_gpu_indices(&register)?;
+    check_labels(&register)?;
+    check_gpu_names(&register)?;
     let node = Node {
         name: register.node,
         gpus: register.gpus.into_iter().map(gpu_from_wire).collect(),
@@ -253,6 +205,99 @@ fn node_from_register(register: pb::Register) -> Result<(Node, Vec<(JobId, Epoch
         .map(|a| (JobId(a.job_id), Epoch(a.epoch)))
         .collect();
     Ok((node, running))
+}
+
+/// Checks that a Register's GPU indices are distinct and in range, and that
+/// its topology links only those GPUs.
+fn check_gpu_indices(register: &pb::Register) -> Result<(), Status> {
+    let mut seen = HashSet::new();
+    for gpu in &register.gpus {
+        if gpu.index > 4096 || !seen.insert(gpu.index) {
+            return Err(invalid(&format!(
+                "node {}: GPU index {} is repeated or out of range",
+                register.node, gpu.index
+            )));
+        }
+    }
+    if let Some(link) = register
+        .links
+        .iter()
+        .find(|l| !seen.contains(&l.a) || !seen.contains(&l.b))
+    {
+        return Err(invalid(&format!(
+            "node {}: topology links GPU {} and GPU {}, which it does not report",
+            register.node, link.a, link.b
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a Register's labels: how many, their sizes, and that they are
+/// printable.
+fn check_labels(register: &pb::Register) -> Result<(), Status> {
+    const MAX_LABELS: usize = 64;
+    if register.labels.len() > MAX_LABELS {
+        return Err(invalid(&format!(
+            "node {}: {} labels, more than the limit of {MAX_LABELS}",
+            register.node,
+            register.labels.len()
+        )));
+    }
+    if let Some(label) = register
+        .labels
+        .iter()
+        .find(|label| label.key.is_empty() || label.key.len() > 63 || label.value.len() > 253)
+    {
+        return Err(invalid(&format!(
+            "node {}: label {:.63?} must have a key of 1 to 63 bytes and a value of at most 253",
+            register.node, label.key
+        )));
+    }
+    if let Some(label) = register
+        .labels
+        .iter()
+        .find(|label| !printable(&label.key) || !printable(&label.value))
+    {
+        return Err(invalid(&format!(
+            "node {}: label {:.63?} holds a control character",
+            register.node, label.key
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a Register's GPU names are printable and of a sane size, and
+/// that it has no more GPUs and links than a node has.
+fn check_gpu_names(register: &pb::Register) -> Result<(), Status> {
+    if let Some(gpu) = register.gpus.iter().find(|gpu| {
+        gpu.model.is_empty()
+            || gpu.model.len() > 64
+            || !printable(&gpu.model)
+            || !printable(&gpu.uuid)
+            || !printable(&gpu.pci_bus_id)
+            || gpu.uuid.len() > 128
+            || gpu.pci_bus_id.len() > 64
+    }) {
+        return Err(invalid(&format!(
+            "node {}: GPU {}: its model ({:.64?}), UUID and PCI bus id must be printable, the model 1 to 64 bytes",
+            register.node, gpu.index, gpu.model
+        )));
+    }
+    if register.gpus.len() > 4096 || register.links.len() > 65_536 {
+        return Err(invalid(&format!(
+            "node {}: {} GPUs and {} links, more than a node has",
+            register.node,
+            register.gpus.len(),
+            register.links.len()
+        )));
+    }
+    Ok(())
+}
+
+/// What an agent names is printed in tables, logs and the status page:
+/// no control characters (a newline would forge a line of its own).
+fn printable(text: &str) -> bool {
+    !text.chars().any(char::is_control)
 }
 
 fn event_from_wire(event: pb::JobEvent) -> Option<AgentEvent> {

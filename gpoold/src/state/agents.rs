@@ -157,52 +157,14 @@ impl State {
         out: &mut Batch,
     ) -> Result<(), Error> {
         let name = node.name.clone();
-        let silent_ms = self
-            .links
-            .contains_key(&name)
-            .then(|| self.last_seen.get(&name).map(|seen| seen.elapsed().as_millis() as i64))
-            .flatten();
-        let held_by = self.nodes.get(&name).map_or("", |known| known.boot_id.as_str());
-        gpool_core::fencing::may_take_over(silent_ms, held_by, &node.boot_id, self.node_timeout_ms).map_err(
-            |reason| {
-                tracing::warn!(node = %name, "refusing an agent's registration: {reason}");
-                Error::InvalidRequest {
-                    field: "node",
-                    reason: format!("node {name}: {reason}"),
-                }
-            },
-        )?;
-        let mut reset_by_reboot = Vec::new();
+        self.check_takeover(&name, &node)?;
         // GPUs that left or joined since the node's last registration.
         let drift = self
             .nodes
             .get(&name)
             .map(|known| gpool_core::health::drift(&known.gpus, &node.gpus))
             .unwrap_or_default();
-        if let Some(known) = self.nodes.get(&name) {
-            node.drain_reason = known.drain_reason.clone();
-            node.drained_by = known.drained_by.clone();
-            node.health_drain = known.health_drain.clone();
-            node.health_log = known.health_log.clone();
-            // GPUs still there (same index, same device) stay out of
-            // service; one gone from the inventory is forgotten.
-            let same_device = |index: u32| {
-                let uuid_of = |gpus: &[gpool_core::model::Gpu]| {
-                    gpus.iter().find(|gpu| gpu.index == index).map(|gpu| gpu.uuid.clone())
-                };
-                uuid_of(&node.gpus).is_some_and(|uuid| uuid_of(&known.gpus) == Some(uuid))
-            };
-            // A reboot resets the GPUs: faults that waited for a reset are
-            // over (the next readings tell whether the GPU is sound).
-            let reset = gpool_core::health::reset_by_reboot(&known.boot_id, &node.boot_id, &known.gpus_out);
-            node.gpus_out = known
-                .gpus_out
-                .iter()
-                .filter(|(index, _)| same_device(**index) && !reset.contains(index))
-                .map(|(index, out)| (*index, out.clone()))
-                .collect();
-            reset_by_reboot = reset;
-        }
+        let reset_by_reboot = self.carry_over_known(&name, &mut node);
         node.alive = true;
         self.nodes.insert(name.clone(), node);
         out.writes.push(Write::Node(name.clone()));
@@ -229,17 +191,73 @@ impl State {
             self.agent_event(&name, conn_id, event, now, out);
         }
 
+        self.reconcile_running(&name, running, now, out);
+        self.apply_drift(&name, drift, now, out);
+        Ok(())
+    }
+
+    /// Refuses a registration that may not take the node over from the
+    /// link that holds it.
+    fn check_takeover(&self, name: &str, node: &Node) -> Result<(), Error> {
+        let silent_ms = self
+            .links
+            .contains_key(name)
+            .then(|| self.last_seen.get(name).map(|seen| seen.elapsed().as_millis() as i64))
+            .flatten();
+        let held_by = self.nodes.get(name).map_or("", |known| known.boot_id.as_str());
+        gpool_core::fencing::may_take_over(silent_ms, held_by, &node.boot_id, self.node_timeout_ms).map_err(|reason| {
+            tracing::warn!(node = %name, "refusing an agent's registration: {reason}");
+            Error::InvalidRequest {
+                field: "node",
+                reason: format!("node {name}: {reason}"),
+            }
+        })
+    }
+
+    /// Keeps what the state knew of a registering node (drains, health, GPUs
+    /// out of service): the GPUs its reboot reset.
+    fn carry_over_known(&self, name: &str, node: &mut Node) -> Vec<u32> {
+        let Some(known) = self.nodes.get(name) else {
+            return Vec::new();
+        };
+        node.drain_reason = known.drain_reason.clone();
+        node.drained_by = known.drained_by.clone();
+        node.health_drain = known.health_drain.clone();
+        node.health_log = known.health_log.clone();
+        // GPUs still there (same index, same device) stay out of
+        // service; one gone from the inventory is forgotten.
+        let same_device = |index: u32| {
+            let uuid_of = |gpus: &[gpool_core::model::Gpu]| {
+                gpus.iter().find(|gpu| gpu.index == index).map(|gpu| gpu.uuid.clone())
+            };
+            uuid_of(&node.gpus).is_some_and(|uuid| uuid_of(&known.gpus) == Some(uuid))
+        };
+        // A reboot resets the GPUs: faults that waited for a reset are
+        // over (the next readings tell whether the GPU is sound).
+        let reset = gpool_core::health::reset_by_reboot(&known.boot_id, &node.boot_id, &known.gpus_out);
+        node.gpus_out = known
+            .gpus_out
+            .iter()
+            .filter(|(index, _)| same_device(**index) && !reset.contains(index))
+            .map(|(index, out)| (*index, out.clone()))
+            .collect();
+        reset
+    }
+
+    /// Kills the attempts a registering agent runs that are not wanted, and
+    /// requeues those it should run but does not.
+    fn reconcile_running(&mut self, name: &str, running: Vec<(JobId, Epoch)>, now: Timestamp, out: &mut Batch) {
         let reported: HashSet<(JobId, Epoch)> = running.iter().copied().collect();
         for (job_id, epoch) in running {
-            if self.attempt_on(job_id, &name) != Some(epoch) {
+            if self.attempt_on(job_id, name) != Some(epoch) {
                 tracing::info!(job = %job_id, %epoch, node = %name, "agent runs an attempt that is not wanted; killing it");
-                out.messages.push((name.clone(), kill_message(job_id, epoch)));
+                out.messages.push((name.to_string(), kill_message(job_id, epoch)));
             }
         }
         let vanished: Vec<(JobId, Epoch)> = self
             .active_jobs()
             .filter_map(|job| match &job.state {
-                JobState::Running { epoch, placement, .. } if placement.iter().any(|p| p.node == name) => {
+                JobState::Running { epoch, placement, .. } if placement.iter().any(|p| p.node == *name) => {
                     Some((job.id, *epoch))
                 }
                 _ => None,
@@ -251,8 +269,6 @@ impl State {
             let why = format!("its attempt was gone from {name} when the agent came back");
             self.lose_attempt(job_id, epoch, false, (RequeueCause::NodeLost, why), now, out);
         }
-        self.apply_drift(&name, drift, now, out);
-        Ok(())
     }
 
     /// The epoch of `job`'s running attempt if it has a part on `node`.

@@ -4,6 +4,7 @@
 use super::*;
 
 impl State {
+    /// The state of what the store loaded, under `config`.
     pub fn new(loaded: store::Loaded, config: &crate::config::Config, token_key: Key) -> State {
         let nodes: BTreeMap<String, Node> = loaded.nodes.into_iter().map(|node| (node.name.clone(), node)).collect();
         // Known nodes get a full timeout from this start to reconnect.
@@ -67,26 +68,40 @@ impl State {
             health_checks: HashMap::new(),
             running_on: HashMap::new(),
         };
-        let mut jobs = std::mem::take(&mut state.jobs);
+        state.share_loaded_specs();
+        state.index_active_jobs();
+        state.restore_preempt_deadlines();
+        state.add_created_reservations();
+        state
+    }
+
+    /// Interns the loaded jobs' environments and shares their alike specs.
+    fn share_loaded_specs(&mut self) {
+        let mut jobs = std::mem::take(&mut self.jobs);
         for job in jobs.values_mut() {
-            let env = state.intern_env(&job.spec.env);
+            let env = self.intern_env(&job.spec.env);
             Arc::make_mut(&mut job.spec).env = env;
-            job.spec = state.share_spec(job.spec.clone());
+            job.spec = self.share_spec(job.spec.clone());
         }
-        state.jobs = jobs;
-        state.active = state
+        self.jobs = jobs;
+    }
+
+    /// Indexes the loaded jobs that have not ended: active, waiting,
+    /// dependency targets, running array tasks and jobs running on each node.
+    fn index_active_jobs(&mut self) {
+        self.active = self
             .jobs
             .values()
             .filter(|job| !job.state.is_finished())
             .map(|job| job.id)
             .collect();
-        let active: Vec<JobId> = state.active.iter().copied().collect();
+        let active: Vec<JobId> = self.active.iter().copied().collect();
         for id in active {
-            state.count_dep_targets(id, true);
-            state.refresh_waiting(id);
+            self.count_dep_targets(id, true);
+            self.refresh_waiting(id);
         }
-        state.count_running_tasks();
-        let running: Vec<(JobId, Vec<String>)> = state
+        self.count_running_tasks();
+        let running: Vec<(JobId, Vec<String>)> = self
             .active_jobs()
             .filter_map(|job| match &job.state {
                 JobState::Running { placement, .. } => {
@@ -97,12 +112,9 @@ impl State {
             .collect();
         for (id, nodes) in running {
             for node in nodes {
-                state.running_on.entry(node).or_default().insert(id);
+                self.running_on.entry(node).or_default().insert(id);
             }
         }
-        state.restore_preempt_deadlines();
-        state.add_created_reservations();
-        state
     }
 
     /// Takes the policy and admins of a re-read config (listen address and

@@ -12,6 +12,9 @@ use gpool_core::sched::{Preemption, RunningJob};
 use gpool_core::{Epoch, JobId, Timestamp};
 use std::collections::HashMap;
 
+mod running_index;
+use running_index::move_running_index;
+
 /// SIGUSR1 on Linux: the checkpoint signal of jobs that name none.
 pub const DEFAULT_CHECKPOINT_SIGNAL: i32 = 10;
 const HOUR_MS: i64 = 3_600_000;
@@ -41,22 +44,7 @@ impl State {
         let waiting_changed = before == JobState::Pending || job.state == JobState::Pending;
         let mut ended_use = GpuUse::default();
         // The index of running jobs by node follows the job's placement.
-        let nodes_of = |state: &JobState| match state {
-            JobState::Running { placement, .. } => placement.iter().map(|part| part.node.clone()).collect(),
-            _ => Vec::new(),
-        };
-        let (left, entered) = (nodes_of(&before), nodes_of(&job.state));
-        for node in &left {
-            if let Some(ids) = self.running_on.get_mut(node) {
-                ids.remove(&id);
-                if ids.is_empty() {
-                    self.running_on.remove(node);
-                }
-            }
-        }
-        for node in entered {
-            self.running_on.entry(node).or_default().insert(id);
-        }
+        move_running_index(&mut self.running_on, id, &before, &job.state);
         // An attempt that ended takes its GPU use into the job's record.
         if matches!(before, JobState::Running { .. }) && !matches!(job.state, JobState::Running { .. }) {
             if let Some(used) = self.gpu_use_live.remove(&id) {

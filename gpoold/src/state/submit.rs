@@ -32,6 +32,8 @@ impl State {
         }
     }
 
+    /// Checks the jobs of a submit request and adds them: their ids, and
+    /// the writes.
     pub(super) fn submit(
         &mut self,
         caller: &Caller,
@@ -66,74 +68,8 @@ impl State {
                 continue;
             }
             let mut spec = (*given).clone();
-            self.policy
-                .sharing
-                .admit(&mut spec, caller, DEFAULT_TEAM)
-                .map_err(|refusal| match refusal {
-                    Refusal::Spec(source) => Error::InvalidSpec { index, of, source },
-                    Refusal::Denied(source) => Error::SubmitDenied { index, of, source },
-                })?;
-            spec.validate()
-                .map_err(|source| Error::InvalidSpec { index, of, source })?;
-            if let Some(reason) = gpool_core::sched::limits::never_within_caps(
-                &self.policy.sharing,
-                &spec.team,
-                &spec.qos,
-                spec.total_gpus(),
-            ) {
-                return Err(Error::InvalidSpec {
-                    index,
-                    of,
-                    source: gpool_core::spec::spec_error("gpus", reason),
-                });
-            }
-            if !spec.reservation.is_empty() {
-                gpool_core::sched::reservations::admit(
-                    &self.policy.reservations,
-                    &spec.reservation,
-                    (&caller.user, &spec.team),
-                    &self.policy.sharing,
-                    now,
-                )
-                .map_err(|reason| Error::InvalidSpec {
-                    index,
-                    of,
-                    source: gpool_core::spec::spec_error("reservation", reason),
-                })?;
-            }
-            if let Some(notify) = &spec.notify {
-                self.notify_rules.admit(notify).map_err(|reason| Error::InvalidSpec {
-                    index,
-                    of,
-                    source: gpool_core::spec::spec_error("notify", reason),
-                })?;
-            }
-            // Dependencies name jobs that exist, or earlier jobs of this
-            // request (whose ids are known from here on).
-            for dependency in &mut spec.dependencies {
-                let target = match dependency.target {
-                    DepTarget::InRequest(position) if (1..index).contains(&position) => request_ids[position - 1],
-                    DepTarget::InRequest(position) => {
-                        return Err(Error::InvalidSpec {
-                            index,
-                            of,
-                            source: gpool_core::spec::spec_error(
-                                "dependency",
-                                format!("job {position} of the request is not an earlier job of it"),
-                            ),
-                        })
-                    }
-                    DepTarget::Job(id) if self.bring_back(id)? => id,
-                    DepTarget::Job(id) => {
-                        return Err(Error::InvalidSpec {
-                            index,
-                            of,
-                            source: gpool_core::spec::spec_error("dependency", format!("job {id} does not exist")),
-                        })
-                    }
-                };
-                dependency.target = DepTarget::Job(target);
-            }
+            self.admit_spec(&mut spec, caller, (index, of), now)?;
+            self.resolve_dependencies(&mut spec, (index, of), &request_ids)?;
             if let Some(pool) = self.policy.pool(&spec.pool) {
                 pool.defaults.apply(&mut spec);
             }
@@ -146,6 +82,105 @@ impl State {
             checked.push(spec);
         }
         self.check_submit_caps(&caller.user, &checked)?;
+        let (ids, writes) = self.insert_submitted(caller, checked, now);
+        Ok((ids, writes))
+    }
+
+    /// Checks one spec of a submit against the policy, caps, reservations
+    /// and notify rules (job `index` of `of`), admitting it to its team.
+    fn admit_spec(
+        &self,
+        spec: &mut JobSpec,
+        caller: &Caller,
+        (index, of): (usize, usize),
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        self.policy
+            .sharing
+            .admit(spec, caller, DEFAULT_TEAM)
+            .map_err(|refusal| match refusal {
+                Refusal::Spec(source) => Error::InvalidSpec { index, of, source },
+                Refusal::Denied(source) => Error::SubmitDenied { index, of, source },
+            })?;
+        spec.validate()
+            .map_err(|source| Error::InvalidSpec { index, of, source })?;
+        if let Some(reason) =
+            gpool_core::sched::limits::never_within_caps(&self.policy.sharing, &spec.team, &spec.qos, spec.total_gpus())
+        {
+            return Err(Error::InvalidSpec {
+                index,
+                of,
+                source: gpool_core::spec::spec_error("gpus", reason),
+            });
+        }
+        if !spec.reservation.is_empty() {
+            gpool_core::sched::reservations::admit(
+                &self.policy.reservations,
+                &spec.reservation,
+                (&caller.user, &spec.team),
+                &self.policy.sharing,
+                now,
+            )
+            .map_err(|reason| Error::InvalidSpec {
+                index,
+                of,
+                source: gpool_core::spec::spec_error("reservation", reason),
+            })?;
+        }
+        if let Some(notify) = &spec.notify {
+            self.notify_rules.admit(notify).map_err(|reason| Error::InvalidSpec {
+                index,
+                of,
+                source: gpool_core::spec::spec_error("notify", reason),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Points a spec's dependencies at job ids: jobs that exist, or earlier
+    /// jobs of this request (`request_ids`).
+    fn resolve_dependencies(
+        &mut self,
+        spec: &mut JobSpec,
+        (index, of): (usize, usize),
+        request_ids: &[JobId],
+    ) -> Result<(), Error> {
+        // Dependencies name jobs that exist, or earlier jobs of this
+        // request (whose ids are known from here on).
+        for dependency in &mut spec.dependencies {
+            let target = match dependency.target {
+                DepTarget::InRequest(position) if (1..index).contains(&position) => request_ids[position - 1],
+                DepTarget::InRequest(position) => {
+                    return Err(Error::InvalidSpec {
+                        index,
+                        of,
+                        source: gpool_core::spec::spec_error(
+                            "dependency",
+                            format!("job {position} of the request is not an earlier job of it"),
+                        ),
+                    })
+                }
+                DepTarget::Job(id) if self.bring_back(id)? => id,
+                DepTarget::Job(id) => {
+                    return Err(Error::InvalidSpec {
+                        index,
+                        of,
+                        source: gpool_core::spec::spec_error("dependency", format!("job {id} does not exist")),
+                    })
+                }
+            };
+            dependency.target = DepTarget::Job(target);
+        }
+        Ok(())
+    }
+
+    /// Makes pending jobs of the checked specs: their ids, and the writes.
+    fn insert_submitted(
+        &mut self,
+        caller: &Caller,
+        checked: Vec<Arc<JobSpec>>,
+        now: Timestamp,
+    ) -> (Vec<JobId>, Vec<Write>) {
         let mut ids = Vec::with_capacity(checked.len());
         let mut writes = Vec::with_capacity(checked.len() + 1);
         for spec in checked {
@@ -168,9 +203,10 @@ impl State {
             writes.push(Write::JobEnv(id));
         }
         writes.push(Write::NextJobId);
-        Ok((ids, writes))
+        (ids, writes)
     }
 
+    /// Cancels, holds, signals or requeues each of `ids`: an outcome for each.
     pub(super) fn cancel(
         &mut self,
         caller: &Caller,
@@ -220,37 +256,51 @@ impl State {
                 });
                 continue;
             }
-            // A task that is not a job yet becomes one when it is cancelled,
-            // held or released alone (a signal or requeue has nothing to
-            // do to it); an array takes the request with its tasks.
-            if matches!(
-                mode,
-                CancelMode::Cancel | CancelMode::CancelPending | CancelMode::Hold(_)
-            ) {
-                self.materialize(*id, out);
-            }
-            let mut targets = vec![*id];
-            if let Some(array) = self.jobs.get(id).filter(|job| job.array.is_some()) {
-                targets.extend(self.array_task_ids(array));
-            }
-            let mut outcome = CancelOutcome {
-                id: *id,
-                ..CancelOutcome::default()
-            };
-            for target in targets {
-                let applied = self.cancel_one(caller, target, mode, now, out);
-                outcome.cancelled |= applied.cancelled;
-                outcome.signalled |= applied.signalled;
-                outcome.requeued |= applied.requeued;
-                if target == *id {
-                    outcome.held = applied.held;
-                    outcome.updated = applied.updated;
-                }
-            }
-            outcome.state = self.state_of(*id);
+            let outcome = self.cancel_with_tasks(caller, *id, mode, now, out);
             outcomes.push(outcome);
         }
         Ok(outcomes)
+    }
+
+    /// Cancels (holds, signals, requeues) `id`, an array with its tasks,
+    /// once the caller may: its outcome.
+    fn cancel_with_tasks(
+        &mut self,
+        caller: &Caller,
+        id: JobId,
+        mode: CancelMode,
+        now: Timestamp,
+        out: &mut Batch,
+    ) -> CancelOutcome {
+        // A task that is not a job yet becomes one when it is cancelled,
+        // held or released alone (a signal or requeue has nothing to
+        // do to it); an array takes the request with its tasks.
+        if matches!(
+            mode,
+            CancelMode::Cancel | CancelMode::CancelPending | CancelMode::Hold(_)
+        ) {
+            self.materialize(id, out);
+        }
+        let mut targets = vec![id];
+        if let Some(array) = self.jobs.get(&id).filter(|job| job.array.is_some()) {
+            targets.extend(self.array_task_ids(array));
+        }
+        let mut outcome = CancelOutcome {
+            id,
+            ..CancelOutcome::default()
+        };
+        for target in targets {
+            let applied = self.cancel_one(caller, target, mode, now, out);
+            outcome.cancelled |= applied.cancelled;
+            outcome.signalled |= applied.signalled;
+            outcome.requeued |= applied.requeued;
+            if target == id {
+                outcome.held = applied.held;
+                outcome.updated = applied.updated;
+            }
+        }
+        outcome.state = self.state_of(id);
+        outcome
     }
 
     /// `cancel` for one job the caller may act on.

@@ -83,18 +83,8 @@ pub async fn run_state_task(
         // What agents said goes first (heartbeats keep nodes alive, and
         // their leases; job events free GPUs), then API work to fill the
         // batch: a queue of API commands never holds a heartbeat up.
-        while batch.len() < MAX_BATCH {
-            match agent_inbox.try_recv() {
-                Ok(command) => batch.push(command),
-                Err(_) => break,
-            }
-        }
-        while batch.len() < MAX_BATCH {
-            match inbox.try_recv() {
-                Ok(command) => batch.push(command),
-                Err(_) => break,
-            }
-        }
+        take_queued(&mut agent_inbox, &mut batch);
+        take_queued(&mut inbox, &mut batch);
         if batch.is_empty() {
             if agents_gone && callers_gone {
                 return Ok(());
@@ -117,51 +107,16 @@ pub async fn run_state_task(
             }
             continue;
         }
-        let now = clock();
-        let mut out = Batch::default();
-        let mut state = shared.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Ended jobs leave memory once their records are written: those of
-        // the batch before (a reader finds each in one place or the other).
-        if evict_due {
-            state.evict_ended();
-        }
-        let mut may_change_schedule = false;
-        for command in batch.drain(..) {
-            may_change_schedule |= command.may_change_schedule();
-            apply_command(&mut state, command, now, &mut out);
-        }
-        let schedule_changed = may_change_schedule || out.writes.iter().any(Write::seen_by_scheduler);
-        if schedule_changed {
-            state.sched_generation += 1;
-        }
-        drop(state);
-        // Records are encoded and written under a read lock: API readers go
-        // on meanwhile, and nothing else writes the state (this task is its
-        // only writer).
-        let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let written = write_all(&store, &state, &out.writes);
+        let (mut out, schedule_changed) = apply_batch(&shared, &mut batch, evict_due, clock());
+        let written = write_batch(&shared, &store, &mut out);
         evict_due = written.is_ok();
-        if !out.messages.is_empty() {
-            out.replies
-                .push(state.deliver_after_flush(std::mem::take(&mut out.messages)));
-        }
-        drop(state);
         if let Err(err) = written {
             for reply in out.replies {
                 reply(Err(Error::Storage(err.to_string())));
             }
             return Err(err);
         }
-        if !out.changed.is_empty() {
-            // Watchers hear of a change only once it is durable.
-            let job_changes = notifiers.job_changes.clone();
-            let changed = std::mem::take(&mut out.changed);
-            out.replies.push(Box::new(move |flushed: Result<(), Error>| {
-                if flushed.is_ok() {
-                    changed.into_iter().for_each(|id| drop(job_changes.send(id)));
-                }
-            }));
-        }
+        watch_after_flush(&notifiers.job_changes, &mut out);
         if schedule_changed {
             notifiers.sched_wakeup.notify_one();
         }
@@ -171,6 +126,71 @@ pub async fn run_state_task(
     }
 }
 
+/// Moves commands already queued in `inbox` into `batch`, up to MAX_BATCH.
+fn take_queued(inbox: &mut mpsc::Receiver<Command>, batch: &mut Vec<Command>) {
+    while batch.len() < MAX_BATCH {
+        match inbox.try_recv() {
+            Ok(command) => batch.push(command),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Applies `batch` under the write lock; also says whether the schedule changed.
+fn apply_batch(shared: &SharedState, batch: &mut Vec<Command>, evict_due: bool, now: Timestamp) -> (Batch, bool) {
+    let mut out = Batch::default();
+    let mut state = shared.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    // Ended jobs leave memory once their records are written: those of
+    // the batch before (a reader finds each in one place or the other).
+    if evict_due {
+        state.evict_ended();
+    }
+    let mut may_change_schedule = false;
+    for command in batch.drain(..) {
+        may_change_schedule |= command.may_change_schedule();
+        apply_command(&mut state, command, now, &mut out);
+    }
+    let schedule_changed = may_change_schedule || out.writes.iter().any(Write::seen_by_scheduler);
+    if schedule_changed {
+        state.sched_generation += 1;
+    }
+    drop(state);
+    (out, schedule_changed)
+}
+
+/// Writes the batch's records under a read lock, and queues its messages
+/// for delivery after the flush.
+fn write_batch(shared: &SharedState, store: &Store, out: &mut Batch) -> Result<(), Error> {
+    // Records are encoded and written under a read lock: API readers go
+    // on meanwhile, and nothing else writes the state (this task is its
+    // only writer).
+    let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let written = write_all(store, &state, &out.writes);
+    if !out.messages.is_empty() {
+        out.replies
+            .push(state.deliver_after_flush(std::mem::take(&mut out.messages)));
+    }
+    drop(state);
+    written
+}
+
+/// Queues the news of the batch's changed jobs for after the flush.
+fn watch_after_flush(job_changes: &broadcast::Sender<JobId>, out: &mut Batch) {
+    if !out.changed.is_empty() {
+        // Watchers hear of a change only once it is durable.
+        let job_changes = job_changes.clone();
+        let changed = std::mem::take(&mut out.changed);
+        out.replies.push(Box::new(move |flushed: Result<(), Error>| {
+            if flushed.is_ok() {
+                changed.into_iter().for_each(|id| drop(job_changes.send(id)));
+            }
+        }));
+    }
+}
+
+/// Applies one command to the state, adding its writes and replies to `out`.
+// Long by design: one match arm per command, each a short call into the
+// state; splitting it would only add indirection.
 fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut Batch) {
     match command {
         Command::Submit { caller, specs, reply } => match state.submit(&caller, specs, now) {

@@ -36,35 +36,7 @@ impl State {
             })
             .collect();
         let promised = self.promised(&nodes);
-        // The jobs beside those that wait on GPUs alone: held, gated,
-        // arrays and their tasks.
-        let mut others: Vec<Arc<PendingJob>> = Vec::new();
-        let mut arrays: Vec<(&Job, bool)> = Vec::new();
-        let mut pending_tasks: HashMap<JobId, Vec<Arc<PendingJob>>> = HashMap::new();
-        for (id, waiting) in self.not_plain.iter().filter_map(|id| self.waiting.get_key_value(id)) {
-            let ready = !waiting.held
-                && (!waiting.gated
-                    || self
-                        .job(*id)
-                        .is_some_and(|job| begun(job, now) && self.dependencies_met(job, &singletons)));
-            match (waiting.array, waiting.task_of) {
-                (true, _) => arrays.extend(self.job(*id).map(|job| (job, ready))),
-                (false, _) if !ready => {}
-                (false, Some(array)) => pending_tasks.entry(array).or_default().push(waiting.view.clone()),
-                (false, None) => others.push(waiting.view.clone()),
-            }
-        }
-        // Tasks that are not jobs yet, for all arrays together, at most
-        // `ARRAY_VIEW_BUDGET`, shared out evenly: the cycle's cost stays
-        // bounded however many arrays wait, and every array is seen.
-        let n_ready = arrays.iter().filter(|(_, ready)| *ready).count().max(1);
-        let window = (arrays::ARRAY_VIEW_BUDGET / n_ready).clamp(arrays::ARRAY_VIEW_MIN, arrays::ARRAY_VIEW_WINDOW);
-        for (array, ready) in arrays {
-            let tasks = pending_tasks.remove(&array.id).unwrap_or_default();
-            self.array_view(array, ready, tasks, window, &mut others);
-        }
-        // Tasks of arrays that ended on their own terms (none, normally).
-        others.extend(pending_tasks.into_values().flatten());
+        let mut others = self.other_pending(now, &singletons);
         let windowed = gpool_core::sched::cycle::window_for(
             &nodes,
             &running,
@@ -96,6 +68,39 @@ impl State {
             waste_budget_gpu_secs: self.waste_budget(now),
             windowed: windowed.is_some(),
         }
+    }
+
+    /// The jobs beside those that wait on GPUs alone that may start: held,
+    /// gated, arrays and their tasks.
+    fn other_pending(&self, now: Timestamp, singletons: &HashMap<(&str, &str), JobId>) -> Vec<Arc<PendingJob>> {
+        let mut others: Vec<Arc<PendingJob>> = Vec::new();
+        let mut arrays: Vec<(&Job, bool)> = Vec::new();
+        let mut pending_tasks: HashMap<JobId, Vec<Arc<PendingJob>>> = HashMap::new();
+        for (id, waiting) in self.not_plain.iter().filter_map(|id| self.waiting.get_key_value(id)) {
+            let ready = !waiting.held
+                && (!waiting.gated
+                    || self
+                        .job(*id)
+                        .is_some_and(|job| begun(job, now) && self.dependencies_met(job, singletons)));
+            match (waiting.array, waiting.task_of) {
+                (true, _) => arrays.extend(self.job(*id).map(|job| (job, ready))),
+                (false, _) if !ready => {}
+                (false, Some(array)) => pending_tasks.entry(array).or_default().push(waiting.view.clone()),
+                (false, None) => others.push(waiting.view.clone()),
+            }
+        }
+        // Tasks that are not jobs yet, for all arrays together, at most
+        // `ARRAY_VIEW_BUDGET`, shared out evenly: the cycle's cost stays
+        // bounded however many arrays wait, and every array is seen.
+        let n_ready = arrays.iter().filter(|(_, ready)| *ready).count().max(1);
+        let window = (arrays::ARRAY_VIEW_BUDGET / n_ready).clamp(arrays::ARRAY_VIEW_MIN, arrays::ARRAY_VIEW_WINDOW);
+        for (array, ready) in arrays {
+            let tasks = pending_tasks.remove(&array.id).unwrap_or_default();
+            self.array_view(array, ready, tasks, window, &mut others);
+        }
+        // Tasks of arrays that ended on their own terms (none, normally).
+        others.extend(pending_tasks.into_values().flatten());
+        others
     }
 
     /// Brings job `id`'s entry in `waiting` up to date: after anything

@@ -26,26 +26,7 @@ impl State {
         self.heartbeat(node, conn_id);
         let current = self.attempt_on(event.job, node);
         if current != Some(event.epoch) {
-            match &event.outcome {
-                AttemptOutcome::Started => out
-                    .messages
-                    .push((node.to_string(), kill_message(event.job, event.epoch))),
-                // Only an exit code is surely the job's own end: a signal
-                // may have come from the node going away.
-                AttemptOutcome::Exited(status @ ExitStatus::Code(_)) => {
-                    self.late_exit(event.job, event.epoch, *status, now, out)
-                }
-                AttemptOutcome::Exited(ExitStatus::Signal(_))
-                | AttemptOutcome::Stopped(_)
-                | AttemptOutcome::TimedOut
-                | AttemptOutcome::OutOfMemory
-                | AttemptOutcome::FailedToStart(_)
-                | AttemptOutcome::Refused(_)
-                | AttemptOutcome::OutputLimit
-                | AttemptOutcome::Fenced => {
-                    tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored")
-                }
-            }
+            self.stale_event(node, &event, now, out);
             return;
         }
         let Some(job) = self.jobs.get(&event.job) else {
@@ -60,15 +41,70 @@ impl State {
                 ..
             }
         );
+        let (id, epoch) = (event.job, event.epoch);
+        let Some((job_event, note)) = self.job_event_of(node, event, (n_nodes, preempted), now, out) else {
+            return;
+        };
+        let placement = match self.jobs.get(&id).map(|job| &job.state) {
+            Some(JobState::Running { placement, .. }) => placement.clone(),
+            _ => Vec::new(),
+        };
+        if let (Some(note), Some(job)) = (note, self.jobs.get_mut(&id)) {
+            job.record_event(now, note);
+        }
+        if self.apply_event(id, &job_event, now, out) {
+            self.gang_exits.remove(&id);
+            // One rank failing ends the whole gang.
+            for part in placement.into_iter().filter(|part| part.node != node) {
+                out.messages.push((part.node, kill_message(id, epoch)));
+            }
+        }
+    }
+
+    /// Handles a report from an attempt that is not the job's current one:
+    /// a stale attempt that started is killed, a late exit recorded.
+    fn stale_event(&mut self, node: &str, event: &AgentEvent, now: Timestamp, out: &mut Batch) {
+        match &event.outcome {
+            AttemptOutcome::Started => out
+                .messages
+                .push((node.to_string(), kill_message(event.job, event.epoch))),
+            // Only an exit code is surely the job's own end: a signal
+            // may have come from the node going away.
+            AttemptOutcome::Exited(status @ ExitStatus::Code(_)) => {
+                self.late_exit(event.job, event.epoch, *status, now, out)
+            }
+            AttemptOutcome::Exited(ExitStatus::Signal(_))
+            | AttemptOutcome::Stopped(_)
+            | AttemptOutcome::TimedOut
+            | AttemptOutcome::OutOfMemory
+            | AttemptOutcome::FailedToStart(_)
+            | AttemptOutcome::Refused(_)
+            | AttemptOutcome::OutputLimit
+            | AttemptOutcome::Fenced => {
+                tracing::debug!(job = %event.job, epoch = %event.epoch, "stale attempt event ignored")
+            }
+        }
+    }
+
+    /// The job event an attempt's report makes, with a note for the job's
+    /// record; `None` where it makes none (yet).
+    fn job_event_of(
+        &mut self,
+        node: &str,
+        event: AgentEvent,
+        (n_nodes, preempted): (u32, bool),
+        now: Timestamp,
+        out: &mut Batch,
+    ) -> Option<(JobEvent, Option<String>)> {
         let mut note = None;
         let job_event = match event.outcome {
-            AttemptOutcome::Started => return,
+            AttemptOutcome::Started => return None,
             AttemptOutcome::Exited(ExitStatus::Code(0)) if !preempted => {
                 // Counted per node: one node reporting twice ends nothing.
                 let done = self.gang_exits.entry(event.job).or_default();
                 done.insert(node.to_string());
                 if (done.len() as u32) < n_nodes {
-                    return;
+                    return None;
                 }
                 JobEvent::Exited {
                     epoch: event.epoch,
@@ -88,7 +124,7 @@ impl State {
             },
             AttemptOutcome::Refused(reason) => {
                 self.refused_launch(event.job, event.epoch, &reason, now, out);
-                return;
+                return None;
             }
             AttemptOutcome::OutputLimit => {
                 note = Some(format!(
@@ -118,20 +154,7 @@ impl State {
                 now,
             },
         };
-        let placement = match &job.state {
-            JobState::Running { placement, .. } => placement.clone(),
-            _ => Vec::new(),
-        };
-        if let (Some(note), Some(job)) = (note, self.jobs.get_mut(&event.job)) {
-            job.record_event(now, note);
-        }
-        if self.apply_event(event.job, &job_event, now, out) {
-            self.gang_exits.remove(&event.job);
-            // One rank failing ends the whole gang.
-            for part in placement.into_iter().filter(|part| part.node != node) {
-                out.messages.push((part.node, kill_message(event.job, event.epoch)));
-            }
-        }
+        Some((job_event, note))
     }
 
     /// A lost attempt of `job` (its node was given up, the job requeued)

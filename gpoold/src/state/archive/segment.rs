@@ -88,27 +88,7 @@ impl Segment {
         if in_block > 0 {
             end_block(&mut block, &first_key, &mut out).map_err(failed)?;
         }
-        let mut index = Vec::new();
-        for block in &blocks {
-            index.push(block.first_key.len() as u8);
-            index.extend_from_slice(&block.first_key);
-            index.extend_from_slice(&block.offset.to_le_bytes());
-            index.extend_from_slice(&block.len.to_le_bytes());
-            index.extend_from_slice(&block.hash);
-        }
-        let mut padded_key = [0u8; MAX_KEY];
-        padded_key[..last_key.len()].copy_from_slice(&last_key);
-        let mut footer = Vec::with_capacity(FOOTER_LEN);
-        footer.extend_from_slice(&written.to_le_bytes());
-        footer.extend_from_slice(&(index.len() as u32).to_le_bytes());
-        footer.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-        footer.extend_from_slice(&n_records.to_le_bytes());
-        footer.extend_from_slice(&at.0.to_le_bytes());
-        footer.extend_from_slice(&at.1.to_le_bytes());
-        footer.push(last_key.len() as u8);
-        footer.extend_from_slice(&padded_key);
-        footer.extend_from_slice(&hash8(&[&index[..], &footer[..]].concat()));
-        footer.extend_from_slice(TAIL);
+        let (index, footer) = index_and_footer(&blocks, written, n_records, at, &last_key);
         out.write_all(&index).map_err(failed)?;
         out.write_all(&footer).map_err(failed)?;
         let file = out.into_inner().map_err(|err| failed(err.into_error()))?;
@@ -144,32 +124,7 @@ impl Segment {
         if footer[FOOTER_LEN - TAIL.len()..] != TAIL[..] {
             return Err(damaged(&path, "no end mark: not a whole history file"));
         }
-        let parsed = (|| {
-            let mut bytes = Reader(&footer);
-            let index_offset = bytes.u64()?;
-            let index_len = bytes.u32()?;
-            let n_blocks = bytes.u32()?;
-            let n_records = bytes.u64()?;
-            let at = (bytes.i64()?, bytes.i64()?);
-            let key_len = bytes.u8()? as usize;
-            if key_len > MAX_KEY {
-                return Err(format!("a last key of {key_len} bytes, more than {MAX_KEY}"));
-            }
-            let last_key = bytes.take(MAX_KEY)?[..key_len].to_vec();
-            let hash: [u8; 8] = bytes.array()?;
-            let ends = index_offset
-                .checked_add(u64::from(index_len))
-                .and_then(|end| end.checked_add(FOOTER_LEN as u64));
-            if index_offset < HEAD.len() as u64 || ends != Some(size) {
-                return Err(format!(
-                    "its index ({index_len} bytes at {index_offset}) does not end at its footer"
-                ));
-            }
-            if n_blocks == 0 || n_records < u64::from(n_blocks) {
-                return Err(format!("{n_records} records in {n_blocks} blocks"));
-            }
-            Ok((index_offset, index_len, n_blocks, n_records, at, last_key, hash))
-        })();
+        let parsed = parse_footer(&footer, size);
         let (index_offset, index_len, n_blocks, n_records, at, last_key, hash) =
             parsed.map_err(|reason| damaged(&path, reason))?;
         let mut index = vec![0u8; index_len as usize];
@@ -178,35 +133,7 @@ impl Segment {
         if hash8(&[&index[..], &footer[..FOOTER_LEN - 16]].concat()) != hash {
             return Err(damaged(&path, "its index and footer do not match their hash"));
         }
-        let mut bytes = Reader(&index);
-        let blocks = (0..n_blocks)
-            .map(|_| {
-                Ok(Block {
-                    first_key: bytes.key()?.into(),
-                    offset: bytes.u64()?,
-                    len: bytes.u32()?,
-                    hash: bytes.array()?,
-                })
-            })
-            .collect::<Result<Box<[Block]>, String>>()
-            .map_err(|reason| damaged(&path, format!("its index {reason}")))?;
-        if !bytes.0.is_empty() {
-            return Err(damaged(
-                &path,
-                format!("{} bytes past its index's last block", bytes.0.len()),
-            ));
-        }
-        let mut next_offset = HEAD.len() as u64;
-        for (n, block) in blocks.iter().enumerate() {
-            let in_order = n == 0 || blocks[n - 1].first_key < block.first_key;
-            if block.offset != next_offset || !in_order {
-                return Err(damaged(&path, format!("its index's block {n} is out of place")));
-            }
-            next_offset += u64::from(block.len);
-        }
-        if next_offset != index_offset || *last_key < *blocks[blocks.len() - 1].first_key {
-            return Err(damaged(&path, "its blocks do not end where its index begins"));
-        }
+        let blocks = read_index(&path, &index, n_blocks, index_offset, &last_key)?;
         Ok(Segment {
             path,
             seq,
@@ -321,4 +248,110 @@ impl Iterator for Cursor {
         }
         self.buffered.pop_front().map(Ok)
     }
+}
+
+/// The index and footer of a sealed file of `blocks`, the index at `written`.
+fn index_and_footer(
+    blocks: &[Block],
+    written: u64,
+    n_records: u64,
+    at: (i64, i64),
+    last_key: &[u8],
+) -> (Vec<u8>, Vec<u8>) {
+    let mut index = Vec::new();
+    for block in blocks {
+        index.push(block.first_key.len() as u8);
+        index.extend_from_slice(&block.first_key);
+        index.extend_from_slice(&block.offset.to_le_bytes());
+        index.extend_from_slice(&block.len.to_le_bytes());
+        index.extend_from_slice(&block.hash);
+    }
+    let mut padded_key = [0u8; MAX_KEY];
+    padded_key[..last_key.len()].copy_from_slice(last_key);
+    let mut footer = Vec::with_capacity(FOOTER_LEN);
+    footer.extend_from_slice(&written.to_le_bytes());
+    footer.extend_from_slice(&(index.len() as u32).to_le_bytes());
+    footer.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+    footer.extend_from_slice(&n_records.to_le_bytes());
+    footer.extend_from_slice(&at.0.to_le_bytes());
+    footer.extend_from_slice(&at.1.to_le_bytes());
+    footer.push(last_key.len() as u8);
+    footer.extend_from_slice(&padded_key);
+    footer.extend_from_slice(&hash8(&[&index[..], &footer[..]].concat()));
+    footer.extend_from_slice(TAIL);
+    (index, footer)
+}
+
+/// What a sealed file's footer says: its index's offset and length, its
+/// numbers of blocks and records, their time span, its last key, and the
+/// hash of its index and footer.
+type Footer = (u64, u32, u32, u64, (i64, i64), Vec<u8>, [u8; 8]);
+
+/// Parses and checks a footer of a file of `size` bytes.
+fn parse_footer(footer: &[u8; FOOTER_LEN], size: u64) -> Result<Footer, String> {
+    let mut bytes = Reader(footer);
+    let index_offset = bytes.u64()?;
+    let index_len = bytes.u32()?;
+    let n_blocks = bytes.u32()?;
+    let n_records = bytes.u64()?;
+    let at = (bytes.i64()?, bytes.i64()?);
+    let key_len = bytes.u8()? as usize;
+    if key_len > MAX_KEY {
+        return Err(format!("a last key of {key_len} bytes, more than {MAX_KEY}"));
+    }
+    let last_key = bytes.take(MAX_KEY)?[..key_len].to_vec();
+    let hash: [u8; 8] = bytes.array()?;
+    let ends = index_offset
+        .checked_add(u64::from(index_len))
+        .and_then(|end| end.checked_add(FOOTER_LEN as u64));
+    if index_offset < HEAD.len() as u64 || ends != Some(size) {
+        return Err(format!(
+            "its index ({index_len} bytes at {index_offset}) does not end at its footer"
+        ));
+    }
+    if n_blocks == 0 || n_records < u64::from(n_blocks) {
+        return Err(format!("{n_records} records in {n_blocks} blocks"));
+    }
+    Ok((index_offset, index_len, n_blocks, n_records, at, last_key, hash))
+}
+
+/// Reads and checks a sealed file's index of `n_blocks` blocks: the blocks,
+/// each after the one before, ending where the index begins.
+fn read_index(
+    path: &Path,
+    index: &[u8],
+    n_blocks: u32,
+    index_offset: u64,
+    last_key: &[u8],
+) -> Result<Box<[Block]>, Error> {
+    let mut bytes = Reader(index);
+    let blocks = (0..n_blocks)
+        .map(|_| {
+            Ok(Block {
+                first_key: bytes.key()?.into(),
+                offset: bytes.u64()?,
+                len: bytes.u32()?,
+                hash: bytes.array()?,
+            })
+        })
+        .collect::<Result<Box<[Block]>, String>>()
+        .map_err(|reason| damaged(path, format!("its index {reason}")))?;
+    if !bytes.0.is_empty() {
+        return Err(damaged(
+            path,
+            format!("{} bytes past its index's last block", bytes.0.len()),
+        ));
+    }
+    let mut next_offset = HEAD.len() as u64;
+    for (n, block) in blocks.iter().enumerate() {
+        let in_order = n == 0 || blocks[n - 1].first_key < block.first_key;
+        if block.offset != next_offset || !in_order {
+            return Err(damaged(path, format!("its index's block {n} is out of place")));
+        }
+        next_offset += u64::from(block.len);
+    }
+    if next_offset != index_offset || *last_key < *blocks[blocks.len() - 1].first_key {
+        return Err(damaged(path, "its blocks do not end where its index begins"));
+    }
+    Ok(blocks)
 }
