@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 const MAX_LINES: usize = 600;
 
 /// Files over the limit, and the most lines each may have.
-const OVER_THE_LIMIT: &[(&str, usize)] = &[
-];
+const OVER_THE_LIMIT: &[(&str, usize)] = &[];
 
 /// Test code and generated code are not counted (`path` is relative to
 /// the workspace root).
@@ -42,14 +41,20 @@ fn sources(root: &Path, dir: &Path, into: &mut Vec<PathBuf>) {
     }
 }
 
-#[test]
-fn no_source_file_outgrows_the_limit() {
+/// The workspace root and its counted source files (relative paths).
+fn counted_sources() -> (PathBuf, Vec<PathBuf>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .canonicalize()
         .expect("the workspace root");
     let mut files = Vec::new();
     sources(&root, &root, &mut files);
+    (root, files)
+}
+
+#[test]
+fn no_source_file_outgrows_the_limit() {
+    let (root, files) = counted_sources();
     assert!(
         files.len() > 50,
         "found only {} source files under {}",
@@ -76,4 +81,102 @@ fn no_source_file_outgrows_the_limit() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Most lines a function may have, unless a `// Long by design:` comment
+/// right above it (among its doc comments and attributes) says why.
+const MAX_FN_LINES: usize = 80;
+
+/// The indentation of a line that starts a function with a body (not a
+/// trait method's declaration, nor a one-line function).
+fn function_start(line: &str) -> Option<usize> {
+    let indent = line.len() - line.trim_start().len();
+    let mut rest = line.trim_start();
+    loop {
+        let before = rest;
+        for prefix in [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub(in crate::state) ",
+            "pub ",
+            "async ",
+            "const ",
+            "unsafe ",
+            "extern \"C\" ",
+        ] {
+            rest = rest.strip_prefix(prefix).unwrap_or(rest);
+        }
+        if rest == before {
+            break;
+        }
+    }
+    let one_line_or_declaration = line.trim_end().ends_with(';') || line.trim_end().ends_with('}');
+    (rest.starts_with("fn ") && !one_line_or_declaration).then_some(indent)
+}
+
+/// Whether the comments and attributes right above line `at` say why the
+/// function there is long.
+fn says_why_it_is_long(lines: &[&str], at: usize) -> bool {
+    lines[..at]
+        .iter()
+        .rev()
+        .map(|line| line.trim_start())
+        .take_while(|line| line.starts_with("//") || line.starts_with("#["))
+        .any(|line| line.starts_with("// Long by design:"))
+}
+
+#[test]
+fn no_function_outgrows_the_limit_without_saying_why() {
+    let (root, files) = counted_sources();
+    let mut long = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(root.join(&path)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
+            // An inline test module is test code: the rest of the file.
+            if line.starts_with("#[cfg(test)]") && lines.get(at + 1).is_some_and(|next| next.ends_with('{')) {
+                break;
+            }
+            let Some(indent) = function_start(line) else {
+                continue;
+            };
+            let close = format!("{}}}", " ".repeat(indent));
+            let Some(end) = (at + 1..lines.len()).find(|end| lines[*end].trim_end() == close) else {
+                continue;
+            };
+            let n_lines = end - at + 1;
+            if n_lines > MAX_FN_LINES && !says_why_it_is_long(&lines, at) {
+                long.push(format!(
+                    "{}:{}: {} lines: split it into named steps, or say why not with a `// Long by design:` comment above it",
+                    path.display(),
+                    at + 1,
+                    n_lines
+                ));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FN_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_function_scan_sees_long_functions_and_their_reasons() {
+    let body = |n: usize| "    let x = 1;\n".repeat(n);
+    let long = format!("/// Does it.\nfn long() {{\n{}}}\n", body(85));
+    let lines: Vec<&str> = long.lines().collect();
+    assert_eq!(function_start(lines[1]), Some(0));
+    assert!(!says_why_it_is_long(&lines, 1));
+    let said = format!(
+        "/// Does it.\n// Long by design: one arm per case.\npub(crate) fn long() {{\n{}}}\n",
+        body(85)
+    );
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(function_start(lines[2]), Some(0));
+    assert!(says_why_it_is_long(&lines, 2));
+    assert_eq!(function_start("    fn short(&self) -> u32 { 5 }"), None);
+    assert_eq!(function_start("    fn declared(&self) -> u32;"), None);
+    assert_eq!(function_start("    pub async fn run("), Some(4));
 }

@@ -14,8 +14,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
+mod fleet;
 mod harness;
 mod scheduler;
+use fleet::*;
 use harness::*;
 use scheduler::*;
 
@@ -394,84 +396,10 @@ fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
     let controller = Controller::start(dir.path())?;
     let agents = start_agents(&controller, n_agents, n_gpus)?;
     let shape = format!("{n_agents} agents x {n_gpus} GPUs");
-
-    // Submit-to-start: from just before `gpool submit` is spawned to the
-    // clock reading the job itself prints first thing (`date +%s%N`).
-    let mut latencies = Vec::new();
-    for sample_idx in 0..50 {
-        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
-        let output = gpool(&controller.addr, &["submit", "--", "date", "+%s%N"])?;
-        let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let started_ns: u128 = loop {
-            let printed = (0..n_agents).find_map(|agent_idx| {
-                let out = controller.state_dir.join(format!("spool-{agent_idx}/jobs/{id}.1.out"));
-                std::fs::read_to_string(out)
-                    .ok()
-                    .and_then(|text| text.trim().parse().ok())
-            });
-            if let Some(ns) = printed {
-                break ns;
-            }
-            if Instant::now() > deadline {
-                bail!("job {sample_idx} did not start within 10 s");
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        };
-        latencies.push(Duration::from_nanos(
-            (started_ns.saturating_sub(before.as_nanos())) as u64,
-        ));
-    }
-    latencies.sort();
-    report(
-        &format!("submit-to-start latency, idle pool, {shape} (50 jobs)"),
-        format!(
-            "median {:.1} ms, p90 {:.1} ms",
-            latencies[latencies.len() / 2].as_secs_f64() * 1e3,
-            latencies[latencies.len() * 9 / 10].as_secs_f64() * 1e3
-        ),
-    );
-
+    submit_to_start(&controller, n_agents, &shape)?;
     let n_jobs = 2000;
-    let started = Instant::now();
-    let workers: Vec<_> = (0..8)
-        .map(|_| {
-            let addr = controller.addr.clone();
-            std::thread::spawn(move || -> anyhow::Result<()> {
-                for _ in 0..n_jobs / 8 {
-                    gpool(&addr, &["submit", "--discard-output", "--", "true"])?;
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    for worker in workers {
-        worker.join().map_err(|_| anyhow::anyhow!("submitter panicked"))??;
-    }
-    let finished = wait_all_finished(&controller.addr, Duration::from_secs(300))?;
-    let rate = n_jobs as f64 / finished.duration_since(started).as_secs_f64();
-    report(
-        &format!("{n_jobs} one-GPU `true` jobs end to end, one gpool submit each (8 parallel), {shape}"),
-        format!("{rate:.0} jobs/s"),
-    );
-
-    let batch = dir.path().join("batch.toml");
-    write_true_batch(&batch, n_jobs)?;
-    // As a CI script would: submit the file and wait for every job to end.
-    let started = Instant::now();
-    let run = gpool(
-        &controller.addr,
-        &["submit", "-f", &batch.display().to_string(), "--wait"],
-    )?;
-    let rate = n_jobs as f64 / started.elapsed().as_secs_f64();
-    if count_lines(&run.stdout) != n_jobs {
-        bail!("submit -f --wait printed {} ids", count_lines(&run.stdout));
-    }
-    report(
-        &format!("{n_jobs} one-GPU `true` jobs end to end, one batch file (submit -f --wait), {shape}"),
-        format!("{rate:.0} jobs/s"),
-    );
-
+    parallel_submits(&controller, n_jobs, &shape)?;
+    batch_file_wait(&controller, dir.path(), n_jobs, &shape)?;
     drop(agents);
     controller.stop();
     Ok(())
@@ -483,7 +411,6 @@ fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
 /// (one job per request, back to back) before and while gpoold marks them
 /// down and requeues their jobs.
 fn nodes_down_together(n_nodes: usize, gpus_per_node: u32) -> anyhow::Result<()> {
-    use gpool_proto::pb::agent_link_client::AgentLinkClient;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     const NODE_TIMEOUT_SECS: u64 = 5;
@@ -492,54 +419,8 @@ fn nodes_down_together(n_nodes: usize, gpus_per_node: u32) -> anyhow::Result<()>
     let controller = Controller::start_with(dir.path(), &["--node-timeout", &timeout])?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (before, during, n_running) = runtime.block_on(async {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", controller.addr))?;
         let silent = Arc::new(AtomicBool::new(false));
-        // 100 streams per connection, under HTTP/2's stream limits.
-        let mut channel = endpoint.connect().await?;
-        for node_idx in 0..n_nodes {
-            if node_idx % 100 == 0 {
-                channel = endpoint.connect().await?;
-            }
-            let (outbound, receiver) = tokio::sync::mpsc::channel(16);
-            let register = pb::Register {
-                node: format!("fake{node_idx:05}"),
-                gpus: (0..gpus_per_node)
-                    .map(|index| pb::Gpu {
-                        index,
-                        model: "h100".into(),
-                        memory_mib: 81_559,
-                        uuid: format!("FAKE-{node_idx}-{index}"),
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            };
-            outbound
-                .send(pb::AgentMessage {
-                    msg: Some(pb::agent_message::Msg::Register(register)),
-                })
-                .await?;
-            let mut inbound = AgentLinkClient::new(channel.clone())
-                .connect(tokio_stream::wrappers::ReceiverStream::new(receiver))
-                .await?
-                .into_inner();
-            let silent = silent.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(500));
-                let mut seq = 0;
-                loop {
-                    tokio::select! {
-                        message = inbound.message() => if !matches!(message, Ok(Some(_))) { return },
-                        _ = tick.tick(), if !silent.load(Ordering::Relaxed) => {
-                            seq += 1;
-                            let heartbeat = pb::Heartbeat { seq, ..Default::default() };
-                            let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(heartbeat)) };
-                            if outbound.send(message).await.is_err() { return }
-                        }
-                    }
-                }
-            });
-        }
+        start_fake_nodes(&controller.addr, n_nodes, gpus_per_node, &silent).await?;
         let mut api = client(&controller.addr).await?;
         // Every GPU busy, and as many jobs again waiting.
         let n_jobs = n_nodes * gpus_per_node as usize * 2;
@@ -548,32 +429,10 @@ fn nodes_down_together(n_nodes: usize, gpus_per_node: u32) -> anyhow::Result<()>
                 .await?;
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let submit_api = api.clone();
-        let submit_latencies = |seconds: u64| {
-            let mut api = submit_api.clone();
-            async move {
-                let until = Instant::now() + Duration::from_secs(seconds);
-                let mut samples = Vec::new();
-                while Instant::now() < until {
-                    let started = Instant::now();
-                    api.submit_jobs(with_user(pb::SubmitJobsRequest::new(&[one_spec()])))
-                        .await?;
-                    samples.push(started.elapsed());
-                }
-                anyhow::Ok(samples)
-            }
-        };
-        let before = submit_latencies(3).await?;
-        let n_running = api
-            .list_nodes(with_user(pb::ListNodesRequest {}))
-            .await?
-            .into_inner()
-            .nodes
-            .iter()
-            .filter(|node| !node.gpus.is_empty() && node.gpus.iter().all(|gpu| gpu.job_id != 0))
-            .count();
+        let before = submit_latencies(api.clone(), 3).await?;
+        let n_running = full_nodes(&mut api).await?;
         silent.store(true, Ordering::Relaxed);
-        let during = submit_latencies(NODE_TIMEOUT_SECS + 10).await?;
+        let during = submit_latencies(api.clone(), NODE_TIMEOUT_SECS + 10).await?;
         anyhow::Ok((before, during, n_running))
     })?;
     let max = |samples: &[Duration]| samples.iter().max().copied().unwrap_or_default();

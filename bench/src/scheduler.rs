@@ -93,110 +93,13 @@ pub(crate) fn unchanged_cycles(n_pending: usize) -> anyhow::Result<()> {
 /// pool is 90% busy, half of it with burst work; teams' guarantees add up to
 /// half the pool; pending jobs of every shape and QoS class.
 pub(crate) fn sharing_cycle(n_nodes: usize, n_pending: usize) {
-    use gpool_core::model::{GpuModel, NodePlacement};
-    use gpool_core::policy::{Ledger, Qos, Team};
-    use gpool_core::sched::{Availability, ClusterView, GpuView, JobShape, NodeView, PendingJob, RunningJob};
-    use gpool_core::JobId;
     let n_teams = 50;
     let now = Timestamp(1_000_000_000);
-    let mut policy = Policy::default();
-    policy.sharing.teams = (0..n_teams)
-        .map(|t| Team {
-            shares: 1 + t % 4,
-            guaranteed_gpus: (n_nodes * 8 / 2 / n_teams as usize) as u32,
-            gpu_hours: (t % 5 == 0).then_some(10_000),
-            ..Team::unlisted(&format!("team-{t}"))
-        })
-        .collect();
-    policy.sharing.qos = vec![
-        Qos::normal(),
-        Qos {
-            name: "high".into(),
-            priority: 100,
-            preempt_lower: true,
-            ..Qos::normal()
-        },
-        Qos {
-            name: "low".into(),
-            min_runtime_secs: 600,
-            ..Qos::normal()
-        },
-    ];
-    let models = ["h100", "a100-80gb", "l4"];
-    let nodes: Vec<NodeView> = (0..n_nodes)
-        .map(|i| NodeView {
-            name: format!("n{i}"),
-            labels: Default::default(),
-            availability: Availability::Up,
-            gpus: (0..8)
-                .map(|g| GpuView {
-                    index: g,
-                    model: GpuModel::new(models[i % 3]),
-                    busy: i % 10 != 0,
-                    memory_mib: 81_559,
-                })
-                .collect(),
-            topology: Default::default(),
-            host: None,
-        })
-        .collect();
-    // Every node but each tenth runs two 4-GPU jobs, odd ones burst work.
-    let running: Vec<RunningJob> = (0..n_nodes)
-        .filter(|i| i % 10 != 0)
-        .flat_map(|i| {
-            (0..2).map(move |half| RunningJob {
-                id: JobId((10_000_000 + i * 2 + half) as u64),
-                epoch: gpool_core::Epoch(1),
-                user: format!("user-{}", (i * 2 + half) % 50),
-                team: format!("team-{}", (i * 2 + half) % n_teams as usize),
-                qos: if half == 0 { "normal".into() } else { "low".into() },
-                pool: String::new(),
-                gpu_types: Vec::new(),
-                burst: half == 1,
-                placement: vec![NodePlacement {
-                    node: format!("n{i}"),
-                    gpu_indices: (half as u32 * 4..half as u32 * 4 + 4).collect(),
-                }],
-                started_at: Timestamp(now.0 - 3_600_000 - (i as i64 % 7) * 60_000),
-                last_checkpoint_at: (i % 3 == 0).then_some(Timestamp(now.0 - 300_000)),
-                preempting: false,
-                preempted_for: None,
-                ends_at: Some(Timestamp(now.0 + (i as i64 % 24) * 3_600_000)),
-            })
-        })
-        .collect();
-    let pending: Vec<std::sync::Arc<PendingJob>> = (0..n_pending)
-        .map(|i| PendingJob {
-            id: JobId(i as u64 + 1),
-            submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
-            shape: std::sync::Arc::new(JobShape {
-                team: format!("team-{}", i % n_teams as usize).into(),
-                reservation: Default::default(),
-                qos: ["normal", "high", "low"][i % 3].into(),
-                pool: Default::default(),
-                gpu_types: (i % 7 == 0).then(|| GpuModel::new(models[i % 3])).into_iter().collect(),
-                gpus_per_node: [1, 2, 4, 8][i % 4],
-                nodes: if i % 20 == 0 { 2 } else { 1 },
-                priority: 0,
-                time_limit_secs: Some(600 * (1 + i as u64 % 12)),
-                requires: None,
-                host: None,
-                exclusive: false,
-            }),
-            user: format!("user-{}", i % 50).into(),
-        })
-        .map(std::sync::Arc::new)
-        .collect();
-    let usage = (0..n_teams)
-        .map(|t| {
-            let ledger = Ledger {
-                decayed: f64::from(t) * 36_000.0,
-                decayed_at: now,
-                ..Ledger::default()
-            };
-            (format!("team-{t}"), ledger)
-        })
-        .collect();
+    let policy = sharing_policy(n_nodes, n_teams);
+    let nodes = sharing_nodes(n_nodes);
+    let running = sharing_running(n_nodes, n_teams, now);
+    let pending = sharing_pending(n_pending, n_teams, now);
+    let usage = sharing_usage(n_teams, now);
     let view = ClusterView {
         nodes,
         pending,
@@ -222,6 +125,144 @@ pub(crate) fn sharing_cycle(n_nodes: usize, n_pending: usize) {
         ),
         format!("{:.1} ms (median of 5)", median(samples).as_secs_f64() * 1e3),
     );
+}
+
+/// The GPU models of `sharing_cycle`'s nodes, in turn.
+const SHARING_MODELS: [&str; 3] = ["h100", "a100-80gb", "l4"];
+
+/// `n_teams` teams whose guarantees add up to half the pool, and three
+/// QoS classes (one that preempts, one with a minimum runtime).
+fn sharing_policy(n_nodes: usize, n_teams: u32) -> Policy {
+    use gpool_core::policy::{Qos, Team};
+    let mut policy = Policy::default();
+    policy.sharing.teams = (0..n_teams)
+        .map(|t| Team {
+            shares: 1 + t % 4,
+            guaranteed_gpus: (n_nodes * 8 / 2 / n_teams as usize) as u32,
+            gpu_hours: (t % 5 == 0).then_some(10_000),
+            ..Team::unlisted(&format!("team-{t}"))
+        })
+        .collect();
+    policy.sharing.qos = vec![
+        Qos::normal(),
+        Qos {
+            name: "high".into(),
+            priority: 100,
+            preempt_lower: true,
+            ..Qos::normal()
+        },
+        Qos {
+            name: "low".into(),
+            min_runtime_secs: 600,
+            ..Qos::normal()
+        },
+    ];
+    policy
+}
+
+/// `n_nodes` nodes of 8 GPUs, every one busy but each tenth node's.
+fn sharing_nodes(n_nodes: usize) -> Vec<gpool_core::sched::NodeView> {
+    use gpool_core::model::GpuModel;
+    use gpool_core::sched::{Availability, GpuView, NodeView};
+    let models = SHARING_MODELS;
+    (0..n_nodes)
+        .map(|i| NodeView {
+            name: format!("n{i}"),
+            labels: Default::default(),
+            availability: Availability::Up,
+            gpus: (0..8)
+                .map(|g| GpuView {
+                    index: g,
+                    model: GpuModel::new(models[i % 3]),
+                    busy: i % 10 != 0,
+                    memory_mib: 81_559,
+                })
+                .collect(),
+            topology: Default::default(),
+            host: None,
+        })
+        .collect()
+}
+
+/// The running jobs on `sharing_nodes`.
+fn sharing_running(n_nodes: usize, n_teams: u32, now: Timestamp) -> Vec<gpool_core::sched::RunningJob> {
+    use gpool_core::model::NodePlacement;
+    use gpool_core::sched::RunningJob;
+    use gpool_core::JobId;
+    // Every node but each tenth runs two 4-GPU jobs, odd ones burst work.
+    (0..n_nodes)
+        .filter(|i| i % 10 != 0)
+        .flat_map(|i| {
+            (0..2).map(move |half| RunningJob {
+                id: JobId((10_000_000 + i * 2 + half) as u64),
+                epoch: gpool_core::Epoch(1),
+                user: format!("user-{}", (i * 2 + half) % 50),
+                team: format!("team-{}", (i * 2 + half) % n_teams as usize),
+                qos: if half == 0 { "normal".into() } else { "low".into() },
+                pool: String::new(),
+                gpu_types: Vec::new(),
+                burst: half == 1,
+                placement: vec![NodePlacement {
+                    node: format!("n{i}"),
+                    gpu_indices: (half as u32 * 4..half as u32 * 4 + 4).collect(),
+                }],
+                started_at: Timestamp(now.0 - 3_600_000 - (i as i64 % 7) * 60_000),
+                last_checkpoint_at: (i % 3 == 0).then_some(Timestamp(now.0 - 300_000)),
+                preempting: false,
+                preempted_for: None,
+                ends_at: Some(Timestamp(now.0 + (i as i64 % 24) * 3_600_000)),
+            })
+        })
+        .collect()
+}
+
+/// `n_pending` jobs of every shape, team and QoS class.
+fn sharing_pending(
+    n_pending: usize,
+    n_teams: u32,
+    now: Timestamp,
+) -> Vec<std::sync::Arc<gpool_core::sched::PendingJob>> {
+    use gpool_core::model::GpuModel;
+    use gpool_core::sched::{JobShape, PendingJob};
+    use gpool_core::JobId;
+    let models = SHARING_MODELS;
+    (0..n_pending)
+        .map(|i| PendingJob {
+            id: JobId(i as u64 + 1),
+            submitted_at: Timestamp(now.0 - (i as i64 % 1000) * 1000),
+            shape: std::sync::Arc::new(JobShape {
+                team: format!("team-{}", i % n_teams as usize).into(),
+                reservation: Default::default(),
+                qos: ["normal", "high", "low"][i % 3].into(),
+                pool: Default::default(),
+                gpu_types: (i % 7 == 0).then(|| GpuModel::new(models[i % 3])).into_iter().collect(),
+                gpus_per_node: [1, 2, 4, 8][i % 4],
+                nodes: if i % 20 == 0 { 2 } else { 1 },
+                priority: 0,
+                time_limit_secs: Some(600 * (1 + i as u64 % 12)),
+                requires: None,
+                host: None,
+                exclusive: false,
+            }),
+            user: format!("user-{}", i % 50).into(),
+        })
+        .map(std::sync::Arc::new)
+        .collect()
+}
+
+/// Each team's decayed usage: the higher its number, the more.
+fn sharing_usage(n_teams: u32, now: Timestamp) -> std::collections::BTreeMap<String, gpool_core::policy::Ledger> {
+    use gpool_core::policy::Ledger;
+    (0..n_teams)
+        .map(|t| {
+            let ledger = Ledger {
+                decayed: f64::from(t) * 36_000.0,
+                decayed_at: now,
+                ..Ledger::default()
+            };
+            (format!("team-{t}"), ledger)
+        })
+        .collect()
 }
 
 /// Four GPUs kept free for a QoS class above the one the queue's jobs are

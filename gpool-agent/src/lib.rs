@@ -31,54 +31,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         labels: gpu_labels,
     } = gpu::discover(&config);
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
-    let isolation = if config.cgroups {
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"), &own)
-    } else {
-        cgroup::Isolation::None("cgroups = false in agent.toml".into())
-    };
-    match &isolation {
-        cgroup::Isolation::V1 { .. } => {
-            tracing::info!("each attempt runs in its own cgroup, with only its own GPUs' device nodes")
-        }
-        cgroup::Isolation::V2 { device_filter: Ok(()), .. } => tracing::info!(
-            "each attempt runs in its own cgroup (cgroup v2), with only its own GPUs' device nodes (a BPF device filter)"
-        ),
-        cgroup::Isolation::V2 { device_filter: Err(reason), .. } => tracing::warn!(
-            "each attempt runs in its own cgroup (cgroup v2), but GPU device nodes are not restricted: {reason}"
-        ),
-        cgroup::Isolation::None(reason) => tracing::warn!(
-            "no cgroup isolation: {reason}; jobs can open any GPU's device node, and processes a job detaches may outlive it"
-        ),
-    }
+    let isolation = detect_isolation(&config);
+    log_isolation(&isolation);
     let mut labels = gpu_labels;
     labels.extend(config.labels.clone());
     labels.insert("isolation".into(), isolation.label().into());
     let node_gpus = gpu::GpuDevices::of(&gpus);
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
     let tls = config.client_tls()?;
-    let mut controller_env = vec![("GPOOL_SERVER".to_string(), config.controller.clone())];
-    if let Some(ca) = &config.ca {
-        controller_env.push(("GPOOL_CA".to_string(), ca.display().to_string()));
-    }
-    let attempts = launch::Attempts::new(
-        config.node_name.clone(),
-        controller_env,
-        launch::SpoolDirs {
-            spool_dir: config.spool_dir.clone(),
-            state_dir: config.state_dir.clone(),
-            min_spool_free: config.min_spool_free,
-            max_output: config.max_output,
-            max_pids: config.max_pids,
-        },
-        (
-            isolation,
-            node_gpus,
-            container::resolve_program(&config.container_runtime),
-        ),
-        events,
-    )
-    .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))?;
+    let attempts = start_attempts(&config, isolation, node_gpus, events)?;
     attempts.recover();
     let pruning = tokio::spawn(prune_job_files(attempts.clone(), config.keep_job_files));
     let health = std::sync::Arc::new(gpu::health::Health::default());
@@ -111,6 +72,66 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     }
     pruning.abort();
     Ok(())
+}
+
+/// The node's cgroup isolation, unless agent.toml turns cgroups off.
+fn detect_isolation(config: &AgentConfig) -> cgroup::Isolation {
+    if config.cgroups {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"), &own)
+    } else {
+        cgroup::Isolation::None("cgroups = false in agent.toml".into())
+    }
+}
+
+/// Says how attempts are isolated (a warning where they are not wholly).
+fn log_isolation(isolation: &cgroup::Isolation) {
+    match isolation {
+        cgroup::Isolation::V1 { .. } => {
+            tracing::info!("each attempt runs in its own cgroup, with only its own GPUs' device nodes")
+        }
+        cgroup::Isolation::V2 { device_filter: Ok(()), .. } => tracing::info!(
+            "each attempt runs in its own cgroup (cgroup v2), with only its own GPUs' device nodes (a BPF device filter)"
+        ),
+        cgroup::Isolation::V2 { device_filter: Err(reason), .. } => tracing::warn!(
+            "each attempt runs in its own cgroup (cgroup v2), but GPU device nodes are not restricted: {reason}"
+        ),
+        cgroup::Isolation::None(reason) => tracing::warn!(
+            "no cgroup isolation: {reason}; jobs can open any GPU's device node, and processes a job detaches may outlive it"
+        ),
+    }
+}
+
+/// The node's attempts: their spool, isolation, GPUs and container
+/// runtime, with the controller's address (and CA) for jobs' environment.
+fn start_attempts(
+    config: &AgentConfig,
+    isolation: cgroup::Isolation,
+    node_gpus: gpu::GpuDevices,
+    events: tokio::sync::mpsc::UnboundedSender<gpool_proto::pb::JobEvent>,
+) -> anyhow::Result<std::sync::Arc<launch::Attempts>> {
+    let mut controller_env = vec![("GPOOL_SERVER".to_string(), config.controller.clone())];
+    if let Some(ca) = &config.ca {
+        controller_env.push(("GPOOL_CA".to_string(), ca.display().to_string()));
+    }
+    launch::Attempts::new(
+        config.node_name.clone(),
+        controller_env,
+        launch::SpoolDirs {
+            spool_dir: config.spool_dir.clone(),
+            state_dir: config.state_dir.clone(),
+            min_spool_free: config.min_spool_free,
+            max_output: config.max_output,
+            max_pids: config.max_pids,
+        },
+        (
+            isolation,
+            node_gpus,
+            container::resolve_program(&config.container_runtime),
+        ),
+        events,
+    )
+    .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))
 }
 
 /// How often old job output is looked for.

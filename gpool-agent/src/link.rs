@@ -90,6 +90,8 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
 /// Heartbeats sent on one link and not yet answered: (seq, CLOCK_BOOTTIME ms).
 const UNANSWERED: usize = 256;
 
+/// One connection: registers, then heartbeats, forwards job events and
+/// obeys gpoold until the link drops (`Ok` when gpoold closed it).
 async fn serve_once(
     controller: &Address,
     tls: &ClientTls,
@@ -98,27 +100,12 @@ async fn serve_once(
     events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
     undelivered: &mut Vec<pb::JobEvent>,
 ) -> Result<(), String> {
-    // The link is one long call: only the connection has a deadline (and
-    // keepalive pings find a gpoold that went away).
-    let deadlines = gpool_proto::dial::Deadlines {
-        connect: Duration::from_secs(10),
-        request: None,
-    };
-    let channel = gpool_proto::dial::connect(controller, tls, deadlines)
-        .await
-        .map_err(|err| format!("cannot connect: {err}"))?;
+    let channel = connect(controller, tls).await?;
     // Heartbeats and job events go ahead of bulk data (log output), so a
     // busy log never delays what keeps the node alive.
     let (control, control_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
     let (bulk, bulk_receiver) = mpsc::channel::<pb::AgentMessage>(64);
-    // Ended attempts are read before the running ones, so none falls between.
-    while let Ok(event) = events.try_recv() {
-        undelivered.push(event);
-    }
-    // Ends the journal keeps until a Register carries them, and events
-    // that could not be sent (failed starts are not journaled).
-    let mut ended = attempts.unreported();
-    ended.extend(undelivered.iter().cloned());
+    let ended = ends_to_report(attempts, events, undelivered);
     let message = register(info, attempts, ended.clone());
     // The Register counts as heartbeat 0: gpoold answers it with a lease.
     let mut sent: std::collections::VecDeque<(u64, u64)> = [(0, crate::supervise::boot_ms())].into();
@@ -147,18 +134,8 @@ async fn serve_once(
         tokio::select! {
             message = inbound.message() => match message.map_err(|status| status.message().to_string())? {
                 Some(pb::ControllerMessage { msg: Some(pb::controller_message::Msg::Lease(lease)) }) => {
-                    let answered = sent.iter().find(|(s, _)| *s == lease.heartbeat_seq).map(|(_, at)| *at);
-                    sent.retain(|(s, _)| *s > lease.heartbeat_seq);
-                    if let Some(sent_at) = answered {
-                        let fence_after = Duration::from_millis(u64::from(lease.fence_after_ms));
-                        lease_until = Some(sent_at + u64::from(lease.fence_after_ms));
-                        attempts.renew_lease(sent_at, fence_after, Duration::from_millis(u64::from(lease.fence_grace_ms)));
-                        // Several heartbeats per lease, whatever agent.toml says.
-                        let period = info.heartbeat_interval.min(fence_after / 4).max(Duration::from_millis(50));
-                        if period != heartbeat.period() {
-                            heartbeat = tokio::time::interval(period);
-                            heartbeat.reset();
-                        }
+                    if let Some(until) = on_lease(&lease, &mut sent, (info, attempts), &mut heartbeat) {
+                        lease_until = Some(until);
                     }
                 }
                 Some(message) => obey(message, (attempts, orders), &bulk, &info.health),
@@ -176,24 +153,99 @@ async fn serve_once(
                     return Err("gpoold has not answered for longer than the lease; requeueable attempts are stopped".into());
                 }
                 seq += 1;
-                if sent.len() == UNANSWERED {
-                    sent.pop_front();
-                }
-                sent.push_back((seq, crate::supervise::boot_ms()));
-                let latest = info.sampler.latest();
-                let mut beat = info.health.heartbeat(latest.samples, seq);
-                beat.spool_short = attempts.upkeep();
-                beat.readings_stuck = latest.stuck;
-                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::Heartbeat(beat)) };
-                if let Err(mpsc::error::SendError(unsent)) = control.send(message).await {
-                    if let Some(pb::agent_message::Msg::Heartbeat(heartbeat)) = unsent.msg {
-                        info.health.unsent(heartbeat);
-                    }
-                    return Err("link closed while sending a heartbeat".into());
-                }
+                send_heartbeat(&control, &mut sent, seq, (info, attempts)).await?;
             }
         }
     }
+}
+
+/// Connects to gpoold for the link.
+async fn connect(controller: &Address, tls: &ClientTls) -> Result<tonic::transport::Channel, String> {
+    // The link is one long call: only the connection has a deadline (and
+    // keepalive pings find a gpoold that went away).
+    let deadlines = gpool_proto::dial::Deadlines {
+        connect: Duration::from_secs(10),
+        request: None,
+    };
+    gpool_proto::dial::connect(controller, tls, deadlines)
+        .await
+        .map_err(|err| format!("cannot connect: {err}"))
+}
+
+/// The ended attempts a Register carries: the journal's unreported ends
+/// and the events not yet delivered (queued ones moved there first).
+fn ends_to_report(
+    attempts: &Attempts,
+    events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
+    undelivered: &mut Vec<pb::JobEvent>,
+) -> Vec<pb::JobEvent> {
+    // Ended attempts are read before the running ones, so none falls between.
+    while let Ok(event) = events.try_recv() {
+        undelivered.push(event);
+    }
+    // Ends the journal keeps until a Register carries them, and events
+    // that could not be sent (failed starts are not journaled).
+    let mut ended = attempts.unreported();
+    ended.extend(undelivered.iter().cloned());
+    ended
+}
+
+/// A lease from gpoold: renews the attempts' lease from the heartbeat it
+/// answers and retunes the heartbeat; returns until when it holds.
+fn on_lease(
+    lease: &pb::Lease,
+    sent: &mut std::collections::VecDeque<(u64, u64)>,
+    (info, attempts): (&NodeInfo, &Attempts),
+    heartbeat: &mut tokio::time::Interval,
+) -> Option<u64> {
+    let answered = sent.iter().find(|(s, _)| *s == lease.heartbeat_seq).map(|(_, at)| *at);
+    sent.retain(|(s, _)| *s > lease.heartbeat_seq);
+    let sent_at = answered?;
+    let fence_after = Duration::from_millis(u64::from(lease.fence_after_ms));
+    let lease_until = sent_at + u64::from(lease.fence_after_ms);
+    attempts.renew_lease(
+        sent_at,
+        fence_after,
+        Duration::from_millis(u64::from(lease.fence_grace_ms)),
+    );
+    // Several heartbeats per lease, whatever agent.toml says.
+    let period = info
+        .heartbeat_interval
+        .min(fence_after / 4)
+        .max(Duration::from_millis(50));
+    if period != heartbeat.period() {
+        *heartbeat = tokio::time::interval(period);
+        heartbeat.reset();
+    }
+    Some(lease_until)
+}
+
+/// Sends heartbeat `seq` (GPU samples, health, spool state), noting when
+/// it went; a heartbeat the link could not take goes back to `Health`.
+async fn send_heartbeat(
+    control: &mpsc::Sender<pb::AgentMessage>,
+    sent: &mut std::collections::VecDeque<(u64, u64)>,
+    seq: u64,
+    (info, attempts): (&NodeInfo, &Attempts),
+) -> Result<(), String> {
+    if sent.len() == UNANSWERED {
+        sent.pop_front();
+    }
+    sent.push_back((seq, crate::supervise::boot_ms()));
+    let latest = info.sampler.latest();
+    let mut beat = info.health.heartbeat(latest.samples, seq);
+    beat.spool_short = attempts.upkeep();
+    beat.readings_stuck = latest.stuck;
+    let message = pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Heartbeat(beat)),
+    };
+    if let Err(mpsc::error::SendError(unsent)) = control.send(message).await {
+        if let Some(pb::agent_message::Msg::Heartbeat(heartbeat)) = unsent.msg {
+            info.health.unsent(heartbeat);
+        }
+        return Err("link closed while sending a heartbeat".into());
+    }
+    Ok(())
 }
 
 /// One stream of both channels, `control` first whenever it has a message.

@@ -468,14 +468,14 @@ fn main() -> ExitCode {
 }
 
 /// Runs one command; `Ok` carries the exit code (non-zero only for `--wait`).
+// Long by design: one arm per subcommand (admin's included), most of them
+// one call into `cmd`; split up, it would only add indirection.
 async fn run(cli: Cli) -> Result<u8, CliError> {
     let ctx = cmd::Ctx {
         server: cli.server,
         output: cli.output,
         timeout: (!cli.timeout.is_zero()).then_some(cli.timeout),
     };
-    // Long on purpose: one arm per subcommand (admin's included), most of
-    // them one call into `cmd`; split up, it would only add indirection.
     match cli.command {
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();

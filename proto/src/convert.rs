@@ -300,43 +300,8 @@ pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
 
 /// As `job_to_wire`; the spec without its environment unless `with_env`.
 pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool) -> pb::Job {
-    let (burst, preempted_at_ms, last_checkpoint_at_ms) = match &job.state {
-        JobState::Running {
-            burst,
-            preempted_at,
-            last_checkpoint_at,
-            ..
-        } => (*burst, preempted_at.map(|t| t.0), last_checkpoint_at.map(|t| t.0)),
-        _ => (false, None, None),
-    };
-    let (exit_code, end_reason, epoch, placement, cancelled_by) = match &job.state {
-        JobState::Pending => (None, String::new(), 0, Vec::new(), String::new()),
-        JobState::Running { epoch, placement, .. } => (
-            None,
-            String::new(),
-            epoch.0,
-            placement_to_wire(placement),
-            String::new(),
-        ),
-        JobState::Completed { .. } => (Some(0), String::new(), 0, Vec::new(), String::new()),
-        JobState::Failed { exit_code, reason, .. } => (*exit_code, reason.clone(), 0, Vec::new(), String::new()),
-        JobState::Cancelled { by, .. } => (None, format!("cancelled by {by}"), 0, Vec::new(), by.clone()),
-        JobState::Timeout { .. } => (None, "its time limit ran out".to_string(), 0, Vec::new(), String::new()),
-        JobState::NodeFail { .. } => (
-            None,
-            "its node was lost or drained at once, and it asked not to be requeued".to_string(),
-            0,
-            Vec::new(),
-            String::new(),
-        ),
-        JobState::OutOfMemory { .. } => (
-            None,
-            "it ran out of memory: its memory limit's OOM killer ended it".to_string(),
-            0,
-            Vec::new(),
-            String::new(),
-        ),
-    };
+    let (burst, preempted_at_ms, last_checkpoint_at_ms) = running_to_wire(&job.state);
+    let (exit_code, end_reason, epoch, placement, cancelled_by) = outcome_to_wire(&job.state);
     pb::Job {
         id: job.id.0,
         spec: Some(spec_to_wire_with(&job.spec, with_env)),
@@ -380,6 +345,51 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
                 text: event.text.clone(),
             })
             .collect(),
+    }
+}
+
+/// A running job's burst flag, preemption and last checkpoint times.
+fn running_to_wire(state: &JobState) -> (bool, Option<i64>, Option<i64>) {
+    match state {
+        JobState::Running {
+            burst,
+            preempted_at,
+            last_checkpoint_at,
+            ..
+        } => (*burst, preempted_at.map(|t| t.0), last_checkpoint_at.map(|t| t.0)),
+        _ => (false, None, None),
+    }
+}
+
+/// A job's exit code, end reason, epoch, placement and canceller.
+fn outcome_to_wire(state: &JobState) -> (Option<i32>, String, u64, Vec<pb::Placement>, String) {
+    match state {
+        JobState::Pending => (None, String::new(), 0, Vec::new(), String::new()),
+        JobState::Running { epoch, placement, .. } => (
+            None,
+            String::new(),
+            epoch.0,
+            placement_to_wire(placement),
+            String::new(),
+        ),
+        JobState::Completed { .. } => (Some(0), String::new(), 0, Vec::new(), String::new()),
+        JobState::Failed { exit_code, reason, .. } => (*exit_code, reason.clone(), 0, Vec::new(), String::new()),
+        JobState::Cancelled { by, .. } => (None, format!("cancelled by {by}"), 0, Vec::new(), by.clone()),
+        JobState::Timeout { .. } => (None, "its time limit ran out".to_string(), 0, Vec::new(), String::new()),
+        JobState::NodeFail { .. } => (
+            None,
+            "its node was lost or drained at once, and it asked not to be requeued".to_string(),
+            0,
+            Vec::new(),
+            String::new(),
+        ),
+        JobState::OutOfMemory { .. } => (
+            None,
+            "it ran out of memory: its memory limit's OOM killer ended it".to_string(),
+            0,
+            Vec::new(),
+            String::new(),
+        ),
     }
 }
 

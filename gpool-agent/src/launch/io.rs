@@ -86,6 +86,8 @@ impl Attempts {
         }
     }
 
+    /// Sends `path` as LogData for `request`, following it while the
+    /// attempt may write more if asked, until `stop` or its end.
     async fn send_log(
         &self,
         request: pb::ReadLog,
@@ -94,56 +96,16 @@ impl Attempts {
         stop: &std::sync::atomic::AtomicBool,
     ) {
         use tokio::io::AsyncReadExt;
-        let message = |data: Vec<u8>, eof: bool, error: String| pb::AgentMessage {
-            msg: Some(pb::agent_message::Msg::LogData(pb::LogData {
-                request_id: request.request_id,
-                data,
-                eof,
-                error,
-            })),
-        };
-        // The supervisor creates the file just after the attempt starts: a
-        // follower may come first, even before this agent has the attempt
-        // running (its Launch is still being spawned).
+        let message = |data: Vec<u8>, eof: bool, error: String| log_data(request.request_id, data, eof, error);
         let asked = std::time::Instant::now();
-        let mut opened = tokio::fs::File::open(&path).await;
-        while request.follow
-            && opened
-                .as_ref()
-                .is_err_and(|err| err.kind() == std::io::ErrorKind::NotFound)
-            && self.may_write_more(request.job_id, request.epoch, asked)
-            && !stop.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            opened = tokio::fs::File::open(&path).await;
-        }
-        let mut file = match opened {
-            Ok(file) => file,
-            // An attempt that wrote nothing leaves no file (nor does one
-            // whose output was pruned): it reads as empty.
-            Err(err)
-                if err.kind() == std::io::ErrorKind::NotFound
-                    && !self.may_write_more(request.job_id, request.epoch, asked) =>
-            {
-                let _ = outbound.send(message(Vec::new(), true, String::new())).await;
-                return;
-            }
-            Err(err) => {
-                let error = format!("{} on {}: {err}", path.display(), self.node);
-                let _ = outbound.send(message(Vec::new(), true, error)).await;
-                return;
-            }
+        let Some(mut file) = self.open_log(&request, &path, &outbound, stop, asked).await else {
+            return;
         };
         // 16 KiB a read (and as much in tokio's file): a follower costs the
         // node little while it waits, and a long file still comes in few
         // messages.
         let mut buffer = vec![0u8; 16 * 1024];
-        // Someone is typing at an interactive attempt: its echo comes soon.
-        let pause = if request.epoch != 0 && input_fifo(&self.spool_dir, request.job_id, request.epoch).exists() {
-            Duration::from_millis(20)
-        } else {
-            Duration::from_millis(200)
-        };
+        let pause = self.follow_pause(&request);
         // After the attempt ends, one more pass picks up its last bytes.
         let mut last_pass = false;
         loop {
@@ -184,6 +146,76 @@ impl Attempts {
                 return;
             }
         }
+    }
+
+    /// Opens the output file, waiting for it to appear where a follower
+    /// came first; `None` once the read is answered (empty, or an error).
+    async fn open_log(
+        &self,
+        request: &pb::ReadLog,
+        path: &Path,
+        outbound: &mpsc::Sender<pb::AgentMessage>,
+        stop: &std::sync::atomic::AtomicBool,
+        asked: std::time::Instant,
+    ) -> Option<tokio::fs::File> {
+        // The supervisor creates the file just after the attempt starts: a
+        // follower may come first, even before this agent has the attempt
+        // running (its Launch is still being spawned).
+        let mut opened = tokio::fs::File::open(path).await;
+        while request.follow
+            && opened
+                .as_ref()
+                .is_err_and(|err| err.kind() == std::io::ErrorKind::NotFound)
+            && self.may_write_more(request.job_id, request.epoch, asked)
+            && !stop.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            opened = tokio::fs::File::open(path).await;
+        }
+        match opened {
+            Ok(file) => Some(file),
+            // An attempt that wrote nothing leaves no file (nor does one
+            // whose output was pruned): it reads as empty.
+            Err(err)
+                if err.kind() == std::io::ErrorKind::NotFound
+                    && !self.may_write_more(request.job_id, request.epoch, asked) =>
+            {
+                let _ = outbound
+                    .send(log_data(request.request_id, Vec::new(), true, String::new()))
+                    .await;
+                None
+            }
+            Err(err) => {
+                let error = format!("{} on {}: {err}", path.display(), self.node);
+                let _ = outbound
+                    .send(log_data(request.request_id, Vec::new(), true, error))
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// How long a follower waits for more output: less while someone is
+    /// typing at an interactive attempt.
+    fn follow_pause(&self, request: &pb::ReadLog) -> Duration {
+        // Someone is typing at an interactive attempt: its echo comes soon.
+        if request.epoch != 0 && input_fifo(&self.spool_dir, request.job_id, request.epoch).exists() {
+            Duration::from_millis(20)
+        } else {
+            Duration::from_millis(200)
+        }
+    }
+}
+
+/// One LogData message of log read `request_id`.
+fn log_data(request_id: u64, data: Vec<u8>, eof: bool, error: String) -> pb::AgentMessage {
+    pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::LogData(pb::LogData {
+            request_id,
+            data,
+            eof,
+            error,
+        })),
     }
 }
 

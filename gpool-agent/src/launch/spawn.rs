@@ -54,98 +54,22 @@ impl Attempts {
         let checkpoint_dir = self.spool_dir.join("checkpoints").join(launch.job_id.to_string());
         let workdir = (!launch.workdir.is_empty()).then(|| PathBuf::from(&launch.workdir));
         let run_as = self.run_as(&launch.user)?;
-        // Checked here only for jobs that run as this agent's user on the
-        // host; another user's job enters its workdir with its own rights
-        // (supervisor), and a container's is inside the image.
         let in_container = !launch.image.is_empty();
-        if let Some(workdir) = workdir
-            .as_ref()
-            .filter(|dir| run_as.is_none() && !in_container && !dir.is_dir())
-        {
-            return Err(format!(
-                "workdir {} does not exist on node {}",
-                workdir.display(),
-                self.node
-            ));
-        }
+        self.check_workdir(workdir.as_ref(), run_as.is_some(), in_container)?;
         let exit_file = self.free_exit_slot();
-        // A job token in a job that runs as the agent's user, beside other
-        // users' jobs, could be read by them: only jobs run as their own
-        // user get one.
-        let mut env: Vec<(String, String)> = launch
-            .env
-            .iter()
-            .filter(|var| self.as_root || var.name != "GPOOL_TOKEN")
-            .map(|var| (var.name.clone(), var.value.clone()))
-            .chain(attempt_env(launch, &self.node, &self.node_gpus, &checkpoint_dir))
-            .chain(self.controller_env.iter().cloned())
-            .collect();
-        if !in_container {
-            with_gpool_on_path(&mut env);
-            // As a login would: the account's USER, LOGNAME, HOME and SHELL
-            // (the user's own where the job runs as one; the supervisor sets
-            // those), and a PATH where the job brought none.
-            if run_as.is_none() {
-                env.extend(self.own_account.iter().cloned());
-            }
-        }
-        let limits = crate::cgroup::Limits {
-            mem_bytes: (launch.mem_bytes > 0).then_some(launch.mem_bytes),
-            cpus: (launch.cpus_per_gpu > 0).then(|| {
-                launch
-                    .cpus_per_gpu
-                    .saturating_mul(launch.gpu_indices.len().max(1) as u32)
-            }),
-            pids: (self.max_pids > 0).then_some(self.max_pids),
-        };
+        let mut env = self.job_env(launch, &checkpoint_dir, run_as.is_some(), in_container);
+        let limits = self.limits(launch);
         let env_file = in_container.then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "env"));
         let (program, args, workdir, cleanup) = if let Some(env_file) = &env_file {
-            let name = format!("gpool-{}-{}-{}", self.cgroup_scope, launch.job_id, launch.epoch);
-            for (key, value) in &mut env {
-                if key == "CUDA_VISIBLE_DEVICES" {
-                    *value = crate::container::visible_devices(launch.gpu_indices.len());
-                }
-            }
-            let job = crate::container::ContainerJob {
-                runtime: &self.container_runtime,
-                name: &name,
-                image: &launch.image,
-                command: &launch.command,
-                env_file,
-                user: run_as.as_ref().map(|user| (user.uid, user.gid)),
-                workdir: workdir.as_deref(),
-                checkpoint_dir: &checkpoint_dir,
-                devices: crate::container::gpu_devices(
-                    &self.node_gpus.names(&launch.gpu_indices),
-                    &self.node_gpus.minors(&launch.gpu_indices),
-                ),
-                limits,
-            };
-            let cleanup = job.cleanup_args();
-            (self.container_runtime.clone(), job.run_args(), None, Some(cleanup))
+            with_container_devices(&mut env, launch);
+            let job = (env_file.as_path(), run_as.as_ref(), workdir.as_deref());
+            self.container_command(launch, job, &checkpoint_dir, limits)
         } else {
             let command = self.with_script_copy(launch, run_as.as_ref())?;
             (command[0].clone(), command[1..].to_vec(), workdir, None)
         };
-        // Opened by the job's user after the switch: a container runtime
-        // stays the agent's user, so its jobs get none.
-        if in_container && !(launch.stdout_path.is_empty() && launch.stderr_path.is_empty()) {
-            return Err("a container job's output stays in the spool: -o/-e are for jobs on the host".into());
-        }
-        if launch.pty.is_some() && (in_container || launch.discard_output || !launch.stdout_path.is_empty()) {
-            return Err("an interactive job runs on the host, its terminal's output in the spool".into());
-        }
-        if launch.pty.is_some() {
-            // Keys typed before this Launch came made it already.
-            let mut terminals = self.terminals.lock().unwrap_or_else(|p| p.into_inner());
-            if let std::collections::hash_map::Entry::Vacant(entry) = terminals.entry((launch.job_id, launch.epoch)) {
-                entry.insert(open_input_fifo(&input_fifo(
-                    &self.spool_dir,
-                    launch.job_id,
-                    launch.epoch,
-                ))?);
-            }
-        }
+        check_output_options(launch, in_container)?;
+        self.open_terminal_input(launch)?;
         let user_stdout = self.output_file(launch, &launch.stdout_path)?;
         let user_stderr = self.output_file(launch, &launch.stderr_path)?;
         let request = LaunchRequest {
@@ -159,28 +83,9 @@ impl Attempts {
             container_cleanup: cleanup,
             container_env_file: env_file,
             time_limit_ms: launch.time_limit.map(|limit| limit.seconds.saturating_mul(1000)),
-            max_output: Some(match launch.max_output_bytes {
-                0 => self.max_output,
-                asked => asked.min(self.max_output),
-            }),
-            pty: launch.pty.map(|size| crate::terminal::Pty {
-                rows: size.rows.clamp(1, u32::from(u16::MAX)) as u16,
-                cols: size.cols.clamp(1, u32::from(u16::MAX)) as u16,
-                input: input_fifo(&self.spool_dir, launch.job_id, launch.epoch),
-            }),
-            fence: launch.requeue.then(|| crate::supervise::Fence {
-                lease_file: self.lease_file(),
-                signal: if launch.checkpoint_signal > 0 {
-                    launch.checkpoint_signal
-                } else {
-                    Signal::SIGTERM as i32
-                },
-                grace_ms: if launch.grace_seconds > 0 {
-                    u64::from(launch.grace_seconds) * 1000
-                } else {
-                    DEFAULT_GRACE.as_millis() as u64
-                },
-            }),
+            max_output: Some(self.max_output_of(launch)),
+            pty: self.pty_of(launch),
+            fence: self.fence_of(launch),
             // The supervisor creates these (each new file or directory costs
             // the filesystem inode work, which the spawner need not wait for).
             stdout: (!launch.discard_output && user_stdout.is_none())
@@ -192,15 +97,7 @@ impl Attempts {
             append_output: launch.attempt > 1,
             checkpoint_dir,
             run_as,
-            cgroup: self.isolation.rules_for(
-                &self.cgroup_scope,
-                (launch.job_id, launch.epoch),
-                (
-                    &self.node_gpus.minors(&launch.gpu_indices),
-                    &self.node_gpus.all_minors(),
-                ),
-                limits,
-            ),
+            cgroup: self.cgroup_of(launch, limits),
         };
         let pid = self
             .spawner
@@ -208,6 +105,162 @@ impl Attempts {
             .unwrap_or_else(|p| p.into_inner())
             .launch(&request)?;
         Ok((pid, exit_file))
+    }
+
+    /// Fails when the job's workdir is missing here, where that is this
+    /// agent's to check.
+    fn check_workdir(&self, workdir: Option<&PathBuf>, has_run_as: bool, in_container: bool) -> Result<(), String> {
+        // Checked here only for jobs that run as this agent's user on the
+        // host; another user's job enters its workdir with its own rights
+        // (supervisor), and a container's is inside the image.
+        if let Some(workdir) = workdir.filter(|dir| !has_run_as && !in_container && !dir.is_dir()) {
+            return Err(format!(
+                "workdir {} does not exist on node {}",
+                workdir.display(),
+                self.node
+            ));
+        }
+        Ok(())
+    }
+
+    /// The job's environment: its own variables, the attempt's, the
+    /// controller's, and on the host `gpool` on its PATH and the account's.
+    fn job_env(
+        &self,
+        launch: &pb::Launch,
+        checkpoint_dir: &Path,
+        has_run_as: bool,
+        in_container: bool,
+    ) -> Vec<(String, String)> {
+        // A job token in a job that runs as the agent's user, beside other
+        // users' jobs, could be read by them: only jobs run as their own
+        // user get one.
+        let mut env: Vec<(String, String)> = launch
+            .env
+            .iter()
+            .filter(|var| self.as_root || var.name != "GPOOL_TOKEN")
+            .map(|var| (var.name.clone(), var.value.clone()))
+            .chain(attempt_env(launch, &self.node, &self.node_gpus, checkpoint_dir))
+            .chain(self.controller_env.iter().cloned())
+            .collect();
+        if !in_container {
+            with_gpool_on_path(&mut env);
+            // As a login would: the account's USER, LOGNAME, HOME and SHELL
+            // (the user's own where the job runs as one; the supervisor sets
+            // those), and a PATH where the job brought none.
+            if !has_run_as {
+                env.extend(self.own_account.iter().cloned());
+            }
+        }
+        env
+    }
+
+    /// The attempt's memory, CPU and process limits.
+    fn limits(&self, launch: &pb::Launch) -> crate::cgroup::Limits {
+        crate::cgroup::Limits {
+            mem_bytes: (launch.mem_bytes > 0).then_some(launch.mem_bytes),
+            cpus: (launch.cpus_per_gpu > 0).then(|| {
+                launch
+                    .cpus_per_gpu
+                    .saturating_mul(launch.gpu_indices.len().max(1) as u32)
+            }),
+            pids: (self.max_pids > 0).then_some(self.max_pids),
+        }
+    }
+
+    /// The container runtime's command for a container job (its env file,
+    /// user and workdir in `job`), with the arguments that clean it up.
+    fn container_command(
+        &self,
+        launch: &pb::Launch,
+        (env_file, run_as, workdir): (&Path, Option<&RunAs>, Option<&Path>),
+        checkpoint_dir: &Path,
+        limits: crate::cgroup::Limits,
+    ) -> CommandParts {
+        let name = format!("gpool-{}-{}-{}", self.cgroup_scope, launch.job_id, launch.epoch);
+        let job = crate::container::ContainerJob {
+            runtime: &self.container_runtime,
+            name: &name,
+            image: &launch.image,
+            command: &launch.command,
+            env_file,
+            user: run_as.map(|user| (user.uid, user.gid)),
+            workdir,
+            checkpoint_dir,
+            devices: crate::container::gpu_devices(
+                &self.node_gpus.names(&launch.gpu_indices),
+                &self.node_gpus.minors(&launch.gpu_indices),
+            ),
+            limits,
+        };
+        let cleanup = job.cleanup_args();
+        (self.container_runtime.clone(), job.run_args(), None, Some(cleanup))
+    }
+
+    /// An interactive attempt's input FIFO, made now unless keys typed
+    /// before this Launch came made it already.
+    fn open_terminal_input(&self, launch: &pb::Launch) -> Result<(), String> {
+        if launch.pty.is_some() {
+            // Keys typed before this Launch came made it already.
+            let mut terminals = self.terminals.lock().unwrap_or_else(|p| p.into_inner());
+            if let std::collections::hash_map::Entry::Vacant(entry) = terminals.entry((launch.job_id, launch.epoch)) {
+                entry.insert(open_input_fifo(&input_fifo(
+                    &self.spool_dir,
+                    launch.job_id,
+                    launch.epoch,
+                ))?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The most output the attempt may write: the job's cap, at most the
+    /// node's.
+    fn max_output_of(&self, launch: &pb::Launch) -> u64 {
+        match launch.max_output_bytes {
+            0 => self.max_output,
+            asked => asked.min(self.max_output),
+        }
+    }
+
+    /// An interactive attempt's terminal: its size and input FIFO.
+    fn pty_of(&self, launch: &pb::Launch) -> Option<crate::terminal::Pty> {
+        launch.pty.map(|size| crate::terminal::Pty {
+            rows: size.rows.clamp(1, u32::from(u16::MAX)) as u16,
+            cols: size.cols.clamp(1, u32::from(u16::MAX)) as u16,
+            input: input_fifo(&self.spool_dir, launch.job_id, launch.epoch),
+        })
+    }
+
+    /// A requeueable attempt's fence: the lease file, its checkpoint signal
+    /// and its grace.
+    fn fence_of(&self, launch: &pb::Launch) -> Option<crate::supervise::Fence> {
+        launch.requeue.then(|| crate::supervise::Fence {
+            lease_file: self.lease_file(),
+            signal: if launch.checkpoint_signal > 0 {
+                launch.checkpoint_signal
+            } else {
+                Signal::SIGTERM as i32
+            },
+            grace_ms: if launch.grace_seconds > 0 {
+                u64::from(launch.grace_seconds) * 1000
+            } else {
+                DEFAULT_GRACE.as_millis() as u64
+            },
+        })
+    }
+
+    /// The attempt's cgroup rules: its GPUs' device nodes and its limits.
+    fn cgroup_of(&self, launch: &pb::Launch, limits: crate::cgroup::Limits) -> Option<crate::cgroup::AttemptCgroup> {
+        self.isolation.rules_for(
+            &self.cgroup_scope,
+            (launch.job_id, launch.epoch),
+            (
+                &self.node_gpus.minors(&launch.gpu_indices),
+                &self.node_gpus.all_minors(),
+            ),
+            limits,
+        )
     }
 
     /// Whom a job of `user` runs as: that user when the agent runs as root
@@ -281,6 +334,33 @@ impl Attempts {
         }
         slot
     }
+}
+
+/// A supervisor's program, arguments, workdir and container cleanup.
+type CommandParts = (String, Vec<String>, Option<PathBuf>, Option<Vec<String>>);
+
+/// A container job's CUDA_VISIBLE_DEVICES: its GPUs as the container
+/// numbers them.
+fn with_container_devices(env: &mut [(String, String)], launch: &pb::Launch) {
+    for (key, value) in env {
+        if key == "CUDA_VISIBLE_DEVICES" {
+            *value = crate::container::visible_devices(launch.gpu_indices.len());
+        }
+    }
+}
+
+/// Fails on `-o/-e` for a container job, and on an interactive job that
+/// runs in a container, discards its output or names an `-o` file.
+fn check_output_options(launch: &pb::Launch, in_container: bool) -> Result<(), String> {
+    // Opened by the job's user after the switch: a container runtime
+    // stays the agent's user, so its jobs get none.
+    if in_container && !(launch.stdout_path.is_empty() && launch.stderr_path.is_empty()) {
+        return Err("a container job's output stays in the spool: -o/-e are for jobs on the host".into());
+    }
+    if launch.pty.is_some() && (in_container || launch.discard_output || !launch.stdout_path.is_empty()) {
+        return Err("an interactive job runs on the host, its terminal's output in the spool".into());
+    }
+    Ok(())
 }
 
 /// Appends the directory of the `gpool` installed beside this agent to the

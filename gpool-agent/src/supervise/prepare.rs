@@ -11,16 +11,37 @@ pub(super) fn prepare(
     request: &LaunchRequest,
     first_to_enter: usize,
 ) -> Result<(Command, Option<Interactive>), String> {
+    make_checkpoint_dir(request)?;
+    let mut command = Command::new(&request.program);
+    // The `pre_exec` steps run between fork and exec in the order they are
+    // registered here: cgroup entry, terminal, user switch, output files.
+    join_cgroup(&mut command, request, first_to_enter)?;
+    command.args(&request.args);
+    let interactive = attach_io(&mut command, request)?;
+    set_environment(&mut command, request)?;
+    if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
+        command.current_dir(workdir);
+    }
+    check_output_dirs(request)?;
+    let user_files = user_output_files(request)?;
+    switch_user(&mut command, request);
+    open_user_files(&mut command, request, user_files);
+    Ok((command, interactive))
+}
+
+/// Gives `path` to the job's user, when it runs as one.
+fn owned_by_user(request: &LaunchRequest, path: &Path) -> Result<(), String> {
     use nix::unistd::{Gid, Uid};
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-    use std::os::unix::process::CommandExt;
-    let owned_by_user = |path: &Path| -> Result<(), String> {
-        match &request.run_as {
-            Some(user) => nix::unistd::chown(path, Some(Uid::from_raw(user.uid)), Some(Gid::from_raw(user.gid)))
-                .map_err(|err| format!("{}: cannot give it to {}: {err}", path.display(), user.name)),
-            None => Ok(()),
-        }
-    };
+    match &request.run_as {
+        Some(user) => nix::unistd::chown(path, Some(Uid::from_raw(user.uid)), Some(Gid::from_raw(user.gid)))
+            .map_err(|err| format!("{}: cannot give it to {}: {err}", path.display(), user.name)),
+        None => Ok(()),
+    }
+}
+
+/// Creates the job's checkpoint directory (0700, its user's) if missing.
+fn make_checkpoint_dir(request: &LaunchRequest) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
     // The job's files are its user's alone: 0700 and 0600, whatever the
     // umask (no other user reads them through the spool).
     if !request.checkpoint_dir.is_dir() {
@@ -29,27 +50,38 @@ pub(super) fn prepare(
             .mode(0o700)
             .create(&request.checkpoint_dir)
             .map_err(|err| format!("{}: {err}", request.checkpoint_dir.display()))?;
-        owned_by_user(&request.checkpoint_dir)?;
+        owned_by_user(request, &request.checkpoint_dir)?;
     }
-    let open_output = |path: &Option<PathBuf>| -> Result<Option<std::fs::File>, String> {
-        let Some(path) = path else { return Ok(None) };
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|err| format!("{}: {err}", path.display()))?;
-        // An earlier attempt's file of the same name keeps its mode: set it.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(|err| format!("{}: {err}", path.display()))?;
-        owned_by_user(path)?;
-        Ok(Some(file))
-    };
-    let output = |path: &Option<PathBuf>| -> Result<Stdio, String> {
-        Ok(open_output(path)?.map_or_else(Stdio::null, Stdio::from))
-    };
-    let mut command = Command::new(&request.program);
+    Ok(())
+}
+
+/// Opens a spool output file (0600, its user's), if there is one.
+fn open_output(request: &LaunchRequest, path: &Option<PathBuf>) -> Result<Option<std::fs::File>, String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let Some(path) = path else { return Ok(None) };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|err| format!("{}: {err}", path.display()))?;
+    // An earlier attempt's file of the same name keeps its mode: set it.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|err| format!("{}: {err}", path.display()))?;
+    owned_by_user(request, path)?;
+    Ok(Some(file))
+}
+
+/// A spool output file as a stdio, or null where there is none.
+fn output(request: &LaunchRequest, path: &Option<PathBuf>) -> Result<Stdio, String> {
+    Ok(open_output(request, path)?.map_or_else(Stdio::null, Stdio::from))
+}
+
+/// Creates the attempt's cgroup and registers the first `pre_exec` step:
+/// entering it.
+fn join_cgroup(command: &mut Command, request: &LaunchRequest, first_to_enter: usize) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
     if let Some(cgroup) = &request.cgroup {
         cgroup.create()?;
         let cgroup = cgroup.clone();
@@ -60,8 +92,14 @@ pub(super) fn prepare(
             command.pre_exec(move || cgroup.enter_from(first_to_enter));
         }
     }
-    command.args(&request.args);
-    let interactive = match &request.pty {
+    Ok(())
+}
+
+/// The job's stdin, stdout and stderr: its terminal (registering the
+/// `pre_exec` step that takes it) or its output files.
+fn attach_io(command: &mut Command, request: &LaunchRequest) -> Result<Option<Interactive>, String> {
+    use std::os::unix::process::CommandExt;
+    Ok(match &request.pty {
         Some(pty) => {
             let owner = request.run_as.as_ref().map(|user| (user.uid, user.gid));
             let terminal = crate::terminal::Terminal::open(pty, owner)?;
@@ -75,16 +113,22 @@ pub(super) fn prepare(
             unsafe {
                 command.pre_exec(crate::terminal::take_terminal);
             }
-            Some((terminal, open_output(&request.stdout)?))
+            Some((terminal, open_output(request, &request.stdout)?))
         }
         None => {
             command
                 .stdin(Stdio::null())
-                .stdout(output(&request.stdout)?)
-                .stderr(output(&request.stderr)?);
+                .stdout(output(request, &request.stdout)?)
+                .stderr(output(request, &request.stderr)?);
             None
         }
-    };
+    })
+}
+
+/// The job's environment: in a container's env file, or as the command's
+/// only variables.
+fn set_environment(command: &mut Command, request: &LaunchRequest) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
     if let Some(env_file) = &request.container_env_file {
         let text = crate::container::env_file_text(&request.env)?;
         let mut file = std::fs::OpenOptions::new()
@@ -103,9 +147,11 @@ pub(super) fn prepare(
             .env_clear()
             .envs(request.env.iter().map(|(name, value)| (name, value)));
     }
-    if let (Some(workdir), None) = (&request.workdir, &request.run_as) {
-        command.current_dir(workdir);
-    }
+    Ok(())
+}
+
+/// Fails when the directory of a `-o/-e` file does not exist.
+fn check_output_dirs(request: &LaunchRequest) -> Result<(), String> {
     // A missing directory is said as such, not as a command that cannot
     // run (the files are opened by the job's user, just before the exec).
     for path in [&request.user_stdout, &request.user_stderr].into_iter().flatten() {
@@ -117,7 +163,14 @@ pub(super) fn prepare(
             ));
         }
     }
-    let user_files = user_output_files(request)?;
+    Ok(())
+}
+
+/// Registers the `pre_exec` step that switches to the job's user (and
+/// enters its workdir as that user), with the account's variables.
+fn switch_user(command: &mut Command, request: &LaunchRequest) {
+    use nix::unistd::{Gid, Uid};
+    use std::os::unix::process::CommandExt;
     // A container runtime stays this process's user; it sets the job's.
     if let Some(user) = request.run_as.as_ref().filter(|_| request.container_cleanup.is_none()) {
         command.envs(account_env(&user.name, &user.home, &user.shell));
@@ -140,6 +193,12 @@ pub(super) fn prepare(
             });
         }
     }
+}
+
+/// Registers the last `pre_exec` step: opening the `-o/-e` files as the
+/// job's user, onto its stdout and stderr.
+fn open_user_files(command: &mut Command, request: &LaunchRequest, user_files: Vec<(std::ffi::CString, i32)>) {
+    use std::os::unix::process::CommandExt;
     if !user_files.is_empty() {
         let flags = if request.append_output {
             nix::fcntl::OFlag::O_APPEND
@@ -164,7 +223,6 @@ pub(super) fn prepare(
             });
         }
     }
-    Ok((command, interactive))
 }
 
 /// An interactive attempt's terminal, and the file its output goes to.

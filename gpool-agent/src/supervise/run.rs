@@ -3,7 +3,7 @@
 //! written and its cgroup and container removed.
 
 use super::group::{group_members, ChildExit};
-use super::prepare::{prepare, with_output_files};
+use super::prepare::{prepare, with_output_files, Interactive};
 use super::*;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
@@ -19,73 +19,12 @@ const CGROUP_SWEEP_PATIENCE: std::time::Duration = std::time::Duration::from_sec
 /// the job is born in it; the supervisor leaves it once the end is
 /// recorded.
 pub(super) fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
-    let born_in_first = match (warm, &request.cgroup) {
-        (Some(warm), Some(cgroup)) => warm
-            .become_first_of(cgroup)
-            .map_err(crate::cgroup::Warm::discard)
-            .is_ok(),
-        (Some(warm), None) => {
-            warm.discard();
-            false
-        }
-        (None, _) => false,
-    };
+    let born_in_first = take_warm(request, warm);
     let ended = match prepare(request, usize::from(born_in_first)) {
-        Ok((mut command, terminal)) => match command.spawn().map_err(|err| with_output_files(request, err)) {
-            Ok(child) => {
-                // The terminal's slave side is the job's alone from here.
-                drop(command);
-                let relayed = terminal.map(|(terminal, out)| {
-                    crate::terminal::JOB_SESSION.store(child.id() as i32, std::sync::atomic::Ordering::Relaxed);
-                    terminal.relay(out)
-                });
-                let ended = run_to_end(request, child);
-                // Its last output is written before its end is recorded
-                // (a process it left holding the terminal is not waited for).
-                if let Some(relayed) = relayed {
-                    let _ = relayed.recv_timeout(std::time::Duration::from_secs(2));
-                }
-                // A job its memory limit killed ran out of memory, whatever
-                // its exit says (a shell reports its child's SIGKILL as 137).
-                let out_of_memory = !matches!(
-                    ended,
-                    Ended::Code(0) | Ended::Fenced | Ended::TimedOut | Ended::OutputLimit
-                ) && request
-                    .cgroup
-                    .as_ref()
-                    .is_some_and(crate::cgroup::AttemptCgroup::oom_killed);
-                let ended = if out_of_memory { Ended::OutOfMemory } else { ended };
-                // What the job left behind (detached or not) ends with it.
-                if let Some(cgroup) = &request.cgroup {
-                    cgroup.sweep(CGROUP_SWEEP_PATIENCE);
-                }
-                ended
-            }
-            Err(err) => Ended::FailedToStart(match (&request.run_as, &request.workdir) {
-                (Some(user), Some(workdir)) => format!(
-                    "cannot run {:?} as {} in {}: {err}",
-                    request.program,
-                    user.name,
-                    workdir.display()
-                ),
-                _ => format!("cannot run {:?}: {err}", request.program),
-            }),
-        },
+        Ok((command, terminal)) => start_and_run(request, command, terminal),
         Err(reason) => Ended::FailedToStart(reason),
     };
-    // Only the spool's files are cut: this process is root here, and a
-    // user's own `-o` path may by now lead anywhere (a symlink).
-    if let Some(cap) = request.max_output.filter(|_| ended == Ended::OutputLimit) {
-        for path in [&request.stdout, &request.stderr].into_iter().flatten() {
-            cut_output(path, cap);
-        }
-    }
-    // Empty output is not kept: a missing file reads as empty.
-    for path in [&request.stdout, &request.stderr].into_iter().flatten() {
-        if std::fs::metadata(path).is_ok_and(|meta| meta.len() == 0) {
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    tidy_output(request, &ended);
     // A checkpoint dir the attempt left empty goes (one a job wrote to
     // stays for its next attempt), before the record: attempts are fenced,
     // so a next attempt starts only once this one is known to be over,
@@ -96,6 +35,102 @@ pub(super) fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::War
     // line and looks again once this process is gone.
     let record = format!("{} {} {}\n", request.job_id, request.epoch, ended.to_line());
     write_exit_record(&request.exit_file, record.as_bytes());
+    clean_up(request, born_in_first);
+    // SAFETY: ends this process at once, as a forked child should (no
+    // atexit handlers or buffers of the spawner to run twice).
+    unsafe { nix::libc::_exit(0) }
+}
+
+/// Makes the warm cgroup the attempt's first (or discards it); whether
+/// the job is born in the attempt's first cgroup.
+fn take_warm(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> bool {
+    match (warm, &request.cgroup) {
+        (Some(warm), Some(cgroup)) => warm
+            .become_first_of(cgroup)
+            .map_err(crate::cgroup::Warm::discard)
+            .is_ok(),
+        (Some(warm), None) => {
+            warm.discard();
+            false
+        }
+        (None, _) => false,
+    }
+}
+
+/// Starts the prepared command and runs it to its end.
+fn start_and_run(request: &LaunchRequest, mut command: Command, terminal: Option<Interactive>) -> Ended {
+    match command.spawn().map_err(|err| with_output_files(request, err)) {
+        Ok(child) => {
+            // The terminal's slave side is the job's alone from here.
+            drop(command);
+            let relayed = terminal.map(|(terminal, out)| {
+                crate::terminal::JOB_SESSION.store(child.id() as i32, std::sync::atomic::Ordering::Relaxed);
+                terminal.relay(out)
+            });
+            let ended = run_to_end(request, child);
+            // Its last output is written before its end is recorded
+            // (a process it left holding the terminal is not waited for).
+            if let Some(relayed) = relayed {
+                let _ = relayed.recv_timeout(std::time::Duration::from_secs(2));
+            }
+            let ended = with_out_of_memory(request, ended);
+            // What the job left behind (detached or not) ends with it.
+            if let Some(cgroup) = &request.cgroup {
+                cgroup.sweep(CGROUP_SWEEP_PATIENCE);
+            }
+            ended
+        }
+        Err(err) => Ended::FailedToStart(match (&request.run_as, &request.workdir) {
+            (Some(user), Some(workdir)) => format!(
+                "cannot run {:?} as {} in {}: {err}",
+                request.program,
+                user.name,
+                workdir.display()
+            ),
+            _ => format!("cannot run {:?}: {err}", request.program),
+        }),
+    }
+}
+
+/// `ended`, or `OutOfMemory` where the cgroup's memory limit killed it.
+fn with_out_of_memory(request: &LaunchRequest, ended: Ended) -> Ended {
+    // A job its memory limit killed ran out of memory, whatever
+    // its exit says (a shell reports its child's SIGKILL as 137).
+    let out_of_memory = !matches!(
+        ended,
+        Ended::Code(0) | Ended::Fenced | Ended::TimedOut | Ended::OutputLimit
+    ) && request
+        .cgroup
+        .as_ref()
+        .is_some_and(crate::cgroup::AttemptCgroup::oom_killed);
+    if out_of_memory {
+        Ended::OutOfMemory
+    } else {
+        ended
+    }
+}
+
+/// Cuts the spool's output files to the cap where output ended the job,
+/// and removes empty ones.
+fn tidy_output(request: &LaunchRequest, ended: &Ended) {
+    // Only the spool's files are cut: this process is root here, and a
+    // user's own `-o` path may by now lead anywhere (a symlink).
+    if let Some(cap) = request.max_output.filter(|_| *ended == Ended::OutputLimit) {
+        for path in [&request.stdout, &request.stderr].into_iter().flatten() {
+            cut_output(path, cap);
+        }
+    }
+    // Empty output is not kept: a missing file reads as empty.
+    for path in [&request.stdout, &request.stderr].into_iter().flatten() {
+        if std::fs::metadata(path).is_ok_and(|meta| meta.len() == 0) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// After the record: leaves and removes the attempt's cgroup, removes its
+/// env file and runs its container's cleanup.
+fn clean_up(request: &LaunchRequest, born_in_first: bool) {
     if let Some(cgroup) = &request.cgroup {
         if born_in_first {
             let _ = cgroup.dirs.first().map(|first| crate::cgroup::leave(first));
@@ -113,9 +148,6 @@ pub(super) fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::War
             .stderr(Stdio::null())
             .status();
     }
-    // SAFETY: ends this process at once, as a forked child should (no
-    // atexit handlers or buffers of the spawner to run twice).
-    unsafe { nix::libc::_exit(0) }
 }
 
 /// Writes the exit record over its slot (in place: the agent made the

@@ -406,6 +406,51 @@ pub fn unknown_flag(flag: &str) -> String {
     format!("unknown flag {flag}{hint}; to run a command, put it after `--`")
 }
 
+/// A batch script (no `--` before it): its text as it is now, run in
+/// place of its path; the job is named after it unless -J names it.
+fn snapshot_script(args: &mut SubmitArgs) -> Result<Option<gpool_core::model::BatchScript>, CliError> {
+    if !args.script {
+        return Ok(None);
+    }
+    let Some(script) = args.command.first() else {
+        return Err(CliError::Usage(
+            "the script's #GPOOL lines end with a flag that lacks its value".into(),
+        ));
+    };
+    if args.name.is_none() {
+        args.name = std::path::Path::new(script)
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned());
+    }
+    let (command, script) = script_command(&args.command)?;
+    args.command = command;
+    Ok(Some(script))
+}
+
+/// GPUs per node from -G, --gpus-per-node or --gres, and the model they
+/// name (which must agree with --gpu-type).
+fn gpus_and_model(args: &mut SubmitArgs) -> Result<(Option<i64>, Option<String>), CliError> {
+    let per_node = gpool_core::spec::gpus::per_node(
+        args.gpus.as_ref(),
+        args.gpus_per_node.clone().or(args.gres.clone()).as_ref(),
+        args.nodes,
+    )
+    .map_err(CliError::Usage)?;
+    let (gpus, model) = match per_node {
+        Some(GpuRequest { model, count }) => (Some(count), model),
+        None => (None, None),
+    };
+    let gpu_type = match (args.gpu_type.take(), model) {
+        (Some(types), Some(model)) if types != model => {
+            return Err(CliError::Usage(format!(
+                "--gpu-type {types} and the GPU model {model} of --gpus: give the model once"
+            )))
+        }
+        (types, model) => types.or(model),
+    };
+    Ok((gpus, gpu_type))
+}
+
 fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
     // A word before `--` that looks like a flag is one gpool does not know:
     // it must never become the command the job runs.
@@ -416,22 +461,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
     {
         return Err(CliError::Usage(unknown_flag(flag)));
     }
-    let mut snapshot = None;
-    if args.script {
-        let Some(script) = args.command.first() else {
-            return Err(CliError::Usage(
-                "the script's #GPOOL lines end with a flag that lacks its value".into(),
-            ));
-        };
-        if args.name.is_none() {
-            args.name = std::path::Path::new(script)
-                .file_name()
-                .map(|name| name.to_string_lossy().into_owned());
-        }
-        let (command, script) = script_command(&args.command)?;
-        args.command = command;
-        snapshot = Some(script);
-    }
+    let snapshot = snapshot_script(&mut args)?;
     if args.command.is_empty() {
         return Err(CliError::Usage(
             "command: give the command after `--` (gpool submit --gpus 1 -- python train.py) or a job file with -f"
@@ -444,24 +474,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         .map(|text| parse_env_assignment(text))
         .collect::<Result<_, _>>()
         .map_err(|err| CliError::Usage(err.to_string()))?;
-    let per_node = gpool_core::spec::gpus::per_node(
-        args.gpus.as_ref(),
-        args.gpus_per_node.or(args.gres).as_ref(),
-        args.nodes,
-    )
-    .map_err(CliError::Usage)?;
-    let (gpus, model) = match per_node {
-        Some(GpuRequest { model, count }) => (Some(count), model),
-        None => (None, None),
-    };
-    let gpu_type = match (args.gpu_type, model) {
-        (Some(types), Some(model)) if types != model => {
-            return Err(CliError::Usage(format!(
-                "--gpu-type {types} and the GPU model {model} of --gpus: give the model once"
-            )))
-        }
-        (types, model) => types.or(model),
-    };
+    let (gpus, gpu_type) = gpus_and_model(&mut args)?;
     Ok(JobSpecInput {
         name: args.name,
         command: Some(CommandInput::Argv(args.command)),
