@@ -48,6 +48,10 @@ impl Terminal {
             ws_ypixel: 0,
         };
         let pair = nix::pty::openpty(Some(&size), None).map_err(|err| format!("cannot open a terminal: {err}"))?;
+        // Where the agent finds the terminal to resize it.
+        if let Ok(name) = nix::unistd::ttyname(&pair.slave) {
+            let _ = std::fs::write(tty_file(&pty.input), name.as_os_str().as_encoded_bytes());
+        }
         if let Some((uid, gid)) = owner {
             nix::unistd::fchown(
                 std::os::fd::AsRawFd::as_raw_fd(&pair.slave),
@@ -133,6 +137,7 @@ impl Terminal {
                 }
             }
             let _ = std::fs::remove_file(&input);
+            let _ = std::fs::remove_file(tty_file(&input));
             let _ = done.send(());
         });
         finished
@@ -148,6 +153,39 @@ pub fn take_terminal() -> std::io::Result<()> {
     // side), with 0: do not steal it from another session.
     if unsafe { nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) } < 0 {
         return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Beside an attempt's input FIFO: the path of its terminal (`/dev/pts/N`),
+/// while it is open.
+pub fn tty_file(input: &std::path::Path) -> PathBuf {
+    input.with_extension("tty")
+}
+
+/// Gives the terminal of the attempt whose input FIFO is `input` a new
+/// size: the kernel tells its foreground process (SIGWINCH), as a resized
+/// terminal window does.
+pub fn resize(input: &std::path::Path, rows: u16, cols: u16) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = tty_file(input);
+    let name = std::fs::read_to_string(&file).map_err(|err| format!("{}: {err}", file.display()))?;
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::libc::O_NOCTTY | nix::libc::O_NONBLOCK)
+        .open(name.trim())
+        .map_err(|err| format!("{}: {err}", name.trim()))?;
+    let size = nix::libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from `size`, on an open terminal.
+    if unsafe { nix::libc::ioctl(tty.as_raw_fd(), nix::libc::TIOCSWINSZ, &size) } < 0 {
+        return Err(format!("{}: {}", name.trim(), std::io::Error::last_os_error()));
     }
     Ok(())
 }

@@ -55,6 +55,21 @@ impl OnTerminal {
         }
     }
 
+    /// Resizes the terminal, as a person resizing the window does: the
+    /// kernel tells gpool (SIGWINCH).
+    fn resize(&mut self, rows: u16, cols: u16) {
+        use std::os::fd::AsRawFd;
+        let size = nix::libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads one winsize, on the terminal's master.
+        let done = unsafe { nix::libc::ioctl(self.master.as_raw_fd(), nix::libc::TIOCSWINSZ, &size) };
+        assert_eq!(done, 0, "resize: {}", std::io::Error::last_os_error());
+    }
+
     fn type_keys(&mut self, keys: &str) {
         self.master.write_all(keys.as_bytes()).expect("type");
     }
@@ -121,6 +136,14 @@ fn gpool_alloc_gives_a_shell_on_a_node_with_its_gpus_that_ends_with_it() {
     assert_eq!(gpus.split(',').count(), 2, "{line}");
     assert!(line.contains("ON=[dev-"), "{line}");
     session.wait_for("/dev/pts/", Duration::from_secs(10));
+    // The job's terminal has the size of the user's (40x120 here), and
+    // follows it when the window is resized.
+    session.type_keys("echo ROWS-COLS=$(stty size | tr ' ' x)\r");
+    session.wait_for("ROWS-COLS=40x120", Duration::from_secs(10));
+    session.resize(50, 132);
+    std::thread::sleep(Duration::from_millis(500));
+    session.type_keys("echo ROWS-COLS=$(stty size | tr ' ' x)\r");
+    session.wait_for("ROWS-COLS=50x132", Duration::from_secs(10));
     // gpoold sees it running with its GPUs while the shell lives.
     let shown = cluster.gpool(&["show", &id, "--output", "json"]).json();
     assert_eq!(shown["state"], "running", "{shown}");

@@ -24,6 +24,18 @@ impl Attempts {
             return;
         }
         let path = input_fifo(&self.spool_dir, input.job_id, input.epoch);
+        if let Some(size) = input.resize {
+            let (rows, cols) = (
+                size.rows.clamp(1, u32::from(u16::MAX)) as u16,
+                size.cols.clamp(1, u32::from(u16::MAX)) as u16,
+            );
+            if let Err(err) = crate::terminal::resize(&path, rows, cols) {
+                tracing::warn!(job = input.job_id, "its terminal was not resized: {err}");
+            }
+        }
+        if input.data.is_empty() {
+            return;
+        }
         let mut terminals = self.terminals.lock().unwrap_or_else(|p| p.into_inner());
         let started_here = self.running_epoch(input.job_id).is_some();
         if !started_here && !terminals.contains_key(&key) {

@@ -110,8 +110,24 @@ pub async fn session(conn: &mut super::Connection, id: u64) -> Result<u8, CliErr
     });
     let mut client = conn.client.clone();
     let typing = tokio::spawn(async move {
-        while let Some(data) = keys.recv().await {
-            if client.write_input(pb::WriteInputRequest { id, data }).await.is_err() {
+        // A resized window resizes the job's terminal too (SIGWINCH).
+        let mut resized = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok();
+        loop {
+            let (data, resize) = tokio::select! {
+                key = keys.recv() => match key {
+                    Some(data) => (data, None),
+                    None => return,
+                },
+                Some(()) = async { resized.as_mut()?.recv().await } => {
+                    let size = size();
+                    (Vec::new(), Some(pb::TerminalSize { rows: size.rows.into(), cols: size.cols.into() }))
+                }
+            };
+            if client
+                .write_input(pb::WriteInputRequest { id, data, resize })
+                .await
+                .is_err()
+            {
                 return;
             }
         }

@@ -136,7 +136,7 @@ impl Pool for PoolService {
         request: Request<pb::WriteInputRequest>,
     ) -> Result<Response<pb::WriteInputResponse>, Status> {
         let who = identity(&request)?;
-        let pb::WriteInputRequest { id, data } = request.into_inner();
+        let pb::WriteInputRequest { id, data, resize } = request.into_inner();
         let target = self.input_target(JobId(id), &who.caller);
         // Keystrokes are not audited one by one: only a refusal is.
         self.audit(&who, "type", &format!("job {id}"), false, &target);
@@ -145,6 +145,7 @@ impl Pool for PoolService {
             job_id: id,
             epoch,
             data,
+            resize,
         };
         let message = pb::ControllerMessage {
             msg: Some(pb::controller_message::Msg::Input(input)),

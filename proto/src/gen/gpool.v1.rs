@@ -6,6 +6,9 @@ pub struct WriteInputRequest {
     pub id: u64,
     #[prost(bytes = "vec", tag = "2")]
     pub data: ::prost::alloc::vec::Vec<u8>,
+    /// The user's terminal changed size: the job's takes it (after `data`).
+    #[prost(message, optional, tag = "3")]
+    pub resize: ::core::option::Option<TerminalSize>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -1376,6 +1379,9 @@ pub struct TerminalInput {
     pub epoch: u64,
     #[prost(bytes = "vec", tag = "3")]
     pub data: ::prost::alloc::vec::Vec<u8>,
+    /// The terminal's new size, if it changed.
+    #[prost(message, optional, tag = "4")]
+    pub resize: ::core::option::Option<TerminalSize>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
