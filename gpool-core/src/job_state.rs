@@ -461,6 +461,21 @@ impl Job {
                 self.lost_gpu_secs += self.state.work_since_checkpoint(*at).round() as u64;
             }
         }
+        // An interactive session is not run again: its terminal and the
+        // user at it ended with its attempt (Slurm requeues no interactive
+        // job either). Taken back or lost, it ends.
+        if let (JobState::Running { started_at, .. }, JobState::Pending, Some(now), Some(_)) =
+            (&self.state, &next, event.now(), self.spec.pty)
+        {
+            next = JobState::Failed {
+                started_at: Some(*started_at),
+                ended_at: now,
+                exit_code: None,
+                reason:
+                    "its interactive session ended with its attempt (preempted or its node lost); it is not run again"
+                        .into(),
+            };
+        }
         match event {
             JobEvent::Start { placement, .. } => {
                 if self.n_attempts > 0 && !self.last_nodes.is_empty() {

@@ -212,3 +212,61 @@ fn an_interactive_session_in_a_team_lands_on_its_model_and_ends_when_cancelled()
         refused.stderr
     );
 }
+
+/// The shipped config: nlp's four guaranteed GPUs run on H100s, and an nlp
+/// session (QoS low) takes the node's four L4s as burst work. When vision
+/// asks for an L4 within its guarantee, the session is taken back: it ends
+/// (a shell has nobody to come back to) and is not run again, and
+/// `gpool alloc` says so and exits with gpool's failed code.
+#[test]
+fn a_session_taken_back_ends_and_is_not_run_again() {
+    let mut cluster = Cluster::with_config(&shipped_policy());
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    cluster.submit(&[
+        "--team",
+        "nlp",
+        "--gpu-type",
+        "h100",
+        "-a",
+        "0-3",
+        "--",
+        "sh",
+        "-c",
+        hold,
+    ]);
+    let mut session = OnTerminal::start(
+        &cluster,
+        &[
+            "alloc",
+            "--team",
+            "nlp",
+            "--qos",
+            "low",
+            "--gpu-type",
+            "l4",
+            "-G",
+            "4",
+            "--",
+            "sh",
+            "-i",
+        ],
+    );
+    let seen = session.wait_for("this terminal is its", Duration::from_secs(30));
+    let id = job_id(&seen);
+    session.type_keys("echo \"ON=[$GPOOL_NODE]\"\r");
+    session.wait_for("ON=[l4-a]", Duration::from_secs(20));
+    let shown = cluster.gpool(&["show", &id, "--output", "json"]).json();
+    assert_eq!(shown["burst"], true, "{shown}");
+    let vision = cluster.submit(&["--team", "vision", "--gpu-type", "l4", "--", "sh", "-c", hold]);
+    session.wait_for("is not run again", Duration::from_secs(30));
+    assert_eq!(session.exit_code(), 3);
+    cluster.wait_for_state(vision, "running");
+    let shown = cluster.gpool(&["show", &id, "--output", "json"]).json();
+    assert_eq!(shown["state"], "failed", "{shown}");
+    assert_eq!(shown["n_preemptions"], 1, "{shown}");
+    assert_eq!(shown["attempt"], 1, "{shown}");
+    std::fs::write(cluster.dir.path().join("release"), "").expect("release");
+}

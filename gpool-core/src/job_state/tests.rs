@@ -187,6 +187,40 @@ fn a_preempted_attempt_requeues_however_it_ends_and_counts_lost_work() {
 }
 
 #[test]
+fn an_interactive_session_taken_back_or_lost_ends_instead_of_waiting_again() {
+    for end in [
+        exited(3, ExitStatus::Signal(10)),
+        JobEvent::Lost {
+            epoch: Epoch(3),
+            requeue: true,
+            silent: false,
+            now: Timestamp(20_000),
+        },
+    ] {
+        let mut job = job_builder(JobId(1)).build();
+        std::sync::Arc::make_mut(&mut job.spec).pty = Some(crate::model::TerminalSize { rows: 24, cols: 80 });
+        job.apply(&start(3, 10_000)).unwrap();
+        let preempted = matches!(end, JobEvent::Exited { .. });
+        if preempted {
+            job.apply(&JobEvent::Preempt {
+                epoch: Epoch(3),
+                now: Timestamp(20_000),
+                by_operator: false,
+            })
+            .unwrap();
+        }
+        job.apply(&end).unwrap();
+        let JobState::Failed { reason, exit_code, .. } = &job.state else {
+            panic!("after {end:?}: {:?}", job.state);
+        };
+        assert!(reason.contains("interactive session"), "{reason}");
+        assert_eq!(*exit_code, None);
+        // A preemption still counts as one.
+        assert_eq!(job.n_preemptions, u32::from(preempted));
+    }
+}
+
+#[test]
 fn a_rescinded_preemption_runs_on_uncounted_and_may_come_again() {
     let mut job = job_builder(JobId(1)).build();
     job.apply(&start(3, 10_000)).unwrap();
