@@ -59,6 +59,56 @@ pub fn stragglers(
         .collect()
 }
 
+/// A GPU that has lagged behind its job's others for long enough.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Straggler {
+    pub gpu: GpuKey,
+    pub utilization_pct: u32,
+    pub median_pct: u32,
+    pub since: Timestamp,
+}
+
+/// The job's stragglers from this round's readings: `found` (from
+/// `stragglers`) with each GPU's utilisation and the job's `median`.
+pub fn described(found: Vec<(GpuKey, Timestamp)>, readings: &[(GpuKey, u32)], median: u32) -> Vec<Straggler> {
+    found
+        .into_iter()
+        .map(|(gpu, since)| Straggler {
+            utilization_pct: readings.iter().find(|(key, _)| *key == gpu).map_or(0, |(_, pct)| *pct),
+            median_pct: median,
+            since,
+            gpu,
+        })
+        .collect()
+}
+
+/// The job's history events between its stragglers `before` and `now`:
+/// each GPU newly flagged, and each back in step.
+pub fn changes(before: &[Straggler], now: &[Straggler]) -> Vec<String> {
+    let mut events = Vec::new();
+    for straggler in now {
+        if !before.iter().any(|old| old.gpu == straggler.gpu) {
+            events.push(format!(
+                "straggler: {} GPU {} at {}% while the job's median is {}%, since {}",
+                straggler.gpu.node,
+                straggler.gpu.index,
+                straggler.utilization_pct,
+                straggler.median_pct,
+                straggler.since
+            ));
+        }
+    }
+    for old in before {
+        if !now.iter().any(|straggler| straggler.gpu == old.gpu) {
+            events.push(format!(
+                "{} GPU {} is back in step with the job's others",
+                old.gpu.node, old.gpu.index
+            ));
+        }
+    }
+    events
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +148,26 @@ mod tests {
         // A break starts the count again.
         assert!(stragglers(&mut since, &[], Timestamp(61_000), 60_000).is_empty());
         assert!(stragglers(&mut since, &slow, Timestamp(62_000), 60_000).is_empty());
+    }
+
+    #[test]
+    fn each_gpu_flagged_and_each_back_in_step_is_one_event() {
+        let readings = [(key("n1", 0), 90), (key("n2", 0), 30), (key("n2", 1), 20)];
+        let first = described(vec![(key("n2", 0), Timestamp(0))], &readings, 90);
+        assert_eq!(
+            changes(&[], &first),
+            vec!["straggler: n2 GPU 0 at 30% while the job's median is 90%, since 1970-01-01T00:00:00Z".to_string()]
+        );
+        // Still lagging: nothing new to say.
+        assert!(changes(&first, &first).is_empty());
+        let second = described(vec![(key("n2", 1), Timestamp(60_000))], &readings, 90);
+        assert_eq!(
+            changes(&first, &second),
+            vec![
+                "straggler: n2 GPU 1 at 20% while the job's median is 90%, since 1970-01-01T00:01:00Z".to_string(),
+                "n2 GPU 0 is back in step with the job's others".to_string(),
+            ]
+        );
     }
 
     proptest! {

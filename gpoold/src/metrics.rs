@@ -264,11 +264,11 @@ fn render_jobs_and_teams(registry: &mut Registry, state: &State) {
     for team in teams {
         stragglers.get_or_create(&vec![("team", team)]).set(0.0);
     }
-    for (id, found) in &state.stragglers {
-        if let Some(job) = state.jobs.get(id) {
+    for (id, attempt) in state.attempts() {
+        if let Some(job) = state.jobs.get(&id) {
             stragglers
                 .get_or_create(&vec![("team", job.spec.team.to_string())])
-                .inc_by(found.len() as f64);
+                .inc_by(attempt.stragglers.len() as f64);
         }
     }
     let guaranteed = gauge(

@@ -431,8 +431,24 @@ fn per_user_caps_hold_jobs_back_and_refuse_a_submit_past_max_submit() {
         .expect("a separate nlp job waits");
     let why = cluster.gpool(&["why", "--output", "json", &waiting.to_string()]).json();
     assert_eq!(why["reason_codes"], serde_json::json!(["user_cap"]), "{why}");
+    // The same reason as data, for scripts: whose cap, and how full.
+    let cap = &why["reason_details"][0];
+    assert_eq!(cap["code"], "user_cap", "{why}");
+    assert_eq!(
+        (cap["limit"].as_u64(), cap["in_use"].as_u64()),
+        (Some(2), Some(2)),
+        "{why}"
+    );
+    assert_eq!(cap["user"], cluster.job(waiting)["user"], "{why}");
+    assert!(
+        cap["reason"]
+            .as_str()
+            .is_some_and(|words| words.contains("runs 2 of at most 2 jobs")),
+        "{why}"
+    );
     let said = cluster.gpool(&["why", &waiting.to_string()]).ok().to_string();
     assert!(said.contains("runs 2 of at most 2 jobs in team nlp"), "{said}");
+    assert!(said.contains("(user_cap)"), "{said}");
 
     // 9 jobs now (5 tasks, 3 jobs, 1 vision): 4 more pass 12, 3 do not.
     let refused = cluster.gpool(&["submit", "--team", "vision", "-a", "0-3", "--", "true"]);

@@ -17,6 +17,7 @@ pub async fn why(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
             "state": state,
             "reasons": job.pending_reasons,
             "reason_codes": job.reason_codes,
+            "reason_details": output::reasons_json(&job),
             "hints": job.hints,
             "priority": job.priority.as_ref().map(output::priority_json),
             "estimated_start": job.estimated_start_ms.map(output::rfc3339),
@@ -28,11 +29,8 @@ pub async fn why(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
     match job.state() {
         pb::JobState::Pending => {
             outln!("job {id} is pending");
-            for reason in &job.pending_reasons {
-                outln!("  because {reason}");
-            }
-            for hint in &job.hints {
-                outln!("  to start sooner: {hint}");
+            for line in output::reason_lines(&job) {
+                outln!("  {line}");
             }
             if let Some(priority) = &job.priority {
                 outln!("  priority {}", output::priority_text(priority));

@@ -37,6 +37,8 @@ pub struct JobJson<'a> {
     reasons: &'a [String],
     /// One stable snake_case code per reason.
     reason_codes: &'a [String],
+    /// Each reason as data: `{code, reason, hint, ...facts}`.
+    reason_details: Vec<serde_json::Value>,
     /// The nodes of its latest attempt, rank 0 first.
     node_list: &'a [String],
     attempt: u32,
@@ -188,6 +190,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         end_reason: &job.end_reason,
         reasons: &job.pending_reasons,
         reason_codes: &job.reason_codes,
+        reason_details: reasons_json(job),
         node_list: &job.last_nodes,
         attempt: job.attempt,
         placement: placement_json(job),

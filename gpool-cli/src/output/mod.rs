@@ -34,10 +34,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 mod jobs;
 mod nodes;
+mod reasons;
 mod show;
 
 pub use jobs::*;
 pub use nodes::*;
+pub use reasons::*;
 pub use show::*;
 
 pub fn rfc3339(unix_ms: i64) -> String {

@@ -27,11 +27,13 @@ mod pipeline;
 mod plan;
 mod preempt;
 mod queue;
+mod reason;
 pub mod reservations;
 mod teams;
 
 pub use plan::{Plan, Preemption, Reasons, Reject, Start};
 pub use queue::{window_gpus, Queue};
+pub use reason::{Reason, ReasonFacts};
 
 use crate::ids::{JobId, Timestamp};
 use crate::model::{GpuModel, NodePlacement, PoolDef};

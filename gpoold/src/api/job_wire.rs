@@ -29,11 +29,10 @@ pub(crate) fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, wi
 pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
     let mut wire = job_wire_of_state(state, job, with_env);
     wire.array = state.array_info(job);
-    wire.stragglers = state
-        .stragglers
-        .get(&job.id)
+    let attempt = state.attempt(job.id);
+    wire.stragglers = attempt
         .into_iter()
-        .flatten()
+        .flat_map(|attempt| &attempt.stragglers)
         .map(|straggler| pb::Straggler {
             node: straggler.gpu.node.clone(),
             index: straggler.gpu.index,
@@ -43,9 +42,9 @@ pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: b
         })
         .collect();
     // A running attempt's use so far counts with the ended ones'.
-    if let Some(live) = state.gpu_use_live.get(&job.id) {
+    if let Some(live) = attempt.map(|attempt| attempt.gpu_use).filter(|live| live.samples > 0) {
         let mut used = job.gpu_use.as_deref().copied().unwrap_or_default();
-        used.merge(live);
+        used.merge(&live);
         wire.gpu_use = gpool_proto::convert::gpu_use_to_wire(&used);
     }
     wire
@@ -55,7 +54,8 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
     if job.state != gpool_core::JobState::Pending {
         return job_to_wire_with(job, Vec::new(), with_env);
     }
-    use gpool_core::sched::gates::{self, Facts, Gate};
+    use gpool_core::sched::gates::{Facts, Gate};
+    use gpool_core::sched::Reason;
     let facts = Facts {
         begins: job
             .spec
@@ -70,21 +70,18 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
         array_limit: state.array_at_limit(job),
         planned: state.words.reasons(job.id).is_some(),
     };
-    let (reasons, codes) = match (Gate::of(job, facts), state.words.reasons(job.id)) {
-        (Some(gate), _) => (vec![gate.words()], vec![gate.code().to_string()]),
-        (None, Some(words)) => (
-            words.reasons.clone(),
-            words.codes.iter().map(|code| code.to_string()).collect(),
-        ),
-        (None, None) => (Vec::new(), Vec::new()),
+    let mut reasons: Vec<Reason> = match (Gate::of(job, facts), state.words.reasons(job.id)) {
+        (Some(gate), _) => vec![Reason::of_gate(&gate)],
+        (None, Some(words)) => words.reasons.clone(),
+        (None, None) => Vec::new(),
     };
-    let (mut reasons, mut codes) = (reasons, codes);
-    if let Some((reason, code)) = gates::requeued(job) {
-        reasons.insert(0, reason);
-        codes.insert(0, code.to_string());
+    if let Some(requeued) = Reason::requeued(job) {
+        reasons.insert(0, requeued);
     }
-    let mut wire = job_to_wire_with(job, reasons, with_env);
-    wire.reason_codes = codes;
+    let words = reasons.iter().map(|reason| reason.words.clone()).collect();
+    let mut wire = job_to_wire_with(job, words, with_env);
+    wire.reason_codes = reasons.iter().map(|reason| reason.code.to_string()).collect();
+    wire.reasons = reasons.iter().map(gpool_proto::convert::reason_to_wire).collect();
     wire.hints = state
         .words
         .reasons(job.id)

@@ -336,7 +336,6 @@ impl State {
                 }
                 job.record_event(now, if requeued { format!("{why}; requeued") } else { why });
             }
-            self.gang_exits.remove(&job_id);
             for part in placement {
                 out.messages.push((part.node, kill_message(job_id, epoch)));
             }

@@ -3,14 +3,7 @@
 
 use super::*;
 
-/// A GPU that has lagged behind its job's others for `straggler_after`.
-#[derive(Debug, Clone)]
-pub struct Straggler {
-    pub gpu: gpool_core::stragglers::GpuKey,
-    pub utilization_pct: u32,
-    pub median_pct: u32,
-    pub since: Timestamp,
-}
+pub use gpool_core::stragglers::Straggler;
 
 impl State {
     /// Adds `node`'s samples to the GPU use of the attempts running there.
@@ -27,7 +20,7 @@ impl State {
             }
         }
         for (id, utilization, memory) in counted {
-            self.gpu_use_live.entry(id).or_default().add_sample(utilization, memory);
+            self.attempt_mut(id).gpu_use.add_sample(utilization, memory);
         }
     }
 
@@ -35,7 +28,7 @@ impl State {
     /// their GPUs lag behind the others (latest samples of all their
     /// nodes), and which have for `straggler_after`.
     pub(super) fn find_stragglers(&mut self, node: &str, now: Timestamp, out: &mut Batch) {
-        use gpool_core::stragglers::{lagging, stragglers, GpuKey};
+        use gpool_core::stragglers::{changes, described, lagging, stragglers, GpuKey};
         let mut found = Vec::new();
         for job in self.running_jobs_on(node) {
             let JobState::Running { placement, .. } = &job.state else {
@@ -66,43 +59,13 @@ impl State {
         let after_ms = self.straggler_after.as_millis().min(i64::MAX as u128) as i64;
         for (id, readings) in found {
             let (median, lagging_now) = lagging(&readings);
-            let since = self.lagging_since.entry(id).or_default();
-            let now_straggling: Vec<Straggler> = stragglers(since, &lagging_now, now, after_ms)
-                .into_iter()
-                .map(|(gpu, began)| Straggler {
-                    utilization_pct: readings.iter().find(|(key, _)| *key == gpu).map_or(0, |(_, pct)| *pct),
-                    median_pct: median,
-                    since: began,
-                    gpu,
-                })
-                .collect();
+            let attempt = self.attempt_mut(id);
+            let since = &mut attempt.lagging_since;
+            let now_straggling = described(stragglers(since, &lagging_now, now, after_ms), &readings, median);
             // Each GPU flagged, and each back in step, is an event in the
             // job's history.
-            let before: Vec<Straggler> = self.stragglers.remove(&id).unwrap_or_default();
-            let mut events = Vec::new();
-            for straggler in &now_straggling {
-                if !before.iter().any(|old| old.gpu == straggler.gpu) {
-                    events.push(format!(
-                        "straggler: {} GPU {} at {}% while the job's median is {}%, since {}",
-                        straggler.gpu.node,
-                        straggler.gpu.index,
-                        straggler.utilization_pct,
-                        straggler.median_pct,
-                        straggler.since
-                    ));
-                }
-            }
-            for old in &before {
-                if !now_straggling.iter().any(|straggler| straggler.gpu == old.gpu) {
-                    events.push(format!(
-                        "{} GPU {} is back in step with the job's others",
-                        old.gpu.node, old.gpu.index
-                    ));
-                }
-            }
-            if !now_straggling.is_empty() {
-                self.stragglers.insert(id, now_straggling);
-            }
+            let events = changes(&attempt.stragglers, &now_straggling);
+            attempt.stragglers = now_straggling;
             if !events.is_empty() {
                 let Some(job) = self.jobs.get_mut(&id) else { continue };
                 for text in events {

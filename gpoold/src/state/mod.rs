@@ -9,6 +9,7 @@ mod access;
 mod agents;
 pub mod archive;
 mod arrays;
+mod attempt;
 mod commands;
 mod deps;
 mod gpu_use;
@@ -32,14 +33,15 @@ pub mod words;
 
 pub use access::NewToken;
 pub use agents::{kill_message, signal_message};
+pub use attempt::{Attempt, Preempting};
 use commands::Reply;
 pub use commands::{AgentEvent, AttemptOutcome, CancelMode, CancelOutcome, Command};
 pub use gpu_use::Straggler;
 pub use outbox::{Outbox, WeakOutbox, OUTBOX_CAPACITY};
-use sharing::running_view;
 pub use sharing::CheckpointOutcome;
 pub use task::{run_flusher, run_state_task, Notifiers, StateHandle};
 pub use update::JobUpdate;
+use view::running_view;
 
 use crate::error::Error;
 use gpool_core::auth::token::{Key, TokenRecord};
@@ -50,7 +52,7 @@ use gpool_core::job_state::{JobEvent, JobState};
 use gpool_core::model::{Job, JobSpec, Node};
 use gpool_core::policy::{Ledger, Refusal};
 use gpool_core::sched::{ClusterView, JobShape, NodeView, PendingJob, Policy, Queue};
-use gpool_core::{Epoch, JobId, Timestamp};
+use gpool_core::{JobId, Timestamp};
 use gpool_proto::pb;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
@@ -82,8 +84,9 @@ pub struct State {
     last_seen: HashMap<String, std::time::Instant>,
     /// Each node's latest per-GPU heartbeat samples; not durable.
     pub gpu_samples: HashMap<String, Vec<pb::GpuSample>>,
-    /// Nodes of running gangs whose rank already exited 0; not durable.
-    gang_exits: HashMap<JobId, std::collections::HashSet<String>>,
+    /// What is known of each running attempt beside its job's record
+    /// (GPU use, stragglers, gang exits, its preemption); not durable.
+    attempts: HashMap<JobId, Attempt>,
     node_timeout_ms: i64,
     /// When each down node went down (since this controller started); not durable.
     down_since: HashMap<String, std::time::Instant>,
@@ -96,16 +99,8 @@ pub struct State {
     last_compaction: Option<std::time::Instant>,
     /// Each team's metered GPU time (attempts that ended).
     pub usage: BTreeMap<String, Ledger>,
-    /// Preempted attempts and when their grace ends; rebuilt on start.
-    preempt_deadlines: BTreeMap<JobId, (Epoch, Timestamp)>,
-    /// Preempted attempts whose preemption was withdrawn in their grace
-    /// (`State::rescind`): not killed when it ends; not durable.
-    withdrawn: std::collections::HashSet<JobId>,
     /// Reservations made at run time; `policy` holds them too.
     created_reservations: Vec<gpool_core::sched::reservations::Reservation>,
-    /// The job each preempted attempt in its grace was preempted for; not
-    /// durable (after a restart its GPUs go to whoever needs them first).
-    preempted_for: HashMap<JobId, JobId>,
     /// GPUs of preempted attempts that ended while their job still waits:
     /// promised to it until it starts or the promise runs out; not durable.
     promises: Vec<promises::Promise>,
@@ -153,15 +148,6 @@ pub struct State {
     /// cycle sees (`Command::may_change_schedule`, or anything written);
     /// not durable.
     pub sched_generation: u64,
-    /// GPU use of running attempts so far (folded into the job when the
-    /// attempt ends); not durable.
-    pub gpu_use_live: HashMap<JobId, gpool_core::model::GpuUse>,
-    /// For each running job on several GPUs: since when each of its GPUs
-    /// has lagged behind the others; not durable.
-    pub lagging_since: HashMap<JobId, BTreeMap<gpool_core::stragglers::GpuKey, Timestamp>>,
-    /// Each running job's stragglers now: the GPU, its utilisation, the
-    /// job's median, and since when.
-    pub stragglers: HashMap<JobId, Vec<Straggler>>,
     straggler_after: std::time::Duration,
     /// The running jobs with GPUs on each node (what a heartbeat's samples
     /// are about).

@@ -64,8 +64,15 @@ impl State {
 
     /// Attempt `placement` of `id` ended: where it was preempted for a job
     /// that still waits, its GPUs are promised to that job.
-    pub(super) fn keep_promise(&mut self, id: JobId, placement: &[gpool_core::model::NodePlacement], now: Timestamp) {
-        let Some(for_job) = self.preempted_for.remove(&id) else {
+    /// `for_job`: the job it was preempted for, if any.
+    pub(super) fn keep_promise(
+        &mut self,
+        id: JobId,
+        for_job: Option<JobId>,
+        placement: &[gpool_core::model::NodePlacement],
+        now: Timestamp,
+    ) {
+        let Some(for_job) = for_job else {
             return;
         };
         if !is_pending(self.jobs.get(&for_job).map(|job| &**job)) {

@@ -3,11 +3,11 @@
 //! signal, grace, kill), checkpoint reports, and the hour's waste budget.
 
 use super::agents::{kill_message, signal_message};
-use super::{Batch, State, Write};
+use super::{running_view, Batch, Preempting, State, Write};
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
 use gpool_core::job_state::{JobEvent, JobState};
-use gpool_core::model::{GpuModel, GpuUse, Job};
+use gpool_core::model::{GpuModel, GpuUse};
 use gpool_core::sched::{Preemption, RunningJob};
 use gpool_core::{Epoch, JobId, Timestamp};
 use std::collections::HashMap;
@@ -42,18 +42,8 @@ impl State {
             return false;
         }
         let waiting_changed = before == JobState::Pending || job.state == JobState::Pending;
-        let mut ended_use = GpuUse::default();
         // The index of running jobs by node follows the job's placement.
         move_running_index(&mut self.running_on, id, &before, &job.state);
-        // An attempt that ended takes its GPU use into the job's record.
-        if matches!(before, JobState::Running { .. }) && !matches!(job.state, JobState::Running { .. }) {
-            if let Some(used) = self.gpu_use_live.remove(&id) {
-                job.gpu_use.get_or_insert_with(Default::default).merge(&used);
-                ended_use = used;
-            }
-            self.lagging_since.remove(&id);
-            self.stragglers.remove(&id);
-        }
         let array_task = job.array_task;
         let ended = job.state.is_finished() && !before.is_finished();
         if job.state.is_finished() {
@@ -76,9 +66,16 @@ impl State {
             if !same_attempt {
                 let gpus: u64 = placement.iter().map(|p| p.gpu_indices.len() as u64).sum();
                 let team = job.spec.team.to_string();
-                self.preempt_deadlines.remove(&id);
-                self.withdrawn.remove(&id);
-                self.keep_promise(id, placement, now);
+                // The attempt's record goes: its GPU use into the job's.
+                let attempt = self.attempt_ended(id).unwrap_or_default();
+                let ended_use = attempt.gpu_use;
+                if ended_use != GpuUse::default() {
+                    if let Some(job) = self.jobs.get_mut(&id) {
+                        job.gpu_use.get_or_insert_with(Default::default).merge(&ended_use);
+                    }
+                }
+                let for_job = attempt.preemption.and_then(|preempting| preempting.for_job);
+                self.keep_promise(id, for_job, placement, now);
                 self.usage
                     .entry(team.clone())
                     .or_default()
@@ -198,7 +195,7 @@ impl State {
                     burst,
                     ..
                 } => {
-                    let used = self.gpu_use_live.get(&job.id).copied().unwrap_or_default();
+                    let used = self.attempt(job.id).map(|attempt| attempt.gpu_use).unwrap_or_default();
                     Some(self.record_of(job, *epoch, placement, *started_at, now, *burst, "running", 0.0, used))
                 }
                 _ => None,
@@ -262,10 +259,17 @@ impl State {
                 continue;
             }
             let epoch = *epoch;
-            if self.withdrawn.remove(&preemption.victim) {
+            let lost = job.state.work_since_checkpoint(now);
+            let withdrawn = self
+                .attempts
+                .get_mut(&preemption.victim)
+                .and_then(|attempt| attempt.preemption.as_mut())
+                .filter(|preempting| preempting.withdrawn);
+            if let Some(preempting) = withdrawn {
                 // Taken again while its withdrawn grace runs: the signal went
                 // out then, and the grace still ends as it was to.
-                self.preempted_for.insert(preemption.victim, preemption.for_job);
+                preempting.withdrawn = false;
+                preempting.for_job = Some(preemption.for_job);
                 if let Some(job) = self.jobs.get_mut(&preemption.victim) {
                     job.record_event(now, format!("preempted again, for job {}", preemption.for_job));
                     out.writes.push(Write::Job(preemption.victim));
@@ -274,13 +278,14 @@ impl State {
                 *grace = (*grace).max(self.grace_secs(preemption.victim));
                 continue;
             }
-            let lost = job.state.work_since_checkpoint(now);
             let by = format!("preempted for job {}", preemption.for_job);
             let Some((signal, grace_secs)) = self.stop_and_requeue(preemption.victim, epoch, (false, &by), now, out)
             else {
                 continue;
             };
-            self.preempted_for.insert(preemption.victim, preemption.for_job);
+            if let Some(preempting) = self.preemption_mut(preemption.victim) {
+                preempting.for_job = Some(preemption.for_job);
+            }
             let grace = graces.entry(preemption.for_job).or_default();
             *grace = (*grace).max(grace_secs);
             tracing::info!(
@@ -323,11 +328,12 @@ impl State {
                 continue;
             };
             let grace_over = Timestamp(at.0 + self.grace_secs(id) as i64 * 1000);
-            let killing = self.preempt_deadlines.get(&id) != Some(&(epoch, grace_over)) || grace_over <= now;
-            if *running != epoch || killing || self.withdrawn.contains(&id) {
+            let preempting = self.preemption(id).copied();
+            let killing = preempting.map(|p| (p.epoch, p.deadline)) != Some((epoch, grace_over)) || grace_over <= now;
+            if *running != epoch || killing || preempting.is_some_and(|p| p.withdrawn) {
                 continue;
             }
-            let Some(for_job) = self.preempted_for.remove(&id) else {
+            let Some(for_job) = preempting.and_then(|p| p.for_job) else {
                 continue;
             };
             // Unless a checkpoint since changed what it would have lost.
@@ -340,7 +346,10 @@ impl State {
             if let Some(charged) = self.recent_waste.iter().position(|waste| *waste == (at, lost)) {
                 self.recent_waste.remove(charged);
             }
-            self.withdrawn.insert(id);
+            if let Some(preempting) = self.preemption_mut(id) {
+                preempting.for_job = None;
+                preempting.withdrawn = true;
+            }
             if let Some(job) = self.jobs.get_mut(&id) {
                 job.record_event(
                     now,
@@ -359,7 +368,9 @@ impl State {
     /// A withdrawn preemption's grace is over with its attempt running: the
     /// attempt runs on, as if never preempted (`JobEvent::Rescind`).
     fn withdrawn_grace_over(&mut self, id: JobId, epoch: Epoch, now: Timestamp, out: &mut Batch) {
-        self.preempt_deadlines.remove(&id);
+        if let Some(attempt) = self.attempts.get_mut(&id) {
+            attempt.preemption = None;
+        }
         if self.apply_event(id, &JobEvent::Rescind { epoch, now }, now, out) {
             if let Some(job) = self.jobs.get_mut(&id) {
                 job.record_event(now, "grace over with its preemption withdrawn: it runs on".to_string());
@@ -388,7 +399,9 @@ impl State {
         );
         if preempting {
             // A withdrawn preemption stands again, as the operator's.
-            if self.withdrawn.remove(&id) {
+            let withdrawn = self.preemption_mut(id).filter(|preempting| preempting.withdrawn);
+            if let Some(preempting) = withdrawn {
+                preempting.withdrawn = false;
                 if let Some(job) = self.jobs.get_mut(&id) {
                     job.requeue_cause = Some(gpool_core::model::RequeueCause::Requeued);
                     job.record_event(now, format!("requeued by {by}: its grace ends as it was to"));
@@ -441,8 +454,7 @@ impl State {
         if let Some(job) = self.jobs.get_mut(&id) {
             job.record_event(now, format!("{why}: signal {signal}, {grace_secs} s to checkpoint"));
         }
-        self.preempt_deadlines
-            .insert(id, (epoch, Timestamp(now.0 + grace_secs as i64 * 1000)));
+        self.attempt_mut(id).preemption = Some(Preempting::new(epoch, Timestamp(now.0 + grace_secs as i64 * 1000)));
         for part in placement {
             out.messages.push((part.node, signal_message(id, epoch, signal)));
         }
@@ -462,19 +474,22 @@ impl State {
     /// deadline).
     pub(super) fn enforce_preemption_grace(&mut self, now: Timestamp, out: &mut Batch) {
         self.expire_promises(now);
-        let due: Vec<(JobId, Epoch)> = self
-            .preempt_deadlines
+        let mut due: Vec<(JobId, Preempting)> = self
+            .attempts
             .iter()
-            .filter(|(_, (_, deadline))| *deadline <= now)
-            .map(|(id, (epoch, _))| (*id, *epoch))
+            .filter_map(|(id, attempt)| Some((*id, attempt.preemption?)))
+            .filter(|(_, preempting)| preempting.deadline <= now)
             .collect();
-        for (id, epoch) in due {
-            if self.withdrawn.remove(&id) {
+        due.sort_unstable_by_key(|(id, _)| *id);
+        for (id, preempting) in due {
+            let epoch = preempting.epoch;
+            if preempting.withdrawn {
                 self.withdrawn_grace_over(id, epoch, now, out);
                 continue;
             }
-            self.preempt_deadlines
-                .insert(id, (epoch, Timestamp(now.0 + KILL_RESEND_MS)));
+            if let Some(preempting) = self.preemption_mut(id) {
+                preempting.deadline = Timestamp(now.0 + KILL_RESEND_MS);
+            }
             tracing::info!(job = %id, "grace over: ending the preempted attempt");
             self.kill_attempt(id, epoch, out);
         }
@@ -505,7 +520,8 @@ impl State {
         // A deadline already kept (a kill sent, on a reload) stays.
         for (id, epoch, at) in under_way {
             let deadline = Timestamp(at.0 + self.grace_secs(id) as i64 * 1000);
-            self.preempt_deadlines.entry(id).or_insert((epoch, deadline));
+            let attempt = self.attempt_mut(id);
+            attempt.preemption.get_or_insert(Preempting::new(epoch, deadline));
         }
     }
 
@@ -541,45 +557,16 @@ impl State {
                 ..
             })
         );
-        if preempted && !self.withdrawn.contains(&id) {
-            self.preempt_deadlines
-                .insert(id, (epoch, Timestamp(now.0 + KILL_RESEND_MS)));
+        let withdrawn = self.preemption(id).is_some_and(|preempting| preempting.withdrawn);
+        if preempted && !withdrawn {
+            let deadline = Timestamp(now.0 + KILL_RESEND_MS);
+            match self.preemption_mut(id) {
+                Some(preempting) => preempting.deadline = deadline,
+                None => self.attempt_mut(id).preemption = Some(Preempting::new(epoch, deadline)),
+            }
             tracing::info!(job = %id, "checkpoint done: ending the preempted attempt now");
             self.kill_attempt(id, epoch, out);
         }
         Ok(CheckpointOutcome { preempted })
-    }
-}
-
-/// A running job as the scheduler sees it; `None` for any other job.
-pub(super) fn running_view(job: &Job) -> Option<RunningJob> {
-    match &job.state {
-        JobState::Running {
-            epoch,
-            placement,
-            started_at,
-            burst,
-            last_checkpoint_at,
-            preempted_at,
-        } => Some(RunningJob {
-            id: job.id,
-            epoch: *epoch,
-            user: job.user.to_string(),
-            team: job.spec.team.to_string(),
-            qos: job.spec.qos.to_string(),
-            pool: job.spec.pool.to_string(),
-            gpu_types: job.spec.gpu_types.clone(),
-            burst: *burst,
-            placement: placement.clone(),
-            started_at: *started_at,
-            last_checkpoint_at: *last_checkpoint_at,
-            preempting: preempted_at.is_some(),
-            preempted_for: None,
-            ends_at: job
-                .spec
-                .time_limit_secs
-                .map(|limit| Timestamp(started_at.0 + limit as i64 * 1000)),
-        }),
-        _ => None,
     }
 }

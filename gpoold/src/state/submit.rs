@@ -349,7 +349,6 @@ impl State {
                 // Pending and running jobs always take a cancel.
                 self.apply_event(id, &event, now, out);
                 if let Some((epoch, placement)) = running {
-                    self.gang_exits.remove(&id);
                     for part in placement {
                         out.messages.push((part.node, kill_message(id, epoch)));
                     }

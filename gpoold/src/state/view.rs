@@ -30,8 +30,11 @@ impl State {
             .filter_map(running_view)
             .map(|mut view| {
                 // A withdrawn preemption: it runs on, and may be taken again.
-                view.preempting &= !self.withdrawn.contains(&view.id);
-                view.preempted_for = self.preempted_for.get(&view.id).copied().filter(|_| view.preempting);
+                let preempting = self.preemption(view.id);
+                view.preempting &= !preempting.is_some_and(|preempting| preempting.withdrawn);
+                view.preempted_for = preempting
+                    .and_then(|preempting| preempting.for_job)
+                    .filter(|_| view.preempting);
                 view
             })
             .collect();
@@ -230,5 +233,38 @@ impl State {
             })
             .and_then(|id| self.jobs.get(id))
             .is_some_and(|job| job.state == JobState::Pending && self.words.reasons(job.id).is_none())
+    }
+}
+
+/// A running job as the scheduler sees it; `None` for any other job.
+pub(super) fn running_view(job: &Job) -> Option<gpool_core::sched::RunningJob> {
+    match &job.state {
+        JobState::Running {
+            epoch,
+            placement,
+            started_at,
+            burst,
+            last_checkpoint_at,
+            preempted_at,
+        } => Some(gpool_core::sched::RunningJob {
+            id: job.id,
+            epoch: *epoch,
+            user: job.user.to_string(),
+            team: job.spec.team.to_string(),
+            qos: job.spec.qos.to_string(),
+            pool: job.spec.pool.to_string(),
+            gpu_types: job.spec.gpu_types.clone(),
+            burst: *burst,
+            placement: placement.clone(),
+            started_at: *started_at,
+            last_checkpoint_at: *last_checkpoint_at,
+            preempting: preempted_at.is_some(),
+            preempted_for: None,
+            ends_at: job
+                .spec
+                .time_limit_secs
+                .map(|limit| Timestamp(started_at.0 + limit as i64 * 1000)),
+        }),
+        _ => None,
     }
 }

@@ -8,27 +8,26 @@
 //! it hashes nothing.
 
 use gpool_core::policy::Priority;
-use gpool_core::sched::{Plan, Reject};
+use gpool_core::sched::{Plan, Reason, Reject};
 use gpool_core::{JobId, Timestamp};
 use std::collections::HashMap;
 
-/// A list of reasons as text, rendered once for the jobs that share it.
+/// A list of reasons as data and text, rendered once for the jobs that
+/// share it.
 #[derive(Debug, Default, PartialEq)]
 pub struct Rendered {
-    pub reasons: Vec<String>,
-    /// What would make the job start sooner.
+    /// Each with its code (`resources`, `budget_exhausted`...), sentence,
+    /// hint and facts.
+    pub reasons: Vec<Reason>,
+    /// What would make the job start sooner: the reasons' hints.
     pub hints: Vec<String>,
-    /// The reasons' stable codes (`resources`, `budget_exhausted`...).
-    pub codes: Vec<&'static str>,
 }
 
 impl Rendered {
     fn of(rejects: &[Reject]) -> Rendered {
-        Rendered {
-            reasons: rejects.iter().map(ToString::to_string).collect(),
-            hints: rejects.iter().filter_map(Reject::hint).collect(),
-            codes: rejects.iter().map(Reject::code).collect(),
-        }
+        let reasons: Vec<Reason> = rejects.iter().map(Reason::of_reject).collect();
+        let hints = reasons.iter().filter_map(|reason| reason.hint.clone()).collect();
+        Rendered { reasons, hints }
     }
 }
 
@@ -243,7 +242,10 @@ mod tests {
         );
         assert_eq!(words.lists.len(), 2, "one rendering per shared list");
         assert_eq!(words.reasons(JobId(4)), words.reasons(JobId(9)));
-        assert_eq!(words.reasons(JobId(4)).unwrap().codes, [Reject::NoEstimate.code()]);
+        assert_eq!(
+            words.reasons(JobId(4)).unwrap().reasons[0].code,
+            Reject::NoEstimate.code()
+        );
         assert_eq!(words.reasons(JobId(3)), None, "starts: no reasons");
         assert_eq!(words.of(JobId(3)).unwrap().priority, Some(priority(1.0)));
         assert_eq!(words.estimated_start(JobId(7)), Some(Timestamp(1_000)));

@@ -702,6 +702,73 @@ pub struct Job {
     /// empty if it never was.
     #[prost(string, tag = "33")]
     pub requeue_cause: ::prost::alloc::string::String,
+    /// Why it is still pending, as data: one per `pending_reasons`, in the
+    /// same order, each with its code, sentence, hint and facts.
+    #[prost(message, repeated, tag = "34")]
+    pub reasons: ::prost::alloc::vec::Vec<Reason>,
+}
+/// One reason a job waits. Scripts branch on `code` (stable snake_case, the
+/// README lists them) and read the facts that apply to it; `words` is for
+/// people and may change.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Reason {
+    #[prost(string, tag = "1")]
+    pub code: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub words: ::prost::alloc::string::String,
+    /// What would make the job start sooner; empty where nothing would.
+    #[prost(string, tag = "3")]
+    pub hint: ::prost::alloc::string::String,
+    #[prost(string, optional, tag = "4")]
+    pub pool: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, optional, tag = "5")]
+    pub team: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, optional, tag = "6")]
+    pub user: ::core::option::Option<::prost::alloc::string::String>,
+    /// The limit reached (a team's or user's cap, a guarantee, an array's %N)
+    /// and how much of it is in use.
+    #[prost(uint64, optional, tag = "7")]
+    pub limit: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "8")]
+    pub in_use: ::core::option::Option<u64>,
+    /// GPUs the job asks for (per node where nodes_wanted is set); free in
+    /// the pool, on its best node, and kept for others by QoS reserves.
+    #[prost(uint64, optional, tag = "9")]
+    pub gpus_wanted: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "10")]
+    pub gpus_free: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "11")]
+    pub gpus_free_on_one_node: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "12")]
+    pub gpus_kept: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "13")]
+    pub nodes_wanted: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "14")]
+    pub nodes_with_enough: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "15")]
+    pub nodes_down: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "16")]
+    pub nodes_draining: ::core::option::Option<u64>,
+    #[prost(string, repeated, tag = "17")]
+    pub models_wanted: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, repeated, tag = "18")]
+    pub models_available: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The reservation it is about, and seconds until it opens or closes
+    /// (or until the job it waits behind should start).
+    #[prost(string, optional, tag = "19")]
+    pub reservation: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(uint64, optional, tag = "20")]
+    pub in_secs: ::core::option::Option<u64>,
+    /// The job it is about: a reservation's holder, or its array.
+    #[prost(uint64, optional, tag = "21")]
+    pub job: ::core::option::Option<u64>,
+    /// Preemptions under way for it, or times it was preempted.
+    #[prost(uint64, optional, tag = "22")]
+    pub count: ::core::option::Option<u64>,
+    /// When it may start (--begin), Unix milliseconds.
+    #[prost(int64, optional, tag = "23")]
+    pub at_ms: ::core::option::Option<i64>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

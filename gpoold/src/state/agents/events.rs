@@ -53,7 +53,6 @@ impl State {
             job.record_event(now, note);
         }
         if self.apply_event(id, &job_event, now, out) {
-            self.gang_exits.remove(&id);
             // One rank failing ends the whole gang.
             for part in placement.into_iter().filter(|part| part.node != node) {
                 out.messages.push((part.node, kill_message(id, epoch)));
@@ -101,7 +100,7 @@ impl State {
             AttemptOutcome::Started => return None,
             AttemptOutcome::Exited(ExitStatus::Code(0)) if !preempted => {
                 // Counted per node: one node reporting twice ends nothing.
-                let done = self.gang_exits.entry(event.job).or_default();
+                let done = &mut self.attempt_mut(event.job).gang_exits;
                 done.insert(node.to_string());
                 if (done.len() as u32) < n_nodes {
                     return None;
@@ -175,7 +174,6 @@ impl State {
         if self.apply_event(job_id, &event, now, out) {
             tracing::info!(job = %job_id, %epoch, "a lost attempt reported its end late: the job ends with it");
             if let Some((newer_epoch, placement)) = newer {
-                self.gang_exits.remove(&job_id);
                 for part in placement {
                     out.messages.push((part.node, kill_message(job_id, newer_epoch)));
                 }
