@@ -64,8 +64,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         cpus: config.cpus,
         memory_bytes: config.memory_bytes,
     };
-    let controller = gpool_proto::dial::Address::parse(&config.controller)
-        .map_err(|reason| anyhow::anyhow!("controller: {reason}"))?;
+    let controller =
+        gpool_proto::dial::parse_list(&config.controller).map_err(|reason| anyhow::anyhow!("controller: {reason}"))?;
     link::run(controller, tls, info, attempts, event_receiver, shutdown).await;
     if let Some(task) = health_program {
         task.abort();

@@ -31,8 +31,10 @@ pub struct NodeInfo {
 
 /// Keeps the link up until `shutdown` resolves. Job events that could not
 /// be sent wait in `events` for the next connection.
+/// `controllers`: tried in turn at each connect (only the leader of a pool
+/// run with `[ha]` listens).
 pub async fn run(
-    controller: Address,
+    controller: Vec<Address>,
     tls: ClientTls,
     info: NodeInfo,
     attempts: Arc<Attempts>,
@@ -93,14 +95,15 @@ const UNANSWERED: usize = 256;
 /// One connection: registers, then heartbeats, forwards job events and
 /// obeys gpoold until the link drops (`Ok` when gpoold closed it).
 async fn serve_once(
-    controller: &Address,
+    controller: &[Address],
     tls: &ClientTls,
     info: &NodeInfo,
     (attempts, orders): (&Arc<Attempts>, &Orders),
     events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
     undelivered: &mut Vec<pb::JobEvent>,
 ) -> Result<(), String> {
-    let channel = connect(controller, tls).await?;
+    let (channel, reached) = connect(controller, tls).await?;
+    let controller = &controller[reached];
     // Heartbeats and job events go ahead of bulk data (log output), so a
     // busy log never delays what keeps the node alive.
     let (control, control_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
@@ -159,15 +162,15 @@ async fn serve_once(
     }
 }
 
-/// Connects to gpoold for the link.
-async fn connect(controller: &Address, tls: &ClientTls) -> Result<tonic::transport::Channel, String> {
+/// Connects to gpoold for the link: the first controller that answers.
+async fn connect(controllers: &[Address], tls: &ClientTls) -> Result<(tonic::transport::Channel, usize), String> {
     // The link is one long call: only the connection has a deadline (and
     // keepalive pings find a gpoold that went away).
     let deadlines = gpool_proto::dial::Deadlines {
         connect: Duration::from_secs(10),
         request: None,
     };
-    gpool_proto::dial::connect(controller, tls, deadlines)
+    gpool_proto::dial::connect_first(controllers, tls, deadlines)
         .await
         .map_err(|err| format!("cannot connect: {err}"))
 }

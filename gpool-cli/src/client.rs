@@ -78,14 +78,17 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
         addr: addr.to_string(),
         reason,
     };
-    let address = Address::parse(addr).map_err(|reason| CliError::Usage(format!("--server: {reason}")))?;
-    let tcp = matches!(address, Address::Tcp { .. });
+    let addresses = dial::parse_list(addr).map_err(|reason| CliError::Usage(format!("--server: {reason}")))?;
+    let tcp = addresses.iter().any(|address| matches!(address, Address::Tcp { .. }));
     let tls = ClientTls {
         ca_pem: if tcp { read_ca()? } else { None },
         identity_pem: None,
     };
     let token = if tcp { read_token()? } else { None };
-    if let (Some(_), Address::Tcp { host_port, tls: wanted }) = (&token, &address) {
+    for address in addresses.iter().filter(|_| token.is_some()) {
+        let Address::Tcp { host_port, tls: wanted } = address else {
+            continue;
+        };
         // A token sent in clear text is a token given away; loopback never
         // leaves the host, and http:// says the user means it.
         let encrypted = wanted.unwrap_or(tls.ca_pem.is_some());
@@ -105,7 +108,9 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
         connect: timeout.unwrap_or(std::time::Duration::from_secs(3600)),
         request: timeout,
     };
-    let channel = dial::connect(&address, &tls, deadlines).await.map_err(unreachable)?;
+    let (channel, _) = dial::connect_first(&addresses, &tls, deadlines)
+        .await
+        .map_err(unreachable)?;
     let bearer: Option<MetadataValue<_>> = token
         .map(|token| {
             format!("Bearer {token}")

@@ -48,8 +48,9 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "gpool", version, about = "Submit and manage jobs on a gpool GPU cluster")]
 pub struct Cli {
-    /// Controller address (HOST:PORT, https://HOST:PORT or unix:PATH);
-    /// defaults to a running dev controller, then the local socket.
+    /// Controller address (HOST:PORT, https://HOST:PORT or unix:PATH), or
+    /// several separated by commas, tried in turn; defaults to a running dev
+    /// controller, then the local socket.
     #[arg(long, global = true, env = "GPOOL_SERVER")]
     server: Option<String>,
     /// Output format.

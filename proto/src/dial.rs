@@ -41,6 +41,57 @@ impl Address {
     }
 }
 
+/// One address, or several separated by commas: the controllers of a pool
+/// run with `[ha]`, tried in turn (only the leader listens).
+pub fn parse_list(text: &str) -> Result<Vec<Address>, String> {
+    let addresses = text
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(Address::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    if addresses.is_empty() {
+        return Err(format!("{text:?} names no address"));
+    }
+    Ok(addresses)
+}
+
+/// Connects to the first of `addresses` that answers, in order: the one,
+/// and its index. Each gets `deadlines.connect`.
+pub async fn connect_first(
+    addresses: &[Address],
+    tls: &ClientTls,
+    deadlines: Deadlines,
+) -> Result<(Channel, usize), String> {
+    let mut failures = Vec::new();
+    for (index, address) in addresses.iter().enumerate() {
+        match connect(address, tls, deadlines).await {
+            Ok(channel) => return Ok((channel, index)),
+            Err(err) if addresses.len() == 1 => return Err(err),
+            Err(err) => failures.push(format!("{}: {err}", address.text())),
+        }
+    }
+    Err(failures.join("; "))
+}
+
+impl Address {
+    /// As written for people.
+    pub fn text(&self) -> String {
+        match self {
+            Address::Unix(path) => format!("unix:{}", path.display()),
+            Address::Tcp {
+                host_port,
+                tls: Some(true),
+            } => format!("https://{host_port}"),
+            Address::Tcp {
+                host_port,
+                tls: Some(false),
+            } => format!("http://{host_port}"),
+            Address::Tcp { host_port, tls: None } => host_port.clone(),
+        }
+    }
+}
+
 /// What TLS needs on the client side: the cluster CA, and for agents their
 /// certificate and key (PEM text).
 #[derive(Clone, Default)]
@@ -172,5 +223,18 @@ mod tests {
         assert!(Address::parse("ftp://x:1").is_err());
         assert!(Address::parse("nowhere").is_err());
         assert!(Address::parse("unix:").is_err());
+    }
+
+    #[test]
+    fn a_list_names_each_controller_in_turn() {
+        let list = parse_list("10.0.0.1:7070, https://b.example:7070").unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[1].text(), "https://b.example:7070");
+        assert_eq!(
+            parse_list("unix:/run/g.sock").unwrap(),
+            vec![Address::Unix("/run/g.sock".into())]
+        );
+        assert!(parse_list(" , ").is_err());
+        assert!(parse_list("a:1,nowhere").is_err());
     }
 }

@@ -1026,3 +1026,36 @@ fn the_lease_cuts_a_time_limits_grace_so_a_job_never_runs_twice() {
     assert!(!ticks.contains("tick 2 "), "a second attempt ran: {ticks}");
     assert_eq!(ended["attempt"], 1, "{ended}");
 }
+
+/// Several controller addresses, as for the controllers of one pool where
+/// only the leader listens: the agent and the CLI try them in turn, pass
+/// over one that does not answer, and reach the one that does.
+#[test]
+fn the_agent_and_the_cli_try_each_named_controller_in_turn() {
+    let mut cluster = Cluster::start();
+    let silent = format!("127.0.0.1:{}", crate::harness::free_port());
+    let both = format!("{silent}, {}", cluster.addr);
+    let top = format!("controller = \"{both}\"\n");
+    cluster.spawn_agent("node-a", 2, &top, "", None);
+    cluster.wait_for_registered("node-a");
+    let run = crate::harness::cluster::gpool_command(&["submit", "--gpus", "1", "--wait", "--", "true"])
+        .current_dir(cluster.dir.path())
+        .env("GPOOL_SERVER", &both)
+        .output()
+        .expect("run gpool");
+    let run = crate::harness::cluster::Run::from(run);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    // None answering: each is named with why.
+    let other = format!("127.0.0.1:{}", crate::harness::free_port());
+    let run = crate::harness::cluster::gpool_command(&["jobs"])
+        .env("GPOOL_SERVER", format!("{silent},{other}"))
+        .output()
+        .expect("run gpool");
+    let run = crate::harness::cluster::Run::from(run);
+    assert_eq!(run.code, 69, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&silent) && run.stderr.contains(&other),
+        "{}",
+        run.stderr
+    );
+}
