@@ -135,15 +135,22 @@ async fn serve_once(
     let mut lease_until: Option<u64> = None;
     loop {
         tokio::select! {
-            message = inbound.message() => match message.map_err(|status| status.message().to_string())? {
-                Some(pb::ControllerMessage { msg: Some(pb::controller_message::Msg::Lease(lease)) }) => {
-                    if let Some(until) = on_lease(&lease, &mut sent, (info, attempts), &mut heartbeat) {
-                        lease_until = Some(until);
+            message = inbound.message() => {
+                let Some(message) = message.map_err(|status| status.message().to_string())? else {
+                    return Ok(());
+                };
+                // A deposed leader's message ends the link: the next
+                // connect finds the leader.
+                admit(message.term)?;
+                match message {
+                    pb::ControllerMessage { msg: Some(pb::controller_message::Msg::Lease(lease)), .. } => {
+                        if let Some(until) = on_lease(&lease, &mut sent, (info, attempts), &mut heartbeat) {
+                            lease_until = Some(until);
+                        }
                     }
+                    message => obey(message, (attempts, orders), &bulk, &info.health),
                 }
-                Some(message) => obey(message, (attempts, orders), &bulk, &info.health),
-                None => return Ok(()),
-            },
+            }
             Some(event) = events.recv() => {
                 let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobEvent(event.clone())) };
                 if control.send(message).await.is_err() {
@@ -158,6 +165,25 @@ async fn serve_once(
                 seq += 1;
                 send_heartbeat(&control, &mut sent, seq, (info, attempts)).await?;
             }
+        }
+    }
+}
+
+/// The highest controller term this agent has seen (`[ha]`; 0: none).
+static HIGHEST_TERM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Keeps `term` as the highest seen, or refuses it (and says so in the log).
+fn admit(term: u64) -> Result<(), String> {
+    use std::sync::atomic::Ordering;
+    let highest = HIGHEST_TERM.load(Ordering::SeqCst);
+    match gpool_core::fencing::admit_term(highest, term) {
+        Ok(now) => {
+            HIGHEST_TERM.fetch_max(now, Ordering::SeqCst);
+            Ok(())
+        }
+        Err(refusal) => {
+            tracing::error!("{refusal}");
+            Err(refusal)
         }
     }
 }

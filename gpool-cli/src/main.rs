@@ -59,7 +59,7 @@ pub struct Cli {
     /// How long to wait for gpoold to connect and to answer each request
     /// (a duration such as 30s; 0 waits as long as it takes). Waiting for
     /// jobs (--wait) and following logs are not bounded by it.
-    #[arg(long, global = true, env = "GPOOL_TIMEOUT", default_value = "30s", value_parser = parse_timeout)]
+    #[arg(long, global = true, env = "GPOOL_TIMEOUT", default_value = "30s", value_parser = cmd::parse_timeout)]
     timeout: std::time::Duration,
     #[command(subcommand)]
     command: Command,
@@ -232,6 +232,9 @@ enum Command {
     Report(cmd::report::ReportArgs),
     /// Who gpoold takes you to be, and how it knows.
     Whoami,
+    /// The controllers of a pool run with [ha]: the leader, the standbys,
+    /// the term and each lease's time left.
+    Controllers,
     /// Print a completion script: `gpool completions bash >
     /// /etc/bash_completion.d/gpool` (zsh: into a directory of $fpath as
     /// _gpool; fish: ~/.config/fish/completions/gpool.fish).
@@ -324,7 +327,7 @@ enum CaCommand {
         #[arg(long, default_value_os_t = cmd::pki::default_state_dir())]
         state_dir: std::path::PathBuf,
         /// How long the CA is valid.
-        #[arg(long, default_value = "10y", value_parser = parse_validity)]
+        #[arg(long, default_value = "10y", value_parser = cmd::parse_validity)]
         expires: u64,
     },
 }
@@ -347,7 +350,7 @@ enum CertCommand {
         #[arg(long, default_value_os_t = cmd::pki::default_state_dir())]
         state_dir: std::path::PathBuf,
         /// How long the certificate is valid.
-        #[arg(long, default_value = "1y", value_parser = parse_validity)]
+        #[arg(long, default_value = "1y", value_parser = cmd::parse_validity)]
         expires: u64,
     },
     /// Revoke a certificate by serial, or every one issued to --node.
@@ -377,7 +380,7 @@ enum TokenCommand {
         #[arg(long = "team")]
         teams: Vec<String>,
         /// How long it is valid (e.g. 90d); never expires if absent.
-        #[arg(long, value_parser = parse_validity)]
+        #[arg(long, value_parser = cmd::parse_validity)]
         expires: Option<u64>,
     },
     /// List tokens: id, user, role, teams, expiry and whether revoked
@@ -388,20 +391,6 @@ enum TokenCommand {
         /// The token's id, as `list` shows it.
         id: u64,
     },
-}
-
-/// `90d`, `12h`, `1y`, `30s`: seconds.
-fn parse_validity(text: &str) -> Result<u64, String> {
-    humantime::parse_duration(text)
-        .map(|duration| duration.as_secs())
-        .map_err(|err| format!("{text:?} is not a duration such as 90d: {err}"))
-}
-
-fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
-    if text.trim() == "0" {
-        return Ok(std::time::Duration::ZERO);
-    }
-    humantime::parse_duration(text).map_err(|err| format!("{text:?} is not a duration such as 30s, or 0: {err}"))
 }
 
 fn main() -> ExitCode {
@@ -590,6 +579,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             cmd::access::token_revoke(&ctx, id).await.map(|()| 0)
         }
         Command::Whoami => cmd::access::whoami(&ctx).await.map(|()| 0),
+        Command::Controllers => cmd::access::controllers(&ctx).await.map(|()| 0),
         Command::Why { id } => cmd::sharing::why(&ctx, id).await.map(|()| 0),
         Command::Usage { team } => cmd::sharing::usage(&ctx, team).await.map(|()| 0),
         Command::Checkpoint { job, attempt } => cmd::checkpoint::run(&ctx, job, attempt).await.map(|()| 0),

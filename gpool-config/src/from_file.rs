@@ -7,7 +7,7 @@ use super::*;
 
 /// Turns a byte offset of the file and a message into the error that
 /// names the file, line and field.
-type Invalid<'a> = &'a dyn Fn(usize, String) -> ConfigError;
+pub(crate) type Invalid<'a> = &'a dyn Fn(usize, String) -> ConfigError;
 
 impl Config {
     pub(super) fn from_file(file: &str, text: &str, parsed: ConfigFile) -> Result<Config, ConfigError> {
@@ -53,6 +53,7 @@ impl Config {
             &invalid,
         )?;
         let health = health_of(parsed.health, &invalid)?;
+        let ha = super::ha::ha_of(parsed.ha, &invalid)?;
         let notify = parsed
             .notify
             .map_or_else(Default::default, |file| gpool_core::model::NotifyRules {
@@ -60,6 +61,7 @@ impl Config {
                 sendmail: file.sendmail,
             });
         Ok(Config {
+            ha,
             health,
             notify,
             listen,

@@ -8,6 +8,8 @@ use gpool_core::toml_text;
 pub use gpool_core::toml_text::ConfigError;
 
 mod from_file;
+mod ha;
+pub use ha::{Ha, DEFAULT_ELECTION, DEFAULT_LEASE_TTL};
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -75,6 +77,8 @@ impl Default for Accounting {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// `[ha]`: campaign for leadership through etcd, serve only as leader.
+    pub ha: Option<Ha>,
     pub state_dir: PathBuf,
     /// Dev mode: loopback only, no TLS, the caller's user name is trusted.
     pub dev: bool,
@@ -213,6 +217,8 @@ struct ConfigFile {
     notify: Option<NotifyFile>,
     #[serde(default)]
     reservation: Vec<toml::Spanned<ReservationFile>>,
+    #[serde(default)]
+    ha: Option<toml::Spanned<ha::HaFile>>,
 }
 
 /// `[[reservation]]`: nodes kept for a window.

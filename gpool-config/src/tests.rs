@@ -209,3 +209,47 @@ fn a_pool_gives_its_jobs_default_cpus_and_memory() {
         "{err}"
     );
 }
+
+#[test]
+fn ha_names_etcd_this_controller_and_its_lease() {
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[ha]\n";
+    let good =
+        "etcd = [\"http://10.0.0.5:2379\", \"10.0.0.6:2379\"]\nname = \"ctl-a\"\nadvertise = \"ctl-a.example:7070\"\n";
+    let config = Config::parse("g.toml", &format!("{base}{good}")).unwrap_or_else(|err| panic!("{err}"));
+    let ha = config.ha.expect("[ha]");
+    assert_eq!(ha.etcd.len(), 2);
+    assert_eq!(
+        (ha.name.as_str(), ha.advertise.as_str()),
+        ("ctl-a", "ctl-a.example:7070")
+    );
+    assert_eq!(ha.lease_ttl, DEFAULT_LEASE_TTL);
+    assert_eq!(ha.election, DEFAULT_ELECTION);
+    let without = Config::parse("g.toml", "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n").unwrap();
+    assert_eq!(without.ha, None);
+    for (bad, says) in [
+        (
+            good.replace("[\"http://10.0.0.5:2379\", \"10.0.0.6:2379\"]", "[]"),
+            "ha.etcd: name at least one",
+        ),
+        (
+            good.replace("http://10.0.0.5:2379", "https://10.0.0.5:2379"),
+            "ha.etcd: \"https://10.0.0.5:2379\" is not http://HOST:PORT",
+        ),
+        (good.replace("ctl-a\"\n", "ctl a\"\n"), "ha.name: \"ctl a\" must be"),
+        (
+            good.replace("ctl-a.example:7070", "ctl-a.example"),
+            "ha.advertise: \"ctl-a.example\" is not HOST:PORT",
+        ),
+        (
+            format!("{good}lease_ttl = \"1s\"\n"),
+            "ha.lease_ttl: \"1s\" is not a whole number of seconds",
+        ),
+        (format!("{good}lease_ttl = \"2.5s\"\n"), "ha.lease_ttl: \"2.5s\""),
+        (format!("{good}leader = true\n"), "unknown field `leader`"),
+    ] {
+        let err = Config::parse("g.toml", &format!("{base}{bad}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}

@@ -46,9 +46,34 @@ pub fn may_take_over(
     }
 }
 
+/// Whether an agent obeys a message of controller term `term`, having seen
+/// `highest` so far: the highest term it knows after this message, or why
+/// it refuses. Term 0 is a controller without `[ha]`, which has no terms.
+/// A lower term than one already seen is a deposed leader's: it may still
+/// think it leads, and obeying it could run a job twice.
+pub fn admit_term(highest: u64, term: u64) -> Result<u64, String> {
+    match term {
+        0 => Ok(highest),
+        _ if term < highest => Err(format!(
+            "refused a message of controller term {term}: the leader of term {highest} took over from it"
+        )),
+        _ => Ok(term),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deposed_leaders_term_is_refused() {
+        assert_eq!(admit_term(0, 0), Ok(0), "no [ha]: no terms");
+        assert_eq!(admit_term(0, 7), Ok(7));
+        assert_eq!(admit_term(7, 7), Ok(7));
+        assert_eq!(admit_term(7, 12), Ok(12), "a newer leader");
+        let refused = admit_term(12, 7).unwrap_err();
+        assert!(refused.contains("term 7") && refused.contains("term 12"), "{refused}");
+    }
 
     #[test]
     fn an_agent_of_another_boot_may_not_take_a_live_node_over() {

@@ -4,6 +4,7 @@
 pub mod api;
 pub use gpool_config as config;
 pub mod error;
+pub mod ha;
 pub mod metrics;
 pub mod notify;
 pub mod reports;
@@ -49,8 +50,11 @@ pub async fn run(
     hangups: tokio::sync::mpsc::UnboundedReceiver<()>,
 ) -> anyhow::Result<()> {
     prepare_state_dir(&config.state_dir)?;
-    let (store, loaded) = state::store::Store::open_sealing(&config.state_dir, config.history_file_records)
-        .with_context(|| format!("state dir {}", config.state_dir.display()))?;
+    let mut shutdown = Box::pin(shutdown);
+    let Some(leadership) = elected(&config, &mut shutdown).await else {
+        return Ok(());
+    };
+    let (store, loaded) = open_store(&config).await?;
     let n_jobs = loaded.jobs.len();
     let security = Arc::new(security::Security::open(&config)?);
     let tls = config.tls.as_ref().map(security::tls::server_config).transpose()?;
@@ -70,6 +74,8 @@ pub async fn run(
     let mut background = tokio::task::JoinSet::new();
     background.spawn(seal_periodically(store.sealer()));
     let mut core = startup::start_core(store, loaded, &config, &security, accounting, &mut background);
+    let leadership = leadership.map(Arc::new);
+    core.leadership = leadership.clone();
 
     tracing::info!(
         "gpoold listening on {addr} with {n_jobs} jobs in memory (those not ended, and what they need) from {}",
@@ -89,10 +95,7 @@ pub async fn run(
     // clients that keep connections open get SHUTDOWN_GRACE, no more.
     let (stopping_sender, stopping) = tokio::sync::watch::channel(false);
     let stopping_sender_for_agents = stopping_sender.clone();
-    let shutdown = async move {
-        shutdown.await;
-        let _ = stopping_sender.send(true);
-    };
+    let shutdown = resign_then_stop(shutdown, leadership.clone(), stopping_sender);
     let served = startup::serve(
         &config,
         &core,
@@ -110,7 +113,63 @@ pub async fn run(
     let (outcome, state_task_ended) =
         startup::until_end(&mut core.state_task, served, grace_over, &mut core.flusher).await;
     startup::shut_down(core, state_task_ended, tasks, stopping_sender_for_agents, &config, addr).await;
+    drop(leadership);
     outcome
+}
+
+/// With `[ha]`, campaigns until this controller is elected: `None` when it
+/// is told to stop first (a standby just stops). `Some(None)` without
+/// `[ha]`.
+async fn elected(
+    config: &Config,
+    shutdown: &mut std::pin::Pin<Box<impl Future<Output = ()>>>,
+) -> Option<Option<ha::Leadership>> {
+    let Some(ha) = &config.ha else {
+        return Some(None);
+    };
+    tokio::select! {
+        leadership = ha::campaign(ha) => Some(Some(leadership)),
+        () = shutdown => {
+            tracing::info!("ha: standby stopping");
+            None
+        }
+    }
+}
+
+/// The server's shutdown: once `shutdown` resolves, a leader resigns (a
+/// planned switch: the standby is elected now, and takes the state dir's
+/// lock once this shutdown lets go of it), then everything stops.
+async fn resign_then_stop(
+    shutdown: impl Future<Output = ()>,
+    leadership: Option<Arc<ha::Leadership>>,
+    stopping: tokio::sync::watch::Sender<bool>,
+) {
+    shutdown.await;
+    if let Some(leadership) = leadership {
+        leadership.resign().await;
+    }
+    let _ = stopping.send(true);
+}
+
+/// Opens the state dir's store. An elected controller waits for the
+/// previous leader's lock to go: one that lost its lease exits within two
+/// thirds of the TTL, one that resigned once its shutdown is over.
+async fn open_store(config: &Config) -> anyhow::Result<(state::store::Store, state::store::Loaded)> {
+    let patience = config.ha.as_ref().map_or(std::time::Duration::ZERO, |ha| {
+        ha.lease_ttl + SHUTDOWN_GRACE + std::time::Duration::from_secs(10)
+    });
+    let since = std::time::Instant::now();
+    loop {
+        let opened = state::store::Store::open_sealing(&config.state_dir, config.history_file_records)
+            .with_context(|| format!("state dir {}", config.state_dir.display()));
+        match opened {
+            Err(err) if since.elapsed() < patience => {
+                tracing::warn!("ha: {err:#}; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            opened => return opened,
+        }
+    }
 }
 
 /// The configs of `gpoold --dev`'s in-process agents: simulated GPUs, or one

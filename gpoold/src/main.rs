@@ -97,6 +97,7 @@ fn run(
                 }
             );
             Config {
+                ha: None,
                 listen: args.listen,
                 state_dir,
                 dev: true,

@@ -13,6 +13,9 @@ pub(crate) struct Core {
     pub(crate) liveness_task: tokio::task::JoinHandle<()>,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) reports: reports::Reports,
+    /// With `[ha]`: this controller's leadership, which `Controllers` asks
+    /// etcd about.
+    pub(crate) leadership: Option<Arc<crate::ha::Leadership>>,
 }
 
 /// Points the CLI at this dev controller, unless another one already
@@ -97,6 +100,7 @@ pub(crate) fn start_core(
         liveness_task,
         metrics,
         reports,
+        leadership: None,
     }
 }
 
@@ -135,7 +139,7 @@ pub(crate) async fn serve(
         &mut tokio::task::JoinSet<()>,
     ),
 ) -> anyhow::Result<impl Future<Output = Result<(), tonic::transport::Error>>> {
-    let (pool, agent_link) = api_services(config, core, security);
+    let (pool, agent_link) = api_services(config, core, security, addr);
     let unix_listener = config.socket.as_deref().map(security::listen::bind_unix).transpose()?;
     log_tcp_security(config, tls.is_some());
     if let Some(dev_agents) = &config.dev_agents {
@@ -203,6 +207,7 @@ fn api_services(
     config: &Config,
     core: &Core,
     security: &Arc<security::Security>,
+    addr: std::net::SocketAddr,
 ) -> (
     InterceptedService<PoolServer<api::pool::PoolService>, impl Authenticate>,
     InterceptedService<AgentLinkServer<api::agent_link::AgentLinkService>, impl Authenticate>,
@@ -215,6 +220,9 @@ fn api_services(
         config_path: config.path.clone(),
         security: security.clone(),
         reports: reports.clone(),
+        leadership: core.leadership.clone(),
+        ha: config.ha.clone(),
+        listen: addr.to_string(),
     })
     .max_decoding_message_size(config.max_message_size)
     // Replies (a page of job listings) may be larger than any request.

@@ -282,7 +282,10 @@ mod tests {
     use super::*;
 
     fn fixture(text: &str) -> Fixture {
-        let dir = std::env::temp_dir().join(format!("standin-{}-{}", std::process::id(), text.len()));
+        // A file of its own per call: tests run in parallel in one process.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("standin-{}-{call}", std::process::id()));
         std::fs::write(&dir, text).unwrap();
         let loaded = Fixture::load(dir.to_str().unwrap());
         let _ = std::fs::remove_file(&dir);

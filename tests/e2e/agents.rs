@@ -1045,6 +1045,13 @@ fn the_agent_and_the_cli_try_each_named_controller_in_turn() {
         .expect("run gpool");
     let run = crate::harness::cluster::Run::from(run);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    // Without [ha] one controller answers for itself.
+    let controllers = cluster.gpool(&["controllers", "--output", "json"]).json();
+    assert_eq!(controllers["ha"], false, "{controllers}");
+    assert_eq!(
+        controllers["controllers"][0]["advertise"], cluster.addr,
+        "{controllers}"
+    );
     // None answering: each is named with why.
     let other = format!("127.0.0.1:{}", crate::harness::free_port());
     let run = crate::harness::cluster::gpool_command(&["jobs"])

@@ -10,6 +10,7 @@ mod bad_input;
 mod disk;
 mod durability;
 mod faults;
+mod ha;
 mod health;
 mod history;
 mod interactive;

@@ -30,6 +30,57 @@ pub async fn whoami(ctx: &Ctx) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `gpool controllers`: who leads, who stands by.
+pub async fn controllers(ctx: &Ctx) -> Result<(), CliError> {
+    let mut conn = ctx.connect().await?;
+    let answer = conn
+        .client
+        .controllers(pb::ControllersRequest {})
+        .await
+        .map_err(|s| conn.refused(s))?
+        .into_inner();
+    let lease_left = |secs: i64| (secs >= 0).then_some(secs);
+    if ctx.json() {
+        let controllers: Vec<serde_json::Value> = answer
+            .controllers
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "name": c.name, "advertise": c.advertise, "leader": c.leader,
+                    "lease_left_secs": lease_left(c.lease_left_secs),
+                })
+            })
+            .collect();
+        print_json(&serde_json::json!({"ha": answer.ha, "term": answer.term, "controllers": controllers}));
+        return Ok(());
+    }
+    if !answer.ha {
+        outln!(
+            "one controller, without [ha]: {}",
+            answer.controllers.first().map_or("", |c| c.advertise.as_str())
+        );
+        return Ok(());
+    }
+    let rows = answer
+        .controllers
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.advertise.clone(),
+                if c.leader {
+                    format!("leader (term {})", answer.term)
+                } else {
+                    "standby".into()
+                },
+                lease_left(c.lease_left_secs).map_or("-".into(), |secs| format!("{secs}s")),
+            ]
+        })
+        .collect();
+    crate::output::print_table(&["NAME", "ADDRESS", "ROLE", "LEASE LEFT"], rows);
+    Ok(())
+}
+
 pub async fn token_create(
     ctx: &Ctx,
     user: String,

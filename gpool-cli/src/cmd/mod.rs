@@ -175,3 +175,17 @@ pub fn display_id(job: &gpool_proto::pb::Job) -> String {
         None => job.id.to_string(),
     }
 }
+
+/// `90d`, `12h`, `1y`, `30s`: seconds.
+pub fn parse_validity(text: &str) -> Result<u64, String> {
+    humantime::parse_duration(text)
+        .map(|duration| duration.as_secs())
+        .map_err(|err| format!("{text:?} is not a duration such as 90d: {err}"))
+}
+
+pub fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
+    if text.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    humantime::parse_duration(text).map_err(|err| format!("{text:?} is not a duration such as 30s, or 0: {err}"))
+}

@@ -135,6 +135,7 @@ async fn relay_agent_messages(
                     if let Some(outbox) = stop_logs.upgrade() {
                         let stop = pb::StopLog { request_id };
                         let _ = outbox.send(pb::ControllerMessage {
+                            term: 0,
                             msg: Some(pb::controller_message::Msg::StopLog(stop)),
                         });
                     }

@@ -27,6 +27,12 @@ pub struct PoolService {
     pub config_path: Option<std::path::PathBuf>,
     pub security: Arc<Security>,
     pub reports: crate::reports::Reports,
+    /// With `[ha]`: this leader's election, which `Controllers` lists.
+    pub leadership: Option<Arc<crate::ha::Leadership>>,
+    pub ha: Option<crate::config::Ha>,
+    /// The address this controller is bound to (`Controllers` without
+    /// `[ha]`).
+    pub listen: String,
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
@@ -119,6 +125,7 @@ impl Pool for PoolService {
             epoch,
         };
         let message = pb::ControllerMessage {
+            term: 0,
             msg: Some(pb::controller_message::Msg::ReadLog(read_log)),
         };
         if let Err(err) = self.state.call(|reply| Command::ToAgent { node, message, reply }).await {
@@ -148,6 +155,7 @@ impl Pool for PoolService {
             resize,
         };
         let message = pb::ControllerMessage {
+            term: 0,
             msg: Some(pb::controller_message::Msg::Input(input)),
         };
         self.state
@@ -268,6 +276,44 @@ impl Pool for PoolService {
             admin: who.caller.admin,
             led_teams: who.caller.led_teams,
             via: who.via,
+        }))
+    }
+
+    async fn controllers(
+        &self,
+        request: Request<pb::ControllersRequest>,
+    ) -> Result<Response<pb::ControllersResponse>, Status> {
+        identity(&request)?;
+        let (Some(leadership), Some(ha)) = (&self.leadership, &self.ha) else {
+            let this = pb::Controller {
+                name: String::new(),
+                advertise: self.listen.clone(),
+                leader: true,
+                lease_left_secs: -1,
+            };
+            return Ok(Response::new(pb::ControllersResponse {
+                ha: false,
+                term: 0,
+                controllers: vec![this],
+            }));
+        };
+        let candidates = leadership
+            .candidates(&ha.election)
+            .await
+            .map_err(|err| Status::unavailable(format!("etcd: {err}")))?;
+        let controllers = candidates
+            .into_iter()
+            .map(|candidate| pb::Controller {
+                name: candidate.name,
+                advertise: candidate.advertise,
+                leader: candidate.leader,
+                lease_left_secs: candidate.lease_left_secs.unwrap_or(-1),
+            })
+            .collect();
+        Ok(Response::new(pb::ControllersResponse {
+            ha: true,
+            term: leadership.term,
+            controllers,
         }))
     }
 

@@ -22,6 +22,7 @@ const KILL_GRACE_SECS: u32 = 10;
 
 pub fn kill_message(job: JobId, epoch: Epoch) -> pb::ControllerMessage {
     pb::ControllerMessage {
+        term: 0,
         msg: Some(pb::controller_message::Msg::Kill(pb::Kill {
             job_id: job.0,
             epoch: epoch.0,
@@ -32,6 +33,7 @@ pub fn kill_message(job: JobId, epoch: Epoch) -> pb::ControllerMessage {
 
 pub fn signal_message(job: JobId, epoch: Epoch, signal: i32) -> pb::ControllerMessage {
     pb::ControllerMessage {
+        term: 0,
         msg: Some(pb::controller_message::Msg::Signal(pb::Signal {
             job_id: job.0,
             epoch: epoch.0,
@@ -385,6 +387,7 @@ impl State {
             fence_grace_ms: terms.grace_ms,
         };
         let _ = conn.outbox.send(pb::ControllerMessage {
+            term: 0,
             msg: Some(pb::controller_message::Msg::Lease(lease)),
         });
     }

@@ -74,6 +74,7 @@ impl State {
                     }),
                 };
                 let message = pb::ControllerMessage {
+                    term: 0,
                     msg: Some(pb::controller_message::Msg::Launch(launch)),
                 };
                 (part.node.clone(), message)

@@ -42,7 +42,11 @@ impl Outbox {
                     ))),
                     None,
                 )),
-                message = receiver.recv() => message.map(|message| (Ok(message), Some((receiver, overflow)))),
+                message = receiver.recv() => message.map(|mut message| {
+                    // Every message carries the leader's term (fencing).
+                    message.term = crate::ha::term();
+                    (Ok(message), Some((receiver, overflow)))
+                }),
             }
         });
         (outbox, stream)
@@ -93,6 +97,7 @@ mod tests {
 
     fn lease(seq: u64) -> pb::ControllerMessage {
         pb::ControllerMessage {
+            term: 0,
             msg: Some(pb::controller_message::Msg::Lease(pb::Lease {
                 heartbeat_seq: seq,
                 fence_after_ms: 1,

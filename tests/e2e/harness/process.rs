@@ -61,6 +61,14 @@ impl Process {
         Pid::from_raw(self.child.as_ref().map_or(0, |child| child.id() as i32))
     }
 
+    /// How it exited, once it has (reaped then, and forgotten: its pid may
+    /// be another process's); `None` while it runs.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.child = None;
+        Some(status)
+    }
+
     /// `kill -9` and reap.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

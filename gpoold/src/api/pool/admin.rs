@@ -93,6 +93,7 @@ impl PoolService {
             fault.gpu = gpu.mig_parent.unwrap_or(gpu.index);
         }
         let message = pb::ControllerMessage {
+            term: 0,
             msg: Some(pb::controller_message::Msg::Inject(fault)),
         };
         self.state

@@ -1,0 +1,223 @@
+//! High availability (`[ha]`): every controller campaigns through etcd's
+//! election API with a lease; the one elected serves, the others wait as
+//! standbys without listening, so agents and users that name several
+//! controllers reach the leader by trying them in turn.
+//!
+//! The rule that keeps one leader acting: the leader renews its lease every
+//! third of its TTL, and with no renewal confirmed for two thirds of the
+//! TTL it exits at once (systemd restarts it as a standby). It is silent
+//! before its lease can expire, so before any standby can be elected. Its
+//! acknowledged writes were flushed before they were acknowledged, so the
+//! next leader loads them from the shared state dir as after a restart.
+
+use crate::config::Ha;
+use etcd_client::{Client, ConnectOptions, LeaderKey, ResignOptions};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The exit status of a leader that lost its lease (EX_TEMPFAIL).
+pub const LOST_LEADERSHIP_EXIT: i32 = 75;
+
+/// This process's term as leader, set once when it is elected: a process
+/// leads at most one term (it exits when it loses its lease).
+static TERM: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// The term every message to agents carries: 0 without `[ha]`.
+pub fn term() -> u64 {
+    TERM.get().copied().unwrap_or(0)
+}
+
+/// This controller leads: its term, and the lease that keeps it leading.
+pub struct Leadership {
+    client: Client,
+    leader: LeaderKey,
+    /// The etcd revision of its leader key: it only grows from one leader
+    /// to the next.
+    pub term: u64,
+    keeping: tokio::task::JoinHandle<()>,
+    leading: Arc<AtomicBool>,
+}
+
+async fn connect(ha: &Ha) -> Result<Client, etcd_client::Error> {
+    let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(3));
+    Client::connect(ha.etcd.clone(), Some(options)).await
+}
+
+/// Waits until this controller is elected: a standby until then. Retries
+/// while etcd cannot be reached.
+pub async fn campaign(ha: &Ha) -> Leadership {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match try_campaign(ha).await {
+            Ok(leadership) => return leadership,
+            Err(err) => {
+                tracing::warn!("ha: campaign through etcd {:?}: {err}; again in {backoff:?}", ha.etcd);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ha.lease_ttl / 3);
+            }
+        }
+    }
+}
+
+async fn try_campaign(ha: &Ha) -> Result<Leadership, etcd_client::Error> {
+    let mut client = connect(ha).await?;
+    let ttl = ha.lease_ttl.as_secs() as i64;
+    // The lease runs from no sooner than this.
+    let asked = Instant::now();
+    let lease = client.lease_grant(ttl, None).await?.id();
+    let (keeper, stream) = client.lease_keep_alive(lease).await?;
+    // The lease is kept while the campaign waits (a standby's candidacy
+    // lives as long as its lease), and from then on by the leader.
+    let leading = Arc::new(AtomicBool::new(false));
+    let mut keeping = tokio::spawn(keep_lease(keeper, stream, (asked, ha.lease_ttl), leading.clone()));
+    tracing::info!(
+        "ha: {} campaigning in election {:?} (lease ttl {:?}); standby until elected",
+        ha.name,
+        ha.election,
+        ha.lease_ttl
+    );
+    let value = format!("{} {}", ha.name, ha.advertise);
+    let campaigned = tokio::select! {
+        campaigned = client.campaign(ha.election.as_str(), value, lease) => campaigned,
+        _ = &mut keeping => {
+            return Err(etcd_client::Error::LeaseKeepAliveError("the lease was lost while campaigning".into()));
+        }
+    };
+    let leader = match campaigned.map(|response| response.leader().cloned()) {
+        Ok(Some(leader)) => leader,
+        Ok(None) => {
+            keeping.abort();
+            return Err(etcd_client::Error::InvalidArgs("etcd elected no leader key".into()));
+        }
+        Err(err) => {
+            keeping.abort();
+            return Err(err);
+        }
+    };
+    leading.store(true, Ordering::SeqCst);
+    let term = leader.rev().max(0) as u64;
+    let _ = TERM.set(term);
+    tracing::info!("ha: {} elected leader, term {term}", ha.name);
+    Ok(Leadership {
+        client,
+        leader,
+        term,
+        keeping,
+        leading,
+    })
+}
+
+/// Renews the lease every third of `ttl`. With no renewal confirmed for two
+/// thirds of it, a leader's process exits: whatever it was doing, it must
+/// be silent before the lease runs out and another controller is elected.
+/// A standby's campaign just ends (it campaigns again).
+async fn keep_lease(
+    mut keeper: etcd_client::LeaseKeeper,
+    mut stream: etcd_client::LeaseKeepAliveStream,
+    (granted, ttl): (Instant, Duration),
+    leading: Arc<AtomicBool>,
+) {
+    let give_up_after = ttl * 2 / 3;
+    // When the lease last ran from, at the latest: a renewal counts from
+    // when it was sent, not answered.
+    let mut confirmed = granted;
+    loop {
+        let sent = Instant::now();
+        let renewal = async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        match tokio::time::timeout_at(confirmed + give_up_after, renewal).await {
+            Ok(Ok(Some(answer))) if answer.ttl() > 0 => confirmed = sent,
+            outcome => {
+                let why = match outcome {
+                    Ok(Ok(Some(_))) => "etcd says the lease expired".to_string(),
+                    Ok(Ok(None)) => "etcd closed the lease stream".to_string(),
+                    Ok(Err(err)) => format!("etcd: {err}"),
+                    Err(_) => format!("no renewal confirmed for {give_up_after:?}"),
+                };
+                if leading.load(Ordering::SeqCst) {
+                    lost(&why);
+                }
+                tracing::warn!("ha: standby's lease lost ({why})");
+                return;
+            }
+        }
+        tokio::time::sleep_until(sent + ttl / 3).await;
+    }
+}
+
+fn lost(why: &str) -> ! {
+    tracing::error!("ha: lease lost ({why}): exiting before another controller can be elected");
+    std::process::exit(LOST_LEADERSHIP_EXIT)
+}
+
+impl Leadership {
+    /// Steps down at once (a planned switch): a standby is elected and
+    /// waits for this controller's lock on the state dir, which it lets go
+    /// once its shutdown is over.
+    pub async fn resign(&self) {
+        self.leading.store(false, Ordering::SeqCst);
+        self.keeping.abort();
+        let mut client = self.client.clone();
+        let options = ResignOptions::new().with_leader(self.leader.clone());
+        match tokio::time::timeout(Duration::from_secs(2), client.resign(Some(options))).await {
+            Ok(Ok(_)) => tracing::info!("ha: resigned term {}", self.term),
+            Ok(Err(err)) => tracing::warn!("ha: resign: {err}"),
+            Err(_) => tracing::warn!("ha: resign: etcd did not answer within 2 s"),
+        }
+        let lease = self.leader.lease();
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
+    }
+}
+
+/// A controller campaigning in the election, as etcd knows it.
+pub struct Candidate {
+    pub name: String,
+    pub advertise: String,
+    pub leader: bool,
+    /// Seconds left on its lease; `None` where etcd did not say.
+    pub lease_left_secs: Option<i64>,
+}
+
+impl Leadership {
+    /// Every controller campaigning in the election: this leader first
+    /// (the oldest candidacy leads), then the standbys in the order they
+    /// would be elected.
+    pub async fn candidates(&self, election: &str) -> Result<Vec<Candidate>, etcd_client::Error> {
+        let mut client = self.client.clone();
+        let prefix = format!("{election}/");
+        let listed = client
+            .get(prefix.as_str(), Some(etcd_client::GetOptions::new().with_prefix()))
+            .await?;
+        let mut found: Vec<(i64, i64, String)> = listed
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    kv.create_revision(),
+                    kv.lease(),
+                    kv.value_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        found.sort_unstable();
+        let mut candidates = Vec::with_capacity(found.len());
+        for (index, (_, lease, value)) in found.into_iter().enumerate() {
+            let (name, advertise) = value.split_once(' ').unwrap_or((value.as_str(), ""));
+            let lease_left_secs = match client.lease_time_to_live(lease, None).await {
+                Ok(answer) if answer.ttl() >= 0 => Some(answer.ttl()),
+                _ => None,
+            };
+            candidates.push(Candidate {
+                name: name.to_string(),
+                advertise: advertise.to_string(),
+                leader: index == 0,
+                lease_left_secs,
+            });
+        }
+        Ok(candidates)
+    }
+}

@@ -1,0 +1,295 @@
+//! Two controllers, one leader: the shipped policy run by two gpoolds that
+//! share one state dir and are elected through a real etcd (three members
+//! on loopback), with H100, A100 and L4 agents that name both controllers.
+
+use crate::harness::cluster::{current_user, Cluster};
+use crate::harness::process::{binary, wait_until, Process};
+use crate::harness::{free_port, outside_tool};
+use crate::preemption::{agent_config, shipped_policy, NODES};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Three etcd members on loopback ports, each with its data in the test's
+/// dir, and what it takes to start one again.
+struct Etcd {
+    program: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    args: Vec<Vec<String>>,
+    members: Vec<Option<Process>>,
+    starts: usize,
+    /// The client endpoints, as TOML strings.
+    endpoints: String,
+}
+
+impl Etcd {
+    fn start(dir: &std::path::Path) -> Option<Etcd> {
+        let program = outside_tool("etcd", "etcd-server")?;
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let cluster: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(member, (_, peer))| format!("e{member}=http://127.0.0.1:{peer}"))
+            .collect();
+        let args = ports
+            .iter()
+            .enumerate()
+            .map(|(member, (client, peer))| {
+                vec![
+                    format!("--name=e{member}"),
+                    format!("--data-dir={}", dir.join(format!("etcd-{member}")).display()),
+                    format!("--listen-client-urls=http://127.0.0.1:{client}"),
+                    format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                    format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                    format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                    format!("--initial-cluster={}", cluster.join(",")),
+                    "--initial-cluster-state=new".to_string(),
+                ]
+            })
+            .collect();
+        let endpoints: Vec<String> = ports
+            .iter()
+            .map(|(client, _)| format!("\"http://127.0.0.1:{client}\""))
+            .collect();
+        let mut etcd = Etcd {
+            program,
+            dir: dir.to_path_buf(),
+            args,
+            members: vec![None, None, None],
+            starts: 0,
+            endpoints: endpoints.join(", "),
+        };
+        for member in 0..3 {
+            etcd.start_member(member);
+        }
+        Some(etcd)
+    }
+
+    /// Starts member `member` (again: with its data, it rejoins).
+    fn start_member(&mut self, member: usize) {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args[member]);
+        self.starts += 1;
+        let log = self.dir.join(format!("etcd-{member}-{}.log", self.starts));
+        self.members[member] = Some(Process::spawn(&format!("etcd-{member}"), command, log));
+    }
+
+    fn kill_member(&mut self, member: usize) {
+        if let Some(mut process) = self.members[member].take() {
+            process.kill9();
+        }
+    }
+}
+
+/// The `[ha]` table of controller `name` listening at `listen`.
+fn ha_table(endpoints: &str, name: &str, listen: &str) -> String {
+    format!("[ha]\netcd = [{endpoints}]\nname = \"{name}\"\nadvertise = \"{listen}\"\nlease_ttl = \"3s\"\n\n")
+}
+
+/// Another gpoold on the cluster's state dir, listening at `listen`: a
+/// standby until elected.
+fn start_standby(cluster: &Cluster, endpoints: &str, name: &str, listen: &str) -> Process {
+    let dir = cluster.dir.path();
+    let text = format!(
+        "listen = \"{listen}\"\nstate_dir = \"{}\"\nsocket = \"{}\"\nnode_timeout = \"30s\"\nadmins = [\"{}\"]\n\n{}{}",
+        dir.join("state").display(),
+        dir.join(format!("gpoold-{name}.sock")).display(),
+        current_user(),
+        ha_table(endpoints, name, listen),
+        shipped_policy()
+    );
+    let file = dir.join(format!("gpoold-{name}.toml"));
+    std::fs::write(&file, text).expect("write the standby's gpoold.toml");
+    let mut command = Command::new(binary("gpoold"));
+    command.arg("--config").arg(&file);
+    let log = dir.join(format!("gpoold-{name}.log"));
+    let process = Process::spawn(&format!("gpoold-{name}"), command, log.clone());
+    wait_until("the standby to campaign", Duration::from_secs(30), || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("standby until elected").then_some(())
+    });
+    process
+}
+
+/// kill -9 of the leader while jobs run and others wait: the standby is
+/// elected once the leader's lease runs out, loads the shared state, and
+/// the agents find it by themselves. Nothing acknowledged is lost, the job
+/// that was running finishes on its first attempt, and none runs twice.
+/// Then a planned switch: SIGTERM resigns at once.
+#[test]
+fn a_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice() {
+    let dir = Cluster::temp_dir();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let endpoints = etcd.endpoints.clone();
+    // The first controller is the harness's, on a port it picks (its
+    // `advertise` is only shown, never dialled).
+    let extra = format!("{}{}", ha_table(&endpoints, "a", "127.0.0.1:7070"), shipped_policy());
+    let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", &extra);
+    let listen_b = format!("127.0.0.1:{}", free_port());
+    let mut standby = start_standby(&cluster, &endpoints, "b", &listen_b);
+    let controllers = format!("{},{listen_b}", cluster.addr);
+    cluster.cli_server = controllers.clone();
+    for (node, model, count, memory_mib, labels) in NODES {
+        let top = format!("controller = \"{controllers}\"\n");
+        cluster.spawn_agent(node, 0, &top, &agent_config(model, count, memory_mib, labels), None);
+        cluster.wait_for_registered(node);
+    }
+
+    // A job that runs until told, an array that checkpoints and separate
+    // jobs: some end before the kill, some are still waiting.
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    let before = listed_controllers(&cluster);
+    assert_eq!(before["ha"], true, "{before}");
+    assert_eq!(
+        roles(&before),
+        vec![("a".to_string(), true), ("b".to_string(), false)],
+        "{before}"
+    );
+    assert!(
+        before["controllers"][1]["lease_left_secs"]
+            .as_i64()
+            .is_some_and(|secs| secs <= 3),
+        "{before}"
+    );
+    let running = cluster.submit(&["--team", "vision", "--gpus", "h100:2", "--", "sh", "-c", hold]);
+    let array = cluster.submit(&["--team", "nlp", "-a", "0-5", "--", "true"]);
+    let separate: Vec<u64> = (0..6)
+        .map(|_| cluster.submit(&["--team", "nlp", "--gpus", "l4:1", "--", "sleep", "0.5"]))
+        .collect();
+    cluster.wait_for_state(running, "running");
+
+    let killed = Instant::now();
+    cluster.controller().kill9();
+    let listed = wait_until("the standby to answer", Duration::from_secs(30), || {
+        let run = cluster.gpool(&["jobs", "--all", "--output", "json"]);
+        (run.code == 0).then(|| run.json())
+    });
+    let takeover = killed.elapsed();
+    println!("kill -9 of the leader to the standby's first answer: {takeover:?} (lease ttl 3 s)");
+    assert!(takeover < Duration::from_secs(15), "{takeover:?}");
+    assert!(listed.as_array().is_some_and(|jobs| !jobs.is_empty()), "{listed}");
+    let after = listed_controllers(&cluster);
+    assert_eq!(
+        roles(&after),
+        vec![("b".to_string(), true)],
+        "the dead leader's candidacy is gone: {after}"
+    );
+    assert!(
+        after["term"].as_u64() > before["term"].as_u64(),
+        "terms only grow: {before} then {after}"
+    );
+
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    let job = cluster.wait_for_state(running, "completed");
+    assert_eq!(
+        job["attempt"], 1,
+        "the running job finished on its first attempt: {job}"
+    );
+    for id in separate.iter().copied().chain([array]) {
+        let job = cluster.wait_for_state(id, "completed");
+        assert!(job["attempt"].as_u64().unwrap_or(0) <= 1, "ran once: {job}");
+    }
+    let tasks = cluster.gpool(&["jobs", "-r", "--all", "--output", "json"]).json();
+    for task in tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|task| task["array_job_id"] == array)
+    {
+        assert_eq!(task["state"], "completed", "{task}");
+        assert_eq!(task["attempt"], 1, "ran once: {task}");
+    }
+
+    // The old leader comes back as a standby; a planned switch back to it
+    // (SIGTERM on the leader, which resigns) takes seconds, not a lease.
+    let _back = start_standby(&cluster, &endpoints, "a", &cluster.addr.clone());
+    let stopped = Instant::now();
+    assert!(standby.stop(), "the leader stops on SIGTERM");
+    wait_until("the standby to answer", Duration::from_secs(15), || {
+        (cluster.gpool(&["jobs", "--output", "json"]).code == 0).then_some(())
+    });
+    let switch = stopped.elapsed();
+    println!("SIGTERM on the leader to the standby's first answer: {switch:?}");
+    assert!(switch < Duration::from_secs(10), "{switch:?}");
+    let switched = listed_controllers(&cluster);
+    assert_eq!(roles(&switched), vec![("a".to_string(), true)], "{switched}");
+    assert!(
+        switched["term"].as_u64() > after["term"].as_u64(),
+        "{after} then {switched}"
+    );
+    let last = cluster.submit(&["--team", "vision", "--", "true"]);
+    cluster.wait_for_state(last, "completed");
+}
+
+fn listed_controllers(cluster: &Cluster) -> serde_json::Value {
+    cluster.gpool(&["controllers", "--output", "json"]).json()
+}
+
+/// Each controller's name and whether it leads, leader first.
+fn roles(controllers: &serde_json::Value) -> Vec<(String, bool)> {
+    let list = controllers["controllers"].as_array().cloned().unwrap_or_default();
+    list.iter()
+        .map(|c| (c["name"].as_str().unwrap_or_default().to_string(), c["leader"] == true))
+        .collect()
+}
+
+/// etcd loses quorum: the leader can no longer renew its lease and stops
+/// itself (exit 75) within two thirds of the TTL, and no standby can be
+/// elected meanwhile. Quorum back: a standby is elected and serves every
+/// acknowledged job, and the job that ran through it all finishes on its
+/// first attempt.
+#[test]
+fn a_leader_that_loses_etcd_quorum_stops_and_a_leader_serves_again_with_quorum() {
+    let dir = Cluster::temp_dir();
+    let Some(mut etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let endpoints = etcd.endpoints.clone();
+    let extra = format!("{}{}", ha_table(&endpoints, "a", "127.0.0.1:7070"), shipped_policy());
+    let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", &extra);
+    let listen_b = format!("127.0.0.1:{}", free_port());
+    let _standby = start_standby(&cluster, &endpoints, "b", &listen_b);
+    let controllers = format!("{},{listen_b}", cluster.addr);
+    cluster.cli_server = controllers.clone();
+    let (node, model, count, memory_mib, labels) = NODES[0];
+    let top = format!("controller = \"{controllers}\"\n");
+    cluster.spawn_agent(node, 0, &top, &agent_config(model, count, memory_mib, labels), None);
+    cluster.wait_for_registered(node);
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    let running = cluster.submit(&["--team", "vision", "--gpus", "2", "--", "sh", "-c", hold]);
+    let acknowledged: Vec<u64> = (0..5)
+        .map(|_| cluster.submit(&["--team", "nlp", "--", "true"]))
+        .collect();
+    cluster.wait_for_state(running, "running");
+
+    let lost = Instant::now();
+    etcd.kill_member(1);
+    etcd.kill_member(2);
+    let status = wait_until("the leader to stop itself", Duration::from_secs(15), || {
+        cluster.controller().exited()
+    });
+    println!("quorum lost to the leader's exit: {:?}", lost.elapsed());
+    assert_eq!(status.code(), Some(75), "{status:?}");
+    assert!(
+        lost.elapsed() < Duration::from_secs(5),
+        "within the 3 s lease: {:?}",
+        lost.elapsed()
+    );
+    // No quorum, no leader: nobody answers.
+    assert_eq!(cluster.gpool(&["jobs"]).code, 69);
+
+    etcd.start_member(1);
+    etcd.start_member(2);
+    let back = Instant::now();
+    wait_until("a leader to serve again", Duration::from_secs(30), || {
+        (cluster.gpool(&["jobs", "--output", "json"]).code == 0).then_some(())
+    });
+    println!("quorum back to the first answer: {:?}", back.elapsed());
+    for id in &acknowledged {
+        cluster.wait_for_state(*id, "completed");
+    }
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    let job = cluster.wait_for_state(running, "completed");
+    assert_eq!(job["attempt"], 1, "it ran through on its first attempt: {job}");
+}
