@@ -1,7 +1,7 @@
 //! `failover`: two controllers on one state dir, elected through three etcd
 //! members on loopback. Time from kill -9 of the leader, and from SIGTERM
 //! on it (a planned switch), to the first answer from the other, over
-//! `rounds` of each.
+//! `rounds` of each: the time until the other controller answers.
 
 use super::*;
 
@@ -119,7 +119,9 @@ pub(crate) fn failover(rounds: usize) -> anyhow::Result<()> {
         } else {
             let _ = old.0.kill();
         }
-        let took = until_answered(&servers, since)?;
+        // The other one's first answer (the old leader may still answer
+        // while its shutdown lets open requests finish).
+        let took = until_answered(&listen[1 - leader], since)?;
         let _ = old.0.wait();
         if planned { &mut switched } else { &mut killed }.push(took);
         // The old leader comes back as the standby.

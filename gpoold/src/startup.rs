@@ -139,7 +139,7 @@ pub(crate) async fn serve(
         &mut tokio::task::JoinSet<()>,
     ),
 ) -> anyhow::Result<impl Future<Output = Result<(), tonic::transport::Error>>> {
-    let (pool, agent_link) = api_services(config, core, security, addr);
+    let (pool, agent_link) = api_services(config, core, security, (addr, stopping));
     let unix_listener = config.socket.as_deref().map(security::listen::bind_unix).transpose()?;
     log_tcp_security(config, tls.is_some());
     if let Some(dev_agents) = &config.dev_agents {
@@ -207,7 +207,7 @@ fn api_services(
     config: &Config,
     core: &Core,
     security: &Arc<security::Security>,
-    addr: std::net::SocketAddr,
+    (addr, stopping): (std::net::SocketAddr, &tokio::sync::watch::Receiver<bool>),
 ) -> (
     InterceptedService<PoolServer<api::pool::PoolService>, impl Authenticate>,
     InterceptedService<AgentLinkServer<api::agent_link::AgentLinkService>, impl Authenticate>,
@@ -233,6 +233,7 @@ fn api_services(
         next_conn_id: std::sync::atomic::AtomicU64::new(1),
         logs,
         security: security.clone(),
+        stopping: stopping.clone(),
     })
     .max_decoding_message_size(config.max_message_size);
     let agent_link = InterceptedService::new(agent_link, api::authenticate_agent(security.clone()));

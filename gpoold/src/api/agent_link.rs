@@ -19,6 +19,10 @@ pub struct AgentLinkService {
     pub next_conn_id: AtomicU64,
     pub logs: super::LogRelay,
     pub security: std::sync::Arc<crate::security::Security>,
+    /// Set when gpoold is stopping: each link's stream ends then, so the
+    /// agents redial (a restarted or newly elected controller) at once
+    /// instead of holding the shutdown up.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 type ControllerStream = Pin<Box<dyn Stream<Item = Result<pb::ControllerMessage, Status>> + Send>>;
@@ -76,6 +80,10 @@ impl AgentLink for AgentLinkService {
         tokio::spawn(relay_agent_messages(
             inbound, state, logs, stop_logs, node_name, conn_id,
         ));
+        let mut stopping = self.stopping.clone();
+        let outbound = futures_util::StreamExt::take_until(outbound, async move {
+            let _ = stopping.wait_for(|stopping| *stopping).await;
+        });
         Ok(Response::new(Box::pin(outbound)))
     }
 }
