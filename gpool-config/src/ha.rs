@@ -11,6 +11,10 @@ pub(crate) struct HaFile {
     advertise: String,
     lease_ttl: Option<String>,
     election: Option<String>,
+    /// TLS to etcd: its CA, and this controller's client certificate.
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
 }
 
 /// High availability: this controller campaigns for leadership and serves
@@ -28,6 +32,18 @@ pub struct Ha {
     pub lease_ttl: Duration,
     /// The etcd election every controller of this pool campaigns in.
     pub election: String,
+    /// TLS to etcd (`https://` endpoints).
+    pub tls: Option<EtcdTls>,
+}
+
+/// The files of TLS to etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA that signed etcd's server certificates.
+    pub ca: PathBuf,
+    /// This controller's client certificate and key, where etcd asks for
+    /// one (`--client-cert-auth`).
+    pub cert_key: Option<(PathBuf, PathBuf)>,
 }
 
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
@@ -43,20 +59,9 @@ pub(crate) fn ha_of(ha: Option<toml::Spanned<HaFile>>, invalid: from_file::Inval
             "ha.etcd: name at least one etcd endpoint, e.g. [\"http://10.0.0.5:2379\"]".into(),
         ));
     }
-    for endpoint in &file.etcd {
-        let host_port = endpoint.strip_prefix("http://").unwrap_or(endpoint);
-        let valid = !endpoint.contains("://") || endpoint.starts_with("http://");
-        if !valid
-            || host_port
-                .rsplit_once(':')
-                .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
-        {
-            return Err(invalid(
-                offset,
-                format!("ha.etcd: {endpoint:?} is not http://HOST:PORT (etcd's client URL; TLS to etcd is not supported yet)"),
-            ));
-        }
-    }
+    let tls = file.ca.is_some();
+    check_endpoints(&file.etcd, tls).map_err(|reason| invalid(offset, reason))?;
+    let cert_key = cert_and_key(file.cert, file.key, tls).map_err(|reason| invalid(offset, reason))?;
     let name_ok = !file.name.is_empty()
         && file
             .name
@@ -95,7 +100,51 @@ pub(crate) fn ha_of(ha: Option<toml::Spanned<HaFile>>, invalid: from_file::Inval
         advertise: file.advertise,
         lease_ttl,
         election: file.election.unwrap_or_else(|| DEFAULT_ELECTION.to_string()),
+        tls: file.ca.map(|ca| EtcdTls { ca, cert_key }),
     }))
+}
+
+/// Each of `endpoints` is etcd's client URL: `https://` with TLS (`tls`),
+/// else `http://`.
+fn check_endpoints(endpoints: &[String], tls: bool) -> Result<(), String> {
+    let scheme = if tls { "https://" } else { "http://" };
+    for endpoint in endpoints {
+        let host_port = endpoint.strip_prefix(scheme).unwrap_or(endpoint);
+        let valid = !host_port.contains("://");
+        if !valid
+            || host_port
+                .rsplit_once(':')
+                .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+        {
+            let why = if tls {
+                "with ha.ca, etcd is reached over TLS"
+            } else {
+                "https:// needs ha.ca, the CA of etcd's certificates"
+            };
+            return Err(format!(
+                "ha.etcd: {endpoint:?} is not {scheme}HOST:PORT (etcd's client URL; {why})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// This controller's client certificate for etcd and its key: both or
+/// neither, and only with TLS.
+fn cert_and_key(cert: Option<PathBuf>, key: Option<PathBuf>, tls: bool) -> Result<Option<(PathBuf, PathBuf)>, String> {
+    let cert_key = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => {
+            return Err(
+                "ha.cert and ha.key go together: this controller's client certificate for etcd and its key".into(),
+            )
+        }
+    };
+    if cert_key.is_some() && !tls {
+        return Err("ha.cert: a client certificate needs ha.ca (TLS to etcd)".into());
+    }
+    Ok(cert_key)
 }
 
 /// `HOST:PORT`, with an optional `http://` or `https://` in front.

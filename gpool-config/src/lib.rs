@@ -9,7 +9,7 @@ pub use gpool_core::toml_text::ConfigError;
 
 mod from_file;
 mod ha;
-pub use ha::{Ha, DEFAULT_ELECTION, DEFAULT_LEASE_TTL};
+pub use ha::{EtcdTls, Ha, DEFAULT_ELECTION, DEFAULT_LEASE_TTL};
 mod tables;
 #[cfg(test)]
 mod tests;

@@ -224,6 +224,12 @@ fn ha_names_etcd_this_controller_and_its_lease() {
     );
     assert_eq!(ha.lease_ttl, DEFAULT_LEASE_TTL);
     assert_eq!(ha.election, DEFAULT_ELECTION);
+    assert_eq!(ha.tls, None);
+    let tls = "etcd = [\"https://10.0.0.5:2379\"]\nname = \"a\"\nadvertise = \"a:1\"\nca = \"/e/ca.pem\"\ncert = \"/e/a.pem\"\nkey = \"/e/a.key\"\n";
+    let config = Config::parse("g.toml", &format!("{base}{tls}")).unwrap_or_else(|err| panic!("{err}"));
+    let etcd_tls = config.ha.and_then(|ha| ha.tls).expect("TLS to etcd");
+    assert_eq!(etcd_tls.ca, Path::new("/e/ca.pem"));
+    assert_eq!(etcd_tls.cert_key, Some(("/e/a.pem".into(), "/e/a.key".into())));
     let without = Config::parse("g.toml", "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n").unwrap();
     assert_eq!(without.ha, None);
     for (bad, says) in [
@@ -233,8 +239,13 @@ fn ha_names_etcd_this_controller_and_its_lease() {
         ),
         (
             good.replace("http://10.0.0.5:2379", "https://10.0.0.5:2379"),
-            "ha.etcd: \"https://10.0.0.5:2379\" is not http://HOST:PORT",
+            "ha.etcd: \"https://10.0.0.5:2379\" is not http://HOST:PORT (etcd's client URL; https:// needs ha.ca",
         ),
+        (
+            format!("{good}ca = \"/etc/etcd/ca.pem\"\n"),
+            "ha.etcd: \"http://10.0.0.5:2379\" is not https://HOST:PORT",
+        ),
+        (format!("{good}cert = \"/c.pem\"\n"), "ha.cert and ha.key go together"),
         (good.replace("ctl-a\"\n", "ctl a\"\n"), "ha.name: \"ctl a\" must be"),
         (
             good.replace("ctl-a.example:7070", "ctl-a.example"),

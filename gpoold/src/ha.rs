@@ -40,18 +40,37 @@ pub struct Leadership {
     leading: Arc<AtomicBool>,
 }
 
-async fn connect(ha: &Ha) -> Result<Client, etcd_client::Error> {
+/// How to reach etcd: within 3 s, and over TLS with `ha.ca` (the files are
+/// read once, at start: one that cannot be read is named).
+fn connect_options(ha: &Ha) -> anyhow::Result<ConnectOptions> {
+    use anyhow::Context;
     let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(3));
-    Client::connect(ha.etcd.clone(), Some(options)).await
+    let Some(tls) = &ha.tls else {
+        return Ok(options);
+    };
+    let read = |path: &std::path::Path, field: &str| {
+        std::fs::read(path).with_context(|| format!("ha.{field}: cannot read {}", path.display()))
+    };
+    let mut config =
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca, "ca")?));
+    if let Some((cert, key)) = &tls.cert_key {
+        config = config.identity(etcd_client::Identity::from_pem(read(cert, "cert")?, read(key, "key")?));
+    }
+    Ok(options.with_tls(config))
+}
+
+async fn connect(ha: &Ha, options: &ConnectOptions) -> Result<Client, etcd_client::Error> {
+    Client::connect(ha.etcd.clone(), Some(options.clone())).await
 }
 
 /// Waits until this controller is elected: a standby until then. Retries
-/// while etcd cannot be reached.
-pub async fn campaign(ha: &Ha) -> Leadership {
+/// while etcd cannot be reached; fails only on TLS files it cannot read.
+pub async fn campaign(ha: &Ha) -> anyhow::Result<Leadership> {
+    let options = connect_options(ha)?;
     let mut backoff = Duration::from_millis(200);
     loop {
-        match try_campaign(ha).await {
-            Ok(leadership) => return leadership,
+        match try_campaign(ha, &options).await {
+            Ok(leadership) => return Ok(leadership),
             Err(err) => {
                 tracing::warn!("ha: campaign through etcd {:?}: {err}; again in {backoff:?}", ha.etcd);
                 tokio::time::sleep(backoff).await;
@@ -61,8 +80,8 @@ pub async fn campaign(ha: &Ha) -> Leadership {
     }
 }
 
-async fn try_campaign(ha: &Ha) -> Result<Leadership, etcd_client::Error> {
-    let mut client = connect(ha).await?;
+async fn try_campaign(ha: &Ha, options: &ConnectOptions) -> Result<Leadership, etcd_client::Error> {
+    let mut client = connect(ha, options).await?;
     let ttl = ha.lease_ttl.as_secs() as i64;
     // The lease runs from no sooner than this.
     let asked = Instant::now();

@@ -51,7 +51,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     prepare_state_dir(&config.state_dir)?;
     let mut shutdown = Box::pin(shutdown);
-    let Some(leadership) = elected(&config, &mut shutdown).await else {
+    let Some(leadership) = elected(&config, &mut shutdown).await? else {
         return Ok(());
     };
     let (store, loaded) = open_store(&config).await?;
@@ -123,15 +123,15 @@ pub async fn run(
 async fn elected(
     config: &Config,
     shutdown: &mut std::pin::Pin<Box<impl Future<Output = ()>>>,
-) -> Option<Option<ha::Leadership>> {
+) -> anyhow::Result<Option<Option<ha::Leadership>>> {
     let Some(ha) = &config.ha else {
-        return Some(None);
+        return Ok(Some(None));
     };
     tokio::select! {
-        leadership = ha::campaign(ha) => Some(Some(leadership)),
+        leadership = ha::campaign(ha) => Ok(Some(Some(leadership?))),
         () = shutdown => {
             tracing::info!("ha: standby stopping");
-            None
+            Ok(None)
         }
     }
 }

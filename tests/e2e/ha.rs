@@ -405,3 +405,291 @@ fn a_failover_under_load_loses_nothing_acknowledged_and_runs_nothing_twice() {
         }
     }
 }
+
+/// A TCP forwarder from a loopback port to `upstream` that a test can cut:
+/// once cut it forwards nothing more, in either direction, and the open
+/// connections stay open and silent, as when a network drops packets.
+struct Cuttable {
+    addr: String,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Cuttable {
+    fn to(upstream: String) -> Cuttable {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let addr = listener.local_addr().expect("its address").to_string();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cutting = cut.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let cut = cutting.clone();
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        let mut buffer = [0u8; 16 * 1024];
+                        while let Ok(n) = from.read(&mut buffer) {
+                            if n == 0 {
+                                break;
+                            }
+                            // Dropped, not refused: the peer hears nothing.
+                            if !cut.load(Ordering::SeqCst) && to.write_all(&buffer[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Cuttable { addr, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The leader cut off from etcd while its agents still reach it (its etcd
+/// traffic dropped): it stops itself within two thirds of its lease, before
+/// the standby can be elected; the standby takes over and nothing runs
+/// twice. With etcd reachable again, the old leader comes back as a
+/// standby.
+#[test]
+fn a_leader_cut_off_from_etcd_stops_before_the_standby_takes_over() {
+    let dir = Cluster::temp_dir();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    // The first controller reaches etcd only through forwarders.
+    let forwarders: Vec<Cuttable> = etcd
+        .endpoints
+        .split(", ")
+        .map(|endpoint| Cuttable::to(endpoint.trim_matches('"').trim_start_matches("http://").to_string()))
+        .collect();
+    let forwarded: Vec<String> = forwarders.iter().map(|f| format!("\"http://{}\"", f.addr)).collect();
+    let forwarded = forwarded.join(", ");
+    let extra = format!("{}{}", ha_table(&forwarded, "a", "127.0.0.1:7070"), shipped_policy());
+    let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", &extra);
+    let listen_b = format!("127.0.0.1:{}", free_port());
+    let _standby = start_standby(&cluster, &etcd.endpoints, "b", &listen_b);
+    let controllers = format!("{},{listen_b}", cluster.addr);
+    cluster.cli_server = controllers.clone();
+    for (node, model, count, memory_mib, labels) in NODES {
+        let top = format!("controller = \"{controllers}\"\n");
+        cluster.spawn_agent(node, 0, &top, &agent_config(model, count, memory_mib, labels), None);
+        cluster.wait_for_registered(node);
+    }
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    let running = cluster.submit(&["--team", "vision", "--gpus", "a100-80gb:1", "--", "sh", "-c", hold]);
+    let array = cluster.submit(&["--team", "nlp", "-a", "0-7", "--", "sleep", "0.5"]);
+    cluster.wait_for_state(running, "running");
+    let term = listed_controllers(&cluster)["term"].as_u64().unwrap_or(0);
+
+    let cut = Instant::now();
+    for forwarder in &forwarders {
+        forwarder.set_cut(true);
+    }
+    let status = wait_until("the cut-off leader to stop itself", Duration::from_secs(15), || {
+        cluster.controller().exited()
+    });
+    let stopped = cut.elapsed();
+    println!("etcd cut off to the leader's exit: {stopped:?} (lease ttl 3 s)");
+    assert_eq!(status.code(), Some(75), "{status:?}");
+    assert!(
+        stopped < Duration::from_secs(3),
+        "silent before its lease can run out: {stopped:?}"
+    );
+    wait_until("the standby to answer", Duration::from_secs(30), || {
+        (gpool_at(&listen_b, &["jobs"]).code == 0).then_some(())
+    });
+    println!("etcd cut off to the standby's first answer: {:?}", cut.elapsed());
+    let after = listed_controllers(&cluster);
+    assert_eq!(roles(&after), vec![("b".to_string(), true)], "{after}");
+    assert!(after["term"].as_u64().unwrap_or(0) > term, "{after}");
+
+    // etcd reachable again: the old leader (restarted, as systemd would)
+    // waits as a standby.
+    for forwarder in &forwarders {
+        forwarder.set_cut(false);
+    }
+    let listen_a = cluster.addr.clone();
+    let _back = start_standby(&cluster, &forwarded, "a", &listen_a);
+    let expected = vec![("b".to_string(), true), ("a".to_string(), false)];
+    wait_until("the old leader to stand by", Duration::from_secs(15), || {
+        (roles(&listed_controllers(&cluster)) == expected).then_some(())
+    });
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    let job = cluster.wait_for_state(running, "completed");
+    assert_eq!(job["attempt"], 1, "it ran through on its first attempt: {job}");
+    cluster.wait_for_state(array, "completed");
+    let tasks = cluster.gpool(&["jobs", "-r", "--all", "--output", "json"]).json();
+    for task in tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|task| task["array_job_id"] == array)
+    {
+        assert_eq!(
+            (task["state"].as_str(), task["attempt"].as_u64()),
+            (Some("completed"), Some(1)),
+            "{task}"
+        );
+    }
+}
+
+/// A controller that speaks the agent link and sends, after a Register,
+/// a lease and a message of term 7, then a message of term 5: a deposed
+/// leader's. Counts the Registers it takes.
+struct TermsController {
+    registers: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+type Outbound = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<gpool_proto::pb::ControllerMessage, tonic::Status>> + Send>,
+>;
+
+#[tonic::async_trait]
+impl gpool_proto::pb::agent_link_server::AgentLink for TermsController {
+    type ConnectStream = Outbound;
+
+    async fn connect(
+        &self,
+        request: tonic::Request<tonic::Streaming<gpool_proto::pb::AgentMessage>>,
+    ) -> Result<tonic::Response<Outbound>, tonic::Status> {
+        use gpool_proto::pb::{controller_message::Msg, ControllerMessage, Lease, StopLog};
+        use tokio_stream::StreamExt;
+        let mut inbound = request.into_inner();
+        inbound.message().await?;
+        let first = self.registers.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
+        let message = |term, msg| ControllerMessage { term, msg: Some(msg) };
+        let lease = Msg::Lease(Lease {
+            heartbeat_seq: 0,
+            fence_after_ms: 60_000,
+            fence_grace_ms: 1_000,
+        });
+        let mut messages = vec![message(7, lease), message(7, Msg::StopLog(StopLog { request_id: 1 }))];
+        if first {
+            messages.push(message(5, Msg::StopLog(StopLog { request_id: 2 })));
+        }
+        let stream = tokio_stream::iter(messages.into_iter().map(Ok)).chain(tokio_stream::pending());
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+}
+
+/// Fencing on the agent's side: once it has heard from the leader of term
+/// 7, a message of term 5 (a deposed leader that does not know it yet) is
+/// refused and said in its log, and the agent ends that link and dials
+/// again.
+#[test]
+fn an_agent_refuses_a_message_of_an_older_term() {
+    let mut cluster = Cluster::start();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let registers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let controller = TermsController {
+        registers: registers.clone(),
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(gpool_proto::pb::agent_link_server::AgentLinkServer::new(controller))
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    let agent = cluster.spawn_agent("node-t", 1, &format!("controller = \"{addr}\"\n"), "", None);
+    let log = cluster.agents[agent].log.clone();
+    let refused = wait_until("the agent to refuse term 5", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        let line = text
+            .lines()
+            .find(|line| line.contains("refused a message of controller term 5"))?;
+        Some(line.to_string())
+    });
+    assert!(refused.contains("the leader of term 7 took over from it"), "{refused}");
+    wait_until("the agent to dial again", Duration::from_secs(20), || {
+        (registers.load(std::sync::atomic::Ordering::SeqCst) >= 2).then_some(())
+    });
+}
+
+/// TLS to etcd: an etcd member that asks every client for a certificate
+/// of the cluster CA (`gpool admin ca init` and `cert issue` make both
+/// sides'), and a controller with `ca`, `cert` and `key` in `[ha]`: it is
+/// elected over TLS and runs jobs, and `gpool controllers` reads etcd.
+#[test]
+fn a_controller_is_elected_through_etcd_over_tls() {
+    let dir = Cluster::temp_dir();
+    let Some(program) = outside_tool("etcd", "etcd-server") else {
+        return;
+    };
+    let pki = dir.path().join("pki");
+    let issue = |args: &[&str]| {
+        let mut all = vec!["admin"];
+        all.extend_from_slice(args);
+        let run: crate::harness::cluster::Run = crate::harness::cluster::gpool_command(&all)
+            .output()
+            .expect("run gpool")
+            .into();
+        assert_eq!(run.code, 0, "gpool {all:?}: {}", run.stderr);
+    };
+    let pki_dir = pki.to_str().unwrap();
+    issue(&["ca", "init", "--state-dir", pki_dir]);
+    issue(&[
+        "cert",
+        "issue",
+        "--controller",
+        "127.0.0.1",
+        "--out",
+        pki_dir,
+        "--state-dir",
+        pki_dir,
+    ]);
+    issue(&[
+        "cert",
+        "issue",
+        "--node",
+        "ctl-a",
+        "--out",
+        pki_dir,
+        "--state-dir",
+        pki_dir,
+    ]);
+    let (client, peer) = (free_port(), free_port());
+    let mut command = Command::new(program);
+    command
+        .arg("--name=e0")
+        .arg(format!("--data-dir={}", dir.path().join("etcd").display()))
+        .arg(format!("--listen-client-urls=https://127.0.0.1:{client}"))
+        .arg(format!("--advertise-client-urls=https://127.0.0.1:{client}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!("--initial-cluster=e0=http://127.0.0.1:{peer}"))
+        .arg(format!("--cert-file={}", pki.join("127.0.0.1.pem").display()))
+        .arg(format!("--key-file={}", pki.join("127.0.0.1.key").display()))
+        .arg(format!("--trusted-ca-file={}", pki.join("ca").join("ca.pem").display()))
+        .arg("--client-cert-auth");
+    let _etcd = Process::spawn("etcd", command, dir.path().join("etcd.log"));
+    let ha = format!(
+        "[ha]\netcd = [\"https://127.0.0.1:{client}\"]\nname = \"ctl-a\"\nadvertise = \"127.0.0.1:7070\"\nlease_ttl = \"3s\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\n",
+        pki.join("ca").join("ca.pem").display(),
+        pki.join("ctl-a.pem").display(),
+        pki.join("ctl-a.key").display()
+    );
+    let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", &format!("{ha}{}", shipped_policy()));
+    let listed = listed_controllers(&cluster);
+    assert_eq!(roles(&listed), vec![("ctl-a".to_string(), true)], "{listed}");
+    let (node, model, count, memory_mib, labels) = NODES[0];
+    cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    let job = cluster.submit(&["--team", "vision", "--", "true"]);
+    cluster.wait_for_state(job, "completed");
+}
