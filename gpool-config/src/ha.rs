@@ -47,6 +47,9 @@ pub struct EtcdTls {
 }
 
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
+const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+/// A leader dead this long goes unnoticed: longer makes no sense.
+const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_ELECTION: &str = "gpool/leader";
 
 pub(crate) fn ha_of(ha: Option<toml::Spanned<HaFile>>, invalid: from_file::Invalid) -> Result<Option<Ha>, ConfigError> {
@@ -85,11 +88,11 @@ pub(crate) fn ha_of(ha: Option<toml::Spanned<HaFile>>, invalid: from_file::Inval
     let lease_ttl = match &file.lease_ttl {
         None => DEFAULT_LEASE_TTL,
         Some(text) => match humantime::parse_duration(text) {
-            Ok(ttl) if ttl >= Duration::from_secs(2) && ttl.subsec_nanos() == 0 => ttl,
+            Ok(ttl) if (MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&ttl) && ttl.subsec_nanos() == 0 => ttl,
             _ => {
                 return Err(invalid(
                     offset,
-                    format!("ha.lease_ttl: {text:?} is not a whole number of seconds, at least 2s, such as 15s"),
+                    format!("ha.lease_ttl: {text:?} is not a whole number of seconds from 2s to 1h, such as 15s"),
                 ))
             }
         },
@@ -99,9 +102,26 @@ pub(crate) fn ha_of(ha: Option<toml::Spanned<HaFile>>, invalid: from_file::Inval
         name: file.name,
         advertise: file.advertise,
         lease_ttl,
-        election: file.election.unwrap_or_else(|| DEFAULT_ELECTION.to_string()),
+        election: election_of(file.election).map_err(|reason| invalid(offset, reason))?,
         tls: file.ca.map(|ca| EtcdTls { ca, cert_key }),
     }))
+}
+
+/// The etcd election's name: its candidates' keys are `<election>/...`, so
+/// it must not end with `/`, and no pool's may be a prefix of another's.
+fn election_of(election: Option<String>) -> Result<String, String> {
+    let election = election.unwrap_or_else(|| DEFAULT_ELECTION.to_string());
+    let valid = !election.is_empty()
+        && !election.ends_with('/')
+        && election
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+    if !valid {
+        return Err(format!(
+            "ha.election: {election:?} must be letters, digits, '-', '_', '.' and '/', not ending with '/' (one name per pool, e.g. \"gpool/prod\")"
+        ));
+    }
+    Ok(election)
 }
 
 /// Each of `endpoints` is etcd's client URL: `https://` with TLS (`tls`),

@@ -253,10 +253,19 @@ fn ha_names_etcd_this_controller_and_its_lease() {
         ),
         (
             format!("{good}lease_ttl = \"1s\"\n"),
-            "ha.lease_ttl: \"1s\" is not a whole number of seconds",
+            "ha.lease_ttl: \"1s\" is not a whole number of seconds from 2s to 1h",
         ),
         (format!("{good}lease_ttl = \"2.5s\"\n"), "ha.lease_ttl: \"2.5s\""),
         (format!("{good}leader = true\n"), "unknown field `leader`"),
+        (
+            format!("{good}lease_ttl = \"2h\"\n"),
+            "ha.lease_ttl: \"2h\" is not a whole number of seconds from 2s to 1h",
+        ),
+        (
+            format!("{good}election = \"gpool/\"\n"),
+            "ha.election: \"gpool/\" must be",
+        ),
+        (format!("{good}election = \"\"\n"), "ha.election: \"\" must be"),
     ] {
         let err = Config::parse("g.toml", &format!("{base}{bad}"))
             .unwrap_err()

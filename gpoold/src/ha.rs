@@ -12,7 +12,7 @@
 
 use crate::config::Ha;
 use etcd_client::{Client, ConnectOptions, LeaderKey, ResignOptions};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -37,7 +37,7 @@ pub struct Leadership {
     /// to the next.
     pub term: u64,
     keeping: tokio::task::JoinHandle<()>,
-    leading: Arc<AtomicBool>,
+    role: Arc<AtomicU8>,
 }
 
 /// How to reach etcd: within 3 s, and over TLS with `ha.ca` (the files are
@@ -86,11 +86,29 @@ async fn try_campaign(ha: &Ha, options: &ConnectOptions) -> Result<Leadership, e
     // The lease runs from no sooner than this.
     let asked = Instant::now();
     let lease = client.lease_grant(ttl, None).await?.id();
-    let (keeper, stream) = client.lease_keep_alive(lease).await?;
     // The lease is kept while the campaign waits (a standby's candidacy
     // lives as long as its lease), and from then on by the leader.
-    let leading = Arc::new(AtomicBool::new(false));
-    let mut keeping = tokio::spawn(keep_lease(keeper, stream, (asked, ha.lease_ttl), leading.clone()));
+    let role = Arc::new(AtomicU8::new(STANDBY));
+    let keeping = tokio::spawn(keep_lease(client.clone(), lease, (asked, ha.lease_ttl), role.clone()));
+    match elect(&mut client, ha, lease, &role, keeping).await {
+        Ok(leadership) => Ok(leadership),
+        Err(err) => {
+            // Its candidacy goes now rather than a TTL from now.
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
+            Err(err)
+        }
+    }
+}
+
+/// Campaigns with `lease` until elected, and makes sure the lease still
+/// holds the leader key then.
+async fn elect(
+    client: &mut Client,
+    ha: &Ha,
+    lease: i64,
+    role: &Arc<AtomicU8>,
+    mut keeping: tokio::task::JoinHandle<()>,
+) -> Result<Leadership, etcd_client::Error> {
     tracing::info!(
         "ha: {} campaigning in election {:?} (lease ttl {:?}); standby until elected",
         ha.name,
@@ -104,67 +122,106 @@ async fn try_campaign(ha: &Ha, options: &ConnectOptions) -> Result<Leadership, e
             return Err(etcd_client::Error::LeaseKeepAliveError("the lease was lost while campaigning".into()));
         }
     };
-    let leader = match campaigned.map(|response| response.leader().cloned()) {
-        Ok(Some(leader)) => leader,
-        Ok(None) => {
-            keeping.abort();
-            return Err(etcd_client::Error::InvalidArgs("etcd elected no leader key".into()));
-        }
+    let elected = match campaigned.map(|response| response.leader().cloned()) {
+        Ok(Some(leader)) => confirm(client, ha, &leader, role).await.map(|()| leader),
+        Ok(None) => Err(etcd_client::Error::InvalidArgs("etcd elected no leader key".into())),
+        Err(err) => Err(err),
+    };
+    let leader = match elected {
+        Ok(leader) => leader,
         Err(err) => {
             keeping.abort();
             return Err(err);
         }
     };
-    leading.store(true, Ordering::SeqCst);
     let term = leader.rev().max(0) as u64;
     let _ = TERM.set(term);
     tracing::info!("ha: {} elected leader, term {term}", ha.name);
     Ok(Leadership {
-        client,
+        client: client.clone(),
         leader,
         term,
         keeping,
-        leading,
+        role: role.clone(),
     })
 }
 
-/// Renews the lease every third of `ttl`. With no renewal confirmed for two
-/// thirds of it, a leader's process exits: whatever it was doing, it must
-/// be silent before the lease runs out and another controller is elected.
-/// A standby's campaign just ends (it campaigns again).
-async fn keep_lease(
-    mut keeper: etcd_client::LeaseKeeper,
-    mut stream: etcd_client::LeaseKeepAliveStream,
-    (granted, ttl): (Instant, Duration),
-    leading: Arc<AtomicBool>,
-) {
+/// Elected: only if the lease was not lost meanwhile (then the leader key
+/// may be gone), and the election's leader is still this key.
+async fn confirm(
+    client: &mut Client,
+    ha: &Ha,
+    leader: &LeaderKey,
+    role: &Arc<AtomicU8>,
+) -> Result<(), etcd_client::Error> {
+    let now = client.leader(ha.election.as_str()).await?;
+    let ours = now
+        .kv()
+        .is_some_and(|kv| kv.key() == leader.key() && kv.lease() == leader.lease());
+    if !ours {
+        return Err(etcd_client::Error::InvalidArgs(
+            "elected, but the leader key is no longer this one's".into(),
+        ));
+    }
+    role.compare_exchange(STANDBY, LEADING, Ordering::SeqCst, Ordering::SeqCst)
+        .map(|_| ())
+        .map_err(|_| etcd_client::Error::LeaseKeepAliveError("the lease was lost as it was elected".into()))
+}
+
+/// What the lease is for: a standby's candidacy, a leader's term, or
+/// nothing any more (lost while a standby).
+const STANDBY: u8 = 0;
+const LEADING: u8 = 1;
+const LOST: u8 = 2;
+
+/// Renews lease `lease` every third of `ttl`. A broken keepalive stream is
+/// opened again. With no renewal confirmed for two thirds of the TTL, a
+/// leader's process exits: whatever it was doing, it must be silent before
+/// the lease runs out and another controller is elected. A standby's lease
+/// is marked lost instead (its campaign ends and starts again).
+async fn keep_lease(mut client: Client, lease: i64, (granted, ttl): (Instant, Duration), role: Arc<AtomicU8>) {
     let give_up_after = ttl * 2 / 3;
     // When the lease last ran from, at the latest: a renewal counts from
     // when it was sent, not answered.
     let mut confirmed = granted;
+    let mut stream = None;
     loop {
         let sent = Instant::now();
         let renewal = async {
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
-        match tokio::time::timeout_at(confirmed + give_up_after, renewal).await {
-            Ok(Ok(Some(answer))) if answer.ttl() > 0 => confirmed = sent,
-            outcome => {
-                let why = match outcome {
-                    Ok(Ok(Some(_))) => "etcd says the lease expired".to_string(),
-                    Ok(Ok(None)) => "etcd closed the lease stream".to_string(),
-                    Ok(Err(err)) => format!("etcd: {err}"),
-                    Err(_) => format!("no renewal confirmed for {give_up_after:?}"),
-                };
-                if leading.load(Ordering::SeqCst) {
-                    lost(&why);
-                }
-                tracing::warn!("ha: standby's lease lost ({why})");
-                return;
+            if stream.is_none() {
+                stream = Some(client.lease_keep_alive(lease).await?);
             }
+            let (keeper, answers) = stream.as_mut().expect("opened above");
+            keeper.keep_alive().await?;
+            answers.message().await
+        };
+        let why = match tokio::time::timeout_at(confirmed + give_up_after, renewal).await {
+            Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                confirmed = sent;
+                tokio::time::sleep_until(sent + ttl / 3).await;
+                continue;
+            }
+            Ok(Ok(Some(_))) => "etcd says the lease expired".to_string(),
+            // The stream broke (an etcd member restarted): open it again
+            // while the lease may still hold.
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                if stream.is_some() {
+                    tracing::warn!("ha: the lease's keepalive stream broke; opening it again");
+                }
+                stream = None;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(_) => format!("no renewal confirmed for {give_up_after:?}"),
+        };
+        if role
+            .compare_exchange(STANDBY, LOST, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            lost(&why);
         }
-        tokio::time::sleep_until(sent + ttl / 3).await;
+        tracing::warn!("ha: standby's lease lost ({why})");
+        return;
     }
 }
 
@@ -178,8 +235,8 @@ impl Leadership {
     /// waits for this controller's lock on the state dir, which it lets go
     /// once its shutdown is over.
     pub async fn resign(&self) {
-        self.leading.store(false, Ordering::SeqCst);
         self.keeping.abort();
+        self.role.store(LOST, Ordering::SeqCst);
         let mut client = self.client.clone();
         let options = ResignOptions::new().with_leader(self.leader.clone());
         match tokio::time::timeout(Duration::from_secs(2), client.resign(Some(options))).await {

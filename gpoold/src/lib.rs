@@ -95,7 +95,7 @@ pub async fn run(
     // clients that keep connections open get SHUTDOWN_GRACE, no more.
     let (stopping_sender, stopping) = tokio::sync::watch::channel(false);
     let stopping_sender_for_agents = stopping_sender.clone();
-    let shutdown = resign_then_stop(shutdown, leadership.clone(), stopping_sender);
+    let shutdown = stop_then_resign(shutdown, leadership.clone(), stopping_sender);
     let served = startup::serve(
         &config,
         &core,
@@ -136,19 +136,20 @@ async fn elected(
     }
 }
 
-/// The server's shutdown: once `shutdown` resolves, a leader resigns (a
-/// planned switch: the standby is elected now, and takes the state dir's
-/// lock once this shutdown lets go of it), then everything stops.
-async fn resign_then_stop(
+/// The server's shutdown: once `shutdown` resolves, everything is told to
+/// stop (agents' links end, no new connection is taken), then a leader
+/// resigns: a planned switch, the standby is elected now and takes the
+/// state dir's lock once this shutdown lets go of it.
+async fn stop_then_resign(
     shutdown: impl Future<Output = ()>,
     leadership: Option<Arc<ha::Leadership>>,
     stopping: tokio::sync::watch::Sender<bool>,
 ) {
     shutdown.await;
+    let _ = stopping.send(true);
     if let Some(leadership) = leadership {
         leadership.resign().await;
     }
-    let _ = stopping.send(true);
 }
 
 /// Opens the state dir's store. An elected controller waits for the

@@ -693,3 +693,36 @@ fn a_controller_is_elected_through_etcd_over_tls() {
     let job = cluster.submit(&["--team", "vision", "--", "true"]);
     cluster.wait_for_state(job, "completed");
 }
+
+/// A rolling restart of etcd, one member at a time, keeps quorum: the
+/// leader opens its lease's keepalive again on another member each time
+/// and stays the leader, with the same term.
+#[test]
+fn a_rolling_restart_of_etcd_keeps_the_leader() {
+    let dir = Cluster::temp_dir();
+    let Some(mut etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    // The default lease: a member's restart takes the client a few seconds
+    // to move off.
+    let table = ha_table(&etcd.endpoints, "a", "127.0.0.1:7070").replace("lease_ttl = \"3s\"", "lease_ttl = \"15s\"");
+    let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", &format!("{table}{}", shipped_policy()));
+    let listen_b = format!("127.0.0.1:{}", free_port());
+    let _standby = start_standby(&cluster, &etcd.endpoints, "b", &listen_b);
+    let before = listed_controllers(&cluster);
+    for member in 0..3 {
+        etcd.kill_member(member);
+        std::thread::sleep(Duration::from_secs(1));
+        etcd.start_member(member);
+        // Back in the cluster before the next one goes.
+        wait_until("etcd to answer through the leader", Duration::from_secs(30), || {
+            let run = cluster.gpool(&["controllers", "--output", "json"]);
+            (run.code == 0 && roles(&run.json()).len() == 2).then_some(())
+        });
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert_eq!(cluster.controller().exited(), None, "the leader ran through");
+    let after = listed_controllers(&cluster);
+    assert_eq!(roles(&after), roles(&before), "{after}");
+    assert_eq!(after["term"], before["term"], "{before} then {after}");
+}

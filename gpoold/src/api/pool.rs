@@ -300,7 +300,7 @@ impl Pool for PoolService {
         let candidates = leadership
             .candidates(&ha.election)
             .await
-            .map_err(|err| Status::unavailable(format!("etcd: {err}")))?;
+            .map_err(|err| Status::failed_precondition(format!("the controllers' etcd did not answer: {err}")))?;
         let controllers = candidates
             .into_iter()
             .map(|candidate| pb::Controller {
