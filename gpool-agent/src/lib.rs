@@ -24,6 +24,7 @@ use std::future::Future;
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.spool_dir)
         .map_err(|err| anyhow::anyhow!("spool_dir {}: cannot create: {err}", config.spool_dir.display()))?;
+    link::remember_terms_in(config.spool_dir.join("controller-term"));
     let gpu::Discovered {
         gpus,
         topology,

@@ -169,8 +169,21 @@ async fn serve_once(
     }
 }
 
-/// The highest controller term this agent has seen (`[ha]`; 0: none).
+/// The highest controller term this agent has seen (`[ha]`; 0: none),
+/// kept in `TERM_FILE` too, so that a restarted agent still refuses a
+/// deposed leader.
 static HIGHEST_TERM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static TERM_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Remembers the highest term in `path` (in the spool), starting from what
+/// it says.
+pub fn remember_terms_in(path: std::path::PathBuf) {
+    let known = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    HIGHEST_TERM.fetch_max(known.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+    let _ = TERM_FILE.set(path);
+}
 
 /// Keeps `term` as the highest seen, or refuses it (and says so in the log).
 fn admit(term: u64) -> Result<(), String> {
@@ -178,7 +191,15 @@ fn admit(term: u64) -> Result<(), String> {
     let highest = HIGHEST_TERM.load(Ordering::SeqCst);
     match gpool_core::fencing::admit_term(highest, term) {
         Ok(now) => {
-            HIGHEST_TERM.fetch_max(now, Ordering::SeqCst);
+            if HIGHEST_TERM.fetch_max(now, Ordering::SeqCst) < now {
+                if let Some(path) = TERM_FILE.get() {
+                    let written = std::fs::write(path.with_extension("new"), format!("{now}\n"))
+                        .and_then(|()| std::fs::rename(path.with_extension("new"), path));
+                    if let Err(err) = written {
+                        tracing::warn!("cannot keep controller term {now} in {}: {err}", path.display());
+                    }
+                }
+            }
             Ok(())
         }
         Err(refusal) => {

@@ -575,10 +575,16 @@ impl gpool_proto::pb::agent_link_server::AgentLink for TermsController {
             fence_after_ms: 60_000,
             fence_grace_ms: 1_000,
         });
-        let mut messages = vec![message(7, lease), message(7, Msg::StopLog(StopLog { request_id: 1 }))];
-        if first {
-            messages.push(message(5, Msg::StopLog(StopLog { request_id: 2 })));
-        }
+        // Later links hear only from the deposed leader.
+        let deposed = message(5, Msg::StopLog(StopLog { request_id: 2 }));
+        let messages = match first {
+            true => vec![
+                message(7, lease),
+                message(7, Msg::StopLog(StopLog { request_id: 1 })),
+                deposed,
+            ],
+            false => vec![deposed],
+        };
         let stream = tokio_stream::iter(messages.into_iter().map(Ok)).chain(tokio_stream::pending());
         Ok(tonic::Response::new(Box::pin(stream)))
     }
@@ -587,7 +593,8 @@ impl gpool_proto::pb::agent_link_server::AgentLink for TermsController {
 /// Fencing on the agent's side: once it has heard from the leader of term
 /// 7, a message of term 5 (a deposed leader that does not know it yet) is
 /// refused and said in its log, and the agent ends that link and dials
-/// again.
+/// again. The agent keeps the term in its spool: restarted, it still
+/// refuses term 5 before hearing from anyone.
 #[test]
 fn an_agent_refuses_a_message_of_an_older_term() {
     let mut cluster = Cluster::start();
@@ -619,6 +626,14 @@ fn an_agent_refuses_a_message_of_an_older_term() {
     assert!(refused.contains("the leader of term 7 took over from it"), "{refused}");
     wait_until("the agent to dial again", Duration::from_secs(20), || {
         (registers.load(std::sync::atomic::Ordering::SeqCst) >= 2).then_some(())
+    });
+    cluster.agents[agent].kill9();
+    let again = cluster.spawn_agent("node-t", 1, &format!("controller = \"{addr}\"\n"), "", None);
+    let log = cluster.agents[again].log.clone();
+    wait_until("the restarted agent to refuse term 5", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("refused a message of controller term 5: the leader of term 7")
+            .then_some(())
     });
 }
 
