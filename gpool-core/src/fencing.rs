@@ -46,6 +46,14 @@ pub fn may_take_over(
     }
 }
 
+/// A leader's lease of `ttl` (`[ha]`): how often it renews, and how long
+/// without a confirmed renewal (counted from when the renewal was sent)
+/// before it must stop acting. Two thirds: it is silent before the lease
+/// can run out and another controller be elected.
+pub fn leader_lease_terms(ttl: std::time::Duration) -> (std::time::Duration, std::time::Duration) {
+    (ttl / 3, ttl * 2 / 3)
+}
+
 /// Whether an agent obeys a message of controller term `term`, having seen
 /// `highest` so far: the highest term it knows after this message, or why
 /// it refuses. Term 0 is a controller without `[ha]`, which has no terms.
@@ -64,6 +72,14 @@ pub fn admit_term(highest: u64, term: u64) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leader_stops_before_its_lease_can_run_out() {
+        let ttl = std::time::Duration::from_secs(15);
+        let (renew_every, stop_after) = leader_lease_terms(ttl);
+        assert_eq!(renew_every, std::time::Duration::from_secs(5));
+        assert!(renew_every < stop_after && stop_after < ttl);
+    }
 
     #[test]
     fn a_deposed_leaders_term_is_refused() {

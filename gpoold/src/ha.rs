@@ -38,6 +38,8 @@ pub struct Leadership {
     pub term: u64,
     keeping: tokio::task::JoinHandle<()>,
     role: Arc<AtomicU8>,
+    /// The election it won, whose candidates `candidates` lists.
+    election: String,
 }
 
 /// How to reach etcd: within 3 s, and over TLS with `ha.ca` (the files are
@@ -143,6 +145,7 @@ async fn elect(
         term,
         keeping,
         role: role.clone(),
+        election: ha.election.clone(),
     })
 }
 
@@ -180,7 +183,7 @@ const LOST: u8 = 2;
 /// the lease runs out and another controller is elected. A standby's lease
 /// is marked lost instead (its campaign ends and starts again).
 async fn keep_lease(mut client: Client, lease: i64, (granted, ttl): (Instant, Duration), role: Arc<AtomicU8>) {
-    let give_up_after = ttl * 2 / 3;
+    let (renew_every, give_up_after) = gpool_core::fencing::leader_lease_terms(ttl);
     // When the lease last ran from, at the latest: a renewal counts from
     // when it was sent, not answered.
     let mut confirmed = granted;
@@ -198,7 +201,7 @@ async fn keep_lease(mut client: Client, lease: i64, (granted, ttl): (Instant, Du
         let why = match tokio::time::timeout_at(confirmed + give_up_after, renewal).await {
             Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
                 confirmed = sent;
-                tokio::time::sleep_until(sent + ttl / 3).await;
+                tokio::time::sleep_until(sent + renew_every).await;
                 continue;
             }
             Ok(Ok(Some(_))) => "etcd says the lease expired".to_string(),
@@ -262,9 +265,9 @@ impl Leadership {
     /// Every controller campaigning in the election: this leader first
     /// (the oldest candidacy leads), then the standbys in the order they
     /// would be elected.
-    pub async fn candidates(&self, election: &str) -> Result<Vec<Candidate>, etcd_client::Error> {
+    pub async fn candidates(&self) -> Result<Vec<Candidate>, etcd_client::Error> {
         let mut client = self.client.clone();
-        let prefix = format!("{election}/");
+        let prefix = format!("{}/", self.election);
         let listed = client
             .get(prefix.as_str(), Some(etcd_client::GetOptions::new().with_prefix()))
             .await?;

@@ -221,7 +221,6 @@ fn api_services(
         security: security.clone(),
         reports: reports.clone(),
         leadership: core.leadership.clone(),
-        ha: config.ha.clone(),
         listen: addr.to_string(),
     })
     .max_decoding_message_size(config.max_message_size)

@@ -29,7 +29,6 @@ pub struct PoolService {
     pub reports: crate::reports::Reports,
     /// With `[ha]`: this leader's election, which `Controllers` lists.
     pub leadership: Option<Arc<crate::ha::Leadership>>,
-    pub ha: Option<crate::config::Ha>,
     /// The address this controller is bound to (`Controllers` without
     /// `[ha]`).
     pub listen: String,
@@ -284,7 +283,7 @@ impl Pool for PoolService {
         request: Request<pb::ControllersRequest>,
     ) -> Result<Response<pb::ControllersResponse>, Status> {
         identity(&request)?;
-        let (Some(leadership), Some(ha)) = (&self.leadership, &self.ha) else {
+        let Some(leadership) = &self.leadership else {
             let this = pb::Controller {
                 name: String::new(),
                 advertise: self.listen.clone(),
@@ -298,7 +297,7 @@ impl Pool for PoolService {
             }));
         };
         let candidates = leadership
-            .candidates(&ha.election)
+            .candidates()
             .await
             .map_err(|err| Status::failed_precondition(format!("the controllers' etcd did not answer: {err}")))?;
         let controllers = candidates
