@@ -53,7 +53,7 @@ impl Config {
             &invalid,
         )?;
         let health = health_of(parsed.health, &invalid)?;
-        let ha = super::ha::ha_of(parsed.ha, &invalid)?;
+        let ha = super::ha::ha_of(parsed.ha, listen, &invalid)?;
         let notify = parsed
             .notify
             .map_or_else(Default::default, |file| gpool_core::model::NotifyRules {

@@ -8,7 +8,7 @@ use super::*;
 pub(crate) struct HaFile {
     etcd: Vec<String>,
     name: String,
-    advertise: String,
+    advertise: Option<String>,
     lease_ttl: Option<String>,
     election: Option<String>,
     /// TLS to etcd: its CA, and this controller's client certificate.
@@ -25,7 +25,8 @@ pub struct Ha {
     pub etcd: Vec<String>,
     /// This controller's name, unique among them.
     pub name: String,
-    /// The address agents and users dial to reach this controller.
+    /// The address agents and users dial to reach this controller (and
+    /// that standbys send them to): `listen` where it is left out.
     pub advertise: String,
     /// The leader's etcd lease: a dead leader's standby takes over after
     /// about this long.
@@ -52,7 +53,11 @@ const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_ELECTION: &str = "gpool/leader";
 
-pub(crate) fn ha_of(ha: Option<toml::Spanned<HaFile>>, invalid: from_file::Invalid) -> Result<Option<Ha>, ConfigError> {
+pub(crate) fn ha_of(
+    ha: Option<toml::Spanned<HaFile>>,
+    listen: std::net::SocketAddr,
+    invalid: from_file::Invalid,
+) -> Result<Option<Ha>, ConfigError> {
     let Some(spanned) = ha else { return Ok(None) };
     let offset = spanned.span().start;
     let file = spanned.into_inner();
@@ -76,15 +81,7 @@ pub(crate) fn ha_of(ha: Option<toml::Spanned<HaFile>>, invalid: from_file::Inval
             format!("ha.name: {:?} must be letters, digits, '-', '_' or '.'", file.name),
         ));
     }
-    if host_port(&file.advertise).is_none() {
-        return Err(invalid(
-            offset,
-            format!(
-                "ha.advertise: {:?} is not HOST:PORT (what agents and users dial)",
-                file.advertise
-            ),
-        ));
-    }
+    let advertise = advertise_of(file.advertise, listen).map_err(|reason| invalid(offset, reason))?;
     let lease_ttl = match &file.lease_ttl {
         None => DEFAULT_LEASE_TTL,
         Some(text) => match humantime::parse_duration(text) {
@@ -100,11 +97,26 @@ pub(crate) fn ha_of(ha: Option<toml::Spanned<HaFile>>, invalid: from_file::Inval
     Ok(Some(Ha {
         etcd: file.etcd,
         name: file.name,
-        advertise: file.advertise,
+        advertise,
         lease_ttl,
         election: election_of(file.election).map_err(|reason| invalid(offset, reason))?,
         tls: file.ca.map(|ca| EtcdTls { ca, cert_key }),
     }))
+}
+
+/// Where others dial this controller: `advertise`, else `listen` where
+/// that names one host and port.
+fn advertise_of(advertise: Option<String>, listen: std::net::SocketAddr) -> Result<String, String> {
+    match advertise {
+        Some(advertise) if host_port(&advertise).is_none() => Err(format!(
+            "ha.advertise: {advertise:?} is not HOST:PORT (what agents and users dial)"
+        )),
+        Some(advertise) => Ok(advertise),
+        None if listen.ip().is_unspecified() || listen.port() == 0 => Err(format!(
+            "ha.advertise: needed, since listen = \"{listen}\" is not an address agents and users can dial"
+        )),
+        None => Ok(listen.to_string()),
+    }
 }
 
 /// The etcd election's name: its candidates' keys are `<election>/...`, so

@@ -232,6 +232,16 @@ fn ha_names_etcd_this_controller_and_its_lease() {
     assert_eq!(etcd_tls.cert_key, Some(("/e/a.pem".into(), "/e/a.key".into())));
     let without = Config::parse("g.toml", "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n").unwrap();
     assert_eq!(without.ha, None);
+    // Without advertise, others dial the listen address, where it names one.
+    let unsaid = good.replace("advertise = \"ctl-a.example:7070\"\n", "");
+    let config = Config::parse("g.toml", &format!("{base}{unsaid}")).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(config.ha.map(|ha| ha.advertise).as_deref(), Some("127.0.0.1:1"));
+    let any_port = format!("{}{unsaid}", base.replace("127.0.0.1:1", "127.0.0.1:0"));
+    let err = Config::parse("g.toml", &any_port).unwrap_err().to_string();
+    assert!(
+        err.contains("ha.advertise: needed, since listen = \"127.0.0.1:0\" is not an address"),
+        "{err}"
+    );
     for (bad, says) in [
         (
             good.replace("[\"http://10.0.0.5:2379\", \"10.0.0.6:2379\"]", "[]"),

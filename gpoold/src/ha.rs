@@ -1,7 +1,8 @@
 //! High availability (`[ha]`): every controller campaigns through etcd's
 //! election API with a lease; the one elected serves, the others wait as
-//! standbys without listening, so agents and users that name several
-//! controllers reach the leader by trying them in turn.
+//! standbys that answer every call with the leader's address
+//! (`crate::standby`), so agents and users reach the leader from any
+//! controller they name.
 //!
 //! The rule that keeps one leader acting: the leader renews its lease every
 //! third of its TTL, and with no renewal confirmed for two thirds of the
@@ -40,6 +41,8 @@ pub struct Leadership {
     role: Arc<AtomicU8>,
     /// The election it won, whose candidates `candidates` lists.
     election: String,
+    /// This controller's `ha.name`.
+    pub name: String,
 }
 
 /// How to reach etcd: within 3 s, and over TLS with `ha.ca` (the files are
@@ -146,6 +149,7 @@ async fn elect(
         keeping,
         role: role.clone(),
         election: ha.election.clone(),
+        name: ha.name.clone(),
     })
 }
 
@@ -299,4 +303,57 @@ impl Leadership {
         }
         Ok(candidates)
     }
+}
+
+/// The leader a standby sends callers to: its `ha.name` and `advertise`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderAddress {
+    pub name: String,
+    pub advertise: String,
+}
+
+/// How often a standby asks etcd who leads.
+const LEADER_POLL: Duration = Duration::from_millis(500);
+
+/// The election's leader as etcd says, asked every `LEADER_POLL` while the
+/// receiver is held: `None` while there is none (or etcd cannot be
+/// reached).
+pub fn watch_leader(ha: &Ha) -> anyhow::Result<tokio::sync::watch::Receiver<Option<LeaderAddress>>> {
+    let options = connect_options(ha)?;
+    let (sender, receiver) = tokio::sync::watch::channel(None);
+    let (endpoints, election) = (ha.etcd.clone(), ha.election.clone());
+    tokio::spawn(async move {
+        let mut client = None;
+        while !sender.is_closed() {
+            if client.is_none() {
+                client = Client::connect(endpoints.clone(), Some(options.clone())).await.ok();
+            }
+            let asked = match client.as_mut() {
+                Some(client) => tokio::time::timeout(LEADER_POLL * 4, client.leader(election.as_str())).await,
+                None => Ok(Err(etcd_client::Error::InvalidArgs("not connected".into()))),
+            };
+            let leader = match asked {
+                Ok(Ok(answer)) => answer.kv().and_then(|kv| kv.value_str().ok()).map(|value| {
+                    let (name, advertise) = value.split_once(' ').unwrap_or((value, ""));
+                    LeaderAddress {
+                        name: name.to_string(),
+                        advertise: advertise.to_string(),
+                    }
+                }),
+                // No leader elected (etcd answers "election: no leader").
+                Ok(Err(etcd_client::Error::GRpcStatus(status))) if status.message().contains("no leader") => None,
+                _ => {
+                    client = None;
+                    None
+                }
+            };
+            sender.send_if_modified(|known| {
+                let changed = *known != leader;
+                *known = leader;
+                changed
+            });
+            tokio::time::sleep(LEADER_POLL).await;
+        }
+    });
+    Ok(receiver)
 }

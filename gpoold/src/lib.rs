@@ -10,6 +10,7 @@ pub mod notify;
 pub mod reports;
 pub mod sched_loop;
 pub mod security;
+mod standby;
 mod startup;
 pub mod state;
 pub mod status_page;
@@ -51,17 +52,18 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     prepare_state_dir(&config.state_dir)?;
     let mut shutdown = Box::pin(shutdown);
-    let Some(leadership) = elected(&config, &mut shutdown).await? else {
+    let tls = config.tls.as_ref().map(security::tls::server_config).transpose()?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listen: cannot bind {}", config.listen))?;
+    let listener = Arc::new(listener);
+    let addr = listener.local_addr()?;
+    let Some(leadership) = elected(&config, (&listener, &tls), &mut shutdown).await? else {
         return Ok(());
     };
     let (store, loaded) = open_store(&config).await?;
     let n_jobs = loaded.jobs.len();
     let security = Arc::new(security::Security::open(&config)?);
-    let tls = config.tls.as_ref().map(security::tls::server_config).transpose()?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("listen: cannot bind {}", config.listen))?;
-    let addr = listener.local_addr()?;
     // The dev pointer first: whoever waits for the address file then finds
     // the pointer written too.
     if config.dev {
@@ -117,23 +119,27 @@ pub async fn run(
     outcome
 }
 
-/// With `[ha]`, campaigns until this controller is elected: `None` when it
-/// is told to stop first (a standby just stops). `Some(None)` without
-/// `[ha]`.
+/// With `[ha]`, campaigns until this controller is elected, sending
+/// callers on `listener` to the leader meanwhile: `None` when it is told
+/// to stop first (a standby just stops). `Some(None)` without `[ha]`.
 async fn elected(
     config: &Config,
+    (listener, tls): (&Arc<tokio::net::TcpListener>, &Option<Arc<rustls::ServerConfig>>),
     shutdown: &mut std::pin::Pin<Box<impl Future<Output = ()>>>,
 ) -> anyhow::Result<Option<Option<ha::Leadership>>> {
     let Some(ha) = &config.ha else {
         return Ok(Some(None));
     };
-    tokio::select! {
-        leadership = ha::campaign(ha) => Ok(Some(Some(leadership?))),
+    let standby = standby::serve(config, listener.clone(), tls.clone(), ha::watch_leader(ha)?);
+    let outcome = tokio::select! {
+        leadership = ha::campaign(ha) => leadership.map(|leadership| Some(Some(leadership))),
         () = shutdown => {
             tracing::info!("ha: standby stopping");
             Ok(None)
         }
-    }
+    };
+    standby.stop().await;
+    outcome
 }
 
 /// The server's shutdown: once `shutdown` resolves, everything is told to

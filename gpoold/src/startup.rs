@@ -125,7 +125,7 @@ pub(crate) async fn serve(
     core: &Core,
     security: &Arc<security::Security>,
     (listener, addr, tls): (
-        tokio::net::TcpListener,
+        Arc<tokio::net::TcpListener>,
         std::net::SocketAddr,
         Option<Arc<rustls::ServerConfig>>,
     ),
@@ -169,7 +169,7 @@ pub(crate) async fn serve(
         .add_service(agent_link);
     let served: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = match tls {
         Some(tls) => {
-            let incoming = security::listen::accept_tls(listener, tls, security.clone(), accept_tasks);
+            let incoming = security::listen::accept_tls(listener, tls, Some(security.clone()), accept_tasks);
             Box::pin(
                 router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
             )

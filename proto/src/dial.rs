@@ -42,7 +42,7 @@ impl Address {
 }
 
 /// One address, or several separated by commas: the controllers of a pool
-/// run with `[ha]`, tried in turn (only the leader listens).
+/// run with `[ha]`, tried in turn (a standby names the leader).
 pub fn parse_list(text: &str) -> Result<Vec<Address>, String> {
     let addresses = text
         .split(',')
@@ -56,8 +56,15 @@ pub fn parse_list(text: &str) -> Result<Vec<Address>, String> {
     Ok(addresses)
 }
 
-/// Connects to the first of `addresses` that answers, in order: the one,
-/// and its index. Each gets `deadlines.connect`.
+/// The metadata in which a standby names the leader's address.
+pub const LEADER_METADATA: &str = "gpool-leader";
+
+/// How many standbys' redirects one connection follows.
+const MAX_REDIRECTS: usize = 3;
+
+/// Connects to the first of `addresses` that answers, in order, and on to
+/// the leader where a standby answers: the channel, and the index of the
+/// address given that led to it. Each connection gets `deadlines.connect`.
 pub async fn connect_first(
     addresses: &[Address],
     tls: &ClientTls,
@@ -65,13 +72,78 @@ pub async fn connect_first(
 ) -> Result<(Channel, usize), String> {
     let mut failures = Vec::new();
     for (index, address) in addresses.iter().enumerate() {
-        match connect(address, tls, deadlines).await {
+        match connect_leader(address, tls, deadlines).await {
             Ok(channel) => return Ok((channel, index)),
             Err(err) if addresses.len() == 1 => return Err(err),
             Err(err) => failures.push(format!("{}: {err}", address.text())),
         }
     }
     Err(failures.join("; "))
+}
+
+/// Connects to `address`, then asks whether it serves (`Leader`): a
+/// standby answers with the leader's address, which is dialled in turn
+/// (with the TLS choice `address` made). The local socket is only ever
+/// the leader's, and is not asked.
+async fn connect_leader(address: &Address, tls: &ClientTls, deadlines: Deadlines) -> Result<Channel, String> {
+    let mut address = address.clone();
+    let mut followed = Vec::new();
+    loop {
+        let channel = match (connect(&address, tls, deadlines).await, followed.last()) {
+            (Ok(channel), _) => channel,
+            (Err(err), None) => return Err(err),
+            (Err(err), Some(standby)) => {
+                return Err(format!(
+                    "{standby} is a standby; the leader it names, {}: {err}",
+                    address.text()
+                ))
+            }
+        };
+        if matches!(address, Address::Unix(_)) {
+            return Ok(channel);
+        }
+        let status = match crate::pb::pool_client::PoolClient::new(channel.clone())
+            .leader(crate::pb::LeaderRequest {})
+            .await
+        {
+            Ok(_) => return Ok(channel),
+            Err(status) => status,
+        };
+        let leader = status
+            .metadata()
+            .get(LEADER_METADATA)
+            .and_then(|value| value.to_str().ok());
+        let (tonic::Code::Unavailable, Some(leader)) = (status.code(), leader) else {
+            return match status.code() {
+                // A standby with no leader elected, or a connection that
+                // broke: the next address is tried.
+                tonic::Code::Unavailable => Err(status.message().to_string()),
+                // A controller from before `Leader`, or one that wants
+                // credentials first: it serves.
+                _ => Ok(channel),
+            };
+        };
+        let next = redirected(&address, leader)?;
+        followed.push(address.text());
+        if followed.len() > MAX_REDIRECTS || followed.contains(&next.text()) {
+            return Err(format!(
+                "standbys sent the call round in a circle: {} then {}",
+                followed.join(", "),
+                next.text()
+            ));
+        }
+        address = next;
+    }
+}
+
+/// The leader's address a standby named, reached as `from` was (TLS or
+/// not) unless it names its own scheme.
+fn redirected(from: &Address, leader: &str) -> Result<Address, String> {
+    let next = Address::parse(leader).map_err(|err| format!("{} names the leader at {err}", from.text()))?;
+    Ok(match (next, from) {
+        (Address::Tcp { host_port, tls: None }, Address::Tcp { tls, .. }) => Address::Tcp { host_port, tls: *tls },
+        (next, _) => next,
+    })
 }
 
 impl Address {
@@ -236,5 +308,19 @@ mod tests {
         );
         assert!(parse_list(" , ").is_err());
         assert!(parse_list("a:1,nowhere").is_err());
+    }
+
+    #[test]
+    fn a_redirect_keeps_the_transport_it_came_by() {
+        let from = Address::parse("https://a.example:7070").unwrap();
+        assert_eq!(
+            redirected(&from, "b.example:7070").unwrap().text(),
+            "https://b.example:7070"
+        );
+        let plain = Address::parse("http://a:1").unwrap();
+        assert_eq!(redirected(&plain, "b:2").unwrap().text(), "http://b:2");
+        assert_eq!(redirected(&plain, "https://b:2").unwrap().text(), "https://b:2");
+        let err = redirected(&plain, "nowhere").unwrap_err();
+        assert!(err.starts_with("http://a:1 names the leader at"), "{err}");
     }
 }

@@ -80,9 +80,10 @@ impl Etcd {
     }
 }
 
-/// The `[ha]` table of controller `name` listening at `listen`.
-fn ha_table(endpoints: &str, name: &str, listen: &str) -> String {
-    format!("[ha]\netcd = [{endpoints}]\nname = \"{name}\"\nadvertise = \"{listen}\"\nlease_ttl = \"3s\"\n\n")
+/// The `[ha]` table of controller `name`, which others dial at its
+/// `listen` address (advertise left out).
+fn ha_table(endpoints: &str, name: &str) -> String {
+    format!("[ha]\netcd = [{endpoints}]\nname = \"{name}\"\nlease_ttl = \"3s\"\n\n")
 }
 
 /// Another gpoold on the cluster's state dir, listening at `listen`: a
@@ -94,7 +95,7 @@ fn start_standby(cluster: &Cluster, endpoints: &str, name: &str, listen: &str) -
         dir.join("state").display(),
         dir.join(format!("gpoold-{name}.sock")).display(),
         current_user(),
-        ha_table(endpoints, name, listen),
+        ha_table(endpoints, name),
         shipped_policy()
     );
     let file = dir.join(format!("gpoold-{name}.toml"));
@@ -111,7 +112,7 @@ fn start_standby(cluster: &Cluster, endpoints: &str, name: &str, listen: &str) -
 }
 
 /// The pool of these tests: controller "a" (the harness's, on a port it
-/// picks; its `advertise` is only shown, never dialled) reaching etcd at
+/// picks) reaching etcd at
 /// `a_etcd`, a standby "b" reaching it at `b_etcd`, both named to the CLI,
 /// and agents for `nodes` that name both. The standby and its address.
 fn start_pair(
@@ -120,7 +121,7 @@ fn start_pair(
     table: impl Fn(String) -> String,
     nodes: &[(&str, &str, u32, u64, &str)],
 ) -> (Cluster, Process, String) {
-    let extra = format!("{}{}", table(ha_table(a_etcd, "a", "127.0.0.1:7070")), shipped_policy());
+    let extra = format!("{}{}", table(ha_table(a_etcd, "a")), shipped_policy());
     let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", &extra);
     let listen_b = format!("127.0.0.1:{}", free_port());
     let standby = start_standby(&cluster, b_etcd, "b", &listen_b);
@@ -160,6 +161,14 @@ fn a_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice() {
             .is_some_and(|secs| secs <= 3),
         "{before}"
     );
+    // Naming only the standby reaches the leader, for a user and an agent:
+    // the standby answers with the leader's address.
+    let via_b = gpool_at(&listen_b, &["controllers", "--output", "json"]);
+    assert_eq!(via_b.code, 0, "{}", via_b.stderr);
+    assert_eq!(roles(&via_b.json()), roles(&before), "{}", via_b.stdout);
+    let only_b = format!("controller = \"{listen_b}\"\n");
+    cluster.spawn_agent("spare", 0, &only_b, &agent_config("t4", 1, 16_384, ""), None);
+    cluster.wait_for_registered("spare");
     // A job that runs until told, an array and separate jobs: some end
     // before the kill, some are still waiting.
     let hold = "while [ ! -e release ]; do sleep 0.2; done";
@@ -218,8 +227,11 @@ fn a_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice() {
     let _back = start_standby(&cluster, &endpoints, "a", &listen_a);
     let stopped = Instant::now();
     nix::sys::signal::kill(standby.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    // Until "a" leads, it sends callers to "b", which may still answer
+    // in its shutdown: what counts is "a" answering as the leader.
     wait_until("the standby to answer", Duration::from_secs(15), || {
-        (gpool_at(&listen_a, &["jobs", "--output", "json"]).code == 0).then_some(())
+        let run = gpool_at(&listen_a, &["controllers", "--output", "json"]);
+        (run.code == 0 && roles(&run.json()).first() == Some(&("a".to_string(), true))).then_some(())
     });
     let switch = stopped.elapsed();
     assert!(standby.stop(), "the old leader ended by itself on SIGTERM");
@@ -678,7 +690,7 @@ fn a_controller_is_elected_through_etcd_over_tls() {
         .arg("--client-cert-auth");
     let _etcd = Process::spawn("etcd", command, dir.path().join("etcd.log"));
     let ha = format!(
-        "[ha]\netcd = [\"https://127.0.0.1:{client}\"]\nname = \"ctl-a\"\nadvertise = \"127.0.0.1:7070\"\nlease_ttl = \"3s\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\n",
+        "[ha]\netcd = [\"https://127.0.0.1:{client}\"]\nname = \"ctl-a\"\nlease_ttl = \"3s\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\n",
         pki.join("ca").join("ca.pem").display(),
         pki.join("ctl-a.pem").display(),
         pki.join("ctl-a.key").display()

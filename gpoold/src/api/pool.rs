@@ -316,6 +316,15 @@ impl Pool for PoolService {
         }))
     }
 
+    /// Anyone may ask: this controller serves. A standby's listener
+    /// answers this call with a redirect instead (`crate::standby`).
+    async fn leader(&self, _: Request<pb::LeaderRequest>) -> Result<Response<pb::LeaderResponse>, Status> {
+        Ok(Response::new(pb::LeaderResponse {
+            name: self.leadership.as_ref().map(|l| l.name.clone()).unwrap_or_default(),
+            term: crate::ha::term(),
+        }))
+    }
+
     async fn create_token(
         &self,
         request: Request<pb::CreateTokenRequest>,

@@ -20,11 +20,13 @@ pub type PlainConnections = mpsc::Receiver<std::io::Result<super::loopback::Plai
 
 /// Accepts TCP connections and hands over those that complete a TLS
 /// handshake; a refused one (a bad client certificate, say) is logged and
-/// audited. Runs until the receiver is dropped.
+/// audited where `security` is given (a standby has no audit log open).
+/// Runs until the receiver is dropped; the listener is shared so that a
+/// standby's listener goes on to serve as the leader's.
 pub fn accept_tls(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     config: Arc<rustls::ServerConfig>,
-    security: Arc<super::Security>,
+    security: Option<Arc<super::Security>>,
     tasks: &mut JoinSet<()>,
 ) -> TlsConnections {
     let (sender, receiver) = mpsc::channel(BACKLOG);
@@ -50,6 +52,7 @@ pub fn accept_tls(
                     }
                     Ok(Err(err)) => {
                         tracing::warn!(%peer, "TLS handshake refused: {err}");
+                        let Some(security) = security else { return };
                         security.audit(&super::AuditEntry {
                             at: super::now_text(),
                             caller: "",
@@ -73,7 +76,7 @@ pub fn accept_tls(
 /// operator's insecure_plaintext). Loopback peers are known by the uid
 /// owning their socket.
 pub fn accept_plain(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     allowed: Vec<ipnet::IpNet>,
     warn: bool,
     tasks: &mut JoinSet<()>,
