@@ -61,6 +61,27 @@ pub async fn run(
     let Some(leadership) = elected(&config, (&listener, &tls), &mut shutdown).await? else {
         return Ok(());
     };
+    let leadership = leadership.map(Arc::new);
+    let outcome = lead(config, leadership.clone(), (listener, addr, tls), shutdown, hangups).await;
+    if let (Err(_), Some(leadership)) = (&outcome, leadership) {
+        // Failed as leader: a standby is elected now, not a lease from now.
+        leadership.resign().await;
+    }
+    outcome
+}
+
+/// Serves as the leader (or the only controller) until `shutdown`.
+async fn lead(
+    config: Config,
+    leadership: Option<Arc<ha::Leadership>>,
+    (listener, addr, tls): (
+        Arc<tokio::net::TcpListener>,
+        std::net::SocketAddr,
+        Option<Arc<rustls::ServerConfig>>,
+    ),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    hangups: tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> anyhow::Result<()> {
     let (store, loaded) = open_store(&config).await?;
     let n_jobs = loaded.jobs.len();
     let security = Arc::new(security::Security::open(&config)?);
@@ -76,7 +97,6 @@ pub async fn run(
     let mut background = tokio::task::JoinSet::new();
     background.spawn(seal_periodically(store.sealer()));
     let mut core = startup::start_core(store, loaded, &config, &security, accounting, &mut background);
-    let leadership = leadership.map(Arc::new);
     core.leadership = leadership.clone();
 
     tracing::info!(
@@ -115,7 +135,6 @@ pub async fn run(
     let (outcome, state_task_ended) =
         startup::until_end(&mut core.state_task, served, grace_over, &mut core.flusher).await;
     startup::shut_down(core, state_task_ended, tasks, stopping_sender_for_agents, &config, addr).await;
-    drop(leadership);
     outcome
 }
 
