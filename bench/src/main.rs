@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
+mod breakdown;
 mod failover;
 mod fleet;
 mod harness;
@@ -79,6 +80,10 @@ fn main() -> anyhow::Result<()> {
     }
     if wants("nodes-down") {
         nodes_down_together(2_000, 8)?;
+    }
+    // Not in the default run: about a minute.
+    if args.iter().any(|a| a == "breakdown") {
+        breakdown::breakdown(4, 8, 10_000)?;
     }
     // Not in the default run: about three minutes, with etcd installed.
     if args.iter().any(|a| a == "failover") {
