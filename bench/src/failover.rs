@@ -72,15 +72,23 @@ fn start_controller(dir: &Path, endpoints: &str, name: &str, listen: &str) -> an
     Ok(Owned(child))
 }
 
-/// How long until `servers` answers `gpool jobs`.
-fn until_answered(servers: &str, since: Instant) -> anyhow::Result<Duration> {
+/// How long until `server` answers as the leader: `gpool controllers`
+/// through it names `name` leading (a standby would send the call on to
+/// the leader it knows, which may be the one stopping).
+fn until_leading(server: &str, name: &str, since: Instant) -> anyhow::Result<Duration> {
     while since.elapsed() < Duration::from_secs(120) {
-        if gpool(servers, &["jobs"]).is_ok() {
+        let leading = gpool(server, &["controllers", "--output", "json"])
+            .ok()
+            .and_then(|output| serde_json::from_slice::<serde_json::Value>(&output.stdout).ok())
+            .is_some_and(|listed| {
+                listed["controllers"][0]["name"] == name && listed["controllers"][0]["leader"] == true
+            });
+        if leading {
             return Ok(since.elapsed());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    bail!("no controller answered within 120 s")
+    bail!("{name} did not lead within 120 s")
 }
 
 fn median_and_max(mut times: Vec<Duration>) -> String {
@@ -100,9 +108,9 @@ pub(crate) fn failover(rounds: usize) -> anyhow::Result<()> {
     ];
     let servers = listen.join(",");
     let mut controllers = [Some(start_controller(dir.path(), &endpoints, "c0", &listen[0])?), None];
-    until_answered(&servers, Instant::now())?;
+    until_leading(&servers, "c0", Instant::now())?;
     controllers[1] = Some(start_controller(dir.path(), &endpoints, "c1", &listen[1])?);
-    // The standby campaigns (it waits without listening).
+    // The standby campaigns.
     std::thread::sleep(Duration::from_secs(2));
     let mut leader = 0;
     let mut killed = Vec::new();
@@ -119,9 +127,8 @@ pub(crate) fn failover(rounds: usize) -> anyhow::Result<()> {
         } else {
             let _ = old.0.kill();
         }
-        // The other one's first answer (the old leader may still answer
-        // while its shutdown lets open requests finish).
-        let took = until_answered(&listen[1 - leader], since)?;
+        // The other one's first answer as the leader.
+        let took = until_leading(&listen[1 - leader], &format!("c{}", 1 - leader), since)?;
         let _ = old.0.wait();
         if planned { &mut switched } else { &mut killed }.push(took);
         // The old leader comes back as the standby.

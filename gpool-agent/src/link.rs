@@ -31,8 +31,8 @@ pub struct NodeInfo {
 
 /// Keeps the link up until `shutdown` resolves. Job events that could not
 /// be sent wait in `events` for the next connection.
-/// `controllers`: tried in turn at each connect (only the leader of a pool
-/// run with `[ha]` listens).
+/// `controllers`: tried in turn at each connect (a standby of a pool run
+/// with `[ha]` names the leader, which is dialled then).
 pub async fn run(
     controller: Vec<Address>,
     tls: ClientTls,

@@ -43,6 +43,8 @@ pub struct Leadership {
     election: String,
     /// This controller's `ha.name`.
     pub name: String,
+    /// Whether `resign` ran (it runs once).
+    resigned: std::sync::atomic::AtomicBool,
 }
 
 /// How to reach etcd: within 3 s, and over TLS with `ha.ca` (the files are
@@ -150,6 +152,7 @@ async fn elect(
         role: role.clone(),
         election: ha.election.clone(),
         name: ha.name.clone(),
+        resigned: std::sync::atomic::AtomicBool::new(false),
     })
 }
 
@@ -242,6 +245,9 @@ impl Leadership {
     /// waits for this controller's lock on the state dir, which it lets go
     /// once its shutdown is over.
     pub async fn resign(&self) {
+        if self.resigned.swap(true, Ordering::SeqCst) {
+            return;
+        }
         self.keeping.abort();
         self.role.store(LOST, Ordering::SeqCst);
         let mut client = self.client.clone();

@@ -58,11 +58,18 @@ pub async fn run(
         .with_context(|| format!("listen: cannot bind {}", config.listen))?;
     let listener = Arc::new(listener);
     let addr = listener.local_addr()?;
-    let Some(leadership) = elected(&config, (&listener, &tls), &mut shutdown).await? else {
+    let Some((leadership, standby)) = elected(&config, (&listener, &tls), &mut shutdown).await? else {
         return Ok(());
     };
     let leadership = leadership.map(Arc::new);
-    let outcome = lead(config, leadership.clone(), (listener, addr, tls), shutdown, hangups).await;
+    let outcome = lead(
+        config,
+        (leadership.clone(), standby),
+        (listener, addr, tls),
+        shutdown,
+        hangups,
+    )
+    .await;
     if let (Err(_), Some(leadership)) = (&outcome, leadership) {
         // Failed as leader: a standby is elected now, not a lease from now.
         leadership.resign().await;
@@ -73,7 +80,7 @@ pub async fn run(
 /// Serves as the leader (or the only controller) until `shutdown`.
 async fn lead(
     config: Config,
-    leadership: Option<Arc<ha::Leadership>>,
+    (leadership, standby): (Option<Arc<ha::Leadership>>, Option<standby::Standby>),
     (listener, addr, tls): (
         Arc<tokio::net::TcpListener>,
         std::net::SocketAddr,
@@ -118,6 +125,10 @@ async fn lead(
     let (stopping_sender, stopping) = tokio::sync::watch::channel(false);
     let stopping_sender_for_agents = stopping_sender.clone();
     let shutdown = stop_then_resign(shutdown, leadership.clone(), stopping_sender);
+    // Callers were told "starting" until now; from here the leader answers.
+    if let Some(standby) = standby {
+        standby.stop().await;
+    }
     let served = startup::serve(
         &config,
         &core,
@@ -140,25 +151,26 @@ async fn lead(
 
 /// With `[ha]`, campaigns until this controller is elected, sending
 /// callers on `listener` to the leader meanwhile: `None` when it is told
-/// to stop first (a standby just stops). `Some(None)` without `[ha]`.
+/// to stop first (a standby just stops). Elected, the standby's listener
+/// goes on answering "starting" until the leader serves. `(None, None)`
+/// without `[ha]`.
 async fn elected(
     config: &Config,
     (listener, tls): (&Arc<tokio::net::TcpListener>, &Option<Arc<rustls::ServerConfig>>),
     shutdown: &mut std::pin::Pin<Box<impl Future<Output = ()>>>,
-) -> anyhow::Result<Option<Option<ha::Leadership>>> {
+) -> anyhow::Result<Option<(Option<ha::Leadership>, Option<standby::Standby>)>> {
     let Some(ha) = &config.ha else {
-        return Ok(Some(None));
+        return Ok(Some((None, None)));
     };
     let standby = standby::serve(config, listener.clone(), tls.clone(), ha::watch_leader(ha)?);
-    let outcome = tokio::select! {
-        leadership = ha::campaign(ha) => leadership.map(|leadership| Some(Some(leadership))),
+    tokio::select! {
+        leadership = ha::campaign(ha) => Ok(Some((Some(leadership?), Some(standby)))),
         () = shutdown => {
             tracing::info!("ha: standby stopping");
+            standby.stop().await;
             Ok(None)
         }
-    };
-    standby.stop().await;
-    outcome
+    }
 }
 
 /// The server's shutdown: once `shutdown` resolves, everything is told to

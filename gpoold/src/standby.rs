@@ -17,6 +17,9 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// How long a stopping standby waits for its open calls.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A standby's listener being served, until `stop`.
 pub struct Standby {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -69,14 +72,17 @@ pub fn serve(
 }
 
 impl Standby {
-    /// Stops answering: the calls in flight are answered, and the listener
-    /// is left to whoever holds it next (the leader this controller is now).
+    /// Stops answering: the calls in flight are answered (within
+    /// `STOP_GRACE`), and the listener is left to whoever holds it next
+    /// (the leader this controller is now).
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Ok(Err(err)) = (&mut self.served).await {
-            tracing::warn!("ha: the standby's listener: {err}");
+        match tokio::time::timeout(STOP_GRACE, &mut self.served).await {
+            Ok(Ok(Err(err))) => tracing::warn!("ha: the standby's listener: {err}"),
+            Ok(_) => {}
+            Err(_) => self.served.abort(),
         }
         while self.accept.join_next().await.is_some() {}
     }
@@ -95,6 +101,12 @@ impl Redirect {
         let Some(leader) = leader.filter(|leader| !leader.advertise.is_empty()) else {
             return tonic::Status::unavailable(format!("{} is a standby and no leader is elected yet", self.this));
         };
+        if leader.name == self.this {
+            return tonic::Status::unavailable(format!(
+                "{} is elected and loading its state: ask again in a moment",
+                self.this
+            ));
+        }
         let mut status = tonic::Status::unavailable(format!(
             "{} is a standby; the leader is {} at {}",
             self.this, leader.name, leader.advertise

@@ -209,7 +209,7 @@ fn api_services(
     security: &Arc<security::Security>,
     (addr, stopping): (std::net::SocketAddr, &tokio::sync::watch::Receiver<bool>),
 ) -> (
-    InterceptedService<PoolServer<api::pool::PoolService>, impl Authenticate>,
+    api::open_leader::OpenLeader<InterceptedService<PoolServer<api::pool::PoolService>, impl Authenticate>>,
     InterceptedService<AgentLinkServer<api::agent_link::AgentLinkService>, impl Authenticate>,
 ) {
     let (handle, reports) = (&core.handle, &core.reports);
@@ -226,7 +226,13 @@ fn api_services(
     .max_decoding_message_size(config.max_message_size)
     // Replies (a page of job listings) may be larger than any request.
     .max_encoding_message_size(gpool_proto::MAX_REPLY_BYTES);
-    let pool = InterceptedService::new(pool, api::authenticate(security.clone(), handle.shared.clone()));
+    let pool = api::open_leader::OpenLeader {
+        authenticated: InterceptedService::new(
+            pool.clone(),
+            api::authenticate(security.clone(), handle.shared.clone()),
+        ),
+        open: pool,
+    };
     let agent_link = AgentLinkServer::new(api::agent_link::AgentLinkService {
         state: handle.clone(),
         next_conn_id: std::sync::atomic::AtomicU64::new(1),

@@ -127,7 +127,7 @@ async fn connect_leader(address: &Address, tls: &ClientTls, deadlines: Deadlines
         followed.push(address.text());
         if followed.len() > MAX_REDIRECTS || followed.contains(&next.text()) {
             return Err(format!(
-                "standbys sent the call round in a circle: {} then {}",
+                "standbys sent the call on too often or round in a circle: {} then {}",
                 followed.join(", "),
                 next.text()
             ));
@@ -137,13 +137,15 @@ async fn connect_leader(address: &Address, tls: &ClientTls, deadlines: Deadlines
 }
 
 /// The leader's address a standby named, reached as `from` was (TLS or
-/// not) unless it names its own scheme.
+/// not, whatever scheme it names): a redirect never lowers the transport
+/// a caller chose, so a token meant for TLS is never sent in clear text,
+/// and it names a host and port, never a local socket.
 fn redirected(from: &Address, leader: &str) -> Result<Address, String> {
-    let next = Address::parse(leader).map_err(|err| format!("{} names the leader at {err}", from.text()))?;
-    Ok(match (next, from) {
-        (Address::Tcp { host_port, tls: None }, Address::Tcp { tls, .. }) => Address::Tcp { host_port, tls: *tls },
-        (next, _) => next,
-    })
+    let named = |err: String| format!("{} names the leader at {err}", from.text());
+    match (Address::parse(leader).map_err(named)?, from) {
+        (Address::Tcp { host_port, .. }, Address::Tcp { tls, .. }) => Ok(Address::Tcp { host_port, tls: *tls }),
+        _ => Err(named(format!("{leader:?}, which is not HOST:PORT"))),
+    }
 }
 
 impl Address {
@@ -319,7 +321,10 @@ mod tests {
         );
         let plain = Address::parse("http://a:1").unwrap();
         assert_eq!(redirected(&plain, "b:2").unwrap().text(), "http://b:2");
-        assert_eq!(redirected(&plain, "https://b:2").unwrap().text(), "https://b:2");
+        // The caller's choice holds: no downgrade, no upgrade it did not ask for.
+        assert_eq!(redirected(&from, "http://b:2").unwrap().text(), "https://b:2");
+        assert_eq!(redirected(&plain, "https://b:2").unwrap().text(), "http://b:2");
+        assert!(redirected(&plain, "unix:/run/x.sock").is_err());
         let err = redirected(&plain, "nowhere").unwrap_err();
         assert!(err.starts_with("http://a:1 names the leader at"), "{err}");
     }

@@ -1028,8 +1028,8 @@ fn the_lease_cuts_a_time_limits_grace_so_a_job_never_runs_twice() {
 }
 
 /// Several controller addresses, as for the controllers of one pool where
-/// only the leader listens: the agent and the CLI try them in turn, pass
-/// over one that does not answer, and reach the one that does.
+/// one is down: the agent and the CLI try them in turn, pass over one that
+/// does not answer, and reach the one that does.
 #[test]
 fn the_agent_and_the_cli_try_each_named_controller_in_turn() {
     let mut cluster = Cluster::start();

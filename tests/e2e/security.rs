@@ -364,6 +364,17 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
     assert!(has("reload", "root", "allowed"), "{audit}");
     assert!(has("authenticate", "", "refused: token 2 was revoked"), "{audit}");
     assert!(has("agent register", "n2", "refused"), "{audit}");
+    // Only the one call made without a token: the `Leader` question every
+    // client asks on connecting needs no credential, and is not refused.
+    let no_credential = lines
+        .iter()
+        .filter(|l| {
+            l["outcome"]
+                .as_str()
+                .is_some_and(|o| o.starts_with("refused: no credential"))
+        })
+        .count();
+    assert_eq!(no_credential, 1, "{audit}");
     assert!(
         has(
             "tls handshake",

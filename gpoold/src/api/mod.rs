@@ -3,6 +3,7 @@
 pub mod agent_link;
 mod job_io;
 pub mod job_wire;
+pub mod open_leader;
 pub mod pool;
 
 use gpool_proto::pb;
