@@ -124,7 +124,14 @@ async fn lead(
     // clients that keep connections open get SHUTDOWN_GRACE, no more.
     let (stopping_sender, stopping) = tokio::sync::watch::channel(false);
     let stopping_sender_for_agents = stopping_sender.clone();
-    let shutdown = stop_then_resign(shutdown, leadership.clone(), stopping_sender);
+    // The server stops taking connections first, so a resigned leader
+    // answers no new caller; the resignation runs beside it, and is waited
+    // for before this returns.
+    let resigning = tokio::spawn(stop_then_resign(shutdown, leadership.clone(), stopping_sender));
+    let mut stopped = stopping.clone();
+    let shutdown = async move {
+        let _ = stopped.wait_for(|stopping| *stopping).await;
+    };
     // Callers were told "starting" until now; from here the leader answers.
     if let Some(standby) = standby {
         standby.stop().await;
@@ -145,7 +152,15 @@ async fn lead(
     };
     let (outcome, state_task_ended) =
         startup::until_end(&mut core.state_task, served, grace_over, &mut core.flusher).await;
+    // Told to stop: the resignation (if any) ends before the process does.
+    // Ended by an error instead: nothing waits for `shutdown` any more.
+    let told_to_stop = *stopping.borrow();
     startup::shut_down(core, state_task_ended, tasks, stopping_sender_for_agents, &config, addr).await;
+    if told_to_stop {
+        let _ = resigning.await;
+    } else {
+        resigning.abort();
+    }
     outcome
 }
 
@@ -173,10 +188,10 @@ async fn elected(
     }
 }
 
-/// The server's shutdown: once `shutdown` resolves, everything is told to
-/// stop (agents' links end, no new connection is taken), then a leader
-/// resigns: a planned switch, the standby is elected now and takes the
-/// state dir's lock once this shutdown lets go of it.
+/// Once `shutdown` resolves, everything is told to stop (the server takes
+/// no new connection, agents' links end), then a leader resigns: a
+/// planned switch, the standby is elected now and takes the state dir's
+/// lock once this shutdown lets go of it.
 async fn stop_then_resign(
     shutdown: impl Future<Output = ()>,
     leadership: Option<Arc<ha::Leadership>>,
