@@ -89,37 +89,7 @@ async fn lead(
     shutdown: impl Future<Output = ()> + Send + 'static,
     hangups: tokio::sync::mpsc::UnboundedReceiver<()>,
 ) -> anyhow::Result<()> {
-    let (store, loaded) = open_store(&config).await?;
-    let n_jobs = loaded.jobs.len();
-    let security = Arc::new(security::Security::open(&config)?);
-    // The dev pointer first: whoever waits for the address file then finds
-    // the pointer written too.
-    if config.dev {
-        startup::point_dev_address(addr);
-    }
-    write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
-
-    let accounting = store.accounting();
-    // Tasks that run as long as gpoold does, ended with it.
-    let mut background = tokio::task::JoinSet::new();
-    background.spawn(seal_periodically(store.sealer()));
-    let mut core = startup::start_core(store, loaded, &config, &security, accounting, &mut background);
-    core.leadership = leadership.clone();
-
-    tracing::info!(
-        "gpoold listening on {addr} with {n_jobs} jobs in memory (those not ended, and what they need) from {}",
-        config.state_dir.display()
-    );
-    let reload_task = config
-        .path
-        .clone()
-        .map(|path| tokio::spawn(reload_on_sighup(core.handle.clone(), security.clone(), path, hangups)));
-    let mut tasks = startup::Tasks {
-        accept: tokio::task::JoinSet::new(),
-        dev_agents: tokio::task::JoinSet::new(),
-        background,
-        reload: reload_task,
-    };
+    let (mut core, security, mut tasks) = load_and_start(&config, leadership.clone(), addr, hangups).await?;
     // On shutdown the server stops accepting and lets open requests finish;
     // clients that keep connections open get SHUTDOWN_GRACE, no more.
     let (stopping_sender, stopping) = tokio::sync::watch::channel(false);
@@ -162,6 +132,48 @@ async fn lead(
         resigning.abort();
     }
     outcome
+}
+
+/// The state dir loaded, the address file written, and the state task and
+/// the loops around it started: everything but the API.
+async fn load_and_start(
+    config: &Config,
+    leadership: Option<Arc<ha::Leadership>>,
+    addr: std::net::SocketAddr,
+    hangups: tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> anyhow::Result<(startup::Core, Arc<security::Security>, startup::Tasks)> {
+    let (store, loaded) = open_store(config).await?;
+    let n_jobs = loaded.jobs.len();
+    let security = Arc::new(security::Security::open(config)?);
+    // The dev pointer first: whoever waits for the address file then finds
+    // the pointer written too.
+    if config.dev {
+        startup::point_dev_address(addr);
+    }
+    write_addr_file(&config.state_dir.join(ADDR_FILE), &addr.to_string())?;
+
+    let accounting = store.accounting();
+    // Tasks that run as long as gpoold does, ended with it.
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(seal_periodically(store.sealer()));
+    let mut core = startup::start_core(store, loaded, config, &security, accounting, &mut background);
+    core.leadership = leadership;
+
+    tracing::info!(
+        "gpoold listening on {addr} with {n_jobs} jobs in memory (those not ended, and what they need) from {}",
+        config.state_dir.display()
+    );
+    let reload_task = config
+        .path
+        .clone()
+        .map(|path| tokio::spawn(reload_on_sighup(core.handle.clone(), security.clone(), path, hangups)));
+    let tasks = startup::Tasks {
+        accept: tokio::task::JoinSet::new(),
+        dev_agents: tokio::task::JoinSet::new(),
+        background,
+        reload: reload_task,
+    };
+    Ok((core, security, tasks))
 }
 
 /// With `[ha]`, campaigns until this controller is elected, sending
