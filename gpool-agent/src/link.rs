@@ -102,8 +102,7 @@ async fn serve_once(
     events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
     undelivered: &mut Vec<pb::JobEvent>,
 ) -> Result<(), String> {
-    let (channel, reached) = connect(controller, tls).await?;
-    let controller = &controller[reached];
+    let (channel, controller) = connect(controller, tls).await?;
     // Heartbeats and job events go ahead of bulk data (log output), so a
     // busy log never delays what keeps the node alive.
     let (control, control_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
@@ -123,7 +122,8 @@ async fn serve_once(
     attempts.reported(&ended);
     undelivered.clear();
     tracing::info!(
-        "registered with gpoold at {controller:?} as {} with {} GPUs",
+        "registered with gpoold at {} as {} with {} GPUs",
+        controller.text(),
         info.name,
         info.gpus.len()
     );
@@ -209,8 +209,9 @@ fn admit(term: u64) -> Result<(), String> {
     }
 }
 
-/// Connects to gpoold for the link: the first controller that answers.
-async fn connect(controllers: &[Address], tls: &ClientTls) -> Result<(tonic::transport::Channel, usize), String> {
+/// Connects to gpoold for the link: the first controller that answers (or
+/// the leader a standby names), and its address.
+async fn connect(controllers: &[Address], tls: &ClientTls) -> Result<(tonic::transport::Channel, Address), String> {
     // The link is one long call: only the connection has a deadline (and
     // keepalive pings find a gpoold that went away).
     let deadlines = gpool_proto::dial::Deadlines {

@@ -63,17 +63,18 @@ pub const LEADER_METADATA: &str = "gpool-leader";
 const MAX_REDIRECTS: usize = 3;
 
 /// Connects to the first of `addresses` that answers, in order, and on to
-/// the leader where a standby answers: the channel, and the index of the
-/// address given that led to it. Each connection gets `deadlines.connect`.
+/// the leader where a standby answers: the channel, and the address it
+/// reached (the leader's, after a redirect). Each connection gets
+/// `deadlines.connect`.
 pub async fn connect_first(
     addresses: &[Address],
     tls: &ClientTls,
     deadlines: Deadlines,
-) -> Result<(Channel, usize), String> {
+) -> Result<(Channel, Address), String> {
     let mut failures = Vec::new();
-    for (index, address) in addresses.iter().enumerate() {
+    for address in addresses {
         match connect_leader(address, tls, deadlines).await {
-            Ok(channel) => return Ok((channel, index)),
+            Ok(reached) => return Ok(reached),
             Err(err) if addresses.len() == 1 => return Err(err),
             Err(err) => failures.push(format!("{}: {err}", address.text())),
         }
@@ -85,7 +86,11 @@ pub async fn connect_first(
 /// standby answers with the leader's address, which is dialled in turn
 /// (with the TLS choice `address` made). The local socket is only ever
 /// the leader's, and is not asked.
-async fn connect_leader(address: &Address, tls: &ClientTls, deadlines: Deadlines) -> Result<Channel, String> {
+async fn connect_leader(
+    address: &Address,
+    tls: &ClientTls,
+    deadlines: Deadlines,
+) -> Result<(Channel, Address), String> {
     let mut address = address.clone();
     let mut followed = Vec::new();
     loop {
@@ -100,13 +105,13 @@ async fn connect_leader(address: &Address, tls: &ClientTls, deadlines: Deadlines
             }
         };
         if matches!(address, Address::Unix(_)) {
-            return Ok(channel);
+            return Ok((channel, address));
         }
         let status = match crate::pb::pool_client::PoolClient::new(channel.clone())
             .leader(crate::pb::LeaderRequest {})
             .await
         {
-            Ok(_) => return Ok(channel),
+            Ok(_) => return Ok((channel, address)),
             Err(status) => status,
         };
         let leader = status
@@ -120,7 +125,7 @@ async fn connect_leader(address: &Address, tls: &ClientTls, deadlines: Deadlines
                 tonic::Code::Unavailable => Err(status.message().to_string()),
                 // A controller from before `Leader`, or one that wants
                 // credentials first: it serves.
-                _ => Ok(channel),
+                _ => Ok((channel, address)),
             };
         };
         let next = redirected(&address, leader)?;

@@ -167,8 +167,13 @@ fn a_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice() {
     assert_eq!(via_b.code, 0, "{}", via_b.stderr);
     assert_eq!(roles(&via_b.json()), roles(&before), "{}", via_b.stdout);
     let only_b = format!("controller = \"{listen_b}\"\n");
-    cluster.spawn_agent("spare", 0, &only_b, &agent_config("t4", 1, 16_384, ""), None);
+    let spare = cluster.spawn_agent("spare", 0, &only_b, &agent_config("t4", 1, 16_384, ""), None);
     cluster.wait_for_registered("spare");
+    let said = std::fs::read_to_string(&cluster.agents[spare].log).unwrap_or_default();
+    assert!(
+        said.contains(&format!("registered with gpoold at {} as spare", cluster.addr)),
+        "the agent names the leader it reached: {said}"
+    );
     // A job that runs until told, an array and separate jobs: some end
     // before the kill, some are still waiting.
     let hold = "while [ ! -e release ]; do sleep 0.2; done";
