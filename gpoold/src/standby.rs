@@ -45,25 +45,13 @@ pub fn serve(
     let shutdown = async move {
         let _ = stopped.await;
     };
-    let served = match tls {
-        Some(tls) => {
-            let incoming = security::listen::accept_tls(listener, tls, None, &mut accept);
-            tokio::spawn(
-                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
-            )
-        }
-        None => {
-            let incoming = security::listen::accept_plain(
-                listener,
-                config.plaintext_from.clone(),
-                config.insecure_plaintext,
-                &mut accept,
-            );
-            tokio::spawn(
-                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
-            )
-        }
-    };
+    let served = tokio::spawn(security::listen::serve_tcp(
+        router,
+        config,
+        (listener, tls, None),
+        shutdown,
+        &mut accept,
+    ));
     Standby {
         stop: Some(stop),
         served,

@@ -167,25 +167,13 @@ pub(crate) async fn serve(
         .layer(tower::util::MapResponseLayer::new(api::undecodable_is_invalid))
         .add_service(pool)
         .add_service(agent_link);
-    let served: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> = match tls {
-        Some(tls) => {
-            let incoming = security::listen::accept_tls(listener, tls, Some(security.clone()), accept_tasks);
-            Box::pin(
-                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
-            )
-        }
-        None => {
-            let incoming = security::listen::accept_plain(
-                listener,
-                config.plaintext_from.clone(),
-                config.insecure_plaintext,
-                accept_tasks,
-            );
-            Box::pin(
-                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
-            )
-        }
-    };
+    let served = security::listen::serve_tcp(
+        router,
+        config,
+        (listener, tls, Some(security.clone())),
+        shutdown,
+        accept_tasks,
+    );
     Ok(async move {
         match unix_served {
             Some(unix_served) => {

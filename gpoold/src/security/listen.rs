@@ -136,3 +136,52 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
         .with_context(|| format!("socket {}: cannot chmod", path.display()))?;
     Ok(listener)
 }
+
+/// What `serve_tcp` returns: the server, running until its shutdown.
+pub type Served = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
+/// Serves `router` on the TCP `listener` until `shutdown`, over TLS where
+/// `tls` is given (a refused handshake audited where `security` is), else
+/// plaintext from the config's `plaintext_from`: the leader's listener and
+/// a standby's alike.
+pub fn serve_tcp<L, ResBody>(
+    router: tonic::transport::server::Router<L>,
+    config: &crate::config::Config,
+    (listener, tls, security): (
+        Arc<TcpListener>,
+        Option<Arc<rustls::ServerConfig>>,
+        Option<Arc<super::Security>>,
+    ),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    tasks: &mut JoinSet<()>,
+) -> Served
+where
+    L: tower::Layer<tonic::service::Routes> + Send + 'static,
+    L::Service:
+        tower::Service<hyper::Request<tonic::body::Body>, Response = hyper::Response<ResBody>> + Clone + Send + 'static,
+    <L::Service as tower::Service<hyper::Request<tonic::body::Body>>>::Future: Send,
+    <L::Service as tower::Service<hyper::Request<tonic::body::Body>>>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    ResBody: hyper::body::Body<Data = hyper::body::Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match tls {
+        Some(tls) => {
+            let incoming = accept_tls(listener, tls, security, tasks);
+            Box::pin(
+                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
+            )
+        }
+        None => {
+            let incoming = accept_plain(
+                listener,
+                config.plaintext_from.clone(),
+                config.insecure_plaintext,
+                tasks,
+            );
+            Box::pin(
+                router.serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(incoming), shutdown),
+            )
+        }
+    }
+}
