@@ -135,6 +135,17 @@ fn start_pair(
     (cluster, standby, listen_b)
 }
 
+/// `start_pair` on a fresh three-member etcd that both controllers reach
+/// directly: the etcd, the pool, the standby and its address. `None` where
+/// etcd is not installed (and not required).
+fn pair_on_etcd(nodes: &[(&str, &str, u32, u64, &str)]) -> Option<(Etcd, Cluster, Process, String)> {
+    let dir = Cluster::temp_dir();
+    let etcd = Etcd::start(dir.path())?;
+    let endpoints = etcd.endpoints.clone();
+    let (cluster, standby, listen_b) = start_pair(dir, (&endpoints, &endpoints), |table| table, nodes);
+    Some((etcd, cluster, standby, listen_b))
+}
+
 /// kill -9 of the leader while jobs run and others wait: the standby is
 /// elected once the leader's lease runs out, loads the shared state, and
 /// the agents find it by themselves. Nothing acknowledged is lost, the job
@@ -142,12 +153,9 @@ fn start_pair(
 /// Then a planned switch: SIGTERM resigns at once.
 #[test]
 fn a_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice() {
-    let dir = Cluster::temp_dir();
-    let Some(etcd) = Etcd::start(dir.path()) else {
+    let Some((etcd, mut cluster, mut standby, listen_b)) = pair_on_etcd(&NODES) else {
         return;
     };
-    let endpoints = etcd.endpoints.clone();
-    let (mut cluster, mut standby, listen_b) = start_pair(dir, (&endpoints, &endpoints), |table| table, &NODES);
     let before = listed_controllers(&cluster);
     assert_eq!(before["ha"], true, "{before}");
     assert_eq!(
@@ -229,7 +237,7 @@ fn a_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice() {
     // The old leader comes back as a standby; a planned switch back to it
     // (SIGTERM on the leader, which resigns) takes seconds, not a lease.
     let listen_a = cluster.addr.clone();
-    let _back = start_standby(&cluster, &endpoints, "a", &listen_a);
+    let _back = start_standby(&cluster, &etcd.endpoints, "a", &listen_a);
     let stopped = Instant::now();
     nix::sys::signal::kill(standby.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
     // Until "a" leads, it sends callers to "b", which may still answer
@@ -280,12 +288,9 @@ fn roles(controllers: &serde_json::Value) -> Vec<(String, bool)> {
 /// first attempt.
 #[test]
 fn a_leader_that_loses_etcd_quorum_stops_and_a_leader_serves_again_with_quorum() {
-    let dir = Cluster::temp_dir();
-    let Some(mut etcd) = Etcd::start(dir.path()) else {
+    let Some((mut etcd, mut cluster, _standby, _)) = pair_on_etcd(&NODES[..1]) else {
         return;
     };
-    let endpoints = etcd.endpoints.clone();
-    let (mut cluster, _standby, _) = start_pair(dir, (&endpoints, &endpoints), |table| table, &NODES[..1]);
     let hold = "while [ ! -e release ]; do sleep 0.2; done";
     let running = cluster.submit(&["--team", "vision", "--gpus", "2", "--", "sh", "-c", hold]);
     let acknowledged: Vec<u64> = (0..5)
@@ -330,12 +335,9 @@ fn a_leader_that_loses_etcd_quorum_stops_and_a_leader_serves_again_with_quorum()
 /// none ran twice, and nothing finished was run again.
 #[test]
 fn a_failover_under_load_loses_nothing_acknowledged_and_runs_nothing_twice() {
-    let dir = Cluster::temp_dir();
-    let Some(etcd) = Etcd::start(dir.path()) else {
+    let Some((_etcd, mut cluster, _standby, listen_b)) = pair_on_etcd(&NODES) else {
         return;
     };
-    let endpoints = etcd.endpoints.clone();
-    let (mut cluster, _standby, listen_b) = start_pair(dir, (&endpoints, &endpoints), |table| table, &NODES);
     let controllers = cluster.cli_server.clone();
     let runs = cluster.dir.path().join("runs");
     std::fs::create_dir_all(&runs).unwrap();
