@@ -54,14 +54,11 @@ impl Config {
         )?;
         let health = health_of(parsed.health, &invalid)?;
         let ha = super::ha::ha_of(parsed.ha, listen, &invalid)?;
-        let notify = parsed
-            .notify
-            .map_or_else(Default::default, |file| gpool_core::model::NotifyRules {
-                webhooks: file.webhooks,
-                sendmail: file.sendmail,
-            });
+        let power = super::power::power_of(parsed.power, &accounting, &policy, &invalid)?;
+        let notify = parsed.notify.map_or_else(Default::default, notify_rules);
         Ok(Config {
             ha,
+            power,
             health,
             notify,
             listen,
@@ -88,6 +85,14 @@ impl Config {
             insecure_plaintext: parsed.insecure_plaintext,
             state_dir,
         })
+    }
+}
+
+/// `[notify]`: the webhooks and mailer `--notify` may use.
+fn notify_rules(file: NotifyFile) -> gpool_core::model::NotifyRules {
+    gpool_core::model::NotifyRules {
+        webhooks: file.webhooks,
+        sendmail: file.sendmail,
     }
 }
 

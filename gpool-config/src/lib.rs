@@ -9,7 +9,9 @@ pub use gpool_core::toml_text::ConfigError;
 
 mod from_file;
 mod ha;
+mod power;
 pub use ha::{EtcdTls, Ha, DEFAULT_ELECTION, DEFAULT_LEASE_TTL};
+pub use power::PowerGroup;
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -122,6 +124,8 @@ pub struct Config {
     pub health: gpool_core::health::HealthPolicy,
     /// `[notify]`: where `--notify` may post or mail.
     pub notify: gpool_core::model::NotifyRules,
+    /// `[[power]]`: nodes that sleep when idle, or are created on demand.
+    pub power: Vec<PowerGroup>,
 }
 
 /// Loopback, IPv4 and IPv6.
@@ -219,6 +223,8 @@ struct ConfigFile {
     reservation: Vec<toml::Spanned<ReservationFile>>,
     #[serde(default)]
     ha: Option<toml::Spanned<ha::HaFile>>,
+    #[serde(default)]
+    power: Vec<toml::Spanned<power::PowerFile>>,
 }
 
 /// `[[reservation]]`: nodes kept for a window.

@@ -283,3 +283,41 @@ fn ha_names_etcd_this_controller_and_its_lease() {
         assert!(err.contains(says), "{bad}: {err}");
     }
 }
+
+#[test]
+fn power_groups_expand_their_nodes_and_name_each_mistake() {
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[accounting.prices]\nh100 = 4.1\n";
+    let group = |extra: &str| {
+        format!(
+            "{base}[[power]]\nname = \"cloud\"\nnodes = \"c-[1-3]\"\nmodel = \"H100\"\ngpus = 8\n\
+             resume = \"/r\"\nsuspend = \"/s\"\n{extra}"
+        )
+    };
+    let config = Config::parse("g.toml", &group("max_nodes = 2\nsuspend_after = \"never\"\n")).unwrap();
+    let power = &config.power[0];
+    assert_eq!(power.group.nodes, ["c-1", "c-2", "c-3"]);
+    assert_eq!(power.group.price_per_gpu_hour, 4.1, "the model's price by default");
+    assert_eq!(power.group.suspend_after_secs, None);
+    assert_eq!(power.group.resume_timeout_secs, power::DEFAULT_RESUME_TIMEOUT_SECS);
+    assert_eq!(power.group.max_nodes, Some(2));
+    for (extra, wanted) in [
+        ("resume_timeout = \"soon\"\n", "power \"cloud\": resume_timeout:"),
+        ("gpu_memory = \"lots\"\n", "power \"cloud\": gpu_memory:"),
+        ("price_per_gpu_hour = -1.0\n", "power \"cloud\": price_per_gpu_hour: -1 is not a price"),
+        ("labels = { tier = \"x\" }\n[[pool]]\nname = \"p\"\nselector = { tier = \"y\" }\n", "power \"cloud\": labels:"),
+        (
+            "[[power]]\nname = \"other\"\nnodes = [\"c-3\"]\nmodel = \"l4\"\ngpus = 1\nresume = \"/r\"\nsuspend = \"/s\"\n",
+            "power \"other\": nodes: c-3 is in power group \"cloud\" too",
+        ),
+    ] {
+        let err = Config::parse("g.toml", &group(extra)).unwrap_err().to_string();
+        assert!(err.contains(wanted), "{extra}: {err}");
+    }
+    let err = Config::parse("g.toml", &group("").replace("c-[1-3]", "c-[3-1]"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("power \"cloud\": nodes:") && err.contains("goes down"),
+        "{err}"
+    );
+}

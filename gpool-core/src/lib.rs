@@ -15,6 +15,7 @@ pub mod ids;
 pub mod job_state;
 pub mod model;
 pub mod policy;
+pub mod power;
 pub mod sched;
 pub mod sim;
 pub mod spec;

@@ -14,7 +14,7 @@ mod outcome;
 pub mod trace;
 
 pub use cluster::Cluster;
-pub use engine::{simulate, Observer, Options, Quiet};
+pub use engine::{simulate, Observer, Options, PowerOutcome, Quiet};
 pub use outcome::{Dist, Outcome, Series, TeamOutcome};
 pub use trace::{Format, OnSignal, TraceJob};
 
@@ -35,6 +35,22 @@ pub struct Setup {
     /// Each team's guaranteed GPUs, against which its share is measured
     /// (the same under every policy compared).
     pub guarantees: BTreeMap<String, u32>,
+    /// Groups of nodes that sleep until jobs need them (`with_power`).
+    pub power: Vec<crate::power::Group>,
+}
+
+/// `setup` with the nodes of `group` too, asleep at the start: they wake
+/// when jobs wait for them, and sleep again when idle.
+pub fn with_power(mut setup: Setup, mut group: crate::power::Group, resume_delay_secs: u64) -> Setup {
+    // A node takes `resume_delay_secs` to come up here: never a failure.
+    group.resume_timeout_secs = group.resume_timeout_secs.max(resume_delay_secs + 60);
+    for name in &group.nodes {
+        let mut node = NodeView::from_node(&group.node_as_registered(name), &[]);
+        node.availability = crate::sched::Availability::Down;
+        setup.nodes.push(node);
+    }
+    setup.power.push(group);
+    setup
 }
 
 /// GPU-milliseconds each team asks for in the trace.
@@ -110,6 +126,7 @@ pub fn fifo(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> Setup {
     let mut policy = Policy::default();
     policy.sharing.weights = fifo_weights();
     Setup {
+        power: Vec::new(),
         name: "fifo".into(),
         nodes: cluster.nodes.clone(),
         policy,
@@ -148,6 +165,7 @@ pub fn sharing_policy(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> 
 /// gpool's sharing under `policy` (a gpoold.toml's, or `sharing_policy`).
 pub fn pooled(name: &str, cluster: &Cluster, policy: Policy, guarantees: &BTreeMap<String, u32>) -> Setup {
     Setup {
+        power: Vec::new(),
         name: name.into(),
         nodes: cluster.nodes.clone(),
         policy,
@@ -207,6 +225,7 @@ pub fn dedicated(cluster: &Cluster, guarantees: &BTreeMap<String, u32>, scale: f
     };
     policy.sharing.weights = fifo_weights();
     Setup {
+        power: Vec::new(),
         name: "dedicated".into(),
         nodes,
         policy,

@@ -7,6 +7,7 @@ pub mod error;
 pub mod ha;
 pub mod metrics;
 pub mod notify;
+pub mod power;
 pub mod reports;
 pub mod sched_loop;
 pub mod security;

@@ -98,6 +98,7 @@ fn run(
             );
             Config {
                 ha: None,
+                power: Vec::new(),
                 listen: args.listen,
                 state_dir,
                 dev: true,

@@ -59,6 +59,7 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
     render_gpu_samples(&mut registry, state);
     render_jobs_and_teams(&mut registry, state);
     render_usage(&mut registry, state);
+    render_power(&mut registry, state);
     register_recorded(&mut registry, metrics);
     let mut text = String::new();
     // Writing to a String cannot fail.
@@ -142,6 +143,69 @@ fn render_capacity(registry: &mut Registry, state: &State) {
     }
 
     set_startable(&startable, &startable_by_pool);
+}
+
+/// `[[power]]` groups: nodes by power state, resumes and their failures,
+/// whether each group is paused, and what its up nodes cost an hour.
+fn render_power(registry: &mut Registry, state: &State) {
+    if state.power.groups.is_empty() {
+        return;
+    }
+    let nodes = gauge(
+        registry,
+        "power_nodes",
+        "Nodes of [[power]] groups by group and power state",
+    );
+    let resumes = gauge(
+        registry,
+        "power_resumes",
+        "Nodes resumed by each [[power]] group since gpoold started",
+    );
+    let failed = gauge(
+        registry,
+        "power_resume_failures",
+        "Resumes of each [[power]] group that failed (program or timeout) since gpoold started",
+    );
+    let paused = gauge(
+        registry,
+        "power_group_paused",
+        "1 while a [[power]] group is paused after failed resumes",
+    );
+    let cost = gauge(
+        registry,
+        "power_cost_per_hour",
+        "What the GPUs of each [[power]] group's up nodes cost an hour, at its price_per_gpu_hour",
+    );
+    let now = crate::wall_clock();
+    for (index, group) in state.power.groups.iter().enumerate() {
+        let labels = |extra: Option<(&'static str, String)>| {
+            let mut labels = vec![("group", group.name.clone())];
+            labels.extend(extra);
+            labels
+        };
+        let mut up = 0u32;
+        for power_state in gpool_core::power::PowerState::ALL {
+            let count = state
+                .power
+                .nodes
+                .values()
+                .filter(|node| node.group == index && node.state == power_state)
+                .count();
+            if power_state != gpool_core::power::PowerState::PoweredDown {
+                up += count as u32;
+            }
+            nodes
+                .get_or_create(&labels(Some(("state", power_state.as_str().to_string()))))
+                .set(count as f64);
+        }
+        let standing = &state.power.states[index];
+        resumes.get_or_create(&labels(None)).set(standing.n_resumes as f64);
+        failed.get_or_create(&labels(None)).set(standing.n_failed as f64);
+        let is_paused = state.power.paused(index, now).is_some();
+        paused.get_or_create(&labels(None)).set(f64::from(u8::from(is_paused)));
+        cost.get_or_create(&labels(None))
+            .set(f64::from(up * group.gpus) * group.price_per_gpu_hour);
+    }
 }
 
 /// Sets the startable-jobs gauges from each pool's counts.

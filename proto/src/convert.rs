@@ -441,6 +441,8 @@ pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Nod
         reservations: Vec::new(),
         cpus: node.cpus,
         memory_bytes: node.memory_bytes,
+        // Set by gpoold for nodes of [[power]] groups.
+        ..Default::default()
     }
 }
 

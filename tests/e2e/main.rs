@@ -19,6 +19,7 @@ mod metrics;
 mod notify;
 mod nvml;
 mod placement;
+mod power;
 mod preemption;
 mod security;
 mod sharing;

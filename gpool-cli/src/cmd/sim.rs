@@ -76,6 +76,30 @@ pub struct SimArgs {
     /// Write charts (SVG) to this directory.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// A group of cloud nodes beside the cluster, MODEL:GPUS (GPUs per
+    /// node, e.g. h100:8), asleep until jobs wait that they could take and
+    /// asleep again when idle: the gpool policy is replayed without it and
+    /// with it at each --suspend-after and --cloud-budget, and a table
+    /// prices each against its waits.
+    #[arg(long)]
+    cloud: Option<String>,
+    /// With --cloud: the group's nodes.
+    #[arg(long, default_value_t = 16)]
+    cloud_nodes: usize,
+    /// With --cloud: its price per GPU-hour (default: --policy's price of
+    /// its model, else 0).
+    #[arg(long)]
+    cloud_price: Option<f64>,
+    /// With --cloud: how long a resumed node takes to take work.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    resume_delay: Duration,
+    /// With --cloud: idle times after which a node sleeps ("never" keeps
+    /// it), one replay each.
+    #[arg(long, value_delimiter = ',', default_value = "10m,2h")]
+    suspend_after: Vec<String>,
+    /// With --cloud: the most nodes up at once, one replay each.
+    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    cloud_budget: Vec<u32>,
 }
 
 /// Times every cycle and moves a progress bar.
@@ -172,8 +196,15 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
         // About 600 points over the trace, at least a minute each.
         bucket_secs: (span_secs as u64 / 600).max(60),
         pause_secs: args.pause.as_secs(),
+        resume_delay_secs: args.resume_delay.as_secs(),
     };
-    let setups = setups(&args.compare, &cluster, &gpool_policy, &guarantees)?;
+    let setups = match &args.cloud {
+        Some(spec) => {
+            let gpool = sim::pooled("gpool", &cluster, gpool_policy.clone(), &guarantees);
+            cloud::setups(&args, spec, gpool, &cluster.prices)?
+        }
+        None => setups(&args.compare, &cluster, &gpool_policy, &guarantees)?,
+    };
     let bars = indicatif::MultiProgress::new();
     let results = replay_all(&setups, &jobs, &options, &bars);
     let savings = savings_target(&args, &results)
@@ -197,6 +228,9 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
         return Ok(());
     }
     tables::print_tables(&report);
+    if args.cloud.is_some() {
+        cloud::print_table(&results, &currency);
+    }
     if let Some(dir) = &args.plot {
         outln!("\ncharts written to {}", dir.display());
     }
@@ -365,6 +399,9 @@ fn replay_all(
 
 /// The pooled mean wait that dedicated partitions must match, if the savings search is to run.
 fn savings_target(args: &SimArgs, results: &[(Outcome, Timing)]) -> Option<f64> {
+    if args.cloud.is_some() {
+        return None;
+    }
     let pooled = results.iter().find(|(o, _)| o.policy == "gpool").or_else(|| {
         results
             .iter()
@@ -453,6 +490,7 @@ fn print_json_report(report: &Report) {
     outln!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
 }
 
+mod cloud;
 mod plot;
 mod tables;
 

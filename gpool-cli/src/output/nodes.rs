@@ -3,6 +3,14 @@
 use super::*;
 
 pub fn node_state(node: &pb::Node) -> &'static str {
+    // A node of a power group that is not up shows where it stands, as
+    // sinfo's ~ (powered down), # (powering up) and % (powering down).
+    match node.power_state.as_str() {
+        "powered_down" => return "powered_down",
+        "powering_up" => return "powering_up",
+        "powering_down" => return "powering_down",
+        _ => {}
+    }
     let n_busy = node.gpus.iter().filter(|gpu| gpu.job_id != 0).count();
     match node.state() {
         pb::NodeState::Up if n_busy == 0 => "idle",
@@ -56,6 +64,12 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
             "name": r.name, "start": rfc3339(r.start_ms), "end": rfc3339(r.end_ms),
         })).collect::<Vec<_>>(),
         "drain_reason": (!node.drain_reason.is_empty()).then_some(&node.drain_reason),
+        "power": (!node.power_group.is_empty()).then(|| serde_json::json!({
+            "group": node.power_group, "state": node.power_state,
+            "since": rfc3339(node.power_since_ms),
+            "reason": (!node.power_reason.is_empty()).then_some(&node.power_reason),
+            "group_paused": (!node.power_group_paused.is_empty()).then_some(&node.power_group_paused),
+        })),
         "drained_by_health": node.drained_by_health,
         "drained_by": (!node.drained_by.is_empty()).then_some(&node.drained_by),
         "drained_at": (node.drained_at_ms != 0).then(|| rfc3339(node.drained_at_ms)),
@@ -112,6 +126,12 @@ pub(super) fn n_free(node: &pb::Node) -> usize {
 /// The node's drain reason, then each GPU out of service and why.
 pub(super) fn node_reasons(node: &pb::Node) -> String {
     let mut reasons: Vec<String> = Vec::new();
+    if !node.power_reason.is_empty() {
+        reasons.push(node.power_reason.clone());
+    }
+    if !node.power_group_paused.is_empty() {
+        reasons.push(format!("power group {} {}", node.power_group, node.power_group_paused));
+    }
     if !node.drain_reason.is_empty() {
         if node.drained_by.is_empty() {
             reasons.push(node.drain_reason.clone());

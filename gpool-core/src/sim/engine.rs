@@ -17,7 +17,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+mod power;
 mod preempted;
+pub use power::PowerOutcome;
 
 const HOUR_MS: i64 = 3_600_000;
 
@@ -47,6 +49,8 @@ pub struct Options {
     /// meanwhile shares it (gpoold's pause after each cycle, in virtual
     /// time; 0: a cycle at every arrival and end).
     pub pause_secs: u64,
+    /// How long a resumed node of a power group takes to take work.
+    pub resume_delay_secs: u64,
 }
 
 impl Default for Options {
@@ -55,6 +59,7 @@ impl Default for Options {
             tick_secs: 60,
             bucket_secs: 3600,
             pause_secs: 0,
+            resume_delay_secs: 300,
         }
     }
 }
@@ -81,6 +86,11 @@ enum Event {
     End(JobId, Epoch),
     /// A preempted attempt's grace is over.
     Kill(JobId, Epoch),
+    /// A resumed node of a power group (by index in the view) is up.
+    NodeUp(usize),
+    /// A cycle while nodes of power groups are awake, so that idle ones
+    /// are put to sleep in time.
+    PowerTick,
 }
 
 struct Sim<'a> {
@@ -108,6 +118,7 @@ struct Sim<'a> {
     explained_at: Option<Timestamp>,
     default_limit_secs: Option<u64>,
     out: Collector,
+    power: Option<power::PowerSim>,
 }
 
 /// Replays `jobs` (sorted by submit time) on `setup`'s nodes under its
@@ -149,6 +160,8 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
             match event {
                 Event::End(job, epoch) => sim.end(job, epoch),
                 Event::Kill(job, epoch) => sim.kill(job, epoch),
+                Event::NodeUp(index) => sim.node_up(index),
+                Event::PowerTick => {}
             }
         }
         if at.0 < last_cycle.0 + pause_ms && at != first {
@@ -163,7 +176,10 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
         sim.out.snapshot(&sim.view, &setup.policy);
         observer.progress(at.0 - first.0, (last_submit.0 - first.0).max(1));
     }
-    sim.out.finish(sim.now, sim.view.pending.iter().map(|job| job.id))
+    let power = sim.power.take().map(|power| power.finish(sim.now, first));
+    let mut outcome = sim.out.finish(sim.now, sim.view.pending.iter().map(|job| job.id));
+    outcome.power = power;
+    outcome
 }
 
 impl Sim<'_> {
@@ -196,6 +212,7 @@ impl Sim<'_> {
             explained_at: None,
             default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
             out: Collector::new(setup, jobs, options.bucket_secs),
+            power: power::PowerSim::new(setup, options, jobs.first().map_or(Timestamp(0), |job| job.submit)),
         }
     }
 
@@ -345,6 +362,7 @@ impl Sim<'_> {
         }
         self.out.cycle();
         self.count_fragmented(&plan);
+        self.power_step(&plan);
         let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
         self.start_all(plan.starts);
         self.keep_holds(&plan.holds, &plan.preemptions);

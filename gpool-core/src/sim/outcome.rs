@@ -123,6 +123,9 @@ pub struct Outcome {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_violation: Option<String>,
     pub teams: Vec<TeamOutcome>,
+    /// Where the setup has power groups: what they cost and saved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<super::engine::PowerOutcome>,
     #[serde(skip)]
     pub series: Series,
 }
@@ -566,6 +569,7 @@ impl Collector {
             invariant_violations: self.violations,
             first_violation: self.first_violation,
             teams,
+            power: None,
             series: self.series,
         }
     }

@@ -32,6 +32,7 @@ fn run(setup: &Setup, jobs: &[TraceJob]) -> Outcome {
         tick_secs: 60,
         bucket_secs: 60,
         pause_secs: 0,
+        ..Options::default()
     };
     simulate(setup, jobs, &options, &mut Quiet)
 }
@@ -560,7 +561,7 @@ proptest! {
         let policy = shared_policy([guaranteed.0, guaranteed.1], reserve, min_runtime);
         let guarantees = [("a".to_string(), guaranteed.0), ("b".to_string(), guaranteed.1)].into();
         let setup = pooled("gpool", &cluster, policy, &guarantees);
-        let options = Options { tick_secs: 5, bucket_secs: 600, pause_secs: 0 };
+        let options = Options { tick_secs: 5, bucket_secs: 600, pause_secs: 0, ..Options::default() };
         let outcome = simulate(&setup, &jobs, &options, &mut Quiet);
         prop_assert_eq!(outcome.invariant_violations, 0, "{:?}", outcome.first_violation);
         prop_assert_eq!(outcome.overcommits, 0);
@@ -627,6 +628,7 @@ fn a_fleet_with_a_scarce_model_fills_to_the_max_flow_bound() {
         tick_secs: 1,
         bucket_secs: 600,
         pause_secs: 0,
+        ..Options::default()
     };
     let outcome = simulate(&setup, &jobs[..], &options, &mut watch);
     assert_eq!(outcome.invariant_violations, 0);
@@ -714,4 +716,60 @@ fn cpus_a_node_gave_out_hold_in_the_simulator() {
     }
     let outcome = run(&pooled("gpool", &cluster, policy, &guarantees), &jobs);
     assert_eq!(delays(&outcome), (100.0, 200.0, 3));
+}
+
+/// A cloud group of two 8-GPU nodes beside one: three 8-GPU jobs of an
+/// hour arrive at once, and a short one hours later. The first runs at once; the other two wake both
+/// cloud nodes, which take work 5 minutes later and sleep 10 minutes after
+/// their jobs end. With a budget of 1 node, only one wakes and the third
+/// job runs after it.
+#[test]
+fn a_cloud_group_wakes_for_waiting_jobs_and_sleeps_when_idle_within_its_budget() {
+    let jobs = [
+        job(0, 3600, 8, 1, "a"),
+        job(0, 3600, 8, 1, "a"),
+        job(0, 3600, 8, 1, "a"),
+        // Long after: the cloud nodes sleep meanwhile.
+        job(20_000, 60, 8, 1, "a"),
+    ];
+    let cluster = Cluster::uniform(1, 8, "h100");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let gpool = pooled("gpool", &cluster, sharing_policy(&cluster, &guarantees), &guarantees);
+    let group = |max_nodes| crate::power::Group {
+        name: "cloud".into(),
+        nodes: vec!["c1".into(), "c2".into()],
+        model: GpuModel::new("h100"),
+        gpus: 8,
+        gpu_memory_mib: None,
+        labels: BTreeMap::new(),
+        price_per_gpu_hour: 2.0,
+        suspend_after_secs: Some(600),
+        resume_timeout_secs: 0,
+        suspend_timeout_secs: 0,
+        resume_rate: 0,
+        suspend_rate: 0,
+        max_nodes: Some(max_nodes),
+        pause_after_failures: 0,
+        pause_secs: 0,
+    };
+    let without = run(&gpool, &jobs);
+    assert_eq!(delays(&without), (2700.0, 7200.0, 4));
+    let with = run(&with_power(gpool.clone(), group(2), 300), &jobs);
+    // Waits 0, 300, 300, 0; each cloud node is powered from 0 to 3600 + 300 +
+    // 600 (+ up to a minute for the power tick to see it idle).
+    assert_eq!(delays(&with), (150.0, 300.0, 4));
+    let power = with.power.clone().expect("a power outcome");
+    assert_eq!(power.resumes, 2);
+    assert!(
+        (2.0 * 8.0 * 4500.0 / 3600.0..=2.0 * 8.0 * 4560.0 / 3600.0).contains(&power.powered_gpu_hours),
+        "{power:?}"
+    );
+    assert!((power.cost - power.powered_gpu_hours * 2.0).abs() < 1e-6);
+    assert!(power.saved_gpu_hours > 0.0, "{power:?}");
+    assert_eq!(with.invariant_violations, 0);
+    assert_eq!(with.overcommits, 0);
+    // A budget of one node: the third job waits for the first to end.
+    let one = run(&with_power(gpool, group(1), 300), &jobs);
+    assert_eq!(one.power.clone().expect("power").resumes, 1);
+    assert_eq!(delays(&one), ((300.0 + 3600.0) / 4.0, 3600.0, 4));
 }

@@ -78,6 +78,9 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
     if let Some(requeued) = Reason::requeued(job) {
         reasons.insert(0, requeued);
     }
+    if let Some(words) = state.power.waiting_for(job.id, crate::wall_clock()) {
+        reasons.insert(0, gpool_core::power::waiting_reason(words));
+    }
     let words = reasons.iter().map(|reason| reason.words.clone()).collect();
     let mut wire = job_to_wire_with(job, words, with_env);
     wire.reason_codes = reasons.iter().map(|reason| reason.code.to_string()).collect();

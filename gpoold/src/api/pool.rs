@@ -389,7 +389,8 @@ impl Pool for PoolService {
             .shared
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let nodes = nodes_to_wire(&state, state.nodes.values());
+        let sleeping = state.sleeping_nodes();
+        let nodes = nodes_to_wire(&state, state.nodes.values().chain(&sleeping));
         Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
 

@@ -138,6 +138,7 @@ impl State {
                 return false;
             };
             self.links.contains_key(&part.node)
+                && self.power.takes_work(&part.node)
                 && part
                     .gpu_indices
                     .iter()
@@ -160,6 +161,7 @@ impl State {
     ) -> Result<(), Error> {
         let name = node.name.clone();
         self.check_takeover(&name, &node)?;
+        self.power.registered(&name, now);
         // GPUs that left or joined since the node's last registration.
         let drift = self
             .nodes
@@ -392,9 +394,10 @@ impl State {
         });
     }
 
-    pub(super) fn agent_gone(&mut self, node: &str, conn_id: u64) {
+    pub(super) fn agent_gone(&mut self, node: &str, conn_id: u64, now: Timestamp) {
         if self.links.get(node).is_some_and(|conn| conn.id == conn_id) {
             self.links.remove(node);
+            self.power.gone(node, now);
         }
     }
 

@@ -138,6 +138,17 @@ pub enum Command {
     /// Marks nodes whose agents went silent as down, and kills preempted
     /// attempts whose grace ran out.
     Tick,
+    /// A power tick: what the `[[power]]` groups' programs should do now.
+    PowerTick {
+        reply: Reply<Vec<super::PowerAction>>,
+    },
+    /// A group's program (`resume`, `suspend`, `resume_failed`) failed
+    /// for these nodes.
+    PowerFailed {
+        program: &'static str,
+        nodes: Vec<String>,
+        why: String,
+    },
     /// Sends `message` to `node`'s agent now (nothing to make durable).
     ToAgent {
         node: String,

@@ -18,6 +18,8 @@ mod history;
 mod launch_wire;
 mod nodes;
 mod outbox;
+mod power;
+pub use power::PowerAction;
 mod promises;
 mod redo;
 mod reservations;
@@ -158,6 +160,10 @@ pub struct State {
     gpu_watch: HashMap<(String, u32), gpool_core::health::GpuWatch>,
     /// Each node's latest health program run; not durable.
     pub health_checks: HashMap<String, pb::HealthCheck>,
+    /// `[[power]]` groups: where each of their nodes stands; not durable.
+    pub power: gpool_core::power::Book,
+    /// Each group's programs.
+    power_programs: Vec<crate::config::PowerGroup>,
 }
 
 /// One agent's open link: where to send it Launch and Kill.

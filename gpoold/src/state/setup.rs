@@ -61,7 +61,10 @@ impl State {
             gpu_watch: HashMap::new(),
             health_checks: HashMap::new(),
             running_on: HashMap::new(),
+            power: power::new_book(),
+            power_programs: Vec::new(),
         };
+        state.set_power(&config.power, crate::wall_clock());
         state.share_loaded_specs();
         state.index_active_jobs();
         state.restore_preempt_deadlines();
@@ -139,6 +142,7 @@ impl State {
         );
         tracing::info!("policy reloaded: {summary}");
         self.policy = config.policy;
+        self.set_power(&config.power, crate::wall_clock());
         self.add_created_reservations();
         self.notify_rules = config.notify;
         self.admins = config.admins;

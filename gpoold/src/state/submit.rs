@@ -46,7 +46,8 @@ impl State {
                 reason: "no job in the request".into(),
             });
         }
-        let nodes: Vec<Node> = self.nodes.values().cloned().collect();
+        let mut nodes: Vec<Node> = self.nodes.values().cloned().collect();
+        nodes.extend(self.sleeping_nodes());
         let of = specs.len();
         let mut checked = Vec::with_capacity(specs.len());
         // The id each job of the request gets: an array's tasks take the

@@ -48,6 +48,8 @@ impl Command {
                 | Command::RevokeToken { .. }
                 | Command::Tick
                 | Command::ToAgent { .. }
+                | Command::PowerTick { .. }
+                | Command::PowerFailed { .. }
         )
     }
 }
@@ -341,7 +343,9 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             }
         }
         Command::AgentJobEvent { node, conn_id, event } => state.agent_event(&node, conn_id, event, now, out),
-        Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id),
+        Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id, now),
+        Command::PowerTick { reply } => drop(reply.send(Ok(state.power_tick(now)))),
+        Command::PowerFailed { program, nodes, why } => state.power_program_failed(program, &nodes, &why, now, out),
         Command::Tick => {
             state.end_unmeetable_dependencies(now, out);
             state.mark_silent_nodes_down(now, out);

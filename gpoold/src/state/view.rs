@@ -189,6 +189,9 @@ impl State {
         }
         self.nodes
             .values()
+            // A node of a power group being put to sleep (or not yet taken
+            // as up) is no place for work; the scheduler does not see it.
+            .filter(|node| self.power.takes_work(&node.name))
             .map(|node| {
                 let mut view = NodeView::from_node(node, busy.get(node.name.as_str()).map_or(&[], Vec::as_slice));
                 if let (Some(host), Some(holds)) = (view.host.as_mut(), held.remove(node.name.as_str())) {

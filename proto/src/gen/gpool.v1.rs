@@ -1083,6 +1083,20 @@ pub struct Node {
     pub cpus: u32,
     #[prost(uint64, tag = "15")]
     pub memory_bytes: u64,
+    /// Of a [power](power) group: the group, the node's power state
+    /// (powered_down, powering_up, up, powering_down) and since when (Unix
+    /// ms), why it last went back to powered_down where that was a failure,
+    /// and why the group is paused, where it is.
+    #[prost(string, tag = "16")]
+    pub power_group: ::prost::alloc::string::String,
+    #[prost(string, tag = "17")]
+    pub power_state: ::prost::alloc::string::String,
+    #[prost(int64, tag = "18")]
+    pub power_since_ms: i64,
+    #[prost(string, tag = "19")]
+    pub power_reason: ::prost::alloc::string::String,
+    #[prost(string, tag = "20")]
+    pub power_group_paused: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

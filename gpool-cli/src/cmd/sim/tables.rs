@@ -6,7 +6,7 @@ use crate::output;
 use gpool_core::sim::{self, Outcome, Savings};
 
 /// `3.2h`, `41m`, `12s`.
-fn human(secs: f64) -> String {
+pub(super) fn human(secs: f64) -> String {
     if secs >= 2.0 * 86400.0 {
         format!("{:.1}d", secs / 86400.0)
     } else if secs >= 3600.0 {

@@ -119,7 +119,25 @@ pub(super) fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a N
                     end_ms: r.end.0,
                 })
                 .collect();
+            power_to_wire(state, &mut wire, now);
             wire
         })
         .collect()
+}
+
+/// A node of a `[[power]]` group: its power state, and down while it is
+/// not up.
+fn power_to_wire(state: &State, wire: &mut pb::Node, now: gpool_core::Timestamp) {
+    let Some(power) = state.power.nodes.get(&wire.name) else {
+        return;
+    };
+    let group = &state.power.groups[power.group];
+    wire.power_group = group.name.clone();
+    wire.power_state = power.state.as_str().to_string();
+    wire.power_since_ms = power.since.0;
+    wire.power_reason = power.reason.clone().unwrap_or_default();
+    wire.power_group_paused = state.power.paused(power.group, now).unwrap_or_default();
+    if power.state != gpool_core::power::PowerState::Up {
+        wire.state = pb::NodeState::Down as i32;
+    }
 }

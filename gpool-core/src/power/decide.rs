@@ -1,0 +1,171 @@
+//! A tick's choices: the nodes to wake for the jobs that wait (the fewest
+//! and cheapest that serve them, within budgets and rates), and the idle
+//! nodes to put to sleep.
+
+use super::*;
+
+/// The most waiting jobs one tick looks at (highest priority first).
+pub const MAX_LOOKED_AT: usize = 10_000;
+
+impl Book {
+    pub(super) fn wake(&mut self, tick: &Tick<'_>) -> Vec<Action> {
+        let looked_at = &tick.waiting[..tick.waiting.len().min(MAX_LOOKED_AT)];
+        let waiting: BTreeSet<JobId> = looked_at.iter().map(|job| job.id).collect();
+        self.waits.retain(|job, _| waiting.contains(job));
+        // GPUs of waking nodes that no waiting job counts on yet.
+        let mut spare: BTreeMap<String, u32> = self
+            .nodes
+            .iter()
+            .filter(|(_, power)| power.state == PowerState::PoweringUp)
+            .map(|(name, power)| (name.clone(), self.groups[power.group].gpus))
+            .collect();
+        let mut woken: BTreeMap<usize, (Vec<String>, Vec<JobId>)> = BTreeMap::new();
+        for job in looked_at {
+            let nodes = match self.on_waking(job, &mut spare, tick.policy) {
+                Some(nodes) => nodes,
+                None => {
+                    let Some((group, nodes)) = self.new_nodes(job, tick) else {
+                        continue;
+                    };
+                    let gpus = self.groups[group].gpus;
+                    for name in &nodes {
+                        let power = self.nodes.get_mut(name).expect("chosen from the book");
+                        power.state = PowerState::PoweringUp;
+                        power.since = tick.now;
+                        power.reason = None;
+                        let left = if job.shape.exclusive {
+                            0
+                        } else {
+                            gpus - job.shape.gpus_per_node
+                        };
+                        spare.insert(name.clone(), left);
+                    }
+                    let state = &mut self.states[group];
+                    state.resumes.extend(nodes.iter().map(|_| tick.now));
+                    state.n_resumes += nodes.len() as u64;
+                    let entry = woken.entry(group).or_default();
+                    entry.0.extend(nodes.iter().cloned());
+                    entry.1.push(job.id);
+                    nodes
+                }
+            };
+            let since = self.waits.get(&job.id).map_or(tick.now, |(_, since)| *since);
+            self.waits.insert(job.id, (nodes, since));
+        }
+        woken
+            .into_iter()
+            .map(|(group, (nodes, jobs))| Action::Resume {
+                group: self.groups[group].name.clone(),
+                nodes,
+                jobs,
+            })
+            .collect()
+    }
+
+    /// Room for `job` on nodes already waking: the ones with the least room
+    /// to spare that fit it, one per node it asks for.
+    fn on_waking(&self, job: &PendingJob, spare: &mut BTreeMap<String, u32>, policy: &Policy) -> Option<Vec<String>> {
+        let want = job.shape.gpus_per_node;
+        let mut fits: Vec<(u32, &String)> = spare
+            .iter()
+            .filter(|(name, left)| {
+                let group = &self.groups[self.nodes[*name].group];
+                **left >= want && (!job.shape.exclusive || **left == group.gpus) && group.serves(name, job, policy)
+            })
+            .map(|(name, left)| (*left, name))
+            .collect();
+        if fits.len() < job.shape.nodes as usize {
+            return None;
+        }
+        fits.sort();
+        let nodes: Vec<String> = fits
+            .iter()
+            .take(job.shape.nodes as usize)
+            .map(|(_, name)| (*name).clone())
+            .collect();
+        for name in &nodes {
+            let left = spare.get_mut(name).expect("listed");
+            *left = if job.shape.exclusive { 0 } else { *left - want };
+        }
+        Some(nodes)
+    }
+
+    /// Sleeping nodes to wake for `job`, all of one group: the cheapest
+    /// group per GPU-hour that has enough of them within its budget and
+    /// rate, and is not paused.
+    fn new_nodes(&self, job: &PendingJob, tick: &Tick<'_>) -> Option<(usize, Vec<String>)> {
+        let need = job.shape.nodes as usize;
+        let mut groups: Vec<usize> = (0..self.groups.len()).collect();
+        groups.sort_by(|a, b| {
+            self.groups[*a]
+                .price_per_gpu_hour
+                .total_cmp(&self.groups[*b].price_per_gpu_hour)
+                .then(a.cmp(b))
+        });
+        groups.into_iter().find_map(|index| {
+            let group = &self.groups[index];
+            let state = &self.states[index];
+            if self.paused(index, tick.now).is_some() {
+                return None;
+            }
+            if group.resume_rate > 0 && state.resumes.len() + need > group.resume_rate as usize {
+                return None;
+            }
+            let awake = self
+                .nodes
+                .values()
+                .filter(|power| power.group == index && power.state != PowerState::PoweredDown)
+                .count();
+            if group.max_nodes.is_some_and(|max| awake + need > max as usize) {
+                return None;
+            }
+            let nodes: Vec<String> = group
+                .nodes
+                .iter()
+                .filter(|name| {
+                    let power = &self.nodes[*name];
+                    power.state == PowerState::PoweredDown
+                        && power.retry_at <= tick.now
+                        && group.serves(name, job, tick.policy)
+                })
+                .take(need)
+                .cloned()
+                .collect();
+            (nodes.len() == need).then_some((index, nodes))
+        })
+    }
+
+    /// Up nodes idle for their group's `suspend_after` that no waiting job
+    /// could take, within the suspend rate.
+    pub(super) fn put_to_sleep(&mut self, tick: &Tick<'_>) -> Vec<Action> {
+        let mut sleeping: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        for (name, power) in &mut self.nodes {
+            let group = &self.groups[power.group];
+            let (Some(idle_since), Some(after)) = (power.idle_since, group.suspend_after_secs) else {
+                continue;
+            };
+            if power.state != PowerState::Up || secs_since(tick.now, idle_since) < after {
+                continue;
+            }
+            let state = &mut self.states[power.group];
+            if group.suspend_rate > 0 && state.suspends.len() >= group.suspend_rate as usize {
+                continue;
+            }
+            if tick.waiting.iter().any(|job| group.serves(name, job, tick.policy)) {
+                continue;
+            }
+            power.state = PowerState::PoweringDown;
+            power.since = tick.now;
+            power.idle_since = None;
+            state.suspends.push_back(tick.now);
+            sleeping.entry(power.group).or_default().push(name.clone());
+        }
+        sleeping
+            .into_iter()
+            .map(|(group, nodes)| Action::Suspend {
+                group: self.groups[group].name.clone(),
+                nodes,
+            })
+            .collect()
+    }
+}
