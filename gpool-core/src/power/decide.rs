@@ -12,45 +12,55 @@ impl Book {
         let looked_at = &tick.waiting[..tick.waiting.len().min(MAX_LOOKED_AT)];
         let waiting: BTreeSet<JobId> = looked_at.iter().map(|job| job.id).collect();
         self.waits.retain(|job, _| waiting.contains(job));
-        // GPUs of waking nodes that no waiting job counts on yet.
+        // GPUs no waiting job counts on yet: of waking nodes, and of up
+        // nodes that hold nothing (a gang that waits for more nodes than
+        // are idle counts on them, rather than wake as many new ones).
         let mut spare: BTreeMap<String, u32> = self
             .nodes
             .iter()
-            .filter(|(_, power)| power.state == PowerState::PoweringUp)
+            .filter(|(name, power)| match power.state {
+                PowerState::PoweringUp => true,
+                PowerState::Up => !tick.busy.contains(*name),
+                _ => false,
+            })
             .map(|(name, power)| (name.clone(), self.groups[power.group].gpus))
             .collect();
         let mut woken: BTreeMap<usize, (Vec<String>, Vec<JobId>)> = BTreeMap::new();
         for job in looked_at {
-            let nodes = match self.on_waking(job, &mut spare, tick.policy) {
-                Some(nodes) => nodes,
-                None => {
-                    let Some((group, nodes)) = self.new_nodes(job, tick) else {
-                        continue;
-                    };
-                    let gpus = self.groups[group].gpus;
-                    for name in &nodes {
-                        let power = self.nodes.get_mut(name).expect("chosen from the book");
-                        power.state = PowerState::PoweringUp;
-                        power.since = tick.now;
-                        power.reason = None;
-                        let left = if job.shape.exclusive {
-                            0
-                        } else {
-                            gpus - job.shape.gpus_per_node
-                        };
-                        spare.insert(name.clone(), left);
-                    }
-                    let state = &mut self.states[group];
-                    state.resumes.extend(nodes.iter().map(|_| tick.now));
-                    state.n_resumes += nodes.len() as u64;
-                    let entry = woken.entry(group).or_default();
-                    entry.0.extend(nodes.iter().cloned());
-                    entry.1.push(job.id);
-                    nodes
+            let mut nodes = self.room_on(job, &spare, tick.policy);
+            let need = job.shape.nodes as usize - nodes.len();
+            if need > 0 {
+                let Some((group, new)) = self.new_nodes(job, need, tick) else {
+                    continue;
+                };
+                for name in &new {
+                    let power = self.nodes.get_mut(name).expect("chosen from the book");
+                    power.state = PowerState::PoweringUp;
+                    power.since = tick.now;
+                    power.reason = None;
+                    spare.insert(name.clone(), self.groups[group].gpus);
                 }
-            };
-            let since = self.waits.get(&job.id).map_or(tick.now, |(_, since)| *since);
-            self.waits.insert(job.id, (nodes, since));
+                let state = &mut self.states[group];
+                state.resumes.extend(new.iter().map(|_| tick.now));
+                state.n_resumes += new.len() as u64;
+                let entry = woken.entry(group).or_default();
+                entry.0.extend(new.iter().cloned());
+                entry.1.push(job.id);
+                nodes.extend(new);
+            }
+            for name in &nodes {
+                let left = spare.get_mut(name).expect("counted");
+                *left = if job.shape.exclusive {
+                    0
+                } else {
+                    *left - job.shape.gpus_per_node
+                };
+            }
+            nodes.retain(|name| self.nodes[name].state == PowerState::PoweringUp);
+            if !nodes.is_empty() {
+                let since = self.waits.get(&job.id).map_or(tick.now, |(_, since)| *since);
+                self.waits.insert(job.id, (nodes, since));
+            }
         }
         woken
             .into_iter()
@@ -62,9 +72,10 @@ impl Book {
             .collect()
     }
 
-    /// Room for `job` on nodes already waking: the ones with the least room
-    /// to spare that fit it, one per node it asks for.
-    fn on_waking(&self, job: &PendingJob, spare: &mut BTreeMap<String, u32>, policy: &Policy) -> Option<Vec<String>> {
+    /// Nodes awake or waking with room for `job` that no other waiting job
+    /// counts on: the ones with the least room that fit it, at most one per
+    /// node it asks for.
+    fn room_on(&self, job: &PendingJob, spare: &BTreeMap<String, u32>, policy: &Policy) -> Vec<String> {
         let want = job.shape.gpus_per_node;
         let mut fits: Vec<(u32, &String)> = spare
             .iter()
@@ -74,27 +85,17 @@ impl Book {
             })
             .map(|(name, left)| (*left, name))
             .collect();
-        if fits.len() < job.shape.nodes as usize {
-            return None;
-        }
         fits.sort();
-        let nodes: Vec<String> = fits
-            .iter()
+        fits.iter()
             .take(job.shape.nodes as usize)
             .map(|(_, name)| (*name).clone())
-            .collect();
-        for name in &nodes {
-            let left = spare.get_mut(name).expect("listed");
-            *left = if job.shape.exclusive { 0 } else { *left - want };
-        }
-        Some(nodes)
+            .collect()
     }
 
-    /// Sleeping nodes to wake for `job`, all of one group: the cheapest
+    /// `need` sleeping nodes to wake for `job`, all of one group: the cheapest
     /// group per GPU-hour that has enough of them within its budget and
     /// rate, and is not paused.
-    fn new_nodes(&self, job: &PendingJob, tick: &Tick<'_>) -> Option<(usize, Vec<String>)> {
-        let need = job.shape.nodes as usize;
+    fn new_nodes(&self, job: &PendingJob, need: usize, tick: &Tick<'_>) -> Option<(usize, Vec<String>)> {
         let mut groups: Vec<usize> = (0..self.groups.len()).collect();
         groups.sort_by(|a, b| {
             self.groups[*a]

@@ -98,6 +98,18 @@ fn a_gang_gets_its_nodes_from_one_group_or_waits() {
 }
 
 #[test]
+fn a_gang_counts_on_idle_up_nodes_and_wakes_only_what_it_lacks() {
+    let mut cloud = group("cloud", "c", 4, "h100", 8, 4.0);
+    cloud.max_nodes = Some(3);
+    let mut book = Book::new(vec![cloud], at(0));
+    book.registered("c1", at(0));
+    book.registered("c2", at(0));
+    let actions = tick(&mut book, 1, &jobs("j1 gpus=8 nodes=3"), &[], &["c1", "c2"]);
+    assert_eq!(resumed(&actions), vec!["c3"]);
+    assert_eq!(book.waits[&JobId(1)].0, vec!["c3"]);
+}
+
+#[test]
 fn models_and_pools_decide_which_group_serves() {
     let l4 = group("l4", "l", 2, "l4", 4, 0.8);
     let h100 = group("h100", "h", 2, "h100", 8, 4.0);
