@@ -26,6 +26,9 @@ pub(crate) struct PowerFile {
     resume_rate: Option<u32>,
     suspend_rate: Option<u32>,
     max_nodes: Option<u32>,
+    max_gpu_hours: Option<f64>,
+    max_nodes_per_team: Option<u32>,
+    max_gpu_hours_per_team: Option<f64>,
     pause_after_failures: Option<u32>,
     pause: Option<String>,
 }
@@ -143,6 +146,12 @@ fn group_of(
         Some(price) => price,
         None => accounting.pricing.per_gpu_hour.get(&model).copied().unwrap_or(0.0),
     };
+    let hours = |field: &str, value: Option<f64>| match value {
+        Some(hours) if !(hours >= 0.0 && hours.is_finite()) => {
+            Err(named(field, format!("{hours} is not a number of GPU-hours")))
+        }
+        other => Ok(other),
+    };
     if !pools.pools.iter().any(|pool| pool.selects(&file.labels)) {
         return Err(named(
             "labels",
@@ -164,6 +173,9 @@ fn group_of(
             resume_rate: file.resume_rate.unwrap_or(0),
             suspend_rate: file.suspend_rate.unwrap_or(0),
             max_nodes: file.max_nodes,
+            max_gpu_hours: hours("max_gpu_hours", file.max_gpu_hours)?,
+            max_nodes_per_team: file.max_nodes_per_team,
+            max_gpu_hours_per_team: hours("max_gpu_hours_per_team", file.max_gpu_hours_per_team)?,
             pause_after_failures: file.pause_after_failures.unwrap_or(DEFAULT_PAUSE_AFTER_FAILURES),
             pause_secs: duration("pause", &file.pause, DEFAULT_PAUSE_SECS)?,
         },

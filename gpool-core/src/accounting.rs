@@ -69,9 +69,11 @@ pub enum Dimension {
     CostCenter,
     Qos,
     Ledger,
+    /// `owned`, or the `[[power]]` group (a cloud) its nodes belong to.
+    Source,
 }
 
-pub const DIMENSIONS: [Dimension; 9] = [
+pub const DIMENSIONS: [Dimension; 10] = [
     Dimension::Team,
     Dimension::Project,
     Dimension::WorkloadType,
@@ -81,6 +83,7 @@ pub const DIMENSIONS: [Dimension; 9] = [
     Dimension::CostCenter,
     Dimension::Qos,
     Dimension::Ledger,
+    Dimension::Source,
 ];
 
 impl Dimension {
@@ -95,6 +98,7 @@ impl Dimension {
             Dimension::CostCenter => "cost-center",
             Dimension::Qos => "qos",
             Dimension::Ledger => "ledger",
+            Dimension::Source => "source",
         }
     }
 
@@ -136,7 +140,14 @@ pub struct Pricing {
     /// Project name to cost centre; a project's centre wins over its
     /// team's.
     pub project_centers: BTreeMap<String, String>,
+    /// Nodes of `[[power]]` groups: the group, and its price per GPU-hour
+    /// (which their GPU-hours cost instead of their model's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_groups: BTreeMap<String, (String, f64)>,
 }
+
+/// What a record of no power group's nodes is reported under by `source`.
+pub const OWNED: &str = "owned";
 
 /// What a record of no cost centre is reported under.
 pub const NO_COST_CENTER: &str = "-";
@@ -151,6 +162,11 @@ impl Pricing {
 
     pub fn price(&self, model: &GpuModel) -> Option<f64> {
         self.per_gpu_hour.get(model).copied()
+    }
+
+    /// The power group whose nodes `record` ran on, where it ran on one.
+    pub fn group_of(&self, record: &AttemptRecord) -> Option<&(String, f64)> {
+        record.nodes.iter().find_map(|node| self.node_groups.get(node))
     }
 }
 
@@ -251,7 +267,10 @@ impl<'a> ReportBuilder<'a> {
                 utilization_sum: record.gpu_use.utilization_pct_sum as f64 * share * fraction,
                 samples: (record.gpu_use.samples as f64 * share * fraction).round() as u64,
                 peak_memory: record.gpu_use.memory_used_mib_peak,
-                price: self.pricing.price(model),
+                price: match self.pricing.group_of(record) {
+                    Some((_, price)) => Some(*price),
+                    None => self.pricing.price(model),
+                },
                 new_attempt: keys_seen.insert(key.clone()),
             };
             let row = self.rows.entry(key.clone()).or_insert_with(|| ReportRow {
@@ -284,6 +303,7 @@ impl<'a> ReportBuilder<'a> {
                     "guaranteed"
                 }
             }
+            Dimension::Source => self.pricing.group_of(record).map_or(OWNED, |(group, _)| group.as_str()),
         };
         if text.is_empty() {
             "-".to_string()

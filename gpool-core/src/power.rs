@@ -37,6 +37,13 @@ pub struct Group {
     pub suspend_rate: u32,
     /// Nodes up or on their way at once; `None`: all of them.
     pub max_nodes: Option<u32>,
+    /// GPU-hours its nodes may be up in one period of the policy's
+    /// `[sharing]` (a day, week or month); `None`: no limit.
+    pub max_gpu_hours: Option<f64>,
+    /// Nodes woken for one team's jobs up at once, and the GPU-hours they
+    /// may be up in a period; `None`: no limit.
+    pub max_nodes_per_team: Option<u32>,
+    pub max_gpu_hours_per_team: Option<f64>,
     /// Failed resumes in a row after which the group pauses, and how long.
     pub pause_after_failures: u32,
     pub pause_secs: u64,
@@ -85,6 +92,8 @@ pub struct NodePower {
     pub retry_at: Timestamp,
     /// Why it last went back to `powered_down`, where that was a failure.
     pub reason: Option<String>,
+    /// The team whose job it was woken for, while it is awake.
+    pub woken_for: Option<String>,
 }
 
 /// A group's own standing.
@@ -100,6 +109,11 @@ pub struct GroupState {
     /// How many resumes failed, and how many nodes were resumed, in all.
     pub n_resumes: u64,
     pub n_failed: u64,
+    /// The period its GPU-hours count in, and those of its nodes awake in
+    /// it (GPU-milliseconds), all and by the team each was woken for.
+    pub period_start: Timestamp,
+    pub gpu_ms: f64,
+    pub team_gpu_ms: BTreeMap<String, f64>,
 }
 
 /// What to run: a group's program with its nodes.
@@ -143,6 +157,8 @@ pub struct Book {
     pub nodes: BTreeMap<String, NodePower>,
     /// Each job a waking node is for: the nodes, and since when.
     pub waits: BTreeMap<JobId, (Vec<String>, Timestamp)>,
+    /// When awake nodes' GPU-hours were last counted.
+    counted_at: Option<Timestamp>,
 }
 
 /// The longest wait between two resumes of a node that keeps failing.
@@ -261,6 +277,7 @@ impl Book {
             states,
             nodes,
             waits: BTreeMap::new(),
+            counted_at: None,
         }
     }
 
@@ -391,6 +408,7 @@ impl Book {
     /// returned actions say (the programs' own failures come back through
     /// `resume_failed`).
     pub fn tick(&mut self, tick: &Tick<'_>) -> Vec<Action> {
+        self.count_gpu_hours(tick);
         let mut actions = self.time_out(tick);
         for state in &mut self.states {
             let minute_ago = Timestamp(tick.now.0 - 60_000);
@@ -456,6 +474,35 @@ impl Book {
             .collect()
     }
 
+    /// Adds the GPU-time of awake nodes since the last count to their
+    /// groups' (and teams') period, which starts over with each period of
+    /// the policy.
+    fn count_gpu_hours(&mut self, tick: &Tick<'_>) {
+        let sharing = &tick.policy.sharing;
+        let period_start = sharing.period.start(tick.now, &sharing.time_zone);
+        let since = self.counted_at.unwrap_or(tick.now).max(period_start);
+        let elapsed = (tick.now.0 - since.0).max(0) as f64;
+        self.counted_at = Some(tick.now);
+        for state in &mut self.states {
+            if state.period_start != period_start {
+                state.period_start = period_start;
+                state.gpu_ms = 0.0;
+                state.team_gpu_ms.clear();
+            }
+        }
+        for power in self.nodes.values() {
+            if power.state == PowerState::PoweredDown {
+                continue;
+            }
+            let gpu_ms = elapsed * f64::from(self.groups[power.group].gpus);
+            let state = &mut self.states[power.group];
+            state.gpu_ms += gpu_ms;
+            if let Some(team) = &power.woken_for {
+                *state.team_gpu_ms.entry(team.clone()).or_default() += gpu_ms;
+            }
+        }
+    }
+
     fn track_idle(&mut self, tick: &Tick<'_>) {
         for (name, power) in &mut self.nodes {
             power.idle_since = match power.state {
@@ -477,6 +524,7 @@ impl NodePower {
             failures: 0,
             retry_at: now,
             reason: None,
+            woken_for: None,
         }
     }
 }

@@ -122,7 +122,17 @@ impl Reports {
 
     fn pricing(&self) -> accounting::Pricing {
         let state = self.state.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        state.accounting.pricing.clone()
+        let mut pricing = state.accounting.pricing.clone();
+        pricing.node_groups = state
+            .power
+            .nodes
+            .iter()
+            .map(|(node, power)| {
+                let group = &state.power.groups[power.group];
+                (node.clone(), (group.name.clone(), group.price_per_gpu_hour))
+            })
+            .collect();
+        pricing
     }
 
     /// Removes records past the configured retention, now and every

@@ -149,7 +149,57 @@ impl StatusPage {
         html.push_str("</section><section><h2>Nodes and GPUs</h2>");
         html.push_str(&snapshot.nodes_html());
         html.push_str("</section>");
+        if !snapshot.power_groups.is_empty() {
+            html.push_str("<section><h2>Sleeping and cloud nodes</h2>");
+            html.push_str(&snapshot.power_html());
+            html.push_str("</section>");
+        }
         Ok(page("gpool status", &html))
+    }
+}
+
+/// Each power group's nodes by power state, and how it stands.
+fn power_groups(state: &crate::state::State, now: Timestamp) -> Vec<(String, BTreeMap<&'static str, usize>, String)> {
+    use gpool_core::power::PowerState;
+    let book = &state.power;
+    book.groups
+        .iter()
+        .enumerate()
+        .map(|(index, group)| {
+            let mut counts = BTreeMap::new();
+            for node in book.nodes.values().filter(|node| node.group == index) {
+                *counts.entry(node.state.as_str()).or_insert(0) += 1;
+            }
+            let awake = book
+                .nodes
+                .values()
+                .filter(|node| node.group == index && node.state != PowerState::PoweredDown)
+                .count();
+            let cost = awake as f64 * f64::from(group.gpus) * group.price_per_gpu_hour;
+            let currency = &state.accounting.pricing.currency;
+            let mut standing = format!("{awake} awake, {cost:.2} {currency} an hour");
+            if let Some(paused) = book.paused(index, now) {
+                standing = format!("{standing}; {paused}");
+            }
+            (group.name.clone(), counts, standing)
+        })
+        .collect()
+}
+
+impl Snapshot {
+    fn power_html(&self) -> String {
+        let mut rows = String::new();
+        for (name, counts, standing) in &self.power_groups {
+            let states: Vec<String> = counts.iter().map(|(state, n)| format!("{n} {state}")).collect();
+            let _ = write!(
+                rows,
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(name),
+                escape(&states.join(", ")),
+                escape(standing)
+            );
+        }
+        format!("<table><tr><th>group</th><th>nodes</th><th>standing</th></tr>{rows}</table>")
     }
 }
 
@@ -189,6 +239,9 @@ struct Snapshot {
     total_gpus: u64,
     allocated_gpus: u64,
     out_of_service_gpus: u64,
+    /// Each `[[power]]` group: its name, nodes by power state, and how it
+    /// stands (paused, what its awake nodes cost an hour).
+    power_groups: Vec<(String, BTreeMap<&'static str, usize>, String)>,
 }
 
 impl Snapshot {
@@ -224,6 +277,7 @@ impl Snapshot {
             total_gpus: 0,
             allocated_gpus: 0,
             out_of_service_gpus: 0,
+            power_groups: power_groups(&state, now),
         };
         for node in state.nodes.values() {
             let samples = state.gpu_samples.get(&node.name);

@@ -185,6 +185,18 @@ fn a_waiting_job_wakes_a_sleeping_node_runs_there_and_the_idle_node_sleeps_again
         "{listed}"
     );
     assert_eq!(node(&listed, "cloud-h100-2")["state"], "powered_down");
+    // The cloud's GPU-hours apart from the owned ones, at its own price.
+    let report = cluster.gpool(&["report", "--by", "source"]).ok().to_string();
+    let rows: Vec<&str> = report.lines().collect();
+    assert!(
+        rows.iter().any(|row| row.starts_with("cloud ")) && rows.iter().any(|row| row.starts_with("owned ")),
+        "{report}"
+    );
+    // The status page shows the group.
+    let addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).expect("metrics.addr");
+    let page = crate::harness::http_get(addr.trim(), "/status").2;
+    assert!(page.contains("Sleeping and cloud nodes"), "{page}");
+    assert!(page.contains("3 powered_down"), "{page}");
 }
 
 /// A `resume` that never starts the agent: each node misses its 2 s

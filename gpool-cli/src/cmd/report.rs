@@ -25,7 +25,8 @@ pub struct ReportArgs {
     #[arg(long, short = 'E', value_parser = super::history::parse_moment)]
     until: Option<i64>,
     /// Group by any of team, project, workload-type, user, gpu-model,
-    /// pool, cost-center, qos, ledger (comma-separated).
+    /// pool, cost-center, qos, ledger, source (owned, or the [[power]]
+    /// group whose nodes it ran on) (comma-separated).
     #[arg(long, default_value = "team", value_delimiter = ',')]
     by: Vec<String>,
     /// Comma-separated values instead of a table.

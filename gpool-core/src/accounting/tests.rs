@@ -32,6 +32,7 @@ fn pricing() -> Pricing {
         per_gpu_hour: [(GpuModel::new("h100"), 4.0), (GpuModel::new("l4"), 1.0)].into(),
         team_centers: [("ml".to_string(), "cc-research".to_string())].into(),
         project_centers: [("ads".to_string(), "cc-ads".to_string())].into(),
+        node_groups: [("cloud-1".to_string(), ("cloud".to_string(), 9.0))].into(),
     }
 }
 
@@ -68,6 +69,26 @@ fn rows_group_by_team_and_model_and_are_priced() {
     assert_eq!(report.total.gpu_seconds, 14.0 * 3600.0);
     assert_eq!(report.total.cost, Some(47.0));
     assert_eq!(report.total.attempts, 3);
+}
+
+#[test]
+fn cloud_gpu_hours_are_reported_apart_at_their_groups_price() {
+    let owned = record("ml", "p", "u", &[("h100", 2)], 0.0, 1.0);
+    let mut cloud = record("ml", "p", "u", &[("h100", 8)], 0.0, 1.0);
+    cloud.nodes = vec!["cloud-1".into()];
+    let report = report(&[owned, cloud], 0, 1, &[Dimension::Source]);
+    let rows: Vec<(String, f64, Option<f64>)> = report
+        .rows
+        .iter()
+        .map(|row| (row.key[0].clone(), row.gpu_seconds / 3600.0, row.cost))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("cloud".to_string(), 8.0, Some(72.0)),
+            ("owned".to_string(), 2.0, Some(8.0)),
+        ]
+    );
 }
 
 #[test]

@@ -38,6 +38,7 @@ impl Book {
                     power.state = PowerState::PoweringUp;
                     power.since = tick.now;
                     power.reason = None;
+                    power.woken_for = Some(job.shape.team.to_string());
                     spare.insert(name.clone(), self.groups[group].gpus);
                 }
                 let state = &mut self.states[group];
@@ -120,6 +121,9 @@ impl Book {
             if group.max_nodes.is_some_and(|max| awake + need > max as usize) {
                 return None;
             }
+            if self.over_budget(index, &job.shape.team, need) {
+                return None;
+            }
             let nodes: Vec<String> = group
                 .nodes
                 .iter()
@@ -134,6 +138,30 @@ impl Book {
                 .collect();
             (nodes.len() == need).then_some((index, nodes))
         })
+    }
+
+    /// Whether waking `need` more nodes of group `index` for a job of
+    /// `team` would pass the group's GPU-hours of the period, or the
+    /// team's nodes or GPU-hours in it.
+    fn over_budget(&self, index: usize, team: &str, need: usize) -> bool {
+        let group = &self.groups[index];
+        let state = &self.states[index];
+        let hours = |gpu_ms: f64| gpu_ms / 3_600_000.0;
+        let team_awake = self
+            .nodes
+            .values()
+            .filter(|power| {
+                power.group == index
+                    && power.state != PowerState::PoweredDown
+                    && power.woken_for.as_deref() == Some(team)
+            })
+            .count();
+        let team_hours = hours(state.team_gpu_ms.get(team).copied().unwrap_or(0.0));
+        group.max_gpu_hours.is_some_and(|max| hours(state.gpu_ms) >= max)
+            || group
+                .max_nodes_per_team
+                .is_some_and(|max| team_awake + need > max as usize)
+            || group.max_gpu_hours_per_team.is_some_and(|max| team_hours >= max)
     }
 
     /// Up nodes idle for their group's `suspend_after` that no waiting job

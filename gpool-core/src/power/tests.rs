@@ -17,6 +17,9 @@ fn group(name: &str, prefix: &str, n: usize, model: &str, gpus: u32, price: f64)
         resume_rate: 0,
         suspend_rate: 0,
         max_nodes: None,
+        max_gpu_hours: None,
+        max_nodes_per_team: None,
+        max_gpu_hours_per_team: None,
         pause_after_failures: 3,
         pause_secs: 600,
     }
@@ -73,6 +76,42 @@ fn a_budget_of_two_nodes_wakes_two_for_five_jobs_that_each_want_a_node() {
         book.waiting_for(JobId(2), at(11)).as_deref(),
         Some("waiting for c2 to power up (since 11 s)")
     );
+}
+
+#[test]
+fn gpu_hours_of_the_period_and_a_teams_nodes_are_budgets_too() {
+    // One node of 8 GPUs up for an hour spends a budget of 8 GPU-hours:
+    // no more resumes until the next period (a day, under this policy).
+    let mut cloud = group("cloud", "c", 4, "h100", 8, 4.0);
+    cloud.max_gpu_hours = Some(8.0);
+    cloud.resume_timeout_secs = 7200;
+    let mut book = Book::new(vec![cloud], Timestamp(0));
+    let mut policy = Policy::default();
+    policy.sharing.period = crate::policy::Period::Day;
+    let waiting = jobs("j1 gpus=8\nj2 gpus=8");
+    let none = BTreeSet::new();
+    let tick_at = |book: &mut Book, secs: i64, waiting: &[PendingJob]| {
+        book.tick(&Tick {
+            now: Timestamp(secs * 1000),
+            waiting,
+            policy: &policy,
+            busy: &none,
+            linked: &none,
+        })
+    };
+    assert_eq!(resumed(&tick_at(&mut book, 0, &waiting[..1])), vec!["c1"]);
+    assert!(resumed(&tick_at(&mut book, 3600, &waiting[1..])).is_empty());
+    assert_eq!(book.states[0].gpu_ms, 8.0 * 3_600_000.0);
+    // A new day: the budget starts over.
+    assert_eq!(resumed(&tick_at(&mut book, 86_400, &waiting[1..])), vec!["c2"]);
+
+    // Two nodes at most for one team; another team still gets one.
+    let mut cloud = group("cloud", "c", 4, "h100", 8, 4.0);
+    cloud.max_nodes_per_team = Some(2);
+    let mut book = Book::new(vec![cloud], at(0));
+    let waiting = jobs("j1 gpus=8 team=a\nj2 gpus=8 team=a\nj3 gpus=8 team=a\nj4 gpus=8 team=b");
+    assert_eq!(resumed(&tick(&mut book, 0, &waiting, &[], &[])), vec!["c1", "c2", "c3"]);
+    assert_eq!(book.nodes["c3"].woken_for.as_deref(), Some("b"));
 }
 
 #[test]

@@ -749,6 +749,9 @@ fn a_cloud_group_wakes_for_waiting_jobs_and_sleeps_when_idle_within_its_budget()
         resume_rate: 0,
         suspend_rate: 0,
         max_nodes: Some(max_nodes),
+        max_gpu_hours: None,
+        max_nodes_per_team: None,
+        max_gpu_hours_per_team: None,
         pause_after_failures: 0,
         pause_secs: 0,
     };

@@ -54,6 +54,9 @@ pub(super) fn setups(
                 resume_rate: 0,
                 suspend_rate: 0,
                 max_nodes: Some(*budget),
+                max_gpu_hours: None,
+                max_nodes_per_team: None,
+                max_gpu_hours_per_team: None,
                 pause_after_failures: 0,
                 pause_secs: 0,
             };
