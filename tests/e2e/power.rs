@@ -5,6 +5,7 @@
 //! scripts would create and delete instances.
 
 use crate::harness::cluster::Cluster;
+use crate::harness::netns::Net;
 use crate::harness::process::{binary, wait_until};
 use crate::preemption::{agent_config, shipped_policy};
 use serde_json::Value;
@@ -44,9 +45,12 @@ fn write_programs(dir: &Path, starts: bool, delay: &str) {
     let agent = binary("gpool-agent").display().to_string();
     let d = dir.display();
     let start = if starts {
+        // In the node's own network namespace where the test made one.
         format!(
             "if [ -f {d}/$node.pid ] && kill -0 $(cat {d}/$node.pid) 2>/dev/null; then continue; fi\n  \
-             setsid {agent} --config {d}/$node.toml > {d}/$node.log 2>&1 < /dev/null &\n  \
+             ns=$(cat {d}/$node.ns 2>/dev/null)\n  \
+             if [ -n \"$ns\" ]; then in_ns=\"ip netns exec $ns\"; else in_ns=; fi\n  \
+             setsid $in_ns {agent} --config {d}/$node.toml > {d}/$node.log 2>&1 < /dev/null &\n  \
              echo $! > {d}/$node.pid"
         )
     } else {
@@ -76,7 +80,7 @@ fn node_configs(cluster: &Cluster, dir: &Path, nodes: &[&str]) {
     for node in nodes {
         let spool = cluster.spool_dir(node);
         let text = format!(
-            "controller = \"{}\"\nnode_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\
+            "controller = \"http://{}\"\nnode_name = \"{node}\"\nspool_dir = \"{}\"\nheartbeat_interval = \"200ms\"\n\
              min_spool_free = \"1M\"\n{}",
             cluster.addr,
             spool.display(),
@@ -88,10 +92,10 @@ fn node_configs(cluster: &Cluster, dir: &Path, nodes: &[&str]) {
 
 /// The shipped policy with a `[[power]]` group of three 8-GPU H100 nodes
 /// whose programs live in `dir` (written before the controller starts).
-fn policy_with_group(dir: &Path, extra: &str) -> String {
+fn policy_with_group(dir: &Path, top: &str, extra: &str) -> String {
     let d = dir.display();
     format!(
-        "metrics_listen = \"127.0.0.1:0\"\n{}\n[[power]]\nname = \"cloud\"\nnodes = \"cloud-h100-[1-3]\"\nmodel = \"h100\"\ngpus = 8\n\
+        "metrics_listen = \"127.0.0.1:0\"\n{top}{}\n[[power]]\nname = \"cloud\"\nnodes = \"cloud-h100-[1-3]\"\nmodel = \"h100\"\ngpus = 8\n\
          gpu_memory = \"80G\"\nprice_per_gpu_hour = 4.10\nresume = \"{d}/resume\"\nsuspend = \"{d}/suspend\"\n\
          resume_failed = \"{d}/on-resume-failed\"\n{extra}",
         shipped_policy()
@@ -100,24 +104,50 @@ fn policy_with_group(dir: &Path, extra: &str) -> String {
 
 /// A controller with the shipped policy and the group (`extra` ends its
 /// table), an A100 and an L4 node awake, and the group's programs in a
-/// temp dir of their own (`starts`, `delay`: see `write_programs`).
-fn start(starts: bool, delay: &str, extra: &str) -> (Cluster, tempfile::TempDir, StartedByPrograms) {
+/// temp dir of their own (`starts`, `delay`: see `write_programs`). With
+/// `in_namespaces`, where the test may make network namespaces (root),
+/// each cloud node's agent runs in one of its own and dials gpoold on a
+/// bridge; else on loopback.
+fn start(
+    starts: bool,
+    delay: &str,
+    extra: &str,
+    in_namespaces: bool,
+) -> (Cluster, tempfile::TempDir, Option<Net>, StartedByPrograms) {
     let programs = Cluster::temp_dir();
     write_programs(programs.path(), starts, delay);
     let guard = StartedByPrograms(programs.path().to_path_buf());
-    let mut cluster = Cluster::with_config(&policy_with_group(programs.path(), extra));
-    node_configs(
-        &cluster,
-        programs.path(),
-        &["cloud-h100-1", "cloud-h100-2", "cloud-h100-3"],
-    );
+    let mut net = match in_namespaces.then(Net::create) {
+        Some(Ok(net)) => Some(net),
+        Some(Err(reason)) => {
+            eprintln!("the cloud nodes run on loopback: {reason}");
+            None
+        }
+        None => None,
+    };
+    let top = net.as_ref().map_or_else(String::new, |net| {
+        format!("insecure_plaintext = true\nplaintext_from = [\"{}\"]\n", net.range())
+    });
+    let text = policy_with_group(programs.path(), &top, extra);
+    let mut cluster = match &net {
+        Some(net) => Cluster::with_config_in(Cluster::temp_dir(), &net.gateway(), &text),
+        None => Cluster::with_config(&text),
+    };
+    let cloud = ["cloud-h100-1", "cloud-h100-2", "cloud-h100-3"];
+    node_configs(&cluster, programs.path(), &cloud);
+    if let Some(net) = net.as_mut() {
+        for node in cloud {
+            let (namespace, _) = net.add_host().expect("a network namespace");
+            std::fs::write(programs.path().join(format!("{node}.ns")), namespace).expect("namespace file");
+        }
+    }
     for (node, model, count, memory_mib, labels) in [
         ("a100-a", "a100-80gb", 8, 81_920, "[labels]\ntier = \"inference\"\n"),
         ("l4-a", "l4", 4, 23_034, ""),
     ] {
         cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
     }
-    (cluster, programs, guard)
+    (cluster, programs, net, guard)
 }
 
 fn node<'a>(nodes: &'a Value, name: &str) -> &'a Value {
@@ -142,13 +172,15 @@ fn nodes(cluster: &Cluster) -> Value {
 }
 
 /// A 4-GPU H100 job finds no H100 awake: gpoold resumes one node of the
-/// group (the `resume` program gets the node and a JSON file naming the
+/// group (whose agent starts in a network namespace of its own, as on
+/// another host, where the test runs as root) (the `resume` program gets the node and a JSON file naming the
 /// job), `gpool why` says the job waits for it, the node's agent
 /// registers and the job runs there. Idle for `suspend_after`, the node is
 /// suspended: `suspend` stops its agent and it shows as powered down.
 #[test]
 fn a_waiting_job_wakes_a_sleeping_node_runs_there_and_the_idle_node_sleeps_again() {
-    let (cluster, programs, _guard) = start(true, "2", "suspend_after = \"3s\"\nresume_timeout = \"30s\"\n");
+    let (cluster, programs, _net, _guard) =
+        start(true, "2", "suspend_after = \"3s\"\nresume_timeout = \"30s\"\n", true);
     let listed = nodes(&cluster);
     for name in ["cloud-h100-1", "cloud-h100-2", "cloud-h100-3"] {
         assert_eq!(node(&listed, name)["state"], "powered_down", "{listed}");
@@ -206,10 +238,11 @@ fn a_waiting_job_wakes_a_sleeping_node_runs_there_and_the_idle_node_sleeps_again
 /// left marked up.
 #[test]
 fn a_resume_that_never_comes_back_times_out_retries_and_pauses_the_group() {
-    let (cluster, programs, _guard) = start(
+    let (cluster, programs, _net, _guard) = start(
         false,
         "0",
         "resume_timeout = \"2s\"\npause_after_failures = 2\npause = \"1h\"\nmax_nodes = 1\n",
+        false,
     );
     let job = cluster.submit(&["--team", "nlp", "--gpus", "h100:8", "--", "true"]);
     let listed = wait_until("the group to pause", Duration::from_secs(40), || {
@@ -276,7 +309,7 @@ fn a_resume_that_never_comes_back_times_out_retries_and_pauses_the_group() {
 /// start as fast as before it began.
 #[test]
 fn a_hung_resume_program_leaves_submits_and_scheduling_as_they_were() {
-    let (cluster, programs, _guard) = start(true, "600", "resume_timeout = \"15m\"\n");
+    let (cluster, programs, _net, _guard) = start(true, "600", "resume_timeout = \"15m\"\n", false);
     let measure = |label: &str| {
         let mut submits = Vec::new();
         let mut starts = Vec::new();
@@ -323,7 +356,7 @@ fn a_hung_resume_program_leaves_submits_and_scheduling_as_they_were() {
 /// all 5 run on them in turn.
 #[test]
 fn a_budget_of_two_nodes_holds_for_five_waiting_whole_node_jobs() {
-    let (cluster, programs, _guard) = start(true, "0", "max_nodes = 2\nsuspend_after = \"10m\"\n");
+    let (cluster, programs, _net, _guard) = start(true, "0", "max_nodes = 2\nsuspend_after = \"10m\"\n", false);
     let ids: Vec<u64> = (0..5)
         .map(|_| cluster.submit(&["--team", "nlp", "--gpus", "h100:8", "--", "sleep", "1"]))
         .collect();
