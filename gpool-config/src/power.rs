@@ -51,6 +51,8 @@ pub struct PowerGroup {
     pub resume_failed: Option<PathBuf>,
 }
 
+/// The most GPUs a node of a group may have.
+pub const MAX_GPUS: u32 = 1024;
 pub const DEFAULT_SUSPEND_AFTER_SECS: u64 = 600;
 pub const DEFAULT_RESUME_TIMEOUT_SECS: u64 = 300;
 pub const DEFAULT_SUSPEND_TIMEOUT_SECS: u64 = 120;
@@ -68,10 +70,18 @@ pub(crate) fn power_of(
     for spanned in groups {
         let offset = spanned.span().start;
         let file = spanned.into_inner();
-        if file.name.is_empty() || out.iter().any(|group| group.group.name == file.name) {
+        let name_ok = !file.name.is_empty()
+            && file
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !name_ok || out.iter().any(|group| group.group.name == file.name) {
             return Err(invalid(
                 offset,
-                format!("power: name {:?} is empty or used twice", file.name),
+                format!(
+                    "power: name {:?} is used twice, or is not letters, digits, '-', '_' and '.'",
+                    file.name
+                ),
             ));
         }
         let name = file.name.clone();
@@ -111,8 +121,8 @@ fn group_of(
     pools: &Policy,
     named: &dyn Fn(&str, String) -> ConfigError,
 ) -> Result<PowerGroup, ConfigError> {
-    if file.gpus == 0 {
-        return Err(named("gpus", "each node has at least one GPU".into()));
+    if file.gpus == 0 || file.gpus > MAX_GPUS {
+        return Err(named("gpus", format!("{} is not from 1 to {MAX_GPUS}", file.gpus)));
     }
     let model = GpuModel::new(&file.model);
     let duration = |field: &str, text: &Option<String>, default: u64| -> Result<u64, ConfigError> {

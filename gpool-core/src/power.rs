@@ -94,6 +94,10 @@ pub struct NodePower {
     pub reason: Option<String>,
     /// The team whose job it was woken for, while it is awake.
     pub woken_for: Option<String>,
+    /// While it is powering down: its `suspend` program has ended, and its
+    /// agent's link has.
+    pub suspend_ran: bool,
+    pub agent_left: bool,
 }
 
 /// A group's own standing.
@@ -147,6 +151,9 @@ pub struct Tick<'a> {
     pub busy: &'a BTreeSet<String>,
     /// Nodes whose agent is linked now.
     pub linked: &'a BTreeSet<String>,
+    /// Nodes known to take no work even when up (drained, out for a
+    /// fault): never woken, never counted on, and put to sleep when idle.
+    pub closed: &'a BTreeSet<String>,
 }
 
 /// Every group and node, and the jobs waiting for nodes to wake.
@@ -159,6 +166,9 @@ pub struct Book {
     pub waits: BTreeMap<JobId, (Vec<String>, Timestamp)>,
     /// When awake nodes' GPU-hours were last counted.
     counted_at: Option<Timestamp>,
+    /// Failed resumes not yet handed out as `Action::ResumeFailed`: the
+    /// group, the node and why.
+    failed: Vec<(usize, String, String)>,
 }
 
 /// The longest wait between two resumes of a node that keeps failing.
@@ -278,6 +288,7 @@ impl Book {
             nodes,
             waits: BTreeMap::new(),
             counted_at: None,
+            failed: Vec::new(),
         }
     }
 
@@ -300,6 +311,7 @@ impl Book {
                 next.states[index] = self.states[old].clone();
             }
         }
+        next.counted_at = self.counted_at;
         *self = next;
     }
 
@@ -316,32 +328,36 @@ impl Book {
     /// after its timeout is welcome), except while it is being suspended.
     pub fn registered(&mut self, node: &str, now: Timestamp) {
         let Some(power) = self.nodes.get_mut(node) else { return };
-        if power.state == PowerState::PoweringDown {
-            return;
+        match power.state {
+            PowerState::PoweringDown | PowerState::Up => return,
+            PowerState::PoweringUp => {
+                // A resume that worked ends the group's run of failures.
+                self.states[power.group].failures_in_row = 0;
+            }
+            PowerState::PoweredDown => {}
         }
-        if power.state != PowerState::Up {
-            power.state = PowerState::Up;
-            power.since = now;
-        }
+        power.state = PowerState::Up;
+        power.since = now;
         power.idle_since = Some(now);
         power.failures = 0;
         power.reason = None;
-        self.states[power.group].failures_in_row = 0;
         self.waits
             .retain(|_, (nodes, _)| !nodes.iter().any(|name| name == node));
     }
 
-    /// Its agent's link ended: a suspended node is down now; an up one too
-    /// (it registers again if it comes back).
+    /// Its agent's link ended: a node being suspended is down once its
+    /// `suspend` program has also ended (`suspend_done`); an up one is down
+    /// now (it registers again if it comes back).
     pub fn gone(&mut self, node: &str, now: Timestamp) {
         let Some(power) = self.nodes.get_mut(node) else { return };
         match power.state {
-            PowerState::PoweringDown => {
+            PowerState::PoweringDown if power.suspend_ran => {
                 *power = NodePower {
                     failures: power.failures,
                     ..NodePower::down(power.group, now)
                 }
             }
+            PowerState::PoweringDown => power.agent_left = true,
             PowerState::Up => {
                 *power = NodePower {
                     reason: Some("its agent left while it was up".to_string()),
@@ -349,6 +365,24 @@ impl Book {
                 }
             }
             PowerState::PoweredDown | PowerState::PoweringUp => {}
+        }
+    }
+
+    /// Its `suspend` program ended: the node is down once its agent's link
+    /// has ended too (`gone`), and never before, so that it is not resumed
+    /// while the program still runs.
+    pub fn suspend_done(&mut self, node: &str, now: Timestamp) {
+        let Some(power) = self.nodes.get_mut(node) else { return };
+        if power.state != PowerState::PoweringDown {
+            return;
+        }
+        if power.agent_left {
+            *power = NodePower {
+                failures: power.failures,
+                ..NodePower::down(power.group, now)
+            };
+        } else {
+            power.suspend_ran = true;
         }
     }
 
@@ -377,6 +411,7 @@ impl Book {
         if group.pause_after_failures > 0 && state.failures_in_row >= group.pause_after_failures {
             state.paused_until = Some(after(now, group.pause_secs));
         }
+        self.failed.push((power.group, node.to_string(), why.to_string()));
         self.waits
             .retain(|_, (nodes, _)| !nodes.iter().any(|name| name == node));
         true
@@ -425,8 +460,10 @@ impl Book {
         actions
     }
 
+    /// Resumes past their timeout fail; suspends past theirs end (a node
+    /// whose agent is still linked is up again); and every failed resume
+    /// since the last tick is handed out for `resume_failed`.
     fn time_out(&mut self, tick: &Tick<'_>) -> Vec<Action> {
-        let mut failed: BTreeMap<usize, Vec<String>> = BTreeMap::new();
         let names: Vec<String> = self.nodes.keys().cloned().collect();
         for name in names {
             let (state, since, index) = {
@@ -439,18 +476,18 @@ impl Book {
             match state {
                 PowerState::PoweringUp if waited >= resume_timeout => {
                     let why = format!("no agent registered within {resume_timeout} s");
-                    if self.resume_failed(&name, &why, tick.now) {
-                        failed.entry(index).or_default().push(name);
-                    }
+                    self.resume_failed(&name, &why, tick.now);
                 }
                 PowerState::PoweringDown if waited >= suspend_timeout => {
                     let power = self.nodes.get_mut(&name).expect("listed");
                     if tick.linked.contains(&name) {
                         // The suspend did not stop its agent: it is up still.
-                        power.state = PowerState::Up;
-                        power.since = tick.now;
-                        power.idle_since = Some(tick.now);
-                        power.reason = Some("its suspend left its agent running".to_string());
+                        *power = NodePower {
+                            state: PowerState::Up,
+                            idle_since: Some(tick.now),
+                            reason: Some("its suspend left its agent running".to_string()),
+                            ..NodePower::down(index, tick.now)
+                        };
                     } else {
                         *power = NodePower {
                             failures: power.failures,
@@ -461,15 +498,16 @@ impl Book {
                 _ => {}
             }
         }
+        let mut failed: BTreeMap<(usize, String), Vec<String>> = BTreeMap::new();
+        for (index, node, why) in std::mem::take(&mut self.failed) {
+            failed.entry((index, why)).or_default().push(node);
+        }
         failed
             .into_iter()
-            .map(|(index, nodes)| Action::ResumeFailed {
+            .map(|((index, reason), nodes)| Action::ResumeFailed {
                 group: self.groups[index].name.clone(),
                 nodes,
-                reason: format!(
-                    "no agent registered within {} s",
-                    self.groups[index].resume_timeout_secs
-                ),
+                reason,
             })
             .collect()
     }
@@ -525,6 +563,8 @@ impl NodePower {
             retry_at: now,
             reason: None,
             woken_for: None,
+            suspend_ran: false,
+            agent_left: false,
         }
     }
 }

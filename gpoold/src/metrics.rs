@@ -204,7 +204,7 @@ fn render_power(registry: &mut Registry, state: &State) {
         let is_paused = state.power.paused(index, now).is_some();
         paused.get_or_create(&labels(None)).set(f64::from(u8::from(is_paused)));
         cost.get_or_create(&labels(None))
-            .set(f64::from(up * group.gpus) * group.price_per_gpu_hour);
+            .set(f64::from(up) * f64::from(group.gpus) * group.price_per_gpu_hour);
     }
 }
 

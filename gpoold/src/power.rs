@@ -51,20 +51,20 @@ async fn run_action(handle: StateHandle, todo: PowerAction, dir: PathBuf) {
             let timeout = Duration::from_secs(group.resume_timeout_secs);
             ("resume", Some(programs.resume.clone()), nodes, file, timeout)
         }
-        Action::Suspend { nodes, .. } => ("suspend", Some(programs.suspend.clone()), nodes, None, PROGRAM_TIMEOUT),
+        // Killed by the time the node's suspend times out, so that it never
+        // runs on a node that is up (or resumed) again.
+        Action::Suspend { nodes, .. } => {
+            let timeout = Duration::from_secs(group.suspend_timeout_secs.max(1));
+            ("suspend", Some(programs.suspend.clone()), nodes, None, timeout)
+        }
         Action::ResumeFailed { nodes, reason, .. } => {
             tracing::warn!(
                 group = group.name,
                 nodes = nodes.join(","),
                 "power: resume failed: {reason}"
             );
-            (
-                "resume_failed",
-                programs.resume_failed.clone(),
-                nodes,
-                None,
-                PROGRAM_TIMEOUT,
-            )
+            let failed = programs.resume_failed.clone();
+            ("resume_failed", failed, nodes, None, PROGRAM_TIMEOUT)
         }
     };
     let Some(program) = program else { return };
@@ -74,11 +74,11 @@ async fn run_action(handle: StateHandle, todo: PowerAction, dir: PathBuf) {
         "power: running {name} ({})",
         program.display()
     );
-    let outcome = run_program(&program, &group.name, nodes, extra.as_deref(), timeout).await;
+    let (outcome, mut readers) = run_program(&program, &group.name, nodes, extra.as_deref(), timeout).await;
     if let Some(file) = extra {
         let _ = std::fs::remove_file(file);
     }
-    if let Err(why) = outcome {
+    if let Err(why) = &outcome {
         tracing::warn!(
             group = group.name,
             nodes = nodes.join(","),
@@ -87,13 +87,20 @@ async fn run_action(handle: StateHandle, todo: PowerAction, dir: PathBuf) {
         let command = Command::PowerFailed {
             program: name,
             nodes: nodes.clone(),
-            why,
+            why: why.clone(),
         };
         let _ = handle.commands.send(command).await;
-        if let (Action::Resume { .. }, Some(failed)) = (&action, &programs.resume_failed) {
-            let _ = run_program(failed, &group.name, nodes, None, PROGRAM_TIMEOUT).await;
-        }
     }
+    if name == "suspend" {
+        let _ = handle
+            .commands
+            .send(Command::PowerSuspended { nodes: nodes.clone() })
+            .await;
+    }
+    // What a program left running (an agent) may write to its pipes for
+    // as long as it lives: they are read to their end, so that no write
+    // of it meets a closed pipe.
+    while readers.join_next().await.is_some() {}
 }
 
 /// The jobs a resume is for, as JSON: `{"group", "nodes", "jobs"}`.
@@ -112,21 +119,22 @@ fn write_jobs_file(dir: &Path, group: &str, nodes: &[String], jobs: &[gpool_core
     Ok(file)
 }
 
-/// Runs `program NODES [FILE]`, logging what it prints, until it exits or
-/// `timeout` passes (then it is killed). Ok where it exited 0.
+/// Runs `program NODES [FILE]` until it exits or `timeout` passes (then
+/// it is killed, with what it started in its process group): Ok where it
+/// exited 0, with the tasks that log what it (and what it left running)
+/// prints until the pipes close.
 async fn run_program(
     program: &Path,
     group: &str,
     nodes: &[String],
     file: Option<&Path>,
     timeout: Duration,
-) -> Result<(), String> {
+) -> (Result<(), String>, tokio::task::JoinSet<()>) {
+    let mut readers = tokio::task::JoinSet::new();
     let mut command = tokio::process::Command::new(program);
     command
         .arg(nodes.join(","))
         .env("GPOOL_POWER_GROUP", group)
-        // A group of its own: a program that outlives its timeout is
-        // killed with what it started there.
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -134,13 +142,10 @@ async fn run_program(
     if let Some(file) = file {
         command.arg(file);
     }
-    let mut child = command
-        .spawn()
-        .map_err(|err| format!("cannot start {}: {err}", program.display()))?;
-    // What it prints is logged as it comes. Programs it leaves running
-    // may hold the pipes open, so its exit, not the pipes' end, ends the
-    // wait: what is still unread a moment after is left.
-    let mut readers = tokio::task::JoinSet::new();
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) => return (Err(format!("cannot start {}: {err}", program.display())), readers),
+    };
     let pipes: [(Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>, &'static str); 2] = [
         (child.stdout.take().map(|out| Box::new(out) as _), "stdout"),
         (child.stderr.take().map(|err| Box::new(err) as _), "stderr"),
@@ -155,13 +160,7 @@ async fn run_program(
             }
         });
     }
-    let outcome = wait_for(&mut child, program, timeout).await;
-    let _ = tokio::time::timeout(Duration::from_millis(200), async {
-        while readers.join_next().await.is_some() {}
-    })
-    .await;
-    readers.abort_all();
-    outcome
+    (wait_for(&mut child, program, timeout).await, readers)
 }
 
 async fn wait_for(child: &mut tokio::process::Child, program: &Path, timeout: Duration) -> Result<(), String> {

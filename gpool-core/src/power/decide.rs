@@ -19,6 +19,7 @@ impl Book {
             .nodes
             .iter()
             .filter(|(name, power)| match power.state {
+                _ if tick.closed.contains(*name) => false,
                 PowerState::PoweringUp => true,
                 PowerState::Up => !tick.busy.contains(*name),
                 _ => false,
@@ -28,11 +29,11 @@ impl Book {
         let mut woken: BTreeMap<usize, (Vec<String>, Vec<JobId>)> = BTreeMap::new();
         for job in looked_at {
             let mut nodes = self.room_on(job, &spare, tick.policy);
-            let need = job.shape.nodes as usize - nodes.len();
-            if need > 0 {
-                let Some((group, new)) = self.new_nodes(job, need, tick) else {
+            if nodes.len() < job.shape.nodes as usize {
+                let Some((group, kept, new)) = self.new_nodes(job, &nodes, tick) else {
                     continue;
                 };
+                nodes = kept;
                 for name in &new {
                     let power = self.nodes.get_mut(name).expect("chosen from the book");
                     power.state = PowerState::PoweringUp;
@@ -93,10 +94,16 @@ impl Book {
             .collect()
     }
 
-    /// `need` sleeping nodes to wake for `job`, all of one group: the cheapest
-    /// group per GPU-hour that has enough of them within its budget and
-    /// rate, and is not paused.
-    fn new_nodes(&self, job: &PendingJob, need: usize, tick: &Tick<'_>) -> Option<(usize, Vec<String>)> {
+    /// Sleeping nodes to wake for `job`, all of one group, with those of
+    /// `room` (awake or waking) of the same model it keeps (a gang runs on
+    /// one model): the cheapest group per GPU-hour that has enough of them
+    /// within its budgets and rate, and is not paused.
+    fn new_nodes(
+        &self,
+        job: &PendingJob,
+        room: &[String],
+        tick: &Tick<'_>,
+    ) -> Option<(usize, Vec<String>, Vec<String>)> {
         let mut groups: Vec<usize> = (0..self.groups.len()).collect();
         groups.sort_by(|a, b| {
             self.groups[*a]
@@ -107,10 +114,18 @@ impl Book {
         groups.into_iter().find_map(|index| {
             let group = &self.groups[index];
             let state = &self.states[index];
+            let kept: Vec<String> = room
+                .iter()
+                .filter(|name| self.group_of(name).is_some_and(|other| other.model == group.model))
+                .cloned()
+                .collect();
+            let need = job.shape.nodes as usize - kept.len();
             if self.paused(index, tick.now).is_some() {
                 return None;
             }
-            if group.resume_rate > 0 && state.resumes.len() + need > group.resume_rate as usize {
+            // A gang larger than the rate may have the whole of a minute.
+            let rate = group.resume_rate as usize;
+            if rate > 0 && !state.resumes.is_empty() && state.resumes.len() + need > rate {
                 return None;
             }
             let awake = self
@@ -124,19 +139,20 @@ impl Book {
             if self.over_budget(index, &job.shape.team, need) {
                 return None;
             }
-            let nodes: Vec<String> = group
+            let new: Vec<String> = group
                 .nodes
                 .iter()
                 .filter(|name| {
                     let power = &self.nodes[*name];
                     power.state == PowerState::PoweredDown
                         && power.retry_at <= tick.now
+                        && !tick.closed.contains(*name)
                         && group.serves(name, job, tick.policy)
                 })
                 .take(need)
                 .cloned()
                 .collect();
-            (nodes.len() == need).then_some((index, nodes))
+            (new.len() == need).then_some((index, kept, new))
         })
     }
 
@@ -180,7 +196,8 @@ impl Book {
             if group.suspend_rate > 0 && state.suspends.len() >= group.suspend_rate as usize {
                 continue;
             }
-            if tick.waiting.iter().any(|job| group.serves(name, job, tick.policy)) {
+            let closed = tick.closed.contains(name);
+            if !closed && tick.waiting.iter().any(|job| group.serves(name, job, tick.policy)) {
                 continue;
             }
             power.state = PowerState::PoweringDown;
@@ -196,5 +213,25 @@ impl Book {
                 nodes,
             })
             .collect()
+    }
+}
+
+impl Book {
+    /// When an up node could next be put to sleep, as things stand: the
+    /// earliest end of an idle node's `suspend_after` that no waiting job
+    /// holds off (a minute from now where one is due and waits for the
+    /// rate). A replay looks again then; `None`: nothing could sleep.
+    pub fn next_suspend(&self, tick: &Tick<'_>) -> Option<Timestamp> {
+        self.nodes
+            .iter()
+            .filter(|(_, power)| power.state == PowerState::Up)
+            .filter_map(|(name, power)| {
+                let group = &self.groups[power.group];
+                let due = after(power.idle_since?, group.suspend_after_secs?);
+                let held =
+                    !tick.closed.contains(name) && tick.waiting.iter().any(|job| group.serves(name, job, tick.policy));
+                (!held).then(|| if due > tick.now { due } else { after(tick.now, 60) })
+            })
+            .min()
     }
 }

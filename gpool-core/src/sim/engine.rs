@@ -362,9 +362,9 @@ impl Sim<'_> {
         }
         self.out.cycle();
         self.count_fragmented(&plan);
-        self.power_step(&plan);
         let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
         self.start_all(plan.starts);
+        self.power_step(&plan.pending, &plan.priorities);
         self.keep_holds(&plan.holds, &plan.preemptions);
         for preemption in plan.preemptions {
             self.signal(&preemption);

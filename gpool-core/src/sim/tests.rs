@@ -771,6 +771,13 @@ fn a_cloud_group_wakes_for_waiting_jobs_and_sleeps_when_idle_within_its_budget()
     assert!(power.saved_gpu_hours > 0.0, "{power:?}");
     assert_eq!(with.invariant_violations, 0);
     assert_eq!(with.overcommits, 0);
+    // Nodes that never sleep: the replay still ends, and they are billed
+    // to its end.
+    let mut awake = group(2);
+    awake.suspend_after_secs = None;
+    let never = run(&with_power(gpool.clone(), awake, 300), &jobs);
+    assert_eq!(delays(&never), (150.0, 300.0, 4));
+    assert_eq!(never.power.clone().expect("power").saved_gpu_hours, 0.0);
     // A budget of one node: the third job waits for the first to end.
     let one = run(&with_power(gpool, group(1), 300), &jobs);
     assert_eq!(one.power.clone().expect("power").resumes, 1);

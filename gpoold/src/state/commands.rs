@@ -149,6 +149,11 @@ pub enum Command {
         nodes: Vec<String>,
         why: String,
     },
+    /// A group's `suspend` program ended (whatever its outcome) for these
+    /// nodes.
+    PowerSuspended {
+        nodes: Vec<String>,
+    },
     /// Sends `message` to `node`'s agent now (nothing to make durable).
     ToAgent {
         node: String,

@@ -29,12 +29,20 @@ impl State {
             .map(|(node, _)| node.clone())
             .collect();
         let linked: std::collections::BTreeSet<String> = self.links.keys().cloned().collect();
+        // Drained (by an operator or for a fault), asleep or awake.
+        let closed: std::collections::BTreeSet<String> = self
+            .nodes
+            .values()
+            .filter(|node| node.drain_reason.is_some() && self.power.nodes.contains_key(&node.name))
+            .map(|node| node.name.clone())
+            .collect();
         let actions = self.power.tick(&Tick {
             now,
             waiting: &waiting,
             policy: &self.policy,
             busy: &busy,
             linked: &linked,
+            closed: &closed,
         });
         actions
             .into_iter()
@@ -65,20 +73,22 @@ impl State {
                 let view = match self.waiting.get(&id) {
                     Some(waiting) => (*waiting.view).clone(),
                     // A task that is not a job yet: its array's shape.
-                    None => {
+                    None if !self.jobs.contains_key(&id) => {
                         let (array, _) = self.array_of(id)?;
                         PendingJob {
                             id,
                             ..(*self.waiting.get(&array)?.view).clone()
                         }
                     }
+                    // A task that started since the words.
+                    None => return None,
                 };
                 let position = self.words.of(id).and_then(|said| said.position).unwrap_or(u32::MAX);
                 Some((position, view))
             })
-            .take(gpool_core::power::MAX_LOOKED_AT)
             .collect();
         wanted.sort_by_key(|(position, view)| (*position, view.id));
+        wanted.truncate(gpool_core::power::MAX_LOOKED_AT);
         wanted.into_iter().map(|(_, view)| view).collect()
     }
 

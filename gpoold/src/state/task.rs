@@ -50,6 +50,7 @@ impl Command {
                 | Command::ToAgent { .. }
                 | Command::PowerTick { .. }
                 | Command::PowerFailed { .. }
+                | Command::PowerSuspended { .. }
         )
     }
 }
@@ -346,6 +347,11 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
         Command::AgentGone { node, conn_id } => state.agent_gone(&node, conn_id, now),
         Command::PowerTick { reply } => drop(reply.send(Ok(state.power_tick(now)))),
         Command::PowerFailed { program, nodes, why } => state.power_program_failed(program, &nodes, &why, now, out),
+        Command::PowerSuspended { nodes } => {
+            for node in nodes {
+                state.power.suspend_done(&node, now);
+            }
+        }
         Command::Tick => {
             state.end_unmeetable_dependencies(now, out);
             state.mark_silent_nodes_down(now, out);

@@ -9,10 +9,6 @@ use crate::power::{wants_room, Action, Book, PowerState, Tick};
 use crate::sched::Availability;
 use std::collections::BTreeSet;
 
-/// How often a cycle runs while a group's node is awake, so that idle
-/// nodes are put to sleep in time.
-const POWER_TICK_MS: i64 = 60_000;
-
 /// What power groups cost and saved over a replay.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct PowerOutcome {
@@ -82,15 +78,20 @@ impl PowerSim {
 }
 
 impl Sim<'_> {
-    /// After a cycle: the book's tick over the jobs the plan left waiting
-    /// for room, carried out (resumes wake nodes later, suspends at once).
-    pub(super) fn power_step(&mut self, plan: &Plan) {
+    /// After a cycle's starts: the book's tick over the jobs the plan left
+    /// waiting for room (`pending`, by `priorities`), carried out (resumes
+    /// wake nodes later, suspends at once), and a cycle when an idle node
+    /// could next be put to sleep.
+    pub(super) fn power_step(
+        &mut self,
+        waiting_for: &[(JobId, crate::sched::Reasons)],
+        priorities: &[(JobId, crate::policy::Priority)],
+    ) {
         let Some(power) = self.power.as_mut() else { return };
         let now = self.now;
         let pending: HashMap<JobId, &Arc<PendingJob>> = self.view.pending.iter().map(|job| (job.id, job)).collect();
-        let priority: HashMap<JobId, f64> = plan.priorities.iter().map(|(id, p)| (*id, p.total)).collect();
-        let mut waiting: Vec<PendingJob> = plan
-            .pending
+        let priority: HashMap<JobId, f64> = priorities.iter().map(|(id, p)| (*id, p.total)).collect();
+        let mut waiting: Vec<PendingJob> = waiting_for
             .iter()
             .filter(|(_, reasons)| wants_room(reasons.iter().map(Reject::code)))
             .filter_map(|(id, _)| pending.get(id).map(|job| (***job).clone()))
@@ -111,13 +112,16 @@ impl Sim<'_> {
                 }
             }
         }
-        let actions = power.book.tick(&Tick {
+        let closed = BTreeSet::new();
+        let tick = Tick {
             now,
             waiting: &waiting,
             policy: &self.setup.policy,
             busy: &busy,
             linked: &linked,
-        });
+            closed: &closed,
+        };
+        let actions = power.book.tick(&tick);
         for action in actions {
             match action {
                 Action::Resume { nodes, .. } => {
@@ -137,21 +141,18 @@ impl Sim<'_> {
                             self.view.nodes[*index].availability = Availability::Down;
                         }
                         power.book.gone(&node, now);
+                        power.book.suspend_done(&node, now);
                         power.power_off(&node, now);
                     }
                 }
                 Action::ResumeFailed { .. } => {}
             }
         }
-        let awake = power
-            .book
-            .nodes
-            .values()
-            .any(|node| node.state != PowerState::PoweredDown);
-        if awake && power.next_tick.is_none_or(|at| at <= now) {
-            let at = Timestamp(now.0 + POWER_TICK_MS);
-            power.next_tick = Some(at);
-            self.events.push(Reverse((at, Event::PowerTick)));
+        if let Some(at) = power.book.next_suspend(&tick) {
+            if power.next_tick.is_none_or(|next| next <= now || at < next) {
+                power.next_tick = Some(at);
+                self.events.push(Reverse((at, Event::PowerTick)));
+            }
         }
     }
 
