@@ -176,6 +176,11 @@ fn render_power(registry: &mut Registry, state: &State) {
         "power_cost_per_hour",
         "What the GPUs of each [[power]] group's up nodes cost an hour, at its price_per_gpu_hour",
     );
+    let hours = gauge(
+        registry,
+        "power_gpu_hours",
+        "GPU-hours each [[power]] group's nodes were awake this [sharing] period (since gpoold started, if later)",
+    );
     let now = crate::wall_clock();
     for (index, group) in state.power.groups.iter().enumerate() {
         let labels = |extra: Option<(&'static str, String)>| {
@@ -200,6 +205,7 @@ fn render_power(registry: &mut Registry, state: &State) {
         }
         let standing = &state.power.states[index];
         resumes.get_or_create(&labels(None)).set(standing.n_resumes as f64);
+        hours.get_or_create(&labels(None)).set(standing.gpu_ms / 3_600_000.0);
         failed.get_or_create(&labels(None)).set(standing.n_failed as f64);
         let is_paused = state.power.paused(index, now).is_some();
         paused.get_or_create(&labels(None)).set(f64::from(u8::from(is_paused)));
