@@ -2,7 +2,10 @@
 //! cloud on demand, and the programs that wake and suspend them.
 
 use super::*;
-use gpool_core::power::{hostlist, Group};
+use gpool_core::power::{
+    hostlist, Group, DEFAULT_PAUSE_AFTER_FAILURES, DEFAULT_PAUSE_SECS, DEFAULT_RESUME_TIMEOUT_SECS,
+    DEFAULT_SUSPEND_AFTER_SECS, DEFAULT_SUSPEND_TIMEOUT_SECS,
+};
 
 /// `[[power]]` as written.
 #[derive(Deserialize)]
@@ -53,11 +56,6 @@ pub struct PowerGroup {
 
 /// The most GPUs a node of a group may have.
 pub const MAX_GPUS: u32 = 1024;
-pub const DEFAULT_SUSPEND_AFTER_SECS: u64 = 600;
-pub const DEFAULT_RESUME_TIMEOUT_SECS: u64 = 300;
-pub const DEFAULT_SUSPEND_TIMEOUT_SECS: u64 = 120;
-pub const DEFAULT_PAUSE_AFTER_FAILURES: u32 = 3;
-pub const DEFAULT_PAUSE_SECS: u64 = 1800;
 
 pub(crate) fn power_of(
     groups: Vec<toml::Spanned<PowerFile>>,

@@ -298,7 +298,10 @@ fn power_groups_expand_their_nodes_and_name_each_mistake() {
     assert_eq!(power.group.nodes, ["c-1", "c-2", "c-3"]);
     assert_eq!(power.group.price_per_gpu_hour, 4.1, "the model's price by default");
     assert_eq!(power.group.suspend_after_secs, None);
-    assert_eq!(power.group.resume_timeout_secs, power::DEFAULT_RESUME_TIMEOUT_SECS);
+    assert_eq!(
+        power.group.resume_timeout_secs,
+        gpool_core::power::DEFAULT_RESUME_TIMEOUT_SECS
+    );
     assert_eq!(power.group.max_nodes, Some(2));
     for (extra, wanted) in [
         ("resume_timeout = \"soon\"\n", "power \"cloud\": resume_timeout:"),

@@ -220,57 +220,6 @@ fn secs_since(now: Timestamp, then: Timestamp) -> u64 {
     u64::try_from(now.0.saturating_sub(then.0) / 1000).unwrap_or(0)
 }
 
-impl Group {
-    /// Whether `job` could run on `node` of this group once it is up: its
-    /// GPUs per node, model, GPU memory, pool and node requirements.
-    pub fn serves(&self, node: &str, job: &PendingJob, policy: &Policy) -> bool {
-        job.shape.gpus_per_node <= self.gpus
-            && job.shape.gpus_per_node > 0
-            && self.model.accepted_by(&job.shape.gpu_types)
-            && self.gpu_memory_mib.is_none_or(|mib| job.allows_memory(mib))
-            && policy
-                .pool(&job.shape.pool)
-                .is_some_and(|pool| pool.selects(&self.labels))
-            && job
-                .shape
-                .requires
-                .as_deref()
-                .is_none_or(|requires| requires.allows_node(node, &self.labels))
-    }
-
-    /// `node` as it will register: for the submit-time check of what the
-    /// fleet could ever run.
-    pub fn node_as_registered(&self, node: &str) -> Node {
-        let gpus = (0..self.gpus)
-            .map(|index| Gpu {
-                index,
-                uuid: String::new(),
-                model: self.model.clone(),
-                memory_mib: self.gpu_memory_mib.unwrap_or(u64::MAX / 2),
-                pci_bus_id: String::new(),
-                mig_parent: None,
-                numa_node: None,
-                compute_capability: String::new(),
-            })
-            .collect();
-        Node {
-            name: node.to_string(),
-            gpus,
-            labels: self.labels.clone(),
-            drain_reason: None,
-            drained_by: None,
-            alive: true,
-            topology: Default::default(),
-            gpus_out: BTreeMap::new(),
-            health_drain: None,
-            health_log: Vec::new(),
-            boot_id: String::new(),
-            cpus: 0,
-            memory_bytes: 0,
-        }
-    }
-}
-
 impl Book {
     /// Every node of `groups` powered down, as at a controller's start (a
     /// node that is in fact up registers and is taken as up).
@@ -312,6 +261,14 @@ impl Book {
             }
         }
         next.counted_at = self.counted_at;
+        next.waits = std::mem::take(&mut self.waits);
+        // Failures not yet handed out, of groups that remain.
+        for (old, node, why) in std::mem::take(&mut self.failed) {
+            let name = &self.groups[old].name;
+            if let Some(index) = next.groups.iter().position(|group| &group.name == name) {
+                next.failed.push((index, node, why));
+            }
+        }
         *self = next;
     }
 
@@ -570,7 +527,9 @@ impl NodePower {
 }
 
 mod decide;
+mod group;
 pub use decide::MAX_LOOKED_AT;
+pub use group::*;
 pub mod hostlist;
 
 #[cfg(test)]

@@ -27,6 +27,12 @@ pub async fn run(handle: StateHandle, dir: PathBuf) {
             _ = ticker.tick() => {}
             Some(_) = programs.join_next() => continue,
         }
+        // Without groups (until a reload brings some) the state task is
+        // left alone.
+        let no_groups = handle.shared.read().map_or(true, |state| state.power.groups.is_empty());
+        if no_groups {
+            continue;
+        }
         let Ok(actions) = handle.call(|reply| Command::PowerTick { reply }).await else {
             break;
         };

@@ -3,25 +3,13 @@ use crate::testing::cluster_view;
 use proptest::prelude::*;
 
 fn group(name: &str, prefix: &str, n: usize, model: &str, gpus: u32, price: f64) -> Group {
+    let nodes = (1..=n).map(|i| format!("{prefix}{i}")).collect();
     Group {
-        name: name.to_string(),
-        nodes: (1..=n).map(|i| format!("{prefix}{i}")).collect(),
-        model: GpuModel::new(model),
-        gpus,
         gpu_memory_mib: Some(81_920),
-        labels: BTreeMap::new(),
-        price_per_gpu_hour: price,
-        suspend_after_secs: Some(600),
         resume_timeout_secs: 60,
         suspend_timeout_secs: 60,
-        resume_rate: 0,
-        suspend_rate: 0,
-        max_nodes: None,
-        max_gpu_hours: None,
-        max_nodes_per_team: None,
-        max_gpu_hours_per_team: None,
-        pause_after_failures: 3,
         pause_secs: 600,
+        ..Group::new(name, nodes, GpuModel::new(model), gpus, price)
     }
 }
 

@@ -736,24 +736,8 @@ fn a_cloud_group_wakes_for_waiting_jobs_and_sleeps_when_idle_within_its_budget()
     let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
     let gpool = pooled("gpool", &cluster, sharing_policy(&cluster, &guarantees), &guarantees);
     let group = |max_nodes| crate::power::Group {
-        name: "cloud".into(),
-        nodes: vec!["c1".into(), "c2".into()],
-        model: GpuModel::new("h100"),
-        gpus: 8,
-        gpu_memory_mib: None,
-        labels: BTreeMap::new(),
-        price_per_gpu_hour: 2.0,
-        suspend_after_secs: Some(600),
-        resume_timeout_secs: 0,
-        suspend_timeout_secs: 0,
-        resume_rate: 0,
-        suspend_rate: 0,
         max_nodes: Some(max_nodes),
-        max_gpu_hours: None,
-        max_nodes_per_team: None,
-        max_gpu_hours_per_team: None,
-        pause_after_failures: 0,
-        pause_secs: 0,
+        ..crate::power::Group::new("cloud", vec!["c1".into(), "c2".into()], GpuModel::new("h100"), 8, 2.0)
     };
     let without = run(&gpool, &jobs);
     assert_eq!(delays(&without), (2700.0, 7200.0, 4));

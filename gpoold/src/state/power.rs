@@ -6,7 +6,7 @@
 //! idempotent).
 
 use super::*;
-use gpool_core::power::{wants_room, Action, Book, Tick};
+use gpool_core::power::{wants_room, Action, Tick};
 
 /// What a tick asks gpoold to run: an action and its group's programs.
 #[derive(Debug, Clone)]
@@ -134,8 +134,4 @@ impl State {
             self.power.registered(&node, now);
         }
     }
-}
-
-pub(super) fn new_book() -> Book {
-    Book::default()
 }

@@ -61,7 +61,7 @@ impl State {
             gpu_watch: HashMap::new(),
             health_checks: HashMap::new(),
             running_on: HashMap::new(),
-            power: power::new_book(),
+            power: Default::default(),
             power_programs: Vec::new(),
         };
         state.set_power(&config.power, crate::wall_clock());

@@ -26,6 +26,12 @@ pub(super) fn setups(
             "--cloud: --cloud-nodes, --cloud-budget and --suspend-after need at least one".into(),
         ));
     }
+    if let Some(price) = args.cloud_price.filter(|price| !(*price >= 0.0 && price.is_finite())) {
+        return Err(CliError::Usage(format!("--cloud-price {price}: not a price")));
+    }
+    if args.cloud_budget.contains(&0) {
+        return Err(CliError::Usage("--cloud-budget: each budget is at least 1 node".into()));
+    }
     let price = args.cloud_price.or_else(|| prices.get(&model).copied()).unwrap_or(0.0);
     let mut setups = vec![sim::Setup {
         name: "no cloud".into(),
@@ -40,25 +46,11 @@ pub(super) fn setups(
             ),
         };
         for budget in &args.cloud_budget {
+            let nodes = (1..=args.cloud_nodes).map(|i| format!("cloud-{i:03}")).collect();
             let group = Group {
-                name: "cloud".into(),
-                nodes: (1..=args.cloud_nodes).map(|i| format!("cloud-{i:03}")).collect(),
-                model: model.clone(),
-                gpus,
-                gpu_memory_mib: None,
-                labels: Default::default(),
-                price_per_gpu_hour: price,
                 suspend_after_secs,
-                resume_timeout_secs: 0,
-                suspend_timeout_secs: 0,
-                resume_rate: 0,
-                suspend_rate: 0,
                 max_nodes: Some(*budget),
-                max_gpu_hours: None,
-                max_nodes_per_team: None,
-                max_gpu_hours_per_team: None,
-                pause_after_failures: 0,
-                pause_secs: 0,
+                ..Group::new("cloud", nodes, model.clone(), gpus, price)
             };
             let mut setup = sim::with_power(gpool.clone(), group, args.resume_delay.as_secs());
             setup.name = format!("{after}/{budget}");
