@@ -318,7 +318,7 @@ impl State {
     /// (or stored) one after another alike share one.
     fn share_spec(&mut self, spec: Arc<JobSpec>) -> Arc<JobSpec> {
         match &self.last_spec {
-            Some(last) if **last == *spec => last.clone(),
+            Some(last) if Arc::ptr_eq(last, &spec) || **last == *spec => last.clone(),
             _ => {
                 self.last_spec = Some(spec.clone());
                 spec

@@ -75,9 +75,24 @@ impl State {
     /// Interns the loaded jobs' environments and shares their alike specs.
     fn share_loaded_specs(&mut self) {
         let mut jobs = std::mem::take(&mut self.jobs);
+        // The store shares one Arc among alike environments: each is
+        // interned once, not hashed again for every job that has it. The
+        // map holds the loaded Arc too, so that its address stays its own.
+        type Env = Arc<[(String, String)]>;
+        let mut interned: HashMap<*const [(String, String)], (Env, Env)> = HashMap::new();
         for job in jobs.values_mut() {
-            let env = self.intern_env(&job.spec.env);
-            Arc::make_mut(&mut job.spec).env = env;
+            let loaded = Arc::as_ptr(&job.spec.env);
+            let env = match interned.get(&loaded) {
+                Some((_, env)) => env.clone(),
+                None => {
+                    let env = self.intern_env(&job.spec.env);
+                    interned.insert(loaded, (job.spec.env.clone(), env.clone()));
+                    env
+                }
+            };
+            if !Arc::ptr_eq(&env, &job.spec.env) {
+                Arc::make_mut(&mut job.spec).env = env;
+            }
             job.spec = self.share_spec(job.spec.clone());
         }
         self.jobs = jobs;

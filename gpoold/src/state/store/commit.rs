@@ -15,10 +15,11 @@ pub(super) enum TreeId {
     Ended = 6,
     EndedByTime = 7,
     Envs = 8,
+    EnvSets = 9,
 }
 
 impl TreeId {
-    const ALL: [TreeId; 9] = [
+    const ALL: [TreeId; 10] = [
         TreeId::Jobs,
         TreeId::Nodes,
         TreeId::Meta,
@@ -28,6 +29,7 @@ impl TreeId {
         TreeId::Ended,
         TreeId::EndedByTime,
         TreeId::Envs,
+        TreeId::EnvSets,
     ];
 }
 
@@ -105,9 +107,34 @@ pub struct Commit<'a> {
     pub(super) store: &'a Store,
     pub records: Records,
     pub(super) log: Option<RedoWriter>,
+    /// The environment sets this batch adds: forgotten unless it is
+    /// written.
+    pub(super) new_env_sets: Vec<std::sync::Arc<[(String, String)]>>,
+    pub(super) written: bool,
+}
+
+impl Drop for Commit<'_> {
+    fn drop(&mut self) {
+        if !self.written {
+            self.store.env_sets.forget(&self.new_env_sets);
+        }
+    }
 }
 
 impl Commit<'_> {
+    /// A new job's environment (its record leaves it out): a reference to
+    /// its set, and the set where it is new.
+    pub fn job_env(&mut self, job: &Job) -> Result<(), Error> {
+        let (key, added) = self.store.env_sets.key_for(&job.spec.env, &mut self.records.entries)?;
+        if added {
+            self.new_env_sets.push(job.spec.env.clone());
+        }
+        self.records
+            .entries
+            .push((TreeId::Envs, job.id.0.to_be_bytes().to_vec(), Some(reference(key))));
+        Ok(())
+    }
+
     /// Moves the whole parts of the records added so far to the redo log
     /// once they are more than one transaction writes.
     pub fn spill_if_full(&mut self) -> Result<(), Error> {
@@ -135,16 +162,19 @@ impl Commit<'_> {
     /// redo log is marked to be applied, whole at the next open.
     pub fn finish(mut self) -> Result<(), Error> {
         if self.log.is_none() && self.records.entries.len() <= MAX_AT_ONCE {
-            if self.records.entries.is_empty() {
-                return Ok(());
+            if !self.records.entries.is_empty() {
+                self.store.apply(&self.records.entries)?;
             }
-            return self.store.apply(&self.records.entries);
+            self.written = true;
+            return Ok(());
         }
         self.spill(self.records.entries.len())?;
         if let Some(log) = self.log.take() {
             log.finish()?;
         }
-        self.store.apply_redo_log()
+        self.store.apply_redo_log()?;
+        self.written = true;
+        Ok(())
     }
 }
 
@@ -170,15 +200,6 @@ impl Records {
     pub fn node(&mut self, node: &Node) {
         self.entries
             .push((TreeId::Nodes, node.name.as_bytes().to_vec(), Some(encode(node))));
-    }
-
-    /// A new job's environment (its record leaves it out).
-    pub fn job_env(&mut self, job: &Job) {
-        self.entries.push((
-            TreeId::Envs,
-            job.id.0.to_be_bytes().to_vec(),
-            Some(encode(&job.spec.env)),
-        ));
     }
 
     /// Removes an ended job (past its retention), which ended at

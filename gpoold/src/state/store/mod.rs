@@ -35,8 +35,10 @@ use std::sync::Arc;
 /// Version 2 moved ended jobs from `jobs` to `ended`; version 3 moved each
 /// job's environment out of its record, to `envs`; version 4 moved a large
 /// batch's redo log from the `redo` tree to a file (an older gpoold would
-/// not see the file, so it must refuse the state dir).
-pub const SCHEMA_VERSION: u32 = 4;
+/// not see the file, so it must refuse the state dir); version 5 stores
+/// each distinct environment once, in `env_sets`, and a reference to it in
+/// `envs` (an older gpoold would not read the references).
+pub const SCHEMA_VERSION: u32 = 5;
 const RECORD_VERSION: u8 = 1;
 const META_SCHEMA: &[u8] = b"schema_version";
 /// Present while the redo log file is to be applied (`Store::apply_redo_log`).
@@ -57,8 +59,11 @@ pub struct Store {
     /// (`time_key`): the ones past retention are one range.
     ended_by_time: sled::Tree,
     /// Each job's environment, by job id: written once, at submit (the
-    /// job's record leaves it out, so its rewrites stay small).
+    /// job's record leaves it out, so its rewrites stay small), as a
+    /// reference to a set in `env_sets` (`envs.rs`).
     envs: sled::Tree,
+    /// Each distinct environment once.
+    env_sets: EnvSets,
     nodes: sled::Tree,
     meta: sled::Tree,
     /// Each team's usage ledger, by team name.
@@ -159,6 +164,7 @@ impl Store {
             ended: db.open_tree("ended")?,
             ended_by_time: db.open_tree("ended_by_time")?,
             envs: db.open_tree("envs")?,
+            env_sets: EnvSets::new(db.open_tree("env_sets")?),
             nodes: db.open_tree("nodes")?,
             meta: db.open_tree("meta")?,
             usage: db.open_tree("usage")?,
@@ -213,9 +219,10 @@ impl Store {
     /// From schema `found` to this one, in one transaction; the schema
     /// says so once that is on disk. To 2: ended jobs move from `jobs` to
     /// `ended`. To 3: each job's environment moves out of its record (which
-    /// is rewritten without it) to `envs`. To 4: nothing moves.
+    /// is rewritten without it) to `envs`. To 4 and 5: nothing moves (an
+    /// environment written whole in `envs` is read as such).
     fn migrate(&self, found: u32) -> Result<(), Error> {
-        let mut records = Records::default();
+        let mut commit = self.begin();
         let (mut n_moved, mut n_envs) = (0, 0);
         let trees = [(&self.jobs, "jobs"), (&self.ended, "ended")];
         let rewritten = if found < 3 { trees.as_slice() } else { &[] };
@@ -226,14 +233,14 @@ impl Store {
                 if found < 2 && job.state.is_finished() {
                     n_moved += 1;
                 }
-                records.job(&job);
+                commit.records.job(&job);
                 if !job.spec.env.is_empty() {
-                    records.job_env(&job);
+                    commit.job_env(&job)?;
                     n_envs += 1;
                 }
             }
         }
-        self.commit(records)?;
+        commit.finish()?;
         self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
         self.db.flush()?;
         tracing::info!(
@@ -254,7 +261,7 @@ impl Store {
         let ended = self.ended_jobs();
         jobs.extend(ended.needed_by(&jobs)?);
         jobs.sort_unstable_by_key(|job| job.id);
-        self.load_envs(&mut jobs)?;
+        self.env_sets.load(&self.envs, &self.job_files, &mut jobs)?;
         let nodes: Vec<Node> = self
             .nodes
             .iter()
@@ -309,34 +316,6 @@ impl Store {
         })
     }
 
-    /// Gives each loaded job its environment.
-    fn load_envs(&self, jobs: &mut [Job]) -> Result<(), Error> {
-        // Jobs from one shell share an environment: each is decoded once.
-        let mut decoded: std::collections::HashMap<sled::IVec, std::sync::Arc<[(String, String)]>> =
-            std::collections::HashMap::new();
-        for job in jobs.iter_mut() {
-            let key = job.id.0.to_be_bytes();
-            // None: a job submitted with no environment at all. A job read
-            // from a history file has its environment there.
-            let value = match self.envs.get(key)? {
-                Some(value) => value,
-                None => match self.job_files.get(&key)?.and_then(|record| record.extra) {
-                    Some(value) => value.into(),
-                    None => continue,
-                },
-            };
-            let spec = std::sync::Arc::make_mut(&mut job.spec);
-            if let Some(env) = decoded.get(&value) {
-                spec.env = env.clone();
-                continue;
-            }
-            let env: Vec<(String, String)> = decode("envs", &key, &value)?;
-            spec.env = env.into();
-            decoded.insert(value, job.spec.env.clone());
-        }
-        Ok(())
-    }
-
     /// A u64 counter in `meta`; 1 when absent.
     fn meta_counter(&self, key: &[u8], name: &str) -> Result<u64, Error> {
         match self.meta.get(key)? {
@@ -360,18 +339,26 @@ impl Store {
         commit.finish()
     }
 
+    /// Removes the environment sets no job refers to any more, once
+    /// enough were added. Between commits only (`EnvSets::collect_if_due`).
+    pub fn collect_env_sets_if_due(&self) -> Result<(), Error> {
+        self.env_sets.collect_if_due(&self.envs).map(drop)
+    }
+
     /// A batch of writes, built up in `Commit::records`.
     pub fn begin(&self) -> Commit<'_> {
         Commit {
             store: self,
             records: Records::default(),
             log: None,
+            new_env_sets: Vec::new(),
+            written: false,
         }
     }
 
     /// `entries` in one sled transaction.
     fn apply(&self, entries: &[Entry]) -> Result<(), Error> {
-        let trees: [&sled::Tree; 9] = [
+        let trees: [&sled::Tree; 10] = [
             &self.jobs,
             &self.nodes,
             &self.meta,
@@ -381,6 +368,7 @@ impl Store {
             &self.ended,
             &self.ended_by_time,
             &self.envs,
+            &self.env_sets.tree,
         ];
         trees[..]
             .transaction(|views| {
@@ -543,6 +531,7 @@ impl Store {
             jobs: self.ended.clone(),
             by_time: self.ended_by_time.clone(),
             envs: self.envs.clone(),
+            env_sets: self.env_sets.tree.clone(),
             files: self.job_files.clone(),
         }
     }
@@ -558,6 +547,9 @@ impl Store {
 }
 
 mod commit;
+mod envs;
+#[cfg(test)]
+mod envs_tests;
 mod readers;
 mod seal;
 #[cfg(test)]
@@ -565,6 +557,7 @@ mod tests;
 
 use commit::*;
 pub use commit::{Commit, Records};
+use envs::*;
 use readers::*;
 pub use readers::{Accounting, EndedJobs};
 pub use seal::Sealer;

@@ -85,6 +85,7 @@ pub struct EndedJobs {
     pub(super) jobs: sled::Tree,
     pub(super) by_time: sled::Tree,
     pub(super) envs: sled::Tree,
+    pub(super) env_sets: sled::Tree,
     pub(super) files: Arc<Archive>,
 }
 
@@ -105,7 +106,7 @@ impl EndedJobs {
     pub fn with_env(&self, mut job: Job) -> Result<Job, Error> {
         let key = job.id.0.to_be_bytes();
         let value = match self.envs.get(key)? {
-            Some(value) => Some(value.to_vec()),
+            Some(value) => Some(resolve(&self.env_sets, &key, value)?.to_vec()),
             None => self.files.get(&key)?.and_then(|record| record.extra),
         };
         if let Some(value) = value {

@@ -68,7 +68,7 @@ impl Sealer {
                 // Sealed before and written again since: its environment
                 // left sled with the first seal.
                 let extra = match ended.envs.get(id)? {
-                    Some(env) => Some(env.to_vec()),
+                    Some(env) => Some(resolve(&ended.env_sets, &id, env)?.to_vec()),
                     None => ended.files.get(&id)?.and_then(|record| record.extra),
                 };
                 Ok(Some(Record {
@@ -117,8 +117,17 @@ impl Sealer {
                 continue;
             }
             n_removed += 1;
-            if let Some(env) = &record.extra {
-                ended.envs.compare_and_swap(&record.key, Some(env), None::<&[u8]>)?.ok();
+            // The entry as sled holds it, the environment or a reference
+            // to its set, goes if it stands for the one sealed.
+            let stored = ended.envs.get(&record.key)?;
+            if let (Some(env), Some(stored)) = (&record.extra, stored) {
+                let same = resolve(&ended.env_sets, &record.key, stored.clone()).is_ok_and(|found| found == env[..]);
+                if same {
+                    ended
+                        .envs
+                        .compare_and_swap(&record.key, Some(stored), None::<&[u8]>)?
+                        .ok();
+                }
             }
         }
         Ok(n_removed)

@@ -169,15 +169,15 @@ fn ended_jobs_1_to(store: &Store, n: u64) {
 }
 
 fn ended_jobs_from_to(store: &Store, first: u64, n: u64) {
-    let mut records = Records::default();
+    let mut commit = store.begin();
     for id in first..=n {
         let mut job = job(id, JobState::Pending);
         Arc::make_mut(&mut job.spec).env = vec![("ID".to_string(), id.to_string())].into();
-        records.job_env(&job);
+        commit.job_env(&job).expect("env");
         job.state = cancelled_at(1000 * id as i64);
-        records.job(&job);
+        commit.records.job(&job);
     }
-    store.commit(records).expect("commit");
+    commit.finish().expect("commit");
 }
 
 fn ids(jobs: impl Iterator<Item = Result<Job, Error>>) -> Vec<u64> {
