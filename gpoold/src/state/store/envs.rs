@@ -33,6 +33,9 @@ pub(super) struct EnvSets {
 struct Known {
     by_env: HashMap<Env, u64>,
     keys: HashSet<u64>,
+    /// The last environment asked for, held so that its address stays its
+    /// own: a batch's jobs share one, found by pointer, not by hash.
+    last: Option<(Env, u64)>,
     /// Sets added since the last collection.
     added: usize,
 }
@@ -91,8 +94,14 @@ impl EnvSets {
     /// record is then pushed on `entries`).
     pub(super) fn key_for(&self, env: &Env, entries: &mut Vec<Entry>) -> Result<(u64, bool), Error> {
         let mut known = self.known();
-        if let Some(key) = known.by_env.get(env) {
-            return Ok((*key, false));
+        if let Some((last, key)) = &known.last {
+            if Arc::ptr_eq(last, env) {
+                return Ok((*key, false));
+            }
+        }
+        if let Some(key) = known.by_env.get(env).copied() {
+            known.last = Some((env.clone(), key));
+            return Ok((key, false));
         }
         let encoded = encode(env);
         let mut key = content_key(&encoded);
@@ -112,6 +121,7 @@ impl EnvSets {
         };
         known.by_env.insert(env.clone(), key);
         known.keys.insert(key);
+        known.last = Some((env.clone(), key));
         known.added += usize::from(added);
         Ok((key, added))
     }
@@ -124,6 +134,7 @@ impl EnvSets {
                 known.keys.remove(&key);
             }
         }
+        known.last = None;
     }
 
     /// Removes the sets no entry of `envs` refers to, once enough were
@@ -155,6 +166,7 @@ impl EnvSets {
         }
         known.by_env.retain(|_, key| used.contains(key));
         known.keys.retain(|key| used.contains(key));
+        known.last = None;
         known.added = 0;
         Ok(n_removed)
     }
