@@ -206,3 +206,38 @@ fn a_batch_is_whole_or_absent_across_kill_9() {
         acked.len()
     );
 }
+
+/// Jobs from two shells wait through kill -9: arrays and separate jobs,
+/// each with its shell's environment (stored once per environment), run
+/// after the restart with their own, never the other shell's.
+#[test]
+fn waiting_jobs_keep_their_shells_environment_across_kill_9() {
+    let mut cluster = Cluster::start();
+    let out = cluster.dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let write_tag = |name: &str| format!("echo \"$SHELL_TAG\" > {}/{name}", out.display());
+    let mut expected = BTreeMap::new();
+    for shell in ["first", "second"] {
+        let tag = format!("--env=SHELL_TAG={shell}");
+        let array_cmd = write_tag(&format!("{shell}-array-$GPOOL_ARRAY_TASK_ID"));
+        cluster.submit(&[tag.as_str(), "--array", "0-2", "--", "sh", "-c", &array_cmd]);
+        for task in 0..3 {
+            expected.insert(format!("{shell}-array-{task}"), shell);
+        }
+        for job in 0..2 {
+            let name = format!("{shell}-job-{job}");
+            cluster.submit(&[tag.as_str(), "--", "sh", "-c", &write_tag(&name)]);
+            expected.insert(name, shell);
+        }
+    }
+    cluster.controller().kill9();
+    cluster.start_controller();
+    cluster.start_agent("n1", 2);
+    for (name, shell) in &expected {
+        let path = out.join(name);
+        let tag = wait_until(&format!("{name} to run"), Duration::from_secs(30), || {
+            std::fs::read_to_string(&path).ok().filter(|text| text.ends_with('\n'))
+        });
+        assert_eq!(tag.trim(), *shell, "{name} ran with another shell's environment");
+    }
+}

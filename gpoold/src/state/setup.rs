@@ -75,19 +75,18 @@ impl State {
     /// Interns the loaded jobs' environments and shares their alike specs.
     fn share_loaded_specs(&mut self) {
         let mut jobs = std::mem::take(&mut self.jobs);
-        // The store shares one Arc among alike environments: each is
-        // interned once, not hashed again for every job that has it. The
-        // map holds the loaded Arc too, so that its address stays its own.
+        // The store gives alike environments one Arc, and such jobs come
+        // one after another: the last one's is compared by pointer, not
+        // hashed again for every job that has it.
         type Env = Arc<[(String, String)]>;
-        let mut interned: HashMap<*const [(String, String)], (Env, Env)> = HashMap::new();
+        let mut last: Option<(Env, Env)> = None;
         for job in jobs.values_mut() {
-            let loaded = Arc::as_ptr(&job.spec.env);
-            let env = match interned.get(&loaded) {
-                Some((_, env)) => env.clone(),
-                None => {
-                    let env = self.intern_env(&job.spec.env);
-                    interned.insert(loaded, (job.spec.env.clone(), env.clone()));
-                    env
+            let env = match &last {
+                Some((loaded, interned)) if Arc::ptr_eq(loaded, &job.spec.env) => interned.clone(),
+                _ => {
+                    let interned = self.intern_env(&job.spec.env);
+                    last = Some((job.spec.env.clone(), interned.clone()));
+                    interned
                 }
             };
             if !Arc::ptr_eq(&env, &job.spec.env) {

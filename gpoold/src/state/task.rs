@@ -380,16 +380,16 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
     // end) is encoded once.
     let mut jobs_written = std::collections::HashSet::new();
     for write in writes {
-        if let Write::JobEnv(id) = write {
-            if let Some(job) = state.jobs.get(id) {
-                commit.job_env(job)?;
-            }
-        }
         let records = &mut commit.records;
         match write {
             Write::Job(id) if !jobs_written.insert(*id) => {}
             Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
-            Write::JobEnv(_) => {}
+            // Its environment's set may be new: the commit looks it up.
+            Write::JobEnv(id) => {
+                if let Some(job) = state.jobs.get(id) {
+                    commit.job_env(job)?;
+                }
+            }
             Write::Node(name) | Write::NodeFaultSeen(name) => {
                 state.nodes.get(name).into_iter().for_each(|node| records.node(node))
             }
@@ -415,7 +415,12 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
         commit.spill_if_full()?;
     }
     commit.finish()?;
-    store.collect_env_sets_if_due()
+    // Housekeeping once the batch is written: a failure only leaves
+    // unused sets for the next try.
+    if let Err(err) = store.collect_env_sets_if_due() {
+        tracing::warn!("removing unused environment sets: {err}");
+    }
+    Ok(())
 }
 
 /// The flusher: one blocking thread that makes a batch durable with one

@@ -154,7 +154,13 @@ impl EnvSets {
 
     /// Removes every set but `used`, from sled and from what is known.
     fn keep_only(&self, used: &HashSet<u64>) -> Result<usize, Error> {
+        // Forgotten first: a removal that fails half way leaves sets in
+        // sled that no write takes for known, never the other way round.
         let mut known = self.known();
+        known.by_env.retain(|_, key| used.contains(key));
+        known.keys.retain(|key| used.contains(key));
+        known.last = None;
+        known.added = 0;
         let mut n_removed = 0;
         for entry in self.tree.iter() {
             let (key, _) = entry?;
@@ -164,10 +170,6 @@ impl EnvSets {
                 n_removed += 1;
             }
         }
-        known.by_env.retain(|_, key| used.contains(key));
-        known.keys.retain(|key| used.contains(key));
-        known.last = None;
-        known.added = 0;
         Ok(n_removed)
     }
 
