@@ -103,20 +103,20 @@ fn states(cluster: &Cluster) -> BTreeMap<u64, String> {
         .collect()
 }
 
-/// Submits batches of `BATCH` jobs named after the batch until gpool fails;
-/// returns the names of the acknowledged batches.
+/// Submits batches of jobs named after the batch (`batch_size` of its
+/// round) until gpool fails; returns the names of the acknowledged batches.
 fn submit_batches_until_refused(addr: String, dir: std::path::PathBuf, worker_idx: usize) -> Vec<String> {
     let mut acked = Vec::new();
     for round in 0.. {
         let name = format!("k{worker_idx}-{round}");
-        let args_owned: Vec<String> = if round % 4 == 3 {
+        let args_owned: Vec<String> = if batch_size(round) == 1 {
             ["submit", "--output", "json", "--name", &name, "--", "true"]
                 .map(String::from)
                 .to_vec()
         } else {
             let file = dir.join(format!("{name}.toml"));
             let job = format!("[[job]]\nname = \"{name}\"\ncommand = [\"true\"]\n");
-            std::fs::write(&file, job.repeat(BATCH)).expect("write batch file");
+            std::fs::write(&file, job.repeat(batch_size(round))).expect("write batch file");
             vec![
                 "submit".into(),
                 "--output".into(),
@@ -138,9 +138,16 @@ fn submit_batches_until_refused(addr: String, dir: std::path::PathBuf, worker_id
     acked
 }
 
-/// Two records a job (its record and its environment): more than one sled
-/// transaction writes (1,024), so every batch goes through the redo log.
-const BATCH: usize = 600;
+/// The jobs of round `round`'s submission: a single job, a batch one sled
+/// transaction writes, or a batch of more records (one a job) than one
+/// transaction writes (1,024), which goes through the redo log.
+fn batch_size(round: usize) -> usize {
+    match round % 4 {
+        3 => 1,
+        1 => 1_100,
+        _ => 600,
+    }
+}
 
 /// `kill -9` at random moments during batch and single submits from
 /// parallel clients: every acknowledged submission is there in full after a
@@ -189,11 +196,10 @@ fn a_batch_is_whole_or_absent_across_kill_9() {
     let mut expected_acked: BTreeMap<String, usize> = BTreeMap::new();
     for name in &acked {
         let round: usize = name.rsplit('-').next().unwrap().parse().unwrap();
-        *expected_acked.entry(name.clone()).or_default() += if round % 4 == 3 { 1 } else { BATCH };
+        *expected_acked.entry(name.clone()).or_default() += batch_size(round);
     }
     for (name, n_jobs) in &found {
-        let single = name.rsplit('-').next().unwrap().parse::<usize>().unwrap() % 4 == 3;
-        let unit = if single { 1 } else { BATCH };
+        let unit = batch_size(name.rsplit('-').next().unwrap().parse::<usize>().unwrap());
         assert_eq!(n_jobs % unit, 0, "submission {name} is on disk in part: {n_jobs} jobs");
     }
     for (name, n_jobs) in &expected_acked {

@@ -62,7 +62,6 @@ impl State {
             progress.next_position = next_position;
         }
         out.writes.push(Write::Job(id));
-        out.writes.push(Write::JobEnv(id));
         out.writes.push(Write::Job(array_id));
         out.changed.push(id);
         true

@@ -189,8 +189,6 @@ enum Write {
     /// cycle reads.
     NodeFaultSeen(String),
     ForgetNode(String),
-    /// A new job's environment, kept apart from its record.
-    JobEnv(JobId),
     /// Removes an ended job's record (which ended then).
     ForgetJob(JobId, Timestamp),
     NextJobId,

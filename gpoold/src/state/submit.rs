@@ -201,7 +201,6 @@ impl State {
             self.refresh_waiting(id);
             ids.push(id);
             writes.push(Write::Job(id));
-            writes.push(Write::JobEnv(id));
         }
         writes.push(Write::NextJobId);
         (ids, writes)

@@ -380,37 +380,37 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
     // end) is encoded once.
     let mut jobs_written = std::collections::HashSet::new();
     for write in writes {
-        let records = &mut commit.records;
         match write {
             Write::Job(id) if !jobs_written.insert(*id) => {}
-            Write::Job(id) => state.jobs.get(id).into_iter().for_each(|job| records.job(job)),
             // Its environment's set may be new: the commit looks it up.
-            Write::JobEnv(id) => {
+            Write::Job(id) => {
                 if let Some(job) = state.jobs.get(id) {
-                    commit.job_env(job)?;
+                    commit.job(job)?;
                 }
             }
-            Write::Node(name) | Write::NodeFaultSeen(name) => {
-                state.nodes.get(name).into_iter().for_each(|node| records.node(node))
-            }
-            Write::ForgetNode(name) => records.remove_node(name),
+            Write::Node(name) | Write::NodeFaultSeen(name) => state
+                .nodes
+                .get(name)
+                .into_iter()
+                .for_each(|node| commit.records.node(node)),
+            Write::ForgetNode(name) => commit.records.remove_node(name),
             // Brought back into memory since (a new dependency): kept.
             Write::ForgetJob(id, _) if state.jobs.contains_key(id) => {}
-            Write::ForgetJob(id, ended_at) => records.remove_job(*id, *ended_at),
-            Write::NextJobId => records.next_job_id(state.next_job_id),
-            Write::NextEpoch => records.next_epoch(state.next_epoch),
+            Write::ForgetJob(id, ended_at) => commit.records.remove_job(*id, *ended_at),
+            Write::NextJobId => commit.records.next_job_id(state.next_job_id),
+            Write::NextEpoch => commit.records.next_epoch(state.next_epoch),
             Write::Usage(team) => state
                 .usage
                 .get(team)
                 .into_iter()
-                .for_each(|ledger| records.usage(team, ledger)),
+                .for_each(|ledger| commit.records.usage(team, ledger)),
             Write::Token(id) => state
                 .tokens
                 .get(id)
                 .into_iter()
-                .for_each(|record| records.token(record)),
-            Write::Attempt(record) => records.attempt(record),
-            Write::Reservations => records.reservations(&state.created_reservations),
+                .for_each(|record| commit.records.token(record)),
+            Write::Attempt(record) => commit.records.attempt(record),
+            Write::Reservations => commit.records.reservations(&state.created_reservations),
         }
         commit.spill_if_full()?;
     }

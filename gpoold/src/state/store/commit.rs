@@ -122,16 +122,21 @@ impl Drop for Commit<'_> {
 }
 
 impl Commit<'_> {
-    /// A new job's environment (its record leaves it out): a reference to
-    /// its set, and the set where it is new.
-    pub fn job_env(&mut self, job: &Job) -> Result<(), Error> {
-        let (key, added) = self.store.env_sets.key_for(&job.spec.env, &mut self.records.entries)?;
-        if added {
-            self.new_env_sets.push(job.spec.env.clone());
-        }
-        self.records
-            .entries
-            .push((TreeId::Envs, job.id.0.to_be_bytes().to_vec(), Some(reference(key))));
+    /// A job's record, which refers to its environment's set (added where
+    /// it is new).
+    pub fn job(&mut self, job: &Job) -> Result<(), Error> {
+        let env = &job.spec.env;
+        let env_set = match env.is_empty() {
+            true => NO_ENV_SET,
+            false => {
+                let (key, added) = self.store.env_sets.key_for(env, &mut self.records.entries)?;
+                if added {
+                    self.new_env_sets.push(env.clone());
+                }
+                key
+            }
+        };
+        self.records.job(job, env_set);
         Ok(())
     }
 
@@ -179,19 +184,20 @@ impl Commit<'_> {
 }
 
 impl Records {
-    /// A job's record: in `jobs` while it has not ended, then in `ended`
-    /// (and its index).
-    pub fn job(&mut self, job: &Job) {
+    /// A job's record, referring to environment set `env_set`: in `jobs`
+    /// while it has not ended, then in `ended` (and its index).
+    pub(super) fn job(&mut self, job: &Job, env_set: u64) {
         let key = job.id.0.to_be_bytes().to_vec();
         match job.state.ended_at() {
-            None => self.entries.push((TreeId::Jobs, key, Some(encode(job)))),
+            None => self.entries.push((TreeId::Jobs, key, Some(encode_job(job, env_set)))),
             Some(ended_at) => {
                 self.entries.push((
                     TreeId::EndedByTime,
                     time_key(ended_at, job.id.0).to_vec(),
                     Some(Vec::new()),
                 ));
-                self.entries.push((TreeId::Ended, key.clone(), Some(encode(job))));
+                self.entries
+                    .push((TreeId::Ended, key.clone(), Some(encode_job(job, env_set))));
                 self.entries.push((TreeId::Jobs, key, None));
             }
         }
@@ -205,7 +211,6 @@ impl Records {
     /// Removes an ended job (past its retention), which ended at
     /// `ended_at`.
     pub fn remove_job(&mut self, id: gpool_core::JobId, ended_at: Timestamp) {
-        self.entries.push((TreeId::Envs, id.0.to_be_bytes().to_vec(), None));
         self.entries.push((TreeId::Ended, id.0.to_be_bytes().to_vec(), None));
         self.entries
             .push((TreeId::EndedByTime, time_key(ended_at, id.0).to_vec(), None));
@@ -266,6 +271,30 @@ pub(super) fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     bytes
 }
 
+/// A job's record: `JOB_RECORD`, the key of its environment's set
+/// (`NO_ENV_SET` for none), 8 bytes big-endian, then the job as JSON
+/// without its environment.
+pub(super) fn encode_job(job: &Job, env_set: u64) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(512);
+    bytes.push(JOB_RECORD);
+    bytes.extend_from_slice(&env_set.to_be_bytes());
+    serde_json::to_writer(&mut bytes, job).expect("records serialize to JSON");
+    bytes
+}
+
+/// The environment set a job's record refers to: `None` for a job without
+/// an environment, and for a record from before schema 6 (which has its
+/// environment in `envs`).
+pub(super) fn env_set_of(value: &[u8]) -> Option<u64> {
+    match value {
+        [JOB_RECORD, key @ ..] => {
+            let key = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
+            (key != NO_ENV_SET).then_some(key)
+        }
+        _ => None,
+    }
+}
+
 pub(super) fn decode<T: DeserializeOwned>(tree: &'static str, key: &[u8], value: &[u8]) -> Result<T, Error> {
     let corrupt = |reason: String| Error::CorruptRecord {
         tree,
@@ -274,6 +303,11 @@ pub(super) fn decode<T: DeserializeOwned>(tree: &'static str, key: &[u8], value:
     };
     match value.split_first() {
         Some((&RECORD_VERSION, json)) => serde_json::from_slice(json).map_err(|err| corrupt(err.to_string())),
+        // The header is `env_set_of`'s to read.
+        Some((&JOB_RECORD, rest)) => match rest.get(8..) {
+            Some(json) => serde_json::from_slice(json).map_err(|err| corrupt(err.to_string())),
+            None => Err(corrupt(format!("{} bytes, too short for a job record", value.len()))),
+        },
         Some((version, _)) => Err(corrupt(format!("unknown record version {version}"))),
         None => Err(corrupt("empty record".into())),
     }

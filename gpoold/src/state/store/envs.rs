@@ -1,23 +1,26 @@
-//! Environments, each stored once. A job's entry in `envs` is a reference
-//! to its environment's set in `env_sets`, which every job with the same
-//! environment shares (the jobs of one shell, a CI script's batch). An entry
-//! written before schema 5 holds the environment itself; both are read.
+//! Environments, each stored once. A job's record refers to its
+//! environment's set in `env_sets` (`encode_job`), which every job with the
+//! same environment shares (the jobs of one shell, a CI script's batch).
+//! Before schema 6 the reference, or the environment itself before schema
+//! 5, was a job's entry in `envs`; the migration moves it into the record.
 //!
 //! A set is keyed by a hash of its content, moved on to the next free key
 //! where another set holds that one; a write compares the content before it
-//! refers to a set. Sets no entry refers to any more (their jobs sealed or
-//! forgotten) are removed at open and after every `COLLECT_AFTER` new sets,
-//! between two commits of the state task, the only writer of references.
+//! refers to a set. Sets no record refers to any more (their jobs sealed or
+//! forgotten) are removed at the first commit after open and after every
+//! `COLLECT_AFTER` new sets, between two commits of the state task, the
+//! only writer of references.
 
 use super::*;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hasher;
 use std::sync::{Mutex, PoisonError};
 
-type Env = Arc<[(String, String)]>;
+pub(super) type Env = Arc<[(String, String)]>;
 
-/// The first byte of a reference (an environment's own value starts with
-/// `RECORD_VERSION`), followed by the set's key.
+/// The first byte of a reference in `envs` before schema 6 (an
+/// environment's own value starts with `RECORD_VERSION`), followed by the
+/// set's key.
 const REFERENCE: u8 = b'@';
 /// New sets after which the unused ones are removed.
 pub(super) const COLLECT_AFTER: usize = 256;
@@ -40,16 +43,8 @@ struct Known {
     added: usize,
 }
 
-/// The value of an `envs` entry that refers to set `key`.
-pub(super) fn reference(key: u64) -> Vec<u8> {
-    let mut value = Vec::with_capacity(9);
-    value.push(REFERENCE);
-    value.extend_from_slice(&key.to_be_bytes());
-    value
-}
-
 /// The set an `envs` value refers to; `None` for an environment itself.
-fn referred(value: &[u8]) -> Option<u64> {
+pub(super) fn referred(value: &[u8]) -> Option<u64> {
     match value {
         [REFERENCE, key @ ..] => Some(u64::from_be_bytes(key.try_into().ok()?)),
         _ => None,
@@ -107,7 +102,7 @@ impl EnvSets {
         let mut key = content_key(&encoded);
         let added = loop {
             // A key known for another content is taken; sled has the rest.
-            if !known.keys.contains(&key) {
+            if key != NO_ENV_SET && !known.keys.contains(&key) {
                 match self.tree.get(key.to_be_bytes())? {
                     None => {
                         entries.push((TreeId::EnvSets, key.to_be_bytes().to_vec(), Some(encoded)));
@@ -137,17 +132,19 @@ impl EnvSets {
         known.last = None;
     }
 
-    /// Removes the sets no entry of `envs` refers to, once enough were
-    /// added; returns how many. Only between commits: a commit under way
-    /// may refer to a set sled does not show a reference to yet.
-    pub(super) fn collect_if_due(&self, envs: &sled::Tree) -> Result<usize, Error> {
+    /// Removes the sets no job record (in `trees`) refers to, once enough
+    /// were added; returns how many. Only between commits: a commit under
+    /// way may refer to a set sled does not show a reference to yet.
+    pub(super) fn collect_if_due(&self, trees: [&sled::Tree; 2]) -> Result<usize, Error> {
         if self.known().added < COLLECT_AFTER {
             return Ok(0);
         }
         let mut used = HashSet::new();
-        for entry in envs.iter() {
-            let (_, value) = entry?;
-            used.extend(referred(&value));
+        for tree in trees {
+            for entry in tree.iter() {
+                let (_, value) = entry?;
+                used.extend(env_set_of(&value));
+            }
         }
         self.keep_only(&used)
     }
@@ -173,99 +170,76 @@ impl EnvSets {
         Ok(n_removed)
     }
 
-    /// Gives the loaded `jobs` (sorted by id) their environments: from one
-    /// pass over `envs`, in id order as `jobs` is (a lookup per job costs
-    /// several times more), then from the history files. Removes the sets
-    /// no entry refers to.
-    pub(super) fn load(&self, envs: &sled::Tree, files: &Archive, jobs: &mut [Job]) -> Result<(), Error> {
-        let mut shared = SharedEnvs::default();
-        let mut used = HashSet::new();
-        let mut found = vec![false; jobs.len()];
-        let mut known = self.known();
-        // The last job given an environment: its spec as decoded, the
-        // environment, and its spec with it.
-        let mut last: Option<(Arc<gpool_core::model::JobSpec>, Env, Arc<gpool_core::model::JobSpec>)> = None;
-        for entry in envs.iter() {
-            let (key, value) = entry?;
-            let set = referred(&value);
-            used.extend(set);
-            let id = <[u8; 8]>::try_from(key.as_ref()).map(u64::from_be_bytes);
-            let Some(at) = id
-                .ok()
-                .and_then(|id| jobs.binary_search_by_key(&id, |job| job.id.0).ok())
-            else {
-                continue;
-            };
-            let env = shared.get(&key, value, |raw| resolve(&self.tree, &key, raw))?;
-            if let Some(set) = set.filter(|set| !known.keys.contains(set)) {
-                known.by_env.insert(env.clone(), set);
-                known.keys.insert(set);
-            }
-            found[at] = true;
-            // Alike jobs (a batch's) share one spec, compared while it is
-            // at hand and before it has its environment (whose pointer is
-            // compared instead): the state's pass then compares pointers.
-            match &last {
-                Some((bare, last_env, spec)) if Arc::ptr_eq(last_env, &env) && *bare == jobs[at].spec => {
-                    jobs[at].spec = spec.clone();
-                }
-                _ => {
-                    let bare = jobs[at].spec.clone();
-                    Arc::make_mut(&mut jobs[at].spec).env = env.clone();
-                    last = Some((bare, env, jobs[at].spec.clone()));
-                }
-            }
+    /// What gives loaded jobs their environments.
+    pub(super) fn loader(&self) -> EnvLoader<'_> {
+        EnvLoader {
+            sets: self,
+            decoded: HashMap::new(),
+            last: None,
         }
-        drop(known);
-        // A job read from a history file has its environment there; a job
-        // submitted with no environment has none anywhere.
-        for (job, found) in jobs.iter_mut().zip(found) {
-            let key = job.id.0.to_be_bytes();
-            if let (false, Some(value)) = (found, files.get(&key)?.and_then(|record| record.extra)) {
-                Arc::make_mut(&mut job.spec).env = shared.get(&key, value.into(), Ok)?;
-            }
-        }
-        let n_removed = self.keep_only(&used)?;
-        if n_removed > 0 {
-            tracing::info!("{n_removed} environment sets no job refers to removed");
-        }
-        Ok(())
+    }
+
+    /// Makes the next commit collect the unused sets: those the jobs of an
+    /// earlier run left are removed once per run, however few it adds.
+    pub(super) fn collect_at_next_commit(&self) {
+        self.known().added = COLLECT_AFTER;
     }
 }
 
-/// The environments decoded so far, by stored value, so that jobs from one
-/// shell share one.
-#[derive(Default)]
-struct SharedEnvs {
-    decoded: HashMap<sled::IVec, Env>,
-    /// Such jobs mostly come one after another: the last one is tried
-    /// first, which costs a compare instead of a hash.
-    last: Option<(sled::IVec, Env)>,
+/// Gives jobs read from `jobs` their environments, each set decoded once
+/// and made known to writes.
+pub(super) struct EnvLoader<'a> {
+    sets: &'a EnvSets,
+    decoded: HashMap<u64, Env>,
+    /// The last job given an environment: its spec as decoded, the
+    /// environment, and its spec with it.
+    last: Option<(Arc<gpool_core::model::JobSpec>, Env, Arc<gpool_core::model::JobSpec>)>,
 }
 
-impl SharedEnvs {
-    /// The environment stored as `value` (`resolve`d the first time).
-    fn get(
-        &mut self,
-        key: &[u8],
-        value: sled::IVec,
-        resolve: impl FnOnce(sled::IVec) -> Result<sled::IVec, Error>,
-    ) -> Result<Env, Error> {
-        if let Some((raw, env)) = &self.last {
-            if *raw == value {
-                return Ok(env.clone());
+impl EnvLoader<'_> {
+    /// `job`, read from `value` under `key`, with its environment. Alike
+    /// jobs (a batch's) share one spec, compared while it is at hand and
+    /// before it has its environment (whose pointer is compared instead):
+    /// the state's pass then compares pointers.
+    pub(super) fn give(&mut self, mut job: Job, key: &[u8], value: &[u8]) -> Result<Job, Error> {
+        let Some(set) = env_set_of(value) else {
+            return Ok(job);
+        };
+        let env = match self.decoded.get(&set) {
+            Some(env) => env.clone(),
+            None => self.read_set(key, set)?,
+        };
+        match &self.last {
+            Some((bare, last_env, spec)) if Arc::ptr_eq(last_env, &env) && *bare == job.spec => {
+                job.spec = spec.clone();
+            }
+            _ => {
+                let bare = job.spec.clone();
+                Arc::make_mut(&mut job.spec).env = env.clone();
+                self.last = Some((bare, env, job.spec.clone()));
             }
         }
-        let env = match self.decoded.get(&value) {
-            Some(env) => env.clone(),
-            None => {
-                let env: Vec<(String, String)> = decode("envs", key, &resolve(value.clone())?)?;
-                let env: Env = env.into();
-                self.decoded.insert(value.clone(), env.clone());
-                env
-            }
-        };
-        self.last = Some((value, env.clone()));
+        Ok(job)
+    }
+
+    fn read_set(&mut self, key: &[u8], set: u64) -> Result<Env, Error> {
+        let encoded = set_value(&self.sets.tree, "jobs", key, set)?;
+        let env: Vec<(String, String)> = decode("env_sets", &set.to_be_bytes(), &encoded)?;
+        let env: Env = env.into();
+        let mut known = self.sets.known();
+        known.by_env.insert(env.clone(), set);
+        known.keys.insert(set);
+        self.decoded.insert(set, env.clone());
         Ok(env)
     }
+}
+
+/// The environment set `set` as stored, which job `key` of `tree` refers
+/// to.
+pub(super) fn set_value(sets: &sled::Tree, tree: &'static str, key: &[u8], set: u64) -> Result<sled::IVec, Error> {
+    sets.get(set.to_be_bytes())?.ok_or_else(|| Error::CorruptRecord {
+        tree,
+        key: key_text(key),
+        reason: format!("it refers to environment set {set:016x}, which is not in env_sets"),
+    })
 }

@@ -37,9 +37,14 @@ use std::sync::Arc;
 /// batch's redo log from the `redo` tree to a file (an older gpoold would
 /// not see the file, so it must refuse the state dir); version 5 stores
 /// each distinct environment once, in `env_sets`, and a reference to it in
-/// `envs` (an older gpoold would not read the references).
-pub const SCHEMA_VERSION: u32 = 5;
+/// `envs` (an older gpoold would not read the references); version 6
+/// moves that reference into the job's record, and `envs` is left empty.
+pub const SCHEMA_VERSION: u32 = 6;
 const RECORD_VERSION: u8 = 1;
+/// The first byte of a job's record since schema 6 (`encode_job`).
+const JOB_RECORD: u8 = 2;
+/// The environment set of a job without an environment.
+const NO_ENV_SET: u64 = 0;
 const META_SCHEMA: &[u8] = b"schema_version";
 /// Present while the redo log file is to be applied (`Store::apply_redo_log`).
 const META_REDO_LOG: &[u8] = b"redo_log_to_apply";
@@ -58,9 +63,8 @@ pub struct Store {
     /// An empty value for each ended job, by end time and id
     /// (`time_key`): the ones past retention are one range.
     ended_by_time: sled::Tree,
-    /// Each job's environment, by job id: written once, at submit (the
-    /// job's record leaves it out, so its rewrites stay small), as a
-    /// reference to a set in `env_sets` (`envs.rs`).
+    /// Each job's environment, by job id, before schema 6 (empty since:
+    /// a job's record refers to its set, `envs.rs`).
     envs: sled::Tree,
     /// Each distinct environment once.
     env_sets: EnvSets,
@@ -180,7 +184,6 @@ impl Store {
         // A tree later issues fill; opened now so the layout is fixed from v1.
         store.db.open_tree("events")?;
         store.check_schema()?;
-        store.sealer().finish_interrupted_seals()?;
         let loaded = store.load()?;
         Ok((store, loaded))
     }
@@ -205,6 +208,7 @@ impl Store {
             });
         }
         self.finish_interrupted_commit()?;
+        self.sealer().finish_interrupted_seals()?;
         match found {
             None => {
                 self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
@@ -216,52 +220,81 @@ impl Store {
         }
     }
 
-    /// From schema `found` to this one, in one transaction; the schema
-    /// says so once that is on disk. To 2: ended jobs move from `jobs` to
-    /// `ended`. To 3: each job's environment moves out of its record (which
-    /// is rewritten without it) to `envs`. To 4 and 5: nothing moves (an
-    /// environment written whole in `envs` is read as such).
+    /// From schema `found` to this one, as one batch; the schema says so
+    /// once that is on disk. To 2: ended jobs move from `jobs` to `ended`.
+    /// To 3: each job's environment moves out of its record to `envs`. To
+    /// 4 and 5: nothing moves. To 6: every job's record is written again,
+    /// referring to its environment's set, and `envs` is emptied.
     fn migrate(&self, found: u32) -> Result<(), Error> {
         let mut commit = self.begin();
-        let (mut n_moved, mut n_envs) = (0, 0);
-        let trees = [(&self.jobs, "jobs"), (&self.ended, "ended")];
-        let rewritten = if found < 3 { trees.as_slice() } else { &[] };
-        for (tree, name) in rewritten {
+        let (mut n_moved, mut n_rewritten) = (0, 0);
+        for (tree, name) in [(&self.jobs, "jobs"), (&self.ended, "ended")] {
             for entry in tree.iter() {
                 let (key, value) = entry?;
-                let job: Job = decode(name, &key, &value)?;
+                // Written by this schema (a migration cut short): as is.
+                if value.first() == Some(&JOB_RECORD) {
+                    continue;
+                }
+                let mut job: Job = decode(name, &key, &value)?;
                 if found < 2 && job.state.is_finished() {
                     n_moved += 1;
                 }
-                commit.records.job(&job);
-                if !job.spec.env.is_empty() {
-                    commit.job_env(&job)?;
-                    n_envs += 1;
+                // Before schema 3 the record held the environment.
+                if found >= 3 {
+                    if let Some(env) = self.env_before_schema_6(&key)? {
+                        Arc::make_mut(&mut job.spec).env = env;
+                    }
                 }
+                commit.job(&job)?;
+                commit.spill_if_full()?;
+                n_rewritten += 1;
             }
         }
         commit.finish()?;
+        self.db.flush()?;
+        // Every record refers to its set now: the old entries can go.
+        self.envs.clear()?;
         self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
         self.db.flush()?;
         tracing::info!(
-            "schema {found} -> {SCHEMA_VERSION}: {n_moved} ended jobs moved to their own tree, {n_envs} environments to theirs"
+            "schema {found} -> {SCHEMA_VERSION}: {n_rewritten} job records written again, {n_moved} of them ended jobs moved to their own tree"
         );
         Ok(())
     }
 
+    /// Job `key`'s environment as schemas 3 to 5 kept it: its `envs` entry
+    /// (the environment or a reference to its set), else, sealed once and
+    /// written again since, its history file's.
+    fn env_before_schema_6(&self, key: &[u8]) -> Result<Option<Env>, Error> {
+        let value = match self.envs.get(key)? {
+            Some(value) => Some(resolve(&self.env_sets.tree, key, value)?),
+            None => self
+                .job_files
+                .get(key)?
+                .and_then(|record| record.extra)
+                .map(sled::IVec::from),
+        };
+        value
+            .map(|value| decode::<Vec<(String, String)>>("envs", key, &value).map(Arc::from))
+            .transpose()
+    }
+
     fn load(&self) -> Result<Loaded, Error> {
+        let mut envs = self.env_sets.loader();
         let mut jobs: Vec<Job> = self
             .jobs
             .iter()
             .map(|entry| {
                 let (key, value) = entry?;
-                decode("jobs", &key, &value)
+                envs.give(decode("jobs", &key, &value)?, &key, &value)
             })
             .collect::<Result<_, Error>>()?;
         let ended = self.ended_jobs();
-        jobs.extend(ended.needed_by(&jobs)?);
+        for job in ended.needed_by(&jobs)? {
+            jobs.push(ended.with_env(job)?);
+        }
         jobs.sort_unstable_by_key(|job| job.id);
-        self.env_sets.load(&self.envs, &self.job_files, &mut jobs)?;
+        self.env_sets.collect_at_next_commit();
         let nodes: Vec<Node> = self
             .nodes
             .iter()
@@ -342,7 +375,7 @@ impl Store {
     /// Removes the environment sets no job refers to any more, once
     /// enough were added. Between commits only (`EnvSets::collect_if_due`).
     pub fn collect_env_sets_if_due(&self) -> Result<(), Error> {
-        self.env_sets.collect_if_due(&self.envs).map(drop)
+        self.env_sets.collect_if_due([&self.jobs, &self.ended]).map(drop)
     }
 
     /// A batch of writes, built up in `Commit::records`.
@@ -530,7 +563,6 @@ impl Store {
         EndedJobs {
             jobs: self.ended.clone(),
             by_time: self.ended_by_time.clone(),
-            envs: self.envs.clone(),
             env_sets: self.env_sets.tree.clone(),
             files: self.job_files.clone(),
         }

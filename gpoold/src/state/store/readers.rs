@@ -84,7 +84,6 @@ pub(super) fn split_time_key(raw: [u8; 16]) -> (u64, u64) {
 pub struct EndedJobs {
     pub(super) jobs: sled::Tree,
     pub(super) by_time: sled::Tree,
-    pub(super) envs: sled::Tree,
     pub(super) env_sets: sled::Tree,
     pub(super) files: Arc<Archive>,
 }
@@ -102,11 +101,15 @@ impl EndedJobs {
         }
     }
 
-    /// `job` as read from `ended`, with its environment.
+    /// `job` as read from `ended`, with its environment: the set its
+    /// record in sled refers to, or the one its history file holds.
     pub fn with_env(&self, mut job: Job) -> Result<Job, Error> {
         let key = job.id.0.to_be_bytes();
-        let value = match self.envs.get(key)? {
-            Some(value) => Some(resolve(&self.env_sets, &key, value)?.to_vec()),
+        let value = match self.jobs.get(key)? {
+            Some(record) => env_set_of(&record)
+                .map(|set| set_value(&self.env_sets, "ended", &key, set))
+                .transpose()?
+                .map(|env| env.to_vec()),
             None => self.files.get(&key)?.and_then(|record| record.extra),
         };
         if let Some(value) = value {

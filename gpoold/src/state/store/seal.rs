@@ -65,12 +65,13 @@ impl Sealer {
                 // before it left.
                 let job: Job = decode("ended", &id, &value)?;
                 let at = job.state.ended_at().map_or(0, |at| at.0);
-                // Sealed before and written again since: its environment
-                // left sled with the first seal.
-                let extra = match ended.envs.get(id)? {
-                    Some(env) => Some(resolve(&ended.env_sets, &id, env)?.to_vec()),
-                    None => ended.files.get(&id)?.and_then(|record| record.extra),
-                };
+                // The file holds the environment itself: the set may go
+                // once no record in sled refers to it. (The record keeps
+                // its header, which nothing reads in a file.)
+                let extra = env_set_of(&value)
+                    .map(|set| set_value(&ended.env_sets, "ended", &id, set))
+                    .transpose()?
+                    .map(|env| env.to_vec());
                 Ok(Some(Record {
                     key: id.to_vec(),
                     at,
@@ -90,8 +91,8 @@ impl Sealer {
         }
     }
 
-    /// Removes the jobs sealed in `file` from sled, with their index entries
-    /// and environments, where sled still holds the same record; returns
+    /// Removes the jobs sealed in `file` from sled, with their index
+    /// entries, where sled still holds the same record; returns
     /// how many. The index entry goes first and comes back if the record
     /// was written again meanwhile (the state task writes both at once), so
     /// a record left in sled always has its entry.
@@ -117,18 +118,6 @@ impl Sealer {
                 continue;
             }
             n_removed += 1;
-            // The entry as sled holds it, the environment or a reference
-            // to its set, goes if it stands for the one sealed.
-            let stored = ended.envs.get(&record.key)?;
-            if let (Some(env), Some(stored)) = (&record.extra, stored) {
-                let same = resolve(&ended.env_sets, &record.key, stored.clone()).is_ok_and(|found| found == env[..]);
-                if same {
-                    ended
-                        .envs
-                        .compare_and_swap(&record.key, Some(stored), None::<&[u8]>)?
-                        .ok();
-                }
-            }
         }
         Ok(n_removed)
     }

@@ -65,11 +65,11 @@ fn schema_1_moves_ended_jobs_and_environments_to_their_trees() {
     );
     let schema = store.meta.get(META_SCHEMA).expect("read").expect("a schema");
     assert_eq!(schema.as_ref(), SCHEMA_VERSION.to_be_bytes());
-    // The pending job's record is rewritten without its environment,
-    // which is kept apart since the first open.
-    let mut records = Records::default();
-    records.job(&loaded.jobs[0]);
-    store.commit(records).expect("commit");
+    // The pending job's record is written again, referring to its
+    // environment's set.
+    let mut commit = store.begin();
+    commit.job(&loaded.jobs[0]).expect("job");
+    commit.finish().expect("commit");
     drop((store, loaded));
     // Opened again: nothing moves twice, the same jobs load.
     let (_, loaded) = Store::open(dir.path()).expect("open again");
@@ -146,10 +146,10 @@ fn a_job_record_moves_when_it_ends_and_is_removed_with_its_index() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let (store, _) = Store::open(dir.path()).expect("open");
     let mut records = Records::default();
-    records.job(&job(7, JobState::Pending));
+    records.job(&job(7, JobState::Pending), NO_ENV_SET);
     store.commit(records).expect("commit");
     let mut records = Records::default();
-    records.job(&job(7, cancelled_at(9_000)));
+    records.job(&job(7, cancelled_at(9_000)), NO_ENV_SET);
     store.commit(records).expect("commit");
     assert!(store.jobs.get(7u64.to_be_bytes()).expect("read").is_none());
     let ended = store.ended_jobs();
@@ -173,9 +173,8 @@ fn ended_jobs_from_to(store: &Store, first: u64, n: u64) {
     for id in first..=n {
         let mut job = job(id, JobState::Pending);
         Arc::make_mut(&mut job.spec).env = vec![("ID".to_string(), id.to_string())].into();
-        commit.job_env(&job).expect("env");
         job.state = cancelled_at(1000 * id as i64);
-        commit.records.job(&job);
+        commit.job(&job).expect("job");
     }
     commit.finish().expect("commit");
 }
@@ -196,7 +195,6 @@ fn the_oldest_ended_jobs_move_to_a_history_file_and_read_back_the_same() {
     assert_eq!(store.ended.len(), 24);
     assert_eq!(store.ended_by_time.len(), 24);
     assert!(store.ended.get(16u64.to_be_bytes()).expect("read").is_none());
-    assert!(store.envs.get(16u64.to_be_bytes()).expect("read").is_none());
     let after: Vec<Job> = ended.from(JobId(0)).map(|job| job.expect("read")).collect();
     assert_eq!(after, before);
     assert_eq!(ids(ended.from(JobId(15))), (15..=40).collect::<Vec<_>>());
@@ -213,13 +211,14 @@ fn the_oldest_ended_jobs_move_to_a_history_file_and_read_back_the_same() {
         Some(JobId(15))
     );
     assert_eq!(ended.before(JobId(1)).expect("read"), None);
-    // Sealed, then written again (an ended array whose task ends): the
-    // next seal keeps its environment, which left sled with the first.
-    let mut again = before[2].clone();
+    // Sealed, then brought back and written again (an ended array whose
+    // task ends): its record refers to its environment's set again, and
+    // the next seal keeps the environment.
+    let mut again = ended.with_env(before[2].clone()).expect("read");
     Arc::make_mut(&mut again.spec).name = "again".into();
-    let mut write = Records::default();
-    write.job(&again);
-    store.commit(write).expect("commit");
+    let mut commit = store.begin();
+    commit.job(&again).expect("job");
+    commit.finish().expect("commit");
     ended_jobs_from_to(&store, 41, 60);
     // 45 in sled: job 3 (ended first) and 17..=31 move.
     assert_eq!(store.sealer().seal_due().expect("seal"), (16, 0));
@@ -268,11 +267,17 @@ fn a_seal_a_crash_cut_short_is_finished_at_open_and_a_record_written_again_stays
         let records: Vec<Record> = (1..=8u64)
             .map(|id| {
                 let key = id.to_be_bytes();
+                let value = store.ended.get(key).expect("read").expect("ended");
+                let set = env_set_of(&value).expect("an environment");
                 Record {
                     key: key.to_vec(),
                     at: 1000 * id as i64,
-                    value: store.ended.get(key).expect("read").expect("ended").to_vec(),
-                    extra: store.envs.get(key).expect("read").map(|env| env.to_vec()),
+                    value: value.to_vec(),
+                    extra: Some(
+                        set_value(&store.env_sets.tree, "ended", &key, set)
+                            .expect("set")
+                            .to_vec(),
+                    ),
                 }
             })
             .collect();
@@ -281,7 +286,7 @@ fn a_seal_a_crash_cut_short_is_finished_at_open_and_a_record_written_again_stays
         let mut again = job(3, cancelled_at(3000));
         Arc::make_mut(&mut again.spec).name = "again".into();
         let mut write = Records::default();
-        write.job(&again);
+        write.job(&again, NO_ENV_SET);
         store.commit(write).expect("commit");
         store.db.flush().expect("flush");
     }
@@ -354,7 +359,7 @@ fn old_accounting_records_move_to_history_files_and_leave_a_file_at_a_time() {
 fn batch_of(n: u64) -> Records {
     let mut records = Records::default();
     for id in 1..=n {
-        records.job(&job(id, JobState::Pending));
+        records.job(&job(id, JobState::Pending), NO_ENV_SET);
     }
     records.next_job_id(n + 1);
     records
