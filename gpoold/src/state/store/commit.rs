@@ -283,8 +283,8 @@ pub(super) fn encode_job(job: &Job, env_set: u64) -> Vec<u8> {
 }
 
 /// The environment set a job's record refers to: `None` for a job without
-/// an environment, and for a record from before schema 6 (which has its
-/// environment in `envs`).
+/// an environment, and for a record from before schema 6 (only in history
+/// files since the migration: their environment is the file's).
 pub(super) fn env_set_of(value: &[u8]) -> Option<u64> {
     match value {
         [JOB_RECORD, key @ ..] => {

@@ -175,6 +175,7 @@ impl EnvSets {
         EnvLoader {
             sets: self,
             decoded: HashMap::new(),
+            last_filed: None,
             last: None,
         }
     }
@@ -186,11 +187,14 @@ impl EnvSets {
     }
 }
 
-/// Gives jobs read from `jobs` their environments, each set decoded once
-/// and made known to writes.
+/// Gives loaded jobs their environments, each set decoded once and made
+/// known to writes.
 pub(super) struct EnvLoader<'a> {
     sets: &'a EnvSets,
     decoded: HashMap<u64, Env>,
+    /// The last environment read from a history file, as stored: an
+    /// array's ended tasks share one.
+    last_filed: Option<(Vec<u8>, Env)>,
     /// The last job given an environment: its spec as decoded, the
     /// environment, and its spec with it.
     last: Option<(Arc<gpool_core::model::JobSpec>, Env, Arc<gpool_core::model::JobSpec>)>,
@@ -201,13 +205,13 @@ impl EnvLoader<'_> {
     /// jobs (a batch's) share one spec, compared while it is at hand and
     /// before it has its environment (whose pointer is compared instead):
     /// the state's pass then compares pointers.
-    pub(super) fn give(&mut self, mut job: Job, key: &[u8], value: &[u8]) -> Result<Job, Error> {
+    pub(super) fn give(&mut self, tree: &'static str, mut job: Job, key: &[u8], value: &[u8]) -> Result<Job, Error> {
         let Some(set) = env_set_of(value) else {
             return Ok(job);
         };
         let env = match self.decoded.get(&set) {
             Some(env) => env.clone(),
-            None => self.read_set(key, set)?,
+            None => self.read_set(tree, key, set)?,
         };
         match &self.last {
             Some((bare, last_env, spec)) if Arc::ptr_eq(last_env, &env) && *bare == job.spec => {
@@ -222,8 +226,31 @@ impl EnvLoader<'_> {
         Ok(job)
     }
 
-    fn read_set(&mut self, key: &[u8], set: u64) -> Result<Env, Error> {
-        let encoded = set_value(&self.sets.tree, "jobs", key, set)?;
+    /// Ended `job` (from `ended.needed_by`) with its environment: the set
+    /// its record in sled refers to, or the one its history file holds.
+    pub(super) fn give_ended(&mut self, mut job: Job, ended: &EndedJobs) -> Result<Job, Error> {
+        let key = job.id.0.to_be_bytes();
+        if let Some(record) = ended.jobs.get(key)? {
+            return self.give("ended", job, &key, &record);
+        }
+        let Some(filed) = ended.files.get(&key)?.and_then(|record| record.extra) else {
+            return Ok(job);
+        };
+        let env = match &self.last_filed {
+            Some((last, env)) if *last == filed => env.clone(),
+            _ => {
+                let env: Vec<(String, String)> = decode("history", &key, &filed)?;
+                let env: Env = env.into();
+                self.last_filed = Some((filed, env.clone()));
+                env
+            }
+        };
+        Arc::make_mut(&mut job.spec).env = env;
+        Ok(job)
+    }
+
+    fn read_set(&mut self, tree: &'static str, key: &[u8], set: u64) -> Result<Env, Error> {
+        let encoded = set_value(&self.sets.tree, tree, key, set)?;
         let env: Vec<(String, String)> = decode("env_sets", &set.to_be_bytes(), &encoded)?;
         let env: Env = env.into();
         let mut known = self.sets.known();

@@ -191,3 +191,45 @@ fn a_batch_dropped_unwritten_leaves_its_sets_unknown() {
     assert_eq!(loaded_env(&loaded, 2), a);
     assert!(loaded.jobs.iter().all(|job| job.id != JobId(1)));
 }
+
+#[test]
+fn schema_5_takes_a_sealed_jobs_environment_from_its_file_and_leaves_a_damaged_record() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let a = env("a");
+    {
+        let (store, _) = Store::open(dir.path()).expect("open");
+        // Job 7 ended, was sealed with its environment, and was written
+        // again since: schema 5 had no `envs` entry left for it.
+        let mut job = pending(7, &Env::default());
+        job.state = gpool_core::JobState::Cancelled {
+            started_at: None,
+            ended_at: Timestamp(7_000),
+            by: "alice".into(),
+        };
+        let record = Record {
+            key: 7u64.to_be_bytes().to_vec(),
+            at: 7_000,
+            value: encode(&job),
+            extra: Some(encode(&a)),
+        };
+        store.job_files.seal([Ok(record)].into_iter()).expect("seal");
+        Arc::make_mut(&mut job.spec).name = "again".into();
+        store.ended.insert(7u64.to_be_bytes(), encode(&job)).expect("insert");
+        // Job 5's record is damaged: left as it was, as a read finds it.
+        store
+            .ended
+            .insert(5u64.to_be_bytes(), &[RECORD_VERSION, b'{'][..])
+            .expect("insert");
+        store.meta.insert(META_SCHEMA, &5u32.to_be_bytes()).expect("insert");
+        store.db.flush().expect("flush");
+    }
+    let (store, loaded) = Store::open(dir.path()).expect("open again");
+    let ended = loaded.ended.get(JobId(7)).expect("read").expect("job 7");
+    assert_eq!(ended.spec.name, "again");
+    assert_eq!(loaded.ended.with_env(ended).expect("read").spec.env, a);
+    let record = store.ended.get(7u64.to_be_bytes()).expect("read").expect("job 7");
+    assert_eq!(env_set_of(&record), Some(content_key(&encode(&a))));
+    let damaged = store.ended.get(5u64.to_be_bytes()).expect("read").expect("job 5");
+    assert_eq!(&damaged[..], &[RECORD_VERSION, b'{'][..]);
+    assert!(loaded.ended.get(JobId(5)).is_err());
+}

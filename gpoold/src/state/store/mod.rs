@@ -220,65 +220,6 @@ impl Store {
         }
     }
 
-    /// From schema `found` to this one, as one batch; the schema says so
-    /// once that is on disk. To 2: ended jobs move from `jobs` to `ended`.
-    /// To 3: each job's environment moves out of its record to `envs`. To
-    /// 4 and 5: nothing moves. To 6: every job's record is written again,
-    /// referring to its environment's set, and `envs` is emptied.
-    fn migrate(&self, found: u32) -> Result<(), Error> {
-        let mut commit = self.begin();
-        let (mut n_moved, mut n_rewritten) = (0, 0);
-        for (tree, name) in [(&self.jobs, "jobs"), (&self.ended, "ended")] {
-            for entry in tree.iter() {
-                let (key, value) = entry?;
-                // Written by this schema (a migration cut short): as is.
-                if value.first() == Some(&JOB_RECORD) {
-                    continue;
-                }
-                let mut job: Job = decode(name, &key, &value)?;
-                if found < 2 && job.state.is_finished() {
-                    n_moved += 1;
-                }
-                // Before schema 3 the record held the environment.
-                if found >= 3 {
-                    if let Some(env) = self.env_before_schema_6(&key)? {
-                        Arc::make_mut(&mut job.spec).env = env;
-                    }
-                }
-                commit.job(&job)?;
-                commit.spill_if_full()?;
-                n_rewritten += 1;
-            }
-        }
-        commit.finish()?;
-        self.db.flush()?;
-        // Every record refers to its set now: the old entries can go.
-        self.envs.clear()?;
-        self.meta.insert(META_SCHEMA, &SCHEMA_VERSION.to_be_bytes())?;
-        self.db.flush()?;
-        tracing::info!(
-            "schema {found} -> {SCHEMA_VERSION}: {n_rewritten} job records written again, {n_moved} of them ended jobs moved to their own tree"
-        );
-        Ok(())
-    }
-
-    /// Job `key`'s environment as schemas 3 to 5 kept it: its `envs` entry
-    /// (the environment or a reference to its set), else, sealed once and
-    /// written again since, its history file's.
-    fn env_before_schema_6(&self, key: &[u8]) -> Result<Option<Env>, Error> {
-        let value = match self.envs.get(key)? {
-            Some(value) => Some(resolve(&self.env_sets.tree, key, value)?),
-            None => self
-                .job_files
-                .get(key)?
-                .and_then(|record| record.extra)
-                .map(sled::IVec::from),
-        };
-        value
-            .map(|value| decode::<Vec<(String, String)>>("envs", key, &value).map(Arc::from))
-            .transpose()
-    }
-
     fn load(&self) -> Result<Loaded, Error> {
         let mut envs = self.env_sets.loader();
         let mut jobs: Vec<Job> = self
@@ -286,12 +227,12 @@ impl Store {
             .iter()
             .map(|entry| {
                 let (key, value) = entry?;
-                envs.give(decode("jobs", &key, &value)?, &key, &value)
+                envs.give("jobs", decode("jobs", &key, &value)?, &key, &value)
             })
             .collect::<Result<_, Error>>()?;
         let ended = self.ended_jobs();
         for job in ended.needed_by(&jobs)? {
-            jobs.push(ended.with_env(job)?);
+            jobs.push(envs.give_ended(job, &ended)?);
         }
         jobs.sort_unstable_by_key(|job| job.id);
         self.env_sets.collect_at_next_commit();
@@ -582,6 +523,7 @@ mod commit;
 mod envs;
 #[cfg(test)]
 mod envs_tests;
+mod migrate;
 mod readers;
 mod seal;
 #[cfg(test)]
