@@ -3,8 +3,6 @@
 
 use super::*;
 
-type Env = Arc<[(String, String)]>;
-
 fn env(value: &str) -> Env {
     vec![
         ("HOME".to_string(), "/home/alice".to_string()),

@@ -106,10 +106,7 @@ impl EndedJobs {
     pub fn with_env(&self, mut job: Job) -> Result<Job, Error> {
         let key = job.id.0.to_be_bytes();
         let value = match self.jobs.get(key)? {
-            Some(record) => env_set_of(&record)
-                .map(|set| set_value(&self.env_sets, "ended", &key, set))
-                .transpose()?
-                .map(|env| env.to_vec()),
+            Some(record) => self.record_env(&key, &record)?,
             None => self.files.get(&key)?.and_then(|record| record.extra),
         };
         if let Some(value) = value {
@@ -117,6 +114,13 @@ impl EndedJobs {
             std::sync::Arc::make_mut(&mut job.spec).env = env.into();
         }
         Ok(job)
+    }
+
+    /// The environment, as stored, of the set ended job `key`'s record in
+    /// sled (`record`) refers to; none for a job without one.
+    pub(super) fn record_env(&self, key: &[u8], record: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let set = env_set_of(record).map(|set| set_value(&self.env_sets, "ended", key, set));
+        Ok(set.transpose()?.map(|env| env.to_vec()))
     }
 
     /// The ended jobs from id `first` on, in id order, without their

@@ -68,10 +68,7 @@ impl Sealer {
                 // The file holds the environment itself: the set may go
                 // once no record in sled refers to it. (The record keeps
                 // its header, which nothing reads in a file.)
-                let extra = env_set_of(&value)
-                    .map(|set| set_value(&ended.env_sets, "ended", &id, set))
-                    .transpose()?
-                    .map(|env| env.to_vec());
+                let extra = ended.record_env(&id, &value)?;
                 Ok(Some(Record {
                     key: id.to_vec(),
                     at,
