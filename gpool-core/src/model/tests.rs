@@ -9,7 +9,10 @@ fn stored(job: &Job) -> Vec<u8> {
 
 #[test]
 fn alike_jobs_read_one_after_another_share_one_spec() {
-    let (a, b) = (job_builder(JobId(1)).gpus(2).build(), job_builder(JobId(2)).gpus(2).build());
+    let (a, b) = (
+        job_builder(JobId(1)).gpus(2).build(),
+        job_builder(JobId(2)).gpus(2).build(),
+    );
     let other = job_builder(JobId(3)).gpus(4).build();
     let read = |job: &Job| serde_json::from_slice::<Job>(&stored(job)).expect("decode");
     let (read_a, read_b, read_other) = (read(&a), read(&b), read(&other));
@@ -35,8 +38,14 @@ fn a_shared_spec_changes_for_one_job_alone() {
 fn a_bad_spec_names_the_spec_and_the_field() {
     let mut value: serde_json::Value = serde_json::to_value(job_builder(JobId(1)).build()).expect("encode");
     value["spec"].as_object_mut().expect("spec").remove("workdir");
-    let err = serde_json::from_value::<Job>(value.clone()).map(|_| ()).unwrap_err().to_string();
-    let err_text = serde_json::from_str::<Job>(&value.to_string()).map(|_| ()).unwrap_err().to_string();
+    let err = serde_json::from_value::<Job>(value.clone())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    let err_text = serde_json::from_str::<Job>(&value.to_string())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
     assert!(err_text.contains("spec: missing field `workdir`"), "{err_text}");
     assert!(err.contains("workdir"), "{err}");
 }
