@@ -7,14 +7,31 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Submit-to-start latency on an idle pool, 50 jobs: prints its median
-/// and p90.
+/// and p90, then what it is made of: the `gpool submit` process itself,
+/// a call that changes nothing (`gpool nodes`: the CLI's start and one
+/// round trip), and the job's own start (`date +%s%N` spawned here
+/// directly). What the submit's process adds to the call that changes
+/// nothing is the durable write; what the start adds to the submit's
+/// process and the job's own start is scheduling and launching.
 pub(crate) fn submit_to_start(controller: &Controller, n_agents: usize, shape: &str) -> anyhow::Result<()> {
-    // Submit-to-start: from just before `gpool submit` is spawned to the
-    // clock reading the job itself prints first thing (`date +%s%N`).
-    let mut latencies = Vec::new();
+    let (mut latencies, mut submits) = (Vec::new(), Vec::new());
     for sample_idx in 0..50 {
-        latencies.push(one_submit_to_start(controller, n_agents, sample_idx)?);
+        let (latency, submit) = one_submit_to_start(controller, n_agents, sample_idx)?;
+        latencies.push(latency);
+        submits.push(submit);
     }
+    let mut calls = Vec::new();
+    let mut own_starts = Vec::new();
+    for _ in 0..50 {
+        let before = Instant::now();
+        gpool(&controller.addr, &["nodes"])?;
+        calls.push(before.elapsed());
+        own_starts.push(own_start()?);
+    }
+    let median = |samples: &mut Vec<Duration>| {
+        samples.sort();
+        samples[samples.len() / 2].as_secs_f64() * 1e3
+    };
     latencies.sort();
     report(
         &format!("submit-to-start latency, idle pool, {shape} (50 jobs)"),
@@ -24,14 +41,41 @@ pub(crate) fn submit_to_start(controller: &Controller, n_agents: usize, shape: &
             latencies[latencies.len() * 9 / 10].as_secs_f64() * 1e3
         ),
     );
+    report(
+        "  the gpool submit process, spawn to exit",
+        format!("median {:.1} ms", median(&mut submits)),
+    );
+    report(
+        "  gpool nodes (the CLI's start, one round trip)",
+        format!("median {:.1} ms", median(&mut calls)),
+    );
+    report(
+        "  the job's own start: date +%s%N spawned directly",
+        format!("median {:.1} ms", median(&mut own_starts)),
+    );
     Ok(())
 }
 
-/// Submits one `date +%s%N` job and waits (10 s at most) for the time it
-/// printed: how long after the submit it started.
-fn one_submit_to_start(controller: &Controller, n_agents: usize, sample_idx: usize) -> anyhow::Result<Duration> {
+/// From just before `date +%s%N` is spawned to the clock it prints.
+fn own_start() -> anyhow::Result<Duration> {
     let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let output = Command::new("date").arg("+%s%N").output()?;
+    let printed: u128 = String::from_utf8_lossy(&output.stdout).trim().parse()?;
+    Ok(Duration::from_nanos(printed.saturating_sub(before.as_nanos()) as u64))
+}
+
+/// Submits one `date +%s%N` job and waits (10 s at most) for the time it
+/// printed: how long after the submit it started, and how long the
+/// submit's process took.
+fn one_submit_to_start(
+    controller: &Controller,
+    n_agents: usize,
+    sample_idx: usize,
+) -> anyhow::Result<(Duration, Duration)> {
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let spawned = Instant::now();
     let output = gpool(&controller.addr, &["submit", "--", "date", "+%s%N"])?;
+    let submit = spawned.elapsed();
     let id = String::from_utf8_lossy(&output.stdout).trim().to_string();
     let deadline = Instant::now() + Duration::from_secs(10);
     let started_ns: u128 = loop {
@@ -49,9 +93,8 @@ fn one_submit_to_start(controller: &Controller, n_agents: usize, sample_idx: usi
         }
         std::thread::sleep(Duration::from_micros(200));
     };
-    Ok(Duration::from_nanos(
-        (started_ns.saturating_sub(before.as_nanos())) as u64,
-    ))
+    let latency = Duration::from_nanos((started_ns.saturating_sub(before.as_nanos())) as u64);
+    Ok((latency, submit))
 }
 
 /// `n_jobs` `true` jobs, one `gpool submit` each from 8 threads: prints
