@@ -187,6 +187,20 @@ pub(crate) fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     Ok(body.to_string())
 }
 
+/// The sum and count of the histogram `metric` on the /metrics page of
+/// the controller started with `--metrics-listen` in `state_dir`.
+pub(crate) fn histogram(state_dir: &Path, metric: &str) -> anyhow::Result<(f64, f64)> {
+    let addr = std::fs::read_to_string(state_dir.join("metrics.addr")).context("gpoold's metrics.addr")?;
+    let text = http_get(addr.trim(), "/metrics")?;
+    let value = |suffix: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{metric}_{suffix} ")))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((value("sum"), value("count")))
+}
+
 /// Starts `n_agents` gpool-agent processes with `n_gpus` simulated GPUs each.
 pub(crate) fn start_agents(controller: &Controller, n_agents: usize, n_gpus: u32) -> anyhow::Result<Agents> {
     let mut agents = Agents(Vec::new());

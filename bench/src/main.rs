@@ -403,7 +403,7 @@ fn followers_and_watchers(n_followers: usize, n_watchers: usize) -> anyhow::Resu
 
 fn with_agents(n_agents: usize, n_gpus: u32) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let controller = Controller::start(dir.path())?;
+    let controller = Controller::start_with(dir.path(), &["--metrics-listen", "127.0.0.1:0"])?;
     let agents = start_agents(&controller, n_agents, n_gpus)?;
     let shape = format!("{n_agents} agents x {n_gpus} GPUs");
     submit_to_start(&controller, n_agents, &shape)?;

@@ -66,19 +66,11 @@ pub(crate) fn unchanged_cycles(n_pending: usize) -> anyhow::Result<()> {
     write_true_batch(&batch, n_pending)?;
     gpool(&controller.addr, &["submit", "-f", &batch.display().to_string()])?;
     std::thread::sleep(Duration::from_secs(16));
-    let addr = std::fs::read_to_string(dir.path().join("metrics.addr")).context("gpoold's metrics.addr")?;
-    let text = http_get(addr.trim(), "/metrics")?;
     for (metric, what) in [
         ("gpool_scheduling_cycle_seconds", "a full cycle"),
         ("gpool_scheduling_unchanged_seconds", "a wake-up with nothing changed"),
     ] {
-        let value = |suffix: &str| {
-            text.lines()
-                .find_map(|line| line.strip_prefix(&format!("{metric}_{suffix} ")))
-                .and_then(|value| value.trim().parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        let (sum, count) = (value("sum"), value("count"));
+        let (sum, count) = histogram(dir.path(), metric)?;
         report(
             &format!("scheduling, {n_pending} pending, no free GPU: {what}"),
             format!("{:.3} ms (mean of {count})", sum / count.max(1.0) * 1e3),

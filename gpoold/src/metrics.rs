@@ -26,6 +26,10 @@ pub struct Metrics {
     /// Each wake-up of the scheduler that found nothing changed since its
     /// last cycle (`gpool_core::sched::cycle_needed`): the time to find it.
     pub unchanged_cycle_seconds: Histogram,
+    /// Each flush that made a batch of changes durable (sled's log written
+    /// and synced): every acknowledged change waits for one, as etcd's
+    /// writes wait for its WAL's fsync.
+    pub store_flush_seconds: Histogram,
     /// From submit to start, for each start, by team.
     pub queue_wait_seconds: Family<Labels, Histogram>,
     pub preemptions: Counter,
@@ -42,6 +46,8 @@ impl Default for Metrics {
             cycle_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
             // 1 us to about 65 ms.
             unchanged_cycle_seconds: Histogram::new(exponential_buckets(0.000_001, 2.0, 17)),
+            // 20 us to about 1.3 s.
+            store_flush_seconds: Histogram::new(exponential_buckets(0.000_02, 2.0, 17)),
             // 10 ms to about 2 days.
             queue_wait_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 4.0, 14))),
             preemptions: Counter::default(),
@@ -402,6 +408,11 @@ fn register_recorded(registry: &mut Registry, metrics: &Metrics) {
         "scheduling_unchanged_seconds",
         "Time each scheduler wake-up that found nothing changed since its last cycle took (no cycle ran)",
         metrics.unchanged_cycle_seconds.clone(),
+    );
+    registry.register(
+        "store_flush_seconds",
+        "Time each flush took to make a batch of changes durable; every acknowledged change waits for one",
+        metrics.store_flush_seconds.clone(),
     );
     registry.register(
         "queue_wait_seconds",

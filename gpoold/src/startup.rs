@@ -58,15 +58,21 @@ pub(crate) fn start_core(
         job_changes: broadcast::channel(1024).0,
         sched_wakeup: Arc::new(Notify::new()),
     };
-    let (flush_sender, flush_receiver) = std::sync::mpsc::channel();
-    let db = store.db();
-    let flusher = tokio::task::spawn_blocking(move || state::run_flusher(db, flush_receiver));
     let (stop_state_task, stop) = tokio::sync::watch::channel(false);
     let notifiers = state::Notifiers {
         job_changes: handle.job_changes.clone(),
         sched_wakeup: handle.sched_wakeup.clone(),
         stop,
     };
+    let metrics = handle
+        .shared
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .metrics
+        .clone();
+    let (flush_sender, flush_receiver) = std::sync::mpsc::channel();
+    let (db, flush_took) = (store.db(), metrics.store_flush_seconds.clone());
+    let flusher = tokio::task::spawn_blocking(move || state::run_flusher(db, flush_receiver, flush_took));
     let state_task = tokio::spawn(state::run_state_task(
         handle.shared.clone(),
         notifiers,
@@ -75,12 +81,6 @@ pub(crate) fn start_core(
         flush_sender,
         wall_clock,
     ));
-    let metrics = handle
-        .shared
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .metrics
-        .clone();
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock, metrics.clone()));
     let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
     background.spawn(notify::run(handle.clone()));

@@ -54,6 +54,11 @@ fn metrics_show_gpus_jobs_and_scheduling() {
         value(&body, "gpool_scheduling_cycle_seconds_count").is_some_and(|n| n >= 1.0),
         "{body}"
     );
+    // The submit and the start were each made durable by a flush.
+    assert!(
+        value(&body, "gpool_store_flush_seconds_count").is_some_and(|n| n >= 2.0),
+        "{body}"
+    );
     assert!(body.contains("# TYPE gpool_queue_wait_seconds histogram"), "{body}");
     // The running job is charged as it runs.
     let hours = value(&body, "gpool_team_gpu_hours{team=\"ml\",ledger=\"guaranteed\"}");

@@ -424,14 +424,22 @@ fn write_all(store: &Store, state: &State, writes: &[Write]) -> Result<(), Error
 }
 
 /// The flusher: one blocking thread that makes a batch durable with one
-/// `flush`, then answers it. Returns the error that stopped it, if any.
-pub fn run_flusher(db: sled::Db, batches: std::sync::mpsc::Receiver<Vec<PendingReply>>) -> Result<(), Error> {
+/// `flush`, then answers it; `took` records each flush's time. Returns
+/// the error that stopped it, if any.
+pub fn run_flusher(
+    db: sled::Db,
+    batches: std::sync::mpsc::Receiver<Vec<PendingReply>>,
+    took: prometheus_client::metrics::histogram::Histogram,
+) -> Result<(), Error> {
     while let Ok(first) = batches.recv() {
         let mut replies = first;
         while let Ok(more) = batches.try_recv() {
             replies.extend(more);
         }
-        match db.flush() {
+        let started = std::time::Instant::now();
+        let flushed = db.flush();
+        took.observe(started.elapsed().as_secs_f64());
+        match flushed {
             Ok(_) => replies.into_iter().for_each(|reply| reply(Ok(()))),
             Err(err) => {
                 let message = err.to_string();
