@@ -359,6 +359,9 @@ struct QosFile {
     grace: Option<String>,
     #[serde(default)]
     reserve_gpus: u32,
+    /// Pool name -> GPUs kept there instead of `reserve_gpus`.
+    #[serde(default)]
+    reserve_in: BTreeMap<String, u32>,
     max_jobs_per_user: Option<u32>,
     max_gpus_per_user: Option<u32>,
     max_submit_per_user: Option<u32>,

@@ -113,7 +113,7 @@ pub(super) fn sharing_from_file(
         sharing.qos.clear();
     }
     for spanned in qos {
-        let class = qos_from_file(spanned, &sharing.qos, invalid)?;
+        let class = qos_from_file(spanned, &sharing.qos, policy_pools, invalid)?;
         sharing.qos.push(class);
     }
     if sharing.qos(&sharing.default_qos).is_none() {
@@ -306,11 +306,12 @@ fn team_from_file(
     })
 }
 
-/// One `[[qos]]`, checked: a well-formed name not among `earlier`, and its
-/// durations (max time, min runtime, grace).
+/// One `[[qos]]`, checked: a well-formed name not among `earlier`, its
+/// durations (max time, min runtime, grace), and pools its reserve names.
 fn qos_from_file(
     spanned: toml::Spanned<QosFile>,
     earlier: &[Qos],
+    policy_pools: &[String],
     invalid: &dyn Fn(usize, String) -> ConfigError,
 ) -> Result<Qos, ConfigError> {
     let at = spanned.span().start;
@@ -321,6 +322,16 @@ fn qos_from_file(
             format!(
                 "qos.name: {:?} is repeated or not letters, digits, '.', '_' and '-'",
                 class.name
+            ),
+        ));
+    }
+    if let Some(pool) = class.reserve_in.keys().find(|pool| !policy_pools.contains(pool)) {
+        return Err(invalid(
+            at,
+            format!(
+                "qos.reserve_in: class {} keeps GPUs in pool {pool:?}, but no [[pool]] has that name (pools: {})",
+                class.name,
+                policy_pools.join(", ")
             ),
         ));
     }
@@ -335,6 +346,7 @@ fn qos_from_file(
         },
         grace_secs: optional_duration(at, "qos.grace", &class.grace, invalid)?.unwrap_or(60),
         reserve_gpus: class.reserve_gpus,
+        reserve_in: class.reserve_in,
         user_limits: UserLimits {
             max_jobs: class.max_jobs_per_user,
             max_gpus: class.max_gpus_per_user,

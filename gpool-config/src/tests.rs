@@ -15,6 +15,13 @@ fn every_example_config_parses() {
     assert_eq!(vision.guaranteed_in.get("a100-80gb"), Some(&4));
     assert_eq!(sharing.team_of_user("carol"), Some("nlp"));
     assert!(sharing.qos("high").is_some_and(|q| q.preempt_lower));
+    // The high class keeps 4 GPUs in the default pool, none of the 2 of
+    // the inference pool.
+    let high = sharing.qos("high").unwrap();
+    assert_eq!(
+        (high.reserve_in_pool("default"), high.reserve_in_pool("inference")),
+        (4, 0)
+    );
     assert_eq!(sharing.qos("").map(|q| q.name.as_str()), Some("normal"));
     let pricing = &config.accounting.pricing;
     assert_eq!(pricing.price(&GpuModel::new("H100")), Some(4.10));
@@ -136,6 +143,10 @@ fn sharing_errors_name_the_line_and_field() {
         (
             "[[qos]]\nname = \"x\"\nmax_time = \"soon\"\n",
             "g.toml:3: qos.max_time: \"soon\" is not a duration",
+        ),
+        (
+            "[[qos]]\nname = \"high\"\nreserve_in = { gpu = 2 }\n",
+            "g.toml:3: qos.reserve_in: class high keeps GPUs in pool \"gpu\", but no [[pool]] has that name",
         ),
         (
             "[sharing]\ndefault_qos = \"gold\"\n",

@@ -80,10 +80,14 @@ pub struct Qos {
     pub min_runtime_secs: u64,
     /// Between the checkpoint signal and the kill of a preempted attempt.
     pub grace_secs: u64,
-    /// GPUs kept free for this class and above: lower classes, and burst
-    /// work, never take them.
+    /// GPUs kept free for this class and above in each pool: lower
+    /// classes, and burst work, never take them.
     #[serde(default)]
     pub reserve_gpus: u32,
+    /// Pool name -> GPUs kept there instead of `reserve_gpus` (a small
+    /// pool may keep fewer, or none).
+    #[serde(default)]
+    pub reserve_in: BTreeMap<String, u32>,
     /// Caps on each user's jobs of this class (Slurm's MaxTRESPerUser).
     #[serde(default)]
     pub user_limits: UserLimits,
@@ -99,8 +103,19 @@ impl Qos {
             min_runtime_secs: 0,
             grace_secs: 60,
             reserve_gpus: 0,
+            reserve_in: BTreeMap::new(),
             user_limits: UserLimits::default(),
         }
+    }
+
+    /// The GPUs this class keeps free in `pool`.
+    pub fn reserve_in_pool(&self, pool: &str) -> u32 {
+        self.reserve_in.get(pool).copied().unwrap_or(self.reserve_gpus)
+    }
+
+    /// Whether it keeps GPUs free in any pool.
+    pub fn reserves_any(&self) -> bool {
+        self.reserve_gpus > 0 || self.reserve_in.values().any(|&gpus| gpus > 0)
     }
 }
 

@@ -299,3 +299,61 @@ fn gpus_kept_for_a_class_stay_free_for_it_under_a_queue() {
         assert_eq!(cluster.job(*id)["state"], "pending");
     }
 }
+
+/// The shipped gpoold.toml on H100 and L4 nodes, the L4s (2 GPUs) its
+/// `inference` pool: the `high` class keeps 4 GPUs in each pool but none
+/// in that one (`reserve_in`), so team vision's jobs of the default class
+/// run there on its guarantee, while the default pool still keeps its 4.
+#[test]
+fn a_small_pool_keeps_no_reserve_under_the_shipped_config() {
+    use crate::preemption::{agent_config, shipped_policy};
+    let mut cluster = Cluster::with_config(&shipped_policy());
+    cluster.start_agent_with("h100-a", 0, &agent_config("h100", 8, 81_559, ""));
+    cluster.start_agent_with(
+        "l4-a",
+        0,
+        &agent_config("l4", 2, 23_034, "[labels]\ntier = \"inference\"\n"),
+    );
+    let l4 = cluster.submit(&[
+        "--team",
+        "vision",
+        "--pool",
+        "inference",
+        "--gpu-type",
+        "l4",
+        "--",
+        "sleep",
+        "60",
+    ]);
+    cluster.wait_for_state(l4, "running");
+    // The default pool takes every node: 9 GPUs free, 4 of them kept.
+    let eight = cluster.submit(&[
+        "--team",
+        "vision",
+        "--gpu-type",
+        "h100",
+        "--gpus",
+        "8",
+        "--",
+        "sleep",
+        "60",
+    ]);
+    wait_until("the kept GPUs as its reason", Duration::from_secs(20), || {
+        (cluster.job(eight)["reason_codes"][0] == "reserved").then_some(())
+    });
+    let high = cluster.submit(&[
+        "--team",
+        "vision",
+        "--qos",
+        "high",
+        "--gpu-type",
+        "h100",
+        "--gpus",
+        "8",
+        "--",
+        "sleep",
+        "60",
+    ]);
+    cluster.wait_for_state(high, "running");
+    assert_eq!(cluster.job(eight)["state"], "pending");
+}

@@ -31,7 +31,7 @@ impl Lent {
             by_pool: Vec::new(),
             jobs: HashMap::default(),
         };
-        if policy.sharing.qos.iter().all(|qos| qos.reserve_gpus == 0) {
+        if !policy.sharing.qos.iter().any(|qos| qos.reserves_any()) {
             return lent;
         }
         for running in view.running.iter().filter(|r| r.burst && !r.preempting) {

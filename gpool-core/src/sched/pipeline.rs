@@ -83,9 +83,10 @@ struct Cycle<'v> {
     /// This cycle's starts and holds, with when each ends (if it has a
     /// time limit), for the reservation's estimate.
     ends: Vec<(Option<Timestamp>, Vec<NodePlacement>)>,
-    /// GPUs kept free for QoS classes (and above): (priority, GPUs, name).
-    /// Burst work never takes them.
-    reserves: Vec<(u32, u64, &'v str)>,
+    /// The QoS classes that keep GPUs free for themselves (and above),
+    /// each in some pool (`Qos::reserve_in_pool`). Burst work never takes
+    /// them.
+    reserves: Vec<&'v crate::policy::Qos>,
     /// Free GPUs, and running jobs that may still be preempted, only
     /// shrink within a cycle, so a job shape that found no room (nor GPUs
     /// to reclaim) fails again: later jobs of that shape reuse its reasons
@@ -190,12 +191,7 @@ impl<'v> Cycle<'v> {
             reservation_tried: false,
             masked: None,
             ends: Vec::new(),
-            reserves: policy
-                .sharing
-                .qos
-                .iter()
-                .map(|qos| (qos.priority, u64::from(qos.reserve_gpus), qos.name.as_str()))
-                .collect(),
+            reserves: policy.sharing.qos.iter().filter(|qos| qos.reserves_any()).collect(),
             failed: HashMap::default(),
             kept_from: Vec::new(),
             alike_reasons: HashMap::default(),
@@ -247,22 +243,27 @@ impl<'v> Cycle<'v> {
         let cover = class.coverage(&row.terms, &row.used, job);
         let covered = cover.is_some();
         let qos_priority = class.qos_priority;
-        let kept: u64 = self
-            .reserves
-            .iter()
+        // What each class keeps in the job's pool: (priority, GPUs, name).
+        let reserves = self.reserves.iter().map(|qos| {
+            (
+                qos.priority,
+                u64::from(qos.reserve_in_pool(class.pool)),
+                qos.name.as_str(),
+            )
+        });
+        let kept: u64 = reserves
+            .clone()
             .filter(|(priority, _, _)| *priority > qos_priority || !covered)
             .map(|(_, n, _)| n)
             .sum();
         // The class that may take every kept GPU, if changing to it helps:
         // burst work never takes kept GPUs, whatever its class.
-        let higher = self
-            .reserves
-            .iter()
+        let higher = reserves
             .filter(|(priority, n, _)| covered && *priority > qos_priority && *n > 0)
             .max_by_key(|(priority, _, _)| *priority);
         // Guaranteed work may take kept GPUs that lent ones back (`lent`);
         // a reclaiming job leaves them all, as its victims lend no more.
-        let kept_now = higher.map_or(kept, |(top, _, _)| self.lent.unbacked(job, self.policy, kept, *top));
+        let kept_now = higher.map_or(kept, |(top, _, _)| self.lent.unbacked(job, self.policy, kept, top));
         let keep = (kept > 0).then(|| preempt::Keep {
             pool_free_now: self.index.pool_free(job, self.policy),
             kept,

@@ -136,7 +136,7 @@ pub fn window_gpus(
     }
     let victims =
         sharing.qos.iter().any(|qos| qos.preempt_lower) || running.iter().any(|job| job.burst || job.preempting);
-    let reserves = sharing.qos.iter().any(|qos| qos.reserve_gpus > 0);
+    let reserves = sharing.qos.iter().any(|qos| qos.reserves_any());
     let failed_tries = 4 * queue.shapes.len() + n_others;
     if victims && (reserves || failed_tries >= super::preempt::MAX_FAILED_RECLAIMS_PER_CYCLE) {
         return None;

@@ -539,6 +539,60 @@ fn reserves_hold_gpus_for_higher_classes_and_from_burst_work() {
 }
 
 #[test]
+fn a_reserve_may_differ_by_pool() {
+    // As the shipped gpoold.toml: `high` keeps 4 GPUs in each pool, and
+    // none in the 2-GPU pool infer, where team c is guaranteed 2.
+    let mut policy = policy();
+    policy.pools.push(crate::model::PoolDef {
+        name: "infer".into(),
+        selector: [("tier".to_string(), "infer".to_string())].into(),
+        defaults: Default::default(),
+    });
+    policy.sharing.teams[2].guaranteed_in = [("infer".to_string(), 2)].into();
+    policy.sharing.qos[2].reserve_gpus = 4;
+    let nodes = "n1 2xl4 tier=infer\nn2 4xh100";
+    // The default pool takes every node: 6 GPUs, 2 of them not kept.
+    let jobs = "j1 team=c pool=infer gpus=1\nj2 team=a type=h100 gpus=1";
+    // The reserve of 4 keeps the whole of pool infer from the normal class.
+    check(
+        &policy,
+        nodes,
+        "",
+        jobs,
+        expect![[r#"
+            start j2 n2[0]
+            pending j1: the free GPUs are the 4 GPUs kept for higher QoS classes (or for guaranteed work)
+        "#]],
+    );
+    // Kept in the default pool alone, infer's guaranteed job starts there.
+    policy.sharing.qos[2].reserve_in = [("infer".to_string(), 0)].into();
+    check(
+        &policy,
+        nodes,
+        "",
+        jobs,
+        expect![[r#"
+            start j1 n1[0]
+            start j2 n2[0]
+        "#]],
+    );
+    // A pool's own number also keeps GPUs where the class keeps none
+    // elsewhere.
+    policy.sharing.qos[2].reserve_gpus = 0;
+    policy.sharing.qos[2].reserve_in = [("infer".to_string(), 1)].into();
+    check(
+        &policy,
+        nodes,
+        "",
+        "j1 team=c pool=infer gpus=2\nj2 team=a type=h100 gpus=4",
+        expect![[r#"
+            start j2 n2[0-3]
+            pending j1: the free GPUs are the 1 GPU kept for higher QoS classes (or for guaranteed work)
+        "#]],
+    );
+}
+
+#[test]
 fn alike_jobs_no_shape_cache_covers_share_one_list_of_reasons() {
     // Jobs that may preempt, where GPUs are kept: each is tried, as what it
     // may take depends on what is free; alike ones still share their
@@ -905,7 +959,7 @@ proptest! {
             for policy in [&policy(), &no_preempting_qos, &no_age, &Policy::default(), &reserve, &default_reserve] {
                 // At most 4 shapes: too few to spend the failed tries.
                 let gpus = window_gpus(&view.nodes, &view.running, policy, &queue, 0);
-                let reserves = policy.sharing.qos.iter().any(|qos| qos.reserve_gpus > 0);
+                let reserves = policy.sharing.qos.iter().any(|qos| qos.reserves_any());
                 let Some(gpus) = gpus else {
                     prop_assert!(reserves && victims, "no window");
                     continue;
