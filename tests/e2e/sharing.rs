@@ -327,33 +327,26 @@ fn a_small_pool_keeps_no_reserve_under_the_shipped_config() {
     ]);
     cluster.wait_for_state(l4, "running");
     // The default pool takes every node: 9 GPUs free, 4 of them kept.
-    let eight = cluster.submit(&[
-        "--team",
-        "vision",
-        "--gpu-type",
-        "h100",
-        "--gpus",
-        "8",
-        "--",
-        "sleep",
-        "60",
-    ]);
+    let eight_h100 = |cluster: &Cluster, qos: &str| {
+        cluster.submit(&[
+            "--team",
+            "vision",
+            "--qos",
+            qos,
+            "--gpu-type",
+            "h100",
+            "--gpus",
+            "8",
+            "--",
+            "sleep",
+            "60",
+        ])
+    };
+    let eight = eight_h100(&cluster, "normal");
     wait_until("the kept GPUs as its reason", Duration::from_secs(20), || {
         (cluster.job(eight)["reason_codes"][0] == "reserved").then_some(())
     });
-    let high = cluster.submit(&[
-        "--team",
-        "vision",
-        "--qos",
-        "high",
-        "--gpu-type",
-        "h100",
-        "--gpus",
-        "8",
-        "--",
-        "sleep",
-        "60",
-    ]);
+    let high = eight_h100(&cluster, "high");
     cluster.wait_for_state(high, "running");
     assert_eq!(cluster.job(eight)["state"], "pending");
 }

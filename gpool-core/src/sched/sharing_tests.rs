@@ -538,16 +538,21 @@ fn reserves_hold_gpus_for_higher_classes_and_from_burst_work() {
     );
 }
 
-#[test]
-fn a_reserve_may_differ_by_pool() {
-    // As the shipped gpoold.toml: `high` keeps 4 GPUs in each pool, and
-    // none in the 2-GPU pool infer, where team c is guaranteed 2.
-    let mut policy = policy();
+/// Adds pool `infer`: the nodes labelled `tier=infer`.
+fn add_infer_pool(policy: &mut Policy) {
     policy.pools.push(crate::model::PoolDef {
         name: "infer".into(),
         selector: [("tier".to_string(), "infer".to_string())].into(),
         defaults: Default::default(),
     });
+}
+
+#[test]
+fn a_reserve_may_differ_by_pool() {
+    // As the shipped gpoold.toml: `high` keeps 4 GPUs in each pool, and
+    // none in the 2-GPU pool infer, where team c is guaranteed 2.
+    let mut policy = policy();
+    add_infer_pool(&mut policy);
     policy.sharing.teams[2].guaranteed_in = [("infer".to_string(), 2)].into();
     policy.sharing.qos[2].reserve_gpus = 4;
     let nodes = "n1 2xl4 tier=infer\nn2 4xh100";
@@ -775,11 +780,7 @@ fn a_victim_no_waiting_job_needs_is_rescinded_unless_another_counts_on_it() {
 #[test]
 fn guarantees_per_pool_and_per_gpu_model() {
     let mut policy = policy();
-    policy.pools.push(crate::model::PoolDef {
-        name: "infer".into(),
-        selector: [("tier".to_string(), "infer".to_string())].into(),
-        defaults: Default::default(),
-    });
+    add_infer_pool(&mut policy);
     policy.sharing.teams[2].guaranteed_in = [("infer".to_string(), 2), ("a100".to_string(), 2)].into();
     // Team c has no general guarantee: 2 GPUs in pool infer, 2 A100s.
     check(
