@@ -47,6 +47,9 @@ pub struct AgentConfig {
     pub memory_bytes: u64,
     pub heartbeat_interval: Duration,
     pub simulated_gpus: Vec<SimulatedGpu>,
+    /// `simulate = true`: offer the simulated GPUs even where NVML finds
+    /// real ones (otherwise the agent refuses to start there).
+    pub simulate: bool,
     /// How the simulated GPUs are connected (empty: all `system`).
     pub simulated_topology: Topology,
     /// The cluster CA that gpoold's certificate must chain to; with it the
@@ -157,6 +160,7 @@ struct AgentFile {
     heartbeat_interval: Option<toml::Spanned<String>>,
     #[serde(default)]
     simulated_gpu: Vec<SimulatedGpu>,
+    simulate: Option<bool>,
     simulated_topology: Option<toml::Spanned<SimulatedTopology>>,
     ca: Option<PathBuf>,
     container_runtime: Option<toml::Spanned<String>>,
@@ -235,6 +239,7 @@ impl AgentConfig {
             memory_bytes,
             heartbeat_interval,
             simulated_gpus: parsed.simulated_gpu,
+            simulate: parsed.simulate.unwrap_or(false),
             simulated_topology,
         })
     }
@@ -539,7 +544,24 @@ mod tests {
     fn example_config_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent.toml");
         let config = AgentConfig::load(&path).unwrap_or_else(|err| panic!("{err}"));
-        assert_eq!(config.simulated_gpus.iter().map(|g| g.count).sum::<u32>(), 8);
+        // A real node offers its real GPUs: the shipped file simulates none.
+        assert!(config.simulated_gpus.is_empty() && !config.simulate);
+        // Its commented simulated tables, uncommented, are a working
+        // example for a machine with no GPU.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let from = text.find("# [[simulated_gpu]]").expect("the simulated example");
+        let example: String = text[from..]
+            .lines()
+            .map(|line| {
+                line.strip_prefix("# ")
+                    .filter(|rest| !rest.contains(' ') || rest.contains(" = "))
+            })
+            .map(|line| line.unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let uncommented = AgentConfig::parse("agent.toml", &format!("{}\n{example}", &text[..from]))
+            .unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(uncommented.simulated_gpus.iter().map(|g| g.count).sum::<u32>(), 8);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         topology,
         source,
         labels: gpu_labels,
-    } = gpu::discover(&config);
+    } = gpu::discover(&config).map_err(|reason| anyhow::anyhow!("{reason}"))?;
     tracing::info!("node {}: {} GPUs ({source:?})", config.node_name, gpus.len());
     let isolation = detect_isolation(&config);
     log_isolation(&isolation);

@@ -12,7 +12,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Short enough that a failover's new leader hears from its agents while
+/// their jobs' lease holds (`gpool_core::fencing::check_failover`).
+const MAX_BACKOFF: Duration = gpool_core::fencing::AGENT_MAX_REDIAL;
 
 /// What the agent tells the controller about itself at each connect.
 pub struct NodeInfo {

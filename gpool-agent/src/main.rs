@@ -30,11 +30,16 @@ fn main() -> ExitCode {
     gpool_agent::memory::return_free_memory_periodically("gpool-agent-trim", || {});
     if args.discover {
         return match AgentConfig::load(&args.config) {
-            Ok(config) => {
-                let report = gpool_agent::gpu::discovery_report(&config);
-                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
-                ExitCode::SUCCESS
-            }
+            Ok(config) => match gpool_agent::gpu::discovery_report(&config) {
+                Ok(report) => {
+                    println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(reason) => {
+                    eprintln!("gpool-agent: {reason}");
+                    ExitCode::FAILURE
+                }
+            },
             Err(err) => {
                 eprintln!("gpool-agent: {err}");
                 ExitCode::FAILURE

@@ -16,15 +16,10 @@ impl Config {
         let listen = listen_of(parsed.listen, &invalid)?;
         check_pool_names(&parsed.pool, text, &invalid)?;
         let mut policy = pools_of(parsed.pool, parsed.default_pool, &invalid)?;
-        let node_timeout = match parsed.node_timeout {
-            None => DEFAULT_NODE_TIMEOUT,
-            Some(text) => parse_node_timeout(text.get_ref()).map_err(|reason| {
-                invalid(
-                    text.span().start,
-                    format!("node_timeout: {reason} (a duration such as 30s, at least 4s)"),
-                )
-            })?,
-        };
+        // `[ha]` first: the node timeout's default and its least depend on
+        // its lease.
+        let ha = super::ha::ha_of(parsed.ha, listen, &invalid)?;
+        let node_timeout = node_timeout_of(parsed.node_timeout, ha.as_ref(), &invalid)?;
         // Checked in the file's order of old, so that of two mistakes the
         // same one is named first.
         let forget_nodes_after = forget_nodes_after_of(parsed.forget_nodes_after, node_timeout, &invalid)?;
@@ -53,7 +48,6 @@ impl Config {
             &invalid,
         )?;
         let health = health_of(parsed.health, &invalid)?;
-        let ha = super::ha::ha_of(parsed.ha, listen, &invalid)?;
         let power = super::power::power_of(parsed.power, &accounting, &policy, &invalid)?;
         let notify = parsed.notify.map_or_else(Default::default, notify_rules);
         Ok(Config {
@@ -86,6 +80,30 @@ impl Config {
             state_dir,
         })
     }
+}
+
+/// `node_timeout`: 30 s by default, or with `[ha]` the least under which a
+/// node's jobs outlive a failover; one shorter than that is refused.
+fn node_timeout_of(
+    field: Option<toml::Spanned<String>>,
+    ha: Option<&Ha>,
+    invalid: Invalid,
+) -> Result<Duration, ConfigError> {
+    let Some(text) = field else {
+        let least = ha.map(|ha| gpool_core::fencing::least_node_timeout(ha.lease_ttl));
+        return Ok(least.map_or(DEFAULT_NODE_TIMEOUT, |least| least.max(DEFAULT_NODE_TIMEOUT)));
+    };
+    let node_timeout = parse_node_timeout(text.get_ref()).map_err(|reason| {
+        invalid(
+            text.span().start,
+            format!("node_timeout: {reason} (a duration such as 30s, at least 4s)"),
+        )
+    })?;
+    if let Some(ha) = ha {
+        gpool_core::fencing::check_failover(node_timeout, ha.lease_ttl)
+            .map_err(|reason| invalid(text.span().start, reason))?;
+    }
+    Ok(node_timeout)
 }
 
 /// `[notify]`: the webhooks and mailer `--notify` may use.

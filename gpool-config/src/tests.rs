@@ -295,6 +295,32 @@ fn ha_names_etcd_this_controller_and_its_lease() {
     }
 }
 
+/// A failover never fences a running job: with `[ha]` the node timeout
+/// defaults to the least that outlives one, and a shorter one is refused
+/// with both fields named.
+#[test]
+fn ha_takes_a_node_timeout_that_outlives_a_failover() {
+    let ha = "[ha]\netcd = [\"http://10.0.0.5:2379\"]\nname = \"a\"\nadvertise = \"a:1\"\n";
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n";
+    let shipped = Config::parse("g.toml", &format!("{base}{ha}")).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(shipped.node_timeout, Duration::from_secs(54), "the 15 s lease's least");
+    let plain = Config::parse("g.toml", base).unwrap();
+    assert_eq!(plain.node_timeout, DEFAULT_NODE_TIMEOUT, "no [ha]: no change");
+    let short = format!("{ha}lease_ttl = \"3s\"\n");
+    let config = Config::parse("g.toml", &format!("{base}{short}")).unwrap();
+    assert_eq!(config.node_timeout, DEFAULT_NODE_TIMEOUT, "never below 30 s");
+    let err = Config::parse("g.toml", &format!("{base}node_timeout = \"30s\"\n{ha}"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("g.toml:3: node_timeout = \"30s\" is too short for ha.lease_ttl = \"15s\"")
+            && err.contains("at least \"54s\""),
+        "{err}"
+    );
+    let config = Config::parse("g.toml", &format!("{base}node_timeout = \"2m\"\n{ha}")).unwrap();
+    assert_eq!(config.node_timeout, Duration::from_secs(120));
+}
+
 #[test]
 fn power_groups_expand_their_nodes_and_name_each_mistake() {
     let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[accounting.prices]\nh100 = 4.1\n";

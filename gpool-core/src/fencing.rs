@@ -1,6 +1,8 @@
 //! The fencing rule (ARCHITECTURE.md): how long a node may run requeueable
 //! attempts without hearing from gpoold, and the grace it gives them.
 
+use std::time::Duration;
+
 /// What a node is granted with each answered heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseTerms {
@@ -18,6 +20,54 @@ pub fn lease_terms(node_timeout_ms: i64) -> LeaseTerms {
         fence_after_ms: part(2),
         grace_ms: part(4),
     }
+}
+
+/// What a failover may take beyond the dead leader's etcd lease, each part
+/// an allowance: a standby reads etcd every half second and campaigns
+/// (`FAILOVER_ELECTION`), opens and loads the state dir
+/// (`FAILOVER_LOAD`), and each agent redials at most `AGENT_MAX_REDIAL`
+/// after its previous try.
+pub const FAILOVER_ELECTION: Duration = Duration::from_secs(1);
+pub const FAILOVER_LOAD: Duration = Duration::from_secs(2);
+pub const AGENT_MAX_REDIAL: Duration = Duration::from_secs(2);
+
+/// The longest a failover may take, from a leader's death to its agents
+/// registered with the new leader: its lease of `lease_ttl` runs out at
+/// most that long after its last renewal, then the allowances above.
+pub fn longest_failover(lease_ttl: Duration) -> Duration {
+    lease_ttl + FAILOVER_ELECTION + FAILOVER_LOAD + AGENT_MAX_REDIAL
+}
+
+/// The shortest node timeout under which a node's attempts outlive a
+/// failover of a leader with `lease_ttl`, in whole seconds. A node may run
+/// its attempts half the node timeout from the sending of its last
+/// answered heartbeat, and heartbeats go at least every quarter of that:
+/// at a leader's death its attempts have three eighths of the node timeout
+/// left at least, which must exceed the longest failover.
+pub fn least_node_timeout(lease_ttl: Duration) -> Duration {
+    let needed_ms = longest_failover(lease_ttl).as_millis() as u64 * 8 / 3;
+    Duration::from_secs(needed_ms / 1000 + 1)
+}
+
+/// The rule between `node_timeout` and `[ha]`'s `lease_ttl`: a failover
+/// never fences a running job, and the node still stops its attempts
+/// before any leader gives it up (the new leader counts the node timeout
+/// from its own start, after the death). Refuses, naming both fields,
+/// where the node timeout is too short.
+pub fn check_failover(node_timeout: Duration, lease_ttl: Duration) -> Result<(), String> {
+    let least = least_node_timeout(lease_ttl);
+    if node_timeout >= least {
+        return Ok(());
+    }
+    Err(format!(
+        "node_timeout = \"{}s\" is too short for ha.lease_ttl = \"{}s\": a node keeps its jobs for half the node \
+         timeout without a controller, and a failover may take {}s (the lease, then election, load and the agents' \
+         redial); set node_timeout to at least \"{}s\" (or leave it out), or shorten ha.lease_ttl",
+        node_timeout.as_secs_f64(),
+        lease_ttl.as_secs(),
+        longest_failover(lease_ttl).as_secs(),
+        least.as_secs()
+    ))
 }
 
 /// Whether an agent that registers as a node may take the node's link
@@ -50,7 +100,7 @@ pub fn may_take_over(
 /// without a confirmed renewal (counted from when the renewal was sent)
 /// before it must stop acting. Two thirds: it is silent before the lease
 /// can run out and another controller be elected.
-pub fn leader_lease_terms(ttl: std::time::Duration) -> (std::time::Duration, std::time::Duration) {
+pub fn leader_lease_terms(ttl: Duration) -> (Duration, Duration) {
     (ttl / 3, ttl * 2 / 3)
 }
 
@@ -75,9 +125,9 @@ mod tests {
 
     #[test]
     fn a_leader_stops_before_its_lease_can_run_out() {
-        let ttl = std::time::Duration::from_secs(15);
+        let ttl = Duration::from_secs(15);
         let (renew_every, stop_after) = leader_lease_terms(ttl);
-        assert_eq!(renew_every, std::time::Duration::from_secs(5));
+        assert_eq!(renew_every, Duration::from_secs(5));
         assert!(renew_every < stop_after && stop_after < ttl);
     }
 
@@ -119,5 +169,37 @@ mod tests {
             assert!(killed_by + timeout_ms / 4 <= timeout_ms, "{timeout_ms}: {terms:?}");
             assert!(timeout_ms - killed_by >= 1_000, "at least a second of margin");
         }
+    }
+
+    #[test]
+    fn a_nodes_jobs_outlive_the_longest_failover_and_stop_before_a_new_leader_gives_it_up() {
+        for ttl_secs in [2, 3, 15, 60, 3600] {
+            let ttl = Duration::from_secs(ttl_secs);
+            let least = least_node_timeout(ttl);
+            assert!(check_failover(least, ttl).is_ok(), "{ttl:?}");
+            assert!(check_failover(least - Duration::from_secs(1), ttl).is_err(), "{ttl:?}");
+            let terms = lease_terms(least.as_millis() as i64);
+            // The last answered heartbeat went at most a quarter lease
+            // before the death: what is left of the lease then.
+            let left_at_death = i64::from(terms.fence_after_ms) * 3 / 4;
+            assert!(
+                left_at_death > longest_failover(ttl).as_millis() as i64,
+                "{ttl:?}: {terms:?}"
+            );
+            // The new leader starts after the death and gives the node up
+            // a node timeout after its start: the attempts are gone by then.
+            let gone_by = i64::from(terms.fence_after_ms) + i64::from(terms.grace_ms);
+            assert!(gone_by < least.as_millis() as i64, "{ttl:?}");
+        }
+        // The shipped defaults: a 15 s lease takes 54 s of node timeout,
+        // and 30 s is refused with both fields named.
+        assert_eq!(least_node_timeout(Duration::from_secs(15)), Duration::from_secs(54));
+        let refused = check_failover(Duration::from_secs(30), Duration::from_secs(15)).unwrap_err();
+        assert!(
+            refused.contains("node_timeout = \"30s\"")
+                && refused.contains("ha.lease_ttl = \"15s\"")
+                && refused.contains("\"54s\""),
+            "{refused}"
+        );
     }
 }

@@ -274,6 +274,7 @@ fn dev_agent_configs(
                 labels: Default::default(),
                 heartbeat_interval: std::time::Duration::from_secs(1),
                 simulated_gpus,
+                simulate: false,
                 // As in an SXM server: every GPU joined to all others
                 // through NVSwitch.
                 simulated_topology: gpool_core::topology::Topology::new(gpool_core::topology::group_links(

@@ -86,16 +86,31 @@ fn ha_table(endpoints: &str, name: &str) -> String {
     format!("[ha]\netcd = [{endpoints}]\nname = \"{name}\"\nlease_ttl = \"3s\"\n\n")
 }
 
-/// Another gpoold on the cluster's state dir, listening at `listen`: a
-/// standby until elected.
+/// Another gpoold on the cluster's state dir, listening at `listen`, with
+/// the `[ha]` table `table` makes of the tests' own: a standby until
+/// elected. Its node timeout is the leader's (gpoold's default where the
+/// leader's config leaves it out).
 fn start_standby(cluster: &Cluster, endpoints: &str, name: &str, listen: &str) -> Process {
+    start_standby_with(cluster, (endpoints, name, listen), |table| table)
+}
+
+fn start_standby_with(
+    cluster: &Cluster,
+    (endpoints, name, listen): (&str, &str, &str),
+    table: impl Fn(String) -> String,
+) -> Process {
     let dir = cluster.dir.path();
+    let leaders = std::fs::read_to_string(dir.join("gpoold.toml")).expect("the leader's gpoold.toml");
+    let node_timeout = leaders
+        .lines()
+        .find(|line| line.starts_with("node_timeout"))
+        .unwrap_or("");
     let text = format!(
-        "listen = \"{listen}\"\nstate_dir = \"{}\"\nsocket = \"{}\"\nnode_timeout = \"30s\"\nadmins = [\"{}\"]\n\n{}{}",
+        "listen = \"{listen}\"\nstate_dir = \"{}\"\nsocket = \"{}\"\n{node_timeout}\nadmins = [\"{}\"]\n\n{}{}",
         dir.join("state").display(),
         dir.join(format!("gpoold-{name}.sock")).display(),
         current_user(),
-        ha_table(endpoints, name),
+        table(ha_table(endpoints, name)),
         shipped_policy()
     );
     let file = dir.join(format!("gpoold-{name}.toml"));
@@ -122,9 +137,16 @@ fn start_pair(
     nodes: &[(&str, &str, u32, u64, &str)],
 ) -> (Cluster, Process, String) {
     let extra = format!("{}{}", table(ha_table(a_etcd, "a")), shipped_policy());
-    let mut cluster = Cluster::with_config_in(dir, "127.0.0.1", &extra);
+    // The tests' 3 s lease runs with a 30 s node timeout; any other lease
+    // with gpoold's default.
+    let node_timeout = if extra.contains("lease_ttl = \"3s\"") {
+        "30s"
+    } else {
+        ""
+    };
+    let mut cluster = Cluster::with_config_in_and_timeout(dir, "127.0.0.1", node_timeout, &extra);
     let listen_b = format!("127.0.0.1:{}", free_port());
-    let standby = start_standby(&cluster, b_etcd, "b", &listen_b);
+    let standby = start_standby_with(&cluster, (b_etcd, "b", &listen_b), &table);
     let controllers = format!("{},{listen_b}", cluster.addr);
     cluster.cli_server = controllers.clone();
     for (node, model, count, memory_mib, labels) in nodes {
@@ -258,6 +280,120 @@ fn a_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice() {
     );
     let last = cluster.submit(&["--team", "vision", "--", "true"]);
     cluster.wait_for_state(last, "completed");
+}
+
+/// The shipped `[ha]` defaults (a 15 s lease, the node timeout gpoold
+/// derives from it): kill -9 of the leader while requeueable jobs run on
+/// H100, A100 and L4 nodes (one that checkpoints, an array, separate jobs)
+/// and a `--no-requeue` one. The agents keep their jobs' lease through the
+/// failover: every running job ends on its first attempt, none was fenced.
+#[test]
+fn with_the_shipped_ha_defaults_a_leader_killed_under_running_jobs_restarts_none() {
+    let dir = Cluster::temp_dir();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let endpoints = etcd.endpoints.clone();
+    let shipped = |table: String| table.replace("lease_ttl = \"3s\"\n", "");
+    let (mut cluster, _standby, listen_b) = start_pair(dir, (&endpoints, &endpoints), shipped, &NODES);
+    let toml = std::fs::read_to_string(cluster.dir.path().join("gpoold.toml")).unwrap();
+    assert!(!toml.contains("lease_ttl") && !toml.contains("node_timeout"), "{toml}");
+    // Every job runs until released, and notes each run of it.
+    let runs = cluster.dir.path().join("runs");
+    std::fs::create_dir_all(&runs).unwrap();
+    let hold = format!(
+        "trap 'touch {runs}/checkpointed-$GPOOL_JOB_ID' USR1; echo run >> {runs}/$GPOOL_JOB_ID; \
+         while [ ! -e release ]; do sleep 0.2; done",
+        runs = runs.display()
+    );
+    let mut ids = vec![
+        cluster.submit(&[
+            "--team",
+            "vision",
+            "--gpus",
+            "h100:4",
+            "--checkpoint-signal",
+            "USR1",
+            "--",
+            "sh",
+            "-c",
+            &hold,
+        ]),
+        cluster.submit(&["--team", "vision", "--gpus", "h100:8", "--", "sh", "-c", &hold]),
+        cluster.submit(&["--team", "nlp", "--gpus", "l4:2", "--", "sh", "-c", &hold]),
+        cluster.submit(&[
+            "--team",
+            "nlp",
+            "--gpus",
+            "a100-80gb:1",
+            "--no-requeue",
+            "--",
+            "sh",
+            "-c",
+            &hold,
+        ]),
+    ];
+    let array = cluster.submit(&["--team", "nlp", "-a", "0-1", "--gpus", "l4:1", "--", "sh", "-c", &hold]);
+    for id in &ids {
+        cluster.wait_for_state(*id, "running");
+    }
+    let tasks = |cluster: &Cluster| -> Vec<serde_json::Value> {
+        let listed = cluster.gpool(&["jobs", "-r", "--all", "--output", "json"]).json();
+        let all = listed.as_array().cloned().unwrap_or_default();
+        all.into_iter().filter(|task| task["array_job_id"] == array).collect()
+    };
+    wait_until("the array's tasks to run", Duration::from_secs(60), || {
+        let tasks = tasks(&cluster);
+        (tasks.len() == 2 && tasks.iter().all(|task| task["state"] == "running")).then_some(())
+    });
+    ids.extend(tasks(&cluster).iter().filter_map(|task| task["id"].as_u64()));
+
+    let killed = Instant::now();
+    cluster.controller().kill9();
+    wait_until("the standby to answer", Duration::from_secs(40), || {
+        (gpool_at(&listen_b, &["jobs"]).code == 0).then_some(())
+    });
+    println!(
+        "kill -9 to the standby's first answer: {:?} (lease ttl 15 s)",
+        killed.elapsed()
+    );
+    for agent in &cluster.agents {
+        wait_until(
+            "each agent to register with the new leader",
+            Duration::from_secs(30),
+            || {
+                let said = std::fs::read_to_string(&agent.log).unwrap_or_default();
+                said.contains(&format!("registered with gpoold at {listen_b}"))
+                    .then_some(())
+            },
+        );
+    }
+    println!("kill -9 to every agent registered again: {:?}", killed.elapsed());
+    // Had the lease run out, the agents would have fenced their jobs by
+    // now: half the old 30 s default after their last heartbeat.
+    let past_the_old_fence = Duration::from_secs(20);
+    std::thread::sleep(past_the_old_fence.saturating_sub(killed.elapsed()));
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    for id in &ids {
+        let job = cluster.wait_for_state(*id, "completed");
+        assert_eq!(
+            job["attempt"], 1,
+            "job {id} ran through the failover on its first attempt: {job}"
+        );
+        let noted = std::fs::read_to_string(runs.join(id.to_string())).unwrap_or_default();
+        assert_eq!(noted.lines().count(), 1, "job {id} ran once: {job}");
+        assert!(
+            !runs.join(format!("checkpointed-{id}")).exists(),
+            "job {id} was never signalled"
+        );
+    }
+    for agent in &cluster.agents {
+        let said = std::fs::read_to_string(&agent.log).unwrap_or_default();
+        assert!(
+            !said.contains("Fenced") && !said.contains("longer than the lease"),
+            "{said}"
+        );
+    }
 }
 
 /// `gpool` against one controller only.

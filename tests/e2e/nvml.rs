@@ -350,3 +350,73 @@ fn a_stalled_launch_holds_up_no_heartbeat() {
     assert_eq!(cluster.job(running)["attempt"], 1);
     cluster.gpool(&["cancel", &running.to_string()]).ok();
 }
+
+/// The shipped agent.toml on a node whose NVML finds 4 L4s: it offers the
+/// real GPUs. Its commented simulated tables, once uncommented there, make
+/// the agent refuse to start, naming both; `simulate = true` lets it offer
+/// them, and `gpool nodes` marks them as simulated.
+#[test]
+fn a_real_node_never_advertises_simulated_gpus_unless_told() {
+    let mut cluster = Cluster::start();
+    let fixture = nvml_fixture("l4-pcie");
+    cluster
+        .agent_env
+        .push(("GPOOL_NVML_STANDIN".into(), fixture.display().to_string()));
+    let shipped_agent = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/agent.toml")).unwrap();
+    // The shipped file as a site writes it, but for where gpoold is and TLS.
+    let body: String = shipped_agent
+        .lines()
+        .filter(|line| {
+            ![
+                "controller",
+                "ca ",
+                "cert",
+                "key",
+                "node_name",
+                "spool_dir",
+                "heartbeat_interval",
+            ]
+            .iter()
+            .any(|f| line.starts_with(f))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let top = format!(
+        "controller = \"{}\"\nnvml_library = \"{}\"\n",
+        cluster.addr,
+        nvml_standin().display()
+    );
+    cluster.spawn_agent("real", 0, &top, &body, None);
+    cluster.wait_for_registered("real");
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    assert_eq!(nodes[0]["gpu_model"], "l4", "{nodes}");
+    assert_eq!(nodes[0]["simulated"], false, "{nodes}");
+
+    let simulated = "[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\ncount = 8\n";
+    let refused = cluster.spawn_agent("both", 0, &top, simulated, None);
+    let status = wait_until("the agent to refuse", Duration::from_secs(30), || {
+        cluster.agents[refused].exited()
+    });
+    assert!(!status.success(), "{status:?}");
+    let said = std::fs::read_to_string(&cluster.agents[refused].log).unwrap_or_default();
+    assert!(
+        said.contains("finds 4 real GPUs") && said.contains("simulate = true"),
+        "{said}"
+    );
+
+    cluster.spawn_agent("told", 0, &format!("{top}simulate = true\n"), simulated, None);
+    cluster.wait_for_registered("told");
+    let listed = cluster.gpool(&["nodes"]);
+    let row = listed
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("told"))
+        .unwrap_or_default();
+    assert!(row.contains("h100 (simulated)"), "{}", listed.stdout);
+    let real_row = listed
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("real"))
+        .unwrap_or_default();
+    assert!(!real_row.contains("simulated"), "{}", listed.stdout);
+}

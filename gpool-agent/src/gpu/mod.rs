@@ -92,16 +92,26 @@ pub struct Discovered {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
+/// The label a node of simulated GPUs carries (`gpool nodes` marks them).
+pub const SIMULATED_LABEL: &str = "gpool.simulated";
+
 /// The node's GPUs and how they are connected: simulated ones when
 /// agent.toml declares any (tests and dev machines), else NVML's (the
-/// driver's library, or the one agent.toml names), else none.
-pub fn discover(config: &AgentConfig) -> Discovered {
+/// driver's library, or the one agent.toml names), else none. Refuses
+/// simulated GPUs on a node where NVML finds real ones, unless agent.toml
+/// says `simulate = true`: such a node would be given jobs for GPUs that
+/// do not exist.
+pub fn discover(config: &AgentConfig) -> Result<Discovered, String> {
     let (gpus, topology, source, mut labels) = if !config.simulated_gpus.is_empty() {
+        if !config.simulate {
+            check_no_real_gpus(config)?;
+        }
+        let labels = [(SIMULATED_LABEL.to_string(), "true".to_string())].into();
         (
             simulated::gpus(&config.node_name, &config.simulated_gpus),
             config.simulated_topology.clone(),
             Source::Simulated,
-            Default::default(),
+            labels,
         )
     } else {
         match nvml::open(&config.nvml_library).and_then(|nvml| Ok((nvml::devices(&nvml)?, nvml))) {
@@ -125,20 +135,36 @@ pub fn discover(config: &AgentConfig) -> Discovered {
     if gpus.iter().any(|gpu: &Gpu| gpu.mig_parent.is_some()) {
         labels.insert("nvidia.mig".into(), "enabled".into());
     }
-    Discovered {
+    Ok(Discovered {
         gpus,
         topology,
         source,
         labels,
+    })
+}
+
+/// Refuses `[[simulated_gpu]]` where NVML finds real GPUs.
+fn check_no_real_gpus(config: &AgentConfig) -> Result<(), String> {
+    let n_real = nvml::open(&config.nvml_library)
+        .and_then(|nvml| nvml::devices(&nvml))
+        .map_or(0, |devices| devices.len());
+    if n_real == 0 {
+        return Ok(());
     }
+    Err(format!(
+        "NVML ({}) finds {n_real} real GPUs on this node, and agent.toml declares [[simulated_gpu]]: \
+         remove the [[simulated_gpu]] tables to offer the real GPUs, or set simulate = true to offer \
+         the simulated ones instead",
+        config.nvml_library.display()
+    ))
 }
 
 /// What `gpool-agent --discover` prints: what this node would register
 /// (its GPUs, their links and its labels) and one heartbeat's readings,
 /// with how long each step took, as JSON.
-pub fn discovery_report(config: &AgentConfig) -> serde_json::Value {
+pub fn discovery_report(config: &AgentConfig) -> Result<serde_json::Value, String> {
     let started = std::time::Instant::now();
-    let found = discover(config);
+    let found = discover(config)?;
     let discover_ms = started.elapsed().as_secs_f64() * 1000.0;
     let mut links = Vec::new();
     for a in &found.gpus {
@@ -171,7 +197,7 @@ pub fn discovery_report(config: &AgentConfig) -> serde_json::Value {
         })
         .collect();
     let sample_ms = started.elapsed().as_secs_f64() * 1000.0;
-    serde_json::json!({
+    Ok(serde_json::json!({
         "source": format!("{:?}", found.source).to_ascii_lowercase(),
         "gpus": found.gpus,
         "links": links,
@@ -179,7 +205,7 @@ pub fn discovery_report(config: &AgentConfig) -> serde_json::Value {
         "samples": samples,
         "discover_ms": discover_ms,
         "sample_ms": sample_ms,
-    })
+    }))
 }
 
 /// Reads per-GPU samples: from NVML for real GPUs, the values agent.toml

@@ -28,6 +28,14 @@ pub(super) fn gpu_models(node: &pb::Node) -> String {
     models.into_iter().collect::<Vec<_>>().join(",")
 }
 
+/// Whether the node's GPUs are simulated ones (its agent's
+/// `[[simulated_gpu]]`), not real devices.
+pub(super) fn is_simulated(node: &pb::Node) -> bool {
+    node.labels
+        .iter()
+        .any(|l| l.key == "gpool.simulated" && l.value == "true")
+}
+
 pub fn node_json(node: &pb::Node) -> serde_json::Value {
     let labels: BTreeMap<&str, &str> = node.labels.iter().map(|l| (l.key.as_str(), l.value.as_str())).collect();
     let gpus: Vec<serde_json::Value> = node
@@ -56,6 +64,7 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "gpus_free": n_free(node),
         "gpus_out_of_service": node.gpus.iter().filter(|gpu| gpu.out_of_service.is_some()).count(),
         "gpu_model": gpu_models(node),
+        "simulated": is_simulated(node),
         "pools": node.pools,
         "labels": labels,
         "cpus": (node.cpus > 0).then_some(node.cpus),
@@ -94,7 +103,11 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
                 node.gpus.len().to_string(),
                 n_free.to_string(),
                 n_out.to_string(),
-                gpu_models(node),
+                if is_simulated(node) {
+                    format!("{} (simulated)", gpu_models(node))
+                } else {
+                    gpu_models(node)
+                },
                 node.pools.join(","),
                 labels.join(","),
                 node_reasons(node),

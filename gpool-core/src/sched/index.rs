@@ -33,6 +33,8 @@ struct PoolIndex {
     n_nodes: usize,
     n_down: usize,
     n_draining: usize,
+    /// GPUs of its nodes that are up, free or not.
+    n_gpus: u64,
     /// By model index; `None` where the pool has no schedulable GPU of it.
     models: Vec<Option<ModelBuckets>>,
 }
@@ -111,6 +113,9 @@ impl<'v> FreeIndex<'v> {
         }
         if node.availability != Availability::Up || pool_idxs.is_empty() {
             return;
+        }
+        for pool_idx in &pool_idxs {
+            self.pools[*pool_idx].n_gpus += node.gpus.len() as u64;
         }
         // Per model: whether the node has it, its free GPUs, and the least
         // memory of its GPUs (one lookup per GPU: this runs every cycle).
@@ -225,6 +230,13 @@ impl<'v> FreeIndex<'v> {
     }
 
     /// Free GPUs of the pool `job` runs in, of any model.
+    /// The GPUs of the job's pool on nodes that are up, free or not.
+    pub(super) fn pool_gpus(&self, job: &PendingJob, policy: &Policy) -> u64 {
+        let pool_name = policy.pool(&job.shape.pool).map(|pool| pool.name.as_str());
+        let pool_idx = policy.pools.iter().position(|p| Some(p.name.as_str()) == pool_name);
+        pool_idx.map_or(0, |pool_idx| self.pools[pool_idx].n_gpus)
+    }
+
     pub(super) fn pool_free(&self, job: &PendingJob, policy: &Policy) -> u64 {
         let pool_name = policy.pool(&job.shape.pool).map(|pool| pool.name.as_str());
         policy

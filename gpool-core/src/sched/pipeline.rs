@@ -256,6 +256,7 @@ impl<'v> Cycle<'v> {
             .filter(|(priority, _, _)| *priority > qos_priority || !covered)
             .map(|(_, n, _)| n)
             .sum();
+        let kept = crate::policy::capped_reserve(kept, self.index.pool_gpus(job, self.policy));
         // The class that may take every kept GPU, if changing to it helps:
         // burst work never takes kept GPUs, whatever its class.
         let higher = reserves
@@ -314,6 +315,7 @@ impl<'v> Cycle<'v> {
             _ if attempt.into_reserve => Err(vec![Reject::Reserved {
                 gpus: attempt.kept_now,
                 higher_class: attempt.higher_class.clone(),
+                burst: attempt.cover.is_none(),
             }]),
             Some(masked) if attempt.goes_around => masked
                 .place(job, policy)

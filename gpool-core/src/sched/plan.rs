@@ -140,6 +140,9 @@ pub enum Reject {
         /// A class that may take them, where changing class would help (a
         /// job that runs guaranteed, in a lower class than a reserve's).
         higher_class: Option<String>,
+        /// It would run as burst work (its team beyond its guarantee or
+        /// budget), which no reserve lends to, whatever its class.
+        burst: bool,
     },
     /// The first blocked job: its start cannot be foreseen, because not
     /// every running job in its way has a time limit.
@@ -282,8 +285,11 @@ impl Reject {
             Reject::Reserved {
                 higher_class: Some(class),
                 ..
-            } => format!("use QoS class {class}, which may take them, or wait for busier GPUs to free up"),
-            Reject::Reserved { .. } => "wait for busier GPUs to free up".to_string(),
+            } => format!("use QoS class {class}, which may take them, or wait for GPUs beyond the reserve to free up"),
+            Reject::Reserved { burst: true, .. } => {
+                "wait for GPUs beyond the reserve to free up, or for the team's guaranteed jobs to end so that it runs guaranteed".to_string()
+            }
+            Reject::Reserved { .. } => "wait for GPUs beyond the reserve to free up".to_string(),
             Reject::NoEstimate => return None,
             Reject::Reclaiming { .. } => {
                 "nothing: it starts once the preempted jobs have checkpointed or their grace ran out".to_string()
@@ -428,9 +434,14 @@ impl fmt::Display for Reject {
             Reject::NoEstimate => f.write_str(
                 "no start time can be foreseen: not every running job in its way has a time limit",
             ),
+            Reject::Reserved { gpus, burst: true, .. } => write!(
+                f,
+                "the free GPUs are the {} that QoS reserves keep for guaranteed work, and this job would run as burst work",
+                plural(*gpus, "GPU", "GPUs")
+            ),
             Reject::Reserved { gpus, .. } => write!(
                 f,
-                "the free GPUs are the {} kept for higher QoS classes (or for guaranteed work)",
+                "the free GPUs are the {} that higher QoS classes keep free",
                 plural(*gpus, "GPU", "GPUs")
             ),
             Reject::Reclaiming { n_jobs } => write!(

@@ -514,7 +514,7 @@ fn reserves_hold_gpus_for_higher_classes_and_from_burst_work() {
         "j1 team=a gpus=3\nj2 team=a gpus=2",
         expect![[r#"
             start j2 n1[0-1]
-            pending j1: the free GPUs are the 2 GPUs kept for higher QoS classes (or for guaranteed work)
+            pending j1: the free GPUs are the 2 GPUs that higher QoS classes keep free
         "#]],
     );
     check(
@@ -533,7 +533,7 @@ fn reserves_hold_gpus_for_higher_classes_and_from_burst_work() {
         "",
         "j1 team=c qos=high gpus=3",
         expect![[r#"
-            pending j1: the free GPUs are the 2 GPUs kept for higher QoS classes (or for guaranteed work)
+            pending j1: the free GPUs are the 2 GPUs that QoS reserves keep for guaranteed work, and this job would run as burst work
         "#]],
     );
 }
@@ -558,15 +558,16 @@ fn a_reserve_may_differ_by_pool() {
     let nodes = "n1 2xl4 tier=infer\nn2 4xh100";
     // The default pool takes every node: 6 GPUs, 2 of them not kept.
     let jobs = "j1 team=c pool=infer gpus=1\nj2 team=a type=h100 gpus=1";
-    // The reserve of 4 keeps the whole of pool infer from the normal class.
+    // The reserve of 4 keeps at most half of pool infer's 2 GPUs: one, so
+    // its guaranteed job of one GPU starts.
     check(
         &policy,
         nodes,
         "",
         jobs,
         expect![[r#"
+            start j1 n1[0]
             start j2 n2[0]
-            pending j1: the free GPUs are the 4 GPUs kept for higher QoS classes (or for guaranteed work)
         "#]],
     );
     // Kept in the default pool alone, infer's guaranteed job starts there.
@@ -592,7 +593,7 @@ fn a_reserve_may_differ_by_pool() {
         "j1 team=c pool=infer gpus=2\nj2 team=a type=h100 gpus=4",
         expect![[r#"
             start j2 n2[0-3]
-            pending j1: the free GPUs are the 1 GPU kept for higher QoS classes (or for guaranteed work)
+            pending j1: the free GPUs are the 1 GPU that higher QoS classes keep free
         "#]],
     );
 }
@@ -738,7 +739,7 @@ fn guaranteed_work_takes_kept_gpus_only_as_far_as_lent_ones_back_them() {
         "r1 team=c burst on=n1:2-3",
         "j2 team=c gpus=1",
         expect![[r#"
-            pending j2: the free GPUs are the 2 GPUs kept for higher QoS classes (or for guaranteed work)
+            pending j2: the free GPUs are the 2 GPUs that QoS reserves keep for guaranteed work, and this job would run as burst work
         "#]],
     );
 }
@@ -819,6 +820,32 @@ fn hints(policy: &Policy, nodes: &str, jobs: &str) -> Vec<String> {
         .collect()
 }
 
+/// A reserve written for large pools keeps at most half of a small one:
+/// on one node of 4 GPUs a reserve of 4 keeps 2, and guaranteed work of a
+/// lower class takes the other 2.
+#[test]
+fn a_reserve_keeps_at_most_half_of_its_pool() {
+    let mut policy = policy();
+    policy.sharing.qos[2].reserve_gpus = 4;
+    let plan = schedule(&cluster_view_with("n1 4xh100", "", "j1 team=a gpus=2"), &policy, NOW);
+    assert_eq!(plan.to_string(), "start j1 n1[0-1]\n");
+    let plan = schedule(&cluster_view_with("n1 4xh100", "", "j1 team=a gpus=3"), &policy, NOW);
+    assert!(plan.starts.is_empty(), "{plan}");
+    // Two nodes of 4: the whole reserve of 4 is kept.
+    let plan = schedule(
+        &cluster_view_with("n1 4xh100\nn2 4xh100", "", "j1 team=a gpus=4"),
+        &policy,
+        NOW,
+    );
+    assert_eq!(plan.to_string(), "start j1 n1[0-3]\n");
+    let plan = schedule(
+        &cluster_view_with("n1 4xh100\nn2 4xh100 used=0", "", "j1 team=a gpus=4"),
+        &policy,
+        NOW,
+    );
+    assert!(plan.starts.is_empty(), "{plan}");
+}
+
 #[test]
 fn hints_are_true_of_the_state_they_come_from() {
     let mut policy = policy();
@@ -838,12 +865,13 @@ fn hints_are_true_of_the_state_they_come_from() {
     // take the kept GPUs...
     assert_eq!(
         hints(&policy, "n1 4xh100", "j1 team=a gpus=3"),
-        ["j1: use QoS class high, which may take them, or wait for busier GPUs to free up"]
+        ["j1: use QoS class high, which may take them, or wait for GPUs beyond the reserve to free up"]
     );
-    // ...burst work of the top class is not told to change class.
+    // ...burst work of the top class is not told to change class: it is
+    // told why its own class's reserve is not for it.
     assert_eq!(
         hints(&policy, "n1 4xh100", "j1 team=c qos=high gpus=3"),
-        ["j1: wait for busier GPUs to free up"]
+        ["j1: wait for GPUs beyond the reserve to free up, or for the team's guaranteed jobs to end so that it runs guaranteed"]
     );
 }
 

@@ -96,7 +96,8 @@ impl Cluster {
         Cluster::create_in(dir, listen_host, "30s", 0, Some(extra.to_string()))
     }
 
-    /// As `with_config_in`, with agents declared down after `node_timeout`.
+    /// As `with_config_in`, with agents declared down after `node_timeout`
+    /// (gpoold's default where it is empty).
     pub fn with_config_in_and_timeout(
         dir: tempfile::TempDir,
         listen_host: &str,
@@ -265,10 +266,14 @@ impl Cluster {
                 let user = current_user();
                 let file = self.dir.path().join("gpoold.toml");
                 // On loopback gpoold needs no TLS: callers are known by uid.
+                // An empty node timeout leaves gpoold's default.
+                let node_timeout = match self.node_timeout.as_str() {
+                    "" => String::new(),
+                    timeout => format!("node_timeout = \"{timeout}\"\n"),
+                };
                 let text = format!(
-                    "listen = \"{listen}\"\nstate_dir = \"{}\"\nnode_timeout = \"{}\"\nadmins = [\"{user}\"]\n\n{extra}",
+                    "listen = \"{listen}\"\nstate_dir = \"{}\"\n{node_timeout}admins = [\"{user}\"]\n\n{extra}",
                     self.state_dir().display(),
-                    self.node_timeout
                 );
                 std::fs::write(&file, text).expect("write gpoold.toml");
                 command.arg("--config").arg(file);

@@ -145,13 +145,15 @@ impl State {
             },
             // The node lost this controller for longer than its lease (and
             // came back before the node timeout): the job goes back to the
-            // queue, as it would have after the timeout.
-            AttemptOutcome::Fenced => JobEvent::Lost {
-                epoch: event.epoch,
-                requeue: true,
-                silent: false,
-                now,
-            },
+            // queue, as it would have after the timeout, and says why.
+            AttemptOutcome::Fenced => {
+                let why = format!(
+                    "on {node}: the node heard from no controller for longer than its lease, and stopped the attempt"
+                );
+                let cause = (gpool_core::model::RequeueCause::NodeLost, why);
+                self.end_lost(event.job, event.epoch, (Some(true), false), cause, now, out);
+                return None;
+            }
         };
         Some((job_event, note))
     }
