@@ -133,6 +133,37 @@ fn a_partition_shorter_than_the_lease_requeues_nothing() {
     assert_eq!(marks(&marker).len(), 1);
 }
 
+/// A partition longer than the lease but shorter than the node timeout:
+/// the node stops its attempt itself, and once back it reports that; the
+/// job is requeued and says why, naming the node.
+#[test]
+fn a_job_its_node_fenced_says_why_it_ran_again() {
+    let Some((cluster, net, hosts)) = partitioned_cluster("16s", 1) else {
+        return;
+    };
+    let marker = cluster.dir.path().join("marks");
+    let id = marking_job(&cluster, &marker);
+    cluster.wait_for_state(id, "running");
+    wait_until("the first marks", Duration::from_secs(10), || {
+        marks(&marker).contains_key(&1).then_some(())
+    });
+    net.set_connected(&hosts[0], false).unwrap();
+    // The lease (8 s) and its grace (4 s at most) pass; the node timeout
+    // does not.
+    std::thread::sleep(Duration::from_secs(10));
+    net.set_connected(&hosts[0], true).unwrap();
+    let job = wait_until("attempt 2 to run", Duration::from_secs(30), || {
+        let job = cluster.job(id);
+        (job["attempt"] == 2).then_some(job)
+    });
+    assert_eq!(job["requeue_cause"], "node_lost", "{job}");
+    let events = job["events"].to_string();
+    assert!(
+        events.contains("on n1: the node heard from no controller for longer than its lease"),
+        "{job}"
+    );
+}
+
 #[test]
 fn an_attempt_that_finished_during_a_partition_is_not_run_again() {
     let Some((cluster, net, hosts)) = partitioned_cluster("6s", 2) else {
