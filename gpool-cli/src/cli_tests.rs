@@ -67,3 +67,55 @@ fn slurm_short_flags() {
     ]);
     assert!(cli.is_ok(), "{:?}", cli.err());
 }
+
+fn submit_args(argv: &[&str]) -> super::cmd::submit::SubmitArgs {
+    match Cli::try_parse_from(argv).map(|cli| cli.command) {
+        Ok(super::Command::Submit(args)) => *args,
+        Ok(_) => panic!("{argv:?} is not a submit"),
+        Err(err) => panic!("{argv:?}: {err}"),
+    }
+}
+
+/// Flags gpool knows are flags, wherever they stand before the script;
+/// none of them is taken as the script.
+#[test]
+fn hold_and_wrap_are_submit_flags() {
+    let args = submit_args(&["gpool", "submit", "--hold", "t.sh"]);
+    assert!(args.hold);
+    assert_eq!(args.command, ["t.sh"]);
+    let args = submit_args(&["gpool", "submit", "-H", "-G", "1", "t.sh", "--hold"]);
+    assert_eq!(args.command, ["t.sh", "--hold"], "after the script, its own");
+    let args = submit_args(&["gpool", "submit", "--wrap", "echo hi"]);
+    assert_eq!(args.wrap.as_deref(), Some("echo hi"));
+    assert!(args.command.is_empty());
+    assert!(Cli::try_parse_from(["gpool", "submit", "--wrap", "true", "--", "false"]).is_err());
+    assert!(Cli::try_parse_from(["gpool", "submit", "--hold", "--pty", "--", "sh"]).is_err());
+}
+
+/// As squeue -u.
+#[test]
+fn jobs_takes_a_user_as_squeue_does() {
+    for flag in ["-u", "--user"] {
+        let cli = Cli::try_parse_from(["gpool", "jobs", flag, "alice"]);
+        assert!(cli.is_ok(), "{flag}: {:?}", cli.err());
+    }
+}
+
+/// `--output` stays the table/json switch; a file name given to it is
+/// answered with gpool's flag for the job's output file.
+#[test]
+fn output_given_a_file_names_stdout() {
+    let err = Cli::try_parse_from(["gpool", "submit", "--output=slurm-%j.out", "--", "true"])
+        .err()
+        .expect("refused");
+    let said = super::cmd::submit::output_file_hint(&err).expect("a hint");
+    assert!(
+        said.contains("gpool's flag for the job's output file is --stdout (-o)"),
+        "{said}"
+    );
+    let err = Cli::try_parse_from(["gpool", "jobs", "--output", "yaml"])
+        .err()
+        .expect("refused");
+    assert_eq!(super::cmd::submit::output_file_hint(&err), None, "clap says it");
+    assert!(Cli::try_parse_from(["gpool", "submit", "--output", "json", "--", "true"]).is_ok());
+}

@@ -110,7 +110,7 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
     };
     let (channel, _) = dial::connect_first(&addresses, &tls, deadlines)
         .await
-        .map_err(unreachable)?;
+        .map_err(|reason| unreachable(tls_hint(addr).unwrap_or(reason)))?;
     let bearer: Option<MetadataValue<_>> = token
         .map(|token| {
             format!("Bearer {token}")
@@ -128,6 +128,54 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
         bearer,
     };
     Ok(PoolClient::with_interceptor(channel, interceptor).max_decoding_message_size(gpool_proto::MAX_REPLY_BYTES))
+}
+
+/// Why a controller at `addr` that broke the connection did: it speaks
+/// TLS and was dialled in plain text (no CA given, or `http://`). `None`
+/// when no such address answers as a TLS server does.
+pub fn tls_hint(addr: &str) -> Option<String> {
+    let have_ca = read_ca().ok().flatten().is_some();
+    let addresses = dial::parse_list(addr).ok()?;
+    addresses.iter().find_map(|address| {
+        let Address::Tcp { host_port, tls } = address else {
+            return None;
+        };
+        let plain = *tls == Some(false) || (tls.is_none() && !have_ca);
+        if !plain || !speaks_tls(host_port) {
+            return None;
+        }
+        let how = if *tls == Some(false) {
+            format!("write https://{host_port} (not http://) and give")
+        } else {
+            "give".to_string()
+        };
+        Some(format!(
+            "{host_port} speaks TLS, and gpool dialled it in plain text: {how} the cluster CA with GPOOL_CA=/path/to/ca.pem (or put it in ~/.config/gpool/ca.pem); `gpool admin ca init` wrote it to the controller's <state-dir>/ca/ca.pem"
+        ))
+    })
+}
+
+/// Whether the server at `host_port` answers as a TLS server does: to
+/// bytes that are no TLS record (HTTP/2's preface) it replies with a TLS
+/// alert (a record of type 21, version 3.x). Bounded: a second to connect
+/// and one to answer.
+fn speaks_tls(host_port: &str) -> bool {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let limit = std::time::Duration::from_secs(1);
+    let Some(socket) = host_port.to_socket_addrs().ok().and_then(|mut all| all.next()) else {
+        return false;
+    };
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&socket, limit) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(limit));
+    let _ = stream.set_write_timeout(Some(limit));
+    if stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut header = [0u8; 3];
+    stream.read_exact(&mut header).is_ok() && matches!(header, [21 | 22, 3, _])
 }
 
 fn config_dir() -> Option<PathBuf> {

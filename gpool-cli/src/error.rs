@@ -32,10 +32,18 @@ impl CliError {
         // The connection was made, then the call broke: what answers there
         // closed it, or does not speak gRPC over HTTP/2.
         let broken = "the connection broke before an answer: is the address gpoold's (gRPC over HTTP/2), and does it accept you?";
-        if message.contains("protocol error") || message.contains("frame with invalid size") {
+        let broke = message.contains("protocol error")
+            || message.contains("frame with invalid size")
+            || (matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+                && message.contains("transport")
+                && !message.contains("tcp connect"));
+        if broke {
+            // A TLS server answers plain HTTP/2 with a TLS alert, which
+            // HTTP/2 reads as a broken frame: said as what it is.
+            let reason = crate::client::tls_hint(addr).unwrap_or_else(|| format!("{broken} ({message})"));
             return CliError::Unreachable {
                 addr: addr.to_string(),
-                reason: format!("{broken} ({message})"),
+                reason,
             };
         }
         match status.code() {

@@ -39,6 +39,7 @@ mod cmd;
 mod error;
 mod man;
 mod output;
+mod parse;
 
 pub use error::CliError;
 
@@ -394,53 +395,13 @@ enum TokenCommand {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().collect();
-    let mut cli = Cli::parse_from(&argv);
-    // `gpool submit SCRIPT`: its #GPOOL lines are flags; parse again with
-    // them first, so that the command line's win.
-    let script = match &cli.command {
-        Command::Submit(args) if !argv.iter().any(|arg| arg == "--") => args.command.first().cloned(),
-        _ => None,
-    };
-    if let Some(script) = script {
-        let with = match cmd::submit::with_script_directives(argv, &script) {
-            Ok(with) => with,
-            Err(err) => {
-                eprintln!("gpool: {err}");
-                return ExitCode::from(err.exit_code());
-            }
-        };
-        cli = Cli::parse_from(with);
-        if let Command::Submit(args) = &mut cli.command {
-            // A flag gpool does not know, from a #GPOOL line: named with
-            // its line.
-            if let Some(flag) = args
-                .command
-                .first()
-                .filter(|word| word.len() > 1 && word.starts_with('-'))
-            {
-                let line = std::fs::read_to_string(&script).ok().and_then(|text| {
-                    text.lines()
-                        .position(|line| {
-                            line.trim_start().starts_with("#GPOOL") && line.split_whitespace().any(|word| word == flag)
-                        })
-                        .map(|index| index + 1)
-                });
-                let at = line.map_or_else(|| script.clone(), |line| format!("{script}:{line}"));
-                eprintln!("gpool: {at}: #GPOOL {}", cmd::submit::unknown_flag(flag));
-                return ExitCode::from(2);
-            }
-            // The directives must leave the script where it was: a word or
-            // a flag without its value there would run something else.
-            if args.command.first() != Some(&script) {
-                eprintln!(
-                    "gpool: {script}: its #GPOOL lines must be whole flags (a flag without its value, or a bare word, takes the script's place)"
-                );
-                return ExitCode::from(2);
-            }
-            args.script = true;
+    let cli = match parse::command_line(std::env::args().collect()) {
+        Ok(cli) => cli,
+        Err(err) => {
+            eprintln!("gpool: {err}");
+            return ExitCode::from(err.exit_code());
         }
-    }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {

@@ -2,7 +2,8 @@
 //! exit; never a panic.
 
 use crate::harness::cluster::{gpool_command, Cluster, Run};
-use crate::harness::process::{binary, output_within};
+use crate::harness::process::{binary, output_within, wait_until};
+use std::time::Duration;
 
 fn assert_refused(run: &Run, code: i32, needle: &str) {
     assert_eq!(run.code, code, "stdout: {}\nstderr: {}", run.stdout, run.stderr);
@@ -363,4 +364,165 @@ fn endless_job_files_are_refused_and_the_agents_journal_is_private() {
     let journal = cluster.spool_dir("node-a").join("attempts.log");
     let mode = std::fs::metadata(&journal).expect("the journal").permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "{}", journal.display());
+}
+
+/// Flags before a batch script are flags: `--hold` holds the job, and
+/// `--wrap CMD` runs CMD with `sh -c`, as sbatch's; neither is taken for
+/// the script. A held job waits (reason `held`) until released.
+#[test]
+fn hold_and_wrap_are_flags_not_scripts() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    let script = cluster.dir.path().join("t.sh");
+    std::fs::write(&script, "#!/bin/sh\necho from-script\n").unwrap();
+    let script = script.display().to_string();
+    let run = cluster.gpool(&["submit", "--output", "json", "--hold", &script]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    let held = run.json()["ids"][0].as_u64().expect("an id");
+    wait_until(&format!("job {held} to wait as held"), Duration::from_secs(30), || {
+        let job = cluster.job(held);
+        let codes = job["reason_codes"].as_array().cloned().unwrap_or_default();
+        codes.iter().any(|code| code == "held").then_some(())
+    });
+    assert_eq!(cluster.job(held)["state"], "pending");
+
+    let wrapped = cluster.submit(&["--wrap", "echo hi && echo there"]);
+    let job = cluster.wait_for_state(wrapped, "completed");
+    assert_eq!(job["name"], "wrap", "as sbatch names it: {job}");
+    let output = cluster.gpool(&["logs", &wrapped.to_string()]).ok().to_string();
+    assert_eq!(output, "hi\nthere\n");
+    // Still held while another job ran; released, it runs.
+    assert_eq!(cluster.job(held)["state"], "pending");
+    cluster.gpool(&["release", &held.to_string()]).ok();
+    cluster.wait_for_state(held, "completed");
+    let output = cluster.gpool(&["logs", &held.to_string()]).ok().to_string();
+    assert_eq!(output, "from-script\n");
+}
+
+/// A bare first word that is no readable file is named, with the command
+/// after `--` and in --wrap; a flag gpool does not know before a script is
+/// named as a flag, never read as the script.
+#[test]
+fn a_command_without_dashes_is_shown_after_them() {
+    let cluster = Cluster::start();
+    let run = cluster.gpool(&["submit", "-G", "1", "sleep", "10"]);
+    assert_refused(&run, 2, "sleep: cannot read: No such file or directory");
+    assert!(
+        run.stderr.contains("put it after `--` (gpool submit -G 1 -- sleep 10)"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("--wrap (gpool submit -G 1 --wrap 'sleep 10')"),
+        "{}",
+        run.stderr
+    );
+    let script = cluster.dir.path().join("t.sh");
+    std::fs::write(&script, "#!/bin/sh\ntrue\n").unwrap();
+    let script = script.display().to_string();
+    let run = cluster.gpool(&["submit", "--frobnicate", &script]);
+    assert_refused(&run, 2, "unknown flag --frobnicate");
+    assert!(!run.stderr.contains("cannot read"), "{}", run.stderr);
+    let all = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+    assert_eq!(all, serde_json::json!([]));
+}
+
+/// In a batch script, an unknown `#GPOOL` flag is named with the file and
+/// line, as no gpool submit flag, with the nearest one; `--` means nothing
+/// there and is not offered.
+#[test]
+fn an_unknown_gpool_line_flag_names_script_line_and_nearest_flag() {
+    let cluster = Cluster::start();
+    let script = cluster.dir.path().join("train.sh");
+    std::fs::write(&script, "#!/bin/sh\n#GPOOL -G 1\n#GPOOL --gpu-typ h100\ntrue\n").unwrap();
+    let run = cluster.gpool(&["submit", &script.display().to_string()]);
+    assert_refused(
+        &run,
+        2,
+        &format!(
+            "{}:3: #GPOOL unknown flag --gpu-typ: did you mean --gpu-type? (--gpu-typ is not a gpool submit flag",
+            script.display()
+        ),
+    );
+    assert!(!run.stderr.contains("`--`"), "{}", run.stderr);
+}
+
+/// Slurm's long flags that gpool spells otherwise are refused naming
+/// gpool's; `--output FILE` (gpool's --output is table or json) names
+/// --stdout, and `--output json` still works.
+#[test]
+fn slurm_long_flags_name_gpools() {
+    let cluster = Cluster::start();
+    let run = cluster.gpool(&["submit", "--output=slurm-%j.out", "--", "true"]);
+    assert_refused(&run, 2, "gpool's flag for the job's output file is --stdout (-o)");
+    let script = cluster.dir.path().join("t.sh");
+    std::fs::write(&script, "#!/bin/sh\ntrue\n").unwrap();
+    let script = script.display().to_string();
+    let run = cluster.gpool(&["submit", "--job-name=train", &script]);
+    assert_refused(&run, 2, "gpool's flag for the job's name is --name (-J)");
+    let run = cluster.gpool(&["submit", "--error=e.log", "--", "true"]);
+    assert_refused(&run, 2, "gpool's flag for the job's stderr file is --stderr (-e)");
+    std::fs::write(&script, "#!/bin/sh\n#GPOOL --output=slurm-%j.out\ntrue\n").unwrap();
+    let run = cluster.gpool(&["submit", &script]);
+    assert_refused(&run, 2, "gpool's flag for the job's output file is --stdout (-o)");
+    let all = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+    assert_eq!(all, serde_json::json!([]), "--output json still works");
+}
+
+/// `gpool jobs -u USER` (and --user) lists that user's jobs only, as
+/// squeue -u.
+#[test]
+fn jobs_filters_by_user_as_squeue_does() {
+    let cluster = Cluster::start();
+    let id = cluster.submit(&["--", "true"]);
+    let me = crate::harness::cluster::current_user();
+    for flag in ["-u", "--user"] {
+        let mine = cluster.gpool(&["jobs", flag, &me, "--output", "json"]).json();
+        assert_eq!(mine[0]["id"], id, "{flag} {me}: {mine}");
+        let theirs = cluster
+            .gpool(&["jobs", flag, "no-such-user-here", "--output", "json"])
+            .json();
+        assert_eq!(theirs, serde_json::json!([]), "{flag}");
+    }
+}
+
+/// A controller on TLS dialled without the cluster CA: the CLI says that
+/// it speaks TLS and how to give the CA, not "h2 protocol error".
+#[test]
+fn a_tls_controller_dialled_without_its_ca_is_said_to_speak_tls() {
+    let dir = Cluster::temp_dir();
+    let state = dir.path().join("state").display().to_string();
+    let certs = dir.path().join("certs").display().to_string();
+    for args in [
+        vec!["admin", "ca", "init", "--state-dir", &state],
+        vec![
+            "admin",
+            "cert",
+            "issue",
+            "--controller",
+            "127.0.0.1",
+            "--out",
+            &certs,
+            "--state-dir",
+            &state,
+        ],
+    ] {
+        Run::from(gpool_command(&args).output().expect("run gpool")).ok();
+    }
+    let tls = format!("[tls]\ncert = \"{certs}/127.0.0.1.pem\"\nkey = \"{certs}/127.0.0.1.key\"\n");
+    let cluster = Cluster::with_config_in(dir, "127.0.0.1", &tls);
+    for server in [cluster.addr.clone(), format!("http://{}", cluster.addr)] {
+        let run = Run::from(
+            gpool_command(&["--timeout", "5s", "jobs"])
+                .env("GPOOL_SERVER", &server)
+                .env("HOME", cluster.dir.path())
+                .env_remove("GPOOL_CA")
+                .env_remove("GPOOL_TOKEN")
+                .output()
+                .expect("run gpool"),
+        );
+        assert_refused(&run, 69, &format!("{} speaks TLS", cluster.addr));
+        assert!(run.stderr.contains("GPOOL_CA="), "{}", run.stderr);
+        assert!(!run.stderr.contains("protocol error"), "{}", run.stderr);
+    }
 }

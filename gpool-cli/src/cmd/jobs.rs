@@ -17,8 +17,8 @@ pub struct JobsArgs {
     /// Only this team's jobs.
     #[arg(long)]
     team: Option<String>,
-    /// Only this user's jobs.
-    #[arg(long)]
+    /// Only this user's jobs (-u, as squeue's).
+    #[arg(long, short = 'u')]
     user: Option<String>,
     /// Include finished jobs.
     #[arg(long)]

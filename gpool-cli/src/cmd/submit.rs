@@ -8,6 +8,11 @@ use gpool_core::spec::{parse_env_assignment, parse_job_file, CommandInput, JobSp
 use gpool_core::JobSpec;
 use std::path::PathBuf;
 
+mod hints;
+mod hold;
+
+pub use hints::{check_script, output_file_hint, unknown_flag, unknown_script_flag};
+
 /// Exit code of `--wait` when a job failed: it exited non-zero, a signal
 /// ended it, it never started, its node was lost or it ran out of memory.
 /// (`--attach` exits with the job's own code instead, as srun does.)
@@ -192,6 +197,16 @@ pub struct SubmitArgs {
     /// it ends (as srun --pty), and exit with its code. Not requeued.
     #[arg(long, conflicts_with_all = ["file", "array", "stdout", "stderr", "discard_output", "image"])]
     pub pty: bool,
+    /// Submit it held (as sbatch's -H): it is not scheduled until `gpool
+    /// release ID`. So that it cannot start before the hold lands, it also
+    /// begins no sooner than 10s after submission (unless its --begin is
+    /// later).
+    #[arg(long, short = 'H', conflicts_with_all = ["attach", "pty"])]
+    pub hold: bool,
+    /// Run this shell command line (with `sh -c`), as sbatch's --wrap;
+    /// the job is named `wrap` unless -J names it.
+    #[arg(long, value_name = "CMD", conflicts_with_all = ["command", "file"])]
+    pub wrap: Option<String>,
     /// `-- CMD ARGS...`: the command to run. Without `--`: a batch script
     /// and its arguments, whose `#GPOOL` lines give flags (the command
     /// line's win); it runs from where it is, so nodes must see that path.
@@ -238,8 +253,14 @@ pub fn with_script_directives(argv: Vec<String>, script: &str) -> Result<Vec<Str
             .iter()
             .any(|flag| *word == flag || word.starts_with(&format!("{flag}=")))
     }) {
+        // `#SBATCH --output=slurm-%j.out` is Slurm's most common line.
+        let hint = if global.starts_with("--output") {
+            "; gpool's flag for the job's output file is --stdout (-o)"
+        } else {
+            ""
+        };
         return Err(CliError::Usage(format!(
-            "{script}: #GPOOL lines hold submit flags only; {global} is not one"
+            "{script}: #GPOOL lines hold submit flags only; {global} is not one{hint}"
         )));
     }
     let at = argv
@@ -280,8 +301,17 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
             "--attach follows one job, and an array has many tasks: use --wait".into(),
         ));
     }
+    let hold = args.hold;
+    if hold && (attach || args.pty) {
+        return Err(CliError::Usage(
+            "--hold: a held job does not start until `gpool release`, so it cannot be followed (--attach, --pty, gpool run, gpool alloc); use --wait".into(),
+        ));
+    }
     let pty = args.pty.then(super::terminal::size);
     let mut specs = specs_from_args(args)?;
+    if hold {
+        hold::gate_until_held(&mut specs);
+    }
     for spec in specs.iter_mut().filter(|_| pty.is_some()) {
         spec.pty = pty;
         // A shell that starts again elsewhere is not the session it was.
@@ -297,6 +327,9 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
         .map_err(|s| conn.refused(s))?
         .into_inner()
         .ids;
+    if hold {
+        hold::hold_submitted(&mut conn, &ids).await?;
+    }
     if pty.is_some() {
         eprintln!("gpool: job {} submitted; waiting for it to start", ids[0]);
         return super::terminal::session(&mut conn, ids[0]).await;
@@ -386,26 +419,6 @@ fn specs_from_args(args: SubmitArgs) -> Result<Vec<JobSpec>, CliError> {
     Ok(specs)
 }
 
-/// Why a word where the command goes, which looks like a flag, is refused:
-/// a flag gpool does not know (clap leaves it in the command), named with
-/// gpool's word for what a Slurm user meant.
-pub fn unknown_flag(flag: &str) -> String {
-    let name = flag.split_once('=').map_or(flag, |(name, _)| name);
-    let hint = match name {
-        "--gpus-per-task" | "--tres-per-node" | "--tres-per-task" => {
-            ": gpool asks for GPUs with --gpus (the job's total), --gpus-per-node or --gres gpu:MODEL:N"
-        }
-        "--gpu" | "--ngpus" | "--num-gpus" => ": did you mean --gpus?",
-        "--partition" => ": gpool's partitions are pools (--pool, -p)",
-        "--account" | "-A" => ": gpool charges teams (--team) and projects (--project)",
-        "--job-name" => ": did you mean --name?",
-        "--time-limit" | "--walltime" => ": did you mean --time?",
-        "--mem-per-gpu" | "--mem-per-cpu" => ": gpool limits memory per node (--mem)",
-        _ => " (gpool submit --help lists the flags)",
-    };
-    format!("unknown flag {flag}{hint}; to run a command, put it after `--`")
-}
-
 /// A batch script (no `--` before it): its text as it is now, run in
 /// place of its path; the job is named after it unless -J names it.
 fn snapshot_script(args: &mut SubmitArgs) -> Result<Option<gpool_core::model::BatchScript>, CliError> {
@@ -461,10 +474,14 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
     {
         return Err(CliError::Usage(unknown_flag(flag)));
     }
+    if let Some(line) = args.wrap.take() {
+        args.command = vec!["/bin/sh".to_string(), "-c".to_string(), line];
+        args.name.get_or_insert_with(|| "wrap".to_string());
+    }
     let snapshot = snapshot_script(&mut args)?;
     if args.command.is_empty() {
         return Err(CliError::Usage(
-            "command: give the command after `--` (gpool submit --gpus 1 -- python train.py) or a job file with -f"
+            "command: give the command after `--` (gpool submit --gpus 1 -- python train.py), a shell command line with --wrap, or a job file with -f"
                 .into(),
         ));
     }

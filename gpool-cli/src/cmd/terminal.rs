@@ -14,7 +14,7 @@ use std::io::Read;
 /// named `interactive` unless -J names it.
 pub async fn alloc(ctx: &super::Ctx, mut args: super::submit::SubmitArgs) -> Result<u8, CliError> {
     args.pty = true;
-    if args.command.is_empty() {
+    if args.command.is_empty() && args.wrap.is_none() {
         args.command = ["/bin/sh", "-c", "exec \"${SHELL:-/bin/sh}\" -i"]
             .map(String::from)
             .to_vec();
