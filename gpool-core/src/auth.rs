@@ -123,6 +123,9 @@ impl fmt::Display for Action<'_> {
             Action::SignalJob(j) => job(f, "signal", j),
             Action::CheckpointJob(j) => job(f, "report a checkpoint of", j),
             Action::TypeInto(j) => job(f, "type at the terminal of", j),
+            // The priority is named only where one was asked for: the
+            // default (0) is no part of a refusal.
+            Action::Submit { team, priority: 0, .. } => write!(f, "submit to team {team}"),
             Action::Submit { team, priority, .. } => write!(f, "submit to team {team} at priority {priority}"),
             Action::UpdateJob { job: j, .. } => job(f, "update", j),
             Action::DrainNode(node) => write!(f, "drain node {node}"),

@@ -119,14 +119,6 @@ impl Qos {
     }
 }
 
-/// What QoS reserves keep of a pool of `pool_gpus` GPUs (up, free or
-/// not), where they ask for `kept`: at most half of it, so that a reserve
-/// written for the large pools never keeps a small one (or one whose nodes
-/// are mostly down) from every other class.
-pub fn capped_reserve(kept: u64, pool_gpus: u64) -> u64 {
-    kept.min(pool_gpus / 2)
-}
-
 /// Weights of the priority factors, each factor being in [0, 1].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Weights {

@@ -100,7 +100,7 @@ fn submit_needs_membership_and_a_bounded_priority() {
     let err = authorize(&Caller::user("bob"), &submit("nlp", members, 0)).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "user bob may not submit to team nlp at priority 0: team nlp has members alice only"
+        "user bob may not submit to team nlp: team nlp has members alice only"
     );
     let err = authorize(&Caller::user("alice"), &submit("nlp", members, 1_000_000)).unwrap_err();
     assert_eq!(

@@ -529,10 +529,19 @@ impl<'v> FreeIndex<'v> {
             n_nodes_with_enough: n_with_enough,
             kept: 0,
         }];
-        if job.narrowed() {
-            rejects.push(Reject::Requirements {
-                what: narrowing_words(job),
-            });
+        // Only what the job asks for narrows it: a job that asks for
+        // nothing is not told to relax anything.
+        let in_pool = |name: &str| {
+            let groups = self.node_idx_by_name.get(name).and_then(|i| self.groups_of_node.get(i));
+            groups.is_some_and(|groups| groups.iter().any(|g| self.groups[*g].pool_idxs.contains(&pool_idx)))
+        };
+        let what = if job.narrowed() {
+            super::narrowing::narrowing_words(job, &in_pool)
+        } else {
+            String::new()
+        };
+        if !what.is_empty() {
+            rejects.push(Reject::Requirements { what });
         }
         rejects.extend(self.unavailable_note(pool_idx, pool_label));
         rejects
@@ -546,59 +555,6 @@ impl<'v> FreeIndex<'v> {
             n_draining: pool.n_draining,
         })
     }
-}
-
-/// `GPUs of at least 40960 MiB, NVLink required, labels rack=r1, only on
-/// n1,n2, not on n3`.
-/// What narrows where a job may run, in words: its requirements, and its
-/// CPUs and memory per node.
-fn narrowing_words(job: &PendingJob) -> String {
-    let mut words: Vec<String> = job
-        .shape
-        .requires
-        .as_deref()
-        .map(requirement_words)
-        .into_iter()
-        .collect();
-    if let Some(ask) = job.shape.host {
-        let mut host = Vec::new();
-        if ask.cpus > 0 {
-            host.push(format!("{} free CPUs", ask.cpus));
-        }
-        if ask.memory_bytes > 0 {
-            host.push(format!(
-                "{:.1} GiB of free memory",
-                ask.memory_bytes as f64 / (1u64 << 30) as f64
-            ));
-        }
-        words.push(format!("{} on each node", host.join(" and ")));
-    }
-    if job.shape.exclusive {
-        words.push("nodes with nothing else running (--exclusive)".into());
-    }
-    words.retain(|w| !w.is_empty());
-    words.join(", ")
-}
-
-fn requirement_words(requires: &crate::model::Requirements) -> String {
-    let mut words = Vec::new();
-    if requires.min_gpu_memory_mib > 0 {
-        words.push(format!("GPUs of at least {} MiB", requires.min_gpu_memory_mib));
-    }
-    if requires.nvlink != NvlinkNeed::Any {
-        words.push(format!("NVLink {}", requires.nvlink.as_str()));
-    }
-    if !requires.constraints.is_empty() {
-        let pairs: Vec<String> = requires.constraints.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        words.push(format!("labels {}", pairs.join(",")));
-    }
-    if !requires.nodelist.is_empty() {
-        words.push(format!("only on {}", requires.nodelist.join(",")));
-    }
-    if !requires.exclude.is_empty() {
-        words.push(format!("not on {}", requires.exclude.join(",")));
-    }
-    words.join(", ")
 }
 
 impl ModelBuckets {

@@ -194,6 +194,14 @@ pub fn submit_refusal<'a>(
     })
 }
 
+/// What QoS reserves keep of a pool of `pool_gpus` GPUs (up, free or
+/// not), where they ask for `kept`: at most half of it, so that a reserve
+/// written for the large pools never keeps a small one (or one whose nodes
+/// are mostly down) from every other class.
+pub fn capped_reserve(kept: u64, pool_gpus: u64) -> u64 {
+    kept.min(pool_gpus / 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

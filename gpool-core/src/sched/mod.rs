@@ -21,6 +21,7 @@ mod index;
 pub mod invariants;
 mod lent;
 pub mod limits;
+mod narrowing;
 mod node_view;
 pub use node_view::{Availability, GpuView, HostAsk, HostHold, HostView, NodeView};
 mod pipeline;

@@ -256,7 +256,7 @@ impl<'v> Cycle<'v> {
             .filter(|(priority, _, _)| *priority > qos_priority || !covered)
             .map(|(_, n, _)| n)
             .sum();
-        let kept = crate::policy::capped_reserve(kept, self.index.pool_gpus(job, self.policy));
+        let kept = super::limits::capped_reserve(kept, self.index.pool_gpus(job, self.policy));
         // The class that may take every kept GPU, if changing to it helps:
         // burst work never takes kept GPUs, whatever its class.
         let higher = reserves

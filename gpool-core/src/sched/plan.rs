@@ -265,9 +265,7 @@ impl Reject {
                 "resume drained nodes (gpool resume NODE) or bring down nodes back".to_string()
             }
             Reject::SomeNodesUnavailable { .. } => return None,
-            Reject::Requirements { .. } => {
-                "relax its requirements (--min-gpu-memory, --nvlink, --constraint, --nodelist, --exclude, --cpus-per-gpu, --mem)".to_string()
-            }
+            Reject::Requirements { what } => format!("relax what narrows where it may run: {what}"),
             Reject::NoGpuModel { available, .. } if !available.is_empty() => {
                 format!("accept another GPU model: {}", models(available))
             }

@@ -307,9 +307,13 @@ fn reshape(shape: &Arc<JobShape>, live: &[&Reservation], all: &[Reservation], no
         own_name = own.name.as_str();
     }
     // Other windows its run would reach into keep their nodes from it.
+    // A job kept to some nodes (its reservation's, or its --nodelist) is
+    // reached only by windows on those nodes.
+    let may_use = |node: &String| requires.nodelist.is_empty() || requires.nodelist.contains(node);
     let reached: Vec<&&Reservation> = live
         .iter()
         .filter(|r| r.name != own_name && ends.is_none_or(|end| end > r.start))
+        .filter(|r| r.nodes.iter().any(may_use))
         .collect();
     if reached.is_empty() {
         return Ok((with_requires(shape, requires), None));
@@ -506,6 +510,44 @@ mod tests {
         let (_, reasons) = plan.pending.iter().find(|(id, _)| id.0 == 1).expect("closed: j1 waits");
         assert_eq!(reasons[0].to_string(), "reservation event has ended or does not exist");
         assert!(plan.starts.iter().all(|s| s.job.0 == 2), "{plan}");
+    }
+
+    /// A job of one reservation is not told of another window on nodes it
+    /// may not use anyway; a job outside both is told of both, and its
+    /// reasons name no node outside its pool.
+    #[test]
+    fn a_job_is_told_only_of_windows_on_nodes_it_may_use() {
+        let mut hack = maintenance(0);
+        hack.name = "hack".into();
+        hack.nodes = vec!["n2".into()];
+        hack.users = vec!["user".into()];
+        let policy = Policy {
+            reservations: vec![maintenance(600), hack],
+            ..Policy::default()
+        };
+        let mut view = cluster_view(
+            "n1 4xh100\nn2 4xh100 used=0-3",
+            "j1 gpus=4 time=1200\nj2 gpus=4 time=1200",
+        );
+        view.pending[0] = Arc::new(PendingJob {
+            shape: Arc::new(JobShape {
+                reservation: "hack".into(),
+                ..(*view.pending[0].shape).clone()
+            }),
+            ..(*view.pending[0]).clone()
+        });
+        let plan = schedule(&view, &policy, Timestamp(10_000));
+        let reasons_of = |id: u64| {
+            let (_, reasons) = plan.pending.iter().find(|(job, _)| job.0 == id).expect("it waits");
+            reasons.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+        };
+        let inside = reasons_of(1);
+        assert!(!inside.contains("maint") && !inside.contains("n1"), "{inside}");
+        let outside = reasons_of(2);
+        assert!(
+            outside.contains("reserved for hack, maint") || outside.contains("maint"),
+            "{outside}"
+        );
     }
 
     #[test]

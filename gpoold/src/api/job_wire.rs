@@ -29,6 +29,13 @@ pub(crate) fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, wi
 pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
     let mut wire = job_wire_of_state(state, job, with_env);
     wire.array = state.array_info(job);
+    // A job that named no class runs in the default one: it is shown so.
+    let sharing = &state.policy.sharing;
+    if let Some(spec) = wire.spec.as_mut().filter(|spec| spec.qos.is_empty()) {
+        if let Some(class) = sharing.qos(&sharing.default_qos) {
+            spec.qos.clone_from(&class.name);
+        }
+    }
     let attempt = state.attempt(job.id);
     wire.stragglers = attempt
         .into_iter()
