@@ -270,3 +270,108 @@ fn a_session_taken_back_ends_and_is_not_run_again() {
     assert_eq!(shown["attempt"], 1, "{shown}");
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
+
+/// gpoold's resident memory, from /proc.
+fn rss_bytes(pid: nix::unistd::Pid) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .unwrap_or(0);
+    kib * 1024
+}
+
+/// A user floods the terminal of their own interactive job, which never
+/// reads it, from 6 connections at once: the node's lease renewals never
+/// wait behind the input, so the neighbour's job on that node keeps its
+/// first attempt (with a 6 s node timeout, a 3 s lease); gpoold's memory
+/// stays bounded, since a full input lane pushes back on the typist; and a
+/// chunk over 64 KiB is refused, naming the field.
+#[test]
+fn flooding_a_terminal_never_costs_a_neighbour_its_job_or_gpoold_its_memory() {
+    use gpool_proto::pb;
+    let mut cluster = Cluster::with_node_timeout("6s");
+    cluster.start_agent("n1", 2);
+    let hold = "while [ ! -e release ]; do sleep 0.2; done";
+    let neighbour = cluster.submit(&["-w", "n1", "--gpus", "1", "--", "sh", "-c", hold]);
+    cluster.wait_for_state(neighbour, "running");
+    let mut session = OnTerminal::start(&cluster, &["alloc", "-w", "n1", "-G", "1", "--", "sleep", "600"]);
+    let seen = session.wait_for("has started", Duration::from_secs(30));
+    let id: u64 = job_id(&seen).parse().expect("a job id");
+    let gpoold = cluster.controller().pid();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let addr = cluster.addr.clone();
+    let (refused, max_rss, n_taken, n_pushed_back) = runtime.block_on(async move {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("an endpoint")
+            .connect()
+            .await
+            .expect("gpoold answers");
+        let user: tonic::metadata::MetadataValue<_> = crate::harness::cluster::current_user().parse().unwrap();
+        let client = pb::pool_client::PoolClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+            request
+                .metadata_mut()
+                .insert(gpool_proto::USER_METADATA_KEY, user.clone());
+            Ok(request)
+        });
+        let chunk = |bytes: usize| pb::WriteInputRequest {
+            id,
+            data: vec![b'x'; bytes],
+            resize: None,
+        };
+        let refused = client
+            .clone()
+            .write_input(chunk(1 << 20))
+            .await
+            .expect_err("1 MiB refused");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut typists = tokio::task::JoinSet::new();
+        for _ in 0..6 {
+            let mut client = client.clone();
+            let chunk = chunk(64 << 10);
+            typists.spawn(async move {
+                let (mut taken, mut pushed_back) = (0u64, 0u64);
+                while Instant::now() < deadline {
+                    match client.write_input(chunk.clone()).await {
+                        Ok(_) => taken += 1,
+                        Err(status) if status.code() == tonic::Code::ResourceExhausted => pushed_back += 1,
+                        Err(status) => panic!("{status}"),
+                    }
+                }
+                (taken, pushed_back)
+            });
+        }
+        let mut max_rss = 0;
+        while Instant::now() < deadline {
+            max_rss = max_rss.max(rss_bytes(gpoold));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (mut n_taken, mut n_pushed_back) = (0, 0);
+        while let Some(counts) = typists.join_next().await {
+            let (taken, pushed_back) = counts.expect("a typist");
+            n_taken += taken;
+            n_pushed_back += pushed_back;
+        }
+        (refused, max_rss, n_taken, n_pushed_back)
+    });
+    println!(
+        "15 s of 64 KiB input from 6 connections: {n_taken} taken, {n_pushed_back} pushed back; gpoold's RSS at most {} MiB",
+        max_rss >> 20
+    );
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+    assert!(refused.message().starts_with("data: 1048576 bytes"), "{refused}");
+    assert!(n_taken > 0, "input still flows");
+    assert!(max_rss < 256 << 20, "gpoold grew to {} MiB", max_rss >> 20);
+    let job = cluster.job(neighbour);
+    assert_eq!(
+        (job["state"].as_str(), job["attempt"].as_u64()),
+        (Some("running"), Some(1)),
+        "{job}"
+    );
+    let said = std::fs::read_to_string(&cluster.agents[0].log).unwrap_or_default();
+    assert!(!said.contains("longer than the lease"), "{said}");
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    cluster.wait_for_state(neighbour, "completed");
+}

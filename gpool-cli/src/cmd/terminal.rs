@@ -123,12 +123,23 @@ pub async fn session(conn: &mut super::Connection, id: u64) -> Result<u8, CliErr
                     (Vec::new(), Some(pb::TerminalSize { rows: size.rows.into(), cols: size.cols.into() }))
                 }
             };
-            if client
-                .write_input(pb::WriteInputRequest { id, data, resize })
-                .await
-                .is_err()
-            {
-                return;
+            // A node with a full input lane pushes back: the input waits
+            // here (and the reader thread behind it) until it takes more.
+            let mut pause = std::time::Duration::from_millis(10);
+            loop {
+                let request = pb::WriteInputRequest {
+                    id,
+                    data: data.clone(),
+                    resize,
+                };
+                match client.write_input(request).await {
+                    Ok(_) => break,
+                    Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                    }
+                    Err(_) => return,
+                }
             }
         }
     });

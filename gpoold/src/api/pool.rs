@@ -143,6 +143,13 @@ impl Pool for PoolService {
     ) -> Result<Response<pb::WriteInputResponse>, Status> {
         let who = identity(&request)?;
         let pb::WriteInputRequest { id, data, resize } = request.into_inner();
+        let max = crate::state::MAX_INPUT_BYTES;
+        if data.len() > max {
+            return Err(Status::invalid_argument(format!(
+                "data: {} bytes of terminal input in one call; at most {max}",
+                data.len()
+            )));
+        }
         let target = self.input_target(JobId(id), &who.caller);
         // Keystrokes are not audited one by one: only a refusal is.
         self.audit(&who, "type", &format!("job {id}"), false, &target);

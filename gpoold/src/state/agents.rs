@@ -505,10 +505,13 @@ impl State {
             .links
             .get(node)
             .ok_or_else(|| crate::error::Error::NodeNotLinked(node.to_string()))?;
-        conn.outbox
-            .send(message)
-            .then_some(())
-            .ok_or_else(|| crate::error::Error::NodeNotLinked(node.to_string()))
+        conn.outbox.try_send(message).map_err(|not_sent| match not_sent {
+            super::outbox::NotSent::Gone => crate::error::Error::NodeNotLinked(node.to_string()),
+            super::outbox::NotSent::InputFull => crate::error::Error::OverLimit(format!(
+                "node {node} has {} messages of terminal input waiting for it: type again in a moment",
+                super::outbox::INPUT_CAPACITY
+            )),
+        })
     }
 
     /// Whether `node` has a connected agent.

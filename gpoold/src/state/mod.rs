@@ -39,7 +39,7 @@ pub use attempt::{Attempt, Preempting};
 use commands::Reply;
 pub use commands::{AgentEvent, AttemptOutcome, CancelMode, CancelOutcome, Command};
 pub use gpu_use::Straggler;
-pub use outbox::{Outbox, WeakOutbox, OUTBOX_CAPACITY};
+pub use outbox::{Outbox, WeakOutbox, MAX_INPUT_BYTES, OUTBOX_CAPACITY};
 pub use sharing::CheckpointOutcome;
 pub use task::{run_flusher, run_state_task, Notifiers, StateHandle};
 pub use update::JobUpdate;
