@@ -37,6 +37,8 @@ pub struct Metrics {
     pub rescinded_preemptions: Counter,
     /// Work since the last checkpoint that preemptions threw away.
     pub preempted_gpu_seconds: Counter<f64, AtomicU64>,
+    /// Job notifications dropped: the queue to send them was full.
+    pub notifications_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -53,6 +55,7 @@ impl Default for Metrics {
             preemptions: Counter::default(),
             rescinded_preemptions: Counter::default(),
             preempted_gpu_seconds: Counter::default(),
+            notifications_dropped: Counter::default(),
         }
     }
 }
@@ -420,6 +423,11 @@ fn register_recorded(registry: &mut Registry, metrics: &Metrics) {
         metrics.queue_wait_seconds.clone(),
     );
     registry.register("preemptions", "Attempts preempted", metrics.preemptions.clone());
+    registry.register(
+        "notifications_dropped",
+        "Job notifications dropped because the queue to send them was full",
+        metrics.notifications_dropped.clone(),
+    );
     registry.register(
         "rescinded_preemptions",
         "Preemptions withdrawn in their grace, their GPUs no longer needed: the attempt ran on",

@@ -3,9 +3,13 @@
 //!
 //! It follows the durable job changes watchers hear of, so an event is
 //! never said before it is on disk. Delivery is at most once per event
-//! (three tries over about ten seconds); a controller restart between a
-//! change and its post loses that post, as do changes missed under a
-//! flood (said in the log).
+//! (three tries over about ten seconds), on sender threads of its own
+//! (`sender`); a controller restart between a change and its post loses
+//! that post, as do changes missed under a flood and events that find the
+//! queue full (said in the log, and counted in
+//! `gpool_notifications_dropped_total`).
+
+mod sender;
 
 use crate::state::StateHandle;
 use gpool_core::model::{Change, Notify};
@@ -18,8 +22,9 @@ use tokio::sync::broadcast::error::RecvError;
 
 /// Tries per event, and the wait before each retry.
 const BACKOFF: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(5)];
-/// The longest one post may take.
-const POST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest one post may take, and its connect.
+const POST_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What has been said of a job: the attempt whose start was, and its end.
 #[derive(Default)]
@@ -29,9 +34,9 @@ struct Said {
 }
 
 /// Follows job changes until gpoold stops, sending what jobs asked for.
-pub async fn run(handle: StateHandle) {
-    // Owned: they end with this task (gpoold aborts it at shutdown).
-    let mut deliveries = tokio::task::JoinSet::new();
+pub async fn run(handle: StateHandle, metrics: std::sync::Arc<crate::metrics::Metrics>) {
+    // Their threads end once this task does (gpoold aborts it at shutdown).
+    let senders = sender::Senders::start(deliver);
     let mut changes = handle.job_changes.subscribe();
     let mut said: HashMap<JobId, Said> = HashMap::new();
     // Attempts that started before this gpoold did were told of by the
@@ -76,10 +81,22 @@ pub async fn run(handle: StateHandle) {
                 .notify_rules
                 .sendmail
                 .clone();
-            deliveries.spawn(deliver(notify, sendmail, event, job));
+            let (to, id) = (notify.to.clone(), job.id);
+            let outgoing = sender::Outgoing {
+                notify,
+                sendmail,
+                event,
+                job,
+            };
+            if !senders.offer(outgoing) {
+                metrics.notifications_dropped.inc();
+                tracing::warn!(
+                    job = id,
+                    "notification ({event}) to {to} dropped: {} wait to be sent already",
+                    sender::QUEUE_CAPACITY
+                );
+            }
         }
-        // Deliveries that are done leave the set.
-        while deliveries.try_join_next().is_some() {}
     }
 }
 
@@ -124,24 +141,25 @@ pub fn payload(event: &str, job: &pb::Job) -> serde_json::Value {
     })
 }
 
-async fn deliver(notify: Notify, sendmail: Option<String>, event: &'static str, job: pb::Job) {
+/// Sends one event, with its retries; blocking (on a sender thread).
+fn deliver(outgoing: sender::Outgoing) {
+    let sender::Outgoing {
+        notify,
+        sendmail,
+        event,
+        job,
+    } = outgoing;
     let body = payload(event, &job);
     for (attempt, backoff) in std::iter::once(None).chain(BACKOFF.iter().map(Some)).enumerate() {
         if let Some(wait) = backoff {
-            tokio::time::sleep(*wait).await;
+            std::thread::sleep(*wait);
         }
-        let (to, sendmail, body) = (notify.clone(), sendmail.clone(), body.clone());
-        let sent = tokio::task::spawn_blocking(move || send(&to, sendmail.as_deref(), &body)).await;
-        match sent {
-            Ok(Ok(())) => return,
-            Ok(Err(err)) if attempt == BACKOFF.len() => {
+        match send(&notify, sendmail.as_deref(), &body) {
+            Ok(()) => return,
+            Err(err) if attempt == BACKOFF.len() => {
                 tracing::warn!(job = %job.id, "notification ({event}) to {} not sent: {err}", notify.to);
             }
-            Ok(Err(err)) => tracing::debug!(job = %job.id, "notification to {}: {err}; trying again", notify.to),
-            Err(err) => {
-                tracing::warn!(job = %job.id, "notification ({event}): {err}");
-                return;
-            }
+            Err(err) => tracing::debug!(job = %job.id, "notification to {}: {err}; trying again", notify.to),
         }
     }
 }
@@ -153,6 +171,7 @@ fn send(notify: &Notify, sendmail: Option<&str>, body: &serde_json::Value) -> Re
             // send gpoold's post anywhere else.
             let agent = ureq::Agent::config_builder()
                 .timeout_global(Some(POST_TIMEOUT))
+                .timeout_connect(Some(CONNECT_TIMEOUT))
                 .max_redirects(0)
                 .http_status_as_error(true)
                 .build()

@@ -83,7 +83,7 @@ pub(crate) fn start_core(
     ));
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock, metrics.clone()));
     let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
-    background.spawn(notify::run(handle.clone()));
+    background.spawn(notify::run(handle.clone(), metrics.clone()));
     background.spawn(power::run(handle.clone(), config.state_dir.join("power")));
     let reports = reports::Reports {
         state: handle.shared.clone(),

@@ -159,3 +159,59 @@ fn a_pool_takes_only_the_webhooks_its_config_allows() {
     let taken = cluster.gpool(&["submit", "--notify", &receiver.url, "--", "true"]);
     assert_eq!(taken.code, 0, "{}", taken.stderr);
 }
+
+/// Threads of a process, from /proc.
+fn n_threads(pid: nix::unistd::Pid) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A receiver that accepts and never answers, and a 1,000-task array that
+/// asks to be told of every start and end: gpoold sends on a few threads
+/// of its own, at most two at a time to that receiver, and drops what
+/// does not fit its queue (counted), so a cancel and a report answer as
+/// they always do and gpoold's threads stay few.
+#[test]
+fn a_receiver_that_never_answers_slows_no_request() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hooks/gpool", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        // Held open, never answered.
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 8);
+    let other = cluster.submit(&["--hold", "--", "true"]);
+    let array = cluster.submit(&["--notify", &url, "--notify-on", "all", "-a", "0-999", "--", "true"]);
+    let gpoold = cluster.controller().pid();
+    let (mut slowest, mut most_threads) = (Duration::ZERO, 0);
+    for round in 0..10 {
+        std::thread::sleep(Duration::from_millis(500));
+        let started = std::time::Instant::now();
+        cluster.gpool(&["report"]).ok();
+        if round == 5 {
+            cluster.gpool(&["cancel", &other.to_string()]).ok();
+        }
+        slowest = slowest.max(started.elapsed());
+        most_threads = most_threads.max(n_threads(gpoold));
+    }
+    println!("hanging receiver: slowest report/cancel {slowest:?}, gpoold threads at most {most_threads}");
+    assert!(slowest < Duration::from_secs(5), "{slowest:?}");
+    assert!(most_threads < 100, "{most_threads} threads");
+    cluster.wait_for_state(other, "cancelled");
+    let done = wait_until("the array to end", Duration::from_secs(120), || {
+        let listed = cluster.gpool(&["jobs", "--all", "--output", "json"]).json();
+        let array = listed
+            .as_array()
+            .and_then(|jobs| jobs.iter().find(|job| job["id"] == array).cloned())?;
+        (array["state"] == "completed").then_some(array)
+    });
+    assert_eq!(done["state"], "completed", "{done}");
+}
