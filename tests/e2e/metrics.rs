@@ -44,6 +44,7 @@ fn metrics_show_gpus_jobs_and_scheduling() {
         ("gpool_team_gpus_in_use{team=\"ml\",ledger=\"guaranteed\"}", 1.0),
         ("gpool_queue_wait_seconds_count{team=\"ml\"}", 1.0),
         ("gpool_preemptions_total", 0.0),
+        ("gpool_notifications_dropped_total", 0.0),
         ("gpool_team_guaranteed_gpus{team=\"ml\"}", 1.0),
         ("gpool_team_gpu_hours_budget{team=\"ml\"}", 100.0),
         ("gpool_team_gpu_hours{team=\"ml\",ledger=\"burst\"}", 0.0),
