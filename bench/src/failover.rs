@@ -57,7 +57,7 @@ fn start_controller(dir: &Path, endpoints: &str, name: &str, listen: &str) -> an
     std::fs::write(
         &config,
         format!(
-            "listen = \"{listen}\"\nstate_dir = \"{}\"\nsocket = \"{}\"\n\n[ha]\netcd = [{endpoints}]\nname = \"{name}\"\nadvertise = \"{listen}\"\n",
+            "listen = \"{listen}\"\nstate_dir = \"{}\"\nsocket = \"{}\"\n\n[ha]\netcd = [{endpoints}]\nname = \"{name}\"\nadvertise = \"{listen}\"\ninsecure_etcd = true\n",
             dir.join("state").display(),
             dir.join(format!("{name}.sock")).display(),
         ),

@@ -15,13 +15,17 @@ pub(crate) struct HaFile {
     ca: Option<PathBuf>,
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
+    /// Plaintext etcd (`http://` endpoints) accepted, knowing the risk.
+    #[serde(default)]
+    insecure_etcd: bool,
 }
 
 /// High availability: this controller campaigns for leadership and serves
 /// only while it leads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ha {
-    /// etcd's client endpoints (`http://host:2379`).
+    /// etcd's client endpoints (`https://host:2379`, or `http://` with
+    /// `insecure_etcd`).
     pub etcd: Vec<String>,
     /// This controller's name, unique among them.
     pub name: String,
@@ -64,11 +68,12 @@ pub(crate) fn ha_of(
     if file.etcd.is_empty() {
         return Err(invalid(
             offset,
-            "ha.etcd: name at least one etcd endpoint, e.g. [\"http://10.0.0.5:2379\"]".into(),
+            "ha.etcd: name at least one etcd endpoint, e.g. [\"https://10.0.0.5:2379\"]".into(),
         ));
     }
     let tls = file.ca.is_some();
     check_endpoints(&file.etcd, tls).map_err(|reason| invalid(offset, reason))?;
+    check_insecure_etcd(&file.etcd, tls, file.insecure_etcd).map_err(|reason| invalid(offset, reason))?;
     let cert_key = cert_and_key(file.cert, file.key, tls).map_err(|reason| invalid(offset, reason))?;
     let name_ok = !file.name.is_empty()
         && file
@@ -159,6 +164,22 @@ fn check_endpoints(endpoints: &[String], tls: bool) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Plaintext etcd only with `insecure_etcd = true`: whoever can reach an
+/// etcd that asks no credentials can rewrite the election's keys, and so
+/// name a leader of their choosing, to which standbys send agents and
+/// users (with their tokens). That holds on loopback too, where every
+/// account of the host can reach it, so loopback is not exempt.
+fn check_insecure_etcd(endpoints: &[String], tls: bool, insecure_etcd: bool) -> Result<(), String> {
+    match (tls, insecure_etcd) {
+        (true, true) => Err("ha.insecure_etcd: with ha.ca etcd is reached over TLS; insecure_etcd = true is for http:// endpoints only".into()),
+        (false, false) => Err(format!(
+            "ha.insecure_etcd: ha.etcd names plaintext etcd ({:?}), where anyone who reaches it can rewrite the election's keys and point agents and users at a leader of their own: give ha.ca (https:// endpoints; ha.cert and ha.key where etcd asks for client certificates), or set insecure_etcd = true in [ha] to accept that",
+            endpoints.first().map(String::as_str).unwrap_or_default()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// This controller's client certificate for etcd and its key: both or

@@ -224,8 +224,7 @@ fn a_pool_gives_its_jobs_default_cpus_and_memory() {
 #[test]
 fn ha_names_etcd_this_controller_and_its_lease() {
     let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[ha]\n";
-    let good =
-        "etcd = [\"http://10.0.0.5:2379\", \"10.0.0.6:2379\"]\nname = \"ctl-a\"\nadvertise = \"ctl-a.example:7070\"\n";
+    let good = "etcd = [\"http://10.0.0.5:2379\", \"10.0.0.6:2379\"]\nname = \"ctl-a\"\nadvertise = \"ctl-a.example:7070\"\ninsecure_etcd = true\n";
     let config = Config::parse("g.toml", &format!("{base}{good}")).unwrap_or_else(|err| panic!("{err}"));
     let ha = config.ha.expect("[ha]");
     assert_eq!(ha.etcd.len(), 2);
@@ -287,6 +286,19 @@ fn ha_names_etcd_this_controller_and_its_lease() {
             "ha.election: \"gpool/\" must be",
         ),
         (format!("{good}election = \"\"\n"), "ha.election: \"\" must be"),
+        // Plaintext etcd is said out loud, on loopback too.
+        (
+            good.replace("insecure_etcd = true\n", ""),
+            "ha.insecure_etcd: ha.etcd names plaintext etcd (\"http://10.0.0.5:2379\"), where anyone who reaches it can rewrite the election's keys",
+        ),
+        (
+            good.replace("insecure_etcd = true\n", "").replace("10.0.0.5", "127.0.0.1"),
+            "set insecure_etcd = true in [ha]",
+        ),
+        (
+            format!("{tls}insecure_etcd = true\n"),
+            "ha.insecure_etcd: with ha.ca etcd is reached over TLS",
+        ),
     ] {
         let err = Config::parse("g.toml", &format!("{base}{bad}"))
             .unwrap_err()
@@ -300,7 +312,7 @@ fn ha_names_etcd_this_controller_and_its_lease() {
 /// with both fields named.
 #[test]
 fn ha_takes_a_node_timeout_that_outlives_a_failover() {
-    let ha = "[ha]\netcd = [\"http://10.0.0.5:2379\"]\nname = \"a\"\nadvertise = \"a:1\"\n";
+    let ha = "[ha]\netcd = [\"http://10.0.0.5:2379\"]\nname = \"a\"\nadvertise = \"a:1\"\ninsecure_etcd = true\n";
     let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n";
     let shipped = Config::parse("g.toml", &format!("{base}{ha}")).unwrap_or_else(|err| panic!("{err}"));
     assert_eq!(shipped.node_timeout, Duration::from_secs(54), "the 15 s lease's least");

@@ -81,9 +81,9 @@ impl Etcd {
 }
 
 /// The `[ha]` table of controller `name`, which others dial at its
-/// `listen` address (advertise left out).
+/// `listen` address (advertise left out), on the tests' plaintext etcd.
 fn ha_table(endpoints: &str, name: &str) -> String {
-    format!("[ha]\netcd = [{endpoints}]\nname = \"{name}\"\nlease_ttl = \"3s\"\n\n")
+    format!("[ha]\netcd = [{endpoints}]\nname = \"{name}\"\nlease_ttl = \"3s\"\ninsecure_etcd = true\n\n")
 }
 
 /// Another gpoold on the cluster's state dir, listening at `listen`, with
