@@ -211,6 +211,7 @@ fn api_services(
         reports: reports.clone(),
         leadership: core.leadership.clone(),
         listen: addr.to_string(),
+        watches: Default::default(),
     })
     .max_decoding_message_size(config.max_message_size)
     // Replies (a page of job listings) may be larger than any request.

@@ -26,3 +26,4 @@ mod sharing;
 mod sim;
 mod status_page;
 mod systemd;
+mod watches;

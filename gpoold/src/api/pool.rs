@@ -3,6 +3,7 @@
 mod admin;
 mod jobs;
 mod nodes;
+mod watch;
 
 use super::{caller, identity, Identity};
 use crate::error::Error;
@@ -32,6 +33,8 @@ pub struct PoolService {
     /// The address this controller is bound to (`Controllers` without
     /// `[ha]`).
     pub listen: String,
+    /// Open `WatchJobs` streams, by user.
+    pub watches: Arc<watch::Watches>,
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;

@@ -1,7 +1,7 @@
 //! Jobs for the Pool service: submitting, cancelling and updating them (and
-//! what each id came to), listing them a chunk at a time, and watching them.
+//! what each id came to), and listing them a chunk at a time.
 
-use super::{JobListStream, JobStream, PoolService};
+use super::{JobListStream, PoolService};
 use crate::api::job_wire::job_wire;
 use crate::api::Identity;
 use crate::error::Error;
@@ -318,65 +318,10 @@ impl PoolService {
             receiver,
         ))))
     }
-
-    /// The jobs `request` names, then each change of those that have not
-    /// ended, until they end (`WatchJobs`).
-    pub(super) fn watch(&self, caller: Caller, request: &pb::WatchJobsRequest) -> Result<Response<JobStream>, Status> {
-        // Subscribed before the first read, so no change falls between.
-        let mut changes = self.state.job_changes.subscribe();
-        let mut unfinished = std::collections::BTreeSet::new();
-        check_id_count(request.ids.len())?;
-        // Each job once, however often it is named.
-        let ids: std::collections::BTreeSet<u64> = request.ids.iter().copied().collect();
-        let mut first = Vec::with_capacity(ids.len());
-        for id in ids {
-            let job = self.job(JobId(id), &caller, false)?;
-            if !is_finished(&job) {
-                unfinished.insert(JobId(id));
-            }
-            first.push(job);
-        }
-        // Boxed: a channel holds room for 32 of its messages from the
-        // start, and a watcher waits long (a `gpool wait` on a day's job).
-        let (sender, receiver) = tokio::sync::mpsc::channel::<Box<Result<pb::Job, Status>>>(LIST_CHUNK);
-        let service = self.clone();
-        tokio::spawn(async move {
-            for job in first {
-                if sender.send(Box::new(Ok(job))).await.is_err() {
-                    return;
-                }
-            }
-            while !unfinished.is_empty() {
-                let changed: Vec<JobId> = tokio::select! {
-                    () = sender.closed() => return,
-                    change = changes.recv() => match change {
-                        Ok(id) if unfinished.contains(&id) => vec![id],
-                        Ok(_) => continue,
-                        // Missed changes: send each unfinished job again.
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => unfinished.iter().copied().collect(),
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                    },
-                };
-                for id in changed {
-                    let job = service.job(id, &caller, false);
-                    if job.as_ref().map_or(true, is_finished) {
-                        unfinished.remove(&id);
-                    }
-                    if sender.send(Box::new(job)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::ReceiverStream::new(receiver),
-            |job| *job,
-        ))))
-    }
 }
 
 /// Refuses a request naming more job ids than one may.
-fn check_id_count(n_ids: usize) -> Result<(), Status> {
+pub(super) fn check_id_count(n_ids: usize) -> Result<(), Status> {
     if n_ids > gpool_core::ids::MAX_IDS_PER_REQUEST {
         return Err(Error::InvalidRequest {
             field: "ids",
@@ -441,6 +386,6 @@ fn outcomes_to_wire(outcomes: Vec<CancelOutcome>) -> pb::CancelJobsResponse {
     pb::CancelJobsResponse { outcomes }
 }
 
-fn is_finished(job: &pb::Job) -> bool {
+pub(super) fn is_finished(job: &pb::Job) -> bool {
     gpool_proto::convert::is_ended(job.state())
 }
