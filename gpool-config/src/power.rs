@@ -84,6 +84,22 @@ pub(crate) fn power_of(
         }
         let name = file.name.clone();
         let named = |field: &str, reason: String| invalid(offset, format!("power {name:?}: {field}: {reason}"));
+        let per_team = [
+            ("max_nodes_per_team", file.max_nodes_per_team.is_some()),
+            ("max_gpu_hours_per_team", file.max_gpu_hours_per_team.is_some()),
+        ];
+        if let Some((field, _)) = per_team
+            .iter()
+            .find(|(_, set)| *set)
+            .filter(|_| pools.sharing.teams.is_empty())
+        {
+            return Err(named(
+                field,
+                "needs [[team]] tables: without them any user may name any team, so a per-team budget binds \
+                 nobody; cap the whole group with max_nodes instead"
+                    .into(),
+            ));
+        }
         let nodes = nodes_of(&file, &mut seen).map_err(|reason| named("nodes", reason))?;
         out.push(group_of(file, nodes, accounting, pools, &named)?);
     }

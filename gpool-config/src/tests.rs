@@ -342,6 +342,14 @@ fn power_groups_expand_their_nodes_and_name_each_mistake() {
              resume = \"/r\"\nsuspend = \"/s\"\n{extra}"
         )
     };
+    // A per-team budget needs teams: without them any team may be named.
+    let err = Config::parse("g.toml", &group("max_nodes_per_team = 1\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("power \"cloud\": max_nodes_per_team: needs [[team]] tables"),
+        "{err}"
+    );
     let config = Config::parse("g.toml", &group("max_nodes = 2\nsuspend_after = \"never\"\n")).unwrap();
     let power = &config.power[0];
     assert_eq!(power.group.nodes, ["c-1", "c-2", "c-3"]);

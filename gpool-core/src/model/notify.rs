@@ -38,6 +38,39 @@ mod notify_tests {
         assert!(day.check().is_ok());
     }
 
+    /// A path that climbs out of an allowed prefix is checked where it
+    /// lands; control characters never reach the log.
+    #[test]
+    fn a_webhook_is_checked_where_it_really_goes() {
+        let to = |url: &str| Notify::parse(url, None).map(|notify| notify.to);
+        assert_eq!(
+            to("https://h.example/hooks/../metrics").unwrap(),
+            "https://h.example/metrics"
+        );
+        assert_eq!(
+            to("https://h.example/hooks/./a/b/..?x=1").unwrap(),
+            "https://h.example/hooks/a/?x=1"
+        );
+        assert_eq!(to("https://h.example").unwrap(), "https://h.example");
+        assert!(to("https://h.example/hooks/%2e%2e/metrics")
+            .unwrap_err()
+            .contains("encoded"));
+        assert!(to("https://h.example/hooks\\..\\metrics")
+            .unwrap_err()
+            .contains("backslash"));
+        assert!(to("https://h.example/hooks/\u{0}x")
+            .unwrap_err()
+            .contains("control character (U+0000)"));
+        let rules = NotifyRules {
+            webhooks: vec!["https://h.example/hooks/".into()],
+            sendmail: None,
+        };
+        let climbing = Notify::parse("https://h.example/hooks/../metrics", None).unwrap();
+        assert!(rules.admit(&climbing).is_err());
+        let inside = Notify::parse("https://h.example/hooks/a/../b", None).unwrap();
+        assert!(rules.admit(&inside).is_ok());
+    }
+
     #[test]
     fn targets_and_events_parse_and_pools_admit_what_they_allow() {
         let hook = Notify::parse("https://hooks.example.com/x", Some("start,fail")).unwrap();
@@ -134,8 +167,15 @@ impl Notify {
         if to.len() > Self::MAX_TARGET_BYTES {
             return Err(format!("longer than {} bytes", Self::MAX_TARGET_BYTES));
         }
+        if let Some(control) = to.chars().find(|c| c.is_control()) {
+            return Err(format!(
+                "{to:?} holds a control character (U+{:04X})",
+                u32::from(control)
+            ));
+        }
+        let to = if is_web { normalized_url(to)? } else { to.to_string() };
         let mut notify = Notify {
-            to: to.to_string(),
+            to,
             on_start: false,
             on_end: false,
             on_fail: false,
@@ -159,6 +199,46 @@ impl Notify {
     pub fn is_webhook(&self) -> bool {
         !self.to.starts_with("mail:")
     }
+}
+
+/// A webhook URL with its path's `.` and `..` segments resolved (RFC 3986),
+/// so that the pool's allowed prefixes are checked against where the post
+/// really goes (`/hooks/../metrics` is `/metrics`). Encoded dots and
+/// backslashes, which a receiver might resolve otherwise, are refused.
+fn normalized_url(url: &str) -> Result<String, String> {
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("{url:?} has no scheme"))?;
+    let path_at = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(path_at);
+    let query_at = tail.find(['?', '#']).unwrap_or(tail.len());
+    let (path, query) = tail.split_at(query_at);
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2e") || lower.contains("%2f") || path.contains('\\') {
+        return Err(format!(
+            "{url:?}: its path holds an encoded '.' or '/', or a backslash; write the path plainly"
+        ));
+    }
+    let mut segments: Vec<&str> = Vec::new();
+    let parts: Vec<&str> = path.split('/').skip(1).collect();
+    for (index, part) in parts.iter().enumerate() {
+        let last = index + 1 == parts.len();
+        match *part {
+            "." if last => segments.push(""),
+            "." => {}
+            ".." => {
+                segments.pop();
+                if last {
+                    segments.push("");
+                }
+            }
+            other => segments.push(other),
+        }
+    }
+    let path = if path.is_empty() {
+        String::new()
+    } else {
+        format!("/{}", segments.join("/"))
+    };
+    Ok(format!("{scheme}://{authority}{path}{query}"))
 }
 
 /// When a job may start at the earliest (`--begin`): a moment, or a time

@@ -102,7 +102,15 @@ impl JobSpec {
         }
         if let Some(notify) = &self.notify {
             // As it came over the wire: the target as --notify takes it.
-            crate::model::Notify::parse(&notify.to, Some("all")).map_err(|reason| spec_error("notify", reason))?;
+            let parsed =
+                crate::model::Notify::parse(&notify.to, Some("all")).map_err(|reason| spec_error("notify", reason))?;
+            // The pool's prefixes are checked against where it really goes.
+            if parsed.to != notify.to {
+                return Err(spec_error(
+                    "notify",
+                    format!("{:?} is not in its plain form: send {:?}", notify.to, parsed.to),
+                ));
+            }
         }
         if let Some(script) = &self.script {
             if script.at as usize >= self.command.len() {
