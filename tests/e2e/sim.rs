@@ -214,3 +214,68 @@ fn sim_names_impossible_jobs_and_takes_a_policy_only_file() {
         "{text}"
     );
 }
+
+/// Off a terminal (a CI log, a script), each replay says how far it is on
+/// stderr in plain lines, with no escape codes, and that it is done.
+#[test]
+fn sim_prints_plain_progress_lines_off_a_terminal() {
+    let dir = Cluster::temp_dir();
+    let run = sim(dir.path(), &["--no-savings"]);
+    run.ok();
+    for policy in ["dedicated", "fifo", "gpool"] {
+        assert!(
+            run.stderr
+                .contains(&format!("sim: {policy}: 0% of the trace (simulated hour 1 of 1), ")),
+            "{}",
+            run.stderr
+        );
+        assert!(run.stderr.contains(&format!("sim: {policy}: done, ")), "{}", run.stderr);
+    }
+    assert!(!run.stderr.contains('\u{1b}'), "{}", run.stderr);
+}
+
+/// A trace whose demand comes and goes: a 10-hour job fills the node, a
+/// second waits for it, and the last arrives days later. Allocation is
+/// low while jobs waited hours, and the report says why, from what it
+/// measured: the idle GPU-hours fell while no job waited.
+#[test]
+fn sim_says_why_allocation_is_low_while_jobs_wait() {
+    let dir = Cluster::temp_dir();
+    let trace = dir.path().join("bursts.csv");
+    std::fs::write(
+        &trace,
+        "submit,duration,gpus_per_node,nodes,team\n\
+         2026-11-23T00:00:00Z,36000,2,1,a\n\
+         2026-11-23T00:01:00Z,3600,2,1,a\n\
+         2026-11-27T00:00:00Z,3600,1,1,a\n",
+    )
+    .unwrap();
+    let args = [
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--compare",
+        "fifo",
+    ];
+    let table: Run = gpool_command(&args).output().expect("run gpool sim").into();
+    let text = table.ok();
+    assert!(
+        text.contains("note: fifo: ") && text.contains("demand came and went"),
+        "{text}"
+    );
+    let mut json_args = args.to_vec();
+    json_args.extend(["--output", "json"]);
+    let report: Run = gpool_command(&json_args).output().expect("run gpool sim").into();
+    report.ok();
+    let report = report.json();
+    let note = report["notes"]["fifo"].as_str().unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        note.contains("of the idle GPU-hours fell in time slices in which no job waited"),
+        "{note}"
+    );
+    assert!(text.contains(note), "{text}");
+}

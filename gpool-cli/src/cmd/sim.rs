@@ -4,8 +4,8 @@
 
 use crate::output;
 use crate::CliError;
-use gpool_core::sched::Plan;
-use gpool_core::sim::{self, Cluster, Observer, Outcome, Savings, TraceJob};
+use gpool_core::sim::{self, Cluster, Outcome, Savings, TraceJob};
+use progress::Watch;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -100,62 +100,6 @@ pub struct SimArgs {
     /// With --cloud: the most nodes up at once, one replay each.
     #[arg(long, value_delimiter = ',', default_value = "4,16")]
     cloud_budget: Vec<u32>,
-}
-
-/// Times every cycle and moves a progress bar.
-struct Watch {
-    cycle_secs: Vec<f64>,
-    bar: Option<indicatif::ProgressBar>,
-}
-
-impl Observer for Watch {
-    fn cycle(&mut self, run: &mut dyn FnMut() -> Plan) -> Plan {
-        let started = Instant::now();
-        let plan = run();
-        self.cycle_secs.push(started.elapsed().as_secs_f64());
-        plan
-    }
-
-    fn progress(&mut self, done_ms: i64, total_ms: i64) {
-        if let Some(bar) = &self.bar {
-            bar.set_length(total_ms.max(1) as u64);
-            bar.set_position(done_ms.clamp(0, total_ms) as u64);
-        }
-    }
-}
-
-impl Watch {
-    fn new(label: &str, bars: &indicatif::MultiProgress) -> Watch {
-        use std::io::IsTerminal;
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = bars.add(indicatif::ProgressBar::new(1));
-            if let Ok(style) =
-                indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:40}] {percent:>3}% {elapsed}")
-            {
-                bar.set_style(style.progress_chars("=> "));
-            }
-            bar.set_prefix(label.to_string());
-            bar
-        });
-        Watch {
-            cycle_secs: Vec::new(),
-            bar,
-        }
-    }
-
-    fn finish(self, replay: Duration) -> Timing {
-        if let Some(bar) = self.bar {
-            bar.finish_and_clear();
-        }
-        let dist = sim::Dist::of(self.cycle_secs);
-        Timing {
-            replay_secs: replay.as_secs_f64(),
-            cycles: dist.n,
-            cycle_mean_ms: dist.mean * 1e3,
-            cycle_p99_ms: dist.p99 * 1e3,
-            cycle_max_ms: dist.max * 1e3,
-        }
-    }
 }
 
 /// Wall-clock figures of one replay (not part of the deterministic outcome).
@@ -482,6 +426,10 @@ fn print_json_report(report: &Report) {
         "savings": savings,
         "currency": currency,
         "timing": results.iter().map(|(o, t)| (o.policy.clone(), t)).collect::<BTreeMap<_, _>>(),
+        "notes": results
+            .iter()
+            .filter_map(|(o, _)| notes::note(o, span_ms(jobs) as f64 / 3_600_000.0).map(|line| (o.policy.clone(), line)))
+            .collect::<BTreeMap<_, _>>(),
         "impossible_jobs": impossible
             .iter()
             .map(|(idx, reason)| serde_json::json!({"job": idx + 1, "reason": reason}))
@@ -491,8 +439,12 @@ fn print_json_report(report: &Report) {
 }
 
 mod cloud;
+mod notes;
 mod plot;
+mod progress;
 mod tables;
+#[cfg(test)]
+mod tests;
 
 fn parse_on_signal(text: &str) -> Result<gpool_core::sim::OnSignal, String> {
     gpool_core::sim::OnSignal::parse(text)

@@ -34,6 +34,11 @@ pub(super) fn print_tables(report: &Report) {
         cluster.gpus()
     );
     print_policy_table(results);
+    for (outcome, _) in results {
+        if let Some(line) = super::notes::note(outcome, span / 3600.0) {
+            outln!("{line}");
+        }
+    }
     print_team_table(results);
     if let Some(savings) = report.savings {
         print_savings(savings, report.currency, span);

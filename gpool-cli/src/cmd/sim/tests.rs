@@ -1,0 +1,131 @@
+//! Unit tests of `gpool sim`'s progress lines and report notes, and of the
+//! shipped example files against the shipped policy it replays.
+
+use super::progress::progress_line;
+use std::path::Path;
+use std::time::Duration;
+
+const DAY_MS: i64 = 86_400_000;
+
+#[test]
+fn a_progress_line_says_how_far_the_virtual_clock_is() {
+    let line = progress_line("gpool", 11 * DAY_MS + 5, 30 * DAY_MS, Duration::from_secs(25));
+    assert_eq!(line, "sim: gpool: 36% of the trace (simulated day 12 of 30), 25 s");
+    let start = progress_line("fifo", 0, 30 * DAY_MS, Duration::ZERO);
+    assert_eq!(start, "sim: fifo: 0% of the trace (simulated day 1 of 30), 0 s");
+    let last = progress_line("fifo", 30 * DAY_MS, 30 * DAY_MS, Duration::from_secs(90));
+    assert_eq!(last, "sim: fifo: 100% of the trace (simulated day 30 of 30), 90 s");
+    // A short trace counts hours; past the last arrival, the queue drains.
+    let short = progress_line("dedicated", 5 * 3_600_000, 20 * 3_600_000, Duration::from_secs(3));
+    assert_eq!(short, "sim: dedicated: 25% of the trace (simulated hour 6 of 20), 3 s");
+    let draining = progress_line("gpool", 33 * DAY_MS, 30 * DAY_MS, Duration::from_secs(140));
+    assert_eq!(
+        draining,
+        "sim: gpool: the whole trace has arrived, its queue drains (simulated day 34, the last arrival on day 30), 140 s"
+    );
+}
+
+/// The example job file names only teams, QoS classes and pools of the
+/// shipped gpoold.toml, as gpoold checks them at submit (as a member of
+/// its team): its jobs are not refused by the controller they ship with.
+#[test]
+fn the_example_job_file_fits_the_shipped_policy() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (policy, _) = super::load_policy(&root.join("config/gpoold.toml")).unwrap_or_else(|err| panic!("{err}"));
+    let text = std::fs::read_to_string(root.join("config/jobs.example.toml")).expect("config/jobs.example.toml");
+    let specs =
+        gpool_core::spec::parse_job_file("config/jobs.example.toml", &text).unwrap_or_else(|err| panic!("{err}"));
+    assert!(!specs.is_empty());
+    for mut spec in specs {
+        let team = policy
+            .sharing
+            .teams
+            .iter()
+            .find(|team| team.name == spec.team)
+            .unwrap_or_else(|| panic!("job {}: team {:?} is not in config/gpoold.toml", spec.name, spec.team));
+        let member = team.members.first().map_or("someone", String::as_str);
+        let caller = gpool_core::auth::Caller::user(member);
+        if let Err(refusal) = policy.sharing.admit(&mut spec, &caller, "default") {
+            panic!("job {}: config/gpoold.toml refuses it: {refusal:?}", spec.name);
+        }
+        assert!(
+            policy.pool(&spec.pool).is_some(),
+            "job {}: pool {:?} is not in config/gpoold.toml",
+            spec.name,
+            spec.pool
+        );
+        spec.validate().unwrap_or_else(|err| panic!("job {}: {err}", spec.name));
+    }
+}
+
+/// A replay of 10 GPUs over 10 hours, 40% allocated, jobs waiting two
+/// days on average: the first 5 hours idle with nothing waiting, the last
+/// 5 at 80% with 3 jobs waiting.
+fn low_allocation_long_waits(policy: &str) -> gpool_core::sim::Outcome {
+    use gpool_core::sim::{Dist, Outcome, Series};
+    Outcome {
+        policy: policy.to_string(),
+        gpus: 10,
+        span_hours: 10.0,
+        allocation: 0.4,
+        queue_delay: Dist {
+            n: 3,
+            mean: 2.0 * 86400.0,
+            ..Dist::default()
+        },
+        series: Series {
+            bucket_secs: 3600,
+            allocation: [[0.0; 5], [0.8; 5]].concat(),
+            queued_jobs: [[0.0; 5], [3.0; 5]].concat(),
+            ..Series::default()
+        },
+        ..Outcome::default()
+    }
+}
+
+#[test]
+fn a_note_says_where_the_idle_gpu_hours_fell_while_jobs_waited() {
+    use super::notes::{idle_split, note};
+    // 60 idle GPU-hours: 50 in hours with nothing waiting, 10 while jobs
+    // waited that fitted nowhere free.
+    let bursty = low_allocation_long_waits("fifo");
+    let split = idle_split(&bursty).expect("idle GPUs");
+    assert!((split.idle_gpu_hours - 60.0).abs() < 1e-9, "{split:?}");
+    assert!((split.nothing_waiting - 50.0 / 60.0).abs() < 1e-9, "{split:?}");
+    assert!((split.fitting_nowhere - 10.0 / 60.0).abs() < 1e-9, "{split:?}");
+    assert_eq!(
+        note(&bursty, 5.0).as_deref(),
+        Some("note: fifo: 40.0% allocated while jobs waited 2.0d on average: demand came and went: 83% of the idle GPU-hours fell in time slices in which no job waited; 5.0h of the 10.0h replayed come after the last arrival, while the last jobs run")
+    );
+
+    // Jobs waited all along, and none fitted what was free.
+    let mut stuck = low_allocation_long_waits("dedicated");
+    stuck.series.queued_jobs = vec![2.0; 10];
+    stuck.never_started = 2;
+    assert_eq!(
+        note(&stuck, 10.0).as_deref(),
+        Some("note: dedicated: 40.0% allocated while jobs waited 2.0d on average: the waiting jobs did not fit the idle GPUs: 100% of the idle GPU-hours fell in time slices in which jobs waited, when none of them fitted the free GPUs of its team's partition; 2 jobs never started")
+    );
+    stuck.policy = "gpool".into();
+    stuck.never_started = 0;
+    assert!(note(&stuck, 10.0).is_some_and(
+        |line| line.ends_with("none of them fitted the free GPUs of its pool (GPUs per node, nodes or model)")
+    ));
+
+    // For 8 hours a waiting job fitted half the GPUs: 40 of the 60 idle
+    // GPU-hours, which the policy kept idle.
+    stuck.allocation_while_startable = Some(0.5);
+    stuck.hours_startable = 8.0;
+    assert_eq!(
+        note(&stuck, 10.0).as_deref(),
+        Some("note: gpool: 40.0% allocated while jobs waited 2.0d on average: the policy held back jobs that fitted: 67% of the idle GPU-hours fell while a waiting job fitted the free GPUs of its pool and was not started")
+    );
+
+    // No note where allocation is high, or waits are short.
+    let mut busy = low_allocation_long_waits("fifo");
+    busy.allocation = 0.8;
+    assert_eq!(note(&busy, 5.0), None);
+    let mut quick = low_allocation_long_waits("fifo");
+    quick.queue_delay.mean = 600.0;
+    assert_eq!(note(&quick, 5.0), None);
+}
