@@ -7,7 +7,7 @@
 //! on the local socket gpoold knows the caller by their Unix credentials.
 
 use crate::CliError;
-use gpool_proto::dial::{self, Address, ClientTls};
+use gpool_proto::dial::{self, Address, ClientTls, DialError};
 use gpool_proto::pb::pool_client::PoolClient;
 use gpool_proto::USER_METADATA_KEY;
 use std::os::unix::fs::PermissionsExt;
@@ -85,32 +85,34 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
         identity_pem: None,
     };
     let token = if tcp { read_token()? } else { None };
+    // A token sent in clear text is a token given away; loopback never
+    // leaves the host, and http:// says the user means it. The same holds
+    // for the leader a standby sends the call on to.
+    let rule = dial::TokenRule::for_addresses(&addresses);
     for address in addresses.iter().filter(|_| token.is_some()) {
-        let Address::Tcp { host_port, tls: wanted } = address else {
-            continue;
-        };
-        // A token sent in clear text is a token given away; loopback never
-        // leaves the host, and http:// says the user means it.
-        let encrypted = wanted.unwrap_or(tls.ca_pem.is_some());
-        let loopback = host_port
-            .rsplit_once(':')
-            .map(|(host, _)| host.trim_matches(['[', ']']))
-            .is_some_and(|host| {
-                host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-            });
-        if !encrypted && !loopback && *wanted != Some(false) {
-            return Err(CliError::Usage(format!(
-                "refusing to send your token in clear text to {host_port}: give the cluster CA (GPOOL_CA or ~/.config/gpool/ca.pem), or write http://{host_port} to insist"
-            )));
+        match address {
+            Address::Tcp { host_port, .. } if !rule.allows(address, &tls) => {
+                return Err(CliError::Usage(format!(
+                    "refusing to send your token in clear text to {host_port}: {GIVE_THE_CA}, or write http://{host_port} to insist"
+                )))
+            }
+            _ => {}
         }
     }
     let deadlines = dial::Deadlines {
         connect: timeout.unwrap_or(std::time::Duration::from_secs(3600)),
         request: timeout,
     };
-    let (channel, _) = dial::connect_first(&addresses, &tls, deadlines)
-        .await
-        .map_err(|reason| unreachable(tls_hint(addr).unwrap_or(reason)))?;
+    let connected = match &token {
+        Some(_) => dial::connect_first_with_token(&addresses, &tls, deadlines, &rule).await,
+        None => dial::connect_first(&addresses, &tls, deadlines).await,
+    };
+    let (channel, _) = connected.map_err(|err| match err {
+        DialError::ClearTextRedirect { standby, leader } => CliError::Usage(format!(
+            "{standby} is a standby and names the leader at {leader}: refusing to send your token in clear text to {leader}: {GIVE_THE_CA}, or name http://{leader} in --server or GPOOL_SERVER too, to insist"
+        )),
+        DialError::Unreachable(reason) => unreachable(tls_hint(addr).unwrap_or(reason)),
+    })?;
     let bearer: Option<MetadataValue<_>> = token
         .map(|token| {
             format!("Bearer {token}")
@@ -129,6 +131,9 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
     };
     Ok(PoolClient::with_interceptor(channel, interceptor).max_decoding_message_size(gpool_proto::MAX_REPLY_BYTES))
 }
+
+/// How a user whose token would go in clear text sends it over TLS.
+const GIVE_THE_CA: &str = "give the cluster CA (GPOOL_CA or ~/.config/gpool/ca.pem)";
 
 /// Why a controller at `addr` that broke the connection did: it speaks
 /// TLS and was dialled in plain text (no CA given, or `http://`). `None`

@@ -62,46 +62,142 @@ pub const LEADER_METADATA: &str = "gpool-leader";
 /// How many standbys' redirects one connection follows.
 const MAX_REDIRECTS: usize = 3;
 
+/// Why no connection was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DialError {
+    /// No address answered, or none named a leader that did: why, for each.
+    Unreachable(String),
+    /// A standby named a leader that the caller's bearer token may not go
+    /// to in clear text (`TokenRule`): it was not dialled.
+    ClearTextRedirect { standby: String, leader: String },
+}
+
+impl std::fmt::Display for DialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DialError::Unreachable(reason) => f.write_str(reason),
+            DialError::ClearTextRedirect { standby, leader } => write!(
+                f,
+                "{standby} is a standby and names the leader at {leader}, where a token would go in clear text"
+            ),
+        }
+    }
+}
+
+/// Where a caller's bearer token may go in clear text: over loopback,
+/// which never leaves the host, and to the addresses the caller itself
+/// wrote with `http://` (it means it). The same holds for the leader a
+/// standby names, so a redirect never carries a token off the host in
+/// clear text that the caller would not have sent there itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRule {
+    /// `HOST:PORT` of each address named with `http://`.
+    insisted: Vec<String>,
+}
+
+impl TokenRule {
+    /// The rule for a caller that named `addresses`.
+    pub fn for_addresses(addresses: &[Address]) -> TokenRule {
+        let insisted = addresses
+            .iter()
+            .filter_map(|address| match address {
+                Address::Tcp {
+                    host_port,
+                    tls: Some(false),
+                } => Some(host_port.clone()),
+                _ => None,
+            })
+            .collect();
+        TokenRule { insisted }
+    }
+
+    /// Whether the token may go to `address`, dialled as `tls` makes it
+    /// (TLS for `https://`, and for a bare `HOST:PORT` with a CA).
+    pub fn allows(&self, address: &Address, tls: &ClientTls) -> bool {
+        let Address::Tcp { host_port, tls: wanted } = address else {
+            return true;
+        };
+        let encrypted = wanted.unwrap_or(tls.ca_pem.is_some());
+        encrypted || is_loopback(host_port) || self.insisted.contains(host_port)
+    }
+}
+
+/// Whether `host_port` names this host over loopback: `localhost`, an
+/// address in 127.0.0.0/8, or `::1` (`[::1]:PORT`).
+pub fn is_loopback(host_port: &str) -> bool {
+    host_port
+        .rsplit_once(':')
+        .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
+        .is_some_and(|host| host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
+}
+
 /// Connects to the first of `addresses` that answers, in order, and on to
 /// the leader where a standby answers: the channel, and the address it
 /// reached (the leader's, after a redirect). Each connection gets
-/// `deadlines.connect`.
+/// `deadlines.connect`. For a caller that sends nothing secret on its
+/// calls (an agent: its certificate only ever goes over TLS).
 pub async fn connect_first(
     addresses: &[Address],
     tls: &ClientTls,
     deadlines: Deadlines,
-) -> Result<(Channel, Address), String> {
+) -> Result<(Channel, Address), DialError> {
+    connect_first_as(addresses, tls, deadlines, None).await
+}
+
+/// `connect_first` for a caller that sends a bearer token on its calls:
+/// a standby's redirect is followed only where `rule` allows the token to
+/// go.
+pub async fn connect_first_with_token(
+    addresses: &[Address],
+    tls: &ClientTls,
+    deadlines: Deadlines,
+    rule: &TokenRule,
+) -> Result<(Channel, Address), DialError> {
+    connect_first_as(addresses, tls, deadlines, Some(rule)).await
+}
+
+async fn connect_first_as(
+    addresses: &[Address],
+    tls: &ClientTls,
+    deadlines: Deadlines,
+    token: Option<&TokenRule>,
+) -> Result<(Channel, Address), DialError> {
     let mut failures = Vec::new();
+    let mut refused = None;
     for address in addresses {
-        match connect_leader(address, tls, deadlines).await {
+        match connect_leader(address, tls, deadlines, token).await {
             Ok(reached) => return Ok(reached),
             Err(err) if addresses.len() == 1 => return Err(err),
-            Err(err) => failures.push(format!("{}: {err}", address.text())),
+            Err(DialError::Unreachable(err)) => failures.push(format!("{}: {err}", address.text())),
+            // The next address may reach the leader another way; if none
+            // does, the refusal is what the caller can act on.
+            Err(err) => refused = refused.or(Some(err)),
         }
     }
-    Err(failures.join("; "))
+    Err(refused.unwrap_or_else(|| DialError::Unreachable(failures.join("; "))))
 }
 
 /// Connects to `address`, then asks whether it serves (`Leader`): a
 /// standby answers with the leader's address, which is dialled in turn
-/// (with the TLS choice `address` made). The local socket is only ever
-/// the leader's, and is not asked.
+/// (with the TLS choice `address` made, and where `token` allows). The
+/// local socket is only ever the leader's, and is not asked.
 async fn connect_leader(
     address: &Address,
     tls: &ClientTls,
     deadlines: Deadlines,
-) -> Result<(Channel, Address), String> {
+    token: Option<&TokenRule>,
+) -> Result<(Channel, Address), DialError> {
     let mut address = address.clone();
     let mut followed = Vec::new();
     loop {
         let channel = match (connect(&address, tls, deadlines).await, followed.last()) {
             (Ok(channel), _) => channel,
-            (Err(err), None) => return Err(err),
+            (Err(err), None) => return Err(DialError::Unreachable(err)),
             (Err(err), Some(standby)) => {
-                return Err(format!(
+                return Err(DialError::Unreachable(format!(
                     "{standby} is a standby; the leader it names, {}: {err}",
                     address.text()
-                ))
+                )))
             }
         };
         if matches!(address, Address::Unix(_)) {
@@ -122,22 +218,36 @@ async fn connect_leader(
             return match status.code() {
                 // A standby with no leader elected, or a connection that
                 // broke: the next address is tried.
-                tonic::Code::Unavailable => Err(status.message().to_string()),
+                tonic::Code::Unavailable => Err(DialError::Unreachable(status.message().to_string())),
                 // A controller from before `Leader`, or one that wants
                 // credentials first: it serves.
                 _ => Ok((channel, address)),
             };
         };
-        let next = redirected(&address, leader)?;
+        let next = follow(&address, leader, tls, token)?;
         followed.push(address.text());
         if followed.len() > MAX_REDIRECTS || followed.contains(&next.text()) {
-            return Err(format!(
+            return Err(DialError::Unreachable(format!(
                 "standbys sent the call on too often or round in a circle: {} then {}",
                 followed.join(", "),
                 next.text()
-            ));
+            )));
         }
         address = next;
+    }
+}
+
+/// Where the standby at `standby` sends the caller, which names `leader`:
+/// the leader's address as `redirected` makes it, if the caller's token
+/// (where it has one) may go there.
+fn follow(standby: &Address, leader: &str, tls: &ClientTls, token: Option<&TokenRule>) -> Result<Address, DialError> {
+    let next = redirected(standby, leader).map_err(DialError::Unreachable)?;
+    match (token, &next) {
+        (Some(rule), Address::Tcp { host_port, .. }) if !rule.allows(&next, tls) => Err(DialError::ClearTextRedirect {
+            standby: standby.text(),
+            leader: host_port.clone(),
+        }),
+        _ => Ok(next),
     }
 }
 
@@ -276,61 +386,4 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_name_their_transport() {
-        assert_eq!(
-            Address::parse("unix:/run/g.sock"),
-            Ok(Address::Unix("/run/g.sock".into()))
-        );
-        assert_eq!(
-            Address::parse("https://ctl.example:7070"),
-            Ok(Address::Tcp {
-                host_port: "ctl.example:7070".into(),
-                tls: Some(true)
-            })
-        );
-        assert_eq!(
-            Address::parse("10.0.0.1:7070"),
-            Ok(Address::Tcp {
-                host_port: "10.0.0.1:7070".into(),
-                tls: None
-            })
-        );
-        assert!(Address::parse("ftp://x:1").is_err());
-        assert!(Address::parse("nowhere").is_err());
-        assert!(Address::parse("unix:").is_err());
-    }
-
-    #[test]
-    fn a_list_names_each_controller_in_turn() {
-        let list = parse_list("10.0.0.1:7070, https://b.example:7070").unwrap();
-        assert_eq!(list.len(), 2);
-        assert_eq!(list[1].text(), "https://b.example:7070");
-        assert_eq!(
-            parse_list("unix:/run/g.sock").unwrap(),
-            vec![Address::Unix("/run/g.sock".into())]
-        );
-        assert!(parse_list(" , ").is_err());
-        assert!(parse_list("a:1,nowhere").is_err());
-    }
-
-    #[test]
-    fn a_redirect_keeps_the_transport_it_came_by() {
-        let from = Address::parse("https://a.example:7070").unwrap();
-        assert_eq!(
-            redirected(&from, "b.example:7070").unwrap().text(),
-            "https://b.example:7070"
-        );
-        let plain = Address::parse("http://a:1").unwrap();
-        assert_eq!(redirected(&plain, "b:2").unwrap().text(), "http://b:2");
-        // The caller's choice holds: no downgrade, no upgrade it did not ask for.
-        assert_eq!(redirected(&from, "http://b:2").unwrap().text(), "https://b:2");
-        assert_eq!(redirected(&plain, "https://b:2").unwrap().text(), "http://b:2");
-        assert!(redirected(&plain, "unix:/run/x.sock").is_err());
-        let err = redirected(&plain, "nowhere").unwrap_err();
-        assert!(err.starts_with("http://a:1 names the leader at"), "{err}");
-    }
-}
+mod tests;

@@ -883,3 +883,133 @@ fn a_rolling_restart_of_etcd_keeps_the_leader() {
     });
     assert_eq!(after["term"], before["term"], "{before} then {after}");
 }
+
+/// A TCP relay at `host` (a port of its own) to an upstream named once it
+/// is known, that counts the connections it takes.
+struct Relay {
+    addr: String,
+    upstream: std::sync::Arc<std::sync::OnceLock<String>>,
+    n_connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Relay {
+    fn at(host: &str) -> Relay {
+        let listener = std::net::TcpListener::bind(format!("{host}:0")).expect("a port for the relay");
+        let addr = listener.local_addr().expect("its address").to_string();
+        let upstream = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
+        let n_connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (to, counted) = (upstream.clone(), n_connections.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(Ok(server)) = to.get().map(std::net::TcpStream::connect) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay {
+            addr,
+            upstream,
+            n_connections,
+        }
+    }
+
+    fn n_connections(&self) -> usize {
+        self.n_connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A user names a standby on loopback (where clear text is allowed) and
+/// has a token but no CA; the leader it names is at an address beyond
+/// loopback (the gateway of a bridge the test makes, relayed to the
+/// leader). gpool does not follow the standby there: it refuses, as it
+/// does for that address named directly, and never connects to it. A
+/// caller with no token follows, and one that names the leader with
+/// http:// itself insists.
+#[test]
+fn a_redirect_to_a_leader_beyond_loopback_sends_no_token_in_clear_text() {
+    let net = match crate::harness::netns::Net::create() {
+        Ok(net) => net,
+        Err(reason) => {
+            eprintln!("skipped: an address beyond loopback needs a bridge of the test's own: {reason}");
+            return;
+        }
+    };
+    let dir = Cluster::temp_dir();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let relay = Relay::at(&net.gateway());
+    let advertised = relay.addr.clone();
+    let advertise_a = |table: String| match table.contains("name = \"a\"") {
+        true => table.replace("[ha]\n", &format!("[ha]\nadvertise = \"{advertised}\"\n")),
+        false => table,
+    };
+    let (cluster, _standby, listen_b) = start_pair(dir, (&etcd.endpoints, &etcd.endpoints), advertise_a, &[]);
+    relay.upstream.set(cluster.addr.clone()).unwrap();
+    let home = cluster.dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let with_token = |server: &str| -> crate::harness::cluster::Run {
+        crate::harness::cluster::gpool_command(&["controllers", "--output", "json"])
+            .env("GPOOL_SERVER", server)
+            .env("GPOOL_TOKEN", "gpool_1_not-a-real-secret")
+            .env("HOME", &home)
+            .env_remove("GPOOL_CA")
+            .output()
+            .expect("run gpool")
+            .into()
+    };
+
+    // No token, nothing to give away: the standby is followed (once it
+    // has read from etcd who leads).
+    let mut said = String::new();
+    let tokenless = wait_until(
+        "a caller with no token to reach the leader",
+        Duration::from_secs(30),
+        || {
+            let run = gpool_at(&listen_b, &["controllers", "--output", "json"]);
+            said = format!("exit {}: {}", run.code, run.stderr);
+            (run.code == 0).then(|| run.json())
+        },
+    );
+    assert_eq!(roles(&tokenless)[0], ("a".to_string(), true), "{tokenless} ({said})");
+    let before = relay.n_connections();
+    assert!(before > 0, "the standby sent the caller to the leader's address");
+
+    let named_directly = with_token(&advertised);
+    assert_eq!(named_directly.code, 2, "{}", named_directly.stderr);
+    assert!(
+        named_directly
+            .stderr
+            .contains("refusing to send your token in clear text"),
+        "{}",
+        named_directly.stderr
+    );
+    let redirected = with_token(&listen_b);
+    assert_eq!(redirected.code, 2, "{}", redirected.stderr);
+    assert!(
+        redirected.stderr.contains(&format!(
+            "{listen_b} is a standby and names the leader at {advertised}: refusing to send your token in clear text to {advertised}"
+        )),
+        "{}",
+        redirected.stderr
+    );
+    assert_eq!(
+        relay.n_connections(),
+        before,
+        "nothing more went to the leader's address"
+    );
+    // Naming the leader with http:// says the user means it.
+    let insisted = with_token(&format!("{listen_b},http://{advertised}"));
+    assert!(!insisted.stderr.contains("refusing"), "{}", insisted.stderr);
+    assert!(relay.n_connections() > before, "{}", insisted.stderr);
+}
