@@ -10,6 +10,9 @@
 //! before its lease can expire, so before any standby can be elected. Its
 //! acknowledged writes were flushed before they were acknowledged, so the
 //! next leader loads them from the shared state dir as after a restart.
+//! It also reads its own leader key every second at most: once the key is
+//! gone from etcd or is no longer this term's, etcd names another leader
+//! (or none), and it exits the same way.
 
 use crate::config::Ha;
 use etcd_client::{Client, ConnectOptions, LeaderKey, ResignOptions};
@@ -38,6 +41,8 @@ pub struct Leadership {
     /// to the next.
     pub term: u64,
     keeping: tokio::task::JoinHandle<()>,
+    /// Reads the leader key until it is not this term's any more.
+    watching: tokio::task::JoinHandle<()>,
     role: Arc<AtomicU8>,
     /// The election it won, whose candidates `candidates` lists.
     election: String,
@@ -144,11 +149,25 @@ async fn elect(
     let term = leader.rev().max(0) as u64;
     let _ = TERM.set(term);
     tracing::info!("ha: {} elected leader, term {term}", ha.name);
+    let ours = KeySeen {
+        create_revision: leader.rev(),
+        lease: leader.lease(),
+        value: format!("{} {}", ha.name, ha.advertise),
+    };
+    let every = gpool_core::fencing::leader_lease_terms(ha.lease_ttl).0.min(KEY_CHECK);
+    let watching = tokio::spawn(watch_own_key(
+        client.clone(),
+        leader.key().to_vec(),
+        ours,
+        every,
+        role.clone(),
+    ));
     Ok(Leadership {
         client: client.clone(),
         leader,
         term,
         keeping,
+        watching,
         role: role.clone(),
         election: ha.election.clone(),
         name: ha.name.clone(),
@@ -240,6 +259,71 @@ fn lost(why: &str) -> ! {
     std::process::exit(LOST_LEADERSHIP_EXIT)
 }
 
+/// How often a leader reads its own key, at most (a third of the lease
+/// where that is shorter).
+const KEY_CHECK: Duration = Duration::from_secs(1);
+
+/// The leader key as etcd holds it: the revision that created it (the
+/// term), the lease it is attached to, and its value (`name advertise`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySeen {
+    pub create_revision: i64,
+    pub lease: i64,
+    pub value: String,
+}
+
+/// Why a leader whose key was `ours` when elected and is `seen` now must
+/// step down, or `None` while it is still this term's key. A key deleted
+/// (by hand, or by a tool that cleans up) lets the next candidate lead; a
+/// key written again (another value, lease or creation) is no longer the
+/// one that made this controller leader, and etcd's election no longer
+/// counts it as such. Either way another controller may now be elected or
+/// be named as the leader, so this one must be silent.
+pub fn deposed(ours: &KeySeen, seen: Option<&KeySeen>) -> Option<String> {
+    let seen = match seen {
+        None => return Some("its leader key is gone from etcd".to_string()),
+        Some(seen) if seen == ours => return None,
+        Some(seen) => seen,
+    };
+    if seen.value != ours.value {
+        return Some(format!(
+            "its leader key names {:?} now, not {:?}",
+            seen.value, ours.value
+        ));
+    }
+    Some(format!(
+        "its leader key was written again (created at revision {}, lease {:x}; this term's: {}, {:x})",
+        seen.create_revision, seen.lease, ours.create_revision, ours.lease
+    ))
+}
+
+/// Reads the leader key `key` every `every` while this controller leads,
+/// and exits (as when its lease is lost) once it is not `ours` any more.
+/// A read etcd does not answer decides nothing: the lease's keeper
+/// (`keep_lease`) stops a leader cut off from etcd.
+async fn watch_own_key(mut client: Client, key: Vec<u8>, ours: KeySeen, every: Duration, role: Arc<AtomicU8>) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Ok(Ok(answer)) = tokio::time::timeout(every, client.get(key.clone(), None)).await else {
+            continue;
+        };
+        let seen = answer.kvs().first().map(|kv| KeySeen {
+            create_revision: kv.create_revision(),
+            lease: kv.lease(),
+            value: kv.value_str().unwrap_or_default().to_string(),
+        });
+        let Some(why) = deposed(&ours, seen.as_ref()) else {
+            continue;
+        };
+        // A leader that resigned deleted its key itself.
+        if role.load(Ordering::SeqCst) != LEADING {
+            return;
+        }
+        tracing::error!("ha: {why}: another controller may lead; exiting");
+        std::process::exit(LOST_LEADERSHIP_EXIT)
+    }
+}
+
 impl Leadership {
     /// Steps down at once (a planned switch): a standby is elected and
     /// waits for this controller's lock on the state dir, which it lets go
@@ -248,6 +332,7 @@ impl Leadership {
         if self.resigned.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.watching.abort();
         self.keeping.abort();
         self.role.store(LOST, Ordering::SeqCst);
         let mut client = self.client.clone();
@@ -363,3 +448,6 @@ pub fn watch_leader(ha: &Ha) -> anyhow::Result<tokio::sync::watch::Receiver<Opti
     });
     Ok(receiver)
 }
+
+#[cfg(test)]
+mod tests;

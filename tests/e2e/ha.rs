@@ -884,6 +884,109 @@ fn a_rolling_restart_of_etcd_keeps_the_leader() {
     assert_eq!(after["term"], before["term"], "{before} then {after}");
 }
 
+/// `body` (JSON) posted to etcd's JSON gateway at `endpoint`
+/// (`http://HOST:PORT`) under `path`: etcd's answer.
+fn etcd_post(endpoint: &str, path: &str, body: &serde_json::Value) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let host_port = endpoint.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(host_port).expect("connect to etcd");
+    let body = body.to_string();
+    // HTTP/1.0: the answer ends with the connection, in one piece.
+    write!(
+        stream,
+        "POST {path} HTTP/1.0\r\nHost: {host_port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, answer) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{response}"
+    );
+    serde_json::from_str(answer).unwrap_or_else(|err| panic!("etcd's answer {answer:?}: {err}"))
+}
+
+/// Base64 (standard, padded), as etcd's JSON gateway takes keys.
+fn base64(bytes: &[u8]) -> String {
+    const DIGITS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut text = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for digit_idx in 0..4 {
+            match digit_idx <= chunk.len() {
+                true => text.push(DIGITS[(n >> (18 - 6 * digit_idx) & 63) as usize] as char),
+                false => text.push('='),
+            }
+        }
+    }
+    text
+}
+
+/// The leader key of election `election` (the candidate key created
+/// first), as etcd's JSON gateway writes it (base64).
+fn etcd_leader_key(endpoint: &str, election: &str) -> String {
+    let range = serde_json::json!({
+        "key": base64(format!("{election}/").as_bytes()),
+        "range_end": base64(format!("{election}0").as_bytes()),
+    });
+    let listed = etcd_post(endpoint, "/v3/kv/range", &range);
+    let kvs = listed["kvs"].as_array().cloned().unwrap_or_default();
+    let created = |kv: &serde_json::Value| kv["create_revision"].as_str().and_then(|rev| rev.parse::<i64>().ok());
+    let first = kvs.iter().min_by_key(|kv| created(kv)).expect("a candidate key");
+    first["key"].as_str().expect("its key").to_string()
+}
+
+/// The leader's election key deleted from etcd behind its back (as an
+/// operator's `etcdctl del` would): the standby's candidacy is the oldest
+/// now, so etcd names it. The old leader reads its own key, steps down
+/// (exit 75, as when it loses its lease) well within the 3 s lease, and
+/// the standby leads and runs jobs.
+#[test]
+fn a_leader_whose_election_key_is_deleted_steps_down_and_the_standby_leads() {
+    let Some((etcd, mut cluster, _standby, listen_b)) = pair_on_etcd(&NODES[..1]) else {
+        return;
+    };
+    let before = listed_controllers(&cluster);
+    assert_eq!(
+        roles(&before),
+        vec![("a".to_string(), true), ("b".to_string(), false)],
+        "{before}"
+    );
+    let endpoint = etcd.endpoints.split(", ").next().unwrap().trim_matches('"').to_string();
+    let key = etcd_leader_key(&endpoint, "gpool/leader");
+    let deleted = Instant::now();
+    let answer = etcd_post(&endpoint, "/v3/kv/deleterange", &serde_json::json!({ "key": key }));
+    assert_eq!(answer["deleted"], "1", "{answer}");
+    let status = wait_until("the leader to step down", Duration::from_secs(15), || {
+        cluster.controller().exited()
+    });
+    let stepped_down = deleted.elapsed();
+    println!("leader key deleted to the leader's exit: {stepped_down:?} (lease ttl 3 s)");
+    assert_eq!(status.code(), Some(75), "{status:?}");
+    assert!(
+        stepped_down < Duration::from_secs(3 + 2),
+        "within the lease and a margin: {stepped_down:?}"
+    );
+    let said = cluster.controller().log_tail(20);
+    assert!(said.contains("its leader key is gone from etcd"), "{said}");
+    let after = wait_until("the standby to lead", Duration::from_secs(30), || {
+        let run = gpool_at(&listen_b, &["controllers", "--output", "json"]);
+        (run.code == 0).then(|| run.json())
+    });
+    assert_eq!(roles(&after), vec![("b".to_string(), true)], "{after}");
+    assert!(
+        after["term"].as_u64() > before["term"].as_u64(),
+        "{before} then {after}"
+    );
+    let job = cluster.submit(&["--team", "vision", "--", "true"]);
+    cluster.wait_for_state(job, "completed");
+}
+
 /// A TCP relay at `host` (a port of its own) to an upstream named once it
 /// is known, that counts the connections it takes.
 struct Relay {
