@@ -82,6 +82,14 @@ enum Command {
     /// `-- CMD ARGS...` runs that instead of your shell. The submit flags
     /// apply (-G, --team, --qos, --time, ...).
     Alloc(Box<cmd::submit::SubmitArgs>),
+    /// Relay this terminal to a running interactive job's again (after a
+    /// dropped connection, within gpoold's detach_grace), as its alloc
+    /// did; exits with the job's own code.
+    Attach {
+        /// Job id.
+        #[arg(value_parser = cmd::parse_job_ref)]
+        id: cmd::JobRef,
+    },
     /// Run a command and follow its output, exiting with its code, as
     /// srun; with --pty, on a terminal relayed to this one. The submit
     /// flags apply.
@@ -445,6 +453,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         }
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
         Command::Alloc(args) => cmd::terminal::alloc(&ctx, *args).await,
+        Command::Attach { id } => cmd::terminal::attach(&ctx, id).await,
         Command::Run(args) => cmd::terminal::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id, env } => cmd::jobs::show(&ctx, id, env).await.map(|()| 0),

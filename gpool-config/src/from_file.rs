@@ -27,6 +27,7 @@ impl Config {
         let history_file_records = history_file_records_of(parsed.history_file_records, &invalid)?;
         let metrics_listen = metrics_listen_of(parsed.metrics_listen, &invalid)?;
         let straggler_after = straggler_after_of(parsed.straggler_after, &invalid)?;
+        let detach_grace = detach_grace_of(parsed.detach_grace, &invalid)?;
         let max_message_size = max_message_size_of(parsed.max_message_size, &invalid)?;
         let accounting = match parsed.accounting {
             None => Accounting::default(),
@@ -66,6 +67,7 @@ impl Config {
             accounting,
             metrics_listen,
             straggler_after,
+            detach_grace,
             max_message_size,
             dev_agents: None,
             path: None,
@@ -279,6 +281,26 @@ fn straggler_after_of(field: Option<toml::Spanned<String>>, invalid: Invalid) ->
             )
         }),
     }
+}
+
+/// `detach_grace`: a duration from 5s (sessions say they are attached
+/// every second) to a day.
+fn detach_grace_of(field: Option<toml::Spanned<String>>, invalid: Invalid) -> Result<Duration, ConfigError> {
+    let Some(text) = field else {
+        return Ok(DEFAULT_DETACH_GRACE);
+    };
+    humantime::parse_duration(text.get_ref())
+        .ok()
+        .filter(|grace| (Duration::from_secs(5)..=Duration::from_secs(24 * 3600)).contains(grace))
+        .ok_or_else(|| {
+            invalid(
+                text.span().start,
+                format!(
+                    "detach_grace: {:?} is not a duration from 5s to 1d, such as 1m",
+                    text.get_ref()
+                ),
+            )
+        })
 }
 
 fn max_message_size_of(field: Option<toml::Spanned<String>>, invalid: Invalid) -> Result<usize, ConfigError> {

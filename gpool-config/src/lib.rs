@@ -45,6 +45,8 @@ pub const DEFAULT_FORGET_NODES_AFTER: Duration = Duration::from_secs(7 * 24 * 36
 /// How long a GPU must lag behind its job's others to be a straggler, by
 /// default.
 pub const DEFAULT_STRAGGLER_AFTER: Duration = Duration::from_secs(10 * 60);
+/// How long an interactive job may have no client attached, by default.
+pub const DEFAULT_DETACH_GRACE: Duration = Duration::from_secs(60);
 /// How long ended jobs stay listed (`gpool history`) by default: 30 days.
 pub const DEFAULT_KEEP_ENDED_JOBS: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long accounting records are kept by default: 400 days, so a year
@@ -102,6 +104,10 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// A GPU lagging behind its job's others this long is a straggler.
     pub straggler_after: Duration,
+    /// An interactive job (`gpool alloc`, `run --pty`) with no client
+    /// attached this long is hung up on (SIGHUP), then ended, as salloc's
+    /// allocation ends with salloc.
+    pub detach_grace: Duration,
     /// The largest request gpoold takes, in bytes.
     pub max_message_size: usize,
     /// Dev mode: agents to run inside gpoold, linked over loopback.
@@ -197,6 +203,8 @@ struct ConfigFile {
     metrics_listen: Option<toml::Spanned<String>>,
     #[serde(default)]
     straggler_after: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    detach_grace: Option<toml::Spanned<String>>,
     #[serde(default)]
     max_message_size: Option<toml::Spanned<String>>,
     socket: Option<PathBuf>,

@@ -39,6 +39,10 @@ struct Args {
     /// config, `metrics_listen`).
     #[arg(long, requires = "dev", value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Dev mode: how long an interactive job may have no client attached
+    /// before it is hung up on (in a config, `detach_grace`).
+    #[arg(long, requires = "dev", default_value = "1m", value_parser = humantime::parse_duration)]
+    detach_grace: std::time::Duration,
 }
 
 fn main() -> ExitCode {
@@ -111,6 +115,7 @@ fn run(
                 accounting: Default::default(),
                 metrics_listen: args.metrics_listen,
                 straggler_after: gpoold::config::DEFAULT_STRAGGLER_AFTER,
+                detach_grace: args.detach_grace,
                 max_message_size: gpool_proto::DEFAULT_MAX_MESSAGE_BYTES,
                 dev_agents: (args.dev_nodes > 0).then_some(gpoold::config::DevAgents {
                     n_nodes: args.dev_nodes,

@@ -16,6 +16,8 @@ pub(crate) struct Core {
     /// With `[ha]`: this controller's leadership, which `Controllers` asks
     /// etcd about.
     pub(crate) leadership: Option<Arc<crate::ha::Leadership>>,
+    /// When each interactive job last heard from its client.
+    pub(crate) attached: Arc<api::sessions::Attached>,
 }
 
 /// Points the CLI at this dev controller, unless another one already
@@ -84,6 +86,12 @@ pub(crate) fn start_core(
     let sched_task = tokio::spawn(sched_loop::run(handle.clone(), wall_clock, metrics.clone()));
     let liveness_task = tokio::spawn(liveness_ticker(handle.clone(), config.node_timeout));
     background.spawn(notify::run(handle.clone(), metrics.clone()));
+    let attached = Arc::new(api::sessions::Attached::default());
+    background.spawn(api::sessions::reap(
+        handle.clone(),
+        attached.clone(),
+        config.detach_grace,
+    ));
     background.spawn(power::run(handle.clone(), config.state_dir.join("power")));
     let reports = reports::Reports {
         state: handle.shared.clone(),
@@ -102,6 +110,7 @@ pub(crate) fn start_core(
         metrics,
         reports,
         leadership: None,
+        attached,
     }
 }
 
@@ -212,6 +221,7 @@ fn api_services(
         leadership: core.leadership.clone(),
         listen: addr.to_string(),
         watches: Default::default(),
+        attached: core.attached.clone(),
     })
     .max_decoding_message_size(config.max_message_size)
     // Replies (a page of job listings) may be larger than any request.

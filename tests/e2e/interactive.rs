@@ -375,3 +375,51 @@ fn flooding_a_terminal_never_costs_a_neighbour_its_job_or_gpoold_its_memory() {
     std::fs::write(cluster.dir.path().join("release"), "").unwrap();
     cluster.wait_for_state(neighbour, "completed");
 }
+
+/// A `gpool alloc` client that vanishes (kill -9, as a dropped ssh
+/// session's client may): after `detach_grace` its job gets SIGHUP, and
+/// one that ignores it is cancelled 10 s later; `gpool attach` within the
+/// grace keeps a session, and its client exits soon after the job ends.
+#[test]
+fn a_session_whose_client_vanished_is_hung_up_on_unless_reattached() {
+    let mut cluster = Cluster::with_config("detach_grace = \"5s\"\n");
+    cluster.start_agent("n1", 4);
+    let vanish = |cluster: &Cluster, args: &[&str]| {
+        let mut session = OnTerminal::start(cluster, args);
+        let seen = session.wait_for("has started", Duration::from_secs(30));
+        session.child.kill().expect("kill -9 the client");
+        let _ = session.child.wait();
+        job_id(&seen)
+    };
+    // Hung up on: the shell's command ends with its terminal.
+    let hung = vanish(&cluster, &["alloc", "-G", "1", "--", "sleep", "600"]);
+    let gone = Instant::now();
+    let ended = wait_until("the detached job to end", Duration::from_secs(30), || {
+        let job = cluster.job(hung.parse().unwrap());
+        (job["state"] != "running").then_some(job)
+    });
+    println!(
+        "client killed to its job's end: {:?} ({})",
+        gone.elapsed(),
+        ended["end_reason"]
+    );
+    assert!(gone.elapsed() >= Duration::from_secs(4), "not before its grace");
+    // One that ignores SIGHUP is cancelled after the hangup's grace.
+    let stubborn = vanish(
+        &cluster,
+        &["alloc", "-G", "1", "--", "sh", "-c", "trap '' HUP; sleep 600"],
+    );
+    let job = cluster.wait_for_state(stubborn.parse().unwrap(), "cancelled");
+    assert_eq!(job["end_reason"], "cancelled by gpoold", "{job}");
+    // Attached again within the grace: it runs on, and the new client
+    // exits once the job ends.
+    let kept = vanish(&cluster, &["alloc", "-G", "1", "--", "sleep", "600"]);
+    let mut again = OnTerminal::start(&cluster, &["attach", &kept]);
+    again.wait_for("has started", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(12));
+    let job = cluster.job(kept.parse().unwrap());
+    assert_eq!(job["state"], "running", "{job}");
+    cluster.gpool(&["cancel", &kept]).ok();
+    let code = again.exit_code();
+    assert_ne!(code, 0, "the cancelled session's client says so");
+}

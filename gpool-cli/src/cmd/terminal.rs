@@ -23,6 +23,24 @@ pub async fn alloc(ctx: &super::Ctx, mut args: super::submit::SubmitArgs) -> Res
     super::submit::run(ctx, args).await
 }
 
+/// How often a session tells gpoold it is attached: well within the
+/// shortest `detach_grace` (5 s).
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `gpool attach ID`: this terminal relayed to a running interactive
+/// job's, until it ends.
+pub async fn attach(ctx: &super::Ctx, id: super::JobRef) -> Result<u8, CliError> {
+    let job = super::jobs::fetch(ctx, id).await?;
+    if job.spec.as_ref().is_none_or(|spec| spec.pty.is_none()) {
+        return Err(CliError::Usage(format!(
+            "job {}: it has no terminal to attach to (only jobs of gpool alloc and gpool run --pty have one)",
+            job.id
+        )));
+    }
+    let mut conn = ctx.connect().await?;
+    session(&mut conn, job.id).await
+}
+
 /// `gpool run`: the submit flags, followed (`--attach`) or on a terminal
 /// (`--pty`).
 pub async fn run(ctx: &super::Ctx, mut args: super::submit::SubmitArgs) -> Result<u8, CliError> {
@@ -108,6 +126,20 @@ pub async fn session(conn: &mut super::Connection, id: u64) -> Result<u8, CliErr
             }
         }
     });
+    // Attached, as far as gpoold knows, while this says so: a session
+    // nobody holds is hung up on after its grace.
+    let mut client = conn.client.clone();
+    let keepalive = tokio::spawn(async move {
+        loop {
+            let request = pb::WriteInputRequest {
+                id,
+                data: Vec::new(),
+                resize: None,
+            };
+            let _ = client.write_input(request).await;
+            tokio::time::sleep(KEEPALIVE).await;
+        }
+    });
     let mut client = conn.client.clone();
     let typing = tokio::spawn(async move {
         // A resized window resizes the job's terminal too (SIGWINCH).
@@ -145,6 +177,7 @@ pub async fn session(conn: &mut super::Connection, id: u64) -> Result<u8, CliErr
     });
     let streamed = super::logs::stream(conn, id, (true, false), (0, 0), None).await;
     typing.abort();
+    keepalive.abort();
     drop(raw);
     streamed?;
     let how = super::jobs::Waiting {

@@ -5,6 +5,7 @@ mod job_io;
 pub mod job_wire;
 pub mod open_leader;
 pub mod pool;
+pub mod sessions;
 
 use gpool_proto::pb;
 use std::collections::HashMap;

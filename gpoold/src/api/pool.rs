@@ -35,6 +35,8 @@ pub struct PoolService {
     pub listen: String,
     /// Open `WatchJobs` streams, by user.
     pub watches: Arc<watch::Watches>,
+    /// When each interactive job last heard from its client.
+    pub attached: Arc<super::sessions::Attached>,
 }
 
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
@@ -157,6 +159,11 @@ impl Pool for PoolService {
         // Keystrokes are not audited one by one: only a refusal is.
         self.audit(&who, "type", &format!("job {id}"), false, &target);
         let (node, epoch) = target?;
+        self.attached.seen(JobId(id));
+        // A client's keepalive: it is attached, and has nothing to send.
+        if data.is_empty() && resize.is_none() {
+            return Ok(Response::new(pb::WriteInputResponse {}));
+        }
         let input = pb::TerminalInput {
             job_id: id,
             epoch,
