@@ -174,7 +174,14 @@ impl Attempts {
     pub fn upkeep(&self) -> String {
         let short = {
             let mut space = self.space.lock().unwrap_or_else(|p| p.into_inner());
-            let short = space.0.check();
+            let mut short = space.0.check();
+            if !short.is_empty() {
+                let removed = crate::spool::free_up(&self.jobs_dir(), &self.live_jobs(), space.0.room_wanted());
+                if removed > 0 {
+                    tracing::warn!("{short}: removed the output of ended jobs, oldest first ({removed} files)");
+                    short = space.0.check();
+                }
+            }
             if short != space.1 {
                 if short.is_empty() {
                     tracing::info!("the spool has room again");

@@ -89,6 +89,48 @@ impl SpaceWatch {
     }
 }
 
+impl SpaceWatch {
+    /// The free space the watch wants back once short: twice `min_free`.
+    pub fn room_wanted(&self) -> u64 {
+        self.min_free.saturating_mul(2)
+    }
+}
+
+/// Frees room in a full spool: removes the output files of ended jobs (not
+/// in `live`) in `jobs_dir`, least recently written first, until the
+/// filesystem has `wanted` bytes free or none is left. A job that filled
+/// the spool and was cancelled so frees its own output (oldest first: the
+/// newest, which their owners most likely still read, go last), instead of
+/// keeping the node drained until `keep_job_files` or an admin. Returns
+/// how many files it removed.
+pub fn free_up(jobs_dir: &Path, live: &std::collections::BTreeSet<u64>, wanted: u64) -> usize {
+    let Ok(entries) = std::fs::read_dir(jobs_dir) else {
+        return 0;
+    };
+    let mut ended: Vec<(SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|entry| {
+            let job = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.split('.').next()?.parse::<u64>().ok());
+            job.is_some_and(|job| !live.contains(&job))
+        })
+        .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
+        .collect();
+    ended.sort();
+    let mut removed = 0;
+    for (_, path) in ended {
+        if free_bytes(jobs_dir).is_ok_and(|free| free >= wanted) {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// The watch's rule: short under `min_free`, and until back over twice it.
 pub fn short_of_space(was_short: bool, free: u64, min_free: u64) -> bool {
     if was_short {
@@ -151,6 +193,33 @@ pub fn prune(jobs_dir: &Path, keep: Duration, live: &std::collections::BTreeSet<
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Ended jobs' files go oldest first until the room wanted is there;
+    /// live jobs' files stay.
+    #[test]
+    fn a_full_spool_frees_ended_jobs_output_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, age_secs: u64| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, b"output").unwrap();
+            let at = SystemTime::now() - Duration::from_secs(age_secs);
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(at)
+                .unwrap();
+        };
+        write("1.1.out", 300);
+        write("2.1.out", 200);
+        write("3.1.out", 100);
+        let live = [3].into();
+        // More room than any disk has: every ended job's file goes.
+        assert_eq!(free_up(dir.path(), &live, u64::MAX), 2);
+        assert!(dir.path().join("3.1.out").exists(), "a live job keeps its output");
+        write("4.1.out", 50);
+        assert_eq!(free_up(dir.path(), &live, 0), 0, "room enough: nothing goes");
+    }
 
     #[test]
     fn in_place_writes_replace_the_whole_content() {
