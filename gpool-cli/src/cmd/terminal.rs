@@ -96,6 +96,37 @@ impl Drop for Raw {
     }
 }
 
+/// Says gpoold this session is attached to job `id`, every `KEEPALIVE`,
+/// until aborted: a session nobody holds is hung up on after its grace.
+async fn keep_attached(mut client: crate::client::Client, id: u64) {
+    loop {
+        let request = pb::WriteInputRequest {
+            id,
+            data: Vec::new(),
+            resize: None,
+        };
+        let _ = client.write_input(request).await;
+        tokio::time::sleep(KEEPALIVE).await;
+    }
+}
+
+/// Sends typed input; false once gpoold refuses it. A node with a full
+/// input lane pushes back: the input waits here (and the reader thread
+/// behind it) until it takes more.
+async fn type_in(client: &mut crate::client::Client, request: pb::WriteInputRequest) -> bool {
+    let mut pause = std::time::Duration::from_millis(10);
+    loop {
+        match client.write_input(request.clone()).await {
+            Ok(_) => return true,
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(500));
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Relays this terminal to job `id`'s from when it starts until it ends,
 /// and returns its exit code (as srun and salloc do).
 pub async fn session(conn: &mut super::Connection, id: u64) -> Result<u8, CliError> {
@@ -126,20 +157,7 @@ pub async fn session(conn: &mut super::Connection, id: u64) -> Result<u8, CliErr
             }
         }
     });
-    // Attached, as far as gpoold knows, while this says so: a session
-    // nobody holds is hung up on after its grace.
-    let mut client = conn.client.clone();
-    let keepalive = tokio::spawn(async move {
-        loop {
-            let request = pb::WriteInputRequest {
-                id,
-                data: Vec::new(),
-                resize: None,
-            };
-            let _ = client.write_input(request).await;
-            tokio::time::sleep(KEEPALIVE).await;
-        }
-    });
+    let keepalive = tokio::spawn(keep_attached(conn.client.clone(), id));
     let mut client = conn.client.clone();
     let typing = tokio::spawn(async move {
         // A resized window resizes the job's terminal too (SIGWINCH).
@@ -155,23 +173,8 @@ pub async fn session(conn: &mut super::Connection, id: u64) -> Result<u8, CliErr
                     (Vec::new(), Some(pb::TerminalSize { rows: size.rows.into(), cols: size.cols.into() }))
                 }
             };
-            // A node with a full input lane pushes back: the input waits
-            // here (and the reader thread behind it) until it takes more.
-            let mut pause = std::time::Duration::from_millis(10);
-            loop {
-                let request = pb::WriteInputRequest {
-                    id,
-                    data: data.clone(),
-                    resize,
-                };
-                match client.write_input(request).await {
-                    Ok(_) => break,
-                    Err(status) if status.code() == tonic::Code::ResourceExhausted => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(std::time::Duration::from_millis(500));
-                    }
-                    Err(_) => return,
-                }
+            if !type_in(&mut client, pb::WriteInputRequest { id, data, resize }).await {
+                return;
             }
         }
     });
