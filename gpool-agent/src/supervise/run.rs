@@ -153,10 +153,19 @@ fn clean_up(request: &LaunchRequest, born_in_first: bool) {
 /// Writes the exit record over its slot (in place: the agent made the
 /// slot with room for it), and on a full disk tries again every second
 /// until it lands: the agent learns how the attempt ended from this
-/// record alone, so it is never given up.
+/// record alone, so it is not given up while the agent could read it.
+/// Once the directory that held its slot is gone (the node's agent
+/// removed with its state dir), no agent will: it gives up and says so.
 fn write_exit_record(exit_file: &Path, record: &[u8]) {
     let mut told = false;
     while let Err(err) = crate::spool::write_in_place(exit_file, record) {
+        if exit_file.parent().is_some_and(|dir| !dir.exists()) {
+            eprintln!(
+                "{SUPERVISOR_BIN}: {}: {err}; its directory is gone, so no agent will read it: giving up",
+                exit_file.display()
+            );
+            return;
+        }
         if !told {
             eprintln!(
                 "{SUPERVISOR_BIN}: {}: {err}; trying again every second",
@@ -280,5 +289,24 @@ fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended 
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A supervisor whose node's state dir was removed does not wait
+    /// for room to write its exit record there for ever.
+    #[test]
+    fn an_exit_record_whose_directory_is_gone_is_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let exits = dir.path().join("exits");
+        std::fs::create_dir(&exits).unwrap();
+        let slot = exits.join("7.1");
+        super::write_exit_record(&slot, b"code 0\n");
+        assert_eq!(std::fs::read(&slot).unwrap(), b"code 0\n");
+        std::fs::remove_dir_all(&exits).unwrap();
+        let started = std::time::Instant::now();
+        super::write_exit_record(&slot, b"code 0\n");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 }
