@@ -282,6 +282,9 @@ pub struct JobSpec {
     /// terminal of its own on its node, of this size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<TerminalSize>,
+    /// Submitted held (`--hold`, sbatch's -H): not scheduled until released.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
     /// A job array's task indices (`--array`); the record is the array's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<Box<crate::array::ArraySpec>>,
@@ -484,6 +487,7 @@ pub struct LostAttempt {
 impl Job {
     /// A job just submitted by `user`: pending, never run.
     pub fn pending(id: JobId, spec: std::sync::Arc<JobSpec>, user: &str, submitted_at: Timestamp) -> Job {
+        let held = spec.hold;
         Job {
             id,
             spec,
@@ -497,7 +501,7 @@ impl Job {
             lost_gpu_secs: 0,
             used_secs: 0,
             lost_attempts: ThinVec::new(),
-            held: false,
+            held,
             array: None,
             array_task: None,
             past_attempts: ThinVec::new(),

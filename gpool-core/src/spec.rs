@@ -236,6 +236,7 @@ impl JobSpecInput {
             singleton,
             exclusive: self.exclusive.unwrap_or(false),
             pty: None,
+            hold: false,
             array: match self.array.as_deref() {
                 Some(text) => Some(Box::new(crate::array::ArraySpec::parse(text)?)),
                 None => None,

@@ -342,6 +342,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 singleton: false,
                 exclusive: false,
                 pty: None,
+                hold: false,
                 array: None,
                 stdout_path: String::new(),
                 stderr_path: String::new(),

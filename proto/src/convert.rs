@@ -74,6 +74,7 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
         dependencies: spec.dependencies.iter().map(dependency_to_wire).collect(),
         singleton: spec.singleton,
         exclusive: spec.exclusive,
+        hold: spec.hold,
         pty: spec.pty.map(|size| pb::TerminalSize {
             rows: size.rows.into(),
             cols: size.cols.into(),
@@ -248,6 +249,7 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         dependencies: spec.dependencies.iter().map(dependency_from_wire).collect(),
         singleton: spec.singleton,
         exclusive: spec.exclusive,
+        hold: spec.hold,
         pty: spec.pty.map(|size| gpool_core::model::TerminalSize {
             rows: size.rows.clamp(1, u32::from(u16::MAX)) as u16,
             cols: size.cols.clamp(1, u32::from(u16::MAX)) as u16,

@@ -385,6 +385,8 @@ fn hold_and_wrap_are_flags_not_scripts() {
         codes.iter().any(|code| code == "held").then_some(())
     });
     assert_eq!(cluster.job(held)["state"], "pending");
+    // Held from its submission on: no start time was put off for it.
+    assert!(cluster.job(held)["begin"].is_null(), "{}", cluster.job(held));
 
     let wrapped = cluster.submit(&["--wrap", "echo hi && echo there"]);
     let job = cluster.wait_for_state(wrapped, "completed");

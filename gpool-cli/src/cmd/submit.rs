@@ -9,7 +9,6 @@ use gpool_core::JobSpec;
 use std::path::PathBuf;
 
 mod hints;
-mod hold;
 
 pub use hints::{check_script, output_file_hint, unknown_flag, unknown_script_flag};
 
@@ -198,9 +197,7 @@ pub struct SubmitArgs {
     #[arg(long, conflicts_with_all = ["file", "array", "stdout", "stderr", "discard_output", "image"])]
     pub pty: bool,
     /// Submit it held (as sbatch's -H): it is not scheduled until `gpool
-    /// release ID`. So that it cannot start before the hold lands, it also
-    /// begins no sooner than 10s after submission (unless its --begin is
-    /// later).
+    /// release ID`.
     #[arg(long, short = 'H', conflicts_with_all = ["attach", "pty"])]
     pub hold: bool,
     /// Run this shell command line (with `sh -c`), as sbatch's --wrap;
@@ -309,8 +306,8 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     }
     let pty = args.pty.then(super::terminal::size);
     let mut specs = specs_from_args(args)?;
-    if hold {
-        hold::gate_until_held(&mut specs);
+    for spec in specs.iter_mut().filter(|_| hold) {
+        spec.hold = true;
     }
     for spec in specs.iter_mut().filter(|_| pty.is_some()) {
         spec.pty = pty;
@@ -327,9 +324,6 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
         .map_err(|s| conn.refused(s))?
         .into_inner()
         .ids;
-    if hold {
-        hold::hold_submitted(&mut conn, &ids).await?;
-    }
     if pty.is_some() {
         eprintln!("gpool: job {} submitted; waiting for it to start", ids[0]);
         return super::terminal::session(&mut conn, ids[0]).await;

@@ -517,6 +517,9 @@ pub struct JobSpec {
     /// stdout and whose input comes from WriteInput.
     #[prost(message, optional, tag = "40")]
     pub pty: ::core::option::Option<TerminalSize>,
+    /// Submitted held (sbatch -H): not scheduled until released.
+    #[prost(bool, tag = "41")]
+    pub hold: bool,
     /// Present for a job array: its task indices.
     #[prost(message, optional, tag = "24")]
     pub array: ::core::option::Option<ArraySpec>,
