@@ -18,6 +18,7 @@ pub mod policy;
 pub mod power;
 pub mod sched;
 pub mod sim;
+pub mod slurm;
 pub mod spec;
 pub mod stragglers;
 #[cfg(any(test, feature = "testing"))]

@@ -973,3 +973,79 @@ fn every_waiting_job_gets_an_estimated_start() {
     std::fs::write(cluster.dir.path().join("release"), "").unwrap();
     cluster.wait_for_state(third, "completed");
 }
+
+/// Every rank of a gang and every array task sees Slurm's variables, in
+/// Slurm's formats, beside gpool's own: what launchers and site scripts
+/// read to find their rank, peers and output paths.
+#[test]
+fn jobs_see_slurms_variables() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("gpu-01", 2);
+    cluster.start_agent("gpu-02", 2);
+    let dir = cluster.dir.path().to_path_buf();
+    let dump = "env | grep -E '^(SLURM|GPOOL)_' | sort > vars-$GPOOL_JOB_ID-$SLURM_PROCID";
+    let gang = cluster.submit(&[
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "-J",
+        "train",
+        "--mem",
+        "1G",
+        "--",
+        "sh",
+        "-c",
+        dump,
+    ]);
+    cluster.wait_for_state(gang, "completed");
+    let vars = |id: u64, rank: u32| -> std::collections::BTreeMap<String, String> {
+        let text = std::fs::read_to_string(dir.join(format!("vars-{id}-{rank}"))).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| line.split_once('='))
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect()
+    };
+    for rank in 0..2 {
+        let env = vars(gang, rank);
+        let get = |name: &str| env.get(name).cloned().unwrap_or_default();
+        assert_eq!(get("SLURM_JOB_ID"), gang.to_string(), "{env:?}");
+        assert_eq!(get("SLURM_JOB_NAME"), "train");
+        assert_eq!(get("SLURM_JOB_NODELIST"), "gpu-[01-02]");
+        assert_eq!(get("SLURM_NNODES"), "2");
+        assert_eq!(get("SLURM_NTASKS"), "2");
+        assert_eq!(get("SLURM_TASKS_PER_NODE"), "1(x2)");
+        assert_eq!(get("SLURM_PROCID"), rank.to_string());
+        assert_eq!(get("SLURM_NODEID"), get("GPOOL_NODE_RANK"));
+        assert_eq!(get("SLURM_GPUS_ON_NODE"), "2");
+        assert_eq!(get("SLURM_MEM_PER_NODE"), "1024");
+        assert_eq!(get("SLURM_SUBMIT_DIR"), dir.display().to_string());
+        assert_eq!(get("SLURM_RESTART_COUNT"), "0");
+        assert_eq!(get("SLURM_JOB_PARTITION"), "default");
+    }
+    let array = cluster.submit(&["-a", "3-5", "--", "sh", "-c", dump]);
+    let tasks = wait_until("the array's tasks to end", Duration::from_secs(60), || {
+        let listed = cluster.gpool(&["jobs", "-r", "--all", "--output", "json"]).json();
+        let tasks: Vec<u64> = listed
+            .as_array()?
+            .iter()
+            .filter(|task| task["array_job_id"] == array && task["state"] == "completed")
+            .filter_map(|task| task["id"].as_u64())
+            .collect();
+        (tasks.len() == 3).then_some(tasks)
+    });
+    let mut indices: Vec<String> = tasks
+        .iter()
+        .map(|task| {
+            let env = vars(*task, 0);
+            assert_eq!(env.get("SLURM_ARRAY_JOB_ID"), Some(&array.to_string()), "{env:?}");
+            assert_eq!(env.get("SLURM_JOB_ID"), Some(&task.to_string()), "a task's own id");
+            assert_eq!(env.get("SLURM_ARRAY_TASK_COUNT").map(String::as_str), Some("3"));
+            assert_eq!(env.get("SLURM_ARRAY_TASK_MIN").map(String::as_str), Some("3"));
+            assert_eq!(env.get("SLURM_ARRAY_TASK_MAX").map(String::as_str), Some("5"));
+            env.get("SLURM_ARRAY_TASK_ID").cloned().unwrap_or_default()
+        })
+        .collect();
+    indices.sort();
+    assert_eq!(indices, ["3", "4", "5"]);
+}

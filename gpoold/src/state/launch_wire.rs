@@ -20,6 +20,8 @@ impl State {
             .first()
             .and_then(|rank0| self.links.get(&rank0.node))
             .map_or_else(String::new, |conn| conn.ip.clone());
+        let nodes: Vec<String> = placement.iter().map(|part| part.node.clone()).collect();
+        let slurm = self.slurm_job(job, &nodes);
         placement
             .iter()
             .enumerate()
@@ -37,6 +39,14 @@ impl State {
                             name: "GPOOL_TOKEN".into(),
                             value: gpool_core::auth::token::job_token_text(&self.token_key, job_id, epoch),
                         }])
+                        // Slurm's view of it, after the submitter's own
+                        // environment (a shell inside another Slurm job
+                        // brings that job's).
+                        .chain(
+                            gpool_core::slurm::env(&slurm, rank as u32, part.gpu_indices.len() as u32)
+                                .into_iter()
+                                .map(|(name, value)| pb::EnvVar { name, value }),
+                        )
                         .collect(),
                     workdir: job.spec.workdir.clone(),
                     gpu_indices: part.gpu_indices.clone(),
@@ -80,5 +90,45 @@ impl State {
                 (part.node.clone(), message)
             })
             .collect()
+    }
+
+    /// What `job`'s `SLURM_*` variables are made of, on `nodes`.
+    fn slurm_job<'a>(&'a self, job: &'a gpool_core::Job, nodes: &'a [String]) -> gpool_core::slurm::SlurmJob<'a> {
+        let partition = self
+            .policy
+            .pool(&job.spec.pool)
+            .map_or(job.spec.pool.as_str(), |pool| pool.name.as_str());
+        let submit_host = job
+            .spec
+            .env
+            .iter()
+            .rev()
+            .find(|(name, _)| name == "HOSTNAME")
+            .map_or("", |(_, value)| value.as_str());
+        let array = job.array_task.and_then(|task| {
+            let spec = self.jobs.get(&task.array)?.spec.array.as_deref()?;
+            let last = spec.ranges.last()?;
+            Some(gpool_core::slurm::SlurmArray {
+                array_job_id: task.array.0,
+                task_id: task.index,
+                task_count: spec.len(),
+                task_min: spec.ranges.first()?.start,
+                task_max: last.start + (last.len() - 1) * last.step,
+            })
+        });
+        gpool_core::slurm::SlurmJob {
+            job_id: job.id.0,
+            name: &job.spec.name,
+            nodes,
+            submit_dir: &job.spec.workdir,
+            submit_host,
+            cluster: "gpool",
+            partition,
+            account: &job.spec.team,
+            cpus_per_gpu: job.spec.cpus_per_gpu,
+            mem_bytes: job.spec.mem_bytes,
+            restart_count: job.n_attempts.saturating_sub(1),
+            array,
+        }
     }
 }
