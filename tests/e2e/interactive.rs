@@ -404,6 +404,8 @@ fn a_session_whose_client_vanished_is_hung_up_on_unless_reattached() {
         ended["end_reason"]
     );
     assert!(gone.elapsed() >= Duration::from_secs(4), "not before its grace");
+    // A job that named no QoS class shows the default one it runs in.
+    assert_eq!(ended["qos"], "normal", "{ended}");
     // One that ignores SIGHUP is cancelled after the hangup's grace.
     let stubborn = vanish(
         &cluster,

@@ -131,6 +131,9 @@ struct Attempt<'v> {
     kept_now: u64,
     /// The class that may take every kept GPU, if changing to it helps.
     higher_class: Option<String>,
+    /// Where the reserves asked for more than half the pool: what they
+    /// asked, the pool's GPUs and its name.
+    capped: Option<(u64, u64, String)>,
     keep: Option<preempt::Keep>,
     may_preempt: bool,
     /// It fits only by taking GPUs kept for others.
@@ -256,7 +259,10 @@ impl<'v> Cycle<'v> {
             .filter(|(priority, _, _)| *priority > qos_priority || !covered)
             .map(|(_, n, _)| n)
             .sum();
-        let kept = super::limits::capped_reserve(kept, self.index.pool_gpus(job, self.policy));
+        let pool_gpus = self.index.pool_gpus(job, self.policy);
+        let asked = kept;
+        let kept = super::limits::capped_reserve(asked, pool_gpus);
+        let capped = (kept < asked).then(|| (asked, pool_gpus, class.pool.to_string()));
         // The class that may take every kept GPU, if changing to it helps:
         // burst work never takes kept GPUs, whatever its class.
         let higher = reserves
@@ -294,6 +300,7 @@ impl<'v> Cycle<'v> {
             cover,
             kept_now,
             higher_class: higher.map(|(_, _, name)| name.to_string()),
+            capped,
             keep,
             may_preempt,
             // It may reclaim burst GPUs instead, if it may preempt, and
@@ -316,6 +323,7 @@ impl<'v> Cycle<'v> {
                 gpus: attempt.kept_now,
                 higher_class: attempt.higher_class.clone(),
                 burst: attempt.cover.is_none(),
+                capped: attempt.capped.clone(),
             }]),
             Some(masked) if attempt.goes_around => masked
                 .place(job, policy)

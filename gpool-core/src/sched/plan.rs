@@ -143,6 +143,9 @@ pub enum Reject {
         /// It would run as burst work (its team beyond its guarantee or
         /// budget), which no reserve lends to, whatever its class.
         burst: bool,
+        /// The reserves asked for more than half the pool, and keep half:
+        /// what they asked, the pool's GPUs and its name.
+        capped: Option<(u64, u64, String)>,
     },
     /// The first blocked job: its start cannot be foreseen, because not
     /// every running job in its way has a time limit.
@@ -432,16 +435,20 @@ impl fmt::Display for Reject {
             Reject::NoEstimate => f.write_str(
                 "no start time can be foreseen: not every running job in its way has a time limit",
             ),
-            Reject::Reserved { gpus, burst: true, .. } => write!(
-                f,
-                "the free GPUs are the {} that QoS reserves keep for guaranteed work, and this job would run as burst work",
-                plural(*gpus, "GPU", "GPUs")
-            ),
-            Reject::Reserved { gpus, .. } => write!(
-                f,
-                "the free GPUs are the {} that higher QoS classes keep free",
-                plural(*gpus, "GPU", "GPUs")
-            ),
+            Reject::Reserved {
+                gpus, burst, capped, ..
+            } => {
+                let gpus = plural(*gpus, "GPU", "GPUs");
+                if *burst {
+                    write!(f, "the free GPUs are the {gpus} that QoS reserves keep for guaranteed work, and this job would run as burst work")?;
+                } else {
+                    write!(f, "the free GPUs are the {gpus} that higher QoS classes keep free")?;
+                }
+                if let Some((asked, pool_gpus, pool)) = capped {
+                    write!(f, " (their reserves ask {asked} of pool {pool:?}'s {pool_gpus} and keep half of it at most)")?;
+                }
+                Ok(())
+            }
             Reject::Reclaiming { n_jobs } => write!(
                 f,
                 "preempting {} to make room for it",

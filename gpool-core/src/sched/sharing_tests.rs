@@ -820,6 +820,43 @@ fn hints(policy: &Policy, nodes: &str, jobs: &str) -> Vec<String> {
         .collect()
 }
 
+/// A job's reasons name only what it asked for, and only nodes of its
+/// pool: one that asks nothing is not told to relax its requirements, and
+/// one of pool infer is not told it may not run on a node outside it.
+#[test]
+fn reasons_name_only_what_the_job_asked_and_only_its_pools_nodes() {
+    let mut policy = policy();
+    add_infer_pool(&mut policy);
+    let nodes = "n1 2xl4 tier=infer used=0-1\nn2 4xh100";
+    let plan = schedule(
+        &cluster_view_with(nodes, "", "j1 team=a pool=infer gpus=1"),
+        &policy,
+        NOW,
+    );
+    let words = plan.to_string();
+    assert!(!words.contains("requirements") && !words.contains("narrows"), "{words}");
+    assert!(plan
+        .pending
+        .iter()
+        .flat_map(|(_, r)| r.iter())
+        .all(|r| r.hint().is_none_or(|h| !h.contains("relax"))));
+    let plan = schedule(
+        &cluster_view_with(nodes, "", "j1 team=a pool=infer gpus=1 not=n2"),
+        &policy,
+        NOW,
+    );
+    assert!(!plan.to_string().contains("not on n2"), "{plan}");
+    let plan = schedule(
+        &cluster_view_with(nodes, "", "j1 team=a pool=infer gpus=1 not=n1,n2"),
+        &policy,
+        NOW,
+    );
+    assert!(
+        plan.to_string().contains("not on n1") && !plan.to_string().contains("n2"),
+        "{plan}"
+    );
+}
+
 /// A reserve written for large pools keeps at most half of a small one:
 /// on one node of 4 GPUs a reserve of 4 keeps 2, and guaranteed work of a
 /// lower class takes the other 2.
@@ -831,6 +868,12 @@ fn a_reserve_keeps_at_most_half_of_its_pool() {
     assert_eq!(plan.to_string(), "start j1 n1[0-1]\n");
     let plan = schedule(&cluster_view_with("n1 4xh100", "", "j1 team=a gpus=3"), &policy, NOW);
     assert!(plan.starts.is_empty(), "{plan}");
+    // Its reason says the reserve was capped, naming the pool.
+    assert!(
+        plan.to_string()
+            .contains("the 2 GPUs that higher QoS classes keep free (their reserves ask 4 of pool \"default\"'s 4"),
+        "{plan}"
+    );
     // Two nodes of 4: the whole reserve of 4 is kept.
     let plan = schedule(
         &cluster_view_with("n1 4xh100\nn2 4xh100", "", "j1 team=a gpus=4"),
