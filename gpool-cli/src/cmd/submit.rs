@@ -9,6 +9,7 @@ use gpool_core::JobSpec;
 use std::path::PathBuf;
 
 mod hints;
+pub mod sbatch;
 
 pub use hints::{check_script, output_file_hint, unknown_flag, unknown_script_flag};
 
@@ -104,6 +105,10 @@ pub struct SubmitArgs {
     /// CPUs for each of the job's GPUs (a CPU quota in its cgroup).
     #[arg(long, value_name = "N")]
     cpus_per_gpu: Option<i64>,
+    /// CPUs on each node, as Slurm's -c (gpool runs one task per node):
+    /// shared among the node's GPUs as --cpus-per-gpu, rounded up.
+    #[arg(long, value_name = "N", conflicts_with = "cpus_per_gpu")]
+    cpus_per_task: Option<i64>,
     /// Its nodes run nothing else: it waits for idle nodes and takes every
     /// GPU of each (GPU-hours are charged for them all), as Slurm's.
     #[arg(long)]
@@ -167,7 +172,7 @@ pub struct SubmitArgs {
         conflicts_with_all = [
             "command", "gpus", "gpus_per_node", "gres", "nodes", "gpu_type", "name", "team", "project", "workload_type",
             "time", "env", "workdir", "priority", "pool", "no_requeue",
-            "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "mem_per_gpu", "cpus_per_gpu", "exclusive",
+            "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "mem_per_gpu", "cpus_per_gpu", "cpus_per_task", "exclusive",
             "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
             "nodelist", "exclude", "max_output", "notify", "notify_on", "begin", "reservation",
         ]
@@ -205,8 +210,8 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "CMD", conflicts_with_all = ["command", "file"])]
     pub wrap: Option<String>,
     /// `-- CMD ARGS...`: the command to run. Without `--`: a batch script
-    /// and its arguments, whose `#GPOOL` lines give flags (the command
-    /// line's win); it runs from where it is, so nodes must see that path.
+    /// and its arguments, whose `#SBATCH` lines (as sbatch reads them),
+    /// then `#GPOOL` lines give flags (the command line's win).
     #[arg(value_name = "CMD", trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
     /// Set when the command is a batch script (no `--` before it).
@@ -237,36 +242,83 @@ fn read_bounded(path: &std::path::Path) -> Result<String, CliError> {
 }
 
 /// The command line of `gpool submit SCRIPT ARGS...` with the script's
-/// `#GPOOL` flags inserted right after `submit`, so that the flags given on
-/// the command line come later and win.
+/// `#SBATCH` flags, then its `#GPOOL` flags, inserted right after `submit`:
+/// the later win (a flag the `#GPOOL` lines or the command line give drops
+/// the `#SBATCH` line that asked the same), as sbatch's own order.
 pub fn with_script_directives(argv: Vec<String>, script: &str) -> Result<Vec<String>, CliError> {
     let text = read_bounded(std::path::Path::new(script))?;
     let directives =
         gpool_core::spec::script_directives(&text).map_err(|reason| CliError::Usage(format!("{script}: {reason}")))?;
-    // A script says how its job runs, never where gpool sends it (or
-    // the caller's token and environment) nor how gpool prints.
-    if let Some(global) = directives.iter().find(|word| {
-        ["--server", "--timeout", "--output"]
-            .iter()
-            .any(|flag| *word == flag || word.starts_with(&format!("{flag}=")))
-    }) {
-        // `#SBATCH --output=slurm-%j.out` is Slurm's most common line.
-        let hint = if global.starts_with("--output") {
-            "; gpool's flag for the job's output file is --stdout (-o)"
-        } else {
-            ""
-        };
-        return Err(CliError::Usage(format!(
-            "{script}: #GPOOL lines hold submit flags only; {global} is not one{hint}"
-        )));
-    }
+    check_gpool_lines(script, &directives)?;
     let at = argv
         .iter()
         .position(|arg| arg == "submit")
         .map_or(argv.len(), |position| position + 1);
     let mut with = argv;
     with.splice(at..at, directives);
+    let sbatch = read_sbatch_lines(script, &text)?;
+    for line in &sbatch.ignored {
+        eprintln!("gpool: {line}");
+    }
+    let sbatch_flags = sbatch::under_later_layers(&sbatch, &fields_given(&with));
+    with.splice(at..at, sbatch_flags);
     Ok(with)
+}
+
+/// A script says how its job runs, never where gpool sends it (or the
+/// caller's token and environment) nor how gpool prints.
+fn check_gpool_lines(script: &str, directives: &[String]) -> Result<(), CliError> {
+    let Some(global) = directives.iter().find(|word| {
+        ["--server", "--timeout", "--output"]
+            .iter()
+            .any(|flag| *word == flag || word.starts_with(&format!("{flag}=")))
+    }) else {
+        return Ok(());
+    };
+    // `#SBATCH --output=slurm-%j.out` is Slurm's most common line.
+    let hint = if global.starts_with("--output") {
+        "; gpool's flag for the job's output file is --stdout (-o)"
+    } else {
+        ""
+    };
+    Err(CliError::Usage(format!(
+        "{script}: #GPOOL lines hold submit flags only; {global} is not one{hint}"
+    )))
+}
+
+/// The script's `#SBATCH` lines as gpool flags, or the first one gpool
+/// cannot honour.
+fn read_sbatch_lines(script: &str, text: &str) -> Result<sbatch::SbatchFlags, CliError> {
+    let cwd = std::env::current_dir()
+        .map(|dir| dir.display().to_string())
+        .unwrap_or_default();
+    let context = sbatch::Context {
+        ignore: std::env::var(sbatch::IGNORE_VAR)
+            .unwrap_or_default()
+            .split(',')
+            .filter(|name| !name.trim().is_empty())
+            .map(String::from)
+            .collect(),
+        cwd: &cwd,
+        local_to_utc: &sbatch::local_to_utc,
+    };
+    sbatch::read(script, text, &context).map_err(|refusal| CliError::Usage(refusal.to_string()))
+}
+
+/// The `gpool submit` fields that `argv` gives (not their defaults).
+fn fields_given(argv: &[String]) -> Vec<String> {
+    use clap::CommandFactory;
+    let Ok(matches) = crate::Cli::command().try_get_matches_from(argv) else {
+        return Vec::new();
+    };
+    let Some((_, submit)) = matches.subcommand() else {
+        return Vec::new();
+    };
+    submit
+        .ids()
+        .filter(|id| submit.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|id| id.as_str().to_string())
+        .collect()
 }
 
 /// How a script runs: by its `#!` interpreter (or /bin/sh) on a copy of it
@@ -486,6 +538,12 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         .collect::<Result<_, _>>()
         .map_err(|err| CliError::Usage(err.to_string()))?;
     let (gpus, gpu_type) = gpus_and_model(&mut args)?;
+    // One task per node: its CPUs are shared among the node's GPUs.
+    let cpus_per_gpu = match args.cpus_per_task {
+        Some(cpus) if cpus > 0 => Some((cpus + gpus.unwrap_or(1).max(1) - 1) / gpus.unwrap_or(1).max(1)),
+        Some(cpus) => Some(cpus),
+        None => args.cpus_per_gpu,
+    };
     Ok(JobSpecInput {
         name: args.name,
         command: Some(CommandInput::Argv(args.command)),
@@ -514,7 +572,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         reservation: args.reservation,
         notify: args.notify,
         notify_on: args.notify_on,
-        cpus_per_gpu: args.cpus_per_gpu,
+        cpus_per_gpu,
         exclusive: Some(args.exclusive),
         dependency: args.dependency,
         array: args.array,

@@ -42,7 +42,6 @@ fn flag_hint(flag: &str) -> Option<String> {
         "--mail-type" => ": gpool's flag for which events to say is --notify-on",
         "--container-image" => ": gpool's flag for a container's image is --image",
         "--signal" => ": gpool's flag for the signal before a preemption is --checkpoint-signal",
-        "--cpus-per-task" => ": gpool gives CPUs per GPU (--cpus-per-gpu)",
         "--requeue" => ": gpool requeues by default (--no-requeue to fail instead)",
         "--time-limit" | "--walltime" => ": did you mean --time?",
         "--mem-per-cpu" => ": gpool limits memory per node (--mem) or per GPU (--mem-per-gpu)",
