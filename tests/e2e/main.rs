@@ -24,6 +24,7 @@ mod preemption;
 mod security;
 mod sharing;
 mod sim;
+mod slurm_scripts;
 mod status_page;
 mod systemd;
 mod watches;
