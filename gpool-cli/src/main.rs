@@ -40,6 +40,7 @@ mod error;
 mod man;
 mod output;
 mod parse;
+mod slurm;
 
 pub use error::CliError;
 
@@ -82,6 +83,12 @@ enum Command {
     /// `-- CMD ARGS...` runs that instead of your shell. The submit flags
     /// apply (-G, --team, --qos, --time, ...).
     Alloc(Box<cmd::submit::SubmitArgs>),
+    /// Slurm's commands for the scripts and tools that drive Slurm:
+    /// `gpool slurm install DIR` links squeue, sacct, scancel and sinfo
+    /// to this binary, which then takes their options and prints their
+    /// formats.
+    #[command(subcommand)]
+    Slurm(slurm::SlurmCommand),
     /// Relay this terminal to a running interactive job's again (after a
     /// dropped connection, within gpoold's detach_grace), as its alloc
     /// did; exits with the job's own code.
@@ -403,7 +410,13 @@ enum TokenCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = match parse::command_line(std::env::args().collect()) {
+    // Called as one of Slurm's commands (a link `gpool slurm install`
+    // made): Slurm's options and formats.
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(command) = argv.first().and_then(|argv0| slurm::command_of(argv0)) {
+        return slurm::main(command, argv);
+    }
+    let cli = match parse::command_line(argv) {
         Ok(cli) => cli,
         Err(err) => {
             eprintln!("gpool: {err}");
@@ -454,6 +467,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Submit(args) => cmd::submit::run(&ctx, *args).await,
         Command::Alloc(args) => cmd::terminal::alloc(&ctx, *args).await,
         Command::Attach { id } => cmd::terminal::attach(&ctx, id).await,
+        Command::Slurm(slurm::SlurmCommand::Install { dir }) => slurm::install(&dir),
         Command::Run(args) => cmd::terminal::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
         Command::Show { id, env } => cmd::jobs::show(&ctx, id, env).await.map(|()| 0),

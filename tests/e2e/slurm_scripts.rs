@@ -119,3 +119,94 @@ fn a_directive_gpool_cannot_honour_is_refused_with_its_line_and_reason() {
     );
     assert!(!run.stderr.contains("one task per node"), "{}", run.stderr);
 }
+
+/// Slurm's commands as tools drive them: `gpool slurm install` links
+/// squeue, sacct, scancel and sinfo to gpool, which then takes their
+/// options and prints their formats.
+#[test]
+fn slurms_commands_print_slurms_formats() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("gpu-01", 2);
+    cluster.start_agent("gpu-02", 2);
+    let bin = cluster.dir.path().join("bin");
+    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    let slurm = |command: &str, args: &[&str]| -> Run {
+        std::process::Command::new(bin.join(command))
+            .args(args)
+            .env("GPOOL_SERVER", &cluster.cli_server)
+            .current_dir(cluster.dir.path())
+            .output()
+            .expect("run a Slurm command")
+            .into()
+    };
+    let ok = cluster.submit(&["-J", "ok", "--", "true"]);
+    let bad = cluster.submit(&["-J", "bad", "--", "sh", "-c", "exit 3"]);
+    let array = cluster.submit(&["-J", "sweep", "-a", "0-2", "--", "true"]);
+    let long = cluster.submit(&["-J", "long", "--time", "10:00", "--", "sleep", "300"]);
+    cluster.wait_for_state(ok, "completed");
+    cluster.wait_for_state(bad, "failed");
+    cluster.wait_for_state(long, "running");
+    wait_until("the array to end", Duration::from_secs(60), || {
+        (cluster.job(array)["state"] == "completed").then_some(())
+    });
+
+    let queue = slurm("squeue", &["-h", "-o", "%i|%j|%T|%t|%D|%P|%l"]);
+    assert_eq!(queue.code, 0, "{}", queue.stderr);
+    assert_eq!(queue.stdout, format!("{long}|long|RUNNING|R|1|default|10:00\n"));
+    let default = slurm("squeue", &[]);
+    assert!(
+        default
+            .stdout
+            .starts_with("             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)\n"),
+        "{}",
+        default.stdout
+    );
+
+    let cancelled = slurm("scancel", &[&long.to_string()]);
+    assert_eq!(cancelled.code, 0, "{}", cancelled.stderr);
+    cluster.wait_for_state(long, "cancelled");
+    let ids = format!("{ok},{bad},{array},{long}");
+    let acct = slurm(
+        "sacct",
+        &[
+            "-P",
+            "-n",
+            "-X",
+            "--format",
+            "JobID,JobName,State,ExitCode,NNodes",
+            "-j",
+            &ids,
+        ],
+    );
+    assert_eq!(acct.code, 0, "{}", acct.stderr);
+    let rows: Vec<&str> = acct.stdout.lines().collect();
+    assert!(
+        rows.contains(&format!("{ok}|ok|COMPLETED|0:0|1").as_str()),
+        "{}",
+        acct.stdout
+    );
+    assert!(
+        rows.contains(&format!("{bad}|bad|FAILED|3:0|1").as_str()),
+        "{}",
+        acct.stdout
+    );
+    for task in 0..3 {
+        assert!(
+            rows.contains(&format!("{array}_{task}|sweep|COMPLETED|0:0|1").as_str()),
+            "{}",
+            acct.stdout
+        );
+    }
+    assert!(
+        rows.iter()
+            .any(|row| row.starts_with(&format!("{long}|long|CANCELLED by "))),
+        "{}",
+        acct.stdout
+    );
+    let refused = slurm("sacct", &["--format", "JobID,Bogus"]);
+    assert_eq!(refused.code, 1);
+    assert_eq!(refused.stderr, "sacct: error: Invalid field requested: \"Bogus\"\n");
+
+    let info = slurm("sinfo", &["-h", "-o", "%P %D %t %N"]);
+    assert_eq!(info.stdout, "default* 2 idle gpu-[01-02]\n", "{}", info.stderr);
+}

@@ -23,7 +23,7 @@ pub fn node_state(node: &pb::Node) -> &'static str {
     }
 }
 
-pub(super) fn gpu_models(node: &pb::Node) -> String {
+pub fn gpu_models(node: &pb::Node) -> String {
     let models: std::collections::BTreeSet<&str> = node.gpus.iter().map(|gpu| gpu.model.as_str()).collect();
     models.into_iter().collect::<Vec<_>>().join(",")
 }

@@ -31,23 +31,7 @@ impl State {
                     epoch: epoch.0,
                     attempt: job.n_attempts,
                     command: job.spec.command.clone(),
-                    env: gpool_proto::convert::env_to_wire(&job.spec.env)
-                        .into_iter()
-                        .chain([pb::EnvVar {
-                            // Lets `gpool` inside the job act as its owner,
-                            // for as long as this attempt runs.
-                            name: "GPOOL_TOKEN".into(),
-                            value: gpool_core::auth::token::job_token_text(&self.token_key, job_id, epoch),
-                        }])
-                        // Slurm's view of it, after the submitter's own
-                        // environment (a shell inside another Slurm job
-                        // brings that job's).
-                        .chain(
-                            gpool_core::slurm::env(&slurm, rank as u32, part.gpu_indices.len() as u32)
-                                .into_iter()
-                                .map(|(name, value)| pb::EnvVar { name, value }),
-                        )
-                        .collect(),
+                    env: self.launch_env(job, epoch, (&slurm, rank as u32, part.gpu_indices.len() as u32)),
                     workdir: job.spec.workdir.clone(),
                     gpu_indices: part.gpu_indices.clone(),
                     time_limit: job.time_left_secs().map(|seconds| pb::Duration { seconds }),
@@ -89,6 +73,31 @@ impl State {
                 };
                 (part.node.clone(), message)
             })
+            .collect()
+    }
+
+    /// A rank's environment: the submitter's, its job token, then Slurm's
+    /// view of it (after the submitter's own: a shell inside another
+    /// Slurm job brings that job's).
+    fn launch_env(
+        &self,
+        job: &gpool_core::Job,
+        epoch: Epoch,
+        (slurm, rank, gpus_on_node): (&gpool_core::slurm::SlurmJob, u32, u32),
+    ) -> Vec<pb::EnvVar> {
+        gpool_proto::convert::env_to_wire(&job.spec.env)
+            .into_iter()
+            .chain([pb::EnvVar {
+                // Lets `gpool` inside the job act as its owner, for as long
+                // as this attempt runs.
+                name: "GPOOL_TOKEN".into(),
+                value: gpool_core::auth::token::job_token_text(&self.token_key, job.id, epoch),
+            }])
+            .chain(
+                gpool_core::slurm::env(slurm, rank, gpus_on_node)
+                    .into_iter()
+                    .map(|(name, value)| pb::EnvVar { name, value }),
+            )
             .collect()
     }
 
