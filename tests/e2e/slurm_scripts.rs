@@ -210,3 +210,59 @@ fn slurms_commands_print_slurms_formats() {
     let info = slurm("sinfo", &["-h", "-o", "%P %D %t %N"]);
     assert_eq!(info.stdout, "default* 2 idle gpu-[01-02]\n", "{}", info.stderr);
 }
+
+/// `sbatch` as workflow tools call it: `--parsable` prints the bare id,
+/// its options win over the script's `#SBATCH` lines, `--wrap` runs a
+/// command line, and without `--parsable` it says `Submitted batch job N`.
+#[test]
+fn sbatch_submits_as_tools_call_it() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 4);
+    let bin = cluster.dir.path().join("bin");
+    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    let sbatch = |args: &[&str]| -> Run {
+        std::process::Command::new(bin.join("sbatch"))
+            .args(args)
+            .env("GPOOL_SERVER", &cluster.cli_server)
+            .current_dir(cluster.dir.path())
+            .output()
+            .expect("run sbatch")
+            .into()
+    };
+    let script = cluster.dir.path().join("job.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n#SBATCH -J from-script\n#SBATCH --gres=gpu:1\necho \"$SLURM_JOB_NAME $SLURM_GPUS_ON_NODE\"\n",
+    )
+    .unwrap();
+    let run = sbatch(&[
+        "--parsable",
+        "-J",
+        "from-cli",
+        "--gres=gpu:2",
+        &script.display().to_string(),
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id: u64 = run
+        .stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("a bare id: {:?}", run.stdout));
+    cluster.wait_for_state(id, "completed");
+    assert_eq!(
+        cluster.gpool(&["logs", &id.to_string()]).ok().to_string(),
+        "from-cli 2\n"
+    );
+    let wrapped = sbatch(&["--wrap", "echo wrapped"]);
+    assert_eq!(wrapped.code, 0, "{}", wrapped.stderr);
+    let id: u64 = wrapped
+        .stdout
+        .trim()
+        .strip_prefix("Submitted batch job ")
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("{:?}", wrapped.stdout));
+    cluster.wait_for_state(id, "completed");
+    let refused = sbatch(&["--gres=nvme:1", &script.display().to_string()]);
+    assert_ne!(refused.code, 0);
+    assert!(refused.stderr.contains("--gres=nvme:1"), "{}", refused.stderr);
+}

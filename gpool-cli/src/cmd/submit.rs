@@ -288,7 +288,7 @@ fn check_gpool_lines(script: &str, directives: &[String]) -> Result<(), CliError
 
 /// The script's `#SBATCH` lines as gpool flags, or the first one gpool
 /// cannot honour.
-fn read_sbatch_lines(script: &str, text: &str) -> Result<sbatch::SbatchFlags, CliError> {
+pub(crate) fn read_sbatch_lines(script: &str, text: &str) -> Result<sbatch::SbatchFlags, CliError> {
     let cwd = std::env::current_dir()
         .map(|dir| dir.display().to_string())
         .unwrap_or_default();
@@ -389,7 +389,7 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
         output::print_json(&serde_json::json!({ "ids": ids }));
     } else {
         for id in &ids {
-            outln!("{id}");
+            outln!("{}", crate::slurm::sbatch::submitted_line(*id));
         }
     }
     if !wait {

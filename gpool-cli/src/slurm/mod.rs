@@ -5,6 +5,7 @@
 
 pub mod format;
 pub mod sacct;
+pub mod sbatch;
 pub mod sinfo;
 pub mod squeue;
 
@@ -13,9 +14,12 @@ use gpool_proto::pb;
 
 #[derive(clap::Subcommand)]
 pub enum SlurmCommand {
-    /// Make the links (squeue, sacct, scancel, sinfo) in DIR, e.g.
-    /// /usr/local/bin.
-    Install { dir: std::path::PathBuf },
+    /// Make the links (sbatch, squeue, sacct, scancel, sinfo) in DIR,
+    /// e.g. /usr/local/bin.
+    Install {
+        /// Where the links go (made if missing).
+        dir: std::path::PathBuf,
+    },
 }
 
 /// A Slurm command: errors on stderr as Slurm's say them, exit code 1.
@@ -42,7 +46,7 @@ pub fn main(command: &str, argv: Vec<String>) -> std::process::ExitCode {
 }
 
 /// The Slurm commands gpool answers to, by the name it is called as.
-pub const COMMANDS: [&str; 4] = ["squeue", "sacct", "scancel", "sinfo"];
+pub const COMMANDS: [&str; 5] = ["sbatch", "squeue", "sacct", "scancel", "sinfo"];
 
 /// The Slurm command `argv0` names, if any.
 pub fn command_of(argv0: &str) -> Option<&'static str> {
@@ -66,6 +70,7 @@ pub async fn run(name: &str, argv: Vec<String>) -> Result<u8, CliError> {
         "sacct" => sacct::run(&ctx, sacct::Args::try_parse_from(argv).map_err(usage)?).await,
         "sinfo" => sinfo::run(&ctx, sinfo::Args::try_parse_from(argv).map_err(usage)?).await,
         "scancel" => scancel(argv).await,
+        "sbatch" => sbatch::run(argv).await,
         _ => Err(CliError::Usage(format!("{name}: not a Slurm command gpool answers to"))),
     }
 }
