@@ -45,6 +45,8 @@ pub async fn run(
 ) {
     tokio::pin!(shutdown);
     let orders = start_orders(attempts.clone());
+    // As the operator wrote them (https://HOST:PORT...), for the log.
+    let named = controller.iter().map(Address::text).collect::<Vec<_>>().join(",");
     let mut backoff = MIN_BACKOFF;
     // Events not yet delivered: they ride on the next Register.
     let mut undelivered = Vec::new();
@@ -55,10 +57,10 @@ pub async fn run(
         };
         match outcome {
             Ok(()) => {
-                tracing::warn!("gpoold at {controller:?} closed the link; reconnecting");
+                tracing::warn!("gpoold at {named} closed the link; reconnecting");
                 backoff = MIN_BACKOFF;
             }
-            Err(err) => tracing::warn!("link to gpoold at {controller:?}: {err}; retrying in {backoff:?}"),
+            Err(err) => tracing::warn!("link to gpoold at {named}: {err}; retrying in {backoff:?}"),
         }
         tokio::select! {
             () = &mut shutdown => return,

@@ -156,7 +156,7 @@ fn check_endpoints(endpoints: &[String], tls: bool) -> Result<(), String> {
             let why = if tls {
                 "with ha.ca, etcd is reached over TLS"
             } else {
-                "https:// needs ha.ca, the CA of etcd's certificates"
+                "https:// needs ha.ca, the CA of etcd's certificates; http:// needs insecure_etcd = true"
             };
             return Err(format!(
                 "ha.etcd: {endpoint:?} is not {scheme}HOST:PORT (etcd's client URL; {why})"

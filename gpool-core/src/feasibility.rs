@@ -348,7 +348,11 @@ fn check_counts(
         pool: pool.name.clone(),
         gpus_per_node: spec.gpus_per_node,
         nodes: spec.nodes,
-        largest: format!("{n_nodes} nodes with {} {model} GPUs each", spec.gpus_per_node),
+        largest: format!(
+            "{n_nodes} {} with {} {model} GPUs each",
+            if n_nodes == 1 { "node" } else { "nodes" },
+            spec.gpus_per_node
+        ),
     })
 }
 
