@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// The highest number of tasks a marks file shows running at once (each
 /// task appends `+` when it starts and `-` before it ends).
-fn most_at_once(marks: &str) -> usize {
+pub(crate) fn most_at_once(marks: &str) -> usize {
     let (mut now, mut most) = (0usize, 0usize);
     for line in marks.lines() {
         match line {

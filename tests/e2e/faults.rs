@@ -41,6 +41,17 @@ fn marking_job(cluster: &Cluster, marker: &std::path::Path) -> u64 {
     cluster.submit(&["--gpus", "1", "--", "sh", "-c", &script])
 }
 
+/// A marking job, once it runs and has marked: its id and marks file.
+fn a_marking_job_that_marks(cluster: &Cluster) -> (u64, std::path::PathBuf) {
+    let marker = cluster.dir.path().join("marks");
+    let id = marking_job(cluster, &marker);
+    cluster.wait_for_state(id, "running");
+    wait_until("the first marks", Duration::from_secs(10), || {
+        marks(&marker).contains_key(&1).then_some(())
+    });
+    (id, marker)
+}
+
 /// Each attempt's first and last mark, by attempt.
 fn marks(marker: &std::path::Path) -> std::collections::BTreeMap<u32, (u128, u128)> {
     let mut spans = std::collections::BTreeMap::new();
@@ -113,12 +124,7 @@ fn a_partition_shorter_than_the_lease_requeues_nothing() {
     let Some((cluster, net, hosts)) = partitioned_cluster("12s", 1) else {
         return;
     };
-    let marker = cluster.dir.path().join("marks");
-    let id = marking_job(&cluster, &marker);
-    cluster.wait_for_state(id, "running");
-    wait_until("the first marks", Duration::from_secs(10), || {
-        marks(&marker).contains_key(&1).then_some(())
-    });
+    let (id, marker) = a_marking_job_that_marks(&cluster);
     net.set_connected(&hosts[0], false).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     net.set_connected(&hosts[0], true).unwrap();
@@ -141,12 +147,7 @@ fn a_job_its_node_fenced_says_why_it_ran_again() {
     let Some((cluster, net, hosts)) = partitioned_cluster("16s", 1) else {
         return;
     };
-    let marker = cluster.dir.path().join("marks");
-    let id = marking_job(&cluster, &marker);
-    cluster.wait_for_state(id, "running");
-    wait_until("the first marks", Duration::from_secs(10), || {
-        marks(&marker).contains_key(&1).then_some(())
-    });
+    let (id, _) = a_marking_job_that_marks(&cluster);
     net.set_connected(&hosts[0], false).unwrap();
     // The lease (8 s) and its grace (4 s at most) pass; the node timeout
     // does not.

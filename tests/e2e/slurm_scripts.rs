@@ -5,20 +5,7 @@ use crate::harness::cluster::{gpool_command, Cluster, Run};
 use crate::harness::process::wait_until;
 use std::time::Duration;
 
-/// The highest number of tasks a marks file shows running at once (each
-/// task appends `+` when it starts and `-` before it ends).
-fn most_at_once(marks: &str) -> usize {
-    let (mut now, mut most) = (0usize, 0usize);
-    for line in marks.lines() {
-        match line {
-            "+" => now += 1,
-            "-" => now = now.saturating_sub(1),
-            _ => {}
-        }
-        most = most.max(now);
-    }
-    most
-}
+use crate::arrays::most_at_once;
 
 const SLURM_SCRIPT: &str = "#!/bin/sh
 #SBATCH -J sweep

@@ -162,6 +162,17 @@ pub fn parse_format(format: &str) -> Vec<Piece> {
     pieces
 }
 
+/// One line of `pieces`, each field's value from `value`.
+pub fn line(pieces: &[Piece], value: impl Fn(char) -> String) -> String {
+    pieces
+        .iter()
+        .map(|piece| match piece {
+            Piece::Text(text) => text.clone(),
+            Piece::Field { letter, width, right } => fit(&value(*letter), *width, *right),
+        })
+        .collect()
+}
+
 /// `value` in a field of `width` (cut to it), right- or left-aligned.
 pub fn fit(value: &str, width: Option<usize>, right: bool) -> String {
     let Some(width) = width else { return value.to_string() };

@@ -113,8 +113,15 @@ async fn scancel(argv: Vec<String>) -> Result<u8, CliError> {
     crate::run(cli).await
 }
 
-/// The jobs of `request`, every chunk.
-pub async fn list(conn: &mut crate::cmd::Connection, request: pb::ListJobsRequest) -> Result<Vec<pb::Job>, CliError> {
+/// The jobs of `user` (empty: everyone's) waiting and running, and with
+/// `all` those that ended too, every chunk.
+pub async fn list(conn: &mut crate::cmd::Connection, user: String, all: bool) -> Result<Vec<pb::Job>, CliError> {
+    let request = pb::ListJobsRequest {
+        states: Vec::new(),
+        team: String::new(),
+        user,
+        all,
+    };
     let mut chunks = conn
         .client
         .list_jobs(request)

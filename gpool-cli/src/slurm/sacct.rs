@@ -61,13 +61,7 @@ pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
         (_, true) => String::new(),
         (_, false) => conn.my_name().await?,
     };
-    let request = pb::ListJobsRequest {
-        states: Vec::new(),
-        team: String::new(),
-        user,
-        all: true,
-    };
-    let jobs = super::list(&mut conn, request).await?;
+    let jobs = super::list(&mut conn, user, true).await?;
     let wanted = super::Filter::of(
         &args.jobs,
         &args.users,

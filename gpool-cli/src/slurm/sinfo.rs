@@ -1,6 +1,6 @@
 //! `sinfo`: pools as Slurm's partitions, nodes grouped by state.
 
-use super::format::{self, Piece};
+use super::format;
 use crate::CliError;
 use gpool_proto::pb;
 
@@ -46,25 +46,15 @@ pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
     let pieces = format::parse_format(args.format.as_deref().unwrap_or(DEFAULT_FORMAT));
     let mut out = Vec::new();
     if !args.noheader {
-        out.push(line(&pieces, |letter| header(letter).to_string()));
+        out.push(format::line(&pieces, |letter| header(letter).to_string()));
     }
     for ((pool, state), members) in &groups {
-        out.push(line(&pieces, |letter| field(letter, pool, state, members)));
+        out.push(format::line(&pieces, |letter| field(letter, pool, state, members)));
     }
     if !out.is_empty() {
         outln!("{}", out.join("\n"));
     }
     Ok(0)
-}
-
-fn line(pieces: &[Piece], value: impl Fn(char) -> String) -> String {
-    pieces
-        .iter()
-        .map(|piece| match piece {
-            Piece::Text(text) => text.clone(),
-            Piece::Field { letter, width, right } => format::fit(&value(*letter), *width, *right),
-        })
-        .collect()
 }
 
 fn header(letter: char) -> &'static str {

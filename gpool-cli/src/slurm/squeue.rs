@@ -1,7 +1,7 @@
 //! `squeue`: waiting and running jobs in Slurm's format, `-o` fields
 //! included, for the tools that parse it.
 
-use super::format::{self, Piece};
+use super::format;
 use crate::CliError;
 use gpool_proto::pb;
 
@@ -50,13 +50,7 @@ pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
         (false, Some(users)) if !users.contains(',') => users.clone(),
         _ => String::new(),
     };
-    let request = pb::ListJobsRequest {
-        states: Vec::new(),
-        team: String::new(),
-        user,
-        all: false,
-    };
-    let jobs = super::list(&mut conn, request).await?;
+    let jobs = super::list(&mut conn, user, false).await?;
     let wanted = super::Filter::of(
         &args.jobs,
         &args.users,
@@ -67,29 +61,18 @@ pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
     let now_ms = super::now_ms();
     let mut out = String::new();
     if !args.noheader {
-        out.push_str(&line(&pieces, |letter| header(letter).to_string()));
+        out.push_str(&format::line(&pieces, |letter| header(letter).to_string()));
+        out.push('\n');
     }
     for job in jobs.iter().filter(|job| wanted.keeps(job)) {
-        out.push_str(&line(&pieces, |letter| field(job, letter, now_ms)));
+        out.push_str(&format::line(&pieces, |letter| field(job, letter, now_ms)));
+        out.push('\n');
     }
     let text = out.trim_end_matches('\n');
     if !text.is_empty() {
         outln!("{text}");
     }
     Ok(0)
-}
-
-/// One line of `pieces`, each field's value from `value`.
-fn line(pieces: &[Piece], value: impl Fn(char) -> String) -> String {
-    let mut line = String::new();
-    for piece in pieces {
-        match piece {
-            Piece::Text(text) => line.push_str(text),
-            Piece::Field { letter, width, right } => line.push_str(&format::fit(&value(*letter), *width, *right)),
-        }
-    }
-    line.push('\n');
-    line
 }
 
 fn header(letter: char) -> &'static str {
