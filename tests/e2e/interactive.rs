@@ -285,7 +285,7 @@ fn rss_bytes(pid: nix::unistd::Pid) -> u64 {
 
 /// A user floods the terminal of their own interactive job, which never
 /// reads it, from 6 connections at once: the node's lease renewals never
-/// wait behind the input, so the neighbour's job on that node keeps its
+/// wait behind the input, so another user's job on that node keeps its
 /// first attempt (with a 6 s node timeout, a 3 s lease); gpoold's memory
 /// stays bounded, since a full input lane pushes back on the typist; and a
 /// chunk over 64 KiB is refused, naming the field.
@@ -294,9 +294,18 @@ fn flooding_a_terminal_never_costs_a_neighbour_its_job_or_gpoold_its_memory() {
     use gpool_proto::pb;
     let mut cluster = Cluster::with_node_timeout("6s");
     cluster.start_agent("n1", 2);
-    let hold = "while [ ! -e release ]; do sleep 0.2; done";
-    let neighbour = cluster.submit(&["-w", "n1", "--gpus", "1", "--", "sh", "-c", hold]);
+    // The neighbour is another user's job (nobody's, known by its uid).
+    let release = cluster.dir.path().join("release");
+    let hold = format!("while [ ! -e {} ]; do sleep 0.2; done", release.display());
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
+    let args = [
+        "submit", "--output", "json", "-w", "n1", "--gpus", "1", "--", "sh", "-c", &hold,
+    ];
+    let submitted = cluster.gpool_as(&nobody, &cluster.addr, &args);
+    submitted.ok();
+    let neighbour = submitted.json()["ids"][0].as_u64().expect("the neighbour's id");
     cluster.wait_for_state(neighbour, "running");
+    assert_eq!(cluster.job(neighbour)["user"], "nobody");
     let mut session = OnTerminal::start(&cluster, &["alloc", "-w", "n1", "-G", "1", "--", "sleep", "600"]);
     let seen = session.wait_for("has started", Duration::from_secs(30));
     let id: u64 = job_id(&seen).parse().expect("a job id");
@@ -372,7 +381,7 @@ fn flooding_a_terminal_never_costs_a_neighbour_its_job_or_gpoold_its_memory() {
     );
     let said = std::fs::read_to_string(&cluster.agents[0].log).unwrap_or_default();
     assert!(!said.contains("longer than the lease"), "{said}");
-    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    std::fs::write(&release, "").unwrap();
     cluster.wait_for_state(neighbour, "completed");
 }
 

@@ -31,15 +31,23 @@ async fn client_as(
     })
 }
 
-/// A user opens 48 watches at once, each of the 2,000 ended tasks of an
-/// array, again and again for 10 s: 16 at a time are served and the rest
+/// A user opens 48 watches at once, each of the 2,000 ended tasks of
+/// another user's array, again and again for 10 s: 16 at a time are served and the rest
 /// refused with the reason, and `gpool nodes` answers within a second
 /// throughout.
 #[test]
 fn many_watches_of_ended_jobs_slow_nobody() {
     let mut cluster = Cluster::start();
     cluster.start_agent("n1", 8);
-    let array = cluster.submit(&["-a", "0-1999", "--", "true"]);
+    // Another user's array (nobody's, known by its uid).
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("user nobody");
+    let submitted = cluster.gpool_as(
+        &nobody,
+        &cluster.addr,
+        &["submit", "--output", "json", "-a", "0-1999", "--", "true"],
+    );
+    submitted.ok();
+    let array = submitted.json()["ids"][0].as_u64().expect("the array's id");
     let tasks = wait_until("the array's 2,000 tasks to end", Duration::from_secs(240), || {
         let listed = cluster.gpool(&["jobs", "-r", "--all", "--output", "json"]).json();
         let ids: Vec<u64> = listed
