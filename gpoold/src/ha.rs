@@ -84,11 +84,25 @@ pub async fn campaign(ha: &Ha) -> anyhow::Result<Leadership> {
         match try_campaign(ha, &options).await {
             Ok(leadership) => return Ok(leadership),
             Err(err) => {
-                tracing::warn!("ha: campaign through etcd {:?}: {err}; again in {backoff:?}", ha.etcd);
+                let why = etcd_error_words(&err.to_string());
+                tracing::warn!("ha: campaign through etcd {:?}: {why}; again in {backoff:?}", ha.etcd);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(ha.lease_ttl / 3);
             }
         }
+    }
+}
+
+/// An etcd client error in words an operator acts on: a refused client
+/// certificate (etcd runs with --client-cert-auth) names the fields.
+fn etcd_error_words(err: &str) -> String {
+    if err.contains("BadCertificate") || err.contains("CertificateRequired") || err.contains("UnknownCA") {
+        format!(
+            "etcd refused this controller's TLS client certificate: give ha.cert and ha.key, a certificate from \
+             the CA etcd trusts (--trusted-ca-file), where etcd runs with --client-cert-auth ({err})"
+        )
+    } else {
+        err.to_string()
     }
 }
 

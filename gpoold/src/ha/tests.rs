@@ -1,4 +1,4 @@
-//! When a leader's own key in etcd says it leads no more.
+//! When a leader's own key in etcd says it leads no more, and etcd's errors in words.
 
 use super::*;
 
@@ -36,4 +36,16 @@ fn a_leader_whose_key_is_gone_or_names_another_steps_down() {
     assert!(why.contains("written again (created at revision 57"), "{why}");
     let detached = KeySeen { lease: 0, ..ours() };
     assert!(deposed(&ours(), Some(&detached)).is_some());
+}
+
+#[test]
+fn a_refused_client_certificate_is_named_with_the_fields_to_set() {
+    let raw = "grpc request error: code: 'Unknown error', message: \"transport error\", source: \
+               tonic::transport::Error(Transport, hyper::Error(Io, Custom { kind: InvalidData, error: \"received fatal alert: BadCertificate\" }))";
+    let words = etcd_error_words(raw);
+    assert!(
+        words.starts_with("etcd refused this controller's TLS client certificate: give ha.cert and ha.key"),
+        "{words}"
+    );
+    assert_eq!(etcd_error_words("connection refused"), "connection refused");
 }
