@@ -253,3 +253,76 @@ fn sbatch_submits_as_tools_call_it() {
     assert_ne!(refused.code, 0);
     assert!(refused.stderr.contains("--gres=nvme:1"), "{}", refused.stderr);
 }
+
+/// `srun` inside a job starts this node's task, as submitit's scripts and
+/// training launchers use it (each rank's output where `-o` says, one task
+/// per node); outside a job it runs one as `gpool run` does; `scontrol`
+/// shows a job as key=value lines and holds and releases.
+#[test]
+fn srun_and_scontrol_as_scripts_use_them() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("gpu-01", 2);
+    cluster.start_agent("gpu-02", 2);
+    let bin = cluster.dir.path().join("bin");
+    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    let dir = cluster.dir.path().display().to_string();
+    let srun = bin.join("srun").display().to_string();
+    let ranks = format!(
+        "{srun} -u -o {dir}/out-%j-%t.txt -n 2 sh -c 'echo rank $SLURM_PROCID of $SLURM_NTASKS on $SLURM_JOB_NODELIST'"
+    );
+    let gang = cluster.submit(&["-N", "2", "--gpus-per-node", "1", "--", "sh", "-c", &ranks]);
+    cluster.wait_for_state(gang, "completed");
+    for rank in 0..2 {
+        let out = std::fs::read_to_string(format!("{dir}/out-{gang}-{rank}.txt")).unwrap_or_default();
+        assert_eq!(out, format!("rank {rank} of 2 on gpu-[01-02]\n"));
+    }
+    let too_many = cluster.submit(&[
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        &format!("{srun} -n 4 true"),
+    ]);
+    let failed = cluster.wait_for_state(too_many, "failed");
+    assert_eq!(failed["exit_code"], 1, "{failed}");
+
+    let slurm = |command: &str, args: &[&str]| -> Run {
+        std::process::Command::new(bin.join(command))
+            .args(args)
+            .env("GPOOL_SERVER", &cluster.cli_server)
+            .current_dir(cluster.dir.path())
+            .output()
+            .expect("run a Slurm command")
+            .into()
+    };
+    let outside = slurm("srun", &["--gres=gpu:1", "-J", "hello", "sh", "-c", "echo hi; exit 3"]);
+    assert_eq!(
+        (outside.code, outside.stdout.as_str()),
+        (3, "hi\n"),
+        "{}",
+        outside.stderr
+    );
+    let shown = slurm("scontrol", &["show", "job", &gang.to_string()]);
+    assert!(
+        shown.stdout.starts_with(&format!("JobId={gang} JobName=sh\n")),
+        "{}",
+        shown.stdout
+    );
+    assert!(
+        shown.stdout.contains("   JobState=COMPLETED Reason=None"),
+        "{}",
+        shown.stdout
+    );
+    assert!(shown.stdout.contains("NodeList=gpu-[01-02]"), "{}", shown.stdout);
+    // Held twice over (submitted held, held again), then released: it runs.
+    let waiting = cluster.submit(&["--hold", "--", "true"]);
+    assert_eq!(slurm("scontrol", &["hold", &waiting.to_string()]).code, 0);
+    assert!(cluster.job(waiting)["reason_codes"].to_string().contains("held"));
+    assert_eq!(slurm("scontrol", &["release", &waiting.to_string()]).code, 0);
+    cluster.wait_for_state(waiting, "completed");
+    let node = slurm("scontrol", &["show", "node", "gpu-01"]);
+    assert!(node.stdout.starts_with("NodeName=gpu-01 State="), "{}", node.stdout);
+}

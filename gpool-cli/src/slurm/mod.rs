@@ -1,21 +1,24 @@
 //! Slurm's commands, for the scripts and workflow tools that drive Slurm:
-//! the `gpool` binary called as `squeue`, `sacct`, `scancel` or `sinfo`
+//! the `gpool` binary called as `sbatch`, `srun`, `salloc`, `squeue`,
+//! `sacct`, `scancel`, `sinfo` or `scontrol`
 //! (links that `gpool slurm install DIR` makes) takes Slurm's options and
 //! prints Slurm's formats; what gpool cannot do is refused by name.
 
 pub mod format;
 pub mod sacct;
 pub mod sbatch;
+mod scontrol;
 pub mod sinfo;
 pub mod squeue;
+mod srun;
 
 use crate::CliError;
 use gpool_proto::pb;
 
 #[derive(clap::Subcommand)]
 pub enum SlurmCommand {
-    /// Make the links (sbatch, squeue, sacct, scancel, sinfo) in DIR,
-    /// e.g. /usr/local/bin.
+    /// Make the links (sbatch, srun, salloc, squeue, sacct, scancel,
+    /// sinfo, scontrol) in DIR, e.g. /usr/local/bin.
     Install {
         /// Where the links go (made if missing).
         dir: std::path::PathBuf,
@@ -46,7 +49,9 @@ pub fn main(command: &str, argv: Vec<String>) -> std::process::ExitCode {
 }
 
 /// The Slurm commands gpool answers to, by the name it is called as.
-pub const COMMANDS: [&str; 5] = ["sbatch", "squeue", "sacct", "scancel", "sinfo"];
+pub const COMMANDS: [&str; 8] = [
+    "sbatch", "srun", "salloc", "squeue", "sacct", "scancel", "sinfo", "scontrol",
+];
 
 /// The Slurm command `argv0` names, if any.
 pub fn command_of(argv0: &str) -> Option<&'static str> {
@@ -71,6 +76,9 @@ pub async fn run(name: &str, argv: Vec<String>) -> Result<u8, CliError> {
         "sinfo" => sinfo::run(&ctx, sinfo::Args::try_parse_from(argv).map_err(usage)?).await,
         "scancel" => scancel(argv).await,
         "sbatch" => sbatch::run(argv).await,
+        "srun" => srun::srun(argv).await,
+        "salloc" => srun::salloc(argv).await,
+        "scontrol" => scontrol::run(&ctx, argv).await,
         _ => Err(CliError::Usage(format!("{name}: not a Slurm command gpool answers to"))),
     }
 }

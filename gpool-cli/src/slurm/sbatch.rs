@@ -17,9 +17,16 @@ pub fn submitted_line(id: u64) -> String {
     }
 }
 
-/// sbatch's options that take no value (all others take one, `=`-joined
-/// or as the next word).
-const SWITCHES: [&str; 21] = [
+/// sbatch's and srun's options that take no value (all others take one,
+/// `=`-joined or as the next word).
+const SWITCHES: [&str; 28] = [
+    "-u",
+    "--unbuffered",
+    "-l",
+    "--label",
+    "-K",
+    "--kill-on-bad-exit",
+    "--pty",
     "--parsable",
     "--exclusive",
     "-H",
@@ -65,14 +72,8 @@ pub async fn run(argv: Vec<String>) -> Result<u8, CliError> {
         options.remove(at);
         own.push("--wait".into());
     }
-    // The command line's options, read as #SBATCH lines are.
-    let text = format!(
-        "#!/bin/sh\n#SBATCH {}\n",
-        options.iter().map(|word| quoted(word)).collect::<Vec<_>>().join(" ")
-    );
-    let mapped = crate::cmd::submit::read_sbatch_lines("sbatch command line", &text)?;
     let mut gpool = vec!["gpool".to_string(), "submit".to_string()];
-    gpool.extend(mapped.flags.into_iter().flat_map(|flags| flags.words));
+    gpool.extend(mapped(&options, "sbatch command line")?);
     gpool.extend(own);
     match rest.split_first() {
         Some((script, args)) => {
@@ -90,8 +91,22 @@ pub async fn run(argv: Vec<String>) -> Result<u8, CliError> {
     crate::run(cli).await
 }
 
+/// Command-line `options`, read as `#SBATCH` lines are (`source` names
+/// them in a refusal), as gpool flags.
+pub(super) fn mapped(options: &[String], source: &str) -> Result<Vec<String>, CliError> {
+    if options.is_empty() {
+        return Ok(Vec::new());
+    }
+    let text = format!(
+        "#!/bin/sh\n#SBATCH {}\n",
+        options.iter().map(|word| quoted(word)).collect::<Vec<_>>().join(" ")
+    );
+    let read = crate::cmd::submit::read_sbatch_lines(source, &text)?;
+    Ok(read.flags.into_iter().flat_map(|flags| flags.words).collect())
+}
+
 /// The options before the script, and the script with its arguments.
-fn split(words: &[String]) -> (Vec<String>, Vec<String>) {
+pub(super) fn split(words: &[String]) -> (Vec<String>, Vec<String>) {
     let mut options = Vec::new();
     let mut index = 0;
     while index < words.len() {
