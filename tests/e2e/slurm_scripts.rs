@@ -326,3 +326,94 @@ fn srun_and_scontrol_as_scripts_use_them() {
     let node = slurm("scontrol", &["show", "node", "gpu-01"]);
     assert!(node.stdout.starts_with("NodeName=gpu-01 State="), "{}", node.stdout);
 }
+
+/// submitit, a real Slurm client nobody here wrote, drives gpool through
+/// the links as it drives Slurm: a function job, an array of 20
+/// (`map_array`), a 2-node job whose ranks read `JobEnvironment()`, a job
+/// that fails (its exception comes back), and a cancel through `scancel`.
+/// The operator passes over `--open-mode` (gpool does not append to output
+/// files) with `GPOOL_SBATCH_IGNORE`.
+#[test]
+fn submitit_drives_gpool_through_slurms_commands() {
+    let has_submitit = std::process::Command::new("python3")
+        .args(["-c", "import submitit"])
+        .status()
+        .is_ok_and(|status| status.success());
+    let required = std::env::var("GPOOL_E2E_REQUIRE").is_ok_and(|list| list.split(',').any(|t| t.trim() == "submitit"));
+    if !has_submitit {
+        assert!(
+            !required,
+            "submitit is not installed (pip install submitit), and GPOOL_E2E_REQUIRE needs it"
+        );
+        eprintln!("skipped: submitit is not installed (pip install submitit; .ci/run installs it)");
+        return;
+    }
+    let mut cluster = Cluster::start();
+    cluster.start_agent("gpu-01", 2);
+    cluster.start_agent("gpu-02", 2);
+    let bin = cluster.dir.path().join("bin");
+    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    let logs = cluster.dir.path().join("logs");
+    let script = format!(
+        r#"
+import submitit, time
+def add(a, b):
+    return a + b
+def boom():
+    raise ValueError("boom")
+def ranks():
+    env = submitit.JobEnvironment()
+    return (env.global_rank, env.local_rank, env.num_tasks, env.num_nodes, env.hostnames)
+ex = submitit.AutoExecutor(folder="{logs}", cluster="slurm")
+ex.update_parameters(timeout_min=5, slurm_partition="default", gpus_per_node=1)
+print("result", ex.submit(add, 2, 3).result())
+print("array", [job.result() for job in ex.map_array(add, list(range(20)), [10] * 20)])
+gang = submitit.AutoExecutor(folder="{logs}", cluster="slurm")
+gang.update_parameters(timeout_min=5, nodes=2, tasks_per_node=1, gpus_per_node=1)
+print("gang", gang.submit(ranks).results())
+try:
+    ex.submit(boom).result()
+except Exception as err:
+    print("failed", type(err).__name__, "ValueError: boom" in str(err))
+slow = ex.submit(time.sleep, 300)
+while slow.state != "RUNNING":
+    time.sleep(0.2)
+slow.cancel()
+while not slow.state.startswith("CANCELLED"):
+    time.sleep(0.2)
+print("cancelled", slow.state.split()[0])
+"#,
+        logs = logs.display()
+    );
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let child = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .env("PATH", path)
+        .env("GPOOL_SERVER", &cluster.cli_server)
+        .env("GPOOL_SBATCH_IGNORE", "--open-mode")
+        .current_dir(cluster.dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let output = crate::harness::process::output_within(child, "submitit's script", Duration::from_secs(240));
+    let said = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "{said}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let array: Vec<String> = (0..20).map(|n| (n + 10).to_string()).collect();
+    assert_eq!(
+        said.lines()
+            .filter(|line| !line.starts_with("cancelled job"))
+            .collect::<Vec<_>>(),
+        [
+            "result 5".to_string(),
+            format!("array [{}]", array.join(", ")),
+            "gang [(0, 0, 2, 2, ['gpu-01', 'gpu-02']), (1, 0, 2, 2, ['gpu-01', 'gpu-02'])]".to_string(),
+            "failed FailedJobError True".to_string(),
+            "cancelled CANCELLED".to_string(),
+        ]
+    );
+}

@@ -169,15 +169,19 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// Each option as given, once or more (`-j 1 -j 2`, `-j 1,2`); one
+    /// not given does not filter.
     pub fn of(
-        ids: &Option<String>,
-        users: &Option<String>,
-        states: &Option<String>,
-        (partitions, accounts, names): (&Option<String>, &Option<String>, &Option<String>),
+        ids: &[String],
+        users: &[String],
+        states: &[String],
+        (partitions, accounts, names): (&[String], &[String], &[String]),
     ) -> Filter {
-        let list = |text: &Option<String>| {
-            text.as_ref().map(|text| {
-                text.split(',')
+        let list = |given: &[String]| {
+            (!given.is_empty()).then(|| {
+                given
+                    .iter()
+                    .flat_map(|text| text.split(','))
                     .map(|word| word.trim().to_string())
                     .filter(|w| !w.is_empty())
                     .collect()

@@ -24,20 +24,20 @@ pub struct Args {
     allocations: bool,
     #[arg(short = 'o', long = "format")]
     format: Option<String>,
-    #[arg(short = 'j', long = "jobs")]
-    jobs: Option<String>,
-    #[arg(short = 'u', long = "user")]
-    users: Option<String>,
+    #[arg(short = 'j', long = "jobs", action = clap::ArgAction::Append)]
+    jobs: Vec<String>,
+    #[arg(short = 'u', long = "user", action = clap::ArgAction::Append)]
+    users: Vec<String>,
     #[arg(short = 'a', long = "allusers")]
     all_users: bool,
-    #[arg(short = 's', long = "state")]
-    states: Option<String>,
-    #[arg(long = "name")]
-    names: Option<String>,
-    #[arg(short = 'r', long = "partition")]
-    partitions: Option<String>,
-    #[arg(short = 'A', long = "accounts")]
-    accounts: Option<String>,
+    #[arg(short = 's', long = "state", action = clap::ArgAction::Append)]
+    states: Vec<String>,
+    #[arg(long = "name", action = clap::ArgAction::Append)]
+    names: Vec<String>,
+    #[arg(short = 'r', long = "partition", action = clap::ArgAction::Append)]
+    partitions: Vec<String>,
+    #[arg(short = 'A', long = "accounts", action = clap::ArgAction::Append)]
+    accounts: Vec<String>,
     /// Jobs that ran (or waited) at or after this moment (UTC:
     /// `2026-11-29`, `2026-11-29T08:00[:00]`); default: midnight today,
     /// unless -j names jobs.
@@ -49,15 +49,15 @@ pub struct Args {
 
 pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
     let fields = fields(args.format.as_deref().unwrap_or(DEFAULT_FIELDS))?;
-    let since = match (&args.start, &args.jobs) {
+    let since = match (&args.start, args.jobs.is_empty()) {
         (Some(text), _) => Some(moment(text, "-S")?),
-        (None, None) => Some(super::now_ms() / 86_400_000 * 86_400_000),
-        (None, Some(_)) => None,
+        (None, true) => Some(super::now_ms() / 86_400_000 * 86_400_000),
+        (None, false) => None,
     };
     let until = args.end.as_deref().map(|text| moment(text, "-E")).transpose()?;
     let mut conn = ctx.connect().await?;
-    let user = match (&args.users, args.all_users || args.jobs.is_some()) {
-        (Some(users), _) if !users.contains(',') => users.clone(),
+    let user = match (args.users.as_slice(), args.all_users || !args.jobs.is_empty()) {
+        ([user], _) if !user.contains(',') => user.clone(),
         (_, true) => String::new(),
         (_, false) => conn.my_name().await?,
     };

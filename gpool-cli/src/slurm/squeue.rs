@@ -20,24 +20,24 @@ pub struct Args {
     #[arg(short = 'o', long = "format")]
     format: Option<String>,
     /// Users (comma-separated).
-    #[arg(short = 'u', long = "user")]
-    users: Option<String>,
+    #[arg(short = 'u', long = "user", action = clap::ArgAction::Append)]
+    users: Vec<String>,
     #[arg(long)]
     me: bool,
     /// Job ids (comma-separated; `120_3` for a task).
-    #[arg(short = 'j', long = "jobs")]
-    jobs: Option<String>,
+    #[arg(short = 'j', long = "jobs", action = clap::ArgAction::Append)]
+    jobs: Vec<String>,
     /// States (comma-separated: PD,R or PENDING,RUNNING).
-    #[arg(short = 't', long = "states")]
-    states: Option<String>,
+    #[arg(short = 't', long = "states", action = clap::ArgAction::Append)]
+    states: Vec<String>,
     /// Partitions (gpool's pools).
-    #[arg(short = 'p', long = "partition")]
-    partitions: Option<String>,
+    #[arg(short = 'p', long = "partition", action = clap::ArgAction::Append)]
+    partitions: Vec<String>,
     /// Accounts (gpool's teams).
-    #[arg(short = 'A', long = "account")]
-    accounts: Option<String>,
-    #[arg(short = 'n', long = "name")]
-    names: Option<String>,
+    #[arg(short = 'A', long = "account", action = clap::ArgAction::Append)]
+    accounts: Vec<String>,
+    #[arg(short = 'n', long = "name", action = clap::ArgAction::Append)]
+    names: Vec<String>,
     /// One line per array task (gpool lists tasks as they start anyway).
     #[arg(short = 'r', long = "array")]
     array: bool,
@@ -45,9 +45,9 @@ pub struct Args {
 
 pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
     let mut conn = ctx.connect().await?;
-    let user = match (args.me, &args.users) {
+    let user = match (args.me, args.users.as_slice()) {
         (true, _) => conn.my_name().await?,
-        (false, Some(users)) if !users.contains(',') => users.clone(),
+        (false, [user]) if !user.contains(',') => user.clone(),
         _ => String::new(),
     };
     let jobs = super::list(&mut conn, user, false).await?;

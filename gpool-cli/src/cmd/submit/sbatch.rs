@@ -16,7 +16,7 @@ pub const IGNORE_VAR: &str = "GPOOL_SBATCH_IGNORE";
 
 /// Directives passed over always: they change sbatch's own messages or
 /// the job's record, never where or how the job runs.
-pub const ALWAYS_IGNORED: &[&str] = &["--comment", "--parsable", "--quiet", "--verbose"];
+pub const ALWAYS_IGNORED: &[&str] = &["--comment", "--parsable", "--quiet", "--verbose", "--wckey"];
 
 /// What the `#SBATCH` lines of a script ask, as gpool flags.
 #[derive(Debug, Default)]
