@@ -417,3 +417,84 @@ print("cancelled", slow.state.split()[0])
         ]
     );
 }
+
+/// `sacct -P` and `squeue -h -o` for 1,000 jobs, field by field, in the
+/// forms Slurm's manuals give: ids `N` or `N_I`, Slurm's state names,
+/// `code:signal`, `[D-]HH:MM:SS`, ISO times or `Unknown`, node lists.
+#[test]
+fn sacct_and_squeue_rows_of_a_thousand_jobs_are_in_slurms_forms() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("gpu-01", 8);
+    cluster.start_agent("gpu-02", 8);
+    let bin = cluster.dir.path().join("bin");
+    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    let slurm = |command: &str, args: &[&str]| -> Run {
+        std::process::Command::new(bin.join(command))
+            .args(args)
+            .env("GPOOL_SERVER", &cluster.cli_server)
+            .output()
+            .expect("run a Slurm command")
+            .into()
+    };
+    let array = cluster.submit(&[
+        "-J",
+        "many",
+        "-a",
+        "0-989",
+        "--",
+        "sh",
+        "-c",
+        "exit $((SLURM_ARRAY_TASK_ID % 3))",
+    ]);
+    let waiting: Vec<u64> = (0..10).map(|_| cluster.submit(&["--hold", "--", "true"])).collect();
+    wait_until("the array to end", Duration::from_secs(300), || {
+        (cluster.job(array)["state"] != "pending" && cluster.job(array)["state"] != "running").then_some(())
+    });
+    let fields = "JobID,JobName,State,ExitCode,Elapsed,Start,End,NodeList,NNodes,Partition";
+    let acct = slurm(
+        "sacct",
+        &["-P", "-n", "-X", "-a", "--format", fields, "-S", "2000-01-01"],
+    );
+    assert_eq!(acct.code, 0, "{}", acct.stderr);
+    let time = |value: &str| {
+        value == "Unknown"
+            || (value.len() == 19
+                && value.as_bytes()[10] == b'T'
+                && value.chars().filter(char::is_ascii_digit).count() == 14)
+    };
+    let elapsed = |value: &str| {
+        let clock = value.rsplit('-').next().unwrap_or("");
+        clock.len() == 8
+            && clock
+                .split(':')
+                .all(|part| part.len() == 2 && part.parse::<u32>().is_ok())
+    };
+    let rows: Vec<&str> = acct.stdout.lines().collect();
+    assert_eq!(rows.len(), 1000, "{}", acct.stdout);
+    for row in &rows {
+        let f: Vec<&str> = row.split('|').collect();
+        assert_eq!(f.len(), 10, "{row}");
+        let (id, task) = f[0].split_once('_').unwrap_or((f[0], "0"));
+        assert!(id.parse::<u64>().is_ok() && task.parse::<u32>().is_ok(), "JobID: {row}");
+        assert!(["COMPLETED", "FAILED", "PENDING"].contains(&f[2]), "State: {row}");
+        let (code, signal) = f[3].split_once(':').expect("ExitCode is code:signal");
+        assert!(
+            code.parse::<i32>().is_ok() && signal.parse::<i32>().is_ok(),
+            "ExitCode: {row}"
+        );
+        assert!(elapsed(f[4]) && time(f[5]) && time(f[6]), "times: {row}");
+        assert!(f[7] == "None assigned" || f[7].starts_with("gpu-0"), "NodeList: {row}");
+        assert_eq!((f[8], f[9]), ("1", "default"), "{row}");
+        if f[2] == "FAILED" {
+            assert!(f[3] == "1:0" || f[3] == "2:0", "{row}");
+        }
+    }
+    let failed = rows.iter().filter(|row| row.contains("|FAILED|")).count();
+    assert_eq!(failed, 660, "two tasks in three exit non-zero");
+    let queue = slurm("squeue", &["-h", "-o", "%i|%t|%T|%M|%l|%D|%R"]);
+    let queued: Vec<&str> = queue.stdout.lines().collect();
+    assert_eq!(queued.len(), 10, "{}", queue.stdout);
+    for (row, id) in queued.iter().zip(&waiting) {
+        assert_eq!(*row, format!("{id}|PD|PENDING|0:00|UNLIMITED|1|(JobHeldUser)"));
+    }
+}

@@ -66,12 +66,22 @@ pub fn sacct_time(unix_ms: Option<i64>) -> String {
     )
 }
 
-/// The job's id as Slurm writes it: `123`, or `120_3` for an array's task.
+/// The job's id as Slurm writes it: `123`, `120_3` for an array's task,
+/// or `120_[4-999]` for an array's tasks still waiting.
 pub fn job_id(job: &pb::Job) -> String {
-    match job.array_task_index {
-        Some(index) => format!("{}_{index}", job.array_job_id),
-        None => job.id.to_string(),
+    match (job.array_task_index, &job.array) {
+        (Some(index), _) => format!("{}_{index}", job.array_job_id),
+        (None, Some(array)) if !array.waiting_indices.is_empty() => {
+            format!("{}_[{}]", job.id, array.waiting_indices)
+        }
+        _ => job.id.to_string(),
     }
+}
+
+/// An array's own record, not one of its tasks: Slurm lists the tasks
+/// (and, while some wait, one line for those).
+pub fn is_array_record(job: &pb::Job) -> bool {
+    job.array.is_some() && job.array_task_index.is_none()
 }
 
 /// Seconds it ran (so far, for a running one) at `now_ms`.

@@ -75,7 +75,7 @@ pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
     };
     let rows: Vec<Vec<String>> = jobs
         .iter()
-        .filter(|job| wanted.keeps(job) && in_window(job))
+        .filter(|job| wanted.keeps(job) && in_window(job) && !format::is_array_record(job))
         .map(|job| fields.iter().map(|(name, _)| value(job, name, now_ms)).collect())
         .collect();
     let text = if args.parsable2 || args.parsable {

@@ -64,7 +64,12 @@ pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
         out.push_str(&format::line(&pieces, |letter| header(letter).to_string()));
         out.push('\n');
     }
-    for job in jobs.iter().filter(|job| wanted.keeps(job)) {
+    // An array's record stands for its tasks still waiting, if any.
+    let waiting_tasks = |job: &pb::Job| job.array.as_ref().is_some_and(|array| array.waiting > 0);
+    for job in jobs
+        .iter()
+        .filter(|job| wanted.keeps(job) && (!format::is_array_record(job) || waiting_tasks(job)))
+    {
         out.push_str(&format::line(&pieces, |letter| field(job, letter, now_ms)));
         out.push('\n');
     }
