@@ -285,6 +285,10 @@ pub struct JobSpec {
     /// Submitted held (`--hold`, sbatch's -H): not scheduled until released.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold: bool,
+    /// Tasks per node (`--ntasks-per-node`; 0 is one): `srun` inside the
+    /// job starts them, each with its `SLURM_PROCID`.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub tasks_per_node: u32,
     /// A job array's task indices (`--array`); the record is the array's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<Box<crate::array::ArraySpec>>,

@@ -1,8 +1,9 @@
 //! Slurm's view of a running job, for the launchers, frameworks and site
 //! scripts that read it: the `SLURM_*` variables of each rank, with
 //! Slurm's formats (compressed host lists such as `gpu-[01-04,07]`, task
-//! counts such as `1(x4)`). gpool runs one task per node, so a job's
-//! tasks are its nodes, and a rank's `SLURM_PROCID` is its node rank.
+//! counts such as `2(x4)`). A job's script runs once on each of its nodes,
+//! as the node's first task (`SLURM_PROCID` = node rank × tasks per node);
+//! `srun` inside it starts the node's tasks, each with its own.
 
 /// What the variables are made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,8 @@ pub struct SlurmJob<'a> {
     pub mem_bytes: Option<u64>,
     /// 0 for the first attempt.
     pub restart_count: u32,
+    /// Tasks on each node (at least 1): `srun` inside the job starts them.
+    pub tasks_per_node: u32,
     pub array: Option<SlurmArray>,
 }
 
@@ -42,6 +45,7 @@ pub struct SlurmArray {
 /// The variables of rank `rank`, which has `gpus_on_node` GPUs.
 pub fn env(job: &SlurmJob, rank: u32, gpus_on_node: u32) -> Vec<(String, String)> {
     let n_nodes = job.nodes.len().max(1) as u32;
+    let per_node = job.tasks_per_node.max(1);
     let hosts = hostlist(job.nodes);
     let mut env: Vec<(&str, String)> = vec![
         ("SLURM_JOB_ID", job.job_id.to_string()),
@@ -55,11 +59,14 @@ pub fn env(job: &SlurmJob, rank: u32, gpus_on_node: u32) -> Vec<(String, String)
         ("SLURM_CLUSTER_NAME", job.cluster.to_string()),
         ("SLURM_JOB_PARTITION", job.partition.to_string()),
         ("SLURM_JOB_ACCOUNT", job.account.to_string()),
-        ("SLURM_NTASKS", n_nodes.to_string()),
-        ("SLURM_NPROCS", n_nodes.to_string()),
-        ("SLURM_NTASKS_PER_NODE", "1".to_string()),
-        ("SLURM_TASKS_PER_NODE", tasks_per_node(&vec![1; n_nodes as usize])),
-        ("SLURM_PROCID", rank.to_string()),
+        ("SLURM_NTASKS", (n_nodes * per_node).to_string()),
+        ("SLURM_NPROCS", (n_nodes * per_node).to_string()),
+        ("SLURM_NTASKS_PER_NODE", per_node.to_string()),
+        (
+            "SLURM_TASKS_PER_NODE",
+            tasks_per_node(&vec![per_node; n_nodes as usize]),
+        ),
+        ("SLURM_PROCID", (rank * per_node).to_string()),
         ("SLURM_LOCALID", "0".to_string()),
         ("SLURM_NODEID", rank.to_string()),
         ("SLURM_GPUS_ON_NODE", gpus_on_node.to_string()),

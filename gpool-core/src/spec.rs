@@ -237,6 +237,7 @@ impl JobSpecInput {
             exclusive: self.exclusive.unwrap_or(false),
             pty: None,
             hold: false,
+            tasks_per_node: 0,
             array: match self.array.as_deref() {
                 Some(text) => Some(Box::new(crate::array::ArraySpec::parse(text)?)),
                 None => None,

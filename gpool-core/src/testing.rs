@@ -343,6 +343,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 exclusive: false,
                 pty: None,
                 hold: false,
+                tasks_per_node: 0,
                 array: None,
                 stdout_path: String::new(),
                 stderr_path: String::new(),

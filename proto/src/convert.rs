@@ -75,6 +75,7 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
         singleton: spec.singleton,
         exclusive: spec.exclusive,
         hold: spec.hold,
+        tasks_per_node: spec.tasks_per_node,
         pty: spec.pty.map(|size| pb::TerminalSize {
             rows: size.rows.into(),
             cols: size.cols.into(),
@@ -250,6 +251,7 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         singleton: spec.singleton,
         exclusive: spec.exclusive,
         hold: spec.hold,
+        tasks_per_node: spec.tasks_per_node,
         pty: spec.pty.map(|size| gpool_core::model::TerminalSize {
             rows: size.rows.clamp(1, u32::from(u16::MAX)) as u16,
             cols: size.cols.clamp(1, u32::from(u16::MAX)) as u16,

@@ -74,7 +74,7 @@ fn an_unchanged_slurm_array_script_runs_with_its_gpus_limit_files_name_and_time(
 #[test]
 fn a_directive_gpool_cannot_honour_is_refused_with_its_line_and_reason() {
     let dir = Cluster::temp_dir();
-    let script = "#!/bin/bash\n#SBATCH -J train\n#SBATCH --gres=gpu:2 --ntasks-per-node=8\npython train.py\n";
+    let script = "#!/bin/bash\n#SBATCH -J train\n#SBATCH --gres=gpu:2 --licenses=matlab:1\npython train.py\n";
     std::fs::write(dir.path().join("train.sh"), script).unwrap();
     let run: Run = gpool_command(&["submit", "train.sh"])
         .current_dir(dir.path())
@@ -85,7 +85,7 @@ fn a_directive_gpool_cannot_honour_is_refused_with_its_line_and_reason() {
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(
         run.stderr
-            .contains("train.sh:3: #SBATCH --ntasks-per-node=8: gpool runs one task per node, not 8"),
+            .contains("train.sh:3: #SBATCH --licenses=matlab:1: --licenses: gpool has no equivalent it can honour"),
         "{}",
         run.stderr
     );
@@ -94,17 +94,17 @@ fn a_directive_gpool_cannot_honour_is_refused_with_its_line_and_reason() {
     let run: Run = gpool_command(&["submit", "train.sh"])
         .current_dir(dir.path())
         .env("GPOOL_SERVER", "127.0.0.1:1")
-        .env("GPOOL_SBATCH_IGNORE", "--ntasks-per-node")
+        .env("GPOOL_SBATCH_IGNORE", "--licenses")
         .output()
         .expect("run gpool")
         .into();
     assert!(
         run.stderr
-            .contains("train.sh:3: #SBATCH --ntasks-per-node=8 passed over: listed in GPOOL_SBATCH_IGNORE"),
+            .contains("train.sh:3: #SBATCH --licenses=matlab:1 passed over: listed in GPOOL_SBATCH_IGNORE"),
         "{}",
         run.stderr
     );
-    assert!(!run.stderr.contains("one task per node"), "{}", run.stderr);
+    assert!(!run.stderr.contains("no equivalent"), "{}", run.stderr);
 }
 
 /// Slurm's commands as tools drive them: `gpool slurm install` links
@@ -329,7 +329,8 @@ fn srun_and_scontrol_as_scripts_use_them() {
 
 /// submitit, a real Slurm client nobody here wrote, drives gpool through
 /// the links as it drives Slurm: a function job, an array of 20
-/// (`map_array`), a 2-node job whose ranks read `JobEnvironment()`, a job
+/// (`map_array`), a 2-node × 2-task job whose ranks read
+/// `JobEnvironment()`, a job
 /// that fails (its exception comes back), and a cancel through `scancel`.
 /// The operator passes over `--open-mode` (gpool does not append to output
 /// files) with `GPOOL_SBATCH_IGNORE`.
@@ -369,7 +370,7 @@ ex.update_parameters(timeout_min=5, slurm_partition="default", gpus_per_node=1)
 print("result", ex.submit(add, 2, 3).result())
 print("array", [job.result() for job in ex.map_array(add, list(range(20)), [10] * 20)])
 gang = submitit.AutoExecutor(folder="{logs}", cluster="slurm")
-gang.update_parameters(timeout_min=5, nodes=2, tasks_per_node=1, gpus_per_node=1)
+gang.update_parameters(timeout_min=5, nodes=2, tasks_per_node=2, gpus_per_node=1)
 print("gang", gang.submit(ranks).results())
 try:
     ex.submit(boom).result()
@@ -411,7 +412,9 @@ print("cancelled", slow.state.split()[0])
         [
             "result 5".to_string(),
             format!("array [{}]", array.join(", ")),
-            "gang [(0, 0, 2, 2, ['gpu-01', 'gpu-02']), (1, 0, 2, 2, ['gpu-01', 'gpu-02'])]".to_string(),
+            "gang [(0, 0, 4, 2, ['gpu-01', 'gpu-02']), (1, 1, 4, 2, ['gpu-01', 'gpu-02']), \
+             (2, 0, 4, 2, ['gpu-01', 'gpu-02']), (3, 1, 4, 2, ['gpu-01', 'gpu-02'])]"
+                .to_string(),
             "failed FailedJobError True".to_string(),
             "cancelled CANCELLED".to_string(),
         ]

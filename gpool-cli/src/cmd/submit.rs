@@ -205,6 +205,9 @@ pub struct SubmitArgs {
     /// release ID`.
     #[arg(long, short = 'H', conflicts_with_all = ["attach", "pty"])]
     pub hold: bool,
+    /// Tasks on each node (as sbatch's): `srun` inside the job starts them.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub ntasks_per_node: Option<u32>,
     /// Run this shell command line (with `sh -c`), as sbatch's --wrap;
     /// the job is named `wrap` unless -J names it.
     #[arg(long, value_name = "CMD", conflicts_with_all = ["command", "file"])]
@@ -350,7 +353,7 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
             "--attach follows one job, and an array has many tasks: use --wait".into(),
         ));
     }
-    let hold = args.hold;
+    let (hold, tasks_per_node) = (args.hold, args.ntasks_per_node.unwrap_or(0));
     if hold && (attach || args.pty) {
         return Err(CliError::Usage(
             "--hold: a held job does not start until `gpool release`, so it cannot be followed (--attach, --pty, gpool run, gpool alloc); use --wait".into(),
@@ -358,8 +361,9 @@ pub async fn run(ctx: &Ctx, args: SubmitArgs) -> Result<u8, CliError> {
     }
     let pty = args.pty.then(super::terminal::size);
     let mut specs = specs_from_args(args)?;
-    for spec in specs.iter_mut().filter(|_| hold) {
-        spec.hold = true;
+    for spec in specs.iter_mut() {
+        spec.hold |= hold;
+        spec.tasks_per_node = tasks_per_node;
     }
     for spec in specs.iter_mut().filter(|_| pty.is_some()) {
         spec.pty = pty;

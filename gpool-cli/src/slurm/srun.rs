@@ -37,12 +37,59 @@ async fn submit_as(verb: &str, options: &[String], command: &[String]) -> Result
     crate::run(cli).await
 }
 
-/// Inside a job: this node's task, with `-o`/`-e` (patterns `%j %t %A %a
-/// %N %u %x %%`) and `-n`/`--ntasks-per-node` of at most one per node.
+/// Inside a job: this node's tasks (`SLURM_NTASKS_PER_NODE` of them,
+/// each with its `SLURM_PROCID` and `SLURM_LOCALID`), with `-o`/`-e`
+/// (patterns `%j %t %A %a %N %u %x %%`); `-n` and `--ntasks-per-node` as
+/// the job has them. One task replaces this process; several are waited
+/// for, and the first that failed gives the exit code.
 fn run_task(options: &[String], command: &[String]) -> Result<u8, CliError> {
-    use std::os::unix::process::CommandExt;
-    let mut process = std::process::Command::new(&command[0]);
-    process.args(&command[1..]);
+    let env_u32 = |name: &str, default: u32| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (per_node, first) = (env_u32("SLURM_NTASKS_PER_NODE", 1).max(1), env_u32("SLURM_PROCID", 0));
+    let outputs = task_options(options, per_node)?;
+    let task = |local: u32| -> Result<std::process::Command, CliError> {
+        let procid = first + local;
+        let mut process = std::process::Command::new(&command[0]);
+        process
+            .args(&command[1..])
+            .env("SLURM_PROCID", procid.to_string())
+            .env("SLURM_LOCALID", local.to_string());
+        if let Some(pattern) = &outputs.0 {
+            process.stdout(output_file(pattern, "-o", procid)?);
+        }
+        if let Some(pattern) = &outputs.1 {
+            process.stderr(output_file(pattern, "-e", procid)?);
+        }
+        Ok(process)
+    };
+    if per_node == 1 {
+        use std::os::unix::process::CommandExt;
+        let err = task(0)?.exec();
+        return Err(CliError::Usage(format!("srun: error: {}: {err}", command[0])));
+    }
+    let children: Vec<std::process::Child> = (0..per_node)
+        .map(|local| {
+            task(local)?
+                .spawn()
+                .map_err(|err| CliError::Usage(format!("srun: error: {}: {err}", command[0])))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut code = 0u8;
+    for mut child in children {
+        let status = child
+            .wait()
+            .map_err(|err| CliError::Usage(format!("srun: error: {err}")))?;
+        let this = status.code().unwrap_or(1).clamp(0, 255) as u8;
+        if code == 0 {
+            code = this;
+        }
+    }
+    Ok(code)
+}
+
+/// srun's options inside a job: its `-o` and `-e` patterns; the rest
+/// checked against the job's own allocation, or refused by name.
+fn task_options(options: &[String], per_node: u32) -> Result<(Option<String>, Option<String>), CliError> {
+    let (mut stdout, mut stderr) = (None, None);
     let mut words = options.iter();
     while let Some(word) = words.next() {
         let (flag, inline) = match word.split_once('=') {
@@ -52,14 +99,10 @@ fn run_task(options: &[String], command: &[String]) -> Result<u8, CliError> {
         };
         let mut value = || inline.clone().or_else(|| words.next().cloned()).unwrap_or_default();
         match flag {
-            "-o" | "--output" => {
-                process.stdout(output_file(&value(), "-o")?);
-            }
-            "-e" | "--error" => {
-                process.stderr(output_file(&value(), "-e")?);
-            }
-            "-n" | "--ntasks" => check_tasks(&value(), "--ntasks", true)?,
-            "--ntasks-per-node" => check_tasks(&value(), "--ntasks-per-node", false)?,
+            "-o" | "--output" => stdout = Some(value()),
+            "-e" | "--error" => stderr = Some(value()),
+            "-n" | "--ntasks" => check_tasks(&value(), "--ntasks", per_node, true)?,
+            "--ntasks-per-node" => check_tasks(&value(), "--ntasks-per-node", per_node, false)?,
             "-u" | "--unbuffered" | "-l" | "--label" | "-Q" | "--quiet" | "-v" | "--verbose" | "-K"
             | "--kill-on-bad-exit" | "--exclusive" => {}
             // Where the job already is: its own allocation.
@@ -69,33 +112,33 @@ fn run_task(options: &[String], command: &[String]) -> Result<u8, CliError> {
             }
             other => {
                 return Err(CliError::Usage(format!(
-                    "srun: error: {other}: gpool's srun inside a job takes -o, -e, -n (one task per node), -u and the job's own allocation flags"
+                    "srun: error: {other}: gpool's srun inside a job takes -o, -e, -n, --ntasks-per-node, -u and the job's own allocation flags"
                 )))
             }
-        };
+        }
     }
-    let err = process.exec();
-    Err(CliError::Usage(format!("srun: error: {}: {err}", command[0])))
+    Ok((stdout, stderr))
 }
 
-/// `-n N` (the job's node count at most, one per node) or
-/// `--ntasks-per-node 1`.
-fn check_tasks(value: &str, flag: &str, total: bool) -> Result<(), CliError> {
-    let nodes: u64 = std::env::var("SLURM_NNODES")
+/// `-n N` (the job's tasks) or `--ntasks-per-node N` (its tasks on a
+/// node): only what the job was given.
+fn check_tasks(value: &str, flag: &str, per_node: u32, total: bool) -> Result<(), CliError> {
+    let nodes: u32 = std::env::var("SLURM_NNODES")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1);
-    let allowed = if total { nodes } else { 1 };
-    match value.parse::<u64>() {
+    let allowed = if total { nodes * per_node } else { per_node };
+    match value.parse::<u32>() {
         Ok(n) if n == allowed => Ok(()),
         _ => Err(CliError::Usage(format!(
-            "srun: error: {flag} {value}: gpool runs one task per node ({allowed} here)"
+            "srun: error: {flag} {value}: this job has {per_node} task(s) on each of its {nodes} node(s) ({allowed} here); submit it with the tasks it needs"
         ))),
     }
 }
 
-/// An output file of `pattern`, its fields from this task's variables.
-fn output_file(pattern: &str, flag: &str) -> Result<std::fs::File, CliError> {
+/// An output file of `pattern` for task `procid`, its other fields from
+/// this job's variables.
+fn output_file(pattern: &str, flag: &str, procid: u32) -> Result<std::fs::File, CliError> {
     let var = |name: &str| std::env::var(name).unwrap_or_default();
     let mut path = String::new();
     let mut chars = pattern.chars();
@@ -106,7 +149,7 @@ fn output_file(pattern: &str, flag: &str) -> Result<std::fs::File, CliError> {
         }
         match chars.next() {
             Some('j') => path.push_str(&var("SLURM_JOB_ID")),
-            Some('t') => path.push_str(&var("SLURM_PROCID")),
+            Some('t') => path.push_str(&procid.to_string()),
             Some('A') => path.push_str(&var("SLURM_ARRAY_JOB_ID")),
             Some('a') => path.push_str(&var("SLURM_ARRAY_TASK_ID")),
             Some('N') => path.push_str(&var("GPOOL_NODE")),

@@ -41,6 +41,7 @@ fn a_gang_rank_and_an_array_task_see_slurms_variables() {
         cpus_per_gpu: Some(8),
         mem_bytes: Some(64 << 30),
         restart_count: 1,
+        tasks_per_node: 1,
         array: Some(SlurmArray {
             array_job_id: 40,
             task_id: 7,
@@ -90,6 +91,18 @@ fn a_gang_rank_and_an_array_task_see_slurms_variables() {
     ] {
         assert!(!vars.contains_key(unset), "{unset}");
     }
+    // Two tasks a node: the node's script is its first task.
+    let two = SlurmJob {
+        tasks_per_node: 2,
+        ..plain
+    };
+    let vars: std::collections::BTreeMap<String, String> = env(&two, 1, 4).into_iter().collect();
+    assert_eq!(vars["SLURM_NTASKS"], "4");
+    assert_eq!(vars["SLURM_TASKS_PER_NODE"], "2(x2)");
+    assert_eq!(
+        (vars["SLURM_PROCID"].as_str(), vars["SLURM_NODEID"].as_str()),
+        ("2", "1")
+    );
 }
 
 proptest! {

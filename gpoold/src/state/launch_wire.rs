@@ -137,6 +137,7 @@ impl State {
             cpus_per_gpu: job.spec.cpus_per_gpu,
             mem_bytes: job.spec.mem_bytes,
             restart_count: job.n_attempts.saturating_sub(1),
+            tasks_per_node: job.spec.tasks_per_node.max(1),
             array,
         }
     }

@@ -520,6 +520,10 @@ pub struct JobSpec {
     /// Submitted held (sbatch -H): not scheduled until released.
     #[prost(bool, tag = "41")]
     pub hold: bool,
+    /// Tasks on each node (srun inside the job starts them; SLURM_NTASKS);
+    /// 0 is one.
+    #[prost(uint32, tag = "42")]
+    pub tasks_per_node: u32,
     /// Present for a job array: its task indices.
     #[prost(message, optional, tag = "24")]
     pub array: ::core::option::Option<ArraySpec>,

@@ -27,6 +27,8 @@ pub(super) struct Reader<'a> {
     /// `-n`'s count, its line and how it was written.
     ntasks: Option<(u32, usize, String)>,
     nodes: u32,
+    /// `--ntasks-per-node`'s count, where given.
+    tasks_per_node: Option<u32>,
 }
 
 impl<'a> Reader<'a> {
@@ -39,6 +41,7 @@ impl<'a> Reader<'a> {
             mail_user: None,
             ntasks: None,
             nodes: 1,
+            tasks_per_node: None,
         }
     }
 
@@ -87,6 +90,11 @@ impl<'a> Reader<'a> {
                 self.nodes = values::nodes(value).map_err(refuse)?;
                 vec![(&["nodes"][..], vec![format!("--nodes={}", self.nodes)])]
             }
+            "--ntasks-per-node" => {
+                let per_node = values::count(value).map_err(refuse)?;
+                self.tasks_per_node = Some(per_node);
+                vec![(&["ntasks_per_node"][..], vec![format!("--ntasks-per-node={per_node}")])]
+            }
             _ => map_option(opt.long, directive.value.as_deref(), self.context).map_err(refuse)?,
         };
         self.push(opt.long, (directive.line, &directive.written), flags)
@@ -125,15 +133,21 @@ impl<'a> Reader<'a> {
     /// with `--mail-user`.
     pub(super) fn finish(mut self) -> Result<SbatchFlags, Refusal> {
         if let Some((ntasks, line, written)) = self.ntasks.take() {
-            if ntasks != self.nodes {
+            // -n spreads evenly over -N nodes, as the same tasks on each.
+            let per_node = self.tasks_per_node.unwrap_or(ntasks / self.nodes.max(1)).max(1);
+            if ntasks != self.nodes * per_node {
                 return Err(self.refusal(
                     line,
                     &written,
                     format!(
-                        "gpool runs one task per node (its ranks are nodes: GPOOL_NODE_RANK), and the script asks for {} node(s): give -N {ntasks}, or start a node's processes yourself (torchrun --nproc-per-node)",
+                        "gpool runs the same number of tasks on each node, and {ntasks} tasks do not make {per_node} on each of {} node(s): give -n as -N times --ntasks-per-node",
                         self.nodes
                     ),
                 ));
+            }
+            if self.tasks_per_node.is_none() && per_node > 1 {
+                let flags = vec![(&["ntasks_per_node"][..], vec![format!("--ntasks-per-node={per_node}")])];
+                self.push("--ntasks", (line, &written), flags)?;
             }
         }
         let Some((events, line, written)) = self.mail_type.take() else {
@@ -202,12 +216,6 @@ fn map_option(long: &str, value: Option<&str>, context: &Context<'_>) -> Result<
         "--exclude" => one(&["exclude"], "--exclude", values::hostlist(text)?),
         "--constraint" => one(&["constraint"], "--constraint", values::constraint(text)?),
         "--export" => one(&["export"], "--export", values::export(text)?),
-        "--ntasks-per-node" => match values::count(text)? {
-            1 => Vec::new(),
-            n => return Err(format!(
-                "gpool runs one task per node, not {n} (its ranks are nodes: GPOOL_NODE_RANK); start a node's processes yourself (torchrun --nproc-per-node {n})"
-            )),
-        },
         "--signal" => values::signal(text)?,
         "--exclusive" => match value {
             None => vec![(&["exclusive"][..], vec!["--exclusive".to_string()])],

@@ -81,7 +81,9 @@ fn maps_each_option_to_gpool_flag() {
         ("--export=NIL", "--export=NONE"),
         ("--export=ALL,SEED=7", "--export=ALL,SEED=7"),
         ("-n 1", ""),
-        ("--ntasks-per-node=1", ""),
+        ("-n 4", "--ntasks-per-node=4"),
+        ("--ntasks-per-node=1", "--ntasks-per-node=1"),
+        ("--ntasks-per-node=8", "--ntasks-per-node=8"),
         ("-o out-%A_%a.log", "--stdout=out-%A_%a.log"),
         ("-e %x-%j.err", "--stderr=%x-%j.err"),
         ("--time=2:00:00 # two hours", "--time=2:00:00"),
@@ -139,8 +141,12 @@ fn a_refusal_names_file_line_directive_and_reason() {
     );
     assert!(refused("--mem-per-cpu 4G")
         .starts_with("train.sh:2: #SBATCH --mem-per-cpu 4G: --mem-per-cpu: gpool limits memory"));
-    assert!(refused("-n 4").contains("train.sh:2: #SBATCH -n 4: gpool runs one task per node"));
-    assert!(refused("--ntasks-per-node=8").contains("not 8"));
+    assert!(flags_of(&["-N 2", "-n 3"])
+        .unwrap_err()
+        .contains("#SBATCH -n 3: gpool runs the same number of tasks on each node, and 3 tasks do not make 1 on each of 2 node(s)"));
+    assert!(flags_of(&["-N 2", "--ntasks-per-node=2", "-n 6"])
+        .unwrap_err()
+        .contains("6 tasks do not make 2 on each of 2"));
     assert!(refused("--exclusive=user").contains("no sharing by user"));
     assert!(refused("-N 2-4").contains("range of node counts"));
     assert!(refused("--mem=0").contains("all of a node's memory"));
