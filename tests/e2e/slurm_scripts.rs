@@ -69,6 +69,29 @@ fn an_unchanged_slurm_array_script_runs_with_its_gpus_limit_files_name_and_time(
             "{task}"
         );
     }
+    // sacct's rows, as a Slurm site's tools read them.
+    let bin = dir.join("bin");
+    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    let acct: Run = std::process::Command::new(bin.join("sacct"))
+        .args([
+            "-P",
+            "-n",
+            "-X",
+            "--format",
+            "JobID,JobName,State,ExitCode,Timelimit,AllocTRES",
+            "-j",
+        ])
+        .arg(array.to_string())
+        .env("GPOOL_SERVER", &cluster.cli_server)
+        .output()
+        .expect("run sacct")
+        .into();
+    let expected: Vec<String> = (0..10)
+        .map(|task| format!("{array}_{task}|sweep|COMPLETED|0:0|00:10:00|gres/gpu=2,node=1"))
+        .collect();
+    let mut rows: Vec<&str> = acct.stdout.lines().collect();
+    rows.sort_by_key(|row| row.split(['_', '|']).nth(1).and_then(|task| task.parse::<u32>().ok()));
+    assert_eq!(rows, expected, "{}", acct.stderr);
 }
 
 #[test]
@@ -140,6 +163,18 @@ fn slurms_commands_print_slurms_formats() {
     let queue = slurm("squeue", &["-h", "-o", "%i|%j|%T|%t|%D|%P|%l"]);
     assert_eq!(queue.code, 0, "{}", queue.stderr);
     assert_eq!(queue.stdout, format!("{long}|long|RUNNING|R|1|default|10:00\n"));
+    let long_names = slurm("squeue", &["-h", "-O", "JobID:8,State:.10,Name:6"]);
+    assert_eq!(
+        long_names.stdout,
+        format!("{long:<8}   RUNNINGlong  \n"),
+        "{}",
+        long_names.stderr
+    );
+    let unknown = slurm("squeue", &["-O", "Bogus"]);
+    assert_eq!(
+        unknown.stderr,
+        "squeue: error: Invalid job format specification: Bogus\n"
+    );
     let default = slurm("squeue", &[]);
     assert!(
         default

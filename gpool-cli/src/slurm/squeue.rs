@@ -19,6 +19,9 @@ pub struct Args {
     noheader: bool,
     #[arg(short = 'o', long = "format")]
     format: Option<String>,
+    /// Long field names with optional widths (`JobID:20,State`).
+    #[arg(short = 'O', long = "Format")]
+    long_format: Option<String>,
     /// Users (comma-separated).
     #[arg(short = 'u', long = "user", action = clap::ArgAction::Append)]
     users: Vec<String>,
@@ -57,7 +60,10 @@ pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
         &args.states,
         (&args.partitions, &args.accounts, &args.names),
     );
-    let pieces = format::parse_format(args.format.as_deref().unwrap_or(DEFAULT_FORMAT));
+    let pieces = match &args.long_format {
+        Some(fields) => long_format(fields)?,
+        None => format::parse_format(args.format.as_deref().unwrap_or(DEFAULT_FORMAT)),
+    };
     let now_ms = super::now_ms();
     let mut out = String::new();
     if !args.noheader {
@@ -78,6 +84,57 @@ pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
         outln!("{text}");
     }
     Ok(0)
+}
+
+/// `-O`'s long names, as the `-o` letters they mean.
+const LONG_NAMES: [(&str, char); 20] = [
+    ("JobID", 'i'),
+    ("Name", 'j'),
+    ("State", 'T'),
+    ("StateCompact", 't'),
+    ("TimeUsed", 'M'),
+    ("TimeLimit", 'l'),
+    ("TimeLeft", 'L'),
+    ("NumNodes", 'D'),
+    ("ReasonList", 'R'),
+    ("Reason", 'r'),
+    ("NodeList", 'N'),
+    ("UserName", 'u'),
+    ("Partition", 'P'),
+    ("Account", 'a'),
+    ("ArrayJobID", 'F'),
+    ("ArrayTaskID", 'K'),
+    ("StartTime", 'S'),
+    ("SubmitTime", 'V'),
+    ("EndTime", 'e'),
+    ("Priority", 'Q'),
+];
+
+/// `-O JobID:20,State:.10,...`: each field left-aligned in its width
+/// (default 20), or right-aligned with `.`, one after another as Slurm
+/// writes them; an unknown name refused.
+fn long_format(fields: &str) -> Result<Vec<format::Piece>, CliError> {
+    fields
+        .split(',')
+        .filter(|field| !field.trim().is_empty())
+        .map(|field| {
+            let (name, width) = field.trim().split_once(':').unwrap_or((field.trim(), ""));
+            let (right, width) = match width.strip_prefix('.') {
+                Some(width) => (true, width),
+                None => (false, width),
+            };
+            let letter = LONG_NAMES
+                .iter()
+                .find(|(long, _)| long.eq_ignore_ascii_case(name))
+                .map(|(_, letter)| *letter)
+                .ok_or_else(|| CliError::Usage(format!("squeue: error: Invalid job format specification: {name}")))?;
+            Ok(format::Piece::Field {
+                letter,
+                width: Some(width.parse().unwrap_or(20)),
+                right,
+            })
+        })
+        .collect()
 }
 
 fn header(letter: char) -> &'static str {
