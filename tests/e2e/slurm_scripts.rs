@@ -536,3 +536,47 @@ fn sacct_and_squeue_rows_of_a_thousand_jobs_are_in_slurms_forms() {
         assert_eq!(*row, format!("{id}|PD|PENDING|0:00|UNLIMITED|1|(JobHeldUser)"));
     }
 }
+
+/// The README's Slurm script, as it is written there, through `sbatch`:
+/// ten tasks of two GPUs, each writing its own `out-%A_%a.log`.
+#[test]
+fn the_readmes_slurm_script_runs_unchanged() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let from = readme
+        .find("    #!/bin/sh\n    #SBATCH -J sweep")
+        .expect("the README's script");
+    let script: String = readme[from..]
+        .lines()
+        .take_while(|line| line.starts_with("    "))
+        .map(|line| format!("{}\n", &line[4..]))
+        .collect();
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 8);
+    let dir = cluster.dir.path().to_path_buf();
+    std::fs::write(dir.join("sweep.sh"), &script).unwrap();
+    let bin = dir.join("bin");
+    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    let run: Run = std::process::Command::new(bin.join("sbatch"))
+        .args(["--parsable", "sweep.sh"])
+        .env("GPOOL_SERVER", &cluster.cli_server)
+        .current_dir(&dir)
+        .output()
+        .expect("run sbatch")
+        .into();
+    let array: u64 = run
+        .stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{} {}", run.stdout, run.stderr));
+    wait_until("the array to end", Duration::from_secs(120), || {
+        (cluster.job(array)["state"] == "completed").then_some(())
+    });
+    for task in 0..10 {
+        let out = std::fs::read_to_string(dir.join(format!("out-{array}_{task}.log"))).unwrap_or_default();
+        let gpus = out
+            .trim()
+            .strip_prefix(&format!("task {task} of {array} on n1, GPUs "))
+            .unwrap_or_else(|| panic!("task {task}: {out:?}"));
+        assert_eq!(gpus.split(',').count(), 2, "{out}");
+    }
+}
