@@ -17,9 +17,16 @@ macro_rules! outln {
     };
 }
 
+/// Set where gpool speaks as a command that says nothing on success
+/// (`scancel`): stdout stays empty, errors still go to stderr.
+pub static QUIET_STDOUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Writes to stdout; see `outln!`.
 pub fn write_stdout(text: std::fmt::Arguments) {
     use std::io::Write;
+    if QUIET_STDOUT.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     if let Err(err) = std::io::stdout().lock().write_fmt(text) {
         if err.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(EXIT_CLOSED_STDOUT.into());

@@ -118,6 +118,8 @@ async fn scancel(argv: Vec<String>) -> Result<u8, CliError> {
         }
     }
     let cli = crate::parse::command_line(gpool)?;
+    // As Slurm's, silent on success; what was left alone is said on stderr.
+    crate::QUIET_STDOUT.store(true, std::sync::atomic::Ordering::Relaxed);
     crate::run(cli).await
 }
 
