@@ -17,6 +17,7 @@ pub mod model;
 pub mod policy;
 pub mod power;
 pub mod sched;
+pub mod sessions;
 pub mod sim;
 pub mod slurm;
 pub mod spec;

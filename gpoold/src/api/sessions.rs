@@ -12,8 +12,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// From SIGHUP to the cancel of a job that ran on.
-pub const HANGUP_GRACE: Duration = Duration::from_secs(10);
+use gpool_core::sessions::{detached, Detached, HANGUP_GRACE};
 
 /// When each running interactive job last heard from a client.
 #[derive(Default)]
@@ -24,17 +23,6 @@ impl Attached {
     pub fn seen(&self, id: JobId) {
         let mut seen = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         seen.insert(id, Instant::now());
-    }
-}
-
-/// What to do about an interactive job that last heard from a client at
-/// `seen` and was hung up on at `hung` (if it was), at `now`.
-pub fn verdict(seen: Instant, hung: Option<Instant>, now: Instant, grace: Duration) -> Option<CancelMode> {
-    match hung {
-        Some(hung) if now.duration_since(hung) >= HANGUP_GRACE && seen < hung => Some(CancelMode::Cancel),
-        Some(_) => None,
-        None if now.duration_since(seen) >= grace => Some(CancelMode::Signal(nix::libc::SIGHUP)),
-        None => None,
     }
 }
 
@@ -72,9 +60,13 @@ pub async fn reap(handle: StateHandle, attached: std::sync::Arc<Attached>, grace
                     // A client came back after the hangup.
                     hung.remove(id);
                 }
-                if let Some(mode) = verdict(last, hung.get(id).copied(), now, grace) {
-                    actions.push((*id, mode));
-                }
+                let hung_for = hung.get(id).map(|at| now.duration_since(*at));
+                let mode = match detached(now.duration_since(last), hung_for, grace) {
+                    Some(Detached::HangUp) => CancelMode::Signal(nix::libc::SIGHUP),
+                    Some(Detached::End) => CancelMode::Cancel,
+                    None => continue,
+                };
+                actions.push((*id, mode));
             }
         }
         for (id, mode) in actions {
@@ -98,33 +90,5 @@ pub async fn reap(handle: StateHandle, attached: std::sync::Arc<Attached>, grace
                 tracing::warn!(job = %id, "the detached interactive job: {err}");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_detached_job_is_hung_up_on_then_ended_unless_its_client_returns() {
-        let grace = Duration::from_secs(60);
-        let start = Instant::now();
-        let at = |secs: u64| start + Duration::from_secs(secs);
-        assert!(verdict(start, None, at(59), grace).is_none());
-        assert!(
-            matches!(verdict(start, None, at(60), grace), Some(CancelMode::Signal(sig)) if sig == nix::libc::SIGHUP)
-        );
-        assert!(
-            verdict(start, Some(at(60)), at(65), grace).is_none(),
-            "its grace after the hangup"
-        );
-        assert!(matches!(
-            verdict(start, Some(at(60)), at(70), grace),
-            Some(CancelMode::Cancel)
-        ));
-        assert!(
-            verdict(at(66), Some(at(60)), at(70), grace).is_none(),
-            "a client came back"
-        );
     }
 }
