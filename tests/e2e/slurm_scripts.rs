@@ -7,6 +7,25 @@ use std::time::Duration;
 
 use crate::arrays::most_at_once;
 
+/// Links Slurm's commands to gpool in the cluster's dir (`bin/`), as a
+/// site does with `gpool slurm install`.
+fn install_slurm_links(cluster: &Cluster) {
+    let bin = cluster.dir.path().join("bin");
+    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+}
+
+/// Slurm's `command` (a link `install_slurm_links` made), run in the
+/// cluster's dir against its controller.
+fn slurm_command(cluster: &Cluster, command: &str, args: &[&str]) -> Run {
+    std::process::Command::new(cluster.dir.path().join("bin").join(command))
+        .args(args)
+        .env("GPOOL_SERVER", &cluster.cli_server)
+        .current_dir(cluster.dir.path())
+        .output()
+        .expect("run a Slurm command")
+        .into()
+}
+
 const SLURM_SCRIPT: &str = "#!/bin/sh
 #SBATCH -J sweep
 #SBATCH --gres=gpu:2
@@ -70,22 +89,10 @@ fn an_unchanged_slurm_array_script_runs_with_its_gpus_limit_files_name_and_time(
         );
     }
     // sacct's rows, as a Slurm site's tools read them.
-    let bin = dir.join("bin");
-    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
-    let acct: Run = std::process::Command::new(bin.join("sacct"))
-        .args([
-            "-P",
-            "-n",
-            "-X",
-            "--format",
-            "JobID,JobName,State,ExitCode,Timelimit,AllocTRES",
-            "-j",
-        ])
-        .arg(array.to_string())
-        .env("GPOOL_SERVER", &cluster.cli_server)
-        .output()
-        .expect("run sacct")
-        .into();
+    install_slurm_links(&cluster);
+    let ids = array.to_string();
+    let fields = "JobID,JobName,State,ExitCode,Timelimit,AllocTRES";
+    let acct = slurm_command(&cluster, "sacct", &["-P", "-n", "-X", "--format", fields, "-j", &ids]);
     let expected: Vec<String> = (0..10)
         .map(|task| format!("{array}_{task}|sweep|COMPLETED|0:0|00:10:00|gres/gpu=2,node=1"))
         .collect();
@@ -138,17 +145,8 @@ fn slurms_commands_print_slurms_formats() {
     let mut cluster = Cluster::start();
     cluster.start_agent("gpu-01", 2);
     cluster.start_agent("gpu-02", 2);
-    let bin = cluster.dir.path().join("bin");
-    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
-    let slurm = |command: &str, args: &[&str]| -> Run {
-        std::process::Command::new(bin.join(command))
-            .args(args)
-            .env("GPOOL_SERVER", &cluster.cli_server)
-            .current_dir(cluster.dir.path())
-            .output()
-            .expect("run a Slurm command")
-            .into()
-    };
+    install_slurm_links(&cluster);
+    let slurm = |command: &str, args: &[&str]| slurm_command(&cluster, command, args);
     let ok = cluster.submit(&["-J", "ok", "--", "true"]);
     let bad = cluster.submit(&["-J", "bad", "--", "sh", "-c", "exit 3"]);
     let array = cluster.submit(&["-J", "sweep", "-a", "0-2", "--", "true"]);
@@ -245,17 +243,8 @@ fn slurms_commands_print_slurms_formats() {
 fn sbatch_submits_as_tools_call_it() {
     let mut cluster = Cluster::start();
     cluster.start_agent("n1", 4);
-    let bin = cluster.dir.path().join("bin");
-    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
-    let sbatch = |args: &[&str]| -> Run {
-        std::process::Command::new(bin.join("sbatch"))
-            .args(args)
-            .env("GPOOL_SERVER", &cluster.cli_server)
-            .current_dir(cluster.dir.path())
-            .output()
-            .expect("run sbatch")
-            .into()
-    };
+    install_slurm_links(&cluster);
+    let sbatch = |args: &[&str]| slurm_command(&cluster, "sbatch", args);
     let script = cluster.dir.path().join("job.sh");
     std::fs::write(
         &script,
@@ -303,10 +292,9 @@ fn srun_and_scontrol_as_scripts_use_them() {
     let mut cluster = Cluster::start();
     cluster.start_agent("gpu-01", 2);
     cluster.start_agent("gpu-02", 2);
-    let bin = cluster.dir.path().join("bin");
-    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    install_slurm_links(&cluster);
     let dir = cluster.dir.path().display().to_string();
-    let srun = bin.join("srun").display().to_string();
+    let srun = format!("{dir}/bin/srun");
     let ranks = format!(
         "{srun} -u -o {dir}/out-%j-%t.txt -n 2 sh -c 'echo rank $SLURM_PROCID of $SLURM_NTASKS on $SLURM_JOB_NODELIST'"
     );
@@ -329,15 +317,7 @@ fn srun_and_scontrol_as_scripts_use_them() {
     let failed = cluster.wait_for_state(too_many, "failed");
     assert_eq!(failed["exit_code"], 1, "{failed}");
 
-    let slurm = |command: &str, args: &[&str]| -> Run {
-        std::process::Command::new(bin.join(command))
-            .args(args)
-            .env("GPOOL_SERVER", &cluster.cli_server)
-            .current_dir(cluster.dir.path())
-            .output()
-            .expect("run a Slurm command")
-            .into()
-    };
+    let slurm = |command: &str, args: &[&str]| slurm_command(&cluster, command, args);
     let outside = slurm("srun", &["--gres=gpu:1", "-J", "hello", "sh", "-c", "echo hi; exit 3"]);
     assert_eq!(
         (outside.code, outside.stdout.as_str()),
@@ -392,8 +372,7 @@ fn submitit_drives_gpool_through_slurms_commands() {
     let mut cluster = Cluster::start();
     cluster.start_agent("gpu-01", 2);
     cluster.start_agent("gpu-02", 2);
-    let bin = cluster.dir.path().join("bin");
-    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
+    install_slurm_links(&cluster);
     let logs = cluster.dir.path().join("logs");
     let script = format!(
         r#"
@@ -426,6 +405,7 @@ print("cancelled", slow.state.split()[0])
 "#,
         logs = logs.display()
     );
+    let bin = cluster.dir.path().join("bin");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     let child = std::process::Command::new("python3")
         .args(["-c", &script])
@@ -467,16 +447,8 @@ fn sacct_and_squeue_rows_of_a_thousand_jobs_are_in_slurms_forms() {
     let mut cluster = Cluster::start();
     cluster.start_agent("gpu-01", 8);
     cluster.start_agent("gpu-02", 8);
-    let bin = cluster.dir.path().join("bin");
-    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
-    let slurm = |command: &str, args: &[&str]| -> Run {
-        std::process::Command::new(bin.join(command))
-            .args(args)
-            .env("GPOOL_SERVER", &cluster.cli_server)
-            .output()
-            .expect("run a Slurm command")
-            .into()
-    };
+    install_slurm_links(&cluster);
+    let slurm = |command: &str, args: &[&str]| slurm_command(&cluster, command, args);
     let array = cluster.submit(&[
         "-J",
         "many",
@@ -557,15 +529,8 @@ fn the_readmes_slurm_script_runs_unchanged() {
     cluster.start_agent("n1", 8);
     let dir = cluster.dir.path().to_path_buf();
     std::fs::write(dir.join("sweep.sh"), &script).unwrap();
-    let bin = dir.join("bin");
-    cluster.gpool(&["slurm", "install", &bin.display().to_string()]).ok();
-    let run: Run = std::process::Command::new(bin.join("sbatch"))
-        .args(["--parsable", "sweep.sh"])
-        .env("GPOOL_SERVER", &cluster.cli_server)
-        .current_dir(&dir)
-        .output()
-        .expect("run sbatch")
-        .into();
+    install_slurm_links(&cluster);
+    let run = slurm_command(&cluster, "sbatch", &["--parsable", "sweep.sh"]);
     let array: u64 = run
         .stdout
         .trim()

@@ -145,6 +145,13 @@ pub async fn list(conn: &mut crate::cmd::Connection, user: String, all: bool) ->
     Ok(jobs)
 }
 
+/// Every node gpoold knows.
+pub async fn nodes(ctx: &crate::cmd::Ctx) -> Result<Vec<pb::Node>, CliError> {
+    let mut conn = ctx.connect().await?;
+    let answer = conn.client.list_nodes(pb::ListNodesRequest::default()).await;
+    Ok(answer.map_err(|s| conn.refused(s))?.into_inner().nodes)
+}
+
 /// The job's partition: its pool (`default` where it named none).
 pub fn partition(spec: &pb::JobSpec) -> String {
     if spec.pool.is_empty() {

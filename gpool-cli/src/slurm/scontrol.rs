@@ -86,14 +86,7 @@ pub fn job_lines(job: &pb::Job, now_ms: i64) -> String {
 }
 
 async fn show_node(ctx: &crate::cmd::Ctx, name: &str) -> Result<u8, CliError> {
-    let mut conn = ctx.connect().await?;
-    let nodes = conn
-        .client
-        .list_nodes(pb::ListNodesRequest::default())
-        .await
-        .map_err(|s| conn.refused(s))?
-        .into_inner()
-        .nodes;
+    let nodes = super::nodes(ctx).await?;
     let node = nodes
         .iter()
         .find(|node| node.name == name)

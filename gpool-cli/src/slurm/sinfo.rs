@@ -21,14 +21,7 @@ pub struct Args {
 }
 
 pub async fn run(ctx: &crate::cmd::Ctx, args: Args) -> Result<u8, CliError> {
-    let mut conn = ctx.connect().await?;
-    let nodes = conn
-        .client
-        .list_nodes(pb::ListNodesRequest::default())
-        .await
-        .map_err(|s| conn.refused(s))?
-        .into_inner()
-        .nodes;
+    let nodes = super::nodes(ctx).await?;
     // (partition, state) -> its nodes, in first-seen order.
     let mut groups: Vec<((String, &'static str), Vec<&pb::Node>)> = Vec::new();
     for node in &nodes {
