@@ -259,8 +259,14 @@ impl<'v> Cycle<'v> {
             .filter(|(priority, _, _)| *priority > qos_priority || !covered)
             .map(|(_, n, _)| n)
             .sum();
-        let pool_gpus = self.index.pool_gpus(job, self.policy);
+        // The pool's size matters only where something is kept (most
+        // pools, most cycles: nothing).
         let asked = kept;
+        let pool_gpus = if asked > 0 {
+            self.index.pool_gpus(job, self.policy)
+        } else {
+            0
+        };
         let kept = super::limits::capped_reserve(asked, pool_gpus);
         let capped = (kept < asked).then(|| (asked, pool_gpus, class.pool.to_string()));
         // The class that may take every kept GPU, if changing to it helps:
