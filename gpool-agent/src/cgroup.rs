@@ -7,7 +7,13 @@
 //! The agent decides (`Isolation::detect`, `rules_for`); the supervisor
 //! acts (`enter`, `sweep`), as root, before the job drops to its user.
 //!
-//! Cost: moving a process into a cgroup waits for an RCU grace period
+//! On cgroup v2 the agent owns a delegated subtree (`v2`), so an attempt's
+//! cgroup also carries its limits (memory.max with no swap, cpu.max,
+//! pids.max), and the job is born in it (`clone3` with
+//! `CLONE_INTO_CGROUP`, in the supervisor). `Isolation::enforced` says
+//! which limits a node enforces, for its `gpool.enforces` label.
+//!
+//! Cost (cgroup v1): moving a process into a cgroup waits for an RCU grace period
 //! (9 to 15 ms on cgroup v1 here), once per attempt; so the job joins the
 //! `devices` hierarchy only (and `memory`/`cpu` only for limits), the sweep
 //! kills without freezing, and the spawner keeps the next supervisor
@@ -17,6 +23,9 @@
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+mod v2;
+pub use v2::V2Limits;
 use std::time::{Duration, Instant};
 
 /// Character major of NVIDIA's GPU device nodes (`/dev/nvidiaN` is 195:N;
@@ -40,11 +49,15 @@ pub enum Isolation {
     /// cgroup v2: `cgroup.kill` ends every process, and a BPF program
     /// attached to the attempt's cgroup keeps it off the other GPUs where
     /// the kernel lets the agent load one (`device_filter` says why not
-    /// otherwise). Limits would need a delegated subtree, which gpool does
-    /// not set up.
+    /// otherwise). Limits are the controllers' files of the agent's
+    /// delegated subtree (`v2`); `delegated` says why there are none.
     V2 {
         parent: PathBuf,
         device_filter: Result<(), String>,
+        limits: V2Limits,
+        delegated: Result<(), String>,
+        /// Swap beyond memory.max (agent.toml `allow_swap`).
+        allow_swap: bool,
     },
     /// No cgroup the agent may use; the reason says why.
     None(String),
@@ -67,7 +80,7 @@ impl Isolation {
     /// Looks at the cgroup mounts under `root` (/sys/fs/cgroup) and this
     /// process's own cgroups (`own`, the text of /proc/self/cgroup), and
     /// makes sure the agent can create cgroups there.
-    pub fn detect(root: &Path, own: &str) -> Isolation {
+    pub fn detect(root: &Path, own: &str, allow_swap: bool) -> Isolation {
         if !nix::unistd::geteuid().is_root() {
             return Isolation::None("the agent does not run as root".into());
         }
@@ -92,12 +105,21 @@ impl Isolation {
             };
         }
         if root.join("cgroup.controllers").exists() {
-            return match parent_in("", "cgroup.procs") {
-                Some(parent) => {
-                    let device_filter = probe_device_filter(&parent);
-                    Isolation::V2 { parent, device_filter }
+            let Some(own) = own_path(own, "") else {
+                return Isolation::None("the agent's own cgroup v2 path is not in /proc/self/cgroup".into());
+            };
+            return match v2::delegate(root, &own) {
+                Ok((parent, delegated)) => {
+                    let (device_filter, limits) = probe(&parent);
+                    Isolation::V2 {
+                        parent,
+                        device_filter,
+                        limits,
+                        delegated,
+                        allow_swap,
+                    }
                 }
-                None => Isolation::None(format!("cannot create a cgroup under {}", root.display())),
+                Err(reason) => Isolation::None(reason),
             };
         }
         Isolation::None(format!(
@@ -116,6 +138,25 @@ impl Isolation {
             Isolation::V2 { .. } => "cgroup-no-devices",
             Isolation::None(_) => "none",
         }
+    }
+
+    /// The limits this node enforces on an attempt, for the node's
+    /// `gpool.enforces` label: a sorted subset of cpu, devices, memory,
+    /// pids.
+    pub fn enforced(&self) -> Vec<&'static str> {
+        let (cpu, devices, memory, pids) = match self {
+            Isolation::V1 {
+                memory, cpu, pids, ..
+            } => (cpu.is_some(), true, memory.is_some(), pids.is_some()),
+            Isolation::V2 {
+                device_filter, limits, ..
+            } => (limits.cpu, device_filter.is_ok(), limits.memory, limits.pids),
+            Isolation::None(_) => (false, false, false, false),
+        };
+        [("cpu", cpu), ("devices", devices), ("memory", memory), ("pids", pids)]
+            .into_iter()
+            .filter_map(|(name, on)| on.then_some(name))
+            .collect()
     }
 
     /// The cgroup of one attempt: its directories, the device rules that
@@ -149,6 +190,7 @@ impl Isolation {
                         })
                         .collect(),
                     deny_devices: Vec::new(),
+                    unified: false,
                 };
                 if let (Some(memory), Some(bytes)) = (memory, limits.mem_bytes) {
                     cgroup.dirs.push(memory.join(&name));
@@ -174,27 +216,54 @@ impl Isolation {
                 }
                 Some(cgroup)
             }
-            Isolation::V2 { parent, device_filter } => Some(AttemptCgroup {
-                dirs: vec![parent.join(&name)],
-                settings: Vec::new(),
-                deny_devices: match device_filter {
-                    Ok(()) => other_gpus.map(|gpu| (NVIDIA_MAJOR, gpu)).collect(),
-                    Err(_) => Vec::new(),
-                },
-            }),
+            Isolation::V2 {
+                parent,
+                device_filter,
+                limits: can,
+                allow_swap,
+                ..
+            } => {
+                let dir = parent.join(&name);
+                let cpu_max = |cpus: u32| format!("{} {CPU_PERIOD_US}", u64::from(cpus) * CPU_PERIOD_US);
+                let settings = [
+                    ("memory.max", limits.mem_bytes.filter(|_| can.memory).map(|b| b.to_string())),
+                    (
+                        "memory.swap.max",
+                        limits.mem_bytes.filter(|_| can.swap && !allow_swap).map(|_| "0".into()),
+                    ),
+                    ("cpu.max", limits.cpus.filter(|_| can.cpu).map(cpu_max)),
+                    ("pids.max", limits.pids.filter(|_| can.pids).map(|max| max.to_string())),
+                ]
+                .into_iter()
+                .filter_map(|(file, value)| Some((dir.join(file), value?)))
+                .collect();
+                Some(AttemptCgroup {
+                    dirs: vec![dir],
+                    settings,
+                    deny_devices: match device_filter {
+                        Ok(()) => other_gpus.map(|gpu| (NVIDIA_MAJOR, gpu)).collect(),
+                        Err(_) => Vec::new(),
+                    },
+                    unified: true,
+                })
+            }
             Isolation::None(_) => None,
         }
     }
 }
 
-/// Whether a BPF device filter can be attached under `parent`: tried once,
-/// at start, on a cgroup made for the purpose.
-fn probe_device_filter(parent: &Path) -> Result<(), String> {
+/// Whether a BPF device filter can be attached under `parent`, and which
+/// limits an attempt's cgroup there has: tried once, at start, on a
+/// cgroup made for the purpose.
+fn probe(parent: &Path) -> (Result<(), String>, V2Limits) {
     let probe = parent.join(format!("probe-{}", std::process::id()));
-    std::fs::create_dir_all(&probe).map_err(|err| format!("{}: {err}", probe.display()))?;
+    if let Err(err) = std::fs::create_dir_all(&probe) {
+        return (Err(format!("{}: {err}", probe.display())), V2Limits::default());
+    }
     let attached = crate::device_filter::attach(&probe, &[(NVIDIA_MAJOR, 0)]);
+    let limits = v2::limits_in(&probe);
     let _ = std::fs::remove_dir(&probe);
-    attached
+    (attached, limits)
 }
 
 /// This process's path in the hierarchy of `controller` ("" for cgroup
@@ -233,6 +302,9 @@ pub struct AttemptCgroup {
     /// filter refuses (cgroup v2; empty: no filter).
     #[serde(default)]
     pub deny_devices: Vec<(u32, u32)>,
+    /// cgroup v2: one directory, which the job is born in (`clone3`).
+    #[serde(default)]
+    pub unified: bool,
 }
 
 impl AttemptCgroup {
@@ -337,9 +409,9 @@ pub struct Warm {
 }
 
 impl Warm {
-    /// Whether attempts under `parent` can be made this way: cgroup v1
-    /// renames a cgroup; v2 cannot (there `clone3` into a cgroup would be
-    /// the way), so its supervisors are forked on demand.
+    /// Whether attempts under `parent` are made this way: cgroup v1
+    /// renames a cgroup; on v2 the job is born in its cgroup by `clone3`
+    /// instead, and its supervisor waits outside it.
     pub fn works_under(parent: &Path) -> bool {
         !parent.join("cgroup.controllers").exists()
     }
@@ -427,88 +499,4 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn oom_kills_are_read_from_v1_and_v2_files() {
-        assert_eq!(super::oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"), 2);
-        assert_eq!(super::oom_kills("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"), 1);
-        assert_eq!(super::oom_kills("oom_kill_disable 0\nunder_oom 0\n"), 0);
-    }
-
-    use super::*;
-
-    #[test]
-    fn an_attempt_is_denied_the_other_gpus_of_its_node_and_gets_its_limits() {
-        let v1 = Isolation::V1 {
-            devices: "/cg/devices/gpool".into(),
-            memory: Some("/cg/memory/box/gpool".into()),
-            cpu: None,
-            pids: Some("/cg/pids/gpool".into()),
-        };
-        let limits = Limits {
-            mem_bytes: Some(1 << 30),
-            cpus: Some(4),
-            pids: Some(512),
-        };
-        let cgroup = v1.rules_for("a1", (7, 3), (&[0, 2], &[0, 1, 2, 3]), limits).unwrap();
-        assert_eq!(
-            cgroup.dirs,
-            [
-                PathBuf::from("/cg/devices/gpool/a1-7.3"),
-                PathBuf::from("/cg/memory/box/gpool/a1-7.3"),
-                PathBuf::from("/cg/pids/gpool/a1-7.3")
-            ]
-        );
-        let settings: Vec<String> = cgroup
-            .settings
-            .iter()
-            .map(|(file, value)| format!("{} {value}", file.display()))
-            .collect();
-        assert_eq!(
-            settings,
-            [
-                "/cg/devices/gpool/a1-7.3/devices.deny c 195:1 rwm",
-                "/cg/devices/gpool/a1-7.3/devices.deny c 195:3 rwm",
-                "/cg/memory/box/gpool/a1-7.3/memory.limit_in_bytes 1073741824",
-                "/cg/pids/gpool/a1-7.3/pids.max 512",
-            ],
-            "no cpu hierarchy: no CPU quota"
-        );
-        let v2 = Isolation::V2 {
-            parent: "/cg/gpool".into(),
-            device_filter: Ok(()),
-        };
-        let cgroup = v2.rules_for("a1", (7, 3), (&[0, 2], &[0, 1, 2, 3]), limits).unwrap();
-        assert!(cgroup.settings.is_empty(), "no limits on cgroup v2");
-        assert_eq!(
-            cgroup.deny_devices,
-            vec![(195, 1), (195, 3)],
-            "the filter refuses the other GPUs"
-        );
-        let without = Isolation::V2 {
-            parent: "/cg/gpool".into(),
-            device_filter: Err("no BPF".into()),
-        };
-        assert!(without
-            .rules_for("a1", (7, 3), (&[0], &[0, 1]), limits)
-            .unwrap()
-            .deny_devices
-            .is_empty());
-        assert_eq!(without.label(), "cgroup-no-devices");
-        assert_eq!(v2.label(), "cgroup-devices");
-        assert_eq!(
-            Isolation::None("no".into()).rules_for("a1", (7, 3), (&[0], &[0, 1]), limits),
-            None
-        );
-    }
-
-    #[test]
-    fn the_agents_own_cgroup_is_read_per_hierarchy() {
-        let own = "5:devices:/\n4:memory:/box/a1\n2:cpu,cpuacct:/x\n0::/user.slice/agent.service\n";
-        assert_eq!(own_path(own, "memory"), Some(PathBuf::from("box/a1")));
-        assert_eq!(own_path(own, "cpu"), Some(PathBuf::from("x")));
-        assert_eq!(own_path(own, "devices"), Some(PathBuf::new()));
-        assert_eq!(own_path(own, ""), Some(PathBuf::from("user.slice/agent.service")));
-        assert_eq!(own_path(own, "pids"), None);
-    }
-}
+mod tests;

@@ -64,6 +64,9 @@ pub struct AgentConfig {
     /// Each attempt in a cgroup of its own (device rules, nothing left
     /// behind), where the host offers one; `false` turns that off.
     pub cgroups: bool,
+    /// Let a job with a memory limit use swap beyond it (cgroup v2's
+    /// memory.swap.max is 0 otherwise).
+    pub allow_swap: bool,
     /// `[health_check]`: run on a timer; a failure drains the node.
     pub health_program: Option<crate::gpu::health::HealthProgram>,
     /// The NVML library to load: `nvml_library` in agent.toml, else
@@ -165,6 +168,7 @@ struct AgentFile {
     ca: Option<PathBuf>,
     container_runtime: Option<toml::Spanned<String>>,
     cgroups: Option<bool>,
+    allow_swap: Option<bool>,
     cert: Option<toml::Spanned<PathBuf>>,
     key: Option<toml::Spanned<PathBuf>>,
     health_check: Option<toml::Spanned<HealthCheckFile>>,
@@ -223,6 +227,7 @@ impl AgentConfig {
             nvml_library: parsed.nvml_library.unwrap_or_else(nvml_library_from_env),
             health_program,
             cgroups: parsed.cgroups.unwrap_or(true),
+            allow_swap: parsed.allow_swap.unwrap_or(false),
             container_runtime,
             ca: parsed.ca,
             cert,

@@ -37,6 +37,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let mut labels = gpu_labels;
     labels.extend(config.labels.clone());
     labels.insert("isolation".into(), isolation.label().into());
+    labels.insert("gpool.enforces".into(), isolation.enforced().join(","));
     let node_gpus = gpu::GpuDevices::of(&gpus);
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
     let tls = config.client_tls()?;
@@ -77,11 +78,26 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
 
 /// The node's cgroup isolation, unless agent.toml turns cgroups off.
 fn detect_isolation(config: &AgentConfig) -> cgroup::Isolation {
+    protect_from_oom();
     if config.cgroups {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"), &own)
+        cgroup::Isolation::detect(std::path::Path::new("/sys/fs/cgroup"), &own, config.allow_swap)
     } else {
         cgroup::Isolation::None("cgroups = false in agent.toml".into())
+    }
+}
+
+/// How far below a job the agent (and the supervisors it forks) stands in
+/// the kernel's OOM order: a job that runs a node out of memory is killed
+/// before them. Each job sets its own back to 0 before it starts.
+const AGENT_OOM_SCORE_ADJ: &str = "-900";
+
+/// Lowers the agent's OOM score (as root; a job never takes the agent).
+fn protect_from_oom() {
+    if nix::unistd::geteuid().is_root() {
+        if let Err(err) = std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ) {
+            tracing::warn!("cannot lower the agent's OOM score: {err}");
+        }
     }
 }
 
@@ -91,8 +107,20 @@ fn log_isolation(isolation: &cgroup::Isolation) {
         cgroup::Isolation::V1 { .. } => {
             tracing::info!("each attempt runs in its own cgroup, with only its own GPUs' device nodes")
         }
-        cgroup::Isolation::V2 { device_filter: Ok(()), .. } => tracing::info!(
-            "each attempt runs in its own cgroup (cgroup v2), with only its own GPUs' device nodes (a BPF device filter)"
+        cgroup::Isolation::V2 {
+            device_filter: Ok(()),
+            delegated: Ok(()),
+            ..
+        } => tracing::info!(
+            "each attempt runs in its own cgroup (cgroup v2), with only its own GPUs' device nodes (a BPF device filter); enforced: {}",
+            isolation.enforced().join(", ")
+        ),
+        cgroup::Isolation::V2 {
+            device_filter: Ok(()),
+            delegated: Err(reason),
+            ..
+        } => tracing::warn!(
+            "each attempt runs in its own cgroup (cgroup v2), with only its own GPUs' device nodes, but no memory, CPU or pids limit is enforced: {reason}"
         ),
         cgroup::Isolation::V2 { device_filter: Err(reason), .. } => tracing::warn!(
             "each attempt runs in its own cgroup (cgroup v2), but GPU device nodes are not restricted: {reason}"

@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+mod birth;
 mod group;
 mod prepare;
 mod run;

@@ -82,6 +82,15 @@ fn output(request: &LaunchRequest, path: &Option<PathBuf>) -> Result<Stdio, Stri
 /// entering it.
 fn join_cgroup(command: &mut Command, request: &LaunchRequest, first_to_enter: usize) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec; one write to procfs.
+    // The agent and supervisors stand below jobs in the OOM order; the job
+    // takes the ordinary place (raising the score needs no privilege).
+    unsafe {
+        command.pre_exec(|| {
+            let _ = std::fs::write("/proc/self/oom_score_adj", b"0");
+            Ok(())
+        });
+    }
     if let Some(cgroup) = &request.cgroup {
         cgroup.create()?;
         let cgroup = cgroup.clone();

@@ -6,7 +6,6 @@ use super::group::{group_members, ChildExit};
 use super::prepare::{prepare, with_output_files, Interactive};
 use super::*;
 use std::io::Write;
-use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 
 /// How long a supervisor keeps killing what is left in the attempt's cgroup.
@@ -20,8 +19,14 @@ const CGROUP_SWEEP_PATIENCE: std::time::Duration = std::time::Duration::from_sec
 /// recorded.
 pub(super) fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> ! {
     let born_in_first = take_warm(request, warm);
-    let ended = match prepare(request, usize::from(born_in_first)) {
-        Ok((command, terminal)) => start_and_run(request, command, terminal),
+    // On cgroup v2 the job is born in its one directory (`birth`).
+    let into = request
+        .cgroup
+        .as_ref()
+        .filter(|cgroup| cgroup.unified && !born_in_first)
+        .and_then(|cgroup| cgroup.dirs.first());
+    let ended = match prepare(request, usize::from(born_in_first || into.is_some())) {
+        Ok((command, terminal)) => start_and_run(request, command, terminal, into),
         Err(reason) => Ended::FailedToStart(reason),
     };
     tidy_output(request, &ended);
@@ -57,14 +62,20 @@ fn take_warm(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> bool
     }
 }
 
-/// Starts the prepared command and runs it to its end.
-fn start_and_run(request: &LaunchRequest, mut command: Command, terminal: Option<Interactive>) -> Ended {
-    match command.spawn().map_err(|err| with_output_files(request, err)) {
+/// Starts the prepared command (in the cgroup directory `into`, where it
+/// is born in one) and runs it to its end.
+fn start_and_run(
+    request: &LaunchRequest,
+    mut command: Command,
+    terminal: Option<Interactive>,
+    into: Option<&PathBuf>,
+) -> Ended {
+    match super::birth::spawn(&mut command, into.map(PathBuf::as_path)).map_err(|err| with_output_files(request, err)) {
         Ok(child) => {
             // The terminal's slave side is the job's alone from here.
             drop(command);
             let relayed = terminal.map(|(terminal, out)| {
-                crate::terminal::JOB_SESSION.store(child.id() as i32, std::sync::atomic::Ordering::Relaxed);
+                crate::terminal::JOB_SESSION.store(child, std::sync::atomic::Ordering::Relaxed);
                 terminal.relay(out)
             });
             let ended = run_to_end(request, child);
@@ -210,6 +221,17 @@ fn cut_output(path: &Path, cap: u64) {
     }
 }
 
+/// How the child `pid` ended (`Code` or `Signal`), once it has.
+fn exit_of(pid: i32) -> Option<Ended> {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::Exited(_, code)) => Some(Ended::Code(code)),
+        Ok(WaitStatus::Signaled(_, signal, _)) => Some(Ended::Signal(signal as i32)),
+        Ok(_) => None,
+        Err(err) => Some(Ended::FailedToStart(format!("cannot wait for the job: {err}"))),
+    }
+}
+
 /// Grace between SIGTERM and SIGKILL when a time limit runs out.
 pub const TIME_LIMIT_GRACE_MS: u64 = 10_000;
 /// How often a supervisor looks at the lease and the time limit.
@@ -218,9 +240,9 @@ const CHECK_EVERY_MS: u64 = 200;
 /// Waits for the job, ending it when its time limit or the node's lease
 /// runs out: its signal first, then SIGKILL to everything of the attempt
 /// but this process once the grace is over.
-fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended {
+fn run_to_end(request: &LaunchRequest, child: i32) -> Ended {
     let started = boot_ms();
-    let exited = ChildExit::open(child.id() as i32);
+    let exited = ChildExit::open(child);
     // Why we are ending it, and when SIGKILL follows.
     let mut ending: Option<(Ended, u64)> = None;
     let mut lease = request.fence.as_ref().and_then(|fence| Lease::read(&fence.lease_file));
@@ -229,18 +251,16 @@ fn run_to_end(request: &LaunchRequest, mut child: std::process::Child) -> Ended 
     loop {
         if status.is_none() {
             exited.wait(CHECK_EVERY_MS);
-            status = child.try_wait().ok().flatten();
+            status = exit_of(child);
         }
-        if let Some(status) = status {
+        if let Some(status) = &status {
             // Being ended, the attempt is over only when nothing of it is
             // left (a leader that dies first leaves the rest to the grace).
             let rest_gone = ending.is_none() || group_members(own_pid).is_empty();
             if rest_gone {
-                return match (&ending, status.code(), status.signal()) {
-                    (Some((cause, _)), _, _) => cause.clone(),
-                    (None, Some(code), _) => Ended::Code(code),
-                    (None, None, Some(signal)) => Ended::Signal(signal),
-                    (None, None, None) => Ended::FailedToStart("no exit status".into()),
+                return match &ending {
+                    Some((cause, _)) => cause.clone(),
+                    None => status.clone(),
                 };
             }
             std::thread::sleep(std::time::Duration::from_millis(50));

@@ -61,9 +61,7 @@ pub fn main() -> ExitCode {
                 };
                 let parent = request.cgroup.as_ref().and_then(|cgroup| cgroup.dirs.first()?.parent());
                 if let (None, Some(parent)) = (&cgroup_parent, parent) {
-                    if crate::cgroup::Warm::works_under(parent) {
-                        cgroup_parent = Some(parent.to_path_buf());
-                    }
+                    cgroup_parent = Some(parent.to_path_buf());
                 }
                 reply
             }
@@ -133,7 +131,10 @@ impl Waiting {
 /// (until the spawner closes the pipe), then supervises it; the spawner
 /// gone, it leaves and removes that cgroup.
 fn supervise_when_asked(cgroup_parent: &Path, mut requests: std::fs::File) -> ! {
-    let warm = crate::cgroup::Warm::enter(cgroup_parent).ok();
+    // On cgroup v2 it waits where it is: its job is born in its cgroup.
+    let warm = crate::cgroup::Warm::works_under(cgroup_parent)
+        .then(|| crate::cgroup::Warm::enter(cgroup_parent).ok())
+        .flatten();
     // Room for a whole request (its environment included), so that it
     // comes in one read instead of a run of growing ones.
     let mut text = String::with_capacity(16 * 1024);

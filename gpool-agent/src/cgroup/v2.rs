@@ -1,0 +1,150 @@
+//! The agent's own subtree on cgroup v2, where limits can be enforced.
+//!
+//! cgroup v2 hands a controller to a cgroup's children only from a parent
+//! that holds no process itself ("no internal processes"). So the agent
+//! moves itself out of the cgroup it was started in (systemd's unit
+//! cgroup, with `Delegate=yes`; or one made for it, see the README) into
+//! a leaf of it, `agent`, and enables `cpuset`, `cpu`, `memory` and `pids`
+//! for `gpool`, the parent of every attempt's cgroup:
+//!
+//! ```text
+//! <the agent's cgroup>/            subtree_control: +cpu +memory +pids …
+//!   agent/                         the agent, its spawner, supervisors
+//!   gpool/                         subtree_control: +cpu +memory +pids …
+//!     <scope>-<job>.<epoch>/       memory.max, cpu.max, pids.max, BPF
+//! ```
+//!
+//! Supervisors stay in `agent` and outlive an agent restart there; the
+//! restarted agent joins them.
+
+use std::path::{Path, PathBuf};
+
+/// The controllers gpool enables for attempts, where the kernel offers
+/// them (`cpuset` for the CPUs a placement chooses, the rest for limits).
+const CONTROLLERS: [&str; 4] = ["cpuset", "cpu", "memory", "pids"];
+
+/// The leaf the agent (and what it forks) moves into.
+const AGENT_LEAF: &str = "agent";
+
+/// What a cgroup v2 subtree lets the agent set on an attempt's cgroup:
+/// whether each limit's file is there (its controller enabled).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct V2Limits {
+    pub memory: bool,
+    /// `memory.swap.max` (swap accounting on).
+    pub swap: bool,
+    pub cpu: bool,
+    pub pids: bool,
+}
+
+/// Sets up `<own>/gpool` under the cgroup v2 mount `root` for attempts
+/// (`own`: the agent's cgroup, relative). Returns the parent of
+/// attempts' cgroups and, when controllers could not be enabled, why not
+/// (the parent is still usable for `cgroup.kill` and device rules).
+pub fn delegate(root: &Path, own: &Path) -> Result<(PathBuf, Result<(), String>), String> {
+    let own_dir = root.join(own);
+    let parent = own_dir.join(super::PARENT);
+    std::fs::create_dir_all(&parent).map_err(|err| format!("cannot create {}: {err}", parent.display()))?;
+    let offered = read_words(&own_dir.join("cgroup.controllers"));
+    let wanted: Vec<&str> = CONTROLLERS
+        .into_iter()
+        .filter(|c| offered.iter().any(|o| o == c))
+        .collect();
+    let enabled = leave_for_leaf(root, &own_dir).and_then(|()| {
+        // The root cgroup may hold processes and still hand controllers on.
+        enable(&own_dir, &wanted)?;
+        enable(&parent, &wanted)
+    });
+    Ok((parent, enabled))
+}
+
+/// Moves the calling process from `own_dir` into its leaf `agent` (the
+/// root cgroup is exempt from the rule and keeps it). Fails, naming them,
+/// when other processes are left in `own_dir`: its controllers could not
+/// be enabled for children then.
+fn leave_for_leaf(root: &Path, own_dir: &Path) -> Result<(), String> {
+    if own_dir == root {
+        return Ok(());
+    }
+    let leaf = own_dir.join(AGENT_LEAF);
+    std::fs::create_dir_all(&leaf).map_err(|err| format!("cannot create {}: {err}", leaf.display()))?;
+    std::fs::write(leaf.join("cgroup.procs"), b"0")
+        .map_err(|err| format!("cannot move the agent into {}: {err}", leaf.display()))?;
+    let others = read_words(&own_dir.join("cgroup.procs"));
+    if !others.is_empty() {
+        return Err(format!(
+            "{} holds processes other than the agent's ({}): give the agent a cgroup of its own \
+             (systemd: Delegate=yes in its unit)",
+            own_dir.display(),
+            others.join(" ")
+        ));
+    }
+    Ok(())
+}
+
+/// Enables `controllers` for the children of `dir`, one at a time (one
+/// the kernel refuses leaves the others on).
+fn enable(dir: &Path, controllers: &[&str]) -> Result<(), String> {
+    let file = dir.join("cgroup.subtree_control");
+    let mut refused = Vec::new();
+    for controller in controllers {
+        if let Err(err) = std::fs::write(&file, format!("+{controller}")) {
+            refused.push(format!("{controller} ({err})"));
+        }
+    }
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{}: cannot enable {}", file.display(), refused.join(", ")))
+    }
+}
+
+/// Which limit files a new cgroup under `parent` has, looked at in
+/// `probe` (one made for the purpose).
+pub fn limits_in(probe: &Path) -> V2Limits {
+    V2Limits {
+        memory: probe.join("memory.max").exists(),
+        swap: probe.join("memory.swap.max").exists(),
+        cpu: probe.join("cpu.max").exists(),
+        pids: probe.join("pids.max").exists(),
+    }
+}
+
+fn read_words(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    /// On a directory tree shaped as cgroupfs (files only, no kernel):
+    /// the controllers offered are asked for, in order, for both levels.
+    #[test]
+    fn the_offered_controllers_are_enabled_for_the_agents_subtree() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("cgroup.controllers"), "cpu io memory pids\n").unwrap();
+        let (parent, enabled) = super::delegate(root.path(), std::path::Path::new("")).unwrap();
+        assert_eq!(parent, root.path().join("gpool"));
+        assert_eq!(enabled, Ok(()));
+        // A plain file keeps the last write; cgroupfs would keep them all.
+        let last = std::fs::read_to_string(root.path().join("gpool/cgroup.subtree_control")).unwrap();
+        assert_eq!(last, "+pids");
+    }
+
+    /// An agent that shares its cgroup with other processes is told why
+    /// its limits cannot be enabled, and who is in the way.
+    #[test]
+    fn other_processes_in_the_agents_cgroup_are_named() {
+        let root = tempfile::tempdir().unwrap();
+        let own = root.path().join("user.slice/session-1.scope");
+        std::fs::create_dir_all(own.join("agent")).unwrap();
+        std::fs::write(own.join("cgroup.controllers"), "memory pids\n").unwrap();
+        std::fs::write(own.join("cgroup.procs"), "4242\n").unwrap();
+        let (_, enabled) = super::delegate(root.path(), std::path::Path::new("user.slice/session-1.scope")).unwrap();
+        let reason = enabled.unwrap_err();
+        assert!(reason.contains("4242") && reason.contains("Delegate=yes"), "{reason}");
+    }
+}
