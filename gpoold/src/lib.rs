@@ -285,6 +285,7 @@ fn dev_agent_configs(
                 cert: None,
                 container_runtime: "podman".into(),
                 cgroups: true,
+                allow_swap: false,
                 health_program: None,
                 state_dir: state_dir.join("spool").join(&node_name),
                 // A laptop's disk is smaller than a GPU server's.
