@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 mod v2;
-pub use v2::V2Limits;
 use std::time::{Duration, Instant};
+pub use v2::V2Limits;
 
 /// Character major of NVIDIA's GPU device nodes (`/dev/nvidiaN` is 195:N;
 /// `nvidiactl` is 195:255 and stays open to every job).
@@ -145,9 +145,7 @@ impl Isolation {
     /// pids.
     pub fn enforced(&self) -> Vec<&'static str> {
         let (cpu, devices, memory, pids) = match self {
-            Isolation::V1 {
-                memory, cpu, pids, ..
-            } => (cpu.is_some(), true, memory.is_some(), pids.is_some()),
+            Isolation::V1 { memory, cpu, pids, .. } => (cpu.is_some(), true, memory.is_some(), pids.is_some()),
             Isolation::V2 {
                 device_filter, limits, ..
             } => (limits.cpu, device_filter.is_ok(), limits.memory, limits.pids),
@@ -226,7 +224,10 @@ impl Isolation {
                 let dir = parent.join(&name);
                 let cpu_max = |cpus: u32| format!("{} {CPU_PERIOD_US}", u64::from(cpus) * CPU_PERIOD_US);
                 let settings = [
-                    ("memory.max", limits.mem_bytes.filter(|_| can.memory).map(|b| b.to_string())),
+                    (
+                        "memory.max",
+                        limits.mem_bytes.filter(|_| can.memory).map(|b| b.to_string()),
+                    ),
                     (
                         "memory.swap.max",
                         limits.mem_bytes.filter(|_| can.swap && !allow_swap).map(|_| "0".into()),

@@ -41,7 +41,7 @@ impl Drop for SmallDisk {
 #[test]
 fn a_job_that_fills_the_spool_drains_its_node_and_spares_its_neighbour() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: mounting a small spool needs root");
+        crate::harness::skip("root", "mounting a small spool needs root");
         return;
     }
     // A lease of a few seconds: a node that cannot renew it would fence
@@ -50,7 +50,7 @@ fn a_job_that_fills_the_spool_drains_its_node_and_spares_its_neighbour() {
     let _disk = match SmallDisk::mount(&cluster.spool_dir("node-a"), "24m") {
         Ok(disk) => disk,
         Err(reason) => {
-            eprintln!("skipped: cannot mount a tmpfs here: {reason}");
+            crate::harness::skip("root", &format!("cannot mount a tmpfs here: {reason}"));
             return;
         }
     };

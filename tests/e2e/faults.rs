@@ -14,7 +14,7 @@ fn partitioned_cluster(node_timeout: &str, n_hosts: usize) -> Option<(Cluster, N
     let mut net = match Net::create() {
         Ok(net) => net,
         Err(reason) => {
-            eprintln!("skipped: partitions need network namespaces: {reason}");
+            crate::harness::skip("root", &format!("partitions need network namespaces: {reason}"));
             return None;
         }
     };

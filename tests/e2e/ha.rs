@@ -1043,7 +1043,10 @@ fn a_redirect_to_a_leader_beyond_loopback_sends_no_token_in_clear_text() {
     let net = match crate::harness::netns::Net::create() {
         Ok(net) => net,
         Err(reason) => {
-            eprintln!("skipped: an address beyond loopback needs a bridge of the test's own: {reason}");
+            crate::harness::skip(
+                "root",
+                &format!("an address beyond loopback needs a bridge of the test's own: {reason}"),
+            );
             return;
         }
     };

@@ -7,6 +7,7 @@ mod accounting;
 mod agents;
 mod arrays;
 mod bad_input;
+mod cgroup_v2;
 mod disk;
 mod durability;
 mod faults;

@@ -82,7 +82,10 @@ impl Pki {
 #[test]
 fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: this test runs jobs and commands as other users (nobody, daemon), which needs root");
+        crate::harness::skip(
+            "root",
+            "this test runs jobs and commands as other users (nobody, daemon), which needs root",
+        );
         return;
     }
     // Agents on hosts of their own where the test may make them.

@@ -87,7 +87,10 @@ fn an_attempt_is_denied_the_other_gpus_of_its_node_and_gets_its_limits() {
     };
     let cgroup = without.rules_for("a1", (7, 3), (&[0], &[0, 1]), limits).unwrap();
     assert!(cgroup.deny_devices.is_empty() && cgroup.settings.is_empty());
-    assert!(without.enforced().is_empty(), "nothing is said to be enforced that is not");
+    assert!(
+        without.enforced().is_empty(),
+        "nothing is said to be enforced that is not"
+    );
     assert_eq!(without.label(), "cgroup-no-devices");
     assert_eq!(v2.label(), "cgroup-devices");
     assert_eq!(

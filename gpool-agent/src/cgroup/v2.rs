@@ -2,10 +2,11 @@
 //!
 //! cgroup v2 hands a controller to a cgroup's children only from a parent
 //! that holds no process itself ("no internal processes"). So the agent
-//! moves itself out of the cgroup it was started in (systemd's unit
-//! cgroup, with `Delegate=yes`; or one made for it, see the README) into
-//! a leaf of it, `agent`, and enables `cpuset`, `cpu`, `memory` and `pids`
-//! for `gpool`, the parent of every attempt's cgroup:
+//! lives in a leaf, `agent`, of the cgroup it owns (systemd's unit cgroup,
+//! with `Delegate=yes` and `DelegateSubgroup=agent`, which starts it in
+//! the leaf; or one made for it, see the README), and enables `cpuset`,
+//! `cpu`, `memory` and `pids` for `gpool`, the parent of every attempt's
+//! cgroup:
 //!
 //! ```text
 //! <the agent's cgroup>/            subtree_control: +cpu +memory +pids …
@@ -37,45 +38,70 @@ pub struct V2Limits {
     pub pids: bool,
 }
 
-/// Sets up `<own>/gpool` under the cgroup v2 mount `root` for attempts
-/// (`own`: the agent's cgroup, relative). Returns the parent of
+/// Sets up `<home>/gpool` under the cgroup v2 mount `root` for attempts
+/// (`own`: the agent's cgroup, relative; `home` is its parent when `own`
+/// is already the leaf `agent`, as systemd's `DelegateSubgroup=agent` and
+/// the README's recipe start it, else `own` itself). Returns the parent of
 /// attempts' cgroups and, when controllers could not be enabled, why not
 /// (the parent is still usable for `cgroup.kill` and device rules).
 pub fn delegate(root: &Path, own: &Path) -> Result<(PathBuf, Result<(), String>), String> {
-    let own_dir = root.join(own);
-    let parent = own_dir.join(super::PARENT);
+    let in_leaf = own.file_name().is_some_and(|name| name == AGENT_LEAF);
+    let home = match own.parent() {
+        Some(parent) if in_leaf => root.join(parent),
+        _ => root.join(own),
+    };
+    let parent = home.join(super::PARENT);
     std::fs::create_dir_all(&parent).map_err(|err| format!("cannot create {}: {err}", parent.display()))?;
-    let offered = read_words(&own_dir.join("cgroup.controllers"));
+    let offered = read_words(&home.join("cgroup.controllers"));
     let wanted: Vec<&str> = CONTROLLERS
         .into_iter()
         .filter(|c| offered.iter().any(|o| o == c))
         .collect();
-    let enabled = leave_for_leaf(root, &own_dir).and_then(|()| {
-        // The root cgroup may hold processes and still hand controllers on.
-        enable(&own_dir, &wanted)?;
-        enable(&parent, &wanted)
-    });
+    let enabled = unit_root_refused(own, in_leaf)
+        .and_then(|()| leave_for_leaf(root, &home, in_leaf))
+        .and_then(|()| {
+            // The root cgroup may hold processes and still hand controllers on.
+            enable(&home, &wanted)?;
+            enable(&parent, &wanted)
+        });
     Ok((parent, enabled))
 }
 
-/// Moves the calling process from `own_dir` into its leaf `agent` (the
-/// root cgroup is exempt from the rule and keeps it). Fails, naming them,
-/// when other processes are left in `own_dir`: its controllers could not
-/// be enabled for children then.
-fn leave_for_leaf(root: &Path, own_dir: &Path) -> Result<(), String> {
-    if own_dir == root {
+/// A systemd unit's own cgroup is not made a parent of controllers: a
+/// systemd that starts the agent there (one older than 254, which has no
+/// `DelegateSubgroup=`) could not start it again while jobs run, as no
+/// process may join a cgroup that hands controllers on.
+fn unit_root_refused(own: &Path, in_leaf: bool) -> Result<(), String> {
+    let unit = own.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+    if !in_leaf && [".service", ".scope"].iter().any(|suffix| unit.ends_with(suffix)) {
+        return Err(format!(
+            "systemd started the agent in its unit's own cgroup ({unit}), not in a leaf `agent` of it: \
+             give the unit Delegate=yes and DelegateSubgroup=agent (systemd 254 or later), as the shipped unit does"
+        ));
+    }
+    Ok(())
+}
+
+/// Moves the calling process from `home` into its leaf `agent` unless it
+/// is there (the root cgroup is exempt from the rule and keeps it). Fails,
+/// naming them, when other processes are left in `home`: its controllers
+/// could not be enabled for children then.
+fn leave_for_leaf(root: &Path, home: &Path, in_leaf: bool) -> Result<(), String> {
+    if home == root && !in_leaf {
         return Ok(());
     }
-    let leaf = own_dir.join(AGENT_LEAF);
-    std::fs::create_dir_all(&leaf).map_err(|err| format!("cannot create {}: {err}", leaf.display()))?;
-    std::fs::write(leaf.join("cgroup.procs"), b"0")
-        .map_err(|err| format!("cannot move the agent into {}: {err}", leaf.display()))?;
-    let others = read_words(&own_dir.join("cgroup.procs"));
+    let leaf = home.join(AGENT_LEAF);
+    if !in_leaf {
+        std::fs::create_dir_all(&leaf).map_err(|err| format!("cannot create {}: {err}", leaf.display()))?;
+        std::fs::write(leaf.join("cgroup.procs"), b"0")
+            .map_err(|err| format!("cannot move the agent into {}: {err}", leaf.display()))?;
+    }
+    let others = read_words(&home.join("cgroup.procs"));
     if !others.is_empty() {
         return Err(format!(
             "{} holds processes other than the agent's ({}): give the agent a cgroup of its own \
-             (systemd: Delegate=yes in its unit)",
-            own_dir.display(),
+             (systemd: Delegate=yes and DelegateSubgroup=agent in its unit)",
+            home.display(),
             others.join(" ")
         ));
     }
@@ -139,12 +165,37 @@ mod tests {
     #[test]
     fn other_processes_in_the_agents_cgroup_are_named() {
         let root = tempfile::tempdir().unwrap();
-        let own = root.path().join("user.slice/session-1.scope");
+        let own = root.path().join("user.slice/user-1000.slice/shell");
         std::fs::create_dir_all(own.join("agent")).unwrap();
         std::fs::write(own.join("cgroup.controllers"), "memory pids\n").unwrap();
         std::fs::write(own.join("cgroup.procs"), "4242\n").unwrap();
-        let (_, enabled) = super::delegate(root.path(), std::path::Path::new("user.slice/session-1.scope")).unwrap();
+        let (_, enabled) =
+            super::delegate(root.path(), std::path::Path::new("user.slice/user-1000.slice/shell")).unwrap();
         let reason = enabled.unwrap_err();
         assert!(reason.contains("4242") && reason.contains("Delegate=yes"), "{reason}");
+    }
+
+    /// Started in the leaf `agent` (DelegateSubgroup=agent, the README's
+    /// recipe), the agent's home is the leaf's parent; started in a systemd
+    /// unit's own cgroup, it enables nothing there, and says why.
+    #[test]
+    fn the_leaf_agent_is_the_home_of_a_delegated_unit_and_a_unit_root_is_left_alone() {
+        let root = tempfile::tempdir().unwrap();
+        let unit = root.path().join("system.slice/gpool-agent.service");
+        std::fs::create_dir_all(unit.join("agent")).unwrap();
+        std::fs::write(unit.join("cgroup.controllers"), "memory\n").unwrap();
+        std::fs::write(unit.join("cgroup.procs"), "").unwrap();
+        let leaf = std::path::Path::new("system.slice/gpool-agent.service/agent");
+        let (parent, enabled) = super::delegate(root.path(), leaf).unwrap();
+        assert_eq!(parent, unit.join("gpool"));
+        assert_eq!(enabled, Ok(()));
+        let unit_root = std::path::Path::new("system.slice/gpool-agent.service");
+        let (parent, enabled) = super::delegate(root.path(), unit_root).unwrap();
+        assert_eq!(
+            parent,
+            unit.join("gpool"),
+            "still a parent for cgroup.kill and device rules"
+        );
+        assert!(enabled.unwrap_err().contains("DelegateSubgroup=agent"));
     }
 }

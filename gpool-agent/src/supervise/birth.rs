@@ -138,7 +138,10 @@ mod tests {
         let mut command = std::process::Command::new("true");
         let pid = super::spawn(&mut command, None).unwrap();
         let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
-        assert_eq!(status, nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 0));
+        assert_eq!(
+            status,
+            nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 0)
+        );
         let mut missing = std::process::Command::new("/nonexistent/gpool-test");
         let err = super::spawn(&mut missing, None).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);

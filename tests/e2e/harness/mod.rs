@@ -15,15 +15,31 @@ pub fn outside_tool(name: &str, package: &str) -> Option<std::path::PathBuf> {
             .map(|dir| dir.join(name))
             .find(|path| path.is_file())
     });
-    let required = std::env::var("GPOOL_E2E_REQUIRE").is_ok_and(|list| list.split(',').any(|tool| tool.trim() == name));
     match found {
         Some(path) => Some(path),
-        None if required => panic!("{name} is not installed (Debian's {package}), and GPOOL_E2E_REQUIRE needs it"),
+        None if required(name) => {
+            panic!("{name} is not installed (Debian's {package}), and GPOOL_E2E_REQUIRE needs it")
+        }
         None => {
             eprintln!("skipped: {name} is not installed (Debian's {package}; .ci/run installs it)");
             None
         }
     }
+}
+
+/// Whether `GPOOL_E2E_REQUIRE` (comma-separated) names `need`.
+pub fn required(need: &str) -> bool {
+    std::env::var("GPOOL_E2E_REQUIRE").is_ok_and(|list| list.split(',').any(|item| item.trim() == need))
+}
+
+/// A test that cannot run here says why and is skipped; where
+/// `GPOOL_E2E_REQUIRE` names `need` (`root`: root, cgroups, namespaces,
+/// mounts, containers; `.ci/run` names it), it fails instead.
+pub fn skip(need: &str, reason: &str) {
+    if required(need) {
+        panic!("{reason}, and GPOOL_E2E_REQUIRE needs {need}");
+    }
+    eprintln!("skipped: {reason}");
 }
 
 /// A loopback port nothing listens on now, for a program that takes no
