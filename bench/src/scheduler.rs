@@ -172,6 +172,7 @@ fn sharing_nodes(n_nodes: usize) -> Vec<gpool_core::sched::NodeView> {
                 .collect(),
             topology: Default::default(),
             host: None,
+            enforces: gpool_core::enforce::LimitSet::ALL,
         })
         .collect()
 }
@@ -235,6 +236,7 @@ fn sharing_pending(
                 requires: None,
                 host: None,
                 exclusive: false,
+                limits: Default::default(),
             }),
             user: format!("user-{}", i % 50).into(),
         })

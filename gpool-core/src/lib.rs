@@ -7,6 +7,7 @@ pub mod accounting;
 pub mod array;
 pub mod auth;
 pub mod deps;
+pub mod enforce;
 pub mod feasibility;
 pub mod fencing;
 pub mod fragmentation;

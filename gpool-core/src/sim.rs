@@ -47,6 +47,8 @@ pub fn with_power(mut setup: Setup, mut group: crate::power::Group, resume_delay
     for name in &group.nodes {
         let mut node = NodeView::from_node(&group.node_as_registered(name), &[]);
         node.availability = crate::sched::Availability::Down;
+        // The simulator's nodes have no agent: they enforce every limit.
+        node.enforces = crate::enforce::LimitSet::ALL;
         setup.nodes.push(node);
     }
     setup.power.push(group);

@@ -3,9 +3,11 @@
 //! Nodes, one per line: `n1 8xh100 2xl4 used=0-3 switch=a drain down`
 //! (`NxMODEL` adds N GPUs with the next indices; `used=` lists busy GPU
 //! indices; `nvlink=0-3/4-7` joins each group's GPUs by NVLink;
-//! `drain`/`down` set the node's availability; `k=v` is a label).
+//! `drain`/`down` set the node's availability; `enforces=memory,cpu` the
+//! limits it enforces, every one where unsaid; `k=v` is a label).
 //! Jobs, one per line: `j1 gpus=8 nodes=2 type=h100,a100 prio=5 pool=p
-//! team=a qos=high at=SECS time=SECS` (`at`: submitted; `time`: limit).
+//! team=a qos=high at=SECS time=SECS memgib=N cpus=N` (`at`: submitted;
+//! `time`: limit; `memgib`, `cpus`: per node, asking for those limits).
 //! Running jobs, one per line: `r7 team=a qos=low burst on=n1:0-3+n2:0,2
 //! start=SECS ckpt=SECS ends=SECS preempting for=j3`
 //! (`for=`: preempting, for pending job 3); their GPUs are marked busy.
@@ -132,6 +134,7 @@ fn parse_node_view(line: &str) -> NodeView {
         gpus: Vec::new(),
         topology: Default::default(),
         host: None,
+        enforces: crate::enforce::LimitSet::ALL,
     };
     for token in tokens {
         if let Some((count, model)) = token.split_once('x').filter(|(c, _)| c.parse::<u32>().is_ok()) {
@@ -173,6 +176,9 @@ fn parse_node_view(line: &str) -> NodeView {
                     gpus,
                     ask: crate::sched::HostAsk { cpus, memory_bytes },
                 });
+        } else if let Some(limits) = token.strip_prefix("enforces=") {
+            // enforces=memory,cpu or enforces= (nothing); every limit if unsaid.
+            node.enforces = crate::enforce::LimitSet::parse(limits);
         } else if token == "drain" {
             node.availability = Availability::Draining;
         } else if token == "down" {
@@ -216,6 +222,7 @@ pub fn one_gpu_shape(team: &str) -> JobShape {
         requires: None,
         host: None,
         exclusive: false,
+        limits: crate::enforce::LimitSet::NONE,
     }
 }
 
@@ -242,10 +249,14 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
             "at" => submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
             "exclusive" => job.exclusive = value == "yes",
-            "cpus" => job.host.get_or_insert_with(Default::default).cpus = value.parse().expect("cpus (per node)"),
+            "cpus" => {
+                job.host.get_or_insert_with(Default::default).cpus = value.parse().expect("cpus (per node)");
+                job.limits = job.limits.with(crate::enforce::Limit::Cpu);
+            }
             "memgib" => {
                 job.host.get_or_insert_with(Default::default).memory_bytes =
-                    value.parse::<u64>().expect("memgib (per node)") << 30
+                    value.parse::<u64>().expect("memgib (per node)") << 30;
+                job.limits = job.limits.with(crate::enforce::Limit::Memory);
             }
             "mingpumem" => requires(&mut job).min_gpu_memory_mib = value.parse().expect("mingpumem (MiB)"),
             "nvlink" => {

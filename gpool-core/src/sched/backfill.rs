@@ -38,7 +38,7 @@ pub(super) fn earliest_start(
     let room = |node_idx: usize, freed_on: &HashMap<usize, Vec<u32>>| {
         room_on(
             job,
-            pool,
+            (pool, policy.enforce_limits),
             &nodes[node_idx],
             freed_on.get(&node_idx).map_or(&[][..], Vec::as_slice),
         )

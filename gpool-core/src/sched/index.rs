@@ -60,6 +60,8 @@ pub(super) struct FreeIndex<'v> {
     demand: Vec<u64>,
     /// By node position: its free CPUs and memory (`None`: not known).
     host_free: Vec<Option<HostAsk>>,
+    /// Whether nodes that do not enforce a job's limits are kept from it.
+    enforce: crate::enforce::EnforceLimits,
 }
 
 /// Labels that group nodes close on the network, nearest first: a gang
@@ -91,6 +93,7 @@ impl<'v> FreeIndex<'v> {
                 .any(|node| LOCALITY_LABELS.iter().any(|key| node.labels.contains_key(*key))),
             demand: Vec::new(),
             host_free: nodes.iter().map(|node| node.host_free(&[])).collect(),
+            enforce: policy.enforce_limits,
         };
         for (node_idx, node) in nodes.iter().enumerate() {
             index.add_node(node_idx, node, policy);
@@ -435,6 +438,7 @@ impl<'v> FreeIndex<'v> {
         let group = &self.groups[group_idx];
         let node = &self.nodes[group.node_idx];
         job.allows_node(node)
+            && job.enforced_on(node, self.enforce)
             && job.allows_memory(group.memory_mib)
             && job.allows_host(self.host_free[group.node_idx])
             && (!job.shape.exclusive || self.idle(group.node_idx))
@@ -492,6 +496,7 @@ impl<'v> FreeIndex<'v> {
                     let group = &self.groups[*group_idx];
                     let node = &self.nodes[group.node_idx];
                     if !job.allows_node(node)
+                        || !job.enforced_on(node, self.enforce)
                         || !job.allows_memory(group.memory_mib)
                         || !job.allows_host(self.host_free[group.node_idx])
                         || (job.shape.exclusive && !self.idle(group.node_idx))
@@ -543,6 +548,10 @@ impl<'v> FreeIndex<'v> {
         if !what.is_empty() {
             rejects.push(Reject::Requirements { what });
         }
+        let candidates = (allowed.iter().filter_map(|m| pool.models[*m].as_ref()))
+            .flat_map(|buckets| buckets.by_free.iter().flatten())
+            .map(|group_idx| &self.nodes[self.groups[*group_idx].node_idx]);
+        rejects.extend(super::narrowing::unenforced(job, candidates, self.enforce));
         rejects.extend(self.unavailable_note(pool_idx, pool_label));
         rejects
     }

@@ -202,6 +202,8 @@ pub struct JobShape {
     pub host: Option<HostAsk>,
     /// Only idle nodes, and every GPU of each (`--exclusive`).
     pub exclusive: bool,
+    /// The limits it asks its nodes to enforce (`enforce::asked_by`).
+    pub limits: crate::enforce::LimitSet,
 }
 
 impl JobShape {
@@ -220,6 +222,7 @@ impl JobShape {
             requires: (!spec.requires.is_empty()).then(|| Arc::new(spec.requires.clone())),
             host: HostAsk::of(spec),
             exclusive: spec.exclusive,
+            limits: crate::enforce::asked_by(spec),
         }
     }
 }
@@ -237,10 +240,19 @@ impl PendingJob {
             .is_none_or(|requires| requires.allows_node(&node.name, &node.labels))
     }
 
-    /// Its requirements or its CPU and memory asks narrow the nodes and
-    /// GPUs it may have.
+    /// `node` holds it to the limits it asks for, or `mode` lets it run
+    /// where they are not held (with a warning gpoold keeps on it).
+    pub fn enforced_on(&self, node: &NodeView, mode: crate::enforce::EnforceLimits) -> bool {
+        mode == crate::enforce::EnforceLimits::Warn || self.shape.limits.is_subset(node.enforces)
+    }
+
+    /// Its requirements, its CPU and memory asks or the limits it asks
+    /// to have enforced narrow the nodes and GPUs it may have.
     pub fn narrowed(&self) -> bool {
-        self.shape.requires.is_some() || self.shape.host.is_some() || self.shape.exclusive
+        self.shape.requires.is_some()
+            || self.shape.host.is_some()
+            || self.shape.exclusive
+            || !self.shape.limits.is_empty()
     }
 
     /// Its CPU and memory asks fit what `free` leaves (`None`: a node
@@ -282,6 +294,9 @@ pub struct Policy {
     pub sharing: Sharing,
     /// Nodes kept for a window (`[[reservation]]`).
     pub reservations: Vec<reservations::Reservation>,
+    /// Whether a node that cannot enforce a job's limits is no candidate
+    /// for it (`refuse`) or takes it with a warning (`warn`).
+    pub enforce_limits: crate::enforce::EnforceLimits,
 }
 
 impl Default for Policy {
@@ -296,6 +311,7 @@ impl Default for Policy {
             default_pool: "default".into(),
             sharing: Sharing::default(),
             reservations: Vec::new(),
+            enforce_limits: Default::default(),
         }
     }
 }
@@ -423,3 +439,6 @@ mod tests;
 
 #[cfg(test)]
 mod sharing_tests;
+
+#[cfg(test)]
+mod enforce_tests;

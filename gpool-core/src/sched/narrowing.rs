@@ -1,7 +1,9 @@
 //! What narrows where a job may run, in the words of its pending reasons:
-//! its requirements, and its CPUs and memory per node.
+//! its requirements, its CPUs and memory per node, and the limits it asks
+//! nodes to enforce.
 
-use super::PendingJob;
+use super::{NodeView, PendingJob, Reject};
+use crate::enforce::{EnforceLimits, LimitSet};
 use crate::model::NvlinkNeed;
 
 /// `GPUs of at least 40960 MiB, NVLink required, labels rack=r1, only on
@@ -65,4 +67,35 @@ fn requirement_words(requires: &crate::model::Requirements, in_pool: &dyn Fn(&st
         words.push(format!("not on {}", excluded.join(",")));
     }
     words.join(", ")
+}
+
+/// Most nodes a reason names of those that do not enforce a job's limits.
+const MOST_NAMED: usize = 3;
+
+/// Under `refuse`, where some of `nodes` (those of its pool with GPUs of
+/// a model it takes) would be its but for the limits it asks for, which
+/// they do not enforce: those limits, and those nodes (each once, by
+/// name). `None` where every node its requirements allow enforces them.
+pub(super) fn unenforced<'n>(
+    job: &PendingJob,
+    nodes: impl Iterator<Item = &'n NodeView>,
+    mode: EnforceLimits,
+) -> Option<Reject> {
+    if mode == EnforceLimits::Warn || job.shape.limits.is_empty() {
+        return None;
+    }
+    let mut missing = LimitSet::NONE;
+    let mut names = std::collections::BTreeSet::new();
+    for node in nodes.filter(|node| job.allows_node(node)) {
+        let lacking = crate::enforce::unenforced(job.shape.limits, Some(node.enforces));
+        if !lacking.is_empty() {
+            missing = missing.union(lacking);
+            names.insert(node.name.as_str());
+        }
+    }
+    (!names.is_empty()).then(|| Reject::Unenforced {
+        limits: missing,
+        n_nodes: names.len(),
+        nodes: names.into_iter().take(MOST_NAMED).map(String::from).collect(),
+    })
 }

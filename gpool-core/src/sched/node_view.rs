@@ -23,6 +23,10 @@ pub struct NodeView {
     /// Its CPUs and memory, where its agent reports them; `None`: jobs'
     /// CPU and memory asks are not held against it.
     pub host: Option<HostView>,
+    /// The limits it enforces on its attempts: its agent's word (the
+    /// `gpool.enforces` label; nothing where the agent does not say), every
+    /// one on the simulator's nodes.
+    pub enforces: crate::enforce::LimitSet,
 }
 
 /// CPUs and memory: what a job takes on each of its nodes, or what a node
@@ -175,21 +179,24 @@ impl NodeView {
                 },
                 held: Vec::new(),
             }),
+            enforces: crate::enforce::LimitSet::of_node(&node.labels),
         }
     }
 }
 
 /// Whether `node`, of the job's pool, would have `gpus_per_node` free GPUs
-/// of one acceptable model once its GPUs `extra` are freed too.
+/// of one acceptable model once its GPUs `extra` are freed too (and holds
+/// the job to its limits, as `enforce` asks).
 pub(super) fn room_on(
     job: &super::PendingJob,
-    pool: Option<&crate::model::PoolDef>,
+    (pool, enforce): (Option<&crate::model::PoolDef>, crate::enforce::EnforceLimits),
     node: &NodeView,
     extra: &[u32],
 ) -> bool {
     if node.availability != Availability::Up
         || !pool.is_some_and(|pool| pool.selects(&node.labels))
         || !job.allows_node(node)
+        || !job.enforced_on(node, enforce)
     {
         return false;
     }

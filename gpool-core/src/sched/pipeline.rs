@@ -111,9 +111,11 @@ struct ShapeKey<'v> {
     class: usize,
     /// Jobs with requirements are alike only if they have the same.
     requires: Option<&'v crate::model::Requirements>,
-    /// And the same CPU and memory asks, and exclusivity.
+    /// And the same CPU and memory asks, exclusivity and limits to have
+    /// enforced.
     host: Option<HostAsk>,
     exclusive: bool,
+    limits: crate::enforce::LimitSet,
     gpus_per_node: u32,
     nodes: u32,
     covered: bool,
@@ -295,6 +297,7 @@ impl<'v> Cycle<'v> {
             requires: job.shape.requires.as_deref(),
             host: job.shape.host,
             exclusive: job.shape.exclusive,
+            limits: job.shape.limits,
             gpus_per_node: job.shape.gpus_per_node,
             nodes: job.shape.nodes,
             covered,

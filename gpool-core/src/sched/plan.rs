@@ -172,6 +172,14 @@ pub enum Reject {
     Requirements {
         what: String,
     },
+    /// Beside `Resources`, under `enforce_limits = "refuse"`: nodes its
+    /// requirements allow do not enforce `limits` of those it asks for,
+    /// so its counts leave them out: how many, and the first few by name.
+    Unenforced {
+        limits: crate::enforce::LimitSet,
+        n_nodes: usize,
+        nodes: Vec<String>,
+    },
     /// The models exist but not enough of them are free right now.
     Resources {
         gpus_per_node: u32,
@@ -229,6 +237,12 @@ fn humanize_secs(secs: u64) -> String {
     }
 }
 
+/// `--mem, --cpus-per-gpu`: the flags that ask for `limits`.
+fn flags(limits: crate::enforce::LimitSet) -> String {
+    let flags: Vec<&str> = limits.iter().filter_map(crate::enforce::Limit::flag).collect();
+    flags.join(", ")
+}
+
 fn plural(count: u64, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
 }
@@ -243,6 +257,7 @@ impl Reject {
             Reject::NodesUnavailable { .. } => "nodes_unavailable",
             Reject::SomeNodesUnavailable { .. } => "some_nodes_unavailable",
             Reject::Requirements { .. } => "requirements",
+            Reject::Unenforced { .. } => "limits_not_enforced",
             Reject::NoGpuModel { .. } => "gpu_model_unavailable",
             Reject::TeamCap { .. } => "team_cap",
             Reject::UserCap { .. } => "user_cap",
@@ -269,6 +284,11 @@ impl Reject {
             }
             Reject::SomeNodesUnavailable { .. } => return None,
             Reject::Requirements { what } => format!("relax what narrows where it may run: {what}"),
+            Reject::Unenforced { limits, .. } => format!(
+                "wait for nodes that enforce {} (gpool nodes: ENFORCES), or submit it without {} to run where nothing holds it to them",
+                limits.words(),
+                flags(*limits)
+            ),
             Reject::NoGpuModel { available, .. } if !available.is_empty() => {
                 format!("accept another GPU model: {}", models(available))
             }
@@ -432,6 +452,26 @@ impl fmt::Display for Reject {
                 humanize_secs(*in_secs)
             ),
             Reject::Requirements { what } => write!(f, "counting only what its requirements allow: {what}"),
+            Reject::Unenforced {
+                limits,
+                n_nodes,
+                nodes,
+            } => {
+                let names = limits.names();
+                write!(
+                    f,
+                    "{} {} ({}) not enforced on {}: {}",
+                    names.join(" and "),
+                    if names.len() == 1 { "limit" } else { "limits" },
+                    flags(*limits),
+                    plural(*n_nodes as u64, "node", "nodes"),
+                    nodes.join(", ")
+                )?;
+                if *n_nodes > nodes.len() {
+                    f.write_str(", ...")?;
+                }
+                Ok(())
+            }
             Reject::NoEstimate => f.write_str(
                 "no start time can be foreseen: not every running job in its way has a time limit",
             ),

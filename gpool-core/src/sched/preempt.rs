@@ -304,7 +304,7 @@ impl<'v> Reclaimer<'v> {
         freed_on: &HashMap<usize, Vec<u32>, FastHash>,
     ) -> bool {
         let extra = freed_on.get(&node_idx).map_or(&[][..], Vec::as_slice);
-        room_on(job, pool, &self.nodes[node_idx], extra)
+        room_on(job, (pool, self.policy.enforce_limits), &self.nodes[node_idx], extra)
     }
 
     /// The jobs' GPUs are spoken for: nobody else counts on them, and no

@@ -53,6 +53,8 @@ pub struct ReasonFacts {
     pub count: Option<u64>,
     /// When it may start (`--begin`).
     pub at: Option<Timestamp>,
+    /// The limits it asks for that nodes do not enforce (`cpu`, `memory`).
+    pub limits: Vec<String>,
 }
 
 impl Reason {
@@ -180,6 +182,11 @@ impl Reject {
                 ..none
             },
             Reject::NoEstimate | Reject::Requirements { .. } => none,
+            Reject::Unenforced { limits, n_nodes, .. } => ReasonFacts {
+                count: some(*n_nodes),
+                limits: limits.names().into_iter().map(String::from).collect(),
+                ..none
+            },
             Reject::Reclaiming { n_jobs } => ReasonFacts {
                 count: some(*n_jobs),
                 ..none

@@ -142,6 +142,7 @@ fn pools_select_nodes_by_label() {
         default_pool: "default".into(),
         sharing: Default::default(),
         reservations: Vec::new(),
+        enforce_limits: Default::default(),
     };
     let view = cluster_view(
         "n1 8xh100\nn2 4xl4 tier=infer",
@@ -248,6 +249,7 @@ proptest! {
             default_pool: "default".into(),
             sharing: Default::default(),
             reservations: Vec::new(),
+            enforce_limits: Default::default(),
         };
         let plan = schedule(&view, &policy, Timestamp(0));
         prop_assert_eq!(&plan, &schedule(&view, &policy, Timestamp(0)));

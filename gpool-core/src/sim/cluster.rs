@@ -135,6 +135,7 @@ impl Cluster {
                         .collect(),
                     topology: topology.clone(),
                     host: host.clone(),
+                    enforces: crate::enforce::LimitSet::ALL,
                 });
             }
         }

@@ -295,6 +295,10 @@ impl Sim<'_> {
 
     fn arrive(&mut self, index: usize, job: &TraceJob) {
         let pool = self.setup.team_pools.get(&job.team).cloned().unwrap_or_default();
+        let host = match self.setup.policy.pool(&pool) {
+            Some(def) => crate::sched::HostAsk::or_defaults(job.host, &def.defaults, job.gpus_per_node),
+            None => job.host,
+        };
         let shape = JobShape {
             team: job.team.as_str().into(),
             reservation: Default::default(),
@@ -306,11 +310,9 @@ impl Sim<'_> {
             priority: 0,
             time_limit_secs: job.time_limit_secs.or(self.default_limit_secs),
             requires: None,
-            host: match self.setup.policy.pool(&pool) {
-                Some(def) => crate::sched::HostAsk::or_defaults(job.host, &def.defaults, job.gpus_per_node),
-                None => job.host,
-            },
+            host,
             exclusive: false,
+            limits: crate::enforce::asked_by_host(host),
         };
         let pending = PendingJob {
             id: JobId(index as u64 + 1),
