@@ -110,11 +110,12 @@ enum Command {
     Run(Box<cmd::submit::SubmitArgs>),
     /// List jobs (pending and running unless --all or --state).
     Jobs(cmd::jobs::JobsArgs),
-    /// Show everything about one job, including why it is pending.
+    /// Show everything about one job, including why it is pending; or
+    /// about one node, with the limits it enforces.
     Show {
-        /// Job id (123, or 123_4 for task 4 of array 123).
-        #[arg(value_parser = cmd::parse_job_ref)]
-        id: cmd::JobRef,
+        /// Job id (123, or 123_4 for task 4 of array 123), or a node's name.
+        #[arg(value_parser = cmd::parse_show_target)]
+        target: cmd::ShowTarget,
         /// Print every variable of the job's environment (the table
         /// otherwise counts them; JSON always has them).
         #[arg(long)]
@@ -477,7 +478,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Slurm(slurm::SlurmCommand::Install { dir }) => slurm::install(&dir),
         Command::Run(args) => cmd::terminal::run(&ctx, *args).await,
         Command::Jobs(args) => cmd::jobs::run(&ctx, args).await.map(|()| 0),
-        Command::Show { id, env } => cmd::jobs::show(&ctx, id, env).await.map(|()| 0),
+        Command::Show { target, env } => cmd::show(&ctx, target, env).await.map(|()| 0),
         Command::Cancel { ids, signal, filter } => cmd::cancel::run(&ctx, ids, signal, filter).await,
         Command::Requeue { ids } => cmd::cancel::requeue(&ctx, ids).await,
         Command::Update(args) => cmd::cancel::update(&ctx, args).await,

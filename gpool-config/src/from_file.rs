@@ -41,6 +41,7 @@ impl Config {
             .map(|spanned| reservation_from_file(spanned, &invalid))
             .collect::<Result<_, _>>()?;
         check_names(&policy, &accounting, &invalid)?;
+        policy.enforce_limits = enforce_limits_of(parsed.enforce_limits, &invalid)?;
         let plaintext_from = plaintext_ranges(&parsed.plaintext_from, &invalid)?;
         let tls = tls_of(
             parsed.tls,
@@ -281,6 +282,20 @@ fn straggler_after_of(field: Option<toml::Spanned<String>>, invalid: Invalid) ->
             )
         }),
     }
+}
+
+/// `enforce_limits`: what becomes of a job whose limits (`--mem`,
+/// `--cpus-per-gpu`) a node cannot enforce: `refuse` (the default: the node
+/// is no candidate for it) or `warn` (it runs there, with a warning).
+fn enforce_limits_of(
+    field: Option<toml::Spanned<String>>,
+    invalid: Invalid,
+) -> Result<gpool_core::enforce::EnforceLimits, ConfigError> {
+    let Some(text) = field else {
+        return Ok(Default::default());
+    };
+    gpool_core::enforce::EnforceLimits::parse(text.get_ref())
+        .map_err(|reason| invalid(text.span().start, format!("enforce_limits: {reason}")))
 }
 
 /// `detach_grace`: a duration from 5s (sessions say they are attached

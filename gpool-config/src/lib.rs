@@ -207,6 +207,9 @@ struct ConfigFile {
     detach_grace: Option<toml::Spanned<String>>,
     #[serde(default)]
     max_message_size: Option<toml::Spanned<String>>,
+    /// `refuse` (the default) or `warn`.
+    #[serde(default)]
+    enforce_limits: Option<toml::Spanned<String>>,
     socket: Option<PathBuf>,
     tls: Option<toml::Spanned<TlsFile>>,
     #[serde(default)]

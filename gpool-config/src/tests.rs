@@ -50,6 +50,26 @@ fn history_file_records_is_a_number_in_range() {
 }
 
 #[test]
+fn enforce_limits_is_refuse_by_default_or_warn_and_nothing_else() {
+    use gpool_core::enforce::EnforceLimits;
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n";
+    let config = Config::parse("g.toml", base).unwrap();
+    assert_eq!(config.policy.enforce_limits, EnforceLimits::Refuse);
+    let config = Config::parse("g.toml", &format!("{base}enforce_limits = \"warn\"\n")).unwrap();
+    assert_eq!(config.policy.enforce_limits, EnforceLimits::Warn);
+    let config = Config::parse("g.toml", &format!("{base}enforce_limits = \"refuse\"\n")).unwrap();
+    assert_eq!(config.policy.enforce_limits, EnforceLimits::Refuse);
+    let err = Config::parse("g.toml", &format!("{base}enforce_limits = \"ignore\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("g.toml:3"), "{err}");
+    assert!(
+        err.contains("enforce_limits: \"ignore\" is not \"refuse\" or \"warn\""),
+        "{err}"
+    );
+}
+
+#[test]
 fn accounting_errors_name_the_field() {
     let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n[accounting]\n";
     for (extra, expected) in [

@@ -106,7 +106,12 @@ fn run(
                 listen: args.listen,
                 state_dir,
                 dev: true,
-                policy: Policy::default(),
+                // Dev mode runs as whoever starts it, where nothing may
+                // be enforced: jobs that ask for limits run, with a warning.
+                policy: Policy {
+                    enforce_limits: gpool_core::enforce::EnforceLimits::Warn,
+                    ..Policy::default()
+                },
                 admins: vec!["*".into()],
                 node_timeout: args.node_timeout,
                 forget_nodes_after: Some(gpoold::config::DEFAULT_FORGET_NODES_AFTER),

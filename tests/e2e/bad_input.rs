@@ -58,7 +58,8 @@ fn bad_flags_name_the_field() {
         2,
         "--state: unknown state \"done\"",
     );
-    assert_refused(&cluster.gpool(&["show", "abc"]), 2, "invalid value 'abc'");
+    // Not a job id: a node's name, and there is no such node.
+    assert_refused(&cluster.gpool(&["show", "abc"]), 2, "\"abc\" is neither a job id");
     // A flag gpool does not know is refused, never run as the command;
     // Slurm's words get gpool's.
     assert_refused(

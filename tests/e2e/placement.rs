@@ -1,6 +1,7 @@
 //! Where jobs land: requirements on GPU memory, NVLink, labels and node
 //! lists, checked at submit against the known nodes; small jobs kept off
-//! whole NVLink domains.
+//! whole NVLink domains; jobs asking for limits kept off nodes that cannot
+//! enforce them, or warned.
 
 use crate::harness::cluster::Cluster;
 use crate::harness::process::{wait_for_file, wait_until};
@@ -345,4 +346,120 @@ fn an_exclusive_job_gets_a_whole_idle_node_to_itself() {
     cluster.wait_for_state(second, "completed");
     assert_eq!(node_of(&cluster, second), busy_node);
     cluster.gpool(&["cancel", &whole.to_string()]).ok();
+}
+
+/// An agent whose agent.toml turns cgroups off, with `n_gpus` GPUs: a
+/// node that enforces no limit.
+fn start_unenforcing_agent(cluster: &mut Cluster, node: &str, n_gpus: u32) {
+    let top = format!("controller = \"{}\"\ncgroups = false\n", cluster.addr);
+    cluster.spawn_agent(node, n_gpus, &top, "", None);
+    cluster.wait_for_registered(node);
+}
+
+/// What `gpool nodes --output json` says `node` enforces.
+fn enforces(cluster: &Cluster, node: &str) -> Vec<String> {
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let found = nodes
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["name"] == node).cloned());
+    let found = found.unwrap_or_else(|| panic!("gpool nodes lists no {node}: {nodes}"));
+    (found["enforces"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no enforces: {found}"))
+        .iter())
+    .filter_map(|limit| limit.as_str().map(String::from))
+    .collect()
+}
+
+/// By default (`enforce_limits = "refuse"`), a job asking for a memory
+/// limit never runs on a node that cannot enforce it: it waits, and its
+/// reason names the limit and the node; a job asking for no limit runs
+/// there. `gpool nodes` and `gpool show NODE` say the node enforces
+/// nothing.
+#[test]
+fn a_job_asking_for_memory_waits_where_no_node_enforces_it() {
+    let mut cluster = Cluster::with_config("");
+    start_unenforcing_agent(&mut cluster, "n1", 2);
+    assert_eq!(enforces(&cluster, "n1"), Vec::<String>::new());
+    let table = cluster.gpool(&["nodes"]);
+    assert!(table.ok().contains("ENFORCES"), "{}", table.stdout);
+    let shown = cluster.gpool(&["show", "n1"]);
+    assert!(shown.ok().contains("enforces:        nothing"), "{}", shown.stdout);
+
+    let limited = cluster.submit(&["--mem", "256M", "--", "true"]);
+    let reasons = wait_until("the job to say why it waits", Duration::from_secs(20), || {
+        let job = cluster.job(limited);
+        let codes = job["reason_codes"].to_string();
+        codes.contains("limits_not_enforced").then_some(job)
+    });
+    assert_eq!(reasons["state"], "pending");
+    let words = reasons["reasons"].to_string();
+    assert!(
+        words.contains("memory limit (--mem) not enforced on 1 node: n1"),
+        "{words}"
+    );
+    let why = cluster.gpool(&["why", &limited.to_string()]);
+    assert!(why.ok().contains("not enforced on 1 node: n1"), "{}", why.stdout);
+
+    let plain = cluster.gpool(&["submit", "--wait", "--", "true"]);
+    assert_eq!(plain.code, 0, "a job asking for no limit runs there: {}", plain.stderr);
+    assert_eq!(cluster.job(limited)["state"], "pending");
+    cluster.gpool(&["cancel", &limited.to_string()]).ok();
+}
+
+/// With `enforce_limits = "warn"` the same job runs there, and `gpool show`
+/// warns that the node does not enforce its memory limit, before and
+/// after a restart of gpoold.
+#[test]
+fn with_warn_a_job_runs_where_its_limit_is_not_enforced_and_says_so() {
+    let mut cluster = Cluster::with_config("enforce_limits = \"warn\"\n");
+    start_unenforcing_agent(&mut cluster, "n1", 2);
+    let run = cluster.gpool(&["submit", "--output", "json", "--mem", "256M", "--wait", "--", "true"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = run.json()["ids"][0].as_u64().expect("an id");
+    let expected = "node n1 does not enforce memory (--mem 256M): the job may use more";
+    let check = |cluster: &Cluster| {
+        let shown = cluster.gpool(&["show", &id.to_string()]);
+        let line = shown
+            .ok()
+            .lines()
+            .find(|line| line.starts_with("warning:"))
+            .map(String::from);
+        assert!(
+            line.as_deref().is_some_and(|line| line.contains(expected)),
+            "{}",
+            shown.stdout
+        );
+        assert_eq!(cluster.job(id)["warnings"][0], expected);
+    };
+    check(&cluster);
+    cluster.controller().stop();
+    cluster.start_controller();
+    check(&cluster);
+}
+
+/// Where one node enforces limits (an agent as root, with cgroups) and
+/// another does not, a job asking for memory lands on the first, though
+/// the other is the better fit.
+#[test]
+fn a_job_asking_for_memory_lands_on_the_node_that_enforces_it() {
+    let mut cluster = Cluster::with_config("");
+    start_unenforcing_agent(&mut cluster, "loose", 1);
+    cluster.start_agent("strict", 4);
+    if !enforces(&cluster, "strict").iter().any(|limit| limit == "memory") {
+        let required = std::env::var("GPOOL_E2E_REQUIRE").is_ok_and(|list| list.split(',').any(|t| t.trim() == "root"));
+        let why = format!(
+            "an agent here enforces {:?}, not memory (it needs root and a cgroup memory controller)",
+            enforces(&cluster, "strict")
+        );
+        assert!(!required, "{why}, and GPOOL_E2E_REQUIRE needs root");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let shown = cluster.gpool(&["show", "strict"]);
+    assert!(shown.ok().contains("memory"), "{}", shown.stdout);
+    let id = cluster.submit(&["--mem", "256M", "--", "true"]);
+    cluster.wait_for_state(id, "completed");
+    assert_eq!(node_of(&cluster, id), "strict");
+    assert!(cluster.job(id)["warnings"].as_array().is_some_and(Vec::is_empty));
 }

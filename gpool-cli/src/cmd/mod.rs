@@ -55,6 +55,30 @@ impl Ctx {
     }
 }
 
+/// What `gpool show` shows: a job, or a node (any name that is no job id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShowTarget {
+    Job(JobRef),
+    Node(String),
+}
+
+/// A job id, else a node's name (clap's value parser for `gpool show`).
+pub fn parse_show_target(text: &str) -> Result<ShowTarget, String> {
+    match parse_job_ref(text) {
+        Ok(job) => Ok(ShowTarget::Job(job)),
+        Err(_) if text.trim().is_empty() => Err("give a job id or a node's name".to_string()),
+        Err(_) => Ok(ShowTarget::Node(text.to_string())),
+    }
+}
+
+/// `gpool show`: a job, or a node.
+pub async fn show(ctx: &Ctx, target: ShowTarget, with_env: bool) -> Result<(), CliError> {
+    match target {
+        ShowTarget::Job(id) => jobs::show(ctx, id, with_env).await,
+        ShowTarget::Node(name) => nodes::show(ctx, &name).await,
+    }
+}
+
 /// A job as users name it: `123`, `123_4` for the task with index 4 of
 /// array 123, or `100-110` for the ids from 100 to 110.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,6 +29,25 @@ pub async fn list(ctx: &Ctx, summary: bool) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `gpool show NODE`: one node, field by field (JSON: as `gpool nodes`).
+pub async fn show(ctx: &Ctx, name: &str) -> Result<(), CliError> {
+    let nodes = fetch_nodes(ctx).await?;
+    let node = nodes
+        .iter()
+        .find(|node| node.name == name)
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "{name:?} is neither a job id (such as 123, or 123_4 for task 4 of array 123) nor a node's name (see `gpool nodes`)"
+            ))
+        })?;
+    if ctx.json() {
+        output::print_json(&output::node_json(node));
+    } else {
+        output::print_node_details(node);
+    }
+    Ok(())
+}
+
 /// Drains `name` (or only its GPU `gpu`) when a reason is given (with its
 /// running jobs requeued at once if asked), resumes it otherwise.
 pub async fn drain(ctx: &Ctx, name: String, gpu: Option<u32>, drain: Option<(String, bool)>) -> Result<(), CliError> {

@@ -71,6 +71,9 @@ pub struct JobJson<'a> {
     stragglers: Vec<StragglerJson<'a>>,
     /// Its history besides its state, oldest first.
     events: Vec<EventJson<'a>>,
+    /// Of its events, the warnings (a node that did not enforce the
+    /// limits it asked for), without their `warning: `.
+    warnings: Vec<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -216,6 +219,11 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         gpu_use: job.gpu_use.as_ref().map(gpu_use_json),
         stragglers: stragglers_json(job),
         events: events_json(job),
+        warnings: job
+            .events
+            .iter()
+            .filter_map(|e| e.text.strip_prefix("warning: "))
+            .collect(),
     }
 }
 

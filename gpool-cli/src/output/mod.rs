@@ -19,10 +19,12 @@
 //! patterns; else null), gpu_use ({samples, mean_utilization_pct,
 //! peak_utilization_pct, peak_memory_used_mib, idle}, or null),
 //! stragglers ([{node, index, utilization_pct, median_pct, since}]),
-//! events ([{at, text}]: stragglers flagged and back in step).
+//! events ([{at, text}]: stragglers flagged and back in step), warnings
+//! (texts: nodes that did not enforce the limits it asked for).
 //! JSON node object: name, state, gpus_total, gpus_free (0 unless the node
 //! takes work), drained_by and drained_at (an operator's drain; else null),
-//! gpu_model, labels,
+//! gpu_model, labels, enforces (the limits it enforces: cpu, devices,
+//! memory, pids),
 //! drain_reason, gpus ([{index, model, memory_mib, uuid, job_id}]).
 
 use gpool_proto::convert::state_name;

@@ -1,6 +1,7 @@
 //! Nodes as tables and JSON: `gpool nodes`, `health`, pool summaries.
 
 use super::*;
+use gpool_core::enforce::LimitSet;
 
 pub fn node_state(node: &pb::Node) -> &'static str {
     // A node of a power group that is not up shows where it stands, as
@@ -36,6 +37,43 @@ pub(super) fn is_simulated(node: &pb::Node) -> bool {
         .any(|l| l.key == "gpool.simulated" && l.value == "true")
 }
 
+/// What the node enforces on its jobs, by its agent's `gpool.enforces`
+/// label; `None` where its agent does not say (one older than the label),
+/// which gpoold takes for nothing.
+pub(super) fn enforced(node: &pb::Node) -> Option<LimitSet> {
+    node.labels
+        .iter()
+        .find(|l| l.key == gpool_core::enforce::LABEL)
+        .map(|l| LimitSet::parse(&l.value))
+}
+
+/// `cpu,devices,memory,pids`, or `none`: the ENFORCES column.
+fn enforced_cell(node: &pb::Node) -> String {
+    match enforced(node).unwrap_or_default() {
+        set if set.is_empty() => "none".to_string(),
+        set => set.label(),
+    }
+}
+
+/// `gpool show NODE`'s `enforces:` line: what it enforces, what not, and
+/// where nothing, why.
+pub(super) fn enforced_words(node: &pb::Node) -> String {
+    let isolation = node
+        .labels
+        .iter()
+        .find(|l| l.key == "isolation")
+        .map(|l| l.value.as_str());
+    match enforced(node) {
+        None => "nothing (its agent does not say what it enforces: an agent older than gpoold)".to_string(),
+        Some(set) if set.is_empty() => format!(
+            "nothing (isolation: {}; the agent's log says why)",
+            isolation.unwrap_or("unknown")
+        ),
+        Some(set) if set == LimitSet::ALL => set.words(),
+        Some(set) => format!("{} (not {})", set.words(), LimitSet::ALL.less(set).words()),
+    }
+}
+
 pub fn node_json(node: &pb::Node) -> serde_json::Value {
     let labels: BTreeMap<&str, &str> = node.labels.iter().map(|l| (l.key.as_str(), l.value.as_str())).collect();
     let gpus: Vec<serde_json::Value> = node
@@ -67,6 +105,7 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
         "simulated": is_simulated(node),
         "pools": node.pools,
         "labels": labels,
+        "enforces": enforced(node).unwrap_or_default().names(),
         "cpus": (node.cpus > 0).then_some(node.cpus),
         "memory_bytes": (node.memory_bytes > 0).then_some(node.memory_bytes),
         "reservations": node.reservations.iter().map(|r| serde_json::json!({
@@ -94,7 +133,11 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
     let rows = nodes
         .iter()
         .map(|node| {
-            let labels: Vec<String> = node.labels.iter().map(|l| format!("{}={}", l.key, l.value)).collect();
+            // What it enforces has its own column.
+            let labels: Vec<String> = (node.labels.iter())
+                .filter(|l| l.key != gpool_core::enforce::LABEL)
+                .map(|l| format!("{}={}", l.key, l.value))
+                .collect();
             let n_free = n_free(node);
             let n_out = node.gpus.iter().filter(|gpu| gpu.out_of_service.is_some()).count();
             vec![
@@ -109,6 +152,7 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
                     gpu_models(node)
                 },
                 node.pools.join(","),
+                enforced_cell(node),
                 labels.join(","),
                 node_reasons(node),
             ]
@@ -116,10 +160,59 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
         .collect();
     print_table(
         &[
-            "NAME", "STATE", "GPUS", "FREE", "OUT", "MODEL", "POOLS", "LABELS", "REASON",
+            "NAME", "STATE", "GPUS", "FREE", "OUT", "MODEL", "POOLS", "ENFORCES", "LABELS", "REASON",
         ],
         rows,
     );
+}
+
+/// `gpool show NODE`: one node, field by field.
+pub fn print_node_details(node: &pb::Node) {
+    let label = |key: &str| node.labels.iter().find(|l| l.key == key).map(|l| l.value.clone());
+    let others: Vec<String> = (node.labels.iter())
+        .filter(|l| l.key != gpool_core::enforce::LABEL && l.key != "isolation")
+        .map(|l| format!("{}={}", l.key, l.value))
+        .collect();
+    let simulated = if is_simulated(node) { " (simulated)" } else { "" };
+    let lines = [
+        ("name", node.name.clone()),
+        ("state", node_state(node).to_string()),
+        (
+            "gpus",
+            format!(
+                "{} x {}{simulated}, {} free",
+                node.gpus.len(),
+                gpu_models(node),
+                n_free(node)
+            ),
+        ),
+        ("pools", node.pools.join(",")),
+        (
+            "cpus",
+            if node.cpus > 0 {
+                node.cpus.to_string()
+            } else {
+                "-".into()
+            },
+        ),
+        (
+            "memory",
+            if node.memory_bytes > 0 {
+                format!("{:.1} GiB", node.memory_bytes as f64 / (1u64 << 30) as f64)
+            } else {
+                "-".into()
+            },
+        ),
+        ("isolation", label("isolation").unwrap_or("-".into())),
+        ("enforces", enforced_words(node)),
+        ("labels", others.join(",")),
+        ("reason", node_reasons(node)),
+    ];
+    for (key, value) in lines {
+        if !value.is_empty() {
+            outln!("{:<17}{value}", format!("{key}:"));
+        }
+    }
 }
 
 /// Free and in service: a job may be placed on it.

@@ -46,6 +46,9 @@ pub fn reason_json(reason: &pb::Reason) -> Value {
         object.insert("models_wanted".into(), json!(reason.models_wanted));
         object.insert("models_available".into(), json!(reason.models_available));
     }
+    if !reason.limits.is_empty() {
+        object.insert("limits".into(), json!(reason.limits));
+    }
     if let Some(at) = reason.at_ms {
         object.insert("at".into(), json!(super::rfc3339(at)));
     }

@@ -149,7 +149,11 @@ fn option_lines(job: &pb::Job, spec: &pb::JobSpec) -> Vec<Line> {
 fn run_lines(job: &pb::Job) -> Vec<Line> {
     let mut lines = Vec::new();
     for event in &job.events {
-        lines.push(("event", format!("{} {}", rfc3339(event.at_ms), event.text)));
+        // A warning (a node that did not enforce its limits) stands out.
+        match event.text.strip_prefix("warning: ") {
+            Some(warning) => lines.push(("warning", format!("{warning} ({})", rfc3339(event.at_ms)))),
+            None => lines.push(("event", format!("{} {}", rfc3339(event.at_ms), event.text))),
+        }
     }
     for straggler in &job.stragglers {
         lines.push((

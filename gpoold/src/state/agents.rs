@@ -88,6 +88,7 @@ impl State {
             }
             self.next_epoch += 1;
             self.claims_met(start.job);
+            self.warn_unenforced(start.job, &start.placement, now, out);
             if let Some(job) = self.jobs.get(&start.job) {
                 let waited = (now.0 - job.submitted_at.0).max(0) as f64 / 1000.0;
                 self.metrics
@@ -128,7 +129,7 @@ impl State {
                 && !job.held
                 && self.dependency_state_of(job) == gpool_core::deps::DepState::Met
         });
-        pending && self.still_free(start, busy)
+        pending && self.still_free(start, busy) && self.enforcement_allows(start.job, &start.placement)
     }
 
     /// Its nodes take work and its GPUs are free.

@@ -12,6 +12,7 @@ mod arrays;
 mod attempt;
 mod commands;
 mod deps;
+mod enforce;
 mod gpu_use;
 mod health;
 mod history;

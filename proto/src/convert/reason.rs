@@ -29,5 +29,6 @@ pub fn reason_to_wire(reason: &Reason) -> pb::Reason {
         job: facts.job.map(|job| job.0),
         count: facts.count,
         at_ms: facts.at.map(|at| at.0),
+        limits: facts.limits.clone(),
     }
 }

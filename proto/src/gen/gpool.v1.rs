@@ -818,6 +818,10 @@ pub struct Reason {
     /// When it may start (--begin), Unix milliseconds.
     #[prost(int64, optional, tag = "23")]
     pub at_ms: ::core::option::Option<i64>,
+    /// The limits it asks for (cpu, memory) that nodes of its pool do not
+    /// enforce, under enforce_limits = "refuse" (`count`: how many nodes).
+    #[prost(string, repeated, tag = "24")]
+    pub limits: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
