@@ -74,7 +74,7 @@ pub struct Limits {
 }
 
 /// The CPU quota period, microseconds.
-const CPU_PERIOD_US: u64 = 100_000;
+pub(crate) const CPU_PERIOD_US: u64 = 100_000;
 
 impl Isolation {
     /// Looks at the cgroup mounts under `root` (/sys/fs/cgroup) and this
@@ -222,22 +222,7 @@ impl Isolation {
                 ..
             } => {
                 let dir = parent.join(&name);
-                let cpu_max = |cpus: u32| format!("{} {CPU_PERIOD_US}", u64::from(cpus) * CPU_PERIOD_US);
-                let settings = [
-                    (
-                        "memory.max",
-                        limits.mem_bytes.filter(|_| can.memory).map(|b| b.to_string()),
-                    ),
-                    (
-                        "memory.swap.max",
-                        limits.mem_bytes.filter(|_| can.swap && !allow_swap).map(|_| "0".into()),
-                    ),
-                    ("cpu.max", limits.cpus.filter(|_| can.cpu).map(cpu_max)),
-                    ("pids.max", limits.pids.filter(|_| can.pids).map(|max| max.to_string())),
-                ]
-                .into_iter()
-                .filter_map(|(file, value)| Some((dir.join(file), value?)))
-                .collect();
+                let settings = v2::settings(&dir, limits, *can, *allow_swap);
                 Some(AttemptCgroup {
                     dirs: vec![dir],
                     settings,

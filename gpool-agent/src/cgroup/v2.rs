@@ -125,6 +125,29 @@ fn enable(dir: &Path, controllers: &[&str]) -> Result<(), String> {
     }
 }
 
+/// The limit files of the attempt cgroup `dir` and their values: those
+/// `limits` asks for and the subtree has (`can`); no swap beyond the
+/// memory limit unless `allow_swap`.
+pub fn settings(dir: &Path, limits: super::Limits, can: V2Limits, allow_swap: bool) -> Vec<(PathBuf, String)> {
+    let period = super::CPU_PERIOD_US;
+    let cpu_max = |cpus: u32| format!("{} {period}", u64::from(cpus) * period);
+    [
+        (
+            "memory.max",
+            limits.mem_bytes.filter(|_| can.memory).map(|b| b.to_string()),
+        ),
+        (
+            "memory.swap.max",
+            limits.mem_bytes.filter(|_| can.swap && !allow_swap).map(|_| "0".into()),
+        ),
+        ("cpu.max", limits.cpus.filter(|_| can.cpu).map(cpu_max)),
+        ("pids.max", limits.pids.filter(|_| can.pids).map(|max| max.to_string())),
+    ]
+    .into_iter()
+    .filter_map(|(file, value)| Some((dir.join(file), value?)))
+    .collect()
+}
+
 /// Which limit files a new cgroup under `parent` has, looked at in
 /// `probe` (one made for the purpose).
 pub fn limits_in(probe: &Path) -> V2Limits {
