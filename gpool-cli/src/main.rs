@@ -484,7 +484,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Update(args) => cmd::cancel::update(&ctx, args).await,
         Command::History(args) => cmd::history::run(&ctx, args).await.map(|()| 0),
         Command::Report(args) => cmd::report::run(&ctx, args).await.map(|()| 0),
-        Command::Sim(args) => cmd::sim::run(*args, ctx.json()).map(|()| 0),
+        Command::Sim(args) => cmd::sim::run(*args, ctx.json()),
         Command::Hold { ids } => cmd::cancel::hold(&ctx, ids, true).await,
         Command::Release { ids } => cmd::cancel::hold(&ctx, ids, false).await,
         Command::Wait { ids, fail_fast } => {

@@ -15,7 +15,9 @@ pub mod trace;
 
 pub use cluster::Cluster;
 pub use engine::{simulate, Observer, Options, PowerOutcome, Quiet};
-pub use outcome::{Dist, Outcome, Series, TeamOutcome};
+pub use outcome::{
+    AttemptRecord, Dist, EndState, EventKind, EventRecord, Outcome, Series, ShapeCount, TeamOutcome, MAX_SERIES_POINTS,
+};
 pub use trace::{Format, OnSignal, TraceJob};
 
 use crate::model::{GpuModel, PoolDef};
@@ -246,11 +248,47 @@ pub struct Savings {
     pub scale: Option<f64>,
     pub dedicated_gpus: Option<u64>,
     pub pooled_gpus: u64,
-    /// Each scale tried and the mean delay it gave.
-    pub tried: Vec<(f64, f64)>,
+    /// Each scale tried, in the order tried, and why it was not enough.
+    pub tried: Vec<SavingsTry>,
     /// What the extra GPUs cost per hour at the given prices (by the
     /// cluster's models, in proportion); `None` without prices.
     pub extra_cost_per_hour: Option<f64>,
+}
+
+/// One scale the savings search tried.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SavingsTry {
+    pub scale: f64,
+    pub gpus: u64,
+    pub mean_wait_secs: f64,
+    pub never_started: usize,
+    /// Why it does not match the target, in words (the mean wait over it,
+    /// jobs that never started, or both); `None`: it matches.
+    pub rejected: Option<String>,
+}
+
+impl SavingsTry {
+    /// What dedicated partitions at `scale` (`gpus` in all) gave, against
+    /// the target mean wait.
+    pub fn judge(scale: f64, gpus: u64, outcome: &Outcome, target_mean_delay_secs: f64) -> SavingsTry {
+        let mean = outcome.queue_delay.mean;
+        let mut why = Vec::new();
+        if mean > target_mean_delay_secs {
+            why.push(format!(
+                "mean wait {mean:.0} s over the target {target_mean_delay_secs:.0} s"
+            ));
+        }
+        if outcome.never_started > 0 {
+            why.push(format!("{} job(s) never started", outcome.never_started));
+        }
+        SavingsTry {
+            scale,
+            gpus,
+            mean_wait_secs: mean,
+            never_started: outcome.never_started,
+            rejected: (!why.is_empty()).then(|| why.join("; ")),
+        }
+    }
 }
 
 /// The jobs of `jobs` that no policy could ever start on `cluster` (no
@@ -308,12 +346,14 @@ pub fn savings(
 ) -> Savings {
     let refine = 3;
     let mut tried = Vec::new();
-    let mut run = |scale: f64, tried: &mut Vec<(f64, f64)>| {
+    let mut run = |scale: f64, tried: &mut Vec<SavingsTry>| {
         let setup = dedicated(cluster, guarantees, scale);
         let outcome = simulate(&setup, jobs, options, observer);
-        let ok = outcome.never_started == 0 && outcome.queue_delay.mean <= target_mean_delay_secs;
-        tried.push((scale, outcome.queue_delay.mean));
-        (ok, setup.nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>())
+        let gpus = setup.nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>();
+        let judged = SavingsTry::judge(scale, gpus, &outcome, target_mean_delay_secs);
+        let ok = judged.rejected.is_none();
+        tried.push(judged);
+        (ok, gpus)
     };
     let (mut low, mut high) = (SAVINGS_SCALES[0], None);
     for scale in SAVINGS_SCALES {

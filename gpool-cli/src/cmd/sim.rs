@@ -76,6 +76,16 @@ pub struct SimArgs {
     /// Write charts (SVG) to this directory.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Write every job attempt under each policy to this CSV file: policy,
+    /// job, attempt, team, submit, start, end, nodes, gpu_model, gpus,
+    /// end_state, preempted_for, placement (a job that never started has
+    /// one row, attempt 0).
+    #[arg(long)]
+    jobs_out: Option<PathBuf>,
+    /// Write every preemption and rescind under each policy to this CSV
+    /// file: policy, at, event, job, attempt, for_job, reason.
+    #[arg(long)]
+    events_out: Option<PathBuf>,
     /// A group of cloud nodes beside the cluster, MODEL:GPUS (GPUs per
     /// node, e.g. h100:8), asleep until jobs wait that they could take and
     /// asleep again when idle: the gpool policy is replayed without it and
@@ -124,7 +134,22 @@ fn load_policy(path: &Path) -> Result<(gpool_core::sched::Policy, gpool_core::ac
     Ok((config.policy, config.accounting.pricing))
 }
 
-pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
+/// Exit code of a replay whose checks found a broken invariant.
+pub const EXIT_INVARIANT_BROKEN: u8 = 3;
+
+/// Runs `gpool sim`; `Ok` carries the exit code: 3 where a replay broke
+/// an invariant (`EXIT_INVARIANT_BROKEN`).
+pub fn run(args: SimArgs, json: bool) -> Result<u8, CliError> {
+    run_with(args, json, &|_| {})
+}
+
+/// `run`, with `adjust` applied to the replays' options (tests).
+fn run_with(args: SimArgs, json: bool, adjust: &dyn Fn(&mut sim::Options)) -> Result<u8, CliError> {
+    for (flag, path) in [("--jobs-out", &args.jobs_out), ("--events-out", &args.events_out)] {
+        if let Some(path) = path {
+            std::fs::File::create(path).map_err(|err| CliError::Usage(format!("{flag} {}: {err}", path.display())))?;
+        }
+    }
     let cluster = load_cluster(&args)?;
     let trace_name = args.trace.display().to_string();
     let mut jobs = load_trace(&args, &trace_name, &cluster)?;
@@ -135,13 +160,17 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
     apply_job_defaults(&args, &mut jobs)?;
     let (gpool_policy, guarantees, cluster) = policy_and_guarantees(&args, cluster, &jobs)?;
     let span_secs = span_ms(&jobs) / 1000;
-    let options = sim::Options {
+    let mut options = sim::Options {
         tick_secs: args.tick.as_secs().max(1),
-        // About 600 points over the trace, at least a minute each.
+        // About 600 points over the arrivals, at least a minute each (a
+        // long replay widens them: at most `MAX_SERIES_POINTS`).
         bucket_secs: (span_secs as u64 / 600).max(60),
         pause_secs: args.pause.as_secs(),
         resume_delay_secs: args.resume_delay.as_secs(),
+        record: args.jobs_out.is_some() || args.events_out.is_some(),
+        ..sim::Options::default()
     };
+    adjust(&mut options);
     let setups = match &args.cloud {
         Some(spec) => {
             let gpool = sim::pooled("gpool", &cluster, gpool_policy.clone(), &guarantees);
@@ -151,11 +180,32 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
     };
     let bars = indicatif::MultiProgress::new();
     let results = replay_all(&setups, &jobs, &options, &bars);
-    let savings = savings_target(&args, &results)
-        .map(|target| search_savings(&cluster, &guarantees, &jobs, &impossible, target, &options, &bars));
+    // The savings search keeps no records: only its waits count.
+    let search_options = sim::Options {
+        record: false,
+        ..options.clone()
+    };
+    let savings = savings_target(&args, &results).map(|target| {
+        search_savings(
+            &cluster,
+            &guarantees,
+            &jobs,
+            &impossible,
+            target,
+            &search_options,
+            &bars,
+        )
+    });
+    let outcomes: Vec<&Outcome> = results.iter().map(|(o, _)| o).collect();
     if let Some(dir) = &args.plot {
-        plot::write_all(dir, &results.iter().map(|(o, _)| o).collect::<Vec<_>>(), &guarantees)
+        plot::write_all(dir, &outcomes, &guarantees)
             .map_err(|err| CliError::Usage(format!("--plot {}: {err}", dir.display())))?;
+    }
+    if let Some(path) = &args.jobs_out {
+        records::write_jobs(path, &outcomes).map_err(CliError::Usage)?;
+    }
+    if let Some(path) = &args.events_out {
+        records::write_events(path, &outcomes).map_err(CliError::Usage)?;
     }
     let currency = currency(&args);
     let report = Report {
@@ -169,16 +219,32 @@ pub fn run(args: SimArgs, json: bool) -> Result<(), CliError> {
     };
     if json {
         print_json_report(&report);
-        return Ok(());
+    } else {
+        tables::print_tables(&report);
+        if args.cloud.is_some() {
+            cloud::print_table(&results, &currency);
+        }
+        if let Some(dir) = &args.plot {
+            outln!("\ncharts written to {}", dir.display());
+        }
     }
-    tables::print_tables(&report);
-    if args.cloud.is_some() {
-        cloud::print_table(&results, &currency);
+    Ok(exit_code(&outcomes))
+}
+
+/// 0, or `EXIT_INVARIANT_BROKEN` where a replay broke an invariant (each
+/// such replay named on stderr, with its first broken invariant).
+fn exit_code(outcomes: &[&Outcome]) -> u8 {
+    let mut code = 0;
+    for outcome in outcomes.iter().filter(|o| o.invariant_violations > 0) {
+        eprintln!(
+            "gpool sim: {}: {} invariant violation(s), the first {}",
+            outcome.policy,
+            outcome.invariant_violations,
+            outcome.first_violation.as_deref().unwrap_or("-")
+        );
+        code = EXIT_INVARIANT_BROKEN;
     }
-    if let Some(dir) = &args.plot {
-        outln!("\ncharts written to {}", dir.display());
-    }
-    Ok(())
+    code
 }
 
 /// The cluster of --cluster, or of --nodes and --gpus-per-node.
@@ -442,6 +508,7 @@ mod cloud;
 mod notes;
 mod plot;
 mod progress;
+mod records;
 mod tables;
 #[cfg(test)]
 mod tests;

@@ -5,8 +5,10 @@
 //! to the whole queue). Between cycles it does what gpoold's state task
 //! does: victims end at their checkpoint signal (saving their work or
 //! not) or work on through their grace, the GPUs of a victim that ended are promised to the job it
-//! was taken for, and preempted jobs wait again. In debug and test builds
-//! every plan is checked against `sched::invariants`.
+//! was taken for, and preempted jobs wait again. Every plan is checked
+//! against `sched::invariants` and every start against the cluster
+//! (`audit`), in release builds too. While no cycle could change anything
+//! until the next event, the clock jumps to it (`quiet`).
 
 use super::outcome::{Collector, Outcome};
 use super::trace::{OnSignal, TraceJob};
@@ -17,8 +19,10 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+mod audit;
 mod power;
 mod preempted;
+mod quiet;
 pub use power::PowerOutcome;
 
 const HOUR_MS: i64 = 3_600_000;
@@ -51,6 +55,18 @@ pub struct Options {
     pub pause_secs: u64,
     /// How long a resumed node of a power group takes to take work.
     pub resume_delay_secs: u64,
+    /// Keep every attempt and every preemption and rescind
+    /// (`Outcome::attempts`, `Outcome::events`).
+    pub record: bool,
+    /// Tests only: the start with this number (from 1) is moved onto a
+    /// GPU that is taken or of a model its job does not allow, as a broken
+    /// scheduler would, for the checks to find.
+    #[cfg(any(test, feature = "testing"))]
+    pub corrupt_start: Option<u64>,
+    /// Tests only: tick even where nothing could change until the next
+    /// event (to show that jumping to it changes no decision).
+    #[cfg(any(test, feature = "testing"))]
+    pub every_tick: bool,
 }
 
 impl Default for Options {
@@ -60,6 +76,11 @@ impl Default for Options {
             bucket_secs: 3600,
             pause_secs: 0,
             resume_delay_secs: 300,
+            record: false,
+            #[cfg(any(test, feature = "testing"))]
+            corrupt_start: None,
+            #[cfg(any(test, feature = "testing"))]
+            every_tick: false,
         }
     }
 }
@@ -119,6 +140,12 @@ struct Sim<'a> {
     default_limit_secs: Option<u64>,
     out: Collector,
     power: Option<power::PowerSim>,
+    audit: audit::Audit,
+    /// Starts so far, and the one to corrupt (tests only).
+    n_starts: u64,
+    corrupt_start: Option<u64>,
+    /// Tick through quiet stretches too (tests only).
+    every_tick: bool,
 }
 
 /// Replays `jobs` (sorted by submit time) on `setup`'s nodes under its
@@ -138,14 +165,19 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
         let arrival = jobs.get(next_arrival).map(|job| job.submit);
         let event = sim.events.peek().map(|Reverse((at, _))| *at);
         // Ticks only while jobs wait and the last cycle did something or
-        // something else will happen (a queue that can never start stops).
-        let tick = (!(sim.view.pending.is_empty() || idle && arrival.is_none() && event.is_none()))
+        // something else will happen (a queue that can never start stops),
+        // and not while nothing could change before the next event.
+        let quiet = idle && pause_ms == 0 && !sim.every_tick && sim.quiet();
+        let tick = (!(sim.view.pending.is_empty() || idle && arrival.is_none() && event.is_none() || quiet))
             .then_some(Timestamp(last_cycle.0 + tick_ms));
         let paused = due.then_some(Timestamp(last_cycle.0 + pause_ms));
         let window = sim.next_window().filter(|_| !sim.view.pending.is_empty());
         let Some(at) = [arrival, event, tick, paused, window].into_iter().flatten().min() else {
             break;
         };
+        if quiet {
+            sim.skip_ticks(last_cycle, at, tick_ms);
+        }
         sim.out.advance(sim.now, at);
         sim.now = at;
         while let Some(job) = jobs.get(next_arrival).filter(|job| job.submit <= at) {
@@ -177,8 +209,10 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
         observer.progress(at.0 - first.0, (last_submit.0 - first.0).max(1));
     }
     let power = sim.power.take().map(|power| power.finish(sim.now, first));
+    let (attempts, events, never_started_by_shape) = sim.finish_records();
     let mut outcome = sim.out.finish(sim.now, sim.view.pending.iter().map(|job| job.id));
     outcome.power = power;
+    (outcome.attempts, outcome.events, outcome.never_started_by_shape) = (attempts, events, never_started_by_shape);
     outcome
 }
 
@@ -213,6 +247,16 @@ impl Sim<'_> {
             default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
             out: Collector::new(setup, jobs, options.bucket_secs),
             power: power::PowerSim::new(setup, options, jobs.first().map_or(Timestamp(0), |job| job.submit)),
+            audit: audit::Audit::new(jobs.len(), options.record),
+            n_starts: 0,
+            #[cfg(any(test, feature = "testing"))]
+            corrupt_start: options.corrupt_start,
+            #[cfg(not(any(test, feature = "testing")))]
+            corrupt_start: None,
+            #[cfg(any(test, feature = "testing"))]
+            every_tick: options.every_tick,
+            #[cfg(not(any(test, feature = "testing")))]
+            every_tick: false,
         }
     }
 
@@ -353,7 +397,9 @@ impl Sim<'_> {
                 ..view.clone()
             })
         });
-        if cfg!(debug_assertions) {
+        // A plan that starts, preempts and rescinds nothing breaks nothing.
+        let acts = !plan.starts.is_empty() || !plan.preemptions.is_empty() || !plan.rescinds.is_empty();
+        if acts {
             if let Err(broken) = crate::sched::invariants::check(view, policy, &plan) {
                 self.out.broke(now, broken);
             }
@@ -366,19 +412,27 @@ impl Sim<'_> {
         self.count_fragmented(&plan);
         let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
         self.start_all(plan.starts);
+        if !self.view.pending.is_empty() {
+            self.out.rejected(now);
+        }
         self.power_step(&plan.pending, &plan.priorities);
         self.keep_holds(&plan.holds, &plan.preemptions);
         for preemption in plan.preemptions {
             self.signal(&preemption);
         }
         for (victim, epoch) in plan.rescinds {
-            self.rescind(victim, epoch);
+            self.rescind(victim, epoch, &plan.released_claims);
         }
         changed
     }
 
-    fn start(&mut self, job: Arc<PendingJob>, start: Start) {
+    fn start(&mut self, job: Arc<PendingJob>, mut start: Start) {
         let now = self.now;
+        self.n_starts += 1;
+        if self.corrupt_start == Some(self.n_starts) {
+            self.corrupt(&job, &mut start);
+        }
+        self.check_placement(&job, &start);
         // What was being freed for it is no longer its (gpoold's
         // `claims_met`): victims still in their grace name it, a job that
         // no longer waits, so the next plan rescinds them unless another
@@ -415,6 +469,7 @@ impl Sim<'_> {
         self.next_epoch += 1;
         let running = RunningJob::started(&job, epoch, start.burst, start.placement, now);
         self.out.started(&job, &running, now);
+        self.opened(&job, &running);
         self.attempts.insert(
             job.id,
             Attempt {
@@ -486,6 +541,12 @@ impl Sim<'_> {
     fn end(&mut self, job: JobId, epoch: Epoch) {
         if let Some((running, attempt)) = self.stop(job, epoch) {
             self.out.ended(&running, self.now, attempt.timeout);
+            let state = if attempt.timeout {
+                super::EndState::TimedOut
+            } else {
+                super::EndState::Completed
+            };
+            self.release(&running, state);
         }
     }
 

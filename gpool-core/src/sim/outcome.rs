@@ -9,77 +9,10 @@ use crate::sched::{Availability, ClusterView, PendingJob, Policy, RunningJob};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-/// A distribution of durations, in seconds.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Dist {
-    pub n: usize,
-    pub mean: f64,
-    pub median: f64,
-    pub p95: f64,
-    pub p99: f64,
-    pub max: f64,
-}
-
-impl Dist {
-    /// Nearest-rank percentiles of `values` (seconds).
-    pub fn of(mut values: Vec<f64>) -> Dist {
-        if values.is_empty() {
-            return Dist::default();
-        }
-        values.sort_by(f64::total_cmp);
-        let n = values.len();
-        let rank = |p: f64| values[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
-        Dist {
-            n,
-            mean: values.iter().sum::<f64>() / n as f64,
-            median: rank(0.5),
-            p95: rank(0.95),
-            p99: rank(0.99),
-            max: values[n - 1],
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct TeamOutcome {
-    pub team: String,
-    pub guaranteed_gpus: u32,
-    pub jobs: usize,
-    pub never_started: usize,
-    pub queue_delay: Dist,
-    pub completion_time: Dist,
-    pub guaranteed_gpu_hours: f64,
-    pub burst_gpu_hours: f64,
-    pub lost_gpu_hours: f64,
-    pub preemptions: u64,
-    /// GPU-hours of its guarantee it asked for and could be given: over
-    /// time, its running GPUs (up to its guarantee) and the waiting jobs
-    /// that fit in what is left of it (smallest first; a job larger than
-    /// what is left is not owed)...
-    pub asked_guarantee_gpu_hours: f64,
-    /// ...and of those, how many it held.
-    pub received_guarantee_gpu_hours: f64,
-    /// `received / asked`; `None` when it never asked.
-    pub guarantee_met: Option<f64>,
-    /// The measure before: its whole demand (running and waiting GPUs) up
-    /// to its guarantee, shapes that cannot fit in it included...
-    pub asked_demand_gpu_hours: f64,
-    /// ...and `received / asked_demand`.
-    pub guarantee_met_by_demand: Option<f64>,
-}
-
-/// Time series, one point per `bucket_secs`, each a time-weighted mean.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Series {
-    pub start: Timestamp,
-    pub bucket_secs: u64,
-    /// Allocated GPUs over all GPUs.
-    pub allocation: Vec<f64>,
-    /// Jobs waiting.
-    pub queued_jobs: Vec<f64>,
-    /// GPUs each team holds.
-    pub team_gpus: BTreeMap<String, Vec<f64>>,
-}
+mod parts;
+pub use parts::{
+    AttemptRecord, Dist, EndState, EventKind, EventRecord, Series, ShapeCount, TeamOutcome, MAX_SERIES_POINTS,
+};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Outcome {
@@ -122,12 +55,32 @@ pub struct Outcome {
     pub invariant_violations: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_violation: Option<String>,
+    /// GPUs held right after the first cycle that left a job waiting, and
+    /// when (hours since the first arrival); `None`: no job ever waited.
+    pub held_at_first_rejection: Option<u64>,
+    pub first_rejection_hours: Option<f64>,
+    /// The most GPUs held at once, and when that was first reached.
+    pub peak_held: u64,
+    pub peak_hours: f64,
+    /// From the first arrival to the last, and the allocation over it
+    /// (`None`: all jobs arrived at once).
+    pub arrival_hours: f64,
+    pub allocation_during_arrivals: Option<f64>,
+    /// The jobs that never started, by requirement shape (most first).
+    pub never_started_by_shape: Vec<ShapeCount>,
     pub teams: Vec<TeamOutcome>,
     /// Where the setup has power groups: what they cost and saved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub power: Option<super::engine::PowerOutcome>,
     #[serde(skip)]
     pub series: Series,
+    /// Every attempt, and every job that never started (where
+    /// `Options::record`), in the order they ended.
+    #[serde(skip)]
+    pub attempts: Vec<AttemptRecord>,
+    /// Every preemption and rescind (where `Options::record`).
+    #[serde(skip)]
+    pub events: Vec<EventRecord>,
 }
 
 /// A job that takes any GPU: its node's free count says whether it fits
@@ -207,7 +160,10 @@ pub(super) struct Collector {
     violations: u64,
     first_violation: Option<String>,
     first: Option<Timestamp>,
-    bucket_ms: i64,
+    last_arrival: Timestamp,
+    busy_gpu_ms_arrivals: f64,
+    peak: (u64, Timestamp),
+    first_rejection: Option<(u64, Timestamp)>,
     series: Series,
     /// Node indices each pool selects (built at the first snapshot).
     pools: Option<Vec<(String, Vec<usize>)>>,
@@ -257,14 +213,11 @@ impl Collector {
             violations: 0,
             first_violation: None,
             first: None,
-            bucket_ms: bucket_secs.max(1) as i64 * 1000,
-            series: Series {
-                start,
-                bucket_secs: bucket_secs.max(1),
-                allocation: Vec::new(),
-                queued_jobs: Vec::new(),
-                team_gpus: teams.iter().map(|t| (t.clone(), Vec::new())).collect(),
-            },
+            last_arrival: jobs.last().map_or(start, |job| job.submit),
+            busy_gpu_ms_arrivals: 0.0,
+            peak: (0, start),
+            first_rejection: None,
+            series: Series::new(start, bucket_secs, &teams),
             team_of,
             teams,
             pools: None,
@@ -294,6 +247,9 @@ impl Collector {
         self.queued_jobs -= 1;
         self.running[team] += running.gpus();
         self.busy += running.gpus();
+        if self.busy > self.peak.0 {
+            self.peak = (self.busy, now);
+        }
         self.first_start[job.id.0 as usize - 1].get_or_insert(now);
     }
 
@@ -340,6 +296,12 @@ impl Collector {
 
     pub(super) fn cycle(&mut self) {
         self.cycles += 1;
+    }
+
+    /// A cycle left a job waiting: the first one marks how full the
+    /// cluster was when it first said no.
+    pub(super) fn rejected(&mut self, now: Timestamp) {
+        self.first_rejection.get_or_insert((self.busy, now));
     }
 
     /// After a cycle: whether some waiting job's shape fits the free GPUs
@@ -417,42 +379,11 @@ impl Collector {
             self.asked_gpu_ms[team] += (held + fitting(&self.waiting_sizes[team], guarantee - held)) as f64 * dt;
             self.received_gpu_ms[team] += held as f64 * dt;
         }
-        // Time-weighted sums per bucket, divided at the end.
-        let mut at = from.0;
-        while at < to.0 {
-            let bucket = ((at - self.series.start.0) / self.bucket_ms).max(0) as usize;
-            let bucket_end = self.series.start.0 + (bucket as i64 + 1) * self.bucket_ms;
-            let piece = (to.0.min(bucket_end) - at) as f64;
-            if self.series.allocation.len() <= bucket {
-                self.series.allocation.resize(bucket + 1, 0.0);
-                self.series.queued_jobs.resize(bucket + 1, 0.0);
-                for values in self.series.team_gpus.values_mut() {
-                    values.resize(bucket + 1, 0.0);
-                }
-            }
-            self.series.allocation[bucket] += self.busy as f64 * piece;
-            self.series.queued_jobs[bucket] += self.queued_jobs as f64 * piece;
-            for (team, values) in self.series.team_gpus.values_mut().enumerate() {
-                values[bucket] += self.running[team] as f64 * piece;
-            }
-            at = to.0.min(bucket_end);
+        let arrivals_end = to.0.min(self.last_arrival.0);
+        if arrivals_end > from.0 {
+            self.busy_gpu_ms_arrivals += self.busy as f64 * (arrivals_end - from.0) as f64;
         }
-    }
-
-    /// The series as shares: of the GPUs (allocation) and of each bucket.
-    fn series_as_shares(&mut self, gpus: f64) {
-        let bucket_ms = self.bucket_ms as f64;
-        for value in &mut self.series.allocation {
-            *value /= bucket_ms * gpus;
-        }
-        for value in &mut self.series.queued_jobs {
-            *value /= bucket_ms;
-        }
-        for values in self.series.team_gpus.values_mut() {
-            for value in values.iter_mut() {
-                *value /= bucket_ms;
-            }
-        }
+        self.series.add((from, to), self.busy, self.queued_jobs, &self.running);
     }
 
     /// Each team's waits and completion times, jobs and jobs never
@@ -530,7 +461,7 @@ impl Collector {
         let start = self.first.unwrap_or(end);
         let span_ms = (end.0 - start.0).max(1) as f64;
         let gpus = self.total_gpus.max(1) as f64;
-        self.series_as_shares(gpus);
+        self.series.as_shares(gpus);
         let times = self.times(&never);
         let teams = self.team_outcomes(&times);
         let guaranteed: f64 = teams.iter().map(|t| t.guaranteed_gpu_hours).sum();
@@ -568,11 +499,26 @@ impl Collector {
             overcommits: self.overcommits,
             invariant_violations: self.violations,
             first_violation: self.first_violation,
+            held_at_first_rejection: self.first_rejection.map(|(held, _)| held),
+            first_rejection_hours: self.first_rejection.map(|(_, at)| hours_between(start, at)),
+            peak_held: self.peak.0,
+            peak_hours: hours_between(start, self.peak.1),
+            arrival_hours: hours_between(start, self.last_arrival),
+            allocation_during_arrivals: (self.last_arrival > start)
+                .then(|| self.busy_gpu_ms_arrivals / ((self.last_arrival.0 - start.0) as f64 * gpus)),
+            never_started_by_shape: Vec::new(),
             teams,
             power: None,
             series: self.series,
+            attempts: Vec::new(),
+            events: Vec::new(),
         }
     }
+}
+
+/// Hours from `from` to `to` (0 where `to` is earlier).
+fn hours_between(from: Timestamp, to: Timestamp) -> f64 {
+    (to.0 - from.0).max(0) as f64 / 3_600_000.0
 }
 
 /// What became of each team's jobs, and of all that ended.

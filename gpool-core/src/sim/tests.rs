@@ -27,14 +27,17 @@ fn limited(mut job: TraceJob, limit: u64) -> TraceJob {
     job
 }
 
-fn run(setup: &Setup, jobs: &[TraceJob]) -> Outcome {
-    let options = Options {
+fn run_options() -> Options {
+    Options {
         tick_secs: 60,
         bucket_secs: 60,
         pause_secs: 0,
         ..Options::default()
-    };
-    simulate(setup, jobs, &options, &mut Quiet)
+    }
+}
+
+fn run(setup: &Setup, jobs: &[TraceJob]) -> Outcome {
+    simulate(setup, jobs, &run_options(), &mut Quiet)
 }
 
 /// Each job's wait in seconds, in trace order, from the per-team figures of
@@ -173,6 +176,165 @@ fn a_guaranteed_job_reclaims_gpus_by_preemption_and_the_victim_resumes_from_its_
     // b held 715 + 1000 + 300 GPU-seconds, all burst.
     assert!((b.burst_gpu_hours * 3600.0 - 2015.0).abs() < 1e-6);
     assert_eq!(outcome.overcommits, 0);
+}
+
+/// The reclaim above, recorded: the victim's first attempt ends preempted
+/// for a's job, its second completes, and the preemption says why.
+#[test]
+fn attempts_and_preemptions_are_recorded_with_their_claimant_and_reason() {
+    let mut b = job(0, 1000, 1, 1, "b");
+    b.checkpoint_every_secs = Some(100);
+    let jobs = [b.clone(), b, job(705, 100, 1, 1, "a")];
+    let cluster = Cluster::uniform(1, 2, "l4");
+    let guarantees = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 0)]);
+    let mut policy = sharing_policy(&cluster, &guarantees);
+    policy.sharing.qos[0].min_runtime_secs = 0;
+    policy.sharing.qos[0].grace_secs = 10;
+    policy.sharing.waste_cap_gpu_hours_per_hour = f64::INFINITY;
+    let setup = pooled("gpool", &cluster, policy, &guarantees);
+    let options = Options {
+        record: true,
+        ..run_options()
+    };
+    let outcome = simulate(&setup, &jobs, &options, &mut Quiet);
+    let rows: Vec<(u64, u32, EndState, Option<u64>, i64, i64)> = outcome
+        .attempts
+        .iter()
+        .map(|r| {
+            let secs = |at: Option<Timestamp>| at.map_or(-1, |at| at.0 / 1000);
+            (
+                r.job,
+                r.attempt,
+                r.end_state,
+                r.preempted_for,
+                secs(r.start),
+                secs(r.end),
+            )
+        })
+        .collect();
+    let victim = rows
+        .iter()
+        .find(|r| r.2 == EndState::Preempted)
+        .expect("a preempted attempt");
+    assert_eq!(
+        (victim.1, victim.3, victim.4, victim.5),
+        (1, Some(3), 0, 715),
+        "{rows:?}"
+    );
+    assert!(
+        rows.contains(&(victim.0, 2, EndState::Completed, None, 815, 1115)),
+        "{rows:?}"
+    );
+    assert!(rows.contains(&(3, 1, EndState::Completed, None, 715, 815)), "{rows:?}");
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert!(outcome.attempts.iter().all(|r| r.gpu_models == ["l4"]));
+    let [event] = &outcome.events[..] else {
+        panic!("one preemption, no rescind: {:?}", outcome.events)
+    };
+    assert_eq!(
+        (event.kind, event.job, event.for_job, event.at.0),
+        (EventKind::Preempted, victim.0, 3, 705_000)
+    );
+    assert!(event.reason.contains("burst work of team b"), "{}", event.reason);
+    // Without `record`, nothing is kept.
+    let quiet = run(&setup, &jobs);
+    assert!(quiet.attempts.is_empty() && quiet.events.is_empty());
+}
+
+/// A start moved onto a GPU another attempt holds, or onto a model its
+/// job does not allow, is counted by the checks every build makes.
+#[test]
+fn a_corrupted_placement_is_counted_as_a_broken_invariant() {
+    let jobs = [job(0, 100, 1, 1, "a"), job(10, 100, 1, 1, "a")];
+    let cluster = Cluster::uniform(1, 2, "h100");
+    let guarantees = BTreeMap::from([("a".to_string(), 2)]);
+    let setup = fifo(&cluster, &guarantees);
+    assert_eq!(run(&setup, &jobs).invariant_violations, 0);
+    let corrupted = |nth: u64, setup: &Setup, jobs: &[TraceJob]| {
+        let options = Options {
+            corrupt_start: Some(nth),
+            ..run_options()
+        };
+        simulate(setup, jobs, &options, &mut Quiet)
+    };
+    let twice = corrupted(2, &setup, &jobs);
+    assert!(twice.invariant_violations >= 1);
+    let first = twice.first_violation.unwrap_or_default();
+    assert!(first.contains("is held by j1 and j2"), "{first}");
+
+    // An A100-only job put on an H100.
+    let fleet = Cluster::parse(
+        "fleet.toml",
+        "[[nodes]]\ncount = 1\ngpus = 2\nmodel = \"a100\"\nprefix = \"a\"\n\n[[nodes]]\ncount = 1\ngpus = 2\nmodel = \"h100\"\nprefix = \"h\"\n",
+    )
+    .expect("fleet");
+    let mut picky = job(0, 100, 1, 1, "a");
+    picky.gpu_types = vec![GpuModel::new("a100")];
+    let setup = fifo(&fleet, &guarantees);
+    assert_eq!(run(&setup, std::slice::from_ref(&picky)).invariant_violations, 0);
+    let wrong = corrupted(1, &setup, &[picky]);
+    let first = wrong.first_violation.unwrap_or_default();
+    assert!(
+        wrong.invariant_violations >= 1 && first.contains("a h100, which it does not allow"),
+        "{first}"
+    );
+}
+
+/// A cluster full from the start, a queue behind it and a week before the
+/// first job ends: the replay jumps to the end instead of ticking through
+/// the week, and says what the cluster held when it first said no.
+#[test]
+fn a_full_cluster_waits_for_its_next_end_without_ticking() {
+    let mut jobs: Vec<TraceJob> = (0..4).map(|i| job(i, 7 * 86_400, 2, 1, "a")).collect();
+    jobs.extend((4..8).map(|i| job(i, 100, 2, 1, "b")));
+    let cluster = Cluster::uniform(2, 4, "h100");
+    let guarantees = BTreeMap::from([("a".to_string(), 4), ("b".to_string(), 4)]);
+    for setup in [fifo(&cluster, &guarantees), dedicated(&cluster, &guarantees, 1.0)] {
+        let outcome = run(&setup, &jobs);
+        let mut ticking = simulate(
+            &setup,
+            &jobs,
+            &Options {
+                every_tick: true,
+                ..run_options()
+            },
+            &mut Quiet,
+        );
+        if setup.name == "fifo" {
+            assert!(outcome.cycles < 40, "{} cycles", outcome.cycles);
+            assert!(ticking.cycles > 1000, "{} cycles", ticking.cycles);
+        }
+        ticking.cycles = outcome.cycles;
+        assert_eq!(ticking, outcome, "{}", setup.name);
+        assert_eq!(outcome.invariant_violations, 0);
+    }
+    let outcome = run(&fifo(&cluster, &guarantees), &jobs);
+    assert_eq!((outcome.held_at_first_rejection, outcome.peak_held), (Some(8), 8));
+    assert!(outcome.series.allocation.len() <= MAX_SERIES_POINTS);
+    assert!(outcome.series.bucket_secs > 60, "{}", outcome.series.bucket_secs);
+}
+
+/// Jobs that can never start are counted by their shape.
+#[test]
+fn jobs_that_never_fit_are_counted_by_shape() {
+    let mut big = job(0, 100, 4, 1, "a");
+    big.gpu_types = vec![GpuModel::new("h100")];
+    let jobs = [big.clone(), big, job(1, 100, 1, 3, "a"), job(2, 100, 1, 1, "a")];
+    let cluster = Cluster::uniform(2, 2, "h100");
+    let outcome = run(&fifo(&cluster, &BTreeMap::new()), &jobs);
+    let shapes: Vec<(&str, usize)> = outcome
+        .never_started_by_shape
+        .iter()
+        .map(|s| (s.shape.as_str(), s.jobs))
+        .collect();
+    assert_eq!(
+        shapes,
+        [
+            ("4 GPU(s) x 1 node(s) of h100", 2),
+            ("1 GPU(s) x 3 node(s) of any model", 1)
+        ]
+    );
+    assert_eq!(outcome.never_started, 3);
 }
 
 #[test]
@@ -414,6 +576,12 @@ proptest! {
         ] {
             let outcome = run(&setup, &jobs);
             prop_assert_eq!(outcome.overcommits, 0);
+            prop_assert_eq!(outcome.invariant_violations, 0, "{:?}", outcome.first_violation);
+            // Jumping over quiet stretches changes nothing but the cycles.
+            let mut ticking = simulate(&setup, &jobs, &Options { every_tick: true, ..run_options() }, &mut Quiet);
+            prop_assert!(ticking.cycles >= outcome.cycles);
+            ticking.cycles = outcome.cycles;
+            prop_assert_eq!(&ticking, &outcome);
             if setup.name != "dedicated" {
                 prop_assert_eq!(outcome.never_started, 0);
                 prop_assert_eq!(outcome.completed, jobs.len());

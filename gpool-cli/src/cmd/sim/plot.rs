@@ -16,19 +16,33 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
+/// The most points of a line of allocation.svg and queue.svg...
+const MAX_LINE_POINTS: usize = 1000;
+/// ...and of a team's panel in teams.svg (a third of the width).
+const MAX_PANEL_POINTS: usize = 400;
+
+/// The points of `values` (time-slice means, `bucket_secs` each) at
+/// hours since the first submit, scaled by `scale`: neighbouring slices
+/// averaged so that there are at most `max_points`, each a slice of the
+/// replay's own span.
+pub(super) fn points(values: &[f64], bucket_secs: u64, scale: f64, max_points: usize) -> Vec<(f64, f64)> {
+    let per_point = values.len().div_ceil(max_points.max(1)).max(1);
+    let hours = bucket_secs as f64 * per_point as f64 / 3600.0;
+    values
+        .chunks(per_point)
+        .enumerate()
+        .map(|(i, chunk)| (i as f64 * hours, chunk.iter().sum::<f64>() / chunk.len() as f64 * scale))
+        .collect()
+}
+
 /// Writes allocation.svg, queue.svg and teams.svg into `dir`.
 pub fn write_all(dir: &Path, outcomes: &[&Outcome], guarantees: &BTreeMap<String, u32>) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|err| err.to_string())?;
-    let hours = |o: &Outcome, i: usize| i as f64 * o.series.bucket_secs as f64 / 3600.0;
     let lines = |pick: &dyn Fn(&Outcome) -> &[f64], scale: f64| -> Vec<(String, Vec<(f64, f64)>)> {
         outcomes
             .iter()
             .map(|o| {
-                let points = pick(o)
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| (hours(o, i), v * scale))
-                    .collect();
+                let points = points(pick(o), o.series.bucket_secs, scale, MAX_LINE_POINTS);
                 (o.policy.clone(), points)
             })
             .collect()
@@ -128,13 +142,8 @@ fn teams_chart(path: &Path, outcomes: &[&Outcome], guarantees: &BTreeMap<String,
         let series: Vec<(String, Vec<(f64, f64)>)> = outcomes
             .iter()
             .map(|o| {
-                let bucket_hours = o.series.bucket_secs as f64 / 3600.0;
                 let points = o.series.team_gpus.get(*team).map_or_else(Vec::new, |values| {
-                    values
-                        .iter()
-                        .enumerate()
-                        .map(|(i, v)| (i as f64 * bucket_hours, *v))
-                        .collect()
+                    points(values, o.series.bucket_secs, 1.0, MAX_PANEL_POINTS)
                 });
                 (o.policy.clone(), points)
             })

@@ -39,10 +39,51 @@ pub(super) fn print_tables(report: &Report) {
             outln!("{line}");
         }
     }
+    print_never_started(results);
     print_team_table(results);
     if let Some(savings) = report.savings {
         print_savings(savings, report.currency, span);
+        print_tried(savings);
     }
+}
+
+/// The jobs each policy never started, by requirement shape (the first 10).
+fn print_never_started(results: &[(Outcome, Timing)]) {
+    for (outcome, _) in results.iter().filter(|(o, _)| !o.never_started_by_shape.is_empty()) {
+        let shapes = &outcome.never_started_by_shape;
+        let mut words: Vec<String> = shapes
+            .iter()
+            .take(10)
+            .map(|s| format!("{} x {}", s.jobs, s.shape))
+            .collect();
+        if shapes.len() > 10 {
+            words.push(format!("and {} more shapes", shapes.len() - 10));
+        }
+        outln!(
+            "jobs that never fit under {}, by requirement shape: {}",
+            outcome.policy,
+            words.join("; ")
+        );
+    }
+}
+
+/// Each scale the savings search tried, and why it was not enough.
+fn print_tried(savings: &Savings) {
+    let tried: Vec<String> = savings
+        .tried
+        .iter()
+        .map(|t| {
+            let verdict = t.rejected.clone().unwrap_or_else(|| "matches".into());
+            format!("x{:.2} ({} GPUs): {verdict}", t.scale, t.gpus)
+        })
+        .collect();
+    outln!("  tried {}", tried.join("; "));
+}
+
+/// Whether arrivals ended long before the replay did (a tenth of it or
+/// more went to the jobs left when the last one arrived).
+fn long_drain(outcome: &Outcome) -> bool {
+    outcome.span_hours - outcome.arrival_hours >= 0.1 * outcome.span_hours && outcome.arrival_hours > 0.0
 }
 
 /// A row of the policy table: its label, and its cell for a policy.
@@ -52,8 +93,10 @@ type Row = (&'static str, fn(&Outcome, &Timing) -> String);
 fn print_policy_table(results: &[(Outcome, Timing)]) {
     let mut header = vec!["".to_string()];
     header.extend(results.iter().map(|(o, _)| o.policy.clone()));
+    let drains = results.iter().any(|(o, _)| long_drain(o));
     let table: Vec<Vec<String>> = policy_rows()
         .iter()
+        .filter(|(label, _)| drains || *label != UNTIL_LAST_ARRIVAL)
         .map(|(label, value)| {
             let mut row = vec![label.to_string()];
             row.extend(results.iter().map(|(o, t)| value(o, t)));
@@ -64,11 +107,29 @@ fn print_policy_table(results: &[(Outcome, Timing)]) {
     output::print_table(&header_refs, table);
 }
 
+/// The row shown only where arrivals ended long before the replay did.
+const UNTIL_LAST_ARRIVAL: &str = "  until the last arrival";
+
 /// The policy table's rows, in order.
 fn policy_rows() -> Vec<Row> {
     vec![
         ("GPUs", |o, _| o.gpus.to_string()),
         ("GPU allocation", |o, _| pct(o.allocation)),
+        (UNTIL_LAST_ARRIVAL, |o, _| {
+            o.allocation_during_arrivals
+                .filter(|_| long_drain(o))
+                .map_or("-".into(), |a| {
+                    format!("{} over {}", pct(a), human(o.arrival_hours * 3600.0))
+                })
+        }),
+        ("GPUs held at the first rejection", |o, _| {
+            o.held_at_first_rejection.map_or("-".into(), |held| {
+                format!("{held} ({})", pct(held as f64 / o.gpus.max(1) as f64))
+            })
+        }),
+        ("GPUs held at the peak", |o, _| {
+            format!("{} ({})", o.peak_held, pct(o.peak_held as f64 / o.gpus.max(1) as f64))
+        }),
         ("allocation while a waiting job fits", |o, _| {
             o.allocation_while_startable.map_or("-".into(), pct)
         }),
@@ -103,6 +164,7 @@ fn policy_rows() -> Vec<Row> {
                 .count();
             format!("{met} of {}", asking.len())
         }),
+        ("invariant violations", |o, _| o.invariant_violations.to_string()),
         ("scheduling cycles", |_, t| t.cycles.to_string()),
         ("cycle time, mean", |_, t| format!("{:.2} ms", t.cycle_mean_ms)),
         ("cycle time, p99", |_, t| format!("{:.2} ms", t.cycle_p99_ms)),
@@ -170,8 +232,8 @@ fn print_savings(savings: &Savings, currency: &str, span: f64) {
         }
         _ => {
             let (low, high) = (
-                savings.tried.first().map_or(1.0, |(scale, _)| *scale),
-                savings.tried.last().map_or(1.0, |(scale, _)| *scale),
+                savings.tried.first().map_or(1.0, |tried| tried.scale),
+                savings.tried.last().map_or(1.0, |tried| tried.scale),
             );
             outln!(
                 "Savings: dedicated partitions of x{low:.2} to x{high:.2} the GPUs (up to {}) do not match the pooled mean wait of {}.",

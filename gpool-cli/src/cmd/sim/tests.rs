@@ -129,3 +129,80 @@ fn a_note_says_where_the_idle_gpu_hours_fell_while_jobs_waited() {
     quick.queue_delay.mean = 600.0;
     assert_eq!(note(&quick, 5.0), None);
 }
+
+/// `gpool sim`'s own arguments, parsed as the command line gives them.
+#[derive(clap::Parser)]
+struct SimLine {
+    #[command(flatten)]
+    sim: super::SimArgs,
+}
+
+/// A two-job trace on one node of 2 GPUs, in a directory of its own.
+fn two_jobs(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpool-sim-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    std::fs::write(
+        dir.join("trace.csv"),
+        "submit,duration,gpus_per_node,nodes,team\n2026-11-23T10:00:00Z,100,1,1,a\n2026-11-23T10:00:10Z,100,1,1,a\n",
+    )
+    .expect("the trace");
+    dir
+}
+
+fn sim_args(dir: &Path, extra: &[&str]) -> super::SimArgs {
+    let trace = dir.join("trace.csv");
+    let mut line = vec![
+        "sim",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+    ];
+    line.extend_from_slice(extra);
+    <SimLine as clap::Parser>::try_parse_from(line)
+        .unwrap_or_else(|err| panic!("{err}"))
+        .sim
+}
+
+/// A start the simulator moves onto a GPU another attempt holds (a test
+/// hook of gpool-core) is counted by the checks of every build, and fails
+/// `gpool sim` with exit code 3; the same replay unharmed exits 0.
+#[test]
+fn a_corrupted_placement_fails_the_replay_with_exit_3() {
+    let dir = two_jobs("corrupt");
+    let jobs_out = dir.join("jobs.csv");
+    let extra = [
+        "--compare",
+        "fifo",
+        "--no-savings",
+        "--jobs-out",
+        jobs_out.to_str().unwrap(),
+    ];
+    let clean = super::run_with(sim_args(&dir, &extra), true, &|_| {});
+    assert_eq!(clean.map_err(|err| err.to_string()), Ok(0));
+    let broken = super::run_with(sim_args(&dir, &extra), true, &|options| options.corrupt_start = Some(2));
+    assert_eq!(broken.map_err(|err| err.to_string()), Ok(super::EXIT_INVARIANT_BROKEN));
+    // Both attempts on GPU 0 of the one node: what the checks refused.
+    let rows = std::fs::read_to_string(&jobs_out).expect("--jobs-out");
+    let placements: Vec<&str> = rows.lines().skip(1).filter_map(|row| row.rsplit(',').next()).collect();
+    assert!(placements.len() == 2 && placements[0] == placements[1], "{rows}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--jobs-out` into a directory that does not exist is refused before
+/// any replay, naming the flag and the file.
+#[test]
+fn an_unwritable_jobs_out_is_named() {
+    let dir = two_jobs("unwritable");
+    let path = dir.join("missing/jobs.csv");
+    let err =
+        super::run_with(sim_args(&dir, &["--jobs-out", path.to_str().unwrap()]), true, &|_| {}).expect_err("refused");
+    assert_eq!(err.exit_code(), 2);
+    assert!(
+        err.to_string().starts_with("--jobs-out ") && err.to_string().contains("missing"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

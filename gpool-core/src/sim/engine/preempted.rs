@@ -21,6 +21,9 @@ impl Sim<'_> {
         };
         running.preempting = true;
         running.preempted_for = Some(preemption.for_job);
+        let running = running.clone();
+        let reason = self.preemption_reason(&running, preemption);
+        self.note_event(super::super::EventKind::Preempted, &running, preemption.for_job, reason);
         // Taken again in a grace that was withdrawn: the signal went out
         // then, and its grace still ends when it was to.
         if let Some(attempt) = self.attempts.get_mut(&running.id).filter(|a| a.withdrawn) {
@@ -53,7 +56,19 @@ impl Sim<'_> {
     /// but it is not killed when the grace is over, and the waste it was
     /// charged is given back. Only jobs that work on through the signal
     /// are still running then.
-    pub(super) fn rescind(&mut self, victim: JobId, epoch: Epoch) {
+    pub(super) fn rescind(&mut self, victim: JobId, epoch: Epoch, released: &[JobId]) {
+        if let Some(running) = self
+            .view
+            .running
+            .iter()
+            .find(|r| r.id == victim && r.epoch == epoch && r.preempting)
+            .cloned()
+        {
+            if let Some(for_job) = running.preempted_for {
+                let reason = self.rescind_reason(for_job, released);
+                self.note_event(super::super::EventKind::Rescinded, &running, for_job, reason);
+            }
+        }
         let Some(running) = self
             .view
             .running
@@ -144,6 +159,7 @@ impl Sim<'_> {
         self.done_ms[index] += kept;
         self.out
             .preempted(&running, now, (ran - kept) as f64 / 1000.0 * running.gpus() as f64);
+        self.release(&running, super::super::EndState::Preempted);
         let jobs = self.jobs;
         self.arrive(index, &jobs[index]);
     }

@@ -1,0 +1,70 @@
+//! When the replay may jump over its ticks to the next event: the last
+//! cycle did nothing, and no cycle before the next arrival, end or window
+//! could do anything either, whatever the clock says. Each condition is one
+//! the scheduler cannot get past with time alone, so the decisions (and
+//! every figure but the count of cycles) are those of a replay that ticks.
+
+use super::*;
+use crate::sched::Availability;
+
+impl Sim<'_> {
+    /// Whether a tick now would start, preempt and rescind nothing, and
+    /// neither would any later tick before something happens: no GPU is
+    /// free on a node that takes work (so no job starts, and none is
+    /// blocked by fragmentation); no running job can be taken (no QoS
+    /// preempts lower classes, and burst work runs only where no waiting
+    /// job is owed GPUs by its team's guarantee); no victim is in its
+    /// grace and no GPUs are promised; no power group or reservation
+    /// changes what the nodes take.
+    pub(super) fn quiet(&self) -> bool {
+        let policy = &self.setup.policy;
+        let nothing_free = self
+            .view
+            .nodes
+            .iter()
+            .all(|node| node.availability != Availability::Up || node.gpus.iter().all(|gpu| gpu.busy));
+        nothing_free
+            && self.power.is_none()
+            && policy.reservations.is_empty()
+            && self.promises.is_empty()
+            && !policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
+            && !self.view.running.iter().any(|r| r.preempting)
+            && (!self.view.running.iter().any(|r| r.burst) || !self.some_job_may_be_owed())
+    }
+
+    /// Whether a waiting job could run under its team's guarantee (and so
+    /// take burst work back): its team's guaranteed GPUs in use and its own
+    /// fit within `guaranteed_gpus`, or the team has guarantees per pool or
+    /// model (taken to allow it).
+    fn some_job_may_be_owed(&self) -> bool {
+        let sharing = &self.setup.policy.sharing;
+        let mut held: HashMap<&str, u64> = HashMap::new();
+        for running in self.view.running.iter().filter(|r| !r.burst) {
+            *held.entry(running.team.as_str()).or_default() += running.gpus();
+        }
+        let teams: HashMap<&str, &crate::policy::Team> =
+            sharing.teams.iter().map(|team| (team.name.as_str(), team)).collect();
+        self.view.pending.iter().any(|job| {
+            teams.get(job.shape.team.as_str()).is_some_and(|team| {
+                !team.guaranteed_in.is_empty()
+                    || held.get(team.name.as_str()).copied().unwrap_or(0) + job.total_gpus()
+                        <= u64::from(team.guaranteed_gpus)
+            })
+        })
+    }
+
+    /// The cycles the replay skips between `last_cycle` and `next` (one
+    /// every `tick_ms`, strictly before `next`) would each have explained
+    /// every waiting job when it was time to: the next cycle explains
+    /// when it would have.
+    pub(super) fn skip_ticks(&mut self, last_cycle: Timestamp, next: Timestamp, tick_ms: i64) {
+        let every_ms = crate::sched::WORDS_EVERY.as_millis() as i64;
+        let mut at = last_cycle.0 + tick_ms;
+        while at < next.0 {
+            if self.explained_at.is_none_or(|explained| at - explained.0 >= every_ms) {
+                self.explained_at = Some(Timestamp(at));
+            }
+            at += tick_ms;
+        }
+    }
+}
