@@ -285,9 +285,17 @@ fn a_corrupted_placement_is_counted_as_a_broken_invariant() {
 /// the week, and says what the cluster held when it first said no.
 #[test]
 fn a_full_cluster_waits_for_its_next_end_without_ticking() {
+    // H100-only jobs; the L4s stay free, and no job could use them.
     let mut jobs: Vec<TraceJob> = (0..4).map(|i| job(i, 7 * 86_400, 2, 1, "a")).collect();
     jobs.extend((4..8).map(|i| job(i, 100, 2, 1, "b")));
-    let cluster = Cluster::uniform(2, 4, "h100");
+    for job in &mut jobs {
+        job.gpu_types = vec![GpuModel::new("h100")];
+    }
+    let cluster = Cluster::parse(
+        "fleet.toml",
+        "[[nodes]]\ncount = 2\ngpus = 4\nmodel = \"h100\"\nprefix = \"h\"\n\n[[nodes]]\ncount = 1\ngpus = 4\nmodel = \"l4\"\nprefix = \"l\"\n",
+    )
+    .expect("fleet");
     let guarantees = BTreeMap::from([("a".to_string(), 4), ("b".to_string(), 4)]);
     for setup in [fifo(&cluster, &guarantees), dedicated(&cluster, &guarantees, 1.0)] {
         let outcome = run(&setup, &jobs);

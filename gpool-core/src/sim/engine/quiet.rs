@@ -9,27 +9,55 @@ use crate::sched::Availability;
 
 impl Sim<'_> {
     /// Whether a tick now would start, preempt and rescind nothing, and
-    /// neither would any later tick before something happens: no GPU is
-    /// free on a node that takes work (so no job starts, and none is
-    /// blocked by fragmentation); no running job can be taken (no QoS
+    /// neither would any later tick before something happens: no waiting
+    /// job has as many free GPUs of the models it allows in its pool, on
+    /// nodes that take work, as it needs in all (so none starts, and none
+    /// is blocked by fragmentation); no running job can be taken (no QoS
     /// preempts lower classes, and burst work runs only where no waiting
     /// job is owed GPUs by its team's guarantee); no victim is in its
     /// grace and no GPUs are promised; no power group or reservation
     /// changes what the nodes take.
     pub(super) fn quiet(&self) -> bool {
         let policy = &self.setup.policy;
-        let nothing_free = self
-            .view
-            .nodes
-            .iter()
-            .all(|node| node.availability != Availability::Up || node.gpus.iter().all(|gpu| gpu.busy));
-        nothing_free
-            && self.power.is_none()
+        self.power.is_none()
             && policy.reservations.is_empty()
             && self.promises.is_empty()
             && !policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
             && !self.view.running.iter().any(|r| r.preempting)
             && (!self.view.running.iter().any(|r| r.burst) || !self.some_job_may_be_owed())
+            && !self.some_job_has_room()
+    }
+
+    /// Whether some waiting job's pool has, on nodes that take work, as
+    /// many free GPUs of the models it allows as it needs in all (the
+    /// fewest any waiting job of its pool and models needs).
+    fn some_job_has_room(&self) -> bool {
+        let mut fewest: HashMap<(&str, &[crate::model::GpuModel]), u64> = HashMap::new();
+        for job in &self.view.pending {
+            let need = fewest
+                .entry((job.shape.pool.as_str(), &job.shape.gpu_types))
+                .or_insert(u64::MAX);
+            *need = (*need).min(job.total_gpus());
+        }
+        let policy = &self.setup.policy;
+        fewest.into_iter().any(|((pool, gpu_types), need)| {
+            let Some(pool) = policy.pool(pool) else {
+                return false;
+            };
+            let free: u64 = self
+                .view
+                .nodes
+                .iter()
+                .filter(|node| node.availability == Availability::Up && pool.selects(&node.labels))
+                .map(|node| {
+                    node.gpus
+                        .iter()
+                        .filter(|gpu| !gpu.busy && gpu.model.accepted_by(gpu_types))
+                        .count() as u64
+                })
+                .sum();
+            free >= need
+        })
     }
 
     /// Whether a waiting job could run under its team's guarantee (and so
