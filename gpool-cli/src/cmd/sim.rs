@@ -197,16 +197,7 @@ fn run_with(args: SimArgs, json: bool, adjust: &dyn Fn(&mut sim::Options)) -> Re
         )
     });
     let outcomes: Vec<&Outcome> = results.iter().map(|(o, _)| o).collect();
-    if let Some(dir) = &args.plot {
-        plot::write_all(dir, &outcomes, &guarantees)
-            .map_err(|err| CliError::Usage(format!("--plot {}: {err}", dir.display())))?;
-    }
-    if let Some(path) = &args.jobs_out {
-        records::write_jobs(path, &outcomes).map_err(CliError::Usage)?;
-    }
-    if let Some(path) = &args.events_out {
-        records::write_events(path, &outcomes).map_err(CliError::Usage)?;
-    }
+    write_files(&args, &outcomes, &guarantees)?;
     let currency = currency(&args);
     let report = Report {
         trace_name: &trace_name,
@@ -229,6 +220,21 @@ fn run_with(args: SimArgs, json: bool, adjust: &dyn Fn(&mut sim::Options)) -> Re
         }
     }
     Ok(exit_code(&outcomes))
+}
+
+/// The charts of --plot, and the CSV files of --jobs-out and --events-out.
+fn write_files(args: &SimArgs, outcomes: &[&Outcome], guarantees: &BTreeMap<String, u32>) -> Result<(), CliError> {
+    if let Some(dir) = &args.plot {
+        plot::write_all(dir, outcomes, guarantees)
+            .map_err(|err| CliError::Usage(format!("--plot {}: {err}", dir.display())))?;
+    }
+    if let Some(path) = &args.jobs_out {
+        records::write_jobs(path, outcomes).map_err(CliError::Usage)?;
+    }
+    if let Some(path) = &args.events_out {
+        records::write_events(path, outcomes).map_err(CliError::Usage)?;
+    }
+    Ok(())
 }
 
 /// 0, or `EXIT_INVARIANT_BROKEN` where a replay broke an invariant (each
