@@ -27,7 +27,10 @@ const REPORTED_AFTER_MS: i64 = 10 * 60 * 1000;
 pub struct AttemptRecord {
     pub job_id: u64,
     pub epoch: u64,
-    /// The supervisor's pid, which is also the session and group id.
+    /// The supervisor's pid, which is also the session and group id; 0
+    /// while its launch is under way (the agent journals an attempt before
+    /// it asks the spawner, and a restarted agent learns the pid from the
+    /// attempt's exit slot: `supervise::launched_pid`).
     pub pgid: i32,
     pub exit_file: PathBuf,
     /// Unix milliseconds when the time limit runs out.
@@ -152,6 +155,20 @@ impl Journal {
         let line = Line::Started(record.clone());
         self.live.insert(record.job_id, record);
         self.append(&line);
+    }
+
+    /// Attempt `epoch` of `job_id`, journaled before its launch, was never
+    /// launched (the spawner refused it): it is forgotten.
+    pub fn abandoned(&mut self, job_id: u64, epoch: u64) {
+        if self.live.get(&job_id).is_some_and(|r| r.epoch == epoch) {
+            self.live.remove(&job_id);
+            self.append(&Line::Ended {
+                job_id,
+                epoch,
+                outcome: None,
+                at_ms: 0,
+            });
+        }
     }
 
     /// Ends of attempts gpoold may not have yet.

@@ -90,6 +90,10 @@ pub struct Attempts {
 
 /// How many ended attempts `recent_ends` remembers.
 const RECENT_ENDS: usize = 4096;
+/// The running spawner's pid, in the state dir.
+const SPAWNER_PID_FILE: &str = "spawner.pid";
+/// How long a restarted agent waits for its predecessor's spawner to exit.
+const OLD_SPAWNER_PATIENCE: Duration = Duration::from_secs(5);
 
 impl Attempts {
     /// Fails when `gpool-supervise` is not installed next to this binary or
@@ -124,6 +128,7 @@ impl Attempts {
             create_dir(&spool_dir.join(dir))?;
         }
         let space = crate::spool::SpaceWatch::new(spool_dir.join("jobs"), min_spool_free);
+        let spawner = Spawner::new(supervisor, state_dir.join(SPAWNER_PID_FILE));
         Ok(Arc::new(Attempts {
             as_root: nix::unistd::geteuid().is_root(),
             cgroup_scope: crate::cgroup::scope_of(&spool_dir),
@@ -139,7 +144,7 @@ impl Attempts {
             max_output,
             max_pids,
             space: Mutex::new((space, String::new())),
-            spawner: Mutex::new(Spawner::new(supervisor)),
+            spawner: Mutex::new(spawner),
             journal: Mutex::new(journal),
             queued: Mutex::new(std::collections::HashMap::new()),
             events,

@@ -24,7 +24,7 @@ mod run;
 mod spawner;
 pub use group::kill_all_but_supervisor;
 pub use run::TIME_LIMIT_GRACE_MS;
-pub use spawner::{main, Spawner};
+pub use spawner::{main, Launched, Spawner};
 
 /// The supervisor's binary, installed next to gpool-agent (and gpoold).
 pub const SUPERVISOR_BIN: &str = "gpool-supervise";
@@ -94,6 +94,24 @@ impl Ended {
         let record = text.strip_suffix('\n')?.strip_prefix(&format!("{job_id} {epoch} "))?;
         Ended::parse(record)
     }
+}
+
+/// The pid of the supervisor the spawner handed attempt `epoch` of
+/// `job_id` to, from the mark it leaves in the attempt's exit slot before
+/// the handover (the supervisor's end record replaces it). A restarted
+/// agent that journaled only its intent to launch learns from it whether
+/// the launch happened.
+pub fn launched_pid(exit_file: &Path, job_id: u64, epoch: u64) -> Option<i32> {
+    let text = std::fs::read_to_string(exit_file).ok()?;
+    let mark = text
+        .strip_suffix('\n')?
+        .strip_prefix(&format!("{job_id} {epoch} launched "))?;
+    mark.parse().ok().filter(|pid| *pid > 0)
+}
+
+/// The mark `launched_pid` reads.
+fn launched_mark(job_id: u64, epoch: u64, pid: i32) -> String {
+    format!("{job_id} {epoch} launched {pid}\n")
 }
 
 /// What the agent asks the spawner to run.

@@ -8,6 +8,7 @@ mod agents;
 mod arrays;
 mod bad_input;
 mod cgroup_v2;
+mod crashes;
 mod disk;
 mod durability;
 mod faults;

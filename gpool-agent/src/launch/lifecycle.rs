@@ -19,15 +19,36 @@ impl Attempts {
     /// Takes over the attempts a previous agent left in the journal: those
     /// still running are watched again, those that ended are reported.
     pub fn recover(self: &Arc<Self>) {
+        // Until the previous agent's spawner is gone, a launch it was asked
+        // for may still be handed over.
+        crate::supervise::Spawner::wait_for_old(&self.state_dir.join(SPAWNER_PID_FILE), OLD_SPAWNER_PATIENCE);
         let recorded: Vec<RunningAttempt> = self.journal().live().values().cloned().collect();
-        for attempt in recorded {
+        for mut attempt in recorded {
+            // A launch journaled before the spawner acted on it: its
+            // supervisor's pid is in the exit slot if it was handed over.
+            if attempt.pgid <= 0 {
+                match crate::supervise::launched_pid(&attempt.exit_file, attempt.job_id, attempt.epoch) {
+                    Some(pid) => {
+                        attempt.pgid = pid;
+                        self.journal().started(attempt.clone());
+                    }
+                    // Never handed over (its end, had it run, would be there):
+                    // not listed at registration, so gpoold requeues it.
+                    None if Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch).is_none() => {
+                        tracing::info!(job = attempt.job_id, "attempt was never launched; gpoold requeues it");
+                        self.journal().abandoned(attempt.job_id, attempt.epoch);
+                        continue;
+                    }
+                    None => {}
+                }
+            }
             if let Some(ended) = Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch) {
                 tracing::info!(
                     job = attempt.job_id,
                     "attempt ended while the agent was away: {ended:?}"
                 );
                 self.ended(&attempt, ended);
-            } else if supervisor_alive(attempt.pgid) {
+            } else if attempt.pgid > 0 && supervisor_alive(attempt.pgid) {
                 tracing::info!(job = attempt.job_id, pid = attempt.pgid, "re-adopting running attempt");
                 let attempts = self.clone();
                 self.spawn_task(async move { attempts.watch(attempt).await });
@@ -132,7 +153,10 @@ impl Attempts {
             return;
         }
         match self.spawn(&launch) {
-            Ok((pgid, exit_file)) => {
+            Ok((crate::supervise::Launched::Ended(ended), exit_file)) => {
+                self.ran_unanswered((job_id, epoch), exit_file, ended)
+            }
+            Ok((crate::supervise::Launched::Running(pgid), exit_file)) => {
                 tracing::info!(job = job_id, epoch, pid = pgid, "attempt {} started", launch.attempt);
                 let deadline_ms = launch.time_limit.map(|limit| now_ms() + limit.seconds as i64 * 1000);
                 let attempt = RunningAttempt {
@@ -155,6 +179,20 @@ impl Attempts {
                 self.send(job_id, epoch, pb::job_event::Outcome::FailedToStart(reason));
             }
         }
+    }
+
+    /// An attempt whose spawner died before answering, and which had run
+    /// to its end by the time the agent looked: started, and ended.
+    fn ran_unanswered(&self, (job_id, epoch): (u64, u64), exit_file: PathBuf, ended: Ended) {
+        let attempt = RunningAttempt {
+            job_id,
+            epoch,
+            pgid: 0,
+            exit_file,
+            deadline_ms: None,
+        };
+        self.send(job_id, epoch, pb::job_event::Outcome::Started(true));
+        self.ended(&attempt, ended);
     }
 
     /// SIGTERM to the attempt's whole process group, SIGKILL after `grace`.

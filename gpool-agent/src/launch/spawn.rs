@@ -3,6 +3,7 @@
 //! script's copy and its exit slot.
 
 use super::*;
+use crate::journal::AttemptRecord as RunningAttempt;
 use crate::supervise::LaunchRequest;
 use nix::sys::signal::Signal;
 
@@ -47,7 +48,7 @@ impl Attempts {
     }
 
     /// Starts the attempt's supervisor; returns its pid and exit file.
-    pub(super) fn spawn(&self, launch: &pb::Launch) -> Result<(i32, PathBuf), String> {
+    pub(super) fn spawn(&self, launch: &pb::Launch) -> Result<(crate::supervise::Launched, PathBuf), String> {
         if launch.command.first().is_none_or(String::is_empty) {
             return Err("the command is empty".into());
         }
@@ -99,12 +100,23 @@ impl Attempts {
             run_as,
             cgroup: self.cgroup_of(launch, limits),
         };
-        let pid = self
-            .spawner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .launch(&request)?;
-        Ok((pid, exit_file))
+        // Journaled before the spawner acts on it: an agent that dies in
+        // between finds the launch again (`recover`), and runs it once.
+        self.journal().started(RunningAttempt {
+            job_id: launch.job_id,
+            epoch: launch.epoch,
+            pgid: 0,
+            exit_file: exit_file.clone(),
+            deadline_ms: None,
+        });
+        let launched = self.spawner.lock().unwrap_or_else(|p| p.into_inner()).launch(&request);
+        match launched {
+            Ok(launched) => Ok((launched, exit_file)),
+            Err(reason) => {
+                self.journal().abandoned(launch.job_id, launch.epoch);
+                Err(reason)
+            }
+        }
     }
 
     /// Fails when the job's workdir is missing here, where that is this
