@@ -298,6 +298,14 @@ impl Collector {
         self.cycles += 1;
     }
 
+    /// The fewest GPUs a waiting job needs in all (`None`: none waits).
+    pub(super) fn smallest_waiting(&self) -> Option<u64> {
+        self.waiting_sizes
+            .iter()
+            .filter_map(|sizes| sizes.keys().next().copied())
+            .min()
+    }
+
     /// A cycle left a job waiting: the first one marks how full the
     /// cluster was when it first said no.
     pub(super) fn rejected(&mut self, now: Timestamp) {

@@ -32,6 +32,21 @@ impl Sim<'_> {
     /// many free GPUs of the models it allows as it needs in all (the
     /// fewest any waiting job of its pool and models needs).
     fn some_job_has_room(&self) -> bool {
+        // Fewer free GPUs in all than the smallest waiting job needs: none.
+        let free_anywhere: u64 = self
+            .view
+            .nodes
+            .iter()
+            .filter(|node| node.availability == Availability::Up)
+            .map(|node| node.gpus.iter().filter(|gpu| !gpu.busy).count() as u64)
+            .sum();
+        if self
+            .out
+            .smallest_waiting()
+            .is_none_or(|smallest| free_anywhere < smallest)
+        {
+            return false;
+        }
         let mut fewest: HashMap<(&str, &[crate::model::GpuModel]), u64> = HashMap::new();
         for job in &self.view.pending {
             let need = fewest
@@ -66,6 +81,13 @@ impl Sim<'_> {
     /// model (taken to allow it).
     fn some_job_may_be_owed(&self) -> bool {
         let sharing = &self.setup.policy.sharing;
+        if sharing
+            .teams
+            .iter()
+            .all(|team| team.guaranteed_gpus == 0 && team.guaranteed_in.is_empty())
+        {
+            return false;
+        }
         let mut held: HashMap<&str, u64> = HashMap::new();
         for running in self.view.running.iter().filter(|r| !r.burst) {
             *held.entry(running.team.as_str()).or_default() += running.gpus();
