@@ -206,3 +206,20 @@ fn an_unwritable_jobs_out_is_named() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A long series is averaged down to at most the points a chart takes,
+/// each over the same stretch of the replay; a short one is left as is.
+#[test]
+fn chart_points_average_a_long_series_down() {
+    let values: Vec<f64> = (0..10_000).map(|i| f64::from(i % 2)).collect();
+    let points = super::plot::points(&values, 60, 100.0, 1_000);
+    assert_eq!(points.len(), 1_000);
+    assert!(
+        points.iter().all(|(_, v)| (*v - 50.0).abs() < 1e-9),
+        "{:?}",
+        &points[..3]
+    );
+    assert_eq!(points[1].0, 10.0 * 60.0 / 3600.0);
+    let short = super::plot::points(&[0.5, 0.25], 3600, 1.0, 1_000);
+    assert_eq!(short, [(0.0, 0.5), (1.0, 0.25)]);
+}
