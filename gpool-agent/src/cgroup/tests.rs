@@ -29,13 +29,8 @@ fn an_attempt_is_denied_the_other_gpus_of_its_node_and_gets_its_limits() {
             PathBuf::from("/cg/pids/gpool/a1-7.3")
         ]
     );
-    let settings: Vec<String> = cgroup
-        .settings
-        .iter()
-        .map(|(file, value)| format!("{} {value}", file.display()))
-        .collect();
     assert_eq!(
-        settings,
+        lines(&cgroup),
         [
             "/cg/devices/gpool/a1-7.3/devices.deny c 195:1 rwm",
             "/cg/devices/gpool/a1-7.3/devices.deny c 195:3 rwm",
@@ -57,13 +52,8 @@ fn an_attempt_is_denied_the_other_gpus_of_its_node_and_gets_its_limits() {
         allow_swap: false,
     };
     let cgroup = v2.rules_for("a1", (7, 3), (&[0, 2], &[0, 1, 2, 3]), limits).unwrap();
-    let settings: Vec<String> = cgroup
-        .settings
-        .iter()
-        .map(|(file, value)| format!("{} {value}", file.display()))
-        .collect();
     assert_eq!(
-        settings,
+        lines(&cgroup),
         [
             "/cg/gpool/a1-7.3/memory.max 1073741824",
             "/cg/gpool/a1-7.3/memory.swap.max 0",
@@ -107,4 +97,13 @@ fn the_agents_own_cgroup_is_read_per_hierarchy() {
     assert_eq!(own_path(own, "devices"), Some(PathBuf::new()));
     assert_eq!(own_path(own, ""), Some(PathBuf::from("user.slice/agent.service")));
     assert_eq!(own_path(own, "pids"), None);
+}
+
+/// An attempt cgroup's settings, one `file value` line each.
+fn lines(cgroup: &AttemptCgroup) -> Vec<String> {
+    cgroup
+        .settings
+        .iter()
+        .map(|(file, value)| format!("{} {value}", file.display()))
+        .collect()
 }
