@@ -1,8 +1,8 @@
 //! Where the CPU goes while 4 agents drain a 10,000-task array of `true`,
 //! per job and by process, beside the machine's floor (`xargs -P 8` running
-//! as many `true`s): gpoold, the agents, their spawners, and the rest (the
-//! per-attempt supervisors, the jobs themselves and the kernel's work for
-//! them, such as cgroups), with the share of the CPUs left idle.
+//! as many `true`s): gpoold, the agents, the nodes' launchers (each with its
+//! keeper), and the rest (the jobs themselves and the kernel's work for
+//! them, such as forks and cgroups), with the share of the CPUs left idle.
 //!
 //! Long-lived processes are read from `/proc/PID/stat`; the short-lived
 //! ones only show in the machine's total (`/proc/stat`), so on a shared
@@ -47,7 +47,7 @@ fn process_ticks(pid: u32) -> (u64, u64) {
     (at(10) + at(11), at(12) + at(13))
 }
 
-/// The children of process `pid` (the agents' spawners).
+/// The children of process `pid` (an agent's keeper, a keeper's launcher).
 fn children(pid: u32) -> Vec<u32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
@@ -75,13 +75,12 @@ struct Snapshot {
 
 fn snapshot(gpoold: u32, agents: &[u32]) -> Snapshot {
     let (busy, idle) = machine_ticks();
+    // Their own CPU only: what a launcher reaped is its jobs'.
     let spawners: u64 = agents
         .iter()
         .flat_map(|agent| children(*agent))
-        .map(|spawner| {
-            let (own, reaped) = process_ticks(spawner);
-            own + reaped
-        })
+        .flat_map(|keeper| std::iter::once(keeper).chain(children(keeper)))
+        .map(|process| process_ticks(process).0)
         .sum();
     Snapshot {
         busy,
@@ -155,7 +154,7 @@ pub(crate) fn breakdown(n_agents: usize, n_gpus: u32, n_jobs: usize) -> anyhow::
     let parts = [
         ("gpoold", after.gpoold - before.gpoold),
         ("agents (their own threads)", after.agents - before.agents),
-        ("spawners (and what they reaped)", after.spawners - before.spawners),
+        ("launchers and keepers (their own)", after.spawners - before.spawners),
     ];
     let named: u64 = parts.iter().map(|(_, ticks)| ticks).sum();
     let shape = format!("{n_agents} agents x {n_gpus} GPUs, {n_jobs}-task array of true");
@@ -180,7 +179,7 @@ pub(crate) fn breakdown(n_agents: usize, n_gpus: u32, n_jobs: usize) -> anyhow::
     }
     let rest = busy.saturating_sub(named);
     report(
-        "  the rest: supervisors, jobs, kernel work, anything else running",
+        "  the rest: jobs, kernel work, anything else running",
         format!("{:.2} ms", per_job_ms(rest, n_jobs)),
     );
     report(

@@ -27,14 +27,18 @@ const REPORTED_AFTER_MS: i64 = 10 * 60 * 1000;
 pub struct AttemptRecord {
     pub job_id: u64,
     pub epoch: u64,
-    /// The supervisor's pid, which is also the session and group id; 0
-    /// while its launch is under way (the agent journals an attempt before
-    /// it asks the spawner, and a restarted agent learns the pid from the
-    /// attempt's exit slot: `supervise::launched_pid`).
+    /// The pid of its supervisor, or of the job itself where the node's
+    /// launcher forked it (`launcher`); either is also the session and
+    /// group id. 0 while its launch is under way (the agent journals an
+    /// attempt before it asks the launcher, and a restarted agent learns
+    /// the pid from the attempt's exit slot: `supervise::launched`).
     pub pgid: i32,
     pub exit_file: PathBuf,
     /// Unix milliseconds when the time limit runs out.
     pub deadline_ms: Option<i64>,
+    /// The launcher that forked the job, which records its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher: Option<crate::supervise::Launcher>,
 }
 
 /// An attempt that ended, until gpoold surely knows.
@@ -359,6 +363,7 @@ mod tests {
             pgid: 1000 + job_id as i32,
             exit_file: PathBuf::from(format!("jobs/{job_id}.1.exit")),
             deadline_ms: Some(42),
+            launcher: None,
         }
     }
 

@@ -1,24 +1,28 @@
-//! Attempt supervisors and the spawner that forks them.
+//! The node's launcher, and attempt supervisors where a job needs one.
 //!
-//! The agent starts one `gpool-supervise` process, the spawner: a small,
-//! single-threaded process that reads launch requests (one JSON line each)
-//! on its stdin and answers each with the pid of a new supervisor on its
-//! stdout. A supervisor is a fork of the spawner (no exec of its own, so an
-//! attempt costs one exec: the job's). It makes itself the leader of a new
-//! session (so a kill of the group reaches everything the job starts), runs
-//! the command as its child, and writes how the command ended to its exit
-//! file as one line tagged with the job and epoch. Exit files are slots the
-//! agent reuses (overwriting a file costs less than creating one); the tag
-//! tells a record from what an earlier attempt left there. Because the
-//! supervisor, not the agent, is the command's parent, an agent that
-//! restarts finds the attempt again and still learns its exit; supervisors
-//! outlive the spawner and the agent alike.
+//! The agent starts one `gpool-supervise` process, the keeper, which forks
+//! the launcher (`launcher.rs`): a small, single-threaded subreaper that
+//! reads launch requests (one JSON line each) on its stdin and answers each
+//! on its stdout. It forks each job itself, straight into its cgroup, as
+//! the leader of a session of its own (so a kill of the group reaches
+//! everything the job starts), watches it through a pidfd and writes how
+//! it ended to its exit file as one line tagged with the job and epoch.
+//! Interactive and container jobs get a supervisor of their own instead, a
+//! fork of the launcher (`spawner.rs`, `run.rs`) that does the same for its
+//! one job. Exit files are slots the agent reuses (overwriting a file costs
+//! less than creating one); the tag tells a record from what an earlier
+//! attempt left there. Because the launcher, not the agent, is the jobs'
+//! parent, an agent that restarts finds each attempt again and still
+//! learns its exit; the launcher, its keeper and supervisors outlive the
+//! agent, and the keeper records the ends of a launcher's jobs should the
+//! launcher die.
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 mod birth;
 mod group;
+mod launcher;
 mod prepare;
 mod run;
 mod spawner;
@@ -96,22 +100,38 @@ impl Ended {
     }
 }
 
-/// The pid of the supervisor the spawner handed attempt `epoch` of
-/// `job_id` to, from the mark it leaves in the attempt's exit slot before
-/// the handover (the supervisor's end record replaces it). A restarted
-/// agent that journaled only its intent to launch learns from it whether
-/// the launch happened.
-pub fn launched_pid(exit_file: &Path, job_id: u64, epoch: u64) -> Option<i32> {
+/// The node's launcher that forked a job itself, and the keeper it was
+/// forked from (which records the ends of its jobs should it die).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launcher {
+    pub pid: i32,
+    pub keeper: i32,
+}
+
+/// Who runs attempt `epoch` of `job_id`, from the mark left in its exit
+/// slot before anything of it ran (its end record replaces the mark): the
+/// pid of its supervisor, or of the job itself with the launcher that
+/// forked it. A restarted agent that journaled only its intent to launch
+/// learns from it whether the launch happened.
+pub fn launched(exit_file: &Path, job_id: u64, epoch: u64) -> Option<(i32, Option<Launcher>)> {
     let text = std::fs::read_to_string(exit_file).ok()?;
     let mark = text
         .strip_suffix('\n')?
         .strip_prefix(&format!("{job_id} {epoch} launched "))?;
-    mark.parse().ok().filter(|pid| *pid > 0)
+    let numbers: Vec<i32> = mark.split(' ').map(str::parse).collect::<Result<_, _>>().ok()?;
+    match numbers[..] {
+        [pid] if pid > 0 => Some((pid, None)),
+        [pid, launcher, keeper] if pid > 0 => Some((pid, Some(Launcher { pid: launcher, keeper }))),
+        _ => None,
+    }
 }
 
-/// The mark `launched_pid` reads.
-fn launched_mark(job_id: u64, epoch: u64, pid: i32) -> String {
-    format!("{job_id} {epoch} launched {pid}\n")
+/// The mark `launched` reads.
+fn launched_mark(job_id: u64, epoch: u64, pid: i32, launcher: Option<Launcher>) -> String {
+    match launcher {
+        None => format!("{job_id} {epoch} launched {pid}\n"),
+        Some(Launcher { pid: by, keeper }) => format!("{job_id} {epoch} launched {pid} {by} {keeper}\n"),
+    }
 }
 
 /// What the agent asks the spawner to run.
@@ -297,13 +317,17 @@ impl RunAs {
     }
 }
 
-/// The spawner's answer: the supervisor's pid (also its session and group
-/// id), or why there is none.
+/// The launcher's answer: the supervisor's pid (also its session and
+/// group id), the job's own pid where the launcher forked it itself (also
+/// its session and group id), or why there is none. Its first line, before
+/// any request, says who it is.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LaunchReply {
     Started(i32),
+    Direct(i32),
     Refused(String),
+    Ready(Launcher),
 }
 
 #[cfg(test)]

@@ -392,8 +392,11 @@ fn running_jobs_survive_a_controller_kill_9() {
 
 /// A frozen node: its agent and its job stopped with SIGSTOP.
 fn freeze(agent: nix::unistd::Pid, job: nix::unistd::Pid, signal: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(agent, signal).expect("signal the agent");
-    // The job runs in its supervisor's process group.
+    // The whole node: its agent, the launcher and its keeper, and the job.
+    let (keeper, launcher) = crate::harness::process::launcher_of(agent);
+    for (pid, what) in [(agent, "the agent"), (keeper, "the keeper"), (launcher, "the launcher")] {
+        nix::sys::signal::kill(pid, signal).unwrap_or_else(|err| panic!("signal {what}: {err}"));
+    }
     let group = nix::unistd::getpgid(Some(job)).expect("the job's process group");
     nix::sys::signal::killpg(group, signal).expect("signal the job's group");
 }

@@ -1,22 +1,11 @@
 //! Nothing is lost across a crash on a node: `kill -9` of an agent, of the
-//! spawner that forks its supervisors, or of both, in the middle of a
-//! 2,000-task array. Every task runs exactly once and every end is
-//! reported.
+//! node's launcher that forks its jobs, of the launcher's keeper, or of
+//! the launcher and the agent together, in the middle of a 2,000-task
+//! array. Every task runs exactly once and every end is reported.
 
 use crate::harness::cluster::Cluster;
-use crate::harness::process::wait_until;
+use crate::harness::process::{launcher_of, wait_until};
 use std::time::Duration;
-
-/// The agent's spawner: its child running `gpool-supervise`.
-fn spawner_of(agent: nix::unistd::Pid) -> Option<nix::unistd::Pid> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        let (comm, rest) = stat.split_once(") ")?;
-        let ppid: i32 = rest.split(' ').nth(1)?.parse().ok()?;
-        (ppid == agent.as_raw() && comm.ends_with("(gpool-supervise")).then(|| nix::unistd::Pid::from_raw(pid))
-    })
-}
 
 /// What the agents' logs say of the tasks `ids` (task N is job N + 2).
 fn agent_lines(cluster: &Cluster, ids: &[u32]) -> String {
@@ -42,7 +31,7 @@ fn lines(path: &std::path::Path) -> usize {
 }
 
 #[test]
-fn kill_9_of_agents_and_spawners_mid_array_runs_every_task_exactly_once() {
+fn kill_9_of_agents_and_launchers_mid_array_runs_every_task_exactly_once() {
     let mut cluster = Cluster::start();
     let mut agents: Vec<usize> = (1..=4).map(|n| cluster.start_agent(&format!("n{n}"), 8)).collect();
     let ran = cluster.dir.path().join("ran");
@@ -50,19 +39,17 @@ fn kill_9_of_agents_and_spawners_mid_array_runs_every_task_exactly_once() {
     // short and run again would show twice or not at all.
     let script = format!("sleep 0.05; echo $GPOOL_ARRAY_TASK_ID >> {}", ran.display());
     let array = cluster.submit(&["-a", "0-1999", "--discard-output", "--", "sh", "-c", &script]);
-    let kill_spawner = |cluster: &Cluster, agent: usize| {
-        let spawner = wait_until("the agent's spawner", Duration::from_secs(30), || {
-            spawner_of(cluster.agents[agent].pid())
-        });
-        nix::sys::signal::kill(spawner, nix::sys::signal::Signal::SIGKILL).expect("kill -9 the spawner");
+    let kill_9 = |pid: nix::unistd::Pid, what: &str| {
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)
+            .unwrap_or_else(|err| panic!("kill -9 {what}: {err}"));
     };
     let mut crashes = Vec::new();
     let plan = [
         (250, "agent"),
-        (500, "spawner"),
-        (750, "both"),
-        (1000, "agent"),
-        (1250, "spawner"),
+        (500, "launcher"),
+        (750, "launcher and agent"),
+        (1000, "keeper"),
+        (1250, "launcher"),
         (1500, "agent"),
     ];
     for (at, crash) in plan {
@@ -71,15 +58,17 @@ fn kill_9_of_agents_and_spawners_mid_array_runs_every_task_exactly_once() {
         });
         let slot = crashes.len() % agents.len();
         let (agent, node) = (agents[slot], format!("n{}", slot + 1));
+        let (keeper, launcher) = launcher_of(cluster.agents[agent].pid());
         match crash {
             "agent" => cluster.agents[agent].kill9(),
-            "spawner" => kill_spawner(&cluster, agent),
+            "launcher" => kill_9(launcher, "the launcher"),
+            "keeper" => kill_9(keeper, "the keeper"),
             _ => {
-                kill_spawner(&cluster, agent);
+                kill_9(launcher, "the launcher");
                 cluster.agents[agent].kill9();
             }
         }
-        if crash != "spawner" {
+        if crash.contains("agent") {
             agents[slot] = cluster.start_agent(&node, 8);
         }
         crashes.push(format!("{crash} of {node} after {} tasks", lines(&ran)));
@@ -97,7 +86,16 @@ fn kill_9_of_agents_and_spawners_mid_array_runs_every_task_exactly_once() {
         .filter(|job| job["state"] != "completed" && job["array"].is_null())
         .map(|job| format!("{} {} {}", job["id"], job["state"], job["end_reason"]))
         .collect();
-    assert_eq!(done["state"], "completed", "{not_completed:?} ({crashes:?})");
+    let tasks: Vec<u32> = not_completed
+        .iter()
+        .filter_map(|line| line.split(' ').next()?.parse::<u32>().ok()?.checked_sub(2))
+        .collect();
+    assert_eq!(
+        done["state"],
+        "completed",
+        "{not_completed:?} ({crashes:?})\n{}",
+        agent_lines(&cluster, &tasks)
+    );
     assert_eq!(done["array"]["ended"], 2000, "every end is reported: {done}");
     let mut ids: Vec<u32> = std::fs::read_to_string(&ran)
         .unwrap()

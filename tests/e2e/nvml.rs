@@ -308,24 +308,11 @@ fn an_old_driver_registers_without_what_it_lacks() {
     assert_eq!(done["node_list"][0], "gpu-01");
 }
 
-/// The agent's spawner (`gpool-supervise`, its child), found in /proc.
-fn spawner_of(agent: nix::unistd::Pid) -> nix::unistd::Pid {
-    wait_until("the agent's spawner", Duration::from_secs(10), || {
-        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            let (comm, rest) = stat.split_once(") ")?;
-            let ppid: i32 = rest.split(' ').nth(1)?.parse().ok()?;
-            (comm.contains("gpool-supervis") && ppid == agent.as_raw()).then(|| nix::unistd::Pid::from_raw(pid))
-        })
-    })
-}
-
-/// A launch that cannot finish (the spawner is stopped, as a hung user
-/// lookup or a swapped-out host would stall it) holds up no heartbeat:
+/// A launch that cannot finish (the node's launcher is stopped, as a hung
+/// user lookup or a swapped-out host would stall it) holds up no heartbeat:
 /// the node stays up through several node timeouts, the job already
 /// running keeps its attempt, and the stalled launch goes through once the
-/// spawner runs again.
+/// launcher runs again.
 #[test]
 fn a_stalled_launch_holds_up_no_heartbeat() {
     use nix::sys::signal::{kill, Signal};
@@ -333,19 +320,19 @@ fn a_stalled_launch_holds_up_no_heartbeat() {
     let agent = cluster.start_agent("node-a", 2);
     let running = cluster.submit(&["--gpus", "1", "--", "sleep", "300"]);
     cluster.wait_for_state(running, "running");
-    let spawner = spawner_of(cluster.agents[agent].pid());
-    kill(spawner, Signal::SIGSTOP).expect("stop the spawner");
+    let (_, launcher) = crate::harness::process::launcher_of(cluster.agents[agent].pid());
+    kill(launcher, Signal::SIGSTOP).expect("stop the launcher");
     let stalled = cluster.submit(&["--gpus", "1", "--", "true"]);
     let until = std::time::Instant::now() + Duration::from_secs(8);
     while std::time::Instant::now() < until {
         let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
         if nodes[0]["state"] == "down" {
-            let _ = kill(spawner, Signal::SIGCONT);
+            let _ = kill(launcher, Signal::SIGCONT);
             panic!("the node went down while a launch stalled: {nodes}");
         }
         std::thread::sleep(Duration::from_millis(300));
     }
-    kill(spawner, Signal::SIGCONT).expect("continue the spawner");
+    kill(launcher, Signal::SIGCONT).expect("continue the launcher");
     cluster.wait_for_state(stalled, "completed");
     assert_eq!(cluster.job(running)["attempt"], 1);
     cluster.gpool(&["cancel", &running.to_string()]).ok();

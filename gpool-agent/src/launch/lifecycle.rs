@@ -2,7 +2,7 @@
 //! of the same job to end), signals and kills, the watch on its
 //! supervisor, and its end, journaled and reported to gpoold.
 
-use super::process::{end_event, signal_group, supervisor_alive, ProcessExit};
+use super::process::{await_record, end_event, leads_session, signal_group, supervisor_alive, ProcessExit};
 use super::*;
 use crate::journal::AttemptRecord as RunningAttempt;
 use crate::supervise::{kill_all_but_supervisor, Ended};
@@ -27,9 +27,10 @@ impl Attempts {
             // A launch journaled before the spawner acted on it: its
             // supervisor's pid is in the exit slot if it was handed over.
             if attempt.pgid <= 0 {
-                match crate::supervise::launched_pid(&attempt.exit_file, attempt.job_id, attempt.epoch) {
-                    Some(pid) => {
+                match crate::supervise::launched(&attempt.exit_file, attempt.job_id, attempt.epoch) {
+                    Some((pid, launcher)) => {
                         attempt.pgid = pid;
+                        attempt.launcher = launcher;
                         self.journal().started(attempt.clone());
                     }
                     // Never handed over (its end, had it run, would be there):
@@ -48,7 +49,9 @@ impl Attempts {
                     "attempt ended while the agent was away: {ended:?}"
                 );
                 self.ended(&attempt, ended);
-            } else if attempt.pgid > 0 && supervisor_alive(attempt.pgid) {
+            } else if attempt.launcher.is_some() || (attempt.pgid > 0 && supervisor_alive(attempt.pgid)) {
+                // A job its launcher forked is watched while it runs, and its
+                // end waited for while its launcher or keeper lives.
                 tracing::info!(job = attempt.job_id, pid = attempt.pgid, "re-adopting running attempt");
                 let attempts = self.clone();
                 self.spawn_task(async move { attempts.watch(attempt).await });
@@ -153,10 +156,14 @@ impl Attempts {
             return;
         }
         match self.spawn(&launch) {
-            Ok((crate::supervise::Launched::Ended(ended), exit_file)) => {
-                self.ran_unanswered((job_id, epoch), exit_file, ended)
-            }
-            Ok((crate::supervise::Launched::Running(pgid), exit_file)) => {
+            Ok((launched, exit_file)) => {
+                let (pgid, launcher) = match launched {
+                    crate::supervise::Launched::Direct(pid, launcher) => (pid, Some(launcher)),
+                    crate::supervise::Launched::Running(pid) => (pid, None),
+                    crate::supervise::Launched::Ended(ended) => {
+                        return self.ran_unanswered((job_id, epoch), exit_file, ended);
+                    }
+                };
                 tracing::info!(job = job_id, epoch, pid = pgid, "attempt {} started", launch.attempt);
                 let deadline_ms = launch.time_limit.map(|limit| now_ms() + limit.seconds as i64 * 1000);
                 let attempt = RunningAttempt {
@@ -165,6 +172,7 @@ impl Attempts {
                     pgid,
                     exit_file,
                     deadline_ms,
+                    launcher,
                 };
                 self.journal().started(attempt.clone());
                 self.send(job_id, epoch, pb::job_event::Outcome::Started(true));
@@ -190,6 +198,7 @@ impl Attempts {
             pgid: 0,
             exit_file,
             deadline_ms: None,
+            launcher: None,
         };
         self.send(job_id, epoch, pb::job_event::Outcome::Started(true));
         self.ended(&attempt, ended);
@@ -248,13 +257,24 @@ impl Attempts {
                 crate::cgroup::Limits::default(),
             );
             kill_all_but_supervisor(attempt.pgid, cgroup.as_ref());
+            // A job its launcher forked leads its group itself.
+            if attempt.launcher.is_some() {
+                signal_group(attempt.pgid, Signal::SIGKILL);
+            }
         }
     }
 
-    /// Waits for the attempt's supervisor to end (ours or one a previous
-    /// agent started).
+    /// Waits for the attempt's supervisor, or its job where the launcher
+    /// forked it, to end (ours or one a previous agent started).
     async fn watch(self: &Arc<Self>, attempt: RunningAttempt) {
-        let exited = match ProcessExit::open(attempt.pgid) {
+        // A job the launcher forked that no longer leads its session is
+        // gone (its pid taken by another process).
+        let gone = attempt.launcher.is_some() && !leads_session(attempt.pgid);
+        let exited = match if gone {
+            Ok(ProcessExit::Gone)
+        } else {
+            ProcessExit::open(attempt.pgid)
+        } {
             Ok(exited) => exited,
             Err(err) => {
                 // No pidfd (e.g. out of file descriptors): poll instead.
@@ -287,6 +307,9 @@ impl Attempts {
             );
             self.terminate(&attempt, STALE_GRACE).await;
             exited.wait().await;
+        }
+        if let Some(launcher) = attempt.launcher {
+            await_record(&attempt, launcher).await;
         }
         self.finish(&attempt);
     }

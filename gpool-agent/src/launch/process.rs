@@ -43,6 +43,12 @@ pub(super) fn supervisor_alive(pid: i32) -> bool {
         return false;
     };
     let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+    program.ends_with(SUPERVISOR_BIN.as_bytes()) && leads_session(pid)
+}
+
+/// Whether `pid` is a live session leader (as supervisors and the jobs
+/// the launcher forks are, and a reused pid most likely is not).
+pub(super) fn leads_session(pid: i32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };
@@ -50,8 +56,31 @@ pub(super) fn supervisor_alive(pid: i32) -> bool {
     let fields: Vec<&str> = stat
         .rsplit_once(") ")
         .map_or(vec![], |(_, rest)| rest.split(' ').collect());
-    let leader = fields.get(3).is_some_and(|session| *session == pid.to_string());
-    program.ends_with(SUPERVISOR_BIN.as_bytes()) && leader && fields.first() != Some(&"Z")
+    fields.get(3).is_some_and(|session| *session == pid.to_string()) && fields.first() != Some(&"Z")
+}
+
+/// Waits, once a job the node's launcher forked has ended, for its exit
+/// record: the launcher writes it once it has reaped the job (or, should
+/// the launcher have died, its keeper does). Returns without one once
+/// neither is left to write it.
+pub(super) async fn await_record(attempt: &crate::journal::AttemptRecord, launcher: crate::supervise::Launcher) {
+    let mut pause = Duration::from_micros(500);
+    while Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch).is_none()
+        && (launcher_alive(launcher.pid) || launcher_alive(launcher.keeper))
+    {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Whether `pid` is a live launcher or keeper (`gpool-supervise`, not a
+/// zombie).
+fn launcher_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.split_once(") ").is_some_and(|(comm, rest)| {
+            comm.ends_with(&format!("({}", &SUPERVISOR_BIN[..SUPERVISOR_BIN.len().min(15)])) && !rest.starts_with('Z')
+        })
+    })
 }
 
 /// A process's exit: through a pidfd (which works for any process, our

@@ -108,6 +108,7 @@ impl Attempts {
             pgid: 0,
             exit_file: exit_file.clone(),
             deadline_ms: None,
+            launcher: None,
         });
         let launched = self.spawner.lock().unwrap_or_else(|p| p.into_inner()).launch(&request);
         match launched {

@@ -31,11 +31,21 @@ struct CloneArgs {
     cgroup: u64,
 }
 
+/// What the launcher does between the job's fork and its exec, given its
+/// pid: `false` stops the launch (the child exits without running anything).
+pub(super) type Gate<'a> = &'a mut dyn FnMut(i32) -> bool;
+
 /// Starts `command` as a child of this (single-threaded) process, in the
-/// cgroup v2 directory `into` where there is one; its pid.
-pub(super) fn spawn(command: &mut Command, into: Option<&Path>) -> std::io::Result<i32> {
+/// cgroup v2 directory `into` where there is one; its pid. With a `gate`,
+/// the child waits before anything of the job runs until the gate has
+/// passed it (the launcher records the launch there first).
+pub(super) fn spawn(command: &mut Command, into: Option<&Path>, gate: Option<Gate>) -> std::io::Result<i32> {
     let cgroup = into.map(open_dir).transpose()?;
     let (errors, error_out) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let gate_pipe = gate
+        .is_some()
+        .then(|| nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC))
+        .transpose()?;
     let (pid, born_in_it) = match fork_into(cgroup.as_ref()) {
         Ok(pid) => (pid, cgroup.is_some()),
         Err(err) => {
@@ -55,10 +65,26 @@ pub(super) fn spawn(command: &mut Command, into: Option<&Path>) -> std::io::Resu
     };
     if pid == 0 {
         drop(errors);
+        if let Some((wait_for, passed)) = gate_pipe {
+            drop(passed);
+            let mut byte = [0u8; 1];
+            if !matches!(nix::unistd::read(wait_for.as_raw_fd(), &mut byte), Ok(1)) {
+                // SAFETY: ends this forked child before anything of the job ran.
+                unsafe { nix::libc::_exit(127) }
+            }
+        }
         child(command, into.filter(|_| !born_in_it), &error_out);
     }
     drop(error_out);
     drop(cgroup);
+    if let (Some(gate), Some((wait_for, passed))) = (gate, gate_pipe) {
+        drop(wait_for);
+        if !gate(pid) || nix::unistd::write(&passed, b"1") != Ok(1) {
+            drop(passed);
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+            return Err(std::io::Error::other("its launch could not be recorded"));
+        }
+    }
     // Four bytes (an errno) when the exec failed; none once it succeeded.
     let mut code = [0u8; 4];
     let mut errors = std::fs::File::from(errors);
@@ -136,14 +162,14 @@ mod tests {
     #[test]
     fn a_command_starts_and_a_missing_one_is_reported() {
         let mut command = std::process::Command::new("true");
-        let pid = super::spawn(&mut command, None).unwrap();
+        let pid = super::spawn(&mut command, None, None).unwrap();
         let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
         assert_eq!(
             status,
             nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 0)
         );
         let mut missing = std::process::Command::new("/nonexistent/gpool-test");
-        let err = super::spawn(&mut missing, None).unwrap_err();
+        let err = super::spawn(&mut missing, None, None).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
     }
 }

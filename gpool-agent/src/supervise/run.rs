@@ -29,17 +29,10 @@ pub(super) fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::War
         Ok((command, terminal)) => start_and_run(request, command, terminal, into),
         Err(reason) => Ended::FailedToStart(reason),
     };
-    tidy_output(request, &ended);
-    // A checkpoint dir the attempt left empty goes (one a job wrote to
-    // stays for its next attempt), before the record: attempts are fenced,
-    // so a next attempt starts only once this one is known to be over,
-    // and this never takes the dir from under it.
-    let _ = std::fs::remove_dir(&request.checkpoint_dir);
     // One short write: a reader that catches it half written (only the
     // agent's recovery can, while this process still runs) finds no valid
     // line and looks again once this process is gone.
-    let record = format!("{} {} {}\n", request.job_id, request.epoch, ended.to_line());
-    write_exit_record(&request.exit_file, record.as_bytes());
+    write_exit_record(&request.exit_file, record_of(request, &ended).as_bytes());
     clean_up(request, born_in_first);
     // SAFETY: ends this process at once, as a forked child should (no
     // atexit handlers or buffers of the spawner to run twice).
@@ -70,7 +63,9 @@ fn start_and_run(
     terminal: Option<Interactive>,
     into: Option<&PathBuf>,
 ) -> Ended {
-    match super::birth::spawn(&mut command, into.map(PathBuf::as_path)).map_err(|err| with_output_files(request, err)) {
+    match super::birth::spawn(&mut command, into.map(PathBuf::as_path), None)
+        .map_err(|err| with_output_files(request, err))
+    {
         Ok(child) => {
             // The terminal's slave side is the job's alone from here.
             drop(command);
@@ -84,23 +79,45 @@ fn start_and_run(
             if let Some(relayed) = relayed {
                 let _ = relayed.recv_timeout(std::time::Duration::from_secs(2));
             }
-            let ended = with_out_of_memory(request, ended);
-            // What the job left behind (detached or not) ends with it.
-            if let Some(cgroup) = &request.cgroup {
-                cgroup.sweep(CGROUP_SWEEP_PATIENCE);
-            }
-            ended
+            after_end(request, ended)
         }
-        Err(err) => Ended::FailedToStart(match (&request.run_as, &request.workdir) {
-            (Some(user), Some(workdir)) => format!(
-                "cannot run {:?} as {} in {}: {err}",
-                request.program,
-                user.name,
-                workdir.display()
-            ),
-            _ => format!("cannot run {:?}: {err}", request.program),
-        }),
+        Err(err) => Ended::FailedToStart(cannot_run(request, &err)),
     }
+}
+
+/// Why the job's command could not start, naming its user and workdir.
+pub(super) fn cannot_run(request: &LaunchRequest, err: &str) -> String {
+    match (&request.run_as, &request.workdir) {
+        (Some(user), Some(workdir)) => format!(
+            "cannot run {:?} as {} in {}: {err}",
+            request.program,
+            user.name,
+            workdir.display()
+        ),
+        _ => format!("cannot run {:?}: {err}", request.program),
+    }
+}
+
+/// The attempt's end once its job is gone: `OutOfMemory` where its
+/// memory limit killed it, and whatever it left in its cgroup killed.
+pub(super) fn after_end(request: &LaunchRequest, ended: Ended) -> Ended {
+    let ended = with_out_of_memory(request, ended);
+    // What the job left behind (detached or not) ends with it.
+    if let Some(cgroup) = &request.cgroup {
+        cgroup.sweep(CGROUP_SWEEP_PATIENCE);
+    }
+    ended
+}
+
+/// The attempt's exit record, once its output is tidied and a checkpoint
+/// dir it left empty is removed (one a job wrote to stays for its next
+/// attempt). That comes before the record: attempts are fenced, so a next
+/// attempt starts only once this one is known to be over, and this never
+/// takes the dir from under it.
+pub(super) fn record_of(request: &LaunchRequest, ended: &Ended) -> String {
+    tidy_output(request, ended);
+    let _ = std::fs::remove_dir(&request.checkpoint_dir);
+    format!("{} {} {}\n", request.job_id, request.epoch, ended.to_line())
 }
 
 /// `ended`, or `OutOfMemory` where the cgroup's memory limit killed it.
@@ -241,73 +258,124 @@ const CHECK_EVERY_MS: u64 = 200;
 /// runs out: its signal first, then SIGKILL to everything of the attempt
 /// but this process once the grace is over.
 fn run_to_end(request: &LaunchRequest, child: i32) -> Ended {
-    let started = boot_ms();
     let exited = ChildExit::open(child);
-    // Why we are ending it, and when SIGKILL follows.
-    let mut ending: Option<(Ended, u64)> = None;
-    let mut lease = request.fence.as_ref().and_then(|fence| Lease::read(&fence.lease_file));
-    let own_pid = nix::unistd::getpid().as_raw();
+    let mut watch = Watch::new(request, nix::unistd::getpid().as_raw(), true);
     let mut status = None;
     loop {
         if status.is_none() {
             exited.wait(CHECK_EVERY_MS);
             status = exit_of(child);
         }
-        if let Some(status) = &status {
+        if let Some(ended) = watch.step(request, status.as_ref()) {
+            return ended;
+        }
+        if status.is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// The watch on one running attempt, looked at every `CHECK_EVERY_MS`:
+/// its time limit, the node's lease and its output cap, and once one of
+/// those ends it, the grace before SIGKILL. A supervisor keeps one for its
+/// job (the group's leader is the supervisor itself, which outlives it);
+/// the node's launcher keeps one for each job it forked (each leads its
+/// own group).
+pub(super) struct Watch {
+    /// The attempt's process group.
+    group: i32,
+    /// Whether the group's leader is the supervisor (spared) or the job.
+    supervised: bool,
+    started: u64,
+    /// Why we are ending it, and when SIGKILL follows.
+    ending: Option<(Ended, u64)>,
+    lease: Option<Lease>,
+}
+
+impl Watch {
+    pub(super) fn new(request: &LaunchRequest, group: i32, supervised: bool) -> Watch {
+        Watch {
+            group,
+            supervised,
+            started: boot_ms(),
+            ending: None,
+            lease: request.fence.as_ref().and_then(|fence| Lease::read(&fence.lease_file)),
+        }
+    }
+
+    /// One look, given how the group's first process (the job) ended if
+    /// it has: how the attempt ended once it is over.
+    pub(super) fn step(&mut self, request: &LaunchRequest, status: Option<&Ended>) -> Option<Ended> {
+        if let Some(status) = status {
             // Being ended, the attempt is over only when nothing of it is
             // left (a leader that dies first leaves the rest to the grace).
-            let rest_gone = ending.is_none() || group_members(own_pid).is_empty();
-            if rest_gone {
-                return match &ending {
+            if self.ending.is_none() || group_members(self.group).is_empty() {
+                return Some(match &self.ending {
                     Some((cause, _)) => cause.clone(),
                     None => status.clone(),
-                };
+                });
             }
-            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let now = boot_ms();
         // Whatever else ends the attempt (its time limit's grace), the
         // node's lease bounds it: once the lease runs out, the attempt is
         // gone by the lease's grace, as a fenced one is, before gpoold
         // requeues it elsewhere.
-        if let (Some((_, kill_at)), Some(fence)) = (ending.as_mut(), &request.fence) {
-            lease = Lease::read(&fence.lease_file).or(lease);
-            if let Some(lease) = lease.filter(|lease| now >= lease.until_ms) {
+        if let (Some((_, kill_at)), Some(fence)) = (self.ending.as_mut(), &request.fence) {
+            self.lease = Lease::read(&fence.lease_file).or(self.lease);
+            if let Some(lease) = self.lease.filter(|lease| now >= lease.until_ms) {
                 *kill_at = (*kill_at).min(lease.until_ms + fence.grace_ms.min(lease.grace_ms));
             }
         }
-        match &ending {
-            Some((_, kill_at)) if now >= *kill_at => {
-                kill_all_but_supervisor(own_pid, request.cgroup.as_ref());
-            }
+        match &self.ending {
+            Some((_, kill_at)) if now >= *kill_at => self.kill_all(request),
             Some(_) => {}
-            None => {
-                let over_time = request
-                    .time_limit_ms
-                    .is_some_and(|limit| now >= started.saturating_add(limit));
-                if let Some(fence) = &request.fence {
-                    // A lease file being replaced may be missing for a moment.
-                    lease = Lease::read(&fence.lease_file).or(lease);
-                }
-                let fenced = match (&request.fence, lease) {
-                    (Some(fence), Some(lease)) if now >= lease.until_ms => Some((fence, lease)),
-                    _ => None,
-                };
-                let over_output = request.max_output.is_some_and(|cap| output_over(request, cap));
-                if over_output {
-                    // Output at this rate fills the disk in seconds: no grace.
-                    kill_all_but_supervisor(own_pid, request.cgroup.as_ref());
-                    ending = Some((Ended::OutputLimit, now));
-                } else if let Some((fence, lease)) = fenced {
-                    let signal =
-                        nix::sys::signal::Signal::try_from(fence.signal).unwrap_or(nix::sys::signal::Signal::SIGTERM);
-                    let _ = nix::sys::signal::killpg(nix::unistd::getpgrp(), signal);
-                    ending = Some((Ended::Fenced, now + fence.grace_ms.min(lease.grace_ms)));
-                } else if over_time {
-                    let _ = nix::sys::signal::killpg(nix::unistd::getpgrp(), nix::sys::signal::Signal::SIGTERM);
-                    ending = Some((Ended::TimedOut, now + TIME_LIMIT_GRACE_MS));
-                }
-            }
+            None => self.ending = self.reason_to_end(request, now),
+        }
+        None
+    }
+
+    /// Why the attempt is to end now, if it is, with the signals sent.
+    fn reason_to_end(&mut self, request: &LaunchRequest, now: u64) -> Option<(Ended, u64)> {
+        use nix::sys::signal::Signal;
+        let over_time = request
+            .time_limit_ms
+            .is_some_and(|limit| now >= self.started.saturating_add(limit));
+        if let Some(fence) = &request.fence {
+            // A lease file being replaced may be missing for a moment.
+            self.lease = Lease::read(&fence.lease_file).or(self.lease);
+        }
+        let fenced = match (&request.fence, self.lease) {
+            (Some(fence), Some(lease)) if now >= lease.until_ms => Some((fence, lease)),
+            _ => None,
+        };
+        if request.max_output.is_some_and(|cap| output_over(request, cap)) {
+            // Output at this rate fills the disk in seconds: no grace.
+            self.kill_all(request);
+            Some((Ended::OutputLimit, now))
+        } else if let Some((fence, lease)) = fenced {
+            self.signal(Signal::try_from(fence.signal).unwrap_or(Signal::SIGTERM));
+            Some((Ended::Fenced, now + fence.grace_ms.min(lease.grace_ms)))
+        } else if over_time {
+            self.signal(Signal::SIGTERM);
+            Some((Ended::TimedOut, now + TIME_LIMIT_GRACE_MS))
+        } else {
+            None
+        }
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.group), signal);
+    }
+
+    /// SIGKILL to everything of the attempt (but its supervisor).
+    fn kill_all(&self, request: &LaunchRequest) {
+        kill_all_but_supervisor(self.group, request.cgroup.as_ref());
+        if !self.supervised {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.group),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
 }

@@ -1,6 +1,6 @@
-//! The spawner's side of supervisors: the `gpool-supervise` process that
-//! forks them (one kept forked and waiting in a cgroup of its own), and
-//! the agent's end of it, `Spawner`.
+//! Supervisors, for the jobs that need one (a terminal, a container
+//! runtime), forked by the node's launcher; and the agent's end of the
+//! launcher, `Spawner`.
 
 use super::run::supervise;
 use super::*;
@@ -25,73 +25,52 @@ extern "C" fn outlive(signal: nix::libc::c_int) {
     }
 }
 
-/// The spawner: serves launch requests until its stdin closes. Once it
-/// knows where attempts' cgroups go (from the first request that has one),
-/// it keeps the next supervisor forked and waiting in a cgroup of its own
-/// (see `crate::cgroup::Warm`), so a launch costs neither a fork nor a
-/// cgroup move on its way to the job.
+/// The spawner the agent starts: the node's launcher and its keeper
+/// (`launcher`). Its one argument is the agent's directory of exit slots.
 pub fn main() -> ExitCode {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, SIGCHLD};
-    // Supervisors are reaped by the kernel; none stays a zombie.
-    let auto_reap = SigAction::new(SigHandler::SigIgn, SaFlags::SA_NOCLDWAIT, SigSet::empty());
-    // SAFETY: setting SIG_IGN installs no handler code.
-    let _ = unsafe { sigaction(SIGCHLD, &auto_reap) };
-    let stdin = std::io::stdin().lock();
-    let mut stdout = std::io::stdout().lock();
-    let mut cgroup_parent: Option<PathBuf> = None;
-    let mut waiting: Option<Waiting> = None;
-    let mut cleaned_at: Option<std::time::Instant> = None;
-    for line in stdin.lines() {
-        let Ok(line) = line else { break };
-        let reply = match serde_json::from_str::<LaunchRequest>(&line) {
-            Ok(request) => {
-                let parent = request.cgroup.as_ref().and_then(|cgroup| cgroup.dirs.first()?.parent());
-                if let (None, Some(parent)) = (&cgroup_parent, parent) {
-                    cgroup_parent = Some(parent.to_path_buf());
-                }
-                hand_over(&request, &line, waiting.take(), cgroup_parent.as_deref())
-            }
-            Err(err) => LaunchReply::Refused(format!("bad launch request: {err}")),
-        };
-        let mut text = serde_json::to_vec(&reply).unwrap_or_default();
-        text.push(b'\n');
-        if stdout.write_all(&text).and_then(|()| stdout.flush()).is_err() {
-            break;
-        }
-        // The next one, now that this launch is answered.
-        if waiting.is_none() {
-            // What dead waiting supervisors left: looked for once a second
-            // at most, not at every launch of a busy node.
-            if let Some(parent) = cgroup_parent.as_deref() {
-                if cleaned_at.is_none_or(|at| at.elapsed() >= CLEAN_UP_EVERY) {
-                    crate::cgroup::Warm::clean_up_after_the_dead(parent);
-                    cleaned_at = Some(std::time::Instant::now());
-                }
-            }
-            waiting = Waiting::fork(cgroup_parent.as_deref());
-        }
-    }
-    ExitCode::SUCCESS
+    super::launcher::start(std::env::args_os().nth(1).map(PathBuf::from))
 }
 
-/// Hands `request` (its JSON `line`) to a waiting supervisor (`waiting`,
-/// else one forked for it), after marking the attempt's exit slot with
-/// that supervisor's pid: an agent that dies before this answer reaches it
-/// learns from the mark, once this spawner is gone, whether the attempt
-/// was launched (`launched_pid`), and never launches it twice.
-fn hand_over(
-    request: &LaunchRequest,
-    line: &str,
-    waiting: Option<Waiting>,
-    cgroup_parent: Option<&Path>,
-) -> LaunchReply {
-    let mut supervisor = waiting;
-    // A waiting supervisor that died meanwhile is replaced, once.
+/// The launcher's side of supervisors, for the jobs that need one (a
+/// terminal, a container runtime): each is forked when its launch comes.
+#[derive(Default)]
+pub(super) struct Supervisors {
+    /// Where attempts' cgroups go, from the first request that has one.
+    cgroup_parent: Option<PathBuf>,
+    cleaned_at: Option<std::time::Instant>,
+}
+
+impl Supervisors {
+    /// Hands `request` (its JSON `line`) to a new supervisor.
+    pub(super) fn hand_over(&mut self, request: &LaunchRequest, line: &str) -> LaunchReply {
+        let parent = request.cgroup.as_ref().and_then(|cgroup| cgroup.dirs.first()?.parent());
+        if let (None, Some(parent)) = (&self.cgroup_parent, parent) {
+            self.cgroup_parent = Some(parent.to_path_buf());
+        }
+        // What dead waiting supervisors left: looked for once a second
+        // at most.
+        if let Some(parent) = self.cgroup_parent.as_deref() {
+            if self.cleaned_at.is_none_or(|at| at.elapsed() >= CLEAN_UP_EVERY) {
+                crate::cgroup::Warm::clean_up_after_the_dead(parent);
+                self.cleaned_at = Some(std::time::Instant::now());
+            }
+        }
+        hand_over(request, line, self.cgroup_parent.as_deref())
+    }
+}
+
+/// Hands `request` (its JSON `line`) to a supervisor forked for it, after
+/// marking the attempt's exit slot with that supervisor's pid: an agent
+/// that dies before this answer reaches it learns from the mark, once
+/// this launcher is gone, whether the attempt was launched (`launched`),
+/// and never launches it twice.
+fn hand_over(request: &LaunchRequest, line: &str, cgroup_parent: Option<&Path>) -> LaunchReply {
+    // A supervisor that died before it took the request is replaced, once.
     for _ in 0..2 {
-        let Some(next) = supervisor.take().or_else(|| Waiting::fork(cgroup_parent)) else {
+        let Some(next) = Waiting::fork(cgroup_parent) else {
             return LaunchReply::Refused("cannot fork a supervisor".into());
         };
-        let mark = super::launched_mark(request.job_id, request.epoch, next.pid);
+        let mark = super::launched_mark(request.job_id, request.epoch, next.pid, None);
         if let Err(err) = crate::spool::write_in_place(&request.exit_file, mark.as_bytes()) {
             eprintln!(
                 "{SUPERVISOR_BIN}: {}: cannot mark the launch: {err}",
@@ -209,13 +188,23 @@ fn become_supervisor() {
     }
 }
 
-/// The agent's end of the spawner: one process, restarted if it dies.
+/// The agent's end of the launcher: one keeper and launcher pair, started
+/// again if the launcher dies.
 pub struct Spawner {
     program: PathBuf,
-    /// Where the running spawner's pid is kept, for a restarted agent to
-    /// wait for the spawner its predecessor left (`Spawner::wait_for_old`).
+    /// Where the running launcher's pid is kept, for a restarted agent to
+    /// wait for the launcher its predecessor left (`Spawner::wait_for_old`).
     pid_file: PathBuf,
-    running: Option<(std::process::Child, std::io::BufReader<std::process::ChildStdout>)>,
+    running: Option<Running>,
+    /// Keepers of launchers that died, reaped once they end.
+    retired: Vec<std::process::Child>,
+}
+
+/// The keeper the agent started, and the pipes to its launcher.
+struct Running {
+    keeper: std::process::Child,
+    replies: std::io::BufReader<std::process::ChildStdout>,
+    launcher: Launcher,
 }
 
 /// What became of a launch request.
@@ -223,12 +212,14 @@ pub struct Spawner {
 pub enum Launched {
     /// Its supervisor runs, with this pid.
     Running(i32),
-    /// The spawner died before answering, and the attempt had already run
+    /// The launcher forked the job itself: its pid, and the launcher's.
+    Direct(i32, Launcher),
+    /// The launcher died before answering, and the attempt had already run
     /// to its end by the time the agent looked.
     Ended(Ended),
 }
 
-/// Why a request got no answer: the spawner could not be reached (nothing
+/// Why a request got no answer: the launcher could not be reached (nothing
 /// was sent), or it died after the request was sent (it may have acted).
 enum NoAnswer {
     Unsent(String),
@@ -241,12 +232,13 @@ impl Spawner {
             program,
             pid_file,
             running: None,
+            retired: Vec::new(),
         }
     }
 
-    /// Starts a supervisor for `request`. A spawner that dies is started
-    /// again; a request it may have acted on is looked up in the attempt's
-    /// exit slot first, so an attempt is never launched twice.
+    /// Starts `request`'s attempt. A launcher that dies is started again;
+    /// a request it may have acted on is looked up in the attempt's exit
+    /// slot first, so an attempt is never launched twice.
     pub fn launch(&mut self, request: &LaunchRequest) -> Result<Launched, String> {
         let mut line = serde_json::to_vec(request).map_err(|err| err.to_string())?;
         line.push(b'\n');
@@ -254,18 +246,25 @@ impl Spawner {
         for _ in 0..2 {
             match self.ask(&line) {
                 Ok(LaunchReply::Started(pid)) => return Ok(Launched::Running(pid)),
+                Ok(LaunchReply::Direct(pid)) => {
+                    let launcher = self.running.as_ref().map(|running| running.launcher);
+                    return launcher
+                        .map(|launcher| Launched::Direct(pid, launcher))
+                        .ok_or_else(|| "no launcher".to_string());
+                }
                 Ok(LaunchReply::Refused(reason)) => return Err(reason),
+                Ok(LaunchReply::Ready(_)) => last_err = "it answered a request with its greeting".into(),
                 Err(no_answer) => {
-                    // Gone for good before the slot is read: it acts no more.
-                    if let Some((mut child, _)) = self.running.take() {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                    }
+                    // Gone for good before the slot is read: it acts no
+                    // more. Its keeper lives on while its jobs do.
+                    self.retire();
                     let (job_id, epoch) = (request.job_id, request.epoch);
                     match no_answer {
                         NoAnswer::Sent(err) => {
-                            if let Some(pid) = super::launched_pid(&request.exit_file, job_id, epoch) {
-                                return Ok(Launched::Running(pid));
+                            match super::launched(&request.exit_file, job_id, epoch) {
+                                Some((pid, None)) => return Ok(Launched::Running(pid)),
+                                Some((pid, Some(launcher))) => return Ok(Launched::Direct(pid, launcher)),
+                                None => {}
                             }
                             if let Some(ended) = Ended::read(&request.exit_file, job_id, epoch) {
                                 return Ok(Launched::Ended(ended));
@@ -280,36 +279,93 @@ impl Spawner {
         Err(format!("{}: {last_err}", self.program.display()))
     }
 
-    fn ask(&mut self, line: &[u8]) -> Result<LaunchReply, NoAnswer> {
-        if self.running.is_none() {
-            let mut child = Command::new(&self.program)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .map_err(|err| NoAnswer::Unsent(format!("cannot start: {err}")))?;
-            // Kept before any request goes to it.
-            if let Err(err) = crate::spool::write_in_place(&self.pid_file, format!("{}\n", child.id()).as_bytes()) {
-                tracing::warn!("{}: {err}", self.pid_file.display());
+    /// Kills the running launcher (its keeper records its jobs' ends).
+    fn retire(&mut self) {
+        if let Some(running) = self.running.take() {
+            let pid = nix::unistd::Pid::from_raw(running.launcher.pid);
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if is_spawner(&stat, pid.as_raw()) {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
             }
-            let stdout = child.stdout.take().ok_or(NoAnswer::Unsent("no stdout".into()))?;
-            self.running = Some((child, std::io::BufReader::new(stdout)));
+            self.retired.push(running.keeper);
         }
-        let (child, replies) = self.running.as_mut().ok_or(NoAnswer::Unsent("not running".into()))?;
-        let stdin = child.stdin.as_mut().ok_or(NoAnswer::Unsent("no stdin".into()))?;
-        // A line cut short is no request: the spawner acts on whole lines.
+        self.retired
+            .retain_mut(|keeper| keeper.try_wait().ok().flatten().is_none());
+    }
+
+    /// Starts a keeper and its launcher, and reads who they are.
+    fn start(&mut self) -> Result<(), NoAnswer> {
+        let exits = self.pid_file.with_file_name("exits");
+        let mut keeper = Command::new(&self.program)
+            .arg(exits)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|err| NoAnswer::Unsent(format!("cannot start: {err}")))?;
+        let stdout = keeper.stdout.take().ok_or(NoAnswer::Unsent("no stdout".into()))?;
+        let mut replies = std::io::BufReader::new(stdout);
+        let mut greeting = String::new();
+        let launcher = match replies
+            .read_line(&mut greeting)
+            .map(|_| serde_json::from_str(&greeting))
+        {
+            Ok(Ok(LaunchReply::Ready(launcher))) => launcher,
+            _ => {
+                let _ = keeper.kill();
+                let _ = keeper.wait();
+                return Err(NoAnswer::Unsent(format!("no greeting from it: {greeting:?}")));
+            }
+        };
+        // Kept before any request goes to it.
+        if let Err(err) = crate::spool::write_in_place(&self.pid_file, format!("{}\n", launcher.pid).as_bytes()) {
+            tracing::warn!("{}: {err}", self.pid_file.display());
+        }
+        self.running = Some(Running {
+            keeper,
+            replies,
+            launcher,
+        });
+        Ok(())
+    }
+
+    fn ask(&mut self, line: &[u8]) -> Result<LaunchReply, NoAnswer> {
+        // A keeper that died (killed) can no longer stand in for its
+        // launcher: the pair is let go (the launcher runs its jobs to
+        // their ends) and a new one started.
+        if let Some(running) = self.running.as_mut() {
+            if !matches!(running.keeper.try_wait(), Ok(None)) {
+                tracing::warn!(
+                    pid = running.launcher.keeper,
+                    "the launcher's keeper is gone; starting a new pair"
+                );
+                drop(running.keeper.stdin.take());
+                self.running = None;
+            }
+        }
+        if self.running.is_none() {
+            self.start()?;
+        }
+        let running = self.running.as_mut().ok_or(NoAnswer::Unsent("not running".into()))?;
+        let stdin = running
+            .keeper
+            .stdin
+            .as_mut()
+            .ok_or(NoAnswer::Unsent("no stdin".into()))?;
+        // A line cut short is no request: the launcher acts on whole lines.
         stdin
             .write_all(line)
             .map_err(|err| NoAnswer::Unsent(format!("cannot send: {err}")))?;
         let mut reply = String::new();
-        match replies.read_line(&mut reply) {
+        match running.replies.read_line(&mut reply) {
             Ok(0) => Err(NoAnswer::Sent("it exited".into())),
             Ok(_) => serde_json::from_str(&reply).map_err(|err| NoAnswer::Sent(format!("bad reply {reply:?}: {err}"))),
             Err(err) => Err(NoAnswer::Sent(format!("cannot read its reply: {err}"))),
         }
     }
 
-    /// Waits until the spawner a previous agent left (its pid in
-    /// `pid_file`) is gone: it exits once it has answered what it read,
+    /// Waits until the launcher a previous agent left (its pid in
+    /// `pid_file`) no longer serves it: once it has answered what it read,
+    /// it leaves that agent's session (and runs its jobs to their ends),
     /// and until then a launch of the previous agent may still be handed
     /// over. Killed after `patience`.
     pub fn wait_for_old(pid_file: &Path, patience: std::time::Duration) {
@@ -328,7 +384,7 @@ impl Spawner {
         let deadline = std::time::Instant::now() + patience;
         while is_spawner() {
             if std::time::Instant::now() > deadline {
-                tracing::warn!(pid, "the previous agent's spawner did not exit; killing it");
+                tracing::warn!(pid, "the previous agent's launcher did not let go; killing it");
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -351,11 +407,11 @@ fn is_spawner(stat: &str, pid: i32) -> bool {
 }
 
 impl Drop for Spawner {
-    /// Closing its stdin ends the spawner; supervisors live on.
+    /// Closing its stdin lets the launcher go: it runs its jobs to their
+    /// ends, then exits, and its keeper with it.
     fn drop(&mut self) {
-        if let Some((mut child, _)) = self.running.take() {
-            drop(child.stdin.take());
-            let _ = child.wait();
+        if let Some(mut running) = self.running.take() {
+            drop(running.keeper.stdin.take());
         }
     }
 }

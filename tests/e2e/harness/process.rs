@@ -146,3 +146,34 @@ pub fn output_within(mut child: std::process::Child, what: &str, timeout: Durati
 pub fn wait_for_file(file: &str) -> String {
     format!("i=0; while [ ! -e {file} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done")
 }
+
+/// The children of `parent` running `gpool-supervise`, from /proc.
+fn supervise_children(parent: i32) -> Vec<nix::unistd::Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let (comm, rest) = stat.split_once(") ")?;
+            let mut fields = rest.split(' ');
+            let state = fields.next()?;
+            let ppid: i32 = fields.next()?.parse().ok()?;
+            (ppid == parent && state != "Z" && comm.ends_with("(gpool-supervise"))
+                .then(|| nix::unistd::Pid::from_raw(pid))
+        })
+        .collect()
+}
+
+/// An agent's keeper (its child) and the node's launcher (the keeper's
+/// child), once both run.
+pub fn launcher_of(agent: nix::unistd::Pid) -> (nix::unistd::Pid, nix::unistd::Pid) {
+    wait_until("the agent's launcher", Duration::from_secs(30), || {
+        supervise_children(agent.as_raw()).into_iter().find_map(|keeper| {
+            let launcher = supervise_children(keeper.as_raw()).into_iter().next()?;
+            Some((keeper, launcher))
+        })
+    })
+}
