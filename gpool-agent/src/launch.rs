@@ -51,6 +51,11 @@ pub struct Attempts {
     space: Mutex<(crate::spool::SpaceWatch, String)>,
     /// `gpool-supervise`, started from next to this process's binary.
     spawner: Mutex<Spawner>,
+    /// The ends the launcher announces.
+    notices: Arc<crate::supervise::EndNotices>,
+    /// The directory of the `gpool` installed beside this agent, if any
+    /// (put on jobs' PATH).
+    gpool_dir: Option<String>,
     /// Jobs run as their submitter only when the agent runs as root.
     as_root: bool,
     /// What jobs need to call gpoold (`gpool checkpoint` and any other
@@ -128,7 +133,11 @@ impl Attempts {
             create_dir(&spool_dir.join(dir))?;
         }
         let space = crate::spool::SpaceWatch::new(spool_dir.join("jobs"), min_spool_free);
-        let spawner = Spawner::new(supervisor, state_dir.join(SPAWNER_PID_FILE));
+        let notices = Arc::new(crate::supervise::EndNotices::default());
+        let spawner = Spawner::new(supervisor, state_dir.join(SPAWNER_PID_FILE), notices.clone());
+        let gpool_dir = Some(exe.with_file_name("gpool"))
+            .filter(|gpool| gpool.is_file())
+            .and_then(|gpool| Some(gpool.parent()?.display().to_string()));
         Ok(Arc::new(Attempts {
             as_root: nix::unistd::geteuid().is_root(),
             cgroup_scope: crate::cgroup::scope_of(&spool_dir),
@@ -145,6 +154,8 @@ impl Attempts {
             max_pids,
             space: Mutex::new((space, String::new())),
             spawner: Mutex::new(spawner),
+            notices,
+            gpool_dir,
             journal: Mutex::new(journal),
             queued: Mutex::new(std::collections::HashMap::new()),
             events,

@@ -23,10 +23,12 @@ use std::path::{Path, PathBuf};
 mod birth;
 mod group;
 mod launcher;
+mod notices;
 mod prepare;
 mod run;
 mod spawner;
 pub use group::kill_all_but_supervisor;
+pub use notices::EndNotices;
 pub use run::TIME_LIMIT_GRACE_MS;
 pub use spawner::{main, Launched, Spawner};
 
@@ -328,6 +330,8 @@ pub enum LaunchReply {
     Direct(i32),
     Refused(String),
     Ready(Launcher),
+    /// Not an answer: the end of this attempt (job, epoch) is recorded.
+    Ended(u64, u64),
 }
 
 #[cfg(test)]

@@ -156,29 +156,7 @@ impl Attempts {
             return;
         }
         match self.spawn(&launch) {
-            Ok((launched, exit_file)) => {
-                let (pgid, launcher) = match launched {
-                    crate::supervise::Launched::Direct(pid, launcher) => (pid, Some(launcher)),
-                    crate::supervise::Launched::Running(pid) => (pid, None),
-                    crate::supervise::Launched::Ended(ended) => {
-                        return self.ran_unanswered((job_id, epoch), exit_file, ended);
-                    }
-                };
-                tracing::info!(job = job_id, epoch, pid = pgid, "attempt {} started", launch.attempt);
-                let deadline_ms = launch.time_limit.map(|limit| now_ms() + limit.seconds as i64 * 1000);
-                let attempt = RunningAttempt {
-                    job_id,
-                    epoch,
-                    pgid,
-                    exit_file,
-                    deadline_ms,
-                    launcher,
-                };
-                self.journal().started(attempt.clone());
-                self.send(job_id, epoch, pb::job_event::Outcome::Started(true));
-                let attempts = self.clone();
-                self.spawn_task(async move { attempts.watch(attempt).await });
-            }
+            Ok((launched, exit_file)) => self.started(&launch, launched, exit_file),
             Err(reason) => {
                 self.terminals
                     .lock()
@@ -186,6 +164,36 @@ impl Attempts {
                     .remove(&(job_id, epoch));
                 self.send(job_id, epoch, pb::job_event::Outcome::FailedToStart(reason));
             }
+        }
+    }
+
+    /// A launched attempt: journaled with its pid, reported started and
+    /// watched until it ends.
+    fn started(self: &Arc<Self>, launch: &pb::Launch, launched: crate::supervise::Launched, exit_file: PathBuf) {
+        let (job_id, epoch) = (launch.job_id, launch.epoch);
+        let (pgid, launcher) = match launched {
+            crate::supervise::Launched::Direct(pid, launcher) => (pid, Some(launcher)),
+            crate::supervise::Launched::Running(pid) => (pid, None),
+            crate::supervise::Launched::Ended(ended) => {
+                return self.ran_unanswered((job_id, epoch), exit_file, ended);
+            }
+        };
+        tracing::info!(job = job_id, epoch, pid = pgid, "attempt {} started", launch.attempt);
+        let deadline_ms = launch.time_limit.map(|limit| now_ms() + limit.seconds as i64 * 1000);
+        let attempt = RunningAttempt {
+            job_id,
+            epoch,
+            pgid,
+            exit_file,
+            deadline_ms,
+            launcher,
+        };
+        self.journal().started(attempt.clone());
+        self.send(job_id, epoch, pb::job_event::Outcome::Started(true));
+        let attempts = self.clone();
+        match launcher {
+            Some(launcher) => self.spawn_task(async move { attempts.watch_announced(attempt, launcher).await }),
+            None => self.spawn_task(async move { attempts.watch(attempt).await }),
         }
     }
 
@@ -310,6 +318,32 @@ impl Attempts {
         }
         if let Some(launcher) = attempt.launcher {
             await_record(&attempt, launcher).await;
+        }
+        self.finish(&attempt);
+    }
+
+    /// Waits for the end that the launcher announces of a job it forked;
+    /// should the launcher be gone first, or the job outlast its time
+    /// limit and grace, watches the job itself.
+    async fn watch_announced(self: &Arc<Self>, attempt: RunningAttempt, launcher: crate::supervise::Launcher) {
+        if let Some(woken) = self.notices.wait(attempt.job_id, attempt.epoch, launcher) {
+            let in_time = match attempt.deadline_ms {
+                None => {
+                    let _ = woken.await;
+                    true
+                }
+                Some(deadline) => {
+                    let at = deadline + crate::supervise::TIME_LIMIT_GRACE_MS as i64 + BACKSTOP_SLACK_MS;
+                    let limit = Duration::from_millis((at - now_ms()).max(0) as u64);
+                    tokio::time::timeout(limit, woken).await.is_ok()
+                }
+            };
+            if !in_time {
+                return self.watch(attempt).await;
+            }
+        }
+        if Ended::read(&attempt.exit_file, attempt.job_id, attempt.epoch).is_none() {
+            return self.watch(attempt).await;
         }
         self.finish(&attempt);
     }

@@ -157,7 +157,9 @@ impl Attempts {
             .chain(self.controller_env.iter().cloned())
             .collect();
         if !in_container {
-            with_gpool_on_path(&mut env);
+            if let Some(dir) = &self.gpool_dir {
+                with_gpool_on_path(&mut env, dir);
+            }
             // As a login would: the account's USER, LOGNAME, HOME and SHELL
             // (the user's own where the job runs as one; the supervisor sets
             // those), and a PATH where the job brought none.
@@ -376,18 +378,10 @@ fn check_output_options(launch: &pb::Launch, in_container: bool) -> Result<(), S
     Ok(())
 }
 
-/// Appends the directory of the `gpool` installed beside this agent to the
+/// Appends `dir`, that of the `gpool` installed beside this agent, to the
 /// job's PATH (the submitter's, or this agent's), so `gpool checkpoint`
 /// works from a job; the job's own entries come first.
-fn with_gpool_on_path(env: &mut Vec<(String, String)>) {
-    let Some(dir) = std::env::current_exe()
-        .ok()
-        .map(|exe| exe.with_file_name("gpool"))
-        .filter(|gpool| gpool.is_file())
-        .and_then(|gpool| gpool.parent().map(|dir| dir.display().to_string()))
-    else {
-        return;
-    };
+fn with_gpool_on_path(env: &mut Vec<(String, String)>, dir: &str) {
     let path = env
         .iter()
         .rev()

@@ -123,7 +123,7 @@ struct Running {
 /// cgroups still busy.
 #[derive(Default)]
 struct Leftovers {
-    records: Vec<(PathBuf, String)>,
+    records: Vec<(LaunchRequest, String)>,
     cgroups: Vec<(crate::cgroup::AttemptCgroup, Instant)>,
 }
 
@@ -357,11 +357,17 @@ impl Leftovers {
     fn conclude(&mut self, request: LaunchRequest, ended: Ended) {
         let ended = after_end(&request, ended);
         let record = record_of(&request, &ended);
-        if let Err(err) = crate::spool::write_in_place(&request.exit_file, record.as_bytes()) {
-            eprintln!("{SUPERVISOR_BIN}: {}: {err}; trying again", request.exit_file.display());
-            self.records.push((request.exit_file.clone(), record));
+        // The end first; the cgroup's removal (which may have to wait for
+        // the kernel) after.
+        let cgroup = request.cgroup.clone();
+        match crate::spool::write_in_place(&request.exit_file, record.as_bytes()) {
+            Ok(()) => reply(&LaunchReply::Ended(request.job_id, request.epoch)),
+            Err(err) => {
+                eprintln!("{SUPERVISOR_BIN}: {}: {err}; trying again", request.exit_file.display());
+                self.records.push((request, record));
+            }
         }
-        if let Some(cgroup) = request.cgroup {
+        if let Some(cgroup) = cgroup {
             cgroup.remove();
             if cgroup.dirs.iter().any(|dir| dir.exists()) {
                 self.cgroups.push((cgroup, Instant::now()));
@@ -372,8 +378,13 @@ impl Leftovers {
     /// Tries again what failed: records (given up once their directory is
     /// gone, as no agent will read them) and cgroup removals.
     fn retry(&mut self) {
-        self.records.retain(|(slot, record)| {
-            crate::spool::write_in_place(slot, record.as_bytes()).is_err() && slot.parent().is_some_and(Path::exists)
+        self.records.retain(|(request, record)| {
+            let slot = &request.exit_file;
+            let written = crate::spool::write_in_place(slot, record.as_bytes()).is_ok();
+            if written {
+                reply(&LaunchReply::Ended(request.job_id, request.epoch));
+            }
+            !written && slot.parent().is_some_and(Path::exists)
         });
         self.cgroups.retain(|(cgroup, since)| {
             cgroup.remove();

@@ -198,12 +198,15 @@ pub struct Spawner {
     running: Option<Running>,
     /// Keepers of launchers that died, reaped once they end.
     retired: Vec<std::process::Child>,
+    /// Where the ends the launcher announces go.
+    notices: std::sync::Arc<super::EndNotices>,
 }
 
-/// The keeper the agent started, and the pipes to its launcher.
+/// The keeper the agent started, and its launcher's answers (read by a
+/// thread of their own, which hands on the ends it announces).
 struct Running {
     keeper: std::process::Child,
-    replies: std::io::BufReader<std::process::ChildStdout>,
+    replies: std::sync::mpsc::Receiver<Result<LaunchReply, String>>,
     launcher: Launcher,
 }
 
@@ -227,12 +230,13 @@ enum NoAnswer {
 }
 
 impl Spawner {
-    pub fn new(program: PathBuf, pid_file: PathBuf) -> Spawner {
+    pub fn new(program: PathBuf, pid_file: PathBuf, notices: std::sync::Arc<super::EndNotices>) -> Spawner {
         Spawner {
             program,
             pid_file,
             running: None,
             retired: Vec::new(),
+            notices,
         }
     }
 
@@ -253,7 +257,9 @@ impl Spawner {
                         .ok_or_else(|| "no launcher".to_string());
                 }
                 Ok(LaunchReply::Refused(reason)) => return Err(reason),
-                Ok(LaunchReply::Ready(_)) => last_err = "it answered a request with its greeting".into(),
+                Ok(LaunchReply::Ready(_) | LaunchReply::Ended(..)) => {
+                    last_err = "it answered a request with something else".into()
+                }
                 Err(no_answer) => {
                     // Gone for good before the slot is read: it acts no
                     // more. Its keeper lives on while its jobs do.
@@ -316,13 +322,23 @@ impl Spawner {
                 return Err(NoAnswer::Unsent(format!("no greeting from it: {greeting:?}")));
             }
         };
+        let (to_ask, answers) = std::sync::mpsc::channel();
+        let notices = self.notices.clone();
+        let reading = std::thread::Builder::new()
+            .name("launcher".into())
+            .spawn(move || read_replies(replies, &to_ask, &notices, launcher.pid));
+        if let Err(err) = reading {
+            let _ = keeper.kill();
+            let _ = keeper.wait();
+            return Err(NoAnswer::Unsent(format!("cannot start a thread to read it: {err}")));
+        }
         // Kept before any request goes to it.
         if let Err(err) = crate::spool::write_in_place(&self.pid_file, format!("{}\n", launcher.pid).as_bytes()) {
             tracing::warn!("{}: {err}", self.pid_file.display());
         }
         self.running = Some(Running {
             keeper,
-            replies,
+            replies: answers,
             launcher,
         });
         Ok(())
@@ -355,11 +371,9 @@ impl Spawner {
         stdin
             .write_all(line)
             .map_err(|err| NoAnswer::Unsent(format!("cannot send: {err}")))?;
-        let mut reply = String::new();
-        match running.replies.read_line(&mut reply) {
-            Ok(0) => Err(NoAnswer::Sent("it exited".into())),
-            Ok(_) => serde_json::from_str(&reply).map_err(|err| NoAnswer::Sent(format!("bad reply {reply:?}: {err}"))),
-            Err(err) => Err(NoAnswer::Sent(format!("cannot read its reply: {err}"))),
+        match running.replies.recv() {
+            Ok(answer) => answer.map_err(NoAnswer::Sent),
+            Err(_) => Err(NoAnswer::Sent("it exited".into())),
         }
     }
 
@@ -390,6 +404,34 @@ impl Spawner {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
+}
+
+/// Reads the launcher `pid`'s stdout until it closes: answers go to the
+/// request waiting for one, announced ends to `notices`.
+fn read_replies(
+    mut replies: std::io::BufReader<std::process::ChildStdout>,
+    to_ask: &std::sync::mpsc::Sender<Result<LaunchReply, String>>,
+    notices: &super::EndNotices,
+    pid: i32,
+) {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match replies.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        match serde_json::from_str::<LaunchReply>(&line) {
+            Ok(LaunchReply::Ended(job_id, epoch)) => notices.ended(job_id, epoch),
+            Ok(answer) => {
+                let _ = to_ask.send(Ok(answer));
+            }
+            Err(err) => {
+                let _ = to_ask.send(Err(format!("bad reply {line:?}: {err}")));
+            }
+        }
+    }
+    notices.launcher_gone(pid);
 }
 
 /// Whether `stat` (the text of /proc/PID/stat of `pid`) is a live spawner:
