@@ -36,10 +36,40 @@ struct CloneArgs {
 pub(super) type Gate<'a> = &'a mut dyn FnMut(i32) -> bool;
 
 /// Starts `command` as a child of this (single-threaded) process, in the
-/// cgroup v2 directory `into` where there is one; its pid. With a `gate`,
-/// the child waits before anything of the job runs until the gate has
-/// passed it (the launcher records the launch there first).
+/// cgroup v2 directory `into` where there is one; its pid, once it has
+/// exec'd. With a `gate`, the child waits before anything of the job runs
+/// until the gate has passed it (the launcher records the launch there
+/// first).
 pub(super) fn spawn(command: &mut Command, into: Option<&Path>, gate: Option<Gate>) -> std::io::Result<i32> {
+    let (pid, exec) = fork(command, into, gate)?;
+    match exec.failure() {
+        Some(err) => {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+            Err(err)
+        }
+        None => Ok(pid),
+    }
+}
+
+/// The end of the pipe a child reports a failed exec through: four bytes
+/// (its errno) when it failed, none once it succeeded.
+pub(super) struct Exec(std::fs::File);
+
+impl Exec {
+    /// Why the exec failed, if it did; blocks until the child has exec'd
+    /// or exited.
+    pub(super) fn failure(self) -> Option<std::io::Error> {
+        let mut code = [0u8; 4];
+        let mut errors = self.0;
+        std::io::Read::read_exact(&mut errors, &mut code)
+            .ok()
+            .map(|()| std::io::Error::from_raw_os_error(i32::from_ne_bytes(code)))
+    }
+}
+
+/// Forks `command` as `spawn` does, without waiting for its exec: its pid,
+/// and the pipe that says whether the exec failed.
+pub(super) fn fork(command: &mut Command, into: Option<&Path>, gate: Option<Gate>) -> std::io::Result<(i32, Exec)> {
     let cgroup = into.map(open_dir).transpose()?;
     let (errors, error_out) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let gate_pipe = gate
@@ -85,16 +115,7 @@ pub(super) fn spawn(command: &mut Command, into: Option<&Path>, gate: Option<Gat
             return Err(std::io::Error::other("its launch could not be recorded"));
         }
     }
-    // Four bytes (an errno) when the exec failed; none once it succeeded.
-    let mut code = [0u8; 4];
-    let mut errors = std::fs::File::from(errors);
-    match std::io::Read::read_exact(&mut errors, &mut code) {
-        Ok(()) => {
-            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-            Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(code)))
-        }
-        Err(_) => Ok(pid),
-    }
+    Ok((pid, Exec(std::fs::File::from(errors))))
 }
 
 /// The child: joins `move_into` when it was not born there, runs the

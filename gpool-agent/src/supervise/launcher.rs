@@ -20,6 +20,9 @@ use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use zygote::Zygotes;
+
+mod zygote;
 
 /// How often running jobs are looked at (time limits, lease, output cap).
 const CHECK_EVERY: Duration = Duration::from_millis(200);
@@ -114,6 +117,8 @@ fn record_orphan(exits: &Path, pid: i32, ids: Launcher, ended: &Ended) {
 struct Running {
     request: LaunchRequest,
     pidfd: Option<OwnedFd>,
+    /// Read once it has ended: whether its exec failed.
+    exec: Option<ExecReport>,
     watch: Watch,
     /// How its first process ended, once it has.
     status: Option<Ended>,
@@ -132,6 +137,7 @@ struct Leftovers {
 fn serve(ids: Launcher) -> ExitCode {
     set_subreaper();
     let mut supervisors = Supervisors::default();
+    let mut zygotes = Zygotes::default();
     let mut jobs: std::collections::HashMap<i32, Running> = std::collections::HashMap::new();
     let mut leftovers = Leftovers::default();
     let mut input = Some(Vec::<u8>::with_capacity(64 * 1024));
@@ -166,10 +172,14 @@ fn serve(ids: Launcher) -> ExitCode {
         drop(fds);
         if readable {
             if let Some(buffer) = input.as_mut() {
-                if !read_requests(buffer, ids, &mut jobs, &mut supervisors) {
+                if !read_requests(buffer, ids, &mut jobs, (&mut supervisors, &mut zygotes)) {
                     input = None;
+                    zygotes.ready = None;
                     // No longer the agent's: its successor need not wait.
                     let _ = nix::unistd::setsid();
+                } else {
+                    // The next one, now that these launches are answered.
+                    zygotes.refill();
                 }
             }
         }
@@ -205,7 +215,7 @@ fn read_requests(
     buffer: &mut Vec<u8>,
     ids: Launcher,
     jobs: &mut std::collections::HashMap<i32, Running>,
-    supervisors: &mut Supervisors,
+    (supervisors, zygotes): (&mut Supervisors, &mut Zygotes),
 ) -> bool {
     let start = buffer.len();
     buffer.resize(start + 64 * 1024, 0);
@@ -228,7 +238,9 @@ fn read_requests(
         let line = String::from_utf8_lossy(&buffer[served..served + end]).into_owned();
         served += end + 1;
         let answer = match serde_json::from_str::<LaunchRequest>(&line) {
-            Ok(request) if request.pty.is_none() && request.container_cleanup.is_none() => launch(request, ids, jobs),
+            Ok(request) if request.pty.is_none() && request.container_cleanup.is_none() => {
+                launch(request, ids, jobs, zygotes)
+            }
             Ok(request) => supervisors.hand_over(&request, &line),
             Err(err) => LaunchReply::Refused(format!("bad launch request: {err}")),
         };
@@ -249,8 +261,21 @@ fn reply(answer: &LaunchReply) {
 /// Before anything of it runs, its slot is marked with its pid and this
 /// launcher's (an agent that dies before the answer reaches it learns from
 /// the mark that the job runs, and never launches it twice).
-fn launch(request: LaunchRequest, ids: Launcher, jobs: &mut std::collections::HashMap<i32, Running>) -> LaunchReply {
+fn launch(
+    request: LaunchRequest,
+    ids: Launcher,
+    jobs: &mut std::collections::HashMap<i32, Running>,
+    zygotes: &mut Zygotes,
+) -> LaunchReply {
     use std::os::unix::process::CommandExt;
+    let request = match zygotes.take_for(&request) {
+        Some(zygote) => match zygote.hand(request, ids, jobs) {
+            Ok(reply) => return reply,
+            // Forked anew below, its slot marked again.
+            Err(request) => *request,
+        },
+        None => request,
+    };
     // On cgroup v2 the job is born in its one directory.
     let into = request
         .cgroup
@@ -278,16 +303,19 @@ fn launch(request: LaunchRequest, ids: Launcher, jobs: &mut std::collections::Ha
             })
             .is_ok()
     };
-    let born = super::birth::spawn(&mut command, into.as_deref(), Some(&mut gate));
+    // Not waited for: on cgroup v1 joining the cgroups takes the child a
+    // grace period of the kernel's, which the launcher need not spend.
+    let born = super::birth::fork(&mut command, into.as_deref(), Some(&mut gate));
     drop(command);
     match born {
-        Ok(pid) => {
+        Ok((pid, exec)) => {
             let watch = Watch::new(&request, pid, false);
             jobs.insert(
                 pid,
                 Running {
                     request,
                     pidfd: pidfd_of(pid),
+                    exec: Some(ExecReport::Forked(exec)),
                     watch,
                     status: None,
                 },
@@ -334,6 +362,10 @@ fn reap(jobs: &mut std::collections::HashMap<i32, Running>) {
         };
         if job.status.is_some() {
             job.pidfd = None;
+            // Its exec's report is whole now that it has exited.
+            if let Some(reason) = job.exec.take().and_then(|exec| exec.failure(&job.request)) {
+                job.status = Some(Ended::FailedToStart(reason));
+            }
         }
     }
     // The first child that ended, until it is a job's (reaped once its
@@ -390,5 +422,27 @@ impl Leftovers {
             cgroup.remove();
             cgroup.dirs.iter().any(|dir| dir.exists()) && since.elapsed() < REMOVAL_PATIENCE
         });
+    }
+}
+
+/// How a job's exec went, read once it has exited: an errno from a job
+/// forked at its launch, or a reason in words from a zygote.
+enum ExecReport {
+    Forked(super::birth::Exec),
+    Zygote(std::fs::File),
+}
+
+impl ExecReport {
+    fn failure(self, request: &LaunchRequest) -> Option<String> {
+        match self {
+            ExecReport::Forked(exec) => exec
+                .failure()
+                .map(|err| cannot_run(request, &with_output_files(request, err))),
+            ExecReport::Zygote(mut report) => {
+                let mut reason = String::new();
+                let _ = std::io::Read::read_to_string(&mut report, &mut reason);
+                (!reason.is_empty()).then_some(reason)
+            }
+        }
     }
 }

@@ -41,7 +41,7 @@ pub(super) fn supervise(request: &LaunchRequest, warm: Option<crate::cgroup::War
 
 /// Makes the warm cgroup the attempt's first (or discards it); whether
 /// the job is born in the attempt's first cgroup.
-fn take_warm(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> bool {
+pub(super) fn take_warm(request: &LaunchRequest, warm: Option<crate::cgroup::Warm>) -> bool {
     match (warm, &request.cgroup) {
         (Some(warm), Some(cgroup)) => warm
             .become_first_of(cgroup)
