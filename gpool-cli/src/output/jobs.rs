@@ -38,7 +38,7 @@ pub struct JobJson<'a> {
     /// One stable snake_case code per reason.
     reason_codes: &'a [String],
     /// Each reason as data: `{code, reason, hint, ...facts}`.
-    reason_details: Vec<serde_json::Value>,
+    reason_details: Vec<super::reasons::ReasonJson<'a>>,
     /// The nodes of its latest attempt, rank 0 first.
     node_list: &'a [String],
     attempt: u32,
@@ -193,7 +193,7 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         end_reason: &job.end_reason,
         reasons: &job.pending_reasons,
         reason_codes: &job.reason_codes,
-        reason_details: reasons_json(job),
+        reason_details: job.reasons.iter().map(super::reasons::reason_view).collect(),
         node_list: &job.last_nodes,
         attempt: job.attempt,
         placement: placement_json(job),
