@@ -152,6 +152,11 @@ fn serve(ids: Launcher) -> ExitCode {
             let left = CHECK_EVERY.saturating_sub(checked.elapsed()).as_millis() as u16;
             nix::poll::PollTimeout::from(left.max(1))
         };
+        // Woken when the next zygote is due.
+        let timeout = match zygotes.due_in().filter(|_| input.is_some()) {
+            Some(due) => timeout.min(nix::poll::PollTimeout::from((due.as_millis() as u16).max(1))),
+            None => timeout,
+        };
         let stdin = std::io::stdin();
         let mut fds: Vec<nix::poll::PollFd> = Vec::with_capacity(jobs.len() + 1);
         if input.is_some() {
@@ -177,11 +182,11 @@ fn serve(ids: Launcher) -> ExitCode {
                     zygotes.ready = None;
                     // No longer the agent's: its successor need not wait.
                     let _ = nix::unistd::setsid();
-                } else {
-                    // The next one, now that these launches are answered.
-                    zygotes.refill();
                 }
             }
+        }
+        if input.is_some() {
+            zygotes.refill();
         }
         reap(&mut jobs);
         let check = checked.elapsed() >= CHECK_EVERY;

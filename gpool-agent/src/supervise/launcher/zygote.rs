@@ -9,11 +9,24 @@ use super::*;
 /// cgroup of its own, which becomes the attempt's when its request comes
 /// (a rename) and then execs the job. The launcher knows where attempts'
 /// cgroups go from the first request that has one.
+///
+/// A zygote costs more CPU than a fork at the launch (its warm cgroup is
+/// made, joined and renamed), and under a stream of launches the kernel's
+/// grace periods are shared, so one waits ahead only once launches pause
+/// (`QUIET`): the job that ends a pause, the one a user waits for, starts
+/// at once, and a stream costs no more than it must.
 #[derive(Default)]
 pub(super) struct Zygotes {
     cgroup_parent: Option<PathBuf>,
     pub(super) ready: Option<Zygote>,
+    last_launch: Option<Instant>,
+    cleaned_at: Option<Instant>,
 }
+
+/// How long launches must pause before a zygote waits ahead.
+const QUIET: Duration = Duration::from_millis(20);
+/// How often what dead zygotes left is looked for.
+const CLEAN_UP_EVERY: Duration = Duration::from_secs(1);
 
 /// A forked child waiting for its request on `requests`; it reports a
 /// failed start on `report`.
@@ -34,18 +47,33 @@ impl Zygotes {
         if self.cgroup_parent.is_none() && crate::cgroup::Warm::works_under(parent) {
             self.cgroup_parent = Some(parent.to_path_buf());
         }
+        self.last_launch = Some(Instant::now());
         self.ready
             .take()
             .filter(|_| self.cgroup_parent.as_deref() == Some(parent))
     }
 
-    /// Forks the next zygote, once attempts' cgroups are known.
+    /// How long until a zygote is due (launches have paused), if one is
+    /// wanted and not ready.
+    pub(super) fn due_in(&self) -> Option<Duration> {
+        if self.ready.is_some() || self.cgroup_parent.is_none() {
+            return None;
+        }
+        Some(QUIET.saturating_sub(self.last_launch.map_or(QUIET, |at| at.elapsed())))
+    }
+
+    /// Forks the next zygote, once attempts' cgroups are known and
+    /// launches have paused.
     pub(super) fn refill(&mut self) {
-        if self.ready.is_none() {
-            if let Some(parent) = self.cgroup_parent.clone() {
+        if self.due_in() != Some(Duration::ZERO) {
+            return;
+        }
+        if let Some(parent) = self.cgroup_parent.clone() {
+            if self.cleaned_at.is_none_or(|at| at.elapsed() >= CLEAN_UP_EVERY) {
                 crate::cgroup::Warm::clean_up_after_the_dead(&parent);
-                self.ready = Zygote::fork(&parent);
+                self.cleaned_at = Some(Instant::now());
             }
+            self.ready = Zygote::fork(&parent);
         }
     }
 }
