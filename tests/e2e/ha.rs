@@ -405,8 +405,14 @@ fn gpool_at(server: &str, args: &[&str]) -> crate::harness::cluster::Run {
         .into()
 }
 
+/// `gpool controllers`, once the controller's etcd client reaches a
+/// member (right after the pair starts, it may still be dialing one that
+/// was not listening yet).
 fn listed_controllers(cluster: &Cluster) -> serde_json::Value {
-    cluster.gpool(&["controllers", "--output", "json"]).json()
+    crate::harness::process::wait_until("gpool controllers to answer", Duration::from_secs(15), || {
+        let run = cluster.gpool(&["controllers", "--output", "json"]);
+        (run.code == 0 || !run.stderr.contains("etcd did not answer")).then(|| run.json())
+    })
 }
 
 /// Each controller's name and whether it leads, leader first.

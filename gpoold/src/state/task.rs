@@ -53,16 +53,66 @@ impl Command {
                 | Command::PowerSuspended { .. }
         )
     }
+
+    /// Whether someone waits on its answer (a user, a CI script, an
+    /// admin): not the agents' reports, the scheduler's starts and words,
+    /// or timers.
+    fn awaited_by_caller(&self) -> bool {
+        !matches!(
+            self,
+            Command::Planned(_)
+                | Command::Start { .. }
+                | Command::Preempt { .. }
+                | Command::AgentRegister { .. }
+                | Command::AgentHeartbeat { .. }
+                | Command::AgentJobEvent { .. }
+                | Command::AgentGone { .. }
+                | Command::Tick
+                | Command::PowerTick { .. }
+                | Command::PowerFailed { .. }
+                | Command::PowerSuspended { .. }
+                | Command::ToAgent { .. }
+        )
+    }
 }
 
 /// Most commands applied between two flushes.
 const MAX_BATCH: usize = 4096;
-/// Agents' events that come within this long of the last batch of them
-/// written (a stream of starts and ends on a busy pool) wait
-/// `AGENTS_GATHER` for more to share their batch: one write, one flush
-/// and one scheduling cycle for several instead of each.
-const AGENTS_BUSY_WITHIN: std::time::Duration = std::time::Duration::from_millis(3);
-const AGENTS_GATHER: std::time::Duration = std::time::Duration::from_millis(2);
+/// Agents' events and the scheduler's starts that come within this long
+/// of the last batch written (a busy pool's stream of starts and ends)
+/// wait `GATHER` for more to share their batch: one write, one flush and
+/// one scheduling cycle for several instead of each. A caller's command
+/// never waits.
+const BUSY_WITHIN: std::time::Duration = std::time::Duration::from_millis(3);
+const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Adds to `batch` what comes in `GATHER`, until a caller's command comes.
+async fn gather(
+    batch: &mut Vec<Command>,
+    (agent_inbox, inbox): (&mut mpsc::Receiver<Command>, &mut mpsc::Receiver<Command>),
+    (agents_gone, callers_gone): (&mut bool, &mut bool),
+) {
+    let until = tokio::time::Instant::now() + GATHER;
+    while batch.len() < MAX_BATCH {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => return,
+            command = agent_inbox.recv(), if !*agents_gone => match command {
+                Some(command) => batch.push(command),
+                None => *agents_gone = true,
+            },
+            command = inbox.recv(), if !*callers_gone => match command {
+                Some(command) => {
+                    let from_caller = command.awaited_by_caller();
+                    batch.push(command);
+                    if from_caller {
+                        return;
+                    }
+                }
+                None => *callers_gone = true,
+            },
+        }
+    }
+}
 
 /// How the state task talks to the rest besides replies. It holds no sender
 /// of its own inbox: it ends once every `StateHandle` is gone, or once `stop`
@@ -88,21 +138,19 @@ pub async fn run_state_task(
     let mut closed = false;
     let (mut agents_gone, mut callers_gone) = (false, false);
     let mut evict_due = false;
-    // When the last batch of agents' events was written: another that
-    // comes right after waits a moment for more to share its write.
-    let mut agents_written: Option<std::time::Instant> = None;
+    // When the last batch was written: work of agents and of the
+    // scheduler that comes right after waits a moment for more.
+    let mut written_at: Option<std::time::Instant> = None;
     loop {
         // What agents said goes first (heartbeats keep nodes alive, and
         // their leases; job events free GPUs), then API work to fill the
         // batch: a queue of API commands never holds a heartbeat up.
         take_queued(&mut agent_inbox, &mut batch);
-        let from_agents = !batch.is_empty();
-        if from_agents && agents_written.is_some_and(|at| at.elapsed() < AGENTS_BUSY_WITHIN) && batch.len() < MAX_BATCH
-        {
-            tokio::time::sleep(AGENTS_GATHER).await;
-            take_queued(&mut agent_inbox, &mut batch);
-        }
         take_queued(&mut inbox, &mut batch);
+        if written_at.is_some_and(|at| at.elapsed() < BUSY_WITHIN) && !batch.iter().any(Command::awaited_by_caller) {
+            let inboxes = (&mut agent_inbox, &mut inbox);
+            gather(&mut batch, inboxes, (&mut agents_gone, &mut callers_gone)).await;
+        }
         if batch.is_empty() {
             if agents_gone && callers_gone {
                 return Ok(());
@@ -127,9 +175,7 @@ pub async fn run_state_task(
         }
         let (mut out, schedule_changed) = apply_batch(&shared, &mut batch, evict_due, clock());
         let written = write_batch(&shared, &store, &mut out);
-        if from_agents {
-            agents_written = Some(std::time::Instant::now());
-        }
+        written_at = Some(std::time::Instant::now());
         evict_due = written.is_ok();
         if let Err(err) = written {
             for reply in out.replies {
@@ -488,6 +534,13 @@ mod tests {
                 outcome,
             },
         }
+    }
+
+    #[test]
+    fn agents_reports_and_timers_have_no_caller_waiting() {
+        assert!(!report(AttemptOutcome::Started).awaited_by_caller());
+        assert!(!report(AttemptOutcome::Exited(ExitStatus::Code(0))).awaited_by_caller());
+        assert!(!Command::Tick.awaited_by_caller());
     }
 
     #[test]
