@@ -138,8 +138,9 @@ pub async fn run_state_task(
     let mut closed = false;
     let (mut agents_gone, mut callers_gone) = (false, false);
     let mut evict_due = false;
-    // When the last batch was written: work of agents and of the
-    // scheduler that comes right after waits a moment for more.
+    // When the last batch without a caller's command was written: work of
+    // agents and of the scheduler that comes right after waits a moment
+    // for more.
     let mut written_at: Option<std::time::Instant> = None;
     loop {
         // What agents said goes first (heartbeats keep nodes alive, and
@@ -173,9 +174,12 @@ pub async fn run_state_task(
             }
             continue;
         }
+        // What follows a caller's batch (the starts a submit leads to)
+        // is not held: a user waits on it.
+        let callers = batch.iter().any(Command::awaited_by_caller);
         let (mut out, schedule_changed) = apply_batch(&shared, &mut batch, evict_due, clock());
         let written = write_batch(&shared, &store, &mut out);
-        written_at = Some(std::time::Instant::now());
+        written_at = (!callers).then(std::time::Instant::now);
         evict_due = written.is_ok();
         if let Err(err) = written {
             for reply in out.replies {
