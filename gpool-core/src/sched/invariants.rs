@@ -17,15 +17,35 @@
 //!   longer owns it (started, or let go of its claims), and no job of the
 //!   plan waits on its GPUs.
 
-use super::{Availability, ClusterView, PendingJob, Plan, Policy};
+use super::{Availability, ClusterView, FastHash, PendingJob, Plan, Policy};
 use crate::ids::JobId;
 use std::collections::{HashMap, HashSet};
 
+/// Waiting jobs by id: those the checks look up (a plan's claimants, and
+/// those victims in their grace or promises name), not the whole queue.
+type Jobs<'v> = HashMap<JobId, &'v PendingJob, FastHash>;
+
 /// The first broken invariant of `plan`, in words; `Ok` if none is.
 pub fn check(view: &ClusterView, policy: &Policy, plan: &Plan) -> Result<(), String> {
+    let named: HashSet<JobId, FastHash> = view
+        .running
+        .iter()
+        .filter(|r| r.preempting)
+        .chain(&view.promised)
+        .filter_map(|r| r.preempted_for)
+        .chain(plan.preemptions.iter().map(|p| p.for_job))
+        .collect();
+    let pending: Jobs = if named.is_empty() {
+        Jobs::default()
+    } else {
+        view.pending
+            .iter()
+            .filter(|job| named.contains(&job.id))
+            .map(|job| (job.id, &**job))
+            .collect()
+    };
     // Jobs whose claims the plan let go of own nothing this cycle.
-    let pending: HashMap<JobId, &PendingJob> = view.pending.iter().map(|job| (job.id, &**job)).collect();
-    let owning: HashMap<JobId, &PendingJob> = pending
+    let owning: Jobs = pending
         .iter()
         .filter(|(id, _)| !plan.released_claims.contains(id))
         .map(|(id, job)| (*id, *job))
@@ -35,7 +55,7 @@ pub fn check(view: &ClusterView, policy: &Policy, plan: &Plan) -> Result<(), Str
     check_rescinds(view, plan, &owning)
 }
 
-fn check_rescinds(view: &ClusterView, plan: &Plan, owning: &HashMap<JobId, &PendingJob>) -> Result<(), String> {
+fn check_rescinds(view: &ClusterView, plan: &Plan, owning: &Jobs) -> Result<(), String> {
     for (id, epoch) in &plan.rescinds {
         let victim = view
             .running
@@ -64,7 +84,7 @@ fn check_rescinds(view: &ClusterView, plan: &Plan, owning: &HashMap<JobId, &Pend
     Ok(())
 }
 
-fn check_starts(view: &ClusterView, plan: &Plan, pending: &HashMap<JobId, &PendingJob>) -> Result<(), String> {
+fn check_starts(view: &ClusterView, plan: &Plan, pending: &Jobs) -> Result<(), String> {
     let promised: HashMap<(&str, u32), JobId> = view
         .promised
         .iter()
@@ -118,8 +138,8 @@ fn check_victims(
     view: &ClusterView,
     policy: &Policy,
     plan: &Plan,
-    pending: &HashMap<JobId, &PendingJob>,
-    owning: &HashMap<JobId, &PendingJob>,
+    pending: &Jobs,
+    owning: &Jobs,
 ) -> Result<(), String> {
     let starting: HashSet<JobId> = plan.starts.iter().map(|start| start.job).collect();
     let mut waits_on: HashMap<JobId, u64> = HashMap::new();

@@ -306,6 +306,12 @@ impl Collector {
             .min()
     }
 
+    /// The fewest GPUs a waiting job of `team` needs (`None`: none waits).
+    pub(super) fn smallest_waiting_in(&self, team: &str) -> Option<u64> {
+        let sizes = &self.waiting_sizes[*self.team_of.get(team)?];
+        sizes.keys().next().copied()
+    }
+
     /// A cycle left a job waiting: the first one marks how full the
     /// cluster was when it first said no.
     pub(super) fn rejected(&mut self, now: Timestamp) {

@@ -24,8 +24,8 @@ impl Sim<'_> {
             && self.promises.is_empty()
             && !policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
             && !self.view.running.iter().any(|r| r.preempting)
-            && (!self.view.running.iter().any(|r| r.burst) || !self.some_job_may_be_owed())
             && !self.some_job_has_room()
+            && (!self.view.running.iter().any(|r| r.burst) || !self.some_job_may_be_owed())
     }
 
     /// Whether some waiting job's pool has, on nodes that take work, as
@@ -92,13 +92,11 @@ impl Sim<'_> {
         for running in self.view.running.iter().filter(|r| !r.burst) {
             *held.entry(running.team.as_str()).or_default() += running.gpus();
         }
-        let teams: HashMap<&str, &crate::policy::Team> =
-            sharing.teams.iter().map(|team| (team.name.as_str(), team)).collect();
-        self.view.pending.iter().any(|job| {
-            teams.get(job.shape.team.as_str()).is_some_and(|team| {
+        // Its smallest waiting job fits if any of its jobs does.
+        sharing.teams.iter().any(|team| {
+            self.out.smallest_waiting_in(&team.name).is_some_and(|gpus| {
                 !team.guaranteed_in.is_empty()
-                    || held.get(team.name.as_str()).copied().unwrap_or(0) + job.total_gpus()
-                        <= u64::from(team.guaranteed_gpus)
+                    || held.get(team.name.as_str()).copied().unwrap_or(0) + gpus <= u64::from(team.guaranteed_gpus)
             })
         })
     }
