@@ -200,10 +200,15 @@ pub(super) fn classify<'v>(
     let mut classes: Vec<Class> = Vec::new();
     let mut class_of: HashMap<ClassKey, u32, FastHash> = HashMap::default();
     let mut last: Option<(ClassKey, u32)> = None;
+    // Jobs that share a shape (a batch, or alike jobs) share its class.
+    let mut by_shape: HashMap<*const super::JobShape, u32, FastHash> = HashMap::default();
     let job_class = view
         .pending
         .iter()
         .map(|job| {
+            if let Some(class) = by_shape.get(&std::sync::Arc::as_ptr(&job.shape)) {
+                return *class;
+            }
             let key = ClassKey {
                 team: &job.shape.team,
                 qos: &job.shape.qos,
@@ -212,6 +217,7 @@ pub(super) fn classify<'v>(
             };
             if let Some((last_key, class)) = &last {
                 if *last_key == key {
+                    by_shape.insert(std::sync::Arc::as_ptr(&job.shape), *class);
                     return *class;
                 }
             }
@@ -228,6 +234,7 @@ pub(super) fn classify<'v>(
                 classes.len() as u32 - 1
             });
             last = Some((key, class));
+            by_shape.insert(std::sync::Arc::as_ptr(&job.shape), class);
             class
         })
         .collect();

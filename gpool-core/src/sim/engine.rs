@@ -130,6 +130,10 @@ struct Sim<'a> {
     /// The waiting jobs by shape, as gpoold's queue keeps them (for the
     /// window of a starts-only cycle); `view.pending` holds the same jobs.
     queue: Queue,
+    /// One shape for all the jobs that ask alike, as a batch shares one in
+    /// gpoold: a cycle reads every waiting job's, and a few hundred shapes
+    /// stay in the cache where 80,000 would not.
+    shapes: HashSet<Arc<JobShape>, foldhash::fast::RandomState>,
     /// GPUs of victims that ended, promised to the job each was taken for.
     promises: Vec<(RunningJob, Timestamp)>,
     /// Until when what is freed for each waiting job stays its: its last
@@ -241,6 +245,7 @@ impl Sim<'_> {
             events: BinaryHeap::new(),
             recent_waste: VecDeque::new(),
             queue: Queue::default(),
+            shapes: HashSet::default(),
             promises: Vec::new(),
             claim_until: HashMap::new(),
             explained_at: None,
@@ -361,13 +366,23 @@ impl Sim<'_> {
         let pending = PendingJob {
             id: JobId(index as u64 + 1),
             submitted_at: job.submit,
-            shape: Arc::new(shape),
+            shape: self.shape(shape),
             user: job.user.as_str().into(),
         };
         self.out.queued(&pending);
         let pending = Arc::new(pending);
         self.queue.insert(pending.clone());
         self.view.pending.push(pending);
+    }
+
+    /// The shared `Arc` of `shape`.
+    fn shape(&mut self, shape: JobShape) -> Arc<JobShape> {
+        if let Some(shared) = self.shapes.get(&shape) {
+            return shared.clone();
+        }
+        let shared = Arc::new(shape);
+        self.shapes.insert(shared.clone());
+        shared
     }
 
     /// One scheduling cycle and its plan carried out; whether anything
