@@ -39,6 +39,9 @@ pub struct Metrics {
     pub preempted_gpu_seconds: Counter<f64, AtomicU64>,
     /// Job notifications dropped: the queue to send them was full.
     pub notifications_dropped: Counter,
+    /// Plans that broke a scheduling invariant (`sched::invariants`): 0 on
+    /// a sound scheduler.
+    pub sched_invariant_violations: Counter,
 }
 
 impl Default for Metrics {
@@ -56,6 +59,7 @@ impl Default for Metrics {
             rescinded_preemptions: Counter::default(),
             preempted_gpu_seconds: Counter::default(),
             notifications_dropped: Counter::default(),
+            sched_invariant_violations: Counter::default(),
         }
     }
 }
@@ -427,6 +431,11 @@ fn register_recorded(registry: &mut Registry, metrics: &Metrics) {
         "notifications_dropped",
         "Job notifications dropped because the queue to send them was full",
         metrics.notifications_dropped.clone(),
+    );
+    registry.register(
+        "sched_invariant_violations",
+        "Scheduling plans that broke an invariant (a GPU given twice or out of service, a victim that may not be taken, a job waiting on more victims than it has GPUs); 0 on a sound scheduler",
+        metrics.sched_invariant_violations.clone(),
     );
     registry.register(
         "rescinded_preemptions",

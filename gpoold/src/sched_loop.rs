@@ -78,6 +78,10 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             could_act: acts,
         });
         let (plan, actions) = plan_cycle(&handle, &view, &policy, now, (words_due, unexplained));
+        if let Some(broken) = &actions.broken {
+            metrics.sched_invariant_violations.inc();
+            tracing::error!(%broken, "a scheduling plan broke an invariant");
+        }
         let settled = actions.settled();
         let words_plan = ((settled && plan.complete) || words_due).then_some(plan);
         let compute = started.elapsed();
@@ -176,6 +180,7 @@ fn plan_cycle(
         preemptions: std::mem::take(&mut plan.preemptions),
         holds: std::mem::take(&mut plan.holds),
         rescinds: std::mem::take(&mut plan.rescinds),
+        broken: plan.broken.take(),
     };
     if actions.settled() && !plan.complete && unexplained {
         // A cycle that changes nothing, after a job was submitted that
@@ -213,6 +218,10 @@ struct Actions {
     preemptions: Vec<gpool_core::sched::Preemption>,
     holds: Vec<(gpool_core::JobId, Vec<gpool_core::NodePlacement>)>,
     rescinds: Vec<(gpool_core::JobId, gpool_core::Epoch)>,
+    /// The scheduling invariant the plan broke, if any (it is carried out
+    /// all the same: the check is a witness, and the state task's own
+    /// fencing still refuses a GPU given twice).
+    broken: Option<String>,
 }
 
 impl Actions {

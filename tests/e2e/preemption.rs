@@ -24,6 +24,12 @@ pub(crate) fn shipped_policy() -> String {
         .replace("members = [\"carol\"]", &format!("members = [\"carol\", \"{user}\"]"))
 }
 
+/// `shipped_policy` with gpoold's /metrics on, where the tests read how
+/// many plans broke a scheduling invariant (`Cluster::invariant_violations`).
+pub(crate) fn shipped_config() -> String {
+    format!("metrics_listen = \"127.0.0.1:0\"\n{}", shipped_policy())
+}
+
 /// The fleet of the scenario: 28 GPUs.
 pub(crate) const NODES: [(&str, &str, u32, u64, &str); 4] = [
     ("h100-a", "h100", 8, 81_559, ""),
@@ -67,7 +73,7 @@ fn preemptions(tasks: &[Value], team: &str) -> u64 {
 /// task. Its 2 tasks beyond its guarantee wait as burst work.
 #[test]
 fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
-    let mut cluster = Cluster::with_config(&shipped_policy());
+    let mut cluster = Cluster::with_config(&shipped_config());
     for (node, model, count, memory_mib, labels) in NODES {
         cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
     }
@@ -155,6 +161,7 @@ fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
         (1, 1),
         "one victim, for one vision task:\n{log}"
     );
+    assert_eq!(cluster.invariant_violations(), 0.0, "plans that broke an invariant");
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
 
@@ -165,7 +172,7 @@ fn reclaiming_for_a_guaranteed_array_takes_one_victim_per_gpu_it_is_owed() {
 /// starts on its GPU, so the victim's preemption is withdrawn. Returns the
 /// cluster and the victim's id, once its events say so.
 fn withdrawn_victim(grace: &str) -> (Cluster, u64) {
-    let mut cluster = Cluster::with_config(&shipped_policy());
+    let mut cluster = Cluster::with_config(&shipped_config());
     for (node, model, count, memory_mib, labels) in NODES {
         cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
     }
@@ -259,6 +266,7 @@ fn a_victim_no_job_needs_any_more_runs_on_in_its_first_attempt() {
     assert!(!cluster.dir.path().join(format!("nlp-{victim}-1")).exists());
     let log = std::fs::read_to_string(cluster.dir.path().join("gpoold-1.log")).unwrap_or_default();
     assert!(log.contains("preemption withdrawn"), "{log}");
+    assert_eq!(cluster.invariant_violations(), 0.0, "plans that broke an invariant");
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
 
@@ -279,6 +287,7 @@ fn a_victim_that_exits_within_a_withdrawn_grace_is_requeued_not_completed() {
     let attempt = shown["attempt"].as_u64().unwrap_or(0);
     assert!(shown["state"] == "pending" || attempt >= 2, "{shown}");
     assert_eq!(shown["n_preemptions"], 1, "{shown}");
+    assert_eq!(cluster.invariant_violations(), 0.0, "plans that broke an invariant");
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
 
@@ -289,7 +298,7 @@ fn a_victim_that_exits_within_a_withdrawn_grace_is_requeued_not_completed() {
 /// that say nothing else this way (`on_signal = exit`).
 #[test]
 fn a_victim_without_a_signal_handler_frees_its_gpu_at_once() {
-    let mut cluster = Cluster::with_config(&shipped_policy());
+    let mut cluster = Cluster::with_config(&shipped_config());
     for (node, model, count, memory_mib, labels) in NODES {
         cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
     }
@@ -316,6 +325,7 @@ fn a_victim_without_a_signal_handler_frees_its_gpu_at_once() {
     assert_eq!(victim["requeue_cause"], "preempted", "{victim}");
     let events = victim["events"].to_string();
     assert!(events.contains("signal 10, 60 s to checkpoint"), "{events}");
+    assert_eq!(cluster.invariant_violations(), 0.0, "plans that broke an invariant");
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }
 
@@ -741,7 +751,7 @@ fn reservations_keep_their_nodes_for_their_jobs_and_windows() {
 /// CPUs it needs, and runs where it freed them.
 #[test]
 fn a_guaranteed_job_short_of_cpus_takes_back_one_burst_task_beside_an_exclusive_job() {
-    let mut cluster = Cluster::with_config(&shipped_policy());
+    let mut cluster = Cluster::with_config(&shipped_config());
     for (node, model, count, memory_mib, labels) in NODES.iter().filter(|n| n.0 != "a100-a") {
         let top = format!(
             "controller = \"{}\"\ncpus = {}\nmemory = \"64G\"\n",
@@ -830,5 +840,6 @@ fn a_guaranteed_job_short_of_cpus_takes_back_one_burst_task_beside_an_exclusive_
     assert_eq!(victim["requeue_cause"], "preempted", "{victim}");
     let job = cluster.job(reclaiming);
     assert_eq!(job["burst"], false, "vision's job runs guaranteed: {job}");
+    assert_eq!(cluster.invariant_violations(), 0.0, "plans that broke an invariant");
     std::fs::write(cluster.dir.path().join("release"), "").expect("release");
 }

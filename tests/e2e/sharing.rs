@@ -306,8 +306,8 @@ fn gpus_kept_for_a_class_stay_free_for_it_under_a_queue() {
 /// run there on its guarantee, while the default pool still keeps its 4.
 #[test]
 fn a_small_pool_keeps_no_reserve_under_the_shipped_config() {
-    use crate::preemption::{agent_config, shipped_policy};
-    let mut cluster = Cluster::with_config(&shipped_policy());
+    use crate::preemption::{agent_config, shipped_config};
+    let mut cluster = Cluster::with_config(&shipped_config());
     cluster.start_agent_with("h100-a", 0, &agent_config("h100", 8, 81_559, ""));
     cluster.start_agent_with(
         "l4-a",
@@ -349,4 +349,5 @@ fn a_small_pool_keeps_no_reserve_under_the_shipped_config() {
     let high = eight_h100(&cluster, "high");
     cluster.wait_for_state(high, "running");
     assert_eq!(cluster.job(eight)["state"], "pending");
+    assert_eq!(cluster.invariant_violations(), 0.0, "plans that broke an invariant");
 }

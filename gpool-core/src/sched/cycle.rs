@@ -48,7 +48,20 @@ pub fn plan(
         schedule(view, policy, now)
     };
     if plan.needs_whole {
-        return schedule(&whole(), policy, now);
+        let whole = whole();
+        return checked(&whole, policy, schedule(&whole, policy, now));
+    }
+    checked(view, policy, plan)
+}
+
+/// `plan` with the first invariant it breaks against the view it was made
+/// of (`Plan::broken`). A plan that starts, preempts and rescinds nothing
+/// breaks nothing, so only those that act are checked (in a debug build,
+/// every plan).
+fn checked(view: &ClusterView, policy: &Policy, mut plan: Plan) -> Plan {
+    let acts = !plan.starts.is_empty() || !plan.preemptions.is_empty() || !plan.rescinds.is_empty();
+    if acts || cfg!(debug_assertions) {
+        plan.broken = super::invariants::check(view, policy, &plan).err();
     }
     plan
 }
@@ -106,5 +119,31 @@ pub fn cycle_needed(
             }
         }
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::JobId;
+    use crate::model::NodePlacement;
+
+    /// A plan that acts is checked, and the first invariant it breaks is
+    /// named: here a start on a GPU that runs another job.
+    #[test]
+    fn a_plan_that_gives_a_busy_gpu_is_named_broken() {
+        let view = crate::testing::cluster_view_with("n1 2xh100", "r1 on=n1:0", "j2 gpus=1");
+        let policy = Policy::default();
+        let plan = plan(&view, &policy, Timestamp(0), true, &mut || view.clone());
+        assert_eq!(plan.broken, None, "the scheduler's own plan: {plan:?}");
+        let mut bad = plan.clone();
+        bad.starts[0].placement = vec![NodePlacement {
+            node: "n1".into(),
+            gpu_indices: vec![0],
+        }];
+        bad.broken = None;
+        let bad = checked(&view, &policy, bad);
+        assert_eq!(bad.starts[0].job, JobId(2));
+        assert_eq!(bad.broken.as_deref(), Some("j2 starts on n1[0], which is not free"));
     }
 }

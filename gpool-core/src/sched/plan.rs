@@ -42,6 +42,9 @@ pub struct Plan {
     /// all, so a later job of its shape past the window may claim the
     /// backfill reservation (`window_gpus`). The whole plan is then needed.
     pub needs_whole: bool,
+    /// The first scheduling invariant the plan broke (`invariants::check`,
+    /// run by `cycle::plan` on every plan that acts), in words.
+    pub broken: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

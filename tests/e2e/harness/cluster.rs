@@ -79,6 +79,21 @@ impl Cluster {
         Cluster::new("30s", 2)
     }
 
+    /// gpoold's count of scheduling plans that broke an invariant
+    /// (`gpool_sched_invariant_violations_total` on its /metrics; the
+    /// config sets `metrics_listen`, as `shipped_policy` does).
+    pub fn invariant_violations(&self) -> f64 {
+        let addr = std::fs::read_to_string(self.state_dir().join("metrics.addr")).expect("metrics.addr");
+        let (_, _, body) = super::http_get(addr.trim(), "/metrics");
+        body.lines()
+            .find_map(|line| {
+                line.strip_prefix("gpool_sched_invariant_violations_total ")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no gpool_sched_invariant_violations_total on /metrics:\n{body}"))
+    }
+
     /// A controller run from a gpoold.toml (not dev mode) whose policy ends
     /// with `extra` (teams, QoS...), listening on a free loopback port.
     pub fn with_config(extra: &str) -> Cluster {
