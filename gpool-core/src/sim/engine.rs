@@ -307,7 +307,8 @@ impl Sim<'_> {
 
     /// The plan's starts leave the queue and run.
     fn start_all(&mut self, starts: Vec<Start>) {
-        let started: HashSet<JobId> = starts.iter().map(|start| start.job).collect();
+        // Looked up for every waiting job: a fast hasher.
+        let started: HashSet<JobId, foldhash::fast::RandomState> = starts.iter().map(|start| start.job).collect();
         if started.is_empty() {
             return;
         }
