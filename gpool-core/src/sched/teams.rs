@@ -280,7 +280,11 @@ pub(super) fn order<'v, 'c>(
             (order_key(covered, priority.total, job), job, class)
         })
         .collect();
-    order.sort_unstable_by_key(|(key, _, _)| *key);
+    // Keys are unique (the id is in them), so a stable sort gives the
+    // same order; it merges runs already in order, and a view that lists
+    // each shape's jobs together, oldest first (`Queue::iter`), is a run
+    // per shape: a queue of thousands sorts in a few passes.
+    order.sort_by_key(|(key, _, _)| *key);
     (order, priorities)
 }
 

@@ -390,6 +390,10 @@ impl Sim<'_> {
     /// started or was preempted.
     fn cycle(&mut self, observer: &mut dyn Observer) -> bool {
         let now = self.now;
+        // Each shape's jobs together, oldest first, as the queue keeps
+        // them: the cycle's order is then a merge of these runs.
+        self.view.pending.clear();
+        self.view.pending.extend(self.queue.iter().cloned());
         self.refresh_view();
         let policy = &self.setup.policy;
         let explain = self
