@@ -9,6 +9,7 @@ mod arrays;
 mod bad_input;
 mod cgroup_v2;
 mod crashes;
+mod differential;
 mod disk;
 mod durability;
 mod faults;
