@@ -418,6 +418,22 @@ pub fn held_free(placement: &[NodePlacement], takeable: impl Fn(&str, u32) -> bo
         .collect()
 }
 
+/// Whether the GPUs of a victim that ended stay promised to its waiting
+/// job in a view of `nodes`: each is still free, on a node that takes
+/// work. The state task and the simulator build a cycle's `promised` with
+/// it alike (the job must still wait, and the promise not have run out).
+pub fn promise_holds(nodes: &[NodeView], promise: &RunningJob) -> bool {
+    promise.placement.iter().all(|part| {
+        nodes.iter().find(|node| node.name == part.node).is_some_and(|node| {
+            node.availability == Availability::Up
+                && part
+                    .gpu_indices
+                    .iter()
+                    .all(|idx| node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy))
+        })
+    })
+}
+
 /// Whether GPU `gpu` of `node` is in one of `promised`'s placements.
 pub fn is_promised(promised: &[&RunningJob], node: &str, gpu: u32) -> bool {
     promised.iter().any(|promise| {

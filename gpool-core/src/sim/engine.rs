@@ -512,20 +512,11 @@ impl Sim<'_> {
             .filter(|id| self.view.pending.iter().any(|job| job.id == *id))
             .collect();
         let nodes = &self.view.nodes;
-        let node_index = &self.node_index;
-        let free = |p: &RunningJob| {
-            p.placement.iter().all(|part| {
-                node_index.get(&part.node).is_some_and(|i| {
-                    nodes[*i]
-                        .gpus
-                        .iter()
-                        .filter(|gpu| part.gpu_indices.contains(&gpu.index))
-                        .all(|gpu| !gpu.busy)
-                })
-            })
-        };
-        self.promises
-            .retain(|(p, until)| *until > now && p.preempted_for.is_some_and(|id| waiting.contains(&id)) && free(p));
+        self.promises.retain(|(p, until)| {
+            *until > now
+                && p.preempted_for.is_some_and(|id| waiting.contains(&id))
+                && crate::sched::promise_holds(nodes, p)
+        });
         self.promises.iter().map(|(p, _)| p.clone()).collect()
     }
 

@@ -106,17 +106,7 @@ impl State {
                         .map(|job| &**job),
                 )
             })
-            .filter(|promise| {
-                promise.view.placement.iter().all(|part| {
-                    nodes.iter().find(|node| node.name == part.node).is_some_and(|node| {
-                        node.availability == gpool_core::sched::Availability::Up
-                            && part
-                                .gpu_indices
-                                .iter()
-                                .all(|idx| node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy))
-                    })
-                })
-            })
+            .filter(|promise| gpool_core::sched::promise_holds(nodes, &promise.view))
             .map(|promise| promise.view.clone())
             .collect()
     }
