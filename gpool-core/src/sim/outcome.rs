@@ -350,12 +350,13 @@ impl Collector {
             self.startable = false;
             return;
         }
-        // One job of each shape: it fits where its pool has enough nodes
-        // with enough free GPUs of a model it accepts (and its memory and
-        // node requirements allow).
-        let mut shapes: HashMap<&crate::sched::JobShape, &PendingJob, foldhash::fast::RandomState> = HashMap::default();
+        // One job of each shape (alike jobs share one, by address): it fits
+        // where its pool has enough nodes with enough free GPUs of a model
+        // it accepts (and its memory and node requirements allow).
+        let mut shapes: HashMap<*const crate::sched::JobShape, &PendingJob, foldhash::fast::RandomState> =
+            HashMap::default();
         for job in &view.pending {
-            shapes.entry(&*job.shape).or_insert(&**job);
+            shapes.entry(std::sync::Arc::as_ptr(&job.shape)).or_insert(&**job);
         }
         self.startable = shapes.into_values().any(|job| {
             let pool = policy.pool(&job.shape.pool).map(|pool| pool.name.as_str());
