@@ -134,6 +134,9 @@ struct Sim<'a> {
     /// gpoold: a cycle reads every waiting job's, and a few hundred shapes
     /// stay in the cache where 80,000 would not.
     shapes: HashSet<Arc<JobShape>, foldhash::fast::RandomState>,
+    /// Jobs arrived (or came back) since the view's queue was last put in
+    /// the queue's order.
+    arrived: bool,
     /// GPUs of victims that ended, promised to the job each was taken for.
     promises: Vec<(RunningJob, Timestamp)>,
     /// Until when what is freed for each waiting job stays its: its last
@@ -246,6 +249,7 @@ impl Sim<'_> {
             recent_waste: VecDeque::new(),
             queue: Queue::default(),
             shapes: HashSet::default(),
+            arrived: false,
             promises: Vec::new(),
             claim_until: HashMap::new(),
             explained_at: None,
@@ -374,6 +378,7 @@ impl Sim<'_> {
         let pending = Arc::new(pending);
         self.queue.insert(pending.clone());
         self.view.pending.push(pending);
+        self.arrived = true;
     }
 
     /// The shared `Arc` of `shape`.
@@ -392,8 +397,11 @@ impl Sim<'_> {
         let now = self.now;
         // Each shape's jobs together, oldest first, as the queue keeps
         // them: the cycle's order is then a merge of these runs.
-        self.view.pending.clear();
-        self.view.pending.extend(self.queue.iter().cloned());
+        // (Starts only take jobs out, so only arrivals break that order.)
+        if std::mem::take(&mut self.arrived) {
+            self.view.pending.clear();
+            self.view.pending.extend(self.queue.iter().cloned());
+        }
         self.refresh_view();
         let policy = &self.setup.policy;
         let explain = self

@@ -72,10 +72,14 @@ impl<'v> Reclaimer<'v> {
         };
         let job_qos = sharing.qos(&job.shape.qos).map_or(0, |qos| qos.priority);
         let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
+        if !guaranteed && !preempts_lower {
+            // It may take nothing back (the filter below passes no one).
+            return Vec::new();
+        }
         self.by_cost
             .iter()
             .copied()
-            .filter(|r| !r.preempting && !self.claimed.contains(&address(r)) && !twin(r))
+            .filter(|r| !r.preempting && !self.claimed.contains(&address(r)))
             .filter(|r| {
                 let victim_qos = sharing.qos(&r.qos);
                 let lower = victim_qos.map_or(0, |qos| qos.priority) < job_qos;
@@ -87,6 +91,8 @@ impl<'v> Reclaimer<'v> {
                 let outranks = victim_qos.is_some_and(|qos| qos.preempt_lower && qos.priority > job_qos);
                 old_enough && ((guaranteed && r.burst && !outranks) || (preempts_lower && lower))
             })
+            // Last: it compares names.
+            .filter(|r| !twin(r))
             .take(MAX_CANDIDATES)
             .collect()
     }
