@@ -35,6 +35,30 @@ pub use spawner::{main, Launched, Spawner};
 /// The supervisor's binary, installed next to gpool-agent (and gpoold).
 pub const SUPERVISOR_BIN: &str = "gpool-supervise";
 
+/// A pidfd on `pid` (Linux 5.3+): readable once that process, a child of
+/// ours or not, has exited.
+pub fn pidfd_open(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new fd nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The fields after the command of a `/proc/PID/stat` line (state, ppid,
+/// pgrp, session, ...) where it is a live `gpool-supervise` (a keeper, a
+/// launcher or a supervisor; not a zombie); `None` for any other process.
+pub fn live_supervisor(stat: &str) -> Option<Vec<&str>> {
+    let (comm, rest) = stat.split_once(") ")?;
+    // The kernel cuts a command at 15 bytes.
+    let ours = comm.ends_with(&format!("({}", &SUPERVISOR_BIN[..SUPERVISOR_BIN.len().min(15)]));
+    let fields: Vec<&str> = rest.split(' ').collect();
+    (ours && fields.first().is_some_and(|state| *state != "Z")).then_some(fields)
+}
+
 /// How an attempt ended, as the exit file records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {

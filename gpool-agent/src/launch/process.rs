@@ -76,11 +76,8 @@ pub(super) async fn await_record(attempt: &crate::journal::AttemptRecord, launch
 /// Whether `pid` is a live launcher or keeper (`gpool-supervise`, not a
 /// zombie).
 fn launcher_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.split_once(") ").is_some_and(|(comm, rest)| {
-            comm.ends_with(&format!("({}", &SUPERVISOR_BIN[..SUPERVISOR_BIN.len().min(15)])) && !rest.starts_with('Z')
-        })
-    })
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| crate::supervise::live_supervisor(&stat).is_some())
 }
 
 /// A process's exit: through a pidfd (which works for any process, our
@@ -93,20 +90,14 @@ pub(super) enum ProcessExit {
 
 impl ProcessExit {
     pub(super) fn open(pid: i32) -> std::io::Result<ProcessExit> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
-        let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            let err = std::io::Error::last_os_error();
+        let fd = match crate::supervise::pidfd_open(pid) {
+            Ok(fd) => fd,
             // Already gone (and reaped).
-            return match err.raw_os_error() {
-                Some(nix::libc::ESRCH) => Ok(ProcessExit::Gone),
-                _ => Err(err),
-            };
-        }
+            Err(err) if err.raw_os_error() == Some(nix::libc::ESRCH) => return Ok(ProcessExit::Gone),
+            Err(err) => return Err(err),
+        };
         // SAFETY: the fd was just opened and nothing else owns it; the
         // AsyncFd owns it from here on and never replaces it.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
         let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
         Ok(ProcessExit::Pidfd(registered?))
     }

@@ -7,11 +7,7 @@ pub(super) struct ChildExit(Option<std::os::fd::OwnedFd>);
 
 impl ChildExit {
     pub(super) fn open(pid: i32) -> ChildExit {
-        use std::os::fd::FromRawFd;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
-        let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-        // SAFETY: a new fd nothing else owns.
-        ChildExit((fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }))
+        ChildExit(super::pidfd_open(pid).ok())
     }
 
     /// Returns when the child exited or after `timeout_ms`.

@@ -17,7 +17,7 @@ use super::run::{after_end, cannot_run, record_of, Watch};
 use super::spawner::Supervisors;
 use super::*;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use zygote::Zygotes;
@@ -346,10 +346,7 @@ fn refuse(request: &LaunchRequest, reason: String) -> LaunchReply {
 }
 
 fn pidfd_of(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
-    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-    // SAFETY: a new fd nothing else owns.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    super::pidfd_open(pid).ok()
 }
 
 /// Notes how each job's first process ended, leaving it unreaped until

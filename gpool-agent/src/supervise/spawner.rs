@@ -438,14 +438,8 @@ fn read_replies(
 /// the supervisor's program, not a zombie, and not a supervisor (each of
 /// those leads a session of its own).
 fn is_spawner(stat: &str, pid: i32) -> bool {
-    let Some((comm, rest)) = stat.split_once(") ") else {
-        return false;
-    };
-    // comm is cut at 15 bytes; after "(comm) ": state, ppid, pgrp, session.
-    let fields: Vec<&str> = rest.split(' ').collect();
-    comm.ends_with(&format!("({}", &SUPERVISOR_BIN[..SUPERVISOR_BIN.len().min(15)]))
-        && fields.first().is_some_and(|state| *state != "Z")
-        && fields.get(3).is_some_and(|session| *session != pid.to_string())
+    // After "(comm) ": state, ppid, pgrp, session.
+    super::live_supervisor(stat).is_some_and(|fields| fields.get(3).is_some_and(|session| *session != pid.to_string()))
 }
 
 impl Drop for Spawner {
