@@ -82,7 +82,24 @@ impl Cluster {
     /// gpoold's count of scheduling plans that broke an invariant
     /// (`gpool_sched_invariant_violations_total` on its /metrics; the
     /// config sets `metrics_listen`, as `shipped_policy` does).
-    pub fn invariant_violations(&self) -> f64 {
+    /// Asserts that gpoold counted no plan that broke an invariant; where
+    /// one did, says which (its log's lines).
+    pub fn assert_plans_sound(&self) {
+        let broken = self.invariant_violations();
+        if broken != 0.0 {
+            let mut lines = String::new();
+            for n in 1..=self.n_starts {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("gpoold-{n}.log"))).unwrap_or_default();
+                for line in log.lines().filter(|line| line.contains("broke an invariant")) {
+                    lines += line;
+                    lines.push('\n');
+                }
+            }
+            panic!("{broken} scheduling plans broke an invariant:\n{lines}");
+        }
+    }
+
+    fn invariant_violations(&self) -> f64 {
         let addr = std::fs::read_to_string(self.state_dir().join("metrics.addr")).expect("metrics.addr");
         let (_, _, body) = super::http_get(addr.trim(), "/metrics");
         body.lines()
