@@ -1,0 +1,56 @@
+//! What a cycle sees besides the waiting jobs' queue: the running jobs'
+//! last checkpoints, the hour's waste budget, the GPUs promised to waiting
+//! jobs; and the one shape alike jobs share.
+
+use super::*;
+
+impl Sim<'_> {
+    /// What a cycle sees besides the queue, as of now: the running jobs'
+    /// last checkpoints, the waste budget of the last hour, and the GPUs
+    /// promised to waiting jobs.
+    pub(super) fn refresh_view(&mut self) {
+        let now = self.now;
+        for running in &mut self.view.running {
+            if let Some(every) = self.attempts.get(&running.id).and_then(|a| a.checkpoint_every_ms) {
+                let checkpoints = (now.0 - running.started_at.0) / every;
+                running.last_checkpoint_at =
+                    (checkpoints > 0).then(|| Timestamp(running.started_at.0 + checkpoints * every));
+            }
+        }
+        while self.recent_waste.front().is_some_and(|(at, _)| now.0 - at.0 > HOUR_MS) {
+            self.recent_waste.pop_front();
+        }
+        self.view.waste_budget_gpu_secs = self.setup.policy.sharing.waste_cap_gpu_hours_per_hour * 3600.0
+            - self.recent_waste.iter().map(|(_, lost)| lost).sum::<f64>();
+        self.view.promised = self.promised();
+    }
+
+    /// The shared `Arc` of `shape`.
+    pub(super) fn shape(&mut self, shape: JobShape) -> Arc<JobShape> {
+        if let Some(shared) = self.shapes.get(&shape) {
+            return shared.clone();
+        }
+        let shared = Arc::new(shape);
+        self.shapes.insert(shared.clone());
+        shared
+    }
+
+    /// The promises that still hold: their job waits and their GPUs are
+    /// free (those that no longer hold are dropped).
+    fn promised(&mut self) -> Vec<RunningJob> {
+        let now = self.now;
+        let waiting: HashSet<JobId> = self
+            .promises
+            .iter()
+            .filter_map(|(p, _)| p.preempted_for)
+            .filter(|id| self.view.pending.iter().any(|job| job.id == *id))
+            .collect();
+        let nodes = &self.view.nodes;
+        self.promises.retain(|(p, until)| {
+            *until > now
+                && p.preempted_for.is_some_and(|id| waiting.contains(&id))
+                && crate::sched::promise_holds(nodes, p)
+        });
+        self.promises.iter().map(|(p, _)| p.clone()).collect()
+    }
+}
