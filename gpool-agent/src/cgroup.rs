@@ -189,6 +189,7 @@ impl Isolation {
                         .collect(),
                     deny_devices: Vec::new(),
                     unified: false,
+                    made: false,
                 };
                 if let (Some(memory), Some(bytes)) = (memory, limits.mem_bytes) {
                     cgroup.dirs.push(memory.join(&name));
@@ -231,6 +232,7 @@ impl Isolation {
                         Err(_) => Vec::new(),
                     },
                     unified: true,
+                    made: false,
                 })
             }
             Isolation::None(_) => None,
@@ -291,12 +293,19 @@ pub struct AttemptCgroup {
     /// cgroup v2: one directory, which the job is born in (`clone3`).
     #[serde(default)]
     pub unified: bool,
+    /// Its directories exist with its settings already (an earlier
+    /// attempt's, renamed): `create` has nothing to do.
+    #[serde(default)]
+    pub made: bool,
 }
 
 impl AttemptCgroup {
     /// Creates the directories and writes the device rules (the supervisor,
     /// as root, before the job starts).
     pub fn create(&self) -> Result<(), String> {
+        if self.made {
+            return Ok(());
+        }
         for dir in &self.dirs {
             std::fs::create_dir_all(dir).map_err(|err| format!("cgroup {}: {err}", dir.display()))?;
         }

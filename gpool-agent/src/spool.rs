@@ -14,15 +14,21 @@ use std::time::{Duration, SystemTime};
 
 /// Writes `bytes` over the start of `path` and cuts it there: a file that
 /// already held at least as much needs no new block, so this works on a
-/// full filesystem where replacing the file would not.
+/// full filesystem where replacing the file would not. A file no longer
+/// than `bytes` is not cut (a truncation costs the filesystem a walk of
+/// the file's blocks).
 pub fn write_in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)?;
+    let longer = file.metadata()?.len() > bytes.len() as u64;
     file.write_all_at(bytes, 0)?;
-    file.set_len(bytes.len() as u64)
+    if longer {
+        file.set_len(bytes.len() as u64)?;
+    }
+    Ok(())
 }
 
 /// Reserves space for `len` bytes from `offset` without changing the

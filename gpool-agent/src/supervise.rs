@@ -143,6 +143,7 @@ pub fn launched(exit_file: &Path, job_id: u64, epoch: u64) -> Option<(i32, Optio
     let text = std::fs::read_to_string(exit_file).ok()?;
     let mark = text
         .strip_suffix('\n')?
+        .trim_end()
         .strip_prefix(&format!("{job_id} {epoch} launched "))?;
     let numbers: Vec<i32> = mark.split(' ').map(str::parse).collect::<Result<_, _>>().ok()?;
     match numbers[..] {
@@ -152,12 +153,27 @@ pub fn launched(exit_file: &Path, job_id: u64, epoch: u64) -> Option<(i32, Optio
     }
 }
 
+/// The end record `Ended::read` reads (padded: a truncation costs the
+/// filesystem a walk of the file's blocks; readers trim the padding).
+pub(crate) fn end_record(job_id: u64, epoch: u64, ended: &Ended) -> String {
+    padded(format!("{job_id} {epoch} {}", ended.to_line()))
+}
+
+/// A slot's line, padded with spaces before its newline to at least
+/// `RECORD_WIDTH` bytes, so that a mark and a record of usual ids replace
+/// each other in place without cutting the file.
+fn padded(line: String) -> String {
+    format!("{line:<width$}\n", width = RECORD_WIDTH - 1)
+}
+
+const RECORD_WIDTH: usize = 64;
+
 /// The mark `launched` reads.
 fn launched_mark(job_id: u64, epoch: u64, pid: i32, launcher: Option<Launcher>) -> String {
-    match launcher {
-        None => format!("{job_id} {epoch} launched {pid}\n"),
-        Some(Launcher { pid: by, keeper }) => format!("{job_id} {epoch} launched {pid} {by} {keeper}\n"),
-    }
+    padded(match launcher {
+        None => format!("{job_id} {epoch} launched {pid}"),
+        Some(Launcher { pid: by, keeper }) => format!("{job_id} {epoch} launched {pid} {by} {keeper}"),
+    })
 }
 
 /// What the agent asks the spawner to run.
@@ -419,5 +435,36 @@ mod tests {
         assert_eq!(Ended::read(&slot, 1, 3), None, "another job's record");
         std::fs::write(&slot, "12 3 code 1").unwrap();
         assert_eq!(Ended::read(&slot, 12, 3), None, "half written");
+    }
+
+    /// An end record replaces a launch mark in place, as wide or wider,
+    /// and reads back whole through its padding.
+    #[test]
+    fn an_end_record_covers_the_mark_it_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = dir.path().join("0");
+        let launcher = Some(Launcher {
+            pid: 3_999_999,
+            keeper: 3_999_998,
+        });
+        let mark = launched_mark(4_000_000_123, 2, 4_194_303, launcher);
+        crate::spool::write_in_place(&slot, mark.as_bytes()).unwrap();
+        assert_eq!(launched(&slot, 4_000_000_123, 2), Some((4_194_303, launcher)));
+        for ended in [
+            Ended::Code(0),
+            Ended::FailedToStart("cannot run \"x\": no such file".into()),
+        ] {
+            let record = end_record(4_000_000_123, 2, &ended);
+            assert_eq!(record.len(), mark.len(), "{record:?} is not as wide as {mark:?}");
+            crate::spool::write_in_place(&slot, record.as_bytes()).unwrap();
+            assert_eq!(std::fs::read_to_string(&slot).unwrap(), record);
+            assert_eq!(Ended::read(&slot, 4_000_000_123, 2), Some(ended));
+        }
+        crate::spool::write_in_place(&slot, b"1 1 code 3\n").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&slot).unwrap(),
+            "1 1 code 3\n",
+            "a longer file is cut"
+        );
     }
 }

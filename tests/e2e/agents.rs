@@ -723,6 +723,8 @@ fn jobs_get_gpus_joined_by_nvlink() {
 /// die with it when it is cancelled. It is the node's second job, so its
 /// supervisor was waiting in a cgroup made ahead: the job is born in that
 /// one, renamed for its attempt, and nothing of it is left at the end.
+/// An array's tasks after it get ended attempts' cgroups, with the same
+/// rules.
 #[test]
 fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
     if !nix::unistd::geteuid().is_root() {
@@ -830,6 +832,30 @@ fn a_job_is_fenced_into_its_gpus_and_what_it_detaches_dies_with_it() {
         wait_until("the attempt's cgroup to be removed", Duration::from_secs(30), || {
             (!std::path::Path::new(&attempt_dir).exists()).then_some(())
         });
+        // Attempts launched in a stream get ended ones' cgroups of the same
+        // rules (renamed, not made again): each still opens only its own GPU.
+        let check = "t=$GPOOL_ARRAY_TASK_ID; echo $CUDA_VISIBLE_DEVICES > visible.$t; \
+                     { grep -E '^[0-9]+:devices:' /proc/self/cgroup || grep '^0::' /proc/self/cgroup; } | cut -d: -f3 > devices-cgroup.$t; \
+                     for i in 0 1; do (exec 3< nvidia$i) 2> open$i.err.$t; done; true";
+        let array = cluster.submit(&["--gpus", "1", "--array", "0-7", "--", "sh", "-c", check]);
+        cluster.wait_for_state(array, "completed");
+        for task in 0..8 {
+            let name = read(&cluster, &format!("devices-cgroup.{task}"));
+            assert!(
+                name.trim()
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|last| !last.starts_with("spare-")),
+                "task {task} in its own attempt's cgroup: {name}"
+            );
+            let own = read(&cluster, &format!("visible.{task}")).trim().to_string();
+            let other = if own == "0" { "1" } else { "0" };
+            assert!(read(&cluster, &format!("open{own}.err.{task}")).contains("No such device or address"));
+            assert!(
+                read(&cluster, &format!("open{other}.err.{task}")).contains("Operation not permitted"),
+                "task {task} on GPU {own} opened GPU {other}"
+            );
+        }
     }
 }
 

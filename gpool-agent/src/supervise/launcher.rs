@@ -13,16 +13,28 @@
 //! their ends and exits, and a restarted agent starts a new pair.
 
 use super::prepare::{prepare, with_output_files};
-use super::run::{after_end, cannot_run, record_of, Watch};
+use super::run::{after_end, cannot_run, record_keeping_dir, record_of, Watch};
 use super::spawner::Supervisors;
 use super::*;
+use spare_cgroups::SpareCgroups;
+use spare_dirs::SpareDirs;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use zygote::Zygotes;
 
+mod spare_cgroups;
+mod spare_dirs;
 mod zygote;
+
+/// What ended attempts leave for the next: their empty checkpoint
+/// directories and their cgroups.
+#[derive(Default)]
+struct Spares {
+    dirs: SpareDirs,
+    cgroups: SpareCgroups,
+}
 
 /// How often running jobs are looked at (time limits, lease, output cap).
 const CHECK_EVERY: Duration = Duration::from_millis(200);
@@ -104,7 +116,7 @@ fn record_orphan(exits: &Path, pid: i32, ids: Launcher, ended: &Ended) {
             continue;
         };
         if text == launched_mark(job, epoch, pid, Some(ids)) {
-            let record = format!("{job} {epoch} {}\n", ended.to_line());
+            let record = end_record(job, epoch, ended);
             if let Err(err) = crate::spool::write_in_place(&slot.path(), record.as_bytes()) {
                 eprintln!("{SUPERVISOR_BIN}: {}: {err}", slot.path().display());
             }
@@ -140,6 +152,7 @@ fn serve(ids: Launcher) -> ExitCode {
     let mut zygotes = Zygotes::default();
     let mut jobs: std::collections::HashMap<i32, Running> = std::collections::HashMap::new();
     let mut leftovers = Leftovers::default();
+    let mut spares = Spares::default();
     let mut input = Some(Vec::<u8>::with_capacity(64 * 1024));
     let mut checked = Instant::now();
     reply(&LaunchReply::Ready(ids));
@@ -177,7 +190,7 @@ fn serve(ids: Launcher) -> ExitCode {
         drop(fds);
         if readable {
             if let Some(buffer) = input.as_mut() {
-                if !read_requests(buffer, ids, &mut jobs, (&mut supervisors, &mut zygotes)) {
+                if !read_requests(buffer, ids, &mut jobs, (&mut supervisors, &mut zygotes, &mut spares)) {
                     input = None;
                     zygotes.ready = None;
                     // No longer the agent's: its successor need not wait.
@@ -201,7 +214,7 @@ fn serve(ids: Launcher) -> ExitCode {
             .collect();
         for (pid, ended) in over {
             if let Some(job) = jobs.remove(&pid) {
-                leftovers.conclude(job.request, ended);
+                leftovers.conclude(job.request, ended, &mut spares);
                 let _ = nix::sys::wait::waitpid(
                     nix::unistd::Pid::from_raw(pid),
                     Some(nix::sys::wait::WaitPidFlag::WNOHANG),
@@ -209,6 +222,8 @@ fn serve(ids: Launcher) -> ExitCode {
             }
         }
         if input.is_none() && jobs.is_empty() && leftovers.is_empty() {
+            spares.dirs.remove_all();
+            spares.cgroups.remove_all();
             return ExitCode::SUCCESS;
         }
     }
@@ -220,7 +235,7 @@ fn read_requests(
     buffer: &mut Vec<u8>,
     ids: Launcher,
     jobs: &mut std::collections::HashMap<i32, Running>,
-    (supervisors, zygotes): (&mut Supervisors, &mut Zygotes),
+    (supervisors, zygotes, spares): (&mut Supervisors, &mut Zygotes, &mut Spares),
 ) -> bool {
     let start = buffer.len();
     buffer.resize(start + 64 * 1024, 0);
@@ -244,7 +259,8 @@ fn read_requests(
         served += end + 1;
         let answer = match serde_json::from_str::<LaunchRequest>(&line) {
             Ok(request) if request.pty.is_none() && request.container_cleanup.is_none() => {
-                launch(request, ids, jobs, zygotes)
+                spares.dirs.place(&request);
+                launch(request, ids, jobs, (zygotes, &mut spares.cgroups))
             }
             Ok(request) => supervisors.hand_over(&request, &line),
             Err(err) => LaunchReply::Refused(format!("bad launch request: {err}")),
@@ -270,10 +286,10 @@ fn launch(
     request: LaunchRequest,
     ids: Launcher,
     jobs: &mut std::collections::HashMap<i32, Running>,
-    zygotes: &mut Zygotes,
+    (zygotes, cgroups): (&mut Zygotes, &mut SpareCgroups),
 ) -> LaunchReply {
     use std::os::unix::process::CommandExt;
-    let request = match zygotes.take_for(&request) {
+    let mut request = match zygotes.take_for(&request) {
         Some(zygote) => match zygote.hand(request, ids, jobs) {
             Ok(reply) => return reply,
             // Forked anew below, its slot marked again.
@@ -281,6 +297,7 @@ fn launch(
         },
         None => request,
     };
+    cgroups.place(&mut request);
     // On cgroup v2 the job is born in its one directory.
     let into = request
         .cgroup
@@ -388,9 +405,9 @@ impl Leftovers {
     }
 
     /// Records how the job of `request` ended, then removes its cgroup.
-    fn conclude(&mut self, request: LaunchRequest, ended: Ended) {
+    fn conclude(&mut self, request: LaunchRequest, ended: Ended, spares: &mut Spares) {
         let ended = after_end(&request, ended);
-        let record = record_of(&request, &ended);
+        let record = record_keeping_dir(&request, &ended, |request| spares.dirs.keep(request));
         // The end first; the cgroup's removal (which may have to wait for
         // the kernel) after.
         let cgroup = request.cgroup.clone();
@@ -401,7 +418,7 @@ impl Leftovers {
                 self.records.push((request, record));
             }
         }
-        if let Some(cgroup) = cgroup {
+        if let Some(cgroup) = cgroup.filter(|cgroup| !spares.cgroups.keep(cgroup)) {
             cgroup.remove();
             if cgroup.dirs.iter().any(|dir| dir.exists()) {
                 self.cgroups.push((cgroup, Instant::now()));

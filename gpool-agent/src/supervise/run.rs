@@ -115,9 +115,21 @@ pub(super) fn after_end(request: &LaunchRequest, ended: Ended) -> Ended {
 /// attempt starts only once this one is known to be over, and this never
 /// takes the dir from under it.
 pub(super) fn record_of(request: &LaunchRequest, ended: &Ended) -> String {
+    record_keeping_dir(request, ended, |_| false)
+}
+
+/// `record_of`, where `keep` may take the empty checkpoint dir (and says
+/// whether it did) before it is removed.
+pub(super) fn record_keeping_dir(
+    request: &LaunchRequest,
+    ended: &Ended,
+    keep: impl FnOnce(&LaunchRequest) -> bool,
+) -> String {
     tidy_output(request, ended);
-    let _ = std::fs::remove_dir(&request.checkpoint_dir);
-    format!("{} {} {}\n", request.job_id, request.epoch, ended.to_line())
+    if !keep(request) {
+        let _ = std::fs::remove_dir(&request.checkpoint_dir);
+    }
+    end_record(request.job_id, request.epoch, ended)
 }
 
 /// `ended`, or `OutOfMemory` where the cgroup's memory limit killed it.
