@@ -19,7 +19,7 @@ pub(super) enum TreeId {
 }
 
 impl TreeId {
-    const ALL: [TreeId; 10] = [
+    pub(super) const ALL: [TreeId; 10] = [
         TreeId::Jobs,
         TreeId::Nodes,
         TreeId::Meta,

@@ -330,9 +330,10 @@ impl Store {
         }
     }
 
-    /// `entries` in one sled transaction.
+    /// `entries` in one sled transaction, over only the trees they touch
+    /// (a transaction's cost grows with its trees).
     fn apply(&self, entries: &[Entry]) -> Result<(), Error> {
-        let trees: [&sled::Tree; 10] = [
+        let all: [&sled::Tree; 10] = [
             &self.jobs,
             &self.nodes,
             &self.meta,
@@ -344,10 +345,19 @@ impl Store {
             &self.envs,
             &self.env_sets.tree,
         ];
+        // Each touched tree's place among the transaction's views.
+        let mut place = [usize::MAX; 10];
+        let mut trees: Vec<&sled::Tree> = Vec::with_capacity(all.len());
+        for id in TreeId::ALL {
+            if entries.iter().any(|(tree, _, _)| *tree == id) {
+                place[id as usize] = trees.len();
+                trees.push(all[id as usize]);
+            }
+        }
         trees[..]
             .transaction(|views| {
                 for (tree, key, value) in entries {
-                    let view = &views[*tree as usize];
+                    let view = &views[place[*tree as usize]];
                     match value {
                         Some(value) => view.insert(key.as_slice(), value.as_slice())?,
                         None => view.remove(key.as_slice())?,
