@@ -378,11 +378,23 @@ impl AttemptCgroup {
 
     /// Whether the OOM killer of its memory limit killed a process of it:
     /// `oom_kill` in cgroup v1's memory.oom_control or v2's memory.events.
+    /// Only a directory that has them is read: v2's one, and v1's in the
+    /// memory hierarchy (the one a memory limit is set in).
     pub fn oom_killed(&self) -> bool {
         self.dirs.iter().any(|dir| {
-            ["memory.oom_control", "memory.events"]
-                .iter()
-                .any(|file| std::fs::read_to_string(dir.join(file)).is_ok_and(|text| oom_kills(&text) > 0))
+            let file = if self.unified {
+                "memory.events"
+            } else if self.settings.iter().any(|(path, _)| {
+                path.parent() == Some(dir.as_path())
+                    && path
+                        .file_name()
+                        .is_some_and(|name| name.as_encoded_bytes().starts_with(b"memory."))
+            }) {
+                "memory.oom_control"
+            } else {
+                return false;
+            };
+            std::fs::read_to_string(dir.join(file)).is_ok_and(|text| oom_kills(&text) > 0)
         })
     }
 

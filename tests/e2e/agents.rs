@@ -986,7 +986,7 @@ fn a_container_job_runs_as_its_user_and_leaves_nothing_when_cancelled() {
 }
 
 /// A job its --mem limit's OOM killer ends is out_of_memory, not a bare
-/// "killed by signal 9".
+/// "killed by signal 9"; the jobs after it are not.
 #[test]
 fn a_job_over_its_memory_limit_ends_out_of_memory() {
     if !nix::unistd::geteuid().is_root() {
@@ -1032,6 +1032,16 @@ fn a_job_over_its_memory_limit_ends_out_of_memory() {
             .contains("ran out of memory"),
         "{job}"
     );
+    // The next jobs of the same limit on the same GPU are not charged that
+    // OOM kill (no cgroup that counts one is given to another attempt),
+    // whether they ran out of memory themselves or not.
+    for _ in 0..3 {
+        let run = cluster.gpool(&["submit", "--wait", "--mem", "32M", "--", "sh", "-c", "exit 3"]);
+        let next: u64 = run.stdout.trim().parse().expect("job id");
+        let job = cluster.job(next);
+        assert_eq!(job["state"], "failed", "{job}");
+        assert_eq!(job["exit_code"], 3, "{job}");
+    }
 }
 
 /// A job that ignores its time limit's SIGTERM works on through the limit's

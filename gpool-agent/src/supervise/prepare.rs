@@ -151,12 +151,81 @@ fn set_environment(command: &mut Command, request: &LaunchRequest) -> Result<(),
             .map_err(|err| format!("{}: {err}", env_file.display()))?;
     } else {
         // The job's own variables only: never this process's (the agent's
-        // environment, its credentials included).
-        command
-            .env_clear()
-            .envs(request.env.iter().map(|(name, value)| (name, value)));
+        // environment, its credentials included), and its account's where
+        // it runs as a user (over any of the same name).
+        let mut vars: Vec<(&str, &str)> = request
+            .env
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        let account = request
+            .run_as
+            .as_ref()
+            .map(|user| account_env(&user.name, &user.home, &user.shell))
+            .unwrap_or_default();
+        vars.retain(|(name, _)| !account.iter().any(|(own, _)| own == name));
+        vars.extend(account.iter().map(|(name, value)| (name.as_str(), value.as_str())));
+        let job_environ = Environ::of(&vars)?;
+        // SAFETY: runs in the child of this single-threaded process (or in
+        // this process just before its exec): the job's variables, made
+        // before the fork, become the environment the exec passes on, and
+        // the exec searches the job's PATH. Nothing is allocated there.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(command, move || {
+                job_environ.install();
+                Ok(())
+            });
+        }
     }
     Ok(())
+}
+
+/// A job's environment as a C `environ` array, made before the fork (a
+/// `Command`'s variables are a map, copied into such an array in the
+/// child after the fork, at a cost per variable on every launch).
+struct Environ {
+    vars: Vec<std::ffi::CString>,
+    pointers: Vec<*const std::ffi::c_char>,
+}
+
+// SAFETY: the pointers point into `vars`' heap buffers, which `Environ`
+// owns and never changes; they are read only in the forked child.
+unsafe impl Send for Environ {}
+unsafe impl Sync for Environ {}
+
+extern "C" {
+    static mut environ: *const *const std::ffi::c_char;
+}
+
+impl Environ {
+    fn of(vars: &[(&str, &str)]) -> Result<Environ, String> {
+        let vars = vars
+            .iter()
+            .map(|(name, value)| {
+                let mut line = Vec::with_capacity(name.len() + value.len() + 2);
+                line.extend_from_slice(name.as_bytes());
+                line.push(b'=');
+                line.extend_from_slice(value.as_bytes());
+                std::ffi::CString::new(line).map_err(|_| format!("environment variable {name} holds a NUL byte"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut pointers: Vec<*const std::ffi::c_char> = vars.iter().map(|var| var.as_ptr()).collect();
+        pointers.push(std::ptr::null());
+        Ok(Environ { vars, pointers })
+    }
+
+    /// Makes it this process's environment.
+    ///
+    /// # Safety
+    /// Only in a single-threaded process about to exec (no other thread
+    /// reads the environment).
+    unsafe fn install(&self) {
+        debug_assert_eq!(self.pointers.len(), self.vars.len() + 1);
+        // SAFETY: as the caller promises; the array ends with a null.
+        unsafe {
+            environ = self.pointers.as_ptr();
+        }
+    }
 }
 
 /// Fails when the directory of a `-o/-e` file does not exist.
@@ -182,7 +251,6 @@ fn switch_user(command: &mut Command, request: &LaunchRequest) {
     use std::os::unix::process::CommandExt;
     // A container runtime stays this process's user; it sets the job's.
     if let Some(user) = request.run_as.as_ref().filter(|_| request.container_cleanup.is_none()) {
-        command.envs(account_env(&user.name, &user.home, &user.shell));
         let groups: Vec<Gid> = user.groups.iter().map(|g| Gid::from_raw(*g)).collect();
         let (uid, gid) = (Uid::from_raw(user.uid), Gid::from_raw(user.gid));
         let workdir = request.workdir.clone();

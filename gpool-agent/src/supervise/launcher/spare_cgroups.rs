@@ -204,6 +204,39 @@ mod tests {
         assert!(cgroup.create().is_ok(), "nothing left to make");
     }
 
+    /// A cgroup that counts an OOM kill, or still holds a process, is not
+    /// kept: the next attempt would read the kill as its own, or share
+    /// its cgroup with what the last one left.
+    #[test]
+    fn a_cgroup_with_an_oom_kill_or_a_process_is_not_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let mut limited = cgroup_in(root.path(), "gpool-x-1-1", 3);
+        let memory = root.path().join("memory/gpool/gpool-x-1-1");
+        limited.dirs.push(memory.clone());
+        limited
+            .settings
+            .push((memory.join("memory.limit_in_bytes"), "33554432".into()));
+        for dir in &limited.dirs {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(
+            memory.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        )
+        .unwrap();
+        let mut spares = SpareCgroups::default();
+        assert!(!spares.keep(&limited));
+        std::fs::write(
+            memory.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
+        )
+        .unwrap();
+        std::fs::write(limited.dirs[0].join("cgroup.procs"), "4242\n").unwrap();
+        assert!(!spares.keep(&limited));
+        std::fs::write(limited.dirs[0].join("cgroup.procs"), "").unwrap();
+        assert!(spares.keep(&limited), "neither: kept");
+    }
+
     /// What dead launchers set aside is removed; a live one's is not.
     #[test]
     fn spares_of_dead_launchers_are_removed() {
