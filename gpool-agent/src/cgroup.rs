@@ -128,6 +128,47 @@ impl Isolation {
         ))
     }
 
+    /// Removes the empty attempt cgroups of the agent of `scope` (named
+    /// `<scope>-<job>.<epoch>`, as `rules_for` names them) that no attempt
+    /// in `live` holds: what a launcher killed before its jobs' ends left
+    /// behind. One with a process in it stays (rmdir refuses it). How
+    /// many directories were removed.
+    pub fn remove_left_behind(&self, scope: &str, live: &std::collections::HashSet<(u64, u64)>) -> usize {
+        let parents: Vec<&Path> = match self {
+            Isolation::V1 {
+                devices,
+                memory,
+                cpu,
+                pids,
+            } => [Some(devices), memory.as_ref(), cpu.as_ref(), pids.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(PathBuf::as_path)
+                .collect(),
+            Isolation::V2 { parent, .. } => vec![parent.as_path()],
+            Isolation::None(_) => return 0,
+        };
+        let prefix = format!("{scope}-");
+        let mut removed = 0;
+        for parent in parents {
+            let Ok(entries) = std::fs::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let attempt = name.to_str().and_then(|name| {
+                    let (job, epoch) = name.strip_prefix(&prefix)?.split_once('.')?;
+                    Some((job.parse::<u64>().ok()?, epoch.parse::<u64>().ok()?))
+                });
+                if attempt.is_some_and(|attempt| !live.contains(&attempt)) && std::fs::remove_dir(entry.path()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
     /// What `gpool nodes` shows as the node's `isolation` label.
     pub fn label(&self) -> &'static str {
         match self {

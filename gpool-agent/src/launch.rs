@@ -217,6 +217,19 @@ impl Attempts {
         self.journal().live().keys().copied().collect()
     }
 
+    /// Removes the empty cgroups of this node's attempts that no attempt
+    /// here holds (those of a launcher killed before its jobs ended);
+    /// how many.
+    pub fn remove_left_behind_cgroups(&self) -> usize {
+        let live: std::collections::HashSet<(u64, u64)> = self
+            .journal()
+            .live()
+            .values()
+            .map(|attempt| (attempt.job_id, attempt.epoch))
+            .collect();
+        self.isolation.remove_left_behind(&self.cgroup_scope, &live)
+    }
+
     /// `<spool>/jobs`: attempts' output.
     pub fn jobs_dir(&self) -> PathBuf {
         self.spool_dir.join("jobs")

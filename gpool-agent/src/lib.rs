@@ -167,8 +167,8 @@ fn start_attempts(
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Removes job output last written longer than `keep` ago (jobs with an
-/// attempt here keep theirs), now and every ten minutes, off the link's
-/// thread.
+/// attempt here keep theirs), and the cgroups a killed launcher left, now
+/// and every ten minutes, off the link's thread.
 async fn prune_job_files(attempts: std::sync::Arc<launch::Attempts>, keep: std::time::Duration) {
     let mut every = tokio::time::interval(PRUNE_EVERY);
     loop {
@@ -180,6 +180,10 @@ async fn prune_job_files(attempts: std::sync::Arc<launch::Attempts>, keep: std::
                 "removed {removed} job output files older than {}",
                 humantime::format_duration(keep)
             );
+        }
+        let of = attempts.clone();
+        if let Ok(removed @ 1..) = tokio::task::spawn_blocking(move || of.remove_left_behind_cgroups()).await {
+            tracing::info!("removed {removed} empty cgroups of attempts that ended while their launcher was gone");
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Nothing is lost across a crash on a node: `kill -9` of an agent, of the
 //! node's launcher that forks its jobs, of the launcher's keeper, or of
 //! the launcher and the agent together, in the middle of a 2,000-task
-//! array. Every task runs exactly once and every end is reported.
+//! array. Every task runs exactly once and every end is reported, and the
+//! cgroups of the jobs a killed launcher left are removed once their
+//! agent starts again.
 
 use crate::harness::cluster::Cluster;
 use crate::harness::process::{launcher_of, wait_until};
@@ -114,4 +116,54 @@ fn kill_9_of_agents_and_launchers_mid_array_runs_every_task_exactly_once() {
         (0..2000).collect::<Vec<u32>>(),
         "every task ran once ({crashes:?})"
     );
+    // The cgroups of the jobs whose launcher was killed outlived them;
+    // each agent removes those of its node when it starts again.
+    for (slot, agent) in agents.iter_mut().enumerate() {
+        let node = format!("n{}", slot + 1);
+        cluster.agents[*agent].stop();
+        *agent = cluster.start_agent(&node, 8);
+    }
+    let scopes: Vec<String> = (1..=4)
+        .map(|n| gpool_agent::cgroup::scope_of(&cluster.spool_dir(&format!("n{n}"))))
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = attempt_cgroups(&scopes);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cgroups left behind ({crashes:?}): {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The attempts' cgroups of the agents of `scopes` (named
+/// `<scope>-<job>.<epoch>`) anywhere under /sys/fs/cgroup.
+fn attempt_cgroups(scopes: &[String]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries
+            .flatten()
+            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let attempt = scopes.iter().any(|scope| {
+                name.strip_prefix(scope.as_str())
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .and_then(|rest| rest.split_once('.'))
+                    .is_some_and(|(job, epoch)| job.parse::<u64>().is_ok() && epoch.parse::<u64>().is_ok())
+            });
+            if attempt {
+                found.push(entry.path());
+            } else if depth < 6 {
+                dirs.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    found
 }

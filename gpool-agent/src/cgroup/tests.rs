@@ -107,3 +107,35 @@ fn lines(cgroup: &AttemptCgroup) -> Vec<String> {
         .map(|(file, value)| format!("{} {value}", file.display()))
         .collect()
 }
+
+/// What a killed launcher left (empty cgroups of ended attempts) is
+/// removed; the live attempts', other agents', spares and any with
+/// something in it stay.
+#[test]
+fn cgroups_left_behind_are_removed_and_nothing_else() {
+    let root = tempfile::tempdir().unwrap();
+    let devices = root.path().join("devices/gpool");
+    let named = |name: &str| {
+        let dir = devices.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    };
+    let left = named("0a1b2c3d-7.7");
+    let live = named("0a1b2c3d-8.9");
+    let other = named("ffffffff-7.7");
+    let spare = named("spare-12-1");
+    let busy = named("0a1b2c3d-6.6");
+    std::fs::write(busy.join("cgroup.procs"), "4242\n").unwrap();
+    let v1 = Isolation::V1 {
+        devices: devices.clone(),
+        memory: None,
+        cpu: None,
+        pids: None,
+    };
+    let removed = v1.remove_left_behind("0a1b2c3d", &std::collections::HashSet::from([(8, 9)]));
+    assert_eq!(removed, 1);
+    assert!(!left.exists());
+    for kept in [live, other, spare, busy] {
+        assert!(kept.exists(), "{} was removed", kept.display());
+    }
+}

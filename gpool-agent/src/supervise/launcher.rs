@@ -157,19 +157,7 @@ fn serve(ids: Launcher) -> ExitCode {
     let mut checked = Instant::now();
     reply(&LaunchReply::Ready(ids));
     loop {
-        let timeout = if jobs.values().any(|job| job.status.is_some()) {
-            nix::poll::PollTimeout::from(ENDING_EVERY_MS)
-        } else if jobs.is_empty() && leftovers.is_empty() {
-            nix::poll::PollTimeout::from(1000u16)
-        } else {
-            let left = CHECK_EVERY.saturating_sub(checked.elapsed()).as_millis() as u16;
-            nix::poll::PollTimeout::from(left.max(1))
-        };
-        // Woken when the next zygote is due.
-        let timeout = match zygotes.due_in().filter(|_| input.is_some()) {
-            Some(due) => timeout.min(nix::poll::PollTimeout::from((due.as_millis() as u16).max(1))),
-            None => timeout,
-        };
+        let timeout = poll_timeout(&jobs, &leftovers, checked, zygotes.due_in().filter(|_| input.is_some()));
         let stdin = std::io::stdin();
         let mut fds: Vec<nix::poll::PollFd> = Vec::with_capacity(jobs.len() + 1);
         if input.is_some() {
@@ -226,6 +214,29 @@ fn serve(ids: Launcher) -> ExitCode {
             spares.cgroups.remove_all();
             return ExitCode::SUCCESS;
         }
+    }
+}
+
+/// How long the launcher's poll waits: for ending jobs' groups, for the
+/// next look at running jobs (or a second when there are none), and for
+/// the next zygote (`zygote_due`).
+fn poll_timeout(
+    jobs: &std::collections::HashMap<i32, Running>,
+    leftovers: &Leftovers,
+    checked: Instant,
+    zygote_due: Option<Duration>,
+) -> nix::poll::PollTimeout {
+    let timeout = if jobs.values().any(|job| job.status.is_some()) {
+        nix::poll::PollTimeout::from(ENDING_EVERY_MS)
+    } else if jobs.is_empty() && leftovers.is_empty() {
+        nix::poll::PollTimeout::from(1000u16)
+    } else {
+        let left = CHECK_EVERY.saturating_sub(checked.elapsed()).as_millis() as u16;
+        nix::poll::PollTimeout::from(left.max(1))
+    };
+    match zygote_due {
+        Some(due) => timeout.min(nix::poll::PollTimeout::from((due.as_millis() as u16).max(1))),
+        None => timeout,
     }
 }
 
