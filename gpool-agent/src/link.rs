@@ -156,10 +156,21 @@ async fn serve_once(
                 }
             }
             Some(event) = events.recv() => {
-                let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobEvent(event.clone())) };
-                if control.send(message).await.is_err() {
-                    undelivered.push(event);
-                    return Err("link closed while sending a job event".into());
+                let mut queued = vec![event];
+                while queued.len() < EVENTS_AT_ONCE {
+                    match events.try_recv() {
+                        Ok(event) => queued.push(event),
+                        Err(_) => break,
+                    }
+                }
+                let mut queued = without_starts_of_ended(queued).into_iter();
+                while let Some(event) = queued.next() {
+                    let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobEvent(event.clone())) };
+                    if control.send(message).await.is_err() {
+                        undelivered.push(event);
+                        undelivered.extend(queued);
+                        return Err("link closed while sending a job event".into());
+                    }
                 }
             }
             _ = heartbeat.tick() => {
@@ -171,6 +182,35 @@ async fn serve_once(
             }
         }
     }
+}
+
+/// The most queued job events taken at once.
+const EVENTS_AT_ONCE: usize = 256;
+
+/// `events` less each start whose attempt's end is among them: gpoold
+/// learns nothing from the start of an attempt it hears has ended (a
+/// start only tells it to kill a stale attempt, which the end says is
+/// gone), and a short job's two messages become one.
+fn without_starts_of_ended(events: Vec<pb::JobEvent>) -> Vec<pb::JobEvent> {
+    use pb::job_event::Outcome;
+    let is_start = |event: &pb::JobEvent| matches!(event.outcome, Some(Outcome::Started(_)));
+    let ended: std::collections::HashSet<(u64, u64)> = events
+        .iter()
+        .filter(|event| {
+            matches!(
+                event.outcome,
+                Some(Outcome::ExitCode(_) | Outcome::Signal(_) | Outcome::FailedToStart(_))
+            )
+        })
+        .map(|event| (event.job_id, event.epoch))
+        .collect();
+    if ended.is_empty() {
+        return events;
+    }
+    events
+        .into_iter()
+        .filter(|event| !is_start(event) || !ended.contains(&(event.job_id, event.epoch)))
+        .collect()
 }
 
 /// The highest controller term this agent has seen (`[ha]`; 0: none),
@@ -371,5 +411,46 @@ fn obey(
         Some(pb::controller_message::Msg::StopLog(stop)) => attempts.stop_log(stop.request_id),
         Some(pb::controller_message::Msg::Input(input)) => attempts.type_in(input),
         Some(pb::controller_message::Msg::Lease(_)) | None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::job_event::Outcome;
+
+    fn event(job_id: u64, epoch: u64, outcome: Outcome) -> pb::JobEvent {
+        pb::JobEvent {
+            job_id,
+            epoch,
+            outcome: Some(outcome),
+            cause: 0,
+        }
+    }
+
+    /// A start goes out unless its attempt's end goes with it; the ends,
+    /// and other attempts' starts, go out as they came.
+    #[test]
+    fn a_start_is_left_out_only_beside_its_attempts_end() {
+        let events = vec![
+            event(1, 1, Outcome::Started(true)),
+            event(2, 2, Outcome::Started(true)),
+            event(1, 1, Outcome::ExitCode(0)),
+            event(3, 3, Outcome::Started(true)),
+            event(3, 4, Outcome::FailedToStart("no such file".into())),
+        ];
+        let sent: Vec<(u64, u64, Option<Outcome>)> = without_starts_of_ended(events)
+            .into_iter()
+            .map(|event| (event.job_id, event.epoch, event.outcome))
+            .collect();
+        assert_eq!(
+            sent,
+            vec![
+                (2, 2, Some(Outcome::Started(true))),
+                (1, 1, Some(Outcome::ExitCode(0))),
+                (3, 3, Some(Outcome::Started(true))),
+                (3, 4, Some(Outcome::FailedToStart("no such file".into()))),
+            ]
+        );
     }
 }
