@@ -155,24 +155,7 @@ async fn serve_once(
                     message => obey(message, (attempts, orders), &bulk, &info.health),
                 }
             }
-            Some(event) = events.recv() => {
-                let mut queued = vec![event];
-                while queued.len() < EVENTS_AT_ONCE {
-                    match events.try_recv() {
-                        Ok(event) => queued.push(event),
-                        Err(_) => break,
-                    }
-                }
-                let mut queued = without_starts_of_ended(queued).into_iter();
-                while let Some(event) = queued.next() {
-                    let message = pb::AgentMessage { msg: Some(pb::agent_message::Msg::JobEvent(event.clone())) };
-                    if control.send(message).await.is_err() {
-                        undelivered.push(event);
-                        undelivered.extend(queued);
-                        return Err("link closed while sending a job event".into());
-                    }
-                }
-            }
+            Some(event) = events.recv() => send_events(&control, event, events, undelivered).await?,
             _ = heartbeat.tick() => {
                 if lease_until.is_some_and(|until| crate::supervise::boot_ms() > until) {
                     return Err("gpoold has not answered for longer than the lease; requeueable attempts are stopped".into());
@@ -182,6 +165,36 @@ async fn serve_once(
             }
         }
     }
+}
+
+/// Sends `first` and the job events queued behind it (less the starts of
+/// attempts whose ends go with them); what the link did not take waits
+/// in `undelivered`.
+async fn send_events(
+    control: &mpsc::Sender<pb::AgentMessage>,
+    first: pb::JobEvent,
+    events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
+    undelivered: &mut Vec<pb::JobEvent>,
+) -> Result<(), String> {
+    let mut queued = vec![first];
+    while queued.len() < EVENTS_AT_ONCE {
+        match events.try_recv() {
+            Ok(event) => queued.push(event),
+            Err(_) => break,
+        }
+    }
+    let mut queued = without_starts_of_ended(queued).into_iter();
+    while let Some(event) = queued.next() {
+        let message = pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::JobEvent(event.clone())),
+        };
+        if control.send(message).await.is_err() {
+            undelivered.push(event);
+            undelivered.extend(queued);
+            return Err("link closed while sending a job event".into());
+        }
+    }
+    Ok(())
 }
 
 /// The most queued job events taken at once.
