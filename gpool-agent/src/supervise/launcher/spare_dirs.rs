@@ -142,14 +142,19 @@ mod tests {
         request
     }
 
+    /// A temp dir's `checkpoints`, and no spares yet.
+    fn checkpoints() -> (tempfile::TempDir, PathBuf, SpareDirs) {
+        let root = tempfile::tempdir().unwrap();
+        let checkpoints = root.path().join("checkpoints");
+        std::fs::create_dir(&checkpoints).unwrap();
+        (root, checkpoints, SpareDirs::default())
+    }
+
     /// An empty directory is set aside and becomes the next job's; one a
     /// job wrote to stays where it is, for that job's next attempt.
     #[test]
     fn an_empty_dir_is_the_next_jobs_and_a_written_one_stays() {
-        let root = tempfile::tempdir().unwrap();
-        let checkpoints = root.path().join("checkpoints");
-        std::fs::create_dir(&checkpoints).unwrap();
-        let mut spares = SpareDirs::default();
+        let (_root, checkpoints, mut spares) = checkpoints();
         let (first, second, third) = (
             request_in(&checkpoints, 1),
             request_in(&checkpoints, 2),
@@ -171,10 +176,7 @@ mod tests {
     /// A spare something wrote into after it was set aside is no job's.
     #[test]
     fn a_spare_written_to_is_given_to_no_job() {
-        let root = tempfile::tempdir().unwrap();
-        let checkpoints = root.path().join("checkpoints");
-        std::fs::create_dir(&checkpoints).unwrap();
-        let mut spares = SpareDirs::default();
+        let (_root, checkpoints, mut spares) = checkpoints();
         let (first, second) = (request_in(&checkpoints, 1), request_in(&checkpoints, 2));
         spares.place(&first);
         std::fs::create_dir(&first.checkpoint_dir).unwrap();
