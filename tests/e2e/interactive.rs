@@ -109,6 +109,17 @@ impl OnTerminal {
     }
 }
 
+/// A client still running when its test ends is killed: it would wait
+/// for its controller, long gone, for good.
+impl Drop for OnTerminal {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// The job id `gpool alloc` announced.
 fn job_id(seen: &str) -> String {
     let after = seen.split("gpool: job ").nth(1).expect("an announced job");
