@@ -30,6 +30,18 @@ pub fn window_for(
     window_gpus(nodes, running, policy, queue, n_others)
 }
 
+/// How many of one array's waiting tasks (each asking `task_gpus`) a
+/// cycle's view needs, at most `window`: no more of them start or take
+/// GPUs back in one cycle than a fleet of `fleet_gpus` holds, and the one
+/// after them is the first that waits (a backfill reservation may be for
+/// it). Tasks without GPUs are bounded by `window` alone.
+pub fn array_tasks_seen(window: usize, fleet_gpus: u64, task_gpus: u64) -> usize {
+    match task_gpus {
+        0 => window,
+        gpus => window.min(usize::try_from(fleet_gpus / gpus + 1).unwrap_or(usize::MAX)),
+    }
+}
+
 /// The plan of one cycle over `view` (made with `window_for`): every job
 /// explained where `explain` (or where nothing can act), else the starts
 /// and preemptions alone; `whole` gives the view of every waiting job for
@@ -124,6 +136,18 @@ pub fn cycle_needed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cycle sees one more of an array's tasks than the fleet could
+    /// run at once, never more than its window; GPU-less tasks fill it.
+    #[test]
+    fn an_arrays_tasks_seen_are_what_the_fleet_could_start_and_one() {
+        assert_eq!(super::array_tasks_seen(512, 32, 1), 33);
+        assert_eq!(super::array_tasks_seen(512, 32, 8), 5);
+        assert_eq!(super::array_tasks_seen(512, 4, 8), 1);
+        assert_eq!(super::array_tasks_seen(8, 32, 1), 8);
+        assert_eq!(super::array_tasks_seen(512, 32, 0), 512);
+    }
+
     use crate::ids::JobId;
     use crate::model::NodePlacement;
 

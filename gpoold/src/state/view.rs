@@ -97,17 +97,11 @@ impl State {
         // bounded however many arrays wait, and every array is seen.
         let n_ready = arrays.iter().filter(|(_, ready)| *ready).count().max(1);
         let window = (arrays::ARRAY_VIEW_BUDGET / n_ready).clamp(arrays::ARRAY_VIEW_MIN, arrays::ARRAY_VIEW_WINDOW);
-        // No more of one array's GPU tasks start or take GPUs back in one
-        // cycle than the fleet holds, and the one after them is the first
-        // that waits (which a backfill reservation may be for): more would
-        // be made and dropped again each cycle for nothing.
+        // More would be made and dropped again each cycle for nothing.
         let fleet_gpus: u64 = self.nodes.values().map(|node| node.gpus.len() as u64).sum();
         for (array, ready) in arrays {
             let tasks = pending_tasks.remove(&array.id).unwrap_or_default();
-            let window = match array.spec.total_gpus() {
-                0 => window,
-                gpus => window.min(usize::try_from(fleet_gpus / gpus + 1).unwrap_or(usize::MAX)),
-            };
+            let window = gpool_core::sched::cycle::array_tasks_seen(window, fleet_gpus, array.spec.total_gpus());
             self.array_view(array, ready, tasks, window, &mut others);
         }
         // Tasks of arrays that ended on their own terms (none, normally).
