@@ -204,6 +204,7 @@ fn sharing_running(n_nodes: usize, n_teams: u32, now: Timestamp) -> Vec<gpool_co
                 preempting: false,
                 preempted_for: None,
                 ends_at: Some(Timestamp(now.0 + (i as i64 % 24) * 3_600_000)),
+                service_before_gpu_secs: 0,
             })
         })
         .collect()
@@ -239,6 +240,8 @@ fn sharing_pending(
                 limits: Default::default(),
             }),
             user: format!("user-{}", i % 50).into(),
+            service_gpu_secs: 0,
+            waiting_since: Timestamp(now.0 - (i as i64 % 1000) * 1000),
         })
         .map(std::sync::Arc::new)
         .collect()

@@ -319,6 +319,18 @@ struct SharingFile {
     max_gpus_per_user: Option<u32>,
     max_submit_per_user: Option<u32>,
     weights: Option<WeightsFile>,
+    /// "las" (the default) or "priority".
+    order: Option<String>,
+    las: Option<LasFile>,
+}
+
+/// `[sharing.las]`: the least-attained-service queues.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LasFile {
+    thresholds_gpu_hours: Option<Vec<f64>>,
+    promote_factor: Option<f64>,
+    max_lost: Option<String>,
 }
 
 #[derive(Deserialize)]

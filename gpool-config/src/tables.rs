@@ -210,7 +210,62 @@ fn sharing_table(
     if let Some(weights) = file.weights {
         sharing.weights = weights_from_file(at, weights, sharing.weights, invalid)?;
     }
+    sharing.las = las_from_file(at, file.order.as_deref(), file.las, sharing.las.take(), invalid)?;
     Ok(())
+}
+
+/// `order` and `[sharing.las]`: LAS order within teams (tuned by the
+/// table, unset fields from `defaults` or `Las::default`), or `None`
+/// where `order = "priority"`.
+fn las_from_file(
+    at: usize,
+    order: Option<&str>,
+    table: Option<LasFile>,
+    defaults: Option<gpool_core::sched::Las>,
+    invalid: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Option<gpool_core::sched::Las>, ConfigError> {
+    match (order, &table) {
+        (Some("priority"), Some(_)) => {
+            return Err(invalid(
+                at,
+                "sharing.las: set, but sharing.order is \"priority\" (LAS order is off)".into(),
+            ))
+        }
+        (Some("priority"), None) => return Ok(None),
+        (Some("las") | None, _) => {}
+        (Some(other), _) => {
+            return Err(invalid(
+                at,
+                format!("sharing.order: {other:?} is not \"las\" or \"priority\""),
+            ))
+        }
+    }
+    let mut las = defaults.unwrap_or_default();
+    let Some(table) = table else {
+        return Ok(Some(las));
+    };
+    if let Some(hours) = table.thresholds_gpu_hours {
+        if hours.iter().any(|h| h.is_nan() || *h <= 0.0) || hours.windows(2).any(|pair| pair[0] >= pair[1]) {
+            return Err(invalid(
+                at,
+                format!("sharing.las.thresholds_gpu_hours: {hours:?} are not ascending GPU-hours above 0"),
+            ));
+        }
+        las.thresholds_gpu_secs = hours.iter().map(|h| (h * 3600.0).round() as u64).collect();
+    }
+    if let Some(factor) = table.promote_factor {
+        if factor.is_nan() || factor < 0.0 {
+            return Err(invalid(
+                at,
+                format!("sharing.las.promote_factor: {factor} is not zero or more"),
+            ));
+        }
+        las.promote_factor = factor;
+    }
+    if let Some(max_lost) = optional_duration(at, "sharing.las.max_lost", &table.max_lost, invalid)? {
+        las.max_lost_secs = max_lost;
+    }
+    Ok(Some(las))
 }
 
 /// `[sharing.weights]`: each weight zero or more, unset ones from `defaults`.

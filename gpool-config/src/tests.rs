@@ -173,6 +173,22 @@ fn sharing_errors_name_the_line_and_field() {
             "g.toml:1: sharing.default_qos: no [[qos]] is named \"gold\"",
         ),
         ("[[team]]\nname = \"a\"\ngpus = 3\n", "g.toml:5: unknown field `gpus`"),
+        (
+            "[sharing]\norder = \"sjf\"\n",
+            "g.toml:3: sharing.order: \"sjf\" is not \"las\" or \"priority\"",
+        ),
+        (
+            "[sharing]\norder = \"priority\"\n[sharing.las]\npromote_factor = 2\n",
+            "g.toml:3: sharing.las: set, but sharing.order is \"priority\"",
+        ),
+        (
+            "[sharing.las]\nthresholds_gpu_hours = [10, 1]\n",
+            "g.toml:3: sharing.las.thresholds_gpu_hours: [10.0, 1.0] are not ascending GPU-hours above 0",
+        ),
+        (
+            "[sharing.las]\nmax_lost = \"soon\"\n",
+            "g.toml:3: sharing.las.max_lost: \"soon\" is not a duration",
+        ),
     ];
     for (extra, expected) in cases {
         let err = Config::parse("g.toml", &format!("{base}{extra}"))
@@ -180,6 +196,26 @@ fn sharing_errors_name_the_line_and_field() {
             .to_string();
         assert!(err.starts_with(expected), "{extra:?} gave {err:?}");
     }
+}
+
+/// LAS order within teams is on unless `order = "priority"`, and its
+/// table tunes what it sets.
+#[test]
+fn sharing_order_is_las_unless_priority_is_asked() {
+    let base = "listen = \"127.0.0.1:1\"\nstate_dir = \"/x\"\n";
+    let las = |extra: &str| {
+        Config::parse("g.toml", &format!("{base}{extra}"))
+            .unwrap()
+            .policy
+            .sharing
+            .las
+    };
+    assert_eq!(las(""), Some(gpool_core::sched::Las::default()));
+    assert_eq!(las("[sharing]\norder = \"priority\"\n"), None);
+    let tuned = las("[sharing.las]\nthresholds_gpu_hours = [0.5, 8]\nmax_lost = \"2m\"\n").unwrap();
+    assert_eq!(tuned.thresholds_gpu_secs, vec![1800, 28_800]);
+    assert_eq!(tuned.max_lost_secs, 120);
+    assert_eq!(tuned.promote_factor, gpool_core::sched::Las::default().promote_factor);
 }
 
 #[test]

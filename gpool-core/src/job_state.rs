@@ -425,9 +425,18 @@ impl Job {
             return Ok(());
         }
         let mut next = self.state.apply(event)?;
-        if let (JobState::Running { started_at, .. }, JobState::Pending, Some(now)) = (&self.state, &next, event.now())
+        if let (
+            JobState::Running {
+                started_at, placement, ..
+            },
+            JobState::Pending,
+            Some(now),
+        ) = (&self.state, &next, event.now())
         {
             let ran_ms = (now.0 - started_at.0).max(0) as u64;
+            let gpus: u64 = placement.iter().map(|part| part.gpu_indices.len() as u64).sum();
+            self.service_gpu_secs = self.service_gpu_secs.saturating_add(ran_ms / 1000 * gpus);
+            self.requeued_at = Some(now);
             match self.time_left_secs() {
                 // Its limit ran out before it was lost or taken back: it
                 // would have been ended for it, so it ends so, and is not

@@ -387,6 +387,13 @@ pub struct Job {
     /// (`Job::time_left_secs`).
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub used_secs: u64,
+    /// GPU-seconds its ended attempts held their GPUs: its attained
+    /// service, which orders a team's jobs under LAS (`sched::Las`).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub service_gpu_secs: u64,
+    /// When its latest attempt ended and it went back to the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeued_at: Option<Timestamp>,
     /// Attempts given up for lost (their node went silent) that may still
     /// report how they ended; newest last, at most `MAX_LOST_ATTEMPTS`.
     #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
@@ -504,6 +511,8 @@ impl Job {
             requeue_cause: None,
             lost_gpu_secs: 0,
             used_secs: 0,
+            service_gpu_secs: 0,
+            requeued_at: None,
             lost_attempts: ThinVec::new(),
             held,
             array: None,

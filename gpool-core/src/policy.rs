@@ -336,6 +336,9 @@ pub struct Sharing {
     pub max_user_priority: i32,
     /// Caps on each user's jobs across the pool.
     pub user_limits: UserLimits,
+    /// Least-attained-service order within each team (`order = "las"`,
+    /// the default); `None`: the priority order alone.
+    pub las: Option<crate::sched::Las>,
 }
 
 impl Default for Sharing {
@@ -352,6 +355,7 @@ impl Default for Sharing {
             max_grace_secs: 3600,
             max_user_priority: 100,
             user_limits: UserLimits::default(),
+            las: Some(crate::sched::Las::default()),
         }
     }
 }

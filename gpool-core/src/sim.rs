@@ -129,6 +129,7 @@ fn fifo_weights() -> Weights {
 pub fn fifo(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> Setup {
     let mut policy = Policy::default();
     policy.sharing.weights = fifo_weights();
+    policy.sharing.las = None;
     Setup {
         power: Vec::new(),
         name: "fifo".into(),
@@ -140,9 +141,10 @@ pub fn fifo(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> Setup {
 }
 
 /// gpool's sharing with the given teams' guarantees, as a site would start
-/// with: shares in proportion to the guarantees, burst work preemptible
-/// after 10 minutes with a 2-minute grace, and at most 2% of the GPUs'
-/// time per hour thrown away by preemption.
+/// with: shares in proportion to the guarantees, least-attained-service
+/// order within each team (`Las::default`), burst work preemptible after
+/// 10 minutes with a 2-minute grace, and at most 2% of the GPUs' time per
+/// hour thrown away by preemption.
 pub fn sharing_policy(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> Policy {
     Policy {
         sharing: Sharing {
@@ -228,6 +230,7 @@ pub fn dedicated(cluster: &Cluster, guarantees: &BTreeMap<String, u32>, scale: f
         ..Policy::default()
     };
     policy.sharing.weights = fifo_weights();
+    policy.sharing.las = None;
     Setup {
         power: Vec::new(),
         name: "dedicated".into(),

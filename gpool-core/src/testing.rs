@@ -45,6 +45,16 @@ pub fn cluster_view_with(nodes: &str, running: &str, jobs: &str) -> ClusterView 
     view
 }
 
+/// One running job of the fixture syntax (`r1 on=n1:0,1 team=a ...`).
+pub fn running_job(line: &str) -> RunningJob {
+    parse_running_job(line)
+}
+
+/// One waiting job of the fixture syntax (`j1 gpus=4 team=a ...`).
+pub fn pending_job(line: &str) -> PendingJob {
+    parse_pending_job(line)
+}
+
 fn parse_running_job(line: &str) -> RunningJob {
     let mut tokens = line.split_whitespace();
     let id = tokens
@@ -66,6 +76,7 @@ fn parse_running_job(line: &str) -> RunningJob {
         preempting: false,
         preempted_for: None,
         ends_at: None,
+        service_before_gpu_secs: 0,
     };
     for token in tokens {
         match token.split_once('=') {
@@ -81,6 +92,7 @@ fn parse_running_job(line: &str) -> RunningJob {
             Some(("pool", value)) => job.pool = value.into(),
             Some(("type", value)) => job.gpu_types = value.split(',').map(GpuModel::new).collect(),
             Some(("start", value)) => job.started_at = Timestamp(value.parse::<i64>().expect("start") * 1000),
+            Some(("service", value)) => job.service_before_gpu_secs = value.parse().expect("service (GPU-seconds)"),
             Some(("ends", value)) => job.ends_at = Some(Timestamp(value.parse::<i64>().expect("ends") * 1000)),
             Some(("ckpt", value)) => {
                 job.last_checkpoint_at = Some(Timestamp(value.parse::<i64>().expect("ckpt") * 1000))
@@ -235,6 +247,7 @@ fn parse_pending_job(line: &str) -> PendingJob {
     let mut job = one_gpu_shape("default");
     let mut submitted_at = Timestamp(0);
     let mut user = compact_str::CompactString::from("user");
+    let (mut service_gpu_secs, mut waiting_since) = (0, None);
     for token in tokens {
         let (key, value) = token.split_once('=').expect("job fixture token is key=value");
         match key {
@@ -248,6 +261,8 @@ fn parse_pending_job(line: &str) -> PendingJob {
             "qos" => job.qos = value.into(),
             "time" => job.time_limit_secs = Some(value.parse().expect("time (seconds)")),
             "at" => submitted_at = Timestamp(value.parse::<i64>().expect("at") * 1000),
+            "service" => service_gpu_secs = value.parse().expect("service (GPU-seconds)"),
+            "since" => waiting_since = Some(Timestamp(value.parse::<i64>().expect("since") * 1000)),
             "exclusive" => job.exclusive = value == "yes",
             "cpus" => {
                 job.host.get_or_insert_with(Default::default).cpus = value.parse().expect("cpus (per node)");
@@ -276,6 +291,8 @@ fn parse_pending_job(line: &str) -> PendingJob {
         submitted_at,
         shape: std::sync::Arc::new(job),
         user,
+        service_gpu_secs,
+        waiting_since: waiting_since.unwrap_or(submitted_at),
     }
 }
 
@@ -369,6 +386,8 @@ pub fn job_builder(id: JobId) -> JobBuilder {
             requeue_cause: None,
             lost_gpu_secs: 0,
             used_secs: 0,
+            service_gpu_secs: 0,
+            requeued_at: None,
             lost_attempts: ThinVec::new(),
             held: false,
             array: None,

@@ -72,7 +72,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
                 *view
             }
         };
-        let acts = could_act(&view.nodes, &view.running, &policy);
+        let acts = could_act(&view.nodes, &view.running, &policy, now);
         last = Some(LastCycle {
             generation,
             could_act: acts,

@@ -324,6 +324,8 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
         burst,
         n_preemptions: job.n_preemptions,
         lost_gpu_secs: job.lost_gpu_secs,
+        service_gpu_secs: job.service_gpu_secs,
+        las_queue: None,
         requeue_cause: job
             .requeue_cause
             .map_or_else(String::new, |cause| cause.as_str().to_string()),

@@ -18,6 +18,7 @@ mod health;
 mod history;
 mod interactive;
 mod jobs;
+mod las;
 mod metrics;
 mod notify;
 mod nvml;

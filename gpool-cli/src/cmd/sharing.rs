@@ -23,6 +23,8 @@ pub async fn why(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
             "estimated_start": job.estimated_start_ms.map(output::rfc3339),
             "burst": job.burst,
             "end_reason": job.end_reason,
+            "service_gpu_secs": job.service_gpu_secs,
+            "las_queue": job.las_queue,
         }));
         return Ok(());
     }
@@ -35,6 +37,7 @@ pub async fn why(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
             if let Some(priority) = &job.priority {
                 outln!("  priority {}", output::priority_text(priority));
             }
+            outln!("  {}", service_line(&job));
             match job.estimated_start_ms {
                 Some(at) => outln!(
                     "  expected to start at {} (GPUs reserved for it) if running jobs end by their time limits",
@@ -50,11 +53,24 @@ pub async fn why(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
                 "guaranteed"
             };
             outln!("job {id} is running {class}");
+            outln!("  {}", service_line(&job));
         }
         _ if job.end_reason.is_empty() => outln!("job {id} is {state}"),
         _ => outln!("job {id} is {state}: {}", job.end_reason),
     }
     Ok(())
+}
+
+/// Its attained service, and its least-attained-service queue where the
+/// pool orders by it.
+fn service_line(job: &pb::Job) -> String {
+    let hours = job.service_gpu_secs as f64 / 3600.0;
+    match job.las_queue {
+        Some(queue) => {
+            format!("service {hours:.2} GPU-hours: LAS queue {queue} of its team (0 is the least served, tried first)")
+        }
+        None => format!("service {hours:.2} GPU-hours (the pool orders by priority alone)"),
+    }
 }
 
 pub async fn usage(ctx: &Ctx, team: Option<String>) -> Result<(), CliError> {

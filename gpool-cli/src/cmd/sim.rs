@@ -40,7 +40,9 @@ pub struct SimArgs {
     policy: Option<PathBuf>,
     /// Policies to compare: dedicated (each team on GPUs of its own, as
     /// many as its guarantee), fifo (one pool, first come first served,
-    /// with backfill), gpool, and further gpoold.toml files.
+    /// with backfill), gpool, gpool-priority (gpool's policy without its
+    /// least-attained-service order within teams), and further gpoold.toml
+    /// files.
     #[arg(long, value_delimiter = ',', default_value = "dedicated,fifo,gpool")]
     compare: Vec<String>,
     /// Jobs with no checkpoint period of their own write one this often (a
@@ -361,6 +363,11 @@ fn setups(
             "dedicated" => sim::dedicated(cluster, guarantees, 1.0),
             "fifo" => sim::fifo(cluster, guarantees),
             "gpool" => sim::pooled("gpool", cluster, gpool_policy.clone(), guarantees),
+            "gpool-priority" => {
+                let mut policy = gpool_policy.clone();
+                policy.sharing.las = None;
+                sim::pooled("gpool-priority", cluster, policy, guarantees)
+            }
             file if file.ends_with(".toml") => {
                 let (policy, _) = load_policy(Path::new(file))?;
                 let label = Path::new(file)
@@ -370,7 +377,7 @@ fn setups(
             }
             other => {
                 return Err(CliError::Usage(format!(
-                    "--compare: {other:?} is not dedicated, fifo, gpool or a gpoold.toml file"
+                    "--compare: {other:?} is not dedicated, fifo, gpool, gpool-priority or a gpoold.toml file"
                 )))
             }
         });

@@ -19,15 +19,15 @@ use crate::ids::Timestamp;
 pub fn window_for(
     nodes: &[NodeView],
     running: &[RunningJob],
-    policy: &Policy,
+    (policy, now): (&Policy, Timestamp),
     queue: &Queue,
     n_others: usize,
     explain: bool,
 ) -> Option<u64> {
-    if explain || !could_act(nodes, running, policy) {
+    if explain || !could_act(nodes, running, policy, now) {
         return None;
     }
-    window_gpus(nodes, running, policy, queue, n_others)
+    window_gpus(nodes, running, (policy, now), queue, n_others)
 }
 
 /// How many of one array's waiting tasks (each asking `task_gpus`) a
@@ -53,7 +53,7 @@ pub fn plan(
     explain: bool,
     whole: &mut dyn FnMut() -> ClusterView,
 ) -> Plan {
-    let acts = could_act(&view.nodes, &view.running, policy);
+    let acts = could_act(&view.nodes, &view.running, policy, now);
     let plan = if view.windowed || (!explain && acts) {
         schedule_starts(view, policy, now)
     } else {
@@ -61,18 +61,18 @@ pub fn plan(
     };
     if plan.needs_whole {
         let whole = whole();
-        return checked(&whole, policy, schedule(&whole, policy, now));
+        return checked(&whole, policy, now, schedule(&whole, policy, now));
     }
-    checked(view, policy, plan)
+    checked(view, policy, now, plan)
 }
 
 /// `plan` with the first invariant it breaks against the view it was made
 /// of (`Plan::broken`). A plan that starts, preempts and rescinds nothing
 /// breaks nothing, so only those that act are checked, in every build.
-fn checked(view: &ClusterView, policy: &Policy, mut plan: Plan) -> Plan {
+fn checked(view: &ClusterView, policy: &Policy, now: Timestamp, mut plan: Plan) -> Plan {
     let acts = !plan.starts.is_empty() || !plan.preemptions.is_empty() || !plan.rescinds.is_empty();
     if acts {
-        plan.broken = super::invariants::check(view, policy, &plan).err();
+        plan.broken = super::invariants::check(view, policy, now, &plan).err();
     }
     plan
 }
@@ -165,7 +165,7 @@ mod tests {
             gpu_indices: vec![0],
         }];
         bad.broken = None;
-        let bad = checked(&view, &policy, bad);
+        let bad = checked(&view, &policy, Timestamp(0), bad);
         assert_eq!(bad.starts[0].job, JobId(2));
         assert_eq!(bad.broken.as_deref(), Some("j2 starts on n1[0], which is not free"));
     }

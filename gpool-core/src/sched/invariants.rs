@@ -18,7 +18,7 @@
 //!   plan waits on its GPUs.
 
 use super::{Availability, ClusterView, FastHash, PendingJob, Plan, Policy};
-use crate::ids::JobId;
+use crate::ids::{JobId, Timestamp};
 use std::collections::{HashMap, HashSet};
 
 /// Waiting jobs by id: those the checks look up (a plan's claimants, and
@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 type Jobs<'v> = HashMap<JobId, &'v PendingJob, FastHash>;
 
 /// The first broken invariant of `plan`, in words; `Ok` if none is.
-pub fn check(view: &ClusterView, policy: &Policy, plan: &Plan) -> Result<(), String> {
+pub fn check(view: &ClusterView, policy: &Policy, now: Timestamp, plan: &Plan) -> Result<(), String> {
     let named: HashSet<JobId, FastHash> = view
         .running
         .iter()
@@ -51,7 +51,7 @@ pub fn check(view: &ClusterView, policy: &Policy, plan: &Plan) -> Result<(), Str
         .map(|(id, job)| (*id, *job))
         .collect();
     check_starts(view, plan, &owning)?;
-    check_victims(view, policy, plan, &pending, &owning)?;
+    check_victims(view, (policy, now), plan, &pending, &owning)?;
     check_rescinds(view, plan, &owning)
 }
 
@@ -136,7 +136,7 @@ fn check_starts(view: &ClusterView, plan: &Plan, pending: &Jobs) -> Result<(), S
 
 fn check_victims(
     view: &ClusterView,
-    policy: &Policy,
+    (policy, now): (&Policy, Timestamp),
     plan: &Plan,
     pending: &Jobs,
     owning: &Jobs,
@@ -165,7 +165,7 @@ fn check_victims(
         if starting.contains(&for_id) {
             return Err(format!("j{victim_id} is preempted for j{for_id}, which starts now"));
         }
-        may_take(policy, victim, job)?;
+        may_take((policy, now), victim, job)?;
         *waits_on.entry(for_id).or_default() += 1;
     }
     for (job_id, n_victims) in waits_on {
@@ -178,10 +178,14 @@ fn check_victims(
 }
 
 /// `job` may take `victim` back: burst work it does not rank below, or a
-/// lower class where its QoS preempts them; never its own team's twin.
-fn may_take(policy: &Policy, victim: &super::RunningJob, job: &PendingJob) -> Result<(), String> {
+/// lower class where its QoS preempts them, never its own team's twin;
+/// or, under LAS order, its own team's work of a later queue.
+fn may_take((policy, now): (&Policy, Timestamp), victim: &super::RunningJob, job: &PendingJob) -> Result<(), String> {
     let sharing = &policy.sharing;
     let (victim_id, for_id) = (victim.id, job.id);
+    if sharing.las.as_ref().is_some_and(|las| las.takes_back(victim, job, now)) {
+        return Ok(());
+    }
     let qos_of = |name: &str| sharing.qos(name).map_or(0, |qos| qos.priority);
     let lower = qos_of(&victim.qos) < qos_of(&job.shape.qos);
     let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);

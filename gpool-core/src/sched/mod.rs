@@ -19,6 +19,8 @@ pub mod estimate;
 pub mod gates;
 mod index;
 pub mod invariants;
+pub mod las;
+pub use las::Las;
 mod lent;
 pub mod limits;
 mod narrowing;
@@ -95,6 +97,8 @@ pub struct RunningJob {
     pub preempted_for: Option<JobId>,
     /// When its time limit runs out; `None` if it has none.
     pub ends_at: Option<Timestamp>,
+    /// GPU-seconds its earlier attempts used (`las`).
+    pub service_before_gpu_secs: u64,
 }
 
 impl RunningJob {
@@ -125,6 +129,7 @@ impl RunningJob {
                 .shape
                 .time_limit_secs
                 .map(|secs| Timestamp(at.0.saturating_add(secs as i64 * 1000))),
+            service_before_gpu_secs: job.service_gpu_secs,
         }
     }
 
@@ -147,11 +152,20 @@ impl RunningJob {
             preempting: true,
             preempted_for: Some(for_job),
             ends_at: None,
+            service_before_gpu_secs: 0,
         }
     }
 
     pub fn gpus(&self) -> u64 {
         self.placement.iter().map(|p| p.gpu_indices.len() as u64).sum()
+    }
+
+    /// GPU-seconds it has used by `now`: its earlier attempts' and this
+    /// one's so far.
+    pub fn service_now(&self, now: Timestamp) -> u64 {
+        let ran_secs = ((now.0 - self.started_at.0).max(0) / 1000) as u64;
+        self.service_before_gpu_secs
+            .saturating_add(ran_secs.saturating_mul(self.gpus()))
     }
 
     /// GPU-seconds a preemption now would throw away: since the last
@@ -173,6 +187,10 @@ pub struct PendingJob {
     /// Who submitted it (per-user caps count by it). Not part of its
     /// shape: a queue of many users' alike jobs stays one shape.
     pub user: CompactString,
+    /// GPU-seconds its earlier attempts used (`las`), and since when it
+    /// waits: its last attempt's end, else its submit.
+    pub service_gpu_secs: u64,
+    pub waiting_since: Timestamp,
 }
 
 /// What a pending job asks for. Jobs of one shape differ to a cycle in age
@@ -328,16 +346,21 @@ impl Policy {
     }
 }
 
-/// Whether a cycle over `nodes` and `running` could start or preempt
-/// anything, whatever waits: some GPU is free on a node that takes work,
-/// or some running job could be a victim (burst work; any job, where a QoS
-/// preempts lower classes). Where it could not, a cycle would only restate
-/// why jobs wait, at a cost that grows with the queue.
-pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy) -> bool {
+/// Whether a cycle over `nodes` and `running` at `now` could start or
+/// preempt anything, whatever waits: some GPU is free on a node that takes
+/// work, or some running job could be a victim (burst work; any job, where
+/// a QoS preempts lower classes; under LAS order, a job near its last
+/// checkpoint, `Las::may_lose`). Where it could not, a cycle would only
+/// restate why jobs wait, at a cost that grows with the queue.
+pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy, now: Timestamp) -> bool {
     let free = nodes
         .iter()
         .any(|node| node.availability == Availability::Up && node.gpus.iter().any(|gpu| !gpu.busy));
-    free || running.iter().any(|job| job.burst) || policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
+    let las = policy.sharing.las.as_ref();
+    free || running
+        .iter()
+        .any(|job| job.burst || las.is_some_and(|las| las.may_lose(job, now)))
+        || policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
 }
 
 /// Decides which pending jobs start now and where, and which running jobs
@@ -453,6 +476,8 @@ pub(super) type FastHash = foldhash::fast::RandomState;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod las_tests;
 #[cfg(test)]
 mod sharing_tests;
 

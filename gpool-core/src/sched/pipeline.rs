@@ -4,7 +4,7 @@
 //! it waits), and finish the plan.
 
 use super::index::FreeIndex;
-use super::teams::{burst_reason, charge_running, classify, entitled, order, Class, Cover, TeamRow};
+use super::teams::{burst_reason, charge_running, classify, entitled, las_takes_back, order, Class, Cover, TeamRow};
 use super::{
     backfill, lent, limits, preempt, ClusterView, FastHash, HostAsk, PendingJob, Plan, Policy, Reasons, Reject, Start,
 };
@@ -25,7 +25,9 @@ pub(super) fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, exp
     }
     let (order, priorities) = order(view, policy, now, (&classes, &job_class), &teams);
     let claimants = preempt::claimants(view);
-    let entitled = entitled(&claimants, &order);
+    let entitled = entitled(&claimants, &order, |job, class| {
+        las_takes_back(&policy.sharing, &teams.rows[class.team], job, now)
+    });
     let mut cycle = Cycle::new(view, policy, (now, explain_all), &fair, &entitled);
     cycle.plan.priorities = priorities;
     cycle.plan.released_claims = order
@@ -120,6 +122,8 @@ struct ShapeKey<'v> {
     nodes: u32,
     covered: bool,
     goes_around: bool,
+    /// It may take back its team's jobs of later LAS queues.
+    takes_back: bool,
 }
 
 /// One job as the cycle tries it: its size and standing now.
@@ -256,14 +260,13 @@ impl<'v> Cycle<'v> {
                 qos.name.as_str(),
             )
         });
-        let kept: u64 = reserves
+        let asked: u64 = reserves
             .clone()
             .filter(|(priority, _, _)| *priority > qos_priority || !covered)
             .map(|(_, n, _)| n)
             .sum();
         // The pool's size matters only where something is kept (most
         // pools, most cycles: nothing).
-        let asked = kept;
         let pool_gpus = if asked > 0 {
             self.index.pool_gpus(job, self.policy)
         } else {
@@ -283,7 +286,8 @@ impl<'v> Cycle<'v> {
             pool_free_now: self.index.pool_free(job, self.policy),
             kept,
         });
-        let may_preempt = covered || class.preempt_lower;
+        let takes_back = las_takes_back(&self.policy.sharing, row, job, self.now);
+        let may_preempt = covered || class.preempt_lower || takes_back;
         let ends_at = job
             .shape
             .time_limit_secs
@@ -302,6 +306,7 @@ impl<'v> Cycle<'v> {
             nodes: job.shape.nodes,
             covered,
             goes_around,
+            takes_back,
         };
         let attempt = Attempt {
             job,

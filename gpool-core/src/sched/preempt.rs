@@ -69,7 +69,8 @@ pub(super) struct Reclaimer<'v> {
     n_reclaims: usize,
     n_failed: usize,
     /// Some running job is being preempted, or may become a victim: burst
-    /// work, or any job where a QoS preempts lower classes.
+    /// work, any job where a QoS preempts lower classes, or under LAS
+    /// order one near its checkpoint.
     victims_possible: bool,
     /// Running jobs in the order victims are taken: furthest over its fair
     /// share (lowest factor) first, then least lost work, then id.
@@ -109,7 +110,9 @@ impl<'v> Reclaimer<'v> {
             n_reclaims: 0,
             n_failed: 0,
             victims_possible: policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
-                || view.running.iter().any(|r| r.preempting || r.burst)
+                || view.running.iter().any(|r| {
+                    r.preempting || r.burst || policy.sharing.las.as_ref().is_some_and(|las| las.may_lose(r, now))
+                })
                 || !view.promised.is_empty(),
             by_cost: {
                 let mut keyed: Vec<(f64, f64, &RunningJob)> = view

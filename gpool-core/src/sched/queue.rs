@@ -33,14 +33,18 @@ type ByAge = BTreeMap<(Timestamp, JobId), Arc<PendingJob>>;
 pub struct Queue {
     shapes: BTreeMap<Arc<JobShape>, ByAge>,
     len: usize,
+    /// Jobs that ran before (`PendingJob::service_gpu_secs` > 0).
+    served: usize,
 }
 
 impl Queue {
     pub fn insert(&mut self, job: Arc<PendingJob>) {
         let key = (job.submitted_at, job.id);
         let jobs = self.shapes.entry(job.shape.clone()).or_default();
+        let served = job.service_gpu_secs > 0;
         if jobs.insert(key, job).is_none() {
             self.len += 1;
+            self.served += usize::from(served);
         }
     }
 
@@ -50,12 +54,15 @@ impl Queue {
         let Some(jobs) = self.shapes.get_mut(&job.shape) else {
             return false;
         };
-        let removed = jobs.remove(&(job.submitted_at, job.id)).is_some();
+        let removed = jobs.remove(&(job.submitted_at, job.id));
         if jobs.is_empty() {
             self.shapes.remove(&job.shape);
         }
-        self.len -= usize::from(removed);
-        removed
+        if let Some(removed) = &removed {
+            self.len -= 1;
+            self.served -= usize::from(removed.service_gpu_secs > 0);
+        }
+        removed.is_some()
     }
 
     /// The shape equal to `shape` that jobs here share, if any: a job of
@@ -108,7 +115,11 @@ impl Queue {
 /// - a QoS keeps GPUs free and jobs may be preempted (a reclaim must leave
 ///   what is kept, which depends on what the job's pool has free);
 /// - the age weight is negative (older jobs would come last);
-/// - per-user caps on running jobs or GPUs are set.
+/// - per-user caps on running jobs or GPUs are set;
+/// - under LAS order (`Las`), a job that ran before waits: a team's fresh
+///   jobs go first, and a served one may be promoted, which the window's
+///   oldest-first cut does not follow. (A running job near its checkpoint
+///   may be a victim then, `Las::may_lose`.)
 ///
 /// Without victims, a window where a QoS keeps GPUs free gives the whole
 /// queue's starts unless a job that would have taken kept GPUs no longer
@@ -121,11 +132,15 @@ impl Queue {
 pub fn window_gpus(
     nodes: &[NodeView],
     running: &[RunningJob],
-    policy: &Policy,
+    (policy, now): (&Policy, Timestamp),
     queue: &Queue,
     n_others: usize,
 ) -> Option<u64> {
     let sharing = &policy.sharing;
+    let las = sharing.las.as_ref();
+    if las.is_some() && queue.served > 0 {
+        return None;
+    }
     if sharing.weights.age.is_nan() || sharing.weights.age < 0.0 {
         return None;
     }
@@ -134,8 +149,10 @@ pub fn window_gpus(
     if sharing.has_running_caps() {
         return None;
     }
-    let victims =
-        sharing.qos.iter().any(|qos| qos.preempt_lower) || running.iter().any(|job| job.burst || job.preempting);
+    let victims = sharing.qos.iter().any(|qos| qos.preempt_lower)
+        || running
+            .iter()
+            .any(|job| job.burst || job.preempting || las.is_some_and(|las| las.may_lose(job, now)));
     let reserves = sharing.qos.iter().any(|qos| qos.reserves_any());
     let failed_tries = 4 * queue.shapes.len() + n_others;
     if victims && (reserves || failed_tries >= super::preempt::MAX_FAILED_RECLAIMS_PER_CYCLE) {

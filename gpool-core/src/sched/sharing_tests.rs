@@ -277,6 +277,8 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 submitted_at: now,
                 shape: std::sync::Arc::new(crate::testing::one_gpu_shape(team)),
                 user: "user".into(),
+                service_gpu_secs: 0,
+                waiting_since: now,
             })
             .map(std::sync::Arc::new)
             .collect();
@@ -313,6 +315,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 preempting: false,
                 preempted_for: None,
                 ends_at: None,
+                service_before_gpu_secs: 0,
             });
         }
     }
@@ -355,6 +358,11 @@ fn running_fixture(running: &[(usize, bool, u8, u32, i64)], n_nodes: usize, ends
         if ends && flags % 2 == 0 {
             line += &format!(" ends={}", NOW.0 / 1000 + 100 * i64::from(*flags));
         }
+        // Near its checkpoint: under LAS order, its team's less served
+        // jobs may take it back.
+        if flags % 5 == 1 {
+            line += &format!(" ckpt={}", NOW.0 / 1000 - 60);
+        }
         lines.push(line);
     }
     lines
@@ -374,7 +382,14 @@ fn arb_sharing_view() -> impl Strategy<Value = ClusterView> {
             .iter()
             .enumerate()
             .map(|(i, (team, q, gpus, n))| {
-                format!("j{} team={} qos={} gpus={gpus} nodes={n}", i + 1, teams[*team], qos[*q])
+                // Every third ran before (LAS queues 0 to 2).
+                let service = if i % 3 == 2 { (i as u64 % 4) * 15_000 } else { 0 };
+                format!(
+                    "j{} team={} qos={} gpus={gpus} nodes={n} service={service}",
+                    i + 1,
+                    teams[*team],
+                    qos[*q]
+                )
             })
             .collect();
         cluster_view_with(&nodes.join("\n"), &running_lines.join("\n"), &jobs.join("\n"))
@@ -385,13 +400,15 @@ proptest! {
     /// Where `could_act` says a cycle could do nothing, `schedule` starts
     /// and preempts nothing, under either policy (with and without a QoS
     /// that preempts lower classes); and the same pool made full, with no
-    /// burst work and no preempting QoS, is always such a case.
+    /// burst work, no preempting QoS and no LAS order, is always such a
+    /// case.
     #[test]
     fn a_cycle_that_could_not_act_does_nothing(view in arb_sharing_view()) {
         let mut no_preempting_qos = policy();
         no_preempting_qos.sharing.qos.iter_mut().for_each(|qos| qos.preempt_lower = false);
+        no_preempting_qos.sharing.las = None;
         for policy in [&policy(), &no_preempting_qos] {
-            if !could_act(&view.nodes, &view.running, policy) {
+            if !could_act(&view.nodes, &view.running, policy, NOW) {
                 let plan = schedule(&view, policy, NOW);
                 prop_assert!(plan.starts.is_empty() && plan.preemptions.is_empty(), "{}", plan);
             }
@@ -399,7 +416,7 @@ proptest! {
         let mut full = view.clone();
         full.nodes.iter_mut().flat_map(|node| node.gpus.iter_mut()).for_each(|gpu| gpu.busy = true);
         full.running.iter_mut().for_each(|job| job.burst = false);
-        prop_assert!(!could_act(&full.nodes, &full.running, &no_preempting_qos));
+        prop_assert!(!could_act(&full.nodes, &full.running, &no_preempting_qos, NOW));
         let plan = schedule(&full, &no_preempting_qos, NOW);
         prop_assert!(plan.starts.is_empty() && plan.preemptions.is_empty(), "{}", plan);
     }
@@ -426,8 +443,9 @@ proptest! {
         }
     }
 
-    /// Every preemption is allowed (burst victim of a guaranteed job, or a
-    /// lower class under a preempting one; old enough; not already ending),
+    /// Every preemption is allowed (burst victim of a guaranteed job, a
+    /// lower class under a preempting one, or its own team's more served
+    /// job under LAS order; old enough; not already ending),
     /// and once the victims (and the jobs being preempted) are gone, the job
     /// it was for starts.
     #[test]
@@ -443,7 +461,8 @@ proptest! {
             let job = view.pending.iter().find(|j| j.id == preemption.for_job).unwrap();
             let victim_qos = policy.sharing.qos(&victim.qos).unwrap();
             let job_qos = policy.sharing.qos(&job.shape.qos).unwrap();
-            prop_assert!(victim.burst || (job_qos.preempt_lower && victim_qos.priority < job_qos.priority));
+            let las = policy.sharing.las.as_ref().is_some_and(|las| las.takes_back(victim, job, NOW));
+            prop_assert!(las || victim.burst || (job_qos.preempt_lower && victim_qos.priority < job_qos.priority));
             prop_assert!(NOW.0 - victim.started_at.0 >= victim_qos.min_runtime_secs as i64 * 1000);
             for_jobs.entry(preemption.for_job).or_default().push(preemption.victim);
         }
@@ -922,7 +941,7 @@ fn hints_are_true_of_the_state_they_come_from() {
 fn a_cycle_could_act_only_with_a_free_gpu_or_a_possible_victim() {
     let could = |policy: &Policy, nodes: &str, running: &str| {
         let view = cluster_view_with(nodes, running, "j1 team=b gpus=2");
-        could_act(&view.nodes, &view.running, policy)
+        could_act(&view.nodes, &view.running, policy, NOW)
     };
     let plain = Policy::default();
     assert!(could(&plain, "n1 8xh100", "r1 team=a on=n1:0-3"), "GPUs 4-7 are free");
@@ -988,6 +1007,9 @@ fn arb_queue_view() -> impl Strategy<Value = ClusterView> {
                 if let Some(time) = time {
                     line += &format!(" time={time}");
                 }
+                if i % 5 == 4 {
+                    line += &format!(" service={}", (*at as u64 % 3) * 20_000);
+                }
                 line
             })
             .collect();
@@ -1027,13 +1049,19 @@ proptest! {
         let mut default_reserve = Policy::default();
         default_reserve.sharing.qos[0].reserve_gpus = reserved;
         for view in [&view, &no_victims] {
-            let victims = view.running.iter().any(|job| job.burst || job.preempting);
             for policy in [&policy(), &no_preempting_qos, &no_age, &Policy::default(), &reserve, &default_reserve] {
+                // Under LAS order, a job near its checkpoint may be one.
+                let las = policy.sharing.las.as_ref();
+                let victims = view
+                    .running
+                    .iter()
+                    .any(|job| job.burst || job.preempting || las.is_some_and(|las| las.may_lose(job, NOW)));
                 // At most 4 shapes: too few to spend the failed tries.
-                let gpus = window_gpus(&view.nodes, &view.running, policy, &queue, 0);
+                let gpus = window_gpus(&view.nodes, &view.running, (policy, NOW), &queue, 0);
                 let reserves = policy.sharing.qos.iter().any(|qos| qos.reserves_any());
+                let served = view.pending.iter().any(|job| job.service_gpu_secs > 0);
                 let Some(gpus) = gpus else {
-                    prop_assert!(reserves && victims, "no window");
+                    prop_assert!(reserves && victims || las.is_some() && served, "no window");
                     continue;
                 };
                 let windowed = ClusterView {
@@ -1068,46 +1096,55 @@ fn a_window_holds_the_gpus_victims_hold_unless_many_shapes_could_spend_the_faile
     queue.insert(view.pending[0].clone());
     // Free GPUs of nodes that take work.
     assert_eq!(
-        window_gpus(&view.nodes, &view.running, &Policy::default(), &queue, 0),
+        window_gpus(&view.nodes, &view.running, (&Policy::default(), NOW), &queue, 0),
         Some(2)
     );
     // A preempting class, burst work, a job being preempted: every GPU of
     // the nodes that take work.
-    assert_eq!(window_gpus(&view.nodes, &view.running, &policy(), &queue, 0), Some(4));
+    assert_eq!(
+        window_gpus(&view.nodes, &view.running, (&policy(), NOW), &queue, 0),
+        Some(4)
+    );
     let burst = cluster_view_with("n1 4xh100", "r1 team=a burst on=n1:0-1", "");
     assert_eq!(
-        window_gpus(&burst.nodes, &burst.running, &Policy::default(), &queue, 0),
+        window_gpus(&burst.nodes, &burst.running, (&Policy::default(), NOW), &queue, 0),
         Some(4)
     );
     let ending = cluster_view_with("n1 4xh100", "r1 team=a preempting on=n1:0-1", "");
     assert_eq!(
-        window_gpus(&ending.nodes, &ending.running, &Policy::default(), &queue, 0),
+        window_gpus(&ending.nodes, &ending.running, (&Policy::default(), NOW), &queue, 0),
         Some(4)
     );
     // Shapes and other jobs that could spend the cycle's failed tries.
     let many = preempt::MAX_FAILED_RECLAIMS_PER_CYCLE - 4;
     assert_eq!(
-        window_gpus(&burst.nodes, &burst.running, &Policy::default(), &queue, many - 1),
+        window_gpus(
+            &burst.nodes,
+            &burst.running,
+            (&Policy::default(), NOW),
+            &queue,
+            many - 1
+        ),
         Some(4)
     );
     assert_eq!(
-        window_gpus(&burst.nodes, &burst.running, &Policy::default(), &queue, many),
+        window_gpus(&burst.nodes, &burst.running, (&Policy::default(), NOW), &queue, many),
         None
     );
     // Without victims the failed tries do not matter.
     assert_eq!(
-        window_gpus(&view.nodes, &view.running, &Policy::default(), &queue, 1000),
+        window_gpus(&view.nodes, &view.running, (&Policy::default(), NOW), &queue, 1000),
         Some(2)
     );
     // GPUs kept for a class: a window only where nothing may be preempted.
     let mut with_reserve = Policy::default();
     with_reserve.sharing.qos[0].reserve_gpus = 1;
     assert_eq!(
-        window_gpus(&view.nodes, &view.running, &with_reserve, &queue, 0),
+        window_gpus(&view.nodes, &view.running, (&with_reserve, NOW), &queue, 0),
         Some(2)
     );
     assert_eq!(
-        window_gpus(&burst.nodes, &burst.running, &with_reserve, &queue, 0),
+        window_gpus(&burst.nodes, &burst.running, (&with_reserve, NOW), &queue, 0),
         None
     );
 }

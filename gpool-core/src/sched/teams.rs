@@ -18,6 +18,10 @@ pub(super) struct TeamUse {
     pub(super) guaranteed_in: BTreeMap<String, u64>,
     /// Guaranteed GPU-seconds this period, running attempts included.
     pub(super) guaranteed_secs: f64,
+    /// The latest LAS queue (`Sharing::las`) of its running jobs that are
+    /// not being preempted: its waiting jobs of earlier queues may take
+    /// them back.
+    pub(super) las_top: usize,
 }
 
 /// Which guarantee covers a job.
@@ -175,6 +179,9 @@ pub(super) fn charge_running<'v>(
         let team = teams.index(&job.team, sharing);
         let TeamRow { terms, used } = &mut teams.rows[team];
         used.in_use += job.gpus();
+        if let Some(las) = sharing.las.as_ref().filter(|_| !job.preempting) {
+            used.las_top = used.las_top.max(las.running_queue(job, now));
+        }
         if !job.burst {
             let pool = policy.pool(&job.pool).map_or("", |pool| pool.name.as_str());
             let cover = coverage(terms, used, job.gpus(), pool, &job.gpu_types, true).unwrap_or(Cover::General);
@@ -285,7 +292,31 @@ pub(super) fn order<'v, 'c>(
     // each shape's jobs together, oldest first (`Queue::iter`), is a run
     // per shape: a queue of thousands sorts in a few passes.
     order.sort_by_key(|(key, _, _)| *key);
+    if let Some(las) = &sharing.las {
+        least_served_first(&mut order, |job| las.waiting_queue(job, now));
+    }
     (order, priorities)
+}
+
+/// Within each team, its jobs in LAS queue order (then as they were):
+/// each team keeps the places in `order` its jobs held, so the order
+/// between teams is the priority order's.
+pub(super) fn least_served_first(order: &mut [Ordered], queue: impl Fn(&PendingJob) -> usize) {
+    let mut by_team: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (place, (_, _, class)) in order.iter().enumerate() {
+        by_team.entry(class.team).or_default().push(place);
+    }
+    for places in by_team.values() {
+        let mut jobs: Vec<(usize, usize)> = places.iter().map(|place| (queue(order[*place].1), *place)).collect();
+        if jobs.windows(2).all(|pair| pair[0].0 <= pair[1].0) {
+            continue;
+        }
+        jobs.sort_by_key(|(queue, place)| (*queue, *place));
+        let reordered: Vec<Ordered> = jobs.iter().map(|(_, place)| order[*place]).collect();
+        for (place, entry) in places.iter().zip(reordered) {
+            order[*place] = entry;
+        }
+    }
 }
 
 /// What is being freed for a waiting job stays its while it may still
@@ -294,13 +325,26 @@ pub(super) fn order<'v, 'c>(
 pub(super) fn entitled<S: std::hash::BuildHasher>(
     claimants: &HashSet<JobId, S>,
     order: &[Ordered],
+    takes_back: impl Fn(&PendingJob, &Class) -> bool,
 ) -> HashSet<JobId, FastHash> {
+    if claimants.is_empty() {
+        return HashSet::default();
+    }
     order
         .iter()
         .filter(|(key, job, class)| {
             let covered = key.0 >> 127 == 0;
-            !claimants.is_empty() && claimants.contains(&job.id) && (covered || class.preempt_lower)
+            claimants.contains(&job.id) && (covered || class.preempt_lower || takes_back(job, class))
         })
         .map(|(_, job, _)| job.id)
         .collect()
+}
+
+/// Under LAS order (`Sharing::las`), whether `job` may take GPUs back
+/// from running jobs of its own team (`row`) in a later queue.
+pub(super) fn las_takes_back(sharing: &Sharing, row: &TeamRow, job: &PendingJob, now: Timestamp) -> bool {
+    sharing
+        .las
+        .as_ref()
+        .is_some_and(|las| row.used.las_top > 0 && las.waiting_queue(job, now) < row.used.las_top)
 }

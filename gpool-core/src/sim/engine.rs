@@ -125,6 +125,8 @@ struct Sim<'a> {
     attempts: HashMap<JobId, Attempt, foldhash::fast::RandomState>,
     /// Work each job has checkpointed (it resumes from there).
     done_ms: Vec<i64>,
+    /// Per job: GPU-seconds its ended attempts used (`sched::Las`).
+    service_gpu_secs: Vec<u64>,
     next_epoch: u64,
     events: BinaryHeap<Reverse<(Timestamp, Event)>>,
     recent_waste: VecDeque<(Timestamp, f64)>,
@@ -176,11 +178,22 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
         // something else will happen (a queue that can never start stops),
         // and not while nothing could change before the next event.
         let quiet = idle && pause_ms == 0 && !sim.every_tick && sim.quiet();
+        // A quiet stretch ends at the first tick where a job may be taken
+        // back for a less served one of its team (none: it is not quiet).
+        let take_back = quiet.then(|| sim.next_take_back()).flatten();
+        let quiet = quiet && take_back.is_none_or(|at| at > sim.now);
+        let take_back = take_back
+            .filter(|_| quiet)
+            .map(|at| Timestamp(last_cycle.0 + ((at.0 - last_cycle.0).max(1) + tick_ms - 1) / tick_ms * tick_ms));
         let tick = (!(sim.view.pending.is_empty() || idle && arrival.is_none() && event.is_none() || quiet))
             .then_some(Timestamp(last_cycle.0 + tick_ms));
         let paused = due.then_some(Timestamp(last_cycle.0 + pause_ms));
         let window = sim.next_window().filter(|_| !sim.view.pending.is_empty());
-        let Some(at) = [arrival, event, tick, paused, window].into_iter().flatten().min() else {
+        let Some(at) = [arrival, event, tick, paused, window, take_back]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             break;
         };
         if quiet {
@@ -245,6 +258,7 @@ impl Sim<'_> {
                 .collect(),
             attempts: HashMap::default(),
             done_ms: vec![0; jobs.len()],
+            service_gpu_secs: vec![0; jobs.len()],
             next_epoch: 1,
             events: BinaryHeap::new(),
             recent_waste: VecDeque::new(),
@@ -349,11 +363,14 @@ impl Sim<'_> {
             exclusive: false,
             limits: crate::enforce::asked_by_host(host),
         };
+        let service_gpu_secs = self.service_gpu_secs[index];
         let pending = PendingJob {
             id: JobId(index as u64 + 1),
             submitted_at: job.submit,
             shape: self.shape(shape),
             user: job.user.as_str().into(),
+            service_gpu_secs,
+            waiting_since: if service_gpu_secs > 0 { self.now } else { job.submit },
         };
         self.out.queued(&pending);
         let pending = Arc::new(pending);
@@ -382,7 +399,14 @@ impl Sim<'_> {
             self.explained_at = Some(now);
         }
         // The view holds the queue's window, as gpoold's does, or all of it.
-        let window = cycle::window_for(&self.view.nodes, &self.view.running, policy, &self.queue, 0, explain);
+        let window = cycle::window_for(
+            &self.view.nodes,
+            &self.view.running,
+            (policy, now),
+            &self.queue,
+            0,
+            explain,
+        );
         let all = window.map(|gpus| {
             let windowed: Vec<Arc<PendingJob>> = self.queue.window(gpus).cloned().collect();
             std::mem::replace(&mut self.view.pending, windowed)

@@ -306,6 +306,12 @@ impl Collector {
             .min()
     }
 
+    /// The most GPUs a waiting job of `team` needs (`None`: none waits).
+    pub(super) fn largest_waiting_in(&self, team: &str) -> Option<u64> {
+        let sizes = &self.waiting_sizes[*self.team_of.get(team)?];
+        sizes.keys().next_back().copied()
+    }
+
     /// The fewest GPUs a waiting job of `team` needs (`None`: none waits).
     pub(super) fn smallest_waiting_in(&self, team: &str) -> Option<u64> {
         let sizes = &self.waiting_sizes[*self.team_of.get(team)?];

@@ -36,6 +36,9 @@ pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: b
             spec.qos.clone_from(&class.name);
         }
     }
+    let (service, queue) = gpool_core::sched::las::standing(sharing.las.as_ref(), job, crate::wall_clock());
+    wire.service_gpu_secs = service;
+    wire.las_queue = queue.map(|queue| queue as u32);
     let attempt = state.attempt(job.id);
     wire.stragglers = attempt
         .into_iter()

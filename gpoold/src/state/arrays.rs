@@ -292,6 +292,8 @@ pub fn pending_view(id: JobId, job: &Job, shape: Arc<JobShape>) -> PendingJob {
         submitted_at: job.submitted_at,
         shape,
         user: job.user.clone(),
+        service_gpu_secs: job.service_gpu_secs,
+        waiting_since: job.requeued_at.unwrap_or(job.submitted_at),
     }
 }
 

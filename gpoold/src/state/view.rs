@@ -43,7 +43,7 @@ impl State {
         let windowed = gpool_core::sched::cycle::window_for(
             &nodes,
             &running,
-            &self.policy,
+            (&self.policy, now),
             &self.queue,
             others.len(),
             !starts_only,
@@ -217,7 +217,12 @@ impl State {
     pub fn cycle_could_act(&self) -> bool {
         let running: Vec<&Job> = self.running().collect();
         let running_views: Vec<_> = running.iter().copied().filter_map(running_view).collect();
-        gpool_core::sched::could_act(&self.node_views(&running), &running_views, &self.policy)
+        gpool_core::sched::could_act(
+            &self.node_views(&running),
+            &running_views,
+            &self.policy,
+            crate::wall_clock(),
+        )
     }
 
     /// Whether the newest job waits with no word yet on why (it was just
@@ -270,6 +275,7 @@ pub(super) fn running_view(job: &Job) -> Option<gpool_core::sched::RunningJob> {
                 .spec
                 .time_limit_secs
                 .map(|limit| Timestamp(started_at.0 + limit as i64 * 1000)),
+            service_before_gpu_secs: job.service_gpu_secs,
         }),
         _ => None,
     }

@@ -755,6 +755,15 @@ pub struct Job {
     /// same order, each with its code, sentence, hint and facts.
     #[prost(message, repeated, tag = "34")]
     pub reasons: ::prost::alloc::vec::Vec<Reason>,
+    /// GPU-seconds its attempts have held their GPUs (the running one's so
+    /// far included): its attained service.
+    #[prost(uint64, tag = "35")]
+    pub service_gpu_secs: u64,
+    /// Its least-attained-service queue within its team (0: least served),
+    /// by that service, or 0 for a waiting job promoted by its wait; absent
+    /// where the pool orders by priority alone, and for ended jobs.
+    #[prost(uint32, optional, tag = "36")]
+    pub las_queue: ::core::option::Option<u32>,
 }
 /// One reason a job waits. Scripts branch on `code` (stable snake_case, the
 /// README lists them) and read the facts that apply to it; `words` is for

@@ -72,7 +72,10 @@ impl<'v> Reclaimer<'v> {
         };
         let job_qos = sharing.qos(&job.shape.qos).map_or(0, |qos| qos.priority);
         let preempts_lower = sharing.qos(&job.shape.qos).is_some_and(|qos| qos.preempt_lower);
-        if !guaranteed && !preempts_lower {
+        // Its own team's more served work, under LAS order (twins too).
+        let las = sharing.las.as_ref();
+        let takes_back = |r: &RunningJob| las.is_some_and(|las| las.takes_back(r, job, self.now));
+        if !guaranteed && !preempts_lower && las.is_none() {
             // It may take nothing back (the filter below passes no one).
             return Vec::new();
         }
@@ -89,10 +92,11 @@ impl<'v> Reclaimer<'v> {
                 // taken back for its guarantee: it would take it back in
                 // turn, and the two would trade places every cycle.
                 let outranks = victim_qos.is_some_and(|qos| qos.preempt_lower && qos.priority > job_qos);
-                old_enough && ((guaranteed && r.burst && !outranks) || (preempts_lower && lower))
+                old_enough
+                    && ((guaranteed && r.burst && !outranks && !twin(r))
+                        || (preempts_lower && lower && !twin(r))
+                        || takes_back(r))
             })
-            // Last: it compares names.
-            .filter(|r| !twin(r))
             .take(MAX_CANDIDATES)
             .collect()
     }

@@ -1,0 +1,190 @@
+//! Least-attained-service order within each team (Tiresias's discrete
+//! LAS, NSDI '19): a job's service is the GPU-seconds its attempts have
+//! used; thresholds cut service into queues, queue 0 the least served. A
+//! team's waiting jobs are tried in queue order (the places its jobs hold
+//! in the cycle's order stay theirs: between teams nothing changes), and
+//! a waiting job may take GPUs back from a running job of its own team in
+//! a later queue. A job is demoted only when its service crosses a
+//! threshold, so it is not taken back again and again by jobs of its own
+//! queue; a job that has waited `promote_factor` times as long as it has
+//! run goes back to queue 0, so nothing starves.
+
+use super::{PendingJob, RunningJob};
+use crate::ids::Timestamp;
+
+/// The order within a team: `None` in `Sharing::las` keeps the priority
+/// order alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Las {
+    /// Service (GPU-seconds) at which a job leaves each queue, ascending:
+    /// `n` thresholds make `n + 1` queues.
+    pub thresholds_gpu_secs: Vec<u64>,
+    /// A waiting job goes back to queue 0 once it has waited this many
+    /// times as long as it has run (its service over its GPUs); 0: never.
+    pub promote_factor: f64,
+    /// A running job is taken back for a less served one only within
+    /// this long of its last checkpoint: what it loses stays small, and
+    /// a job that never checkpoints is past it once its QoS's
+    /// `min_runtime` is over, so it is never taken back this way.
+    pub max_lost_secs: u64,
+}
+
+impl Default for Las {
+    /// Thresholds at 1 and 10 GPU-hours, promotion after waiting 32 times
+    /// as long as the job has run, taken back within 2 minutes of a
+    /// checkpoint: chosen on the Philly trace (README, "Shorter waits").
+    fn default() -> Las {
+        Las {
+            thresholds_gpu_secs: vec![3600, 36_000],
+            promote_factor: 32.0,
+            max_lost_secs: 120,
+        }
+    }
+}
+
+impl Las {
+    /// The queue of a job with `service_gpu_secs` of service.
+    pub fn queue_of(&self, service_gpu_secs: u64) -> usize {
+        self.thresholds_gpu_secs
+            .iter()
+            .take_while(|threshold| service_gpu_secs >= **threshold)
+            .count()
+    }
+
+    /// A waiting job's queue now: by its service, or 0 once it has waited
+    /// (since its last attempt ended, else since its submit) at least
+    /// `promote_factor` times its run time.
+    pub fn waiting_queue(&self, job: &PendingJob, now: Timestamp) -> usize {
+        let queue = self.queue_of(job.service_gpu_secs);
+        if queue == 0 || self.promote_factor <= 0.0 {
+            return queue;
+        }
+        let ran_secs = job.service_gpu_secs as f64 / job.total_gpus().max(1) as f64;
+        let waited_secs = (now.0 - job.waiting_since.0).max(0) as f64 / 1000.0;
+        if waited_secs >= self.promote_factor * ran_secs {
+            0
+        } else {
+            queue
+        }
+    }
+
+    /// A running job's queue now: its earlier attempts' service and this
+    /// one's so far.
+    pub fn running_queue(&self, job: &RunningJob, now: Timestamp) -> usize {
+        self.queue_of(job.service_now(now))
+    }
+
+    /// `running` checkpointed (or started) within `max_lost_secs`: it may
+    /// be taken back for a less served job of its team now. (Only then:
+    /// a cycle where none may is not made to by time alone.)
+    pub fn may_lose(&self, running: &RunningJob, now: Timestamp) -> bool {
+        let since = running
+            .last_checkpoint_at
+            .unwrap_or(running.started_at)
+            .max(running.started_at);
+        !running.preempting && now.0 - since.0 <= self.max_lost_secs as i64 * 1000
+    }
+
+    /// `job` may take `victim`'s GPUs back: a job of its own team in a
+    /// later queue (more served) than its own, that checkpointed within
+    /// `max_lost_secs`, and holds no more GPUs than `job` asks (all it
+    /// frees goes to `job`: taking a large job for a small one would
+    /// leave the rest to whoever comes, and lose more work).
+    pub fn takes_back(&self, victim: &RunningJob, job: &PendingJob, now: Timestamp) -> bool {
+        self.may_lose(victim, now)
+            && victim.gpus() <= job.total_gpus()
+            && victim.team == job.shape.team.as_str()
+            && self.running_queue(victim, now) > self.waiting_queue(job, now)
+    }
+}
+
+/// What `gpool why` shows of `job` at `now`: its service (the running
+/// attempt's so far included) and, under `las`, its queue; `None` for an
+/// ended job.
+pub fn standing(las: Option<&Las>, job: &crate::model::Job, now: Timestamp) -> (u64, Option<usize>) {
+    use crate::job_state::JobState;
+    match &job.state {
+        JobState::Running {
+            started_at, placement, ..
+        } => {
+            let gpus: u64 = placement.iter().map(|part| part.gpu_indices.len() as u64).sum();
+            let ran_secs = ((now.0 - started_at.0).max(0) / 1000) as u64;
+            let service = job.service_gpu_secs.saturating_add(ran_secs.saturating_mul(gpus));
+            (service, las.map(|las| las.queue_of(service)))
+        }
+        JobState::Pending => {
+            let waiting = PendingJob {
+                id: job.id,
+                submitted_at: job.submitted_at,
+                shape: std::sync::Arc::new(super::JobShape::of(&job.spec)),
+                user: job.user.clone(),
+                service_gpu_secs: job.service_gpu_secs,
+                waiting_since: job.requeued_at.unwrap_or(job.submitted_at),
+            };
+            (job.service_gpu_secs, las.map(|las| las.waiting_queue(&waiting, now)))
+        }
+        _ => (job.service_gpu_secs, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn las() -> Las {
+        Las {
+            thresholds_gpu_secs: vec![3600, 36_000],
+            promote_factor: 2.0,
+            max_lost_secs: 300,
+        }
+    }
+
+    #[test]
+    fn service_falls_into_the_queue_of_the_thresholds_it_has_passed() {
+        let las = las();
+        assert_eq!(las.queue_of(0), 0);
+        assert_eq!(las.queue_of(3599), 0);
+        assert_eq!(las.queue_of(3600), 1);
+        assert_eq!(las.queue_of(36_000), 2);
+        assert_eq!(Las::default().queue_of(10_000_000), 2);
+    }
+
+    /// A 4-GPU job that ran 1,000 s (4,000 GPU-seconds: queue 1) goes
+    /// back to queue 0 after waiting 2,000 s, twice its run.
+    #[test]
+    fn a_served_job_that_waited_long_enough_is_promoted() {
+        let las = las();
+        let mut job = crate::testing::pending_job("j1 gpus=4");
+        job.service_gpu_secs = 4000;
+        job.waiting_since = Timestamp(1_000_000);
+        assert_eq!(las.waiting_queue(&job, Timestamp(1_000_000 + 1_999_000)), 1);
+        assert_eq!(las.waiting_queue(&job, Timestamp(1_000_000 + 2_000_000)), 0);
+        let never = Las {
+            promote_factor: 0.0,
+            ..las
+        };
+        assert_eq!(never.waiting_queue(&job, Timestamp(i64::MAX / 2)), 1);
+    }
+
+    #[test]
+    fn a_running_job_counts_its_attempt_so_far() {
+        let las = las();
+        let mut job = crate::testing::running_job("r1 on=n1:0,1");
+        job.started_at = Timestamp(0);
+        job.service_before_gpu_secs = 1000;
+        assert_eq!(las.running_queue(&job, Timestamp(1_299_000)), 0);
+        assert_eq!(las.running_queue(&job, Timestamp(1_300_000)), 1);
+    }
+
+    proptest! {
+        /// More service never means an earlier queue.
+        #[test]
+        fn queues_never_fall_as_service_grows(a in 0u64..100_000, b in 0u64..100_000) {
+            let las = las();
+            let (low, high) = (a.min(b), a.max(b));
+            prop_assert!(las.queue_of(low) <= las.queue_of(high));
+            prop_assert!(las.queue_of(high) <= las.thresholds_gpu_secs.len());
+        }
+    }
+}
