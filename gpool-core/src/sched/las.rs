@@ -85,6 +85,43 @@ impl Las {
         !running.preempting && now.0 - since.0 <= self.max_lost_secs as i64 * 1000
     }
 
+    /// `running` may be taken back now by some job of its team: near its
+    /// checkpoint, and past queue 0 (no queue comes before that).
+    pub fn may_be_taken(&self, running: &RunningJob, now: Timestamp) -> bool {
+        self.may_lose(running, now) && self.running_queue(running, now) > 0
+    }
+
+    /// The first time from `now` on at which `running` (which checkpoints
+    /// every `every_ms` from its start, or never) may be taken back
+    /// (`may_be_taken`): where it is past queue 0 and within `max_lost_secs`
+    /// of its start or a checkpoint. `None`: never.
+    pub fn next_chance(&self, running: &RunningJob, every_ms: Option<i64>, now: Timestamp) -> Option<Timestamp> {
+        if running.preempting {
+            return None;
+        }
+        let (start, gpus) = (running.started_at.0, running.gpus().max(1));
+        let threshold = *self.thresholds_gpu_secs.first()?;
+        // When its service reaches the first threshold (whole seconds).
+        let short = threshold.saturating_sub(running.service_before_gpu_secs);
+        let crossed = start.saturating_add(i64::try_from(short.div_ceil(gpus)).ok()?.saturating_mul(1000));
+        let max_lost = self.max_lost_secs as i64 * 1000;
+        let mut at = crossed.max(now.0);
+        loop {
+            // The start or checkpoint at or before `at`, and the next one.
+            let (last, next) = match every_ms.filter(|every| *every > 0) {
+                Some(every) => {
+                    let last = start + (at - start).max(0) / every * every;
+                    (last, Some(last + every))
+                }
+                None => (start, None),
+            };
+            if at - last <= max_lost {
+                return Some(Timestamp(at));
+            }
+            at = next?;
+        }
+    }
+
     /// `job` may take `victim`'s GPUs back: a job of its own team in a
     /// later queue (more served) than its own, that checkpointed within
     /// `max_lost_secs`, and holds no more GPUs than `job` asks (all it
@@ -177,7 +214,72 @@ mod tests {
         assert_eq!(las.running_queue(&job, Timestamp(1_300_000)), 1);
     }
 
+    /// A 2-GPU job started at 0 with 1,000 GPU-seconds before crosses 1
+    /// GPU-hour at 1,300 s; checkpointing every 1,000 s, it may be taken
+    /// back from its checkpoint at 2,000 s (the one at 1,000 s came before
+    /// the crossing, and 300 s past it is more than the 120 s allowed).
+    #[test]
+    fn the_next_chance_is_the_first_checkpoint_window_past_queue_0() {
+        let las = Las {
+            max_lost_secs: 120,
+            ..las()
+        };
+        let mut job = crate::testing::running_job("r1 on=n1:0,1");
+        job.service_before_gpu_secs = 1000;
+        assert_eq!(
+            las.next_chance(&job, Some(1_000_000), Timestamp(0)),
+            Some(Timestamp(2_000_000))
+        );
+        assert_eq!(
+            las.next_chance(&job, Some(1_000_000), Timestamp(2_050_000)),
+            Some(Timestamp(2_050_000))
+        );
+        assert_eq!(
+            las.next_chance(&job, Some(1_000_000), Timestamp(2_200_000)),
+            Some(Timestamp(3_000_000))
+        );
+        // Crossing within a window: at the crossing itself.
+        assert_eq!(
+            las.next_chance(&job, Some(1_250_000), Timestamp(0)),
+            Some(Timestamp(1_300_000))
+        );
+        // Never checkpointing: only near its start, which it is not.
+        assert_eq!(las.next_chance(&job, None, Timestamp(0)), None);
+        job.service_before_gpu_secs = 7200;
+        assert_eq!(las.next_chance(&job, None, Timestamp(0)), Some(Timestamp(0)));
+        assert_eq!(las.next_chance(&job, None, Timestamp(121_000)), None);
+    }
+
     proptest! {
+        /// `next_chance` is the first whole second from which the job may
+        /// be taken back: it may at that time, and at no earlier second.
+        #[test]
+        fn the_next_chance_is_the_first_moment_it_may_be_taken(
+            before in 0u64..8000, gpus in 1u32..4, every in prop::option::of(60i64..3000), from in 0i64..6000,
+        ) {
+            let las = Las { max_lost_secs: 120, ..las() };
+            let indices: Vec<String> = (0..gpus).map(|i| i.to_string()).collect();
+            let mut job = crate::testing::running_job(&format!("r1 on=n1:{}", indices.join(",")));
+            job.service_before_gpu_secs = before;
+            let checkpoint_at = |t: i64| every.map(|every| every * 1000 * (t / (every * 1000))).filter(|at| *at > 0);
+            let may = |t: i64| {
+                let mut at_t = job.clone();
+                at_t.last_checkpoint_at = checkpoint_at(t).map(Timestamp);
+                las.may_be_taken(&at_t, Timestamp(t))
+            };
+            let chance = las.next_chance(&job, every.map(|e| e * 1000), Timestamp(from * 1000));
+            let first = (from..20_000).map(|secs| secs * 1000).find(|t| may(*t));
+            match (chance, first) {
+                (Some(at), Some(t)) => {
+                    prop_assert!(may(at.0), "it may not at {}", at.0);
+                    prop_assert!(at.0 <= t && t - at.0 < 1000, "{} against the first second {}", at.0, t);
+                }
+                (None, Some(t)) => prop_assert!(false, "none, but it may at {}", t),
+                (Some(at), None) => prop_assert!(at.0 >= 19_999_000, "{} but never within the range", at.0),
+                (None, None) => {}
+            }
+        }
+
         /// More service never means an earlier queue.
         #[test]
         fn queues_never_fall_as_service_grows(a in 0u64..100_000, b in 0u64..100_000) {

@@ -349,8 +349,8 @@ impl Policy {
 /// Whether a cycle over `nodes` and `running` at `now` could start or
 /// preempt anything, whatever waits: some GPU is free on a node that takes
 /// work, or some running job could be a victim (burst work; any job, where
-/// a QoS preempts lower classes; under LAS order, a job near its last
-/// checkpoint, `Las::may_lose`). Where it could not, a cycle would only
+/// a QoS preempts lower classes; under LAS order, a job past queue 0 near
+/// its last checkpoint, `Las::may_be_taken`). Where it could not, a cycle would only
 /// restate why jobs wait, at a cost that grows with the queue.
 pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy, now: Timestamp) -> bool {
     let free = nodes
@@ -359,7 +359,7 @@ pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy, no
     let las = policy.sharing.las.as_ref();
     free || running
         .iter()
-        .any(|job| job.burst || las.is_some_and(|las| las.may_lose(job, now)))
+        .any(|job| job.burst || las.is_some_and(|las| las.may_be_taken(job, now)))
         || policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
 }
 

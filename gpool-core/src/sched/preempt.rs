@@ -111,7 +111,7 @@ impl<'v> Reclaimer<'v> {
             n_failed: 0,
             victims_possible: policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
                 || view.running.iter().any(|r| {
-                    r.preempting || r.burst || policy.sharing.las.as_ref().is_some_and(|las| las.may_lose(r, now))
+                    r.preempting || r.burst || policy.sharing.las.as_ref().is_some_and(|las| las.may_be_taken(r, now))
                 })
                 || !view.promised.is_empty(),
             by_cost: {

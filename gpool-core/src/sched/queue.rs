@@ -118,8 +118,8 @@ impl Queue {
 /// - per-user caps on running jobs or GPUs are set;
 /// - under LAS order (`Las`), a job that ran before waits: a team's fresh
 ///   jobs go first, and a served one may be promoted, which the window's
-///   oldest-first cut does not follow. (A running job near its checkpoint
-///   may be a victim then, `Las::may_lose`.)
+///   oldest-first cut does not follow. (A running job past queue 0 near
+///   its checkpoint may be a victim then, `Las::may_be_taken`.)
 ///
 /// Without victims, a window where a QoS keeps GPUs free gives the whole
 /// queue's starts unless a job that would have taken kept GPUs no longer
@@ -152,7 +152,7 @@ pub fn window_gpus(
     let victims = sharing.qos.iter().any(|qos| qos.preempt_lower)
         || running
             .iter()
-            .any(|job| job.burst || job.preempting || las.is_some_and(|las| las.may_lose(job, now)));
+            .any(|job| job.burst || job.preempting || las.is_some_and(|las| las.may_be_taken(job, now)));
     let reserves = sharing.qos.iter().any(|qos| qos.reserves_any());
     let failed_tries = 4 * queue.shapes.len() + n_others;
     if victims && (reserves || failed_tries >= super::preempt::MAX_FAILED_RECLAIMS_PER_CYCLE) {

@@ -1055,7 +1055,7 @@ proptest! {
                 let victims = view
                     .running
                     .iter()
-                    .any(|job| job.burst || job.preempting || las.is_some_and(|las| las.may_lose(job, NOW)));
+                    .any(|job| job.burst || job.preempting || las.is_some_and(|las| las.may_be_taken(job, NOW)));
                 // At most 4 shapes: too few to spend the failed tries.
                 let gpus = window_gpus(&view.nodes, &view.running, (policy, NOW), &queue, 0);
                 let reserves = policy.sharing.qos.iter().any(|qos| qos.reserves_any());

@@ -102,36 +102,23 @@ impl Sim<'_> {
     }
 
     /// Under LAS order, when a running job may next be taken back by a
-    /// waiting job of its own team (`Las::takes_back`): now, while one is
-    /// near its last checkpoint and its team waits with a job at least its
-    /// size, else at the next checkpoint of such a job. Time alone opens
-    /// these windows, so a quiet stretch ends at the first. `None`: none
-    /// opens before something else happens.
+    /// waiting job of its own team (`Las::next_chance`: past queue 0 and
+    /// near a checkpoint), of those whose team waits with a job at least
+    /// their size. Time alone opens these windows, so a quiet stretch ends
+    /// at the first. `None`: none opens before something else happens.
     pub(super) fn next_take_back(&self) -> Option<Timestamp> {
         let las = self.setup.policy.sharing.las.as_ref()?;
-        let max_lost = las.max_lost_secs as i64 * 1000;
-        let now = self.now.0;
         self.view
             .running
             .iter()
-            .filter(|r| !r.preempting)
             .filter(|r| {
                 self.out
                     .largest_waiting_in(&r.team)
                     .is_some_and(|gpus| gpus >= r.gpus())
             })
             .filter_map(|r| {
-                let every = self
-                    .attempts
-                    .get(&r.id)
-                    .and_then(|a| a.checkpoint_every_ms)
-                    .filter(|e| *e > 0);
-                let started = r.started_at.0;
-                let since = every.map_or(started, |every| started + (now - started).max(0) / every * every);
-                if now - since <= max_lost {
-                    return Some(self.now);
-                }
-                every.map(|every| Timestamp(since + every))
+                let every = self.attempts.get(&r.id).and_then(|a| a.checkpoint_every_ms);
+                las.next_chance(r, every, self.now)
             })
             .min()
     }
