@@ -292,7 +292,12 @@ pub(super) fn order<'v, 'c>(
     // each shape's jobs together, oldest first (`Queue::iter`), is a run
     // per shape: a queue of thousands sorts in a few passes.
     order.sort_by_key(|(key, _, _)| *key);
-    if let Some(las) = &sharing.las {
+    // Where no waiting job ran before, every one is in queue 0.
+    if let Some(las) = sharing
+        .las
+        .as_ref()
+        .filter(|_| view.pending.iter().any(|job| job.service_gpu_secs > 0))
+    {
         least_served_first(&mut order, |job| las.waiting_queue(job, now));
     }
     (order, priorities)
