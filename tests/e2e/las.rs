@@ -19,6 +19,25 @@ fn config() -> String {
     )
 }
 
+/// Submits a job of team vision on every L4 (`--qos low`: no minimum
+/// runtime) that runs `script`.
+fn vision_on_the_l4s(cluster: &Cluster, script: &str) -> u64 {
+    cluster.submit(&[
+        "--team",
+        "vision",
+        "--qos",
+        "low",
+        "--gpu-type",
+        "l4",
+        "--gpus",
+        "4",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+}
+
 fn why(cluster: &Cluster, id: u64) -> serde_json::Value {
     let run = cluster.gpool(&["why", &id.to_string(), "--output", "json"]);
     run.ok();
@@ -54,20 +73,7 @@ fn a_teams_fresh_job_takes_the_gpus_of_its_more_served_job_and_nobody_elses() {
         "trap 'echo step > \"$GPOOL_CHECKPOINT_DIR/state\"; {gpool} checkpoint; exit 0' USR1; \
          touch long-$GPOOL_RESTART_COUNT; while [ ! -e release ]; do sleep 0.2; done"
     );
-    let served = cluster.submit(&[
-        "--team",
-        "vision",
-        "--qos",
-        "low",
-        "--gpu-type",
-        "l4",
-        "--gpus",
-        "4",
-        "--",
-        "sh",
-        "-c",
-        &long,
-    ]);
+    let served = vision_on_the_l4s(&cluster, &long);
     cluster.wait_for_state(served, "running");
     let dir = cluster.dir.path().to_path_buf();
     wait_until("the long job to set its trap", Duration::from_secs(30), || {
@@ -79,20 +85,7 @@ fn a_teams_fresh_job_takes_the_gpus_of_its_more_served_job_and_nobody_elses() {
         Duration::from_secs(30),
         || (why(&cluster, served)["las_queue"] == 1).then_some(()),
     );
-    let fresh = cluster.submit(&[
-        "--team",
-        "vision",
-        "--qos",
-        "low",
-        "--gpu-type",
-        "l4",
-        "--gpus",
-        "4",
-        "--",
-        "sh",
-        "-c",
-        hold,
-    ]);
+    let fresh = vision_on_the_l4s(&cluster, hold);
     cluster.wait_for_state(fresh, "running");
     let victim = cluster.wait_for_state(served, "pending");
     assert_eq!(victim["n_preemptions"], 1, "{victim}");
