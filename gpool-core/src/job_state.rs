@@ -435,7 +435,7 @@ impl Job {
         {
             let ran_ms = (now.0 - started_at.0).max(0) as u64;
             let gpus: u64 = placement.iter().map(|part| part.gpu_indices.len() as u64).sum();
-            self.service_gpu_secs = self.service_gpu_secs.saturating_add(ran_ms / 1000 * gpus);
+            self.service_gpu_secs = crate::sched::las::service_after(self.service_gpu_secs, gpus, *started_at, now);
             self.requeued_at = Some(now);
             match self.time_left_secs() {
                 // Its limit ran out before it was lost or taken back: it

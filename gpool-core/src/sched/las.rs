@@ -55,12 +55,18 @@ impl Las {
     /// (since its last attempt ended, else since its submit) at least
     /// `promote_factor` times its run time.
     pub fn waiting_queue(&self, job: &PendingJob, now: Timestamp) -> usize {
-        let queue = self.queue_of(job.service_gpu_secs);
+        self.queue_waiting(job.service_gpu_secs, job.total_gpus(), job.waiting_since, now)
+    }
+
+    /// `waiting_queue` of a job of `gpus` GPUs with `service_gpu_secs`,
+    /// waiting since `since`.
+    fn queue_waiting(&self, service_gpu_secs: u64, gpus: u64, since: Timestamp, now: Timestamp) -> usize {
+        let queue = self.queue_of(service_gpu_secs);
         if queue == 0 || self.promote_factor <= 0.0 {
             return queue;
         }
-        let ran_secs = job.service_gpu_secs as f64 / job.total_gpus().max(1) as f64;
-        let waited_secs = (now.0 - job.waiting_since.0).max(0) as f64 / 1000.0;
+        let ran_secs = service_gpu_secs as f64 / gpus.max(1) as f64;
+        let waited_secs = (now.0 - since.0).max(0) as f64 / 1000.0;
         if waited_secs >= self.promote_factor * ran_secs {
             0
         } else {
@@ -135,6 +141,13 @@ impl Las {
     }
 }
 
+/// GPU-seconds of service after `before`, once `gpus` GPUs were held
+/// from `from` to `to` (whole seconds: a second begun is not counted).
+pub fn service_after(before: u64, gpus: u64, from: Timestamp, to: Timestamp) -> u64 {
+    let secs = ((to.0 - from.0).max(0) / 1000) as u64;
+    before.saturating_add(secs.saturating_mul(gpus))
+}
+
 /// What `gpool why` shows of `job` at `now`: its service (the running
 /// attempt's so far included) and, under `las`, its queue; `None` for an
 /// ended job.
@@ -145,20 +158,14 @@ pub fn standing(las: Option<&Las>, job: &crate::model::Job, now: Timestamp) -> (
             started_at, placement, ..
         } => {
             let gpus: u64 = placement.iter().map(|part| part.gpu_indices.len() as u64).sum();
-            let ran_secs = ((now.0 - started_at.0).max(0) / 1000) as u64;
-            let service = job.service_gpu_secs.saturating_add(ran_secs.saturating_mul(gpus));
+            let service = service_after(job.service_gpu_secs, gpus, *started_at, now);
             (service, las.map(|las| las.queue_of(service)))
         }
         JobState::Pending => {
-            let waiting = PendingJob {
-                id: job.id,
-                submitted_at: job.submitted_at,
-                shape: std::sync::Arc::new(super::JobShape::of(&job.spec)),
-                user: job.user.clone(),
-                service_gpu_secs: job.service_gpu_secs,
-                waiting_since: job.requeued_at.unwrap_or(job.submitted_at),
-            };
-            (job.service_gpu_secs, las.map(|las| las.waiting_queue(&waiting, now)))
+            let gpus = u64::from(job.spec.gpus_per_node) * u64::from(job.spec.nodes);
+            let since = job.requeued_at.unwrap_or(job.submitted_at);
+            let queue = las.map(|las| las.queue_waiting(job.service_gpu_secs, gpus, since, now));
+            (job.service_gpu_secs, queue)
         }
         _ => (job.service_gpu_secs, None),
     }

@@ -163,9 +163,7 @@ impl RunningJob {
     /// GPU-seconds it has used by `now`: its earlier attempts' and this
     /// one's so far.
     pub fn service_now(&self, now: Timestamp) -> u64 {
-        let ran_secs = ((now.0 - self.started_at.0).max(0) / 1000) as u64;
-        self.service_before_gpu_secs
-            .saturating_add(ran_secs.saturating_mul(self.gpus()))
+        las::service_after(self.service_before_gpu_secs, self.gpus(), self.started_at, now)
     }
 
     /// GPU-seconds a preemption now would throw away: since the last

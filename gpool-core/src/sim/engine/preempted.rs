@@ -157,7 +157,7 @@ impl Sim<'_> {
             attempt.checkpoint_every_ms.map_or(0, |every| ran / every * every)
         };
         self.done_ms[index] += kept;
-        self.service_gpu_secs[index] += (ran.max(0) / 1000) as u64 * running.gpus();
+        self.service_gpu_secs[index] = running.service_now(now);
         self.out
             .preempted(&running, now, (ran - kept) as f64 / 1000.0 * running.gpus() as f64);
         self.release(&running, super::super::EndState::Preempted);
