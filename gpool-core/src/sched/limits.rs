@@ -24,6 +24,11 @@ pub struct UserUse {
 }
 
 impl UserUse {
+    /// Whether a per-user cap is set anywhere (else `check` passes all).
+    pub fn any_caps(&self) -> bool {
+        !self.off
+    }
+
     /// What `running` holds, counted for the caps `sharing` sets.
     pub fn of(sharing: &Sharing, running: &[RunningJob]) -> UserUse {
         let off = !sharing.has_running_caps();

@@ -42,13 +42,20 @@ pub(super) fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, exp
             return cycle.plan;
         }
         let row = &mut teams.rows[class.team];
+        let alike = cycle.alike_key(job, row);
+        if let Some(reasons) = cycle.failed_alike(alike) {
+            cycle.plan.pending.push((job.id, reasons));
+            continue;
+        }
         if cycle.capped(job, row) {
             continue;
         }
         let (attempt, shape) = cycle.size_up(job, class, row);
         if attempt.cacheable && !attempt.into_reserve {
             if let Some(reasons) = cycle.failed.get(&shape) {
-                cycle.plan.pending.push((job.id, reasons.clone()));
+                let reasons = reasons.clone();
+                cycle.fails_alike(alike, reasons.clone());
+                cycle.plan.pending.push((job.id, reasons));
                 continue;
             }
         }
@@ -104,7 +111,23 @@ struct Cycle<'v> {
     /// words keep each list once by its address.
     alike_reasons: HashMap<Vec<Reject>, Reasons, FastHash>,
     user_use: limits::UserUse,
+    /// The cached reasons (`failed`) a job of one shape (by address) and
+    /// LAS standing met, and the cycle's `Stamp` then: while the stamp
+    /// holds, a job of that shape and standing sizes up the same (its
+    /// class, team row, caps, the free GPUs, the reservation are as they
+    /// were) and meets them too, without being sized up.
+    failed_by_shape: HashMap<(*const super::JobShape, bool), (Stamp, Reasons), FastHash>,
 }
+
+/// A waiting job's shape, by address, and whether it may take GPUs back
+/// from its team's more served jobs (`None`: per-user caps are set, so
+/// jobs of one shape may differ in the caps they meet).
+type AlikeKey = Option<(*const super::JobShape, bool)>;
+
+/// What a cycle has changed so far: starts, preemptions, holds, and the
+/// backfill reservation tried. Each only grows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp(usize, usize, usize, bool);
 
 /// What decides whether a job fits and why not, within one cycle: its
 /// class (by address: one `Class` per class), shape and standing.
@@ -205,6 +228,36 @@ impl<'v> Cycle<'v> {
             kept_from: Vec::new(),
             alike_reasons: HashMap::default(),
             user_use: limits::UserUse::of(&policy.sharing, &view.running),
+            failed_by_shape: HashMap::default(),
+        }
+    }
+
+    fn stamp(&self) -> Stamp {
+        let plan = &self.plan;
+        Stamp(
+            plan.starts.len(),
+            plan.preemptions.len(),
+            plan.holds.len(),
+            self.reservation_tried,
+        )
+    }
+
+    fn alike_key(&self, job: &PendingJob, row: &TeamRow) -> AlikeKey {
+        let takes_back = las_takes_back(&self.policy.sharing, row, job, self.now);
+        (!self.user_use.any_caps()).then_some((std::sync::Arc::as_ptr(&job.shape), takes_back))
+    }
+
+    /// The reasons a job alike to this one met, if nothing changed since.
+    fn failed_alike(&self, key: AlikeKey) -> Option<Reasons> {
+        let (stamp, reasons) = self.failed_by_shape.get(&key?)?;
+        (*stamp == self.stamp()).then(|| reasons.clone())
+    }
+
+    /// A job sized up as `key` met the cached `reasons`, as of now.
+    fn fails_alike(&mut self, key: AlikeKey, reasons: Reasons) {
+        if let Some(key) = key {
+            let stamp = self.stamp();
+            self.failed_by_shape.insert(key, (stamp, reasons));
         }
     }
 

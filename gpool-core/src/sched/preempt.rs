@@ -54,7 +54,8 @@ pub(super) struct Reclaimer<'v> {
     policy: &'v Policy,
     now: Timestamp,
     /// The nodes with this cycle's starts marked busy.
-    nodes: Vec<NodeView>,
+    /// The view's nodes, copied at this cycle's first start or hold.
+    nodes: std::borrow::Cow<'v, [NodeView]>,
     node_idx: HashMap<&'v str, usize, FastHash>,
     /// Running jobs (and promises) whose GPUs a waiting job already counts
     /// on this cycle, by address: a promise may name a job that runs again.
@@ -90,7 +91,7 @@ impl<'v> Reclaimer<'v> {
             view,
             policy,
             now,
-            nodes: view.nodes.clone(),
+            nodes: std::borrow::Cow::Borrowed(&view.nodes),
             node_idx: view
                 .nodes
                 .iter()
@@ -178,7 +179,7 @@ impl<'v> Reclaimer<'v> {
     pub(super) fn taken(&mut self, placement: &[NodePlacement], host: Option<crate::sched::HostAsk>) {
         for part in placement {
             if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                let node = &mut self.nodes[*node_idx];
+                let node = &mut self.nodes.to_mut()[*node_idx];
                 node.occupy(&part.gpu_indices, host);
                 if node.gpus.iter().all(|gpu| gpu.busy) {
                     self.with_free.remove(node_idx);

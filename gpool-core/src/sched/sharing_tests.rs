@@ -1089,6 +1089,52 @@ proptest! {
     }
 }
 
+proptest! {
+    /// Jobs that share one shape (as a batch's do) are planned as jobs of
+    /// equal shapes of their own are: the same starts, preemptions,
+    /// reasons and priorities, in whole plans and in plans of starts
+    /// alone (a cycle gives a job the reasons a job of its shape met
+    /// while nothing changed since, without sizing it up).
+    #[test]
+    fn jobs_that_share_a_shape_are_planned_as_jobs_of_equal_shapes(view in arb_queue_view(), reserved in 1u32..6) {
+        let shared = with_shared_shapes(&view);
+        let mut reserve = policy();
+        reserve.sharing.qos[2].reserve_gpus = reserved;
+        let mut no_las = policy();
+        no_las.sharing.las = None;
+        for policy in [&policy(), &no_las, &Policy::default(), &reserve] {
+            prop_assert_eq!(schedule(&shared, policy, NOW), schedule(&view, policy, NOW));
+            prop_assert_eq!(schedule_starts(&shared, policy, NOW), schedule_starts(&view, policy, NOW));
+        }
+    }
+}
+
+/// `view` with its waiting jobs of equal shapes sharing one.
+fn with_shared_shapes(view: &ClusterView) -> ClusterView {
+    let mut shapes: Vec<std::sync::Arc<JobShape>> = Vec::new();
+    let pending = view
+        .pending
+        .iter()
+        .map(|job| {
+            let shape = match shapes.iter().find(|shape| **shape == job.shape) {
+                Some(shape) => shape.clone(),
+                None => {
+                    shapes.push(job.shape.clone());
+                    job.shape.clone()
+                }
+            };
+            std::sync::Arc::new(PendingJob {
+                shape,
+                ..(**job).clone()
+            })
+        })
+        .collect();
+    ClusterView {
+        pending,
+        ..view.clone()
+    }
+}
+
 #[test]
 fn a_window_holds_the_gpus_victims_hold_unless_many_shapes_could_spend_the_failed_tries() {
     let view = cluster_view_with("n1 4xh100\nn2 4xh100 drain", "r1 team=a on=n1:0-1", "j1 team=a");

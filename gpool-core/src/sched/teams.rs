@@ -172,10 +172,13 @@ pub(super) fn charge_running<'v>(
     let mut running: Vec<&RunningJob> = view.running.iter().collect();
     running.sort_by_key(|r| (r.started_at, r.id));
     for job in running {
-        usage_now
-            .entry(job.team.clone())
-            .or_default()
-            .charge(job.gpus(), job.started_at, now, job.burst, sharing);
+        usage_now.entry(job.team.clone()).or_default().charge_in(
+            period_start,
+            job.gpus(),
+            (job.started_at, now),
+            job.burst,
+            sharing.half_life_secs,
+        );
         let team = teams.index(&job.team, sharing);
         let TeamRow { terms, used } = &mut teams.rows[team];
         used.in_use += job.gpus();
@@ -263,27 +266,38 @@ pub(super) fn order<'v, 'c>(
     let max_qos = sharing.max_qos_priority();
     let max_gpus = view.pending.iter().map(|job| job.total_gpus()).max().unwrap_or(0);
     let mut priorities = Vec::with_capacity(view.pending.len());
+    // Jobs come in runs of one class and size: the last one's coverage
+    // (teams' use does not change while the order is made) is reused.
+    let mut last_cover: Option<((u32, u64), bool)> = None;
     let mut order: Vec<Ordered> = view
         .pending
         .iter()
         .map(|job| &**job)
         .zip(job_class)
-        .map(|(job, class)| {
-            let class = &classes[*class as usize];
+        .map(|(job, class_idx)| {
+            let class = &classes[*class_idx as usize];
+            let gpus = job.total_gpus();
             let inputs = PriorityInputs {
                 qos_priority: class.qos_priority,
                 max_qos_priority: max_qos,
                 fair_share: class.fair_share,
                 submitted_at: job.submitted_at,
                 now,
-                gpus: job.total_gpus(),
+                gpus,
                 max_gpus,
                 nice: job.shape.priority,
             };
             let priority = crate::policy::priority(&sharing.weights, &inputs);
             priorities.push((job.id, priority));
-            let TeamRow { terms, used } = &teams.rows[class.team];
-            let covered = class.coverage(terms, used, job).is_some();
+            let covered = match last_cover {
+                Some((key, covered)) if key == (*class_idx, gpus) => covered,
+                _ => {
+                    let TeamRow { terms, used } = &teams.rows[class.team];
+                    let covered = class.coverage(terms, used, job).is_some();
+                    last_cover = Some(((*class_idx, gpus), covered));
+                    covered
+                }
+            };
             (order_key(covered, priority.total, job), job, class)
         })
         .collect();
@@ -307,15 +321,24 @@ pub(super) fn order<'v, 'c>(
 /// each team keeps the places in `order` its jobs held, so the order
 /// between teams is the priority order's.
 pub(super) fn least_served_first(order: &mut [Ordered], queue: impl Fn(&PendingJob) -> usize) {
-    let mut by_team: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (place, (_, _, class)) in order.iter().enumerate() {
-        by_team.entry(class.team).or_default().push(place);
+    let queues: Vec<usize> = order.iter().map(|(_, job, _)| queue(job)).collect();
+    let n_teams = order.iter().map(|(_, _, class)| class.team + 1).max().unwrap_or(0);
+    // Per team: the highest queue so far, and whether a later job of the
+    // team is in a lower one (else its jobs are in queue order already).
+    let mut top = vec![0; n_teams];
+    let mut unsorted = vec![false; n_teams];
+    for ((_, _, class), queue) in order.iter().zip(&queues) {
+        unsorted[class.team] |= *queue < top[class.team];
+        top[class.team] = top[class.team].max(*queue);
     }
-    for places in by_team.values() {
-        let mut jobs: Vec<(usize, usize)> = places.iter().map(|place| (queue(order[*place].1), *place)).collect();
-        if jobs.windows(2).all(|pair| pair[0].0 <= pair[1].0) {
-            continue;
+    let mut places_of: Vec<Vec<usize>> = vec![Vec::new(); n_teams];
+    for (place, (_, _, class)) in order.iter().enumerate() {
+        if unsorted[class.team] {
+            places_of[class.team].push(place);
         }
+    }
+    for places in places_of.iter().filter(|places| !places.is_empty()) {
+        let mut jobs: Vec<(usize, usize)> = places.iter().map(|place| (queues[*place], *place)).collect();
         jobs.sort_by_key(|(queue, place)| (*queue, *place));
         let reordered: Vec<Ordered> = jobs.iter().map(|(_, place)| order[*place]).collect();
         for (place, entry) in places.iter().zip(reordered) {

@@ -83,6 +83,8 @@ impl<'v> Reclaimer<'v> {
             .iter()
             .copied()
             .filter(|r| !r.preempting && !self.claimed.contains(&address(r)))
+            // What may make it a victim at all, before its QoS is looked up.
+            .filter(|r| (guaranteed && r.burst) || preempts_lower || takes_back(r))
             .filter(|r| {
                 let victim_qos = sharing.qos(&r.qos);
                 let lower = victim_qos.map_or(0, |qos| qos.priority) < job_qos;
