@@ -29,6 +29,8 @@ pub use node_view::{Availability, GpuView, HostAsk, HostHold, HostView, NodeView
 mod pipeline;
 mod plan;
 mod preempt;
+pub mod promises;
+pub use promises::{Promises, PROMISE_MS};
 mod queue;
 mod reason;
 pub mod reservations;
@@ -399,70 +401,6 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
             .map(|(id, reason)| (id, Reasons::from([reason]))),
     );
     plan
-}
-
-/// How long what is freed for a waiting job stays its past its last
-/// victim's grace (and a victim's GPUs at least, once it ended): it starts
-/// at the next cycle, within milliseconds, unless its standing changed.
-pub const PROMISE_MS: i64 = 30_000;
-
-/// Until when a job's claims hold once a victim with `grace_secs` of grace
-/// is signalled at `now`.
-pub fn claim_until(now: Timestamp, grace_secs: u64) -> Timestamp {
-    Timestamp(now.0 + grace_secs as i64 * 1000 + PROMISE_MS)
-}
-
-/// Until when the GPUs of a victim that ended at `now` are promised: its
-/// job's claims (`claim_until`), and at least `PROMISE_MS`.
-pub fn promise_until(now: Timestamp, claims_until: Option<Timestamp>) -> Timestamp {
-    claims_until.unwrap_or_default().max(Timestamp(now.0 + PROMISE_MS))
-}
-
-/// The GPUs of a reclaiming job's placement that a hold promises it (those
-/// `takeable`: free, and promised to nobody yet), by node; the state task
-/// and the simulator record them alike.
-pub fn held_free(placement: &[NodePlacement], takeable: impl Fn(&str, u32) -> bool) -> Vec<NodePlacement> {
-    placement
-        .iter()
-        .filter_map(|part| {
-            let gpu_indices: Vec<u32> = part
-                .gpu_indices
-                .iter()
-                .copied()
-                .filter(|gpu| takeable(&part.node, *gpu))
-                .collect();
-            (!gpu_indices.is_empty()).then(|| NodePlacement {
-                node: part.node.clone(),
-                gpu_indices,
-            })
-        })
-        .collect()
-}
-
-/// Whether the GPUs of a victim that ended stay promised to its waiting
-/// job in a view of `nodes`: each is still free, on a node that takes
-/// work. The state task and the simulator build a cycle's `promised` with
-/// it alike (the job must still wait, and the promise not have run out).
-pub fn promise_holds(nodes: &[NodeView], promise: &RunningJob) -> bool {
-    promise.placement.iter().all(|part| {
-        nodes.iter().find(|node| node.name == part.node).is_some_and(|node| {
-            node.availability == Availability::Up
-                && part
-                    .gpu_indices
-                    .iter()
-                    .all(|idx| node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy))
-        })
-    })
-}
-
-/// Whether GPU `gpu` of `node` is in one of `promised`'s placements.
-pub fn is_promised(promised: &[&RunningJob], node: &str, gpu: u32) -> bool {
-    promised.iter().any(|promise| {
-        promise
-            .placement
-            .iter()
-            .any(|part| part.node == node && part.gpu_indices.contains(&gpu))
-    })
 }
 
 /// GPUs wanted (waiting) or held (running) by jobs that name their models,

@@ -140,11 +140,8 @@ struct Sim<'a> {
     /// Jobs arrived (or came back) since the view's queue was last put in
     /// the queue's order.
     arrived: bool,
-    /// GPUs of victims that ended, promised to the job each was taken for.
-    promises: Vec<(RunningJob, Timestamp)>,
-    /// Until when what is freed for each waiting job stays its: its last
-    /// victim's grace, and `sched::PROMISE_MS` more.
-    claim_until: HashMap<JobId, Timestamp>,
+    /// What is kept for waiting jobs that take GPUs back.
+    promises: crate::sched::Promises,
     /// When a cycle last explained every waiting job (gpoold's words).
     explained_at: Option<Timestamp>,
     default_limit_secs: Option<u64>,
@@ -265,8 +262,7 @@ impl Sim<'_> {
             queue: Queue::default(),
             shapes: HashSet::default(),
             arrived: false,
-            promises: Vec::new(),
-            claim_until: HashMap::new(),
+            promises: crate::sched::Promises::default(),
             explained_at: None,
             default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
             out: Collector::new(setup, jobs, options.bucket_secs),
@@ -456,8 +452,7 @@ impl Sim<'_> {
         // `claims_met`): victims still in their grace name it, a job that
         // no longer waits, so the next plan rescinds them unless another
         // job counts on them.
-        self.promises.retain(|(p, _)| p.preempted_for != Some(job.id));
-        self.claim_until.remove(&job.id);
+        self.promises.claims_met(job.id);
         let index = job.id.0 as usize - 1;
         let trace = &self.jobs[index];
         for part in &start.placement {
@@ -510,11 +505,8 @@ impl Sim<'_> {
         let running = self.view.running.swap_remove(at);
         let attempt = self.attempts.remove(&job)?;
         if let Some(for_job) = running.preempted_for.filter(|_| running.preempting) {
-            let until = crate::sched::promise_until(self.now, self.claim_until.get(&for_job).copied());
-            self.promises.push((
-                RunningJob::promise(running.id, for_job, running.placement.clone()),
-                until,
-            ));
+            self.promises
+                .victim_ended(running.id, for_job, &running.placement, self.now);
         }
         for part in &running.placement {
             self.set_busy(&part.node, &part.gpu_indices, None);

@@ -104,12 +104,10 @@ pub struct State {
     pub usage: BTreeMap<String, Ledger>,
     /// Reservations made at run time; `policy` holds them too.
     created_reservations: Vec<gpool_core::sched::reservations::Reservation>,
-    /// GPUs of preempted attempts that ended while their job still waits:
-    /// promised to it until it starts or the promise runs out; not durable.
-    promises: Vec<promises::Promise>,
-    /// Until when what is freed for each waiting job stays its: the end of
-    /// its last victim's grace, and a little more; not durable.
-    claim_until: HashMap<JobId, Timestamp>,
+    /// What is freed for waiting jobs that take GPUs back (their claims,
+    /// the GPUs they hold, their ended victims'), until they start or it
+    /// runs out; not durable.
+    promises: gpool_core::sched::Promises,
     /// GPU-seconds lost to preemptions in the last hour; not durable.
     recent_waste: VecDeque<(Timestamp, f64)>,
     /// User token records by id.

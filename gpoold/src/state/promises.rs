@@ -1,22 +1,14 @@
-//! Promises: the GPUs of preempted attempts that ended, and the free GPUs
-//! a reclaiming job holds, kept for the job they were taken for until it
-//! starts or its victims' grace is long over (`gpool_core::sched`'s
-//! `ClusterView::promised`).
+//! Promises on the controller's side: the state task keeps what is freed
+//! for a waiting job in `gpool_core::sched::Promises`, the ledger
+//! `gpool sim` keeps, fed from its durable job records and its agents'
+//! reports (`ClusterView::promised`).
 
 use super::State;
 use gpool_core::job_state::JobState;
-use gpool_core::model::Job;
-use gpool_core::sched::RunningJob;
+use gpool_core::model::{Job, NodePlacement};
+use gpool_core::sched::{Preemption, RunningJob};
 use gpool_core::{JobId, Timestamp};
-
-/// GPUs a preempted attempt freed, promised to the job it was preempted for.
-#[derive(Debug, Clone)]
-pub struct Promise {
-    /// The ended attempt as the scheduler sees a victim: its placement, and
-    /// `preempted_for` the job they are promised to.
-    pub view: RunningJob,
-    pub until: Timestamp,
-}
+use std::collections::HashMap;
 
 /// Whether a job (or an array's task, which becomes a job only when it
 /// starts) may still be waiting: promises to it hold. The scheduler honours
@@ -26,40 +18,29 @@ fn is_pending(job: Option<&Job>) -> bool {
 }
 
 impl State {
-    /// The free GPUs of `placement`, which job `id` will get once its
-    /// victims end, are promised to it until `until`: no other job takes
-    /// them meanwhile, so it never needs another victim for them.
-    pub(super) fn hold_free_gpus(
+    /// A plan's holds, once its preemptions were carried out (`graces`:
+    /// the grace of each victim signalled now): each job claims what its
+    /// victims free, and keeps the free GPUs of its placement meanwhile.
+    pub(super) fn keep_holds(
         &mut self,
-        id: JobId,
-        placement: &[gpool_core::model::NodePlacement],
-        until: Timestamp,
+        holds: &[(JobId, Vec<NodePlacement>)],
+        (preemptions, graces): (&[Preemption], &HashMap<JobId, u64>),
+        now: Timestamp,
     ) {
+        let mut promises = std::mem::take(&mut self.promises);
         let holders = self.gpu_holders();
-        let promised: Vec<&RunningJob> = self.promises.iter().map(|promise| &promise.view).collect();
-        let free = gpool_core::sched::held_free(placement, |node, gpu| {
-            !holders.contains_key(&(node, gpu)) && !gpool_core::sched::is_promised(&promised, node, gpu)
-        });
-        if !free.is_empty() {
-            self.promises.push(Promise {
-                view: RunningJob::promise(id, id, free),
-                until,
-            });
-        }
+        let grace_of = |p: &Preemption| graces.get(&p.victim).copied();
+        let free_now = |node: &str, gpu: u32| !holders.contains_key(&(node, gpu));
+        promises.hold(holds, (preemptions, grace_of), now, free_now);
+        self.promises = promises;
     }
 
     /// Drops the promises (and claims) past their time, and those to jobs
     /// that no longer wait.
     pub(super) fn expire_promises(&mut self, now: Timestamp) {
-        self.claim_until.retain(|_, until| *until > now);
         let jobs = &self.jobs;
-        self.promises.retain(|promise| {
-            promise.until > now
-                && is_pending(
-                    jobs.get(&promise.view.preempted_for.unwrap_or_default())
-                        .map(|job| &**job),
-                )
-        });
+        self.promises
+            .expire(now, |id| is_pending(jobs.get(&id).map(|job| &**job)));
     }
 
     /// Attempt `placement` of `id` ended: where it was preempted for a job
@@ -69,45 +50,27 @@ impl State {
         &mut self,
         id: JobId,
         for_job: Option<JobId>,
-        placement: &[gpool_core::model::NodePlacement],
+        placement: &[NodePlacement],
         now: Timestamp,
     ) {
         let Some(for_job) = for_job else {
             return;
         };
-        if !is_pending(self.jobs.get(&for_job).map(|job| &**job)) {
-            return;
+        if is_pending(self.jobs.get(&for_job).map(|job| &**job)) {
+            self.promises.victim_ended(id, for_job, placement, now);
         }
-        let until = gpool_core::sched::promise_until(now, self.claim_until.get(&for_job).copied());
-        self.promises.push(Promise {
-            view: RunningJob::promise(id, for_job, placement.to_vec()),
-            until,
-        });
     }
 
-    /// Job `id` started: what was being freed for it is no longer its. Its
-    /// victims still in their grace keep its name, a job that no longer
-    /// waits: the next plan rescinds them unless another job counts on
-    /// them.
+    /// Job `id` started: what was being freed for it is no longer its.
     pub(super) fn claims_met(&mut self, id: JobId) {
-        self.promises.retain(|promise| promise.view.preempted_for != Some(id));
-        self.claim_until.remove(&id);
+        self.promises.claims_met(id);
     }
 
     /// The promises the scheduler honours now: their job waits, and their
     /// GPUs are free on a node that takes work.
     pub(super) fn promised(&self, nodes: &[gpool_core::sched::NodeView]) -> Vec<RunningJob> {
+        let jobs = &self.jobs;
         self.promises
-            .iter()
-            .filter(|promise| {
-                is_pending(
-                    self.jobs
-                        .get(&promise.view.preempted_for.unwrap_or_default())
-                        .map(|job| &**job),
-                )
-            })
-            .filter(|promise| gpool_core::sched::promise_holds(nodes, &promise.view))
-            .map(|promise| promise.view.clone())
-            .collect()
+            .in_force(nodes, |id| is_pending(jobs.get(&id).map(|job| &**job)))
     }
 }

@@ -245,9 +245,9 @@ impl State {
         now: Timestamp,
         out: &mut Batch,
     ) {
-        // The longest grace of each waiting job's new victims.
-        let mut graces: HashMap<JobId, u64> = HashMap::new();
-        for preemption in preemptions {
+        // The grace of each victim signalled now.
+        let mut signalled: HashMap<JobId, u64> = HashMap::new();
+        for preemption in &preemptions {
             let Some(job) = self.jobs.get(&preemption.victim) else {
                 continue;
             };
@@ -274,8 +274,7 @@ impl State {
                     job.record_event(now, format!("preempted again, for job {}", preemption.for_job));
                     out.writes.push(Write::Job(preemption.victim));
                 }
-                let grace = graces.entry(preemption.for_job).or_default();
-                *grace = (*grace).max(self.grace_secs(preemption.victim));
+                signalled.insert(preemption.victim, self.grace_secs(preemption.victim));
                 continue;
             }
             let by = format!("preempted for job {}", preemption.for_job);
@@ -286,8 +285,7 @@ impl State {
             if let Some(preempting) = self.preemption_mut(preemption.victim) {
                 preempting.for_job = Some(preemption.for_job);
             }
-            let grace = graces.entry(preemption.for_job).or_default();
-            *grace = (*grace).max(grace_secs);
+            signalled.insert(preemption.victim, grace_secs);
             tracing::info!(
                 job = %preemption.victim,
                 for_job = %preemption.for_job,
@@ -300,14 +298,7 @@ impl State {
             }
             self.recent_waste.push_back((now, lost));
         }
-        for (job, placement) in holds {
-            if let Some(grace_secs) = graces.get(&job) {
-                let until = gpool_core::sched::claim_until(now, *grace_secs);
-                let claim = self.claim_until.entry(job).or_default();
-                *claim = (*claim).max(until);
-                self.hold_free_gpus(job, &placement, until);
-            }
-        }
+        self.keep_holds(&holds, (&preemptions, &signalled), now);
     }
 
     /// The scheduler's rescinds: victims in their grace whose GPUs no

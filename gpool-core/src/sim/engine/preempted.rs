@@ -98,36 +98,22 @@ impl Sim<'_> {
         preemptions: &[Preemption],
     ) {
         let sharing = &self.setup.policy.sharing;
-        for (job, placement) in holds {
-            let grace_secs = preemptions
-                .iter()
-                .filter(|p| p.for_job == *job)
-                .filter_map(|p| self.view.running.iter().find(|r| r.id == p.victim))
-                .map(|r| {
-                    sharing
-                        .qos(&r.qos)
-                        .map_or(60, |qos| qos.grace_secs)
-                        .min(sharing.max_grace_secs)
-                })
-                .max();
-            let Some(grace_secs) = grace_secs else {
-                continue;
-            };
-            let until = crate::sched::claim_until(self.now, grace_secs);
-            let claim = self.claim_until.entry(*job).or_default();
-            *claim = (*claim).max(until);
-            let promised: Vec<&RunningJob> = self.promises.iter().map(|(p, _)| p).collect();
-            let free = crate::sched::held_free(placement, |node, idx| {
-                let free_now = self
-                    .node_index
-                    .get(node)
-                    .is_some_and(|i| self.view.nodes[*i].gpus.iter().any(|gpu| gpu.index == idx && !gpu.busy));
-                free_now && !crate::sched::is_promised(&promised, node, idx)
-            });
-            if !free.is_empty() {
-                self.promises.push((RunningJob::promise(*job, *job, free), until));
-            }
-        }
+        let (running, nodes, node_index) = (&self.view.running, &self.view.nodes, &self.node_index);
+        let grace_of = |p: &Preemption| {
+            let victim = running.iter().find(|r| r.id == p.victim)?;
+            Some(
+                sharing
+                    .qos(&victim.qos)
+                    .map_or(60, |qos| qos.grace_secs)
+                    .min(sharing.max_grace_secs),
+            )
+        };
+        let free_now = |node: &str, idx: u32| {
+            node_index
+                .get(node)
+                .is_some_and(|i| nodes[*i].gpus.iter().any(|gpu| gpu.index == idx && !gpu.busy))
+        };
+        self.promises.hold(holds, (preemptions, grace_of), self.now, free_now);
     }
 
     /// A preempted attempt's grace ran out: the work since its last

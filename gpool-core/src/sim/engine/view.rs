@@ -35,22 +35,12 @@ impl Sim<'_> {
         shared
     }
 
-    /// The promises that still hold: their job waits and their GPUs are
-    /// free (those that no longer hold are dropped).
+    /// The promises that still hold (those past their time, or to jobs
+    /// that no longer wait, are dropped), as the cycle honours them.
     fn promised(&mut self) -> Vec<RunningJob> {
-        let now = self.now;
-        let waiting: HashSet<JobId> = self
-            .promises
-            .iter()
-            .filter_map(|(p, _)| p.preempted_for)
-            .filter(|id| self.view.pending.iter().any(|job| job.id == *id))
-            .collect();
-        let nodes = &self.view.nodes;
-        self.promises.retain(|(p, until)| {
-            *until > now
-                && p.preempted_for.is_some_and(|id| waiting.contains(&id))
-                && crate::sched::promise_holds(nodes, p)
-        });
-        self.promises.iter().map(|(p, _)| p.clone()).collect()
+        let pending = &self.view.pending;
+        let waits = |id: JobId| pending.iter().any(|job| job.id == id);
+        self.promises.expire(self.now, waits);
+        self.promises.in_force(&self.view.nodes, waits)
     }
 }
