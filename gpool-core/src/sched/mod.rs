@@ -34,6 +34,8 @@ pub use promises::{Promises, PROMISE_MS};
 mod queue;
 mod reason;
 pub mod reservations;
+pub mod waste;
+pub use waste::WasteBudget;
 mod teams;
 
 pub use plan::{Plan, Preemption, Reasons, Reject, Start};

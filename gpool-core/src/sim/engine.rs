@@ -16,7 +16,7 @@ use super::Setup;
 use crate::ids::{Epoch, JobId, Timestamp};
 use crate::sched::{cycle, ClusterView, JobShape, PendingJob, Plan, Preemption, Queue, Reject, RunningJob, Start};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
 mod audit;
@@ -25,8 +25,6 @@ mod preempted;
 mod quiet;
 mod view;
 pub use power::PowerOutcome;
-
-const HOUR_MS: i64 = 3_600_000;
 
 /// What a caller may watch while a simulation runs: each cycle (to time
 /// it; it must call `run` once and return its plan) and the progress of the
@@ -129,7 +127,8 @@ struct Sim<'a> {
     service_gpu_secs: Vec<u64>,
     next_epoch: u64,
     events: BinaryHeap<Reverse<(Timestamp, Event)>>,
-    recent_waste: VecDeque<(Timestamp, f64)>,
+    /// The hour's waste budget, as gpoold charges it.
+    waste: crate::sched::WasteBudget,
     /// The waiting jobs by shape, as gpoold's queue keeps them (for the
     /// window of a starts-only cycle); `view.pending` holds the same jobs.
     queue: Queue,
@@ -258,7 +257,7 @@ impl Sim<'_> {
             service_gpu_secs: vec![0; jobs.len()],
             next_epoch: 1,
             events: BinaryHeap::new(),
-            recent_waste: VecDeque::new(),
+            waste: crate::sched::WasteBudget::default(),
             queue: Queue::default(),
             shapes: HashSet::default(),
             arrived: false,

@@ -29,7 +29,7 @@ pub struct Attempt {
 }
 
 /// A preempted attempt in its grace (or past it, being killed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Preempting {
     /// The attempt the signal went to.
     pub epoch: Epoch,
@@ -42,6 +42,9 @@ pub struct Preempting {
     /// Withdrawn in its grace (`State::rescind`): not killed when the grace
     /// ends.
     pub withdrawn: bool,
+    /// What the scheduler's preemption charged the hour's waste budget
+    /// (none for an operator's requeue, or after a restart).
+    pub charged: Option<gpool_core::sched::waste::Waste>,
 }
 
 impl Preempting {
@@ -51,6 +54,7 @@ impl Preempting {
             deadline,
             for_job: None,
             withdrawn: false,
+            charged: None,
         }
     }
 }

@@ -57,7 +57,7 @@ use gpool_core::policy::{Ledger, Refusal};
 use gpool_core::sched::{ClusterView, JobShape, NodeView, PendingJob, Policy, Queue};
 use gpool_core::{JobId, Timestamp};
 use gpool_proto::pb;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use store::Store;
 use tokio::sync::{broadcast, mpsc, oneshot, Notify};
@@ -109,7 +109,7 @@ pub struct State {
     /// runs out; not durable.
     promises: gpool_core::sched::Promises,
     /// GPU-seconds lost to preemptions in the last hour; not durable.
-    recent_waste: VecDeque<(Timestamp, f64)>,
+    waste: gpool_core::sched::WasteBudget,
     /// User token records by id.
     pub tokens: BTreeMap<u64, TokenRecord>,
     /// Hashes token secrets and signs job tokens.

@@ -38,7 +38,7 @@ impl State {
             last_compaction: None,
             usage: loaded.usage,
             promises: gpool_core::sched::Promises::default(),
-            recent_waste: VecDeque::new(),
+            waste: gpool_core::sched::WasteBudget::default(),
             tokens: loaded.tokens,
             token_key,
             envs: std::collections::HashSet::new(),

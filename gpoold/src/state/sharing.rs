@@ -17,7 +17,6 @@ use running_index::move_running_index;
 
 /// SIGUSR1 on Linux: the checkpoint signal of jobs that name none.
 pub const DEFAULT_CHECKPOINT_SIGNAL: i32 = 10;
-const HOUR_MS: i64 = 3_600_000;
 /// A preempted attempt past its grace is told to end again this often,
 /// until it does (its agent may have been away when the first kill went).
 const KILL_RESEND_MS: i64 = 15_000;
@@ -226,14 +225,7 @@ impl State {
 
     /// GPU-seconds preemption may still throw away in the hour up to `now`.
     pub fn waste_budget(&self, now: Timestamp) -> f64 {
-        let cap = self.policy.sharing.waste_cap_gpu_hours_per_hour * 3600.0;
-        let lost: f64 = self
-            .recent_waste
-            .iter()
-            .filter(|(at, _)| now.0 - at.0 <= HOUR_MS)
-            .map(|(_, lost)| lost)
-            .sum();
-        cap - lost
+        self.waste.left(now, self.policy.sharing.waste_cap_gpu_hours_per_hour)
     }
 
     /// The scheduler's preemptions that still hold: each victim gets its
@@ -267,9 +259,13 @@ impl State {
                 .filter(|preempting| preempting.withdrawn);
             if let Some(preempting) = withdrawn {
                 // Taken again while its withdrawn grace runs: the signal went
-                // out then, and the grace still ends as it was to.
+                // out then, and the grace still ends as it was to, when what
+                // it charged is lost after all.
                 preempting.withdrawn = false;
                 preempting.for_job = Some(preemption.for_job);
+                if let Some(charged) = preempting.charged {
+                    self.waste.charge(charged);
+                }
                 if let Some(job) = self.jobs.get_mut(&preemption.victim) {
                     job.record_event(now, format!("preempted again, for job {}", preemption.for_job));
                     out.writes.push(Write::Job(preemption.victim));
@@ -284,6 +280,7 @@ impl State {
             };
             if let Some(preempting) = self.preemption_mut(preemption.victim) {
                 preempting.for_job = Some(preemption.for_job);
+                preempting.charged = Some((now, lost));
             }
             signalled.insert(preemption.victim, grace_secs);
             tracing::info!(
@@ -293,10 +290,7 @@ impl State {
             );
             self.metrics.preemptions.inc();
             self.metrics.preempted_gpu_seconds.inc_by(lost);
-            while self.recent_waste.front().is_some_and(|(at, _)| now.0 - at.0 > HOUR_MS) {
-                self.recent_waste.pop_front();
-            }
-            self.recent_waste.push_back((now, lost));
+            self.waste.charge((now, lost));
         }
         self.keep_holds(&holds, (&preemptions, &signalled), now);
     }
@@ -327,15 +321,8 @@ impl State {
             let Some(for_job) = preempting.and_then(|p| p.for_job) else {
                 continue;
             };
-            // Unless a checkpoint since changed what it would have lost.
-            let (at, lost) = (
-                *at,
-                self.jobs
-                    .get(&id)
-                    .map_or(0.0, |job| job.state.work_since_checkpoint(*at)),
-            );
-            if let Some(charged) = self.recent_waste.iter().position(|waste| *waste == (at, lost)) {
-                self.recent_waste.remove(charged);
+            if let Some(charged) = preempting.and_then(|p| p.charged) {
+                self.waste.give_back(charged);
             }
             if let Some(preempting) = self.preemption_mut(id) {
                 preempting.for_job = None;

@@ -29,7 +29,7 @@ impl Sim<'_> {
         if let Some(attempt) = self.attempts.get_mut(&running.id).filter(|a| a.withdrawn) {
             attempt.withdrawn = false;
             if let Some((_, waste)) = attempt.kill_at {
-                self.recent_waste.push_back(waste);
+                self.waste.charge(waste);
             }
             return;
         }
@@ -42,7 +42,7 @@ impl Sim<'_> {
         };
         let checkpointed = on_signal == OnSignal::Checkpoint;
         let waste = (now, if checkpointed { 0.0 } else { preemption.lost_gpu_secs });
-        self.recent_waste.push_back(waste);
+        self.waste.charge(waste);
         if let Some(attempt) = self.attempts.get_mut(&running.id).filter(|a| kill_at < a.ends_at) {
             attempt.checkpointed_on_signal = checkpointed;
             attempt.kill_at = Some((kill_at, waste));
@@ -82,9 +82,7 @@ impl Sim<'_> {
         if let Some(attempt) = self.attempts.get_mut(&victim) {
             attempt.withdrawn = true;
             if let Some((_, waste)) = attempt.kill_at {
-                if let Some(i) = self.recent_waste.iter().position(|w| *w == waste) {
-                    self.recent_waste.remove(i);
-                }
+                self.waste.give_back(waste);
             }
         }
     }

@@ -17,11 +17,9 @@ impl Sim<'_> {
                     (checkpoints > 0).then(|| Timestamp(running.started_at.0 + checkpoints * every));
             }
         }
-        while self.recent_waste.front().is_some_and(|(at, _)| now.0 - at.0 > HOUR_MS) {
-            self.recent_waste.pop_front();
-        }
-        self.view.waste_budget_gpu_secs = self.setup.policy.sharing.waste_cap_gpu_hours_per_hour * 3600.0
-            - self.recent_waste.iter().map(|(_, lost)| lost).sum::<f64>();
+        self.view.waste_budget_gpu_secs = self
+            .waste
+            .left(now, self.setup.policy.sharing.waste_cap_gpu_hours_per_hour);
         self.view.promised = self.promised();
     }
 
