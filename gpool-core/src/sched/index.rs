@@ -70,14 +70,16 @@ pub const LOCALITY_LABELS: [&str; 2] = ["switch", "rack"];
 
 impl<'v> FreeIndex<'v> {
     pub(super) fn build(nodes: &'v [NodeView], policy: &Policy) -> FreeIndex<'v> {
-        let mut models: Vec<GpuModel> = nodes
-            .iter()
-            .flat_map(|node| node.gpus.iter().map(|gpu| &gpu.model))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .cloned()
-            .collect();
-        models.shrink_to_fit();
+        // The models, sorted, each once (a node's GPUs are mostly of one:
+        // the last one seen is tried first).
+        let mut seen: Vec<&GpuModel> = Vec::new();
+        for model in nodes.iter().flat_map(|node| node.gpus.iter().map(|gpu| &gpu.model)) {
+            if seen.last() != Some(&model) && !seen.contains(&model) {
+                seen.push(model);
+            }
+        }
+        seen.sort_unstable();
+        let models: Vec<GpuModel> = seen.into_iter().cloned().collect();
         let model_idx_by_name = models.iter().cloned().enumerate().map(|(i, m)| (m, i)).collect();
         let mut index = FreeIndex {
             nodes,
@@ -124,8 +126,13 @@ impl<'v> FreeIndex<'v> {
         // memory of its GPUs (one lookup per GPU: this runs every cycle).
         let mut by_model: Vec<Option<(Vec<u32>, u64)>> = vec![None; self.models.len()];
         let mut size = vec![0; self.models.len()];
+        let mut last: Option<(&GpuModel, usize)> = None;
         for gpu in &node.gpus {
-            let model_idx = self.model_idx_by_name[&gpu.model];
+            let model_idx = match last {
+                Some((model, idx)) if *model == gpu.model => idx,
+                _ => self.model_idx_by_name[&gpu.model],
+            };
+            last = Some((&gpu.model, model_idx));
             let (free, memory_mib) = by_model[model_idx].get_or_insert_with(|| (Vec::new(), u64::MAX));
             *memory_mib = (*memory_mib).min(gpu.memory_mib);
             size[model_idx] += 1;
