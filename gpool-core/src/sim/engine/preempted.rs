@@ -41,7 +41,9 @@ impl Sim<'_> {
             OnSignal::Exit | OnSignal::Checkpoint => now,
         };
         let checkpointed = on_signal == OnSignal::Checkpoint;
-        let waste = (now, if checkpointed { 0.0 } else { preemption.lost_gpu_secs });
+        // The budget is charged what is at stake, as gpoold charges it: it
+        // cannot know that the job will checkpoint when signalled.
+        let waste = (now, preemption.lost_gpu_secs);
         self.waste.charge(waste);
         if let Some(attempt) = self.attempts.get_mut(&running.id).filter(|a| kill_at < a.ends_at) {
             attempt.checkpointed_on_signal = checkpointed;
