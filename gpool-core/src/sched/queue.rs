@@ -92,6 +92,11 @@ impl Queue {
 
     /// The jobs of each shape a starts-only cycle that can hand out `gpus`
     /// GPUs looks at: as many as could take them, and one more.
+    /// The oldest waiting job of each shape.
+    pub fn firsts(&self) -> impl Iterator<Item = &Arc<PendingJob>> {
+        self.shapes.values().filter_map(|jobs| jobs.values().next())
+    }
+
     pub fn window(&self, gpus: u64) -> impl Iterator<Item = &Arc<PendingJob>> {
         self.shapes.iter().flat_map(move |(shape, jobs)| {
             let job_gpus = u64::from(shape.gpus_per_node) * u64::from(shape.nodes);

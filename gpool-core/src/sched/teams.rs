@@ -210,41 +210,50 @@ pub(super) fn classify<'v>(
     let mut classes: Vec<Class> = Vec::new();
     let mut class_of: HashMap<ClassKey, u32, FastHash> = HashMap::default();
     let mut last: Option<(ClassKey, u32)> = None;
-    // Jobs that share a shape (a batch, or alike jobs) share its class.
+    // Jobs that share a shape (a batch, or alike jobs) share its class;
+    // the view lists each shape's jobs together, so the last job's shape
+    // is tried before the table.
     let mut by_shape: HashMap<*const super::JobShape, u32, FastHash> = HashMap::default();
+    let mut last_shape: Option<(*const super::JobShape, u32)> = None;
     let job_class = view
         .pending
         .iter()
         .map(|job| {
-            if let Some(class) = by_shape.get(&std::sync::Arc::as_ptr(&job.shape)) {
-                return *class;
+            let shape = std::sync::Arc::as_ptr(&job.shape);
+            match last_shape {
+                Some((last, class)) if last == shape => return class,
+                _ => {}
             }
-            let key = ClassKey {
-                team: &job.shape.team,
-                qos: &job.shape.qos,
-                pool: &job.shape.pool,
-                gpu_types: &job.shape.gpu_types,
-            };
-            if let Some((last_key, class)) = &last {
-                if *last_key == key {
-                    by_shape.insert(std::sync::Arc::as_ptr(&job.shape), *class);
-                    return *class;
+            let class = match by_shape.get(&shape) {
+                Some(class) => *class,
+                None => {
+                    let key = ClassKey {
+                        team: &job.shape.team,
+                        qos: &job.shape.qos,
+                        pool: &job.shape.pool,
+                        gpu_types: &job.shape.gpu_types,
+                    };
+                    let class = match &last {
+                        Some((last_key, class)) if *last_key == key => *class,
+                        _ => *class_of.entry(key).or_insert_with(|| {
+                            let qos = sharing.qos(&job.shape.qos);
+                            classes.push(Class {
+                                team: teams.index(&job.shape.team, sharing),
+                                qos_priority: qos.map_or(0, |qos| qos.priority),
+                                preempt_lower: qos.is_some_and(|qos| qos.preempt_lower),
+                                pool: policy.pool(&job.shape.pool).map_or("", |pool| pool.name.as_str()),
+                                gpu_types: &job.shape.gpu_types,
+                                fair_share: fair.get(job.shape.team.as_str()).copied().unwrap_or(1.0),
+                            });
+                            classes.len() as u32 - 1
+                        }),
+                    };
+                    last = Some((key, class));
+                    by_shape.insert(shape, class);
+                    class
                 }
-            }
-            let class = *class_of.entry(key).or_insert_with(|| {
-                let qos = sharing.qos(&job.shape.qos);
-                classes.push(Class {
-                    team: teams.index(&job.shape.team, sharing),
-                    qos_priority: qos.map_or(0, |qos| qos.priority),
-                    preempt_lower: qos.is_some_and(|qos| qos.preempt_lower),
-                    pool: policy.pool(&job.shape.pool).map_or("", |pool| pool.name.as_str()),
-                    gpu_types: &job.shape.gpu_types,
-                    fair_share: fair.get(job.shape.team.as_str()).copied().unwrap_or(1.0),
-                });
-                classes.len() as u32 - 1
-            });
-            last = Some((key, class));
-            by_shape.insert(std::sync::Arc::as_ptr(&job.shape), class);
+            };
+            last_shape = Some((shape, class));
             class
         })
         .collect();

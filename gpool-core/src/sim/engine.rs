@@ -222,7 +222,7 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
         let changed = sim.cycle(observer);
         idle = !changed;
         last_cycle = at;
-        sim.out.snapshot(&sim.view, &setup.policy);
+        sim.out.snapshot(&sim.view, &sim.queue, &setup.policy);
         observer.progress(at.0 - first.0, (last_submit.0 - first.0).max(1));
     }
     let power = sim.power.take().map(|power| power.finish(sim.now, first));

@@ -325,8 +325,9 @@ impl Collector {
     }
 
     /// After a cycle: whether some waiting job's shape fits the free GPUs
-    /// of its pool (it could use them, and yet it waits).
-    pub(super) fn snapshot(&mut self, view: &ClusterView, policy: &Policy) {
+    /// of its pool (it could use them, and yet it waits). `queue`: the
+    /// waiting jobs by shape, the same as the view's.
+    pub(super) fn snapshot(&mut self, view: &ClusterView, queue: &crate::sched::Queue, policy: &Policy) {
         if view.pending.is_empty() {
             self.startable = false;
             return;
@@ -356,15 +357,10 @@ impl Collector {
             self.startable = false;
             return;
         }
-        // One job of each shape (alike jobs share one, by address): it fits
-        // where its pool has enough nodes with enough free GPUs of a model
-        // it accepts (and its memory and node requirements allow).
-        let mut shapes: HashMap<*const crate::sched::JobShape, &PendingJob, foldhash::fast::RandomState> =
-            HashMap::default();
-        for job in &view.pending {
-            shapes.entry(std::sync::Arc::as_ptr(&job.shape)).or_insert(&**job);
-        }
-        self.startable = shapes.into_values().any(|job| {
+        // One job of each shape: it fits where its pool has enough nodes
+        // with enough free GPUs of a model it accepts (and its memory and
+        // node requirements allow).
+        self.startable = queue.firsts().any(|job| {
             let pool = policy.pool(&job.shape.pool).map(|pool| pool.name.as_str());
             pools
                 .iter()
