@@ -12,6 +12,8 @@ use crate::ids::{JobId, Timestamp};
 use crate::model::{GpuModel, NodePlacement};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+mod alike;
+
 /// The plan for `view` (the whole queue's reasons where `explain_all`).
 pub(super) fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: bool) -> Plan {
     debug_assert!(!(explain_all && view.windowed), "a whole plan of a windowed view");
@@ -116,18 +118,8 @@ struct Cycle<'v> {
     /// holds, a job of that shape and standing sizes up the same (its
     /// class, team row, caps, the free GPUs, the reservation are as they
     /// were) and meets them too, without being sized up.
-    failed_by_shape: HashMap<(*const super::JobShape, bool), (Stamp, Reasons), FastHash>,
+    failed_by_shape: HashMap<(*const super::JobShape, bool), (alike::Stamp, Reasons), FastHash>,
 }
-
-/// A waiting job's shape, by address, and whether it may take GPUs back
-/// from its team's more served jobs (`None`: per-user caps are set, so
-/// jobs of one shape may differ in the caps they meet).
-type AlikeKey = Option<(*const super::JobShape, bool)>;
-
-/// What a cycle has changed so far: starts, preemptions, holds, and the
-/// backfill reservation tried. Each only grows.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Stamp(usize, usize, usize, bool);
 
 /// What decides whether a job fits and why not, within one cycle: its
 /// class (by address: one `Class` per class), shape and standing.
@@ -229,35 +221,6 @@ impl<'v> Cycle<'v> {
             alike_reasons: HashMap::default(),
             user_use: limits::UserUse::of(&policy.sharing, &view.running),
             failed_by_shape: HashMap::default(),
-        }
-    }
-
-    fn stamp(&self) -> Stamp {
-        let plan = &self.plan;
-        Stamp(
-            plan.starts.len(),
-            plan.preemptions.len(),
-            plan.holds.len(),
-            self.reservation_tried,
-        )
-    }
-
-    fn alike_key(&self, job: &PendingJob, row: &TeamRow) -> AlikeKey {
-        let takes_back = las_takes_back(&self.policy.sharing, row, job, self.now);
-        (!self.user_use.any_caps()).then_some((std::sync::Arc::as_ptr(&job.shape), takes_back))
-    }
-
-    /// The reasons a job alike to this one met, if nothing changed since.
-    fn failed_alike(&self, key: AlikeKey) -> Option<Reasons> {
-        let (stamp, reasons) = self.failed_by_shape.get(&key?)?;
-        (*stamp == self.stamp()).then(|| reasons.clone())
-    }
-
-    /// A job sized up as `key` met the cached `reasons`, as of now.
-    fn fails_alike(&mut self, key: AlikeKey, reasons: Reasons) {
-        if let Some(key) = key {
-            let stamp = self.stamp();
-            self.failed_by_shape.insert(key, (stamp, reasons));
         }
     }
 

@@ -53,8 +53,8 @@ pub(super) struct Reclaimer<'v> {
     view: &'v ClusterView,
     policy: &'v Policy,
     now: Timestamp,
-    /// The nodes with this cycle's starts marked busy.
-    /// The view's nodes, copied at this cycle's first start or hold.
+    /// The nodes with this cycle's starts marked busy (the view's, copied
+    /// at the cycle's first start or hold).
     nodes: std::borrow::Cow<'v, [NodeView]>,
     node_idx: HashMap<&'v str, usize, FastHash>,
     /// Running jobs (and promises) whose GPUs a waiting job already counts
