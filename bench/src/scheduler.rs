@@ -168,6 +168,8 @@ fn sharing_nodes(n_nodes: usize) -> Vec<gpool_core::sched::NodeView> {
                     model: GpuModel::new(models[i % 3]),
                     busy: i % 10 != 0,
                     memory_mib: 81_559,
+                    reserved_mib: 0,
+                    shared: None,
                 })
                 .collect(),
             topology: Default::default(),
@@ -205,6 +207,7 @@ fn sharing_running(n_nodes: usize, n_teams: u32, now: Timestamp) -> Vec<gpool_co
                 preempted_for: None,
                 ends_at: Some(Timestamp(now.0 + (i as i64 % 24) * 3_600_000)),
                 service_before_gpu_secs: 0,
+                share: None,
             })
         })
         .collect()
@@ -238,6 +241,7 @@ fn sharing_pending(
                 host: None,
                 exclusive: false,
                 limits: Default::default(),
+                share: None,
             }),
             user: format!("user-{}", i % 50).into(),
             service_gpu_secs: 0,

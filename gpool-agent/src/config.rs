@@ -117,6 +117,10 @@ struct SimulatedTopology {
 pub struct SimulatedGpu {
     pub model: String,
     pub memory_mib: u64,
+    /// What the driver keeps of `memory_mib` (MiB; default 0), as NVML
+    /// reports it on a real GPU: fractions never get it.
+    #[serde(default)]
+    pub reserved_mib: u64,
     #[serde(default = "one")]
     pub count: u32,
     /// What these GPUs' samples report (0 to 100; default 0: idle).

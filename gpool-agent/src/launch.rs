@@ -72,6 +72,8 @@ pub struct Attempts {
     node_gpus: crate::gpu::GpuDevices,
     /// `podman` or `docker`: runs jobs that name an image.
     container_runtime: String,
+    /// The MPS daemons of the GPUs fractions share.
+    mps: crate::mps::Mps,
     /// Users looked up lately, and when.
     users: Mutex<std::collections::HashMap<String, (std::time::Instant, Option<RunAs>)>>,
     journal: Mutex<Journal>,
@@ -108,6 +110,7 @@ impl Attempts {
         controller_env: Vec<(String, String)>,
         dirs: SpoolDirs,
         (isolation, node_gpus, container_runtime): (Isolation, crate::gpu::GpuDevices, String),
+        mps: crate::mps::Mps,
         events: mpsc::UnboundedSender<pb::JobEvent>,
     ) -> Result<Arc<Attempts>, String> {
         let exe = std::env::current_exe().map_err(|err| format!("cannot find this program's path: {err}"))?;
@@ -144,6 +147,7 @@ impl Attempts {
             isolation,
             node_gpus,
             container_runtime,
+            mps,
             controller_env,
             own_account: crate::supervise::own_account(),
             users: Mutex::new(std::collections::HashMap::new()),

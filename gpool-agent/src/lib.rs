@@ -11,6 +11,7 @@ pub mod journal;
 pub mod launch;
 pub mod link;
 pub mod memory;
+pub mod mps;
 pub mod spool;
 pub mod supervise;
 pub mod terminal;
@@ -41,7 +42,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     let node_gpus = gpu::GpuDevices::of(&gpus);
     let (events, event_receiver) = tokio::sync::mpsc::unbounded_channel();
     let tls = config.client_tls()?;
-    let attempts = start_attempts(&config, isolation, node_gpus, events)?;
+    let simulated = source != gpu::Source::Nvml;
+    let attempts = start_attempts(&config, (isolation, simulated), node_gpus, events)?;
     attempts.recover();
     let pruning = tokio::spawn(prune_job_files(attempts.clone(), config.keep_job_files));
     let health = std::sync::Arc::new(gpu::health::Health::default());
@@ -135,7 +137,7 @@ fn log_isolation(isolation: &cgroup::Isolation) {
 /// runtime, with the controller's address (and CA) for jobs' environment.
 fn start_attempts(
     config: &AgentConfig,
-    isolation: cgroup::Isolation,
+    (isolation, simulated): (cgroup::Isolation, bool),
     node_gpus: gpu::GpuDevices,
     events: tokio::sync::mpsc::UnboundedSender<gpool_proto::pb::JobEvent>,
 ) -> anyhow::Result<std::sync::Arc<launch::Attempts>> {
@@ -158,6 +160,7 @@ fn start_attempts(
             node_gpus,
             container::resolve_program(&config.container_runtime),
         ),
+        mps::Mps::new(&config.state_dir, simulated),
         events,
     )
     .map_err(|err| anyhow::anyhow!("attempt supervisor: {err}"))

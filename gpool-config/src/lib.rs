@@ -322,6 +322,10 @@ struct SharingFile {
     /// "las" (the default) or "priority".
     order: Option<String>,
     las: Option<LasFile>,
+    /// Fractions' memory asks round up to this (`1G`).
+    gpu_share_granularity: Option<String>,
+    /// Jobs of different users may share one GPU.
+    gpu_share_mixed_users: Option<bool>,
 }
 
 /// `[sharing.las]`: the least-attained-service queues.

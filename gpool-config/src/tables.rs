@@ -211,6 +211,14 @@ fn sharing_table(
         sharing.weights = weights_from_file(at, weights, sharing.weights, invalid)?;
     }
     sharing.las = las_from_file(at, file.order.as_deref(), file.las, sharing.las.take(), invalid)?;
+    if let Some(grain) = &file.gpu_share_granularity {
+        let bytes = gpool_core::spec::parse_size(grain)
+            .map_err(|reason| invalid(at, format!("sharing.gpu_share_granularity: {reason}")))?;
+        sharing.shares.granularity_mib = bytes >> 20;
+    }
+    if let Some(mixed) = file.gpu_share_mixed_users {
+        sharing.shares.mixed_users = mixed;
+    }
     Ok(())
 }
 

@@ -42,9 +42,18 @@ pub struct AttemptRecord {
     pub lost_gpu_secs: f64,
     /// Its GPUs' samples while it ran.
     pub gpu_use: GpuUse,
+    /// A fraction of its one GPU, in thousandths (`share::Share::milli`):
+    /// its GPU-seconds count this part of its time. `None`: whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_milli: Option<u32>,
 }
 
 impl AttemptRecord {
+    /// What each GPU-second of it counts: a fraction's part, else 1.
+    pub fn gpu_weight(&self) -> f64 {
+        self.share_milli.map_or(1.0, |milli| f64::from(milli) / 1000.0)
+    }
+
     pub fn total_gpus(&self) -> u32 {
         self.gpus.values().sum()
     }
@@ -256,7 +265,7 @@ impl<'a> ReportBuilder<'a> {
         );
         let mut keys_seen = std::collections::BTreeSet::new();
         for (model, &count) in &record.gpus {
-            let gpu_seconds = f64::from(count) * secs;
+            let gpu_seconds = f64::from(count) * secs * record.gpu_weight();
             let fraction = f64::from(count) / total_gpus;
             let key: Vec<String> = self.by.iter().map(|d| self.value(*d, record, model)).collect();
             let mut part = Part {
@@ -475,7 +484,8 @@ pub fn savings(
             let changes = steps.entry((record.team.as_str(), model)).or_default();
             changes.push((start, i64::from(count)));
             changes.push((end, -i64::from(count)));
-            *used.entry(record.team.as_str()).or_default() += f64::from(count) * (end - start) as f64 / 1000.0;
+            *used.entry(record.team.as_str()).or_default() +=
+                f64::from(count) * record.gpu_weight() * (end - start) as f64 / 1000.0;
         }
     }
     let cost_of = |gpus: &BTreeMap<GpuModel, u32>| -> Option<f64> {

@@ -56,6 +56,14 @@ pub enum Infeasible {
         largest_mib: u64,
     },
     #[error(
+        "gpu_mem: no GPU of an acceptable model in pool {pool:?} leaves {wanted_mib} MiB to fractions; the most any leaves is {largest_mib} MiB"
+    )]
+    ShareTooLarge {
+        pool: String,
+        wanted_mib: u64,
+        largest_mib: u64,
+    },
+    #[error(
         "gpus: {gpus_per_node} GPUs of MIG slice {model} on one node: a job gets one slice per node (CUDA uses one MIG device per process)"
     )]
     MigSlices { model: String, gpus_per_node: u32 },
@@ -254,6 +262,22 @@ fn check_slices_and_memory(spec: &JobSpec, pool: &crate::model::PoolDef, nodes: 
             return Err(Infeasible::TooLittleMemory {
                 pool: pool.name.clone(),
                 wanted_mib: spec.requires.min_gpu_memory_mib,
+                largest_mib,
+            });
+        }
+    }
+    if let Some(wanted_mib) = spec.gpu_share.map(|ask| ask.memory_mib).filter(|mib| *mib > 0) {
+        let largest_mib = nodes
+            .iter()
+            .filter(|node| pool.selects(&node.labels) && spec.requires.allows_node(&node.name, &node.labels))
+            .flat_map(|node| &node.gpus)
+            .filter(|gpu| acceptable_model(&gpu.model))
+            .map(|gpu| gpu.memory_mib.saturating_sub(gpu.reserved_mib))
+            .max();
+        if let Some(largest_mib) = largest_mib.filter(|largest| *largest < wanted_mib) {
+            return Err(Infeasible::ShareTooLarge {
+                pool: pool.name.clone(),
+                wanted_mib,
                 largest_mib,
             });
         }

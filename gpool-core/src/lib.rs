@@ -19,6 +19,7 @@ pub mod policy;
 pub mod power;
 pub mod sched;
 pub mod sessions;
+pub mod share;
 pub mod sim;
 pub mod slurm;
 pub mod spec;

@@ -69,6 +69,9 @@ pub struct Gpu {
     pub uuid: String,
     pub model: GpuModel,
     pub memory_mib: u64,
+    /// What the driver keeps of it (NVML's reserved memory at agent start).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub reserved_mib: u64,
     pub pci_bus_id: String,
     /// A MIG slice: the index of the GPU it is carved from (a GPU in MIG
     /// mode is offered only as its slices, never whole).
@@ -302,6 +305,9 @@ pub struct JobSpec {
     /// Where it may run beyond its pool and GPU models.
     #[serde(default, skip_serializing_if = "Requirements::is_empty")]
     pub requires: Requirements,
+    /// A fraction of one GPU instead of whole ones (`--gpu-mem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_share: Option<crate::share::ShareAsk>,
 }
 
 fn yes() -> bool {

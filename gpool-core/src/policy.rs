@@ -281,6 +281,8 @@ pub struct Sharing {
     /// Least-attained-service order within each team (`order = "las"`,
     /// the default); `None`: the priority order alone.
     pub las: Option<crate::sched::Las>,
+    /// How fractions share a GPU.
+    pub shares: crate::share::ShareRules,
 }
 
 impl Default for Sharing {
@@ -298,6 +300,7 @@ impl Default for Sharing {
             max_user_priority: 100,
             user_limits: UserLimits::default(),
             las: Some(crate::sched::Las::default()),
+            shares: Default::default(),
         }
     }
 }
@@ -482,6 +485,8 @@ pub struct TeamUsage {
 pub struct RunningUse<'a> {
     pub team: &'a str,
     pub gpus: u64,
+    /// What its GPUs are charged as (a fraction's part of its one GPU).
+    pub charged_gpus: f64,
     pub started_at: Timestamp,
     pub burst: bool,
 }
@@ -500,10 +505,13 @@ pub fn usage_report(
     }
     let mut in_use: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for job in running {
-        ledgers
-            .entry(job.team.to_string())
-            .or_default()
-            .charge(job.gpus, job.started_at, now, job.burst, sharing);
+        ledgers.entry(job.team.to_string()).or_default().charge(
+            job.charged_gpus,
+            job.started_at,
+            now,
+            job.burst,
+            sharing,
+        );
         let counts = in_use.entry(job.team).or_default();
         counts.0 += job.gpus;
         if !job.burst {

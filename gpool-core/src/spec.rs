@@ -169,6 +169,11 @@ pub struct JobSpecInput {
     pub nodelist: Option<OneOrMany>,
     /// Never these nodes.
     pub exclude: Option<OneOrMany>,
+    /// A fraction of one GPU: this much of its memory (`20G`), or this
+    /// part of it (`0.25`), and at most this much of its compute (`30%`).
+    pub gpu_mem: Option<String>,
+    pub gpu_fraction: Option<String>,
+    pub gpu_share: Option<String>,
 }
 
 impl JobSpecInput {
@@ -184,6 +189,7 @@ impl JobSpecInput {
         self,
         name_of: &dyn Fn(&str) -> Option<crate::deps::DepTarget>,
     ) -> Result<JobSpec, SpecError> {
+        let gpu_share = self.share_ask()?;
         let (dependencies, singleton) = match self.dependency.as_deref() {
             Some(text) => crate::deps::parse_dependencies(text, name_of)?,
             None => (Vec::new(), false),
@@ -249,9 +255,36 @@ impl JobSpecInput {
                 self.constraint,
                 (self.nodelist, self.exclude),
             )?,
+            gpu_share,
         };
         spec.validate()?;
         Ok(spec)
+    }
+
+    /// `gpu_mem` or `gpu_fraction` (not both), with `gpu_share`.
+    fn share_ask(&self) -> Result<Option<crate::share::ShareAsk>, SpecError> {
+        use crate::share::ShareAsk;
+        let compute_pct = optional("gpu_share", self.gpu_share.as_deref(), ShareAsk::parse_compute)?.unwrap_or(0);
+        let ask = match (self.gpu_mem.as_deref(), self.gpu_fraction.as_deref()) {
+            (Some(_), Some(_)) => return Err(spec_error("gpu_fraction", "give --gpu-mem or --gpu-fraction, not both")),
+            (Some(memory), None) => ShareAsk {
+                memory_mib: parse_size(memory).map_err(|reason| spec_error("gpu_mem", reason))? >> 20,
+                ..ShareAsk::default()
+            },
+            (None, Some(fraction)) => ShareAsk {
+                fraction_milli: ShareAsk::parse_fraction(fraction)
+                    .map_err(|reason| spec_error("gpu_fraction", reason))?,
+                ..ShareAsk::default()
+            },
+            (None, None) if compute_pct > 0 => {
+                return Err(spec_error(
+                    "gpu_share",
+                    "a compute share goes with --gpu-mem or --gpu-fraction",
+                ))
+            }
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(ShareAsk { compute_pct, ..ask }))
     }
 }
 

@@ -77,6 +77,7 @@ fn parse_running_job(line: &str) -> RunningJob {
         preempted_for: None,
         ends_at: None,
         service_before_gpu_secs: 0,
+        share: None,
     };
     for token in tokens {
         match token.split_once('=') {
@@ -157,6 +158,8 @@ fn parse_node_view(line: &str) -> NodeView {
                     model: GpuModel::new(model),
                     busy: false,
                     memory_mib: 81_920,
+                    reserved_mib: 0,
+                    shared: None,
                 });
             }
         } else if let Some(list) = token.strip_prefix("used=") {
@@ -235,6 +238,7 @@ pub fn one_gpu_shape(team: &str) -> JobShape {
         host: None,
         exclusive: false,
         limits: crate::enforce::LimitSet::NONE,
+        share: None,
     }
 }
 
@@ -310,6 +314,7 @@ pub fn node(name: &str, n_gpus: u32, model: &str) -> Node {
                 uuid: format!("GPU-{name}-{index}"),
                 model: GpuModel::new(model),
                 memory_mib: 81_920,
+                reserved_mib: 0,
                 pci_bus_id: format!("00000000:{:02x}:00.0", index + 1),
                 mig_parent: None,
                 numa_node: None,
@@ -376,6 +381,7 @@ pub fn job_builder(id: JobId) -> JobBuilder {
                 stdout_path: String::new(),
                 stderr_path: String::new(),
                 requires: Default::default(),
+                gpu_share: None,
             }),
             user: "alice".into(),
             submitted_at: Timestamp(0),

@@ -258,6 +258,7 @@ fn dev_agent_configs(
                 vec![gpool_agent::config::SimulatedGpu {
                     model: dev.gpu_model.clone(),
                     memory_mib: dev.gpu_memory_mib,
+                    reserved_mib: 0,
                     count: dev.gpus_per_node,
                     utilization_pct: 0,
                     memory_used_mib: 0,

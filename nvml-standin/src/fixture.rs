@@ -68,6 +68,9 @@ pub struct Gpu {
     pub memory_mib: u64,
     #[serde(default)]
     pub memory_used_mib: u64,
+    /// What the driver keeps of `memory_mib` (NVML's `reserved`).
+    #[serde(default)]
+    pub memory_reserved_mib: u64,
     /// The NUMA node its PCIe slot hangs off (its memory affinity).
     #[serde(default)]
     pub numa_node: Option<u32>,

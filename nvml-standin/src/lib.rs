@@ -358,7 +358,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             sys::nvmlMemory_v2_t {
                 version,
                 total,
-                reserved: 0,
+                reserved: gpu.memory_reserved_mib.min(total_mib) << 20,
                 free: total - used,
                 used,
             },

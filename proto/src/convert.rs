@@ -4,8 +4,7 @@ use crate::pb;
 use gpool_core::array::{ArraySpec, IndexRange};
 use gpool_core::deps::{DepKind, DepTarget, Dependency};
 use gpool_core::job_state::JobState;
-use gpool_core::model::{Gpu, GpuModel, Job, JobSpec, Node, NodePlacement, NodeState, NvlinkNeed, Requirements};
-use gpool_core::topology::{GpuLink, Link, Topology};
+use gpool_core::model::{GpuModel, Job, JobSpec, NodePlacement, NvlinkNeed, Requirements};
 use std::collections::BTreeMap;
 
 pub use crate::states::{is_ended, state_from_name, state_name, state_to_wire};
@@ -95,6 +94,9 @@ pub fn spec_to_wire_with(spec: &JobSpec, with_env: bool) -> pb::JobSpec {
         stdout_path: spec.stdout_path.clone(),
         stderr_path: spec.stderr_path.clone(),
         min_gpu_memory_mib: spec.requires.min_gpu_memory_mib,
+        gpu_mem_mib: spec.gpu_share.map_or(0, |ask| ask.memory_mib),
+        gpu_fraction_milli: spec.gpu_share.map_or(0, |ask| ask.fraction_milli),
+        gpu_compute_pct: spec.gpu_share.map_or(0, |ask| u32::from(ask.compute_pct)),
         nvlink: match spec.requires.nvlink {
             NvlinkNeed::Any => String::new(),
             need => need.as_str().to_string(),
@@ -160,38 +162,6 @@ pub fn env_to_wire(env: &[(String, String)]) -> Vec<pb::EnvVar> {
         .collect()
 }
 
-/// `job_id`: the job holding the GPU, 0 when free.
-pub fn gpu_to_wire(gpu: &Gpu, job_id: u64) -> pb::Gpu {
-    pb::Gpu {
-        index: gpu.index,
-        uuid: gpu.uuid.clone(),
-        model: gpu.model.as_str().to_string(),
-        memory_mib: gpu.memory_mib,
-        pci_bus_id: gpu.pci_bus_id.clone(),
-        mig_parent: gpu.mig_parent,
-        numa_node: gpu.numa_node,
-        compute_capability: gpu.compute_capability.clone(),
-        job_id,
-        sample: None,
-        out_of_service: None,
-    }
-}
-
-/// What an agent reported; its node name and indices are checked by the
-/// receiver.
-pub fn gpu_from_wire(gpu: pb::Gpu) -> Gpu {
-    Gpu {
-        index: gpu.index,
-        uuid: gpu.uuid,
-        model: GpuModel::new(&gpu.model),
-        memory_mib: gpu.memory_mib,
-        pci_bus_id: gpu.pci_bus_id,
-        mig_parent: gpu.mig_parent,
-        numa_node: gpu.numa_node,
-        compute_capability: gpu.compute_capability,
-    }
-}
-
 pub fn labels_to_wire(labels: &BTreeMap<String, String>) -> Vec<pb::Label> {
     labels
         .iter()
@@ -208,6 +178,7 @@ pub fn labels_from_wire(labels: Vec<pb::Label>) -> BTreeMap<String, String> {
 
 /// Not validated here: the receiver calls `JobSpec::validate`.
 pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
+    let gpu_share = share_from_wire(&spec);
     JobSpec {
         name: spec.name,
         command: spec.command,
@@ -274,17 +245,35 @@ pub fn spec_from_wire(spec: pb::JobSpec) -> JobSpec {
         stderr_path: spec.stderr_path,
         requires: Requirements {
             min_gpu_memory_mib: spec.min_gpu_memory_mib,
-            // An unknown word is kept as "required": the stricter reading.
-            nvlink: match spec.nvlink.as_str() {
-                "" | "any" => NvlinkNeed::Any,
-                "preferred" => NvlinkNeed::Preferred,
-                _ => NvlinkNeed::Required,
-            },
+            nvlink: nvlink_from_wire(&spec.nvlink),
             constraints: labels_from_wire(spec.constraints),
             nodelist: spec.nodelist,
             exclude: spec.exclude,
         },
+        gpu_share,
     }
+}
+
+/// An unknown word is kept as "required": the stricter reading.
+fn nvlink_from_wire(word: &str) -> NvlinkNeed {
+    match word {
+        "" | "any" => NvlinkNeed::Any,
+        "preferred" => NvlinkNeed::Preferred,
+        _ => NvlinkNeed::Required,
+    }
+}
+
+/// A fraction of one GPU, if the spec asks for one (a compute share alone
+/// is kept, for validation to refuse).
+fn share_from_wire(spec: &pb::JobSpec) -> Option<gpool_core::share::ShareAsk> {
+    (spec.gpu_mem_mib != 0 || spec.gpu_fraction_milli != 0 || spec.gpu_compute_pct != 0).then(|| {
+        gpool_core::share::ShareAsk {
+            memory_mib: spec.gpu_mem_mib,
+            fraction_milli: spec.gpu_fraction_milli,
+            // Out of range reads as more than 100 (refused by validation).
+            compute_pct: u8::try_from(spec.gpu_compute_pct).unwrap_or(u8::MAX),
+        }
+    })
 }
 
 fn placement_to_wire(placement: &[NodePlacement]) -> Vec<pb::Placement> {
@@ -410,110 +399,6 @@ pub fn gpu_use_to_wire(used: &gpool_core::model::GpuUse) -> Option<pb::GpuUse> {
     })
 }
 
-/// `holder(gpu_index)` gives the job holding a GPU of this node, if any.
-pub fn node_to_wire(node: &Node, holder: impl Fn(u32) -> Option<u64>) -> pb::Node {
-    let gpus: Vec<pb::Gpu> = node
-        .gpus
-        .iter()
-        .map(|gpu| pb::Gpu {
-            out_of_service: node.gpus_out.get(&gpu.index).map(out_of_service_to_wire),
-            ..gpu_to_wire(gpu, holder(gpu.index).unwrap_or(0))
-        })
-        .collect();
-    let n_busy = gpus.iter().filter(|gpu| gpu.job_id != 0).count();
-    let state = match node.state(n_busy) {
-        NodeState::Up => pb::NodeState::Up,
-        NodeState::Draining => pb::NodeState::Draining,
-        NodeState::Drained => pb::NodeState::Drained,
-        NodeState::Down => pb::NodeState::Down,
-    };
-    pb::Node {
-        name: node.name.clone(),
-        state: state.into(),
-        gpus,
-        labels: labels_to_wire(&node.labels),
-        drain_reason: node.drain_reason.clone().unwrap_or_default(),
-        links: topology_to_wire(&node.topology),
-        pools: Vec::new(),
-        health_log: node.health_log.iter().map(health_event_to_wire).collect(),
-        drained_by_health: node.health_drain.is_some(),
-        health_check: None,
-        drained_by: node
-            .drained_by
-            .as_ref()
-            .map(|(user, _)| user.clone())
-            .unwrap_or_default(),
-        drained_at_ms: node.drained_by.as_ref().map_or(0, |(_, at)| at.0),
-        reservations: Vec::new(),
-        cpus: node.cpus,
-        memory_bytes: node.memory_bytes,
-        // Set by gpoold for nodes of [[power]] groups.
-        ..Default::default()
-    }
-}
-
-pub fn out_of_service_to_wire(out: &gpool_core::health::OutOfService) -> pb::OutOfService {
-    pb::OutOfService {
-        reason: out.reason.clone(),
-        since_ms: out.since.0,
-        by_operator: out.by == gpool_core::health::TakenBy::Operator,
-    }
-}
-
-pub fn health_event_to_wire(event: &gpool_core::health::HealthEvent) -> pb::HealthEvent {
-    pb::HealthEvent {
-        at_ms: event.at.0,
-        gpu: event.gpu,
-        transition: event.transition.to_string(),
-        reason: event.reason.clone(),
-    }
-}
-
-pub fn topology_to_wire(topology: &Topology) -> Vec<pb::GpuLink> {
-    topology
-        .links()
-        .iter()
-        .map(|l| pb::GpuLink {
-            a: l.a,
-            b: l.b,
-            link: match l.link {
-                Link::Nvlink => pb::Link::Nvlink,
-                Link::PcieSwitch => pb::Link::PcieSwitch,
-                Link::HostBridge => pb::Link::HostBridge,
-                Link::Numa => pb::Link::Numa,
-                Link::System => pb::Link::System,
-            }
-            .into(),
-        })
-        .collect()
-}
-
-/// Unknown or unset link kinds read as `System` (nothing better is known).
-pub fn topology_from_wire(links: &[pb::GpuLink]) -> Topology {
-    Topology::new(links.iter().map(|l| GpuLink {
-        a: l.a,
-        b: l.b,
-        link: match l.link() {
-            pb::Link::Nvlink => Link::Nvlink,
-            pb::Link::PcieSwitch => Link::PcieSwitch,
-            pb::Link::HostBridge => Link::HostBridge,
-            pb::Link::Numa => Link::Numa,
-            pb::Link::System | pb::Link::Unspecified => Link::System,
-        },
-    }))
-}
-
-/// A link kind's name in JSON and tables.
-pub fn link_name(link: pb::Link) -> &'static str {
-    match link {
-        pb::Link::Nvlink => Link::Nvlink.name(),
-        pb::Link::PcieSwitch => Link::PcieSwitch.name(),
-        pb::Link::HostBridge => Link::HostBridge.name(),
-        pb::Link::Numa => Link::Numa.name(),
-        pb::Link::System | pb::Link::Unspecified => Link::System.name(),
-    }
-}
-
 pub fn report_to_wire(report: &gpool_core::accounting::Report) -> pb::ReportResponse {
     pb::ReportResponse {
         since_ms: report.since.0,
@@ -579,6 +464,8 @@ pub fn savings_to_wire(savings: &gpool_core::accounting::Savings) -> pb::Savings
     }
 }
 
+mod nodes;
+pub use nodes::*;
 mod reason;
 pub use reason::reason_to_wire;
 

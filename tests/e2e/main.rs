@@ -13,6 +13,7 @@ mod differential;
 mod disk;
 mod durability;
 mod faults;
+mod fractions;
 mod ha;
 mod health;
 mod history;

@@ -17,6 +17,8 @@ pub struct RawDevice {
     pub uuid: String,
     pub name: String,
     pub memory_bytes: u64,
+    /// What the driver keeps of it (NVML's reserved memory).
+    pub reserved_bytes: u64,
     pub pci_bus_id: String,
     pub mig_parent: Option<u32>,
     pub numa_node: Option<u32>,
@@ -469,6 +471,7 @@ pub fn gpu_from_raw(raw: &RawDevice) -> Gpu {
         uuid: raw.uuid.clone(),
         model: model_from_name(&raw.name),
         memory_mib: raw.memory_bytes / (1024 * 1024),
+        reserved_mib: raw.reserved_bytes.div_ceil(1024 * 1024),
         pci_bus_id: raw.pci_bus_id.clone(),
         mig_parent: raw.mig_parent,
         numa_node: raw.numa_node,

@@ -42,6 +42,7 @@ pub fn devices(nvml: &Nvml) -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlE
                     uuid: slice.uuid()?,
                     name: slice.name()?,
                     memory_bytes: slice.memory_info()?.total,
+                    reserved_bytes: 0,
                     pci_bus_id: pci_bus_id.clone(),
                     mig_parent: Some(index),
                     numa_node,
@@ -50,11 +51,13 @@ pub fn devices(nvml: &Nvml) -> Result<Vec<RawDevice>, nvml_wrapper::error::NvmlE
             }
             continue;
         }
+        let memory = device.memory_info()?;
         devices.push(RawDevice {
             index,
             uuid: device.uuid()?,
             name: device.name()?,
-            memory_bytes: device.memory_info()?.total,
+            memory_bytes: memory.total,
+            reserved_bytes: memory.reserved,
             pci_bus_id,
             mig_parent: None,
             numa_node,

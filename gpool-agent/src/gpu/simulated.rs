@@ -18,6 +18,7 @@ pub fn gpus(node_name: &str, declared: &[SimulatedGpu]) -> Vec<Gpu> {
                 uuid: format!("SIM-{node_name}-{index}"),
                 model: GpuModel::new(&entry.model),
                 memory_mib: entry.memory_mib,
+                reserved_mib: entry.reserved_mib,
                 pci_bus_id,
                 mig_parent: None,
                 numa_node: entry.numa_node,
@@ -68,6 +69,7 @@ mod tests {
         SimulatedGpu {
             model: model.into(),
             memory_mib: 40_960,
+            reserved_mib: 0,
             count,
             utilization_pct: 0,
             memory_used_mib: 0,

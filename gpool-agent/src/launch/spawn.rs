@@ -59,6 +59,9 @@ impl Attempts {
         self.check_workdir(workdir.as_ref(), run_as.is_some(), in_container)?;
         let exit_file = self.free_exit_slot();
         let mut env = self.job_env(launch, &checkpoint_dir, run_as.is_some(), in_container);
+        if launch.gpu_share_mib > 0 {
+            env.extend(self.share_env(launch)?);
+        }
         let limits = self.limits(launch);
         let env_file = in_container.then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "env"));
         let (program, args, workdir, cleanup) = if let Some(env_file) = &env_file {
@@ -134,6 +137,20 @@ impl Attempts {
             ));
         }
         Ok(())
+    }
+
+    /// A fraction's MPS client variables, its GPU's daemon started.
+    fn share_env(&self, launch: &pb::Launch) -> Result<Vec<(String, String)>, String> {
+        let (Some(&gpu), Some(device)) = (
+            launch.gpu_indices.first(),
+            self.node_gpus.names(&launch.gpu_indices).first().cloned(),
+        ) else {
+            return Err("a fraction of a GPU names no GPU".into());
+        };
+        self.mps.ensure(gpu, &device)?;
+        Ok(self
+            .mps
+            .client_env(gpu, launch.gpu_share_mib, launch.gpu_share_compute_pct))
     }
 
     /// The job's environment: its own variables, the attempt's, the

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 mod hints;
 pub mod sbatch;
+mod share;
 
 pub use hints::{check_script, output_file_hint, unknown_flag, unknown_script_flag};
 
@@ -113,6 +114,8 @@ pub struct SubmitArgs {
     /// GPU of each (GPU-hours are charged for them all), as Slurm's.
     #[arg(long)]
     exclusive: bool,
+    #[command(flatten)]
+    share: share::ShareArgs,
     /// Jobs to wait for: afterok:ID[:ID...] (completed), afterany:ID (ended),
     /// afternotok:ID (ended without completing), singleton (no other job
     /// of yours with this name runs), comma-separated. A job whose
@@ -175,6 +178,7 @@ pub struct SubmitArgs {
             "discard_output", "qos", "checkpoint_signal", "grace", "image", "mem", "mem_per_gpu", "cpus_per_gpu", "cpus_per_task", "exclusive",
             "dependency", "array", "stdout", "stderr", "min_gpu_memory", "nvlink", "constraint",
             "nodelist", "exclude", "max_output", "notify", "notify_on", "begin", "reservation",
+            "gpu_mem", "gpu_fraction", "gpu_share",
         ]
     )]
     file: Option<PathBuf>,
@@ -587,5 +591,8 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         constraint: args.constraint.map(OneOrMany::One),
         nodelist: args.nodelist.map(OneOrMany::One),
         exclude: args.exclude.map(OneOrMany::One),
+        gpu_mem: args.share.gpu_mem,
+        gpu_fraction: args.share.gpu_fraction,
+        gpu_share: args.share.gpu_share,
     })
 }

@@ -89,6 +89,11 @@ pub fn node_json(node: &pb::Node) -> serde_json::Value {
                 "memory_used_mib": gpu.sample.map(|s| s.memory_used_mib),
                 "temperature_c": gpu.sample.map(|s| s.temperature_c),
                 "power_w": gpu.sample.map(|s| s.power_w),
+                "reserved_mib": gpu.reserved_mib,
+                "shared": (gpu.shared_jobs > 0).then(|| serde_json::json!({
+                    "jobs": gpu.shared_jobs, "used_mib": gpu.shared_used_mib,
+                    "free_mib": gpu.memory_mib.saturating_sub(gpu.reserved_mib + gpu.shared_used_mib),
+                })),
                 "out_of_service": gpu.out_of_service.as_ref().map(|out| serde_json::json!({
                     "reason": out.reason, "since": rfc3339(out.since_ms), "by_operator": out.by_operator,
                 })),
@@ -151,6 +156,7 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
                 } else {
                     gpu_models(node)
                 },
+                shared_cell(node),
                 node.pools.join(","),
                 enforced_cell(node),
                 labels.join(","),
@@ -160,7 +166,7 @@ pub fn print_nodes_table(nodes: &[pb::Node]) {
         .collect();
     print_table(
         &[
-            "NAME", "STATE", "GPUS", "FREE", "OUT", "MODEL", "POOLS", "ENFORCES", "LABELS", "REASON",
+            "NAME", "STATE", "GPUS", "FREE", "OUT", "MODEL", "SHARED", "POOLS", "ENFORCES", "LABELS", "REASON",
         ],
         rows,
     );
@@ -185,6 +191,10 @@ pub fn print_node_details(node: &pb::Node) {
                 gpu_models(node),
                 n_free(node)
             ),
+        ),
+        (
+            "shared",
+            Some(shared_cell(node)).filter(|cell| cell != "-").unwrap_or_default(),
         ),
         ("pools", node.pools.join(",")),
         (
@@ -212,6 +222,25 @@ pub fn print_node_details(node: &pb::Node) {
         if !value.is_empty() {
             outln!("{:<17}{value}", format!("{key}:"));
         }
+    }
+}
+
+/// The GPUs fractions share: `0:40/80G x2` (GPU 0, 40 GiB of 80 usable
+/// held by two jobs), `-` where none is shared.
+fn shared_cell(node: &pb::Node) -> String {
+    let gib = |mib: u64| (mib as f64 / 1024.0).round();
+    let shared: Vec<String> = (node.gpus.iter())
+        .filter(|gpu| gpu.shared_jobs > 0)
+        .map(|gpu| {
+            let usable = gpu.memory_mib.saturating_sub(gpu.reserved_mib);
+            let (used, jobs) = (gib(gpu.shared_used_mib), gpu.shared_jobs);
+            format!("{}:{used}/{}G x{jobs}", gpu.index, gib(usable))
+        })
+        .collect();
+    if shared.is_empty() {
+        "-".to_string()
+    } else {
+        shared.join(",")
     }
 }
 

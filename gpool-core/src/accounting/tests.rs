@@ -23,6 +23,7 @@ fn record(team: &str, project: &str, user: &str, gpus: &[(&str, u32)], start_h: 
         end: "completed".into(),
         lost_gpu_secs: 0.0,
         gpu_use: GpuUse::default(),
+        share_milli: None,
     }
 }
 

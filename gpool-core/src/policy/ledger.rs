@@ -20,7 +20,7 @@ pub struct Ledger {
 impl Ledger {
     /// Charges `gpus` GPUs from `from` to `to` (an attempt's run, or the part
     /// of it since it was last charged).
-    pub fn charge(&mut self, gpus: u64, from: Timestamp, to: Timestamp, burst: bool, sharing: &Sharing) {
+    pub fn charge(&mut self, gpus: f64, from: Timestamp, to: Timestamp, burst: bool, sharing: &Sharing) {
         let period_start = sharing.period.start(to, &sharing.time_zone);
         self.charge_in(period_start, gpus, (from, to), burst, sharing.half_life_secs);
     }
@@ -30,7 +30,7 @@ impl Ledger {
     pub fn charge_in(
         &mut self,
         period_start: Timestamp,
-        gpus: u64,
+        gpus: f64,
         (from, to): (Timestamp, Timestamp),
         burst: bool,
         half_life_secs: f64,
@@ -40,13 +40,13 @@ impl Ledger {
             self.guaranteed_gpu_secs = 0.0;
             self.burst_gpu_secs = 0.0;
         }
-        let this_period = (to.0 - from.0.max(period_start.0)).max(0) as f64 / 1000.0 * gpus as f64;
+        let this_period = (to.0 - from.0.max(period_start.0)).max(0) as f64 / 1000.0 * gpus;
         if burst {
             self.burst_gpu_secs += this_period;
         } else {
             self.guaranteed_gpu_secs += this_period;
         }
-        let all = (to.0 - from.0).max(0) as f64 / 1000.0 * gpus as f64;
+        let all = (to.0 - from.0).max(0) as f64 / 1000.0 * gpus;
         self.decayed = self.decayed_as_of(to, half_life_secs) + all;
         self.decayed_at = to;
     }

@@ -23,7 +23,7 @@ fn usage_halves_every_half_life() {
     assert!((decay(8.0, 3.0, 1.0) - 1.0).abs() < 1e-12);
     let mut ledger = Ledger::default();
     ledger.charge(
-        2,
+        2.0,
         Timestamp(0),
         Timestamp(HOUR_MS),
         false,
@@ -71,7 +71,7 @@ fn usage_reports_count_running_work_and_budgets() {
     let mut ledger = Ledger::default();
     // Two GPU-hours yesterday and one today, ended.
     ledger.charge(
-        1,
+        1.0,
         Timestamp(86_400_000 - 2 * HOUR_MS),
         Timestamp(86_400_000 + HOUR_MS),
         false,
@@ -82,12 +82,14 @@ fn usage_reports_count_running_work_and_budgets() {
         RunningUse {
             team: "a",
             gpus: 2,
+            charged_gpus: 2.0,
             started_at: Timestamp(now.0 - HOUR_MS),
             burst: false,
         },
         RunningUse {
             team: "a",
             gpus: 1,
+            charged_gpus: 1.0,
             started_at: Timestamp(now.0 - HOUR_MS),
             burst: true,
         },
@@ -190,7 +192,7 @@ fn a_new_period_starts_the_budget_over() {
     let daily = sharing(Period::Day, 1e9);
     let mut ledger = Ledger::default();
     let day = 86_400_000;
-    ledger.charge(1, Timestamp(day - HOUR_MS), Timestamp(day + HOUR_MS), false, &daily);
+    ledger.charge(1.0, Timestamp(day - HOUR_MS), Timestamp(day + HOUR_MS), false, &daily);
     // Only the hour inside the new day counts toward its budget.
     assert_eq!(ledger.guaranteed_in_period(Timestamp(day + HOUR_MS), &daily), 3600.0);
     assert_eq!(ledger.guaranteed_in_period(Timestamp(2 * day), &daily), 0.0);

@@ -64,6 +64,7 @@ impl Group {
                 uuid: String::new(),
                 model: self.model.clone(),
                 memory_mib: self.gpu_memory_mib.unwrap_or(u64::MAX / 2),
+                reserved_mib: 0,
                 pci_bus_id: String::new(),
                 mig_parent: None,
                 numa_node: None,

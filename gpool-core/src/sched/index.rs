@@ -453,6 +453,15 @@ impl<'v> FreeIndex<'v> {
     }
 
     /// The CPUs and memory `host` are no longer free on the node.
+    /// Whether `host` fits what the node `node` has free now.
+    pub(super) fn host_fits(&self, node: &str, host: Option<HostAsk>) -> bool {
+        let free = self.node_idx_by_name.get(node).and_then(|at| self.host_free[*at]);
+        match (host, free) {
+            (Some(ask), Some(free)) => ask.fits_in(free),
+            _ => true,
+        }
+    }
+
     fn take_host(&mut self, node_idx: usize, host: Option<HostAsk>) {
         if let (Some(ask), Some(Some(free))) = (host, self.host_free.get_mut(node_idx)) {
             *free = free.less(ask);

@@ -98,6 +98,8 @@ fn check_starts(view: &ClusterView, plan: &Plan, pending: &Jobs) -> Result<(), S
         })
         .collect();
     let mut given: HashSet<(&str, u32)> = HashSet::new();
+    // GPUs fractions share, with the memory they hold.
+    let mut shared: HashMap<(&str, u32), u64> = HashMap::new();
     for start in &plan.starts {
         for part in &start.placement {
             let node = view
@@ -108,9 +110,13 @@ fn check_starts(view: &ClusterView, plan: &Plan, pending: &Jobs) -> Result<(), S
             if node.availability != Availability::Up {
                 return Err(format!("j{} starts on {}, which takes no work", start.job, node.name));
             }
+            if let Some(share) = &start.share {
+                check_share(node, (start.job, share, part), &given, &mut shared)?;
+                continue;
+            }
             for idx in &part.gpu_indices {
                 let free = node.gpus.iter().any(|gpu| gpu.index == *idx && !gpu.busy);
-                if !free {
+                if !free || shared.contains_key(&(node.name.as_str(), *idx)) {
                     return Err(format!(
                         "j{} starts on {}[{idx}], which is not free",
                         start.job, node.name
@@ -130,6 +136,43 @@ fn check_starts(view: &ClusterView, plan: &Plan, pending: &Jobs) -> Result<(), S
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// A fraction starts on one GPU that is free or shared (never one a
+/// whole-GPU start of the plan takes), and fractions together stay within
+/// its usable memory.
+fn check_share<'v>(
+    node: &'v super::NodeView,
+    (job, share, part): (JobId, &crate::share::Share, &crate::model::NodePlacement),
+    given: &HashSet<(&str, u32)>,
+    shared: &mut HashMap<(&'v str, u32), u64>,
+) -> Result<(), String> {
+    let [idx] = part.gpu_indices[..] else {
+        return Err(format!("j{job} is a fraction on {} GPUs", part.gpu_indices.len()));
+    };
+    let gpu = node
+        .gpus
+        .iter()
+        .find(|gpu| gpu.index == idx && (!gpu.busy || gpu.shared.is_some()))
+        .filter(|_| !given.contains(&(node.name.as_str(), idx)))
+        .ok_or_else(|| {
+            format!(
+                "j{job}'s fraction starts on {}[{idx}], which is neither free nor shared",
+                node.name
+            )
+        })?;
+    let held = shared
+        .entry((node.name.as_str(), idx))
+        .or_insert_with(|| gpu.shared.as_ref().map_or(0, |shared| shared.used_mib));
+    *held += share.memory_mib;
+    if *held > gpu.usable_mib() {
+        return Err(format!(
+            "{}[{idx}] holds {held} MiB of fractions with j{job}, more than its {} usable",
+            node.name,
+            gpu.usable_mib()
+        ));
     }
     Ok(())
 }

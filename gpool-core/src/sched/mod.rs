@@ -103,6 +103,8 @@ pub struct RunningJob {
     pub ends_at: Option<Timestamp>,
     /// GPU-seconds its earlier attempts used (`las`).
     pub service_before_gpu_secs: u64,
+    /// A fraction of its one GPU (`NodeView::take_share`); `None`: whole.
+    pub share: Option<crate::share::Share>,
 }
 
 impl RunningJob {
@@ -134,6 +136,7 @@ impl RunningJob {
                 .time_limit_secs
                 .map(|secs| Timestamp(at.0.saturating_add(secs as i64 * 1000))),
             service_before_gpu_secs: job.service_gpu_secs,
+            share: None,
         }
     }
 
@@ -157,11 +160,20 @@ impl RunningJob {
             preempted_for: Some(for_job),
             ends_at: None,
             service_before_gpu_secs: 0,
+            share: None,
         }
     }
 
     pub fn gpus(&self) -> u64 {
         self.placement.iter().map(|p| p.gpu_indices.len() as u64).sum()
+    }
+
+    /// The GPUs it is charged for: a fraction's part of its GPU.
+    pub fn charged_gpus(&self) -> f64 {
+        match &self.share {
+            Some(share) => f64::from(share.milli) / 1000.0,
+            None => self.gpus() as f64,
+        }
     }
 
     /// GPU-seconds it has used by `now`: its earlier attempts' and this
@@ -224,6 +236,8 @@ pub struct JobShape {
     pub exclusive: bool,
     /// The limits it asks its nodes to enforce (`enforce::asked_by`).
     pub limits: crate::enforce::LimitSet,
+    /// A fraction of one GPU (`crate::share`); `None`: whole GPUs.
+    pub share: Option<crate::share::ShareAsk>,
 }
 
 impl JobShape {
@@ -243,6 +257,7 @@ impl JobShape {
             host: HostAsk::of(spec),
             exclusive: spec.exclusive,
             limits: crate::enforce::asked_by(spec),
+            share: spec.gpu_share,
         }
     }
 }
@@ -270,6 +285,7 @@ impl PendingJob {
     /// to have enforced narrow the nodes and GPUs it may have.
     pub fn narrowed(&self) -> bool {
         self.shape.requires.is_some()
+            || self.shape.share.is_some()
             || self.shape.host.is_some()
             || self.shape.exclusive
             || !self.shape.limits.is_empty()
@@ -290,6 +306,10 @@ impl PendingJob {
             .requires
             .as_deref()
             .is_none_or(|requires| requires.allows_memory(memory_mib))
+            && self
+                .shape
+                .share
+                .is_none_or(|ask| ask.memory_mib == 0 || ask.memory_mib <= memory_mib)
     }
 
     pub fn nvlink(&self) -> crate::model::NvlinkNeed {

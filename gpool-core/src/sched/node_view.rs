@@ -143,8 +143,19 @@ pub struct GpuView {
     pub index: u32,
     pub model: GpuModel,
     pub memory_mib: u64,
+    /// What its driver keeps of `memory_mib` (no job can have it).
+    pub reserved_mib: u64,
     /// Held by a running attempt.
     pub busy: bool,
+    /// Shared by fractions (it is `busy` then, to whole-GPU jobs).
+    pub shared: Option<crate::share::SharedGpu>,
+}
+
+impl GpuView {
+    /// Memory jobs may have: its memory less what the driver keeps.
+    pub fn usable_mib(&self) -> u64 {
+        self.memory_mib.saturating_sub(self.reserved_mib)
+    }
 }
 
 impl NodeView {
@@ -168,7 +179,9 @@ impl NodeView {
                     index: gpu.index,
                     model: gpu.model.clone(),
                     memory_mib: gpu.memory_mib,
+                    reserved_mib: gpu.reserved_mib,
                     busy: busy.contains(&gpu.index),
+                    shared: None,
                 })
                 .collect(),
             topology: node.topology.clone(),
@@ -181,6 +194,27 @@ impl NodeView {
             }),
             enforces: crate::enforce::LimitSet::of_node(&node.labels),
         }
+    }
+}
+
+impl NodeView {
+    /// Marks its GPU `index` shared by a running fraction `ask` of
+    /// `user`'s, and what that comes to there (`None`: no such GPU in
+    /// service, or the ask fits it no longer; the job runs on, uncounted).
+    pub fn take_share(
+        &mut self,
+        index: u32,
+        (ask, user): (&crate::share::ShareAsk, &str),
+        rules: &crate::share::ShareRules,
+    ) -> Option<crate::share::Share> {
+        let gpu = self.gpus.iter_mut().find(|gpu| gpu.index == index)?;
+        gpu.busy = true;
+        let usable = gpu.usable_mib();
+        let share = ask.on(usable, rules)?;
+        gpu.shared
+            .get_or_insert_with(|| crate::share::SharedGpu::new(usable))
+            .add(&share, user);
+        Some(share)
     }
 }
 

@@ -13,6 +13,7 @@ use crate::model::{GpuModel, NodePlacement};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 mod alike;
+mod shares;
 
 /// The plan for `view` (the whole queue's reasons where `explain_all`).
 pub(super) fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: bool) -> Plan {
@@ -44,6 +45,15 @@ pub(super) fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, exp
             return cycle.plan;
         }
         let row = &mut teams.rows[class.team];
+        if let Some(ask) = job.shape.share {
+            // Not reused for alike jobs: whose jobs a shared GPU holds
+            // decides whether it takes another.
+            if !cycle.capped(job, row) {
+                let (attempt, shape) = cycle.size_up(job, class, row);
+                cycle.try_share(&attempt, row, shape, ask);
+            }
+            continue;
+        }
         let alike = cycle.alike_key(job, row);
         if let Some(reasons) = cycle.failed_alike(alike) {
             cycle.plan.pending.push((job.id, reasons));
@@ -119,6 +129,8 @@ struct Cycle<'v> {
     /// class, team row, caps, the free GPUs, the reservation are as they
     /// were) and meets them too, without being sized up.
     failed_by_shape: HashMap<(*const super::JobShape, bool), (alike::Stamp, Reasons), FastHash>,
+    /// GPUs shared by fractions, and what each holds.
+    shares: shares::Shares,
 }
 
 /// What decides whether a job fits and why not, within one cycle: its
@@ -221,6 +233,7 @@ impl<'v> Cycle<'v> {
             alike_reasons: HashMap::default(),
             user_use: limits::UserUse::of(&policy.sharing, &view.running),
             failed_by_shape: HashMap::default(),
+            shares: shares::Shares::of(view),
         }
     }
 
@@ -231,7 +244,7 @@ impl<'v> Cycle<'v> {
     /// Nothing is free and nothing may be reclaimed: in a starts-only
     /// plan, the rest of the queue is left unexplained.
     fn out_of_room(&mut self) -> bool {
-        if self.explain_all || self.index.any_free() || self.reclaim.may_act() {
+        if self.explain_all || self.index.any_free() || self.reclaim.may_act() || self.shares.may_take(self.view) {
             return false;
         }
         self.plan.complete = false;
@@ -396,6 +409,7 @@ impl<'v> Cycle<'v> {
             job: attempt.job.id,
             placement,
             burst: !attempt.covered(),
+            share: None,
         });
     }
 

@@ -54,6 +54,8 @@ pub struct Start {
     pub placement: Vec<NodePlacement>,
     /// Beyond its team's guarantee: may be preempted.
     pub burst: bool,
+    /// A fraction of its one GPU; `None`: whole GPUs.
+    pub share: Option<crate::share::Share>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

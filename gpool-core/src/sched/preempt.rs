@@ -119,6 +119,8 @@ impl<'v> Reclaimer<'v> {
                 let mut keyed: Vec<(f64, f64, &RunningJob)> = view
                     .running
                     .iter()
+                    // A fraction's end frees no GPU: never a victim.
+                    .filter(|r| r.share.is_none())
                     .map(|r| (fair.get(&r.team).copied().unwrap_or(1.0), r.lost_gpu_secs(now), r))
                     .collect();
                 keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.id.cmp(&b.2.id)));

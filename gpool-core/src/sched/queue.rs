@@ -154,6 +154,11 @@ pub fn window_gpus(
     if sharing.has_running_caps() {
         return None;
     }
+    // So may fractions: a shared GPU takes only its own user's (unless
+    // users mix), and fractions do not count in whole GPUs.
+    if queue.shapes.keys().any(|shape| shape.share.is_some()) {
+        return None;
+    }
     let victims = sharing.qos.iter().any(|qos| qos.preempt_lower)
         || running
             .iter()

@@ -199,7 +199,7 @@ fn a_team_beyond_its_guarantee_or_budget_runs_burst_only() {
     let mut view = cluster_view_with("n1 8xh100", "r1 team=a on=n1:0-3", "j2 team=a gpus=2\nj3 team=b gpus=1");
     // b used 2 GPU-hours of guaranteed time this week already.
     let mut ledger = Ledger::default();
-    ledger.charge(2, Timestamp(NOW.0 - 3_600_000), NOW, false, &policy.sharing);
+    ledger.charge(2.0, Timestamp(NOW.0 - 3_600_000), NOW, false, &policy.sharing);
     view.usage.insert("b".into(), ledger);
     let plan = schedule(&view, &policy, NOW);
     expect![[r#"
@@ -265,7 +265,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
             usage
                 .entry(job.team.clone())
                 .or_default()
-                .charge(1, job.started_at, now, job.burst, &policy.sharing);
+                .charge(1.0, job.started_at, now, job.burst, &policy.sharing);
             *hours.get_mut(&job.team).unwrap() += 1;
         }
         // Endless demand: 8 queued jobs per team at all times.
@@ -316,6 +316,7 @@ fn equal_shares_get_equal_gpu_hours_over_a_week() {
                 preempted_for: None,
                 ends_at: None,
                 service_before_gpu_secs: 0,
+                share: None,
             });
         }
     }

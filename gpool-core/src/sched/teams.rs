@@ -174,7 +174,7 @@ pub(super) fn charge_running<'v>(
     for job in running {
         usage_now.entry(job.team.clone()).or_default().charge_in(
             period_start,
-            job.gpus(),
+            job.charged_gpus(),
             (job.started_at, now),
             job.burst,
             sharing.half_life_secs,
@@ -190,7 +190,7 @@ pub(super) fn charge_running<'v>(
             let cover = coverage(terms, used, job.gpus(), pool, &job.gpu_types, true).unwrap_or(Cover::General);
             used.add(&cover, job.gpus());
             let from = job.started_at.max(period_start);
-            used.guaranteed_secs += (now.0 - from.0).max(0) as f64 / 1000.0 * job.gpus() as f64;
+            used.guaranteed_secs += (now.0 - from.0).max(0) as f64 / 1000.0 * job.charged_gpus();
         }
     }
     (teams, usage_now)

@@ -131,6 +131,8 @@ impl Cluster {
                             model: model.clone(),
                             busy: false,
                             memory_mib: 81_920,
+                            reserved_mib: 0,
+                            shared: None,
                         })
                         .collect(),
                     topology: topology.clone(),

@@ -357,6 +357,7 @@ impl Sim<'_> {
             host,
             exclusive: false,
             limits: crate::enforce::asked_by_host(host),
+            share: None,
         };
         let service_gpu_secs = self.service_gpu_secs[index];
         let pending = PendingJob {
@@ -511,7 +512,7 @@ impl Sim<'_> {
             self.set_busy(&part.node, &part.gpu_indices, None);
         }
         self.view.usage.entry(running.team.clone()).or_default().charge(
-            running.gpus(),
+            running.charged_gpus(),
             running.started_at,
             self.now,
             running.burst,

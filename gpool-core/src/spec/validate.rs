@@ -167,6 +167,7 @@ impl JobSpec {
             validate_ident("gpu_type", model.as_str())?;
         }
         self.validate_requirements()?;
+        self.validate_share()?;
         for (field, value) in [
             ("team", self.team.as_str()),
             ("project", self.project.as_str()),
@@ -176,6 +177,39 @@ impl JobSpec {
             if !value.is_empty() {
                 validate_ident(field, value)?;
             }
+        }
+        Ok(())
+    }
+
+    /// A fraction of a GPU is one GPU on one node, asked one way.
+    fn validate_share(&self) -> Result<(), SpecError> {
+        let Some(ask) = &self.gpu_share else {
+            return Ok(());
+        };
+        let field = if ask.memory_mib > 0 { "gpu_mem" } else { "gpu_fraction" };
+        let whole = if self.nodes > 1 || self.gpus_per_node > 1 {
+            Some("a gang or a job of several GPUs")
+        } else if self.requires.nvlink == crate::model::NvlinkNeed::Required {
+            Some("an --nvlink job")
+        } else if self.exclusive {
+            Some("an --exclusive job")
+        } else {
+            None
+        };
+        if let Some(what) = whole {
+            return Err(spec_error(
+                field,
+                format!("a fraction is of one GPU on one node: {what} asks for whole GPUs"),
+            ));
+        }
+        if (ask.memory_mib > 0) == (ask.fraction_milli > 0) {
+            return Err(spec_error(field, "give --gpu-mem or --gpu-fraction, one of the two"));
+        }
+        if ask.fraction_milli >= 1000 || ask.compute_pct > 100 {
+            return Err(spec_error(
+                field,
+                "a fraction is below 1 and a compute share at most 100%",
+            ));
         }
         Ok(())
     }

@@ -42,15 +42,33 @@ pub fn signal_message(job: JobId, epoch: Epoch, signal: i32) -> pb::ControllerMe
     }
 }
 
+/// GPUs held as a batch of starts is applied.
+struct Taken {
+    whole: HashSet<(String, u32)>,
+    shared: HashMap<(String, u32), u64>,
+}
+
+impl Taken {
+    fn take(&mut self, start: &Start) {
+        for part in &start.placement {
+            for index in &part.gpu_indices {
+                let key = (part.node.clone(), *index);
+                match &start.share {
+                    Some(share) => *self.shared.entry(key).or_default() += share.memory_mib,
+                    None => {
+                        self.whole.insert(key);
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl State {
     /// Applies the scheduler's starts that still fit the state as it is now
     /// (the view they came from may be stale), and queues their Launches.
     pub(super) fn start(&mut self, starts: Vec<Start>, now: Timestamp, out: &mut Batch) {
-        let mut busy: HashSet<(String, u32)> = self
-            .gpu_holders()
-            .into_keys()
-            .map(|(node, gpu)| (node.to_string(), gpu))
-            .collect();
+        let mut busy = self.taken_gpus();
         for start in starts {
             // A task of an array becomes a job as it starts, within the
             // array's %N.
@@ -96,9 +114,7 @@ impl State {
                     .get_or_create(&vec![("team", job.spec.team.to_string())])
                     .observe(waited);
             }
-            for part in &start.placement {
-                busy.extend(part.gpu_indices.iter().map(|gpu| (part.node.clone(), *gpu)));
-            }
+            busy.take(&start);
             out.writes.push(Write::NextEpoch);
             let launches = self.launch_messages(start.job, epoch, &start.placement);
             // A spec from before today's limits may not fit in a message an
@@ -122,7 +138,7 @@ impl State {
         }
     }
 
-    fn still_fits(&self, start: &Start, busy: &HashSet<(String, u32)>) -> bool {
+    fn still_fits(&self, start: &Start, busy: &Taken) -> bool {
         // Held, or waiting for a dependency, since the plan's snapshot.
         let pending = self.jobs.get(&start.job).is_some_and(|job| {
             job.state == JobState::Pending
@@ -132,19 +148,41 @@ impl State {
         pending && self.still_free(start, busy) && self.enforcement_allows(start.job, &start.placement)
     }
 
-    /// Its nodes take work and its GPUs are free.
-    fn still_free(&self, start: &Start, busy: &HashSet<(String, u32)>) -> bool {
+    /// Its nodes take work and its GPUs are free (or, for a fraction,
+    /// shared by fractions only, with room for it).
+    fn still_free(&self, start: &Start, busy: &Taken) -> bool {
         start.placement.iter().all(|part| {
             let Some(node) = self.nodes.get(&part.node).filter(|node| node.schedulable()) else {
                 return false;
             };
             self.links.contains_key(&part.node)
                 && self.power.takes_work(&part.node)
-                && part
-                    .gpu_indices
-                    .iter()
-                    .all(|gpu| !busy.contains(&(part.node.clone(), *gpu)) && !node.gpus_out.contains_key(gpu))
+                && part.gpu_indices.iter().all(|index| {
+                    let key = (part.node.clone(), *index);
+                    let room = match (&start.share, busy.shared.get(&key)) {
+                        (None, shared) => shared.is_none(),
+                        (Some(share), held) => node.gpus.iter().any(|gpu| {
+                            gpu.index == *index
+                                && held.unwrap_or(&0) + share.memory_mib
+                                    <= gpu.memory_mib.saturating_sub(gpu.reserved_mib)
+                        }),
+                    };
+                    room && !busy.whole.contains(&key) && !node.gpus_out.contains_key(index)
+                })
         })
+    }
+
+    /// The GPUs running attempts hold: whole, or shared by fractions with
+    /// the memory they hold.
+    fn taken_gpus(&self) -> Taken {
+        let shared: HashMap<(String, u32), u64> = (self.gpu_shares().into_iter())
+            .map(|((node, gpu), (used_mib, _))| ((node.to_string(), gpu), used_mib))
+            .collect();
+        let whole = (self.gpu_holders().into_keys())
+            .map(|(node, gpu)| (node.to_string(), gpu))
+            .filter(|key| !shared.contains_key(key))
+            .collect();
+        Taken { whole, shared }
     }
 
     /// An agent (re)connected: record its node, apply what ended while it was

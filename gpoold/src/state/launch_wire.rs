@@ -22,6 +22,7 @@ impl State {
             .map_or_else(String::new, |conn| conn.ip.clone());
         let nodes: Vec<String> = placement.iter().map(|part| part.node.clone()).collect();
         let slurm = self.slurm_job(job, &nodes);
+        let share = self.share_of(job, placement);
         placement
             .iter()
             .enumerate()
@@ -66,6 +67,8 @@ impl State {
                         rows: size.rows.into(),
                         cols: size.cols.into(),
                     }),
+                    gpu_share_mib: share.map_or(0, |share| share.memory_mib),
+                    gpu_share_compute_pct: share.map_or(0, |share| u32::from(share.compute_pct)),
                 };
                 let message = pb::ControllerMessage {
                     term: 0,

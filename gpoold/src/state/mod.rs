@@ -44,7 +44,6 @@ pub use outbox::{Outbox, WeakOutbox, MAX_INPUT_BYTES, OUTBOX_CAPACITY};
 pub use sharing::CheckpointOutcome;
 pub use task::{run_flusher, run_state_task, Notifiers, StateHandle};
 pub use update::JobUpdate;
-use view::running_view;
 
 use crate::error::Error;
 use gpool_core::auth::token::{Key, TokenRecord};

@@ -3,7 +3,7 @@
 //! signal, grace, kill), checkpoint reports, and the hour's waste budget.
 
 use super::agents::{kill_message, signal_message};
-use super::{running_view, Batch, Preempting, State, Write};
+use super::{Batch, Preempting, State, Write};
 use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
 use gpool_core::job_state::{JobEvent, JobState};
@@ -63,7 +63,11 @@ impl State {
         {
             let same_attempt = matches!(&job.state, JobState::Running { epoch: now_epoch, .. } if *now_epoch == epoch);
             if !same_attempt {
-                let gpus: u64 = placement.iter().map(|p| p.gpu_indices.len() as u64).sum();
+                let share = super::view::share_on(&self.nodes, &self.policy.sharing.shares, &job.spec, placement);
+                let gpus = match share {
+                    Some(share) => f64::from(share.milli) / 1000.0,
+                    None => placement.iter().map(|p| p.gpu_indices.len() as f64).sum(),
+                };
                 let team = job.spec.team.to_string();
                 // The attempt's record goes: its GPU use into the job's.
                 let attempt = self.attempt_ended(id).unwrap_or_default();
@@ -179,6 +183,7 @@ impl State {
             end: end.to_string(),
             lost_gpu_secs,
             gpu_use,
+            share_milli: self.share_of(job, placement).map(|share| share.milli),
         }
     }
 
@@ -211,6 +216,7 @@ impl State {
             .map(|job| gpool_core::policy::RunningUse {
                 team: &job.team,
                 gpus: job.gpus(),
+                charged_gpus: job.charged_gpus(),
                 started_at: job.started_at,
                 burst: job.burst,
             })
@@ -220,7 +226,7 @@ impl State {
 
     /// Running jobs as the scheduler sees them.
     pub fn running_jobs(&self) -> Vec<RunningJob> {
-        self.running().filter_map(running_view).collect()
+        self.running().filter_map(|job| self.running_view(job)).collect()
     }
 
     /// GPU-seconds preemption may still throw away in the hour up to `now`.

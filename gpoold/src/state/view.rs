@@ -24,11 +24,12 @@ impl State {
             .collect();
         let singletons = self.singleton_holders(&gated);
         let running: Vec<&Job> = self.running().collect();
-        let nodes = self.node_views(&running);
+        let mut nodes = self.node_views(&running);
         let running: Vec<_> = running
             .into_iter()
-            .filter_map(running_view)
-            .map(|mut view| {
+            .filter_map(|job| self.running_view(job).map(|view| (job, view)))
+            .map(|(job, mut view)| {
+                mark_share(&mut nodes, job, &view, &self.policy.sharing.shares);
                 // A withdrawn preemption: it runs on, and may be taken again.
                 let preempting = self.preemption(view.id);
                 view.preempting &= !preempting.is_some_and(|preempting| preempting.withdrawn);
@@ -216,7 +217,7 @@ impl State {
     /// only: the pending queue is not read.
     pub fn cycle_could_act(&self) -> bool {
         let running: Vec<&Job> = self.running().collect();
-        let running_views: Vec<_> = running.iter().copied().filter_map(running_view).collect();
+        let running_views: Vec<_> = running.iter().filter_map(|job| self.running_view(job)).collect();
         gpool_core::sched::could_act(
             &self.node_views(&running),
             &running_views,
@@ -247,8 +248,86 @@ impl State {
     }
 }
 
-/// A running job as the scheduler sees it; `None` for any other job.
-pub(super) fn running_view(job: &Job) -> Option<gpool_core::sched::RunningJob> {
+impl State {
+    /// A running job as the scheduler sees it, its fraction of its GPU
+    /// with it; `None` for any other job.
+    pub(super) fn running_view(&self, job: &Job) -> Option<gpool_core::sched::RunningJob> {
+        let mut view = running_view(job)?;
+        view.share = self.share_of(job, &view.placement);
+        Some(view)
+    }
+
+    /// What `job`'s fraction comes to on its GPU in `placement` (`None`:
+    /// whole GPUs, or a GPU no longer known).
+    pub(super) fn share_of(
+        &self,
+        job: &Job,
+        placement: &[gpool_core::NodePlacement],
+    ) -> Option<gpool_core::share::Share> {
+        share_on(&self.nodes, &self.policy.sharing.shares, &job.spec, placement)
+    }
+}
+
+impl State {
+    /// The GPUs fractions share: the memory they hold and how many run
+    /// on each, by node and GPU index.
+    pub fn gpu_shares(&self) -> HashMap<(&str, u32), (u64, u32)> {
+        let mut shares: HashMap<(&str, u32), (u64, u32)> = HashMap::new();
+        for job in self.running().filter(|job| job.spec.gpu_share.is_some()) {
+            let JobState::Running { placement, .. } = &job.state else {
+                continue;
+            };
+            let (Some(share), Some(part)) = (self.share_of(job, placement), placement.first()) else {
+                continue;
+            };
+            for index in &part.gpu_indices {
+                let entry = shares.entry((part.node.as_str(), *index)).or_default();
+                entry.0 += share.memory_mib;
+                entry.1 += 1;
+            }
+        }
+        shares
+    }
+}
+
+/// What `spec`'s fraction comes to on its GPU in `placement`, of `nodes`.
+pub(super) fn share_on(
+    nodes: &std::collections::BTreeMap<String, gpool_core::Node>,
+    rules: &gpool_core::share::ShareRules,
+    spec: &gpool_core::JobSpec,
+    placement: &[gpool_core::NodePlacement],
+) -> Option<gpool_core::share::Share> {
+    let ask = spec.gpu_share.as_ref()?;
+    let part = placement.first()?;
+    let node = nodes.get(&part.node)?;
+    let gpu = node
+        .gpus
+        .iter()
+        .find(|gpu| Some(&gpu.index) == part.gpu_indices.first())?;
+    ask.on(gpu.memory_mib.saturating_sub(gpu.reserved_mib), rules)
+}
+
+/// Marks the GPU a running fraction holds as shared in `nodes`.
+fn mark_share(
+    nodes: &mut [NodeView],
+    job: &Job,
+    view: &gpool_core::sched::RunningJob,
+    rules: &gpool_core::share::ShareRules,
+) {
+    let (Some(ask), Some(part)) = (job.spec.gpu_share.as_ref(), view.placement.first()) else {
+        return;
+    };
+    if let (Some(node), Some(&index)) = (
+        nodes.iter_mut().find(|node| node.name == part.node),
+        part.gpu_indices.first(),
+    ) {
+        node.take_share(index, (ask, &view.user), rules);
+    }
+}
+
+/// A running job as the scheduler sees it (whole GPUs); `None` for any
+/// other job.
+fn running_view(job: &Job) -> Option<gpool_core::sched::RunningJob> {
     match &job.state {
         JobState::Running {
             epoch,
@@ -276,6 +355,7 @@ pub(super) fn running_view(job: &Job) -> Option<gpool_core::sched::RunningJob> {
                 .time_limit_secs
                 .map(|limit| Timestamp(started_at.0 + limit as i64 * 1000)),
             service_before_gpu_secs: job.service_gpu_secs,
+            share: None,
         }),
         _ => None,
     }

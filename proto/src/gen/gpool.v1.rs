@@ -569,6 +569,15 @@ pub struct JobSpec {
     /// The reservation it runs in (--reservation); empty: none.
     #[prost(string, tag = "38")]
     pub reservation: ::prost::alloc::string::String,
+    /// A fraction of one GPU (--gpu-mem, --gpu-fraction, --gpu-share): MiB of
+    /// its memory or thousandths of it (one of the two; 0 and 0: whole GPUs),
+    /// and a compute share in percent (0: no cap).
+    #[prost(uint64, tag = "43")]
+    pub gpu_mem_mib: u64,
+    #[prost(uint32, tag = "44")]
+    pub gpu_fraction_milli: u32,
+    #[prost(uint32, tag = "45")]
+    pub gpu_compute_pct: u32,
 }
 /// Where gpoold says that a job started or ended, and on which events.
 #[allow(clippy::all)]
@@ -1025,6 +1034,14 @@ pub struct Gpu {
     /// CUDA compute capability, "9.0"; empty where unknown.
     #[prost(string, tag = "11")]
     pub compute_capability: ::prost::alloc::string::String,
+    /// Memory its driver keeps (no job can have it).
+    #[prost(uint64, tag = "12")]
+    pub reserved_mib: u64,
+    /// Shared by fractions: the memory they hold and how many run on it.
+    #[prost(uint64, tag = "13")]
+    pub shared_used_mib: u64,
+    #[prost(uint32, tag = "14")]
+    pub shared_jobs: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -1508,6 +1525,12 @@ pub struct Launch {
     /// An interactive job's terminal (see JobSpec.pty).
     #[prost(message, optional, tag = "28")]
     pub pty: ::core::option::Option<TerminalSize>,
+    /// A fraction of its one GPU: the memory its MPS client may pin (MiB) and
+    /// its share of the GPU's compute (percent; 0: no cap). 0 MiB: whole GPUs.
+    #[prost(uint64, tag = "29")]
+    pub gpu_share_mib: u64,
+    #[prost(uint32, tag = "30")]
+    pub gpu_share_compute_pct: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]

@@ -88,6 +88,7 @@ impl PoolService {
 /// heartbeat sample.
 pub(super) fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a Node>) -> Vec<pb::Node> {
     let holders = state.gpu_holders();
+    let shares = state.gpu_shares();
     nodes
         .map(|node| {
             let mut wire = node_to_wire(node, |gpu_idx| {
@@ -99,6 +100,9 @@ pub(super) fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a N
                 // A MIG slice's readings are its parent's.
                 let physical = gpu.mig_parent.unwrap_or(gpu.index);
                 gpu.sample = samples.iter().find(|sample| sample.index == physical).copied();
+                if let Some((used_mib, jobs)) = shares.get(&(node.name.as_str(), gpu.index)) {
+                    (gpu.shared_used_mib, gpu.shared_jobs) = (*used_mib, *jobs);
+                }
             }
             wire.pools = state
                 .policy

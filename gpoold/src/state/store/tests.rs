@@ -325,6 +325,7 @@ fn old_accounting_records_move_to_history_files_and_leave_a_file_at_a_time() {
             end: "completed".into(),
             lost_gpu_secs: 0.0,
             gpu_use: Default::default(),
+            share_milli: None,
         };
         record.ended_at = Timestamp(n as i64 * 10);
         record

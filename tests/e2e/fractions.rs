@@ -1,0 +1,216 @@
+//! Fractions of a GPU as a shared pool runs them: the shipped gpoold.toml,
+//! an H100 node (its driver keeping 463 MiB, as NVML reports), an A100 in
+//! MIG mode and an L4; a notebook of team vision and an inference replica
+//! of team nlp share one H100 under its MPS daemon (a stand-in
+//! `nvidia-cuda-mps-control` on the agents' PATH), each capped and charged
+//! its part; a whole-GPU job never lands on the shared GPU.
+
+use crate::harness::cluster::Cluster;
+use crate::harness::process::wait_until;
+use crate::preemption::shipped_config;
+use std::time::Duration;
+
+/// The stand-in MPS control daemon: in `-f` mode it records the GPU it
+/// serves and runs until its pipe directory goes (with the test's dir).
+const MPS_CONTROL: &str = r#"#!/bin/sh
+[ "$1" = "-f" ] || exit 0
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"
+echo "$$ $CUDA_VISIBLE_DEVICES" >> "$CUDA_MPS_PIPE_DIRECTORY/started"
+while [ -d "$CUDA_MPS_PIPE_DIRECTORY" ]; do sleep 0.2; done
+"#;
+
+const H100: &str = "[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\nreserved_mib = 463\ncount = 2\n";
+const A100_MIG: &str =
+    "[[simulated_gpu]]\nmodel = \"a100-80gb\"\nmemory_mib = 81920\nmig = [\"3g.40gb\", \"3g.40gb\"]\n";
+const L4: &str = "[[simulated_gpu]]\nmodel = \"l4\"\nmemory_mib = 23034\ncount = 1\n";
+
+fn cluster() -> Cluster {
+    let mut cluster = Cluster::with_config(&shipped_config());
+    let bin = cluster.dir.path().join("mps-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let control = bin.join("nvidia-cuda-mps-control");
+    std::fs::write(&control, MPS_CONTROL).unwrap();
+    std::fs::set_permissions(&control, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    cluster.agent_env.push(("PATH".into(), path));
+    for (node, gpus) in [("h100-a", H100), ("a100-mig", A100_MIG), ("l4-a", L4)] {
+        cluster.start_agent_with(node, 0, gpus);
+    }
+    cluster
+}
+
+/// A job that writes its environment to `<id>.env` and runs until
+/// `release` appears.
+const HOLD: &str = "env > $GPOOL_JOB_ID.env; while [ ! -e release ]; do sleep 0.1; done";
+
+fn env_of(cluster: &Cluster, id: u64) -> String {
+    let file = cluster.dir.path().join(format!("{id}.env"));
+    wait_until(&format!("job {id}'s environment"), Duration::from_secs(30), || {
+        std::fs::read_to_string(&file).ok().filter(|text| text.ends_with('\n'))
+    })
+}
+
+fn placement(cluster: &Cluster, id: u64) -> String {
+    cluster.wait_for_state(id, "running")["placement"].to_string()
+}
+
+#[test]
+fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_its_part() {
+    let cluster = cluster();
+    let notebook = cluster.submit(&[
+        "--team",
+        "vision",
+        "--gpu-type",
+        "h100",
+        "--gpu-mem",
+        "20G",
+        "--",
+        "sh",
+        "-c",
+        HOLD,
+    ]);
+    let inference = cluster.submit(&[
+        "--team",
+        "nlp",
+        "--gpu-type",
+        "h100",
+        "--gpu-fraction",
+        "0.25",
+        "--gpu-share",
+        "30%",
+        "--",
+        "sh",
+        "-c",
+        HOLD,
+    ]);
+    let (first, second) = (placement(&cluster, notebook), placement(&cluster, inference));
+    assert_eq!(first, second, "both fractions on one GPU");
+    assert!(first.contains("h100-a"), "{first}");
+
+    let notebook_env = env_of(&cluster, notebook);
+    let inference_env = env_of(&cluster, inference);
+    for env in [&notebook_env, &inference_env] {
+        assert!(
+            env.lines().filter(|l| l.starts_with("CUDA_VISIBLE_DEVICES=")).count() == 1,
+            "{env}"
+        );
+        assert!(env.contains("CUDA_MPS_PIPE_DIRECTORY="), "{env}");
+    }
+    assert!(
+        notebook_env.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"),
+        "{notebook_env}"
+    );
+    assert!(
+        !notebook_env.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+        "{notebook_env}"
+    );
+    // A quarter of the 81,096 MiB the driver leaves, down to whole GiB.
+    assert!(
+        inference_env.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=19456M"),
+        "{inference_env}"
+    );
+    assert!(
+        inference_env.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"),
+        "{inference_env}"
+    );
+
+    // One MPS daemon for the shared GPU, started once.
+    let pipe = notebook_env
+        .lines()
+        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+        .expect("a pipe directory")
+        .to_string();
+    let started = wait_until("the MPS daemon", Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("{pipe}/started")).ok()
+    });
+    assert_eq!(started.lines().count(), 1, "{started}");
+
+    // gpool nodes: the GPU's shares and its free memory.
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let h100 = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "h100-a")
+        .unwrap();
+    let shared: Vec<_> = h100["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| !g["shared"].is_null())
+        .collect();
+    assert_eq!(shared.len(), 1, "{h100:#}");
+    assert_eq!(shared[0]["shared"]["jobs"], 2);
+    assert_eq!(shared[0]["shared"]["used_mib"], 20_480 + 19_456);
+    assert_eq!(shared[0]["shared"]["free_mib"], 81_096 - 20_480 - 19_456);
+    let table = cluster.gpool(&["nodes"]).ok().to_string();
+    assert!(table.contains("SHARED") && table.contains("x2"), "{table}");
+
+    // A whole H100 goes to the other GPU, and a second whole one waits:
+    // the shared GPU is not free to it.
+    let whole = cluster.submit(&["--team", "vision", "--gpu-type", "h100", "--", "sh", "-c", HOLD]);
+    let whole_at = placement(&cluster, whole);
+    assert!(
+        whole_at.contains("h100-a") && whole_at != first,
+        "{whole_at} vs {first}"
+    );
+    let waits = cluster.submit(&["--team", "vision", "--gpu-type", "h100", "--", "true"]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(cluster.job(waits)["state"], "pending");
+
+    // A fraction larger than the L4's memory is refused at submit.
+    let too_big = cluster.gpool(&["submit", "--gpu-type", "l4", "--gpu-mem", "30G", "--", "true"]);
+    assert_ne!(too_big.code, 0, "{}", too_big.stdout);
+
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    for id in [notebook, inference, whole, waits] {
+        cluster.wait_for_state(id, "completed");
+    }
+    // Each fraction is charged its part of the GPU-hours it ran.
+    let ran = |id: u64| {
+        let job = cluster.job(id);
+        let millis = |field: &str| rfc3339_millis(job[field].as_str().expect("a time"));
+        (millis("ended_at") - millis("started_at")) / 3_600_000.0
+    };
+    let notebook_part = 20_480.0 / 81_096.0;
+    let inference_part = 0.3_f64.max(19_456.0 / 81_096.0);
+    let vision = ran(notebook) * notebook_part + ran(whole) + ran(waits);
+    let nlp = ran(inference) * inference_part;
+    let report = cluster.gpool(&["report", "--by", "team", "--output", "json"]).json();
+    let rows = report["rows"].as_array().expect("rows");
+    for (team, want) in [("vision", vision), ("nlp", nlp)] {
+        let got = rows
+            .iter()
+            .find(|row| row["team"] == team)
+            .and_then(|row| row["gpu_hours"].as_f64())
+            .unwrap_or_else(|| panic!("team {team} in {report:#}"));
+        assert!(
+            (got - want).abs() <= want * 0.02 + 1e-6,
+            "{team}: {got} GPU-hours, want {want}"
+        );
+    }
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time.
+fn rfc3339_millis(text: &str) -> f64 {
+    let at = humantime::parse_rfc3339(text).expect("an RFC 3339 time");
+    at.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as f64
+}
+
+#[test]
+fn a_fraction_of_a_gang_or_of_several_gpus_is_refused_with_the_field_named() {
+    let cluster = Cluster::with_config(&shipped_config());
+    for args in [
+        &["--gpus", "2", "--gpu-mem", "10G", "--", "true"][..],
+        &["--gpu-fraction", "1.5", "--", "true"],
+        &["--gpu-share", "30%", "--", "true"],
+        &["--gpu-mem", "10G", "--nvlink", "required", "--", "true"],
+    ] {
+        let mut all = vec!["submit"];
+        all.extend_from_slice(args);
+        let run = cluster.gpool(&all);
+        assert_ne!(run.code, 0, "{args:?} was taken");
+        let said = format!("{}{}", run.stdout, run.stderr);
+        assert!(said.contains("gpu"), "{args:?}: {said}");
+    }
+}
