@@ -342,6 +342,9 @@ async fn send_heartbeat(
     sent.push_back((seq, crate::supervise::boot_ms()));
     let latest = info.sampler.latest();
     let mut beat = info.health.heartbeat(latest.samples, seq);
+    beat.mps_faults = (attempts.mps_failures().into_iter())
+        .map(|(index, why)| pb::MpsFault { index, why })
+        .collect();
     beat.spool_short = attempts.upkeep();
     beat.readings_stuck = latest.stuck;
     let message = pb::AgentMessage {

@@ -8,12 +8,22 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The MPS control program, as NVIDIA ships it.
 pub const CONTROL_PROGRAM: &str = "nvidia-cuda-mps-control";
 
+/// How often each daemon is asked whether it still answers, and how long
+/// it has to.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROBE_PATIENCE: Duration = Duration::from_secs(3);
+
 pub struct Mps {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     /// `<state>/mps`: a directory per GPU, with its pipes and logs.
     root: PathBuf,
     /// The control program; `None` where the node has none.
@@ -21,35 +31,43 @@ pub struct Mps {
     /// Simulated GPUs have no CUDA to share: fractions run without a daemon.
     simulated: bool,
     daemons: Mutex<BTreeMap<u32, Child>>,
+    /// Daemons found wedged since the last heartbeat, and why.
+    faults: Mutex<Vec<(u32, String)>>,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Mps {
+    /// Where the node has the control program, a thread asks each daemon
+    /// every few seconds whether it answers.
     pub fn new(state_dir: &Path, simulated: bool) -> Mps {
-        Mps {
+        let shared = Arc::new(Shared {
             root: state_dir.join("mps"),
             program: find_on_path(CONTROL_PROGRAM),
             simulated,
             daemons: Mutex::new(BTreeMap::new()),
+            faults: Mutex::new(Vec::new()),
+        });
+        if shared.program.is_some() {
+            let watched = shared.clone();
+            std::thread::spawn(move || loop {
+                std::thread::sleep(PROBE_EVERY);
+                watched.probe_all();
+            });
         }
-    }
-
-    fn dir(&self, gpu: u32, what: &str) -> PathBuf {
-        self.root.join(format!("gpu{gpu}")).join(what)
+        Mps { shared }
     }
 
     /// What a fraction's process needs to be a client of GPU `gpu`'s daemon,
     /// capped at `memory_mib` and `compute_pct` (0: no cap). CUDA numbers
     /// the one GPU it sees 0.
     pub fn client_env(&self, gpu: u32, memory_mib: u64, compute_pct: u32) -> Vec<(String, String)> {
+        let dir = |what: &str| self.shared.dir(gpu, what).display().to_string();
         let mut env = vec![
-            (
-                "CUDA_MPS_PIPE_DIRECTORY".to_string(),
-                self.dir(gpu, "pipe").display().to_string(),
-            ),
-            (
-                "CUDA_MPS_LOG_DIRECTORY".to_string(),
-                self.dir(gpu, "log").display().to_string(),
-            ),
+            ("CUDA_MPS_PIPE_DIRECTORY".to_string(), dir("pipe")),
+            ("CUDA_MPS_LOG_DIRECTORY".to_string(), dir("log")),
             (
                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
                 format!("0={memory_mib}M"),
@@ -65,34 +83,32 @@ impl Mps {
     /// GPU `gpu`'s daemon runs (started now if it did not), for a fraction
     /// about to start there; `device` is how CUDA names the GPU.
     pub fn ensure(&self, gpu: u32, device: &str) -> Result<(), String> {
-        let mut daemons = self.daemons.lock().unwrap_or_else(|e| e.into_inner());
+        let shared = &self.shared;
+        let mut daemons = locked(&shared.daemons);
         if let Some(daemon) = daemons.get_mut(&gpu) {
-            match daemon.try_wait() {
-                Ok(None) => return Ok(()),
-                Ok(Some(status)) => tracing::warn!(gpu, %status, "the GPU's MPS daemon had ended; starting it again"),
-                Err(err) => {
-                    tracing::warn!(gpu, %err, "cannot tell whether the GPU's MPS daemon runs; starting it again")
-                }
+            if matches!(daemon.try_wait(), Ok(None)) {
+                return Ok(());
             }
             daemons.remove(&gpu);
         }
-        let Some(program) = &self.program else {
-            if self.simulated {
+        let Some(program) = &shared.program else {
+            if shared.simulated {
                 return Ok(());
             }
             return Err(format!(
                 "{CONTROL_PROGRAM} is not on the agent's PATH: a fraction of a GPU runs under MPS"
             ));
         };
-        let (pipe, log) = (self.dir(gpu, "pipe"), self.dir(gpu, "log"));
+        let (pipe, log) = (shared.dir(gpu, "pipe"), shared.dir(gpu, "log"));
         for dir in [&pipe, &log] {
             std::fs::create_dir_all(dir).map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
         }
+        let out = log.join("daemon.out");
         let output = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(log.join("daemon.out"))
-            .map_err(|err| format!("cannot open {}: {err}", log.join("daemon.out").display()))?;
+            .open(&out)
+            .map_err(|err| format!("cannot open {}: {err}", out.display()))?;
         let errors = output.try_clone().map_err(|err| err.to_string())?;
         let daemon = Command::new(program)
             .arg("-f")
@@ -109,15 +125,79 @@ impl Mps {
         Ok(())
     }
 
-    /// Stops every daemon this agent started (at its shutdown).
-    pub fn stop_all(&self) {
-        let mut daemons = self.daemons.lock().unwrap_or_else(|e| e.into_inner());
-        for (_, mut daemon) in std::mem::take(&mut *daemons) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(daemon.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = daemon.wait();
+    /// The GPUs whose daemon failed since the last call, and how: it
+    /// exited, or it stopped answering (and was stopped). The next fraction
+    /// on the GPU starts a new one.
+    pub fn failures(&self) -> Vec<(u32, String)> {
+        let mut failed = std::mem::take(&mut *locked(&self.shared.faults));
+        locked(&self.shared.daemons).retain(|gpu, daemon| match daemon.try_wait() {
+            Ok(None) => true,
+            Ok(Some(status)) => {
+                tracing::warn!(gpu, %status, "the GPU's MPS daemon exited");
+                failed.push((*gpu, format!("exited ({status})")));
+                false
+            }
+            Err(err) => {
+                failed.push((*gpu, format!("cannot be waited for ({err})")));
+                false
+            }
+        });
+        failed
+    }
+}
+
+impl Shared {
+    fn dir(&self, gpu: u32, what: &str) -> PathBuf {
+        self.root.join(format!("gpu{gpu}")).join(what)
+    }
+
+    /// Asks every daemon whether it answers; one that does not is stopped,
+    /// and its GPU's failure reported with the next heartbeat.
+    fn probe_all(&self) {
+        let gpus: Vec<u32> = locked(&self.daemons).keys().copied().collect();
+        for gpu in gpus {
+            let Some(why) = self.probe(gpu) else {
+                continue;
+            };
+            tracing::warn!(gpu, %why, "the GPU's MPS daemon is wedged: stopping it");
+            if let Some(mut daemon) = locked(&self.daemons).remove(&gpu) {
+                let _ = daemon.kill();
+                let _ = daemon.wait();
+            }
+            locked(&self.faults).push((gpu, why));
+        }
+    }
+
+    /// Why GPU `gpu`'s daemon did not answer `get_server_list`; `None`
+    /// where it did.
+    fn probe(&self, gpu: u32) -> Option<String> {
+        let program = self.program.as_ref()?;
+        let mut client = Command::new(program)
+            .env("CUDA_MPS_PIPE_DIRECTORY", self.dir(gpu, "pipe"))
+            .env("CUDA_MPS_LOG_DIRECTORY", self.dir(gpu, "log"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        if let Some(mut stdin) = client.stdin.take() {
+            let _ = std::io::Write::write_all(&mut stdin, b"get_server_list\n");
+        }
+        let asked = Instant::now();
+        loop {
+            match client.try_wait() {
+                Ok(Some(status)) if status.success() => return None,
+                Ok(Some(status)) => return Some(format!("answered get_server_list with {status} (wedged)")),
+                Ok(None) if asked.elapsed() < PROBE_PATIENCE => std::thread::sleep(Duration::from_millis(50)),
+                _ => {
+                    let _ = client.kill();
+                    let _ = client.wait();
+                    return Some(format!(
+                        "did not answer get_server_list within {} s (wedged)",
+                        PROBE_PATIENCE.as_secs()
+                    ));
+                }
+            }
         }
     }
 }

@@ -115,6 +115,9 @@ pub struct GpuReading {
     pub remap_pending: bool,
     /// Xid events since the last heartbeat.
     pub xids: Vec<u32>,
+    /// How its MPS daemon failed since the last heartbeat; empty: it did
+    /// not (or none runs).
+    pub mps_fault: String,
 }
 
 /// What gpoold remembers of a GPU between heartbeats (not durable: after a
@@ -176,6 +179,9 @@ impl GpuWatch {
             }
         }
         self.ecc_uncorrected = Some(reading.ecc_uncorrected);
+        if !reading.mps_fault.is_empty() {
+            assessment.faults.push(format!("its MPS daemon {}", reading.mps_fault));
+        }
         if reading.remap_failure {
             assessment.faults.push("row remapping failed".into());
             assessment.needs_reset = true;

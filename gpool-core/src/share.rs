@@ -183,7 +183,7 @@ pub fn best_fit<'a, K: Copy>(
         .filter_map(|(key, gpu)| {
             let share = ask.on(gpu.usable_mib, rules)?;
             gpu.takes(&share, user, rules)
-                .then(|| (gpu.free_mib() - share.memory_mib, key, share))
+                .then(|| (gpu.free_mib().saturating_sub(share.memory_mib), key, share))
         })
         .min_by_key(|(left, _, _)| *left)
         .map(|(_, key, share)| (key, share))

@@ -39,6 +39,9 @@ pub struct Setup {
     pub guarantees: BTreeMap<String, u32>,
     /// Groups of nodes that sleep until jobs need them (`with_power`).
     pub power: Vec<crate::power::Group>,
+    /// Fractions of a GPU in the trace run on whole GPUs, rounded up (as
+    /// where GPUs are not shared).
+    pub whole_fractions: bool,
 }
 
 /// `setup` with the nodes of `group` too, asleep at the start: they wake
@@ -131,6 +134,7 @@ pub fn fifo(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> Setup {
     policy.sharing.weights = fifo_weights();
     policy.sharing.las = None;
     Setup {
+        whole_fractions: false,
         power: Vec::new(),
         name: "fifo".into(),
         nodes: cluster.nodes.clone(),
@@ -171,6 +175,7 @@ pub fn sharing_policy(cluster: &Cluster, guarantees: &BTreeMap<String, u32>) -> 
 /// gpool's sharing under `policy` (a gpoold.toml's, or `sharing_policy`).
 pub fn pooled(name: &str, cluster: &Cluster, policy: Policy, guarantees: &BTreeMap<String, u32>) -> Setup {
     Setup {
+        whole_fractions: false,
         power: Vec::new(),
         name: name.into(),
         nodes: cluster.nodes.clone(),
@@ -232,6 +237,7 @@ pub fn dedicated(cluster: &Cluster, guarantees: &BTreeMap<String, u32>, scale: f
     policy.sharing.weights = fifo_weights();
     policy.sharing.las = None;
     Setup {
+        whole_fractions: false,
         power: Vec::new(),
         name: "dedicated".into(),
         nodes,

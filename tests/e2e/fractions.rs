@@ -3,7 +3,9 @@
 //! MIG mode and an L4; a notebook of team vision and an inference replica
 //! of team nlp share one H100 under its MPS daemon (a stand-in
 //! `nvidia-cuda-mps-control` on the agents' PATH), each capped and charged
-//! its part; a whole-GPU job never lands on the shared GPU.
+//! its part; a whole-GPU job never lands on the shared GPU; a wedged MPS
+//! daemon takes its GPU out of service and its fractions run again
+//! elsewhere.
 
 use crate::harness::cluster::Cluster;
 use crate::harness::process::wait_until;
@@ -12,11 +14,17 @@ use std::time::Duration;
 
 /// The stand-in MPS control daemon: in `-f` mode it records the GPU it
 /// serves and runs until its pipe directory goes (with the test's dir).
+/// As a client (the agent's probe), it answers unless the test put a
+/// `wedge` file in its pipe directory: then it hangs, as a wedged server.
 const MPS_CONTROL: &str = r#"#!/bin/sh
-[ "$1" = "-f" ] || exit 0
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"
-echo "$$ $CUDA_VISIBLE_DEVICES" >> "$CUDA_MPS_PIPE_DIRECTORY/started"
-while [ -d "$CUDA_MPS_PIPE_DIRECTORY" ]; do sleep 0.2; done
+if [ "$1" = "-f" ]; then
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"
+    echo "$$ $CUDA_VISIBLE_DEVICES" >> "$CUDA_MPS_PIPE_DIRECTORY/started"
+    while [ -d "$CUDA_MPS_PIPE_DIRECTORY" ]; do sleep 0.2; done
+    exit 0
+fi
+cat > /dev/null
+while [ -e "$CUDA_MPS_PIPE_DIRECTORY/wedge" ]; do sleep 0.2; done
 "#;
 
 const H100: &str = "[[simulated_gpu]]\nmodel = \"h100\"\nmemory_mib = 81559\nreserved_mib = 463\ncount = 2\n";
@@ -44,9 +52,12 @@ fn cluster() -> Cluster {
 const HOLD: &str = "env > $GPOOL_JOB_ID.env; while [ ! -e release ]; do sleep 0.1; done";
 
 fn env_of(cluster: &Cluster, id: u64) -> String {
-    let file = cluster.dir.path().join(format!("{id}.env"));
-    wait_until(&format!("job {id}'s environment"), Duration::from_secs(30), || {
-        std::fs::read_to_string(&file).ok().filter(|text| text.ends_with('\n'))
+    env_in(&cluster.dir.path().join(format!("{id}.env")))
+}
+
+fn env_in(file: &std::path::Path) -> String {
+    wait_until(&format!("{}", file.display()), Duration::from_secs(30), || {
+        std::fs::read_to_string(file).ok().filter(|text| text.ends_with('\n'))
     })
 }
 
@@ -189,6 +200,61 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
             "{team}: {got} GPU-hours, want {want}"
         );
     }
+}
+
+/// A daemon that stops answering (the stand-in hangs) is stopped, its GPU
+/// taken out of service with the reason, and its fraction requeued as a
+/// GPU fault: it runs again on the other H100, under a daemon of its own.
+#[test]
+fn a_wedged_mps_daemon_takes_its_gpu_out_and_its_fraction_runs_again_elsewhere() {
+    let cluster = cluster();
+    let script = "env > $GPOOL_JOB_ID-$GPOOL_RESTART_COUNT.env; while [ ! -e release ]; do sleep 0.1; done";
+    let id = cluster.submit(&[
+        "--team",
+        "vision",
+        "--gpu-type",
+        "h100",
+        "--gpu-mem",
+        "20G",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    let first = placement(&cluster, id);
+    let env = env_in(&cluster.dir.path().join(format!("{id}-0.env")));
+    let pipe = env
+        .lines()
+        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+        .expect("a pipe directory")
+        .to_string();
+    std::fs::write(format!("{pipe}/wedge"), "").unwrap();
+
+    let again = env_in(&cluster.dir.path().join(format!("{id}-1.env")));
+    let job = cluster.job(id);
+    assert_eq!(job["requeue_cause"], "gpu_fault", "{job:#}");
+    let second = placement(&cluster, id);
+    assert_ne!(first, second);
+    let other_pipe = again
+        .lines()
+        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+        .expect("a pipe directory");
+    assert_ne!(other_pipe, pipe, "its own GPU's daemon");
+    assert!(std::path::Path::new(&format!("{other_pipe}/started")).exists());
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let h100 = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "h100-a")
+        .unwrap();
+    let out: Vec<String> = (h100["gpus"].as_array().unwrap().iter())
+        .filter_map(|gpu| gpu["out_of_service"]["reason"].as_str().map(String::from))
+        .collect();
+    assert_eq!(out.len(), 1, "{h100:#}");
+    assert!(out[0].contains("MPS daemon") && out[0].contains("wedged"), "{}", out[0]);
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    cluster.wait_for_state(id, "completed");
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time.

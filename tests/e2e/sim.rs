@@ -69,6 +69,71 @@ fn sim_compares_policies_deterministically_and_plots_them() {
     }
 }
 
+/// An Alibaba-style trace: one lab's notebooks and inference replicas
+/// asking for parts of one GPU (`gpu_milli`) beside a whole-GPU training
+/// job, on one node of 2 H100s. Packed, the six fractions fill one GPU
+/// exactly and none waits; rounded up to whole GPUs, they queue behind
+/// each other.
+#[test]
+fn sim_shows_what_packing_fractions_gains_over_whole_gpus() {
+    let dir = Cluster::temp_dir();
+    let trace = dir.path().join("fractions.csv");
+    let mut text = String::from("submit,duration,gpus_per_node,nodes,team,user,gpu_milli\n");
+    for (at, milli, team) in [
+        (0, 250, "vision"),
+        (0, 250, "vision"),
+        (0, 100, "nlp"),
+        (10, 200, "nlp"),
+        (10, 100, "vision"),
+        (20, 100, "nlp"),
+    ] {
+        text.push_str(&format!("2026-11-23T10:00:{at:02}Z,600,1,1,{team},lab,{milli}\n"));
+    }
+    text.push_str("2026-11-23T10:00:00Z,600,1,1,vision,trainer,1000\n");
+    std::fs::write(&trace, text).unwrap();
+    let run = |extra: &[&str]| -> Run {
+        let mut args = vec![
+            "sim",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--compare",
+            "gpool,gpool-whole",
+        ];
+        args.extend_from_slice(extra);
+        gpool_command(&args).output().expect("run gpool sim").into()
+    };
+    let report = run(&["--output", "json"]).json();
+    let (packed, whole) = (policy(&report, "gpool"), policy(&report, "gpool-whole"));
+    assert_eq!(packed["queue_delay"]["mean"], 0.0, "{packed:#}");
+    assert!(whole["queue_delay"]["mean"].as_f64().unwrap() > 300.0, "{whole:#}");
+    assert_eq!(packed["fractions"]["jobs"], 6);
+    let held = |p: &Value| p["fractions"]["held_gpu_hours"].as_f64().unwrap();
+    // One GPU, from the first fraction's start to the last one's end.
+    assert!((held(packed) - 620.0 / 3600.0).abs() < 1e-6, "{packed:#}");
+    assert!((held(whole) - 6.0 * 600.0 / 3600.0).abs() < 1e-6, "{whole:#}");
+    for p in [packed, whole] {
+        assert_eq!(
+            (p["overcommits"].as_u64(), p["invariant_violations"].as_u64()),
+            (Some(0), Some(0))
+        );
+    }
+    let table = run(&[]);
+    assert!(table.ok().contains("fractions of a GPU, GPU-hours"), "{}", table.stdout);
+    // A fraction of a gang is refused, naming the line and the field.
+    std::fs::write(
+        &trace,
+        "submit,duration,gpus_per_node,nodes,team,gpu_milli\n2026-11-23T10:00:00Z,60,2,1,a,500\n",
+    )
+    .unwrap();
+    let bad = run(&[]);
+    assert_ne!(bad.code, 0);
+    assert!(bad.stderr.contains("gpu_milli"), "{}", bad.stderr);
+}
+
 #[test]
 fn sim_names_bad_input() {
     let dir = Cluster::temp_dir();

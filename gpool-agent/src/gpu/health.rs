@@ -93,6 +93,7 @@ impl Health {
             health_check: faults.check.clone(),
             spool_short: String::new(),
             readings_stuck: String::new(),
+            mps_faults: Vec::new(),
         }
     }
 

@@ -139,6 +139,11 @@ impl Attempts {
         Ok(())
     }
 
+    /// The GPUs whose MPS daemon failed since the last look, and how.
+    pub fn mps_failures(&self) -> Vec<(u32, String)> {
+        self.mps.failures()
+    }
+
     /// A fraction's MPS client variables, its GPU's daemon started.
     fn share_env(&self, launch: &pb::Launch) -> Result<Vec<(String, String)>, String> {
         let (Some(&gpu), Some(device)) = (

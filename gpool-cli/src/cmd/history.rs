@@ -148,6 +148,8 @@ fn as_trace(ended: &[pb::Job]) -> Vec<gpool_core::sim::TraceJob> {
                 qos: spec.qos.clone(),
                 on_signal: None,
                 host: gpool_core::sched::HostAsk::of(&gpool_proto::convert::spec_from_wire(spec.clone())),
+                // A fraction by memory is a part of a GPU not known here.
+                gpu_milli: (spec.gpu_fraction_milli > 0).then_some(spec.gpu_fraction_milli),
             })
         })
         .collect();

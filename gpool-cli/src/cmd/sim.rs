@@ -41,8 +41,9 @@ pub struct SimArgs {
     /// Policies to compare: dedicated (each team on GPUs of its own, as
     /// many as its guarantee), fifo (one pool, first come first served,
     /// with backfill), gpool, gpool-priority (gpool's policy without its
-    /// least-attained-service order within teams), and further gpoold.toml
-    /// files.
+    /// least-attained-service order within teams), gpool-whole (gpool with
+    /// a trace's fractions of a GPU rounded up to whole GPUs), and further
+    /// gpoold.toml files.
     #[arg(long, value_delimiter = ',', default_value = "dedicated,fifo,gpool")]
     compare: Vec<String>,
     /// Jobs with no checkpoint period of their own write one this often (a
@@ -363,6 +364,11 @@ fn setups(
             "dedicated" => sim::dedicated(cluster, guarantees, 1.0),
             "fifo" => sim::fifo(cluster, guarantees),
             "gpool" => sim::pooled("gpool", cluster, gpool_policy.clone(), guarantees),
+            // Fractions of a GPU rounded up to whole ones: what sharing gains.
+            "gpool-whole" => sim::Setup {
+                whole_fractions: true,
+                ..sim::pooled("gpool-whole", cluster, gpool_policy.clone(), guarantees)
+            },
             "gpool-priority" => {
                 let mut policy = gpool_policy.clone();
                 policy.sharing.las = None;
@@ -377,8 +383,8 @@ fn setups(
             }
             other => {
                 return Err(CliError::Usage(format!(
-                    "--compare: {other:?} is not dedicated, fifo, gpool, gpool-priority or a gpoold.toml file"
-                )))
+                "--compare: {other:?} is not dedicated, fifo, gpool, gpool-priority, gpool-whole or a gpoold.toml file"
+            )))
             }
         });
     }

@@ -375,9 +375,14 @@ impl Policy {
 /// its last checkpoint, `Las::may_be_taken`). Where it could not, a cycle would only
 /// restate why jobs wait, at a cost that grows with the queue.
 pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy, now: Timestamp) -> bool {
-    let free = nodes
-        .iter()
-        .any(|node| node.availability == Availability::Up && node.gpus.iter().any(|gpu| !gpu.busy));
+    // A GPU fractions share with memory left may take another.
+    let free = nodes.iter().any(|node| {
+        node.availability == Availability::Up
+            && node
+                .gpus
+                .iter()
+                .any(|gpu| !gpu.busy || gpu.shared.as_ref().is_some_and(|shared| shared.free_mib() > 0))
+    });
     let las = policy.sharing.las.as_ref();
     free || running
         .iter()
@@ -436,6 +441,8 @@ mod tests;
 
 #[cfg(test)]
 mod las_tests;
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod sharing_tests;
 

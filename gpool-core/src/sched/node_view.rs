@@ -209,12 +209,42 @@ impl NodeView {
     ) -> Option<crate::share::Share> {
         let gpu = self.gpus.iter_mut().find(|gpu| gpu.index == index)?;
         gpu.busy = true;
-        let usable = gpu.usable_mib();
-        let share = ask.on(usable, rules)?;
+        let share = ask.on(gpu.usable_mib(), rules)?;
+        self.add_share(index, &share, user);
+        Some(share)
+    }
+
+    /// Adds a fraction `share` of `user`'s to its GPU `index` (busy to
+    /// whole-GPU jobs from now on); whether that opened the GPU (no
+    /// fraction held it).
+    pub fn add_share(&mut self, index: u32, share: &crate::share::Share, user: &str) -> bool {
+        let Some(gpu) = self.gpus.iter_mut().find(|gpu| gpu.index == index) else {
+            return false;
+        };
+        let (opened, usable) = (gpu.shared.is_none(), gpu.usable_mib());
+        gpu.busy = true;
         gpu.shared
             .get_or_insert_with(|| crate::share::SharedGpu::new(usable))
-            .add(&share, user);
-        Some(share)
+            .add(share, user);
+        opened
+    }
+
+    /// Takes a fraction `share` off its GPU `index`; whether that was the
+    /// last, and the GPU is free now.
+    pub fn remove_share(&mut self, index: u32, share: &crate::share::Share) -> bool {
+        let Some(gpu) = self.gpus.iter_mut().find(|gpu| gpu.index == index) else {
+            return false;
+        };
+        let Some(shared) = gpu.shared.as_mut() else {
+            return false;
+        };
+        shared.remove(share);
+        let closed = shared.jobs == 0;
+        if closed {
+            gpu.shared = None;
+            self.release(&[index]);
+        }
+        closed
     }
 }
 

@@ -20,6 +20,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
 mod audit;
+mod fractions;
 mod power;
 mod preempted;
 mod quiet;
@@ -357,7 +358,7 @@ impl Sim<'_> {
             host,
             exclusive: false,
             limits: crate::enforce::asked_by_host(host),
-            share: None,
+            share: self.share_ask(index),
         };
         let service_gpu_secs = self.service_gpu_secs[index];
         let pending = PendingJob {
@@ -455,7 +456,8 @@ impl Sim<'_> {
         self.promises.claims_met(job.id);
         let index = job.id.0 as usize - 1;
         let trace = &self.jobs[index];
-        for part in &start.placement {
+        self.share_start(&start, &job.user);
+        for part in start.placement.iter().filter(|_| start.share.is_none()) {
             // A plan never hands out a GPU that is taken or out of service;
             // the outcome counts it if one ever did.
             let taken = self.node_index.get(&part.node).is_none_or(|i| {
@@ -481,8 +483,10 @@ impl Sim<'_> {
         };
         let epoch = Epoch(self.next_epoch);
         self.next_epoch += 1;
-        let running = RunningJob::started(&job, epoch, start.burst, start.placement, now);
+        let mut running = RunningJob::started(&job, epoch, start.burst, start.placement, now);
+        running.share = start.share;
         self.out.started(&job, &running, now);
+        self.fraction_counts(index, &running, true);
         self.opened(&job, &running);
         self.attempts.insert(
             job.id,
@@ -508,9 +512,11 @@ impl Sim<'_> {
             self.promises
                 .victim_ended(running.id, for_job, &running.placement, self.now);
         }
-        for part in &running.placement {
+        for part in running.placement.iter().filter(|_| running.share.is_none()) {
             self.set_busy(&part.node, &part.gpu_indices, None);
         }
+        self.share_stop(&running);
+        self.fraction_counts(job.0 as usize - 1, &running, false);
         self.view.usage.entry(running.team.clone()).or_default().charge(
             running.charged_gpus(),
             running.started_at,

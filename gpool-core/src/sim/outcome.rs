@@ -9,6 +9,8 @@ use crate::sched::{Availability, ClusterView, PendingJob, Policy, RunningJob};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+mod fractions;
+pub use fractions::FractionOutcome;
 mod parts;
 pub use parts::{
     AttemptRecord, Dist, EndState, EventKind, EventRecord, Series, ShapeCount, TeamOutcome, MAX_SERIES_POINTS,
@@ -72,6 +74,9 @@ pub struct Outcome {
     /// Where the setup has power groups: what they cost and saved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub power: Option<super::engine::PowerOutcome>,
+    /// Where the trace asks for fractions of a GPU: what they held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fractions: Option<FractionOutcome>,
     #[serde(skip)]
     pub series: Series,
     /// Every attempt, and every job that never started (where
@@ -167,6 +172,7 @@ pub(super) struct Collector {
     series: Series,
     /// Node indices each pool selects (built at the first snapshot).
     pools: Option<Vec<(String, Vec<usize>)>>,
+    fractions: fractions::Fractions,
 }
 
 impl Collector {
@@ -221,6 +227,10 @@ impl Collector {
             team_of,
             teams,
             pools: None,
+            fractions: fractions::Fractions {
+                jobs: jobs.iter().filter(|job| job.gpu_milli.is_some()).count(),
+                ..Default::default()
+            },
         }
     }
 
@@ -245,19 +255,48 @@ impl Collector {
             }
         }
         self.queued_jobs -= 1;
-        self.running[team] += running.gpus();
-        self.busy += running.gpus();
+        // A fraction's GPU counts as its GPU opens (`fraction_gpu`).
+        let gpus = if running.share.is_some() { 0 } else { running.gpus() };
+        self.running[team] += gpus;
+        self.held(gpus, now);
+        self.first_start[job.id.0 as usize - 1].get_or_insert(now);
+    }
+
+    /// `gpus` more are held from `now`.
+    fn held(&mut self, gpus: u64, now: Timestamp) {
+        self.busy += gpus;
         if self.busy > self.peak.0 {
             self.peak = (self.busy, now);
         }
-        self.first_start[job.id.0 as usize - 1].get_or_insert(now);
+    }
+
+    /// A fraction's GPU opened (`true`: the first fraction on it) or
+    /// closed at `now`; `whole`: a fraction rounded up to a whole GPU
+    /// (held with its job's start, counted here as a fraction's).
+    pub(super) fn fraction_gpu(&mut self, opened: bool, whole: bool, now: Timestamp) {
+        match (opened, whole) {
+            (true, false) => self.held(1, now),
+            (false, false) => self.busy -= 1,
+            _ => {}
+        }
+        if opened {
+            self.fractions.gpus_now += 1;
+        } else {
+            self.fractions.gpus_now -= 1;
+        }
+    }
+
+    /// A fraction of `milli` thousandths of a GPU ran `ms`.
+    pub(super) fn fraction_ran(&mut self, milli: u32, ms: i64) {
+        self.fractions.ran(milli, ms);
     }
 
     fn stopped(&mut self, running: &RunningJob, now: Timestamp) -> usize {
         let team = self.team(&running.team);
-        self.running[team] -= running.gpus();
-        self.busy -= running.gpus();
-        let gpu_secs = (now.0 - running.started_at.0) as f64 / 1000.0 * running.gpus() as f64;
+        let gpus = if running.share.is_some() { 0 } else { running.gpus() };
+        self.running[team] -= gpus;
+        self.busy -= gpus;
+        let gpu_secs = (now.0 - running.started_at.0) as f64 / 1000.0 * running.charged_gpus();
         if running.burst {
             self.burst_gpu_secs[team] += gpu_secs;
         } else {
@@ -384,6 +423,7 @@ impl Collector {
         }
         self.first.get_or_insert(from);
         self.busy_gpu_ms += self.busy as f64 * dt;
+        self.fractions.advance(dt);
         if self.startable {
             self.startable_ms += dt;
             self.startable_busy_gpu_ms += self.busy as f64 * dt;
@@ -526,6 +566,7 @@ impl Collector {
             never_started_by_shape: Vec::new(),
             teams,
             power: None,
+            fractions: self.fractions.outcome(),
             series: self.series,
             attempts: Vec::new(),
             events: Vec::new(),

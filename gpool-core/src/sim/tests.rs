@@ -19,6 +19,7 @@ fn job(at: i64, secs: i64, gpus_per_node: u32, nodes: u32, team: &str) -> TraceJ
         // The grace's own mechanics are what most tests here look at.
         on_signal: Some(OnSignal::WorkOn),
         host: None,
+        gpu_milli: None,
     }
 }
 
@@ -942,4 +943,45 @@ fn a_cloud_group_wakes_for_waiting_jobs_and_sleeps_when_idle_within_its_budget()
     let one = run(&with_power(gpool, group(1), 300), &jobs);
     assert_eq!(one.power.clone().expect("power").resumes, 1);
     assert_eq!(delays(&one), ((300.0 + 3600.0) / 4.0, 3600.0, 4));
+}
+
+/// Eight quarter-GPU jobs of an hour each on two H100s: packed four to a
+/// GPU they all start at once and hold the two GPUs an hour; rounded up to
+/// whole GPUs they run two at a time, and hold eight GPU-hours.
+#[test]
+fn fractions_pack_four_to_a_gpu_where_whole_gpus_run_them_two_at_a_time() {
+    let jobs: Vec<TraceJob> = (0..8)
+        .map(|_| TraceJob {
+            gpu_milli: Some(250),
+            ..job(0, 3600, 1, 1, "a")
+        })
+        .collect();
+    let cluster = Cluster::uniform(1, 2, "h100");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let policy = sharing_policy(&cluster, &guarantees);
+    let packed = run(&pooled("gpool", &cluster, policy.clone(), &guarantees), &jobs);
+    let whole = run(
+        &Setup {
+            whole_fractions: true,
+            ..pooled("gpool-whole", &cluster, policy, &guarantees)
+        },
+        &jobs,
+    );
+    assert_eq!(delays(&packed), (0.0, 0.0, 8));
+    assert_eq!(delays(&whole), (5400.0, 10_800.0, 8));
+    let (p, w) = (packed.fractions.clone().unwrap(), whole.fractions.clone().unwrap());
+    assert_eq!((p.jobs, w.jobs), (8, 8));
+    assert!(
+        (p.asked_gpu_hours - 2.0).abs() < 1e-9 && (w.asked_gpu_hours - 2.0).abs() < 1e-9,
+        "{p:?} {w:?}"
+    );
+    assert!((p.held_gpu_hours - 2.0).abs() < 1e-9, "{p:?}");
+    assert!((w.held_gpu_hours - 8.0).abs() < 1e-9, "{w:?}");
+    // The allocation counts a shared GPU once; fair share charges parts.
+    assert!((packed.allocation - 1.0).abs() < 1e-9, "{}", packed.allocation);
+    assert!((packed.delivered_gpu_hours - 2.0).abs() < 1e-9);
+    for outcome in [&packed, &whole] {
+        assert_eq!((outcome.overcommits, outcome.invariant_violations), (0, 0));
+        assert_eq!(outcome.completed, 8);
+    }
 }

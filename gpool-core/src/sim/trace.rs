@@ -31,6 +31,9 @@ pub struct TraceJob {
     /// CPUs and memory on each node (`cpus_per_gpu` and `mem_per_gpu`
     /// times its GPUs there); `None`: none asked.
     pub host: Option<crate::sched::HostAsk>,
+    /// A fraction of one GPU, in thousandths (the `gpu_milli` of Alibaba's
+    /// traces), 1 to 999; `None`: whole GPUs.
+    pub gpu_milli: Option<u32>,
 }
 
 /// What a preempted job does when gpool sends it its checkpoint signal
@@ -145,6 +148,10 @@ pub struct GpoolRow {
     /// Bytes.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_is_none")]
     pub mem_per_gpu: Option<u64>,
+    /// A fraction of one GPU in thousandths (1 to 999; 1000 or empty: whole
+    /// GPUs), as Alibaba's GPU traces give it.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_is_none")]
+    pub gpu_milli: Option<u64>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -214,6 +221,7 @@ impl GpoolRow {
             checkpoint_on_signal: false,
             cpus_per_gpu: job.host.map(|ask| ask.cpus / u64::from(job.gpus_per_node)),
             mem_per_gpu: job.host.map(|ask| ask.memory_bytes / u64::from(job.gpus_per_node)),
+            gpu_milli: job.gpu_milli.map(u64::from),
         }
     }
 
@@ -252,6 +260,17 @@ impl GpoolRow {
         if self.checkpoint_every == Some(0) {
             return Err("checkpoint_every: 0 is not a period (leave it empty for none)".into());
         }
+        let gpu_milli = match self.gpu_milli {
+            None | Some(1000) => None,
+            Some(milli @ 1..=999) if self.gpus_per_node == 1 && self.nodes == 1 => Some(milli as u32),
+            Some(milli @ 1..=999) => {
+                return Err(format!(
+                    "gpu_milli: {milli} is a fraction of one GPU, but the job asks for {} GPUs on {} nodes",
+                    self.gpus_per_node, self.nodes
+                ))
+            }
+            Some(other) => return Err(format!("gpu_milli: {other} is not 1 to 1000")),
+        };
         Ok(TraceJob {
             submit,
             duration_ms,
@@ -283,6 +302,7 @@ impl GpoolRow {
                 cpus: self.cpus_per_gpu.unwrap_or(0) * u64::from(self.gpus_per_node),
                 memory_bytes: self.mem_per_gpu.unwrap_or(0) * u64::from(self.gpus_per_node),
             }),
+            gpu_milli,
         })
     }
 }
@@ -414,6 +434,7 @@ fn parse_philly(text: &str, node_gpus: u32) -> Result<Vec<TraceJob>, (usize, Str
             qos: String::new(),
             on_signal: None,
             host: None,
+            gpu_milli: None,
         });
     }
     Ok(jobs)

@@ -125,6 +125,12 @@ async fn relay_agent_messages(
                 seq: heartbeat.seq,
                 // An Xid storm is cut short (the agent caps it too).
                 xids: heartbeat.xids.into_iter().take(256).collect(),
+                mps_faults: (heartbeat.mps_faults.into_iter().take(256))
+                    .map(|fault| pb::MpsFault {
+                        index: fault.index,
+                        why: fault.why.chars().take(512).collect(),
+                    })
+                    .collect(),
                 health_check: heartbeat.health_check,
                 spool_short: heartbeat.spool_short.chars().take(512).collect(),
                 readings_stuck: heartbeat.readings_stuck.chars().take(512).collect(),

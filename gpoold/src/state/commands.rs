@@ -120,6 +120,8 @@ pub enum Command {
         /// Answered with a Lease of the same number.
         seq: u64,
         xids: Vec<pb::XidEvent>,
+        /// GPUs whose MPS daemon failed.
+        mps_faults: Vec<pb::MpsFault>,
         health_check: Option<pb::HealthCheck>,
         /// Why the node's spool is short of space; empty while it has room.
         spool_short: String,

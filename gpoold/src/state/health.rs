@@ -16,6 +16,27 @@ pub const SPOOL_DRAIN: &str = "spool full: ";
 /// How a drain for stuck GPU readings begins.
 pub const READINGS_DRAIN: &str = "GPU readings stuck: ";
 
+/// GPU `index`'s reading in a heartbeat: its (or, for a MIG slice, its
+/// parent's) `sample` and Xids, and its MPS daemon's failures.
+fn reading_of(
+    sample: &pb::GpuSample,
+    (index, physical): (u32, u32),
+    (xids, mps_faults): (&[pb::XidEvent], &[pb::MpsFault]),
+) -> GpuReading {
+    GpuReading {
+        temperature_c: sample.temperature_c,
+        ecc_uncorrected: sample.ecc_uncorrected,
+        remap_failure: sample.remap_failure,
+        remap_pending: sample.remap_pending,
+        xids: xids.iter().filter(|x| x.index == physical).map(|x| x.xid).collect(),
+        mps_fault: (mps_faults.iter())
+            .filter(|fault| fault.index == index)
+            .map(|fault| fault.why.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
 impl State {
     /// Reads one heartbeat of `node` for faults: GPUs (or the node) with a
     /// fault leave service and their attempts are requeued; those quiet for
@@ -24,7 +45,7 @@ impl State {
         &mut self,
         node: &str,
         samples: &[pb::GpuSample],
-        xids: &[pb::XidEvent],
+        (xids, mps_faults): (&[pb::XidEvent], &[pb::MpsFault]),
         check: Option<pb::HealthCheck>,
         now: Timestamp,
         out: &mut Batch,
@@ -64,16 +85,9 @@ impl State {
         }
 
         for (index, physical) in indices {
-            let reading = samples
-                .iter()
+            let reading = (samples.iter())
                 .find(|sample| sample.index == physical)
-                .map(|sample| GpuReading {
-                    temperature_c: sample.temperature_c,
-                    ecc_uncorrected: sample.ecc_uncorrected,
-                    remap_failure: sample.remap_failure,
-                    remap_pending: sample.remap_pending,
-                    xids: xids.iter().filter(|x| x.index == physical).map(|x| x.xid).collect(),
-                });
+                .map(|sample| reading_of(sample, (index, physical), (xids, mps_faults)));
             let assessment = self.gpu_watch.entry((node.to_string(), index)).or_default().assess(
                 reading.as_ref(),
                 &self.health_policy,

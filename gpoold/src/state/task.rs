@@ -396,6 +396,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             samples,
             seq,
             xids,
+            mps_faults,
             health_check,
             spool_short,
             readings_stuck,
@@ -403,7 +404,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             if state.is_current_link(&node, conn_id) {
                 state.heartbeat(&node, conn_id);
                 state.grant_lease(&node, seq);
-                state.assess_health(&node, &samples, &xids, health_check, now, out);
+                state.assess_health(&node, &samples, (&xids, &mps_faults), health_check, now, out);
                 state.assess_agent_drain(&node, health::SPOOL_DRAIN, &spool_short, now, out);
                 state.assess_agent_drain(&node, health::READINGS_DRAIN, &readings_stuck, now, out);
                 state.count_gpu_use(&node, &samples);

@@ -24,12 +24,11 @@ impl State {
             .collect();
         let singletons = self.singleton_holders(&gated);
         let running: Vec<&Job> = self.running().collect();
-        let mut nodes = self.node_views(&running);
+        let nodes = self.node_views(&running);
         let running: Vec<_> = running
             .into_iter()
-            .filter_map(|job| self.running_view(job).map(|view| (job, view)))
-            .map(|(job, mut view)| {
-                mark_share(&mut nodes, job, &view, &self.policy.sharing.shares);
+            .filter_map(|job| self.running_view(job))
+            .map(|mut view| {
                 // A withdrawn preemption: it runs on, and may be taken again.
                 let preempting = self.preemption(view.id);
                 view.preempting &= !preempting.is_some_and(|preempting| preempting.withdrawn);
@@ -191,7 +190,8 @@ impl State {
                 }
             }
         }
-        self.nodes
+        let mut nodes: Vec<NodeView> = self
+            .nodes
             .values()
             // A node of a power group being put to sleep (or not yet taken
             // as up) is no place for work; the scheduler does not see it.
@@ -209,7 +209,9 @@ impl State {
                 }
                 view
             })
-            .collect()
+            .collect();
+        mark_shares(&mut nodes, running, &self.policy.sharing.shares);
+        nodes
     }
 
     /// Whether a scheduling cycle could start or preempt anything now
@@ -307,21 +309,21 @@ pub(super) fn share_on(
     ask.on(gpu.memory_mib.saturating_sub(gpu.reserved_mib), rules)
 }
 
-/// Marks the GPU a running fraction holds as shared in `nodes`.
-fn mark_share(
-    nodes: &mut [NodeView],
-    job: &Job,
-    view: &gpool_core::sched::RunningJob,
-    rules: &gpool_core::share::ShareRules,
-) {
-    let (Some(ask), Some(part)) = (job.spec.gpu_share.as_ref(), view.placement.first()) else {
-        return;
-    };
-    if let (Some(node), Some(&index)) = (
-        nodes.iter_mut().find(|node| node.name == part.node),
-        part.gpu_indices.first(),
-    ) {
-        node.take_share(index, (ask, &view.user), rules);
+/// Marks the GPUs running fractions hold as shared in `nodes`.
+fn mark_shares(nodes: &mut [NodeView], running: &[&Job], rules: &gpool_core::share::ShareRules) {
+    for job in running {
+        let (Some(ask), JobState::Running { placement, .. }) = (job.spec.gpu_share.as_ref(), &job.state) else {
+            continue;
+        };
+        let Some(part) = placement.first() else {
+            continue;
+        };
+        if let (Some(node), Some(&index)) = (
+            nodes.iter_mut().find(|node| node.name == part.node),
+            part.gpu_indices.first(),
+        ) {
+            node.take_share(index, (ask, &job.user), rules);
+        }
     }
 }
 

@@ -1286,6 +1286,16 @@ pub struct GpuSample {
     #[prost(uint32, tag = "10")]
     pub sm_clock_mhz: u32,
 }
+/// A GPU's MPS daemon (fractions of the GPU are its clients) failed.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct MpsFault {
+    #[prost(uint32, tag = "1")]
+    pub index: u32,
+    /// How: "exited (...)", "did not answer ... (wedged)".
+    #[prost(string, tag = "2")]
+    pub why: ::prost::alloc::string::String,
+}
 /// An Xid event NVML reported for a GPU.
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -1332,6 +1342,10 @@ pub struct Heartbeat {
     /// jobs keep running, and its heartbeats (read apart) go on.
     #[prost(string, tag = "6")]
     pub readings_stuck: ::prost::alloc::string::String,
+    /// GPUs whose MPS daemon failed since the previous heartbeat: gpoold
+    /// takes each out of service (its fractions are requeued as gpu_fault).
+    #[prost(message, repeated, tag = "7")]
+    pub mps_faults: ::prost::alloc::vec::Vec<MpsFault>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

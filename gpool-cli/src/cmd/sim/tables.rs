@@ -94,9 +94,11 @@ fn print_policy_table(results: &[(Outcome, Timing)]) {
     let mut header = vec!["".to_string()];
     header.extend(results.iter().map(|(o, _)| o.policy.clone()));
     let drains = results.iter().any(|(o, _)| long_drain(o));
+    let fractions = results.iter().any(|(o, _)| o.fractions.is_some());
     let table: Vec<Vec<String>> = policy_rows()
         .iter()
         .filter(|(label, _)| drains || *label != UNTIL_LAST_ARRIVAL)
+        .filter(|(label, _)| fractions || !FRACTION_ROWS.contains(label))
         .map(|(label, value)| {
             let mut row = vec![label.to_string()];
             row.extend(results.iter().map(|(o, t)| value(o, t)));
@@ -109,6 +111,9 @@ fn print_policy_table(results: &[(Outcome, Timing)]) {
 
 /// The row shown only where arrivals ended long before the replay did.
 const UNTIL_LAST_ARRIVAL: &str = "  until the last arrival";
+
+/// The rows shown only where the trace asks for fractions of a GPU.
+const FRACTION_ROWS: [&str; 2] = ["fractions of a GPU, GPU-hours", "  GPU-hours of GPUs they held"];
 
 /// The policy table's rows, in order.
 fn policy_rows() -> Vec<Row> {
@@ -152,6 +157,20 @@ fn policy_rows() -> Vec<Row> {
                 o.lost_gpu_hours,
                 o.lost_gpu_hours / o.delivered_gpu_hours.max(1e-9) * 100.0
             )
+        }),
+        (FRACTION_ROWS[0], |o, _| {
+            o.fractions
+                .as_ref()
+                .map_or("-".into(), |f| format!("{:.0} ({} jobs)", f.asked_gpu_hours, f.jobs))
+        }),
+        (FRACTION_ROWS[1], |o, _| {
+            o.fractions.as_ref().map_or("-".into(), |f| {
+                format!(
+                    "{:.0} ({:.1} per GPU)",
+                    f.held_gpu_hours,
+                    f.asked_gpu_hours / f.held_gpu_hours.max(1e-9)
+                )
+            })
         }),
         ("jobs blocked by fragmentation", |o, _| {
             o.fragmentation_blocked_jobs.to_string()

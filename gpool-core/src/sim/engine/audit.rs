@@ -79,7 +79,12 @@ impl Sim<'_> {
                         shape_words(job)
                     ));
                 }
-                if let Some(other) = self.audit.holders.insert((node_idx, *gpu_idx), job.id) {
+                // A shared GPU holds fractions of several jobs.
+                let holder = start
+                    .share
+                    .is_none()
+                    .then(|| self.audit.holders.insert((node_idx, *gpu_idx), job.id));
+                if let Some(other) = holder.flatten() {
                     broken.push(format!("{}[{gpu_idx}] is held by j{other} and j{}", node.name, job.id));
                 }
             }
