@@ -493,3 +493,34 @@ fn memory_is_per_node_or_per_gpu_never_both() {
     .unwrap();
     assert_eq!(jobs[0].mem_bytes, Some(16 << 30));
 }
+
+#[test]
+fn a_job_file_asks_for_a_fraction_of_a_gpu_and_a_gang_of_fractions_is_refused() {
+    let text = "[[job]]\ncommand = \"jupyter lab\"\ngpu_mem = \"20G\"\ngpu_share = \"30%\"\n\n[[job]]\ncommand = \"serve\"\ngpu_fraction = \"0.25\"\n";
+    let specs = parse_job_file("jobs.toml", text).unwrap();
+    let asks: Vec<_> = specs.iter().map(|spec| spec.gpu_share).collect();
+    assert_eq!(
+        asks,
+        [
+            Some(crate::share::ShareAsk {
+                memory_mib: 20 * 1024,
+                fraction_milli: 0,
+                compute_pct: 30
+            }),
+            Some(crate::share::ShareAsk {
+                memory_mib: 0,
+                fraction_milli: 250,
+                compute_pct: 0
+            }),
+        ]
+    );
+    let gang = "[[job]]\ncommand = \"true\"\ngpus = 2\ngpu_mem = \"20G\"\n";
+    let err = parse_job_file("jobs.toml", gang).unwrap_err().to_string();
+    assert!(err.contains("gpu_mem: a fraction is of one GPU on one node"), "{err}");
+    let both = "[[job]]\ncommand = \"true\"\ngpu_mem = \"20G\"\ngpu_fraction = \"0.5\"\n";
+    let err = parse_job_file("jobs.toml", both).unwrap_err().to_string();
+    assert!(
+        err.contains("gpu_fraction: give --gpu-mem or --gpu-fraction, not both"),
+        "{err}"
+    );
+}
