@@ -13,6 +13,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
+
+mod shares;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -70,6 +72,7 @@ pub fn render(state: &State, metrics: &Metrics) -> String {
     let mut registry = Registry::with_prefix("gpool");
     render_capacity(&mut registry, state);
     render_gpu_samples(&mut registry, state);
+    shares::render(&mut registry, state);
     render_jobs_and_teams(&mut registry, state);
     render_usage(&mut registry, state);
     render_power(&mut registry, state);

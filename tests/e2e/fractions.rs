@@ -156,6 +156,12 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
     assert_eq!(shared[0]["shared"]["free_mib"], 81_096 - 20_480 - 19_456);
     let table = cluster.gpool(&["nodes"]).ok().to_string();
     assert!(table.contains("SHARED") && table.contains("x2"), "{table}");
+    let addr = std::fs::read_to_string(cluster.state_dir().join("metrics.addr")).expect("metrics.addr");
+    let (_, _, metrics) = crate::harness::http_get(addr.trim(), "/metrics");
+    let shared_jobs = metrics
+        .lines()
+        .find(|line| line.starts_with("gpool_gpu_shared_jobs{") && line.contains("node=\"h100-a\""));
+    assert!(shared_jobs.is_some_and(|line| line.ends_with(" 2.0")), "{metrics}");
 
     // A whole H100 goes to the other GPU, and a second whole one waits:
     // the shared GPU is not free to it.
@@ -200,6 +206,7 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
             "{team}: {got} GPU-hours, want {want}"
         );
     }
+    cluster.assert_plans_sound();
 }
 
 /// A daemon that stops answering (the stand-in hangs) is stopped, its GPU
@@ -255,6 +262,7 @@ fn a_wedged_mps_daemon_takes_its_gpu_out_and_its_fraction_runs_again_elsewhere()
     assert!(out[0].contains("MPS daemon") && out[0].contains("wedged"), "{}", out[0]);
     std::fs::write(cluster.dir.path().join("release"), "").unwrap();
     cluster.wait_for_state(id, "completed");
+    cluster.assert_plans_sound();
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time.
