@@ -223,6 +223,8 @@ struct GpuCell {
     power_w: Option<u32>,
     /// Why it is out of service, when it is.
     out_of_service: Option<String>,
+    /// Shared by fractions: how many, the memory they hold and its usable.
+    shared: Option<(u32, u64, u64)>,
 }
 
 struct NodeLine {
@@ -271,6 +273,7 @@ impl Snapshot {
             }
         }
         let holders = state.gpu_holders();
+        let shares = state.gpu_shares();
         let mut snapshot = Snapshot {
             teams,
             nodes: Vec::new(),
@@ -295,6 +298,8 @@ impl Snapshot {
                         temperature_c: sample.map(|s| s.temperature_c).filter(|t| *t > 0),
                         power_w: sample.map(|s| s.power_w).filter(|p| *p > 0),
                         out_of_service: node.gpus_out.get(&gpu.index).map(|out| out.reason.clone()),
+                        shared: (shares.get(&(node.name.as_str(), gpu.index)))
+                            .map(|(used, n)| (*n, *used, gpu.memory_mib.saturating_sub(gpu.reserved_mib))),
                     }
                 })
                 .collect();
@@ -391,8 +396,14 @@ impl Snapshot {
                 if let Some(reason) = &gpu.out_of_service {
                     let _ = write!(title, ", out of service: {reason}");
                 }
-                if let Some(job) = gpu.job {
-                    let _ = write!(title, ": job {job}");
+                match (gpu.shared, gpu.job) {
+                    (Some((n, used, usable)), _) => {
+                        let _ = write!(title, ": {n} fractions hold {} of {} GiB", used >> 10, usable >> 10);
+                    }
+                    (None, Some(job)) => {
+                        let _ = write!(title, ": job {job}");
+                    }
+                    (None, None) => {}
                 }
                 if let Some(temperature) = gpu.temperature_c {
                     let _ = write!(title, ", {temperature} °C");

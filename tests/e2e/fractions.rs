@@ -162,6 +162,8 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
         .lines()
         .find(|line| line.starts_with("gpool_gpu_shared_jobs{") && line.contains("node=\"h100-a\""));
     assert!(shared_jobs.is_some_and(|line| line.ends_with(" 2.0")), "{metrics}");
+    let (_, _, page) = crate::harness::http_get(addr.trim(), "/status");
+    assert!(page.contains("2 fractions hold 39 of 79 GiB"), "{page}");
 
     // A whole H100 goes to the other GPU, and a second whole one waits:
     // the shared GPU is not free to it.

@@ -49,7 +49,9 @@ pub(super) fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, exp
             // Not reused for alike jobs: whose jobs a shared GPU holds
             // decides whether it takes another.
             if !cycle.capped(job, row) {
-                let (attempt, shape) = cycle.size_up(job, class, row);
+                let (mut attempt, shape) = cycle.size_up(job, class, row);
+                // Its shape's key does not say it is a fraction.
+                attempt.cacheable = false;
                 cycle.try_share(&attempt, row, shape, ask);
             }
             continue;

@@ -185,6 +185,14 @@ pub enum Reject {
         n_nodes: usize,
         nodes: Vec<String>,
     },
+    /// Beside `Resources`, for a fraction of a GPU: none of the `n_shared`
+    /// GPUs fractions share that it may join has room for it (`asked`, in
+    /// words); the most memory any has left.
+    ShareRoom {
+        asked: String,
+        n_shared: usize,
+        most_free_mib: u64,
+    },
     /// The models exist but not enough of them are free right now.
     Resources {
         gpus_per_node: u32,
@@ -275,6 +283,7 @@ impl Reject {
             Reject::OverBudget { .. } => "budget_exhausted",
             Reject::BeyondGuarantee { .. } => "beyond_guarantee",
             Reject::Resources { .. } => "resources",
+            Reject::ShareRoom { .. } => "share_room",
         }
     }
 
@@ -317,6 +326,9 @@ impl Reject {
             }
             Reject::Reserved { .. } => "wait for GPUs beyond the reserve to free up".to_string(),
             Reject::NoEstimate => return None,
+            Reject::ShareRoom { .. } => {
+                "ask for less GPU memory (--gpu-mem), or wait for fractions or whole GPUs to free up".to_string()
+            }
             Reject::Reclaiming { .. } => {
                 "nothing: it starts once the preempted jobs have checkpointed or their grace ran out".to_string()
             }
@@ -479,6 +491,19 @@ impl fmt::Display for Reject {
             }
             Reject::NoEstimate => f.write_str(
                 "no start time can be foreseen: not every running job in its way has a time limit",
+            ),
+            Reject::ShareRoom { asked, n_shared: 0, .. } => write!(
+                f,
+                "a fraction of {asked}: no GPU fractions share takes it, and it waits for a whole free GPU"
+            ),
+            Reject::ShareRoom {
+                asked,
+                n_shared,
+                most_free_mib,
+            } => write!(
+                f,
+                "a fraction of {asked}: none of the {} fractions share has that much left (the most is {most_free_mib} MiB), and it waits for a whole free GPU",
+                plural(*n_shared as u64, "GPU", "GPUs")
             ),
             Reject::Reserved {
                 gpus, burst, capped, ..

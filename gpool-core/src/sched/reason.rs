@@ -182,6 +182,10 @@ impl Reject {
                 ..none
             },
             Reject::NoEstimate | Reject::Requirements { .. } => none,
+            Reject::ShareRoom { n_shared, .. } => ReasonFacts {
+                count: some(*n_shared),
+                ..none
+            },
             Reject::Unenforced { limits, n_nodes, .. } => ReasonFacts {
                 count: some(*n_nodes),
                 limits: limits.names().into_iter().map(String::from).collect(),

@@ -6,7 +6,7 @@
 
 use super::{Attempt, Cycle, ShapeKey, TeamRow};
 use crate::model::NodePlacement;
-use crate::sched::{Availability, ClusterView, NodeView, PendingJob};
+use crate::sched::{Availability, ClusterView, NodeView, PendingJob, Reject};
 use crate::share::{Share, ShareAsk, SharedGpu};
 
 /// The shared GPUs of nodes that are up, by node position and GPU index,
@@ -69,7 +69,15 @@ impl<'v> Cycle<'v> {
                 .is_some_and(|gpu| gpu.model.accepted_by(&job.shape.gpu_types) && job.allows_memory(gpu.memory_mib))
                 && allows(self, job, node)
         });
-        let shared = shared.map(|(slot, (_, gpu))| (slot, gpu));
+        let shared: Vec<(usize, &SharedGpu)> = shared.map(|(slot, (_, gpu))| (slot, gpu)).collect();
+        let room = Reject::ShareRoom {
+            asked: match ask.memory_mib {
+                0 => format!("{:.3} of a GPU", f64::from(ask.fraction_milli) / 1000.0),
+                mib => format!("{mib} MiB"),
+            },
+            n_shared: shared.len(),
+            most_free_mib: shared.iter().map(|(_, gpu)| gpu.free_mib()).max().unwrap_or(0),
+        };
         let (placement, share, opened) = match crate::share::best_fit(&ask, &job.user, &rules, shared) {
             Some((slot, share)) => {
                 let ((at, index), gpu) = &mut self.shares.gpus[slot];
@@ -86,7 +94,10 @@ impl<'v> Cycle<'v> {
                     let share = self.open(&placement, &ask, &job.user);
                     (placement, share, true)
                 }
-                Err(reasons) => return self.explain(attempt, shape, row, reasons),
+                Err(mut reasons) => {
+                    reasons.push(room);
+                    return self.explain(attempt, shape, row, reasons);
+                }
             },
         };
         self.reclaim.taken(&placement, attempt.job.shape.host);
