@@ -30,9 +30,17 @@ struct Shared {
     program: Option<PathBuf>,
     /// Simulated GPUs have no CUDA to share: fractions run without a daemon.
     simulated: bool,
-    daemons: Mutex<BTreeMap<u32, Child>>,
+    daemons: Mutex<BTreeMap<u32, Daemon>>,
     /// Daemons found wedged since the last heartbeat, and why.
     faults: Mutex<Vec<(u32, String)>>,
+}
+
+/// A GPU's daemon: this agent's child, or one an earlier agent started
+/// that still answers on the GPU's pipe directory (watched by the probe
+/// alone: it is not this process's child).
+enum Daemon {
+    Child(Child),
+    Adopted,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -85,11 +93,24 @@ impl Mps {
     pub fn ensure(&self, gpu: u32, device: &str) -> Result<(), String> {
         let shared = &self.shared;
         let mut daemons = locked(&shared.daemons);
-        if let Some(daemon) = daemons.get_mut(&gpu) {
-            if matches!(daemon.try_wait(), Ok(None)) {
+        let serving = match daemons.get_mut(&gpu) {
+            Some(Daemon::Adopted) => Some(true),
+            Some(Daemon::Child(daemon)) => Some(matches!(daemon.try_wait(), Ok(None))),
+            None => None,
+        };
+        match serving {
+            Some(true) => return Ok(()),
+            Some(false) => {
+                daemons.remove(&gpu);
+            }
+            None if shared.program.is_some() && shared.dir(gpu, "pipe").is_dir() && shared.probe(gpu).is_none() => {
+                // An agent before this one started it (its fractions may
+                // still run under it): it serves on.
+                tracing::info!(gpu, "adopted the GPU's running MPS daemon");
+                daemons.insert(gpu, Daemon::Adopted);
                 return Ok(());
             }
-            daemons.remove(&gpu);
+            None => {}
         }
         let Some(program) = &shared.program else {
             if shared.simulated {
@@ -121,7 +142,7 @@ impl Mps {
             .spawn()
             .map_err(|err| format!("cannot start {}: {err}", program.display()))?;
         tracing::info!(gpu, pid = daemon.id(), "started the GPU's MPS daemon");
-        daemons.insert(gpu, daemon);
+        daemons.insert(gpu, Daemon::Child(daemon));
         Ok(())
     }
 
@@ -130,17 +151,20 @@ impl Mps {
     /// on the GPU starts a new one.
     pub fn failures(&self) -> Vec<(u32, String)> {
         let mut failed = std::mem::take(&mut *locked(&self.shared.faults));
-        locked(&self.shared.daemons).retain(|gpu, daemon| match daemon.try_wait() {
-            Ok(None) => true,
-            Ok(Some(status)) => {
-                tracing::warn!(gpu, %status, "the GPU's MPS daemon exited");
-                failed.push((*gpu, format!("exited ({status})")));
-                false
-            }
-            Err(err) => {
-                failed.push((*gpu, format!("cannot be waited for ({err})")));
-                false
-            }
+        locked(&self.shared.daemons).retain(|gpu, daemon| match daemon {
+            Daemon::Adopted => true,
+            Daemon::Child(daemon) => match daemon.try_wait() {
+                Ok(None) => true,
+                Ok(Some(status)) => {
+                    tracing::warn!(gpu, %status, "the GPU's MPS daemon exited");
+                    failed.push((*gpu, format!("exited ({status})")));
+                    false
+                }
+                Err(err) => {
+                    failed.push((*gpu, format!("cannot be waited for ({err})")));
+                    false
+                }
+            },
         });
         failed
     }
@@ -160,7 +184,8 @@ impl Shared {
                 continue;
             };
             tracing::warn!(gpu, %why, "the GPU's MPS daemon is wedged: stopping it");
-            if let Some(mut daemon) = locked(&self.daemons).remove(&gpu) {
+            // An adopted one is not this process's to stop.
+            if let Some(Daemon::Child(mut daemon)) = locked(&self.daemons).remove(&gpu) {
                 let _ = daemon.kill();
                 let _ = daemon.wait();
             }

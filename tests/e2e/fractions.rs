@@ -14,16 +14,19 @@ use std::time::Duration;
 
 /// The stand-in MPS control daemon: in `-f` mode it records the GPU it
 /// serves and runs until its pipe directory goes (with the test's dir).
-/// As a client (the agent's probe), it answers unless the test put a
-/// `wedge` file in its pipe directory: then it hangs, as a wedged server.
+/// As a client (the agent's probe), it fails where no daemon runs, and
+/// answers unless the test put a `wedge` file in its pipe directory: then
+/// it hangs, as a wedged server.
 const MPS_CONTROL: &str = r#"#!/bin/sh
 if [ "$1" = "-f" ]; then
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"
     echo "$$ $CUDA_VISIBLE_DEVICES" >> "$CUDA_MPS_PIPE_DIRECTORY/started"
+    echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/control.pid"
     while [ -d "$CUDA_MPS_PIPE_DIRECTORY" ]; do sleep 0.2; done
     exit 0
 fi
 cat > /dev/null
+pid=$(cat "$CUDA_MPS_PIPE_DIRECTORY/control.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null || exit 1
 while [ -e "$CUDA_MPS_PIPE_DIRECTORY/wedge" ]; do sleep 0.2; done
 "#;
 
@@ -95,6 +98,17 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
         HOLD,
     ]);
     let (first, second) = (placement(&cluster, notebook), placement(&cluster, inference));
+    let asked = &cluster.job(inference)["gpu_share"];
+    assert_eq!(
+        (asked["fraction"].as_f64(), asked["compute_pct"].as_u64()),
+        (Some(0.25), Some(30)),
+        "{asked}"
+    );
+    let shown = cluster.gpool(&["show", &notebook.to_string()]).ok().to_string();
+    assert!(
+        shown.contains("requires:        20480 MiB of one GPU's memory"),
+        "{shown}"
+    );
     assert_eq!(first, second, "both fractions on one GPU");
     assert!(first.contains("h100-a"), "{first}");
 
@@ -264,6 +278,74 @@ fn a_wedged_mps_daemon_takes_its_gpu_out_and_its_fraction_runs_again_elsewhere()
     assert!(out[0].contains("MPS daemon") && out[0].contains("wedged"), "{}", out[0]);
     std::fs::write(cluster.dir.path().join("release"), "").unwrap();
     cluster.wait_for_state(id, "completed");
+    cluster.assert_plans_sound();
+}
+
+/// The agent is killed and started again while a fraction runs: the new
+/// agent adopts the GPU's running daemon (no second one, no fault), the
+/// fraction runs on, and the next fraction joins it under that daemon.
+#[test]
+fn a_restarted_agent_adopts_the_mps_daemon_its_fractions_run_under() {
+    let mut cluster = cluster();
+    let first = cluster.submit(&[
+        "--team",
+        "vision",
+        "--gpu-type",
+        "h100",
+        "--gpu-mem",
+        "20G",
+        "--",
+        "sh",
+        "-c",
+        HOLD,
+    ]);
+    let at = placement(&cluster, first);
+    let env = env_of(&cluster, first);
+    let pipe = env
+        .lines()
+        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+        .expect("a pipe directory")
+        .to_string();
+    cluster.agents[0].kill9();
+    cluster.start_agent_with("h100-a", 0, H100);
+    let second = cluster.submit(&[
+        "--team",
+        "vision",
+        "--gpu-type",
+        "h100",
+        "--gpu-mem",
+        "20G",
+        "--",
+        "sh",
+        "-c",
+        HOLD,
+    ]);
+    assert_eq!(placement(&cluster, second), at, "beside the first");
+    env_of(&cluster, second);
+    // Long enough for the new agent's probe to have asked the daemon.
+    std::thread::sleep(Duration::from_secs(7));
+    let started = std::fs::read_to_string(format!("{pipe}/started")).unwrap();
+    assert_eq!(started.lines().count(), 1, "one daemon: {started}");
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let h100 = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "h100-a")
+        .unwrap();
+    assert!(
+        h100["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|gpu| gpu["out_of_service"].is_null()),
+        "{h100:#}"
+    );
+    assert_eq!(cluster.job(first)["attempt"], 1, "re-adopted, not rerun");
+    std::fs::write(cluster.dir.path().join("release"), "").unwrap();
+    for id in [first, second] {
+        cluster.wait_for_state(id, "completed");
+    }
     cluster.assert_plans_sound();
 }
 

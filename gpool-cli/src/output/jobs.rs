@@ -59,6 +59,9 @@ pub struct JobJson<'a> {
     array: Option<ArrayJson<'a>>,
     stdout_path: Option<&'a str>,
     stderr_path: Option<&'a str>,
+    /// A fraction of one GPU (`memory_mib` or `fraction`, `compute_pct`);
+    /// null: whole GPUs.
+    gpu_share: Option<serde_json::Value>,
     /// Its requirements: null / "any" / empty where it has none.
     min_gpu_memory_mib: Option<u64>,
     nvlink: &'a str,
@@ -211,6 +214,13 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         array: job.array.as_ref().map(|info| array_json(info, spec)),
         stdout_path: (!spec.stdout_path.is_empty()).then_some(spec.stdout_path.as_str()),
         stderr_path: (!spec.stderr_path.is_empty()).then_some(spec.stderr_path.as_str()),
+        gpu_share: (spec.gpu_mem_mib != 0 || spec.gpu_fraction_milli != 0).then(|| {
+            serde_json::json!({
+                "memory_mib": (spec.gpu_mem_mib != 0).then_some(spec.gpu_mem_mib),
+                "fraction": (spec.gpu_fraction_milli != 0).then(|| f64::from(spec.gpu_fraction_milli) / 1000.0),
+                "compute_pct": (spec.gpu_compute_pct != 0).then_some(spec.gpu_compute_pct),
+            })
+        }),
         min_gpu_memory_mib: (spec.min_gpu_memory_mib != 0).then_some(spec.min_gpu_memory_mib),
         nvlink: nvlink_json(spec),
         constraint: constraint_json(spec),
@@ -553,6 +563,14 @@ pub fn priority_json(p: &pb::PriorityFactors) -> serde_json::Value {
 /// A job's requirements on nodes and GPUs, in words (none: empty).
 pub(super) fn requirement_words(spec: &pb::JobSpec) -> Vec<String> {
     let mut words = Vec::new();
+    match (spec.gpu_mem_mib, spec.gpu_fraction_milli) {
+        (0, 0) => {}
+        (0, milli) => words.push(format!("{:.3} of one GPU's memory", f64::from(milli) / 1000.0)),
+        (mib, _) => words.push(format!("{mib} MiB of one GPU's memory")),
+    }
+    if spec.gpu_compute_pct != 0 {
+        words.push(format!("at most {}% of its compute", spec.gpu_compute_pct));
+    }
     if spec.min_gpu_memory_mib != 0 {
         words.push(format!("GPUs of at least {} MiB", spec.min_gpu_memory_mib));
     }
