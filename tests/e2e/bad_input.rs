@@ -70,7 +70,7 @@ fn bad_flags_name_the_field() {
     assert_refused(
         &cluster.gpool(&["submit", "--gres", "nvme:1", "--", "true"]),
         2,
-        "gpool schedules GPUs only: give gpu:N or gpu:MODEL:N",
+        "gpool schedules GPUs only: give gpu:N, gpu:MODEL:N or mps:PERCENT",
     );
     // -G is the job's total, as Slurm's: spread evenly, or refused.
     assert_refused(

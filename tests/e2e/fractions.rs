@@ -191,6 +191,14 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(cluster.job(waits)["state"], "pending");
 
+    // Slurm's MPS share: a quarter of the L4, memory and compute.
+    let mps = cluster.submit(&["--gres", "mps:25", "--gpu-type", "l4", "--", "true"]);
+    let asked = &cluster.wait_for_state(mps, "completed")["gpu_share"];
+    assert_eq!(
+        (asked["fraction"].as_f64(), asked["compute_pct"].as_u64()),
+        (Some(0.25), Some(25)),
+        "{asked}"
+    );
     // A fraction larger than the L4's memory is refused at submit.
     let too_big = cluster.gpool(&["submit", "--gpu-type", "l4", "--gpu-mem", "30G", "--", "true"]);
     assert_ne!(too_big.code, 0, "{}", too_big.stdout);

@@ -8,6 +8,7 @@ use gpool_core::spec::{parse_env_assignment, parse_job_file, CommandInput, JobSp
 use gpool_core::JobSpec;
 use std::path::PathBuf;
 
+mod gpus;
 mod hints;
 pub mod sbatch;
 mod share;
@@ -37,7 +38,8 @@ pub struct SubmitArgs {
     /// GPUs on each node: N or MODEL:N.
     #[arg(long, value_name = "[MODEL:]N", allow_hyphen_values = true, value_parser = GpuRequest::parse, conflicts_with = "gpus")]
     gpus_per_node: Option<GpuRequest>,
-    /// Slurm's generic resources, GPUs only: gpu:N or gpu:MODEL:N per node.
+    /// Slurm's generic resources, GPUs only: gpu:N or gpu:MODEL:N per node,
+    /// or mps:PERCENT, that part of one GPU (--gpu-fraction, --gpu-share).
     #[arg(long, value_name = "gpu[:MODEL]:N", value_parser = GpuRequest::parse_gres, conflicts_with_all = ["gpus", "gpus_per_node"])]
     gres: Option<GpuRequest>,
     /// Nodes (a gang: all start together or none does).
@@ -494,30 +496,6 @@ fn snapshot_script(args: &mut SubmitArgs) -> Result<Option<gpool_core::model::Ba
     Ok(Some(script))
 }
 
-/// GPUs per node from -G, --gpus-per-node or --gres, and the model they
-/// name (which must agree with --gpu-type).
-fn gpus_and_model(args: &mut SubmitArgs) -> Result<(Option<i64>, Option<String>), CliError> {
-    let per_node = gpool_core::spec::gpus::per_node(
-        args.gpus.as_ref(),
-        args.gpus_per_node.clone().or(args.gres.clone()).as_ref(),
-        args.nodes,
-    )
-    .map_err(CliError::Usage)?;
-    let (gpus, model) = match per_node {
-        Some(GpuRequest { model, count }) => (Some(count), model),
-        None => (None, None),
-    };
-    let gpu_type = match (args.gpu_type.take(), model) {
-        (Some(types), Some(model)) if types != model => {
-            return Err(CliError::Usage(format!(
-                "--gpu-type {types} and the GPU model {model} of --gpus: give the model once"
-            )))
-        }
-        (types, model) => types.or(model),
-    };
-    Ok((gpus, gpu_type))
-}
-
 fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
     // A word before `--` that looks like a flag is one gpool does not know:
     // it must never become the command the job runs.
@@ -545,7 +523,7 @@ fn input_from_flags(mut args: SubmitArgs) -> Result<JobSpecInput, CliError> {
         .map(|text| parse_env_assignment(text))
         .collect::<Result<_, _>>()
         .map_err(|err| CliError::Usage(err.to_string()))?;
-    let (gpus, gpu_type) = gpus_and_model(&mut args)?;
+    let (gpus, gpu_type) = gpus::gpus_and_model(&mut args)?;
     // One task per node: its CPUs are shared among the node's GPUs.
     let cpus_per_gpu = match args.cpus_per_task {
         Some(cpus) if cpus > 0 => Some((cpus + gpus.unwrap_or(1).max(1) - 1) / gpus.unwrap_or(1).max(1)),

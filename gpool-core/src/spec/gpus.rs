@@ -7,6 +7,9 @@
 pub struct GpuRequest {
     pub model: Option<String>,
     pub count: i64,
+    /// `--gres mps:N`: N percent of one GPU (its memory and compute), as
+    /// Slurm's MPS shares count a GPU as 100; `None`: whole GPUs.
+    pub mps_pct: Option<u8>,
 }
 
 impl GpuRequest {
@@ -27,17 +30,40 @@ impl GpuRequest {
             }
             model => model.map(str::to_string),
         };
-        Ok(GpuRequest { model, count })
+        Ok(GpuRequest {
+            model,
+            count,
+            mps_pct: None,
+        })
     }
 
-    /// `gpu:N` or `gpu:MODEL:N`, as Slurm's `--gres` takes GPUs. Other
-    /// generic resources are refused: gpool schedules GPUs.
+    /// `gpu:N` or `gpu:MODEL:N`, as Slurm's `--gres` takes GPUs, or
+    /// `mps:N`, N percent of one GPU (a fraction of it, `--gpu-fraction`
+    /// with `--gpu-share`). Other generic resources are refused: gpool
+    /// schedules GPUs.
     pub fn parse_gres(text: &str) -> Result<GpuRequest, String> {
         match text.split_once(':') {
             Some(("gpu", rest)) => GpuRequest::parse(rest),
-            _ if text == "gpu" => Ok(GpuRequest { model: None, count: 1 }),
+            _ if text == "gpu" => Ok(GpuRequest {
+                model: None,
+                count: 1,
+                mps_pct: None,
+            }),
+            Some(("mps", pct)) => match pct.trim().parse::<u8>() {
+                Ok(pct @ 1..=99) => Ok(GpuRequest {
+                    model: None,
+                    count: 1,
+                    mps_pct: Some(pct),
+                }),
+                _ => Err(format!(
+                    "{text:?}: mps:N is N percent of one GPU, 1 to 99 (a whole GPU is gpu:1)"
+                )),
+            },
+            Some(("shard", _)) => Err(format!(
+                "{text:?}: gpool has no shards; ask for a part of a GPU with --gpu-fraction or --gres mps:PERCENT"
+            )),
             _ => Err(format!(
-                "{text:?}: gpool schedules GPUs only: give gpu:N or gpu:MODEL:N"
+                "{text:?}: gpool schedules GPUs only: give gpu:N, gpu:MODEL:N or mps:PERCENT"
             )),
         }
     }
@@ -70,6 +96,7 @@ pub fn per_node(
             Ok(Some(GpuRequest {
                 model: total.model.clone(),
                 count: total.count / nodes,
+                mps_pct: None,
             }))
         }
     }
@@ -81,6 +108,7 @@ mod tests {
 
     fn request(model: Option<&str>, count: i64) -> GpuRequest {
         GpuRequest {
+            mps_pct: None,
             model: model.map(str::to_string),
             count,
         }
@@ -101,6 +129,17 @@ mod tests {
         }
         let err = GpuRequest::parse_gres("nvme:1").unwrap_err();
         assert!(err.contains("GPUs only"), "{err}");
+        let mps = GpuRequest::parse_gres("mps:25").unwrap();
+        assert_eq!((mps.count, mps.mps_pct), (1, Some(25)));
+        for bad in ["mps:0", "mps:100", "mps:half"] {
+            assert!(
+                GpuRequest::parse_gres(bad).unwrap_err().contains("percent of one GPU"),
+                "{bad}"
+            );
+        }
+        assert!(GpuRequest::parse_gres("shard:2")
+            .unwrap_err()
+            .contains("--gpu-fraction"));
     }
 
     #[test]

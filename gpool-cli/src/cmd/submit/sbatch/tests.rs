@@ -133,7 +133,7 @@ fn a_refusal_names_file_line_directive_and_reason() {
     assert_eq!(refusal.directive, "--gres=nvme:1");
     assert_eq!(
         refusal.to_string(),
-        "train.sh:5: #SBATCH --gres=nvme:1: \"nvme:1\": gpool schedules GPUs only: give gpu:N or gpu:MODEL:N"
+        "train.sh:5: #SBATCH --gres=nvme:1: \"nvme:1\": gpool schedules GPUs only: give gpu:N, gpu:MODEL:N or mps:PERCENT"
     );
     assert_eq!(
         refused("--licenses=matlab:1"),
