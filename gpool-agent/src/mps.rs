@@ -123,6 +123,10 @@ impl Mps {
         let (pipe, log) = (shared.dir(gpu, "pipe"), shared.dir(gpu, "log"));
         for dir in [&pipe, &log] {
             std::fs::create_dir_all(dir).map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
+            // As MPS's own /tmp/nvidia-mps: the server it starts for a job's
+            // user (where the agent runs jobs as their users) writes here.
+            let open = std::os::unix::fs::PermissionsExt::from_mode(0o1777);
+            std::fs::set_permissions(dir, open).map_err(|err| format!("cannot open up {}: {err}", dir.display()))?;
         }
         let out = log.join("daemon.out");
         let output = std::fs::OpenOptions::new()

@@ -54,6 +54,30 @@ fn cluster() -> Cluster {
 /// `release` appears.
 const HOLD: &str = "env > $GPOOL_JOB_ID.env; while [ ! -e release ]; do sleep 0.1; done";
 
+/// A notebook of team vision: 20G of an H100, running `script`.
+fn notebook(cluster: &Cluster, script: &str) -> u64 {
+    cluster.submit(&[
+        "--team",
+        "vision",
+        "--gpu-type",
+        "h100",
+        "--gpu-mem",
+        "20G",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+}
+
+/// The MPS pipe directory a job's environment names.
+fn pipe_of(env: &str) -> String {
+    env.lines()
+        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
+        .expect("a pipe directory")
+        .to_string()
+}
+
 fn env_of(cluster: &Cluster, id: u64) -> String {
     env_in(&cluster.dir.path().join(format!("{id}.env")))
 }
@@ -71,18 +95,7 @@ fn placement(cluster: &Cluster, id: u64) -> String {
 #[test]
 fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_its_part() {
     let cluster = cluster();
-    let notebook = cluster.submit(&[
-        "--team",
-        "vision",
-        "--gpu-type",
-        "h100",
-        "--gpu-mem",
-        "20G",
-        "--",
-        "sh",
-        "-c",
-        HOLD,
-    ]);
+    let notebook = notebook(&cluster, HOLD);
     let inference = cluster.submit(&[
         "--team",
         "nlp",
@@ -140,11 +153,7 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
     );
 
     // One MPS daemon for the shared GPU, started once.
-    let pipe = notebook_env
-        .lines()
-        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
-        .expect("a pipe directory")
-        .to_string();
+    let pipe = pipe_of(&notebook_env);
     let started = wait_until("the MPS daemon", Duration::from_secs(10), || {
         std::fs::read_to_string(format!("{pipe}/started")).ok()
     });
@@ -240,25 +249,10 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
 fn a_wedged_mps_daemon_takes_its_gpu_out_and_its_fraction_runs_again_elsewhere() {
     let cluster = cluster();
     let script = "env > $GPOOL_JOB_ID-$GPOOL_RESTART_COUNT.env; while [ ! -e release ]; do sleep 0.1; done";
-    let id = cluster.submit(&[
-        "--team",
-        "vision",
-        "--gpu-type",
-        "h100",
-        "--gpu-mem",
-        "20G",
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]);
+    let id = notebook(&cluster, script);
     let first = placement(&cluster, id);
     let env = env_in(&cluster.dir.path().join(format!("{id}-0.env")));
-    let pipe = env
-        .lines()
-        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
-        .expect("a pipe directory")
-        .to_string();
+    let pipe = pipe_of(&env);
     std::fs::write(format!("{pipe}/wedge"), "").unwrap();
 
     let again = env_in(&cluster.dir.path().join(format!("{id}-1.env")));
@@ -266,10 +260,7 @@ fn a_wedged_mps_daemon_takes_its_gpu_out_and_its_fraction_runs_again_elsewhere()
     assert_eq!(job["requeue_cause"], "gpu_fault", "{job:#}");
     let second = placement(&cluster, id);
     assert_ne!(first, second);
-    let other_pipe = again
-        .lines()
-        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
-        .expect("a pipe directory");
+    let other_pipe = pipe_of(&again);
     assert_ne!(other_pipe, pipe, "its own GPU's daemon");
     assert!(std::path::Path::new(&format!("{other_pipe}/started")).exists());
     let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
@@ -295,39 +286,13 @@ fn a_wedged_mps_daemon_takes_its_gpu_out_and_its_fraction_runs_again_elsewhere()
 #[test]
 fn a_restarted_agent_adopts_the_mps_daemon_its_fractions_run_under() {
     let mut cluster = cluster();
-    let first = cluster.submit(&[
-        "--team",
-        "vision",
-        "--gpu-type",
-        "h100",
-        "--gpu-mem",
-        "20G",
-        "--",
-        "sh",
-        "-c",
-        HOLD,
-    ]);
+    let first = notebook(&cluster, HOLD);
     let at = placement(&cluster, first);
     let env = env_of(&cluster, first);
-    let pipe = env
-        .lines()
-        .find_map(|l| l.strip_prefix("CUDA_MPS_PIPE_DIRECTORY="))
-        .expect("a pipe directory")
-        .to_string();
+    let pipe = pipe_of(&env);
     cluster.agents[0].kill9();
     cluster.start_agent_with("h100-a", 0, H100);
-    let second = cluster.submit(&[
-        "--team",
-        "vision",
-        "--gpu-type",
-        "h100",
-        "--gpu-mem",
-        "20G",
-        "--",
-        "sh",
-        "-c",
-        HOLD,
-    ]);
+    let second = notebook(&cluster, HOLD);
     assert_eq!(placement(&cluster, second), at, "beside the first");
     env_of(&cluster, second);
     // Long enough for the new agent's probe to have asked the daemon.
