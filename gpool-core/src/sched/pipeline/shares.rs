@@ -78,7 +78,7 @@ impl<'v> Cycle<'v> {
             n_shared: shared.len(),
             most_free_mib: shared.iter().map(|(_, gpu)| gpu.free_mib()).max().unwrap_or(0),
         };
-        let (placement, share, opened) = match crate::share::best_fit(&ask, &job.user, &rules, shared) {
+        let (placement, share) = match crate::share::best_fit(&ask, &job.user, &rules, shared) {
             Some((slot, share)) => {
                 let ((at, index), gpu) = &mut self.shares.gpus[slot];
                 gpu.add(&share, &job.user);
@@ -87,12 +87,12 @@ impl<'v> Cycle<'v> {
                     gpu_indices: vec![*index],
                 }];
                 self.index.remove(&placement, attempt.host());
-                (placement, share, false)
+                (placement, share)
             }
             None => match self.place(attempt) {
                 Ok(placement) => {
                     let share = self.open(&placement, &ask, &job.user);
-                    (placement, share, true)
+                    (placement, share)
                 }
                 Err(mut reasons) => {
                     reasons.push(room);
@@ -101,9 +101,10 @@ impl<'v> Cycle<'v> {
             },
         };
         self.reclaim.taken(&placement, attempt.job.shape.host);
-        // An opened GPU counts whole against caps and guarantees' GPUs; a
-        // joined one was counted when it was opened.
-        self.charge(attempt, row, u64::from(opened));
+        // A fraction counts one GPU against caps and the GPUs a guarantee
+        // covers, as running fractions do in every view (GPU-hours count
+        // its part).
+        self.charge(attempt, row, 1);
         self.launch(attempt, placement);
         if let Some(start) = self.plan.starts.last_mut() {
             start.share = Some(share);
