@@ -51,6 +51,13 @@ pub struct Share {
     pub milli: u32,
 }
 
+impl Share {
+    /// The part of a GPU it holds: what each of its GPU-hours counts.
+    pub fn part(&self) -> f64 {
+        f64::from(self.milli) / 1000.0
+    }
+}
+
 /// How the pool shares GPUs (`[sharing]` of the policy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShareRules {

@@ -299,7 +299,7 @@ impl Snapshot {
                         power_w: sample.map(|s| s.power_w).filter(|p| *p > 0),
                         out_of_service: node.gpus_out.get(&gpu.index).map(|out| out.reason.clone()),
                         shared: (shares.get(&(node.name.as_str(), gpu.index)))
-                            .map(|(used, n)| (*n, *used, gpu.memory_mib.saturating_sub(gpu.reserved_mib))),
+                            .map(|shared| (shared.jobs, shared.used_mib, shared.usable_mib)),
                     }
                 })
                 .collect();

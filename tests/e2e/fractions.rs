@@ -70,6 +70,13 @@ fn notebook(cluster: &Cluster, script: &str) -> u64 {
     ])
 }
 
+/// The H100 node as `gpool nodes --output json` shows it.
+fn h100_node(cluster: &Cluster) -> serde_json::Value {
+    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
+    let found = nodes.as_array().unwrap().iter().find(|n| n["name"] == "h100-a");
+    found.expect("the h100-a node").clone()
+}
+
 /// The MPS pipe directory a job's environment names.
 fn pipe_of(env: &str) -> String {
     env.lines()
@@ -160,13 +167,7 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
     assert_eq!(started.lines().count(), 1, "{started}");
 
     // gpool nodes: the GPU's shares and its free memory.
-    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
-    let h100 = nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["name"] == "h100-a")
-        .unwrap();
+    let h100 = h100_node(&cluster);
     let shared: Vec<_> = h100["gpus"]
         .as_array()
         .unwrap()
@@ -263,13 +264,7 @@ fn a_wedged_mps_daemon_takes_its_gpu_out_and_its_fraction_runs_again_elsewhere()
     let other_pipe = pipe_of(&again);
     assert_ne!(other_pipe, pipe, "its own GPU's daemon");
     assert!(std::path::Path::new(&format!("{other_pipe}/started")).exists());
-    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
-    let h100 = nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["name"] == "h100-a")
-        .unwrap();
+    let h100 = h100_node(&cluster);
     let out: Vec<String> = (h100["gpus"].as_array().unwrap().iter())
         .filter_map(|gpu| gpu["out_of_service"]["reason"].as_str().map(String::from))
         .collect();
@@ -299,13 +294,7 @@ fn a_restarted_agent_adopts_the_mps_daemon_its_fractions_run_under() {
     std::thread::sleep(Duration::from_secs(7));
     let started = std::fs::read_to_string(format!("{pipe}/started")).unwrap();
     assert_eq!(started.lines().count(), 1, "one daemon: {started}");
-    let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
-    let h100 = nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["name"] == "h100-a")
-        .unwrap();
+    let h100 = h100_node(&cluster);
     assert!(
         h100["gpus"]
             .as_array()

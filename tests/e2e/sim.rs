@@ -15,8 +15,13 @@ const TRACE: &str = "submit,duration,gpus_per_node,nodes,team\n\
                      2026-11-23T10:00:20Z,50,1,1,a\n";
 
 fn sim(dir: &std::path::Path, extra: &[&str]) -> Run {
+    sim_of(dir, TRACE, extra)
+}
+
+/// `gpool sim` of the trace `text` on one node of 2 GPUs.
+fn sim_of(dir: &std::path::Path, text: &str, extra: &[&str]) -> Run {
     let trace = dir.join("trace.csv");
-    std::fs::write(&trace, TRACE).unwrap();
+    std::fs::write(&trace, text).unwrap();
     let mut args = vec![
         "sim",
         "--trace",
@@ -77,7 +82,6 @@ fn sim_compares_policies_deterministically_and_plots_them() {
 #[test]
 fn sim_shows_what_packing_fractions_gains_over_whole_gpus() {
     let dir = Cluster::temp_dir();
-    let trace = dir.path().join("fractions.csv");
     let mut text = String::from("submit,duration,gpus_per_node,nodes,team,user,gpu_milli\n");
     for (at, milli, team) in [
         (0, 250, "vision"),
@@ -90,23 +94,8 @@ fn sim_shows_what_packing_fractions_gains_over_whole_gpus() {
         text.push_str(&format!("2026-11-23T10:00:{at:02}Z,600,1,1,{team},lab,{milli}\n"));
     }
     text.push_str("2026-11-23T10:00:00Z,600,1,1,vision,trainer,1000\n");
-    std::fs::write(&trace, text).unwrap();
-    let run = |extra: &[&str]| -> Run {
-        let mut args = vec![
-            "sim",
-            "--trace",
-            trace.to_str().unwrap(),
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "2",
-            "--compare",
-            "gpool,gpool-whole",
-        ];
-        args.extend_from_slice(extra);
-        gpool_command(&args).output().expect("run gpool sim").into()
-    };
-    let report = run(&["--output", "json"]).json();
+    let compare = ["--compare", "gpool,gpool-whole"];
+    let report = sim_of(dir.path(), &text, &[&compare[..], &["--output", "json"]].concat()).json();
     let (packed, whole) = (policy(&report, "gpool"), policy(&report, "gpool-whole"));
     assert_eq!(packed["queue_delay"]["mean"], 0.0, "{packed:#}");
     assert!(whole["queue_delay"]["mean"].as_f64().unwrap() > 300.0, "{whole:#}");
@@ -121,15 +110,11 @@ fn sim_shows_what_packing_fractions_gains_over_whole_gpus() {
             (Some(0), Some(0))
         );
     }
-    let table = run(&[]);
+    let table = sim_of(dir.path(), &text, &compare);
     assert!(table.ok().contains("fractions of a GPU, GPU-hours"), "{}", table.stdout);
     // A fraction of a gang is refused, naming the line and the field.
-    std::fs::write(
-        &trace,
-        "submit,duration,gpus_per_node,nodes,team,gpu_milli\n2026-11-23T10:00:00Z,60,2,1,a,500\n",
-    )
-    .unwrap();
-    let bad = run(&[]);
+    let gang = "submit,duration,gpus_per_node,nodes,team,gpu_milli\n2026-11-23T10:00:00Z,60,2,1,a,500\n";
+    let bad = sim_of(dir.path(), gang, &compare);
     assert_ne!(bad.code, 0);
     assert!(bad.stderr.contains("gpu_milli"), "{}", bad.stderr);
 }

@@ -171,7 +171,7 @@ impl RunningJob {
     /// The GPUs it is charged for: a fraction's part of its GPU.
     pub fn charged_gpus(&self) -> f64 {
         match &self.share {
-            Some(share) => f64::from(share.milli) / 1000.0,
+            Some(share) => share.part(),
             None => self.gpus() as f64,
         }
     }

@@ -270,27 +270,6 @@ impl Collector {
         }
     }
 
-    /// A fraction's GPU opened (`true`: the first fraction on it) or
-    /// closed at `now`; `whole`: a fraction rounded up to a whole GPU
-    /// (held with its job's start, counted here as a fraction's).
-    pub(super) fn fraction_gpu(&mut self, opened: bool, whole: bool, now: Timestamp) {
-        match (opened, whole) {
-            (true, false) => self.held(1, now),
-            (false, false) => self.busy -= 1,
-            _ => {}
-        }
-        if opened {
-            self.fractions.gpus_now += 1;
-        } else {
-            self.fractions.gpus_now -= 1;
-        }
-    }
-
-    /// A fraction of `milli` thousandths of a GPU ran `ms`.
-    pub(super) fn fraction_ran(&mut self, milli: u32, ms: i64) {
-        self.fractions.ran(milli, ms);
-    }
-
     fn stopped(&mut self, running: &RunningJob, now: Timestamp) -> usize {
         let team = self.team(&running.team);
         let gpus = if running.share.is_some() { 0 } else { running.gpus() };

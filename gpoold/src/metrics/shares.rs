@@ -17,20 +17,17 @@ pub(super) fn render(registry: &mut Registry, state: &State) {
         "gpu_shared_free_bytes",
         "GPU memory a shared GPU has left for more fractions",
     );
-    for ((node, index), (used_mib, n)) in state.gpu_shares() {
-        let Some(gpu) = (state.nodes.get(node)).and_then(|known| known.gpus.iter().find(|gpu| gpu.index == index))
-        else {
-            continue;
-        };
+    for ((node, index), shared) in state.gpu_shares() {
+        let model = (state.nodes.get(node))
+            .and_then(|known| known.gpus.iter().find(|gpu| gpu.index == index))
+            .map_or_else(String::new, |gpu| gpu.model.to_string());
         let labels = vec![
             ("node", node.to_string()),
             ("index", index.to_string()),
-            ("model", gpu.model.to_string()),
+            ("model", model),
         ];
-        let usable_mib = gpu.memory_mib.saturating_sub(gpu.reserved_mib);
-        jobs.get_or_create(&labels).set(f64::from(n));
-        held.get_or_create(&labels).set(used_mib as f64 * 1048576.0);
-        free.get_or_create(&labels)
-            .set(usable_mib.saturating_sub(used_mib) as f64 * 1048576.0);
+        jobs.get_or_create(&labels).set(f64::from(shared.jobs));
+        held.get_or_create(&labels).set(shared.used_mib as f64 * 1048576.0);
+        free.get_or_create(&labels).set(shared.free_mib() as f64 * 1048576.0);
     }
 }

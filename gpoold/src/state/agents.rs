@@ -9,6 +9,7 @@ use gpool_core::job_state::{JobEvent, JobState};
 use gpool_core::model::Node;
 use gpool_core::model::RequeueCause;
 use gpool_core::sched::Start;
+use gpool_core::share::SharedGpu;
 use gpool_core::{Epoch, JobId, Timestamp};
 use gpool_proto::pb;
 use std::collections::{HashMap, HashSet};
@@ -42,26 +43,11 @@ pub fn signal_message(job: JobId, epoch: Epoch, signal: i32) -> pb::ControllerMe
     }
 }
 
-/// GPUs held as a batch of starts is applied.
+/// GPUs held as a batch of starts is applied: whole, or shared by
+/// fractions (each shared GPU's book, as the scheduler keeps it).
 struct Taken {
     whole: HashSet<(String, u32)>,
-    shared: HashMap<(String, u32), u64>,
-}
-
-impl Taken {
-    fn take(&mut self, start: &Start) {
-        for part in &start.placement {
-            for index in &part.gpu_indices {
-                let key = (part.node.clone(), *index);
-                match &start.share {
-                    Some(share) => *self.shared.entry(key).or_default() += share.memory_mib,
-                    None => {
-                        self.whole.insert(key);
-                    }
-                }
-            }
-        }
-    }
+    shared: HashMap<(String, u32), SharedGpu>,
 }
 
 impl State {
@@ -114,7 +100,7 @@ impl State {
                     .get_or_create(&vec![("team", job.spec.team.to_string())])
                     .observe(waited);
             }
-            busy.take(&start);
+            self.take(&mut busy, &start);
             out.writes.push(Write::NextEpoch);
             let launches = self.launch_messages(start.job, epoch, &start.placement);
             // A spec from before today's limits may not fit in a message an
@@ -161,22 +147,50 @@ impl State {
                     let key = (part.node.clone(), *index);
                     let room = match (&start.share, busy.shared.get(&key)) {
                         (None, shared) => shared.is_none(),
-                        (Some(share), held) => node.gpus.iter().any(|gpu| {
-                            gpu.index == *index
-                                && held.unwrap_or(&0) + share.memory_mib
-                                    <= gpu.memory_mib.saturating_sub(gpu.reserved_mib)
-                        }),
+                        (Some(share), shared) => {
+                            let user = self.start_user(start.job).unwrap_or_default();
+                            let fresh = || SharedGpu::new(self.usable_mib(&part.node, *index).unwrap_or(0));
+                            let gpu = shared.cloned().unwrap_or_else(fresh);
+                            gpu.takes(share, &user, &self.policy.sharing.shares)
+                        }
                     };
                     room && !busy.whole.contains(&key) && !node.gpus_out.contains_key(index)
                 })
         })
     }
 
-    /// The GPUs running attempts hold: whole, or shared by fractions with
-    /// the memory they hold.
+    /// Who a start runs for (an array task's user is its array's).
+    fn start_user(&self, id: JobId) -> Option<String> {
+        let job = match self.jobs.get(&id) {
+            Some(job) => job,
+            None => self.jobs.get(&self.array_of(id)?.0)?,
+        };
+        Some(job.user.to_string())
+    }
+
+    /// `start`'s GPUs are held from now on.
+    fn take(&self, busy: &mut Taken, start: &Start) {
+        for part in &start.placement {
+            for index in &part.gpu_indices {
+                let key = (part.node.clone(), *index);
+                match &start.share {
+                    Some(share) => {
+                        let usable = self.usable_mib(&part.node, *index).unwrap_or(0);
+                        let user = self.start_user(start.job).unwrap_or_default();
+                        (busy.shared.entry(key).or_insert_with(|| SharedGpu::new(usable))).add(share, &user);
+                    }
+                    None => {
+                        busy.whole.insert(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The GPUs running attempts hold: whole, or shared by fractions.
     fn taken_gpus(&self) -> Taken {
-        let shared: HashMap<(String, u32), u64> = (self.gpu_shares().into_iter())
-            .map(|((node, gpu), (used_mib, _))| ((node.to_string(), gpu), used_mib))
+        let shared: HashMap<(String, u32), SharedGpu> = (self.gpu_shares().into_iter())
+            .map(|((node, gpu), book)| ((node.to_string(), gpu), book))
             .collect();
         let whole = (self.gpu_holders().into_keys())
             .map(|(node, gpu)| (node.to_string(), gpu))

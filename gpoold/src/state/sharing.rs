@@ -64,10 +64,10 @@ impl State {
             let same_attempt = matches!(&job.state, JobState::Running { epoch: now_epoch, .. } if *now_epoch == epoch);
             if !same_attempt {
                 let share = super::view::share_on(&self.nodes, &self.policy.sharing.shares, &job.spec, placement);
-                let gpus = match share {
-                    Some(share) => f64::from(share.milli) / 1000.0,
-                    None => placement.iter().map(|p| p.gpu_indices.len() as f64).sum(),
-                };
+                let gpus = share.map_or_else(
+                    || placement.iter().map(|p| p.gpu_indices.len() as f64).sum(),
+                    |share| share.part(),
+                );
                 let team = job.spec.team.to_string();
                 // The attempt's record goes: its GPU use into the job's.
                 let attempt = self.attempt_ended(id).unwrap_or_default();

@@ -271,10 +271,10 @@ impl State {
 }
 
 impl State {
-    /// The GPUs fractions share: the memory they hold and how many run
-    /// on each, by node and GPU index.
-    pub fn gpu_shares(&self) -> HashMap<(&str, u32), (u64, u32)> {
-        let mut shares: HashMap<(&str, u32), (u64, u32)> = HashMap::new();
+    /// The GPUs fractions share, each with its book (core's `SharedGpu`:
+    /// the memory they hold, how many, whose), by node and GPU index.
+    pub fn gpu_shares(&self) -> HashMap<(&str, u32), gpool_core::share::SharedGpu> {
+        let mut shares: HashMap<(&str, u32), gpool_core::share::SharedGpu> = HashMap::new();
         for job in self.running().filter(|job| job.spec.gpu_share.is_some()) {
             let JobState::Running { placement, .. } = &job.state else {
                 continue;
@@ -283,12 +283,21 @@ impl State {
                 continue;
             };
             for index in &part.gpu_indices {
-                let entry = shares.entry((part.node.as_str(), *index)).or_default();
-                entry.0 += share.memory_mib;
-                entry.1 += 1;
+                let usable = self.usable_mib(&part.node, *index).unwrap_or(0);
+                shares
+                    .entry((part.node.as_str(), *index))
+                    .or_insert_with(|| gpool_core::share::SharedGpu::new(usable))
+                    .add(&share, &job.user);
             }
         }
         shares
+    }
+
+    /// What GPU `index` of `node` leaves to jobs (its memory less the
+    /// driver's), if the node and GPU are known.
+    pub(super) fn usable_mib(&self, node: &str, index: u32) -> Option<u64> {
+        let gpu = self.nodes.get(node)?.gpus.iter().find(|gpu| gpu.index == index)?;
+        Some(gpu.memory_mib.saturating_sub(gpu.reserved_mib))
     }
 }
 

@@ -2,6 +2,8 @@
 //! shared GPU once, however many fractions it holds; a fraction rounded up
 //! to a whole GPU, that GPU) against the parts they asked for.
 
+use super::Collector;
+use crate::ids::Timestamp;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -40,5 +42,29 @@ impl Fractions {
             asked_gpu_hours: self.asked_gpu_ms / 3_600_000.0,
             held_gpu_hours: self.held_gpu_ms / 3_600_000.0,
         })
+    }
+}
+
+impl Collector {
+    /// A GPU fractions hold opened (`true`: the first fraction on it) or
+    /// closed at `now`. `whole`: a fraction rounded up to a whole GPU,
+    /// which its start holds (and its end frees) as any job's: only the
+    /// fractions' count changes.
+    pub(in crate::sim) fn fraction_gpu(&mut self, opened: bool, whole: bool, now: Timestamp) {
+        match (opened, whole) {
+            (true, false) => self.held(1, now),
+            (false, false) => self.busy -= 1,
+            _ => {}
+        }
+        if opened {
+            self.fractions.gpus_now += 1;
+        } else {
+            self.fractions.gpus_now -= 1;
+        }
+    }
+
+    /// A fraction of `milli` thousandths of a GPU ran `ms`.
+    pub(in crate::sim) fn fraction_ran(&mut self, milli: u32, ms: i64) {
+        self.fractions.ran(milli, ms);
     }
 }

@@ -100,8 +100,8 @@ pub(super) fn nodes_to_wire<'a>(state: &State, nodes: impl Iterator<Item = &'a N
                 // A MIG slice's readings are its parent's.
                 let physical = gpu.mig_parent.unwrap_or(gpu.index);
                 gpu.sample = samples.iter().find(|sample| sample.index == physical).copied();
-                if let Some((used_mib, jobs)) = shares.get(&(node.name.as_str(), gpu.index)) {
-                    (gpu.shared_used_mib, gpu.shared_jobs) = (*used_mib, *jobs);
+                if let Some(shared) = shares.get(&(node.name.as_str(), gpu.index)) {
+                    (gpu.shared_used_mib, gpu.shared_jobs) = (shared.used_mib, shared.jobs);
                 }
             }
             wire.pools = state
