@@ -34,11 +34,13 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
+mod job_table;
 mod jobs;
 mod nodes;
 mod reasons;
 mod show;
 
+pub use job_table::*;
 pub use jobs::*;
 pub use nodes::*;
 pub use reasons::*;
