@@ -11,6 +11,8 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
+pub(super) mod plain;
+
 /// `CLONE_INTO_CGROUP` (linux/sched.h).
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 

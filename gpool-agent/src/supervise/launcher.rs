@@ -1,5 +1,5 @@
-//! The node's launcher: one long-lived process that forks each job itself
-//! (straight into its cgroup), watches it through a pidfd, enforces its
+//! The node's launcher: one long-lived process that starts each job itself
+//! (straight into its cgroup; see `birth::plain`), watches it through a pidfd, enforces its
 //! time limit, the node's lease and its output cap, and records its end in
 //! its exit slot. It is a subreaper, so what a job leaves behind is reaped
 //! here too. Interactive and container jobs still get a supervisor of
@@ -134,6 +134,8 @@ struct Running {
     watch: Watch,
     /// How its first process ended, once it has.
     status: Option<Ended>,
+    /// What its birth left that must outlive its exec.
+    _born: Option<super::birth::plain::Born>,
 }
 
 /// What is left to do after some ends: records a full disk held up, and
@@ -289,7 +291,7 @@ fn reply(answer: &LaunchReply) {
     let _ = stdout.write_all(&text).and_then(|()| stdout.flush());
 }
 
-/// Forks the job of `request` into its cgroup, its own session's leader.
+/// Starts the job of `request` in its cgroup, its own session's leader.
 /// Before anything of it runs, its slot is marked with its pid and this
 /// launcher's (an agent that dies before the answer reaches it learns from
 /// the mark that the job runs, and never launches it twice).
@@ -299,7 +301,6 @@ fn launch(
     jobs: &mut std::collections::HashMap<i32, Running>,
     (zygotes, cgroups): (&mut Zygotes, &mut SpareCgroups),
 ) -> LaunchReply {
-    use std::os::unix::process::CommandExt;
     let mut request = match zygotes.take_for(&request) {
         Some(zygote) => match zygote.hand(request, ids, jobs) {
             Ok(reply) => return reply,
@@ -316,14 +317,6 @@ fn launch(
         .filter(|cgroup| cgroup.unified)
         .and_then(|cgroup| cgroup.dirs.first())
         .cloned();
-    let mut command = match prepare(&request, usize::from(into.is_some())) {
-        Ok((command, _)) => command,
-        Err(reason) => return refuse(&request, reason),
-    };
-    // SAFETY: setsid(2) between fork and exec.
-    unsafe {
-        command.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
-    }
     let (job_id, epoch, exit_file) = (request.job_id, request.epoch, request.exit_file.clone());
     let mut gate = |pid: i32| {
         let mark = launched_mark(job_id, epoch, pid, Some(ids));
@@ -336,21 +329,22 @@ fn launch(
             })
             .is_ok()
     };
-    // Not waited for: on cgroup v1 joining the cgroups takes the child a
-    // grace period of the kernel's, which the launcher need not spend.
-    let born = super::birth::fork(&mut command, into.as_deref(), Some(&mut gate));
-    drop(command);
+    let born = match give_birth(&request, into.as_deref(), &mut gate) {
+        Ok(born) => born,
+        Err(reason) => return refuse(&request, reason),
+    };
     match born {
-        Ok((pid, exec)) => {
+        Ok((pid, pidfd, exec, kept)) => {
             let watch = Watch::new(&request, pid, false);
             jobs.insert(
                 pid,
                 Running {
                     request,
-                    pidfd: pidfd_of(pid),
+                    pidfd: pidfd.or_else(|| pidfd_of(pid)),
                     exec: Some(ExecReport::Forked(exec)),
                     watch,
                     status: None,
+                    _born: kept,
                 },
             );
             LaunchReply::Direct(pid)
@@ -360,6 +354,55 @@ fn launch(
             refuse(&request, reason)
         }
     }
+}
+
+/// A job started, as `super::birth::plain::clone` gives it (a forked one
+/// has no pidfd yet and keeps nothing).
+type Birth = (
+    i32,
+    Option<OwnedFd>,
+    super::birth::Exec,
+    Option<super::birth::plain::Born>,
+);
+
+/// Starts the job of `request`, in the cgroup v2 directory `into` where
+/// given, through `gate`: sharing the launcher's memory until its exec
+/// where it can, forked where not. A reason in words where the job could
+/// not be prepared.
+fn give_birth(
+    request: &LaunchRequest,
+    into: Option<&Path>,
+    gate: super::birth::Gate,
+) -> Result<std::io::Result<Birth>, String> {
+    use super::birth::plain;
+    use std::os::unix::process::CommandExt;
+    if plain::Plan::available() {
+        let plan = plain::Plan::of(request, null())?;
+        match plain::clone(plan, into, &mut *gate) {
+            // A kernel (or a seccomp filter) without clone3: forked
+            // from here on.
+            Err(err) if matches!(err.raw_os_error(), Some(nix::libc::ENOSYS | nix::libc::EPERM)) => {
+                eprintln!("{SUPERVISOR_BIN}: clone3 is refused here ({err}); jobs are forked");
+                plain::Plan::refused();
+            }
+            born => return Ok(born.map(|(pid, pidfd, exec, born)| (pid, pidfd, exec, Some(born)))),
+        }
+    }
+    let (mut command, _) = prepare(request, usize::from(into.is_some()))?;
+    // SAFETY: setsid(2) between fork and exec.
+    unsafe {
+        command.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+    }
+    Ok(super::birth::fork(&mut command, into, Some(gate)).map(|(pid, exec)| (pid, None, exec, None)))
+}
+
+/// /dev/null, opened once: plain jobs' stdin.
+fn null() -> &'static OwnedFd {
+    static NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    NULL.get_or_init(|| {
+        let file = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null");
+        OwnedFd::from(file.expect("/dev/null opens"))
+    })
 }
 
 /// A launch that did not happen: its slot says so (over a mark it may

@@ -40,7 +40,7 @@ fn owned_by_user(request: &LaunchRequest, path: &Path) -> Result<(), String> {
 }
 
 /// Creates the job's checkpoint directory (0700, its user's) if missing.
-fn make_checkpoint_dir(request: &LaunchRequest) -> Result<(), String> {
+pub(super) fn make_checkpoint_dir(request: &LaunchRequest) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     // The job's files are its user's alone: 0700 and 0600, whatever the
     // umask (no other user reads them through the spool).
@@ -56,7 +56,7 @@ fn make_checkpoint_dir(request: &LaunchRequest) -> Result<(), String> {
 }
 
 /// Opens a spool output file (0600, its user's), if there is one.
-fn open_output(request: &LaunchRequest, path: &Option<PathBuf>) -> Result<Option<std::fs::File>, String> {
+pub(super) fn open_output(request: &LaunchRequest, path: &Option<PathBuf>) -> Result<Option<std::fs::File>, String> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let Some(path) = path else { return Ok(None) };
     let file = std::fs::OpenOptions::new()
@@ -150,22 +150,7 @@ fn set_environment(command: &mut Command, request: &LaunchRequest) -> Result<(),
         std::io::Write::write_all(&mut file, text.as_bytes())
             .map_err(|err| format!("{}: {err}", env_file.display()))?;
     } else {
-        // The job's own variables only: never this process's (the agent's
-        // environment, its credentials included), and its account's where
-        // it runs as a user (over any of the same name).
-        let mut vars: Vec<(&str, &str)> = request
-            .env
-            .iter()
-            .map(|(name, value)| (name.as_str(), value.as_str()))
-            .collect();
-        let account = request
-            .run_as
-            .as_ref()
-            .map(|user| account_env(&user.name, &user.home, &user.shell))
-            .unwrap_or_default();
-        vars.retain(|(name, _)| !account.iter().any(|(own, _)| own == name));
-        vars.extend(account.iter().map(|(name, value)| (name.as_str(), value.as_str())));
-        let job_environ = Environ::of(&vars)?;
+        let job_environ = job_environ(request)?;
         // SAFETY: runs in the child of this single-threaded process (or in
         // this process just before its exec): the job's variables, made
         // before the fork, become the environment the exec passes on, and
@@ -180,10 +165,29 @@ fn set_environment(command: &mut Command, request: &LaunchRequest) -> Result<(),
     Ok(())
 }
 
+/// The job's own variables only: never this process's (the agent's
+/// environment, its credentials included), and its account's where it
+/// runs as a user (over any of the same name).
+pub(super) fn job_environ(request: &LaunchRequest) -> Result<Environ, String> {
+    let mut vars: Vec<(&str, &str)> = request
+        .env
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    let account = request
+        .run_as
+        .as_ref()
+        .map(|user| account_env(&user.name, &user.home, &user.shell))
+        .unwrap_or_default();
+    vars.retain(|(name, _)| !account.iter().any(|(own, _)| own == name));
+    vars.extend(account.iter().map(|(name, value)| (name.as_str(), value.as_str())));
+    Environ::of(&vars)
+}
+
 /// A job's environment as a C `environ` array, made before the fork (a
 /// `Command`'s variables are a map, copied into such an array in the
 /// child after the fork, at a cost per variable on every launch).
-struct Environ {
+pub(super) struct Environ {
     vars: Vec<std::ffi::CString>,
     pointers: Vec<*const std::ffi::c_char>,
 }
@@ -214,6 +218,11 @@ impl Environ {
         Ok(Environ { vars, pointers })
     }
 
+    /// The array, ended by a null, for an exec.
+    pub(super) fn as_ptr(&self) -> *const *const std::ffi::c_char {
+        self.pointers.as_ptr()
+    }
+
     /// Makes it this process's environment.
     ///
     /// # Safety
@@ -229,7 +238,7 @@ impl Environ {
 }
 
 /// Fails when the directory of a `-o/-e` file does not exist.
-fn check_output_dirs(request: &LaunchRequest) -> Result<(), String> {
+pub(super) fn check_output_dirs(request: &LaunchRequest) -> Result<(), String> {
     // A missing directory is said as such, not as a command that cannot
     // run (the files are opened by the job's user, just before the exec).
     for path in [&request.user_stdout, &request.user_stderr].into_iter().flatten() {
@@ -321,7 +330,7 @@ pub(super) fn with_output_files(request: &LaunchRequest, err: std::io::Error) ->
 }
 
 /// The `-o/-e` files as C strings with the descriptor each replaces.
-fn user_output_files(request: &LaunchRequest) -> Result<Vec<(std::ffi::CString, i32)>, String> {
+pub(super) fn user_output_files(request: &LaunchRequest) -> Result<Vec<(std::ffi::CString, i32)>, String> {
     use std::os::unix::ffi::OsStrExt;
     [(&request.user_stdout, 1), (&request.user_stderr, 2)]
         .into_iter()

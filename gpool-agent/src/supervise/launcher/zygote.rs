@@ -135,6 +135,7 @@ impl Zygote {
                 exec: Some(ExecReport::Zygote(self.report)),
                 watch,
                 status: None,
+                _born: None,
             },
         );
         Ok(LaunchReply::Direct(self.pid))
