@@ -17,6 +17,8 @@ pub const CONTROL_PROGRAM: &str = "nvidia-cuda-mps-control";
 /// How often each daemon is asked whether it still answers, and how long
 /// it has to.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// The NVML cap library, built and installed next to the agent.
+const NVML_CAP: &str = "libgpool_nvml_cap.so";
 const PROBE_PATIENCE: Duration = Duration::from_secs(3);
 
 pub struct Mps {
@@ -30,6 +32,9 @@ struct Shared {
     program: Option<PathBuf>,
     /// Simulated GPUs have no CUDA to share: fractions run without a daemon.
     simulated: bool,
+    /// `libgpool_nvml_cap.so` next to this program, preloaded into
+    /// fractions so that NVML reports their cap.
+    nvml_cap: Option<PathBuf>,
     daemons: Mutex<BTreeMap<u32, Daemon>>,
     /// Daemons found wedged since the last heartbeat, and why.
     faults: Mutex<Vec<(u32, String)>>,
@@ -55,6 +60,10 @@ impl Mps {
             root: state_dir.join("mps"),
             program: find_on_path(CONTROL_PROGRAM),
             simulated,
+            nvml_cap: std::env::current_exe()
+                .map(|exe| exe.with_file_name(NVML_CAP))
+                .ok()
+                .filter(|path| path.is_file()),
             daemons: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(Vec::new()),
         });
@@ -81,11 +90,25 @@ impl Mps {
                 format!("0={memory_mib}M"),
             ),
             ("GPOOL_GPU_MEM_MIB".to_string(), memory_mib.to_string()),
+            ("GPOOL_SHARED_GPU".to_string(), gpu.to_string()),
         ];
         if compute_pct > 0 {
             env.push(("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(), compute_pct.to_string()));
         }
         env
+    }
+
+    /// Preloads the NVML cap library into a fraction on the host (its path
+    /// means nothing in a container), before any library the job preloads.
+    pub fn preload_cap(&self, env: &mut Vec<(String, String)>) {
+        let Some(cap) = &self.shared.nvml_cap else { return };
+        let mut preload = cap.display().to_string();
+        for (_, theirs) in env.iter().filter(|(name, _)| name == "LD_PRELOAD") {
+            preload.push(':');
+            preload.push_str(theirs);
+        }
+        env.retain(|(name, _)| name != "LD_PRELOAD");
+        env.push(("LD_PRELOAD".to_string(), preload));
     }
 
     /// GPU `gpu`'s daemon runs (started now if it did not), for a fraction

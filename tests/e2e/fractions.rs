@@ -8,7 +8,7 @@
 //! elsewhere.
 
 use crate::harness::cluster::Cluster;
-use crate::harness::process::wait_until;
+use crate::harness::process::{nvml_fixture, nvml_standin, wait_until};
 use crate::preemption::shipped_config;
 use std::time::Duration;
 
@@ -35,8 +35,8 @@ const A100_MIG: &str =
     "[[simulated_gpu]]\nmodel = \"a100-80gb\"\nmemory_mib = 81920\nmig = [\"3g.40gb\", \"3g.40gb\"]\n";
 const L4: &str = "[[simulated_gpu]]\nmodel = \"l4\"\nmemory_mib = 23034\ncount = 1\n";
 
-fn cluster() -> Cluster {
-    let mut cluster = Cluster::with_config(&shipped_config());
+/// Puts the stand-in MPS control program on the agents' PATH.
+fn with_mps_control(cluster: &mut Cluster) {
     let bin = cluster.dir.path().join("mps-bin");
     std::fs::create_dir_all(&bin).unwrap();
     let control = bin.join("nvidia-cuda-mps-control");
@@ -44,6 +44,11 @@ fn cluster() -> Cluster {
     std::fs::set_permissions(&control, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     cluster.agent_env.push(("PATH".into(), path));
+}
+
+fn cluster() -> Cluster {
+    let mut cluster = Cluster::with_config(&shipped_config());
+    with_mps_control(&mut cluster);
     for (node, gpus) in [("h100-a", H100), ("a100-mig", A100_MIG), ("l4-a", L4)] {
         cluster.start_agent_with(node, 0, gpus);
     }
@@ -332,5 +337,66 @@ fn a_fraction_of_a_gang_or_of_several_gpus_is_refused_with_the_field_named() {
         assert_ne!(run.code, 0, "{args:?} was taken");
         let said = format!("{}{}", run.stdout, run.stderr);
         assert!(said.contains("gpu"), "{args:?}: {said}");
+    }
+}
+
+/// What NVML says of each GPU to a process that loads it as `nvidia-smi`
+/// and `pynvml` do (dlopen, then dlsym): "index total-MiB free-MiB" lines.
+const NVML_QUERY: &str = r#"
+import ctypes, sys
+nvml = ctypes.CDLL(sys.argv[1])
+class Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+assert nvml.nvmlInit_v2() == 0
+count = ctypes.c_uint()
+assert nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
+for index in range(count.value):
+    device = ctypes.c_void_p()
+    assert nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(device)) == 0
+    memory = Memory()
+    assert nvml.nvmlDeviceGetMemoryInfo(device, ctypes.byref(memory)) == 0
+    print(index, memory.total >> 20, memory.free >> 20)
+"#;
+
+/// On a node whose NVML finds 8 H100s, a 20G fraction's processes see 20G
+/// as its GPU's memory through NVML (the agent preloads the cap library);
+/// the node's other GPUs are as the driver says.
+#[test]
+fn nvml_as_a_fraction_sees_it_reports_the_cap_on_its_gpu_alone() {
+    let mut cluster = Cluster::start();
+    with_mps_control(&mut cluster);
+    let fixture = nvml_fixture("dgx-h100");
+    cluster
+        .agent_env
+        .push(("GPOOL_NVML_STANDIN".into(), fixture.display().to_string()));
+    let top = format!(
+        "controller = \"{}\"\nnvml_library = \"{}\"\n",
+        cluster.addr,
+        nvml_standin().display()
+    );
+    cluster.spawn_agent("dgx-01", 0, &top, "", None);
+    cluster.wait_for_registered("dgx-01");
+    let script = format!(
+        "GPOOL_NVML_STANDIN={} python3 -c '{NVML_QUERY}' {} > $GPOOL_JOB_ID.nvml; env > $GPOOL_JOB_ID.env",
+        fixture.display(),
+        nvml_standin().display()
+    );
+    let id = cluster.submit(&["--gpu-mem", "20G", "--", "sh", "-c", &script]);
+    cluster.wait_for_state(id, "completed");
+    let env = env_of(&cluster, id);
+    let shared = env
+        .lines()
+        .find_map(|line| line.strip_prefix("GPOOL_SHARED_GPU="))
+        .unwrap_or_else(|| panic!("no GPOOL_SHARED_GPU: {env}"));
+    assert!(
+        env.contains("LD_PRELOAD=") && env.contains("libgpool_nvml_cap.so"),
+        "{env}"
+    );
+    let seen = std::fs::read_to_string(cluster.dir.path().join(format!("{id}.nvml"))).unwrap();
+    assert_eq!(seen.lines().count(), 8, "{seen}");
+    for line in seen.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let expected = if fields[0] == shared { "20480" } else { "81559" };
+        assert_eq!(&fields[1..], [expected, expected], "{seen}");
     }
 }

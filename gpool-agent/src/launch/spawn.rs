@@ -61,6 +61,9 @@ impl Attempts {
         let mut env = self.job_env(launch, &checkpoint_dir, run_as.is_some(), in_container);
         if launch.gpu_share_mib > 0 {
             env.extend(self.share_env(launch)?);
+            if !in_container {
+                self.mps.preload_cap(&mut env);
+            }
         }
         let limits = self.limits(launch);
         let env_file = in_container.then(|| attempt_file(&self.spool_dir, launch.job_id, launch.attempt, "env"));
