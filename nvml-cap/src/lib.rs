@@ -78,7 +78,12 @@ extern "C" fn find_real_dlsym() {
 static FIND_REAL_DLSYM: extern "C" fn() = find_real_dlsym;
 
 fn real_dlsym() -> Option<Dlsym> {
-    // SAFETY: set at load and never after.
+    // SAFETY: set at load (or here, by a lookup that came before this
+    // library's constructor), always to the same address.
+    if unsafe { REAL_DLSYM } == 0 {
+        find_real_dlsym();
+    }
+    // SAFETY: as above.
     let address = unsafe { REAL_DLSYM };
     // SAFETY: the address of the C library's dlsym, whose type this is.
     (address != 0).then(|| unsafe { std::mem::transmute::<usize, Dlsym>(address) })
@@ -189,16 +194,18 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     std::arch::naked_asm!(
         "cmp rdi, -1",
-        "je 2f",
-        "jmp {wrapped}",
-        "2:",
-        "jmp qword ptr [rip + {real}]",
+        "jne {wrapped}",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz {wrapped}",
+        "jmp rax",
         wrapped = sym dlsym_on_handle,
         real = sym REAL_DLSYM,
     )
 }
 
-/// `dlsym` of a handle (or `RTLD_DEFAULT`), through the C library's.
+/// `dlsym` of a handle (or `RTLD_DEFAULT`, or `RTLD_NEXT` before the C
+/// library's was found), through the C library's.
 ///
 /// # Safety
 /// As the C library's dlsym.
