@@ -89,10 +89,14 @@ fn detect_isolation(config: &AgentConfig) -> cgroup::Isolation {
     }
 }
 
-/// How far below a job the agent (and the supervisors it forks) stands in
-/// the kernel's OOM order: a job that runs a node out of memory is killed
-/// before them. Each job sets its own back to 0 before it starts.
-const AGENT_OOM_SCORE_ADJ: &str = "-900";
+/// How far below a job the agent (with the launcher's keeper and the
+/// supervisors) stands in the kernel's OOM order: a job that runs a node
+/// out of memory is killed before them. The launcher itself stands at 0,
+/// where its plain jobs are born (they share its memory until their exec,
+/// so a job's own write would set the launcher's too); a launcher the OOM
+/// killer takes is started again by the agent, and its keeper records its
+/// jobs' ends.
+pub(crate) const AGENT_OOM_SCORE_ADJ: &str = "-900";
 
 /// Lowers the agent's OOM score (as root; a job never takes the agent).
 fn protect_from_oom() {

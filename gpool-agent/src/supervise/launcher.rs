@@ -150,6 +150,9 @@ struct Leftovers {
 /// then runs its jobs to their ends.
 fn serve(ids: Launcher) -> ExitCode {
     set_subreaper();
+    // Jobs take the ordinary place in the OOM order, and are born in this
+    // one's (see `AGENT_OOM_SCORE_ADJ`); its supervisors go back below.
+    let _ = std::fs::write("/proc/self/oom_score_adj", b"0");
     let mut supervisors = Supervisors::default();
     let mut zygotes = Zygotes::default();
     let mut jobs: std::collections::HashMap<i32, Running> = std::collections::HashMap::new();

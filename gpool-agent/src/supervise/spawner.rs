@@ -168,6 +168,9 @@ const OUTLIVED: [nix::sys::signal::Signal; 9] = {
 fn become_supervisor() {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
     let _ = nix::unistd::setsid();
+    // Below jobs in the OOM order, as the agent (the launcher that forks
+    // it stands at 0; its own job is set back to 0 before its exec).
+    let _ = std::fs::write("/proc/self/oom_score_adj", crate::AGENT_OOM_SCORE_ADJ);
     // The spawner's pipes are the agent's; a supervisor lives on without them.
     if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
         use std::os::fd::AsRawFd;

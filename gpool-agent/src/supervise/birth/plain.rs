@@ -6,7 +6,11 @@
 //! (its argument and environment arrays, the paths its exec tries, its
 //! descriptors) and stays untouched until the child has exec'd or exited.
 //! The child calls nothing in libc (the launcher's `errno` is not its own)
-//! and allocates nothing.
+//! and allocates nothing. What it changes of itself that the kernel keeps
+//! per memory is the launcher's too: so it writes no `oom_score_adj` (it
+//! is born at the launcher's 0), and a change of user leaves the launcher
+//! not dumpable (which also keeps the job's user from tracing the child
+//! while it shares root's memory).
 //!
 //! On x86_64 only; elsewhere `Plan::available` is false and jobs are
 //! forked as before.
@@ -17,6 +21,7 @@ use super::{CloneArgs, Exec, Gate, CLONE_INTO_CGROUP};
 use std::ffi::{c_char, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::OnceLock;
 
 /// What the child does, made before the clone.
 pub(in crate::supervise) struct Plan {
@@ -26,6 +31,9 @@ pub(in crate::supervise) struct Plan {
     /// The arguments `argv_pointers` points into.
     _argv: Vec<CString>,
     argv_pointers: Vec<*const c_char>,
+    /// For each candidate, the arguments that run it through `/bin/sh`
+    /// (a script without `#!`, as `execvp` runs it).
+    sh_argv_pointers: Vec<Vec<*const c_char>>,
     envp: Environ,
     /// Its stdin, stdout and stderr; `files` keeps them open until the
     /// clone, which gives the child its own.
@@ -60,8 +68,22 @@ static REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 /// What must outlive the child's exec: its plan and its stack. Dropped
 /// once the job has ended.
 pub(in crate::supervise) struct Born {
-    _plan: Box<Plan>,
-    _stack: Box<Stack>,
+    plan: std::mem::ManuallyDrop<Box<Plan>>,
+    stack: std::mem::ManuallyDrop<Box<Stack>>,
+}
+
+impl Drop for Born {
+    /// Frees them, but for a launcher unwinding from a panic: its child
+    /// may not have exec'd yet, and the memory stays for it.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe {
+                std::mem::ManuallyDrop::drop(&mut self.plan);
+                std::mem::ManuallyDrop::drop(&mut self.stack);
+            }
+        }
+    }
 }
 
 /// The child's stack until its exec: it makes system calls only.
@@ -72,9 +94,23 @@ struct Stack([u8; 16 * 1024]);
 unsafe impl Send for Plan {}
 
 impl Plan {
-    /// Whether plain jobs are born this way here.
+    /// Whether plain jobs are born this way here: on x86_64, with Linux
+    /// 5.5 or later (whose clone3 puts the child's stack pointer at the
+    /// top of the stack it is given), until the kernel refuses it.
     pub(in crate::supervise) fn available() -> bool {
-        cfg!(target_arch = "x86_64") && !REFUSED.load(std::sync::atomic::Ordering::Relaxed)
+        static KERNEL_OK: OnceLock<bool> = OnceLock::new();
+        let kernel_ok = *KERNEL_OK.get_or_init(|| {
+            // SAFETY: uname fills the struct it is given.
+            let mut name: nix::libc::utsname = unsafe { std::mem::zeroed() };
+            // SAFETY: as above; the release is a NUL-ended C string.
+            let release = (unsafe { nix::libc::uname(&mut name) } == 0).then(|| {
+                unsafe { std::ffi::CStr::from_ptr(name.release.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned()
+            });
+            release.is_some_and(|release| kernel_at_least(&release, (5, 5)))
+        });
+        cfg!(target_arch = "x86_64") && kernel_ok && !REFUSED.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Notes that the kernel refused `clone3`: jobs are forked instead.
@@ -119,8 +155,18 @@ impl Plan {
         } else {
             nix::libc::O_TRUNC
         };
+        let candidates = candidates(request)?;
+        let sh_argv_pointers = (candidates.iter())
+            .map(|path| {
+                let args = argv.iter().skip(1).map(|arg| arg.as_ptr());
+                let mut pointers = vec![c"sh".as_ptr(), path.as_ptr()];
+                pointers.extend(args.chain([std::ptr::null()]));
+                pointers
+            })
+            .collect();
         Ok(Plan {
-            candidates: candidates(request)?,
+            candidates,
+            sh_argv_pointers,
             _argv: argv,
             argv_pointers,
             envp: job_environ(request)?,
@@ -141,6 +187,13 @@ impl Plan {
             errors: -1,
         })
     }
+}
+
+/// Whether a kernel release ("6.1.0-18-amd64") is `wanted` or later.
+fn kernel_at_least(release: &str, wanted: (u32, u32)) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let mut next = || parts.next().and_then(|part| part.parse::<u32>().ok());
+    matches!((next(), next()), (Some(major), Some(minor)) if (major, minor) >= wanted)
 }
 
 /// The paths an exec of the job's program tries, as `execvp` would with
@@ -197,8 +250,8 @@ pub(in crate::supervise) fn clone(
     // its ends of the pipes.
     drop((error_out, wait_for, cgroup, files));
     let born = Born {
-        _plan: plan,
-        _stack: stack,
+        plan: std::mem::ManuallyDrop::new(plan),
+        stack: std::mem::ManuallyDrop::new(stack),
     };
     if !gate(pid) || nix::unistd::write(&passed, b"1") != Ok(1) {
         drop(passed);
@@ -269,9 +322,9 @@ impl Plan {
             sys::exit(127);
         }
         call(SYS_setsid, [0; 4]);
-        // The launcher stands below jobs in the OOM order; the job takes
-        // the ordinary place.
-        let _ = write_file(c"/proc/self/oom_score_adj", b"0");
+        // The job's place in the OOM order is set by the launcher once it
+        // has exec'd: written here, where the memory is still shared, it
+        // would be the launcher's too.
         for procs in self.join.iter().skip(self.join_from) {
             write_file(procs, b"0")?;
         }
@@ -316,19 +369,23 @@ impl Plan {
         Ok(())
     }
 
-    /// Execs each candidate in turn, as `execvp` does: past a missing one,
-    /// and past one it may not run (then saying so if none ran).
+    /// Execs each candidate in turn, as glibc's `execvp` does: past one
+    /// that is missing or on a file system gone away, past one it may not
+    /// run (then saying so if none ran), and a file of no known format
+    /// through `/bin/sh`.
     fn exec(&self) -> i32 {
         use nix::libc::*;
         let mut denied = false;
-        for path in &self.candidates {
+        let envp = self.envp.as_ptr() as usize;
+        for (path, through_sh) in self.candidates.iter().zip(&self.sh_argv_pointers) {
             let argv = self.argv_pointers.as_ptr() as usize;
-            let errno = -sys::call(
-                SYS_execve,
-                [path.as_ptr() as usize, argv, self.envp.as_ptr() as usize, 0],
-            ) as i32;
+            let mut errno = -sys::call(SYS_execve, [path.as_ptr() as usize, argv, envp, 0]) as i32;
+            if errno == ENOEXEC {
+                let sh_argv = through_sh.as_ptr() as usize;
+                errno = -sys::call(SYS_execve, [c"/bin/sh".as_ptr() as usize, sh_argv, envp, 0]) as i32;
+            }
             match errno {
-                ENOENT | ENOTDIR | ENAMETOOLONG | ELOOP => {}
+                ENOENT | ENOTDIR | ESTALE | ENODEV | ETIMEDOUT => {}
                 EACCES => denied = true,
                 _ => return errno,
             }
@@ -363,179 +420,6 @@ fn ok(result: isize) -> Result<isize, i32> {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod sys {
-    use super::{CloneArgs, Plan};
-    use std::arch::asm;
-
-    /// A system call of up to four arguments: its result, or -errno.
-    #[inline(always)]
-    pub(super) fn call(number: nix::libc::c_long, args: [usize; 4]) -> isize {
-        let result: isize;
-        // SAFETY: the kernel reads only what the arguments point to; rcx
-        // and r11 are the syscall instruction's own.
-        unsafe {
-            asm!(
-                "syscall",
-                inlateout("rax") number as isize => result,
-                in("rdi") args[0],
-                in("rsi") args[1],
-                in("rdx") args[2],
-                in("r10") args[3],
-                lateout("rcx") _,
-                lateout("r11") _,
-                options(nostack),
-            );
-        }
-        result
-    }
-
-    pub(super) fn exit(code: i32) -> ! {
-        loop {
-            call(nix::libc::SYS_exit, [code as usize, 0, 0, 0]);
-        }
-    }
-
-    /// `clone3` whose child calls `entry(plan)` on the stack `args` names:
-    /// the child's pid (or -errno) in the caller.
-    ///
-    /// # Safety
-    /// `args` must name a stack the child alone uses, and `plan` must stay
-    /// valid until the child has exec'd or exited.
-    pub(super) unsafe fn clone3(args: &CloneArgs, entry: extern "C" fn(*const Plan) -> !, plan: &Plan) -> isize {
-        let result: isize;
-        // SAFETY: as the caller promises. In the child (rax 0) the kernel
-        // has switched to the new stack; it calls `entry`, which never
-        // returns, with a cleared frame pointer.
-        unsafe {
-            asm!(
-                "syscall",
-                "test rax, rax",
-                "jnz 2f",
-                "xor ebp, ebp",
-                "mov rdi, r12",
-                "call r13",
-                "ud2",
-                "2:",
-                inlateout("rax") nix::libc::SYS_clone3 as isize => result,
-                in("rdi") args as *const CloneArgs,
-                in("rsi") std::mem::size_of::<CloneArgs>(),
-                in("r12") plan as *const Plan,
-                in("r13") entry,
-                lateout("rcx") _,
-                lateout("r11") _,
-                options(nostack),
-            );
-        }
-        result
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-mod sys {
-    use super::{CloneArgs, Plan};
-
-    pub(super) fn call(_: nix::libc::c_long, _: [usize; 4]) -> isize {
-        -(nix::libc::ENOSYS as isize)
-    }
-
-    pub(super) fn exit(code: i32) -> ! {
-        // SAFETY: _exit(2) ends this process at once.
-        unsafe { nix::libc::_exit(code) }
-    }
-
-    pub(super) unsafe fn clone3(_: &CloneArgs, _: extern "C" fn(*const Plan) -> !, _: &Plan) -> isize {
-        -(nix::libc::ENOSYS as isize)
-    }
-}
-
+mod sys;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(program: &str, args: &[&str], dir: &Path) -> LaunchRequest {
-        serde_json::from_value(serde_json::json!({
-            "job_id": 1, "epoch": 1, "program": program, "args": args,
-            "env": [["PATH", "/usr/local/bin:/usr/bin:/bin"], ["GREETING", "hello"]],
-            "exit_file": dir.join("exit"), "checkpoint_dir": dir.join("checkpoint"),
-            "stdout": dir.join("out"),
-        }))
-        .unwrap()
-    }
-
-    fn null() -> OwnedFd {
-        OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
-    }
-
-    /// Starts the plan of `request` through a gate that records the pid;
-    /// how the job ended, and its exec's report.
-    fn run(request: &LaunchRequest) -> (nix::sys::wait::WaitStatus, Option<std::io::Error>) {
-        let plan = Plan::of(request, &null()).unwrap();
-        let mut gated = None;
-        let mut gate = |pid: i32| {
-            gated = Some(pid);
-            true
-        };
-        let (pid, pidfd, exec, born) = clone(plan, None, &mut gate).unwrap();
-        assert_eq!(gated, Some(pid), "the gate saw the job's pid");
-        assert!(pidfd.is_some(), "the kernel gave a pidfd");
-        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
-        drop(born);
-        (status, exec.failure())
-    }
-
-    /// A job found on its PATH runs with its arguments and only its own
-    /// variables, its output in its file, and leads a session of its own.
-    #[test]
-    fn a_job_runs_with_its_arguments_environment_and_output() {
-        if !Plan::available() {
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let script = r#"echo "$GREETING $1 ${HOME:-no-home} $(ps -o sid= -p $$ | tr -d ' ') $$""#;
-        let job = request("sh", &["-c", script, "sh", "world"], dir.path());
-        let (status, failure) = run(&job);
-        assert!(failure.is_none());
-        assert!(matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)), "{status:?}");
-        let out = std::fs::read_to_string(dir.path().join("out")).unwrap();
-        let words: Vec<&str> = out.split_whitespace().collect();
-        assert_eq!(&words[..3], ["hello", "world", "no-home"], "{out}");
-        assert_eq!(words[3], words[4], "the job leads its own session: {out}");
-        assert!(dir.path().join("checkpoint").is_dir());
-    }
-
-    /// A program that is nowhere, or may not be run, is reported with its
-    /// errno, and the child exits 127.
-    #[test]
-    fn a_failed_exec_is_reported() {
-        if !Plan::available() {
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let (status, failure) = run(&request("gpool-no-such-program", &[], dir.path()));
-        assert!(
-            matches!(status, nix::sys::wait::WaitStatus::Exited(_, 127)),
-            "{status:?}"
-        );
-        assert_eq!(failure.unwrap().kind(), std::io::ErrorKind::NotFound);
-        let not_executable = dir.path().join("data");
-        std::fs::write(&not_executable, "x").unwrap();
-        let (_, failure) = run(&request(not_executable.to_str().unwrap(), &[], dir.path()));
-        assert_eq!(failure.unwrap().kind(), std::io::ErrorKind::PermissionDenied);
-    }
-
-    /// A gate that does not pass the job stops it before anything runs.
-    #[test]
-    fn a_closed_gate_runs_nothing() {
-        if !Plan::available() {
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let marker = dir.path().join("ran");
-        let job = request("touch", &[marker.to_str().unwrap()], dir.path());
-        let plan = Plan::of(&job, &null()).unwrap();
-        let err = clone(plan, None, &mut |_| false).err().unwrap();
-        assert!(err.to_string().contains("could not be recorded"), "{err}");
-        assert!(!marker.exists());
-    }
-}
+mod tests;
