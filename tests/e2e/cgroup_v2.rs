@@ -324,6 +324,11 @@ fn an_attempt_cannot_open_a_gpu_it_was_not_given() {
         vm.one("agent-oom-score-adj") == "-900",
         "the agent stands below jobs in the OOM order",
     );
+    let node = vm.all("supervise-oom");
+    vm.check(
+        node.iter().any(|l| l == "keeper -900") && node.iter().any(|l| l == "launcher 0"),
+        "the launcher's keeper below jobs, the launcher (where plain jobs are born) at 0",
+    );
 }
 
 /// Behaviour 5: After `kill -9` of the agent, the restarted agent re-adopts the

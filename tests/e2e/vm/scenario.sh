@@ -90,6 +90,14 @@ devices=$(gpool submit --gpus 1 -- sh -c 'echo "visible $CUDA_VISIBLE_DEVICES"; 
 report oom "$oom"
 say oom-events "$(gpool show "$oom" | grep -i -m 1 'memory')"
 report devices "$devices"
+# The OOM order of the node's own processes: the agent's keeper (its
+# child) and the launcher (the keeper's child).
+agent_pid=$(pidof gpool-agent)
+for p in $(pidof gpool-supervise); do
+  parent=$(awk '{print $4}' /proc/$p/stat)
+  if [ "$parent" = "$agent_pid" ]; then role=keeper; else role=launcher; fi
+  say supervise-oom "$role $(cat /proc/$p/oom_score_adj)"
+done
 report neighbour "$neighbour"
 report bomb "$bomb"
 after=$(gpool submit --gpus 1 -- echo node-still-up)
