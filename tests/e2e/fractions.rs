@@ -8,7 +8,7 @@
 //! elsewhere.
 
 use crate::harness::cluster::Cluster;
-use crate::harness::process::{nvml_fixture, nvml_standin, wait_until};
+use crate::harness::process::{nvml_agent_top, nvml_fixture, nvml_standin, wait_until};
 use crate::preemption::shipped_config;
 use std::time::Duration;
 
@@ -369,11 +369,7 @@ fn nvml_as_a_fraction_sees_it_reports_the_cap_on_its_gpu_alone() {
     cluster
         .agent_env
         .push(("GPOOL_NVML_STANDIN".into(), fixture.display().to_string()));
-    let top = format!(
-        "controller = \"{}\"\nnvml_library = \"{}\"\n",
-        cluster.addr,
-        nvml_standin().display()
-    );
+    let top = nvml_agent_top(&cluster.addr);
     cluster.spawn_agent("dgx-01", 0, &top, "", None);
     cluster.wait_for_registered("dgx-01");
     let script = format!(

@@ -4,7 +4,7 @@
 //! library is the code a GPU node runs.
 
 use crate::harness::cluster::Cluster;
-use crate::harness::process::{binary, nvml_fixture, nvml_standin, output_within, wait_until};
+use crate::harness::process::{binary, nvml_agent_top, nvml_fixture, nvml_standin, output_within, wait_until};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -109,11 +109,7 @@ fn nvml_cluster(node_timeout: &str, fixture: &str) -> (Cluster, std::path::PathB
     cluster
         .agent_env
         .push(("GPOOL_NVML_STANDIN".into(), path.display().to_string()));
-    let top = format!(
-        "controller = \"{}\"\nnvml_library = \"{}\"\n",
-        cluster.addr,
-        nvml_standin().display()
-    );
+    let top = nvml_agent_top(&cluster.addr);
     cluster.spawn_agent("gpu-01", 0, &top, "", None);
     cluster.wait_for_registered("gpu-01");
     (cluster, path)
@@ -368,11 +364,7 @@ fn a_real_node_never_advertises_simulated_gpus_unless_told() {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let top = format!(
-        "controller = \"{}\"\nnvml_library = \"{}\"\n",
-        cluster.addr,
-        nvml_standin().display()
-    );
+    let top = nvml_agent_top(&cluster.addr);
     cluster.spawn_agent("real", 0, &top, &body, None);
     cluster.wait_for_registered("real");
     let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();

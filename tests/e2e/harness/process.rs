@@ -27,6 +27,15 @@ pub fn nvml_standin() -> PathBuf {
     binary("libgpool_nvml_standin.so")
 }
 
+/// The top of an agent.toml whose NVML is the stand-in library (its GPUs
+/// come from `GPOOL_NVML_STANDIN` in the agents' environment).
+pub fn nvml_agent_top(controller: &str) -> String {
+    format!(
+        "controller = \"{controller}\"\nnvml_library = \"{}\"\n",
+        nvml_standin().display()
+    )
+}
+
 /// A fixture of the stand-in NVML library: a node's GPUs as a file.
 pub fn nvml_fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -125,10 +125,11 @@ impl Plan {
         if let Some(cgroup) = &request.cgroup {
             cgroup.create()?;
         }
-        let nul = |what: &str| format!("{what} holds a NUL byte");
+        let nul = |what: String| format!("{what} holds a NUL byte");
         let argv = std::iter::once(&request.program)
             .chain(&request.args)
-            .map(|arg| CString::new(arg.as_bytes()).map_err(|_| nul("an argument")))
+            .enumerate()
+            .map(|(n, arg)| CString::new(arg.as_bytes()).map_err(|_| nul(format!("its argument {n} ({arg:?})"))))
             .collect::<Result<Vec<_>, _>>()?;
         let mut argv_pointers: Vec<*const c_char> = argv.iter().map(|arg| arg.as_ptr()).collect();
         argv_pointers.push(std::ptr::null());
@@ -142,11 +143,16 @@ impl Plan {
         }
         let join = request.cgroup.iter().flat_map(|cgroup| cgroup.dirs.iter());
         let join = join
-            .map(|dir| CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).map_err(|_| nul("a cgroup path")))
+            .map(|dir| {
+                let procs = dir.join("cgroup.procs");
+                CString::new(procs.as_os_str().as_bytes()).map_err(|_| nul(format!("cgroup file {}", procs.display())))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let workdir = request.workdir.as_ref();
         let workdir = workdir
-            .map(|dir| CString::new(dir.as_os_str().as_bytes()).map_err(|_| nul("its workdir")))
+            .map(|dir| {
+                CString::new(dir.as_os_str().as_bytes()).map_err(|_| nul(format!("its workdir {}", dir.display())))
+            })
             .transpose()?;
         check_output_dirs(request)?;
         let user_files = user_output_files(request)?;
