@@ -286,13 +286,10 @@ fn placement_to_wire(placement: &[NodePlacement]) -> Vec<pb::Placement> {
         .collect()
 }
 
-/// `pending_reasons` come from the latest scheduling cycle, not the job.
-pub fn job_to_wire(job: &Job, pending_reasons: Vec<String>) -> pb::Job {
-    job_to_wire_with(job, pending_reasons, true)
-}
-
-/// As `job_to_wire`; the spec without its environment unless `with_env`.
-pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool) -> pb::Job {
+/// Job `job` as its record has it, the spec without its environment unless
+/// `with_env`: a waiting job's reasons, priority and place come from the
+/// latest scheduling cycle, not the record, and are left for the caller.
+pub fn job_to_wire(job: &Job, with_env: bool) -> pb::Job {
     let (burst, preempted_at_ms, last_checkpoint_at_ms) = running_to_wire(&job.state);
     let (exit_code, end_reason, epoch, placement, cancelled_by) = outcome_to_wire(&job.state);
     pb::Job {
@@ -305,7 +302,6 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
         ended_at_ms: job.state.ended_at().map(|t| t.0),
         exit_code,
         end_reason,
-        pending_reasons,
         attempt: job.n_attempts,
         epoch,
         placement,
@@ -320,11 +316,9 @@ pub fn job_to_wire_with(job: &Job, pending_reasons: Vec<String>, with_env: bool)
             .map_or_else(String::new, |cause| cause.as_str().to_string()),
         preempted_at_ms,
         last_checkpoint_at_ms,
-        hints: Vec::new(),
         priority: None,
         estimated_start_ms: None,
         redacted: false,
-        reason_codes: Vec::new(),
         reasons: Vec::new(),
         last_nodes: job.last_nodes.to_vec(),
         array: None,

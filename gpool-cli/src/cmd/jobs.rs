@@ -491,8 +491,8 @@ fn own_exit_code(code: i32) -> u8 {
 
 fn describe(job: &pb::Job) -> String {
     match job.state() {
-        pb::JobState::Pending => match job.pending_reasons.first() {
-            Some(reason) => format!("pending: {reason}"),
+        pb::JobState::Pending => match job.reasons.first() {
+            Some(reason) => format!("pending: {}", reason.words),
             None => "pending".into(),
         },
         pb::JobState::Failed

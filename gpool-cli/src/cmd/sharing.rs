@@ -15,10 +15,10 @@ pub async fn why(ctx: &Ctx, id: super::JobRef) -> Result<(), CliError> {
         output::print_json(&serde_json::json!({
             "id": job.id,
             "state": state,
-            "reasons": job.pending_reasons,
-            "reason_codes": job.reason_codes,
+            "reasons": output::ReasonTexts(&job.reasons, output::words_of),
+            "reason_codes": output::ReasonTexts(&job.reasons, output::code_of),
             "reason_details": output::reasons_json(&job),
-            "hints": job.hints,
+            "hints": output::hints(&job).collect::<Vec<_>>(),
             "priority": job.priority.as_ref().map(output::priority_json),
             "estimated_start": job.estimated_start_ms.map(output::rfc3339),
             "burst": job.burst,

@@ -149,7 +149,11 @@ pub fn job_cell(job: &pb::Job, column: &str, now_ms: i64) -> String {
             .filter(|used| used.samples > 0)
             .map_or("-".into(), |used| format!("{:.0}%", used.mean_utilization_pct)),
         "reason" => match job.state() {
-            pb::JobState::Pending => job.pending_reasons.first().cloned().unwrap_or_default(),
+            pb::JobState::Pending => job
+                .reasons
+                .first()
+                .map(|reason| reason.words.clone())
+                .unwrap_or_default(),
             pb::JobState::Running => placement_text(job),
             _ => job.end_reason.clone(),
         },

@@ -34,9 +34,9 @@ pub struct JobJson<'a> {
     ended_at: Option<String>,
     exit_code: Option<i32>,
     end_reason: &'a str,
-    reasons: &'a [String],
+    reasons: super::reasons::ReasonTexts<'a>,
     /// One stable snake_case code per reason.
-    reason_codes: &'a [String],
+    reason_codes: super::reasons::ReasonTexts<'a>,
     /// Each reason as data: `{code, reason, hint, ...facts}`.
     reason_details: Vec<super::reasons::ReasonJson<'a>>,
     /// The nodes of its latest attempt, rank 0 first.
@@ -194,8 +194,8 @@ pub fn job_json(job: &pb::Job) -> JobJson<'_> {
         ended_at: job.ended_at_ms.map(rfc3339_ms),
         exit_code: job.exit_code,
         end_reason: &job.end_reason,
-        reasons: &job.pending_reasons,
-        reason_codes: &job.reason_codes,
+        reasons: super::reasons::ReasonTexts(&job.reasons, super::reasons::words_of),
+        reason_codes: super::reasons::ReasonTexts(&job.reasons, super::reasons::code_of),
         reason_details: job.reasons.iter().map(super::reasons::reason_view).collect(),
         node_list: &job.last_nodes,
         attempt: job.attempt,

@@ -88,6 +88,34 @@ pub fn reason_view(reason: &pb::Reason) -> ReasonJson<'_> {
     }
 }
 
+/// One text of each of a job's reasons (its sentence, or its code), as a
+/// JSON array: a listing of thousands of jobs builds no vector for it.
+pub struct ReasonTexts<'a>(pub &'a [pb::Reason], pub for<'r> fn(&'r pb::Reason) -> &'r str);
+
+impl serde::Serialize for ReasonTexts<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(self.1))
+    }
+}
+
+/// A reason's sentence.
+pub fn words_of(reason: &pb::Reason) -> &str {
+    &reason.words
+}
+
+/// A reason's stable snake_case code.
+pub fn code_of(reason: &pb::Reason) -> &str {
+    &reason.code
+}
+
+/// What would make the job start sooner: its reasons' hints.
+pub fn hints(job: &pb::Job) -> impl Iterator<Item = &str> {
+    job.reasons
+        .iter()
+        .map(|reason| reason.hint.as_str())
+        .filter(|hint| !hint.is_empty())
+}
+
 /// `reason_view` as a JSON value.
 pub fn reason_json(reason: &pb::Reason) -> Value {
     serde_json::to_value(reason_view(reason)).unwrap_or(Value::Null)

@@ -219,11 +219,11 @@ fn scheduling_lines(job: &pb::Job, spec: &pb::JobSpec) -> Vec<Line> {
     if let Some(at) = job.estimated_start_ms {
         lines.push(("expected start", rfc3339(at)));
     }
-    for reason in &job.pending_reasons {
-        lines.push(("why pending", reason.clone()));
+    for reason in &job.reasons {
+        lines.push(("why pending", reason.words.clone()));
     }
-    for hint in &job.hints {
-        lines.push(("to start sooner", hint.clone()));
+    for hint in hints(job) {
+        lines.push(("to start sooner", hint.to_string()));
     }
     lines
 }

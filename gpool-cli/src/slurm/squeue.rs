@@ -206,7 +206,7 @@ pub fn reason(job: &pb::Job) -> &'static str {
     if job.state() == pb::JobState::Running {
         return "None";
     }
-    match job.reason_codes.first().map(String::as_str) {
+    match job.reasons.first().map(|reason| reason.code.as_str()) {
         Some("held") => "JobHeldUser",
         Some("dependency") => "Dependency",
         Some("begin_time") | Some("begin") => "BeginTime",

@@ -3,7 +3,7 @@
 
 use crate::state::State;
 use gpool_core::auth::{authorize, Action, Caller};
-use gpool_proto::convert::job_to_wire_with;
+use gpool_proto::convert::{job_to_wire, reason_to_wire};
 use gpool_proto::pb;
 
 /// A job as `caller` may see it: in full if they may read it, else as a
@@ -61,11 +61,13 @@ pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: b
 }
 
 fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
+    let mut wire = job_to_wire(job, with_env);
     if job.state != gpool_core::JobState::Pending {
-        return job_to_wire_with(job, Vec::new(), with_env);
+        return wire;
     }
     use gpool_core::sched::gates::{Facts, Gate};
     use gpool_core::sched::Reason;
+    let planned = state.words.reasons(job.id);
     let facts = Facts {
         begins: job
             .spec
@@ -78,28 +80,23 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
         },
         held: job.held,
         array_limit: state.array_at_limit(job),
-        planned: state.words.reasons(job.id).is_some(),
+        planned: planned.is_some(),
     };
-    let mut reasons: Vec<Reason> = match (Gate::of(job, facts), state.words.reasons(job.id)) {
-        (Some(gate), _) => vec![Reason::of_gate(&gate)],
-        (None, Some(words)) => words.reasons.clone(),
-        (None, None) => Vec::new(),
-    };
-    if let Some(requeued) = Reason::requeued(job) {
-        reasons.insert(0, requeued);
+    // Reasons of its own first (powering nodes up, a requeue), then a gate
+    // that keeps it from the cycle, else what the cycle said of it.
+    let gate = Gate::of(job, facts);
+    let power = state.power.waiting_for(job.id, crate::wall_clock());
+    wire.reasons = power
+        .map(gpool_core::power::waiting_reason)
+        .into_iter()
+        .chain(Reason::requeued(job))
+        .chain(gate.as_ref().map(Reason::of_gate))
+        .map(|reason| reason_to_wire(&reason))
+        .collect();
+    if gate.is_none() {
+        let said = planned.into_iter().flat_map(|words| &words.reasons);
+        wire.reasons.extend(said.map(reason_to_wire));
     }
-    if let Some(words) = state.power.waiting_for(job.id, crate::wall_clock()) {
-        reasons.insert(0, gpool_core::power::waiting_reason(words));
-    }
-    let words = reasons.iter().map(|reason| reason.words.clone()).collect();
-    let mut wire = job_to_wire_with(job, words, with_env);
-    wire.reason_codes = reasons.iter().map(|reason| reason.code.to_string()).collect();
-    wire.reasons = reasons.iter().map(gpool_proto::convert::reason_to_wire).collect();
-    wire.hints = state
-        .words
-        .reasons(job.id)
-        .map(|words| words.hints.clone())
-        .unwrap_or_default();
     let said = state.words.of(job.id);
     wire.priority = said.and_then(|said| said.priority).map(|p| pb::PriorityFactors {
         total: p.total,

@@ -19,15 +19,13 @@ pub struct Rendered {
     /// Each with its code (`resources`, `budget_exhausted`...), sentence,
     /// hint and facts.
     pub reasons: Vec<Reason>,
-    /// What would make the job start sooner: the reasons' hints.
-    pub hints: Vec<String>,
 }
 
 impl Rendered {
     fn of(rejects: &[Reject]) -> Rendered {
-        let reasons: Vec<Reason> = rejects.iter().map(Reason::of_reject).collect();
-        let hints = reasons.iter().filter_map(|reason| reason.hint.clone()).collect();
-        Rendered { reasons, hints }
+        Rendered {
+            reasons: rejects.iter().map(Reason::of_reject).collect(),
+        }
     }
 }
 
@@ -165,7 +163,7 @@ impl Words {
         own(id).or_else(|| own(*self.lent.get(&id)?))
     }
 
-    /// Job `id`'s reasons, hints and codes, where the cycle gave it some.
+    /// Job `id`'s reasons, each with its hint and code, where the cycle gave it some.
     pub fn reasons(&self, id: JobId) -> Option<&Rendered> {
         self.lists.get(self.entry(id)?.list as usize)
     }

@@ -686,9 +686,6 @@ pub struct Job {
     /// Why it failed or was cancelled, in words.
     #[prost(string, tag = "9")]
     pub end_reason: ::prost::alloc::string::String,
-    /// Why it is still pending, in words, from the latest scheduling cycle.
-    #[prost(string, repeated, tag = "10")]
-    pub pending_reasons: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     #[prost(uint32, tag = "11")]
     pub attempt: u32,
     #[prost(uint64, tag = "12")]
@@ -710,10 +707,8 @@ pub struct Job {
     pub preempted_at_ms: ::core::option::Option<i64>,
     #[prost(int64, optional, tag = "19")]
     pub last_checkpoint_at_ms: ::core::option::Option<i64>,
-    /// From the latest scheduling cycle, for pending jobs: what would make it
-    /// start sooner, and its priority with the factors it is made of.
-    #[prost(string, repeated, tag = "20")]
-    pub hints: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// From the latest scheduling cycle, for pending jobs: its priority with
+    /// the factors it is made of.
     #[prost(message, optional, tag = "21")]
     pub priority: ::core::option::Option<PriorityFactors>,
     /// For the job holding the backfill reservation: when it should start
@@ -724,10 +719,6 @@ pub struct Job {
     /// and workdir are left out (it is shown as a queue entry).
     #[prost(bool, tag = "23")]
     pub redacted: bool,
-    /// Stable snake_case identifiers of `pending_reasons`, one each
-    /// (resources, dependency, held, budget_exhausted, reserved...).
-    #[prost(string, repeated, tag = "24")]
-    pub reason_codes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     /// The nodes of its latest attempt, rank 0 first.
     #[prost(string, repeated, tag = "25")]
     pub last_nodes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
@@ -760,8 +751,10 @@ pub struct Job {
     /// empty if it never was.
     #[prost(string, tag = "33")]
     pub requeue_cause: ::prost::alloc::string::String,
-    /// Why it is still pending, as data: one per `pending_reasons`, in the
-    /// same order, each with its code, sentence, hint and facts.
+    /// Why it is still pending, from the latest scheduling cycle, the first
+    /// reason first: each with its stable snake_case code (resources,
+    /// dependency, held, budget_exhausted, reserved...), its sentence, what
+    /// would make it start sooner (its hint) and its facts.
     #[prost(message, repeated, tag = "34")]
     pub reasons: ::prost::alloc::vec::Vec<Reason>,
     /// GPU-seconds its attempts have held their GPUs (the running one's so
