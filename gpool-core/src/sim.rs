@@ -340,44 +340,58 @@ pub fn impossible(cluster: &Cluster, jobs: &[TraceJob]) -> Vec<(usize, String)> 
 /// it narrows down: from the pool's own size to 8 times it.
 pub const SAVINGS_SCALES: [f64; 5] = [1.0, 1.25, 2.5, 5.0, 8.0];
 
+/// A fresh observer for each replay of the savings search, given its
+/// scale; the search runs several at once.
+pub type ObserveScale<'o> = dyn Fn(f64) -> Box<dyn Observer + Send + 'o> + Sync + 'o;
+
 /// Grows every team's dedicated partition by the same factor until the
 /// mean queueing delay is no more than `target_mean_delay_secs`: the scales
 /// of `SAVINGS_SCALES` in turn, then halving the gap to the first that
 /// does 3 times. `jobs` should hold no job `impossible` on the cluster
-/// (each would fail every scale).
+/// (each would fail every scale). The scales of `SAVINGS_SCALES` replay
+/// `threads` at a time; the search keeps those up to the first that does,
+/// so the result is the one-at-a-time search's.
 pub fn savings(
-    cluster: &Cluster,
-    guarantees: &BTreeMap<String, u32>,
+    (cluster, guarantees): (&Cluster, &BTreeMap<String, u32>),
     jobs: &[TraceJob],
     target_mean_delay_secs: f64,
-    options: &Options,
-    observer: &mut dyn Observer,
+    (options, threads): (&Options, usize),
+    observe: &ObserveScale<'_>,
 ) -> Savings {
     let refine = 3;
-    let mut tried = Vec::new();
-    let mut run = |scale: f64, tried: &mut Vec<SavingsTry>| {
+    let run = |scale: f64| {
         let setup = dedicated(cluster, guarantees, scale);
-        let outcome = simulate(&setup, jobs, options, observer);
+        let outcome = simulate(&setup, jobs, options, &mut *observe(scale));
         let gpus = setup.nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>();
-        let judged = SavingsTry::judge(scale, gpus, &outcome, target_mean_delay_secs);
-        let ok = judged.rejected.is_none();
-        tried.push(judged);
-        (ok, gpus)
+        (SavingsTry::judge(scale, gpus, &outcome, target_mean_delay_secs), gpus)
     };
+    let mut tried = Vec::new();
     let (mut low, mut high) = (SAVINGS_SCALES[0], None);
-    for scale in SAVINGS_SCALES {
-        let (ok, gpus) = run(scale, &mut tried);
-        if ok {
-            high = Some((scale, gpus));
-            break;
+    'scales: for batch in SAVINGS_SCALES.chunks(threads.max(1)) {
+        let replayed: Vec<(SavingsTry, u64)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = batch.iter().map(|scale| scope.spawn(|| run(*scale))).collect();
+            handles
+                .into_iter()
+                .map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                .collect()
+        });
+        for (judged, gpus) in replayed {
+            let (scale, ok) = (judged.scale, judged.rejected.is_none());
+            tried.push(judged);
+            if ok {
+                high = Some((scale, gpus));
+                break 'scales;
+            }
+            low = scale;
         }
-        low = scale;
     }
     // Nothing to narrow where the first scale already does.
     if let Some((mut best, mut best_gpus)) = high.filter(|(scale, _)| *scale > SAVINGS_SCALES[0]) {
         for _ in 0..refine {
             let middle = (low + best) / 2.0;
-            let (ok, gpus) = run(middle, &mut tried);
+            let (judged, gpus) = run(middle);
+            let ok = judged.rejected.is_none();
+            tried.push(judged);
             if ok {
                 best = middle;
                 best_gpus = gpus;

@@ -454,23 +454,24 @@ fn search_savings(
     options: &sim::Options,
     bars: &indicatif::MultiProgress,
 ) -> Savings {
-    let mut watch = Watch::new("savings", bars);
     let possible: Vec<TraceJob> = jobs
         .iter()
         .enumerate()
         .filter(|(idx, _)| impossible.binary_search_by_key(idx, |(i, _)| *i).is_err())
         .map(|(_, job)| job.clone())
         .collect();
-    let savings = sim::savings(
-        cluster,
-        guarantees,
+    // As the policies, as many scales at once as there are cores.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let observe = |scale: f64| -> Box<dyn sim::Observer + Send + '_> {
+        Box::new(progress::Scaled::new(Watch::new(&format!("savings x{scale:.2}"), bars)))
+    };
+    sim::savings(
+        (cluster, guarantees),
         &possible,
         target_mean_delay_secs,
-        options,
-        &mut watch,
-    );
-    watch.finish(Duration::ZERO);
-    savings
+        (options, threads),
+        &observe,
+    )
 }
 
 /// The currency of --policy's prices (USD without one).

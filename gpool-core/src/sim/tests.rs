@@ -985,3 +985,36 @@ fn fractions_pack_four_to_a_gpu_where_whole_gpus_run_them_two_at_a_time() {
         assert_eq!(outcome.completed, 8);
     }
 }
+
+#[test]
+fn the_savings_search_gives_the_same_result_whatever_the_scales_replayed_at_once() {
+    // Two teams of 16 one-GPU jobs on 8 GPUs: dedicated halves (4 GPUs
+    // each) wait 1,500 s on average, partitions 2.5 times as large a few
+    // hundred. Replayed 4 at a time, the search's first batch holds scales
+    // past the first that matches; they must not count.
+    let jobs: Vec<TraceJob> = (0..32)
+        .map(|i| job(0, 1000, 1, 1, if i % 2 == 0 { "a" } else { "b" }))
+        .collect();
+    let cluster = Cluster::uniform(2, 4, "l4");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let search = |threads: usize| {
+        savings(
+            (&cluster, &guarantees),
+            &jobs,
+            400.0,
+            (&run_options(), threads),
+            &|_| Box::new(Quiet),
+        )
+    };
+    let one_at_a_time = search(1);
+    let scale = one_at_a_time.scale.expect("some scale matches the target");
+    let first_match = SAVINGS_SCALES.iter().position(|s| *s >= scale).unwrap();
+    assert!(
+        (1..3).contains(&first_match),
+        "the case needs a first batch of 4 that goes past the match: {one_at_a_time:?}"
+    );
+    assert_eq!(one_at_a_time.tried.len(), first_match + 1 + 3, "{one_at_a_time:?}");
+    for threads in [2, 4, 8] {
+        assert_eq!(search(threads), one_at_a_time, "{threads} at once");
+    }
+}

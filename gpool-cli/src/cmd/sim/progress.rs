@@ -103,6 +103,39 @@ impl Watch {
     }
 }
 
+/// One replay of the savings search, watched while it runs: done (its bar
+/// cleared, or a line saying so) when the search drops it.
+pub(super) struct Scaled(Option<Watch>);
+
+impl Scaled {
+    pub(super) fn new(watch: Watch) -> Scaled {
+        Scaled(Some(watch))
+    }
+}
+
+impl Observer for Scaled {
+    fn cycle(&mut self, run: &mut dyn FnMut() -> Plan) -> Plan {
+        match &mut self.0 {
+            Some(watch) => watch.cycle(run),
+            None => run(),
+        }
+    }
+
+    fn progress(&mut self, done_ms: i64, total_ms: i64) {
+        if let Some(watch) = &mut self.0 {
+            watch.progress(done_ms, total_ms);
+        }
+    }
+}
+
+impl Drop for Scaled {
+    fn drop(&mut self) {
+        if let Some(watch) = self.0.take() {
+            watch.finish(Duration::ZERO);
+        }
+    }
+}
+
 /// One progress line: `done_ms` of the virtual clock of the `total_ms`
 /// from the trace's first arrival to its last (past it, the queue
 /// drains), in days (hours for a trace under two days).
