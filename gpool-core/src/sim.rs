@@ -349,8 +349,8 @@ pub type ObserveScale<'o> = dyn Fn(f64) -> Box<dyn Observer + Send + 'o> + Sync 
 /// of `SAVINGS_SCALES` in turn, then halving the gap to the first that
 /// does 3 times. `jobs` should hold no job `impossible` on the cluster
 /// (each would fail every scale). The scales of `SAVINGS_SCALES` replay
-/// `threads` at a time; the search keeps those up to the first that does,
-/// so the result is the one-at-a-time search's.
+/// on `threads` threads (`first_enough`), so the result is the
+/// one-at-a-time search's.
 pub fn savings(
     (cluster, guarantees): (&Cluster, &BTreeMap<String, u32>),
     jobs: &[TraceJob],
@@ -367,21 +367,18 @@ pub fn savings(
     };
     let mut tried = Vec::new();
     let (mut low, mut high) = (SAVINGS_SCALES[0], None);
-    'scales: for batch in SAVINGS_SCALES.chunks(threads.max(1)) {
-        let replayed: Vec<(SavingsTry, u64)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = batch.iter().map(|scale| scope.spawn(|| run(*scale))).collect();
-            handles
-                .into_iter()
-                .map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-                .collect()
-        });
-        for (judged, gpus) in replayed {
-            let (scale, ok) = (judged.scale, judged.rejected.is_none());
-            tried.push(judged);
-            if ok {
-                high = Some((scale, gpus));
-                break 'scales;
-            }
+    let replayed = first_enough(
+        SAVINGS_SCALES.len(),
+        threads,
+        |index| run(SAVINGS_SCALES[index]),
+        |(judged, _)| judged.rejected.is_none(),
+    );
+    for (judged, gpus) in replayed {
+        let (scale, ok) = (judged.scale, judged.rejected.is_none());
+        tried.push(judged);
+        if ok {
+            high = Some((scale, gpus));
+        } else {
             low = scale;
         }
     }
@@ -413,6 +410,50 @@ pub fn savings(
             .zip(mean_price)
             .map(|((_, gpus), price)| gpus.saturating_sub(pooled_gpus) as f64 * price),
     }
+}
+
+/// `run(0)`, `run(1)`... up to `run(n - 1)` on up to `threads` threads, each
+/// taking the next index as it is done; no index starts past one whose
+/// result is `enough`. The results in index order up to the first that is
+/// enough (all of them if none is): what running them one at a time and
+/// stopping there gives. Results past it that were already under way are
+/// dropped.
+pub fn first_enough<R: Send>(
+    n: usize,
+    threads: usize,
+    run: impl Fn(usize) -> R + Sync,
+    enough: impl Fn(&R) -> bool + Sync,
+) -> Vec<R> {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Mutex;
+    let (next, stop) = (AtomicUsize::new(0), AtomicUsize::new(n));
+    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..n).map(|_| None).collect());
+    // A panic in one replay ends the scope with a panic once all are joined.
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, n.max(1)) {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, SeqCst);
+                if index >= stop.load(SeqCst) {
+                    return;
+                }
+                let result = run(index);
+                if enough(&result) {
+                    stop.fetch_min(index + 1, SeqCst);
+                }
+                results.lock().unwrap_or_else(|poisoned| poisoned.into_inner())[index] = Some(result);
+            });
+        }
+    });
+    let mut kept = Vec::new();
+    for result in results.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+        let Some(result) = result else { break };
+        let done = enough(&result);
+        kept.push(result);
+        if done {
+            break;
+        }
+    }
+    kept
 }
 
 /// The price of a GPU-hour averaged over the cluster's GPUs, if every

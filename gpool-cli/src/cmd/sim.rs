@@ -399,31 +399,17 @@ fn replay_all(
     bars: &indicatif::MultiProgress,
 ) -> Vec<(Outcome, Timing)> {
     // Each policy replays on a thread of its own (the outcomes do not
-    // depend on it), as many at once as there are cores.
+    // depend on it), as many at once as there are cores, the next as soon
+    // as one is done.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut results: Vec<(Outcome, Timing)> = Vec::new();
-    for batch in setups.chunks(threads) {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = batch
-                .iter()
-                .map(|setup| {
-                    let mut watch = Watch::new(&setup.name, bars);
-                    scope.spawn(move || {
-                        let started = Instant::now();
-                        let outcome = sim::simulate(setup, jobs, options, &mut watch);
-                        (outcome, watch.finish(started.elapsed()))
-                    })
-                })
-                .collect();
-            for handle in handles {
-                match handle.join() {
-                    Ok(result) => results.push(result),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-        });
-    }
-    results
+    let replay = |index: usize| {
+        let setup = &setups[index];
+        let mut watch = Watch::new(&setup.name, bars);
+        let started = Instant::now();
+        let outcome = sim::simulate(setup, jobs, options, &mut watch);
+        (outcome, watch.finish(started.elapsed()))
+    };
+    sim::first_enough(setups.len(), threads, replay, |_| false)
 }
 
 /// The pooled mean wait that dedicated partitions must match, if the savings search is to run.

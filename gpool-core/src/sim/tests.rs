@@ -1018,3 +1018,30 @@ fn the_savings_search_gives_the_same_result_whatever_the_scales_replayed_at_once
         assert_eq!(search(threads), one_at_a_time, "{threads} at once");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever the threads and whichever finishes first (later indices
+    /// sleep less here), `first_enough` keeps what running the indices one
+    /// at a time and stopping at the first that is enough keeps.
+    #[test]
+    fn first_enough_keeps_what_one_at_a_time_keeps(
+        n in 0usize..10,
+        threads in 1usize..5,
+        enough_at in proptest::collection::vec(any::<bool>(), 10),
+    ) {
+        let run = |index: usize| {
+            std::thread::sleep(std::time::Duration::from_micros(((n - index) * 200) as u64));
+            (index, enough_at[index])
+        };
+        let mut one_at_a_time = Vec::new();
+        for (index, enough) in enough_at.iter().enumerate().take(n) {
+            one_at_a_time.push((index, *enough));
+            if *enough {
+                break;
+            }
+        }
+        prop_assert_eq!(first_enough(n, threads, run, |(_, enough)| *enough), one_at_a_time);
+    }
+}
