@@ -8,7 +8,7 @@
 //! elsewhere.
 
 use crate::harness::cluster::Cluster;
-use crate::harness::process::{nvml_agent_top, nvml_fixture, nvml_standin, wait_until};
+use crate::harness::process::{nvml_fixture, nvml_standin, wait_until};
 use crate::preemption::shipped_config;
 use std::time::Duration;
 
@@ -366,12 +366,7 @@ fn nvml_as_a_fraction_sees_it_reports_the_cap_on_its_gpu_alone() {
     let mut cluster = Cluster::start();
     with_mps_control(&mut cluster);
     let fixture = nvml_fixture("dgx-h100");
-    cluster
-        .agent_env
-        .push(("GPOOL_NVML_STANDIN".into(), fixture.display().to_string()));
-    let top = nvml_agent_top(&cluster.addr);
-    cluster.spawn_agent("dgx-01", 0, &top, "", None);
-    cluster.wait_for_registered("dgx-01");
+    cluster.spawn_nvml_agent("dgx-01", &fixture, "");
     let script = format!(
         "GPOOL_NVML_STANDIN={} python3 -c '{NVML_QUERY}' {} > $GPOOL_JOB_ID.nvml; env > $GPOOL_JOB_ID.env",
         fixture.display(),

@@ -106,12 +106,7 @@ fn nvml_cluster(node_timeout: &str, fixture: &str) -> (Cluster, std::path::PathB
     let mut cluster = Cluster::with_node_timeout(node_timeout);
     let path = cluster.dir.path().join("gpus.toml");
     std::fs::write(&path, fixture).expect("write the fixture");
-    cluster
-        .agent_env
-        .push(("GPOOL_NVML_STANDIN".into(), path.display().to_string()));
-    let top = nvml_agent_top(&cluster.addr);
-    cluster.spawn_agent("gpu-01", 0, &top, "", None);
-    cluster.wait_for_registered("gpu-01");
+    cluster.spawn_nvml_agent("gpu-01", &path, "");
     (cluster, path)
 }
 
@@ -341,10 +336,6 @@ fn a_stalled_launch_holds_up_no_heartbeat() {
 #[test]
 fn a_real_node_never_advertises_simulated_gpus_unless_told() {
     let mut cluster = Cluster::start();
-    let fixture = nvml_fixture("l4-pcie");
-    cluster
-        .agent_env
-        .push(("GPOOL_NVML_STANDIN".into(), fixture.display().to_string()));
     let shipped_agent = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/agent.toml")).unwrap();
     // The shipped file as a site writes it, but for where gpoold is and TLS.
     let body: String = shipped_agent
@@ -364,9 +355,8 @@ fn a_real_node_never_advertises_simulated_gpus_unless_told() {
         })
         .collect::<Vec<_>>()
         .join("\n");
+    cluster.spawn_nvml_agent("real", &nvml_fixture("l4-pcie"), &body);
     let top = nvml_agent_top(&cluster.addr);
-    cluster.spawn_agent("real", 0, &top, &body, None);
-    cluster.wait_for_registered("real");
     let nodes = cluster.gpool(&["nodes", "--output", "json"]).json();
     assert_eq!(nodes[0]["gpu_model"], "l4", "{nodes}");
     assert_eq!(nodes[0]["simulated"], false, "{nodes}");

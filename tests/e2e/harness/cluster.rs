@@ -228,6 +228,17 @@ impl Cluster {
         self.agents.len() - 1
     }
 
+    /// An agent for `node` whose GPUs are the stand-in NVML library's, as
+    /// the `fixture` file gives them (later agents see them too), with
+    /// `extra` for its agent.toml; waits until it is up.
+    pub fn spawn_nvml_agent(&mut self, node: &str, fixture: &Path, extra: &str) {
+        self.agent_env
+            .push(("GPOOL_NVML_STANDIN".into(), fixture.display().to_string()));
+        let top = super::process::nvml_agent_top(&self.addr);
+        self.spawn_agent(node, 0, &top, extra, None);
+        self.wait_for_registered(node);
+    }
+
     /// Waits until gpoold lists `node` as up.
     pub fn wait_for_registered(&self, node: &str) {
         wait_until(&format!("node {node} to register"), Duration::from_secs(30), || {
