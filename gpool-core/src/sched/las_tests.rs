@@ -156,9 +156,9 @@ proptest! {
     /// by queue, and those of one queue in their old order.
     #[test]
     fn each_team_keeps_its_places_and_goes_by_queue(
-        jobs in proptest::collection::vec((0usize..3, 0usize..3), 0..40)
+        jobs in proptest::collection::vec((0usize..4, 0usize..5), 0..80)
     ) {
-        let classes: Vec<Class> = (0..3).map(|team| Class {
+        let classes: Vec<Class> = (0..4).map(|team| Class {
             team,
             qos_priority: 0,
             preempt_lower: false,
@@ -186,7 +186,7 @@ proptest! {
             prop_assert_eq!(class.team, before[place].0);
             let _ = job;
         }
-        for team in 0..3 {
+        for team in 0..4 {
             let mine: Vec<(u64, u64)> = order
                 .iter()
                 .filter(|(_, _, class)| class.team == team)

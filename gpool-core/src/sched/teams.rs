@@ -172,13 +172,20 @@ pub(super) fn charge_running<'v>(
     let mut running: Vec<&RunningJob> = view.running.iter().collect();
     running.sort_by_key(|r| (r.started_at, r.id));
     for job in running {
-        usage_now.entry(job.team.clone()).or_default().charge_in(
-            period_start,
-            job.charged_gpus(),
-            (job.started_at, now),
-            job.burst,
-            sharing.half_life_secs,
-        );
+        let charge = |ledger: &mut crate::policy::Ledger| {
+            ledger.charge_in(
+                period_start,
+                job.charged_gpus(),
+                (job.started_at, now),
+                job.burst,
+                sharing.half_life_secs,
+            )
+        };
+        // Most teams have a ledger already: a name is copied for a new one.
+        match usage_now.get_mut(&job.team) {
+            Some(ledger) => charge(ledger),
+            None => charge(usage_now.entry(job.team.clone()).or_default()),
+        }
         let team = teams.index(&job.team, sharing);
         let TeamRow { terms, used } = &mut teams.rows[team];
         used.in_use += job.gpus();
@@ -328,10 +335,13 @@ pub(super) fn order<'v, 'c>(
 
 /// Within each team, its jobs in LAS queue order (then as they were):
 /// each team keeps the places in `order` its jobs held, so the order
-/// between teams is the priority order's.
+/// between teams is the priority order's. A counting sort: queues are
+/// few, and a team's places go in turn to its jobs of queue 0, then of
+/// queue 1, and so on.
 pub(super) fn least_served_first(order: &mut [Ordered], queue: impl Fn(&PendingJob) -> usize) {
     let queues: Vec<usize> = order.iter().map(|(_, job, _)| queue(job)).collect();
     let n_teams = order.iter().map(|(_, _, class)| class.team + 1).max().unwrap_or(0);
+    let n_queues = queues.iter().max().map_or(0, |top| top + 1);
     // Per team: the highest queue so far, and whether a later job of the
     // team is in a lower one (else its jobs are in queue order already).
     let mut top = vec![0; n_teams];
@@ -340,18 +350,43 @@ pub(super) fn least_served_first(order: &mut [Ordered], queue: impl Fn(&PendingJ
         unsorted[class.team] |= *queue < top[class.team];
         top[class.team] = top[class.team].max(*queue);
     }
-    let mut places_of: Vec<Vec<usize>> = vec![Vec::new(); n_teams];
-    for (place, (_, _, class)) in order.iter().enumerate() {
+    if !unsorted.contains(&true) {
+        return;
+    }
+    // Per team and queue, how many of the team's jobs wait there, then
+    // the rank among the team's places that its next job of that queue
+    // takes; and where each team's places begin in `places`.
+    let mut next = vec![0usize; n_teams * n_queues];
+    let mut begins = vec![0usize; n_teams + 1];
+    for ((_, _, class), queue) in order.iter().zip(&queues) {
         if unsorted[class.team] {
-            places_of[class.team].push(place);
+            next[class.team * n_queues + queue] += 1;
+            begins[class.team + 1] += 1;
         }
     }
-    for places in places_of.iter().filter(|places| !places.is_empty()) {
-        let mut jobs: Vec<(usize, usize)> = places.iter().map(|place| (queues[*place], *place)).collect();
-        jobs.sort_by_key(|(queue, place)| (*queue, *place));
-        let reordered: Vec<Ordered> = jobs.iter().map(|(_, place)| order[*place]).collect();
-        for (place, entry) in places.iter().zip(reordered) {
-            order[*place] = entry;
+    for team in 0..n_teams {
+        begins[team + 1] += begins[team];
+        let mut rank = 0;
+        for count in &mut next[team * n_queues..(team + 1) * n_queues] {
+            rank += std::mem::replace(count, rank);
+        }
+    }
+    // Each unsorted team's places, in order.
+    let mut places = vec![0usize; begins[n_teams]];
+    let mut filled = begins.clone();
+    for (place, (_, _, class)) in order.iter().enumerate() {
+        if unsorted[class.team] {
+            places[filled[class.team]] = place;
+            filled[class.team] += 1;
+        }
+    }
+    let before = order.to_vec();
+    for (entry, queue) in before.into_iter().zip(&queues) {
+        let team = entry.2.team;
+        if unsorted[team] {
+            let rank = &mut next[team * n_queues + queue];
+            order[places[begins[team] + *rank]] = entry;
+            *rank += 1;
         }
     }
 }
