@@ -85,6 +85,19 @@ impl Queue {
             .is_some_and(|jobs| jobs.contains_key(&(job.submitted_at, job.id)))
     }
 
+    /// Where `job` is (or would be) in `iter`'s order.
+    pub fn position(&self, job: &PendingJob) -> usize {
+        let before: usize = self.shapes.range::<Arc<JobShape>, _>(..&job.shape).map(|(_, jobs)| jobs.len()).sum();
+        let key = (job.submitted_at, job.id);
+        let within = match self.shapes.get(&job.shape) {
+            None => 0,
+            // Arrivals are mostly the newest of their shape.
+            Some(jobs) if jobs.last_key_value().is_some_and(|(last, _)| *last < key) => jobs.len(),
+            Some(jobs) => jobs.range(..key).count(),
+        };
+        before + within
+    }
+
     /// Every job, shape by shape, each shape's oldest first.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<PendingJob>> {
         self.shapes.values().flat_map(|jobs| jobs.values())

@@ -137,9 +137,6 @@ struct Sim<'a> {
     /// gpoold: a cycle reads every waiting job's, and a few hundred shapes
     /// stay in the cache where 80,000 would not.
     shapes: HashSet<Arc<JobShape>, foldhash::fast::RandomState>,
-    /// Jobs arrived (or came back) since the view's queue was last put in
-    /// the queue's order.
-    arrived: bool,
     /// What is kept for waiting jobs that take GPUs back.
     promises: crate::sched::Promises,
     /// When a cycle last explained every waiting job (gpoold's words).
@@ -261,7 +258,6 @@ impl Sim<'_> {
             waste: crate::sched::WasteBudget::default(),
             queue: Queue::default(),
             shapes: HashSet::default(),
-            arrived: false,
             promises: crate::sched::Promises::default(),
             explained_at: None,
             default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
@@ -371,9 +367,10 @@ impl Sim<'_> {
         };
         self.out.queued(&pending);
         let pending = Arc::new(pending);
+        // In the queue's order, as the cycle's view lists its jobs.
+        let at = self.queue.position(&pending);
         self.queue.insert(pending.clone());
-        self.view.pending.push(pending);
-        self.arrived = true;
+        self.view.pending.insert(at, pending);
     }
 
     /// One scheduling cycle and its plan carried out; whether anything
@@ -381,12 +378,12 @@ impl Sim<'_> {
     fn cycle(&mut self, observer: &mut dyn Observer) -> bool {
         let now = self.now;
         // Each shape's jobs together, oldest first, as the queue keeps
-        // them: the cycle's order is then a merge of these runs.
-        // (Starts only take jobs out, so only arrivals break that order.)
-        if std::mem::take(&mut self.arrived) {
-            self.view.pending.clear();
-            self.view.pending.extend(self.queue.iter().cloned());
-        }
+        // them (arrivals go in their place, starts only take jobs out):
+        // the cycle's order is then a merge of these runs.
+        debug_assert!(
+            self.view.pending.iter().map(|job| job.id).eq(self.queue.iter().map(|job| job.id)),
+            "the view lists the queue's jobs in its order"
+        );
         self.refresh_view();
         let policy = &self.setup.policy;
         let explain = self

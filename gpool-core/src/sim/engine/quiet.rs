@@ -47,8 +47,16 @@ impl Sim<'_> {
         {
             return false;
         }
-        let mut fewest: HashMap<(&str, &[crate::model::GpuModel]), u64> = HashMap::new();
+        let mut fewest: HashMap<(&str, &[crate::model::GpuModel]), u64, foldhash::fast::RandomState> =
+            HashMap::default();
+        // The view lists each shape's jobs together: one look per run.
+        let mut last_shape = None;
         for job in &self.view.pending {
+            let shape = Arc::as_ptr(&job.shape);
+            if last_shape == Some(shape) {
+                continue;
+            }
+            last_shape = Some(shape);
             let need = fewest
                 .entry((job.shape.pool.as_str(), &job.shape.gpu_types))
                 .or_insert(u64::MAX);
