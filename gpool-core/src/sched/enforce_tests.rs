@@ -58,7 +58,7 @@ fn refused_everywhere_it_waits_naming_the_limit_and_the_nodes() {
         words.contains("memory limit (--mem) not enforced on 4 nodes: n1, n2, n3, ..."),
         "{words}"
     );
-    let reasons = &plan.pending[0].1;
+    let reasons = &plan.lists[plan.pending[0].1 as usize];
     let unenforced = reasons
         .iter()
         .find(|r| r.code() == "limits_not_enforced")
@@ -160,8 +160,8 @@ proptest! {
                 prop_assert!(job.shape.limits.is_subset(node.enforces), "{} on {}: {plan}", start.job, node.name);
             }
         }
-        for (id, reasons) in &plan.pending {
-            let job = view.pending.iter().find(|job| job.id == *id).expect("a pending job waited");
+        for (id, reasons) in plan.waiting() {
+            let job = view.pending.iter().find(|job| job.id == id).expect("a pending job waited");
             let fits_elsewhere = view.nodes.iter().any(|node| {
                 !job.shape.limits.is_subset(node.enforces) && node.gpus.len() >= job.shape.gpus_per_node as usize
             });

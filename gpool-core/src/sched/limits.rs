@@ -272,7 +272,7 @@ mod tests {
             // alice holds 2 GPUs of vision's 4 per user: j2 (2 more) fits,
             // j3 then would be her fifth GPU.
             assert_eq!(started, [2, 4], "{plan}");
-            let (_, reasons) = plan.pending.iter().find(|(id, _)| id.0 == 3).expect("j3 waits");
+            let reasons = plan.reasons_of(crate::JobId(3)).expect("j3 waits");
             assert_eq!(reasons[0].code(), "user_cap");
         }
     }

@@ -413,20 +413,19 @@ fn plan_cycle(view: &ClusterView, policy: &Policy, now: Timestamp, explain_all: 
     let mut plan = plan_view(&applied.view, policy, now, explain_all);
     // Jobs kept off reserved nodes say so first; those whose reservation
     // is closed wait for it.
-    for (id, reasons) in &mut plan.pending {
-        if let Some(kept_off) = applied.kept_off.get(id) {
-            *reasons = std::iter::once(kept_off.clone())
-                .chain(reasons.iter().cloned())
+    for at in 0..plan.pending.len() {
+        let (id, list) = plan.pending[at];
+        if let Some(kept_off) = applied.kept_off.get(&id) {
+            let reasons = std::iter::once(kept_off.clone())
+                .chain(plan.lists[list as usize].iter().cloned())
                 .collect();
+            plan.pending[at].1 = plan.list(reasons);
         }
     }
     // Always said: a starts-only plan that is complete gives the words.
-    plan.pending.extend(
-        applied
-            .closed
-            .into_iter()
-            .map(|(id, reason)| (id, Reasons::from([reason]))),
-    );
+    for (id, reason) in applied.closed {
+        plan.wait(id, Reasons::from([reason]));
+    }
     plan
 }
 

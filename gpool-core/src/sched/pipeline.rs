@@ -57,8 +57,8 @@ pub(super) fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, exp
             continue;
         }
         let alike = cycle.alike_key(job, row);
-        if let Some(reasons) = cycle.failed_alike(alike) {
-            cycle.plan.pending.push((job.id, reasons));
+        if let Some(list) = cycle.failed_alike(alike) {
+            cycle.plan.pending.push((job.id, list));
             continue;
         }
         if cycle.capped(job, row) {
@@ -66,10 +66,9 @@ pub(super) fn plan_view(view: &ClusterView, policy: &Policy, now: Timestamp, exp
         }
         let (attempt, shape) = cycle.size_up(job, class, row);
         if attempt.cacheable && !attempt.into_reserve {
-            if let Some(reasons) = cycle.failed.get(&shape) {
-                let reasons = reasons.clone();
-                cycle.fails_alike(alike, reasons.clone());
-                cycle.plan.pending.push((job.id, reasons));
+            if let Some(list) = cycle.failed.get(&shape).copied() {
+                cycle.fails_alike(alike, list);
+                cycle.plan.pending.push((job.id, list));
                 continue;
             }
         }
@@ -116,21 +115,21 @@ struct Cycle<'v> {
     /// (a queue of thousands of alike jobs costs one placement attempt).
     /// Not where GPUs are kept for QoS reserves: what a job may take of
     /// them depends on what is free in its pool.
-    failed: HashMap<ShapeKey<'v>, Reasons, FastHash>,
+    failed: HashMap<ShapeKey<'v>, u32, FastHash>,
     /// In a windowed view, the jobs that would have taken kept GPUs: each
     /// must still fit once the cycle is done (see `window_gpus`).
     kept_from: Vec<&'v PendingJob>,
     /// Reasons no shape cache covers (jobs held off kept GPUs, or that may
     /// preempt where GPUs are kept): each list once, alike lists shared, as
     /// words keep each list once by its address.
-    alike_reasons: HashMap<Vec<Reject>, Reasons, FastHash>,
+    alike_reasons: HashMap<Vec<Reject>, u32, FastHash>,
     user_use: limits::UserUse,
     /// The cached reasons (`failed`) a job of one shape (by address) and
     /// LAS standing met, and the cycle's `Stamp` then: while the stamp
     /// holds, a job of that shape and standing sizes up the same (its
     /// class, team row, caps, the free GPUs, the reservation are as they
     /// were) and meets them too, without being sized up.
-    failed_by_shape: HashMap<(*const super::JobShape, bool), (alike::Stamp, Reasons), FastHash>,
+    failed_by_shape: HashMap<(*const super::JobShape, bool), (alike::Stamp, u32), FastHash>,
     /// GPUs shared by fractions, and what each holds.
     shares: shares::Shares,
 }
@@ -272,7 +271,7 @@ impl<'v> Cycle<'v> {
         };
         let capped = cap.is_some();
         if let Some(cap) = cap {
-            self.plan.pending.push((job.id, Reasons::from([cap])));
+            self.plan.wait(job.id, Reasons::from([cap]));
         }
         capped
     }
@@ -466,8 +465,8 @@ impl<'v> Cycle<'v> {
             if self.view.windowed {
                 self.kept_from.push(job);
             }
-            let shared = self.shared(reasons);
-            self.plan.pending.push((job.id, shared));
+            let list = self.shared(reasons);
+            self.plan.pending.push((job.id, list));
             return;
         }
         let reclaiming = matches!(reasons.first(), Some(Reject::Reclaiming { .. }));
@@ -487,21 +486,22 @@ impl<'v> Cycle<'v> {
         let cacheable = attempt.cacheable && !reclaiming;
         if no_estimate {
             if cacheable {
-                self.failed.insert(shape, Reasons::from(reasons.as_slice()));
+                let list = self.plan.list(Reasons::from(reasons.as_slice()));
+                self.failed.insert(shape, list);
             }
             // Only the first blocked job's own: not cached for its shape.
             reasons.push(Reject::NoEstimate);
-            self.plan.pending.push((job.id, reasons.into()));
+            self.plan.wait(job.id, reasons.into());
             return;
         }
-        let shared = if cacheable {
-            let shared = Reasons::from(reasons.as_slice());
-            self.failed.insert(shape, shared.clone());
-            shared
+        let list = if cacheable {
+            let list = self.plan.list(Reasons::from(reasons.as_slice()));
+            self.failed.insert(shape, list);
+            list
         } else {
             self.shared(reasons)
         };
-        self.plan.pending.push((job.id, shared));
+        self.plan.pending.push((job.id, list));
     }
 
     /// The first blocked job gets the backfill reservation, if running
@@ -537,12 +537,13 @@ impl<'v> Cycle<'v> {
         true
     }
 
-    /// `reasons` as one shared list, alike lists once.
-    fn shared(&mut self, reasons: Vec<Reject>) -> Reasons {
-        self.alike_reasons
+    /// `reasons` as one list of the plan's, alike lists once.
+    fn shared(&mut self, reasons: Vec<Reject>) -> u32 {
+        let plan = &mut self.plan;
+        *self
+            .alike_reasons
             .entry(reasons)
-            .or_insert_with_key(|reasons| Reasons::from(reasons.as_slice()))
-            .clone()
+            .or_insert_with_key(|reasons| plan.list(Reasons::from(reasons.as_slice())))
     }
 
     fn finish(mut self) -> Plan {

@@ -10,9 +10,11 @@ use std::fmt;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
     pub starts: Vec<Start>,
-    /// Every pending job that does not start, with at least one reason
-    /// (jobs alike share one list).
-    pub pending: Vec<(JobId, Reasons)>,
+    /// Every pending job that does not start, with its reasons: a list of
+    /// `lists`, by its place there (jobs alike share one).
+    pub pending: Vec<(JobId, u32)>,
+    /// The lists of reasons `pending` names, each with at least one.
+    pub lists: Vec<Reasons>,
     /// Running jobs to checkpoint and end, so that waiting jobs can start.
     pub preemptions: Vec<Preemption>,
     /// Each job that waits on victims, and the GPUs it will get there: its
@@ -45,6 +47,32 @@ pub struct Plan {
     /// The first scheduling invariant the plan broke (`invariants::check`,
     /// run by `cycle::plan` on every plan that acts), in words.
     pub broken: Option<String>,
+}
+
+impl Plan {
+    /// Each job that waits, with its reasons.
+    pub fn waiting(&self) -> impl Iterator<Item = (JobId, &[Reject])> {
+        self.pending
+            .iter()
+            .map(|(job, list)| (*job, &*self.lists[*list as usize]))
+    }
+
+    /// The reasons `job` waits for, if it waits.
+    pub fn reasons_of(&self, job: JobId) -> Option<&[Reject]> {
+        self.waiting().find(|(id, _)| *id == job).map(|(_, reasons)| reasons)
+    }
+
+    /// Keeps `reasons` as a list jobs may wait for, and gives its place.
+    pub fn list(&mut self, reasons: Reasons) -> u32 {
+        self.lists.push(reasons);
+        self.lists.len() as u32 - 1
+    }
+
+    /// `job` waits for the reasons of a new list.
+    pub fn wait(&mut self, job: JobId, reasons: Reasons) {
+        let list = self.list(reasons);
+        self.pending.push((job, list));
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,7 +256,7 @@ impl fmt::Display for Plan {
         for (victim, _) in &self.rescinds {
             writeln!(f, "rescind the preemption of j{victim}")?;
         }
-        for (job, reasons) in &self.pending {
+        for (job, reasons) in self.waiting() {
             let words: Vec<String> = reasons.iter().map(Reject::to_string).collect();
             writeln!(f, "pending j{job}: {}", words.join("; "))?;
         }

@@ -87,7 +87,11 @@ impl Queue {
 
     /// Where `job` is (or would be) in `iter`'s order.
     pub fn position(&self, job: &PendingJob) -> usize {
-        let before: usize = self.shapes.range::<Arc<JobShape>, _>(..&job.shape).map(|(_, jobs)| jobs.len()).sum();
+        let before: usize = self
+            .shapes
+            .range::<Arc<JobShape>, _>(..&job.shape)
+            .map(|(_, jobs)| jobs.len())
+            .sum();
         let key = (job.submitted_at, job.id);
         let within = match self.shapes.get(&job.shape) {
             None => 0,

@@ -437,7 +437,7 @@ mod tests {
             assert_eq!(started, [(1, "n1".to_string()), (3, "n2".to_string())], "{plan}");
         }
         let plan = schedule(&view, &policy, now);
-        let (_, reasons) = plan.pending.iter().find(|(id, _)| id.0 == 2).expect("j2 waits");
+        let reasons = plan.reasons_of(JobId(2)).expect("j2 waits");
         assert_eq!(reasons[0].code(), "node_reservation");
         assert!(
             reasons[0]
@@ -507,7 +507,7 @@ mod tests {
         // j1 takes the reserved node; j2 the other; j3 waits for n1, not n2.
         assert_eq!(started, [(1, "n1".to_string()), (2, "n2".to_string())], "{plan}");
         let plan = schedule(&view, &policy, Timestamp(3_700_000));
-        let (_, reasons) = plan.pending.iter().find(|(id, _)| id.0 == 1).expect("closed: j1 waits");
+        let reasons = plan.reasons_of(JobId(1)).expect("closed: j1 waits");
         assert_eq!(reasons[0].to_string(), "reservation event has ended or does not exist");
         assert!(plan.starts.iter().all(|s| s.job.0 == 2), "{plan}");
     }
@@ -538,7 +538,7 @@ mod tests {
         });
         let plan = schedule(&view, &policy, Timestamp(10_000));
         let reasons_of = |id: u64| {
-            let (_, reasons) = plan.pending.iter().find(|(job, _)| job.0 == id).expect("it waits");
+            let reasons = plan.reasons_of(JobId(id)).expect("it waits");
             reasons.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
         };
         let inside = reasons_of(1);

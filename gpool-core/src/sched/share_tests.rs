@@ -82,7 +82,10 @@ fn a_whole_gpu_job_never_lands_on_a_shared_gpu_and_a_fraction_waits_with_the_fre
     assert_eq!(starts(&plan), [(3, "n1[1]".into(), None)]);
     let waits: Vec<u64> = plan.pending.iter().map(|(id, _)| id.0).collect();
     assert_eq!(waits, [2, 4]);
-    let words: Vec<String> = plan.pending[1].1.iter().map(ToString::to_string).collect();
+    let words: Vec<String> = plan.lists[plan.pending[1].1 as usize]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     assert!(
         words.iter().any(|w| w == "a fraction of 20480 MiB: none of the 1 GPU fractions share has that much left (the most is 10240 MiB), and it waits for a whole free GPU"),
         "{words:?}"

@@ -631,11 +631,12 @@ fn alike_jobs_no_shape_cache_covers_share_one_list_of_reasons() {
     let view = cluster_view_with("n1 2xh100", "r1 team=b on=n1:0-1", &jobs);
     let plan = schedule(&view, &policy, NOW);
     assert_eq!(plan.pending.len(), 50, "{plan}");
-    let (_, first) = &plan.pending[1];
-    for (id, reasons) in &plan.pending[1..] {
-        assert!(
-            std::sync::Arc::ptr_eq(first, reasons),
-            "{id}: {reasons:?} apart from {first:?}"
+    let (_, first) = plan.pending[1];
+    for (id, list) in &plan.pending[1..] {
+        assert_eq!(
+            *list, first,
+            "{id}: {:?} apart from {:?}",
+            plan.lists[*list as usize], plan.lists[first as usize]
         );
     }
 }
@@ -831,8 +832,7 @@ fn guarantees_per_pool_and_per_gpu_model() {
 /// The hints `gpool why` gives each pending job of the plan.
 fn hints(policy: &Policy, nodes: &str, jobs: &str) -> Vec<String> {
     let plan = schedule(&cluster_view_with(nodes, "", jobs), policy, NOW);
-    plan.pending
-        .iter()
+    plan.waiting()
         .map(|(job, reasons)| {
             let hints: Vec<String> = reasons.iter().filter_map(Reject::hint).collect();
             format!("j{job}: {}", hints.join("; "))
@@ -856,8 +856,7 @@ fn reasons_name_only_what_the_job_asked_and_only_its_pools_nodes() {
     let words = plan.to_string();
     assert!(!words.contains("requirements") && !words.contains("narrows"), "{words}");
     assert!(plan
-        .pending
-        .iter()
+        .waiting()
         .flat_map(|(_, r)| r.iter())
         .all(|r| r.hint().is_none_or(|h| !h.contains("relax"))));
     let plan = schedule(

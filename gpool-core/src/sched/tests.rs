@@ -313,7 +313,7 @@ proptest! {
         }
         // Every other job is pending with a reason.
         prop_assert_eq!(plan.starts.len() + plan.pending.len(), view.pending.len());
-        prop_assert!(plan.pending.iter().all(|(_, reasons)| !reasons.is_empty()));
+        prop_assert!(plan.waiting().all(|(_, reasons)| !reasons.is_empty()));
     }
 }
 

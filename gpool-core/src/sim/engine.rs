@@ -279,7 +279,7 @@ impl Sim<'_> {
     /// Counts the waiting jobs that enough free GPUs would fit, were they
     /// in one place.
     fn count_fragmented(&mut self, plan: &Plan) {
-        for (job, rejects) in &plan.pending {
+        for (job, rejects) in plan.waiting() {
             if let Some(Reject::Resources {
                 total_free,
                 kept,
@@ -290,7 +290,7 @@ impl Sim<'_> {
             {
                 let gpus = u64::from(*gpus_per_node) * u64::from(*nodes);
                 if total_free.saturating_sub(*kept) >= gpus {
-                    self.out.fragmented(*job);
+                    self.out.fragmented(job);
                 }
             }
         }
@@ -381,7 +381,11 @@ impl Sim<'_> {
         // them (arrivals go in their place, starts only take jobs out):
         // the cycle's order is then a merge of these runs.
         debug_assert!(
-            self.view.pending.iter().map(|job| job.id).eq(self.queue.iter().map(|job| job.id)),
+            self.view
+                .pending
+                .iter()
+                .map(|job| job.id)
+                .eq(self.queue.iter().map(|job| job.id)),
             "the view lists the queue's jobs in its order"
         );
         self.refresh_view();
@@ -407,7 +411,7 @@ impl Sim<'_> {
         });
         self.view.windowed = all.is_some();
         let view = &self.view;
-        let plan = observer.cycle(&mut || {
+        let mut plan = observer.cycle(&mut || {
             cycle::plan(view, policy, now, explain, &mut || ClusterView {
                 pending: all.clone().unwrap_or_else(|| view.pending.clone()),
                 windowed: false,
@@ -424,11 +428,11 @@ impl Sim<'_> {
         self.out.cycle();
         self.count_fragmented(&plan);
         let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
-        self.start_all(plan.starts);
+        self.start_all(std::mem::take(&mut plan.starts));
         if !self.view.pending.is_empty() {
             self.out.rejected(now);
         }
-        self.power_step(&plan.pending, &plan.priorities);
+        self.power_step(&plan);
         self.keep_holds(&plan.holds, &plan.preemptions);
         for preemption in plan.preemptions {
             self.signal(&preemption);

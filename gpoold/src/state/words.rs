@@ -71,6 +71,7 @@ impl Words {
     pub fn of_plan(plan: Plan) -> Words {
         let Plan {
             pending,
+            lists,
             priorities,
             reservation,
             ..
@@ -103,19 +104,14 @@ impl Words {
         for (position, (_, _, index)) in order.into_iter().enumerate() {
             jobs[index as usize].1.position = position as u32 + 1;
         }
-        // Each list once, known by its address while the plan lives.
-        let mut lists = Vec::new();
-        let mut list_of: HashMap<*const Reject, u32> = HashMap::new();
+        // Each of the plan's lists once, by its place there.
+        let lists: Vec<Rendered> = lists.iter().map(|rejects| Rendered::of(rejects)).collect();
         let mut unranked = Vec::new();
-        for (id, rejects) in &pending {
-            let list = *list_of.entry(rejects.as_ptr()).or_insert_with(|| {
-                lists.push(Rendered::of(rejects));
-                lists.len() as u32 - 1
-            });
-            match jobs.binary_search_by_key(id, |(id, _)| *id) {
+        for (id, list) in pending {
+            match jobs.binary_search_by_key(&id, |(id, _)| *id) {
                 Ok(index) => jobs[index].1.list = list,
                 Err(_) => unranked.push((
-                    *id,
+                    id,
                     Entry {
                         list,
                         priority: NONE,
@@ -219,11 +215,8 @@ mod tests {
                 (JobId(4), priority(1.0)),
                 (JobId(7), priority(2.0)),
             ],
-            pending: vec![
-                (JobId(9), busy.clone()),
-                (JobId(4), busy),
-                (JobId(7), Arc::from(vec![])),
-            ],
+            pending: vec![(JobId(9), 0), (JobId(4), 0), (JobId(7), 1)],
+            lists: vec![busy, Arc::from(vec![])],
             reservation: Some((JobId(7), Timestamp(1_000), Vec::new())),
             ..Plan::default()
         };

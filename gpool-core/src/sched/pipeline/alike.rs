@@ -3,7 +3,7 @@
 //! meets them too while the cycle has changed nothing since, so it is not
 //! sized up (a queue of thousands of one batch costs a lookup a job).
 
-use super::{Cycle, PendingJob, Reasons, TeamRow};
+use super::{Cycle, PendingJob, TeamRow};
 use crate::sched::teams::las_takes_back;
 use crate::sched::JobShape;
 
@@ -33,17 +33,18 @@ impl Cycle<'_> {
         (!self.user_use.any_caps()).then_some((std::sync::Arc::as_ptr(&job.shape), takes_back))
     }
 
-    /// The reasons a job alike to this one met, if nothing changed since.
-    pub(super) fn failed_alike(&self, key: AlikeKey) -> Option<Reasons> {
-        let (stamp, reasons) = self.failed_by_shape.get(&key?)?;
-        (*stamp == self.stamp()).then(|| reasons.clone())
+    /// The list of reasons (the plan's) a job alike to this one met, if
+    /// nothing changed since.
+    pub(super) fn failed_alike(&self, key: AlikeKey) -> Option<u32> {
+        let (stamp, list) = self.failed_by_shape.get(&key?)?;
+        (*stamp == self.stamp()).then_some(*list)
     }
 
-    /// A job sized up as `key` met the cached `reasons`, as of now.
-    pub(super) fn fails_alike(&mut self, key: AlikeKey, reasons: Reasons) {
+    /// A job sized up as `key` met the cached list `list`, as of now.
+    pub(super) fn fails_alike(&mut self, key: AlikeKey, list: u32) {
         if let Some(key) = key {
             let stamp = self.stamp();
-            self.failed_by_shape.insert(key, (stamp, reasons));
+            self.failed_by_shape.insert(key, (stamp, list));
         }
     }
 }

@@ -82,19 +82,15 @@ impl Sim<'_> {
     /// waiting for room (`pending`, by `priorities`), carried out (resumes
     /// wake nodes later, suspends at once), and a cycle when an idle node
     /// could next be put to sleep.
-    pub(super) fn power_step(
-        &mut self,
-        waiting_for: &[(JobId, crate::sched::Reasons)],
-        priorities: &[(JobId, crate::policy::Priority)],
-    ) {
+    pub(super) fn power_step(&mut self, plan: &crate::sched::Plan) {
         let Some(power) = self.power.as_mut() else { return };
         let now = self.now;
         let pending: HashMap<JobId, &Arc<PendingJob>> = self.view.pending.iter().map(|job| (job.id, job)).collect();
-        let priority: HashMap<JobId, f64> = priorities.iter().map(|(id, p)| (*id, p.total)).collect();
-        let mut waiting: Vec<PendingJob> = waiting_for
-            .iter()
+        let priority: HashMap<JobId, f64> = plan.priorities.iter().map(|(id, p)| (*id, p.total)).collect();
+        let mut waiting: Vec<PendingJob> = plan
+            .waiting()
             .filter(|(_, reasons)| wants_room(reasons.iter().map(Reject::code)))
-            .filter_map(|(id, _)| pending.get(id).map(|job| (***job).clone()))
+            .filter_map(|(id, _)| pending.get(&id).map(|job| (***job).clone()))
             .collect();
         waiting.sort_by(|a, b| {
             let (pa, pb) = (priority.get(&a.id).copied(), priority.get(&b.id).copied());
