@@ -394,6 +394,9 @@ fn flooding_a_terminal_never_costs_a_neighbour_its_job_or_gpoold_its_memory() {
     assert!(!said.contains("longer than the lease"), "{said}");
     std::fs::write(&release, "").unwrap();
     cluster.wait_for_state(neighbour, "completed");
+    // The session's job ends with the test, not ten minutes after it.
+    cluster.gpool(&["cancel", &id.to_string()]).ok();
+    cluster.wait_for_state(id, "cancelled");
 }
 
 /// A `gpool alloc` client that vanishes (kill -9, as a dropped ssh
