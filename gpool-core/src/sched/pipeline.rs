@@ -120,8 +120,8 @@ struct Cycle<'v> {
     /// must still fit once the cycle is done (see `window_gpus`).
     kept_from: Vec<&'v PendingJob>,
     /// Reasons no shape cache covers (jobs held off kept GPUs, or that may
-    /// preempt where GPUs are kept): each list once, alike lists shared, as
-    /// words keep each list once by its address.
+    /// preempt where GPUs are kept): each list once in the plan, alike
+    /// lists shared by their place there.
     alike_reasons: HashMap<Vec<Reject>, u32, FastHash>,
     user_use: limits::UserUse,
     /// The cached reasons (`failed`) a job of one shape (by address) and

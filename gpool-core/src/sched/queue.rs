@@ -194,3 +194,39 @@ pub fn window_gpus(
     };
     Some(gpus)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A list kept by putting each arrival at its `position`, and
+        /// taking jobs out as they start, lists the queue's jobs in
+        /// `iter`'s order, whatever the shapes, ages and order of arrival.
+        #[test]
+        fn a_list_kept_by_position_is_the_queues_order(
+            steps in proptest::collection::vec((0u8..3, 1u8..3, 0i64..20, any::<bool>(), any::<prop::sample::Index>()), 0..60)
+        ) {
+            let mut queue = Queue::default();
+            let mut list: Vec<Arc<PendingJob>> = Vec::new();
+            for (id, (team, gpus, at, arrives, which)) in steps.into_iter().enumerate() {
+                if arrives || list.is_empty() {
+                    let job = Arc::new(PendingJob {
+                        submitted_at: Timestamp(at),
+                        ..crate::testing::pending_job(&format!("j{} team=t{team} gpus={gpus}", id + 1))
+                    });
+                    let place = queue.position(&job);
+                    queue.insert(job.clone());
+                    list.insert(place, job);
+                } else {
+                    let job = list.remove(which.index(list.len()));
+                    prop_assert!(queue.remove(&job));
+                }
+                let listed: Vec<JobId> = list.iter().map(|job| job.id).collect();
+                let queued: Vec<JobId> = queue.iter().map(|job| job.id).collect();
+                prop_assert_eq!(listed, queued);
+            }
+        }
+    }
+}

@@ -79,7 +79,7 @@ impl PowerSim {
 
 impl Sim<'_> {
     /// After a cycle's starts: the book's tick over the jobs the plan left
-    /// waiting for room (`pending`, by `priorities`), carried out (resumes
+    /// waiting for room (`Plan::waiting`, by its `priorities`), carried out (resumes
     /// wake nodes later, suspends at once), and a cycle when an idle node
     /// could next be put to sleep.
     pub(super) fn power_step(&mut self, plan: &crate::sched::Plan) {
