@@ -19,6 +19,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Jobs are born from this process's children: none gets what it was
+    // started with.
+    gpool_proto::inherited::close_inherited_on_exec();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPOOL_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

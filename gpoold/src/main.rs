@@ -46,6 +46,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Hooks (sendmail, the dev nodes' jobs) get nothing this process was
+    // started with.
+    gpool_proto::inherited::close_inherited_on_exec();
     gpool_agent::memory::use_one_malloc_arena();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPOOL_LOG").unwrap_or_else(|_| "info".into()))

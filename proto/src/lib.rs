@@ -12,6 +12,7 @@ pub mod pb {
 
 pub mod convert;
 pub mod dial;
+pub mod inherited;
 mod states;
 pub mod submit;
 

@@ -390,6 +390,39 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
     drop(net);
 }
 
+/// A job gets no descriptor its agent was started with. A shell or a
+/// wrapper that starts the agent with a file open (here a root-only one,
+/// read-write, on descriptor 9) hands the jobs of other users nothing: the
+/// agent marks what it inherited close-on-exec before it starts anything.
+#[test]
+fn a_job_inherits_no_descriptor_its_agent_was_started_with() {
+    let mut cluster = Cluster::start();
+    let secret = cluster.dir.path().join("root-only");
+    std::fs::write(&secret, "secret\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&secret)
+        .unwrap();
+    cluster.agent_inherits = Some((held, 9));
+    cluster.start_agent("node-a", 1);
+    // Each descriptor the job's shell holds, and what it is.
+    let script = "for fd in /proc/$$/fd/*; do echo \"${fd##*/} $(readlink \"$fd\")\"; done";
+    let args = ["submit", "--wait", "--workdir", "/", "--", "sh", "-c", script];
+    let run = match nix::unistd::User::from_name("nobody").unwrap() {
+        Some(nobody) if nix::unistd::geteuid().is_root() => cluster.gpool_as(&nobody, &cluster.addr, &args),
+        _ => cluster.gpool(&args),
+    };
+    let id = run.ok().trim().to_string();
+    let out = std::fs::read_to_string(cluster.spool_dir("node-a").join(format!("jobs/{id}.1.out"))).unwrap();
+    assert!(out.lines().any(|line| line.starts_with("1 ")), "the listing ran: {out}");
+    assert!(
+        !out.contains("root-only") && !out.lines().any(|line| line.starts_with("9 ")),
+        "the job holds the agent's descriptor: {out}"
+    );
+}
+
 /// A gpoold listening on loopback only needs no TLS: its TCP callers are
 /// known by the uid that owns their socket, whatever name they send.
 #[test]

@@ -27,6 +27,9 @@ pub struct Cluster {
     pub agents: Vec<Process>,
     /// Extra environment of the agents started from now on.
     pub agent_env: Vec<(String, String)>,
+    /// A file the agents started from now on hold open across their exec,
+    /// at this descriptor (as a shell's redirection leaves one).
+    pub agent_inherits: Option<(std::fs::File, i32)>,
 }
 
 /// The result of one `gpool` run.
@@ -170,6 +173,7 @@ impl Cluster {
             listen_host: listen_host.to_string(),
             agents: Vec::new(),
             agent_env: Vec::new(),
+            agent_inherits: None,
         };
         cluster.start_controller();
         cluster
@@ -222,6 +226,15 @@ impl Cluster {
             .arg("--config")
             .arg(&config)
             .envs(self.agent_env.iter().cloned());
+        if let Some((file, target)) = &self.agent_inherits {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let (from, to) = (file.as_raw_fd(), *target);
+            // SAFETY: dup2(2) between fork and exec; its copy is open across the exec.
+            unsafe {
+                command.pre_exec(move || nix::unistd::dup2(from, to).map(drop).map_err(std::io::Error::from));
+            }
+        }
         let log = self.dir.path().join(format!("agent-{node}-{}.log", self.agents.len()));
         self.agents
             .push(Process::spawn(&format!("gpool-agent {node}"), command, log));
