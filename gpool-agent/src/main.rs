@@ -57,7 +57,15 @@ fn main() -> ExitCode {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            runtime.block_on(gpool_agent::run(config, shutdown))
+            // On a worker thread, as the tasks it talks to are: run on
+            // this thread instead (block_on's own), each message between
+            // the link and an attempt's task was a wake-up of another
+            // thread.
+            runtime.block_on(async move {
+                tokio::spawn(gpool_agent::run(config, shutdown))
+                    .await
+                    .map_err(|err| anyhow::anyhow!("the agent's task ended: {err}"))?
+            })
         });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

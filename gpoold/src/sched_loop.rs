@@ -24,6 +24,12 @@ const IDLE_FACTOR: u32 = 4;
 /// tens of ms, and four times that of waiting left 32 GPUs idle most of
 /// the time). Scheduling then takes at most half a core.
 const BUSY_FACTOR: u32 = 1;
+/// A cycle whose last one took less runs on the loop's worker thread:
+/// handing the worker's place to another thread (`block_in_place`) costs
+/// more context switches than such a cycle takes (a stream of short jobs
+/// runs hundreds a second). The first cycle, maybe of a long queue
+/// restored at start, is taken as long.
+const INLINE_UNDER: Duration = Duration::from_millis(1);
 
 /// Runs scheduling cycles until the state task is gone.
 pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<crate::metrics::Metrics>) {
@@ -39,6 +45,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
     // The next --begin of a waiting job, or reservation opening or
     // closing: a cycle then, though nothing else changed.
     let mut next_begin: Option<Timestamp> = None;
+    let mut last_took = INLINE_UNDER;
     loop {
         let until_begin = next_begin.map(|at| Duration::from_millis((at.0 - clock().0).max(0) as u64));
         let on_timer = tokio::time::timeout(wait.min(until_begin.unwrap_or(wait)), handle.sched_wakeup.notified())
@@ -77,7 +84,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
             generation,
             could_act: acts,
         });
-        let (plan, actions) = plan_cycle(&handle, &view, &policy, now, (words_due, unexplained));
+        let (plan, actions) = plan_cycle(&handle, &view, &policy, now, (words_due, unexplained, last_took));
         if let Some(broken) = &actions.broken {
             metrics.sched_invariant_violations.inc();
             tracing::error!(%broken, "a scheduling plan broke an invariant");
@@ -85,6 +92,7 @@ pub async fn run(handle: StateHandle, clock: fn() -> Timestamp, metrics: Arc<cra
         let settled = actions.settled();
         let words_plan = ((settled && plan.complete) || words_due).then_some(plan);
         let compute = started.elapsed();
+        last_took = compute;
         metrics.cycle_seconds.observe(compute.as_secs_f64());
         if !actions.send(&handle).await {
             return;
@@ -158,13 +166,15 @@ fn look(
     }
 }
 
-/// Plans a cycle: the plan (for its words) and the actions taken out of it.
+/// Plans a cycle: the plan (for its words) and the actions taken out of
+/// it; on this thread where the last one took under `INLINE_UNDER`
+/// (`last_took`), else beside the runtime's workers.
 fn plan_cycle(
     handle: &StateHandle,
     view: &gpool_core::sched::ClusterView,
     policy: &gpool_core::sched::Policy,
     now: Timestamp,
-    (words_due, unexplained): (bool, bool),
+    (words_due, unexplained, last_took): (bool, bool, Duration),
 ) -> (gpool_core::sched::Plan, Actions) {
     // The words are handed over from a whole plan only: when they are
     // due, or where nothing can start (the cycle then settles).
@@ -173,8 +183,12 @@ fn plan_cycle(
     // Where a QoS keeps GPUs free, the window's plan may not be the
     // whole queue's (`gpool_core::sched::window_gpus`): `cycle::plan`
     // then plans the whole queue, as `gpool sim` does.
-    let mut plan =
-        tokio::task::block_in_place(|| cycle::plan(view, policy, now, words_due, &mut || whole_view(handle, now)));
+    let planned = || cycle::plan(view, policy, now, words_due, &mut || whole_view(handle, now));
+    let mut plan = if last_took < INLINE_UNDER {
+        planned()
+    } else {
+        tokio::task::block_in_place(planned)
+    };
     let actions = Actions {
         starts: std::mem::take(&mut plan.starts),
         preemptions: std::mem::take(&mut plan.preemptions),
