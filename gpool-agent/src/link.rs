@@ -377,18 +377,21 @@ fn prioritized(
 
 /// Launches, kills and signals for attempts, in the order gpoold sent
 /// them.
-type Orders = mpsc::UnboundedSender<pb::ControllerMessage>;
+type Orders = std::sync::mpsc::Sender<pb::ControllerMessage>;
 
-/// Carries out `Orders` one at a time on the blocking pool, off the link's
-/// task: a launch looks its user up (NSS, which may hang on a directory
-/// server) and waits for the spawner, and none of that may hold up the
-/// heartbeats that keep the node's lease.
+/// Carries out `Orders` one at a time on a thread of their own, off the
+/// link's task: a launch looks its user up (NSS, which may hang on a
+/// directory server) and waits for the spawner, and none of that may hold
+/// up the heartbeats that keep the node's lease. One thread, woken once
+/// per order (a task handing each order to the blocking pool woke two).
 fn start_orders(attempts: Arc<Attempts>) -> Orders {
-    let (orders, mut pending) = mpsc::unbounded_channel::<pb::ControllerMessage>();
-    tokio::spawn(async move {
-        while let Some(order) = pending.recv().await {
-            let attempts = attempts.clone();
-            let done = tokio::task::spawn_blocking(move || match order.msg {
+    let (orders, pending) = std::sync::mpsc::channel::<pb::ControllerMessage>();
+    let runtime = tokio::runtime::Handle::current();
+    let spawned = std::thread::Builder::new().name("orders".into()).spawn(move || {
+        // The attempts' watchers it starts are the runtime's tasks.
+        let _entered = runtime.enter();
+        while let Ok(order) = pending.recv() {
+            let carried_out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match order.msg {
                 Some(pb::controller_message::Msg::Launch(launch)) => attempts.launch(launch),
                 Some(pb::controller_message::Msg::Kill(kill)) => attempts.kill(
                     kill.job_id,
@@ -399,12 +402,15 @@ fn start_orders(attempts: Arc<Attempts>) -> Orders {
                     attempts.signal(signal.job_id, signal.epoch, signal.signal)
                 }
                 _ => {}
-            });
-            if let Err(err) = done.await {
-                tracing::error!("an order to the node's attempts failed: {err}");
+            }));
+            if carried_out.is_err() {
+                tracing::error!("an order to the node's attempts failed (it panicked)");
             }
         }
     });
+    if let Err(err) = spawned {
+        tracing::error!("cannot start the thread that carries out gpoold's orders: {err}");
+    }
     orders
 }
 
