@@ -70,7 +70,7 @@ pub async fn run(
     }
 }
 
-fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> pb::AgentMessage {
+fn register(info: &NodeInfo, running: Vec<pb::RunningAttempt>, ended: Vec<pb::JobEvent>) -> pb::AgentMessage {
     let register = pb::Register {
         node: info.name.clone(),
         gpus: info
@@ -80,7 +80,7 @@ fn register(info: &NodeInfo, attempts: &Attempts, ended: Vec<pb::JobEvent>) -> p
             .collect(),
         labels: gpool_proto::convert::labels_to_wire(&info.labels),
         links: gpool_proto::convert::topology_to_wire(&info.topology),
-        running: attempts.running(),
+        running,
         ended,
         boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|id| id.trim().to_string())
@@ -111,8 +111,13 @@ async fn serve_once(
     // busy log never delays what keeps the node alive.
     let (control, control_receiver) = mpsc::channel::<pb::AgentMessage>(1024);
     let (bulk, bulk_receiver) = mpsc::channel::<pb::AgentMessage>(64);
+    // Running attempts are read before the ended ones: one that ends in
+    // between is in both (gpoold counts its end first, then finds it no
+    // longer runs there), never in neither, which gpoold would take for an
+    // attempt lost with the node and run again.
+    let running = attempts.running();
     let ended = ends_to_report(attempts, events, undelivered);
-    let message = register(info, attempts, ended.clone());
+    let message = register(info, running, ended.clone());
     // The Register counts as heartbeat 0: gpoold answers it with a lease.
     let mut sent: std::collections::VecDeque<(u64, u64)> = [(0, crate::supervise::boot_ms())].into();
     control.send(message).await.map_err(|_| "link closed")?;
@@ -287,7 +292,7 @@ fn ends_to_report(
     events: &mut mpsc::UnboundedReceiver<pb::JobEvent>,
     undelivered: &mut Vec<pb::JobEvent>,
 ) -> Vec<pb::JobEvent> {
-    // Ended attempts are read before the running ones, so none falls between.
+    // Read after the running attempts (`serve_once`), so none falls between.
     while let Ok(event) = events.try_recv() {
         undelivered.push(event);
     }
