@@ -70,7 +70,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
     };
     let controller =
         gpool_proto::dial::parse_list(&config.controller).map_err(|reason| anyhow::anyhow!("controller: {reason}"))?;
-    link::run(controller, tls, info, attempts, event_receiver, shutdown).await;
+    link::run(controller, tls, info, attempts, event_receiver, shutdown)
+        .await
+        .map_err(|err| anyhow::anyhow!("cannot start the thread that carries out gpoold's orders: {err}"))?;
     if let Some(task) = health_program {
         task.abort();
     }

@@ -42,9 +42,11 @@ pub async fn run(
     attempts: Arc<Attempts>,
     mut events: mpsc::UnboundedReceiver<pb::JobEvent>,
     shutdown: impl std::future::Future<Output = ()>,
-) {
+) -> std::io::Result<()> {
     tokio::pin!(shutdown);
-    let orders = start_orders(attempts.clone());
+    // Before the first Register: a node that could not carry out a launch
+    // never takes one.
+    let orders = start_orders(attempts.clone())?;
     // As the operator wrote them (https://HOST:PORT...), for the log.
     let named = controller.iter().map(Address::text).collect::<Vec<_>>().join(",");
     let mut backoff = MIN_BACKOFF;
@@ -52,7 +54,7 @@ pub async fn run(
     let mut undelivered = Vec::new();
     loop {
         let outcome = tokio::select! {
-            () = &mut shutdown => return,
+            () = &mut shutdown => return Ok(()),
             outcome = serve_once(&controller, &tls, &info, (&attempts, &orders), &mut events, &mut undelivered) => outcome,
         };
         match outcome {
@@ -63,7 +65,7 @@ pub async fn run(
             Err(err) => tracing::warn!("link to gpoold at {named}: {err}; retrying in {backoff:?}"),
         }
         tokio::select! {
-            () = &mut shutdown => return,
+            () = &mut shutdown => return Ok(()),
             () = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -389,10 +391,10 @@ type Orders = std::sync::mpsc::Sender<pb::ControllerMessage>;
 /// directory server) and waits for the spawner, and none of that may hold
 /// up the heartbeats that keep the node's lease. One thread, woken once
 /// per order (a task handing each order to the blocking pool woke two).
-fn start_orders(attempts: Arc<Attempts>) -> Orders {
+fn start_orders(attempts: Arc<Attempts>) -> std::io::Result<Orders> {
     let (orders, pending) = std::sync::mpsc::channel::<pb::ControllerMessage>();
     let runtime = tokio::runtime::Handle::current();
-    let spawned = std::thread::Builder::new().name("orders".into()).spawn(move || {
+    std::thread::Builder::new().name("orders".into()).spawn(move || {
         // The attempts' watchers it starts are the runtime's tasks.
         let _entered = runtime.enter();
         while let Ok(order) = pending.recv() {
@@ -412,11 +414,8 @@ fn start_orders(attempts: Arc<Attempts>) -> Orders {
                 tracing::error!("an order to the node's attempts failed (it panicked)");
             }
         }
-    });
-    if let Err(err) = spawned {
-        tracing::error!("cannot start the thread that carries out gpoold's orders: {err}");
-    }
-    orders
+    })?;
+    Ok(orders)
 }
 
 fn obey(
