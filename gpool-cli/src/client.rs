@@ -14,7 +14,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 /// Names the caller on every request: the user (which a dev controller
@@ -36,7 +35,7 @@ impl tonic::service::Interceptor for Interceptor {
     }
 }
 
-pub type Client = PoolClient<InterceptedService<Channel, Interceptor>>;
+pub type Client = PoolClient<InterceptedService<dial::Following, Interceptor>>;
 
 /// The local socket of a controller installed with the example config.
 const DEFAULT_SOCKET: &str = "/var/lib/gpool/gpoold.sock";
@@ -103,15 +102,10 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
         connect: timeout.unwrap_or(std::time::Duration::from_secs(3600)),
         request: timeout,
     };
-    let connected = match &token {
-        Some(_) => dial::connect_first_with_token(&addresses, &tls, deadlines, &rule).await,
-        None => dial::connect_first(&addresses, &tls, deadlines).await,
-    };
+    let connected = dial::connect_following(&addresses, &tls, deadlines, token.as_ref().map(|_| &rule)).await;
     let (channel, _) = connected.map_err(|err| match err {
-        DialError::ClearTextRedirect { standby, leader } => CliError::Usage(format!(
-            "{standby} is a standby and names the leader at {leader}: refusing to send your token in clear text to {leader}: {GIVE_THE_CA}, or name http://{leader} in --server or GPOOL_SERVER too, to insist"
-        )),
         DialError::Unreachable(reason) => unreachable(tls_hint(addr).unwrap_or(reason)),
+        refused => dial_refused(addr, refused),
     })?;
     let bearer: Option<MetadataValue<_>> = token
         .map(|token| {
@@ -130,6 +124,20 @@ pub async fn connect(addr: &str, timeout: Option<std::time::Duration>) -> Result
         bearer,
     };
     Ok(PoolClient::with_interceptor(channel, interceptor).max_decoding_message_size(gpool_proto::MAX_REPLY_BYTES))
+}
+
+/// Why a call, or the connection for it, went nowhere: a standby's
+/// redirect the token may not follow, or no controller that serves.
+pub fn dial_refused(addr: &str, err: DialError) -> CliError {
+    match err {
+        DialError::ClearTextRedirect { standby, leader } => CliError::Usage(format!(
+            "{standby} is a standby and names the leader at {leader}: refusing to send your token in clear text to {leader}: {GIVE_THE_CA}, or name http://{leader} in --server or GPOOL_SERVER too, to insist"
+        )),
+        DialError::Unreachable(reason) => CliError::Unreachable {
+            addr: addr.to_string(),
+            reason,
+        },
+    }
 }
 
 /// How a user whose token would go in clear text sends it over TLS.

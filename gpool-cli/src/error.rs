@@ -1,5 +1,7 @@
 //! `CliError`: everything that ends a `gpool` run early, and its exit code.
 
+use gpool_proto::dial::{DialError, STANDBY_METADATA};
+
 /// Everything that ends a `gpool` run early, mapped to an exit code once.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -22,6 +24,18 @@ impl CliError {
 
     /// A gRPC error from the controller at `addr`.
     pub fn from_status(addr: &str, status: tonic::Status) -> CliError {
+        // The call went nowhere: standbys sent it on where it may not go,
+        // or no controller serves.
+        let dialled = std::error::Error::source(&status).and_then(|source| source.downcast_ref::<DialError>());
+        if let Some(err) = dialled {
+            return crate::client::dial_refused(addr, err.clone());
+        }
+        if status.metadata().contains_key(STANDBY_METADATA) {
+            return CliError::Unreachable {
+                addr: addr.to_string(),
+                reason: status.message().to_string(),
+            };
+        }
         let message = status.message();
         if status.code() == tonic::Code::Cancelled && message.contains("Timeout expired") {
             return CliError::Unreachable {

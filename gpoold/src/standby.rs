@@ -1,16 +1,19 @@
 //! A standby's listener. While a controller campaigns it listens on its
 //! `listen` address as the leader would, and answers every call, of users
 //! and agents alike, UNAVAILABLE with the leader's `advertise` address in
-//! `gpool-leader` metadata. The CLI and agents ask `Leader` right after
-//! they connect (`gpool_proto::dial::connect_first`) and go on to the
-//! address named, so naming any one controller reaches the leader. Once
+//! `gpool-leader` metadata, and its own name in `gpool-standby`. Agents
+//! ask `Leader` right after they connect (`gpool_proto::dial::connect_first`)
+//! and go on to the address named; the CLI sends its call at once and
+//! sends it again where a standby's refusal names the leader
+//! (`gpool_proto::dial::Following`). So naming any one controller
+//! reaches the leader. Once
 //! elected, the controller stops this listener and serves on the same
 //! socket.
 
 use crate::config::Config;
 use crate::ha::LeaderAddress;
 use crate::security;
-use gpool_proto::dial::LEADER_METADATA;
+use gpool_proto::dial::{LEADER_METADATA, STANDBY_METADATA};
 use gpool_proto::pb;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -84,7 +87,17 @@ struct Redirect {
 }
 
 impl Redirect {
+    /// Every refusal names this controller a standby (`gpool-standby`),
+    /// and the leader where one serves (`gpool-leader`).
     fn status(&self) -> tonic::Status {
+        let mut status = self.refusal();
+        if let Ok(value) = self.this.parse() {
+            status.metadata_mut().insert(STANDBY_METADATA, value);
+        }
+        status
+    }
+
+    fn refusal(&self) -> tonic::Status {
         let leader = self.leader.borrow().clone();
         let Some(leader) = leader.filter(|leader| !leader.advertise.is_empty()) else {
             return tonic::Status::unavailable(format!("{} is a standby and no leader is elected yet", self.this));

@@ -72,6 +72,8 @@ pub enum DialError {
     ClearTextRedirect { standby: String, leader: String },
 }
 
+impl std::error::Error for DialError {}
+
 impl std::fmt::Display for DialError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -384,6 +386,9 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     }
     text
 }
+
+mod following;
+pub use following::{connect_following, Following, STANDBY_METADATA};
 
 #[cfg(test)]
 mod tests;

@@ -1125,3 +1125,54 @@ fn a_redirect_to_a_leader_beyond_loopback_sends_no_token_in_clear_text() {
     assert!(!insisted.stderr.contains("refusing"), "{}", insisted.stderr);
     assert!(relay.n_connections() > before, "{}", insisted.stderr);
 }
+
+/// A user who names only the standby: the CLI sends its calls straight
+/// there (no `Leader` question first), and the standby's refusal names the
+/// leader, where each call is sent again. A submit is carried out once, by
+/// the leader, a listing streams back through the same path, and a cancel
+/// lands: the standby carried out nothing.
+#[test]
+fn calls_sent_to_a_standby_are_carried_out_once_by_the_leader() {
+    let Some((_etcd, cluster, _standby, listen_b)) = pair_on_etcd(&NODES) else {
+        return;
+    };
+    // Once the standby has read from etcd who leads, it names the leader.
+    let submitted = wait_until("a submit through the standby", Duration::from_secs(30), || {
+        let run = gpool_at(
+            &listen_b,
+            &[
+                "submit",
+                "--output",
+                "json",
+                "--hold",
+                "--name",
+                "via-standby",
+                "--",
+                "true",
+            ],
+        );
+        (run.code == 0).then(|| run.json())
+    });
+    let id = submitted["ids"][0].as_u64().expect("an id");
+    let named = |run: &crate::harness::cluster::Run| {
+        let jobs = run.json();
+        let all = jobs.as_array().cloned().unwrap_or_default();
+        all.iter()
+            .filter(|job| job["name"] == "via-standby")
+            .map(|job| job["id"].as_u64().unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    let at_leader = cluster.gpool(&["--output", "json", "jobs", "--all"]);
+    assert_eq!(
+        named(&at_leader),
+        vec![id],
+        "one job, at the leader: {}",
+        at_leader.stdout
+    );
+    let through_standby = gpool_at(&listen_b, &["--output", "json", "jobs", "--all"]);
+    assert_eq!(through_standby.code, 0, "{}", through_standby.stderr);
+    assert_eq!(named(&through_standby), vec![id], "{}", through_standby.stdout);
+    let cancel = gpool_at(&listen_b, &["cancel", &id.to_string()]);
+    assert_eq!(cancel.code, 0, "{}", cancel.stderr);
+    assert_eq!(cluster.job(id)["state"], "cancelled");
+}

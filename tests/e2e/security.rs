@@ -367,8 +367,8 @@ fn agents_need_their_own_valid_certificate_and_users_their_own_token() {
     assert!(has("reload", "root", "allowed"), "{audit}");
     assert!(has("authenticate", "", "refused: token 2 was revoked"), "{audit}");
     assert!(has("agent register", "n2", "refused"), "{audit}");
-    // Only the one call made without a token: the `Leader` question every
-    // client asks on connecting needs no credential, and is not refused.
+    // Only the one call made without a token: the `Leader` question an
+    // agent asks on connecting needs no credential, and is not refused.
     let no_credential = lines
         .iter()
         .filter(|l| {
