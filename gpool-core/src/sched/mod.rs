@@ -12,6 +12,7 @@
 //! each of `nodes` distinct nodes of one model, or nothing. A job that does
 //! not fit is skipped and the next one is tried (greedy, with backfill).
 
+pub mod apply;
 pub(super) mod backfill;
 pub mod cycle;
 pub use cycle::{cycle_needed, words_interval, LastCycle, RESTATE_IDLE_AFTER, WORDS_EVERY, WORDS_SHARE};

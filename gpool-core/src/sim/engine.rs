@@ -433,13 +433,7 @@ impl Sim<'_> {
             self.out.rejected(now);
         }
         self.power_step(&plan);
-        self.keep_holds(&plan.holds, &plan.preemptions);
-        for preemption in plan.preemptions {
-            self.signal(&preemption);
-        }
-        for (victim, epoch) in plan.rescinds {
-            self.rescind(victim, epoch, &plan.released_claims);
-        }
+        self.carry_out(&plan);
         changed
     }
 

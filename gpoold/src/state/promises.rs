@@ -6,9 +6,8 @@
 use super::State;
 use gpool_core::job_state::JobState;
 use gpool_core::model::{Job, NodePlacement};
-use gpool_core::sched::{Preemption, RunningJob};
+use gpool_core::sched::RunningJob;
 use gpool_core::{JobId, Timestamp};
-use std::collections::HashMap;
 
 /// Whether a job (or an array's task, which becomes a job only when it
 /// starts) may still be waiting: promises to it hold. The scheduler honours
@@ -18,23 +17,6 @@ fn is_pending(job: Option<&Job>) -> bool {
 }
 
 impl State {
-    /// A plan's holds, once its preemptions were carried out (`graces`:
-    /// the grace of each victim signalled now): each job claims what its
-    /// victims free, and keeps the free GPUs of its placement meanwhile.
-    pub(super) fn keep_holds(
-        &mut self,
-        holds: &[(JobId, Vec<NodePlacement>)],
-        (preemptions, graces): (&[Preemption], &HashMap<JobId, u64>),
-        now: Timestamp,
-    ) {
-        let mut promises = std::mem::take(&mut self.promises);
-        let holders = self.gpu_holders();
-        let grace_of = |p: &Preemption| graces.get(&p.victim).copied();
-        let free_now = |node: &str, gpu: u32| !holders.contains_key(&(node, gpu));
-        promises.hold(holds, (preemptions, grace_of), now, free_now);
-        self.promises = promises;
-    }
-
     /// Drops the promises (and claims) past their time, and those to jobs
     /// that no longer wait.
     pub(super) fn expire_promises(&mut self, now: Timestamp) {

@@ -8,11 +8,11 @@ use crate::error::Error;
 use gpool_core::accounting::AttemptRecord;
 use gpool_core::job_state::{JobEvent, JobState};
 use gpool_core::model::{GpuModel, GpuUse};
-use gpool_core::sched::{Preemption, RunningJob};
+use gpool_core::sched::RunningJob;
 use gpool_core::{Epoch, JobId, Timestamp};
-use std::collections::HashMap;
 
 mod running_index;
+mod victims;
 use running_index::move_running_index;
 
 /// SIGUSR1 on Linux: the checkpoint signal of jobs that name none.
@@ -232,121 +232,6 @@ impl State {
     /// GPU-seconds preemption may still throw away in the hour up to `now`.
     pub fn waste_budget(&self, now: Timestamp) -> f64 {
         self.waste.left(now, self.policy.sharing.waste_cap_gpu_hours_per_hour)
-    }
-
-    /// The scheduler's preemptions that still hold: each victim gets its
-    /// checkpoint signal now and is killed when its grace runs out.
-    pub(super) fn preempt(
-        &mut self,
-        preemptions: Vec<Preemption>,
-        holds: Vec<(JobId, Vec<gpool_core::model::NodePlacement>)>,
-        now: Timestamp,
-        out: &mut Batch,
-    ) {
-        // The grace of each victim signalled now.
-        let mut signalled: HashMap<JobId, u64> = HashMap::new();
-        for preemption in &preemptions {
-            let Some(job) = self.jobs.get(&preemption.victim) else {
-                continue;
-            };
-            // The attempt the plan saw, or none: a later one is not preempted.
-            let JobState::Running { epoch, .. } = &job.state else {
-                continue;
-            };
-            if *epoch != preemption.epoch {
-                continue;
-            }
-            let epoch = *epoch;
-            let lost = job.state.work_since_checkpoint(now);
-            let withdrawn = self
-                .attempts
-                .get_mut(&preemption.victim)
-                .and_then(|attempt| attempt.preemption.as_mut())
-                .filter(|preempting| preempting.withdrawn);
-            if let Some(preempting) = withdrawn {
-                // Taken again while its withdrawn grace runs: the signal went
-                // out then, and the grace still ends as it was to, when what
-                // it charged is lost after all.
-                preempting.withdrawn = false;
-                preempting.for_job = Some(preemption.for_job);
-                if let Some(charged) = preempting.charged {
-                    self.waste.charge(charged);
-                }
-                if let Some(job) = self.jobs.get_mut(&preemption.victim) {
-                    job.record_event(now, format!("preempted again, for job {}", preemption.for_job));
-                    out.writes.push(Write::Job(preemption.victim));
-                }
-                signalled.insert(preemption.victim, self.grace_secs(preemption.victim));
-                continue;
-            }
-            let by = format!("preempted for job {}", preemption.for_job);
-            let Some((signal, grace_secs)) = self.stop_and_requeue(preemption.victim, epoch, (false, &by), now, out)
-            else {
-                continue;
-            };
-            if let Some(preempting) = self.preemption_mut(preemption.victim) {
-                preempting.for_job = Some(preemption.for_job);
-                preempting.charged = Some((now, lost));
-            }
-            signalled.insert(preemption.victim, grace_secs);
-            tracing::info!(
-                job = %preemption.victim,
-                for_job = %preemption.for_job,
-                "preempting: signal {signal}, {grace_secs} s to checkpoint, {lost:.0} GPU-seconds at stake"
-            );
-            self.metrics.preemptions.inc();
-            self.metrics.preempted_gpu_seconds.inc_by(lost);
-            self.waste.charge((now, lost));
-        }
-        self.keep_holds(&holds, (&preemptions, &signalled), now);
-    }
-
-    /// The scheduler's rescinds: victims in their grace whose GPUs no
-    /// waiting job needs any more. The attempt was signalled, so one that
-    /// ends within its grace still goes back to the queue (it may have
-    /// checkpointed and exited, as asked); one still running when the grace
-    /// is over runs on, never killed (`enforce_preemption_grace`). Only a
-    /// preemption of the scheduler's whose kill has not been sent (never an
-    /// operator's requeue). Its waste goes back to the hour's budget.
-    pub(super) fn rescind(&mut self, rescinds: Vec<(JobId, Epoch)>, now: Timestamp, out: &mut Batch) {
-        for (id, epoch) in rescinds {
-            let Some(JobState::Running {
-                epoch: running,
-                preempted_at: Some(at),
-                ..
-            }) = self.jobs.get(&id).map(|job| &job.state)
-            else {
-                continue;
-            };
-            let grace_over = Timestamp(at.0 + self.grace_secs(id) as i64 * 1000);
-            let preempting = self.preemption(id).copied();
-            let killing = preempting.map(|p| (p.epoch, p.deadline)) != Some((epoch, grace_over)) || grace_over <= now;
-            if *running != epoch || killing || preempting.is_some_and(|p| p.withdrawn) {
-                continue;
-            }
-            let Some(for_job) = preempting.and_then(|p| p.for_job) else {
-                continue;
-            };
-            if let Some(charged) = preempting.and_then(|p| p.charged) {
-                self.waste.give_back(charged);
-            }
-            if let Some(preempting) = self.preemption_mut(id) {
-                preempting.for_job = None;
-                preempting.withdrawn = true;
-            }
-            if let Some(job) = self.jobs.get_mut(&id) {
-                job.record_event(
-                    now,
-                    format!(
-                        "preemption withdrawn: job {for_job} no longer needs its GPUs; it runs on past its grace \
-                         (if it ends before, it goes back to the queue)"
-                    ),
-                );
-                out.writes.push(Write::Job(id));
-            }
-            tracing::info!(job = %id, %for_job, "preemption withdrawn: its GPUs are no longer needed");
-            self.metrics.rescinded_preemptions.inc();
-        }
     }
 
     /// A withdrawn preemption's grace is over with its attempt running: the

@@ -348,8 +348,7 @@ fn apply_command(state: &mut State, command: Command, now: Timestamp, out: &mut 
             holds,
             rescinds,
         } => {
-            state.preempt(preemptions, holds, now, out);
-            state.rescind(rescinds, now, out);
+            state.carry_out(&preemptions, &holds, &rescinds, now, out);
         }
         Command::Reload {
             caller,
