@@ -425,10 +425,18 @@ impl Sharing {
     /// Between a preempted attempt's checkpoint signal and its kill: the
     /// job's own grace, else its class's, never more than `max_grace_secs`.
     pub fn grace_secs(&self, spec: &crate::model::JobSpec) -> u64 {
-        let class_grace = self
-            .qos(&spec.qos)
-            .map_or(Qos::normal().grace_secs, |qos| qos.grace_secs);
-        spec.grace_secs.unwrap_or(class_grace).min(self.max_grace_secs)
+        match spec.grace_secs {
+            Some(own) => own.min(self.max_grace_secs),
+            None => self.qos_grace_secs(&spec.qos),
+        }
+    }
+
+    /// The grace of a job of QoS `qos` that names none of its own (`gpool
+    /// sim`'s jobs): its class's, never more than `max_grace_secs`.
+    pub fn qos_grace_secs(&self, qos: &str) -> u64 {
+        self.qos(qos)
+            .map_or(Qos::normal().grace_secs, |qos| qos.grace_secs)
+            .min(self.max_grace_secs)
     }
 
     pub fn max_qos_priority(&self) -> u32 {

@@ -106,3 +106,112 @@ pub fn carry_out(side: &mut impl Victims, actions: &Actions, now: Timestamp) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A side whose victims stand as `standing` says; every GPU but
+    /// `n1`'s 0 is held.
+    struct Side {
+        standing: HashMap<JobId, Victim>,
+        signalled: Vec<JobId>,
+        withdrawn: Vec<JobId>,
+        promises: Promises,
+        waste: WasteBudget,
+    }
+
+    impl Victims for Side {
+        fn victim(&self, preemption: &Preemption) -> Victim {
+            self.standing.get(&preemption.victim).copied().unwrap_or(Victim::Gone)
+        }
+        fn take_again(&mut self, preemption: &Preemption, _now: Timestamp) -> u64 {
+            self.signalled.push(preemption.victim);
+            30
+        }
+        fn signal(&mut self, preemption: &Preemption, _now: Timestamp) -> Option<(u64, f64)> {
+            self.signalled.push(preemption.victim);
+            Some((30, preemption.lost_gpu_secs))
+        }
+        fn withdraw(&mut self, (victim, _): (JobId, Epoch), _now: Timestamp) -> Option<Option<Waste>> {
+            self.withdrawn.push(victim);
+            Some(Some((Timestamp(1_000), 200.0)))
+        }
+        fn free_now(&self, node: &str, gpu: u32) -> bool {
+            (node, gpu) == ("n1", 0)
+        }
+        fn ledgers(&mut self) -> Ledgers<'_> {
+            Ledgers {
+                promises: &mut self.promises,
+                waste: &mut self.waste,
+            }
+        }
+    }
+
+    fn preempt(victim: u64, for_job: u64, lost_gpu_secs: f64) -> Preemption {
+        Preemption {
+            victim: JobId(victim),
+            epoch: Epoch(1),
+            for_job: JobId(for_job),
+            lost_gpu_secs,
+        }
+    }
+
+    /// The signalled victim's stake is charged, a withdrawn one taken
+    /// again is charged what it was, a gone one nothing, and a rescind's
+    /// charge goes back; only a job whose victims were signalled keeps
+    /// the free GPUs of its placement.
+    #[test]
+    fn victims_are_charged_and_holds_kept_only_for_those_signalled() {
+        let now = Timestamp(2_000);
+        let mut side = Side {
+            standing: HashMap::from([
+                (JobId(1), Victim::Running),
+                (
+                    JobId(2),
+                    Victim::Withdrawn {
+                        charged: Some((Timestamp(500), 50.0)),
+                    },
+                ),
+            ]),
+            signalled: Vec::new(),
+            withdrawn: Vec::new(),
+            promises: Promises::default(),
+            waste: WasteBudget::default(),
+        };
+        side.waste.charge((Timestamp(1_000), 200.0));
+        let placement = |gpu: u32| {
+            vec![NodePlacement {
+                node: "n1".into(),
+                gpu_indices: vec![gpu],
+            }]
+        };
+        // Job 11 waits on 3, which is gone: it keeps nothing.
+        let gone = [preempt(3, 11, 400.0)];
+        let holds = [(JobId(11), placement(0))];
+        let actions = Actions {
+            preemptions: &gone,
+            holds: &holds,
+            rescinds: &[],
+        };
+        carry_out(&mut side, &actions, now);
+        assert!(side.signalled.is_empty());
+        assert!(side.promises.is_empty());
+        assert_eq!(side.waste.left(now, 1.0), 3600.0 - 200.0);
+
+        let preemptions = [preempt(1, 10, 100.0), preempt(2, 10, 999.0)];
+        let holds = [(JobId(10), placement(0))];
+        let rescinds = [(JobId(4), Epoch(1))];
+        let actions = Actions {
+            preemptions: &preemptions,
+            holds: &holds,
+            rescinds: &rescinds,
+        };
+        carry_out(&mut side, &actions, now);
+        assert_eq!(side.signalled, vec![JobId(1), JobId(2)]);
+        assert_eq!(side.withdrawn, vec![JobId(4)]);
+        assert!(!side.promises.is_empty(), "job 10 keeps n1's free GPU 0");
+        // 100 at stake for job 1, 50 again for job 2; the rescind's 200 back.
+        assert_eq!(side.waste.left(now, 1.0), 3600.0 - 150.0);
+    }
+}

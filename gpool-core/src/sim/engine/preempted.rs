@@ -139,10 +139,7 @@ impl Sim<'_> {
         running.preempting = true;
         running.preempted_for = Some(preemption.for_job);
         let running = running.clone();
-        let grace_secs = sharing
-            .qos(&running.qos)
-            .map_or(60, |qos| qos.grace_secs)
-            .min(sharing.max_grace_secs);
+        let grace_secs = sharing.qos_grace_secs(&running.qos);
         let reason = self.preemption_reason(&running, preemption);
         self.note_event(super::super::EventKind::Preempted, &running, preemption.for_job, reason);
         grace_secs
