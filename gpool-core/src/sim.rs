@@ -359,6 +359,11 @@ pub fn savings(
     observe: &ObserveScale<'_>,
 ) -> Savings {
     let refine = 3;
+    // Only the waits are read: the same decisions without the words.
+    let options = &Options {
+        words: false,
+        ..options.clone()
+    };
     let run = |scale: f64| {
         let setup = dedicated(cluster, guarantees, scale);
         let outcome = simulate(&setup, jobs, options, &mut *observe(scale));

@@ -53,6 +53,12 @@ pub fn plan(
     explain: bool,
     whole: &mut dyn FnMut() -> ClusterView,
 ) -> Plan {
+    if nothing_to_plan(view) {
+        return Plan {
+            complete: true,
+            ..Plan::default()
+        };
+    }
     let acts = could_act(&view.nodes, &view.running, policy, now);
     let plan = if view.windowed || (!explain && acts) {
         schedule_starts(view, policy, now)
@@ -64,6 +70,14 @@ pub fn plan(
         return checked(&whole, policy, now, schedule(&whole, policy, now));
     }
     checked(view, policy, now, plan)
+}
+
+/// Nothing waits and no victim is in its grace: no job could start or be
+/// taken, no preemption withdrawn, and no job needs words, so the plan is
+/// empty without being made (a cycle of a replay with idle GPUs is mostly
+/// this, after each job's end).
+fn nothing_to_plan(view: &ClusterView) -> bool {
+    view.pending.is_empty() && !view.running.iter().any(|job| job.preempting)
 }
 
 /// `plan` with the first invariant it breaks against the view it was made
@@ -150,6 +164,49 @@ mod tests {
 
     use crate::ids::JobId;
     use crate::model::NodePlacement;
+
+    /// With nothing waiting and no victim in its grace, the empty plan is
+    /// the one the scheduler would have made: burst work, LAS order, a QoS
+    /// that preempts and an operator's requeue change nothing. A victim
+    /// taken for a job that no longer waits is still withdrawn.
+    #[test]
+    fn an_empty_queue_plans_nothing_unless_a_victim_is_in_its_grace() {
+        let nodes = "n1 4xh100\nn2 4xa100";
+        let mut lively = Policy::default();
+        lively.sharing.las = Some(crate::sched::las::Las::default());
+        lively.sharing.qos.push(crate::policy::Qos {
+            name: "high".into(),
+            priority: 10,
+            preempt_lower: true,
+            ..crate::policy::Qos::normal()
+        });
+        for policy in [Policy::default(), lively] {
+            for running in ["r1 on=n1:0-1", "r1 burst on=n1:0-3\nr2 team=b on=n2:0 start=0 ckpt=600"] {
+                let view = crate::testing::cluster_view_with(nodes, running, "");
+                let at = Timestamp(7_200_000);
+                assert!(nothing_to_plan(&view));
+                let made = crate::sched::schedule(&view, &policy, at);
+                let shortcut = plan(&view, &policy, at, true, &mut || view.clone());
+                let acts = |p: &Plan| {
+                    (
+                        p.starts.len(),
+                        p.preemptions.len(),
+                        p.rescinds.clone(),
+                        p.holds.clone(),
+                        p.pending.clone(),
+                        p.released_claims.clone(),
+                        p.reservation.clone(),
+                        p.complete,
+                    )
+                };
+                assert_eq!(acts(&shortcut), acts(&made), "{running}");
+            }
+        }
+        let view = crate::testing::cluster_view_with(nodes, "r1 burst on=n1:0-3 preempting for=j3", "");
+        assert!(!nothing_to_plan(&view));
+        let plan = plan(&view, &Policy::default(), Timestamp(0), false, &mut || view.clone());
+        assert_eq!(plan.rescinds, [(JobId(1), crate::ids::Epoch(1))]);
+    }
 
     /// A plan that acts is checked, and the first invariant it breaks is
     /// named: here a start on a GPU that runs another job.

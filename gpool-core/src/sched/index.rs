@@ -4,7 +4,7 @@
 use super::{Availability, FastHash, HostAsk, NodeView, PendingJob, Reject};
 use crate::model::{GpuModel, NodePlacement, NvlinkNeed};
 use crate::sched::Policy;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The GPUs of one model on one schedulable node.
 #[derive(Clone)]
@@ -12,8 +12,9 @@ struct Group {
     node_idx: usize,
     /// Free GPU indices, ascending.
     free: Vec<u32>,
-    /// Pools (by position in the policy) the node belongs to.
-    pool_idxs: Vec<usize>,
+    /// The pools (by position in the policy) the node belongs to, by
+    /// position in `FreeIndex::pool_sets`.
+    pool_set: usize,
     model_idx: usize,
     /// The least memory of its GPUs (MiB).
     memory_mib: u64,
@@ -42,8 +43,11 @@ struct PoolIndex {
 #[derive(Clone)]
 pub(super) struct FreeIndex<'v> {
     nodes: &'v [NodeView],
-    /// Groups of each node, by node position.
-    groups_of_node: HashMap<usize, Vec<usize>, FastHash>,
+    /// Groups of each node (pushed in turn), by node position.
+    groups_of_node: Vec<std::ops::Range<usize>>,
+    /// The sets of pools nodes belong to: nodes with the same labels
+    /// (most of a fleet, node after node) share one, worked out once.
+    pool_sets: Vec<Vec<usize>>,
     node_idx_by_name: HashMap<&'v str, usize, FastHash>,
     models: Vec<GpuModel>,
     /// Which models are MIG slices (taken only when named, one per node).
@@ -83,7 +87,8 @@ impl<'v> FreeIndex<'v> {
         let model_idx_by_name = models.iter().cloned().enumerate().map(|(i, m)| (m, i)).collect();
         let mut index = FreeIndex {
             nodes,
-            groups_of_node: HashMap::default(),
+            groups_of_node: vec![0..0; nodes.len()],
+            pool_sets: Vec::new(),
             node_idx_by_name: nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect(),
             mig_models: models.iter().map(GpuModel::is_mig_slice).collect(),
             models,
@@ -97,17 +102,28 @@ impl<'v> FreeIndex<'v> {
             host_free: nodes.iter().map(|node| node.host_free(&[])).collect(),
             enforce: policy.enforce_limits,
         };
+        let mut last: Option<(&BTreeMap<String, String>, usize)> = None;
         for (node_idx, node) in nodes.iter().enumerate() {
-            index.add_node(node_idx, node, policy);
+            let pool_set = match last {
+                Some((labels, pool_set)) if *labels == node.labels => pool_set,
+                _ => {
+                    index.pool_sets.push(
+                        (0..policy.pools.len())
+                            .filter(|pool_idx| policy.pools[*pool_idx].selects(&node.labels))
+                            .collect(),
+                    );
+                    index.pool_sets.len() - 1
+                }
+            };
+            last = Some((&node.labels, pool_set));
+            index.add_node(node_idx, node, pool_set);
         }
         index
     }
 
-    fn add_node(&mut self, node_idx: usize, node: &NodeView, policy: &Policy) {
-        let pool_idxs: Vec<usize> = (0..policy.pools.len())
-            .filter(|pool_idx| policy.pools[*pool_idx].selects(&node.labels))
-            .collect();
-        for pool_idx in &pool_idxs {
+    fn add_node(&mut self, node_idx: usize, node: &NodeView, pool_set: usize) {
+        let pool_idxs = &self.pool_sets[pool_set];
+        for pool_idx in pool_idxs {
             let pool = &mut self.pools[*pool_idx];
             pool.n_nodes += 1;
             match node.availability {
@@ -119,7 +135,7 @@ impl<'v> FreeIndex<'v> {
         if node.availability != Availability::Up || pool_idxs.is_empty() {
             return;
         }
-        for pool_idx in &pool_idxs {
+        for pool_idx in pool_idxs {
             self.pools[*pool_idx].n_gpus += node.gpus.len() as u64;
         }
         // Per model: whether the node has it, its free GPUs, and the least
@@ -140,29 +156,30 @@ impl<'v> FreeIndex<'v> {
                 free.push(gpu.index);
             }
         }
+        let first_group = self.groups.len();
         for (model_idx, found) in by_model.into_iter().enumerate() {
             let Some((mut free, memory_mib)) = found else {
                 continue;
             };
             free.sort_unstable();
             let group_idx = self.groups.len();
-            for pool_idx in &pool_idxs {
+            for pool_idx in &self.pool_sets[pool_set] {
                 let models = &mut self.pools[*pool_idx].models;
                 models.resize_with(self.models.len(), || None);
                 let buckets = models[model_idx].get_or_insert_with(ModelBuckets::default);
                 buckets.insert(group_idx, free.len());
                 buckets.total_free += free.len() as u64;
             }
-            self.groups_of_node.entry(node_idx).or_default().push(group_idx);
             self.groups.push(Group {
                 node_idx,
                 free,
-                pool_idxs: pool_idxs.clone(),
+                pool_set,
                 model_idx,
                 memory_mib,
                 size: size[model_idx],
             });
         }
+        self.groups_of_node[node_idx] = first_group..self.groups.len();
     }
 
     /// Jobs that may take several models leave alone, as far as they can,
@@ -201,22 +218,21 @@ impl<'v> FreeIndex<'v> {
     /// Nothing runs on the node: every GPU of it is free, and no attempt
     /// holds its CPUs or memory (one on a GPU out of service).
     fn idle(&self, node_idx: usize) -> bool {
-        self.groups_of_node.get(&node_idx).is_some_and(|groups| {
-            groups
-                .iter()
-                .all(|g| self.groups[*g].free.len() == self.groups[*g].size)
-        }) && self.nodes[node_idx]
-            .host
-            .as_ref()
-            .is_none_or(|host| host.held.is_empty())
+        let mut groups = self.groups_of_node[node_idx].clone();
+        groups.start < groups.end
+            && groups.all(|g| self.groups[g].free.len() == self.groups[g].size)
+            && self.nodes[node_idx]
+                .host
+                .as_ref()
+                .is_none_or(|host| host.held.is_empty())
     }
 
     /// No GPU of the node is free any more (an exclusive job runs there).
     fn close(&mut self, node_idx: usize) {
-        for group_idx in self.groups_of_node.get(&node_idx).cloned().unwrap_or_default() {
+        for group_idx in self.groups_of_node[node_idx].clone() {
             let group = &mut self.groups[group_idx];
             let old_free = std::mem::take(&mut group.free).len();
-            for pool_idx in &group.pool_idxs {
+            for pool_idx in &self.pool_sets[group.pool_set] {
                 if let Some(buckets) = self.pools[*pool_idx].models[group.model_idx].as_mut() {
                     buckets.by_free[old_free].remove(&group_idx);
                     buckets.insert(group_idx, 0);
@@ -270,7 +286,7 @@ impl<'v> FreeIndex<'v> {
                 self.close(node_idx);
                 continue;
             }
-            for group_idx in self.groups_of_node.get(&node_idx).cloned().unwrap_or_default() {
+            for group_idx in self.groups_of_node[node_idx].clone() {
                 let group = &mut self.groups[group_idx];
                 let old_free = group.free.len();
                 group.free.retain(|gpu| !part.gpu_indices.contains(gpu));
@@ -278,7 +294,7 @@ impl<'v> FreeIndex<'v> {
                 if new_free == old_free {
                     continue;
                 }
-                for pool_idx in &group.pool_idxs {
+                for pool_idx in &self.pool_sets[group.pool_set] {
                     if let Some(buckets) = self.pools[*pool_idx].models[group.model_idx].as_mut() {
                         buckets.by_free[old_free].remove(&group_idx);
                         buckets.insert(group_idx, new_free);
@@ -486,7 +502,7 @@ impl<'v> FreeIndex<'v> {
         let taken = self.nodes[group.node_idx].topology.choose(&group.free, n_gpus as usize);
         group.free.retain(|gpu| !taken.contains(gpu));
         let new_free = group.free.len();
-        for pool_idx in &group.pool_idxs {
+        for pool_idx in &self.pool_sets[group.pool_set] {
             if let Some(buckets) = self.pools[*pool_idx].models[group.model_idx].as_mut() {
                 buckets.by_free[old_free].remove(&group_idx);
                 buckets.insert(group_idx, new_free);
@@ -553,8 +569,8 @@ impl<'v> FreeIndex<'v> {
         // Only what the job asks for narrows it: a job that asks for
         // nothing is not told to relax anything.
         let in_pool = |name: &str| {
-            let groups = self.node_idx_by_name.get(name).and_then(|i| self.groups_of_node.get(i));
-            groups.is_some_and(|groups| groups.iter().any(|g| self.groups[*g].pool_idxs.contains(&pool_idx)))
+            let groups = self.node_idx_by_name.get(name).map(|i| self.groups_of_node[*i].clone());
+            groups.is_some_and(|mut groups| groups.any(|g| self.pool_sets[self.groups[g].pool_set].contains(&pool_idx)))
         };
         let what = if job.narrowed() {
             super::narrowing::narrowing_words(job, &in_pool)

@@ -58,6 +58,16 @@ pub struct Options {
     /// Keep every attempt and every preemption and rescind
     /// (`Outcome::attempts`, `Outcome::events`).
     pub record: bool,
+    /// State why every waiting job waits at gpoold's pace
+    /// (`sched::WORDS_EVERY`), as gpoold's cycles do. Off, a cycle plans
+    /// its starts and preemptions alone, over the queue's window where one
+    /// does (`cycle::window_for`), and the whole queue only where the words
+    /// are due and a victim is in its grace (a withdrawal may be due, and
+    /// only a whole plan makes one): the same decisions, at a fraction of
+    /// the cost with a long queue, but `Outcome::fragmentation_blocked_jobs`,
+    /// read from the words, is not kept. The savings search, which reads
+    /// only the waits, replays without them.
+    pub words: bool,
     /// Tests only: the start with this number (from 1) is moved onto a
     /// GPU that is taken or of a model its job does not allow, as a broken
     /// scheduler would, for the checks to find.
@@ -77,6 +87,7 @@ impl Default for Options {
             pause_secs: 0,
             resume_delay_secs: 300,
             record: false,
+            words: true,
             #[cfg(any(test, feature = "testing"))]
             corrupt_start: None,
             #[cfg(any(test, feature = "testing"))]
@@ -139,8 +150,10 @@ struct Sim<'a> {
     shapes: HashSet<Arc<JobShape>, foldhash::fast::RandomState>,
     /// What is kept for waiting jobs that take GPUs back.
     promises: crate::sched::Promises,
-    /// When a cycle last explained every waiting job (gpoold's words).
+    /// When a cycle last explained every waiting job (gpoold's words),
+    /// and whether cycles do (`Options::words`).
     explained_at: Option<Timestamp>,
+    words: bool,
     default_limit_secs: Option<u64>,
     out: Collector,
     power: Option<power::PowerSim>,
@@ -260,6 +273,7 @@ impl Sim<'_> {
             shapes: HashSet::default(),
             promises: crate::sched::Promises::default(),
             explained_at: None,
+            words: options.words,
             default_limit_secs: default_qos.and_then(|qos| qos.max_time_secs),
             out: Collector::new(setup, jobs, options.bucket_secs),
             power: power::PowerSim::new(setup, options, jobs.first().map_or(Timestamp(0), |job| job.submit)),
@@ -390,12 +404,16 @@ impl Sim<'_> {
         );
         self.refresh_view();
         let policy = &self.setup.policy;
-        let explain = self
+        let words_due = self
             .explained_at
             .is_none_or(|at| now.0 - at.0 >= crate::sched::WORDS_EVERY.as_millis() as i64);
-        if explain {
+        if words_due {
             self.explained_at = Some(now);
         }
+        // Without words, a cycle still plans the whole queue when they are
+        // due and a victim is in its grace: only such a plan withdraws a
+        // preemption no longer needed (`Reclaimer::unneeded`).
+        let explain = words_due && (self.words || self.view.running.iter().any(|r| r.preempting));
         // The view holds the queue's window, as gpoold's does, or all of it.
         let window = cycle::window_for(
             &self.view.nodes,
@@ -426,7 +444,9 @@ impl Sim<'_> {
             self.view.windowed = false;
         }
         self.out.cycle();
-        self.count_fragmented(&plan);
+        if self.words {
+            self.count_fragmented(&plan);
+        }
         let changed = !plan.starts.is_empty() || !plan.preemptions.is_empty();
         self.start_all(std::mem::take(&mut plan.starts));
         if !self.view.pending.is_empty() {

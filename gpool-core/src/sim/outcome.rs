@@ -46,7 +46,8 @@ pub struct Outcome {
     pub preemptions: u64,
     pub lost_gpu_hours: f64,
     /// Jobs that waited at least once with enough free GPUs in their pool
-    /// in total, but not enough in one place.
+    /// in total, but not enough in one place (read from the words on why
+    /// jobs wait: 0 where the replay stated none, `Options::words`).
     pub fragmentation_blocked_jobs: usize,
     pub cycles: u64,
     /// Starts placed on a GPU that was taken or out of service (always 0:

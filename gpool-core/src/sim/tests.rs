@@ -591,6 +591,16 @@ proptest! {
             prop_assert!(ticking.cycles >= outcome.cycles);
             ticking.cycles = outcome.cycles;
             prop_assert_eq!(&ticking, &outcome);
+            // Without the words (the savings search's replays): every
+            // attempt, preemption and rescind the same; only the figure
+            // read from the words is not kept.
+            let recorded = |words| simulate(&setup, &jobs, &Options { record: true, words, ..run_options() }, &mut Quiet);
+            let (with_words, mut without) = (recorded(true), recorded(false));
+            prop_assert_eq!(without.fragmentation_blocked_jobs, 0);
+            without.fragmentation_blocked_jobs = with_words.fragmentation_blocked_jobs;
+            prop_assert_eq!(&without.attempts, &with_words.attempts);
+            prop_assert_eq!(&without.events, &with_words.events);
+            prop_assert_eq!(&without, &with_words);
             if setup.name != "dedicated" {
                 prop_assert_eq!(outcome.never_started, 0);
                 prop_assert_eq!(outcome.completed, jobs.len());
