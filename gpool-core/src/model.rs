@@ -17,12 +17,14 @@ pub use requirements::{NvlinkNeed, Requirements, TerminalSize};
 /// A GPU model as the scheduler matches it: a lowercase name such as `h100`,
 /// `a100-40gb`, `l4` or a MIG profile like `h100-1g.10gb`. Matching is exact
 /// (after lowercasing), so a MIG slice never stands in for a whole GPU.
+/// Shared, not copied: a cycle clones and compares the model of every GPU
+/// of the fleet, and copies of one model compare equal by address.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct GpuModel(String);
+pub struct GpuModel(std::sync::Arc<str>);
 
 impl GpuModel {
     pub fn new(name: &str) -> GpuModel {
-        GpuModel(name.trim().to_ascii_lowercase())
+        GpuModel(name.trim().to_ascii_lowercase().into())
     }
 
     pub fn as_str(&self) -> &str {

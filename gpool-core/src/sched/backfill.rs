@@ -25,21 +25,25 @@ pub(super) struct Release<'a> {
 /// The earliest time `job` fits on `nodes` (busy GPUs as they are now) as
 /// `releases` end by their time limits, and where; `None` if it does not
 /// fit before a release with no limit (or at all).
-pub(super) fn earliest_start(
+pub(super) fn earliest_start<N: std::borrow::Borrow<NodeView>>(
     job: &PendingJob,
-    nodes: &[NodeView],
+    nodes: &[N],
     mut releases: Vec<Release>,
     policy: &Policy,
 ) -> Option<(Timestamp, Vec<NodePlacement>)> {
     releases.sort_by_key(|release| release.ends_at.map_or(i64::MAX, |at| at.0));
     let pool = policy.pool(&job.shape.pool);
-    let node_idx: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+    let node_idx: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.borrow().name.as_str(), i))
+        .collect();
     let mut freed_on: HashMap<usize, Vec<u32>> = HashMap::new();
     let room = |node_idx: usize, freed_on: &HashMap<usize, Vec<u32>>| {
         room_on(
             job,
             (pool, policy.enforce_limits),
-            &nodes[node_idx],
+            nodes[node_idx].borrow(),
             freed_on.get(&node_idx).map_or(&[][..], Vec::as_slice),
         )
     };
@@ -64,7 +68,7 @@ pub(super) fn earliest_start(
         let hypothetical: Vec<NodeView> = candidates
             .iter()
             .map(|idx| {
-                let mut node = nodes[*idx].clone();
+                let mut node = nodes[*idx].borrow().clone();
                 if let Some(extra) = freed_on.get(idx) {
                     for gpu in &mut node.gpus {
                         if extra.contains(&gpu.index) {

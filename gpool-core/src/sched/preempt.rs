@@ -53,9 +53,9 @@ pub(super) struct Reclaimer<'v> {
     view: &'v ClusterView,
     policy: &'v Policy,
     now: Timestamp,
-    /// The nodes with this cycle's starts marked busy (the view's, copied
-    /// at the cycle's first start or hold).
-    nodes: std::borrow::Cow<'v, [NodeView]>,
+    /// The nodes with this cycle's starts marked busy (the view's, each
+    /// copied at its first start or hold of the cycle).
+    nodes: Vec<std::borrow::Cow<'v, NodeView>>,
     node_idx: HashMap<&'v str, usize, FastHash>,
     /// Running jobs (and promises) whose GPUs a waiting job already counts
     /// on this cycle, by address: a promise may name a job that runs again.
@@ -91,7 +91,7 @@ impl<'v> Reclaimer<'v> {
             view,
             policy,
             now,
-            nodes: std::borrow::Cow::Borrowed(&view.nodes),
+            nodes: view.nodes.iter().map(std::borrow::Cow::Borrowed).collect(),
             node_idx: view
                 .nodes
                 .iter()
@@ -173,7 +173,7 @@ impl<'v> Reclaimer<'v> {
     }
 
     /// The nodes with this cycle's starts marked busy.
-    pub(super) fn nodes(&self) -> &[NodeView] {
+    pub(super) fn nodes(&self) -> &[std::borrow::Cow<'v, NodeView>] {
         &self.nodes
     }
 
@@ -181,7 +181,7 @@ impl<'v> Reclaimer<'v> {
     pub(super) fn taken(&mut self, placement: &[NodePlacement], host: Option<crate::sched::HostAsk>) {
         for part in placement {
             if let Some(node_idx) = self.node_idx.get(part.node.as_str()) {
-                let node = &mut self.nodes.to_mut()[*node_idx];
+                let node = self.nodes[*node_idx].to_mut();
                 node.occupy(&part.gpu_indices, host);
                 if node.gpus.iter().all(|gpu| gpu.busy) {
                     self.with_free.remove(node_idx);

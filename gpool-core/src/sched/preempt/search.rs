@@ -293,7 +293,7 @@ impl<'v> Reclaimer<'v> {
         candidates
             .iter()
             .map(|node_idx| {
-                let mut node = self.nodes[*node_idx].clone();
+                let mut node = NodeView::clone(&self.nodes[*node_idx]);
                 if let Some(extra) = freed_on.get(node_idx) {
                     for gpu in &mut node.gpus {
                         if extra.contains(&gpu.index) {
