@@ -55,7 +55,7 @@ pub fn plan(
 ) -> Plan {
     if nothing_to_plan(view) {
         return Plan {
-            complete: true,
+            complete: !view.windowed,
             ..Plan::default()
         };
     }
@@ -202,6 +202,14 @@ mod tests {
                 assert_eq!(acts(&shortcut), acts(&made), "{running}");
             }
         }
+        // A window of the queue is never the whole plan, empty or not.
+        let mut windowed = crate::testing::cluster_view_with(nodes, "r1 on=n1:0-1", "");
+        windowed.windowed = true;
+        let made = crate::sched::schedule_starts(&windowed, &Policy::default(), Timestamp(0));
+        let shortcut = plan(&windowed, &Policy::default(), Timestamp(0), false, &mut || {
+            windowed.clone()
+        });
+        assert_eq!((shortcut.complete, made.complete), (false, false));
         let view = crate::testing::cluster_view_with(nodes, "r1 burst on=n1:0-3 preempting for=j3", "");
         assert!(!nothing_to_plan(&view));
         let plan = plan(&view, &Policy::default(), Timestamp(0), false, &mut || view.clone());

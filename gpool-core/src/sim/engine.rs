@@ -62,11 +62,13 @@ pub struct Options {
     /// (`sched::WORDS_EVERY`), as gpoold's cycles do. Off, a cycle plans
     /// its starts and preemptions alone, over the queue's window where one
     /// does (`cycle::window_for`), and the whole queue only where the words
-    /// are due and a victim is in its grace (a withdrawal may be due, and
-    /// only a whole plan makes one): the same decisions, at a fraction of
-    /// the cost with a long queue, but `Outcome::fragmentation_blocked_jobs`,
-    /// read from the words, is not kept. The savings search, which reads
-    /// only the waits, replays without them.
+    /// are due and a victim is in its grace or GPUs are promised (a
+    /// withdrawal may be due, and only a whole plan makes one), or the
+    /// setup has power groups (they wake nodes for the waiting jobs the plan
+    /// names): the same decisions, at a fraction of the cost with a long
+    /// queue, but `Outcome::fragmentation_blocked_jobs`, read from the
+    /// words, is not kept. The savings search, which reads only the waits,
+    /// replays without them.
     pub words: bool,
     /// Tests only: the start with this number (from 1) is moved onto a
     /// GPU that is taken or of a model its job does not allow, as a broken
@@ -411,9 +413,14 @@ impl Sim<'_> {
             self.explained_at = Some(now);
         }
         // Without words, a cycle still plans the whole queue when they are
-        // due and a victim is in its grace: only such a plan withdraws a
-        // preemption no longer needed (`Reclaimer::unneeded`).
-        let explain = words_due && (self.words || self.view.running.iter().any(|r| r.preempting));
+        // due and a victim is in its grace or GPUs are promised (only such a
+        // plan withdraws a preemption no longer needed, `Reclaimer::unneeded`,
+        // and sees every claim), or power groups read the waiting jobs.
+        let explain = words_due
+            && (self.words
+                || self.power.is_some()
+                || !self.promises.is_empty()
+                || self.view.running.iter().any(|r| r.preempting));
         // The view holds the queue's window, as gpoold's does, or all of it.
         let window = cycle::window_for(
             &self.view.nodes,
