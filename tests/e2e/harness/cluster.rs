@@ -296,19 +296,12 @@ impl Cluster {
         let addr_file = self.state_dir().join("gpoold.addr");
         let _ = std::fs::remove_file(&addr_file);
         self.n_starts += 1;
-        // A restart listens where the agents already dial. A config needs
-        // a fixed port: one that was free a moment ago.
-        let listen = match (self.addr.is_empty(), &self.config) {
-            (false, _) => self.addr.clone(),
-            (true, None) => format!("{}:0", self.listen_host),
-            (true, Some(_)) => {
-                let probe = std::net::TcpListener::bind(format!("{}:0", self.listen_host)).expect("a free port");
-                format!(
-                    "{}:{}",
-                    self.listen_host,
-                    probe.local_addr().expect("its address").port()
-                )
-            }
+        // A restart listens where the agents already dial, so even the
+        // first start takes a fixed port, one outside the ephemeral range
+        // that no outgoing connection can take while gpoold is down.
+        let listen = match self.addr.is_empty() {
+            false => self.addr.clone(),
+            true => format!("{}:{}", self.listen_host, super::free_port_on(&self.listen_host)),
         };
         let mut command = Command::new(binary("gpoold"));
         match &self.config {

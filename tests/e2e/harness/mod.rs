@@ -43,10 +43,42 @@ pub fn skip(need: &str, reason: &str) {
 }
 
 /// A loopback port nothing listens on now, for a program that takes no
-/// port 0.
+/// port 0 or must listen on the same port again after a restart.
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    listener.local_addr().expect("its address").port()
+    free_port_on("127.0.0.1")
+}
+
+/// A port of `host` nothing listens on now, taken from below the kernel's
+/// ephemeral range: a port that `bind(0)` handed out can be taken by any
+/// outgoing connection (an agent's, a forwarder's) before the program the
+/// test starts binds it. Below that range only another caller of this
+/// function could take it, and within one test process none hands out the
+/// same port twice.
+pub fn free_port_on(host: &str) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    const FIRST: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|low| *low > FIRST + 1_000 && *low <= 65_535)
+        .unwrap_or(32_768);
+    let span = ephemeral_low - FIRST;
+    // Start where this process's id points, so that two test processes
+    // running at once are unlikely to walk the same ports.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % span,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..span {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::SeqCst) % span) as u16;
+        if std::net::TcpListener::bind((host, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port of {host} below the ephemeral range {ephemeral_low}")
 }
 
 /// Status line, headers and body of an HTTP/1.1 `GET path` at `addr`.
