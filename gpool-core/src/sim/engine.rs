@@ -232,7 +232,14 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
             continue;
         }
         due = false;
-        let changed = sim.cycle(observer);
+        // An arrival or end after which no cycle could act is passed over,
+        // as a quiet tick is.
+        let changed = if pause_ms == 0 && !sim.every_tick && sim.quiet_now() {
+            sim.pass_over();
+            false
+        } else {
+            sim.cycle(observer)
+        };
         idle = !changed;
         last_cycle = at;
         sim.out.snapshot(&sim.view, &sim.queue, &setup.policy);
@@ -406,9 +413,7 @@ impl Sim<'_> {
         );
         self.refresh_view();
         let policy = &self.setup.policy;
-        let words_due = self
-            .explained_at
-            .is_none_or(|at| now.0 - at.0 >= crate::sched::WORDS_EVERY.as_millis() as i64);
+        let words_due = self.words_due();
         if words_due {
             self.explained_at = Some(now);
         }

@@ -323,6 +323,36 @@ fn a_full_cluster_waits_for_its_next_end_without_ticking() {
     assert!(outcome.series.bucket_secs > 60, "{}", outcome.series.bucket_secs);
 }
 
+/// Jobs that arrive while every GPU is taken run no cycle each: the
+/// replay passes over those arrivals as over quiet ticks, and its every
+/// figure but the count of cycles is that of a replay that cycles at each.
+#[test]
+fn arrivals_into_a_full_cluster_run_no_cycle() {
+    let mut jobs = vec![job(0, 86_400, 2, 1, "a"), job(0, 86_400, 2, 1, "b")];
+    jobs.extend((1..200).map(|i| job(i * 60, 600, 1, 1, ["a", "b"][i as usize % 2])));
+    let cluster = Cluster::uniform(1, 4, "h100");
+    let guarantees = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 2)]);
+    for setup in [fifo(&cluster, &guarantees), dedicated(&cluster, &guarantees, 1.0)] {
+        let outcome = run(&setup, &jobs);
+        // A cycle at the first arrivals and one as each four small jobs
+        // end together (51); one at each of the 199 arrivals besides
+        // would be 250.
+        assert!(outcome.cycles <= 60, "{}: {} cycles", setup.name, outcome.cycles);
+        let mut ticking = simulate(
+            &setup,
+            &jobs,
+            &Options {
+                every_tick: true,
+                ..run_options()
+            },
+            &mut Quiet,
+        );
+        assert!(ticking.cycles > 1_400, "{}: {} cycles", setup.name, ticking.cycles);
+        ticking.cycles = outcome.cycles;
+        assert_eq!(ticking, outcome, "{}", setup.name);
+    }
+}
+
 /// Jobs that can never start are counted by their shape.
 #[test]
 fn jobs_that_never_fit_are_counted_by_shape() {

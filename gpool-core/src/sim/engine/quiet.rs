@@ -131,6 +131,32 @@ impl Sim<'_> {
             .min()
     }
 
+    /// Whether a cycle now would start, preempt and rescind nothing: the
+    /// replay is quiet (`quiet`) and no job of a team can be taken back
+    /// now. Its reasons would add to no figure either: with no waiting job
+    /// as many free GPUs as it needs in all, none is blocked by
+    /// fragmentation.
+    pub(super) fn quiet_now(&self) -> bool {
+        self.quiet() && self.next_take_back().is_none_or(|at| at > self.now)
+    }
+
+    /// A cycle passed over (`quiet_now`): what it would have left behind.
+    pub(super) fn pass_over(&mut self) {
+        if self.words_due() {
+            self.explained_at = Some(self.now);
+        }
+        if !self.view.pending.is_empty() {
+            self.out.rejected(self.now);
+        }
+    }
+
+    /// Whether the cycle now states why jobs wait (one does every
+    /// `WORDS_EVERY`).
+    pub(super) fn words_due(&self) -> bool {
+        let every_ms = crate::sched::WORDS_EVERY.as_millis() as i64;
+        self.explained_at.is_none_or(|at| self.now.0 - at.0 >= every_ms)
+    }
+
     /// The cycles the replay skips between `last_cycle` and `next` (one
     /// every `tick_ms`, strictly before `next`) would each have explained
     /// every waiting job when it was time to: the next cycle explains
