@@ -232,14 +232,7 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
             continue;
         }
         due = false;
-        // An arrival or end after which no cycle could act is passed over,
-        // as a quiet tick is.
-        let changed = if pause_ms == 0 && !sim.every_tick && sim.quiet_now() {
-            sim.pass_over();
-            false
-        } else {
-            sim.cycle(observer)
-        };
+        let changed = sim.cycle_unless_quiet(observer, pause_ms);
         idle = !changed;
         last_cycle = at;
         sim.out.snapshot(&sim.view, &sim.queue, &setup.policy);

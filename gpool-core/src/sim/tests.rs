@@ -41,6 +41,15 @@ fn run(setup: &Setup, jobs: &[TraceJob]) -> Outcome {
     simulate(setup, jobs, &run_options(), &mut Quiet)
 }
 
+/// `run` with a cycle at every tick: no quiet stretch or event passed over.
+fn run_every_tick(setup: &Setup, jobs: &[TraceJob]) -> Outcome {
+    let options = Options {
+        every_tick: true,
+        ..run_options()
+    };
+    simulate(setup, jobs, &options, &mut Quiet)
+}
+
 /// Each job's wait in seconds, in trace order, from the per-team figures of
 /// a one-team trace (or the overall ones).
 fn delays(outcome: &Outcome) -> (f64, f64, usize) {
@@ -300,15 +309,7 @@ fn a_full_cluster_waits_for_its_next_end_without_ticking() {
     let guarantees = BTreeMap::from([("a".to_string(), 4), ("b".to_string(), 4)]);
     for setup in [fifo(&cluster, &guarantees), dedicated(&cluster, &guarantees, 1.0)] {
         let outcome = run(&setup, &jobs);
-        let mut ticking = simulate(
-            &setup,
-            &jobs,
-            &Options {
-                every_tick: true,
-                ..run_options()
-            },
-            &mut Quiet,
-        );
+        let mut ticking = run_every_tick(&setup, &jobs);
         if setup.name == "fifo" {
             assert!(outcome.cycles < 40, "{} cycles", outcome.cycles);
             assert!(ticking.cycles > 1000, "{} cycles", ticking.cycles);
@@ -338,15 +339,7 @@ fn arrivals_into_a_full_cluster_run_no_cycle() {
         // end together (51); one at each of the 199 arrivals besides
         // would be 250.
         assert!(outcome.cycles <= 60, "{}: {} cycles", setup.name, outcome.cycles);
-        let mut ticking = simulate(
-            &setup,
-            &jobs,
-            &Options {
-                every_tick: true,
-                ..run_options()
-            },
-            &mut Quiet,
-        );
+        let mut ticking = run_every_tick(&setup, &jobs);
         assert!(ticking.cycles > 1_400, "{}: {} cycles", setup.name, ticking.cycles);
         ticking.cycles = outcome.cycles;
         assert_eq!(ticking, outcome, "{}", setup.name);
@@ -617,7 +610,7 @@ proptest! {
             prop_assert_eq!(outcome.overcommits, 0);
             prop_assert_eq!(outcome.invariant_violations, 0, "{:?}", outcome.first_violation);
             // Jumping over quiet stretches changes nothing but the cycles.
-            let mut ticking = simulate(&setup, &jobs, &Options { every_tick: true, ..run_options() }, &mut Quiet);
+            let mut ticking = run_every_tick(&setup, &jobs);
             prop_assert!(ticking.cycles >= outcome.cycles);
             ticking.cycles = outcome.cycles;
             prop_assert_eq!(&ticking, &outcome);
@@ -983,6 +976,25 @@ fn a_cloud_group_wakes_for_waiting_jobs_and_sleeps_when_idle_within_its_budget()
     let one = run(&with_power(gpool, group(1), 300), &jobs);
     assert_eq!(one.power.clone().expect("power").resumes, 1);
     assert_eq!(delays(&one), ((300.0 + 3600.0) / 4.0, 3600.0, 4));
+}
+
+/// A quarter-GPU job that arrives while no GPU is free joins the GPU
+/// another quarter opened: its arrival runs a cycle, as every tick would.
+#[test]
+fn a_fraction_arriving_at_a_full_cluster_joins_a_shared_gpu() {
+    let quarter = |at| TraceJob {
+        gpu_milli: Some(250),
+        ..job(at, 3600, 1, 1, "a")
+    };
+    let jobs = vec![quarter(0), job(0, 3600, 1, 1, "a"), quarter(60)];
+    let cluster = Cluster::uniform(1, 2, "h100");
+    let guarantees = guarantees_by_demand(&jobs, cluster.gpus());
+    let setup = pooled("gpool", &cluster, sharing_policy(&cluster, &guarantees), &guarantees);
+    let outcome = run(&setup, &jobs);
+    assert_eq!(delays(&outcome), (0.0, 0.0, 3));
+    let mut ticking = run_every_tick(&setup, &jobs);
+    ticking.cycles = outcome.cycles;
+    assert_eq!(ticking, outcome);
 }
 
 /// Eight quarter-GPU jobs of an hour each on two H100s: packed four to a

@@ -131,23 +131,44 @@ impl Sim<'_> {
             .min()
     }
 
-    /// Whether a cycle now would start, preempt and rescind nothing: the
-    /// replay is quiet (`quiet`) and no job of a team can be taken back
-    /// now. Its reasons would add to no figure either: with no waiting job
-    /// as many free GPUs as it needs in all, none is blocked by
-    /// fragmentation.
-    pub(super) fn quiet_now(&self) -> bool {
-        self.quiet() && self.next_take_back().is_none_or(|at| at > self.now)
-    }
-
-    /// A cycle passed over (`quiet_now`): what it would have left behind.
-    pub(super) fn pass_over(&mut self) {
+    /// A scheduling cycle, or none where it would start, preempt and
+    /// rescind nothing: after an arrival or end the replay is quiet
+    /// (`quiet`), no job of a team can be taken back now, and no GPU that
+    /// fractions share has room for another (`quiet` counts free GPUs
+    /// only: after a cycle that did nothing, a fraction had no room
+    /// either; an arrival or an end may change that). Its reasons would
+    /// add to no figure: with no waiting job as many free GPUs as it needs
+    /// in all, none is blocked by fragmentation. Whether anything started
+    /// or was preempted.
+    pub(super) fn cycle_unless_quiet(&mut self, observer: &mut dyn Observer, pause_ms: i64) -> bool {
+        let quiet = pause_ms == 0
+            && !self.every_tick
+            && !self.shared_gpu_has_room()
+            && self.quiet()
+            && self.next_take_back().is_none_or(|at| at > self.now);
+        if !quiet {
+            return self.cycle(observer);
+        }
+        // What the cycle would have left behind.
         if self.words_due() {
             self.explained_at = Some(self.now);
         }
         if !self.view.pending.is_empty() {
             self.out.rejected(self.now);
         }
+        false
+    }
+
+    /// Whether a GPU that fractions share, on a node that takes work, has
+    /// memory left for another.
+    fn shared_gpu_has_room(&self) -> bool {
+        self.view.nodes.iter().any(|node| {
+            node.availability == Availability::Up
+                && node
+                    .gpus
+                    .iter()
+                    .any(|gpu| gpu.shared.as_ref().is_some_and(|shared| shared.free_mib() > 0))
+        })
     }
 
     /// Whether the cycle now states why jobs wait (one does every
