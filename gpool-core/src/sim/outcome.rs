@@ -302,6 +302,11 @@ impl Collector {
         }
     }
 
+    /// Whether `job` was counted as blocked by fragmentation.
+    pub(super) fn is_fragmented(&self, job: JobId) -> bool {
+        self.fragmented.get(job.0 as usize - 1).is_some_and(|seen| *seen)
+    }
+
     pub(super) fn overcommitted(&mut self) {
         self.overcommits += 1;
     }

@@ -616,11 +616,14 @@ proptest! {
             prop_assert_eq!(&ticking, &outcome);
             // Without the words (the savings search's replays): every
             // attempt, preemption and rescind the same; only the figure
-            // read from the words is not kept.
+            // read from the words is not kept, and the cycles that would
+            // have stated it not run.
             let recorded = |words| simulate(&setup, &jobs, &Options { record: true, words, ..run_options() }, &mut Quiet);
             let (with_words, mut without) = (recorded(true), recorded(false));
             prop_assert_eq!(without.fragmentation_blocked_jobs, 0);
+            prop_assert!(without.cycles <= with_words.cycles);
             without.fragmentation_blocked_jobs = with_words.fragmentation_blocked_jobs;
+            without.cycles = with_words.cycles;
             prop_assert_eq!(&without.attempts, &with_words.attempts);
             prop_assert_eq!(&without.events, &with_words.events);
             prop_assert_eq!(&without, &with_words);

@@ -7,6 +7,9 @@
 use super::*;
 use crate::sched::Availability;
 
+/// A pool and the GPU models a job allows in it.
+type PoolModels<'a> = (&'a str, &'a [crate::model::GpuModel]);
+
 impl Sim<'_> {
     /// Whether a tick now would start, preempt and rescind nothing, and
     /// neither would any later tick before something happens: no waiting
@@ -18,13 +21,19 @@ impl Sim<'_> {
     /// grace and no GPUs are promised; no power group or reservation
     /// changes what the nodes take.
     pub(super) fn quiet(&self) -> bool {
+        self.quiet_but_for_room() && !self.some_job_has_room()
+    }
+
+    /// `quiet`, but for the free GPUs: nothing can be taken, no victim is
+    /// in its grace, nothing is promised, and the nodes take work as they
+    /// did.
+    fn quiet_but_for_room(&self) -> bool {
         let policy = &self.setup.policy;
         self.power.is_none()
             && policy.reservations.is_empty()
             && self.promises.is_empty()
             && !policy.sharing.qos.iter().any(|qos| qos.preempt_lower)
             && !self.view.running.iter().any(|r| r.preempting)
-            && !self.some_job_has_room()
             && (!self.view.running.iter().any(|r| r.burst) || !self.some_job_may_be_owed())
     }
 
@@ -132,19 +141,21 @@ impl Sim<'_> {
     }
 
     /// A scheduling cycle, or none where it would start, preempt and
-    /// rescind nothing: after an arrival or end the replay is quiet
-    /// (`quiet`), no job of a team can be taken back now, and no GPU that
-    /// fractions share has room for another (`quiet` counts free GPUs
-    /// only: after a cycle that did nothing, a fraction had no room
-    /// either; an arrival or an end may change that). Its reasons would
-    /// add to no figure: with no waiting job as many free GPUs as it needs
-    /// in all, none is blocked by fragmentation. Whether anything started
-    /// or was preempted.
+    /// rescind nothing, and its reasons would add to no figure: after an
+    /// arrival or end nothing can be taken (`quiet_but_for_room`), no job
+    /// of a team can be taken back now, no GPU that fractions share has
+    /// room for another (`quiet` counts free GPUs only: after a cycle that
+    /// did nothing, a fraction had no room either; an arrival or an end
+    /// may change that), and no waiting job has as many free GPUs as it
+    /// needs in all (then none is blocked by fragmentation) or, where some
+    /// has, none fits node by node and every such job is counted as
+    /// blocked already. Whether anything started or was preempted.
     pub(super) fn cycle_unless_quiet(&mut self, observer: &mut dyn Observer, pause_ms: i64) -> bool {
         let quiet = pause_ms == 0
             && !self.every_tick
             && !self.shared_gpu_has_room()
-            && self.quiet()
+            && self.quiet_but_for_room()
+            && (!self.some_job_has_room() || !self.some_job_fits_or_is_news())
             && self.next_take_back().is_none_or(|at| at > self.now);
         if !quiet {
             return self.cycle(observer);
@@ -155,6 +166,53 @@ impl Sim<'_> {
         }
         if !self.view.pending.is_empty() {
             self.out.rejected(self.now);
+        }
+        false
+    }
+
+    /// Whether some waiting job fits the free GPUs node by node: `nodes`
+    /// nodes of its pool that take work, each with `gpus_per_node` free
+    /// GPUs of the models it allows (a start needs at least that; host
+    /// asks, topology and reserves only narrow it). Or, where this cycle
+    /// states why jobs wait, whether one with as many free GPUs in all as
+    /// it needs is not yet counted as blocked by fragmentation (its
+    /// reasons may count it; those of a job counted already add nothing).
+    fn some_job_fits_or_is_news(&self) -> bool {
+        let stating = self.words && self.words_due();
+        let policy = &self.setup.policy;
+        // Each pool and models' free GPUs per node, most first, and in all.
+        let mut free: HashMap<PoolModels, (Vec<u32>, u64), foldhash::fast::RandomState> = HashMap::default();
+        // The view lists each shape's jobs together: one look per run.
+        for run in self.view.pending.chunk_by(|a, b| Arc::ptr_eq(&a.shape, &b.shape)) {
+            let shape = &run[0].shape;
+            let Some(pool) = policy.pool(&shape.pool) else {
+                continue;
+            };
+            let (per_node, total) = free.entry((shape.pool.as_str(), &shape.gpu_types)).or_insert_with(|| {
+                let mut per_node: Vec<u32> = self
+                    .view
+                    .nodes
+                    .iter()
+                    .filter(|node| node.availability == Availability::Up && pool.selects(&node.labels))
+                    .map(|node| {
+                        let free = node
+                            .gpus
+                            .iter()
+                            .filter(|gpu| !gpu.busy && gpu.model.accepted_by(&shape.gpu_types));
+                        free.count() as u32
+                    })
+                    .collect();
+                per_node.sort_unstable_by(|a, b| b.cmp(a));
+                let total = per_node.iter().map(|n| u64::from(*n)).sum();
+                (per_node, total)
+            });
+            let nodes = shape.nodes.max(1) as usize;
+            if per_node.get(nodes - 1).is_some_and(|free| *free >= shape.gpus_per_node) {
+                return true;
+            }
+            if stating && *total >= run[0].total_gpus() && run.iter().any(|job| !self.out.is_fragmented(job.id)) {
+                return true;
+            }
         }
         false
     }
