@@ -981,6 +981,30 @@ fn a_cloud_group_wakes_for_waiting_jobs_and_sleeps_when_idle_within_its_budget()
     assert_eq!(delays(&one), ((300.0 + 3600.0) / 4.0, 3600.0, 4));
 }
 
+/// A job that fits no node arrives 200 ms after a cycle that stated why
+/// jobs wait (the words are not due again), where GPUs are free in all:
+/// that arrival's cycle counts it as blocked by fragmentation, as a replay
+/// that cycles at every tick does, before an end 200 ms later lets it
+/// start.
+#[test]
+fn a_job_that_fits_no_node_between_words_is_counted_as_fragmented() {
+    let at_ms = |at, duration_ms, gpus| TraceJob {
+        submit: Timestamp(at),
+        duration_ms,
+        ..job(0, 1, gpus, 1, "a")
+    };
+    // Three of the four GPUs of each node busy, one for 400 ms.
+    let jobs = vec![at_ms(0, 400, 3), at_ms(0, 3_600_000, 3), at_ms(200, 60_000, 2)];
+    let cluster = Cluster::uniform(2, 4, "h100");
+    let setup = fifo(&cluster, &BTreeMap::new());
+    let outcome = run(&setup, &jobs);
+    assert_eq!(outcome.fragmentation_blocked_jobs, 1);
+    assert_eq!(outcome.completed, 3);
+    let mut ticking = run_every_tick(&setup, &jobs);
+    ticking.cycles = outcome.cycles;
+    assert_eq!(ticking, outcome);
+}
+
 /// A quarter-GPU job that arrives while no GPU is free joins the GPU
 /// another quarter opened: its arrival runs a cycle, as every tick would.
 #[test]

@@ -173,12 +173,14 @@ impl Sim<'_> {
     /// Whether some waiting job fits the free GPUs node by node: `nodes`
     /// nodes of its pool that take work, each with `gpus_per_node` free
     /// GPUs of the models it allows (a start needs at least that; host
-    /// asks, topology and reserves only narrow it). Or, where this cycle
-    /// states why jobs wait, whether one with as many free GPUs in all as
-    /// it needs is not yet counted as blocked by fragmentation (its
-    /// reasons may count it; those of a job counted already add nothing).
+    /// asks, topology and reserves only narrow it). Or, where the replay
+    /// keeps the words, whether one with as many free GPUs in all as it
+    /// needs is not yet counted as blocked by fragmentation: every cycle's
+    /// plan says why the jobs it reaches wait, due or not (with GPUs free
+    /// it reaches them all), and may count it; the reasons of a job
+    /// counted already add nothing.
     fn some_job_fits_or_is_news(&self) -> bool {
-        let stating = self.words && self.words_due();
+        let stating = self.words;
         let policy = &self.setup.policy;
         // Each pool and models' free GPUs per node, most first, and in all.
         let mut free: HashMap<PoolModels, (Vec<u32>, u64), foldhash::fast::RandomState> = HashMap::default();
