@@ -167,7 +167,10 @@ fn a_notebook_and_an_inference_fraction_share_one_h100_each_capped_and_charged_i
     // One MPS daemon for the shared GPU, started once.
     let pipe = pipe_of(&notebook_env);
     let started = wait_until("the MPS daemon", Duration::from_secs(10), || {
-        std::fs::read_to_string(format!("{pipe}/started")).ok()
+        // Whole once a line is written (the shell makes the file first).
+        std::fs::read_to_string(format!("{pipe}/started"))
+            .ok()
+            .filter(|text| text.ends_with('\n'))
     });
     assert_eq!(started.lines().count(), 1, "{started}");
 

@@ -324,7 +324,10 @@ fn an_exclusive_job_gets_a_whole_idle_node_to_itself() {
     cluster.wait_for_state(whole, "running");
     assert_ne!(node_of(&cluster, whole), busy_node, "only the idle node");
     let visible = wait_until("the exclusive job's GPUs", Duration::from_secs(20), || {
-        std::fs::read_to_string(cluster.dir.path().join("whole-visible")).ok()
+        // Whole once its line is written (the shell makes the file first).
+        std::fs::read_to_string(cluster.dir.path().join("whole-visible"))
+            .ok()
+            .filter(|text| text.ends_with('\n'))
     });
     assert_eq!(visible.trim(), "0,1,2,3", "every GPU of its node");
     let job = cluster.job(whole);
