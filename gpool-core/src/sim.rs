@@ -358,31 +358,73 @@ pub fn savings(
     (options, threads): (&Options, usize),
     observe: &ObserveScale<'_>,
 ) -> Savings {
-    let refine = 3;
-    // Only the waits are read: the same decisions without the words.
+    let coarse = first_enough(
+        SAVINGS_SCALES.len(),
+        threads,
+        |index| savings_replay((cluster, guarantees), jobs, SAVINGS_SCALES[index], options, observe),
+        |(outcome, gpus)| {
+            SavingsTry::judge(0.0, *gpus, outcome, target_mean_delay_secs)
+                .rejected
+                .is_none()
+        },
+    );
+    savings_from(
+        (cluster, guarantees),
+        jobs,
+        target_mean_delay_secs,
+        coarse,
+        (options, observe),
+    )
+}
+
+/// One replay of the savings search: dedicated partitions of `scale` times
+/// the pool's GPUs, without words (only the waits are read: the same
+/// decisions); its outcome and the GPUs of its partitions.
+pub fn savings_replay(
+    (cluster, guarantees): (&Cluster, &BTreeMap<String, u32>),
+    jobs: &[TraceJob],
+    scale: f64,
+    options: &Options,
+    observe: &ObserveScale<'_>,
+) -> (Outcome, u64) {
     let options = &Options {
         words: false,
         ..options.clone()
     };
+    let setup = dedicated(cluster, guarantees, scale);
+    let outcome = simulate(&setup, jobs, options, &mut *observe(scale));
+    let gpus = setup.nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>();
+    (outcome, gpus)
+}
+
+/// `savings`, given the replays of the first scales of `SAVINGS_SCALES`
+/// in order, up to the first that matches the target (or all of them),
+/// as `first_enough` keeps them; a caller may have run them beside other
+/// replays.
+pub fn savings_from(
+    (cluster, guarantees): (&Cluster, &BTreeMap<String, u32>),
+    jobs: &[TraceJob],
+    target_mean_delay_secs: f64,
+    coarse: Vec<(Outcome, u64)>,
+    (options, observe): (&Options, &ObserveScale<'_>),
+) -> Savings {
+    let refine = 3;
     let run = |scale: f64| {
-        let setup = dedicated(cluster, guarantees, scale);
-        let outcome = simulate(&setup, jobs, options, &mut *observe(scale));
-        let gpus = setup.nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>();
+        let (outcome, gpus) = savings_replay((cluster, guarantees), jobs, scale, options, observe);
         (SavingsTry::judge(scale, gpus, &outcome, target_mean_delay_secs), gpus)
     };
+    let replayed = coarse
+        .iter()
+        .zip(SAVINGS_SCALES)
+        .map(|((outcome, gpus), scale)| (SavingsTry::judge(scale, *gpus, outcome, target_mean_delay_secs), *gpus));
     let mut tried = Vec::new();
     let (mut low, mut high) = (SAVINGS_SCALES[0], None);
-    let replayed = first_enough(
-        SAVINGS_SCALES.len(),
-        threads,
-        |index| run(SAVINGS_SCALES[index]),
-        |(judged, _)| judged.rejected.is_none(),
-    );
     for (judged, gpus) in replayed {
         let (scale, ok) = (judged.scale, judged.rejected.is_none());
         tried.push(judged);
         if ok {
             high = Some((scale, gpus));
+            break;
         } else {
             low = scale;
         }

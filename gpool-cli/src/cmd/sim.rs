@@ -182,23 +182,14 @@ fn run_with(args: SimArgs, json: bool, adjust: &dyn Fn(&mut sim::Options)) -> Re
         None => setups(&args.compare, &cluster, &gpool_policy, &guarantees)?,
     };
     let bars = indicatif::MultiProgress::new();
-    let results = replay_all(&setups, &jobs, &options, &bars);
-    // The savings search keeps no records: only its waits count.
-    let search_options = sim::Options {
-        record: false,
-        ..options.clone()
-    };
-    let savings = savings_target(&args, &results).map(|target| {
-        search_savings(
-            &cluster,
-            &guarantees,
-            &jobs,
-            &impossible,
-            target,
-            &search_options,
-            &bars,
-        )
-    });
+    let pooled = pooled_for_savings(&args, &setups);
+    let (results, savings) = replay_all(
+        (&setups, pooled),
+        (&jobs, &impossible),
+        (&cluster, &guarantees),
+        &options,
+        &bars,
+    );
     let outcomes: Vec<&Outcome> = results.iter().map(|(o, _)| o).collect();
     write_files(&args, &outcomes, &guarantees)?;
     let currency = currency(&args);
@@ -391,73 +382,106 @@ fn setups(
     Ok(setups)
 }
 
-/// Replays the trace under every setup, each with its progress bar.
+/// A replay of `replay_all`'s work queue: a policy's (its index in the
+/// setups), or one of the savings search's first scales.
+enum Replayed {
+    Policy(usize, Outcome, Timing),
+    Scale(Outcome, u64),
+}
+
+/// Replays every setup, and where `pooled` names the one whose mean wait
+/// dedicated partitions must match, the savings search over the jobs that
+/// can start. One work queue on as many threads as there are cores, each
+/// taking the next replay as soon as it is done: the pooled policy first,
+/// the others, then the savings search's first scales, so that a core the
+/// policies leave idle replays those (the search needs only the pooled
+/// mean wait, known by then or judged at the end: `first_enough` keeps
+/// what trying the scales one at a time keeps). Its narrowing replays
+/// follow. The outcomes do not depend on the order.
 fn replay_all(
-    setups: &[sim::Setup],
-    jobs: &[TraceJob],
+    (setups, pooled): (&[sim::Setup], Option<usize>),
+    (jobs, impossible): (&[TraceJob], &[(usize, String)]),
+    (cluster, guarantees): (&Cluster, &BTreeMap<String, u32>),
     options: &sim::Options,
     bars: &indicatif::MultiProgress,
-) -> Vec<(Outcome, Timing)> {
-    // Each policy replays on a thread of its own (the outcomes do not
-    // depend on it), as many at once as there are cores, the next as soon
-    // as one is done.
+) -> (Vec<(Outcome, Timing)>, Option<Savings>) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let replay = |index: usize| {
-        let setup = &setups[index];
-        let mut watch = Watch::new(&setup.name, bars);
-        let started = Instant::now();
-        let outcome = sim::simulate(setup, jobs, options, &mut watch);
-        (outcome, watch.finish(started.elapsed()))
-    };
-    sim::first_enough(setups.len(), threads, replay, |_| false)
-}
-
-/// The pooled mean wait that dedicated partitions must match, if the savings search is to run.
-fn savings_target(args: &SimArgs, results: &[(Outcome, Timing)]) -> Option<f64> {
-    if args.cloud.is_some() {
-        return None;
-    }
-    let pooled = results.iter().find(|(o, _)| o.policy == "gpool").or_else(|| {
-        results
-            .iter()
-            .find(|(o, _)| o.policy != "dedicated" && o.policy != "fifo")
-    });
-    match pooled {
-        Some((pooled, _)) if !args.no_savings && args.compare.iter().any(|c| c == "dedicated") => {
-            Some(pooled.queue_delay.mean)
-        }
-        _ => None,
-    }
-}
-
-/// How many dedicated GPUs match the pooled mean wait, over the jobs that can start.
-fn search_savings(
-    cluster: &Cluster,
-    guarantees: &BTreeMap<String, u32>,
-    jobs: &[TraceJob],
-    impossible: &[(usize, String)],
-    target_mean_delay_secs: f64,
-    options: &sim::Options,
-    bars: &indicatif::MultiProgress,
-) -> Savings {
+    let mut order: Vec<usize> = pooled.into_iter().collect();
+    order.extend((0..setups.len()).filter(|index| Some(*index) != pooled));
     let possible: Vec<TraceJob> = jobs
         .iter()
         .enumerate()
         .filter(|(idx, _)| impossible.binary_search_by_key(idx, |(i, _)| *i).is_err())
         .map(|(_, job)| job.clone())
         .collect();
-    // As the policies, as many scales at once as there are cores.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The savings search keeps no records: only its waits count.
+    let search_options = sim::Options {
+        record: false,
+        ..options.clone()
+    };
     let observe = |scale: f64| -> Box<dyn sim::Observer + Send + '_> {
         Box::new(progress::Scaled::new(Watch::new(&format!("savings x{scale:.2}"), bars)))
     };
-    sim::savings(
-        (cluster, guarantees),
-        &possible,
-        target_mean_delay_secs,
-        (options, threads),
-        &observe,
-    )
+    let target = std::sync::OnceLock::new();
+    let n_scales = if pooled.is_some() { sim::SAVINGS_SCALES.len() } else { 0 };
+    let replay = |task: usize| match order.get(task) {
+        Some(&index) => {
+            let setup = &setups[index];
+            let mut watch = Watch::new(&setup.name, bars);
+            let started = Instant::now();
+            let outcome = sim::simulate(setup, jobs, options, &mut watch);
+            if Some(index) == pooled {
+                let _ = target.set(outcome.queue_delay.mean);
+            }
+            Replayed::Policy(index, outcome, watch.finish(started.elapsed()))
+        }
+        None => {
+            let scale = sim::SAVINGS_SCALES[task - order.len()];
+            let (outcome, gpus) =
+                sim::savings_replay((cluster, guarantees), &possible, scale, &search_options, &observe);
+            Replayed::Scale(outcome, gpus)
+        }
+    };
+    let enough = |replayed: &Replayed| match replayed {
+        Replayed::Scale(outcome, gpus) => target
+            .get()
+            .is_some_and(|target| sim::SavingsTry::judge(0.0, *gpus, outcome, *target).rejected.is_none()),
+        Replayed::Policy(..) => false,
+    };
+    let replayed = sim::first_enough(order.len() + n_scales, threads, replay, enough);
+    let mut results: Vec<Option<(Outcome, Timing)>> = (0..setups.len()).map(|_| None).collect();
+    let mut coarse = Vec::new();
+    for replayed in replayed {
+        match replayed {
+            Replayed::Policy(index, outcome, timing) => results[index] = Some((outcome, timing)),
+            Replayed::Scale(outcome, gpus) => coarse.push((outcome, gpus)),
+        }
+    }
+    let savings = target.get().map(|target| {
+        sim::savings_from(
+            (cluster, guarantees),
+            &possible,
+            *target,
+            coarse,
+            (&search_options, &observe),
+        )
+    });
+    // No policy's result is enough: `first_enough` keeps them all.
+    (results.into_iter().flatten().collect(), savings)
+}
+
+/// Which setup's mean wait dedicated partitions must match, if the savings
+/// search is to run: `gpool`, else the first that is not `dedicated` or
+/// `fifo`, where `dedicated` is compared and `--no-savings` not given.
+fn pooled_for_savings(args: &SimArgs, setups: &[sim::Setup]) -> Option<usize> {
+    if args.cloud.is_some() || args.no_savings || !args.compare.iter().any(|c| c == "dedicated") {
+        return None;
+    }
+    setups.iter().position(|setup| setup.name == "gpool").or_else(|| {
+        setups
+            .iter()
+            .position(|setup| setup.name != "dedicated" && setup.name != "fifo")
+    })
 }
 
 /// The currency of --policy's prices (USD without one).

@@ -223,3 +223,54 @@ fn chart_points_average_a_long_series_down() {
     let short = super::plot::points(&[0.5, 0.25], 3600, 1.0, 1_000);
     assert_eq!(short, [(0.0, 0.5), (1.0, 0.25)]);
 }
+
+/// The savings search that joins the policies' work queue (its first
+/// scales replayed beside them) finds what the search run after them
+/// finds: `sim::savings` on the pooled policy's mean wait.
+#[test]
+fn the_savings_search_beside_the_policies_finds_what_it_finds_after_them() {
+    use gpool_core::sim;
+    let dir = std::env::temp_dir().join(format!("gpool-sim-savings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    // Team a sends a burst that dedicated partitions of one GPU make wait.
+    let mut trace = String::from("submit,duration,gpus_per_node,nodes,team\n");
+    for i in 0..6 {
+        trace += &format!("2026-11-23T10:00:0{i}Z,{},1,1,a\n", 600 + 300 * i);
+    }
+    trace += "2026-11-23T10:00:00Z,100,1,1,b\n2026-11-23T10:30:00Z,100,1,1,b\n";
+    std::fs::write(dir.join("trace.csv"), trace).expect("the trace");
+    let args = sim_args(&dir, &[]);
+    let cluster = super::load_cluster(&args).expect("the cluster");
+    let mut jobs = super::load_trace(&args, "trace.csv", &cluster).expect("the trace");
+    let impossible = sim::impossible(&cluster, &jobs);
+    super::apply_job_defaults(&args, &mut jobs).expect("defaults");
+    let (policy, guarantees, cluster) = super::policy_and_guarantees(&args, cluster, &jobs).expect("a policy");
+    let setups = super::setups(&args.compare, &cluster, &policy, &guarantees).expect("the setups");
+    let pooled = super::pooled_for_savings(&args, &setups);
+    assert_eq!(pooled.map(|index| setups[index].name.as_str()), Some("gpool"));
+    let options = sim::Options {
+        tick_secs: 60,
+        bucket_secs: 60,
+        ..sim::Options::default()
+    };
+    let bars = indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden());
+    let (results, savings) = super::replay_all(
+        (&setups, pooled),
+        (&jobs, &impossible),
+        (&cluster, &guarantees),
+        &options,
+        &bars,
+    );
+    let names: Vec<&str> = results.iter().map(|(outcome, _)| outcome.policy.as_str()).collect();
+    assert_eq!(names, ["dedicated", "fifo", "gpool"]);
+    let target = results[2].0.queue_delay.mean;
+    let quiet = |_: f64| -> Box<dyn sim::Observer + Send> { Box::new(sim::Quiet) };
+    let search_options = sim::Options {
+        record: false,
+        ..options
+    };
+    let after = sim::savings((&cluster, &guarantees), &jobs, target, (&search_options, 1), &quiet);
+    assert!(after.tried.len() > 1, "{after:?}");
+    assert_eq!(savings, Some(after));
+    std::fs::remove_dir_all(&dir).ok();
+}
