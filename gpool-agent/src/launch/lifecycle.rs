@@ -111,8 +111,13 @@ impl Attempts {
     }
 
     pub fn launch(self: &Arc<Self>, launch: pb::Launch) {
+        // Whether an old attempt runs, and queueing behind it, happen under
+        // the queue's lock: `finish` journals an end before it takes that
+        // lock to look for a waiting launch, so it cannot miss one.
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
         match self.running_epoch(launch.job_id) {
             Some(epoch) if epoch == launch.epoch => {
+                drop(queued);
                 tracing::warn!(
                     job = launch.job_id,
                     epoch,
@@ -124,20 +129,19 @@ impl Attempts {
             // here (it was fenced off while this node was away): the old one
             // is ended, and the new one starts when it has.
             Some(old_epoch) => {
+                let job_id = launch.job_id;
                 tracing::warn!(
-                    job = launch.job_id,
+                    job = job_id,
                     old_epoch,
                     epoch = launch.epoch,
                     "new attempt waits for the stale one to end"
                 );
-                self.kill(launch.job_id, old_epoch, STALE_GRACE);
-                self.queued
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(launch.job_id, launch);
+                queued.insert(job_id, launch);
+                drop(queued);
+                self.kill(job_id, old_epoch, STALE_GRACE);
                 return;
             }
-            None => {}
+            None => drop(queued),
         }
         let (job_id, epoch) = (launch.job_id, launch.epoch);
         let short = self.space.lock().unwrap_or_else(|p| p.into_inner()).1.clone();
