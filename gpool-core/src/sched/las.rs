@@ -128,6 +128,69 @@ impl Las {
         }
     }
 
+    /// When `running`, whose chance to be taken back (`next_chance`) has
+    /// come by `now`, could be taken back by one of `waiting` (its team's
+    /// waiting jobs): `now`, where one that asks for at least its GPUs is
+    /// in a lower queue (`takes_back` needs that); else no sooner than one
+    /// of those could be: its service crosses the next threshold, such a
+    /// job is promoted, or its next chance after this one. `None`: never.
+    pub fn take_back_due<'a>(
+        &self,
+        running: &RunningJob,
+        every_ms: Option<i64>,
+        waiting: impl IntoIterator<Item = &'a PendingJob>,
+        now: Timestamp,
+    ) -> Option<Timestamp> {
+        let queue = self.running_queue(running, now);
+        let mut soonest = self.chance_after_this(running, every_ms, now);
+        for job in waiting.into_iter().filter(|job| job.total_gpus() >= running.gpus()) {
+            if self.waiting_queue(job, now) < queue {
+                return Some(now);
+            }
+            soonest = soonest.into_iter().chain(self.promoted_at(job)).min();
+        }
+        let service = running.service_now(now);
+        let (start, gpus) = (running.started_at.0, running.gpus().max(1));
+        let crossing = self
+            .thresholds_gpu_secs
+            .iter()
+            .find(|threshold| **threshold > service)
+            .and_then(|threshold| {
+                let short = threshold.saturating_sub(running.service_before_gpu_secs);
+                let secs = i64::try_from(short.div_ceil(gpus)).ok()?;
+                Some(Timestamp(start.saturating_add(secs.saturating_mul(1000))))
+            });
+        // An estimate a moment early only wakes the replay for nothing.
+        soonest
+            .into_iter()
+            .chain(crossing)
+            .min()
+            .map(|at| Timestamp(at.0.max(now.0 + 1)))
+    }
+
+    /// The next chance of `running` after the one (of checkpoint and
+    /// `max_lost_secs`) that `now` is in.
+    fn chance_after_this(&self, running: &RunningJob, every_ms: Option<i64>, now: Timestamp) -> Option<Timestamp> {
+        let every = every_ms.filter(|every| *every > 0)?;
+        let start = running.started_at.0;
+        let last = start + (now.0 - start).max(0) / every * every;
+        let past = last.saturating_add(self.max_lost_secs as i64 * 1000 + 1);
+        self.next_chance(running, Some(every), Timestamp(past.max(now.0 + 1)))
+    }
+
+    /// A moment no later than the one at which waiting `job`, in a queue
+    /// past 0, is promoted to queue 0 (`None`: it is in queue 0, or never
+    /// is promoted).
+    fn promoted_at(&self, job: &PendingJob) -> Option<Timestamp> {
+        if self.queue_of(job.service_gpu_secs) == 0 || self.promote_factor <= 0.0 {
+            return None;
+        }
+        let ran_secs = job.service_gpu_secs as f64 / job.total_gpus().max(1) as f64;
+        // Floored, and a millisecond early, against rounding.
+        let wait_ms = (self.promote_factor * ran_secs * 1000.0).floor() as i64;
+        Some(Timestamp(job.waiting_since.0.saturating_add(wait_ms).saturating_sub(1)))
+    }
+
     /// `job` may take `victim`'s GPUs back: a job of its own team in a
     /// later queue (more served) than its own, that checkpointed within
     /// `max_lost_secs`, and holds no more GPUs than `job` asks (all it
@@ -257,6 +320,39 @@ mod tests {
         assert_eq!(las.next_chance(&job, None, Timestamp(121_000)), None);
     }
 
+    /// A 2-GPU job in queue 1 within its chance: taken back now by a
+    /// waiting job of 2 GPUs in queue 0, never by one of 1 GPU; with only
+    /// a served one waiting, not before that one is promoted.
+    #[test]
+    fn a_take_back_is_due_only_for_a_less_served_job_of_its_size() {
+        let las = Las {
+            max_lost_secs: 120,
+            ..las()
+        };
+        let mut job = crate::testing::running_job("r1 on=n1:0,1");
+        job.service_before_gpu_secs = 7200;
+        let now = Timestamp(60_000);
+        assert_eq!(las.next_chance(&job, Some(1_000_000), now), Some(now));
+        let fresh = crate::testing::pending_job("j1 gpus=2");
+        let small = crate::testing::pending_job("j2 gpus=1");
+        assert_eq!(las.take_back_due(&job, Some(1_000_000), [&fresh], now), Some(now));
+        // Its next chance: the checkpoint at 1,000 s.
+        assert_eq!(
+            las.take_back_due(&job, Some(1_000_000), [&small], now),
+            Some(Timestamp(1_000_000))
+        );
+        // Ran 1,800 s on 2 GPUs: promoted after 3,600 s of waiting.
+        let mut served = crate::testing::pending_job("j3 gpus=2");
+        served.service_gpu_secs = 3600;
+        served.waiting_since = Timestamp(-3_500_000);
+        assert_eq!(las.waiting_queue(&served, now), 1);
+        assert_eq!(
+            las.take_back_due(&job, Some(1_000_000), [&served], now),
+            Some(Timestamp(99_999))
+        );
+        assert_eq!(las.waiting_queue(&served, Timestamp(100_000)), 0);
+    }
+
     proptest! {
         /// `next_chance` is the first whole second from which the job may
         /// be taken back: it may at that time, and at no earlier second.
@@ -284,6 +380,52 @@ mod tests {
                 (None, Some(t)) => prop_assert!(false, "none, but it may at {}", t),
                 (Some(at), None) => prop_assert!(at.0 >= 19_999_000, "{} but never within the range", at.0),
                 (None, None) => {}
+            }
+        }
+
+        /// `take_back_due` is sound: before the moment it names, at no
+        /// whole second may the job be taken while a waiting job of at
+        /// least its size is in a lower queue.
+        #[test]
+        fn no_take_back_is_possible_before_the_one_named(
+            before in 0u64..8000, gpus in 1u32..4, every in prop::option::of(60i64..3000), from in 0i64..6000,
+            waiting in prop::collection::vec((0u64..20_000, 1u64..5, -4000i64..4000), 0..4),
+        ) {
+            let las = Las { max_lost_secs: 120, ..las() };
+            let indices: Vec<String> = (0..gpus).map(|i| i.to_string()).collect();
+            let mut job = crate::testing::running_job(&format!("r1 on=n1:{}", indices.join(",")));
+            job.service_before_gpu_secs = before;
+            let every_ms = every.map(|e| e * 1000);
+            let Some(now) = las.next_chance(&job, every_ms, Timestamp(from * 1000)) else {
+                return Ok(());
+            };
+            let jobs: Vec<PendingJob> = waiting
+                .iter()
+                .enumerate()
+                .map(|(i, (service, job_gpus, since))| {
+                    let mut pending = crate::testing::pending_job(&format!("j{} gpus={job_gpus}", i + 1));
+                    pending.service_gpu_secs = *service;
+                    pending.waiting_since = Timestamp(since * 1000);
+                    pending
+                })
+                .collect();
+            let checkpoint_at = |t: i64| every.map(|every| every * 1000 * (t / (every * 1000))).filter(|at| *at > 0);
+            let possible = |t: i64| {
+                let mut at_t = job.clone();
+                at_t.last_checkpoint_at = checkpoint_at(t).map(Timestamp);
+                las.may_be_taken(&at_t, Timestamp(t))
+                    && jobs.iter().any(|pending| las.takes_back(&at_t, pending, Timestamp(t)))
+            };
+            let due = las.take_back_due(&job, every_ms, &jobs, now);
+            if due == Some(now) {
+                prop_assert!(possible(now.0), "due at {} but impossible", now.0);
+            } else {
+                let until = due.map_or(now.0 + 20_000_000, |at| at.0.min(now.0 + 20_000_000));
+                prop_assert!(due.is_none_or(|at| at > now));
+                let first_second = (now.0 + 999) / 1000 * 1000;
+                if let Some(t) = (first_second..until).step_by(1000).find(|t| possible(*t)) {
+                    prop_assert!(false, "possible at {} before {:?}", t, due);
+                }
             }
         }
 
