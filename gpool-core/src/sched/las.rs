@@ -131,24 +131,42 @@ impl Las {
     /// When `running`, whose chance to be taken back (`next_chance`) has
     /// come by `now`, could be taken back by one of `waiting` (its team's
     /// waiting jobs): `now`, where one that asks for at least its GPUs is
-    /// in a lower queue (`takes_back` needs that); else no sooner than one
-    /// of those could be: its service crosses the next threshold, such a
-    /// job is promoted, or its next chance after this one. `None`: never.
+    /// in a lower queue (`takes_back` needs that); else no sooner than
+    /// `take_back_changes`. `None`: never.
     pub fn take_back_due<'a>(
+        &self,
+        running: &RunningJob,
+        every_ms: Option<i64>,
+        waiting: impl IntoIterator<Item = &'a PendingJob> + Clone,
+        now: Timestamp,
+    ) -> Option<Timestamp> {
+        let queue = self.running_queue(running, now);
+        let lower = waiting
+            .clone()
+            .into_iter()
+            .any(|job| job.total_gpus() >= running.gpus() && self.waiting_queue(job, now) < queue);
+        if lower {
+            return Some(now);
+        }
+        self.take_back_changes(running, every_ms, waiting, now)
+    }
+
+    /// The first moment after `now` at which time alone could change which
+    /// of `waiting` may take `running` back (within its chance now): its
+    /// service crosses the next threshold, a waiting job of at least its
+    /// size is promoted, or its next chance after this one comes. `None`:
+    /// none of these ever comes.
+    pub fn take_back_changes<'a>(
         &self,
         running: &RunningJob,
         every_ms: Option<i64>,
         waiting: impl IntoIterator<Item = &'a PendingJob>,
         now: Timestamp,
     ) -> Option<Timestamp> {
-        let queue = self.running_queue(running, now);
-        let mut soonest = self.chance_after_this(running, every_ms, now);
-        for job in waiting.into_iter().filter(|job| job.total_gpus() >= running.gpus()) {
-            if self.waiting_queue(job, now) < queue {
-                return Some(now);
-            }
-            soonest = soonest.into_iter().chain(self.promoted_at(job)).min();
-        }
+        let promoted = waiting
+            .into_iter()
+            .filter(|job| job.total_gpus() >= running.gpus())
+            .filter_map(|job| self.promoted_at(job));
         let service = running.service_now(now);
         let (start, gpus) = (running.started_at.0, running.gpus().max(1));
         let crossing = self
@@ -161,9 +179,9 @@ impl Las {
                 Some(Timestamp(start.saturating_add(secs.saturating_mul(1000))))
             });
         // An estimate a moment early only wakes the replay for nothing.
-        soonest
-            .into_iter()
+        promoted
             .chain(crossing)
+            .chain(self.chance_after_this(running, every_ms, now))
             .min()
             .map(|at| Timestamp(at.0.max(now.0 + 1)))
     }

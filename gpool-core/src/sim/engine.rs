@@ -24,6 +24,7 @@ mod fractions;
 mod power;
 mod preempted;
 mod quiet;
+mod take_back;
 mod view;
 pub use power::PowerOutcome;
 

@@ -346,6 +346,37 @@ fn arrivals_into_a_full_cluster_run_no_cycle() {
     }
 }
 
+/// Under LAS order a fresh 4-GPU job takes its team's served 2-GPU job
+/// back at that one's next checkpoint, with the 2 free GPUs: the replay
+/// sleeps from the arrival to that checkpoint, and wakes there.
+#[test]
+fn a_fresh_job_takes_back_its_teams_served_job_with_the_free_gpus_at_its_checkpoint() {
+    // A crosses 1 GPU-hour (queue 1) at 1,800 s, and checkpoints every
+    // 1,800 s; J arrives at 2,000 s, past that checkpoint's 120 s, and
+    // may take A back from its checkpoint at 3,600 s. a's guarantee
+    // covers both at once (a take-back is guaranteed work).
+    let mut served = job(0, 100_000, 2, 1, "a");
+    served.checkpoint_every_secs = Some(1800);
+    let jobs = [served, job(2000, 100, 4, 1, "a")];
+    let cluster = Cluster::uniform(1, 4, "l4");
+    let guarantees = BTreeMap::from([("a".to_string(), 8)]);
+    let mut policy = sharing_policy(&cluster, &guarantees);
+    policy.sharing.qos[0].min_runtime_secs = 0;
+    policy.sharing.las = Some(crate::sched::Las {
+        max_lost_secs: 120,
+        ..crate::sched::Las::default()
+    });
+    let setup = pooled("gpool", &cluster, policy, &guarantees);
+    let outcome = run(&setup, &jobs);
+    let (_, longest, n) = delays(&outcome);
+    assert_eq!(n, 2);
+    assert!((1600.0..1800.0).contains(&longest), "J waited {longest} s");
+    assert!(outcome.cycles < 20, "{} cycles", outcome.cycles);
+    let mut ticking = run_every_tick(&setup, &jobs);
+    ticking.cycles = outcome.cycles;
+    assert_eq!(ticking, outcome);
+}
+
 /// Jobs that can never start are counted by their shape.
 #[test]
 fn jobs_that_never_fit_are_counted_by_shape() {

@@ -118,44 +118,6 @@ impl Sim<'_> {
         })
     }
 
-    /// Under LAS order, when a running job may next be taken back by a
-    /// waiting job of its own team (`Las::next_chance`: past queue 0 and
-    /// near a checkpoint), of those whose team waits with a job at least
-    /// their size; while a window is open, only once one of those jobs is
-    /// in a lower queue (`Las::take_back_due`). Time alone opens windows,
-    /// crosses thresholds and promotes jobs, so a quiet stretch ends at
-    /// the first. `None`: none comes before something else happens.
-    pub(super) fn next_take_back(&self) -> Option<Timestamp> {
-        let las = self.setup.policy.sharing.las.as_ref()?;
-        // The waiting jobs of each team, gathered once a chance has come.
-        let mut by_team: Option<HashMap<&str, Vec<&PendingJob>>> = None;
-        self.view
-            .running
-            .iter()
-            .filter(|r| {
-                self.out
-                    .largest_waiting_in(&r.team)
-                    .is_some_and(|gpus| gpus >= r.gpus())
-            })
-            .filter_map(|r| {
-                let every = self.attempts.get(&r.id).and_then(|a| a.checkpoint_every_ms);
-                let at = las.next_chance(r, every, self.now)?;
-                if at > self.now {
-                    return Some(at);
-                }
-                let by_team = by_team.get_or_insert_with(|| {
-                    let mut by_team: HashMap<&str, Vec<&PendingJob>> = HashMap::new();
-                    for job in &self.view.pending {
-                        by_team.entry(job.shape.team.as_str()).or_default().push(job);
-                    }
-                    by_team
-                });
-                let waiting = by_team.get(r.team.as_str()).into_iter().flatten().copied();
-                las.take_back_due(r, every, waiting, self.now)
-            })
-            .min()
-    }
-
     /// A scheduling cycle, or none where it would start, preempt and
     /// rescind nothing, and its reasons would add to no figure: after an
     /// arrival or end nothing can be taken (`quiet_but_for_room`), no job
