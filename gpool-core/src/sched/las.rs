@@ -128,45 +128,12 @@ impl Las {
         }
     }
 
-    /// When `running`, whose chance to be taken back (`next_chance`) has
-    /// come by `now`, could be taken back by one of `waiting` (its team's
-    /// waiting jobs): `now`, where one that asks for at least its GPUs is
-    /// in a lower queue (`takes_back` needs that); else no sooner than
-    /// `take_back_changes`. `None`: never.
-    pub fn take_back_due<'a>(
-        &self,
-        running: &RunningJob,
-        every_ms: Option<i64>,
-        waiting: impl IntoIterator<Item = &'a PendingJob> + Clone,
-        now: Timestamp,
-    ) -> Option<Timestamp> {
-        let queue = self.running_queue(running, now);
-        let lower = waiting
-            .clone()
-            .into_iter()
-            .any(|job| job.total_gpus() >= running.gpus() && self.waiting_queue(job, now) < queue);
-        if lower {
-            return Some(now);
-        }
-        self.take_back_changes(running, every_ms, waiting, now)
-    }
-
     /// The first moment after `now` at which time alone could change which
-    /// of `waiting` may take `running` back (within its chance now): its
-    /// service crosses the next threshold, a waiting job of at least its
-    /// size is promoted, or its next chance after this one comes. `None`:
-    /// none of these ever comes.
-    pub fn take_back_changes<'a>(
-        &self,
-        running: &RunningJob,
-        every_ms: Option<i64>,
-        waiting: impl IntoIterator<Item = &'a PendingJob>,
-        now: Timestamp,
-    ) -> Option<Timestamp> {
-        let promoted = waiting
-            .into_iter()
-            .filter(|job| job.total_gpus() >= running.gpus())
-            .filter_map(|job| self.promoted_at(job));
+    /// waiting jobs may take `running` back, as far as `running` goes: its
+    /// service crosses the next threshold, or its next chance after the
+    /// one `now` is in comes. (A waiting job's own moment is its
+    /// promotion, `promoted_at`.) `None`: neither ever comes.
+    pub fn take_back_changes(&self, running: &RunningJob, every_ms: Option<i64>, now: Timestamp) -> Option<Timestamp> {
         let service = running.service_now(now);
         let (start, gpus) = (running.started_at.0, running.gpus().max(1));
         let crossing = self
@@ -178,9 +145,8 @@ impl Las {
                 let secs = i64::try_from(short.div_ceil(gpus)).ok()?;
                 Some(Timestamp(start.saturating_add(secs.saturating_mul(1000))))
             });
-        // An estimate a moment early only wakes the replay for nothing.
-        promoted
-            .chain(crossing)
+        crossing
+            .into_iter()
             .chain(self.chance_after_this(running, every_ms, now))
             .min()
             .map(|at| Timestamp(at.0.max(now.0 + 1)))
@@ -196,17 +162,19 @@ impl Las {
         self.next_chance(running, Some(every), Timestamp(past.max(now.0 + 1)))
     }
 
-    /// A moment no later than the one at which waiting `job`, in a queue
-    /// past 0, is promoted to queue 0 (`None`: it is in queue 0, or never
-    /// is promoted).
-    fn promoted_at(&self, job: &PendingJob) -> Option<Timestamp> {
-        if self.queue_of(job.service_gpu_secs) == 0 || self.promote_factor <= 0.0 {
+    /// A moment after `now`, and no later than the one, at which waiting
+    /// `job`, in a queue past 0 at `now`, is promoted to queue 0 (`None`:
+    /// it is in queue 0, or is never promoted). A moment early only wakes
+    /// the replay for nothing.
+    pub fn promoted_at(&self, job: &PendingJob, now: Timestamp) -> Option<Timestamp> {
+        if self.waiting_queue(job, now) == 0 || self.promote_factor <= 0.0 {
             return None;
         }
         let ran_secs = job.service_gpu_secs as f64 / job.total_gpus().max(1) as f64;
         // Floored, and a millisecond early, against rounding.
         let wait_ms = (self.promote_factor * ran_secs * 1000.0).floor() as i64;
-        Some(Timestamp(job.waiting_since.0.saturating_add(wait_ms).saturating_sub(1)))
+        let at = job.waiting_since.0.saturating_add(wait_ms).saturating_sub(1);
+        Some(Timestamp(at.max(now.0 + 1)))
     }
 
     /// `job` may take `victim`'s GPUs back: a job of its own team in a
@@ -338,37 +306,42 @@ mod tests {
         assert_eq!(las.next_chance(&job, None, Timestamp(121_000)), None);
     }
 
-    /// A 2-GPU job in queue 1 within its chance: taken back now by a
-    /// waiting job of 2 GPUs in queue 0, never by one of 1 GPU; with only
-    /// a served one waiting, not before that one is promoted.
+    /// A 2-GPU job in queue 1 within its chance: taken back by a waiting
+    /// job of 2 GPUs in queue 0, never by one of 1 GPU; a served one may
+    /// once it is promoted; and nothing changes for it before its next
+    /// checkpoint.
     #[test]
-    fn a_take_back_is_due_only_for_a_less_served_job_of_its_size() {
+    fn a_take_back_needs_a_less_served_job_of_its_size() {
         let las = Las {
             max_lost_secs: 120,
             ..las()
         };
         let mut job = crate::testing::running_job("r1 on=n1:0,1");
         job.service_before_gpu_secs = 7200;
+        job.last_checkpoint_at = Some(Timestamp(0));
         let now = Timestamp(60_000);
         assert_eq!(las.next_chance(&job, Some(1_000_000), now), Some(now));
         let fresh = crate::testing::pending_job("j1 gpus=2");
         let small = crate::testing::pending_job("j2 gpus=1");
-        assert_eq!(las.take_back_due(&job, Some(1_000_000), [&fresh], now), Some(now));
-        // Its next chance: the checkpoint at 1,000 s.
-        assert_eq!(
-            las.take_back_due(&job, Some(1_000_000), [&small], now),
-            Some(Timestamp(1_000_000))
-        );
-        // Ran 1,800 s on 2 GPUs: promoted after 3,600 s of waiting.
+        assert!(las.takes_back(&job, &fresh, now));
+        assert!(!las.takes_back(&job, &small, now));
+        // Ran 1,800 s on 2 GPUs (queue 1, as the running job): promoted
+        // after 3,600 s of waiting, and then it may.
         let mut served = crate::testing::pending_job("j3 gpus=2");
         served.service_gpu_secs = 3600;
         served.waiting_since = Timestamp(-3_500_000);
-        assert_eq!(las.waiting_queue(&served, now), 1);
+        assert!(!las.takes_back(&job, &served, now));
+        assert_eq!(las.promoted_at(&served, now), Some(Timestamp(99_999)));
+        assert_eq!(las.waiting_queue(&served, Timestamp(99_999)), 1);
+        assert!(las.takes_back(&job, &served, Timestamp(100_000)));
+        // Its own moments: crossing 10 GPU-hours at 14,400 s, or its next
+        // checkpoint at 1,000 s, whichever comes first.
         assert_eq!(
-            las.take_back_due(&job, Some(1_000_000), [&served], now),
-            Some(Timestamp(99_999))
+            las.take_back_changes(&job, Some(1_000_000), now),
+            Some(Timestamp(1_000_000))
         );
-        assert_eq!(las.waiting_queue(&served, Timestamp(100_000)), 0);
+        assert_eq!(las.take_back_changes(&job, None, now), Some(Timestamp(14_400_000)));
+        assert_eq!(las.promoted_at(&fresh, now), None);
     }
 
     proptest! {
@@ -401,9 +374,9 @@ mod tests {
             }
         }
 
-        /// `take_back_due` is sound: before the moment it names, at no
-        /// whole second may the job be taken while a waiting job of at
-        /// least its size is in a lower queue.
+        /// Where no waiting job may take a running job back now, none may
+        /// before the first of its `take_back_changes` and their
+        /// promotions: the replay may sleep until then.
         #[test]
         fn no_take_back_is_possible_before_the_one_named(
             before in 0u64..8000, gpus in 1u32..4, every in prop::option::of(60i64..3000), from in 0i64..6000,
@@ -434,10 +407,12 @@ mod tests {
                 las.may_be_taken(&at_t, Timestamp(t))
                     && jobs.iter().any(|pending| las.takes_back(&at_t, pending, Timestamp(t)))
             };
-            let due = las.take_back_due(&job, every_ms, &jobs, now);
-            if due == Some(now) {
-                prop_assert!(possible(now.0), "due at {} but impossible", now.0);
-            } else {
+            if !possible(now.0) {
+                let promotions = jobs
+                    .iter()
+                    .filter(|pending| pending.total_gpus() >= job.gpus())
+                    .filter_map(|pending| las.promoted_at(pending, now));
+                let due = promotions.chain(las.take_back_changes(&job, every_ms, now)).min();
                 let until = due.map_or(now.0 + 20_000_000, |at| at.0.min(now.0 + 20_000_000));
                 prop_assert!(due.is_none_or(|at| at > now));
                 let first_second = (now.0 + 999) / 1000 * 1000;

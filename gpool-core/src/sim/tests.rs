@@ -377,6 +377,45 @@ fn a_fresh_job_takes_back_its_teams_served_job_with_the_free_gpus_at_its_checkpo
     assert_eq!(ticking, outcome);
 }
 
+/// Under LAS order a job taken back, once promoted by its wait, takes
+/// back in turn the job that took it, where that one is within its
+/// chance: the replay wakes at the promotion, as one that ticks sees it.
+#[test]
+fn a_promoted_job_takes_back_the_one_that_took_it_at_its_promotion() {
+    // J runs from 0, crosses 1 GPU-hour at 900 s; F (fresh) takes it
+    // back near its checkpoint at 1,200 s. F crosses 1 GPU-hour in turn
+    // some 900 s after its start, and is within its chance from then on
+    // (checkpoints every 600 s, 600 s allowed). J, promoted once it has
+    // waited 1.5 times as long as it ran (1,800 s), takes F back then:
+    // no chance opens, and no threshold is crossed, at that moment.
+    let mut taken = job(0, 10_000, 4, 1, "a");
+    taken.checkpoint_every_secs = Some(600);
+    let mut fresh = job(1000, 5000, 4, 1, "a");
+    fresh.checkpoint_every_secs = Some(600);
+    let jobs = [taken, fresh];
+    let cluster = Cluster::uniform(1, 4, "l4");
+    let guarantees = BTreeMap::from([("a".to_string(), 8)]);
+    let mut policy = sharing_policy(&cluster, &guarantees);
+    policy.sharing.qos[0].min_runtime_secs = 0;
+    policy.sharing.las = Some(crate::sched::Las {
+        thresholds_gpu_secs: vec![3600, 360_000],
+        promote_factor: 1.5,
+        max_lost_secs: 600,
+    });
+    let setup = pooled("gpool", &cluster, policy, &guarantees);
+    let outcome = run(&setup, &jobs);
+    let mut ticking = run_every_tick(&setup, &jobs);
+    assert!(
+        outcome.cycles * 4 < ticking.cycles,
+        "{} cycles against {}",
+        outcome.cycles,
+        ticking.cycles
+    );
+    ticking.cycles = outcome.cycles;
+    assert_eq!(ticking, outcome);
+    assert!(outcome.preemptions >= 2, "{} preemptions", outcome.preemptions);
+}
+
 /// Jobs that can never start are counted by their shape.
 #[test]
 fn jobs_that_never_fit_are_counted_by_shape() {

@@ -12,7 +12,7 @@ impl Sim<'_> {
     /// and near a checkpoint) must have come, and some waiting job must
     /// have as many GPUs as it needs from the free ones it may use and
     /// those of the running jobs within their chance that it may take
-    /// (`Las::takes_back`: less served than it, no larger). Time alone
+    /// (`Las::takes_back`: more served than it, no larger). Time alone
     /// opens chances, crosses thresholds and promotes waiting jobs, so a
     /// quiet stretch ends at the first of those that could make one
     /// possible. `None`: none comes before something else happens.
@@ -20,7 +20,7 @@ impl Sim<'_> {
         let las = self.setup.policy.sharing.las.as_ref()?;
         let now = self.now;
         let mut soonest: Option<Timestamp> = None;
-        let mut due: Vec<(&RunningJob, Option<i64>)> = Vec::new();
+        let mut due: Vec<&RunningJob> = Vec::new();
         let may_be_wanted = |r: &&RunningJob| {
             self.out
                 .largest_waiting_in(&r.team)
@@ -30,36 +30,39 @@ impl Sim<'_> {
             let every = self.attempts.get(&r.id).and_then(|a| a.checkpoint_every_ms);
             match las.next_chance(r, every, now) {
                 Some(at) if at > now => soonest = Some(soonest.map_or(at, |s| s.min(at))),
-                Some(_) => due.push((r, every)),
+                Some(_) => {
+                    due.push(r);
+                    soonest = las.take_back_changes(r, every, now).into_iter().chain(soonest).min();
+                }
                 None => {}
             }
         }
         if due.is_empty() {
             return soonest;
         }
-        if self.take_back_possible(las, &due) {
-            return Some(now);
+        match self.take_back_possible(las, &due) {
+            Ok(()) => Some(now),
+            Err(promoted) => promoted.into_iter().chain(soonest).min(),
         }
-        due.into_iter()
-            .filter_map(|(r, every)| {
-                let team = self.view.pending.iter().filter(|job| job.shape.team == r.team);
-                las.take_back_changes(r, every, team.map(|job| &**job), now)
-            })
-            .chain(soonest)
-            .min()
     }
 
-    /// Whether a waiting job could take GPUs back now from `due` (running
-    /// jobs within their chance): the free GPUs it may use, and those it
-    /// may use of the ones of its team that it may take, are as many as
-    /// it needs.
-    fn take_back_possible(&self, las: &Las, due: &[(&RunningJob, Option<i64>)]) -> bool {
+    /// `Ok` where a waiting job could take GPUs back now from `due`
+    /// (running jobs within their chance): the free GPUs it may use, and
+    /// those it may use of the ones of its team that it may take, are as
+    /// many as it needs. Else the first promotion of a waiting job that
+    /// could take one of them, were it less served.
+    fn take_back_possible(&self, las: &Las, due: &[&RunningJob]) -> Result<(), Option<Timestamp>> {
         let (policy, now) = (&self.setup.policy, self.now);
         let node_of: HashMap<&str, &NodeView> = self.view.nodes.iter().map(|node| (node.name.as_str(), node)).collect();
+        let mut promoted: Option<Timestamp> = None;
         // The view lists each shape's jobs together: one look per run.
         for run in self.view.pending.chunk_by(|a, b| Arc::ptr_eq(&a.shape, &b.shape)) {
             let (shape, need) = (&run[0].shape, run[0].total_gpus());
-            let Some(pool) = policy.pool(&shape.pool) else {
+            let mut of_team = due
+                .iter()
+                .filter(|r| r.team == shape.team && r.gpus() <= need)
+                .peekable();
+            let Some(pool) = of_team.peek().and_then(|_| policy.pool(&shape.pool)) else {
                 continue;
             };
             let usable =
@@ -75,14 +78,7 @@ impl Sim<'_> {
                     })
                     .sum()
             };
-            let takable: Vec<(usize, u64)> = due
-                .iter()
-                .filter(|(r, _)| r.team == shape.team && r.gpus() <= need)
-                .map(|(r, _)| (las.running_queue(r, now), frees(r)))
-                .collect();
-            if takable.is_empty() {
-                continue;
-            }
+            let takable: Vec<(usize, u64)> = of_team.map(|r| (las.running_queue(r, now), frees(r))).collect();
             let free: u64 = self
                 .view
                 .nodes
@@ -98,10 +94,11 @@ impl Sim<'_> {
                     .map(|(_, gpus)| gpus)
                     .sum();
                 if taken > 0 && free + taken >= need {
-                    return true;
+                    return Ok(());
                 }
+                promoted = las.promoted_at(job, now).into_iter().chain(promoted).min();
             }
         }
-        false
+        Err(promoted)
     }
 }
