@@ -339,16 +339,17 @@ pub(super) fn order<'v, 'c>(
 /// few, and a team's places go in turn to its jobs of queue 0, then of
 /// queue 1, and so on.
 pub(super) fn least_served_first(order: &mut [Ordered], queue: impl Fn(&PendingJob) -> usize) {
-    let queues: Vec<usize> = order.iter().map(|(_, job, _)| queue(job)).collect();
-    let n_teams = order.iter().map(|(_, _, class)| class.team + 1).max().unwrap_or(0);
-    let n_queues = queues.iter().max().map_or(0, |top| top + 1);
+    // Each place's team and its job's queue, read once.
+    let tagged: Vec<(usize, usize)> = order.iter().map(|(_, job, class)| (class.team, queue(job))).collect();
+    let n_teams = tagged.iter().map(|(team, _)| team + 1).max().unwrap_or(0);
+    let n_queues = tagged.iter().map(|(_, queue)| queue + 1).max().unwrap_or(0);
     // Per team: the highest queue so far, and whether a later job of the
     // team is in a lower one (else its jobs are in queue order already).
     let mut top = vec![0; n_teams];
     let mut unsorted = vec![false; n_teams];
-    for ((_, _, class), queue) in order.iter().zip(&queues) {
-        unsorted[class.team] |= *queue < top[class.team];
-        top[class.team] = top[class.team].max(*queue);
+    for &(team, queue) in &tagged {
+        unsorted[team] |= queue < top[team];
+        top[team] = top[team].max(queue);
     }
     if !unsorted.contains(&true) {
         return;
@@ -358,11 +359,9 @@ pub(super) fn least_served_first(order: &mut [Ordered], queue: impl Fn(&PendingJ
     // takes; and where each team's places begin in `places`.
     let mut next = vec![0usize; n_teams * n_queues];
     let mut begins = vec![0usize; n_teams + 1];
-    for ((_, _, class), queue) in order.iter().zip(&queues) {
-        if unsorted[class.team] {
-            next[class.team * n_queues + queue] += 1;
-            begins[class.team + 1] += 1;
-        }
+    for &(team, queue) in tagged.iter().filter(|(team, _)| unsorted[*team]) {
+        next[team * n_queues + queue] += 1;
+        begins[team + 1] += 1;
     }
     for team in 0..n_teams {
         begins[team + 1] += begins[team];
@@ -374,20 +373,24 @@ pub(super) fn least_served_first(order: &mut [Ordered], queue: impl Fn(&PendingJ
     // Each unsorted team's places, in order.
     let mut places = vec![0usize; begins[n_teams]];
     let mut filled = begins.clone();
-    for (place, (_, _, class)) in order.iter().enumerate() {
-        if unsorted[class.team] {
-            places[filled[class.team]] = place;
-            filled[class.team] += 1;
-        }
+    for (place, &(team, _)) in tagged.iter().enumerate().filter(|(_, (team, _))| unsorted[*team]) {
+        places[filled[team]] = place;
+        filled[team] += 1;
     }
-    let before = order.to_vec();
-    for (entry, queue) in before.into_iter().zip(&queues) {
-        let team = entry.2.team;
-        if unsorted[team] {
+    // The unsorted teams' jobs, each with the place it goes to.
+    let moved: Vec<(usize, Ordered)> = order
+        .iter()
+        .zip(&tagged)
+        .filter(|(_, (team, _))| unsorted[*team])
+        .map(|(entry, &(team, queue))| {
             let rank = &mut next[team * n_queues + queue];
-            order[places[begins[team] + *rank]] = entry;
+            let place = places[begins[team] + *rank];
             *rank += 1;
-        }
+            (place, *entry)
+        })
+        .collect();
+    for (place, entry) in moved {
+        order[place] = entry;
     }
 }
 
