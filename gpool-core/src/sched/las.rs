@@ -171,9 +171,17 @@ impl Las {
             return None;
         }
         let ran_secs = job.service_gpu_secs as f64 / job.total_gpus().max(1) as f64;
+        let wait_ms = self.promote_factor * ran_secs * 1000.0;
+        // A wait past any replay's span (or an infinite factor): never.
+        if !wait_ms.is_finite() || wait_ms > NEVER_MS {
+            return None;
+        }
         // Floored, and a millisecond early, against rounding.
-        let wait_ms = (self.promote_factor * ran_secs * 1000.0).floor() as i64;
-        let at = job.waiting_since.0.saturating_add(wait_ms).saturating_sub(1);
+        let at = job
+            .waiting_since
+            .0
+            .saturating_add(wait_ms.floor() as i64)
+            .saturating_sub(1);
         Some(Timestamp(at.max(now.0 + 1)))
     }
 
@@ -189,6 +197,9 @@ impl Las {
             && self.running_queue(victim, now) > self.waiting_queue(job, now)
     }
 }
+
+/// A wait no replay reaches (some 30,000 years): `promoted_at` says never.
+const NEVER_MS: f64 = 1e15;
 
 /// GPU-seconds of service after `before`, once `gpus` GPUs were held
 /// from `from` to `to` (whole seconds: a second begun is not counted).
@@ -342,6 +353,12 @@ mod tests {
         );
         assert_eq!(las.take_back_changes(&job, None, now), Some(Timestamp(14_400_000)));
         assert_eq!(las.promoted_at(&fresh, now), None);
+        // A factor no wait reaches: never, and no overflow.
+        let never = Las {
+            promote_factor: f64::INFINITY,
+            ..las.clone()
+        };
+        assert_eq!(never.promoted_at(&served, now), None);
     }
 
     proptest! {

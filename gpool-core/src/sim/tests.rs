@@ -397,6 +397,8 @@ fn a_promoted_job_takes_back_the_one_that_took_it_at_its_promotion() {
     let guarantees = BTreeMap::from([("a".to_string(), 8)]);
     let mut policy = sharing_policy(&cluster, &guarantees);
     policy.sharing.qos[0].min_runtime_secs = 0;
+    // No cap on the work thrown away: the take-back is at the promotion.
+    policy.sharing.waste_cap_gpu_hours_per_hour = f64::INFINITY;
     policy.sharing.las = Some(crate::sched::Las {
         thresholds_gpu_secs: vec![3600, 360_000],
         promote_factor: 1.5,
