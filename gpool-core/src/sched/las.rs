@@ -105,11 +105,8 @@ impl Las {
         if running.preempting {
             return None;
         }
-        let (start, gpus) = (running.started_at.0, running.gpus().max(1));
-        let threshold = *self.thresholds_gpu_secs.first()?;
-        // When its service reaches the first threshold (whole seconds).
-        let short = threshold.saturating_sub(running.service_before_gpu_secs);
-        let crossed = start.saturating_add(i64::try_from(short.div_ceil(gpus)).ok()?.saturating_mul(1000));
+        let start = running.started_at.0;
+        let crossed = crossing_at(running, *self.thresholds_gpu_secs.first()?)?.0;
         let max_lost = self.max_lost_secs as i64 * 1000;
         let mut at = crossed.max(now.0);
         loop {
@@ -135,16 +132,8 @@ impl Las {
     /// promotion, `promoted_at`.) `None`: neither ever comes.
     pub fn take_back_changes(&self, running: &RunningJob, every_ms: Option<i64>, now: Timestamp) -> Option<Timestamp> {
         let service = running.service_now(now);
-        let (start, gpus) = (running.started_at.0, running.gpus().max(1));
-        let crossing = self
-            .thresholds_gpu_secs
-            .iter()
-            .find(|threshold| **threshold > service)
-            .and_then(|threshold| {
-                let short = threshold.saturating_sub(running.service_before_gpu_secs);
-                let secs = i64::try_from(short.div_ceil(gpus)).ok()?;
-                Some(Timestamp(start.saturating_add(secs.saturating_mul(1000))))
-            });
+        let next_threshold = self.thresholds_gpu_secs.iter().find(|threshold| **threshold > service);
+        let crossing = next_threshold.and_then(|threshold| crossing_at(running, *threshold));
         crossing
             .into_iter()
             .chain(self.chance_after_this(running, every_ms, now))
@@ -196,6 +185,16 @@ impl Las {
             && victim.team == job.shape.team.as_str()
             && self.running_queue(victim, now) > self.waiting_queue(job, now)
     }
+}
+
+/// When the service of `running` reaches `threshold` GPU-seconds (whole
+/// seconds, as `service_after` counts them); `None` past any clock.
+fn crossing_at(running: &RunningJob, threshold: u64) -> Option<Timestamp> {
+    let short = threshold.saturating_sub(running.service_before_gpu_secs);
+    let secs = i64::try_from(short.div_ceil(running.gpus().max(1))).ok()?;
+    Some(Timestamp(
+        running.started_at.0.saturating_add(secs.saturating_mul(1000)),
+    ))
 }
 
 /// A wait no replay reaches (some 30,000 years): `promoted_at` says never.

@@ -73,23 +73,26 @@ impl Sim<'_> {
         }
         let policy = &self.setup.policy;
         fewest.into_iter().any(|((pool, gpu_types), need)| {
-            let Some(pool) = policy.pool(pool) else {
-                return false;
-            };
-            let free: u64 = self
-                .view
-                .nodes
-                .iter()
-                .filter(|node| node.availability == Availability::Up && pool.selects(&node.labels))
-                .map(|node| {
-                    node.gpus
-                        .iter()
-                        .filter(|gpu| !gpu.busy && gpu.model.accepted_by(gpu_types))
-                        .count() as u64
-                })
-                .sum();
-            free >= need
+            policy
+                .pool(pool)
+                .is_some_and(|pool| self.free_for(pool, gpu_types) >= need)
         })
+    }
+
+    /// Free GPUs of the models `gpu_types` allows, on nodes of `pool` that
+    /// take work.
+    pub(super) fn free_for(&self, pool: &crate::model::PoolDef, gpu_types: &[crate::model::GpuModel]) -> u64 {
+        self.view
+            .nodes
+            .iter()
+            .filter(|node| node.availability == Availability::Up && pool.selects(&node.labels))
+            .map(|node| {
+                node.gpus
+                    .iter()
+                    .filter(|gpu| !gpu.busy && gpu.model.accepted_by(gpu_types))
+                    .count() as u64
+            })
+            .sum()
     }
 
     /// Whether a waiting job could run under its team's guarantee (and so

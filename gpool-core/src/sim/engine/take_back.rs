@@ -3,7 +3,7 @@
 //! over quiet stretches to the first such moment, and no further.
 
 use super::*;
-use crate::sched::{Availability, GpuView, Las, NodeView};
+use crate::sched::{GpuView, Las, NodeView};
 
 impl Sim<'_> {
     /// Under LAS order, when a running job may next be taken back by a
@@ -79,13 +79,7 @@ impl Sim<'_> {
                     .sum()
             };
             let takable: Vec<(usize, u64)> = of_team.map(|r| (las.running_queue(r, now), frees(r))).collect();
-            let free: u64 = self
-                .view
-                .nodes
-                .iter()
-                .filter(|node| node.availability == Availability::Up)
-                .map(|node| node.gpus.iter().filter(|gpu| !gpu.busy && usable(node, gpu)).count() as u64)
-                .sum();
+            let free = self.free_for(pool, &shape.gpu_types);
             for job in run {
                 let queue = las.waiting_queue(job, now);
                 let taken: u64 = takable
