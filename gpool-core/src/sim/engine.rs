@@ -194,7 +194,7 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
         let quiet = quiet && take_back.is_none_or(|at| at > sim.now);
         let take_back = take_back
             .filter(|_| quiet)
-            .map(|at| first_tick_from(last_cycle, at, tick_ms));
+            .map(|at| take_back::first_tick_from(last_cycle, at, tick_ms));
         let tick = (!(sim.view.pending.is_empty() || idle && arrival.is_none() && event.is_none() || quiet))
             .then_some(Timestamp(last_cycle.0 + tick_ms));
         let paused = due.then_some(Timestamp(last_cycle.0 + pause_ms));
@@ -245,17 +245,6 @@ pub fn simulate(setup: &Setup, jobs: &[TraceJob], options: &Options, observer: &
     outcome.power = power;
     (outcome.attempts, outcome.events, outcome.never_started_by_shape) = (attempts, events, never_started_by_shape);
     outcome
-}
-
-/// The first tick after `last_cycle` (one every `tick_ms`) at or after
-/// `at`; saturating, so a moment far off stays far off.
-fn first_tick_from(last_cycle: Timestamp, at: Timestamp, tick_ms: i64) -> Timestamp {
-    let ahead = at.0.saturating_sub(last_cycle.0).max(1);
-    Timestamp(
-        last_cycle
-            .0
-            .saturating_add(((ahead - 1) / tick_ms + 1).saturating_mul(tick_ms)),
-    )
 }
 
 impl Sim<'_> {

@@ -96,3 +96,14 @@ impl Sim<'_> {
         Err(promoted)
     }
 }
+
+/// The first tick after `last_cycle` (one every `tick_ms`) at or after
+/// `at`; saturating, so a moment far off stays far off.
+pub(super) fn first_tick_from(last_cycle: Timestamp, at: Timestamp, tick_ms: i64) -> Timestamp {
+    let ahead = at.0.saturating_sub(last_cycle.0).max(1);
+    Timestamp(
+        last_cycle
+            .0
+            .saturating_add(((ahead - 1) / tick_ms + 1).saturating_mul(tick_ms)),
+    )
+}
