@@ -8,11 +8,14 @@ pub mod pb {
     include!("gen/gpool.v1.rs");
     /// Held with its specs encoded (`submit`).
     pub use crate::submit::SubmitJobsRequest;
+    /// Sent with its jobs encoded where gpoold reads them (`listing`).
+    pub use crate::listing::ListJobsResponse;
 }
 
 pub mod convert;
 pub mod dial;
 pub mod inherited;
+pub mod listing;
 mod states;
 pub mod submit;
 

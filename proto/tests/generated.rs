@@ -17,13 +17,15 @@ fn generated_code_is_up_to_date() {
         .build_transport(false)
         // Held with its specs encoded, decoded one at a time by gpoold.
         .extern_path(".gpool.v1.SubmitJobsRequest", "crate::submit::SubmitJobsRequest")
+        // Sent with its jobs encoded where gpoold reads them.
+        .extern_path(".gpool.v1.ListJobsResponse", "crate::listing::ListJobsResponse")
         .emit_rerun_if_changed(false)
         .out_dir(out_dir.path())
         .file_descriptor_set_path(out_dir.path().join("gpool.fds"))
         .compile_protos(&[crate_dir.join("gpool/v1/gpool.proto")], &[crate_dir.to_path_buf()])
         .expect("protoc compiles gpool.proto");
     let fresh = std::fs::read_to_string(out_dir.path().join("gpool.v1.rs")).expect("generated file");
-    submit_request_is_as_held(&out_dir.path().join("gpool.fds"));
+    held_messages_are_as_declared(&out_dir.path().join("gpool.fds"));
     let committed_path = crate_dir.join("src/gen/gpool.v1.rs");
     if std::env::var_os("GPOOL_BLESS").is_some() {
         std::fs::write(&committed_path, &fresh).expect("write generated code");
@@ -36,26 +38,40 @@ fn generated_code_is_up_to_date() {
     );
 }
 
-/// `SubmitJobsRequest` is written by hand (`src/submit.rs`), with the one
-/// field the .proto gives it: a field added there must be added here.
-fn submit_request_is_as_held(descriptors: &Path) {
+/// `SubmitJobsRequest` and `ListJobsResponse` are written by hand
+/// (`src/submit.rs`, `src/listing.rs`), with the fields the .proto gives
+/// them, and the listing adds entries of `Job.reasons` by its number: a
+/// change to any of these there must be made here too.
+fn held_messages_are_as_declared(descriptors: &Path) {
     use prost::Message;
     let bytes = std::fs::read(descriptors).expect("descriptor set");
     let set = prost_types::FileDescriptorSet::decode(bytes.as_slice()).expect("descriptor set decodes");
-    let message = set
-        .file
-        .iter()
-        .flat_map(|file| &file.message_type)
-        .find(|message| message.name() == "SubmitJobsRequest")
-        .expect("SubmitJobsRequest in gpool.proto");
-    let fields: Vec<(&str, i32, &str)> = message
-        .field
-        .iter()
-        .map(|field| (field.name(), field.number(), field.type_name()))
-        .collect();
+    let fields = |name: &str| -> Vec<(String, i32, String)> {
+        let message = set
+            .file
+            .iter()
+            .flat_map(|file| &file.message_type)
+            .find(|message| message.name() == name)
+            .unwrap_or_else(|| panic!("{name} in gpool.proto"));
+        message
+            .field
+            .iter()
+            .map(|field| (field.name().to_string(), field.number(), field.type_name().to_string()))
+            .collect()
+    };
+    let field = |name: &str, number: i32, type_name: &str| (name.to_string(), number, type_name.to_string());
     assert_eq!(
-        fields,
-        [("specs", 1, ".gpool.v1.JobSpec")],
+        fields("SubmitJobsRequest"),
+        [field("specs", 1, ".gpool.v1.JobSpec")],
         "SubmitJobsRequest changed in gpool.proto: change src/submit.rs to match"
+    );
+    assert_eq!(
+        fields("ListJobsResponse"),
+        [field("jobs", 1, ".gpool.v1.Job")],
+        "ListJobsResponse changed in gpool.proto: change src/listing.rs to match"
+    );
+    assert!(
+        fields("Job").contains(&field("reasons", 34, ".gpool.v1.Reason")),
+        "Job.reasons changed in gpool.proto: change JOB_REASONS_TAG in src/listing.rs to match"
     );
 }

@@ -1049,3 +1049,44 @@ fn jobs_see_slurms_variables() {
     indices.sort();
     assert_eq!(indices, ["3", "4", "5"]);
 }
+
+/// A listing sends each waiting job's reasons apart from the rest of it
+/// (jobs alike share them, encoded once): every job listed, across the
+/// listing's chunks, says what `gpool show` says of it.
+#[test]
+fn a_listing_gives_each_waiting_job_the_reasons_show_gives_it() {
+    let mut cluster = Cluster::start();
+    cluster.start_agent("n1", 1);
+    cluster.start_agent("n2", 2);
+    let busy = cluster.submit(&["--gpus", "2", "--", "sleep", "600"]);
+    cluster.wait_for_state(busy, "running");
+    let small = cluster.submit(&["--gpus", "1", "--", "sleep", "600"]);
+    cluster.wait_for_state(small, "running");
+    let file = cluster.dir.path().join("alike.toml");
+    let alike = "[[job]]\ncommand = [\"true\"]\ngpus = 1\n\n[[job]]\ncommand = [\"true\"]\ngpus = 2\n\n";
+    std::fs::write(&file, alike.repeat(150)).unwrap();
+    let mut ids = cluster.submit_file(&file);
+    ids.push(cluster.submit(&["--hold", "--", "true"]));
+    ids.push(cluster.submit(&["-d", &format!("afterok:{busy}"), "--", "true"]));
+    ids.push(cluster.submit(&["--begin", "now+1hour", "--", "true"]));
+    let last = *ids.last().unwrap();
+    wait_until("words on the last job", Duration::from_secs(20), || {
+        (cluster.job(last)["reasons"][0] != serde_json::Value::Null).then_some(())
+    });
+    let listed = cluster.gpool(&["jobs", "--output", "json"]).json();
+    let listed = listed.as_array().expect("array");
+    assert_eq!(listed.len(), ids.len() + 2, "every job listed");
+    let mut lists = std::collections::BTreeSet::new();
+    for job in listed.iter().filter(|job| job["state"] == "pending") {
+        let shown = cluster.job(job["id"].as_u64().expect("an id"));
+        for field in ["reasons", "reason_codes", "reason_details"] {
+            assert_eq!(job[field], shown[field], "{field} of job {}", job["id"]);
+        }
+        assert!(!job["reasons"].as_array().unwrap().is_empty(), "{job}");
+        lists.insert(job["reason_details"].to_string());
+    }
+    assert!(
+        lists.len() >= 5,
+        "held, dependency, begin and two lists of the cycle's: {lists:?}"
+    );
+}

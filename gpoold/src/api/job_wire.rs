@@ -1,6 +1,7 @@
 //! Jobs as the wire shows them: what a caller may see of a job, and a
 //! waiting job's reasons, hints, priority and estimated start.
 
+use crate::state::words::Rendered;
 use crate::state::State;
 use gpool_core::auth::{authorize, Action, Caller};
 use gpool_proto::convert::{job_to_wire, reason_to_wire};
@@ -10,7 +11,22 @@ use gpool_proto::pb;
 /// queue entry (no command, environment or workdir); a pending one with
 /// the reasons, hints and priority of the latest scheduling cycle.
 pub(crate) fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, with_env: bool) -> pb::Job {
-    let mut wire = job_wire_in_full(state, job, with_env);
+    let (mut wire, planned) = job_wire_apart(state, job, caller, with_env);
+    wire.reasons
+        .extend(planned.into_iter().flat_map(|words| &words.reasons).map(reason_to_wire));
+    wire
+}
+
+/// `job_wire`, but for the reasons the latest cycle gave the job, which
+/// come apart: jobs alike share them (`Rendered`), and a listing encodes
+/// them once for all (`Rendered::encoded`).
+pub(crate) fn job_wire_apart<'s>(
+    state: &'s State,
+    job: &gpool_core::Job,
+    caller: &Caller,
+    with_env: bool,
+) -> (pb::Job, Option<&'s Rendered>) {
+    let (mut wire, planned) = job_wire_in_full_apart(state, job, with_env);
     if authorize(caller, &Action::ReadJob(job.auth_ref())).is_err() {
         if let Some(spec) = wire.spec.as_mut() {
             spec.command.clear();
@@ -23,11 +39,22 @@ pub(crate) fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, wi
         wire.end_reason.clear();
         wire.redacted = true;
     }
-    wire
+    (wire, planned)
 }
 
 pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
-    let mut wire = job_wire_of_state(state, job, with_env);
+    let (mut wire, planned) = job_wire_in_full_apart(state, job, with_env);
+    wire.reasons
+        .extend(planned.into_iter().flat_map(|words| &words.reasons).map(reason_to_wire));
+    wire
+}
+
+fn job_wire_in_full_apart<'s>(
+    state: &'s State,
+    job: &gpool_core::Job,
+    with_env: bool,
+) -> (pb::Job, Option<&'s Rendered>) {
+    let (mut wire, planned) = job_wire_of_state(state, job, with_env);
     wire.array = state.array_info(job);
     // A job that named no class runs in the default one: it is shown so.
     let sharing = &state.policy.sharing;
@@ -57,13 +84,14 @@ pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: b
         used.merge(&live);
         wire.gpu_use = gpool_proto::convert::gpu_use_to_wire(&used);
     }
-    wire
+    (wire, planned)
 }
 
-fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
+/// The job with its reasons of its own; the cycle's come apart.
+fn job_wire_of_state<'s>(state: &'s State, job: &gpool_core::Job, with_env: bool) -> (pb::Job, Option<&'s Rendered>) {
     let mut wire = job_to_wire(job, with_env);
     if job.state != gpool_core::JobState::Pending {
-        return wire;
+        return (wire, None);
     }
     use gpool_core::sched::gates::{Facts, Gate};
     use gpool_core::sched::Reason;
@@ -93,10 +121,7 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
         .chain(gate.as_ref().map(Reason::of_gate))
         .map(|reason| reason_to_wire(&reason))
         .collect();
-    if gate.is_none() {
-        let said = planned.into_iter().flat_map(|words| &words.reasons);
-        wire.reasons.extend(said.map(reason_to_wire));
-    }
+    let planned = planned.filter(|_| gate.is_none());
     let said = state.words.of(job.id);
     wire.priority = said.and_then(|said| said.priority).map(|p| pb::PriorityFactors {
         total: p.total,
@@ -108,5 +133,5 @@ fn job_wire_of_state(state: &State, job: &gpool_core::Job, with_env: bool) -> pb
     });
     wire.estimated_start_ms = state.words.estimated_start(job.id).map(|at| at.0);
     wire.queue_position = said.and_then(|said| said.position);
-    wire
+    (wire, planned)
 }

@@ -11,21 +11,41 @@ use gpool_core::policy::Priority;
 use gpool_core::sched::{Plan, Reason, Reject};
 use gpool_core::{JobId, Timestamp};
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 /// A list of reasons as data and text, rendered once for the jobs that
 /// share it.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub struct Rendered {
     /// Each with its code (`resources`, `budget_exhausted`...), sentence,
     /// hint and facts.
     pub reasons: Vec<Reason>,
+    /// The reasons as the wire's, encoded: the first listing that shows
+    /// them encodes them, for every job that shares them.
+    encoded: OnceLock<Vec<u8>>,
+}
+
+impl PartialEq for Rendered {
+    fn eq(&self, other: &Rendered) -> bool {
+        self.reasons == other.reasons
+    }
 }
 
 impl Rendered {
     fn of(rejects: &[Reject]) -> Rendered {
         Rendered {
             reasons: rejects.iter().map(Reason::of_reject).collect(),
+            encoded: OnceLock::new(),
         }
+    }
+
+    /// The reasons as entries of a wire `Job`'s, to follow its own
+    /// (`gpool_proto::listing`).
+    pub fn encoded(&self) -> &[u8] {
+        self.encoded.get_or_init(|| {
+            let wire: Vec<_> = self.reasons.iter().map(gpool_proto::convert::reason_to_wire).collect();
+            gpool_proto::listing::encode_reasons(&wire)
+        })
     }
 }
 

@@ -986,12 +986,6 @@ pub struct ListJobsRequest {
     pub all: bool,
 }
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct ListJobsResponse {
-    #[prost(message, repeated, tag = "1")]
-    pub jobs: ::prost::alloc::vec::Vec<Job>,
-}
-#[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WatchJobsRequest {
     #[prost(uint64, repeated, tag = "1")]
@@ -1998,7 +1992,7 @@ pub mod pool_client {
             &mut self,
             request: impl tonic::IntoRequest<super::ListJobsRequest>,
         ) -> std::result::Result<
-            tonic::Response<tonic::codec::Streaming<super::ListJobsResponse>>,
+            tonic::Response<tonic::codec::Streaming<crate::listing::ListJobsResponse>>,
             tonic::Status,
         > {
             self.inner
@@ -2556,7 +2550,10 @@ pub mod pool_server {
         ) -> std::result::Result<tonic::Response<super::Job>, tonic::Status>;
         /// Server streaming response type for the ListJobs method.
         type ListJobsStream: tonic::codegen::tokio_stream::Stream<
-                Item = std::result::Result<super::ListJobsResponse, tonic::Status>,
+                Item = std::result::Result<
+                    crate::listing::ListJobsResponse,
+                    tonic::Status,
+                >,
             >
             + std::marker::Send
             + 'static;
@@ -2990,7 +2987,7 @@ pub mod pool_server {
                         T: Pool,
                     > tonic::server::ServerStreamingService<super::ListJobsRequest>
                     for ListJobsSvc<T> {
-                        type Response = super::ListJobsResponse;
+                        type Response = crate::listing::ListJobsResponse;
                         type ResponseStream = T::ListJobsStream;
                         type Future = BoxFuture<
                             tonic::Response<Self::ResponseStream>,

@@ -2,7 +2,7 @@
 //! what each id came to), and listing them a chunk at a time.
 
 use super::{JobListStream, PoolService};
-use crate::api::job_wire::job_wire;
+use crate::api::job_wire::{job_wire, job_wire_apart};
 use crate::api::Identity;
 use crate::error::Error;
 use crate::state::{CancelMode, CancelOutcome, Command, JobUpdate, SharedState};
@@ -18,18 +18,19 @@ use tonic::{Response, Status};
 const LIST_CHUNK: usize = 128;
 const LIST_SCAN: usize = 8 * LIST_CHUNK;
 
-/// The next chunk of jobs matching `filter` from `*next_id` on; advances
-/// `*next_id` and says whether jobs remain to be looked at.
+/// The next chunk of jobs matching `filter` from `*next_id` on, encoded
+/// here (`gpool_proto::listing`); advances `*next_id` and says whether
+/// jobs remain to be looked at.
 fn list_chunk(
     shared: &SharedState,
     caller: &Caller,
     filter: &pb::ListJobsRequest,
     next_id: &mut JobId,
-) -> Result<(Vec<pb::Job>, bool), Error> {
+) -> Result<(pb::ListJobsResponse, bool), Error> {
     let wanted_states: Vec<pb::JobState> = filter.states().collect();
     let state = shared.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let mut chunk = Vec::with_capacity(LIST_CHUNK);
-    let mut n_scanned = 0;
+    let mut chunk = pb::ListJobsResponse::default();
+    let (mut n_listed, mut n_scanned) = (0, 0);
     // Pending and running jobs only: the jobs that have not ended are
     // looked at, not the whole history (which is read from disk).
     let active_only = if wanted_states.is_empty() {
@@ -59,10 +60,11 @@ fn list_chunk(
         {
             // A listing shows no environment: leaving it out keeps the
             // messages small (`gpool show` has it).
-            let wire = job_wire(&state, &job, caller, false);
-            chunk.push(wire);
+            let (wire, planned) = job_wire_apart(&state, &job, caller, false);
+            chunk.push_encoded(&wire, planned.map_or(&[], |words| words.encoded()));
+            n_listed += 1;
         }
-        if chunk.len() == LIST_CHUNK || n_scanned == LIST_SCAN {
+        if n_listed == LIST_CHUNK || n_scanned == LIST_SCAN {
             return Ok((chunk, true));
         }
     }
@@ -306,7 +308,7 @@ impl PoolService {
                         return;
                     }
                 };
-                if !chunk.is_empty() && sender.send(Ok(pb::ListJobsResponse { jobs: chunk })).await.is_err() {
+                if !chunk.encoded.is_empty() && sender.send(Ok(chunk)).await.is_err() {
                     return;
                 }
                 if !more {
