@@ -11,7 +11,11 @@ use gpool_proto::pb;
 /// queue entry (no command, environment or workdir); a pending one with
 /// the reasons, hints and priority of the latest scheduling cycle.
 pub(crate) fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, with_env: bool) -> pb::Job {
-    let (mut wire, planned) = job_wire_apart(state, job, caller, with_env);
+    joined(job_wire_apart(state, job, caller, with_env))
+}
+
+/// A job with the cycle's reasons after its own.
+fn joined((mut wire, planned): (pb::Job, Option<&Rendered>)) -> pb::Job {
     wire.reasons
         .extend(planned.into_iter().flat_map(|words| &words.reasons).map(reason_to_wire));
     wire
@@ -43,10 +47,7 @@ pub(crate) fn job_wire_apart<'s>(
 }
 
 pub(crate) fn job_wire_in_full(state: &State, job: &gpool_core::Job, with_env: bool) -> pb::Job {
-    let (mut wire, planned) = job_wire_in_full_apart(state, job, with_env);
-    wire.reasons
-        .extend(planned.into_iter().flat_map(|words| &words.reasons).map(reason_to_wire));
-    wire
+    joined(job_wire_in_full_apart(state, job, with_env))
 }
 
 fn job_wire_in_full_apart<'s>(
