@@ -46,7 +46,8 @@ fn held_messages_are_as_declared(descriptors: &Path) {
     use prost::Message;
     let bytes = std::fs::read(descriptors).expect("descriptor set");
     let set = prost_types::FileDescriptorSet::decode(bytes.as_slice()).expect("descriptor set decodes");
-    let fields = |name: &str| -> Vec<(String, i32, String)> {
+    // Each field's name, number, type and whether it is repeated.
+    let fields = |name: &str| -> Vec<(String, i32, String, bool)> {
         let message = set
             .file
             .iter()
@@ -56,22 +57,30 @@ fn held_messages_are_as_declared(descriptors: &Path) {
         message
             .field
             .iter()
-            .map(|field| (field.name().to_string(), field.number(), field.type_name().to_string()))
+            .map(|field| {
+                let repeated = field.label() == prost_types::field_descriptor_proto::Label::Repeated;
+                (
+                    field.name().to_string(),
+                    field.number(),
+                    field.type_name().to_string(),
+                    repeated,
+                )
+            })
             .collect()
     };
-    let field = |name: &str, number: i32, type_name: &str| (name.to_string(), number, type_name.to_string());
+    let repeated = |name: &str, number: i32, type_name: &str| (name.to_string(), number, type_name.to_string(), true);
     assert_eq!(
         fields("SubmitJobsRequest"),
-        [field("specs", 1, ".gpool.v1.JobSpec")],
+        [repeated("specs", 1, ".gpool.v1.JobSpec")],
         "SubmitJobsRequest changed in gpool.proto: change src/submit.rs to match"
     );
     assert_eq!(
         fields("ListJobsResponse"),
-        [field("jobs", 1, ".gpool.v1.Job")],
+        [repeated("jobs", 1, ".gpool.v1.Job")],
         "ListJobsResponse changed in gpool.proto: change src/listing.rs to match"
     );
     assert!(
-        fields("Job").contains(&field("reasons", 34, ".gpool.v1.Reason")),
+        fields("Job").contains(&repeated("reasons", 34, ".gpool.v1.Reason")),
         "Job.reasons changed in gpool.proto: change JOB_REASONS_TAG in src/listing.rs to match"
     );
 }

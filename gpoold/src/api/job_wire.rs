@@ -16,8 +16,12 @@ pub(crate) fn job_wire(state: &State, job: &gpool_core::Job, caller: &Caller, wi
 
 /// A job with the cycle's reasons after its own.
 fn joined((mut wire, planned): (pb::Job, Option<&Rendered>)) -> pb::Job {
-    wire.reasons
-        .extend(planned.into_iter().flat_map(|words| &words.reasons).map(reason_to_wire));
+    wire.reasons.extend(
+        planned
+            .into_iter()
+            .flat_map(|words| words.reasons())
+            .map(reason_to_wire),
+    );
     wire
 }
 
@@ -111,8 +115,9 @@ fn job_wire_of_state<'s>(state: &'s State, job: &gpool_core::Job, with_env: bool
         array_limit: state.array_at_limit(job),
         planned: planned.is_some(),
     };
-    // Reasons of its own first (powering nodes up, a requeue), then a gate
-    // that keeps it from the cycle, else what the cycle said of it.
+    // Reasons of its own (powering nodes up, a requeue), then a gate that
+    // keeps it from the cycle; where there is none, what the cycle said of
+    // it follows them (handed back apart).
     let gate = Gate::of(job, facts);
     let power = state.power.waiting_for(job.id, crate::wall_clock());
     wire.reasons = power

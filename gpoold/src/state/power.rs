@@ -67,7 +67,7 @@ impl State {
             .filter(|id| {
                 self.words
                     .reasons(*id)
-                    .is_some_and(|rendered| wants_room(rendered.reasons.iter().map(|reason| reason.code)))
+                    .is_some_and(|rendered| wants_room(rendered.reasons().iter().map(|reason| reason.code)))
             })
             .filter_map(|id| {
                 let view = match self.waiting.get(&id) {

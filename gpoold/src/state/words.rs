@@ -5,7 +5,8 @@
 //! One entry per waiting job, in a vector sorted by id, pointing at reason
 //! lists that jobs alike share, and at priorities that jobs submitted
 //! together share: with 100,000 jobs waiting that is 2.4 MB, and building
-//! it hashes nothing.
+//! it hashes nothing. A listing keeps each list's wire form beside it,
+//! until the next cycle's words replace it.
 
 use gpool_core::policy::Priority;
 use gpool_core::sched::{Plan, Reason, Reject};
@@ -18,8 +19,8 @@ use std::sync::OnceLock;
 #[derive(Debug, Default)]
 pub struct Rendered {
     /// Each with its code (`resources`, `budget_exhausted`...), sentence,
-    /// hint and facts.
-    pub reasons: Vec<Reason>,
+    /// hint and facts; never changed once rendered (`encoded` keeps them).
+    reasons: Vec<Reason>,
     /// The reasons as the wire's, encoded: the first listing that shows
     /// them encodes them, for every job that shares them.
     encoded: OnceLock<Vec<u8>>,
@@ -37,6 +38,10 @@ impl Rendered {
             reasons: rejects.iter().map(Reason::of_reject).collect(),
             encoded: OnceLock::new(),
         }
+    }
+
+    pub fn reasons(&self) -> &[Reason] {
+        &self.reasons
     }
 
     /// The reasons as entries of a wire `Job`'s, to follow its own
@@ -254,7 +259,7 @@ mod tests {
         assert_eq!(words.lists.len(), 2, "one rendering per shared list");
         assert_eq!(words.reasons(JobId(4)), words.reasons(JobId(9)));
         assert_eq!(
-            words.reasons(JobId(4)).unwrap().reasons[0].code,
+            words.reasons(JobId(4)).unwrap().reasons()[0].code,
             Reject::NoEstimate.code()
         );
         assert_eq!(words.reasons(JobId(3)), None, "starts: no reasons");
