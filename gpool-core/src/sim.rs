@@ -298,6 +298,14 @@ impl SavingsTry {
             rejected: (!why.is_empty()).then(|| why.join("; ")),
         }
     }
+
+    /// Whether dedicated partitions that gave `outcome` meet the target
+    /// mean wait: `judge` rejects nothing.
+    pub fn meets(outcome: &Outcome, target_mean_delay_secs: f64) -> bool {
+        SavingsTry::judge(0.0, 0, outcome, target_mean_delay_secs)
+            .rejected
+            .is_none()
+    }
 }
 
 /// The jobs of `jobs` that no policy could ever start on `cluster` (no
@@ -362,11 +370,7 @@ pub fn savings(
         SAVINGS_SCALES.len(),
         threads,
         |index| savings_replay((cluster, guarantees), jobs, SAVINGS_SCALES[index], options, observe),
-        |(outcome, gpus)| {
-            SavingsTry::judge(0.0, *gpus, outcome, target_mean_delay_secs)
-                .rejected
-                .is_none()
-        },
+        |(outcome, _)| SavingsTry::meets(outcome, target_mean_delay_secs),
     );
     savings_from(
         (cluster, guarantees),

@@ -408,12 +408,16 @@ fn replay_all(
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut order: Vec<usize> = pooled.into_iter().collect();
     order.extend((0..setups.len()).filter(|index| Some(*index) != pooled));
-    let possible: Vec<TraceJob> = jobs
-        .iter()
-        .enumerate()
-        .filter(|(idx, _)| impossible.binary_search_by_key(idx, |(i, _)| *i).is_err())
-        .map(|(_, job)| job.clone())
-        .collect();
+    // Only the savings search replays the trace without its impossible jobs.
+    let possible: Vec<TraceJob> = match pooled {
+        Some(_) => jobs
+            .iter()
+            .enumerate()
+            .filter(|(idx, _)| impossible.binary_search_by_key(idx, |(i, _)| *i).is_err())
+            .map(|(_, job)| job.clone())
+            .collect(),
+        None => Vec::new(),
+    };
     // The savings search keeps no records: only its waits count.
     let search_options = sim::Options {
         record: false,
@@ -443,9 +447,9 @@ fn replay_all(
         }
     };
     let enough = |replayed: &Replayed| match replayed {
-        Replayed::Scale(outcome, gpus) => target
+        Replayed::Scale(outcome, _) => target
             .get()
-            .is_some_and(|target| sim::SavingsTry::judge(0.0, *gpus, outcome, *target).rejected.is_none()),
+            .is_some_and(|target| sim::SavingsTry::meets(outcome, *target)),
         Replayed::Policy(..) => false,
     };
     let replayed = sim::first_enough(order.len() + n_scales, threads, replay, enough);

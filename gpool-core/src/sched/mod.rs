@@ -378,11 +378,7 @@ impl Policy {
 pub fn could_act(nodes: &[NodeView], running: &[RunningJob], policy: &Policy, now: Timestamp) -> bool {
     // A GPU fractions share with memory left may take another.
     let free = nodes.iter().any(|node| {
-        node.availability == Availability::Up
-            && node
-                .gpus
-                .iter()
-                .any(|gpu| !gpu.busy || gpu.shared.as_ref().is_some_and(|shared| shared.free_mib() > 0))
+        node.availability == Availability::Up && node.gpus.iter().any(|gpu| !gpu.busy || gpu.has_shared_room())
     });
     let las = policy.sharing.las.as_ref();
     free || running

@@ -156,6 +156,11 @@ impl GpuView {
     pub fn usable_mib(&self) -> u64 {
         self.memory_mib.saturating_sub(self.reserved_mib)
     }
+
+    /// Shared by fractions, with memory left for another.
+    pub fn has_shared_room(&self) -> bool {
+        self.shared.as_ref().is_some_and(|shared| shared.free_mib() > 0)
+    }
 }
 
 impl NodeView {

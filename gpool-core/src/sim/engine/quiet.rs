@@ -5,7 +5,7 @@
 //! every figure but the count of cycles) are those of a replay that ticks.
 
 use super::*;
-use crate::sched::Availability;
+use crate::sched::{Availability, GpuView};
 
 /// A pool and the GPU models a job allows in it.
 type PoolModels<'a> = (&'a str, &'a [crate::model::GpuModel]);
@@ -203,20 +203,23 @@ impl Sim<'_> {
     /// Whether a GPU that fractions share, on a node that takes work, has
     /// memory left for another.
     fn shared_gpu_has_room(&self) -> bool {
-        self.view.nodes.iter().any(|node| {
-            node.availability == Availability::Up
-                && node
-                    .gpus
-                    .iter()
-                    .any(|gpu| gpu.shared.as_ref().is_some_and(|shared| shared.free_mib() > 0))
-        })
+        self.view
+            .nodes
+            .iter()
+            .any(|node| node.availability == Availability::Up && node.gpus.iter().any(GpuView::has_shared_room))
     }
 
     /// Whether the cycle now states why jobs wait (one does every
     /// `WORDS_EVERY`).
     pub(super) fn words_due(&self) -> bool {
+        self.words_due_at(self.now.0)
+    }
+
+    /// Whether a cycle at `at_ms` states why jobs wait.
+    fn words_due_at(&self, at_ms: i64) -> bool {
         let every_ms = crate::sched::WORDS_EVERY.as_millis() as i64;
-        self.explained_at.is_none_or(|at| self.now.0 - at.0 >= every_ms)
+        self.explained_at
+            .is_none_or(|explained| at_ms - explained.0 >= every_ms)
     }
 
     /// The cycles the replay skips between `last_cycle` and `next` (one
@@ -224,10 +227,9 @@ impl Sim<'_> {
     /// every waiting job when it was time to: the next cycle explains
     /// when it would have.
     pub(super) fn skip_ticks(&mut self, last_cycle: Timestamp, next: Timestamp, tick_ms: i64) {
-        let every_ms = crate::sched::WORDS_EVERY.as_millis() as i64;
         let mut at = last_cycle.0 + tick_ms;
         while at < next.0 {
-            if self.explained_at.is_none_or(|explained| at - explained.0 >= every_ms) {
+            if self.words_due_at(at) {
                 self.explained_at = Some(Timestamp(at));
             }
             at += tick_ms;
