@@ -261,19 +261,43 @@ async fn print_streamed_json(
     args: &JobsArgs,
     limit: usize,
 ) -> Result<(), CliError> {
-    // Printed as the chunks arrive: the array never sits whole in memory.
-    let mut printer = output::JsonArrayPrinter::new();
-    let mut n_printed = 0;
-    while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
-        for job in chunk.jobs.iter().filter(|job| wanted(args, job)) {
-            if n_printed < limit {
-                printer.push(&output::job_json(job));
-                n_printed += 1;
+    // Printed as the chunks arrive (the array never sits whole in memory),
+    // on a thread of its own: the next chunk is decoded meanwhile.
+    let (sender, received) = std::sync::mpsc::sync_channel::<Option<Vec<pb::Job>>>(2);
+    let printer = std::thread::spawn(move || {
+        let mut printer = output::JsonArrayPrinter::new();
+        loop {
+            match received.recv() {
+                Ok(Some(jobs)) => jobs.iter().for_each(|job| printer.push(&output::job_json(job))),
+                // The end of the list; a listing that failed ends unclosed.
+                Ok(None) => break printer.finish(),
+                Err(_) => break,
             }
         }
+    });
+    let mut n_left = limit;
+    let listed = async {
+        while let Some(chunk) = chunks.message().await.map_err(|s| conn.refused(s))? {
+            let jobs: Vec<pb::Job> = chunk
+                .jobs
+                .into_iter()
+                .filter(|job| wanted(args, job))
+                .take(n_left)
+                .collect();
+            n_left -= jobs.len();
+            if !jobs.is_empty() && sender.send(Some(jobs)).is_err() {
+                break;
+            }
+        }
+        Ok(())
     }
-    printer.finish();
-    Ok(())
+    .await;
+    if listed.is_ok() {
+        let _ = sender.send(None);
+    }
+    drop(sender);
+    let _ = printer.join();
+    listed
 }
 
 /// The table of the wanted jobs (sorted, up to the limit), then a line counting them by state.
