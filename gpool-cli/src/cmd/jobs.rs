@@ -296,7 +296,10 @@ async fn print_streamed_json(
         let _ = sender.send(None);
     }
     drop(sender);
-    let _ = printer.join();
+    // A panic in the printer is the command's, as it was on one thread.
+    if let Err(panic) = printer.join() {
+        std::panic::resume_unwind(panic);
+    }
     listed
 }
 
