@@ -1094,3 +1094,54 @@ fn a_listing_gives_each_waiting_job_the_reasons_show_gives_it() {
         "held, dependency, begin and the cycle's lists for each size: {lists:?}"
     );
 }
+
+/// The same, as a site runs it: the shipped policy (two teams, QoS classes
+/// with reserves, `guaranteed_in`) on H100, A100 and L4 agents, the fleet
+/// full of one team's array, and the other's array, separate jobs of each
+/// team, class and model, and a job that checkpoints, waiting.
+#[test]
+fn a_listing_under_the_shipped_policy_says_what_show_says() {
+    use crate::preemption::{agent_config, shipped_config, NODES};
+    let mut cluster = Cluster::with_config(&shipped_config());
+    for (node, model, count, memory_mib, labels) in NODES {
+        cluster.start_agent_with(node, 0, &agent_config(model, count, memory_mib, labels));
+    }
+    cluster.submit(&["--team", "vision", "--qos", "low", "-a", "0-27", "--", "sleep", "600"]);
+    wait_until("vision's array running", Duration::from_secs(60), || {
+        let jobs = cluster.gpool(&["jobs", "-r", "--output", "json"]).json();
+        let running = jobs.as_array()?.iter().filter(|job| job["state"] == "running").count();
+        (running >= 8).then_some(())
+    });
+    let mut waiting = vec![cluster.submit(&["--team", "nlp", "-a", "0-199", "--", "true"])];
+    for flags in [
+        "--team nlp --gpus 2",
+        "--team nlp --gpu-type l4",
+        "--team vision --qos high --gpus 8",
+        "--team vision --pool inference",
+        "--team nlp --checkpoint-signal USR1 --gpus 4",
+    ] {
+        let args: Vec<&str> = flags.split(' ').chain(["--", "true"]).collect();
+        waiting.push(cluster.submit(&args));
+    }
+    let said = |id: u64| {
+        let code = cluster.job(id)["reason_codes"][0].clone();
+        code.is_string() && code != "not_yet_scheduled"
+    };
+    wait_until("the cycle's words on the waiting jobs", Duration::from_secs(20), || {
+        waiting.iter().all(|id| said(*id)).then_some(())
+    });
+    let listed = cluster.gpool(&["jobs", "--output", "json"]).json();
+    let pending: Vec<&serde_json::Value> = listed
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|job| job["state"] == "pending")
+        .collect();
+    assert!(pending.len() >= waiting.len(), "{listed}");
+    for job in pending {
+        let shown = cluster.job(job["id"].as_u64().expect("an id"));
+        for field in ["reasons", "reason_codes", "reason_details"] {
+            assert_eq!(job[field], shown[field], "{field} of job {}", job["id"]);
+        }
+    }
+}
